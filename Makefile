@@ -1,0 +1,47 @@
+# nbdist set-up. Two commands on a fresh machine:
+#   make demo   creates .venv, installs everything (Horovod included), runs the quickstart end to end
+#   make test   the same set-up, then the whole test suite
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.nbdist-installed
+WHEELS ?= $(HOME)/.cache/nbdist/wheels
+PYTEST_ARGS ?=
+
+.PHONY: install system horovod test test-fast demo bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -e '.[dev]'
+	touch $@
+
+# Debian packages: the Fashion-MNIST files (read offline by nbdist.datasets) and the Horovod
+# build's toolchain. Skipped with a message when we are not root and cannot use apt-get.
+system:
+	bash scripts/system_packages.sh
+
+horovod: install system
+	bash scripts/build_horovod.sh $(BIN)/python $(WHEELS)
+
+test: install system horovod
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+# Pure unit tests only: no cluster, no Horovod, seconds.
+test-fast: install
+	$(BIN)/python -m pytest -m "not cluster and not horovod and not notebook and not browser and not slow"
+
+demo: install system horovod
+	$(BIN)/python scripts/demo.py
+
+bench: install
+	$(BIN)/python benchmarks/overhead.py
+	$(BIN)/python benchmarks/hub_throughput.py
+
+lint: install
+	$(BIN)/ruff check nbdist tests benchmarks scripts
+
+clean:
+	rm -rf $(VENV) out build *.egg-info

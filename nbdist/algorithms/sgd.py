@@ -1,0 +1,45 @@
+"""Plain SGD on the hub: ASGD (Downpour) and Hogwild.
+
+Both apply `w -= lr * g` to a push. They differ in what a worker reads:
+- `asgd` answers every pull with a consistent copy of `w` at one version;
+- `hogwild` lets workers read the live `w` with no lock (from shared memory on the same host,
+  or as a zero-copy send over TCP), so a read may mix two versions (a torn read), as in
+  Hogwild! (Niu et al. 2011). It saves one copy per pull.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def sgd_step(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> None:
+    """`w -= lr * g` in place, with `scratch` (same shape) to avoid allocating per push."""
+    np.multiply(g, np.float32(lr), out=scratch)
+    np.subtract(w, scratch, out=w)
+
+
+class ASGD:
+    """Asynchronous SGD (Dean et al. 2012): apply each push as it arrives."""
+
+    name = "asgd"
+    consistent_reads = True
+
+    def __init__(self, size: int, num_workers: int):
+        self._scratch = np.empty(size, dtype=np.float32)
+
+    def on_pull(self, worker: int, w: np.ndarray) -> None:
+        """Nothing to remember for plain SGD."""
+
+    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> None:
+        sgd_step(w, g, lr, self._scratch)
+
+    @property
+    def state_nbytes(self) -> int:
+        return self._scratch.nbytes
+
+
+class Hogwild(ASGD):
+    """Lock-free SGD: the same update, but workers may read `w` while it is being written."""
+
+    name = "hogwild"
+    consistent_reads = False

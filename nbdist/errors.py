@@ -1,0 +1,114 @@
+"""Every exception nbdist raises, in one tree.
+
+Each message says what happened (with the value received), what was expected, and how to
+fix it. Catch `NbdistError` to catch them all; each also derives from the built-in type a
+Python user would expect (`ValueError` for bad input, `FileNotFoundError` for a missing
+data set, `RuntimeError` for a failed run), so existing `except` clauses keep working.
+
+    NbdistError
+    ├── ConfigError (ValueError)            a flag or option is invalid
+    ├── CellError (ValueError)              the cell does not give what training needs
+    │   ├── ModelNotFoundError              no compiled keras.Model in the cell
+    │   ├── AmbiguousModelError             several models and no --model
+    │   ├── ModelNotCompiledError           the model has no optimizer/loss
+    │   └── DataError                       training/validation arrays missing or mismatched
+    ├── ClusterError (RuntimeError)         the engine cluster cannot serve this run
+    │   ├── NoClusterError                  no cluster started or connected
+    │   └── NotEnoughEnginesError           more workers + shards than engines
+    ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
+    ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
+    ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
+    ├── DependencyError (ImportError)       an optional dependency (Horovod, ...) is missing
+    ├── DatasetNotFoundError (FileNotFoundError)
+    └── DatasetFormatError (ValueError)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "AmbiguousModelError",
+    "CellError",
+    "ClusterError",
+    "ConfigError",
+    "DataError",
+    "DatasetFormatError",
+    "DatasetNotFoundError",
+    "DependencyError",
+    "ModelNotCompiledError",
+    "ModelNotFoundError",
+    "NbdistError",
+    "NoClusterError",
+    "NotEnoughEnginesError",
+    "ProtocolError",
+    "RemoteCellError",
+    "TrainingError",
+]
+
+
+class NbdistError(Exception):
+    """Base of every nbdist exception."""
+
+
+class ConfigError(NbdistError, ValueError):
+    """A flag or option has a value nbdist cannot use."""
+
+
+class CellError(NbdistError, ValueError):
+    """The `%%distribute` cell does not provide what training needs."""
+
+
+class ModelNotFoundError(CellError):
+    """The cell defines no compiled `keras.Model` (or not the one named by --model)."""
+
+
+class AmbiguousModelError(CellError):
+    """The cell defines several models and --model does not say which one to train."""
+
+
+class ModelNotCompiledError(CellError):
+    """The model was never `compile()`d, so there is no optimizer or loss to train with."""
+
+
+class DataError(CellError):
+    """Training or validation arrays are missing, mismatched in length, or unusable."""
+
+
+class ClusterError(NbdistError, RuntimeError):
+    """The ipyparallel cluster cannot serve this run."""
+
+
+class NoClusterError(ClusterError):
+    """No cluster was started or connected."""
+
+
+class NotEnoughEnginesError(ClusterError):
+    """The run asks for more workers and parameter shards than there are engines."""
+
+
+class RemoteCellError(NbdistError, RuntimeError):
+    """Code raised on an engine; carries the engine id and its traceback text."""
+
+    def __init__(self, message: str, engine_id: int | None = None, remote_traceback: str = ""):
+        super().__init__(message)
+        self.engine_id = engine_id
+        self.remote_traceback = remote_traceback
+
+
+class TrainingError(NbdistError, RuntimeError):
+    """The run failed while training (a hub or worker was lost, the loss became NaN, ...)."""
+
+
+class ProtocolError(NbdistError, ValueError):
+    """A message on a hub socket was unsigned, wrongly signed, replayed or malformed."""
+
+
+class DependencyError(NbdistError, ImportError):
+    """An optional dependency that this feature needs is not installed."""
+
+
+class DatasetNotFoundError(NbdistError, FileNotFoundError):
+    """A data set's files are in none of the places nbdist looked."""
+
+
+class DatasetFormatError(NbdistError, ValueError):
+    """A data set file exists but is truncated or not in the expected format."""

@@ -1,0 +1,98 @@
+"""A Keras model seen as flat float32 vectors: the only place TensorFlow meets the hub.
+
+Two compiled `tf.function`s do all per-step work, with no Python loop over variables:
+`gradients(x, y)` returns the loss, all gradients concatenated into one flat buffer, and the
+float non-trainable state (BatchNorm moving statistics and the like) as another flat buffer;
+`assign(params, non_trainable)` splits flat buffers back into the variables.
+
+Non-trainable state is merged like a gradient: each push carries the change one step made to
+it (`after - before`), and the hub adds that change to its copy. Sequential training would
+apply exactly these changes one after another; asynchronous training applies them in arrival
+order. Integer state (dropout seed counters) stays local to each worker.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def layout(model) -> dict:
+    """Shapes of the trainable and float non-trainable variables, in the order used."""
+    trainable, non_trainable = _variables(model)
+    return {"trainable": [list(v.shape) for v in trainable],
+            "non_trainable": [list(v.shape) for v in non_trainable]}
+
+
+def _variables(model) -> tuple[list, list]:
+    trainable = list(model.trainable_variables)
+    non_trainable = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    return trainable, non_trainable
+
+
+def read_flat(model) -> tuple[np.ndarray, np.ndarray]:
+    """The model's current trainable and non-trainable values as flat float32 arrays."""
+    trainable, non_trainable = _variables(model)
+    return _concat(trainable), _concat(non_trainable)
+
+
+def write_flat(model, params: np.ndarray, non_trainable: np.ndarray) -> None:
+    """Set the model's variables from flat arrays (kernel side; not on the hot path)."""
+    trainable, nt_vars = _variables(model)
+    for variables, flat in ((trainable, params), (nt_vars, non_trainable)):
+        offset = 0
+        for v in variables:
+            n = int(np.prod(v.shape))
+            v.assign(np.asarray(flat[offset:offset + n]).reshape(v.shape))
+            offset += n
+
+
+def _concat(variables: list) -> np.ndarray:
+    if not variables:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).ravel() for v in variables])
+
+
+class FlatModel:
+    """Compiled flat-buffer gradient and assignment functions for one Keras model."""
+
+    def __init__(self, model):
+        import tensorflow as tf
+
+        self.model = model
+        self.trainable, self.non_trainable = _variables(model)
+        sizes = [int(np.prod(v.shape)) for v in self.trainable]
+        nt_sizes = [int(np.prod(v.shape)) for v in self.non_trainable]
+        self.size, self.nt_size = sum(sizes), sum(nt_sizes)
+        trainable, nt_vars = self.trainable, self.non_trainable
+
+        def flatten(tensors):
+            if not tensors:
+                return tf.zeros([0], tf.float32)
+            return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+
+        @tf.function(reduce_retracing=True)
+        def gradients(x, y):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+            grads = tape.gradient(loss, trainable)
+            grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                     for g, v in zip(grads, trainable, strict=True)]
+            return loss, flatten(grads), flatten([v.value for v in nt_vars])
+
+        @tf.function(reduce_retracing=True)
+        def assign(params, non_trainable):
+            for v, part in zip(trainable, tf.split(params, sizes) if sizes else [], strict=True):
+                v.assign(tf.reshape(part, v.shape))
+            for v, part in zip(nt_vars, tf.split(non_trainable, nt_sizes) if nt_sizes else [], strict=True):
+                v.assign(tf.reshape(part, v.shape))
+
+        self._gradients, self._assign = gradients, assign
+
+    def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
+        """(loss, flat gradient, non-trainable state after the step) for one batch."""
+        loss, grad, nt = self._gradients(x, y)
+        return float(loss), grad.numpy(), nt.numpy()
+
+    def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
+        self._assign(params, non_trainable)

@@ -1,0 +1,195 @@
+"""The two clients of the hub: a worker's transport, and the kernel's control line.
+
+`WorkerTransport` moves one flat gradient buffer to every shard and one flat parameter buffer
+back per step. On the same host it uses one shared segment `[gradient | parameters]` that
+every shard reads and writes at its own offset, so only signed headers cross ZeroMQ; across
+hosts the slices travel as zero-copy frames over TCP. No TensorFlow here: benchmarks drive it
+with NumPy.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import zmq
+
+from nbdist.errors import TrainingError
+from nbdist.protocol import Codec, Message
+from nbdist.ps import shm
+
+
+class _Line:
+    """One DEALER socket to one shard, with signing and a reply timeout."""
+
+    def __init__(self, ctx: zmq.Context, endpoint: str, codec: Codec, timeout: float, name: str):
+        self.sock = ctx.socket(zmq.DEALER)
+        self.sock.setsockopt(zmq.LINGER, 0)
+        self.sock.connect(endpoint)
+        self.codec, self.timeout_ms, self.name = codec, int(timeout * 1000), name
+
+    def send(self, header: dict, buffers: list | tuple = ()) -> None:
+        self.sock.send_multipart(self.codec.encode(header, buffers), copy=False)
+
+    def recv(self) -> Message:
+        if not self.sock.poll(self.timeout_ms):
+            raise TrainingError(
+                f"{self.name} did not answer within {self.timeout_ms / 1000:.0f}s. Its engine may "
+                "have died or be overloaded; check `%nbdist status`, then run the cell again."
+            )
+        msg = self.codec.decode(self.sock.recv_multipart(copy=False))
+        if msg.op == "error":
+            raise TrainingError(f"{self.name} refused the request: {msg.header.get('message')}")
+        return msg
+
+    def request(self, header: dict, buffers: list | tuple = ()) -> Message:
+        self.send(header, buffers)
+        return self.recv()
+
+
+class WorkerTransport:
+    """A worker's connection to all hub shards.
+
+    `grad` is where the worker writes its flat gradient before `step(push=True)`; after a
+    pull, `params` holds the flat parameters and `non_trainable` the merged non-trainable state.
+    """
+
+    def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
+                 transport: str = "auto", timeout: float = 120.0, engine: int | None = None):
+        self.worker, self.engine = worker, engine
+        self.bounds = []
+        start = 0
+        for s in shards:
+            self.bounds.append((start, start + s["size"]))
+            start += s["size"]
+        self.total = start
+        here = shm.host_id()
+        self.use_shm = transport != "tcp" and all(s["host"] == here for s in shards)
+        if transport == "shm" and not self.use_shm:
+            raise TrainingError("transport 'shm' needs every hub shard on this worker's host; use 'auto'.")
+        self._ctx = zmq.Context()
+        codec = Codec(key, f"worker-{worker}")
+        self.lines = [_Line(self._ctx, s["ipc"] if self.use_shm else s["tcp"], codec, timeout,
+                            f"hub shard {i}") for i, s in enumerate(shards)]
+        self._segment = shm.create(8 * self.total) if self.use_shm else None
+        if self._segment is not None:
+            self.grad = shm.floats(self._segment, 0, self.total)
+            self.params = shm.floats(self._segment, self.total, self.total)
+        else:
+            self.grad = np.zeros(self.total, dtype=np.float32)
+            self.params = np.zeros(self.total, dtype=np.float32)
+        self._live = [None] * len(shards)  # hogwild: attached hub segments, read without lock
+        self._live_names = [s["params_shm"] for s in shards]
+        self.non_trainable = np.zeros(non_trainable_size, dtype=np.float32)
+        self.nt_delta = np.zeros(non_trainable_size, dtype=np.float32)
+
+    def hello(self, host_info: dict | None = None) -> dict:
+        """Register with every shard and pull the parameters; returns shard 0's reply header."""
+        for i, line in enumerate(self.lines):
+            header = {"op": "hello", "worker": self.worker, "engine": self.engine,
+                      "host": shm.host_id().split(":")[0], **(host_info or {})}
+            if self._segment is not None:
+                header.update(shm=self._segment.name, offset=self.bounds[i][0], total=self.total)
+            line.send(header)
+        return self._collect(pull=True)
+
+    def step(self, header: dict, push: bool, pull: bool) -> dict:
+        """Push `grad` (and `nt_delta`) and/or pull; returns shard 0's reply header."""
+        if not push and not pull:  # a bare wait: only the coordinator has anything to say
+            return self.lines[0].request({"op": "step", "worker": self.worker, **header}).header
+        for i, line in enumerate(self.lines):
+            buffers = []
+            if push and self._segment is None:
+                lo, hi = self.bounds[i]
+                buffers.append(self.grad[lo:hi])
+            if push and i == 0 and self.nt_delta.size:
+                buffers.append(self.nt_delta)
+            shard_header = {"op": "step", "worker": self.worker, "push": push, "pull": pull}
+            if i == 0:
+                shard_header.update(header)
+            line.send(shard_header, buffers)
+        return self._collect(pull=pull)
+
+    def _collect(self, pull: bool) -> dict:
+        first = None
+        for i, line in enumerate(self.lines):
+            msg = line.recv()
+            if pull:
+                lo, hi = self.bounds[i]
+                where = msg.header.get("params")
+                if where == "live":
+                    np.copyto(self.params[lo:hi], self._live_view(i))
+                elif where != "shm":
+                    np.copyto(self.params[lo:hi], msg.floats(0))
+                if i == 0 and self.non_trainable.size:
+                    np.copyto(self.non_trainable, msg.floats(len(msg.buffers) - 1))
+            if i == 0:
+                first = msg.header
+        return first
+
+    def _live_view(self, i: int) -> np.ndarray:
+        if self._live[i] is None:
+            self._live[i] = shm.attach(self._live_names[i])
+        lo, hi = self.bounds[i]
+        return shm.floats(self._live[i], 0, hi - lo)
+
+    def bye(self) -> None:
+        for line in self.lines:
+            try:
+                line.request({"op": "bye", "worker": self.worker})
+            except TrainingError:
+                pass
+
+    def close(self) -> None:
+        for line in self.lines:
+            line.sock.close(0)
+        self._ctx.term()
+        self.grad = self.params = None
+        for seg in self._live:
+            shm.release(seg)
+        shm.release(self._segment, unlink=True)
+
+
+class HubControl:
+    """The kernel's line to every shard: statistics, control, final parameters. Thread-safe."""
+
+    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0):
+        self._ctx = zmq.Context()
+        codec = Codec(key, "kernel")
+        self.lines = [_Line(self._ctx, s["tcp"], codec, timeout, f"hub shard {i}")
+                      for i, s in enumerate(shards)]
+        self._lock = threading.Lock()
+
+    def stats(self, since: int = 0) -> dict:
+        with self._lock:
+            msg = self.lines[0].request({"op": "stats", "since": since})
+        return json.loads(bytes(msg.buffers[0]))
+
+    def control(self, **changes: object) -> None:
+        """lr goes to every shard (each applies updates); pause/stop to the coordinator."""
+        with self._lock:
+            for i, line in enumerate(self.lines):
+                fields = changes if i == 0 else {k: v for k, v in changes.items() if k == "lr"}
+                if fields:
+                    line.request({"op": "control", **fields})
+
+    def params(self) -> tuple[np.ndarray, np.ndarray]:
+        """The full flat parameter vector and the non-trainable state."""
+        with self._lock:
+            msgs = [line.request({"op": "params"}) for line in self.lines]
+        flat = np.concatenate([m.floats(0) for m in msgs])
+        return flat, msgs[0].floats(1).copy()
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for line in self.lines:
+                try:
+                    line.request({"op": "shutdown"})
+                except TrainingError:
+                    pass
+
+    def close(self) -> None:
+        for line in self.lines:
+            line.sock.close(0)
+        self._ctx.term()

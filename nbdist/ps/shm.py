@@ -1,0 +1,74 @@
+"""Shared-memory segments for the same-host fast path.
+
+When a worker and a hub shard share a host, the 1-4 MB parameter and gradient vectors move
+through one shared segment per worker, `[gradient | parameters]`, and only small signed
+headers cross ZeroMQ. The worker creates and unlinks its segment; hubs only attach.
+"""
+
+from __future__ import annotations
+
+import secrets
+import socket
+from multiprocessing import resource_tracker, shared_memory
+
+import numpy as np
+
+
+def host_id() -> str:
+    """Identifies this machine (hostname + boot id), to decide if shared memory can be used."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
+# Segments this process created: attaching to one of them (hub and worker in one process, as
+# in --mode local) must not unregister it from the resource tracker.
+_created_here: set[str] = set()
+
+
+def create(nbytes: int) -> shared_memory.SharedMemory:
+    """A new segment with an unguessable name."""
+    segment = shared_memory.SharedMemory(name=f"nbdist-{secrets.token_hex(8)}", create=True,
+                                         size=max(nbytes, 1))
+    _created_here.add(segment.name)
+    return segment
+
+
+def attach(name: str) -> shared_memory.SharedMemory:
+    """Open a segment another process created, without taking over its clean-up.
+
+    Python < 3.13 registers attached segments with its resource tracker, which would unlink
+    them when this process exits; the creator owns the segment, so unregister here.
+    """
+    segment = shared_memory.SharedMemory(name=name, create=False)
+    if name in _created_here:
+        return segment
+    try:
+        resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001
+    except Exception:  # noqa: BLE001 - tracker absent or already unregistered
+        pass
+    return segment
+
+
+def floats(segment: shared_memory.SharedMemory, offset: int, count: int) -> np.ndarray:
+    """A float32 view of `count` floats at float offset `offset` in the segment."""
+    return np.ndarray((count,), dtype=np.float32, buffer=segment.buf, offset=offset * 4)
+
+
+def release(segment: shared_memory.SharedMemory | None, unlink: bool = False) -> None:
+    """Close (and for the creator, unlink) a segment; safe to call twice."""
+    if segment is None:
+        return
+    try:
+        segment.close()
+    except BufferError:  # a view is still alive; the OS frees the mapping at exit
+        pass
+    if unlink:
+        _created_here.discard(segment.name)
+        try:
+            segment.unlink()
+        except FileNotFoundError:
+            pass

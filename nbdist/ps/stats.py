@@ -1,0 +1,104 @@
+"""Per-worker counters and the run's history, kept by the coordinating hub shard.
+
+Pure bookkeeping on plain Python numbers; `snapshot()` is what the kernel's Run polls (as
+JSON). History rows are returned incrementally (`since=`), so a poll costs only what is new.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+HISTORY_COLUMNS = ("time", "step", "epoch", "worker", "loss", "delay", "batch_size")
+EMA_WEIGHT = 0.2  # weight of the newest step in the samples/s moving average
+
+
+@dataclass
+class WorkerStats:
+    """What the hub knows about one worker (one row of `run.nodes`)."""
+
+    worker: int
+    state: str = "starting"  # starting, running, paused, waiting, done, lost
+    steps: int = 0
+    samples: int = 0
+    samples_per_s: float = 0.0  # moving average of batch / compute time (compute only)
+    compute_s: float = 0.0  # total time spent computing gradients
+    comm_s: float = 0.0  # total time spent in push/pull round trips
+    delay_sum: int = 0
+    delay_max: int = 0
+    batch_size: int = 0
+    loss: float = math.nan
+    host: str = ""
+    engine: int | None = None
+
+    @property
+    def delay_mean(self) -> float:
+        return self.delay_sum / self.steps if self.steps else 0.0
+
+    def to_row(self) -> dict:
+        row = asdict(self)
+        row["delay_mean"] = self.delay_mean
+        return row
+
+
+@dataclass
+class RunStats:
+    """Counters for every worker plus the step-by-step history.
+
+    Example:
+        >>> s = RunStats(num_workers=1)
+        >>> s.record_push(0, samples=32, loss=0.5, compute_s=0.01, comm_s=0.001, delay=0,
+        ...               epoch=0.1, now=1.0)
+        >>> s.snapshot(since=0)["history"]
+        [[1.0, 1, 0.1, 0, 0.5, 0, 32]]
+    """
+
+    num_workers: int
+    start_time: float = 0.0
+    global_step: int = 0
+    workers: list[WorkerStats] = field(default_factory=list)
+    history: list[list] = field(default_factory=list)
+    evals: list[dict] = field(default_factory=list)
+    events: list[dict] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            self.workers = [WorkerStats(worker=i) for i in range(self.num_workers)]
+
+    def record_push(self, worker: int, *, samples: int, loss: float, compute_s: float,
+                    comm_s: float, delay: int, epoch: float, now: float) -> None:
+        """Count one applied push and append its history row."""
+        self.global_step += 1
+        w = self.workers[worker]
+        w.steps += 1
+        w.samples += samples
+        w.compute_s += compute_s
+        w.comm_s += comm_s
+        w.delay_sum += delay
+        w.delay_max = max(w.delay_max, delay)
+        w.batch_size = samples
+        w.loss = loss
+        if compute_s > 0:
+            rate = samples / compute_s
+            w.samples_per_s = rate if w.steps == 1 else (1 - EMA_WEIGHT) * w.samples_per_s + EMA_WEIGHT * rate
+        self.history.append([now, self.global_step, epoch, worker, loss, delay, samples])
+
+    def record_eval(self, metrics: dict, *, epoch: int, version: int, now: float) -> None:
+        """Append one validation result (metrics as `val_*` names)."""
+        self.evals.append({"time": now, "step": self.global_step, "epoch": epoch,
+                           "version": version, **{f"val_{k}": float(v) for k, v in metrics.items()}})
+
+    def record_event(self, kind: str, now: float, **fields: object) -> None:
+        """A control action or lifecycle event (pause, set_lr, worker lost, ...)."""
+        self.events.append({"time": now, "step": self.global_step, "event": kind, **fields})
+
+    def snapshot(self, since: int = 0) -> dict:
+        """JSON-able state: node rows, and history rows from index `since` on."""
+        return {
+            "global_step": self.global_step,
+            "nodes": [w.to_row() for w in self.workers],
+            "history_start": since,
+            "history": self.history[since:],
+            "evals": self.evals,
+            "events": self.events,
+        }

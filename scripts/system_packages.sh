@@ -1,0 +1,17 @@
+#!/usr/bin/env bash
+# Debian packages nbdist needs: the Fashion-MNIST IDX files (nbdist.datasets reads them offline)
+# and a C++ toolchain with CMake for the Horovod build. Idempotent; skips politely without apt-get.
+set -euo pipefail
+need=()
+[ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
+command -v cmake >/dev/null || need+=(cmake)
+command -v g++ >/dev/null || need+=(g++)
+[ ${#need[@]} -eq 0 ] && exit 0
+if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
+  echo "nbdist: please install these Debian packages yourself: ${need[*]}" >&2
+  echo "        (sudo apt-get install ${need[*]}); or set NBDIST_DATA to a folder with the Fashion-MNIST IDX files." >&2
+  exit 0
+fi
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+apt-get install -y -qq "${need[@]}"
