@@ -78,7 +78,8 @@ class FlatModel:
             grads = tape.gradient(loss, trainable)
             grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                      for g, v in zip(grads, trainable, strict=True)]
-            return loss, flatten(grads), flatten([v.value for v in nt_vars])
+            flat = flatten(grads)
+            return loss, flat, tf.norm(flat), flatten([v.value for v in nt_vars])
 
         @tf.function(reduce_retracing=True)
         def assign(params, non_trainable):
@@ -89,10 +90,12 @@ class FlatModel:
 
         self._gradients, self._assign = gradients, assign
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, np.ndarray]:
-        """(loss, flat gradient, non-trainable state after the step) for one batch."""
-        loss, grad, nt = self._gradients(x, y)
-        return float(loss), grad.numpy(), nt.numpy()
+    def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        """(loss, flat gradient, its norm, non-trainable state after the step) for one batch.
+
+        The norm is computed in the graph: one number that is NaN/inf if any element is."""
+        loss, grad, norm, nt = self._gradients(x, y)
+        return float(loss), grad.numpy(), float(norm), nt.numpy()
 
     def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
         self._assign(params, non_trainable)

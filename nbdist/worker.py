@@ -146,11 +146,13 @@ def _train_loop(spec: WorkerSpec, flat, transport, x, y, validation) -> dict:
             permutation, perm_epoch = epoch_permutation(spec.num_samples, spec.seed, epoch), epoch
         index = permutation[start:stop]
         t0 = time.perf_counter()
-        loss, grad, nt_after = flat.gradients(x[index], y[index])
+        loss, grad, grad_norm, nt_after = flat.gradients(x[index], y[index])
         t1 = time.perf_counter()
-        if not math.isfinite(loss):
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            what = "loss" if not math.isfinite(loss) else "gradient norm"
+            value = loss if what == "loss" else grad_norm
             raise TrainingError(
-                f"The loss became {loss} at step {steps} on worker {spec.worker} (epoch {epoch}). "
+                f"The {what} became {value} at step {steps} on worker {spec.worker} (epoch {epoch}). "
                 "Lower the learning rate (--lr), check the data for NaN/inf, or normalise inputs."
             )
         np.copyto(transport.grad, grad)

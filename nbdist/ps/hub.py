@@ -217,7 +217,8 @@ class Hub:
         loss = float(h.get("loss", math.nan))
         self.stats.record_push(worker, samples=chunk.size, loss=loss, compute_s=h.get("compute_s", 0.0),
                                comm_s=h.get("comm_s", 0.0), delay=delay,
-                               epoch=self.schedule.epochs_done, now=time.time() - self.start_time)
+                               epoch=self.schedule.epochs_done, now=time.time() - self.start_time,
+                               batch_size=self.spec.batch_size)
         if finished_epoch is not None:
             self.stats.record_event("epoch_end", time.time() - self.start_time, epoch=finished_epoch)
             if self.spec.has_validation:

@@ -66,8 +66,10 @@ class RunStats:
             self.workers = [WorkerStats(worker=i) for i in range(self.num_workers)]
 
     def record_push(self, worker: int, *, samples: int, loss: float, compute_s: float,
-                    comm_s: float, delay: int, epoch: float, now: float) -> None:
-        """Count one applied push and append its history row."""
+                    comm_s: float, delay: int, epoch: float, now: float,
+                    batch_size: int | None = None) -> None:
+        """Count one applied push and append its history row. `samples` may be less than the
+        assigned `batch_size` for the last chunk of an epoch."""
         self.global_step += 1
         w = self.workers[worker]
         w.steps += 1
@@ -76,12 +78,12 @@ class RunStats:
         w.comm_s += comm_s
         w.delay_sum += delay
         w.delay_max = max(w.delay_max, delay)
-        w.batch_size = samples
+        w.batch_size = batch_size or samples
         w.loss = loss
         if compute_s > 0:
             rate = samples / compute_s
             w.samples_per_s = rate if w.steps == 1 else (1 - EMA_WEIGHT) * w.samples_per_s + EMA_WEIGHT * rate
-        self.history.append([now, self.global_step, epoch, worker, loss, delay, samples])
+        self.history.append([now, self.global_step, epoch, worker, loss, delay, w.batch_size])
 
     def record_eval(self, metrics: dict, *, epoch: int, version: int, now: float) -> None:
         """Append one validation result (metrics as `val_*` names)."""

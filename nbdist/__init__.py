@@ -1,0 +1,60 @@
+"""nbdist: distributed Keras training from a notebook cell.
+
+    %load_ext nbdist
+    %nbdist start 3
+    %%distribute --workers 2 --epochs 2
+    ...ordinary Keras code that builds and compiles `model`...
+
+Everything the magics do is also plain Python: `nbdist.Cluster.start(3)`,
+`nbdist.train(cell_source, cluster=cluster, workers=2)`. Importing nbdist is light: it loads
+no TensorFlow, Keras, Horovod or plotly until a run needs them.
+"""
+
+from __future__ import annotations
+
+from importlib import import_module
+from typing import TYPE_CHECKING
+
+from nbdist.config import Algorithm, Mode, TrainConfig
+from nbdist.errors import NbdistError
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Algorithm",
+    "Cluster",
+    "Mode",
+    "NbdistError",
+    "Run",
+    "TrainConfig",
+    "load_ipython_extension",
+    "train",
+    "unload_ipython_extension",
+]
+
+_LAZY = {"Cluster": "nbdist.cluster", "Run": "nbdist.run", "train": "nbdist.api"}
+
+if TYPE_CHECKING:
+    from nbdist.api import train
+    from nbdist.cluster import Cluster
+    from nbdist.run import Run
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        return getattr(import_module(_LAZY[name]), name)
+    raise AttributeError(f"module 'nbdist' has no attribute {name!r}")
+
+
+def load_ipython_extension(ipython) -> None:
+    """`%load_ext nbdist`: registers %nbdist and %%distribute."""
+    from nbdist.magic import NbdistMagics
+
+    ipython.register_magics(NbdistMagics(ipython))
+
+
+def unload_ipython_extension(ipython) -> None:
+    """`%unload_ext nbdist`: stops a cluster the magics started."""
+    magics = ipython.magics_manager.registry.get("NbdistMagics")
+    if magics is not None:
+        magics.close()

@@ -1,0 +1,79 @@
+"""`nbdist.train`: everything `%%distribute` does, as a plain function.
+
+It runs the cell in the kernel (so mistakes show before any engine is touched and the
+notebook's own model exists), checks what the cell provides, starts the hub shards and the
+workers, and returns a Run at once.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from nbdist.cell import inspect_cell
+from nbdist.config import Mode, TrainConfig
+from nbdist.errors import NoClusterError
+from nbdist.protocol import new_key
+from nbdist.run import Run
+
+
+def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool = False,
+          config: TrainConfig | None = None, **options) -> Run:
+    """Train the model defined by `cell` (ordinary single-machine Keras code) distributed.
+
+    `options` are TrainConfig's fields (mode, algorithm, workers, servers, epochs, batch_size,
+    lr, model, data, validation, ...). `namespace` is where the cell runs in the kernel (the
+    notebook's namespace from the magic; a fresh dict by default).
+
+    Example:
+        >>> cluster = nbdist.Cluster.start(3)                              # doctest: +SKIP
+        >>> run = nbdist.train(CELL, cluster=cluster, workers=2, epochs=2)  # doctest: +SKIP
+        >>> run.wait().history.tail()                                      # doctest: +SKIP
+    """
+    config = config.replace(**options) if config is not None else TrainConfig(**options)
+    if config.mode is Mode.ASYNC and cluster is None:
+        raise NoClusterError(
+            "No cluster to train on. Start one with %nbdist start 3 (or nbdist.Cluster.start(3)), "
+            "connect with %nbdist connect --profile P, or use --mode local to train in this kernel."
+        )
+    ns = {} if namespace is None else namespace
+    exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    contents = inspect_cell(cell, ns, config)
+
+    from nbdist.backends import ClusterBackend, LocalBackend, hub_specs
+    from nbdist.flatmodel import layout, read_flat
+    from nbdist.ps.client import HubControl
+    from nbdist.ps.hub import HubSpec
+    from nbdist.worker import WorkerSpec
+
+    model = contents.model
+    if config.mode is Mode.LOCAL:
+        backend = LocalBackend(ns)
+    else:
+        backend = ClusterBackend(cluster, config.servers, config.workers)
+    params, non_trainable = read_flat(model)
+    lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
+    key, run_id = new_key(), uuid.uuid4().hex[:12]
+    base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers,
+                   num_workers=backend.num_workers, params=params, non_trainable=non_trainable,
+                   algorithm=config.algorithm.value, lr=lr, batch_size=config.batch_size,
+                   epochs=config.epochs, num_samples=contents.num_samples,
+                   has_validation=contents.validation is not None, idle_timeout=config.timeout)
+    endpoints = backend.start_hubs(hub_specs(base, params, config.servers))
+    control = HubControl(key, endpoints)
+    try:
+        backend.start_workers(WorkerSpec(
+            run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
+            model_name=contents.model_name, data=contents.data, validation=contents.validation,
+            seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
+            source=cell, pushed=contents.pushed, transport=config.transport.value,
+            timeout=config.timeout,
+        ))
+    except BaseException:
+        control.shutdown()  # nothing may be left serving
+        control.close()
+        raise
+    run = Run(config, model, contents.model_name)
+    run._begin(backend, control, run_id)  # noqa: SLF001
+    if wait:
+        run.wait()
+    return run

@@ -1,0 +1,161 @@
+"""Where a run's hubs and workers live: engines of a cluster, or threads in this kernel.
+
+A backend starts the hub shards and the workers, reports a worker failure, and cleans up.
+The Run (nbdist/run.py) drives either one the same way.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import replace
+
+import numpy as np
+
+from nbdist.cluster import Cluster, assign_roles
+from nbdist.errors import NbdistError, RemoteCellError
+from nbdist.protocol import shard_bounds
+from nbdist.ps.hub import Hub, HubSpec
+from nbdist.worker import WorkerSpec, run_worker
+
+log = logging.getLogger(__name__)
+
+
+def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
+    """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
+    empty = np.zeros(0, dtype=np.float32)
+    return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(),
+                    non_trainable=base.non_trainable if i == 0 else empty)
+            for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
+
+
+class ClusterBackend:
+    """Hubs as threads on dedicated engines; one worker task per worker engine."""
+
+    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None):
+        self.cluster = cluster
+        hosts = cluster.engine_hosts()
+        self.roles = assign_roles(hosts, num_servers, num_workers)
+        self.hosts = hosts
+        self.bind_host = cluster.bind_address({e: hosts[e] for e in (*self.roles.servers, *self.roles.workers)})
+        self._tasks: dict[int, object] = {}
+        self._run_id = ""
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.roles.workers)
+
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        from nbdist.ps.launch import start_hub
+
+        self._run_id = specs[0].run_id
+        client = self.cluster.client
+        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_host))
+                   for e, s in zip(self.roles.servers, specs, strict=True)]
+        return [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
+
+    def start_workers(self, base: WorkerSpec) -> None:
+        per_host = {}
+        for e in self.roles.workers:
+            per_host[self.hosts[e]] = per_host.get(self.hosts[e], 0) + 1
+        for i, e in enumerate(self.roles.workers):
+            spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
+                           threads=max(1, (os.cpu_count() or 1) // per_host[self.hosts[e]]))
+            self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
+
+    def failure(self) -> Exception | None:
+        """The first worker that raised, as an nbdist exception naming its engine."""
+        for i, ar in self._tasks.items():
+            if ar.ready() and not ar.successful():
+                return _get_error(ar, self.roles.workers[i])
+        return None
+
+    def workers_running(self) -> bool:
+        return any(not ar.ready() for ar in self._tasks.values())
+
+    def finish(self, timeout: float) -> None:
+        """Wait for worker tasks, then join the hub threads."""
+        from nbdist.ps.launch import join_hub
+
+        for ar in self._tasks.values():
+            ar.wait(timeout)
+        client = self.cluster.client
+        for shard, e in enumerate(self.roles.servers):
+            try:
+                client[e].apply_sync(join_hub, self._run_id, shard)
+            except Exception as exc:  # noqa: BLE001 - clean-up must go on
+                log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
+
+
+class LocalBackend:
+    """Hub shards and one worker as threads in this kernel (`--mode local`)."""
+
+    num_workers = 1
+
+    def __init__(self, namespace: dict):
+        self.namespace = namespace
+        self._threads: list[threading.Thread] = []
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        hubs = [Hub(s) for s in specs]
+        for hub in hubs:
+            t = threading.Thread(target=hub.serve, daemon=True, name=f"nbdist-hub-{hub.spec.shard}")
+            t.start()
+            self._threads.append(t)
+        return [h.endpoints for h in hubs]
+
+    def start_workers(self, base: WorkerSpec) -> None:
+        def work() -> None:
+            try:
+                run_worker(replace(base, worker=0, source=None), namespace=self.namespace)
+            except BaseException as exc:  # noqa: BLE001 - reported by failure()
+                self._error = exc
+
+        self._worker = threading.Thread(target=work, daemon=True, name="nbdist-local-worker")
+        self._worker.start()
+
+    def failure(self) -> Exception | None:
+        return self._error
+
+    def workers_running(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def finish(self, timeout: float) -> None:
+        if self._worker is not None:
+            self._worker.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
+
+
+def _get(ar, engine: int):
+    try:
+        return ar.get()
+    except Exception as exc:
+        raise _as_nbdist(exc, engine) from None
+
+
+def _get_error(ar, engine: int) -> Exception:
+    try:
+        ar.get(0)
+    except Exception as exc:  # noqa: BLE001
+        return _as_nbdist(exc, engine)
+    return RemoteCellError(f"engine {engine} failed without an error")
+
+
+def _as_nbdist(exc: Exception, engine: int) -> Exception:
+    """An ipyparallel RemoteError -> the nbdist exception raised there, or RemoteCellError."""
+    import nbdist.errors as errors
+
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    remote_tb = getattr(exc, "traceback", "") or ""
+    if isinstance(exc, NbdistError):
+        return exc
+    cls = getattr(errors, ename, None)
+    if isinstance(cls, type) and issubclass(cls, NbdistError) and cls is not RemoteCellError:
+        return cls(f"[engine {engine}] {evalue}")
+    return RemoteCellError(f"The cell raised {ename} on engine {engine}: {evalue}",
+                           engine_id=engine, remote_traceback=remote_tb)

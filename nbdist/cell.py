@@ -1,0 +1,158 @@
+"""What a `%%distribute` cell provides: its model, its arrays, the names it defines.
+
+Runs in the kernel, after the cell has run there, so a mistake is reported before any engine
+is touched. The cell is parsed (never `eval`ed) to learn which names it assigns: arrays it
+uses but does not define (loaded in an earlier cell) are sent to the engines.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+import numpy as np
+
+from nbdist.config import TrainConfig
+from nbdist.errors import (
+    AmbiguousModelError,
+    CellError,
+    DataError,
+    ModelNotCompiledError,
+    ModelNotFoundError,
+)
+
+DEFAULT_VALIDATION = ("x_test", "y_test")
+
+
+def assigned_names(source: str) -> set[str]:
+    """Names bound at the cell's top level (assignments, imports, defs, for/with targets).
+
+    Example:
+        >>> sorted(assigned_names("import keras\\n(a, b), c = f()\\ndef g(): z = 1"))
+        ['a', 'b', 'c', 'g', 'keras']
+    """
+    try:
+        tree = ast.parse(source)
+    except SyntaxError as exc:
+        raise CellError(f"The cell is not valid Python: {exc}. Fix the syntax and run it again.") from None
+    names: set[str] = set()
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            return  # their bodies are another scope
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update((a.asname or a.name).split(".")[0] for a in node.names)
+        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+            return
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return names
+
+
+@dataclass
+class CellContents:
+    """The model and arrays training will use, by name, as found in the kernel."""
+
+    model_name: str
+    model: object
+    data: tuple[str, str]
+    validation: tuple[str, str] | None
+    num_samples: int
+    pushed: dict  # name -> array: used by the cell, defined by an earlier cell
+
+
+def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellContents:
+    """Find the model and arrays the run needs, or raise a CellError saying what to fix."""
+    defined = assigned_names(source)
+    model_name = config.model or _the_model(namespace, defined)
+    model = namespace.get(model_name)
+    if model is None or not _is_keras_model(model):
+        raise ModelNotFoundError(
+            f"--model {model_name} names no keras.Model in the notebook (Received: "
+            f"{type(model).__name__ if model is not None else 'nothing'}). "
+            "Pass the name of the variable that holds your model."
+        )
+    if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
+        raise ModelNotCompiledError(
+            f"The model {model_name!r} is not compiled, so there is no optimizer or loss to train "
+            f"with. Add e.g. {model_name}.compile(optimizer=keras.optimizers.SGD(0.05), "
+            "loss='sparse_categorical_crossentropy', metrics=['accuracy']) to the cell."
+        )
+    x, y = _arrays(namespace, config.data, "--data")
+    if len(x) != len(y):
+        raise DataError(
+            f"{config.data[0]} has {len(x)} samples but {config.data[1]} has {len(y)}. "
+            "Inputs and labels must have the same length."
+        )
+    if len(x) == 0:
+        raise DataError(f"{config.data[0]} is empty: there is nothing to train on.")
+    validation = _validation(namespace, config)
+    pushed = {n: namespace[n] for n in (*config.data, *(validation or ())) if n not in defined}
+    return CellContents(model_name, model, config.data, validation, len(x), pushed)
+
+
+def _is_keras_model(obj: object) -> bool:
+    cls = type(obj)
+    return any(c.__name__ == "Model" and c.__module__.startswith("keras") for c in cls.__mro__)
+
+
+def _the_model(namespace: dict, defined: set[str]) -> str:
+    found = sorted(n for n in defined if _is_keras_model(namespace.get(n)))
+    if not found:
+        raise ModelNotFoundError(
+            "The cell defines no keras.Model. Build and compile one in the cell, e.g. "
+            "model = keras.Sequential([...]); model.compile(...), or name it with --model."
+        )
+    if len(found) > 1:
+        raise AmbiguousModelError(
+            f"The cell defines several models: {', '.join(found)}. "
+            f"Say which one to train with --model (e.g. --model {found[0]})."
+        )
+    return found[0]
+
+
+def _arrays(namespace: dict, names: tuple[str, str], flag: str) -> tuple:
+    missing = [n for n in names if n not in namespace]
+    if missing:
+        raise DataError(
+            f"{flag} names {', '.join(missing)}, which the notebook does not define. "
+            f"Define them in the cell, or pass the names of your arrays: {flag} X,Y."
+        )
+    arrays = []
+    for n in names:
+        value = namespace[n]
+        if not hasattr(value, "__len__") or not hasattr(value, "shape"):
+            raise DataError(
+                f"{n} is a {type(value).__name__}, expected a NumPy array. "
+                f"Convert it with np.asarray({n}) (tf.data.Dataset and generators are not "
+                "supported yet)."
+            )
+        array = np.asarray(value)
+        if array.dtype.kind == "f" and not np.isfinite(array).all():
+            bad = np.flatnonzero(~np.isfinite(array.reshape(len(array), -1)).all(axis=1))
+            raise DataError(
+                f"{n} contains NaN or inf in {bad.size} sample(s) (first at index {bad[0]}). "
+                f"Clean or drop them before training, e.g. {n} = np.nan_to_num({n})."
+            )
+        arrays.append(array)
+    return tuple(arrays)
+
+
+def _validation(namespace: dict, config: TrainConfig) -> tuple[str, str] | None:
+    if config.no_validation:
+        return None
+    if config.validation is None:
+        if not all(n in namespace for n in DEFAULT_VALIDATION):
+            return None
+        names = DEFAULT_VALIDATION
+    else:
+        names = config.validation
+    xv, yv = _arrays(namespace, names, "--validation")
+    if len(xv) != len(yv):
+        raise DataError(f"{names[0]} has {len(xv)} samples but {names[1]} has {len(yv)}.")
+    return names

@@ -1,0 +1,143 @@
+"""The ipyparallel engine cluster: start, connect, stop, and who does what.
+
+`Cluster` wraps an `ipyparallel.Cluster` (or a `Client` to one already running, e.g. on
+Slurm) with the few things nbdist needs: engine ids and hosts, the address a hub should bind
+on, and a pure `assign_roles` that decides which engines hold parameter shards and which
+train, so it is tested without processes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+from dataclasses import dataclass
+
+from nbdist.errors import NoClusterError, NotEnoughEnginesError
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Roles:
+    """Which engines serve parameter shards and which train, plus each worker's local rank."""
+
+    servers: tuple[int, ...]
+    workers: tuple[int, ...]
+    local_rank: dict[int, int]  # worker engine -> its index among workers on its host
+
+
+def assign_roles(engine_hosts: dict[int, str], num_servers: int, num_workers: int | None) -> Roles:
+    """Shards go to different hosts first (spreading network load); workers get the rest.
+
+    Example:
+        >>> r = assign_roles({0: "a", 1: "a", 2: "b", 3: "b"}, num_servers=2, num_workers=None)
+        >>> r.servers, r.workers, r.local_rank
+        ((0, 2), (1, 3), {1: 0, 3: 0})
+    """
+    engines = sorted(engine_hosts)
+    wanted = num_servers + (num_workers or 1)
+    if len(engines) < wanted:
+        raise NotEnoughEnginesError(
+            f"This run needs {num_servers} parameter shard(s) and {num_workers or 1} worker(s), "
+            f"one engine each ({wanted}), but the cluster has {len(engines)} engine(s). "
+            f"Start more with %nbdist start {wanted}, or lower --workers/--servers."
+        )
+    by_host: dict[str, list[int]] = {}
+    for e in engines:
+        by_host.setdefault(engine_hosts[e], []).append(e)
+    servers: list[int] = []
+    while len(servers) < num_servers:  # round-robin over hosts
+        for host_engines in by_host.values():
+            free = [e for e in host_engines if e not in servers]
+            if free and len(servers) < num_servers:
+                servers.append(free[0])
+    rest = [e for e in engines if e not in servers]
+    workers = rest if num_workers is None else rest[:num_workers]
+    local_rank, seen = {}, {}
+    for e in workers:
+        host = engine_hosts[e]
+        local_rank[e] = seen.get(host, 0)
+        seen[host] = local_rank[e] + 1
+    return Roles(tuple(sorted(servers)), tuple(workers), local_rank)
+
+
+class Cluster:
+    """A handle on an ipyparallel cluster that nbdist can train on.
+
+    Example:
+        >>> cluster = Cluster.start(3)          # doctest: +SKIP
+        >>> run = nbdist.train(cell, cluster=cluster, epochs=1)  # doctest: +SKIP
+        >>> cluster.stop()                      # doctest: +SKIP
+    """
+
+    def __init__(self, client, ipp_cluster=None):
+        self.client = client
+        self._ipp_cluster = ipp_cluster  # None when we only connected: never stop theirs
+
+    @classmethod
+    def start(cls, n: int, profile: str | None = None, timeout: float = 120.0) -> Cluster:
+        """Start `n` local engines (separate processes) with a controller bound to loopback."""
+        import ipyparallel as ipp
+
+        kwargs = {"n": n, "controller_ip": "127.0.0.1", "log_level": logging.WARNING}
+        if profile:
+            kwargs["profile"] = profile
+        ipp_cluster = ipp.Cluster(**kwargs)
+        client = ipp_cluster.start_and_connect_sync(activate=False)
+        client.wait_for_engines(n, timeout=timeout)
+        return cls(client, ipp_cluster)
+
+    @classmethod
+    def connect(cls, profile: str | None = None, cluster_id: str | None = None,
+                timeout: float = 30.0) -> Cluster:
+        """Connect to an ipcluster already running (e.g. started by a Slurm or MPI launcher)."""
+        import ipyparallel as ipp
+
+        kwargs = {k: v for k, v in (("profile", profile), ("cluster_id", cluster_id)) if v}
+        try:
+            client = ipp.Client(timeout=timeout, **kwargs)
+        except (OSError, TimeoutError) as exc:
+            raise NoClusterError(
+                f"Could not connect to an ipcluster (profile={profile!r}, cluster_id={cluster_id!r}): "
+                f"{exc}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
+                "%nbdist start N for a local one."
+            ) from None
+        return cls(client)
+
+    @property
+    def engine_ids(self) -> list[int]:
+        return list(self.client.ids)
+
+    def engine_hosts(self) -> dict[int, str]:
+        """engine id -> hostname, asked from the engines themselves."""
+        ids = self.engine_ids
+        if not ids:
+            raise NoClusterError("The cluster has no engines. Start some with %nbdist start N.")
+        hosts = self.client[ids].apply_sync(socket.gethostname)
+        return dict(zip(ids, hosts, strict=True))
+
+    def bind_address(self, engine_hosts: dict[int, str]) -> str:
+        """Where hubs listen: loopback when every engine shares one host, else that host's
+        interface towards the controller (resolved on the engine; never all interfaces)."""
+        if len(set(engine_hosts.values())) == 1:
+            return "127.0.0.1"
+        return "route:" + self._controller_ip()
+
+    def _controller_ip(self) -> str:
+        url = self.client._config.get("registration", "") or ""  # noqa: SLF001
+        host = url.split("://")[-1].rsplit(":", 1)[0] if "://" in url else "127.0.0.1"
+        return host if host not in ("*", "0.0.0.0") else "127.0.0.1"
+
+    def stop(self) -> None:
+        """Stop engines and controller if we started them; otherwise just disconnect."""
+        try:
+            self.client.close()
+        finally:
+            if self._ipp_cluster is not None:
+                self._ipp_cluster.stop_cluster_sync()
+                self._ipp_cluster = None
+
+    def describe(self) -> str:
+        ids = self.engine_ids
+        kind = "local" if self._ipp_cluster is not None else "connected"
+        return f"{kind} ipyparallel cluster with {len(ids)} engine(s): {ids}"

@@ -1,0 +1,133 @@
+"""`%nbdist` (cluster lifecycle) and `%%distribute` (train the cell): a thin shell over the API.
+
+Flags are declared with IPython's `magic_arguments` and handed to `nbdist.train` unchanged;
+user text is parsed, never evaluated. The magics object holds this notebook's cluster and
+its latest run (no module-level state).
+"""
+
+from __future__ import annotations
+
+import time
+
+from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+
+from nbdist.config import Algorithm, Mode, Transport
+from nbdist.errors import ClusterError, NoClusterError
+
+STATUS_EVERY_S = 1.0
+
+
+@magics_class
+class NbdistMagics(Magics):
+    """The magics registered by `%load_ext nbdist`."""
+
+    def __init__(self, shell):
+        super().__init__(shell)
+        self.cluster = None
+        self.run = None
+
+    @magic_arguments()
+    @argument("action", choices=["start", "connect", "status", "stop"],
+              help="start N local engines, connect to a running ipcluster, show status, or stop")
+    @argument("n", nargs="?", type=int, default=None, help="number of engines (start)")
+    @argument("--profile", default=None, help="ipyparallel profile (e.g. one set up for Slurm)")
+    @argument("--cluster-id", default=None, help="cluster id of a running ipcluster (connect)")
+    @line_magic
+    def nbdist(self, line: str) -> None:
+        """Manage the engine cluster: %nbdist start 3 | connect --profile slurm | status | stop"""
+        args = parse_argstring(self.nbdist, line)
+        from nbdist.cluster import Cluster
+
+        if args.action == "start":
+            if self.cluster is not None:
+                raise ClusterError(f"A cluster is already up ({self.cluster.describe()}). "
+                                   "Run %nbdist stop first to start a different one.")
+            if not args.n or args.n < 1:
+                raise ClusterError(f"%nbdist start needs a number of engines >= 1 (Received: {args.n}). "
+                                   "Example: %nbdist start 3 (one hub and two workers).")
+            self.cluster = Cluster.start(args.n, profile=args.profile)
+            print(f"Started {self.cluster.describe()}")
+        elif args.action == "connect":
+            if self.cluster is not None:
+                raise ClusterError("Already attached to a cluster. Run %nbdist stop first.")
+            self.cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id)
+            print(f"Connected to {self.cluster.describe()}")
+        elif args.action == "status":
+            print(self.cluster.describe() if self.cluster else "No cluster. Start one with %nbdist start 3.")
+            if self.run is not None:
+                print(self.run.summary())
+        else:
+            self.close()
+            print("Stopped.")
+
+    @magic_arguments()
+    @argument("--mode", default="async", choices=[m.value for m in Mode],
+              help="async: nbdist's parameter server on the cluster; local: in this kernel")
+    @argument("--algorithm", default="asgd", choices=[a.value for a in Algorithm],
+              help="update rule on the hub")
+    @argument("--workers", type=int, default=None, help="number of workers (default: all free engines)")
+    @argument("--servers", type=int, default=1, help="number of parameter shards (hub engines)")
+    @argument("--epochs", type=int, default=1)
+    @argument("--batch-size", type=int, default=32, help="samples per worker step")
+    @argument("--lr", type=float, default=None, help="learning rate (default: the cell's optimizer's)")
+    @argument("--model", default=None, help="variable holding the model (default: the one the cell defines)")
+    @argument("--data", default="x_train,y_train", help="training arrays, inputs,labels")
+    @argument("--validation", default=None, help="validation arrays (default: x_test,y_test if defined)")
+    @argument("--no-validation", action="store_true", help="skip validation")
+    @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
+    @argument("--transport", default="auto", choices=[t.value for t in Transport])
+    @argument("--timeout", type=float, default=120.0, help="seconds of silence before a run fails")
+    @argument("--wait", action="store_true", help="block until training ends")
+    @argument("--no-dashboard", action="store_true", help="do not show the live status")
+    @argument("-o", "--output", default="_nbdist_run", help="variable that receives the Run")
+    @cell_magic
+    def distribute(self, line: str, cell: str):
+        """Train the model this cell builds, distributed: %%distribute --workers 2 --epochs 2"""
+        args = parse_argstring(self.distribute, line)
+        from nbdist.api import train
+
+        if self.run is not None and not self.run.done:
+            raise ClusterError(f"The previous run is still {self.run.status}. Call "
+                               "run.stop() or run.wait() before starting another.")
+        if args.mode == Mode.ASYNC.value and self.cluster is None:
+            raise NoClusterError("No cluster. Start one first with %nbdist start 3 "
+                                 "(or %nbdist connect --profile P), or use --mode local.")
+        source = self.shell.transform_cell(cell)
+        run = train(source, cluster=self.cluster, namespace=self.shell.user_ns,
+                    mode=args.mode, algorithm=args.algorithm, workers=args.workers,
+                    servers=args.servers, epochs=args.epochs, batch_size=args.batch_size,
+                    lr=args.lr, model=args.model, data=args.data, validation=args.validation,
+                    no_validation=args.no_validation, seed=args.seed, transport=args.transport,
+                    timeout=args.timeout)
+        self.run = run
+        self.shell.user_ns[args.output] = run
+        if not args.no_dashboard:
+            _show_status(run)
+        if args.wait:
+            run.wait()
+
+    def close(self) -> None:
+        """Stop the latest run and the cluster we started (a connected one is only released)."""
+        if self.run is not None and not self.run.done:
+            self.run.stop()
+            self.run._done.wait(30)  # noqa: SLF001
+        if self.cluster is not None:
+            self.cluster.stop()
+            self.cluster = None
+
+
+def _show_status(run) -> None:
+    """A one-line live status under the cell, refreshed at most once a second."""
+    from IPython.display import Pretty, display
+
+    handle = display(Pretty(run.summary()), display_id=True)
+    last = [0.0]
+
+    def refresh(r) -> None:
+        now = time.monotonic()
+        if now - last[0] >= STATUS_EVERY_S or r.done:
+            last[0] = now
+            handle.update(Pretty(r.summary()))
+
+    run._listeners.append(refresh)  # noqa: SLF001

@@ -1,0 +1,1 @@
+"""The hub (parameter server): shards, epoch schedule, statistics, and its two clients."""

@@ -1,0 +1,211 @@
+"""The Run handle: one training run's lifecycle, control and results.
+
+`nbdist.train` returns a Run at once; a monitor thread in the kernel polls the coordinating
+hub, watches the workers, and at the end writes the trained weights into the notebook's own
+model. Control methods (pause, resume, stop, set_lr) go straight to the hub, which passes
+them to every worker on its next reply.
+
+Lifecycle of `status`: starting -> running <-> paused -> finished | stopped | failed.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import pandas as pd
+
+from nbdist.errors import NbdistError, TrainingError
+from nbdist.ps.client import HubControl
+from nbdist.ps.stats import HISTORY_COLUMNS
+
+log = logging.getLogger(__name__)
+
+POLL_S = 0.25  # how often the kernel asks the hub for statistics
+NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
+                "delay_mean", "delay_max", "batch_size", "loss", "compute_s", "comm_s"]
+
+
+class Run:
+    """A training run started by `%%distribute` or `nbdist.train`.
+
+    Example:
+        >>> run = nbdist.train(cell, cluster=cluster, epochs=2)   # doctest: +SKIP
+        >>> run.pause(); run.set_lr(0.01); run.resume()           # doctest: +SKIP
+        >>> run.wait().history.tail()                             # doctest: +SKIP
+    """
+
+    def __init__(self, config, model, model_name: str):
+        self.config = config
+        self.model = model  # the kernel's model; holds the trained weights at the end
+        self.model_name = model_name
+        self.status = "starting"
+        self.error: BaseException | None = None
+        self.run_id = ""
+        self._rows: list[list] = []
+        self._snapshot: dict = {}
+        self._done = threading.Event()
+        self._control: HubControl | None = None
+        self._backend = None
+        self._stop_requested = False
+        self._listeners: list = []  # callables(run) called after each poll (status display)
+
+    # -- results ----------------------------------------------------------------------------
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per applied push (time, step, epoch, worker, loss, delay, batch_size),
+        plus one row per validation result (`val_*` columns)."""
+        train = pd.DataFrame(self._rows, columns=list(HISTORY_COLUMNS))
+        evals = pd.DataFrame(self._snapshot.get("evals", []))
+        if evals.empty:
+            return train
+        evals = evals.drop(columns=["version"], errors="ignore")
+        return pd.concat([train, evals], ignore_index=True).sort_values(["step", "time"], kind="stable").reset_index(drop=True)
+
+    @property
+    def nodes(self) -> pd.DataFrame:
+        """One row per worker: state, samples, samples/s, steps, delay, batch size, ..."""
+        return pd.DataFrame(self._snapshot.get("nodes", []), columns=NODE_COLUMNS)
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """Control actions and epoch ends, with time and global step."""
+        return pd.DataFrame(self._snapshot.get("events", []))
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None) -> Run:
+        """Block until the run ends; raise its error if it failed. Returns the run."""
+        try:
+            if not self._done.wait(timeout):
+                raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
+        except KeyboardInterrupt:
+            self.stop()
+            self._done.wait(30)
+            raise
+        if self.error is not None:
+            raise self.error
+        return self
+
+    # -- control ----------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Workers finish their current step and wait; nothing is pushed until resume()."""
+        self._send(paused=True)
+
+    def resume(self) -> None:
+        self._send(paused=False)
+
+    def stop(self) -> None:
+        """End training early; the kernel's model still receives the weights reached so far."""
+        self._stop_requested = True
+        self._send(stop=True)
+
+    def set_lr(self, lr: float) -> None:
+        """Change the hub's learning rate from the next push on."""
+        self._send(lr=float(lr))
+
+    def _send(self, **changes: object) -> None:
+        if self._control is None or self.done:
+            raise TrainingError(f"The run is {self.status}; there is nothing to control. Start a new run.")
+        self._control.control(**changes)
+
+    # -- lifecycle (called by nbdist.api) ---------------------------------------------------
+
+    def _begin(self, backend, control: HubControl, run_id: str) -> None:
+        self._backend, self._control, self.run_id = backend, control, run_id
+        self.status = "running"
+        threading.Thread(target=self._monitor, daemon=True, name=f"nbdist-run-{run_id}").start()
+
+    def _monitor(self) -> None:
+        control, backend = self._control, self._backend
+        last_answer = time.monotonic()
+        try:
+            while True:
+                failure = backend.failure()
+                if failure is not None:
+                    raise failure
+                try:
+                    snap = control.stats(since=len(self._rows))
+                    last_answer = time.monotonic()
+                except TrainingError:
+                    if time.monotonic() - last_answer > self.config.timeout:
+                        raise
+                    continue
+                self._absorb(snap)
+                if snap.get("error"):
+                    raise TrainingError(f"The hub failed: {snap['error']}")
+                if snap.get("finished"):
+                    break
+                time.sleep(POLL_S)
+            from nbdist.flatmodel import write_flat
+
+            params, non_trainable = control.params()
+            write_flat(self.model, params, non_trainable)
+            self.status = "stopped" if self._stop_requested else "finished"
+        except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()
+            self.error = exc if isinstance(exc, NbdistError) else TrainingError(f"The run failed: {exc!r}")
+            self.status = "failed"
+            self._abort()
+        finally:
+            self._cleanup()
+            self._done.set()
+            self._notify()
+
+    def _abort(self) -> None:
+        """Tell the surviving workers to stop and give them a moment to leave."""
+        try:
+            self._control.control(stop=True)
+        except NbdistError:
+            return
+        deadline = time.monotonic() + 15
+        while self._backend.workers_running() and time.monotonic() < deadline:
+            time.sleep(0.1)
+
+    def _cleanup(self) -> None:
+        try:
+            self._control.shutdown()
+            self._backend.finish(timeout=30)
+        except Exception as exc:  # noqa: BLE001 - never mask the run's own outcome
+            log.warning("clean-up after run %s: %s", self.run_id, exc)
+        finally:
+            self._control.close()
+
+    def _absorb(self, snap: dict) -> None:
+        self._rows.extend(snap.pop("history", []))
+        self._snapshot = snap
+        if self.status in ("running", "paused"):
+            self.status = "paused" if snap.get("paused") else "running"
+        self._notify()
+
+    def _notify(self) -> None:
+        for listener in list(self._listeners):
+            try:
+                listener(self)
+            except Exception as exc:  # noqa: BLE001 - a display must never kill training
+                log.warning("run listener failed: %s", exc)
+
+    # -- display ----------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """One line: status, progress, step, loss, validation accuracy."""
+        s = self._snapshot
+        parts = [f"nbdist run {self.run_id}: {self.status}",
+                 f"epoch {s.get('epochs_done', 0):.2f}/{self.config.epochs}",
+                 f"step {s.get('global_step', 0)}"]
+        if self._rows:
+            parts.append(f"loss {self._rows[-1][4]:.4f}")
+        evals = s.get("evals") or []
+        if evals:
+            last = evals[-1]
+            parts += [f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_")]
+        if self.error is not None:
+            parts.append(f"error: {str(self.error).splitlines()[0]}")
+        return " | ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<Run {self.summary()}>"

@@ -1,0 +1,145 @@
+"""Asynchronous training on a real local ipyparallel cluster (separate engine processes)."""
+
+import time
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import (
+    AmbiguousModelError,
+    DataError,
+    ModelNotCompiledError,
+    ModelNotFoundError,
+    NoClusterError,
+    NotEnoughEnginesError,
+    RemoteCellError,
+)
+from tests.conftest import SYNTHETIC_CELL
+
+pytestmark = pytest.mark.cluster
+
+
+def weights(model):
+    return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
+
+
+def test_magic_trains_on_engines_and_the_notebook_model_gets_the_weights(cluster, ip):
+    ip.magics_manager.registry["NbdistMagics"].cluster = cluster
+    ip.run_cell(SYNTHETIC_CELL)  # an earlier run in the notebook: weights before
+    ip.run_cell_magic("distribute", "--workers 2 --epochs 2 --batch-size 32 --wait -o myrun",
+                      SYNTHETIC_CELL)
+    run = ip.user_ns["myrun"]
+    assert run.status == "finished" and run.error is None
+    model = ip.user_ns["model"]
+    assert run.model is model
+    acc = model.evaluate(ip.user_ns["x_test"], ip.user_ns["y_test"], verbose=0)[1]
+    assert acc > 0.9  # the kernel's own model holds the trained weights
+    nodes = run.nodes
+    assert list(nodes["worker"]) == [0, 1] and (nodes["samples"] > 0).all()
+    assert nodes["samples"].sum() == 2 * 900 and set(nodes["state"]) == {"done"}
+    assert nodes["delay_max"].max() >= 1  # two workers: pushes arrive stale
+
+
+def test_train_api_with_arrays_from_an_earlier_cell(cluster):
+    from nbdist.datasets import make_synthetic
+
+    (xa, ya), (xb, yb) = make_synthetic(n=800, shape=(8,), classes=3, seed=4)
+    ns = {"features": xa, "labels": ya}
+    cell = SYNTHETIC_CELL.split("(x_train")[0] + SYNTHETIC_CELL.split("seed=1)\n")[1]
+    run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=2, epochs=2,
+                       data="features,labels", wait=True)
+    assert run.history["loss"].notna().sum() == run.history["step"].max()
+    assert "val_accuracy" not in run.history  # no x_test in this notebook: no validation
+    assert ns["model"].evaluate(xb, yb, verbose=0)[1] > 0.85
+
+
+def test_cell_error_on_engine_shows_engine_traceback_and_engines_stay_usable(cluster):
+    ns = {"make_width": lambda: 16}  # exists in the kernel only, as if from another cell
+    cell = SYNTHETIC_CELL.replace("Dense(16,", "Dense(make_width(),")
+    run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=2, epochs=1)
+    with pytest.raises(RemoteCellError, match=r"NameError on engine \d") as info:
+        run.wait(timeout=120)
+    assert "make_width" in info.value.remote_traceback
+    assert run.status == "failed"
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, wait=True)
+    assert again.status == "finished"
+
+
+@pytest.mark.parametrize("cell,options,error,match", [
+    ("import numpy as np\nx_train = np.zeros(3)", {}, ModelNotFoundError, "defines no keras.Model"),
+    (SYNTHETIC_CELL + "\nm2 = model", {}, AmbiguousModelError, "m2, model"),
+    (SYNTHETIC_CELL.replace("model.compile(", "dict("), {}, ModelNotCompiledError, "not compiled"),
+    (SYNTHETIC_CELL, {"data": "xs,ys"}, DataError, "xs, ys"),
+    (SYNTHETIC_CELL + "\ny_train = y_train[:10]", {}, DataError, "900 samples but y_train has 10"),
+    (SYNTHETIC_CELL, {"workers": 5}, NotEnoughEnginesError, "has 3 engine"),
+])
+def test_bad_input_fails_before_training_and_leaves_engines_ready(cluster, cell, options, error, match):
+    with pytest.raises(error, match=match):
+        nbdist.train(cell, cluster=cluster, namespace={}, **options)
+    from nbdist.ps.launch import running_hubs
+
+    assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3
+
+
+def test_magic_without_a_cluster_says_how_to_start_one(ip):
+    with pytest.raises(NoClusterError, match="%nbdist start"):
+        ip.run_cell_magic("distribute", "--wait", SYNTHETIC_CELL)
+
+
+def test_unknown_flag_and_algorithm_are_usage_errors(ip):
+    from IPython.core.error import UsageError
+
+    for line in ("--algorithm nope", "--turbo"):
+        with pytest.raises(UsageError):
+            ip.run_cell_magic("distribute", line, SYNTHETIC_CELL)
+
+
+def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
+                       batch_size=8)
+    before = weights(ns["model"]).copy()
+    _wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    run.pause()
+    _wait_for(lambda: run.status == "paused")
+    time.sleep(0.5)  # steps in flight land
+    paused_at = run._snapshot["global_step"]
+    time.sleep(1.5)
+    assert run._snapshot["global_step"] == paused_at, "pushes continued while paused"
+    run.set_lr(0.05)
+    run.resume()
+    _wait_for(lambda: run._snapshot.get("global_step", 0) > paused_at + 20)
+    run.stop()
+    run.wait(timeout=60)
+    assert run.status == "stopped"
+    assert [e["event"] for e in run._snapshot["events"] if e["event"] != "epoch_end"] == [
+        "pause", "set_lr", "resume", "stop"]
+    assert not np.array_equal(before, weights(ns["model"]))
+
+
+@pytest.mark.slow
+def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(cluster):
+    cell = '''
+import keras
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
+x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+    pytest.importorskip("nbdist.datasets").load_fashion_mnist()  # skip cleanly if data absent
+    run = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, epochs=2, batch_size=64,
+                       wait=True)
+    assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
+
+
+def _wait_for(condition, timeout=60.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)

@@ -1,0 +1,51 @@
+"""--mode local: the real hub and worker loop as threads in this process (no cluster)."""
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import NoClusterError, TrainingError
+from tests.conftest import SYNTHETIC_CELL
+
+pytestmark = pytest.mark.slow
+
+
+def test_local_run_trains_and_writes_weights_into_the_callers_model():
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="local", epochs=3, batch_size=32, wait=True)
+    assert run.status == "finished" and run.error is None
+    history = run.history
+    assert history["val_accuracy"].dropna().iloc[-1] > 0.9
+    assert len(history["val_accuracy"].dropna()) == 3  # one validation per epoch
+    assert history["loss"].dropna().iloc[-20:].mean() < history["loss"].dropna().iloc[:20].mean()
+    assert ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1] > 0.9
+    assert run.nodes.loc[0, "samples"] == 3 * 900  # every training sample once per epoch
+
+
+def test_two_shards_give_the_same_weights_as_one():
+    """Sharding only splits the vector: a single deterministic worker must end identically."""
+    results = []
+    for servers in (1, 2):
+        ns = {}
+        cell = SYNTHETIC_CELL + "\nkeras.utils.set_random_seed(7)\n" + SYNTHETIC_CELL.split("import keras")[1].split("model.compile")[0].split("\n", 2)[2] + "\nmodel.compile(optimizer=keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
+        nbdist.train(cell, namespace=ns, mode="local", servers=servers, epochs=1, wait=True)
+        results.append(np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables]))
+    np.testing.assert_array_equal(results[0], results[1])
+
+
+def test_async_without_a_cluster_says_how_to_start_one():
+    with pytest.raises(NoClusterError, match="%nbdist start"):
+        nbdist.train(SYNTHETIC_CELL, namespace={}, mode="async")
+
+
+def test_diverging_training_stops_naming_the_step():
+    with pytest.raises(TrainingError, match=r"(loss|gradient norm) became (nan|inf) at step \d+"):
+        nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=3, lr=1e30, wait=True)
+
+
+def test_nan_in_the_data_is_refused_before_training():
+    from nbdist.errors import DataError
+
+    cell = SYNTHETIC_CELL + "\nx_train[5:50] = float('nan')\n"
+    with pytest.raises(DataError, match="x_train contains NaN or inf in 45 sample.*index 5"):
+        nbdist.train(cell, namespace={}, mode="local", epochs=1)

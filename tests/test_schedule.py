@@ -1,0 +1,53 @@
+import numpy as np
+import pytest
+
+from nbdist.ps.schedule import EpochSchedule, epoch_permutation
+
+
+def drain(schedule, size, order=None):
+    chunks = []
+    while (c := schedule.next_chunk(size)) is not None:
+        chunks.append(c)
+    return chunks
+
+
+def test_every_sample_is_handed_out_once_per_epoch():
+    s = EpochSchedule(num_samples=10, epochs=2)
+    chunks = drain(s, 4)
+    assert [(c.epoch, c.start, c.stop) for c in chunks] == [
+        (0, 0, 4), (0, 4, 8), (0, 8, 10), (1, 0, 4), (1, 4, 8), (1, 8, 10)]
+
+
+def test_epoch_completes_when_its_last_chunk_is_trained_even_out_of_order():
+    s = EpochSchedule(num_samples=6, epochs=1)
+    a, b = s.next_chunk(3), s.next_chunk(3)
+    assert s.complete(b.id) is None
+    assert not s.finished
+    assert s.complete(a.id) == 0
+    assert s.finished and s.epochs_done == 1.0
+
+
+def test_completing_a_chunk_twice_is_an_error():
+    s = EpochSchedule(num_samples=4, epochs=1)
+    c = s.next_chunk(4)
+    s.complete(c.id)
+    with pytest.raises(KeyError):
+        s.complete(c.id)
+
+
+def test_requeued_chunk_goes_to_the_next_asker():
+    s = EpochSchedule(num_samples=8, epochs=1)
+    a = s.next_chunk(4)
+    s.requeue(a.id)
+    again = s.next_chunk(4)
+    assert again == a
+    s.complete(again.id)
+    s.complete(s.next_chunk(4).id)
+    assert s.finished
+
+
+def test_permutation_is_shared_by_seed_and_differs_by_epoch():
+    p0 = epoch_permutation(100, seed=3, epoch=0)
+    np.testing.assert_array_equal(p0, epoch_permutation(100, seed=3, epoch=0))
+    assert not np.array_equal(p0, epoch_permutation(100, seed=3, epoch=1))
+    assert sorted(p0) == list(range(100))
