@@ -15,21 +15,21 @@ from collections.abc import Sequence
 from nbdist.errors import ConfigError
 
 
-class Mode(str, enum.Enum):
+class Mode(enum.StrEnum):
     """Where the training runs."""
 
     ASYNC = "async"  # nbdist's parameter server on the engine cluster
     LOCAL = "local"  # the same hub and worker loop, inside this kernel; no cluster needed
 
 
-class Algorithm(str, enum.Enum):
+class Algorithm(enum.StrEnum):
     """The update rule the hub applies to each push."""
 
     ASGD = "asgd"
     HOGWILD = "hogwild"
 
 
-class Transport(str, enum.Enum):
+class Transport(enum.StrEnum):
     """How parameters and gradients travel between a worker and a hub shard."""
 
     AUTO = "auto"  # shared memory when on the same host, TCP otherwise

@@ -139,4 +139,4 @@ def shard_bounds(size: int, num_shards: int, align: int = 16) -> list[tuple[int,
     if size < num_shards * align:
         align = 1
     cuts = [min(size, round(size * i / num_shards / align) * align) for i in range(num_shards)]
-    return list(zip(cuts, [*cuts[1:], size]))
+    return list(zip(cuts, [*cuts[1:], size], strict=False))

@@ -69,7 +69,7 @@ def test_restarted_sender_is_a_new_sender():
 def test_shard_bounds_cover_the_vector_contiguously(size, shards):
     bounds = shard_bounds(size, shards)
     assert len(bounds) == shards and bounds[0][0] == 0 and bounds[-1][1] == size
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:]))
+    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
     if size >= 16 * shards:
         assert all(lo % 16 == 0 for lo, _ in bounds)
 

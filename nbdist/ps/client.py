@@ -9,6 +9,7 @@ with NumPy.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 
@@ -136,10 +137,8 @@ class WorkerTransport:
 
     def bye(self) -> None:
         for line in self.lines:
-            try:
+            with contextlib.suppress(TrainingError):
                 line.request({"op": "bye", "worker": self.worker})
-            except TrainingError:
-                pass
 
     def close(self) -> None:
         for line in self.lines:
@@ -184,10 +183,8 @@ class HubControl:
     def shutdown(self) -> None:
         with self._lock:
             for line in self.lines:
-                try:
+                with contextlib.suppress(TrainingError):
                     line.request({"op": "shutdown"})
-                except TrainingError:
-                    pass
 
     def close(self) -> None:
         for line in self.lines:

@@ -18,6 +18,7 @@ Ops it answers (all signed, see `nbdist.protocol`):
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -164,10 +165,8 @@ class Hub:
         self.links.clear()
         self.params = None
         shm.release(self._segment, unlink=True)
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(self._ipc_path)
-        except OSError:
-            pass
 
     # -- worker ops -------------------------------------------------------------------------
 

@@ -7,6 +7,7 @@ headers cross ZeroMQ. The worker creates and unlinks its segment; hubs only atta
 
 from __future__ import annotations
 
+import contextlib
 import secrets
 import socket
 from multiprocessing import resource_tracker, shared_memory
@@ -68,7 +69,5 @@ def release(segment: shared_memory.SharedMemory | None, unlink: bool = False) ->
         pass
     if unlink:
         _created_here.discard(segment.name)
-        try:
+        with contextlib.suppress(FileNotFoundError):
             segment.unlink()
-        except FileNotFoundError:
-            pass
