@@ -2,12 +2,15 @@
 
 Runs in the kernel, after the cell has run there, so a mistake is reported before any engine
 is touched. The cell is parsed (never `eval`ed) to learn which names it assigns: arrays it
-uses but does not define (loaded in an earlier cell) are sent to the engines.
+reads but does not define (parameters, arrays, helper functions from earlier cells) are sent
+to the engines with the run; modules are not (import them in the cell).
 """
 
 from __future__ import annotations
 
 import ast
+import builtins
+import types
 from dataclasses import dataclass
 
 import numpy as np
@@ -54,6 +57,20 @@ def assigned_names(source: str) -> set[str]:
     return names
 
 
+def read_names(source: str) -> set[str]:
+    """Every name the cell reads anywhere (a superset of what it needs from outside)."""
+    return {n.id for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+
+
+def outside_values(source: str, namespace: dict, defined: set[str]) -> dict:
+    """Values the cell reads from the notebook but does not define itself."""
+    wanted = read_names(source) - defined - set(dir(builtins))
+    return {n: namespace[n] for n in sorted(wanted)
+            if n in namespace and not n.startswith("_") and n not in ("In", "Out")
+            and not isinstance(namespace[n], types.ModuleType)}
+
+
 @dataclass
 class CellContents:
     """The model and arrays training will use, by name, as found in the kernel."""
@@ -63,7 +80,7 @@ class CellContents:
     data: tuple[str, str]
     validation: tuple[str, str] | None
     num_samples: int
-    pushed: dict  # name -> array: used by the cell, defined by an earlier cell
+    pushed: dict  # name -> value: read by the cell, defined by an earlier cell
 
 
 def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellContents:
@@ -92,7 +109,8 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellConte
     if len(x) == 0:
         raise DataError(f"{config.data[0]} is empty: there is nothing to train on.")
     validation = _validation(namespace, config)
-    pushed = {n: namespace[n] for n in (*config.data, *(validation or ())) if n not in defined}
+    pushed = outside_values(source, namespace, defined)
+    pushed.update({n: namespace[n] for n in (*config.data, *(validation or ())) if n not in defined})
     return CellContents(model_name, model, config.data, validation, len(x), pushed)
 
 

@@ -83,8 +83,16 @@ class Cluster:
         if profile:
             kwargs["profile"] = profile
         ipp_cluster = ipp.Cluster(**kwargs)
-        client = ipp_cluster.start_and_connect_sync(activate=False)
-        client.wait_for_engines(n, timeout=timeout)
+        ipp_cluster.start_cluster_sync()
+        client = ipp_cluster.connect_client_sync()
+        try:
+            client.wait_for_engines(n, timeout=timeout, interactive=False)
+        except TimeoutError:
+            ipp_cluster.stop_cluster_sync()
+            raise NoClusterError(
+                f"{n} engine(s) did not start within {timeout:.0f}s. Check that this Python "
+                "can run `python -m ipyparallel.engine`, or start fewer engines."
+            ) from None
         return cls(client, ipp_cluster)
 
     @classmethod
@@ -131,9 +139,18 @@ class Cluster:
     def stop(self) -> None:
         """Stop engines and controller if we started them; otherwise just disconnect."""
         try:
+            if self._ipp_cluster is not None and self.client.ids:
+                # ask engines to exit cleanly first, so none is killed mid-write
+                self.client.shutdown(targets="all", block=True)
+        except Exception as exc:  # noqa: BLE001 - stopping the processes below still works
+            log.warning("clean engine shutdown failed (%s); stopping processes", exc)
+        try:
             self.client.close()
         finally:
             if self._ipp_cluster is not None:
+                # engines stopped on purpose exit non-zero; ipyparallel would then dump their
+                # logs as warnings, which reads like a failure in the notebook
+                self._ipp_cluster.log.setLevel(logging.ERROR)
                 self._ipp_cluster.stop_cluster_sync()
                 self._ipp_cluster = None
 

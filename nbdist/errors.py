@@ -93,6 +93,13 @@ class RemoteCellError(NbdistError, RuntimeError):
         self.engine_id = engine_id
         self.remote_traceback = remote_traceback
 
+    def _render_traceback_(self) -> list[str]:
+        """How IPython shows it: the message, then the engine's own traceback, tagged."""
+        lines = [f"RemoteCellError: {self}"]
+        if self.remote_traceback:
+            lines += ["", f"--- traceback on engine {self.engine_id} ---", *self.remote_traceback.splitlines()]
+        return lines
+
 
 class TrainingError(NbdistError, RuntimeError):
     """The run failed while training (a hub or worker was lost, the loss became NaN, ...)."""

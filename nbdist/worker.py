@@ -92,6 +92,9 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
             "choices or state from other cells."
         )
     flat = FlatModel(model)
+    # Trace the compiled step now, before saying hello, so every worker starts training at
+    # the same moment; hello's pull then overwrites whatever this step changed.
+    flat.gradients(x[: spec.batch_size], y[: spec.batch_size])
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
                                 spec.transport, spec.timeout, spec.engine)
     try:
@@ -140,6 +143,8 @@ def _train_loop(spec: WorkerSpec, flat, transport, x, y, validation) -> dict:
             if pull:
                 flat.assign(transport.params, transport.non_trainable)
                 fresh = True
+            elif reply.get("chunk"):
+                fresh = False  # work after waiting: pull the current weights first
             continue
         chunk_id, epoch, start, stop = chunk
         if epoch != perm_epoch:

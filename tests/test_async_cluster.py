@@ -55,12 +55,13 @@ def test_train_api_with_arrays_from_an_earlier_cell(cluster):
 
 
 def test_cell_error_on_engine_shows_engine_traceback_and_engines_stay_usable(cluster):
-    ns = {"make_width": lambda: 16}  # exists in the kernel only, as if from another cell
-    cell = SYNTHETIC_CELL.replace("Dense(16,", "Dense(make_width(),")
+    # `np` was imported in an earlier cell: modules are not shipped, so only engines fail
+    ns = {"np": np}
+    cell = SYNTHETIC_CELL + "\nwidth = np.int64(16)\n"
     run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=2, epochs=1)
-    with pytest.raises(RemoteCellError, match=r"NameError on engine \d") as info:
+    with pytest.raises(RemoteCellError, match=r"NameError on engine \d.*'np' is not defined") as info:
         run.wait(timeout=120)
-    assert "make_width" in info.value.remote_traceback
+    assert "width = np.int64(16)" in info.value.remote_traceback or "<%%distribute cell>" in info.value.remote_traceback
     assert run.status == "failed"
     again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, wait=True)
     assert again.status == "finished"

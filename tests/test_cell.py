@@ -93,3 +93,12 @@ def test_arrays_from_earlier_cells_are_pushed_to_engines():
 def test_non_array_data_gets_a_conversion_hint():
     with pytest.raises(DataError, match="expected a NumPy array"):
         run(MODEL + "x_train = 5")
+
+
+def test_parameters_and_helpers_from_earlier_cells_are_pushed_but_modules_are_not():
+    import numpy
+
+    ns = {"WIDTH": 2, "np": numpy, "helper": lambda: 1, "_private": 3}
+    cell = MODEL.replace("import keras, numpy as np\n", "import keras\n").replace("Dense(2)", "Dense(WIDTH)")
+    contents = run(cell + "\n_ = helper() + _private", ns)
+    assert set(contents.pushed) == {"WIDTH", "helper"}

@@ -117,6 +117,7 @@ class Hub:
         self.eval_queue: deque[int] = deque()
         self.evaluating: dict[int, int] = {}  # worker -> epoch it is evaluating
         self.gone: set[int] = set()  # workers that said bye
+        self.arrived: set[int] = set()  # workers that said hello: training starts with all
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -185,6 +186,7 @@ class Hub:
             w = self.stats.workers[worker]
             w.state, w.host, w.engine = "running", msg.header.get("host", ""), msg.header.get("engine")
             self.gone.discard(worker)
+            self.arrived.add(worker)
         return self._reply(worker, pull=True)
 
     def _step(self, msg: Message) -> tuple[dict, list]:
@@ -248,7 +250,8 @@ class Hub:
         """Control state plus the worker's chunk, eval job and whether it is done."""
         work: dict = {"lr": self.lr, "paused": self.paused, "stop": self.stopping}
         chunk = self.chunk_of.get(worker)
-        if chunk is None and not (self.paused or self.stopping):
+        all_here = len(self.arrived) == self.spec.num_workers
+        if chunk is None and all_here and not (self.paused or self.stopping):
             chunk = self.schedule.next_chunk(self.spec.batch_size)
             if chunk is not None:
                 self.chunk_of[worker] = chunk
@@ -264,6 +267,8 @@ class Hub:
         work["done"] = self.stopping or (
             self.schedule.finished and not self.eval_queue and not self.evaluating)
         state = "paused" if self.paused else ("running" if chunk else "waiting")
+        if not all_here:
+            state = "starting"
         self.stats.workers[worker].state = state
         return work
 

@@ -1,0 +1,36 @@
+"""Every notebook runs top to bottom (tiny size) in a real kernel, as a person would run it."""
+
+from pathlib import Path
+
+import nbformat
+import pytest
+
+pytestmark = [pytest.mark.notebook, pytest.mark.cluster, pytest.mark.slow]
+
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+TINY = {"SAMPLES": 3000, "EPOCHS": 1}
+
+
+def with_parameters(nb, values: dict):
+    """Like papermill: a cell after the one tagged `parameters` overrides its values."""
+    for i, cell in enumerate(nb.cells):
+        if "parameters" in cell.get("metadata", {}).get("tags", []):
+            source = "\n".join(f"{k} = {v!r}" for k, v in values.items())
+            nb.cells.insert(i + 1, nbformat.v4.new_code_cell(source))
+            return nb
+    raise AssertionError("the notebook has no cell tagged 'parameters'")
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
+def test_notebook_runs_top_to_bottom(path, tmp_path):
+    from nbclient import NotebookClient
+
+    nb = with_parameters(nbformat.read(path, as_version=4), TINY)
+    NotebookClient(nb, timeout=600, kernel_name="python3",
+                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+    errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
+              if o.get("output_type") == "error"]
+    assert not errors, errors
+    out = Path(__file__).resolve().parents[1] / "out"
+    out.mkdir(exist_ok=True)
+    nbformat.write(nb, out / f"executed-{path.name}")
