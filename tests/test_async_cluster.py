@@ -1,5 +1,6 @@
 """Asynchronous training on a real local ipyparallel cluster (separate engine processes)."""
 
+import os
 import time
 
 import numpy as np
@@ -144,3 +145,91 @@ def _wait_for(condition, timeout=60.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
+
+
+FUNCTIONAL_CELL = '''
+import keras
+from keras import ops
+from nbdist.datasets import make_synthetic
+(x_train, y_train), (x_test, y_test) = make_synthetic(n=1200, shape=(8,), classes=3, seed=2)
+
+def smoothed_loss(y_true, y_pred):  # a custom loss defined in the cell
+    y_true = ops.one_hot(ops.cast(ops.reshape(y_true, (-1,)), "int32"), 3)
+    return keras.losses.categorical_crossentropy(0.9 * y_true + 0.1 / 3, y_pred)
+
+inputs = keras.Input((8,))
+h = keras.layers.Dense(32, activation="relu")(inputs)
+h = keras.layers.BatchNormalization()(h)
+h = keras.layers.Dropout(0.2)(h)
+outputs = keras.layers.Dense(3, activation="softmax")(h)
+net = keras.Model(inputs, outputs)
+net.compile(optimizer=keras.optimizers.SGD(0.1), loss=smoothed_loss, metrics=["accuracy"])
+'''
+
+
+def test_functional_model_with_batchnorm_dropout_and_custom_loss_learns(cluster):
+    ns = {}
+    run = nbdist.train(FUNCTIONAL_CELL, cluster=cluster, namespace=ns, workers=2, epochs=3,
+                       wait=True)
+    assert run.model_name == "net"
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85
+    bn = next(layer for layer in ns["net"].layers if "batch_normalization" in layer.name)
+    # the merged moving statistics reached the kernel's model (they start at 0 and 1)
+    assert np.abs(bn.moving_mean.numpy()).max() > 0.01
+    assert np.abs(bn.moving_variance.numpy() - 1).max() > 0.01
+
+
+def test_two_shards_on_two_engines_give_the_same_weights_as_one(cluster):
+    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(5)\n")
+    finals = []
+    for servers in (1, 2):
+        ns = {}
+        run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=1, servers=servers,
+                           epochs=1, wait=True)
+        assert run.nodes["steps"].sum() == 29
+        finals.append(weights(ns["model"]))
+    np.testing.assert_array_equal(finals[0], finals[1])
+
+
+def test_hogwild_and_tcp_transport_learn(cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
+                       algorithm="hogwild", transport="tcp", wait=True)
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85
+
+
+def test_connect_attaches_to_a_running_cluster(cluster, ip):
+    from nbdist.cluster import Cluster
+
+    ipp_cluster = cluster._ipp_cluster
+    other = Cluster.connect(profile=ipp_cluster.profile, cluster_id=ipp_cluster.cluster_id)
+    try:
+        assert other.engine_ids == cluster.engine_ids
+        assert other.describe().startswith("connected")
+    finally:
+        other.stop()  # only disconnects: the engines belong to the session fixture
+    assert len(cluster.client[:].apply_sync(os.getpid)) == 3
+
+
+@pytest.mark.slow
+def test_magic_start_status_stop_leaves_no_process(ip, capsys):
+    import os
+
+    ip.run_line_magic("nbdist", "start 1")
+    magics = ip.magics_manager.registry["NbdistMagics"]
+    pids = magics.cluster.client[:].apply_sync(os.getpid)
+    ip.run_line_magic("nbdist", "status")
+    assert "1 engine(s)" in capsys.readouterr().out
+    ip.run_line_magic("nbdist", "stop")
+    assert magics.cluster is None
+    for pid in pids:
+        _wait_for(lambda pid=pid: not _alive(pid), timeout=20)
+
+
+def _alive(pid):
+    import os
+
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
