@@ -81,8 +81,9 @@ WORKER = textwrap.dedent(
 def test_two_process_gloo_allreduce_and_broadcast(tmp_path):
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    # horovodrun via -m so it runs under this interpreter; with only localhost in -H it uses the
-    # loopback interface and needs no ssh. --disable-cache keeps it from writing to ~/.horovod.
+    # horovodrun via -m so it runs under this interpreter. With only localhost in -H it needs no
+    # ssh and Gloo talks over the 127.0.0.1 interface (its short-lived rendezvous HTTP server
+    # binds all interfaces, though). --disable-cache keeps it from writing to ~/.horovod.
     cmd = [
         sys.executable, "-m", "horovod.runner.launch",
         "-np", "2", "-H", "localhost:2", "--gloo", "--disable-cache", "--start-timeout", "60",
