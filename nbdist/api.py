@@ -30,7 +30,7 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         >>> run.wait().history.tail()                                      # doctest: +SKIP
     """
     config = config.replace(**options) if config is not None else TrainConfig(**options)
-    if config.mode is Mode.ASYNC and cluster is None:
+    if config.mode in (Mode.ASYNC, Mode.SYNC) and cluster is None:
         raise NoClusterError(
             "No cluster to train on. Start one with %nbdist start 3 (or nbdist.Cluster.start(3)), "
             "connect with %nbdist connect --profile P, or use --mode local to train in this kernel."
@@ -48,6 +48,10 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     model = contents.model
     if config.mode is Mode.LOCAL:
         backend = LocalBackend(ns)
+    elif config.mode is Mode.SYNC:
+        from nbdist.sync import SyncBackend
+
+        backend = SyncBackend(cluster, config.workers)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
     params, non_trainable = read_flat(model)
@@ -58,16 +62,25 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
                    algorithm=config.algorithm.value, lr=lr, batch_size=config.batch_size,
                    epochs=config.epochs, num_samples=contents.num_samples,
                    has_validation=contents.validation is not None, idle_timeout=config.timeout)
-    endpoints = backend.start_hubs(hub_specs(base, params, config.servers))
+    sync = config.mode is Mode.SYNC
+    hub_params = params[:0] if sync else params  # in sync mode the hub holds no parameters
+    endpoints = backend.start_hubs(hub_specs(base, hub_params, 1 if sync else config.servers))
     control = HubControl(key, endpoints)
+    fields = dict(
+        run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
+        model_name=contents.model_name, data=contents.data, validation=contents.validation,
+        seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
+        source=cell, pushed=contents.pushed, transport=config.transport.value,
+        timeout=config.timeout,
+    )
     try:
-        backend.start_workers(WorkerSpec(
-            run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
-            model_name=contents.model_name, data=contents.data, validation=contents.validation,
-            seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
-            source=cell, pushed=contents.pushed, transport=config.transport.value,
-            timeout=config.timeout,
-        ))
+        if sync:
+            from nbdist.sync import SyncSpec
+
+            backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
+                                           initial_non_trainable=non_trainable))
+        else:
+            backend.start_workers(WorkerSpec(**fields))
     except BaseException:
         control.shutdown()  # nothing may be left serving
         control.close()

@@ -64,6 +64,10 @@ class ClusterBackend:
                            threads=max(1, (os.cpu_count() or 1) // per_host[self.hosts[e]]))
             self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
 
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The trained flat parameters and non-trainable state (from the hub shards)."""
+        return control.params()
+
     def failure(self) -> Exception | None:
         """The first worker that raised, as an nbdist exception naming its engine."""
         for i, ar in self._tasks.items():
@@ -116,6 +120,9 @@ class LocalBackend:
 
         self._worker = threading.Thread(target=work, daemon=True, name="nbdist-local-worker")
         self._worker.start()
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return control.params()
 
     def failure(self) -> Exception | None:
         return self._error

@@ -19,6 +19,7 @@ class Mode(enum.StrEnum):
     """Where the training runs."""
 
     ASYNC = "async"  # nbdist's parameter server on the engine cluster
+    SYNC = "sync"  # Horovod allreduce across the worker engines
     LOCAL = "local"  # the same hub and worker loop, inside this kernel; no cluster needed
 
 
@@ -106,6 +107,12 @@ class TrainConfig:
             raise ConfigError(f"--model expects a Python name (Received: {self.model!r}).")
         if self.timeout <= 0:
             raise ConfigError(f"timeout must be positive seconds (Received: {self.timeout!r}).")
+        if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD):
+            raise ConfigError(
+                f"--mode sync averages gradients with Horovod allreduce: it has no parameter server, "
+                f"so --servers and --algorithm do not apply (Received: --servers {self.servers}, "
+                f"--algorithm {self.algorithm.value}). Drop them, or use --mode async."
+            )
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "

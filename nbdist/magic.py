@@ -63,7 +63,7 @@ class NbdistMagics(Magics):
 
     @magic_arguments()
     @argument("--mode", default="async", choices=[m.value for m in Mode],
-              help="async: nbdist's parameter server on the cluster; local: in this kernel")
+              help="async: nbdist's parameter server; sync: Horovod allreduce; local: in this kernel")
     @argument("--algorithm", default="asgd", choices=[a.value for a in Algorithm],
               help="update rule on the hub")
     @argument("--workers", type=int, default=None, help="number of workers (default: all free engines)")

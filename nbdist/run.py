@@ -144,7 +144,7 @@ class Run:
                 time.sleep(POLL_S)
             from nbdist.flatmodel import write_flat
 
-            params, non_trainable = control.params()
+            params, non_trainable = backend.final_params(control)
             write_flat(self.model, params, non_trainable)
             self.status = "stopped" if self._stop_requested else "finished"
         except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()

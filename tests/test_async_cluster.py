@@ -20,6 +20,19 @@ from tests.conftest import SYNTHETIC_CELL
 
 pytestmark = pytest.mark.cluster
 
+FASHION_CELL = '''
+import keras
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
+x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
 
 def weights(model):
     return np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
@@ -122,20 +135,8 @@ def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
 
 @pytest.mark.slow
 def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(cluster):
-    cell = '''
-import keras
-from nbdist.datasets import load_fashion_mnist
-(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
-x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
-x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
-model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
-              metrics=["accuracy"])
-'''
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()  # skip cleanly if data absent
-    run = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, epochs=2, batch_size=64,
+    run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, workers=2, epochs=2, batch_size=64,
                        wait=True)
     assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
 

@@ -1,24 +1,83 @@
 """Update rules the hub applies to pushed gradients: pure NumPy, in place, no I/O.
 
-Each rule is a small class with explicit state and two hooks the hub calls:
-`on_pull(worker, w)` when a worker reads the parameters and
-`on_push(worker, w, g, lr, delay)` to apply a gradient that is `delay` versions old.
-`consistent_reads` says whether a pull must see one version (copy) or may read live memory.
+Each rule is a small `Rule` with explicit state and hooks the hub calls:
+`on_pull(worker, w, version)` when a worker reads the parameters,
+`on_push(worker, w, g, lr, delay) -> bool` to apply a gradient `delay` versions old (False:
+buffered, `w` unchanged), `forget(worker)` when a worker leaves. `consistent_reads` says whether
+a pull must see one version (copy) or may read live memory. Every push runs on preallocated
+buffers: no allocation proportional to the model.
+
+Modules: `sgd` (asgd, hogwild), `dc` (dc-asgd, dc-asgd-a, ddc-asgd), `snapshots` (shared
+backups), `softsync`, `ssp` (with `StalenessClock`), `group` (speed groups), `easgd`,
+`server_opt` (optimizers for `--local-steps`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+from nbdist.algorithms.base import Option, Rule
+from nbdist.algorithms.dc import DCASGD, DDCASGD, DCASGDAdaptive, dc_compensate, ddc_beta
+from nbdist.algorithms.easgd import EASGD, easgd_alpha, elastic_exchange
+from nbdist.algorithms.group import Group, form_groups, group_lr, mean_into
+from nbdist.algorithms.server_opt import (
+    SERVER_OPTIMIZERS,
+    ServerOptimizer,
+    dynsgd_scale,
+    make_server_optimizer,
+)
 from nbdist.algorithms.sgd import ASGD, Hogwild, sgd_step
+from nbdist.algorithms.snapshots import SnapshotStore
+from nbdist.algorithms.softsync import SoftSync
+from nbdist.algorithms.ssp import SSP, StalenessClock
+from nbdist.errors import ConfigError
 
-RULES = {rule.name: rule for rule in (ASGD, Hogwild)}
+RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
+    ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD)}
 
-__all__ = ["ASGD", "RULES", "Hogwild", "make_rule", "sgd_step"]
+__all__ = [
+    "ASGD",
+    "DCASGD",
+    "DDCASGD",
+    "EASGD",
+    "RULES",
+    "SERVER_OPTIMIZERS",
+    "SSP",
+    "DCASGDAdaptive",
+    "Group",
+    "Hogwild",
+    "Rule",
+    "ServerOptimizer",
+    "SnapshotStore",
+    "SoftSync",
+    "StalenessClock",
+    "dc_compensate",
+    "ddc_beta",
+    "dynsgd_scale",
+    "easgd_alpha",
+    "elastic_exchange",
+    "form_groups",
+    "group_lr",
+    "make_rule",
+    "make_server_optimizer",
+    "mean_into",
+    "sgd_step",
+]
 
 
-def make_rule(name: str, size: int, num_workers: int):
-    """The rule called `name` for a shard of `size` floats shared by `num_workers` workers."""
+def make_rule(name: str, size: int, num_workers: int,
+              options: Mapping[str, Option] | None = None) -> Rule:
+    """The rule called `name` for a shard of `size` floats shared by `num_workers` workers.
+
+    Unknown names and options raise `ConfigError` (a `ValueError`) listing the valid ones.
+
+    Example:
+        >>> make_rule("dc-asgd", size=4, num_workers=2, options={"lambda0": 0.1}).options
+        {'lambda0': 0.1}
+    """
     try:
         rule = RULES[name]
     except KeyError:
-        raise ValueError(f"Unknown algorithm {name!r}. Expected one of: {', '.join(sorted(RULES))}.") from None
-    return rule(size, num_workers)
+        raise ConfigError(f"Unknown algorithm {name!r}. Expected one of: "
+                          f"{', '.join(sorted(RULES))}.") from None
+    return rule(size, num_workers, **dict(options or {}))

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbdist.algorithms.base import Option, Rule
+
 
 def sgd_step(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> None:
     """`w -= lr * g` in place, with `scratch` (same shape) to avoid allocating per push."""
@@ -18,20 +20,19 @@ def sgd_step(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> No
     np.subtract(w, scratch, out=w)
 
 
-class ASGD:
+class ASGD(Rule):
     """Asynchronous SGD (Dean et al. 2012): apply each push as it arrives."""
 
     name = "asgd"
     consistent_reads = True
 
-    def __init__(self, size: int, num_workers: int):
+    def __init__(self, size: int, num_workers: int, **options: Option):
+        super().__init__(size, num_workers, **options)
         self._scratch = np.empty(size, dtype=np.float32)
 
-    def on_pull(self, worker: int, w: np.ndarray) -> None:
-        """Nothing to remember for plain SGD."""
-
-    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> None:
+    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
         sgd_step(w, g, lr, self._scratch)
+        return True
 
     @property
     def state_nbytes(self) -> int:

@@ -9,6 +9,7 @@ Ops it answers (all signed, see `nbdist.protocol`):
     hello    worker registers (optionally with its shared-memory segment); gets parameters
     step     worker pushes a gradient and/or pulls parameters; shard 0 also answers a bare
              `step` (no push, no pull) with control and work, to let idle workers wait cheaply
+    report   sync-mode rank: one step's metrics (no parameters); gets control back
     bye      worker leaves
     stats    kernel: statistics (shard 0)
     control  kernel: set lr / pause / resume / stop
@@ -118,12 +119,13 @@ class Hub:
         self.evaluating: dict[int, int] = {}  # worker -> epoch it is evaluating
         self.gone: set[int] = set()  # workers that said bye
         self.arrived: set[int] = set()  # workers that said hello: training starts with all
+        self.reported_epochs = 0.0  # progress reported by sync-mode ranks
 
     # -- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> dict:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
-        handlers = {"hello": self._hello, "step": self._step, "bye": self._bye,
+        handlers = {"hello": self._hello, "step": self._step, "bye": self._bye, "report": self._report,
                     "stats": self._stats, "control": self._control, "params": self._params,
                     "shutdown": self._shutdown}
         poller = zmq.Poller()
@@ -197,8 +199,8 @@ class Hub:
             grad = link.grad if link.grad is not None else msg.floats(0)
             if grad.size != self.size:
                 raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
-            self.rule.on_push(worker, self.params, grad, self.lr, delay)
-            self.version += 1
+            if self.rule.on_push(worker, self.params, grad, self.lr, delay):
+                self.version += 1
             if self.coordinator:
                 if self.non_trainable.size:
                     self.non_trainable += msg.floats(len(msg.buffers) - 1)
@@ -231,7 +233,7 @@ class Hub:
         if pull:
             link = self.links[worker]
             link.read_version = self.version
-            self.rule.on_pull(worker, self.params)
+            self.rule.on_pull(worker, self.params, self.version)
             if link.params is not None:  # same host: parameters go through shared memory
                 if self.rule.consistent_reads:
                     np.copyto(link.params, self.params)
@@ -272,11 +274,27 @@ class Hub:
         self.stats.workers[worker].state = state
         return work
 
+    def _report(self, msg: Message) -> tuple[dict, list]:
+        """A synchronous rank's step: metrics in, control out (Horovod moves the gradients)."""
+        h, worker = msg.header, int(msg.header["worker"])
+        now = time.time() - self.start_time
+        if h.get("batch"):
+            self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
+            self.stats.record_push(worker, samples=int(h.get("samples", 0)), loss=float(h.get("loss", math.nan)),
+                                   compute_s=float(h.get("compute_s", 0.0)), comm_s=float(h.get("comm_s", 0.0)),
+                                   delay=0, epoch=self.reported_epochs, now=now, batch_size=int(h["batch"]))
+        if "eval" in h:
+            ev = h["eval"]
+            self.stats.record_eval(ev["metrics"], epoch=ev["epoch"], version=ev["version"], now=now)
+        self.stats.workers[worker].state = "paused" if self.paused else "running"
+        return {"op": "reply", "lr": self.lr, "paused": self.paused, "stop": self.stopping}, []
+
     def _bye(self, msg: Message) -> tuple[dict, list]:
         worker = int(msg.header["worker"])
         link = self.links.pop(worker, None)
         if link:
             shm.release(link.segment)
+        self.rule.forget(worker)
         if self.coordinator:
             self.gone.add(worker)
             self.stats.workers[worker].state = "done"
@@ -293,7 +311,7 @@ class Hub:
         snap.update(
             finished=len(self.gone) == self.spec.num_workers,
             paused=self.paused, stopping=self.stopping, lr=self.lr, version=self.version,
-            epochs_done=self.schedule.epochs_done, error=self.error, dropped=dict(self.dropped),
+            epochs_done=max(self.schedule.epochs_done, self.reported_epochs), error=self.error, dropped=dict(self.dropped),
             hub_bytes=int(self.params.nbytes + self.rule.state_nbytes),
             elapsed=time.time() - self.start_time,
         )

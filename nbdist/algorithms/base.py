@@ -1,0 +1,108 @@
+"""The `Rule` base class: hyper-parameters by name, checked once, changeable live.
+
+A rule is what the hub applies to each push. The base class owns what every rule shares,
+so each rule only writes its update:
+- `options`: the rule's hyper-parameters, seeded from `default_options(num_workers)`;
+- `set_option(name, value)`: a live change from the notebook, validated the same way as at
+  construction (unknown name or bad value -> `ConfigError`, a `ValueError`);
+- no-op `on_pull` and `forget` for rules that keep no per-worker state.
+
+Rules are used by one thread (the hub's loop); they are not locked.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import ClassVar
+
+import numpy as np
+
+from nbdist.errors import ConfigError
+
+Option = float | int
+
+
+def unknown_option(name: str, owner: str, valid: dict[str, Option]) -> ConfigError:
+    """"Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04." """
+    listed = ", ".join(f"{k}={v:g}" for k, v in valid.items()) or "(none)"
+    return ConfigError(f"Unknown option {name!r} for {owner}. Valid: {listed}.")
+
+
+class Rule:
+    """Base of the update rules. Subclasses set `name` and override `on_push`.
+
+    Example:
+        >>> from nbdist.algorithms import make_rule
+        >>> rule = make_rule("asgd", size=2, num_workers=1)
+        >>> w = np.array([1, 2], np.float32)
+        >>> rule.on_push(0, w, np.array([0.5, -1], np.float32), lr=0.5, delay=0)
+        True
+        >>> w.tolist()
+        [0.75, 2.5]
+    """
+
+    name: ClassVar[str] = ""
+    consistent_reads: ClassVar[bool] = True
+
+    def __init__(self, size: int, num_workers: int, **options: Option):
+        if size < 0 or num_workers < 1:
+            raise ConfigError(f"A rule needs size >= 0 and num_workers >= 1. "
+                              f"Received: size={size}, num_workers={num_workers}.")
+        self.size = int(size)
+        self.num_workers = int(num_workers)
+        self._options: dict[str, Option] = dict(self.default_options(self.num_workers))
+        for key, value in options.items():
+            self._options[key] = self._checked(key, value)
+
+    @classmethod
+    def default_options(cls, num_workers: int) -> dict[str, Option]:
+        """Hyper-parameters and their defaults; an int default makes an integer option."""
+        return {}
+
+    @property
+    def options(self) -> dict[str, Option]:
+        """The current hyper-parameters by name (a copy)."""
+        return dict(self._options)
+
+    def set_option(self, name: str, value: float) -> None:
+        """Change one hyper-parameter; it takes effect at the next push."""
+        self._options[name] = self._checked(name, value)
+
+    def _checked(self, name: str, value: float) -> Option:
+        if name not in self._options:
+            raise unknown_option(name, self.name, self._options)
+        if isinstance(value, bool) or not isinstance(value, (int, float, np.number)) \
+                or not math.isfinite(value):
+            raise ConfigError(f"Option {name!r} of {self.name} must be a finite number. "
+                              f"Received: {value!r}.")
+        if isinstance(self._options[name], int):
+            if value != int(value):
+                raise ConfigError(f"Option {name!r} of {self.name} must be a whole number. "
+                                  f"Received: {value!r}.")
+            value = int(value)
+        else:
+            value = float(value)
+        low, high = self._bounds(name)
+        if not low <= value <= high:
+            raise ConfigError(f"Option {name!r} of {self.name} must be in [{low:g}, {high:g}]. "
+                              f"Received: {value!r}.")
+        return value
+
+    def _bounds(self, name: str) -> tuple[float, float]:
+        """Allowed closed range of an option; subclasses narrow it."""
+        return 0.0, math.inf
+
+    def on_pull(self, worker: int, w: np.ndarray, version: int) -> None:
+        """Called when `worker` reads `w` at `version`; most rules need nothing."""
+
+    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
+        """Apply `g` (read `delay` versions ago) to `w` in place; True if `w` changed."""
+        raise NotImplementedError
+
+    def forget(self, worker: int) -> None:
+        """`worker` left: free whatever the rule holds for it."""
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes the rule holds beyond `w` (scratch, backups, moments)."""
+        return 0

@@ -1,0 +1,126 @@
+"""`group`: synchronous inside groups of similar speed, asynchronous between groups.
+
+Workers of similar throughput wait little for each other, so they average their gradients
+for the same step (sync) and the group pushes that mean as one asynchronous push with the
+group's rate `η_g = η · B_g / B_ref` (seed 003, cluster packet synchronization). This module
+holds the pure parts; the hub runs the per-group barrier and applies the mean through a plain
+SGD step (the `group` rule is ASGD plus the grouping options).
+
+- `form_groups`: 1-D clustering of log throughput. By default, greedily from the slowest, a
+  group takes the next-faster worker while fastest/slowest ≤ max_ratio; for intervals on a
+  line this greedy gives the fewest groups. With `num_groups`, an exact dynamic programme over
+  contiguous splits of the sorted speeds minimises the largest in-group log-range.
+- `group_lr`: the linear-scaling rate of a group's push. B_ref is the batch the learning rate
+  was set for (the cell's per-worker batch), so a singleton group keeps η and the rule reduces
+  to ASGD.
+- `mean_into`: the group's mean gradient, in place.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+from nbdist.algorithms.base import Option
+from nbdist.algorithms.sgd import ASGD
+
+_TOL = 1e-12  # speeds exactly max_ratio apart still share a group despite float rounding
+
+
+def form_groups(rates: Sequence[float], max_ratio: float = 1.5,
+                num_groups: int | None = None) -> list[list[int]]:
+    """Worker indices grouped by speed, slowest group first, indices ascending in a group.
+
+    Example:
+        >>> form_groups([1, 1, 2, 2, 4])
+        [[0, 1], [2, 3], [4]]
+    """
+    if any(not (math.isfinite(r) and r > 0) for r in rates):
+        raise ValueError(f"Worker rates must be positive and finite. Received: {list(rates)}.")
+    if not max_ratio >= 1:
+        raise ValueError(f"max_ratio must be >= 1. Received: {max_ratio}.")
+    order = sorted(range(len(rates)), key=lambda i: (rates[i], i))
+    logs = [math.log(rates[i]) for i in order]
+    if num_groups is None:
+        cuts, start = [], 0
+        for j in range(1, len(order)):
+            if logs[j] - logs[start] > math.log(max_ratio) + _TOL:
+                cuts.append(j)
+                start = j
+    else:
+        if not 1 <= num_groups <= max(1, len(order)):
+            raise ValueError(f"num_groups must be between 1 and the number of workers "
+                             f"({len(order)}). Received: {num_groups}.")
+        cuts = _min_range_cuts(logs, num_groups)
+    bounds = [0, *cuts, len(order)]
+    return [sorted(order[a:b]) for a, b in zip(bounds, bounds[1:], strict=False) if b > a]
+
+
+def _min_range_cuts(logs: list[float], k: int) -> list[int]:
+    """Start indices of groups 2..k splitting sorted `logs` into k runs with the least max range."""
+    n = len(logs)
+    if n == 0:
+        return []
+    inf = math.inf
+    # best[g][j]: least max-range splitting logs[:j] into g runs; prev[g][j]: where run g starts
+    best = [[inf] * (n + 1) for _ in range(k + 1)]
+    prev = [[0] * (n + 1) for _ in range(k + 1)]
+    best[0][0] = 0.0
+    for g in range(1, k + 1):
+        for j in range(g, n + 1):
+            for i in range(g - 1, j):
+                cost = max(best[g - 1][i], logs[j - 1] - logs[i])
+                if cost < best[g][j]:
+                    best[g][j], prev[g][j] = cost, i
+    cuts, j = [], n
+    for g in range(k, 1, -1):
+        j = prev[g][j]
+        cuts.append(j)
+    return cuts[::-1]
+
+
+def group_lr(lr: float, group_batch: int, ref_batch: int) -> float:
+    """`η_g = η · B_g / B_ref`: a group of B_g samples per step scales the rate linearly."""
+    if group_batch <= 0 or ref_batch <= 0:
+        raise ValueError(f"Batch sizes must be positive. Received: group_batch={group_batch}, "
+                         f"ref_batch={ref_batch}.")
+    return lr * (group_batch / ref_batch)  # B_g = B_ref gives exactly lr
+
+
+def mean_into(out: np.ndarray, grads: Sequence[np.ndarray]) -> np.ndarray:
+    """`out = mean(grads)` in place, without temporaries (`out` may be one of `grads`)."""
+    if not grads:
+        raise ValueError("mean_into needs at least one gradient.")
+    first, *rest = grads
+    if first is not out:
+        np.copyto(out, first)
+    for g in rest:
+        if g is out:
+            raise ValueError("`out` may only alias the first gradient.")
+        np.add(out, g, out=out)
+    if rest:
+        np.divide(out, np.float32(len(grads)), out=out)
+    return out
+
+
+class Group(ASGD):
+    """`group`: each push is a group's mean gradient, applied by plain SGD at the group's rate.
+
+    Options: `max_ratio` (1.5) for `form_groups`, `num_groups` (0 = as many as max_ratio needs).
+    """
+
+    name = "group"
+
+    @classmethod
+    def default_options(cls, num_workers: int) -> dict[str, Option]:
+        return {"max_ratio": 1.5, "num_groups": 0}
+
+    def _bounds(self, name: str) -> tuple[float, float]:
+        return (1.0, math.inf) if name == "max_ratio" else (0, self.num_workers)
+
+    def groups(self, rates: Sequence[float]) -> list[list[int]]:
+        """`form_groups` with this rule's options."""
+        k = self._options["num_groups"]
+        return form_groups(rates, self._options["max_ratio"], k or None)

@@ -1,0 +1,104 @@
+"""Stale Synchronous Parallel (Ho et al. 2013): SGD updates, bounded clock drift.
+
+The update is plain SGD; what SSP adds is a rule about *when* a worker may go on, kept
+here as a pure `StalenessClock` so it is tested without sockets. `clock[p]` counts p's
+pushes. The hub holds back p's next pull while `clock[p] − min(active clocks) > S`. So
+a worker only starts a step at most S clocks ahead of the slowest active one (its counter
+can read S + 1 while it waits); S = 0 is BSP, lockstep. A worker that left (`drop`) no
+longer holds the others back.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nbdist.algorithms.base import Option
+from nbdist.algorithms.sgd import ASGD
+
+
+class StalenessClock:
+    """Per-worker push counters and the SSP blocking test.
+
+    Example:
+        >>> clock = StalenessClock(num_workers=2, staleness=0)
+        >>> clock.tick(0); clock.blocked(0), clock.blocked(1)
+        (True, False)
+        >>> clock.tick(1); clock.blocked(0)
+        False
+    """
+
+    def __init__(self, num_workers: int, staleness: int):
+        if num_workers < 1 or staleness < 0:
+            raise ValueError(f"StalenessClock needs num_workers >= 1 and staleness >= 0. "
+                             f"Received: num_workers={num_workers}, staleness={staleness}.")
+        self.staleness = int(staleness)
+        self._clock = [0] * num_workers
+        self._active = set(range(num_workers))
+
+    def tick(self, worker: int) -> None:
+        """Count one push by `worker`."""
+        self._clock[worker] += 1
+
+    def slowest(self) -> int | None:
+        """The lowest clock among active workers (None when none is active)."""
+        return min((self._clock[p] for p in self._active), default=None)
+
+    def blocked(self, worker: int) -> bool:
+        """True while `worker` is more than S clocks ahead of the slowest active worker."""
+        low = self.slowest()
+        return worker in self._active and low is not None and self._clock[worker] - low > self.staleness
+
+    def drop(self, worker: int) -> None:
+        """`worker` left or finished: stop waiting for it."""
+        self._active.discard(worker)
+
+    def join(self, worker: int) -> None:
+        """`worker` (re)joins at the slowest active clock, so it neither waits nor holds back."""
+        if worker not in self._active:
+            low = self.slowest()
+            self._clock[worker] = self._clock[worker] if low is None else low
+            self._active.add(worker)
+
+    @property
+    def active(self) -> frozenset[int]:
+        return frozenset(self._active)
+
+    @property
+    def clocks(self) -> tuple[int, ...]:
+        """Every worker's push count (a left worker's is frozen)."""
+        return tuple(self._clock)
+
+
+class SSP(ASGD):
+    """`ssp`: SGD on each push, plus `clock` for the hub to decide who waits.
+
+    The rule ticks the clock on every push, drops a worker on `forget` and re-joins it if it
+    pulls again. The hub asks `rule.clock.blocked(worker)` before answering a pull and
+    re-checks its waiting workers after each push and each departure. nbdist's choice: S
+    defaults to 3, small enough to bound staleness, large enough to absorb step-time jitter.
+    """
+
+    name = "ssp"
+
+    def __init__(self, size: int, num_workers: int, **options: Option):
+        super().__init__(size, num_workers, **options)
+        self.clock = StalenessClock(num_workers, self._options["staleness"])
+
+    @classmethod
+    def default_options(cls, num_workers: int) -> dict[str, Option]:
+        return {"staleness": 3}
+
+    def set_option(self, name: str, value: float) -> None:
+        super().set_option(name, value)
+        self.clock.staleness = self._options["staleness"]
+
+    def on_pull(self, worker: int, w: np.ndarray, version: int) -> None:
+        self.clock.join(worker)
+
+    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
+        super().on_push(worker, w, g, lr, delay)
+        self.clock.tick(worker)
+        return True
+
+    def forget(self, worker: int) -> None:
+        self.clock.drop(worker)

@@ -1,0 +1,260 @@
+"""Synchronous training through Horovod allreduce (`--mode sync`). All Horovod imports live here.
+
+Kernel side (`SyncBackend`): runs Horovod's own rendezvous HTTP server (bound to loopback for
+a local cluster), assigns ranks with Horovod's `get_host_assignments`, gives every worker
+engine its `HOROVOD_*` variables, and starts one training task per engine. A hub in its
+metrics-and-control role (no parameters) runs as a thread in this kernel.
+
+Engine side (`run_sync_worker`): `hvd.init()`, broadcast rank 0's weights, then per step one
+compiled function computes this rank's gradient as one flat buffer and a second allreduces
+it (weighted by this rank's share of the global batch, so the result is the exact mean over
+the global batch even when `--dbs` gives ranks different batches) and applies it with the
+cell's own optimizer. Rank 0's control (stop, pause, lr, batch sizes) rides in the same
+allreduce, so every rank acts on it at the same step. `hvd.shutdown()` always runs at the
+end, so a failing rank ends the collective for all, and the next run can `hvd.init()` again.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+import time
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from nbdist.backends import ClusterBackend
+from nbdist.errors import DependencyError, TrainingError
+from nbdist.worker import WorkerSpec, configure_tensorflow, engine_namespace
+
+GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
+CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
+
+
+def require_horovod() -> None:
+    """Raise a DependencyError that says how to install Horovod if it is missing."""
+    try:
+        import horovod.tensorflow  # noqa: F401
+    except ImportError as exc:
+        raise DependencyError(
+            f"--mode sync needs Horovod with TensorFlow support, which is not importable ({exc}). "
+            "Build it with `make horovod` (Horovod 0.28.1, Gloo, from source), or use --mode async."
+        ) from None
+
+
+@dataclass
+class SyncSpec(WorkerSpec):
+    """A worker spec plus what a synchronous rank needs."""
+
+    epochs: int = 1
+    lr: float = 0.01
+    initial_params: np.ndarray | None = None
+    initial_non_trainable: np.ndarray | None = None
+    env: dict | None = None  # HOROVOD_* variables for this rank
+
+
+class SyncBackend(ClusterBackend):
+    """Horovod ranks on worker engines; rendezvous and the metrics hub in this kernel."""
+
+    def __init__(self, cluster, num_workers: int | None):
+        require_horovod()
+        super().__init__(cluster, num_servers=0, num_workers=num_workers)
+        self._rendezvous = None
+        self._local_hub = None
+        self.results: dict[int, dict] = {}
+
+    def start_hubs(self, specs):
+        from nbdist.backends import LocalBackend
+
+        self._local_hub = LocalBackend({})
+        return self._local_hub.start_hubs([replace(s, bind_host=self._kernel_bind_host()) for s in specs])
+
+    def _kernel_bind_host(self) -> str:
+        return "127.0.0.1" if self.bind_host == "127.0.0.1" else socket.gethostbyname(socket.gethostname())
+
+    def start_workers(self, base: SyncSpec) -> None:
+        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        engines = list(self.roles.workers)
+        hosts: dict[str, list[int]] = {}
+        for e in engines:
+            hosts.setdefault(self.hosts[e], []).append(e)
+        plan = get_host_assignments(parse_hosts(",".join(f"{h}:{len(es)}" for h, es in hosts.items())),
+                                    len(engines))
+        address = self._kernel_bind_host()
+        # Horovod's own server and handler, bound to one address instead of all interfaces
+        self._rendezvous = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+        self._rendezvous.init(plan)
+        threading.Thread(target=self._rendezvous.serve_forever, daemon=True,
+                         name="nbdist-horovod-rendezvous").start()
+        port = self._rendezvous.server_address[1]
+        next_on_host = {h: iter(es) for h, es in hosts.items()}
+        for slot in plan:  # rank order
+            engine = next(next_on_host[slot.hostname])
+            env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
+                   "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
+                   "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+                   "HOROVOD_CROSS_SIZE": str(slot.cross_size), "HOROVOD_CONTROLLER": "gloo",
+                   "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": address,
+                   "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S),
+                   "HOROVOD_GLOO_IFACE": "lo" if address == "127.0.0.1" else "",
+                   "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
+            spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
+                           threads=max(1, (os.cpu_count() or 1) // slot.local_size))
+            self._tasks[slot.rank] = self.cluster.client[engine].apply_async(run_sync_worker, spec)
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """Rank 0's weights (every rank holds the same)."""
+        result = self._tasks[0].get(60)
+        self.results = {i: ar.get(60) for i, ar in self._tasks.items()}
+        return result["params"], result["non_trainable"]
+
+    def finish(self, timeout: float) -> None:
+        for ar in self._tasks.values():
+            ar.wait(timeout)
+        if self._local_hub is not None:
+            self._local_hub.finish(timeout)
+        if self._rendezvous is not None:
+            self._rendezvous.shutdown()
+            self._rendezvous.server_close()
+
+
+def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
+    """One Horovod rank: train in lockstep with the others; returns the final weights."""
+    os.environ.update(spec.env or {})
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    configure_tensorflow(spec.threads, spec.local_rank)
+    ns = engine_namespace() if namespace is None else namespace
+    ns.update(spec.pushed)
+    exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    from nbdist.worker import _find  # noqa: PLC0415
+
+    model, (x, y), validation = _find(ns, spec)
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    try:
+        return _SyncLoop(spec, hvd, model, x, y, validation).run()
+    finally:
+        hvd.shutdown()
+
+
+class _SyncLoop:
+    """The per-rank training loop; see the module docstring."""
+
+    def __init__(self, spec: SyncSpec, hvd, model, x, y, validation):
+        import tensorflow as tf
+
+        from nbdist.flatmodel import FlatModel, write_flat
+        from nbdist.ps.client import WorkerTransport
+
+        self.spec, self.hvd, self.model, self.x, self.y, self.validation = spec, hvd, model, x, y, validation
+        self.rank, self.size = hvd.rank(), hvd.size()
+        write_flat(model, spec.initial_params, spec.initial_non_trainable)
+        optimizer = model.optimizer
+        trainable = model.trainable_variables
+        optimizer.build(trainable)
+        hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
+        self.flat = FlatModel(model)
+        sizes = [int(np.prod(v.shape)) for v in trainable]
+
+        @tf.function(reduce_retracing=True)
+        def allreduce_apply(weighted_grad, control):
+            reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum)
+            grads = tf.split(reduced[: self.flat.size], sizes)
+            optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
+                                          trainable, strict=True))
+            return reduced[self.flat.size:]
+
+        self._allreduce_apply = allreduce_apply
+        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
+        self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
+        self.control[2] = spec.lr
+        self.control[CONTROL_FIELDS:] = spec.batch_size
+
+    def run(self) -> dict:
+        from nbdist.ps.schedule import epoch_permutation
+
+        spec = self.spec
+        self.transport.hello()
+        global_batch = spec.batch_size * self.size
+        steps_per_epoch = -(-spec.num_samples // global_batch)
+        reply = {}
+        steps = 0
+        for epoch in range(spec.epochs):
+            order = epoch_permutation(spec.num_samples, spec.seed, epoch)
+            step = 0
+            while step < steps_per_epoch:
+                if self.control[0]:
+                    break
+                if self.control[1]:  # paused: keep the ranks in lockstep on control only
+                    time.sleep(0.05)
+                    self._exchange_control(reply := self._report({}))
+                    continue
+                batches = self.control[CONTROL_FIELDS:].astype(np.int64)
+                lo = step * global_batch + int(batches[: self.rank].sum())
+                start, stop = min(lo, spec.num_samples), min(lo + int(batches[self.rank]), spec.num_samples)
+                step_total = min(global_batch, spec.num_samples - step * global_batch)
+                index = order[start:stop] if stop > start else order[:1]
+                weight = (stop - start) / step_total
+                t0 = time.perf_counter()
+                loss, grad, grad_norm, _ = self.flat.gradients(self.x[index], self.y[index])
+                t1 = time.perf_counter()
+                if not (np.isfinite(loss) and np.isfinite(grad_norm)):
+                    raise TrainingError(
+                        f"The loss or gradient became non-finite (loss {loss}, gradient norm {grad_norm}) "
+                        f"at step {steps} on rank {self.rank} (engine {spec.engine}). Lower --lr or "
+                        "check the data for NaN/inf."
+                    )
+                outgoing = self._control_out(reply)
+                self.control[:] = self._allreduce_apply(grad * np.float32(weight), outgoing).numpy()
+                t2 = time.perf_counter()
+                reply = self._report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
+                                      "comm_s": t2 - t1, "batch": int(batches[self.rank]),
+                                      "epoch": epoch + (step + 1) / steps_per_epoch})
+                step += 1
+                steps += 1
+            if self.control[0]:
+                break
+            self._evaluate(epoch)
+        return self._finish(steps)
+
+    def _control_out(self, reply: dict) -> np.ndarray:
+        """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
+        out = np.zeros_like(self.control)
+        if self.rank == 0:
+            out[:] = self.control
+            if reply:
+                out[0], out[1] = float(reply.get("stop", 0)), float(reply.get("paused", 0))
+                out[2] = reply.get("lr", out[2])
+                if reply.get("batches"):
+                    out[CONTROL_FIELDS:] = reply["batches"]
+        return out
+
+    def _exchange_control(self, reply: dict) -> None:
+        self.control[:] = self.hvd.allreduce(self._control_out(reply), op=self.hvd.Sum).numpy()
+
+    def _report(self, fields: dict) -> dict:
+        return self.transport.lines[0].request({"op": "report", "worker": self.rank, **fields}).header
+
+    def _evaluate(self, epoch: int) -> None:
+        if self.rank != 0 or self.validation is None:
+            return
+        from nbdist.worker import _evaluate
+
+        metrics = _evaluate(self.model, self.validation, self.spec.batch_size)
+        self._report({"eval": {"epoch": epoch, "version": 0, "metrics": metrics}})
+
+    def _finish(self, steps: int) -> dict:
+        """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
+        from nbdist.flatmodel import read_flat
+
+        for v in self.flat.non_trainable:
+            v.assign(self.hvd.allreduce(v.value, op=self.hvd.Average))
+        params, non_trainable = read_flat(self.model)
+        self.transport.bye()
+        self.transport.close()
+        return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,
+                "host": socket.gethostname()}

@@ -1,0 +1,79 @@
+"""Synchronous training through real Horovod (Gloo) on a real local ipyparallel cluster."""
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import ConfigError, RemoteCellError, TrainingError
+from tests.conftest import SYNTHETIC_CELL
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
+pytestmark = [pytest.mark.cluster, pytest.mark.horovod]
+
+
+def test_sync_ranks_end_with_identical_weights_equal_to_the_kernel_model(cluster):
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
+                       epochs=2, batch_size=32, wait=True)
+    results = run._backend.results
+    assert sorted(results) == [0, 1]
+    np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
+    kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
+    np.testing.assert_array_equal(kernel, results[0]["params"])
+    assert results[0]["steps"] == results[1]["steps"] == 2 * 15  # ceil(900 / 64) per epoch
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.9
+    assert (run.nodes["delay_max"] == 0).all()  # synchronous: never stale
+
+
+def test_second_sync_run_in_the_same_session_works(cluster):
+    for _ in range(2):
+        run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
+                           epochs=1, wait=True)
+        assert run.status == "finished"
+
+
+def test_a_rank_failing_mid_training_fails_the_run_fast_naming_the_engine(cluster):
+    cell = SYNTHETIC_CELL + (
+        "\nimport os\nif os.environ.get('HOROVOD_RANK') == '1':\n"
+        "    x_train = x_train.copy(); x_train[:] = float('nan')\n")
+    import time
+
+    start = time.monotonic()
+    run = nbdist.train(cell, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=1)
+    with pytest.raises((TrainingError, RemoteCellError), match=r"rank 1 \(engine \d\)|engine \d"):
+        run.wait(timeout=120)
+    assert time.monotonic() - start < 60
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, wait=True)
+    assert again.status == "finished"  # the engines are usable afterwards
+
+
+def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
+    import time
+
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
+                       epochs=100, batch_size=8)
+    deadline = time.monotonic() + 60
+    while run._snapshot.get("global_step", 0) < 20:
+        assert time.monotonic() < deadline
+        time.sleep(0.05)
+    run.stop()
+    run.wait(timeout=60)
+    assert run.status == "stopped"
+    results = run._backend.results
+    assert results[0]["steps"] == results[1]["steps"]
+    np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
+
+
+def test_sync_rejects_parameter_server_options():
+    with pytest.raises(ConfigError, match="no parameter server"):
+        nbdist.TrainConfig(mode="sync", servers=2)
+
+
+@pytest.mark.slow
+def test_sync_fashion_mnist_mlp_reaches_80_percent_in_two_epochs(cluster):
+    from tests.test_async_cluster import FASHION_CELL
+
+    pytest.importorskip("nbdist.datasets").load_fashion_mnist()
+    run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
+                       epochs=2, batch_size=64, wait=True)
+    assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
