@@ -10,8 +10,8 @@ from __future__ import annotations
 import uuid
 
 from nbdist.cell import inspect_cell
-from nbdist.config import Mode, TrainConfig
-from nbdist.errors import NoClusterError
+from nbdist.config import Algorithm, Mode, TrainConfig
+from nbdist.errors import ConfigError, NoClusterError
 from nbdist.protocol import new_key
 from nbdist.run import Run
 
@@ -42,6 +42,7 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     from nbdist.backends import ClusterBackend, LocalBackend, hub_specs
     from nbdist.flatmodel import layout, read_flat
     from nbdist.ps.client import HubControl
+    from nbdist.ps.coordinator import Plan
     from nbdist.ps.hub import HubSpec
     from nbdist.worker import WorkerSpec
 
@@ -56,12 +57,35 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         backend = ClusterBackend(cluster, config.servers, config.workers)
     params, non_trainable = read_flat(model)
     lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
+    num_workers = backend.num_workers
+    if config.slowdown is not None and len(config.slowdown) != num_workers:
+        raise ConfigError(
+            f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
+            f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
+        )
+    algorithm = config.algorithm.value
+    options = config.rule_options()
+    easgd_alpha = 0.0
+    if config.algorithm is Algorithm.EASGD:
+        from nbdist.algorithms import make_rule
+
+        easgd_alpha = float(make_rule(algorithm, 0, num_workers, options).options["alpha"])
+    plan = Plan(
+        num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
+        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
+        algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
+        groups=int(options.get("num_groups", 0)),
+        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
+        dbs=config.dbs, batch_min=config.batch_min or 1, batch_max=config.batch_max,
+        slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
+        metrics=config.metrics.value)
     key, run_id = new_key(), uuid.uuid4().hex[:12]
-    base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers,
-                   num_workers=backend.num_workers, params=params, non_trainable=non_trainable,
-                   algorithm=config.algorithm.value, lr=lr, batch_size=config.batch_size,
-                   epochs=config.epochs, num_samples=contents.num_samples,
-                   has_validation=contents.validation is not None, idle_timeout=config.timeout)
+    local = config.local_steps > 1 and algorithm != "easgd"
+    base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=plan,
+                   params=params, non_trainable=non_trainable, rule_options=options,
+                   local_steps=config.local_steps,
+                   server_optimizer=config.server_optimizer.value if local else None,
+                   idle_timeout=config.timeout)
     sync = config.mode is Mode.SYNC
     hub_params = params[:0] if sync else params  # in sync mode the hub holds no parameters
     endpoints = backend.start_hubs(hub_specs(base, hub_params, 1 if sync else config.servers))
@@ -73,6 +97,7 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         source=cell, pushed=contents.pushed, transport=config.transport.value,
         timeout=config.timeout,
     )
+    steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)
     try:
         if sync:
             from nbdist.sync import SyncSpec
@@ -80,7 +105,7 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
                                            initial_non_trainable=non_trainable))
         else:
-            backend.start_workers(WorkerSpec(**fields))
+            backend.start_workers(WorkerSpec(**fields, **steps))
     except BaseException:
         control.shutdown()  # nothing may be left serving
         control.close()

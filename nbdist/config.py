@@ -24,10 +24,37 @@ class Mode(enum.StrEnum):
 
 
 class Algorithm(enum.StrEnum):
-    """The update rule the hub applies to each push."""
+    """The update rule the hub applies to each push (see ALGORITHMS.md)."""
 
     ASGD = "asgd"
     HOGWILD = "hogwild"
+    DC_ASGD = "dc-asgd"
+    DC_ASGD_A = "dc-asgd-a"
+    DDC_ASGD = "ddc-asgd"
+    SOFTSYNC = "softsync"
+    SSP = "ssp"
+    GROUP = "group"
+    EASGD = "easgd"
+
+
+class ServerOptimizer(enum.StrEnum):
+    """How the hub applies a --local-steps delta."""
+
+    SGD = "sgd"
+    MOMENTUM = "momentum"
+    ADAM = "adam"
+
+
+class Metrics(enum.StrEnum):
+    """How much the hub records per push."""
+
+    FULL = "full"  # history row, timeline row and delay statistics per push
+    MINIMAL = "minimal"  # counters only (for measuring what metrics cost)
+
+
+# Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
+LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
+MAX_SLOWDOWN = 100.0
 
 
 class Transport(enum.StrEnum):
@@ -85,12 +112,29 @@ class TrainConfig:
     seed: int = 0
     transport: Transport = Transport.AUTO
     timeout: float = 120.0  # seconds a hub or worker may stay silent before the run fails
+    algo_options: dict = dataclasses.field(default_factory=dict)  # e.g. {"lambda0": 2.0}
+    staleness_lr: bool = False  # lr / max(1, delay) on every push
+    staleness: int | None = None  # ssp: how many clocks a worker may run ahead
+    n: int | None = None  # softsync: apply the mean of every max(1, M // n) pushes
+    groups: int | str = "auto"  # group: "auto" from speeds, or a number of groups
+    local_steps: int = 1
+    server_optimizer: ServerOptimizer = ServerOptimizer.SGD
+    overlap: bool = False
+    dbs: bool = False
+    batch_min: int | None = None
+    batch_max: int | None = None
+    slowdown: tuple[float, ...] | None = None
+    metrics: Metrics = Metrics.FULL
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "mode", _choice(Mode, self.mode, "--mode"))
         set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
+        set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
+        set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
+        set_(self, "algo_options", parse_options(self.algo_options))
+        set_(self, "slowdown", parse_slowdown(self.slowdown))
         set_(self, "data", parse_names(self.data, "--data"))
         set_(self, "validation", parse_names(self.validation, "--validation"))
         for flag, value, low in (("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1),
@@ -107,17 +151,64 @@ class TrainConfig:
             raise ConfigError(f"--model expects a Python name (Received: {self.model!r}).")
         if self.timeout <= 0:
             raise ConfigError(f"timeout must be positive seconds (Received: {self.timeout!r}).")
-        if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD):
+        self._check_algorithm_options()
+        if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD
+                                       or self.local_steps != 1 or self.overlap):
             raise ConfigError(
                 f"--mode sync averages gradients with Horovod allreduce: it has no parameter server, "
-                f"so --servers and --algorithm do not apply (Received: --servers {self.servers}, "
-                f"--algorithm {self.algorithm.value}). Drop them, or use --mode async."
+                f"so --servers, --algorithm, --local-steps and --overlap do not apply (Received: "
+                f"--servers {self.servers}, --algorithm {self.algorithm.value}, --local-steps "
+                f"{self.local_steps}, --overlap {self.overlap}). Drop them, or use --mode async."
             )
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "
                 f"{self.workers}). Use --mode async with a cluster (%nbdist start N) for more."
             )
+
+    def _check_algorithm_options(self) -> None:
+        _check_int("--local-steps", self.local_steps, 1)
+        for flag, value, low in (("--staleness", self.staleness, 0), ("--n", self.n, 1),
+                                 ("--batch-min", self.batch_min, 1), ("--batch-max", self.batch_max, 1)):
+            if value is not None:
+                _check_int(flag, value, low)
+        if self.groups != "auto":
+            _check_int("--groups", self.groups, 1)
+        low, high = self.batch_min or 1, self.batch_max or self.batch_size
+        if not low <= self.batch_size <= high:
+            raise ConfigError(
+                f"--batch-size {self.batch_size} must lie within --batch-min {low} and --batch-max "
+                f"{high}. Widen the bounds or change --batch-size."
+            )
+        algo = self.algorithm.value
+        if self.local_steps > 1 and algo not in LOCAL_STEP_RULES:
+            raise ConfigError(
+                f"--local-steps works with {', '.join(LOCAL_STEP_RULES)}, whose update is linear in "
+                f"what is pushed (Received: --algorithm {algo}). Use one of those, or --local-steps 1."
+            )
+        if self.server_optimizer is not ServerOptimizer.SGD and (self.local_steps == 1 or algo not in ("asgd", "hogwild")):
+            raise ConfigError(
+                f"--server-optimizer {self.server_optimizer.value} applies --local-steps deltas with "
+                f"asgd or hogwild (Received: --local-steps {self.local_steps}, --algorithm {algo}). "
+                "Add e.g. --local-steps 4 --algorithm asgd, or drop --server-optimizer."
+            )
+        if self.overlap and self.local_steps > 1:
+            raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
+                              "hide communication.")
+        from nbdist.algorithms import make_rule  # pure NumPy; checks option names and values
+
+        make_rule(algo, 0, self.workers or 1, self.rule_options())
+
+    def rule_options(self) -> dict:
+        """The hub rule's hyper-parameters: --algo-opt plus the dedicated flags."""
+        options = dict(self.algo_options)
+        if self.algorithm is Algorithm.SSP and self.staleness is not None:
+            options["staleness"] = self.staleness
+        if self.algorithm is Algorithm.SOFTSYNC and self.n is not None:
+            options["n"] = self.n
+        if self.algorithm is Algorithm.GROUP and self.groups != "auto":
+            options["num_groups"] = int(self.groups)
+        return options
 
     def replace(self, **changes: object) -> TrainConfig:
         """A copy with some options changed (validated again)."""
@@ -128,11 +219,52 @@ class TrainConfig:
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
 
+def parse_options(value: str | dict | None) -> dict:
+    """'lambda0=2,momentum=0.9' -> {'lambda0': 2.0, 'momentum': 0.9} (numbers only, never eval)."""
+    if not value:
+        return {}
+    items = value.items() if isinstance(value, dict) else (p.partition("=")[::2] for p in value.split(","))
+    options = {}
+    for name, raw in items:
+        name = str(name).strip()
+        try:
+            options[name] = float(raw)
+        except (TypeError, ValueError):
+            raise ConfigError(
+                f"--algo-opt expects name=number pairs (Received: {name}={raw!r}). "
+                "Write it as --algo-opt lambda0=2,momentum=0.9."
+            ) from None
+        if not name.isidentifier():
+            raise ConfigError(f"--algo-opt option names are identifiers (Received: {name!r}).")
+    return options
+
+
+def parse_slowdown(value: str | Sequence[float] | None) -> tuple[float, ...] | None:
+    """'1,2,4' -> (1.0, 2.0, 4.0); each factor in [1, MAX_SLOWDOWN]."""
+    if value is None or value == "":
+        return None
+    parts = value.split(",") if isinstance(value, str) else list(value)
+    try:
+        factors = tuple(float(p) for p in parts)
+    except (TypeError, ValueError):
+        raise ConfigError(f"--slowdown expects numbers, one per worker (Received: {value!r}). "
+                          "Example: --slowdown 1,2,4.") from None
+    bad = [f for f in factors if not (math.isfinite(f) and 1.0 <= f <= MAX_SLOWDOWN)]
+    if bad:
+        raise ConfigError(
+            f"--slowdown factors must be between 1 (full speed) and {MAX_SLOWDOWN:g} "
+            f"(Received: {bad}). A factor k makes a worker behave k times slower."
+        )
+    return factors
+
+
 def _plain(value: object) -> object:
     if isinstance(value, enum.Enum):
         return value.value
     if isinstance(value, tuple):
         return list(value)
+    if isinstance(value, dict):
+        return dict(value)
     return value
 
 

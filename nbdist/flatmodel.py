@@ -88,7 +88,22 @@ class FlatModel:
             for v, part in zip(nt_vars, tf.split(non_trainable, nt_sizes) if nt_sizes else [], strict=True):
                 v.assign(tf.reshape(part, v.shape))
 
-        self._gradients, self._assign = gradients, assign
+        optimizer = model.optimizer
+
+        @tf.function(reduce_retracing=True)
+        def local_step(x, y):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+            grads = tape.gradient(loss, trainable)
+            optimizer.apply_gradients(zip(grads, trainable, strict=True))
+            return loss
+
+        @tf.function
+        def read():
+            return flatten([v.value for v in trainable]), flatten([v.value for v in nt_vars])
+
+        self._gradients, self._assign, self._local_step, self._read = gradients, assign, local_step, read
 
     def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
         """(loss, flat gradient, its norm, non-trainable state after the step) for one batch.
@@ -99,3 +114,16 @@ class FlatModel:
 
     def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
         self._assign(params, non_trainable)
+
+    def local_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One step with the cell's own optimizer, on this worker only (--local-steps)."""
+        return float(self._local_step(x, y))
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """The current flat trainable and non-trainable values."""
+        params, non_trainable = self._read()
+        return params.numpy(), non_trainable.numpy()
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The cell optimizer's rate (local steps follow `run.set_lr`)."""
+        self.model.optimizer.learning_rate.assign(lr)

@@ -12,8 +12,8 @@ import time
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from nbdist.config import Algorithm, Mode, Transport
-from nbdist.errors import ClusterError, NoClusterError
+from nbdist.config import Algorithm, Metrics, Mode, ServerOptimizer, Transport
+from nbdist.errors import ClusterError, ConfigError, NoClusterError
 
 STATUS_EVERY_S = 1.0
 
@@ -78,6 +78,20 @@ class NbdistMagics(Magics):
     @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
     @argument("--transport", default="auto", choices=[t.value for t in Transport])
     @argument("--timeout", type=float, default=120.0, help="seconds of silence before a run fails")
+    @argument("--algo-opt", default=None, help="rule hyper-parameters, e.g. lambda0=2,momentum=0.9")
+    @argument("--staleness-lr", action="store_true", help="divide the rate by the push's delay")
+    @argument("--staleness", type=int, default=None, help="ssp: clocks a worker may run ahead")
+    @argument("--n", type=int, default=None, help="softsync: apply the mean of every M//n pushes")
+    @argument("--groups", default="auto", help="group: 'auto' (from speeds) or a number of groups")
+    @argument("--local-steps", type=int, default=1, help="steps with the cell's optimizer per exchange")
+    @argument("--server-optimizer", default="sgd", choices=[o.value for o in ServerOptimizer],
+              help="how the hub applies --local-steps deltas")
+    @argument("--overlap", action="store_true", help="push step t while computing step t+1")
+    @argument("--dbs", action="store_true", help="batch sizes in proportion to measured speed")
+    @argument("--batch-min", type=int, default=None)
+    @argument("--batch-max", type=int, default=None)
+    @argument("--slowdown", default=None, help="per-worker slow-down factors, e.g. 1,2,4")
+    @argument("--metrics", default="full", choices=[m.value for m in Metrics])
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live status")
     @argument("-o", "--output", default="_nbdist_run", help="variable that receives the Run")
@@ -99,7 +113,12 @@ class NbdistMagics(Magics):
                     servers=args.servers, epochs=args.epochs, batch_size=args.batch_size,
                     lr=args.lr, model=args.model, data=args.data, validation=args.validation,
                     no_validation=args.no_validation, seed=args.seed, transport=args.transport,
-                    timeout=args.timeout)
+                    timeout=args.timeout, algo_options=args.algo_opt, staleness_lr=args.staleness_lr,
+                    staleness=args.staleness, n=args.n,
+                    groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
+                    local_steps=args.local_steps, server_optimizer=args.server_optimizer,
+                    overlap=args.overlap, dbs=args.dbs, batch_min=args.batch_min,
+                    batch_max=args.batch_max, slowdown=args.slowdown, metrics=args.metrics)
         self.run = run
         self.shell.user_ns[args.output] = run
         if not args.no_dashboard:
@@ -115,6 +134,13 @@ class NbdistMagics(Magics):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+def _int(text: str, flag: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ConfigError(f"{flag} expects 'auto' or a whole number (Received: {text!r}).") from None
 
 
 def _show_status(run) -> None:

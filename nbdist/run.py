@@ -16,15 +16,17 @@ import time
 
 import pandas as pd
 
-from nbdist.errors import NbdistError, TrainingError
+from nbdist.errors import ConfigError, NbdistError, TrainingError
 from nbdist.ps.client import HubControl
 from nbdist.ps.stats import HISTORY_COLUMNS
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often the kernel asks the hub for statistics
+TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) timeline
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
-                "delay_mean", "delay_max", "batch_size", "loss", "compute_s", "comm_s"]
+                "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
+                "compute_s", "comm_s"]
 
 
 class Run:
@@ -44,6 +46,8 @@ class Run:
         self.error: BaseException | None = None
         self.run_id = ""
         self._rows: list[list] = []
+        self._timeline: list[dict] = []
+        self._timeline_at = 0.0
         self._snapshot: dict = {}
         self._done = threading.Event()
         self._control: HubControl | None = None
@@ -68,6 +72,19 @@ class Run:
     def nodes(self) -> pd.DataFrame:
         """One row per worker: state, samples, samples/s, steps, delay, batch size, ..."""
         return pd.DataFrame(self._snapshot.get("nodes", []), columns=NODE_COLUMNS)
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """Per-worker time series (samples/s, compute, comm, wait, batch, delay, loss,
+        slow-down, group), down-sampled on the hub so long runs stay bounded."""
+        return pd.DataFrame(self._timeline)
+
+    @property
+    def delays(self) -> pd.DataFrame:
+        """How often each delay (staleness, in versions) occurred, per worker."""
+        rows = [{"worker": int(w), "delay": int(d), "count": c}
+                for w, hist in self._snapshot.get("delays", {}).items() for d, c in hist.items()]
+        return pd.DataFrame(rows, columns=["worker", "delay", "count"])
 
     @property
     def events(self) -> pd.DataFrame:
@@ -109,6 +126,41 @@ class Run:
         """Change the hub's learning rate from the next push on."""
         self._send(lr=float(lr))
 
+    def set_slowdown(self, worker: int, factor: float) -> None:
+        """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""
+        from nbdist.config import parse_slowdown
+
+        (factor,) = parse_slowdown([factor])
+        self._check_worker(worker)
+        self._send(slowdown=[int(worker), factor])
+
+    def set_batch_policy(self, policy: str) -> None:
+        """'dbs' (batch sizes in proportion to measured speed) or 'fixed'."""
+        from nbdist.ps.dbs import POLICIES
+
+        if policy not in POLICIES:
+            raise ConfigError(f"Unknown batch policy {policy!r}. Expected one of: {', '.join(POLICIES)}.")
+        self._send(batch_policy=policy)
+
+    def set_option(self, name: str, value: float) -> None:
+        """Change one of the update rule's hyper-parameters live (e.g. 'lambda0')."""
+        from nbdist.algorithms import make_rule
+
+        options = {**self._snapshot.get("rule_options", {}), name: value}
+        make_rule(self.config.algorithm.value, 0, max(1, len(self._snapshot.get("nodes", []))), options)
+        self._send(option=[name, float(value)])
+
+    def regroup(self) -> None:
+        """Re-form the speed groups of `--algorithm group` from the current throughput."""
+        if self.config.algorithm.value != "group":
+            raise ConfigError(f"regroup() needs --algorithm group (this run uses {self.config.algorithm.value}).")
+        self._send(regroup=True)
+
+    def _check_worker(self, worker: int) -> None:
+        count = len(self._snapshot.get("nodes", []))
+        if not (isinstance(worker, int) and 0 <= worker < max(count, 1)):
+            raise ConfigError(f"No worker {worker!r}: this run has workers 0..{count - 1}.")
+
     def _send(self, **changes: object) -> None:
         if self._control is None or self.done:
             raise TrainingError(f"The run is {self.status}; there is nothing to control. Start a new run.")
@@ -130,7 +182,8 @@ class Run:
                 if failure is not None:
                     raise failure
                 try:
-                    snap = control.stats(since=len(self._rows))
+                    want_timeline = time.monotonic() - self._timeline_at > TIMELINE_EVERY_S
+                    snap = control.stats(since=len(self._rows), timeline=want_timeline)
                     last_answer = time.monotonic()
                 except TrainingError:
                     if time.monotonic() - last_answer > self.config.timeout:
@@ -140,6 +193,7 @@ class Run:
                 if snap.get("error"):
                     raise TrainingError(f"The hub failed: {snap['error']}")
                 if snap.get("finished"):
+                    self._absorb(control.stats(since=len(self._rows), timeline=True))
                     break
                 time.sleep(POLL_S)
             from nbdist.flatmodel import write_flat
@@ -177,6 +231,9 @@ class Run:
 
     def _absorb(self, snap: dict) -> None:
         self._rows.extend(snap.pop("history", []))
+        if "timeline" in snap:
+            self._timeline = snap.pop("timeline")
+            self._timeline_at = time.monotonic()
         self._snapshot = snap
         if self.status in ("running", "paused"):
             self.status = "paused" if snap.get("paused") else "running"

@@ -5,7 +5,9 @@ a local cluster), assigns ranks with Horovod's `get_host_assignments`, gives eve
 engine its `HOROVOD_*` variables, and starts one training task per engine. A hub in its
 metrics-and-control role (no parameters) runs as a thread in this kernel.
 
-Engine side (`run_sync_worker`): `hvd.init()`, broadcast rank 0's weights, then per step one
+Engine side (`run_sync_worker`): `hvd.init()`, broadcast rank 0's weights (one flat buffer,
+`hvd.broadcast`; every collective has a fixed name, because Horovod matches them by name and
+Keras variable names differ between processes), then per step one
 compiled function computes this rank's gradient as one flat buffer and a second allreduces
 it (weighted by this rank's share of the global batch, so the result is the exact mean over
 the global batch even when `--dbs` gives ranks different batches) and applies it with the
@@ -156,13 +158,20 @@ class _SyncLoop:
         optimizer = model.optimizer
         trainable = model.trainable_variables
         optimizer.build(trainable)
-        hvd.broadcast_variables([v.value for v in model.variables], root_rank=0)
         self.flat = FlatModel(model)
+        # Horovod matches collectives across ranks by name, and Keras names variables with
+        # per-process counters (an engine that ran the cell before has `dense_2/kernel`):
+        # so every collective here has a fixed name, and the weights travel as one buffer.
+        params, non_trainable = self.flat.read()
+        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable])), root_rank=0,
+                              name="nbdist_initial_weights").numpy()
+        self.flat.assign(start[: params.size], start[params.size:])
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
         @tf.function(reduce_retracing=True)
         def allreduce_apply(weighted_grad, control):
-            reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum)
+            reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
+                                    name="nbdist_gradient")
             grads = tf.split(reduced[: self.flat.size], sizes)
             optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
                                           trainable, strict=True))
@@ -173,6 +182,8 @@ class _SyncLoop:
         self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
         self.control[2] = spec.lr
         self.control[CONTROL_FIELDS:] = spec.batch_size
+        self.lr = spec.lr
+        optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
 
     def run(self) -> dict:
         from nbdist.ps.schedule import epoch_permutation
@@ -202,6 +213,10 @@ class _SyncLoop:
                 t0 = time.perf_counter()
                 loss, grad, grad_norm, _ = self.flat.gradients(self.x[index], self.y[index])
                 t1 = time.perf_counter()
+                factor = float(reply.get("slowdown", 1.0))
+                if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
+                    time.sleep((factor - 1.0) * (t1 - t0))
+                    t1 = time.perf_counter()
                 if not (np.isfinite(loss) and np.isfinite(grad_norm)):
                     raise TrainingError(
                         f"The loss or gradient became non-finite (loss {loss}, gradient norm {grad_norm}) "
@@ -210,6 +225,7 @@ class _SyncLoop:
                     )
                 outgoing = self._control_out(reply)
                 self.control[:] = self._allreduce_apply(grad * np.float32(weight), outgoing).numpy()
+                self._follow_lr()
                 t2 = time.perf_counter()
                 reply = self._report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
                                       "comm_s": t2 - t1, "batch": int(batches[self.rank]),
@@ -220,6 +236,12 @@ class _SyncLoop:
                 break
             self._evaluate(epoch)
         return self._finish(steps)
+
+    def _follow_lr(self) -> None:
+        """Every rank switches rate at the same step: the new rate came in the allreduce."""
+        if float(self.control[2]) != self.lr:
+            self.lr = float(self.control[2])
+            self.model.optimizer.learning_rate.assign(self.lr)
 
     def _control_out(self, reply: dict) -> np.ndarray:
         """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
@@ -234,7 +256,8 @@ class _SyncLoop:
         return out
 
     def _exchange_control(self, reply: dict) -> None:
-        self.control[:] = self.hvd.allreduce(self._control_out(reply), op=self.hvd.Sum).numpy()
+        self.control[:] = self.hvd.allreduce(self._control_out(reply), op=self.hvd.Sum,
+                                             name="nbdist_control").numpy()
 
     def _report(self, fields: dict) -> dict:
         return self.transport.lines[0].request({"op": "report", "worker": self.rank, **fields}).header
@@ -249,11 +272,11 @@ class _SyncLoop:
 
     def _finish(self, steps: int) -> dict:
         """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
-        from nbdist.flatmodel import read_flat
-
-        for v in self.flat.non_trainable:
-            v.assign(self.hvd.allreduce(v.value, op=self.hvd.Average))
-        params, non_trainable = read_flat(self.model)
+        params, non_trainable = self.flat.read()
+        if non_trainable.size:
+            non_trainable = self.hvd.allreduce(non_trainable, op=self.hvd.Average,
+                                               name="nbdist_final_state").numpy()
+            self.flat.assign(params, non_trainable)
         self.transport.bye()
         self.transport.close()
         return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,

@@ -44,6 +44,9 @@ class WorkerSpec:
     threads: int | None = None  # TensorFlow intra-op threads; None: TensorFlow's default
     local_rank: int = 0
     engine: int | None = None
+    overlap: bool = False  # send step t while computing step t+1
+    local_steps: int = 1  # steps with the cell's optimizer between exchanges
+    easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
 
 
 def engine_namespace() -> dict:
@@ -98,7 +101,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
                                 spec.transport, spec.timeout, spec.engine)
     try:
-        return _train_loop(spec, flat, transport, x, y, validation)
+        return _AsyncLoop(spec, flat, transport, x, y, validation).run()
     finally:
         transport.close()
 
@@ -117,59 +120,196 @@ def _find(ns: dict, spec: WorkerSpec):
     return ns[spec.model_name], (x, y), validation
 
 
-def _train_loop(spec: WorkerSpec, flat, transport, x, y, validation) -> dict:
-    from nbdist.ps.schedule import epoch_permutation
+class _AsyncLoop:
+    """pull -> compute -> push until the hub says done; the three shapes of a step:
 
-    reply = transport.hello()
-    flat.assign(transport.params, transport.non_trainable)
-    fresh = True  # the model holds the parameters of the last pull
-    permutation, perm_epoch = None, -1
-    extra: dict = {}
-    comm_s, steps = 0.0, 0
-    while True:
-        if reply.get("eval"):
-            extra["eval"] = {**reply["eval"], "metrics": _evaluate(flat.model, validation, spec.batch_size)}
-        if reply.get("done"):
-            if extra:
-                transport.step(extra, push=False, pull=False)
-            break
-        chunk = reply.get("chunk")
-        if chunk is None or not fresh:
-            pull = not fresh or bool(reply.get("eval_pending"))
-            if not pull:
-                time.sleep(IDLE_POLL_S)
-            reply = transport.step(extra, push=False, pull=pull)
-            extra = {}
-            if pull:
-                flat.assign(transport.params, transport.non_trainable)
-                fresh = True
-            elif reply.get("chunk"):
-                fresh = False  # work after waiting: pull the current weights first
-            continue
-        chunk_id, epoch, start, stop = chunk
-        if epoch != perm_epoch:
-            permutation, perm_epoch = epoch_permutation(spec.num_samples, spec.seed, epoch), epoch
-        index = permutation[start:stop]
+    - plain: compute on the weights of the last pull, push the gradient and pull in one trip;
+    - `overlap`: push step t and receive its reply while computing step t+1 (one more step
+      of delay, communication hidden behind compute);
+    - `local_steps` > 1 (or EASGD): K steps with the cell's optimizer, then push the delta
+      `w_read - w_local` (or, for EASGD, the elastic difference).
+    """
+
+    def __init__(self, spec: WorkerSpec, flat, transport, x, y, validation):
+        self.spec, self.flat, self.transport = spec, flat, transport
+        self.x, self.y, self.validation = x, y, validation
+        self.started: set[int] = set()
+        self.extra: dict = {}  # fields for the next message to the coordinator
+        self.comm_s = self.wait_s = 0.0
+        self.steps = 0
+        self.lr = None
+        self._perm_epoch, self._perm = -1, None
+
+    def run(self) -> dict:
+        t = self.transport
+        reply = t.hello()
+        self._assign()
+        fresh = True  # the model holds the parameters of the last pull
+        in_flight = False
+        while True:
+            if reply.get("eval"):
+                self.extra["eval"] = {**reply["eval"], "metrics": _evaluate(self.flat.model, self.validation, self.spec.batch_size)}
+            if reply.get("done"):
+                if in_flight:
+                    t.receive_step(True, True)
+                if self.extra:
+                    t.step(self._take_extra(), push=False, pull=False)
+                break
+            self._follow_lr(reply)
+            todo = [c for c in reply.get("chunks", []) if c[0] not in self.started]
+            if in_flight and (not todo or not self.spec.overlap):
+                reply, in_flight, fresh = self._receive(), False, True
+                continue
+            if not todo or not fresh:
+                pull = not fresh or bool(reply.get("eval_pending"))
+                t0 = time.perf_counter()
+                if not pull:
+                    time.sleep(IDLE_POLL_S)
+                reply = t.step(self._take_extra(), push=False, pull=pull)
+                self.wait_s += time.perf_counter() - t0
+                if pull:
+                    self._assign()
+                    fresh = True
+                elif reply.get("chunks"):
+                    fresh = False  # work after waiting: pull the current weights first
+                continue
+            if self.spec.local_steps > 1 or self.spec.easgd_alpha:
+                reply = self._local_round(todo[: self.spec.local_steps], reply)
+            elif self.spec.overlap:
+                reply, in_flight = self._overlapped_step(todo[0], reply, in_flight)
+            else:
+                reply = self._plain_step(todo[0], reply)
+        t.bye()
+        return {"worker": self.spec.worker, "steps": self.steps}
+
+    # -- the three step shapes --------------------------------------------------------------
+
+    def _plain_step(self, chunk: list, reply: dict) -> dict:
+        header, t1 = self._compute(chunk, reply)
+        reply = self.transport.step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+        self._assign()
+        self.comm_s = time.perf_counter() - t1
+        return reply
+
+    def _overlapped_step(self, chunk: list, reply: dict, in_flight: bool) -> tuple[dict, bool]:
+        header, _ = self._compute(chunk, reply, write_grad=False)
+        if in_flight:  # step t-1's reply: its weights arrive after step t was computed
+            reply = self._receive()
+        self._write_grad()
+        self._sent_at = time.perf_counter()
+        self.transport.send_step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+        return reply, True
+
+    def _receive(self) -> dict:
+        reply = self.transport.receive_step(True, True)
+        self._assign()
+        self.comm_s = time.perf_counter() - self._sent_at
+        return reply
+
+    def _local_round(self, chunks: list, reply: dict) -> dict:
+        """K local steps with the cell's optimizer, then one exchange with the hub."""
+        t, flat = self.transport, self.flat
+        w_read = t.params.copy()
         t0 = time.perf_counter()
-        loss, grad, grad_norm, nt_after = flat.gradients(x[index], y[index])
+        loss = math.nan
+        for chunk in chunks:
+            self.started.add(chunk[0])
+            loss = flat.local_step(*self._batch(chunk))
+        compute_s = self._slow_down(time.perf_counter() - t0, reply)
+        self._check(loss, 0.0, chunk)
+        w_local, nt_local = flat.read()
+        header = {"chunks": [c[0] for c in chunks], "loss": loss, "compute_s": compute_s,
+                  "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra()}
+        np.subtract(nt_local, t.non_trainable, out=t.nt_delta)
         t1 = time.perf_counter()
+        if self.spec.easgd_alpha:
+            from nbdist.algorithms.easgd import elastic_exchange
+
+            pulled = t.step({}, push=False, pull=True)  # read the center x~ (not into the model)
+            if pulled.get("eval"):  # a validation job is for the hub's weights: the center
+                self._assign()
+                header["eval"] = {**pulled["eval"], "metrics": _evaluate(flat.model, self.validation, self.spec.batch_size)}
+            center = t.params.copy()
+            np.copyto(t.grad, elastic_exchange(w_local, center, self.spec.easgd_alpha))
+            reply = t.step(header, push=True, pull=False, shared=self._shared(reply, *chunks))
+            flat.assign(w_local, nt_local)  # x_i after the exchange
+        else:
+            np.subtract(w_read, w_local, out=t.grad)
+            reply = t.step(header, push=True, pull=True, shared=self._shared(reply, *chunks))
+            self._assign()
+        self.comm_s = time.perf_counter() - t1
+        self.steps += 1
+        return reply
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _compute(self, chunk: list, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
+        self.started.add(chunk[0])
+        t0 = time.perf_counter()
+        loss, grad, grad_norm, nt_after = self.flat.gradients(*self._batch(chunk))
+        compute_s = self._slow_down(time.perf_counter() - t0, reply)
+        self._check(loss, grad_norm, chunk)
+        self._grad, self._nt_after = grad, nt_after
+        if write_grad:
+            self._write_grad()
+        self.steps += 1
+        header = {"chunks": [chunk[0]], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
+                  "wait_s": self._take_wait(), **self._take_extra()}
+        return header, time.perf_counter()
+
+    def _write_grad(self) -> None:
+        np.copyto(self.transport.grad, self._grad)
+        np.subtract(self._nt_after, self.transport.non_trainable, out=self.transport.nt_delta)
+
+    def _batch(self, chunk: list) -> tuple[np.ndarray, np.ndarray]:
+        _, epoch, start, stop = chunk
+        if epoch != self._perm_epoch:
+            from nbdist.ps.schedule import epoch_permutation
+
+            self._perm, self._perm_epoch = epoch_permutation(self.spec.num_samples, self.spec.seed, epoch), epoch
+        index = self._perm[start:stop]
+        return self.x[index], self.y[index]
+
+    def _slow_down(self, compute_s: float, reply: dict) -> float:
+        """Simulate a node `slowdown` times slower: sleep (factor - 1) x the compute time."""
+        factor = float(reply.get("slowdown", 1.0))
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute_s)
+            return compute_s * factor
+        return compute_s
+
+    def _check(self, loss: float, grad_norm: float, chunk: list) -> None:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            what = "loss" if not math.isfinite(loss) else "gradient norm"
-            value = loss if what == "loss" else grad_norm
+            what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
             raise TrainingError(
-                f"The {what} became {value} at step {steps} on worker {spec.worker} (epoch {epoch}). "
-                "Lower the learning rate (--lr), check the data for NaN/inf, or normalise inputs."
+                f"The {what} became {value} at step {self.steps} on worker {self.spec.worker} "
+                f"(epoch {chunk[1]}). Lower the learning rate (--lr), check the data for NaN/inf, "
+                "or normalise the inputs."
             )
-        np.copyto(transport.grad, grad)
-        np.subtract(nt_after, transport.non_trainable, out=transport.nt_delta)
-        header = {"chunk": chunk_id, "loss": loss, "compute_s": t1 - t0, "comm_s": comm_s, **extra}
-        reply = transport.step(header, push=True, pull=True)
-        extra = {}
-        flat.assign(transport.params, transport.non_trainable)
-        comm_s = time.perf_counter() - t1
-        steps += 1
-    transport.bye()
-    return {"worker": spec.worker, "steps": steps}
+
+    def _assign(self) -> None:
+        self.flat.assign(self.transport.params, self.transport.non_trainable)
+
+    def _shared(self, reply: dict, *chunks: list) -> dict:
+        """Fields every shard needs: the group (for its barrier) and the samples pushed."""
+        group = reply.get("group")
+        if not group:
+            return {}
+        return {"group": group, "batch": sum(c[3] - c[2] for c in chunks)}
+
+    def _follow_lr(self, reply: dict) -> None:
+        lr = reply.get("lr")
+        if lr is not None and lr != self.lr and (self.spec.local_steps > 1 or self.spec.easgd_alpha):
+            self.flat.set_learning_rate(lr)
+        self.lr = lr
+
+    def _take_extra(self) -> dict:
+        extra, self.extra = self.extra, {}
+        return extra
+
+    def _take_wait(self) -> float:
+        wait, self.wait_s = self.wait_s, 0.0
+        return wait
 
 
 def _evaluate(model, validation, batch_size: int) -> dict:

@@ -15,7 +15,7 @@ def test_unknown_algorithm_lists_the_valid_ones():
 
 
 def test_unknown_mode_lists_the_valid_ones():
-    with pytest.raises(ConfigError, match="Unknown --mode 'turbo'.*'async', 'local'"):
+    with pytest.raises(ConfigError, match="Unknown --mode 'turbo'.*'async', 'sync', 'local'"):
         TrainConfig(mode="turbo")
 
 

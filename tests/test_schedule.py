@@ -51,3 +51,14 @@ def test_permutation_is_shared_by_seed_and_differs_by_epoch():
     np.testing.assert_array_equal(p0, epoch_permutation(100, seed=3, epoch=0))
     assert not np.array_equal(p0, epoch_permutation(100, seed=3, epoch=1))
     assert sorted(p0) == list(range(100))
+
+
+def test_samples_left_counts_later_epochs_and_requeued_chunks():
+    s = EpochSchedule(num_samples=10, epochs=2)
+    assert s.samples_left == 20
+    a = s.next_chunk(4)
+    assert s.samples_left == 16
+    s.requeue(a.id)
+    assert s.samples_left == 20
+    drain(s, 4)
+    assert s.samples_left == 0

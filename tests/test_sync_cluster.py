@@ -25,6 +25,15 @@ def test_sync_ranks_end_with_identical_weights_equal_to_the_kernel_model(cluster
     assert (run.nodes["delay_max"] == 0).all()  # synchronous: never stale
 
 
+def test_sync_works_when_engines_name_their_variables_differently(cluster):
+    """Keras names variables with per-process counters; Horovod matches collectives by name.
+    Build an extra layer on one engine only, so its variables are `dense_k` with another k."""
+    cluster.client[1].execute("import keras; keras.layers.Dense(2).build((None, 2))", block=True)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
+                       epochs=1, wait=True, timeout=60)
+    assert run.status == "finished"
+
+
 def test_second_sync_run_in_the_same_session_works(cluster):
     for _ in range(2):
         run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,

@@ -95,10 +95,18 @@ class WorkerTransport:
             line.send(header)
         return self._collect(pull=True)
 
-    def step(self, header: dict, push: bool, pull: bool) -> dict:
-        """Push `grad` (and `nt_delta`) and/or pull; returns shard 0's reply header."""
+    def step(self, header: dict, push: bool, pull: bool, shared: dict | None = None) -> dict:
+        """Push `grad` (and `nt_delta`) and/or pull; returns shard 0's reply header.
+
+        `header` goes to shard 0 (the coordinator); `shared` fields to every shard."""
+        self.send_step(header, push, pull, shared)
+        return self.receive_step(push, pull)
+
+    def send_step(self, header: dict, push: bool, pull: bool, shared: dict | None = None) -> None:
+        """First half of `step`: send to every shard (used alone to overlap with compute)."""
         if not push and not pull:  # a bare wait: only the coordinator has anything to say
-            return self.lines[0].request({"op": "step", "worker": self.worker, **header}).header
+            self.lines[0].send({"op": "step", "worker": self.worker, **(shared or {}), **header})
+            return
         for i, line in enumerate(self.lines):
             buffers = []
             if push and self._segment is None:
@@ -106,10 +114,15 @@ class WorkerTransport:
                 buffers.append(self.grad[lo:hi])
             if push and i == 0 and self.nt_delta.size:
                 buffers.append(self.nt_delta)
-            shard_header = {"op": "step", "worker": self.worker, "push": push, "pull": pull}
+            shard_header = {"op": "step", "worker": self.worker, "push": push, "pull": pull, **(shared or {})}
             if i == 0:
                 shard_header.update(header)
             line.send(shard_header, buffers)
+
+    def receive_step(self, push: bool, pull: bool) -> dict:
+        """Second half of `step`: the replies; returns shard 0's header."""
+        if not push and not pull:
+            return self.lines[0].recv().header
         return self._collect(pull=pull)
 
     def _collect(self, pull: bool) -> dict:
@@ -150,6 +163,9 @@ class WorkerTransport:
         shm.release(self._segment, unlink=True)
 
 
+PER_SHARD = ("lr", "option", "stop")
+
+
 class HubControl:
     """The kernel's line to every shard: statistics, control, final parameters. Thread-safe."""
 
@@ -160,16 +176,17 @@ class HubControl:
                       for i, s in enumerate(shards)]
         self._lock = threading.Lock()
 
-    def stats(self, since: int = 0) -> dict:
+    def stats(self, since: int = 0, timeline: bool = False) -> dict:
+        """Statistics with history rows from `since` on (and the whole timeline if asked)."""
         with self._lock:
-            msg = self.lines[0].request({"op": "stats", "since": since})
+            msg = self.lines[0].request({"op": "stats", "since": since, "timeline": timeline})
         return json.loads(bytes(msg.buffers[0]))
 
     def control(self, **changes: object) -> None:
-        """lr goes to every shard (each applies updates); pause/stop to the coordinator."""
+        """What every shard applies (lr, rule options, stop) goes to all; the rest to shard 0."""
         with self._lock:
             for i, line in enumerate(self.lines):
-                fields = changes if i == 0 else {k: v for k, v in changes.items() if k == "lr"}
+                fields = changes if i == 0 else {k: v for k, v in changes.items() if k in PER_SHARD}
                 if fields:
                     line.request({"op": "control", **fields})
 

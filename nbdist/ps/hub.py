@@ -1,25 +1,25 @@
 """The hub: one parameter-server shard, serving workers and the kernel over ZeroMQ.
 
 A hub owns one contiguous slice of the flat float32 parameter vector and applies the update
-rule to each push. Shard 0 also coordinates the run: it hands out data chunks (global
-epochs), counts versions and delays, queues validation jobs, keeps the statistics, and holds
-the control state (learning rate, pause, stop) that rides back on every reply.
+rule to each push (or, for group sync, to the mean of a group's pushes). Shard 0 also holds
+the run's `Coordinator` (chunks, statistics, control, DBS, SSP, groups), whose answers ride
+back on every reply. A reply may be held (SSP: a worker too far ahead; group sync: a group
+still incomplete) and is sent as soon as the worker may go on.
 
 Ops it answers (all signed, see `nbdist.protocol`):
     hello    worker registers (optionally with its shared-memory segment); gets parameters
-    step     worker pushes a gradient and/or pulls parameters; shard 0 also answers a bare
-             `step` (no push, no pull) with control and work, to let idle workers wait cheaply
+    step     worker pushes a gradient (or a local-steps delta) and/or pulls parameters; shard 0
+             also answers a bare `step` (no push, no pull), so idle workers can wait cheaply
     report   sync-mode rank: one step's metrics (no parameters); gets control back
     bye      worker leaves
     stats    kernel: statistics (shard 0)
-    control  kernel: set lr / pause / resume / stop
+    control  kernel: lr, pause, stop, slow-down, batch policy, rule options, regroup
     params   kernel: this shard's parameters (and non-trainable state on shard 0)
     shutdown kernel: leave the serve loop
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
 import math
@@ -27,20 +27,23 @@ import os
 import tempfile
 import time
 import traceback
-from collections import Counter, deque
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 import numpy as np
 import zmq
 
 from nbdist.algorithms import make_rule
+from nbdist.algorithms.group import group_lr
+from nbdist.algorithms.server_opt import make_server_optimizer
 from nbdist.errors import ProtocolError
 from nbdist.protocol import Codec, Message
 from nbdist.ps import shm
-from nbdist.ps.schedule import EpochSchedule
-from nbdist.ps.stats import RunStats
+from nbdist.ps.barrier import GroupBarrier, GroupStep
+from nbdist.ps.coordinator import Coordinator, Plan
 
 log = logging.getLogger(__name__)
+GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
 
 
 @dataclass
@@ -51,15 +54,12 @@ class HubSpec:
     key: bytes
     shard: int
     num_shards: int
-    num_workers: int
+    plan: Plan
     params: np.ndarray  # this shard's initial slice
     non_trainable: np.ndarray  # float non-trainable state (shard 0 only; empty elsewhere)
-    algorithm: str
-    lr: float
-    batch_size: int
-    epochs: int
-    num_samples: int
-    has_validation: bool
+    rule_options: dict = field(default_factory=dict)
+    local_steps: int = 1
+    server_optimizer: str | None = None  # None: the rule applies pushes; else it applies deltas
     bind_host: str = "127.0.0.1"
     idle_timeout: float = 120.0
 
@@ -79,25 +79,27 @@ class Hub:
 
     def __init__(self, spec: HubSpec):
         self.spec = spec
-        self.coordinator = spec.shard == 0
+        plan = spec.plan
         self.size = int(spec.params.size)
-        nt_bytes = spec.non_trainable.nbytes
         self.codec = Codec(spec.key, f"hub-{spec.shard}",
-                           max_buffer_bytes=2 * (4 * self.size + nt_bytes) + 4096)
+                           max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes) + 4096)
         self._segment = shm.create(4 * self.size)  # live parameters, readable by hogwild workers
         self.params = shm.floats(self._segment, 0, self.size)
         self.params[:] = spec.params
         self.non_trainable = np.array(spec.non_trainable, dtype=np.float32, copy=True)
-        self.rule = make_rule(spec.algorithm, self.size, spec.num_workers)
-        self.lr = float(spec.lr)
+        self.rule = make_rule(plan.algorithm, self.size, plan.num_workers, spec.rule_options)
+        self.server_opt = (make_server_optimizer(spec.server_optimizer, self.size)
+                           if spec.server_optimizer else None)
+        self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
+        self.lr = float(plan.lr)
         self.version = 0
         self.links: dict[int, _WorkerLink] = {}
+        self.held: dict[int, tuple[object, bool]] = {}  # worker -> (routing id, pull) of a held reply
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
         self.closing = False
         self.start_time = time.time()
-        if self.coordinator:
-            self._init_coordinator()
+        self.coordinator = Coordinator(plan, self.start_time) if spec.shard == 0 else None
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -108,24 +110,14 @@ class Hub:
         self.endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{self._ipc_path}",
                           "host": shm.host_id(), "params_shm": self._segment.name, "size": self.size}
 
-    def _init_coordinator(self) -> None:
-        spec = self.spec
-        self.schedule = EpochSchedule(spec.num_samples, spec.epochs)
-        self.stats = RunStats(spec.num_workers, start_time=self.start_time)
-        self.paused = False
-        self.stopping = False
-        self.chunk_of: dict[int, object] = {}  # worker -> outstanding Chunk
-        self.eval_queue: deque[int] = deque()
-        self.evaluating: dict[int, int] = {}  # worker -> epoch it is evaluating
-        self.gone: set[int] = set()  # workers that said bye
-        self.arrived: set[int] = set()  # workers that said hello: training starts with all
-        self.reported_epochs = 0.0  # progress reported by sync-mode ranks
+    def now(self) -> float:
+        return time.time() - self.start_time
 
     # -- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> dict:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
-        handlers = {"hello": self._hello, "step": self._step, "bye": self._bye, "report": self._report,
+        handlers = {"hello": self._hello, "step": self._step, "report": self._report, "bye": self._bye,
                     "stats": self._stats, "control": self._control, "params": self._params,
                     "shutdown": self._shutdown}
         poller = zmq.Poller()
@@ -133,7 +125,9 @@ class Hub:
         last_heard = time.monotonic()
         try:
             while not self.closing:
-                if not poller.poll(500):
+                if self.barrier is not None and self.barrier.pending:
+                    self._expire_group_steps()
+                if not poller.poll(100 if self.barrier is not None else 500):
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
@@ -144,21 +138,39 @@ class Hub:
                 try:
                     msg = self.codec.decode(frames[1:])
                     handler = handlers[msg.op]
-                except (ProtocolError, KeyError) as exc:
-                    self.dropped[type(exc).__name__ if isinstance(exc, KeyError) else str(exc).split(":")[0]] += 1
+                except ProtocolError as exc:
+                    self.dropped[str(exc).split(":")[0]] += 1
+                    continue
+                except KeyError:
+                    self.dropped["unknown op"] += 1
                     continue
                 last_heard = time.monotonic()
                 try:
-                    header, buffers = handler(msg)
+                    answer = handler(msg, frames[0])
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
                     log.error("%s", self.error)
-                    header, buffers = {"op": "error", "message": str(exc)}, []
-                self._sock.send_multipart([frames[0], *self.codec.encode(header, buffers)], copy=False)
+                    answer = {"op": "error", "message": str(exc)}, []
+                if answer is not None:
+                    self._send(frames[0], *answer)
+                self._release_held()
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.version, "error": self.error,
                 "dropped": dict(self.dropped)}
+
+    def _send(self, ident, header: dict, buffers: list) -> None:
+        self._sock.send_multipart([ident, *self.codec.encode(header, buffers)], copy=False)
+
+    def _release_held(self) -> None:
+        """Send every held reply whose worker may now go on."""
+        for worker, (ident, pull) in list(self.held.items()):
+            if self.barrier is not None and self.barrier.waiting(worker):
+                continue
+            answer = self._reply(worker, pull)
+            if answer is not None:
+                del self.held[worker]
+                self._send(ident, *answer)
 
     def close(self) -> None:
         self._sock.close(0)
@@ -168,67 +180,94 @@ class Hub:
         self.links.clear()
         self.params = None
         shm.release(self._segment, unlink=True)
-        with contextlib.suppress(OSError):
+        try:
             os.unlink(self._ipc_path)
+        except OSError:
+            pass
 
     # -- worker ops -------------------------------------------------------------------------
 
-    def _hello(self, msg: Message) -> tuple[dict, list]:
+    def _hello(self, msg: Message, ident) -> tuple[dict, list] | None:
         worker = int(msg.header["worker"])
         old = self.links.pop(worker, None)
         if old:
             shm.release(old.segment)
         name = msg.header.get("shm")
-        if name:
-            segment = shm.attach(name)
-            self.links[worker] = _WorkerLink(segment, msg.header["offset"], self.size, msg.header["total"])
-        else:
-            self.links[worker] = _WorkerLink()
+        self.links[worker] = (_WorkerLink(shm.attach(name), msg.header["offset"], self.size, msg.header["total"])
+                              if name else _WorkerLink())
         if self.coordinator:
-            w = self.stats.workers[worker]
-            w.state, w.host, w.engine = "running", msg.header.get("host", ""), msg.header.get("engine")
-            self.gone.discard(worker)
-            self.arrived.add(worker)
-        return self._reply(worker, pull=True)
+            self.coordinator.hello(worker, msg.header.get("host", ""), msg.header.get("engine"))
+        return self._reply_or_hold(worker, ident, pull=True)
 
-    def _step(self, msg: Message) -> tuple[dict, list]:
+    def _step(self, msg: Message, ident) -> tuple[dict, list] | None:
         worker, h = int(msg.header["worker"]), msg.header
         link = self.links[worker]
         if h.get("push"):
-            delay = self.version - link.read_version
             grad = link.grad if link.grad is not None else msg.floats(0)
             if grad.size != self.size:
                 raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
-            if self.rule.on_push(worker, self.params, grad, self.lr, delay):
-                self.version += 1
+            if self.coordinator and self.non_trainable.size:
+                self.non_trainable += msg.floats(len(msg.buffers) - 1)
+            members = tuple(h.get("group") or (worker,))
+            if self.barrier is not None:  # a singleton completes at once and flushes old groups
+                for step in self.barrier.add(members, worker, grad, int(h.get("batch", 1)),
+                                             link.read_version, h):
+                    self._apply_group(step)
+            else:
+                delay = self.version - link.read_version
+                self._apply(worker, grad, delay)
+                if self.coordinator:
+                    self.coordinator.push(worker, h, delay, self.now())
+        if self.coordinator:
+            self.coordinator.eval_result(worker, h, self.now())
+        return self._reply_or_hold(worker, ident, pull=bool(h.get("pull")))
+
+    def _apply(self, worker: int, grad: np.ndarray, delay: int, lr: float | None = None) -> None:
+        """One update: the rule on a gradient, or the server optimizer on a local-steps delta."""
+        lr = self.lr if lr is None else lr
+        scale = 1.0 / max(1, delay) if self.spec.plan.staleness_lr else 1.0
+        if self.server_opt is not None:  # local steps: `grad` is the delta w_read - w_local
+            self.server_opt.apply(self.params, grad, scale)
+            self.version += 1
+        elif self.rule.on_push(worker, self.params, grad, lr * scale, delay):
+            self.version += 1
+
+    def _apply_group(self, step: GroupStep) -> None:
+        """A completed group step: its batch-weighted mean at the group's rate, i.e.
+        lr / B_ref x the sum of the members' per-sample gradients."""
+        delay = self.version - min(step.read_versions.values())
+        rate = group_lr(self.lr, step.batch, self.spec.plan.batch_size)
+        self._apply(min(step.members), step.mean, delay, lr=rate)
+        if self.coordinator:
+            for member, header in step.headers.items():
+                self.coordinator.push(member, header, self.version - 1 - step.read_versions[member], self.now())
+
+    def _expire_group_steps(self) -> None:
+        """A member that never pushes (it died, or a regroup crossed its push) must not stall
+        its group: after GROUP_WAIT_LIMIT_S the step is applied with the pushes that came."""
+        steps = self.barrier.expired(GROUP_WAIT_LIMIT_S)
+        for step in steps:
+            self._apply_group(step)
             if self.coordinator:
-                if self.non_trainable.size:
-                    self.non_trainable += msg.floats(len(msg.buffers) - 1)
-                self._count_push(worker, h, delay)
-        if self.coordinator and "eval" in h:
-            ev = h["eval"]
-            self.evaluating.pop(worker, None)
-            self.stats.record_eval(ev["metrics"], epoch=ev["epoch"], version=ev["version"],
-                                   now=time.time() - self.start_time)
-        return self._reply(worker, pull=bool(h.get("pull")))
+                self.coordinator.stats.record_event("group_timeout", self.now(), members=list(step.members),
+                                                    pushed=sorted(step.headers))
+        if steps:
+            self._release_held()
 
-    def _count_push(self, worker: int, h: dict, delay: int) -> None:
-        chunk = self.chunk_of.pop(worker, None)
-        if chunk is None or chunk.id != h.get("chunk"):
-            raise ValueError(f"worker {worker} pushed chunk {h.get('chunk')} but holds {chunk}")
-        finished_epoch = self.schedule.complete(chunk.id)
-        loss = float(h.get("loss", math.nan))
-        self.stats.record_push(worker, samples=chunk.size, loss=loss, compute_s=h.get("compute_s", 0.0),
-                               comm_s=h.get("comm_s", 0.0), delay=delay,
-                               epoch=self.schedule.epochs_done, now=time.time() - self.start_time,
-                               batch_size=self.spec.batch_size)
-        if finished_epoch is not None:
-            self.stats.record_event("epoch_end", time.time() - self.start_time, epoch=finished_epoch)
-            if self.spec.has_validation:
-                self.eval_queue.append(finished_epoch)
+    def _reply_or_hold(self, worker: int, ident, pull: bool) -> tuple[dict, list] | None:
+        if self.barrier is not None and self.barrier.waiting(worker):
+            self.held[worker] = (ident, pull)
+            return None
+        answer = self._reply(worker, pull)
+        if answer is None:
+            self.held[worker] = (ident, pull)
+        return answer
 
-    def _reply(self, worker: int, pull: bool) -> tuple[dict, list]:
-        header: dict = {"op": "reply", "version": self.version}
+    def _reply(self, worker: int, pull: bool) -> tuple[dict, list] | None:
+        work = self.coordinator.work_for(worker, pull, self.version) if self.coordinator else {}
+        if work is None:
+            return None
+        header: dict = {"op": "reply", "version": self.version, **work}
         buffers: list = []
         if pull:
             link = self.links[worker]
@@ -244,102 +283,55 @@ class Hub:
                 buffers.append(self.params.copy() if self.rule.consistent_reads else self.params)
             if self.coordinator and self.non_trainable.size:
                 buffers.append(self.non_trainable.copy())
-        if self.coordinator:
-            header.update(self._work_for(worker, pull))
         return header, buffers
 
-    def _work_for(self, worker: int, pulled: bool) -> dict:
-        """Control state plus the worker's chunk, eval job and whether it is done."""
-        work: dict = {"lr": self.lr, "paused": self.paused, "stop": self.stopping}
-        chunk = self.chunk_of.get(worker)
-        all_here = len(self.arrived) == self.spec.num_workers
-        if chunk is None and all_here and not (self.paused or self.stopping):
-            chunk = self.schedule.next_chunk(self.spec.batch_size)
-            if chunk is not None:
-                self.chunk_of[worker] = chunk
-        # a paused worker keeps its chunk but must not train on it until resumed
-        work["chunk"] = chunk.to_list() if chunk and not self.paused else None
-        if self.eval_queue and worker not in self.evaluating and not self.stopping:
-            if pulled:
-                epoch = self.eval_queue.popleft()
-                self.evaluating[worker] = epoch
-                work["eval"] = {"epoch": epoch, "version": self.version}
-            else:
-                work["eval_pending"] = True  # pull first, then evaluate those weights
-        work["done"] = self.stopping or (
-            self.schedule.finished and not self.eval_queue and not self.evaluating)
-        state = "paused" if self.paused else ("running" if chunk else "waiting")
-        if not all_here:
-            state = "starting"
-        self.stats.workers[worker].state = state
-        return work
+    def _report(self, msg: Message, ident) -> tuple[dict, list]:
+        worker = int(msg.header["worker"])
+        return {"op": "reply", **self.coordinator.report(worker, msg.header, self.now())}, []
 
-    def _report(self, msg: Message) -> tuple[dict, list]:
-        """A synchronous rank's step: metrics in, control out (Horovod moves the gradients)."""
-        h, worker = msg.header, int(msg.header["worker"])
-        now = time.time() - self.start_time
-        if h.get("batch"):
-            self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
-            self.stats.record_push(worker, samples=int(h.get("samples", 0)), loss=float(h.get("loss", math.nan)),
-                                   compute_s=float(h.get("compute_s", 0.0)), comm_s=float(h.get("comm_s", 0.0)),
-                                   delay=0, epoch=self.reported_epochs, now=now, batch_size=int(h["batch"]))
-        if "eval" in h:
-            ev = h["eval"]
-            self.stats.record_eval(ev["metrics"], epoch=ev["epoch"], version=ev["version"], now=now)
-        self.stats.workers[worker].state = "paused" if self.paused else "running"
-        return {"op": "reply", "lr": self.lr, "paused": self.paused, "stop": self.stopping}, []
-
-    def _bye(self, msg: Message) -> tuple[dict, list]:
+    def _bye(self, msg: Message, ident) -> tuple[dict, list]:
         worker = int(msg.header["worker"])
         link = self.links.pop(worker, None)
         if link:
             shm.release(link.segment)
         self.rule.forget(worker)
+        if self.barrier is not None:
+            for step in self.barrier.drop(worker):
+                self._apply_group(step)
         if self.coordinator:
-            self.gone.add(worker)
-            self.stats.workers[worker].state = "done"
-            chunk = self.chunk_of.pop(worker, None)
-            if chunk is not None:  # stopped mid-chunk: another worker may take it
-                self.schedule.requeue(chunk.id)
-            self.evaluating.pop(worker, None)
+            self.coordinator.bye(worker, self.now())
         return {"op": "bye"}, []
 
     # -- kernel ops -------------------------------------------------------------------------
 
-    def _stats(self, msg: Message) -> tuple[dict, list]:
-        snap = self.stats.snapshot(since=int(msg.header.get("since", 0)))
-        snap.update(
-            finished=len(self.gone) == self.spec.num_workers,
-            paused=self.paused, stopping=self.stopping, lr=self.lr, version=self.version,
-            epochs_done=max(self.schedule.epochs_done, self.reported_epochs), error=self.error, dropped=dict(self.dropped),
-            hub_bytes=int(self.params.nbytes + self.rule.state_nbytes),
-            elapsed=time.time() - self.start_time,
-        )
+    def _stats(self, msg: Message, ident) -> tuple[dict, list]:
+        h = msg.header
+        snap = self.coordinator.snapshot(int(h.get("since", 0)), bool(h.get("timeline")))
+        snap.update(version=self.version, error=self.error, dropped=dict(self.dropped),
+                    hub_bytes=int(self.params.nbytes + self.rule.state_nbytes
+                                  + (self.server_opt.state_nbytes if self.server_opt else 0)),
+                    rule_options=self.rule.options, elapsed=self.now())
         return {"op": "stats"}, [json.dumps(snap).encode()]
 
-    def _control(self, msg: Message) -> tuple[dict, list]:
+    def _control(self, msg: Message, ident) -> tuple[dict, list]:
         h = msg.header
-        now = time.time() - self.start_time
         if "lr" in h:
             lr = float(h["lr"])
             if not (math.isfinite(lr) and lr > 0):
                 raise ValueError(f"learning rate must be positive and finite, got {lr}")
             self.lr = lr
-            if self.coordinator:
-                self.stats.record_event("set_lr", now, lr=lr)
+        if "option" in h:
+            self.rule.set_option(str(h["option"][0]), float(h["option"][1]))
+        if h.get("stop") and self.barrier is not None:
+            for step in self.barrier.flush_all():
+                self._apply_group(step)
         if self.coordinator:
-            for flag, event_on, event_off in (("paused", "pause", "resume"),):
-                if flag in h and bool(h[flag]) != self.paused:
-                    self.paused = bool(h[flag])
-                    self.stats.record_event(event_on if self.paused else event_off, now)
-            if h.get("stop") and not self.stopping:
-                self.stopping = True
-                self.stats.record_event("stop", now)
+            self.coordinator.control(h, self.now())
         return {"op": "ok"}, []
 
-    def _params(self, msg: Message) -> tuple[dict, list]:
+    def _params(self, msg: Message, ident) -> tuple[dict, list]:
         return {"op": "params", "version": self.version}, [self.params.copy(), self.non_trainable.copy()]
 
-    def _shutdown(self, msg: Message) -> tuple[dict, list]:
+    def _shutdown(self, msg: Message, ident) -> tuple[dict, list]:
         self.closing = True
         return {"op": "ok"}, []

@@ -99,6 +99,14 @@ class EpochSchedule:
         return not any(self._remaining) and not self._outstanding and not self._requeued
 
     @property
+    def samples_left(self) -> int:
+        """Samples not yet handed out, over all remaining epochs."""
+        if self._epoch >= self.epochs:
+            return sum(c.size for c in self._requeued)
+        later = (self.epochs - self._epoch - 1) * self.num_samples
+        return later + self.num_samples - self._cursor + sum(c.size for c in self._requeued)
+
+    @property
     def epochs_done(self) -> float:
         """Progress in epochs, counting only completed samples (e.g. 1.5)."""
         done = sum(self.num_samples - r for r in self._remaining)

@@ -1,0 +1,98 @@
+"""Group-sync barrier for one shard: collect a group's pushes, hand back their weighted mean.
+
+Members of a group (from the coordinator, named in every push header) each push one
+gradient per step; when all have pushed, the shard applies `Σ b_i g_i / Σ b_i` as one update
+and releases them together. If a member shows up with a different member list (the groups
+were re-formed) or leaves, any pending barrier it belonged to is flushed with what it has,
+so nobody waits for a push that will never come. Pure NumPy; no sockets.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+
+@dataclass
+class _Pending:
+    total: np.ndarray
+    batch: int = 0
+    headers: dict[int, dict] = field(default_factory=dict)  # worker -> its push header
+    read_versions: dict[int, int] = field(default_factory=dict)
+    since: float = field(default_factory=time.monotonic)
+
+
+@dataclass
+class GroupStep:
+    """One completed (or flushed) group step, ready to apply."""
+
+    members: tuple[int, ...]
+    mean: np.ndarray
+    batch: int  # the group's total batch B_g
+    headers: dict[int, dict]
+    read_versions: dict[int, int]
+
+
+class GroupBarrier:
+    """Pending group steps keyed by their member tuple.
+
+    Example:
+        >>> b = GroupBarrier(size=2)
+        >>> b.add((0, 1), 0, np.array([1.0, 0.0], np.float32), batch=1, read_version=3, header={})
+        []
+        >>> [s.mean.tolist() for s in b.add((0, 1), 1, np.array([0.0, 3.0], np.float32), batch=2,
+        ...                                 read_version=3, header={})]
+        [[0.3333333432674408, 2.0]]
+    """
+
+    def __init__(self, size: int):
+        self.size = size
+        self._pending: dict[tuple[int, ...], _Pending] = {}
+
+    def waiting(self, worker: int) -> bool:
+        """True while `worker`'s push sits in an incomplete group step."""
+        return any(worker in p.headers for p in self._pending.values())
+
+    def add(self, members: tuple[int, ...], worker: int, g: np.ndarray, batch: int,
+            read_version: int, header: dict) -> list[GroupStep]:
+        """Add one member's gradient; returns the steps that are now ready (possibly none)."""
+        ready = [self._take(k) for k in list(self._pending)
+                 if k != members and worker in k and self._pending[k].headers]
+        pending = self._pending.get(members)
+        if pending is None:
+            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32))
+        if worker in pending.headers:  # a second push before the step completed: flush first
+            ready.append(self._take(members))
+            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32))
+        pending.total += np.float32(batch) * g
+        pending.batch += batch
+        pending.headers[worker] = header
+        pending.read_versions[worker] = read_version
+        if len(pending.headers) == len(members):
+            ready.append(self._take(members))
+        return ready
+
+    def drop(self, worker: int) -> list[GroupStep]:
+        """`worker` left: flush every pending step that waits for it."""
+        return [self._take(k) for k in list(self._pending) if worker in k and self._pending[k].headers]
+
+    def expired(self, limit_s: float) -> list[GroupStep]:
+        """Steps that have waited longer than `limit_s` for a member: applied with what came."""
+        now = time.monotonic()
+        return [self._take(k) for k in list(self._pending)
+                if self._pending[k].headers and now - self._pending[k].since > limit_s]
+
+    @property
+    def pending(self) -> bool:
+        return bool(self._pending)
+
+    def flush_all(self) -> list[GroupStep]:
+        """Everything pending, e.g. when the run stops."""
+        return [self._take(k) for k in list(self._pending) if self._pending[k].headers]
+
+    def _take(self, members: tuple[int, ...]) -> GroupStep:
+        p = self._pending.pop(members)
+        p.total /= np.float32(max(p.batch, 1))
+        return GroupStep(members, p.total, p.batch, p.headers, p.read_versions)

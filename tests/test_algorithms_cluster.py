@@ -1,0 +1,97 @@
+"""Every --algorithm of %%distribute --mode async learns on a real cluster with 2 workers."""
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import ConfigError
+from tests.conftest import SYNTHETIC_CELL
+
+pytestmark = pytest.mark.cluster
+
+
+@pytest.mark.parametrize("options", [
+    {"algorithm": "asgd"},
+    {"algorithm": "hogwild"},
+    {"algorithm": "dc-asgd"},
+    {"algorithm": "dc-asgd-a"},
+    {"algorithm": "ddc-asgd"},
+    {"algorithm": "softsync", "n": 1},
+    {"algorithm": "ssp", "staleness": 0},
+    {"algorithm": "group"},
+    {"algorithm": "easgd", "local_steps": 4},
+    {"algorithm": "asgd", "staleness_lr": True, "servers": 2, "workers": 1},
+    {"algorithm": "asgd", "local_steps": 4, "server_optimizer": "momentum"},
+    {"algorithm": "dc-asgd-a", "overlap": True},
+], ids=lambda o: "-".join(f"{v}" if k == "algorithm" else f"{k}={v}" for k, v in o.items()))
+def test_every_rule_learns_with_two_workers(cluster, options):
+    options = {"workers": 2, **options}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=3, batch_size=16,
+                       wait=True, **options)
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.8  # chance is 1/3
+    assert run.nodes["samples"].sum() == 3 * 900
+
+
+def test_ssp_zero_keeps_workers_in_lockstep(cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
+                       batch_size=16, algorithm="ssp", staleness=0, slowdown="1,3", wait=True)
+    steps = run.nodes["steps"]
+    assert abs(steps[0] - steps[1]) <= 1  # BSP: nobody gets a clock ahead, whatever the speeds
+
+
+def test_group_with_one_group_equals_synchronous_sgd(cluster):
+    """One group of 2 workers averages their gradients for the same weights every step: the
+    Horovod sync run with the group's rate (linear scaling: 2 x lr) must end at the same weights."""
+    pytest.importorskip("horovod.tensorflow")
+    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(3)\n")
+    finals = []
+    for options in ({"mode": "async", "algorithm": "group", "groups": 1, "lr": 0.1},
+                    {"mode": "sync", "lr": 0.2}):
+        ns = {}
+        nbdist.train(cell, cluster=cluster, namespace=ns, workers=2, epochs=1, batch_size=30,
+                     no_validation=True, wait=True, **options)
+        finals.append(np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables]))
+    np.testing.assert_allclose(finals[0], finals[1], rtol=1e-4, atol=1e-5)
+
+
+def test_group_auto_forms_groups_by_speed_and_regroup_works(cluster):
+    import time
+
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=40,
+                       batch_size=8, algorithm="group", slowdown="1,4")
+    deadline = time.monotonic() + 60
+    while not any(e["event"] == "regroup" for e in run._snapshot.get("events", [])):
+        assert time.monotonic() < deadline, "groups were never formed"
+        time.sleep(0.1)
+    assert sorted(run.nodes["group"]) == [0, 1]  # 4x apart: two singleton groups
+    before = sum(e["event"] == "regroup" for e in run._snapshot["events"])
+    run.set_slowdown(1, 1.0)
+    run.regroup()
+    time.sleep(1.0)
+    run.stop()
+    run.wait(timeout=60)
+    regroups = [e["groups"] for e in run._snapshot["events"] if e["event"] == "regroup"]
+    assert len(regroups) == before + 1  # regroup() re-formed the groups from current speeds
+    assert sorted(w for g in regroups[-1] for w in g) == [0, 1]  # a partition of the workers
+    set_slowdown = [e for e in run._snapshot["events"] if e["event"] == "set_slowdown"]
+    assert set_slowdown[0]["worker"] == 1 and set_slowdown[0]["factor"] == 1.0
+
+
+def test_live_option_change_and_unknown_option_name(cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=30,
+                       batch_size=8, algorithm="dc-asgd-a", algo_options="lambda0=1")
+    import time
+
+    time.sleep(2)
+    run.set_option("lambda0", 0.5)
+    with pytest.raises(ConfigError, match="Valid: lambda0=.*ms_decay"):
+        run.set_option("lamda0", 0.5)
+    run.stop()
+    run.wait(timeout=60)
+    assert run._snapshot["rule_options"]["lambda0"] == 0.5
+    assert run._snapshot["hub_bytes"] > 0
+
+
+def test_unknown_algo_option_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04"):
+        nbdist.TrainConfig(algorithm="dc-asgd", algo_options="lamda=1")
