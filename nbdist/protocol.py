@@ -24,6 +24,7 @@ import numpy as np
 
 from nbdist.errors import ProtocolError
 
+ZERO_COPY_MIN_BYTES = 64 * 1024  # below this pyzmq's copying send is faster than zero-copy
 SIGNATURE_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024
 KEY_BYTES = 32
@@ -114,6 +115,14 @@ class Codec:
             raise ProtocolError(f"replayed message: seq {seq} from {sender!r} already seen")
         self._last_seen[sender] = seq
         return Message(header, buffers)
+
+
+def send_frames(sock, frames: Sequence[object]) -> None:
+    """Send a multipart message: big buffers without a copy, small frames copied (cheaper)."""
+    last = len(frames) - 1
+    for i, frame in enumerate(frames):
+        size = frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+        sock.send(frame, 2 if i < last else 0, copy=size < ZERO_COPY_MIN_BYTES)  # 2: zmq.SNDMORE
 
 
 def _bytes(frame: object) -> bytes:

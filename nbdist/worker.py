@@ -139,6 +139,9 @@ class _AsyncLoop:
         self.steps = 0
         self.lr = None
         self._perm_epoch, self._perm = -1, None
+        self._assign_pending = False
+        self._pending = (np.empty_like(transport.params), np.empty_like(transport.non_trainable))
+        self._nt_model = np.zeros_like(transport.non_trainable)  # non-trainable state in the model
 
     def run(self) -> dict:
         t = self.transport
@@ -148,6 +151,7 @@ class _AsyncLoop:
         in_flight = False
         while True:
             if reply.get("eval"):
+                self._sync_model()
                 self.extra["eval"] = {**reply["eval"], "metrics": _evaluate(self.flat.model, self.validation, self.spec.batch_size)}
             if reply.get("done"):
                 if in_flight:
@@ -209,6 +213,7 @@ class _AsyncLoop:
     def _local_round(self, chunks: list, reply: dict) -> dict:
         """K local steps with the cell's optimizer, then one exchange with the hub."""
         t, flat = self.transport, self.flat
+        self._sync_model()
         w_read = t.params.copy()
         t0 = time.perf_counter()
         loss = math.nan
@@ -220,19 +225,20 @@ class _AsyncLoop:
         w_local, nt_local = flat.read()
         header = {"chunks": [c[0] for c in chunks], "loss": loss, "compute_s": compute_s,
                   "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra()}
-        np.subtract(nt_local, t.non_trainable, out=t.nt_delta)
+        np.subtract(nt_local, self._nt_model, out=t.nt_delta)
         t1 = time.perf_counter()
         if self.spec.easgd_alpha:
             from nbdist.algorithms.easgd import elastic_exchange
 
             pulled = t.step({}, push=False, pull=True)  # read the center x~ (not into the model)
             if pulled.get("eval"):  # a validation job is for the hub's weights: the center
-                self._assign()
+                flat.assign(t.params, t.non_trainable)
                 header["eval"] = {**pulled["eval"], "metrics": _evaluate(flat.model, self.validation, self.spec.batch_size)}
             center = t.params.copy()
             np.copyto(t.grad, elastic_exchange(w_local, center, self.spec.easgd_alpha))
             reply = t.step(header, push=True, pull=False, shared=self._shared(reply, *chunks))
             flat.assign(w_local, nt_local)  # x_i after the exchange
+            self._nt_model = nt_local
         else:
             np.subtract(w_read, w_local, out=t.grad)
             reply = t.step(header, push=True, pull=True, shared=self._shared(reply, *chunks))
@@ -246,7 +252,14 @@ class _AsyncLoop:
     def _compute(self, chunk: list, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
         self.started.add(chunk[0])
         t0 = time.perf_counter()
-        loss, grad, grad_norm, nt_after = self.flat.gradients(*self._batch(chunk))
+        x, y = self._batch(chunk)
+        if self._assign_pending:
+            params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
+            loss, grad, grad_norm, nt_after = self.flat.assign_and_gradients(params, nt, x, y)
+            self._assign_pending = False
+            self._nt_model = nt.copy()  # small: the base of this step's non-trainable change
+        else:
+            loss, grad, grad_norm, nt_after = self.flat.gradients(x, y)
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
         self._check(loss, grad_norm, chunk)
         self._grad, self._nt_after = grad, nt_after
@@ -259,7 +272,8 @@ class _AsyncLoop:
 
     def _write_grad(self) -> None:
         np.copyto(self.transport.grad, self._grad)
-        np.subtract(self._nt_after, self.transport.non_trainable, out=self.transport.nt_delta)
+        np.subtract(self._nt_after, self._nt_model, out=self.transport.nt_delta)
+        self._nt_model = self._nt_after  # the model now holds this state
 
     def _batch(self, chunk: list) -> tuple[np.ndarray, np.ndarray]:
         _, epoch, start, stop = chunk
@@ -288,7 +302,21 @@ class _AsyncLoop:
             )
 
     def _assign(self) -> None:
-        self.flat.assign(self.transport.params, self.transport.non_trainable)
+        """The pulled weights go into the model with the next gradient call (one compiled call
+        instead of two); overlap keeps its own copy, as the hub may write the next reply into
+        shared memory while this step computes."""
+        if self.spec.overlap:
+            np.copyto(self._pending[0], self.transport.params)
+            np.copyto(self._pending[1], self.transport.non_trainable)
+        self._assign_pending = True
+
+    def _sync_model(self) -> None:
+        """Write pending pulled weights into the model now (before evaluating or local steps)."""
+        if self._assign_pending:
+            params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
+            self.flat.assign(params, nt)
+            self._assign_pending = False
+            self._nt_model = nt.copy()
 
     def _shared(self, reply: dict, *chunks: list) -> dict:
         """Fields every shard needs: the group (for its barrier) and the samples pushed."""

@@ -576,3 +576,21 @@ def test_rule_classes_are_registered_by_name():
     assert RULES["asgd"] is ASGD
     assert sorted(RULES) == ["asgd", "dc-asgd", "dc-asgd-a", "ddc-asgd", "easgd", "group",
                              "hogwild", "softsync", "ssp"]
+
+
+def test_fused_push_and_read_equals_push_then_copy_across_blocks():
+    from nbdist.algorithms import make_rule
+    from nbdist.algorithms.sgd import BLOCK
+
+    rng = np.random.default_rng(0)
+    size = 2 * BLOCK + 123  # more than one block, and a ragged tail
+    w0, g = rng.normal(size=size).astype(np.float32), rng.normal(size=size).astype(np.float32)
+    for name in ("asgd", "dc-asgd"):  # the fused override, and the base-class fallback
+        fused, plain = make_rule(name, size, 1), make_rule(name, size, 1)
+        wa, wb, out = w0.copy(), w0.copy(), np.empty(size, np.float32)
+        fused.on_pull(0, wa, 0)
+        plain.on_pull(0, wb, 0)
+        assert fused.push_and_read(0, wa, g, 0.1, 0, out)
+        plain.on_push(0, wb, g, 0.1, 0)
+        np.testing.assert_array_equal(wa, wb)
+        np.testing.assert_array_equal(out, wb)

@@ -99,6 +99,14 @@ class Rule:
         """Apply `g` (read `delay` versions ago) to `w` in place; True if `w` changed."""
         raise NotImplementedError
 
+    def push_and_read(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int,
+                      out: np.ndarray) -> bool:
+        """`on_push`, then a copy of the new `w` into `out` (the worker's pull). Rules whose
+        update is one pass over memory override this to do both in that pass."""
+        changed = self.on_push(worker, w, g, lr, delay)
+        np.copyto(out, w)
+        return changed
+
     def forget(self, worker: int) -> None:
         """`worker` left: free whatever the rule holds for it."""
 

@@ -17,7 +17,7 @@ import numpy as np
 import zmq
 
 from nbdist.errors import TrainingError
-from nbdist.protocol import Codec, Message
+from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
 
 
@@ -31,7 +31,7 @@ class _Line:
         self.codec, self.timeout_ms, self.name = codec, int(timeout * 1000), name
 
     def send(self, header: dict, buffers: list | tuple = ()) -> None:
-        self.sock.send_multipart(self.codec.encode(header, buffers), copy=False)
+        send_frames(self.sock, self.codec.encode(header, buffers))
 
     def recv(self) -> Message:
         if not self.sock.poll(self.timeout_ms):

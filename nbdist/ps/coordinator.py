@@ -21,6 +21,8 @@ from nbdist.ps.stats import RunStats
 from nbdist.ps.timeline import DelayWindow, Timeline
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
+DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (a percentile
+                        # per push would cost more than the rest of the hub's bookkeeping)
 
 
 @dataclass
@@ -56,6 +58,7 @@ class Coordinator:
         self.stats = RunStats(n, start_time=start_time)
         self.timeline = Timeline()
         self.delays = DelayWindow()
+        self._delay_stats: dict[int, dict] = {}
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
                                 policy="dbs" if plan.dbs else "fixed")
@@ -147,10 +150,12 @@ class Coordinator:
                                comm_s=float(h.get("comm_s", 0.0)), delay=delay,
                                epoch=self.epochs_done, now=now, batch_size=self.sizer.batch_for(worker))
         self.delays.add(worker, delay)
+        if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
+            self._delay_stats[worker] = self.delays.stats(worker)
         self.timeline.append(worker, {
             "time": now, "samples_per_s": w.samples_per_s, "compute_s": h.get("compute_s", 0.0),
             "comm_s": h.get("comm_s", 0.0), "wait_s": h.get("wait_s", 0.0),
-            "batch_size": w.batch_size, **self.delays.stats(worker), "loss": loss,
+            "batch_size": w.batch_size, **self._delay_stats[worker], "loss": loss,
             "slowdown": self.slowdown[worker], "group": self._group_index(worker)})
 
     def eval_result(self, worker: int, h: dict, now: float) -> None:

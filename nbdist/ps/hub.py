@@ -37,7 +37,7 @@ from nbdist.algorithms import make_rule
 from nbdist.algorithms.group import group_lr
 from nbdist.algorithms.server_opt import make_server_optimizer
 from nbdist.errors import ProtocolError
-from nbdist.protocol import Codec, Message
+from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
 from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.coordinator import Coordinator, Plan
@@ -72,6 +72,7 @@ class _WorkerLink:
         self.read_version = 0
         self.grad = shm.floats(segment, offset, size) if segment else None
         self.params = shm.floats(segment, total + offset, size) if segment else None
+        self.send_buffer: np.ndarray | None = None  # TCP: reused buffer for pull replies
 
 
 class Hub:
@@ -160,7 +161,7 @@ class Hub:
                 "dropped": dict(self.dropped)}
 
     def _send(self, ident, header: dict, buffers: list) -> None:
-        self._sock.send_multipart([ident, *self.codec.encode(header, buffers)], copy=False)
+        send_frames(self._sock, [ident, *self.codec.encode(header, buffers)])
 
     def _release_held(self) -> None:
         """Send every held reply whose worker may now go on."""
@@ -215,22 +216,43 @@ class Hub:
                     self._apply_group(step)
             else:
                 delay = self.version - link.read_version
-                self._apply(worker, grad, delay)
+                copied = self._apply(worker, grad, delay, into=self._reply_buffer(link) if h.get("pull") else None)
                 if self.coordinator:
                     self.coordinator.push(worker, h, delay, self.now())
+                    self.coordinator.eval_result(worker, h, self.now())
+                return self._reply_or_hold(worker, ident, pull=bool(h.get("pull")), copied=copied)
         if self.coordinator:
             self.coordinator.eval_result(worker, h, self.now())
         return self._reply_or_hold(worker, ident, pull=bool(h.get("pull")))
 
-    def _apply(self, worker: int, grad: np.ndarray, delay: int, lr: float | None = None) -> None:
-        """One update: the rule on a gradient, or the server optimizer on a local-steps delta."""
+    def _reply_buffer(self, link: _WorkerLink) -> np.ndarray | None:
+        """Where a consistent pull of this worker is written: its shared segment, or a send
+        buffer reused across replies (safe: the worker sends again only after receiving)."""
+        if not self.rule.consistent_reads:
+            return None
+        if link.params is not None:
+            return link.params
+        if link.send_buffer is None:
+            link.send_buffer = np.empty(self.size, dtype=np.float32)
+        return link.send_buffer
+
+    def _apply(self, worker: int, grad: np.ndarray, delay: int, lr: float | None = None,
+               into: np.ndarray | None = None) -> bool:
+        """One update: the rule on a gradient, or the server optimizer on a local-steps delta.
+        With `into`, the new weights are also copied there in the same pass; returns whether
+        that copy was made."""
         lr = self.lr if lr is None else lr
         scale = 1.0 / max(1, delay) if self.spec.plan.staleness_lr else 1.0
         if self.server_opt is not None:  # local steps: `grad` is the delta w_read - w_local
             self.server_opt.apply(self.params, grad, scale)
             self.version += 1
-        elif self.rule.on_push(worker, self.params, grad, lr * scale, delay):
-            self.version += 1
+            return False
+        if into is None:
+            changed = self.rule.on_push(worker, self.params, grad, lr * scale, delay)
+        else:
+            changed = self.rule.push_and_read(worker, self.params, grad, lr * scale, delay, into)
+        self.version += int(changed)
+        return into is not None
 
     def _apply_group(self, step: GroupStep) -> None:
         """A completed group step: its batch-weighted mean at the group's rate, i.e.
@@ -254,16 +276,17 @@ class Hub:
         if steps:
             self._release_held()
 
-    def _reply_or_hold(self, worker: int, ident, pull: bool) -> tuple[dict, list] | None:
+    def _reply_or_hold(self, worker: int, ident, pull: bool, copied: bool = False) -> tuple[dict, list] | None:
         if self.barrier is not None and self.barrier.waiting(worker):
             self.held[worker] = (ident, pull)
             return None
-        answer = self._reply(worker, pull)
+        answer = self._reply(worker, pull, copied)
         if answer is None:
             self.held[worker] = (ident, pull)
         return answer
 
-    def _reply(self, worker: int, pull: bool) -> tuple[dict, list] | None:
+    def _reply(self, worker: int, pull: bool, copied: bool = False) -> tuple[dict, list] | None:
+        """The answer to `worker`; `copied`: its pull buffer already holds the weights."""
         work = self.coordinator.work_for(worker, pull, self.version) if self.coordinator else {}
         if work is None:
             return None
@@ -273,14 +296,13 @@ class Hub:
             link = self.links[worker]
             link.read_version = self.version
             self.rule.on_pull(worker, self.params, self.version)
+            target = self._reply_buffer(link)
+            if target is not None and not copied:
+                np.copyto(target, self.params)
             if link.params is not None:  # same host: parameters go through shared memory
-                if self.rule.consistent_reads:
-                    np.copyto(link.params, self.params)
-                    header["params"] = "shm"
-                else:
-                    header["params"] = "live"  # the worker reads our segment, no lock
+                header["params"] = "shm" if target is not None else "live"  # live: no lock
             else:
-                buffers.append(self.params.copy() if self.rule.consistent_reads else self.params)
+                buffers.append(target if target is not None else self.params)
             if self.coordinator and self.non_trainable.size:
                 buffers.append(self.non_trainable.copy())
         return header, buffers

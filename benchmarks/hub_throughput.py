@@ -1,0 +1,369 @@
+"""Hub throughput: simulated NumPy workers against nbdist hub shards, next to raw pyzmq.
+
+What it measures
+    N worker processes (N = 1, 2, 4, 8, 16) each push a gradient and pull the parameters of a
+    1M-parameter float32 model (4 MB each way) as fast as they can, against 1 and 2 hub shards,
+    each `nbdist.ps.hub.Hub` serving in its own process. Workers are
+    `nbdist.ps.client.WorkerTransport` driven exactly like nbdist/worker.py's training loop
+    (push with header {"chunk", "loss", "compute_s", "comm_s"} using the chunk of the last
+    reply, pull in the same round trip; hubs that hand out "chunks" get {"chunks": [id], ...}),
+    with no TensorFlow and no compute between steps. The
+    hub does its real work per push: verify the signed header, apply SGD, count the chunk,
+    copy out the parameters. Transports: "tcp" (raw frames over loopback TCP) and "auto"
+    (same host: shared memory for the buffers, signed headers over ZeroMQ ipc).
+
+    The baseline, measured in the same run with the same process counts: a raw pyzmq
+    ROUTER/DEALER echo over TCP loopback. One server process per shard receives the client's
+    slice (4 MB / shards) and replies with a slice of the same size, zero-copy (copy=False),
+    doing nothing else; each client sends its slices to every server and waits for all replies.
+
+    Each cell: start the processes, let every worker register and warm up, then count round
+    trips completed inside a common window of --seconds (all workers busy throughout). Every
+    cell is measured --repeats times, raw/tcp/auto back to back within each repeat, so a busy
+    moment of a shared machine hits all three; the table shows medians.
+
+How to read it
+    push/s  = round trips (one push + one pull) per second, summed over all workers;
+    GB/s    = push/s x 8 MB (4 MB gradient in + 4 MB parameters out) / 1e9. For "auto" the
+              bytes go through shared memory, so GB/s there is the equivalent rate;
+    x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell.
+    Targets: tcp >= 0.70 x raw; auto (shared memory) > 1.00 x raw. On a 2-core machine every
+    process shares the same two cores, so beyond 2 workers more workers only add contention.
+
+    python benchmarks/hub_throughput.py            # shards 1,2 x workers 1..16, 3 repeats
+    python benchmarks/hub_throughput.py --quick    # 1 repeat, 1 s cells, workers 1, 4, 16
+    python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import multiprocessing as mp
+import time
+import traceback
+import uuid
+
+import _common  # noqa: F401 - sys.path for a checkout; TF stays unloaded here anyway
+import numpy as np
+import zmq
+from _common import median, table
+
+from nbdist.backends import hub_specs
+from nbdist.protocol import new_key, shard_bounds
+from nbdist.ps.client import HubControl, WorkerTransport
+from nbdist.ps.hub import Hub, HubSpec
+from nbdist.worker import IDLE_POLL_S
+
+MP = mp.get_context("fork")  # children start in milliseconds; the parent holds no zmq context
+                             # while it forks (its only context, for shutdown, is closed first)
+
+
+# -- processes ------------------------------------------------------------------------------
+
+
+def _hub_process(spec: HubSpec, conn) -> None:
+    try:
+        hub = Hub(spec)
+        conn.send(("ok", hub.endpoints))
+        summary = hub.serve()
+        conn.send(("done", summary))
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", traceback.format_exc()))
+
+
+def _nbdist_worker(key, worker, shards, transport, barrier, start_at, seconds, conn) -> None:
+    tr = None
+    try:
+        tr = WorkerTransport(key, worker, shards, 0, transport, timeout=60)
+        tr.grad[:] = 0.0  # the hub's SGD does the same work for any values
+        started: set[int] = set()
+
+        def step(reply):  # the push+pull round trip of nbdist/worker.py's training loop
+            todo = _todo(reply, started)
+            if not todo:  # no work yet (e.g. until every worker said hello): wait cheaply,
+                while not todo:  # then pull, as the worker loop does
+                    time.sleep(IDLE_POLL_S)
+                    reply = tr.step({}, push=False, pull=False)
+                    todo = _todo(reply, started)
+                reply = tr.step({}, push=False, pull=True)
+            chunk_id = todo[0][0]
+            started.add(chunk_id)
+            header = {"loss": 0.0, "compute_s": 0.0, "comm_s": 0.0}
+            if "chunks" in reply:  # newer hubs: several chunks per reply, "chunks" in pushes
+                header.update(chunks=[chunk_id], wait_s=0.0)
+            else:
+                header["chunk"] = chunk_id
+            return tr.step(header, push=True, pull=True)
+
+        reply = tr.hello()
+        for _ in range(3):
+            reply = step(reply)
+        barrier.wait(120)
+        count = _timed_loop(step, reply, start_at.value, seconds)
+        conn.send(("ok", count))
+        tr.bye()
+    except BaseException:  # noqa: BLE001 - reported to the parent
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        if tr is not None:
+            tr.close()
+
+
+def _todo(reply: dict, started: set[int]) -> list:
+    """Chunks the hub handed this worker that it has not trained on yet."""
+    if "chunks" in reply:
+        chunks = reply["chunks"] or []
+    else:
+        chunks = [reply["chunk"]] if reply.get("chunk") is not None else []
+    return [c for c in chunks if c[0] not in started]
+
+
+def _hub_base(key: bytes, params: np.ndarray, shards: int, workers: int) -> HubSpec:
+    """Shard 0's spec for an endless run (never out of chunks), for this nbdist's HubSpec."""
+    common = {"run_id": uuid.uuid4().hex[:12], "key": key, "shard": 0, "num_shards": shards,
+              "params": params, "non_trainable": np.zeros(0, np.float32),
+              "bind_host": "127.0.0.1", "idle_timeout": 60.0}
+    run = {"num_workers": workers, "num_samples": 10**15, "epochs": 1, "batch_size": 64,
+           "lr": 1e-3, "has_validation": False, "algorithm": "asgd"}
+    if "plan" in {f.name for f in dataclasses.fields(HubSpec)}:  # newer hubs: a coordinator Plan
+        from nbdist.ps.coordinator import Plan
+
+        return HubSpec(**common, plan=Plan(**run))
+    return HubSpec(**common, **run)
+
+
+def _timed_loop(step, state, start: float, seconds: float) -> int:
+    """Step until start + seconds; count the steps that completed inside the window."""
+    end, count = start + seconds, 0
+    while True:
+        state = step(state)
+        now = time.monotonic()
+        if now >= end:
+            return count
+        if now >= start:
+            count += 1
+
+
+def _raw_server(slice_bytes: int, stop, conn) -> None:
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.setsockopt(zmq.LINGER, 0)
+    try:
+        port = sock.bind_to_random_port("tcp://127.0.0.1")
+        reply = np.zeros(slice_bytes // 4, dtype=np.float32)
+        conn.send(("ok", port))
+        while not stop.is_set():
+            if sock.poll(100):
+                frames = sock.recv_multipart(copy=False)
+                sock.send_multipart([frames[0], reply], copy=False)
+    except BaseException:  # noqa: BLE001
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def _raw_client(ports, slice_bytes, barrier, start_at, seconds, conn) -> None:
+    ctx = zmq.Context()
+    socks = []
+    try:
+        for port in ports:
+            s = ctx.socket(zmq.DEALER)
+            s.setsockopt(zmq.LINGER, 0)
+            s.connect(f"tcp://127.0.0.1:{port}")
+            socks.append(s)
+        payload = np.ones(slice_bytes // 4, dtype=np.float32)
+
+        def step(_):
+            for s in socks:
+                s.send(payload, copy=False)
+            for s in socks:
+                s.recv(copy=False)
+
+        for _ in range(3):
+            step(None)
+        barrier.wait(120)
+        conn.send(("ok", _timed_loop(step, None, start_at.value, seconds)))
+    except BaseException:  # noqa: BLE001
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        for s in socks:
+            s.close(0)
+        ctx.term()
+
+
+# -- one cell -------------------------------------------------------------------------------
+
+
+class _Procs:
+    """Processes of one cell; `stop()` ends every one that is still alive."""
+
+    def __init__(self):
+        self.items: list[mp.Process] = []
+
+    def start(self, target, *args):
+        parent, child = MP.Pipe()
+        p = MP.Process(target=target, args=(*args, child), daemon=True)
+        p.start()
+        child.close()
+        self.items.append(p)
+        return parent
+
+    def stop(self, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        for p in self.items:
+            p.join(max(0.0, deadline - time.monotonic()))
+        for p in self.items:
+            if p.is_alive():
+                p.terminate()
+                p.join(5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+
+
+def _recv(conn, what: str, timeout: float = 90.0):
+    if not conn.poll(timeout):
+        raise RuntimeError(f"{what}: no answer within {timeout:.0f}s")
+    status, value = conn.recv()
+    if status == "error":
+        raise RuntimeError(f"{what} failed:\n{value}")
+    return value
+
+
+def _run_window(conns, barrier, start_at, seconds: float) -> int:
+    """Release the workers into a common measurement window; total round trips in it."""
+    deadline = time.monotonic() + 90
+    while barrier.n_waiting < len(conns):  # every worker registered and warmed up
+        for c in conns:
+            if c.poll():  # a worker that answers before the barrier has failed
+                barrier.abort()
+                _recv(c, "worker")
+                raise RuntimeError("a worker left before the measurement window")
+        if time.monotonic() > deadline:
+            barrier.abort()
+            raise RuntimeError("workers did not get ready within 90s")
+        time.sleep(0.01)
+    start_at.value = time.monotonic() + 0.25 + 0.02 * len(conns)  # all released by then
+    barrier.wait(30)
+    return sum(_recv(c, "worker", seconds + 60) for c in conns)
+
+
+def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float) -> dict:
+    key = new_key()
+    params = np.zeros(size, dtype=np.float32)
+    base = _hub_base(key, params, shards, workers)
+    hubs, crew, endpoints = _Procs(), _Procs(), []
+    try:
+        hub_conns = [hubs.start(_hub_process, s) for s in hub_specs(base, params, shards)]
+        endpoints = [_recv(c, f"hub shard {i}") for i, c in enumerate(hub_conns)]
+        barrier, start_at = MP.Barrier(workers + 1), MP.Value("d", 0.0)
+        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, barrier, start_at,
+                            seconds) for w in range(workers)]
+        count = _run_window(conns, barrier, start_at, seconds)
+        crew.stop(timeout=30)  # workers say bye and leave before the hubs shut down
+        _shutdown(key, endpoints)
+        endpoints = []
+        summaries = [_recv(c, f"hub shard {i}", 15) for i, c in enumerate(hub_conns)]
+        for s in summaries:
+            if s["error"] or s["dropped"]:
+                raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
+        return {"rate": count / seconds}
+    finally:
+        crew.stop()
+        if endpoints:  # failed or interrupted: let the hubs close (unlink segments, sockets)
+            _shutdown(key, endpoints, timeout=2.0)
+        hubs.stop()
+
+
+def _shutdown(key: bytes, endpoints: list[dict], timeout: float = 10.0) -> None:
+    control = HubControl(key, endpoints, timeout=timeout)
+    try:
+        control.shutdown()
+    finally:
+        control.close()  # the parent holds no zmq context when it forks the next cell
+
+
+def raw_cell(size: int, shards: int, workers: int, seconds: float) -> dict:
+    slices = [4 * (hi - lo) for lo, hi in shard_bounds(size, shards)]
+    procs, stop = _Procs(), MP.Event()
+    try:
+        server_conns = [procs.start(_raw_server, b, stop) for b in slices]
+        ports = [_recv(c, "raw server") for c in server_conns]
+        barrier, start_at = MP.Barrier(workers + 1), MP.Value("d", 0.0)
+        # every client sends the same slice sizes as an nbdist worker does to the shards
+        conns = [procs.start(_raw_client, ports, slices[0], barrier, start_at, seconds)
+                 for _ in range(workers)]
+        count = _run_window(conns, barrier, start_at, seconds)
+        return {"rate": count / seconds}
+    finally:
+        stop.set()
+        procs.stop()
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s cells, workers 1, 4, 16")
+    parser.add_argument("--seconds", type=float, default=None, help="window per cell (default 1.5)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--workers", type=int, nargs="+", default=None)
+    parser.add_argument("--shards", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--transport", choices=["tcp", "auto", "both"], default="both")
+    parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
+    args = parser.parse_args()
+    seconds = args.seconds or (1.0 if args.quick else 1.5)
+    repeats = args.repeats or (1 if args.quick else 3)
+    workers = args.workers or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16])
+    transports = ["tcp", "auto"] if args.transport == "both" else [args.transport]
+    sides = ["raw", *transports]
+    gb_per_rt = 2 * 4 * args.size / 1e9
+    print(f"hub throughput: {args.size:,} float32 parameters ({4 * args.size / 1e6:.1f} MB each "
+          f"way), shards {args.shards}, workers {workers}, {seconds:g} s per cell, {repeats} "
+          f"interleaved repeat(s), loopback only", flush=True)
+
+    t0 = time.monotonic()
+    cells = [(s, n) for s in args.shards for n in workers]
+    rates: dict[tuple[int, int, str], list[float]] = {(s, n, t): [] for s, n in cells for t in sides}
+    for rep in range(repeats):
+        for shards, n in cells:  # raw and nbdist back to back: a noisy moment hits all sides
+            for side in sides:
+                if side == "raw":
+                    rate = raw_cell(args.size, shards, n, seconds)["rate"]
+                else:
+                    rate = nbdist_cell(args.size, shards, n, side, seconds)["rate"]
+                rates[(shards, n, side)].append(rate)
+            print(f"  [{rep + 1}/{repeats}] shards {shards} workers {n:>2}: "
+                  + ", ".join(f"{t} {rates[(shards, n, t)][-1]:,.0f}" for t in sides) + " push/s",
+                  flush=True)
+
+    headers = ["shards", "workers", "raw push/s", "raw GB/s"]
+    for t in transports:
+        name = "auto(shm)" if t == "auto" else t
+        headers += [f"{name} push/s", f"{name} GB/s", f"{name} x raw"]
+    rows = []
+    for shards, n in cells:
+        raw = median(rates[(shards, n, "raw")])
+        row: list[object] = [shards, n, raw, raw * gb_per_rt]
+        for t in transports:
+            rate = median(rates[(shards, n, t)])
+            row += [rate, rate * gb_per_rt, rate / raw]
+        rows.append(row)
+    print()
+    print(f"medians of {repeats} repeat(s); push/s = push+pull round trips per second, all workers")
+    print(table(headers, rows))
+    parts = []
+    if "tcp" in transports:
+        ok = sum(r[headers.index("tcp x raw")] >= 0.70 for r in rows)
+        parts.append(f"tcp >= 0.70 x raw in {ok}/{len(rows)} cells")
+    if "auto" in transports:
+        ok = sum(r[headers.index("auto(shm) x raw")] > 1.0 for r in rows)
+        parts.append(f"auto > 1.00 x raw in {ok}/{len(rows)} cells")
+    print(f"targets: {'; '.join(parts)}. total time {time.monotonic() - t0:.0f}s")
+
+
+if __name__ == "__main__":
+    main()

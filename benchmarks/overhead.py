@@ -1,0 +1,356 @@
+"""nbdist's overhead against plain `model.fit`, one worker, same thread budget.
+
+What it measures
+    The 784-256-256-10 MLP (relu, softmax, SGD 0.05, sparse categorical crossentropy) on
+    Fashion-MNIST, trained two ways at batch 64 and 256:
+      model.fit      in a child process of this script (TensorFlow loaded once, idle while
+                     nbdist runs, so the two sides never compete for cores);
+      nbdist async   `nbdist.train(cell, cluster=Cluster.start(2), workers=1)`: one hub engine
+                     plus one worker engine on this machine, with transport "auto" (shared
+                     memory; only signed headers cross ZeroMQ) and "tcp" (raw frames).
+    Both sides get the same TensorFlow thread budget T: nbdist's ClusterBackend gives each worker
+    max(1, cpu_count // workers_on_host) intra-op threads (and min(T, 2) inter-op threads), and
+    the fit child sets exactly the same through `nbdist.worker.configure_tensorflow`.
+
+    Only steady state counts. For fit: one warm-up fit (tracing), then a timed fit whose batch
+    end times are recorded; the rate is taken over the middle of that fit (batches 10%..95%).
+    For nbdist: the same middle window of the run, located with `run.nodes` snapshots (steps,
+    samples, compute_s, comm_s) and `run.history` (time of each push), so start-up (engine
+    TensorFlow import, running the cell, tf.function tracing) is excluded. Each measurement is
+    repeated (--repeats, interleaved fit/nbdist so slow phases of a noisy machine hit both) and
+    the median is reported; "range" shows min-max over repeats.
+
+How to read it
+    ratio = nbdist samples/s / model.fit samples/s at the same batch size (1.00 = no overhead).
+    Targets: >= 0.95 at batch 256, >= 0.85 at batch 64. The per-step breakdown below the table
+    splits nbdist's wall time per step into the worker's compute (gradient tf.function, as the
+    worker reports it), comm (everything from "gradient ready" to "new parameters assigned":
+    copy into the transport buffer, the push/pull round trip including the hub's update, and
+    the TensorFlow assign of the pulled parameters) and other (the rest of the worker loop:
+    batch gather, header, bookkeeping). The isolated costs of the flat-model gradient and
+    assign functions, measured in the fit child with the same threads, help split comm.
+
+    python benchmarks/overhead.py                 # both transports, batch 64 and 256, 3 repeats
+    python benchmarks/overhead.py --quick         # 1 repeat, shorter runs
+    python benchmarks/overhead.py --transport tcp --batch 256
+    python benchmarks/overhead.py --option algorithm=hogwild   # any nbdist.train option
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import _common  # noqa: F401 - sets TF_CPP_MIN_LOG_LEVEL and sys.path before nbdist loads
+from _common import median, spread, table
+
+MODEL_CODE = '''
+import keras
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), _ = load_fashion_mnist()
+x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+'''
+CELL = MODEL_CODE  # what nbdist trains: the same code, no x_test (no validation pauses)
+RESULT = "@@result "
+WINDOW = (0.10, 0.95)  # the part of each run that counts as steady state
+TARGETS = {64: 0.85, 256: 0.95}
+
+
+def thread_budget(workers_on_host: int = 1) -> int:
+    """What nbdist's ClusterBackend gives each worker engine (nbdist/backends.py)."""
+    return max(1, (os.cpu_count() or 1) // workers_on_host)
+
+
+# -- model.fit side (child process) -----------------------------------------------------------
+
+
+def fit_server(threads: int) -> None:
+    """Child: load TensorFlow once, then answer one JSON request per stdin line."""
+    from nbdist.worker import configure_tensorflow
+
+    configure_tensorflow(threads, 0)  # exactly what a worker engine does
+    import tensorflow as tf
+
+    info = {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
+            "inter": tf.config.threading.get_inter_op_parallelism_threads()}
+    print(RESULT + json.dumps({"ready": True, **info}), flush=True)
+    for line in sys.stdin:
+        request = json.loads(line)
+        print(RESULT + json.dumps(measure_fit(**request)), flush=True)
+
+
+def measure_fit(batch: int, epochs: int) -> dict:
+    import keras
+    import numpy as np
+
+    ns: dict = {}
+    exec(compile(MODEL_CODE, "<cell>", "exec"), ns)  # noqa: S102 - our own code
+    model, x, y = ns["model"], ns["x_train"], ns["y_train"]
+    n = len(x)
+    model.fit(x[:batch * 20], y[:batch * 20], batch_size=batch, epochs=1, verbose=0)  # trace
+
+    stamps: list[float] = []
+
+    class Stamp(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch, logs=None):
+            stamps.append(time.perf_counter())
+
+    t0 = time.perf_counter()
+    model.fit(x, y, batch_size=batch, epochs=epochs, verbose=0, shuffle=True, callbacks=[Stamp()])
+    wall = time.perf_counter() - t0
+    per_epoch = math.ceil(n / batch)
+    sizes = [min(batch, n - (i % per_epoch) * batch) for i in range(len(stamps))]
+    i0, i1 = int(WINDOW[0] * len(stamps)), int(WINDOW[1] * len(stamps)) - 1
+    rate = sum(sizes[i0 + 1:i1 + 1]) / (stamps[i1] - stamps[i0])
+
+    # The worker's two per-step TensorFlow calls, in isolation, same threads.
+    from nbdist.flatmodel import FlatModel, read_flat
+
+    flat = FlatModel(model)
+    params, nt = read_flat(model)
+    rng = np.random.default_rng(0)
+    idx = [np.sort(rng.choice(n, batch, replace=False)) for _ in range(8)]
+    for i in range(5):
+        flat.gradients(x[idx[i % 8]], y[idx[i % 8]])
+        flat.assign(params, nt)
+    reps = 60
+    t0 = time.perf_counter()
+    for i in range(reps):
+        flat.gradients(x[idx[i % 8]], y[idx[i % 8]])
+    grad_s = (time.perf_counter() - t0) / reps
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        flat.assign(params, nt)
+    assign_s = (time.perf_counter() - t0) / reps
+    return {"rate": rate, "whole_rate": epochs * n / wall, "steps": len(stamps),
+            "grad_s": grad_s, "assign_s": assign_s, "params": int(params.size)}
+
+
+class FitChild:
+    """The model.fit process: started once, idle (blocked on stdin) while nbdist runs."""
+
+    def __init__(self, threads: int):
+        self.proc = subprocess.Popen(
+            [sys.executable, os.path.abspath(__file__), "--fit-server", "--threads", str(threads)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
+        self.info = self._read()
+
+    def fit(self, batch: int, epochs: int) -> dict:
+        self.proc.stdin.write(json.dumps({"batch": batch, "epochs": epochs}) + "\n")
+        self.proc.stdin.flush()
+        return self._read()
+
+    def _read(self) -> dict:
+        for line in self.proc.stdout:
+            if line.startswith(RESULT):
+                return json.loads(line[len(RESULT):])
+        raise RuntimeError(f"the model.fit child exited (code {self.proc.wait()})")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+# -- nbdist side ----------------------------------------------------------------------------
+
+
+def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: dict) -> dict:
+    import nbdist
+
+    n = 60000
+    total = epochs * math.ceil(n / batch)
+    t_call = time.monotonic()
+    run = nbdist.train(CELL, cluster=cluster, namespace={}, workers=1, servers=1, epochs=epochs,
+                       batch_size=batch, transport=transport, no_validation=True, timeout=120,
+                       **options)
+    first_push = None
+    a = b = None  # node rows at the start and end of the steady-state window
+    try:
+        while not run.done:
+            nodes = run.nodes
+            if len(nodes):
+                row = nodes.iloc[0].to_dict()
+                steps = int(row["steps"])
+                if first_push is None and steps >= 1:
+                    first_push = time.monotonic() - t_call
+                if a is None and steps >= WINDOW[0] * total:
+                    a = row
+                elif a is not None and steps <= WINDOW[1] * total:
+                    b = row
+            time.sleep(0.05)
+        run.wait()
+    except BaseException:
+        if not run.done:
+            run.stop()
+            run.wait(60)
+        raise
+    end_to_end = time.monotonic() - t_call
+    hist = run.history
+    nodes = run.nodes.iloc[0].to_dict()
+    if a is None or b is None or b["steps"] <= a["steps"]:
+        raise RuntimeError(f"run too short to find a steady-state window ({total} steps); "
+                           "raise --steps")
+    hist = hist.dropna(subset=["step", "time"])
+    t_of = dict(zip(hist["step"].astype(int), hist["time"], strict=True))
+    if int(a["steps"]) not in t_of or int(b["steps"]) not in t_of:
+        raise RuntimeError("run.history has no row per push (metrics off?); the steady-state "
+                           "window needs the push times")
+    steps = int(b["steps"] - a["steps"])
+    wall = t_of[int(b["steps"])] - t_of[int(a["steps"])]
+    return {
+        "rate": (b["samples"] - a["samples"]) / wall,
+        "wall_step": wall / steps,
+        "compute_step": (b["compute_s"] - a["compute_s"]) / steps,
+        "comm_step": (b["comm_s"] - a["comm_s"]) / steps,
+        "window_steps": steps,
+        "total_steps": int(nodes["steps"]),
+        "first_push_s": first_push,
+        "end_to_end_s": end_to_end,
+        "delay_max": int(nodes["delay_max"]),
+    }
+
+
+def worker_threads(cluster) -> tuple[int, int]:
+    """Ask the worker engine how many threads TensorFlow actually uses there."""
+
+    def probe():
+        import tensorflow as tf
+
+        return (tf.config.threading.get_intra_op_parallelism_threads(),
+                tf.config.threading.get_inter_op_parallelism_threads())
+
+    return tuple(cluster.client[cluster.engine_ids[-1]].apply_sync(probe))
+
+
+# -- main -----------------------------------------------------------------------------------
+
+
+def _parse_option(text: str) -> tuple[str, object]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.isidentifier():
+        raise SystemExit(f"--option expects KEY=VALUE (Received: {text!r})")
+    try:
+        return key, ast.literal_eval(value)
+    except (ValueError, SyntaxError):
+        return key, value
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
+    parser.add_argument("--transport", choices=["auto", "tcp", "both"], default="both")
+    parser.add_argument("--batch", type=int, nargs="+", default=[64, 256])
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="about this many steps per run (default 1000, 500 with --quick)")
+    parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra nbdist.train option, e.g. --option algorithm=hogwild "
+                             "(values are Python literals or strings; repeatable)")
+    parser.add_argument("--fit-server", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.fit_server:
+        fit_server(args.threads)
+        return
+
+    options = dict(_parse_option(o) for o in args.option)
+    repeats = args.repeats or (1 if args.quick else 3)
+    target_steps = args.steps or (500 if args.quick else 1000)
+    transports = ["auto", "tcp"] if args.transport == "both" else [args.transport]
+    threads = thread_budget()
+    epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
+    print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
+          f"transports {transports}, {repeats} repeat(s), epochs per run {epochs}"
+          + (f", options {options}" if options else ""), flush=True)
+
+    fits: dict[int, list[dict]] = {b: [] for b in args.batch}
+    runs: dict[tuple[int, str], list[dict]] = {(b, t): [] for b in args.batch for t in transports}
+    child = cluster = None
+    t_start = time.monotonic()
+    try:
+        child = FitChild(threads)
+        import nbdist
+
+        cluster = nbdist.Cluster.start(2)
+        for rep in range(repeats):
+            for b in args.batch:
+                f = child.fit(b, epochs[b])
+                fits[b].append(f)
+                print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit        "
+                      f"{f['rate']:>9,.0f} samples/s", flush=True)
+                for t in transports:
+                    r = measure_nbdist(cluster, b, epochs[b], t, options)
+                    runs[(b, t)].append(r)
+                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}      "
+                          f"{r['rate']:>9,.0f} samples/s  (first push after "
+                          f"{r['first_push_s']:.1f}s)", flush=True)
+        engine_threads = worker_threads(cluster)
+    finally:
+        if child is not None:
+            child.close()
+        if cluster is not None:
+            cluster.stop()
+
+    rows = []
+    for b in args.batch:
+        base = median([f["rate"] for f in fits[b]])
+        rows.append([b, "model.fit", base, spread([f["rate"] for f in fits[b]]), 1.0, ""])
+        for t in transports:
+            rates = [r["rate"] for r in runs[(b, t)]]
+            ratio = median(rates) / base
+            target = TARGETS.get(b)
+            verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
+            rows.append([b, f"nbdist {t}" + (" (shm)" if t == "auto" else ""), median(rates),
+                         spread(rates), ratio, verdict])
+    print()
+    print(f"Thread budget: TensorFlow intra-op {threads}, inter-op {min(threads, 2)} on both sides "
+          f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
+          f"{engine_threads[0]}/{engine_threads[1]}); {os.cpu_count()} CPUs. Steady state = "
+          f"steps {WINDOW[0]:.0%}..{WINDOW[1]:.0%} of each run; medians of {repeats} repeat(s).")
+    print(table(["batch", "side", "samples/s", "range", "ratio to fit", "target"], rows))
+
+    print("\nPer-step time of nbdist (ms, medians over repeats, steady-state window):")
+    brows, overlapped = [], False
+    for b in args.batch:
+        fit_step = b / median([f["rate"] for f in fits[b]]) * 1e3
+        grad = median([f["grad_s"] for f in fits[b]]) * 1e3
+        assign = median([f["assign_s"] for f in fits[b]]) * 1e3
+        for t in transports:
+            rs = runs[(b, t)]
+            wall, comp, comm = (median([r[k] for r in rs]) * 1e3
+                                for k in ("wall_step", "compute_step", "comm_step"))
+            other = wall - comp - comm
+            if other < -0.05 * wall:  # comm ran during compute (overlap): no serial split
+                other, overlapped = float("nan"), True
+            brows.append([b, t, wall, comp, comm, comm - assign, other, fit_step,
+                          grad, assign, median([r["first_push_s"] for r in rs])])
+    print(table(["batch", "transport", "wall", "compute", "comm", "comm-assign", "other",
+                 "fit step", "iso grad", "iso assign", "start-up s"], brows))
+    print("  wall = steady-state time per push; compute/comm = the worker's own timings (run.nodes);\n"
+          "  comm-assign = comm minus the isolated flat-model assign (round trip + hub update +\n"
+          "  copies); other = wall - compute - comm (batch gather, loop); fit step = model.fit's\n"
+          "  time per step; iso grad/assign = FlatModel.gradients/assign alone, same threads;\n"
+          "  start-up = nbdist.train() call until the first push was seen.")
+    if overlapped:
+        print("  other = n/a: compute + comm exceed wall, so communication overlapped compute\n"
+              "  (e.g. --option overlap=True); comm is then send-to-receive time, not extra time.")
+    print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s")
+
+
+if __name__ == "__main__":
+    main()
