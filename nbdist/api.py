@@ -42,7 +42,6 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     from nbdist.backends import ClusterBackend, LocalBackend, hub_specs
     from nbdist.flatmodel import layout, read_flat
     from nbdist.ps.client import HubControl
-    from nbdist.ps.coordinator import Plan
     from nbdist.ps.hub import HubSpec
     from nbdist.worker import WorkerSpec
 
@@ -57,28 +56,8 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         backend = ClusterBackend(cluster, config.servers, config.workers)
     params, non_trainable = read_flat(model)
     lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
-    num_workers = backend.num_workers
-    if config.slowdown is not None and len(config.slowdown) != num_workers:
-        raise ConfigError(
-            f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
-            f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
-        )
-    algorithm = config.algorithm.value
-    options = config.rule_options()
-    easgd_alpha = 0.0
-    if config.algorithm is Algorithm.EASGD:
-        from nbdist.algorithms import make_rule
-
-        easgd_alpha = float(make_rule(algorithm, 0, num_workers, options).options["alpha"])
-    plan = Plan(
-        num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
-        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
-        algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
-        groups=int(options.get("num_groups", 0)),
-        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
-        dbs=config.dbs, batch_min=config.batch_min or 1, batch_max=config.batch_max,
-        slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
-        metrics=config.metrics.value)
+    plan, options, easgd_alpha = _plan(config, contents, lr, backend.num_workers)
+    algorithm = plan.algorithm
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     local = config.local_steps > 1 and algorithm != "easgd"
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=plan,
@@ -115,3 +94,31 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     if wait:
         run.wait()
     return run
+
+
+def _plan(config: TrainConfig, contents, lr: float, num_workers: int):
+    """The coordinator's plan, the rule's options and EASGD's alpha for this run."""
+    from nbdist.ps.coordinator import Plan
+
+    if config.slowdown is not None and len(config.slowdown) != num_workers:
+        raise ConfigError(
+            f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
+            f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
+        )
+    algorithm = config.algorithm.value
+    options = config.rule_options()
+    easgd_alpha = 0.0
+    if config.algorithm is Algorithm.EASGD:
+        from nbdist.algorithms import make_rule
+
+        easgd_alpha = float(make_rule(algorithm, 0, num_workers, options).options["alpha"])
+    plan = Plan(
+        num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
+        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
+        algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
+        groups=int(options.get("num_groups", 0)),
+        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
+        dbs=config.dbs, batch_min=config.batch_min or 1, batch_max=config.batch_max,
+        slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
+        metrics=config.metrics.value)
+    return plan, options, easgd_alpha

@@ -56,12 +56,31 @@ class SyncSpec(WorkerSpec):
     env: dict | None = None  # HOROVOD_* variables for this rank
 
 
+MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
+
+
+def mpi_rank_variable() -> str | None:
+    """The MPI rank variable of this engine's environment, if it was started as an MPI rank."""
+    return next((v for v in MPI_RANK_VARIABLES if v in os.environ), None)
+
+
 class SyncBackend(ClusterBackend):
     """Horovod ranks on worker engines; rendezvous and the metrics hub in this kernel."""
 
     def __init__(self, cluster, num_workers: int | None):
         require_horovod()
         super().__init__(cluster, num_servers=0, num_workers=num_workers)
+        mpi = [v for v in cluster.client[list(self.roles.workers)].apply_sync(mpi_rank_variable) if v]
+        if mpi:
+            import horovod.tensorflow as hvd
+
+            built = "with" if hvd.mpi_built() else "without"
+            raise DependencyError(
+                f"The engines were started as MPI ranks ({mpi[0]} is set), so Horovod should use "
+                f"its MPI controller, but this Horovod was built {built} MPI and nbdist drives "
+                "Horovod through its Gloo rendezvous only. Start the engines without MPI "
+                "(ipcluster start --engines=local, or the Slurm launcher), or use --mode async."
+            )
         self._rendezvous = None
         self._local_hub = None
         self.results: dict[int, dict] = {}

@@ -97,7 +97,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     flat = FlatModel(model)
     # Trace the compiled step now, before saying hello, so every worker starts training at
     # the same moment; hello's pull then overwrites whatever this step changed.
-    flat.gradients(x[: spec.batch_size], y[: spec.batch_size])
+    flat.assign_and_gradients(*flat.read(), x[: spec.batch_size], y[: spec.batch_size])
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
                                 spec.transport, spec.timeout, spec.engine)
     try:

@@ -240,3 +240,34 @@ def test_invalid_sizer_settings_are_errors():
         BatchSizer(num_workers=2, base_batch=8, ema=0.0)
     with pytest.raises(ConfigError, match="Unknown worker 5"):
         BatchSizer(num_workers=2, base_batch=8).observe(5, 1, 1.0)
+
+
+def test_equal_time_allocation_with_per_step_overhead_by_hand():
+    """T = c + s·b: fast workers c = 1 ms, 30k samples/s; the slow one 3x both. B = 192:
+    T* = (192 + 30 + 30 + 30) / (30000 + 30000 + 10000) s = 4.0286 ms,
+    b_fast = 3.0286 ms x 30/ms = 90.86, b_slow = 1.0286 ms x 10/ms = 10.29 -> [91, 91, 10]."""
+    from nbdist.ps.dbs import allocate, equal_time_weights
+
+    weights = equal_time_weights([(0.001, 1 / 30000), (0.001, 1 / 30000), (0.003, 1 / 10000)], 192)
+    assert allocate(weights, 192) == [91, 91, 10]
+
+
+def test_slow_worker_does_not_collapse_when_overhead_dominates():
+    """A fixed cost per step makes samples/s fall with the batch; proportional allocation on
+    samples/s would then shrink the slow worker's batch every rebalance. The fitted time model
+    settles where step times are equal instead."""
+    s = BatchSizer(num_workers=3, base_batch=64, rebalance_every=3)
+
+    def step_time(worker, batch):
+        c, per_sample = 0.001, 1 / 30000
+        return (3 if worker == 2 else 1) * (c + per_sample * batch)
+
+    for _ in range(60):  # a simulated run: each worker pushes at its current batch
+        for w in range(3):
+            b = s.batch_for(w)
+            s.observe(w, b, step_time(w, b))
+            s.maybe_rebalance()
+    times = [step_time(w, s.batch_for(w)) for w in range(3)]
+    assert sum(s.batches) == 192
+    assert s.batch_for(2) >= 8  # did not collapse to b_min = 1
+    assert max(times) / min(times) < 1.15  # iteration times equalised

@@ -21,6 +21,7 @@ from nbdist.ps.stats import RunStats
 from nbdist.ps.timeline import DelayWindow, Timeline
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
+DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
 DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (a percentile
                         # per push would cost more than the rest of the hub's bookkeeping)
 
@@ -61,7 +62,7 @@ class Coordinator:
         self._delay_stats: dict[int, dict] = {}
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
-                                policy="dbs" if plan.dbs else "fixed")
+                                policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
         self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
         self.lr = plan.lr
         self.paused = False

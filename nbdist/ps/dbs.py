@@ -13,6 +13,7 @@ Pure standard library: the split is computed on `fractions.Fraction`, so it is e
 from __future__ import annotations
 
 import math
+from collections import deque
 from collections.abc import Sequence
 from fractions import Fraction
 
@@ -105,11 +106,63 @@ def allocate(speeds: Sequence[float | None], total: int, b_min: int = 1,
     return sizes
 
 
+STEP_HISTORY = 32  # recent (batch, step time) pairs per worker used to fit its time model
+
+
+def fit_step_time(points: Sequence[tuple[int, float]]) -> tuple[float, float] | None:
+    """Fit a worker's step time as `T(b) = c + s·b` (fixed overhead c, seconds per sample s).
+
+    Least squares once the recent batches differ enough to tell c from s; None when they do
+    not (one batch size seen) or the fit is not physical (negative c or s): then the caller
+    uses the moving-average samples/s, i.e. c = 0.
+
+    Example:
+        >>> fit_step_time([(10, 0.002), (30, 0.004)])
+        (0.001, 0.0001)
+        >>> fit_step_time([(10, 0.002), (10, 0.003)]) is None
+        True
+    """
+    if len(points) < 2:
+        return None
+    b = [float(p[0]) for p in points]
+    t = [float(p[1]) for p in points]
+    mb, mt = sum(b) / len(b), sum(t) / len(t)
+    spread = sum((x - mb) ** 2 for x in b)
+    if spread <= (0.1 * mb) ** 2 * len(b):
+        return None
+    slope = sum((x - mb) * (y - mt) for x, y in zip(b, t, strict=True)) / spread
+    intercept = mt - slope * mb
+    if slope <= 0 or intercept < 0:
+        return None
+    return round(intercept, 12), round(slope, 12)
+
+
+def equal_time_weights(fits: Sequence[tuple[float, float]], total: int) -> list[float]:
+    """Batch weights that give every worker the same predicted step time T*.
+
+    With `T_i(b) = c_i + s_i b` and `Σ b_i = total`: `T* = (total + Σ c_i/s_i) / Σ 1/s_i`
+    and `b_i = (T* − c_i) / s_i`. With every c_i = 0 this is `b_i ∝ 1/s_i`, the proportional
+    rule of DBS-SGD; the overhead term is nbdist's addition, because on small models the fixed
+    cost per step dominates and samples/s then falls with the batch itself, which would let a
+    slow worker's batch shrink step after step to the minimum. A worker too slow to finish
+    even an empty batch by T* gets a tiny weight (then `allocate` gives it b_min).
+
+    Example:
+        >>> [round(w, 1) for w in equal_time_weights([(0.001, 1 / 30000)] * 2 + [(0.003, 1 / 10000)], 192)]
+        [90.9, 90.9, 10.3]
+    """
+    t_star = (total + sum(c / s for c, s in fits)) / sum(1 / s for _, s in fits)
+    return [max((t_star - c) / s, 1e-6) for c, s in fits]
+
+
 class BatchSizer:
     """The hub's per-worker batch sizes under DBS-SGD (or fixed), kept summing to the global batch.
 
-    `observe` after each step feeds a moving average of compute-only samples/s; `maybe_rebalance`
-    after each push re-splits B = active workers · base_batch every `rebalance_every` pushes
+    `observe` after each step feeds a moving average of compute-only samples/s (shown to the
+    user) and a short history of (batch, step time) from which each worker's time model
+    `T = c + s·b` is fitted (`fit_step_time`); `maybe_rebalance` after each push re-splits
+    B = active workers · base_batch so predicted step times are equal (`equal_time_weights`),
+    every `rebalance_every` pushes
     (counted over all workers). Hysteresis is all-or-nothing so Σ b_i stays B: the new split
     is adopted whole if any worker's batch moves by more than `hysteresis` of its current
     size, otherwise the old split is kept whole (adopting only the big movers would break
@@ -127,7 +180,7 @@ class BatchSizer:
 
     def __init__(self, num_workers: int, base_batch: int, b_min: int = 1, b_max: int | None = None,
                  ema: float = 0.2, rebalance_every: int = 10, hysteresis: float = 0.10,
-                 policy: str = "dbs") -> None:
+                 policy: str = "dbs", warmup: int = 0) -> None:
         if num_workers < 1 or base_batch < 1:
             raise ConfigError(f"BatchSizer needs num_workers >= 1 and base_batch >= 1. Received: "
                               f"num_workers={num_workers}, base_batch={base_batch}.")
@@ -144,6 +197,9 @@ class BatchSizer:
         self.b_min, self.b_max = b_min, b_max
         self.ema, self.rebalance_every, self.hysteresis = ema, rebalance_every, hysteresis
         self._speeds = [0.0] * num_workers
+        self._steps: list[deque[tuple[int, float]]] = [deque(maxlen=STEP_HISTORY) for _ in range(num_workers)]
+        self._seen = [0] * num_workers
+        self.warmup = warmup  # first steps per worker not measured (cold caches, first calls)
         self._batches = [base_batch] * num_workers
         self._active = list(range(num_workers))
         self._pushes = 0
@@ -183,7 +239,11 @@ class BatchSizer:
         self._check(worker)
         if samples <= 0 or compute_s <= 0 or worker not in self._active:
             return
+        self._seen[worker] += 1
+        if self._seen[worker] <= self.warmup:
+            return
         rate = samples / compute_s
+        self._steps[worker].append((samples, compute_s))
         old = self._speeds[worker]
         self._speeds[worker] = rate if old == 0 else (1 - self.ema) * old + self.ema * rate
 
@@ -201,16 +261,22 @@ class BatchSizer:
         if self._policy == "fixed":
             sizes = [self.base_batch] * len(self._active)
         else:
-            sizes = allocate([self._speeds[w] for w in self._active], self.total,
-                             self.b_min, self.b_max)
+            measured = [w for w in self._active if self._steps[w]]
+            weights: list[float | None] = [None] * len(self._active)  # None: not measured yet
+            if measured:
+                fits = [fit_step_time(self._steps[w]) or (0.0, 1.0 / self._speeds[w]) for w in measured]
+                fitted = equal_time_weights(fits, self.total)
+                for w, weight in zip(measured, fitted, strict=True):
+                    weights[self._active.index(w)] = weight
+            sizes = allocate(weights, self.total, self.b_min, self.b_max)
         for w, b in zip(self._active, sizes, strict=True):
             out[w] = b
         return out
 
     def rebalance(self) -> bool:
         """Re-split now, subject to hysteresis; True if the batches changed."""
-        if self._policy == "fixed":
-            return False
+        if self._policy == "fixed" or not all(self._steps[w] for w in self._active):
+            return False  # every worker measured first: a partial view gives extreme splits
         new = self._split()
         if any(abs(new[w] - self._batches[w]) > self.hysteresis * self._batches[w]
                for w in self._active):
