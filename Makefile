@@ -36,9 +36,14 @@ test-fast: install
 demo: install system horovod
 	$(BIN)/python scripts/demo.py
 
-bench: install
-	$(BIN)/python benchmarks/overhead.py
+# Each benchmark runs nbdist and its baseline in one process run and prints the ratio.
+bench: install horovod
+	$(BIN)/python benchmarks/overhead.py --overlap
 	$(BIN)/python benchmarks/hub_throughput.py
+	$(BIN)/python benchmarks/rules_throughput.py
+	$(BIN)/python benchmarks/dbs_effect.py
+	$(BIN)/python benchmarks/metrics_overhead.py
+	$(BIN)/python benchmarks/sync_vs_async.py
 
 lint: install
 	$(BIN)/ruff check nbdist tests benchmarks scripts

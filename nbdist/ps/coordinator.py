@@ -260,7 +260,8 @@ class Coordinator:
         for w in snap["nodes"]:
             i = w["worker"]
             w.update(self.delays.stats(i) if self.plan.metrics == "full" else {})
-            w.update(slowdown=self.slowdown[i], group=self._group_index(i),
+            w.update(slowdown=self.slowdown[i],
+                     group=self._group_index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
         snap.update(
             finished=self.finished, paused=self.paused, stopping=self.stopping, lr=self.lr,
