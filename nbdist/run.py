@@ -91,6 +91,19 @@ class Run:
         """Control actions and epoch ends, with time and global step."""
         return pd.DataFrame(self._snapshot.get("events", []))
 
+    def report(self, path: str = "nbdist-report.html", top_k: int | None = None):
+        """Write one self-contained HTML file (plotly.js inline, viewable offline) with every
+        dashboard figure and the node table; returns its path.
+
+        Example:
+            >>> run.wait().report("out/run.html")   # doctest: +SKIP
+        """
+        from nbdist.dashboard.report import write_report
+
+        return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
+                            delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
+                            summary=self.summary(), top_k=top_k)
+
     @property
     def done(self) -> bool:
         return self._done.is_set()

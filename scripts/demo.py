@@ -1,7 +1,8 @@
 """`make demo`: start a local cluster, train the quickstart model asynchronously, show results.
 
 Runs the same path a notebook user takes (nbdist.train is what %%distribute calls), on
-Fashion-MNIST read offline, and writes the run's history and per-node table under out/.
+Fashion-MNIST read offline, and writes the run's HTML report (out/demo-report.html), history
+and per-node table under out/.
 """
 
 from __future__ import annotations
@@ -51,7 +52,9 @@ def main() -> int:
         print(run.nodes.to_string(index=False))
         run.history.to_csv(out / "demo-history.csv", index=False)
         run.nodes.to_csv(out / "demo-nodes.csv", index=False)
-        print(f"\nWrote {out / 'demo-history.csv'} and {out / 'demo-nodes.csv'}")
+        report = run.report(out / "demo-report.html")
+        print(f"\nWrote {report} (open it in a browser; it needs no network),")
+        print(f"      {out / 'demo-history.csv'} and {out / 'demo-nodes.csv'}")
     finally:
         cluster.stop()
     return 0

@@ -49,3 +49,11 @@ def test_nan_in_the_data_is_refused_before_training():
     cell = SYNTHETIC_CELL + "\nx_train[5:50] = float('nan')\n"
     with pytest.raises(DataError, match="x_train contains NaN or inf in 45 sample.*index 5"):
         nbdist.train(cell, namespace={}, mode="local", epochs=1)
+
+
+def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=2, batch_size=32, wait=True)
+    path = run.report(tmp_path / "out" / "run.html")
+    html = path.read_text()
+    assert html.count('id="nbdist-') == 6  # throughput, delay, histogram, batch, loss, table
+    assert run.run_id in html and "worker 0" in html
