@@ -118,7 +118,11 @@ def _plan(config: TrainConfig, contents, lr: float, num_workers: int):
         algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
         groups=int(options.get("num_groups", 0)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
-        dbs=config.dbs, batch_min=config.batch_min or 1, batch_max=config.batch_max,
+        # default floor: a quarter of the batch. When a slow node's fixed cost per step alone
+        # is as long as a fast node's whole step, equal step times would mean 1-sample batches,
+        # whose gradients are mostly noise; --batch-min 1 allows that if wanted.
+        dbs=config.dbs, batch_min=config.batch_min or max(1, config.batch_size // 4),
+        batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
         metrics=config.metrics.value)
     return plan, options, easgd_alpha
