@@ -17,9 +17,14 @@ BLOCK = 1 << 16  # floats per block: 256 KiB, so a block of w, g and scratch sta
 
 
 def sgd_step(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> None:
-    """`w -= lr * g` in place, with `scratch` (same shape) to avoid allocating per push."""
-    np.multiply(g, np.float32(lr), out=scratch)
-    np.subtract(w, scratch, out=w)
+    """`w -= lr * g` in place, with `scratch` (same shape) to avoid allocating per push;
+    block by block, so the scratch block is still in cache when it is subtracted."""
+    lr32 = np.float32(lr)
+    for lo in range(0, w.size, BLOCK):
+        hi = min(lo + BLOCK, w.size)
+        s = scratch[lo:hi]
+        np.multiply(g[lo:hi], lr32, out=s)
+        np.subtract(w[lo:hi], s, out=w[lo:hi])
 
 
 def sgd_step_and_copy(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray,

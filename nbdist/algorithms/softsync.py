@@ -19,6 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from nbdist.algorithms.base import Option, Rule
+from nbdist.algorithms.sgd import sgd_step
 
 
 class SoftSync(Rule):
@@ -45,6 +46,9 @@ class SoftSync(Rule):
         return max(1, self.num_workers // self._options["n"])
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
+        if self.pushes_per_update == 1 and not self.buffered:  # c = 1: exactly one SGD step
+            sgd_step(w, g, lr, self._scratch)
+            return True
         np.multiply(g, np.float32(lr), out=self._scratch)
         np.add(self._sum, self._scratch, out=self._sum)
         self.buffered += 1
