@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from nbdist.algorithms.base import Option, Rule
-from nbdist.algorithms.sgd import sgd_step
+from nbdist.algorithms.sgd import BLOCK
 from nbdist.algorithms.snapshots import SnapshotStore
 
 _BELOW_ONE = math.nextafter(1.0, 0.0)
@@ -50,7 +50,10 @@ def ddc_beta(delay: int, momentum: float) -> float:
 
 
 class DCASGD(Rule):
-    """DC-ASGD with constant λ0: `w -= η (g + λ0 g⊙g⊙(w − bak[m]))`."""
+    """DC-ASGD with constant λ0: `w -= η (g + λ0 g⊙g⊙(w − bak[m]))`.
+
+    A push is applied block by block (`BLOCK` floats), with block-sized scratch: every pass
+    of the update then reads from cache instead of memory, and the scratch costs kilobytes."""
 
     name = "dc-asgd"
 
@@ -58,8 +61,8 @@ class DCASGD(Rule):
         super().__init__(size, num_workers, **options)
         self._store = SnapshotStore(size)
         self._backup: dict[int, tuple[int, np.ndarray]] = {}  # worker -> (version, snapshot)
-        self._a = np.empty(size, np.float32)
-        self._b = np.empty(size, np.float32)
+        self._a = np.empty(min(size, BLOCK), np.float32)
+        self._b = np.empty(min(size, BLOCK), np.float32)
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
@@ -80,23 +83,39 @@ class DCASGD(Rule):
             self._store.release(held[0])
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
-        corrected = self._corrected(worker, w, g)
-        sgd_step(w, corrected, lr, self._a)
+        held = self._backup.get(worker)
+        self._begin_push(lr, delay)
+        for lo in range(0, w.size, BLOCK):
+            hi = min(lo + BLOCK, w.size)
+            n = hi - lo
+            a, b = self._a[:n], self._b[:n]
+            part = slice(lo, hi)
+            corrected = self._corrected(w[part], g[part], None if held is None else held[1][part], a, b, part)
+            self._apply(w[part], corrected, a if corrected is not a else b, part)
         return True
 
-    def _curvature(self, g: np.ndarray) -> np.ndarray:
-        """`λ0 g⊙g` into scratch `_b`."""
-        np.multiply(g, g, out=self._b)
-        np.multiply(self._b, np.float32(self._options["lambda0"]), out=self._b)
-        return self._b
+    def _begin_push(self, lr: float, delay: int) -> None:
+        """Per-push constants for `_apply`."""
+        self._lr = np.float32(lr)
 
-    def _corrected(self, worker: int, w: np.ndarray, g: np.ndarray) -> np.ndarray:
-        """ĝ in scratch `_a` (or `g` itself when the worker has no backup)."""
-        curvature = self._curvature(g)
-        held = self._backup.get(worker)
-        if held is None:
+    def _apply(self, w: np.ndarray, corrected: np.ndarray, scratch: np.ndarray, part: slice) -> None:
+        """`w -= η ĝ` on one block."""
+        np.multiply(corrected, self._lr, out=scratch)
+        np.subtract(w, scratch, out=w)
+
+    def _curvature(self, g: np.ndarray, a: np.ndarray, b: np.ndarray, part: slice) -> np.ndarray:
+        """`λ0 g⊙g` into `b`."""
+        np.multiply(g, g, out=b)
+        np.multiply(b, np.float32(self._options["lambda0"]), out=b)
+        return b
+
+    def _corrected(self, w: np.ndarray, g: np.ndarray, backup: np.ndarray | None, a: np.ndarray,
+                   b: np.ndarray, part: slice) -> np.ndarray:
+        """ĝ for one block, in `a` (or `g` itself when the worker has no backup)."""
+        curvature = self._curvature(g, a, b, part)
+        if backup is None:
             return g
-        return dc_compensate(g, w, held[1], curvature, out=self._a)
+        return dc_compensate(g, w, backup, curvature, out=a)
 
     @property
     def backup_versions(self) -> list[int]:
@@ -124,15 +143,15 @@ class DCASGDAdaptive(DCASGD):
     def _bounds(self, name: str) -> tuple[float, float]:
         return (0.0, _BELOW_ONE) if name == "ms_decay" else (0.0, math.inf)
 
-    def _curvature(self, g: np.ndarray) -> np.ndarray:
-        """Update MS with this push, then `λ0 g⊙g / sqrt(MS + ε)` into `_b` (`_a` as temp)."""
+    def _curvature(self, g: np.ndarray, a: np.ndarray, b: np.ndarray, part: slice) -> np.ndarray:
+        """Update MS with this push, then `λ0 g⊙g / sqrt(MS + ε)` into `b` (`a` as temp)."""
         m = self._options["ms_decay"]
-        a, b = self._a, self._b
+        ms = self._ms[part]
         np.multiply(g, g, out=b)
-        np.multiply(self._ms, np.float32(m), out=self._ms)
+        np.multiply(ms, np.float32(m), out=ms)
         np.multiply(b, np.float32(1.0 - m), out=a)
-        np.add(self._ms, a, out=self._ms)
-        np.add(self._ms, np.float32(self._options["epsilon"]), out=a)
+        np.add(ms, a, out=ms)
+        np.add(ms, np.float32(self._options["epsilon"]), out=a)
         np.sqrt(a, out=a)
         np.divide(b, a, out=b)
         np.multiply(b, np.float32(self._options["lambda0"]), out=b)
@@ -159,14 +178,17 @@ class DDCASGD(DCASGDAdaptive):
     def _bounds(self, name: str) -> tuple[float, float]:
         return (0.0, _BELOW_ONE) if name == "momentum" else super()._bounds(name)
 
-    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
-        corrected = self._corrected(worker, w, g)
+    def _begin_push(self, lr: float, delay: int) -> None:
         beta = ddc_beta(delay, self._options["momentum"])
-        np.multiply(self._d, np.float32(beta), out=self._d)
-        np.multiply(corrected, np.float32(-(1.0 - beta) * lr), out=self._a)
-        np.add(self._d, self._a, out=self._d)
-        np.add(w, self._d, out=w)
-        return True
+        self._beta, self._step = np.float32(beta), np.float32(-(1.0 - beta) * lr)
+
+    def _apply(self, w: np.ndarray, corrected: np.ndarray, scratch: np.ndarray, part: slice) -> None:
+        """`d = β d − (1−β) η ĝ; w += d` on one block."""
+        d = self._d[part]
+        np.multiply(d, self._beta, out=d)
+        np.multiply(corrected, self._step, out=scratch)
+        np.add(d, scratch, out=d)
+        np.add(w, d, out=w)
 
     @property
     def state_nbytes(self) -> int:
