@@ -96,7 +96,9 @@ class Coordinator:
         for chunk in self.held[worker]:  # stopped mid-chunk: another worker may take it
             self.schedule.requeue(chunk.id)
         self.held[worker].clear()
-        self.evaluating.pop(worker, None)
+        epoch = self.evaluating.pop(worker, None)
+        if epoch is not None and not self.stopping and self.arrived - self.gone:
+            self.eval_queue.appendleft(epoch)  # left before reporting: someone else evaluates
         if self.clock is not None:
             self.clock.drop(worker)
 
