@@ -86,3 +86,21 @@ def test_sync_fashion_mnist_mlp_reaches_80_percent_in_two_epochs(cluster):
     run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
                        epochs=2, batch_size=64, wait=True)
     assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
+
+
+def test_sync_without_horovod_says_how_to_install_it(monkeypatch):
+    import builtins
+
+    from nbdist.errors import DependencyError
+    from nbdist.sync import require_horovod
+
+    real_import = builtins.__import__
+
+    def no_horovod(name, *args, **kwargs):
+        if name.startswith("horovod"):
+            raise ImportError("No module named 'horovod'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_horovod)
+    with pytest.raises(DependencyError, match="make horovod"):
+        require_horovod()
