@@ -97,7 +97,10 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     flat = FlatModel(model)
     # Trace the compiled step now, before saying hello, so every worker starts training at
     # the same moment; hello's pull then overwrites whatever this step changed.
-    flat.assign_and_gradients(*flat.read(), x[: spec.batch_size], y[: spec.batch_size])
+    # Two batch sizes, so the traced function already takes any batch size: DBS and an epoch's
+    # last chunk change it later, and a retrace then would count as (slow) compute time.
+    for size in (spec.batch_size, max(1, spec.batch_size // 2)):
+        flat.assign_and_gradients(*flat.read(), x[:size], y[:size])
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
                                 spec.transport, spec.timeout, spec.engine)
     try:
@@ -153,6 +156,8 @@ class _AsyncLoop:
             if reply.get("eval"):
                 self._sync_model()
                 self.extra["eval"] = {**reply["eval"], "metrics": _evaluate(self.flat.model, self.validation, self.spec.batch_size)}
+                if not in_flight:
+                    fresh = False  # others pushed while we evaluated: pull before computing
             if reply.get("done"):
                 if in_flight:
                     t.receive_step(True, True)

@@ -60,6 +60,7 @@ class EpochSchedule:
         self._outstanding: dict[int, Chunk] = {}
         self._requeued: deque[Chunk] = deque()
         self._remaining = [num_samples] * epochs  # samples not yet trained on, per epoch
+        self._done = 0  # samples trained on over all epochs (a running count: read every push)
 
     def next_chunk(self, size: int) -> Chunk | None:
         """The next slice of at most `size` samples, or None when every slice is handed out."""
@@ -85,6 +86,7 @@ class EpochSchedule:
         if chunk is None:
             raise KeyError(f"chunk {chunk_id} is not outstanding (completed twice, or never handed out)")
         self._remaining[chunk.epoch] -= chunk.size
+        self._done += chunk.size
         return chunk.epoch if self._remaining[chunk.epoch] == 0 else None
 
     def requeue(self, chunk_id: int) -> None:
@@ -109,8 +111,7 @@ class EpochSchedule:
     @property
     def epochs_done(self) -> float:
         """Progress in epochs, counting only completed samples (e.g. 1.5)."""
-        done = sum(self.num_samples - r for r in self._remaining)
-        return done / self.num_samples
+        return self._done / self.num_samples
 
     @property
     def current_epoch(self) -> int:
