@@ -121,6 +121,25 @@ class Run:
             raise self.error
         return self
 
+    def __enter__(self) -> Run:
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """Leaving a `with` block early (an error, Ctrl-C) stops the run and waits for it, so
+        no worker is left training; a finished run is left as it is.
+
+        Example:
+            >>> with nbdist.train(cell, cluster=cluster, epochs=50) as run:   # doctest: +SKIP
+            ...     time.sleep(20)
+            ...     run.stop()
+        """
+        if not self.done:
+            try:
+                self.stop()
+            except TrainingError:  # it ended meanwhile
+                pass
+            self._done.wait(60)
+
     # -- control ----------------------------------------------------------------------------
 
     def pause(self) -> None:

@@ -57,3 +57,10 @@ def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
     html = path.read_text()
     assert html.count('id="nbdist-') == 6  # throughput, delay, histogram, batch, loss, table
     assert run.run_id in html and "worker 0" in html
+
+
+def test_leaving_a_with_block_on_an_error_stops_the_run():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
+    with pytest.raises(KeyboardInterrupt), run:
+        raise KeyboardInterrupt  # e.g. Ctrl-C while a script waits
+    assert run.done and run.status == "stopped"

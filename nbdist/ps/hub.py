@@ -202,7 +202,8 @@ class Hub:
 
     def _step(self, msg: Message, ident) -> tuple[dict, list] | None:
         worker, h = int(msg.header["worker"]), msg.header
-        link = self.links[worker]
+        link, pull = self.links[worker], bool(h.get("pull"))
+        copied = False  # whether the pull buffer already holds the new weights
         if h.get("push"):
             grad = link.grad if link.grad is not None else msg.floats(0)
             if grad.size != self.size:
@@ -216,14 +217,12 @@ class Hub:
                     self._apply_group(step)
             else:
                 delay = self.version - link.read_version
-                copied = self._apply(worker, grad, delay, into=self._reply_buffer(link) if h.get("pull") else None)
+                copied = self._apply(worker, grad, delay, into=self._reply_buffer(link) if pull else None)
                 if self.coordinator:
                     self.coordinator.push(worker, h, delay, self.now())
-                    self.coordinator.eval_result(worker, h, self.now())
-                return self._reply_or_hold(worker, ident, pull=bool(h.get("pull")), copied=copied)
         if self.coordinator:
             self.coordinator.eval_result(worker, h, self.now())
-        return self._reply_or_hold(worker, ident, pull=bool(h.get("pull")))
+        return self._reply_or_hold(worker, ident, pull=pull, copied=copied)
 
     def _reply_buffer(self, link: _WorkerLink) -> np.ndarray | None:
         """Where a consistent pull of this worker is written: its shared segment, or a send
