@@ -101,7 +101,7 @@ def run_for(run, seconds: float, warm: float = 0.0) -> dict:
 
     Returns kernel times {first_push, window: (t0, t1)} and the Sampler, for rates."""
     sampler = Sampler(run)
-    try:
+    with run:  # an error or Ctrl-C stops the run on the way out
         first = sampler.wait_first_push(run)
         time.sleep(warm + seconds)
         t_stop = time.monotonic()
@@ -110,11 +110,6 @@ def run_for(run, seconds: float, warm: float = 0.0) -> dict:
                                "raise FOREVER_EPOCHS in benchmarks/_training.py")
         run.stop()
         run.wait(120)
-    except BaseException:
-        if not run.done:
-            run.stop()
-            run.wait(60)
-        raise
     return {"first_push": first, "window": (first + warm, t_stop), "sampler": sampler}
 
 

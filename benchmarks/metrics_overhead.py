@@ -74,7 +74,7 @@ def measure(cluster, pids: list[int], metrics: str, batch: int, warm: float, sec
                        batch_size=batch, algorithm="asgd", no_validation=True, metrics=metrics,
                        timeout=120)
     sampler = Sampler(run)
-    try:
+    with run:  # an error or Ctrl-C stops the run on the way out
         first = sampler.wait_first_push(run)
         time.sleep(warm)
         cpu0, steps0, t0 = engine_cpu(pids), _steps(run), time.monotonic()
@@ -82,11 +82,6 @@ def measure(cluster, pids: list[int], metrics: str, batch: int, warm: float, sec
         cpu1, steps1, t1 = engine_cpu(pids), _steps(run), time.monotonic()
         run.stop()
         run.wait(120)
-    except BaseException:
-        if not run.done:
-            run.stop()
-            run.wait(60)
-        raise
     pushes = max(1, steps1 - steps0)
     cpu = [b - a for a, b in zip(cpu0, cpu1, strict=True)]
     return {"rate": sampler.rate(t0, t1), "startup": first - t_call,

@@ -188,7 +188,7 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
                        **options)
     first_push = None
     a = b = None  # node rows at the start and end of the steady-state window
-    try:
+    with run:  # an error or Ctrl-C stops the run on the way out
         while not run.done:
             nodes = run.nodes
             if len(nodes):
@@ -202,11 +202,6 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
                     b = row
             time.sleep(0.05)
         run.wait()
-    except BaseException:
-        if not run.done:
-            run.stop()
-            run.wait(60)
-        raise
     end_to_end = time.monotonic() - t_call
     hist = run.history
     nodes = run.nodes.iloc[0].to_dict()

@@ -70,13 +70,8 @@ def measure_run(cluster, options: dict, epochs: int) -> dict:
     t_call = time.monotonic()
     run = nbdist.train(CELL, cluster=cluster, namespace={}, workers=WORKERS, epochs=epochs,
                        batch_size=BATCH, timeout=120, **options)
-    try:
+    with run:  # an error or Ctrl-C stops the run on the way out
         run.wait(900)
-    except BaseException:
-        if not run.done:
-            run.stop()
-            run.wait(60)
-        raise
     wall = time.monotonic() - t_call
     hist = pushes(run)
     win, t0, t1 = history_window(hist, 0.10, end_frac=0.95)
