@@ -47,8 +47,13 @@ def __getattr__(name: str):
 
 
 def load_ipython_extension(ipython) -> None:
-    """`%load_ext nbdist`: registers %nbdist and %%distribute."""
+    """`%load_ext nbdist`: registers %nbdist and %%distribute, and quiets TensorFlow's C++
+    INFO lines (oneDNN, CPU features), which would otherwise fill the cell's output in red."""
+    import os
+
     from nbdist.magic import NbdistMagics
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 
     ipython.register_magics(NbdistMagics(ipython))
 

@@ -7,15 +7,11 @@ its latest run (no module-level state).
 
 from __future__ import annotations
 
-import time
-
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbdist.config import Algorithm, Metrics, Mode, ServerOptimizer, Transport
 from nbdist.errors import ClusterError, ConfigError, NoClusterError
-
-STATUS_EVERY_S = 1.0
 
 
 @magics_class
@@ -93,7 +89,9 @@ class NbdistMagics(Magics):
     @argument("--slowdown", default=None, help="per-worker slow-down factors, e.g. 1,2,4")
     @argument("--metrics", default="full", choices=[m.value for m in Metrics])
     @argument("--wait", action="store_true", help="block until training ends")
-    @argument("--no-dashboard", action="store_true", help="do not show the live status")
+    @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
+    @argument("--top-k", type=int, default=None,
+              help="dashboard: draw only the k slowest workers and the mean of the others")
     @argument("-o", "--output", default="_nbdist_run", help="variable that receives the Run")
     @cell_magic
     def distribute(self, line: str, cell: str):
@@ -122,7 +120,9 @@ class NbdistMagics(Magics):
         self.run = run
         self.shell.user_ns[args.output] = run
         if not args.no_dashboard:
-            _show_status(run)
+            from nbdist.dashboard.widget import show
+
+            show(run, top_k=args.top_k)
         if args.wait:
             run.wait()
 
@@ -141,19 +141,3 @@ def _int(text: str, flag: str) -> int:
         return int(text)
     except ValueError:
         raise ConfigError(f"{flag} expects 'auto' or a whole number (Received: {text!r}).") from None
-
-
-def _show_status(run) -> None:
-    """A one-line live status under the cell, refreshed at most once a second."""
-    from IPython.display import Pretty, display
-
-    handle = display(Pretty(run.summary()), display_id=True)
-    last = [0.0]
-
-    def refresh(r) -> None:
-        now = time.monotonic()
-        if now - last[0] >= STATUS_EVERY_S or r.done:
-            last[0] = now
-            handle.update(Pretty(r.summary()))
-
-    run._listeners.append(refresh)  # noqa: SLF001

@@ -54,6 +54,8 @@ class Run:
         self._backend = None
         self._stop_requested = False
         self._listeners: list = []  # callables(run) called after each poll (status display)
+        self.revision = 0  # +1 per stats poll: displays redraw only what changed
+        self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
 
     # -- results ----------------------------------------------------------------------------
 
@@ -103,6 +105,18 @@ class Run:
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
                             delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
                             summary=self.summary(), top_k=top_k)
+
+    def dashboard(self, top_k: int | None = None):
+        """The live dashboard (plots and controls) of this run, for display in a notebook;
+        `%%distribute` shows one itself unless `--no-dashboard`.
+
+        Example:
+            >>> run = nbdist.train(cell, cluster=cluster, epochs=5)   # doctest: +SKIP
+            >>> run.dashboard(top_k=4)                                # doctest: +SKIP
+        """
+        from nbdist.dashboard.widget import Dashboard
+
+        return Dashboard(self, top_k=top_k)
 
     @property
     def done(self) -> bool:
@@ -266,7 +280,9 @@ class Run:
         if "timeline" in snap:
             self._timeline = snap.pop("timeline")
             self._timeline_at = time.monotonic()
+            self.timeline_revision += 1
         self._snapshot = snap
+        self.revision += 1
         if self.status in ("running", "paused"):
             self.status = "paused" if snap.get("paused") else "running"
         self._notify()

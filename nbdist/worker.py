@@ -62,6 +62,7 @@ def engine_namespace() -> dict:
 
 def configure_tensorflow(threads: int | None, local_rank: int) -> None:
     """Thread budget and device pinning; must run before TensorFlow executes anything."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
     import tensorflow as tf
 
     try:

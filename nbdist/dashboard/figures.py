@@ -14,6 +14,7 @@ figure titled "waiting for data", never an exception: a dashboard polls before d
 
 from __future__ import annotations
 
+import html
 import math
 import warnings
 from collections.abc import Sequence
@@ -36,6 +37,7 @@ __all__ = [
     "loss_figure",
     "node_table",
     "node_table_figure",
+    "node_table_html",
     "slowest_workers",
     "throughput_figure",
     "worker_color",
@@ -247,9 +249,11 @@ def delay_histogram_figure(delays: pd.DataFrame | None) -> dict:
 
 
 def loss_figure(history: pd.DataFrame | None, x: str = "time", *, window: int = 20,
-                events: pd.DataFrame | None = None) -> dict:
+                events: pd.DataFrame | None = None, max_points: int | None = None) -> dict:
     """Training loss (faint per-push points and their rolling mean over `window` pushes: one
-    push's loss is one worker's batch, noisy) and validation accuracy on a second axis."""
+    push's loss is one worker's batch, noisy) and validation accuracy on a second axis.
+    `max_points` keeps every n-th push (the mean is taken before thinning), so a live view of
+    a long run sends a bounded figure."""
     if x not in ("time", "step"):
         raise ConfigError(f"loss_figure plots against 'time' or 'step'. Received: x={x!r}.")
     title = "loss and validation accuracy"
@@ -260,13 +264,16 @@ def loss_figure(history: pd.DataFrame | None, x: str = "time", *, window: int = 
     if "loss" in history:
         train = history[history["loss"].notna()].sort_values(x, kind="stable")
         if not train.empty:
+            mean = train["loss"].rolling(window, min_periods=1).mean()
+            if max_points and len(train) > max_points:
+                every = math.ceil(len(train) / max_points)
+                train, mean = train.iloc[::every], mean.iloc[::every]
             xs = _values(train[x])
             traces.append({"type": "scatter", "mode": "markers", "x": xs,
                            "y": _values(train["loss"]), "name": "loss (each push)",
                            "opacity": 0.25, "marker": {"color": LOSS_COLOR, "size": 3}})
-            traces.append(_line(xs, _values(train["loss"].rolling(window, min_periods=1).mean()),
-                                name=f"loss (mean of {window} pushes)", color=LOSS_COLOR,
-                                group="loss"))
+            traces.append(_line(xs, _values(mean), name=f"loss (mean of {window} pushes)",
+                                color=LOSS_COLOR, group="loss"))
     for col, axis, name in (("val_loss", "y", "val loss"), ("val_accuracy", "y2", "val accuracy")):
         if col in history:
             val = history[history[col].notna()].sort_values(x, kind="stable")
@@ -312,6 +319,22 @@ def node_table(nodes: pd.DataFrame | None) -> dict:
             "header": {"values": list(TABLE_COLUMNS), "fill": {"color": "#EEEEEE"},
                        "align": "left", "font": {"size": 12}},
             "cells": {"values": cells, "align": "left", "font": {"color": colors, "size": 12}}}
+
+
+def node_table_html(nodes: pd.DataFrame | None) -> str:
+    """The node table as a small HTML table (the live dashboard's panel: text is cheaper to
+    refresh than a plotly table and can be read and searched in the page)."""
+    if nodes is None or nodes.empty:
+        return f"<p><i>workers: {WAITING}</i></p>"
+    head = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
+    body = []
+    for r in nodes.to_dict("records"):
+        color = worker_color(int(r["worker"])) if not _missing(r.get("worker")) else "#222222"
+        cells = [f'<td style="color:{color};font-weight:bold">{html.escape(_cell("worker", r.get("worker")))}</td>']
+        cells += [f"<td>{html.escape(_cell(c, r.get(c)))}</td>" for c in TABLE_COLUMNS[1:]]
+        body.append(f'<tr class="nbdist-node">{"".join(cells)}</tr>')
+    return (f'<table class="nbdist-nodes" style="border-collapse:collapse;font-size:12px">'
+            f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
 
 
 def node_table_figure(nodes: pd.DataFrame | None) -> dict:

@@ -1,0 +1,156 @@
+"""The live dashboard: real ipywidgets and plotly FigureWidgets (no browser), fed through the
+same Run path the monitor thread uses; on a real cluster, its controls act on a real run."""
+
+import re
+import time
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.config import TrainConfig
+from nbdist.dashboard.figures import CONTROL_EVENTS
+from nbdist.dashboard.widget import Dashboard, redraw, show, widgets_available
+from nbdist.run import Run
+
+pytest.importorskip("anywidget")
+pytest.importorskip("ipywidgets")
+from tests.conftest import SYNTHETIC_CELL  # noqa: E402
+
+
+def snapshot(num_workers: int, t: float, *, paused: bool = False) -> dict:
+    """What the hub's stats reply looks like at time t (worker w runs at 100 / (w + 1))."""
+    nodes = [{"worker": w, "engine": w + 1, "host": "localhost", "state": "running",
+              "samples": 10 * w, "samples_per_s": 100.0 / (w + 1), "steps": 5, "delay_mean": 1.0 + w,
+              "delay_p95": 2.0 + w, "delay_max": 3, "batch_size": 32, "slowdown": 1.0 + (w == 1),
+              "group": None, "loss": 1.0, "compute_s": 0.01, "comm_s": 0.001} for w in range(num_workers)]
+    timeline = [{"worker": w, "time": tt, "samples_per_s": 100.0 / (w + 1), "batch_size": 32,
+                 "delay_mean": 1.0 + w, "delay_p95": 2.0 + w}
+                for w in range(num_workers) for tt in np.arange(0.0, t, 1.0)]
+    history = [[tt, i, tt / 10, i % num_workers, 2.0 / (1 + tt), 1, 32]
+               for i, tt in enumerate(np.arange(0.0, t, 0.1))]
+    return {"nodes": nodes, "timeline": timeline, "history": history, "paused": paused,
+            "lr": 0.05, "batch_policy": "fixed", "global_step": len(history),
+            "delays": {str(w): {0: 3, 1 + w: 5} for w in range(num_workers)},
+            "events": [{"time": 1.5, "step": 15, "event": "set_lr", "lr": 0.05}],
+            "evals": [{"time": t, "step": len(history), "val_accuracy": 0.5, "val_loss": 1.2}]}
+
+
+def fed_run(num_workers: int, t: float = 5.0) -> Run:
+    run = Run(TrainConfig(), model=None, model_name="model")
+    run.status = "running"
+    run._absorb(snapshot(num_workers, t))  # the monitor thread's own path
+    return run
+
+
+def legend(fig) -> set:
+    return {t.name for t in fig.data if t.showlegend is not False}
+
+
+def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
+    run = fed_run(3)
+    dash = Dashboard(run)
+    assert legend(dash.figures["throughput"]) == {"worker 0", "worker 1", "worker 2"}
+    assert len(dash.figures["delay"].data) == 6  # mean and p95 per worker
+    assert {t.name for t in dash.figures["delay_histogram"].data} == {"worker 0", "worker 1", "worker 2"}
+    assert [t.name for t in dash.figures["loss_time"].data] == [
+        "loss (each push)", "loss (mean of 20 pushes)", "val loss", "val accuracy"]
+    assert dash.figures["loss_step"].layout.xaxis.title.text == "global step"
+    assert dash.table.value.count('class="nbdist-node"') == 3
+    assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1", "worker 2"]
+    assert dash.slowdown_sliders[1].value == 2.0  # follows the run's state
+    assert dash.lr_slider.value == pytest.approx(0.05) and not dash.lr_slider.disabled
+    assert [a.text for a in dash.figures["throughput"].layout.annotations] == ["lr=0.05"]
+    assert 'data-status="running"' in dash.status.value
+
+
+def test_sixteen_workers_start_at_the_eight_slowest_plus_the_mean_of_the_others():
+    dash = Dashboard(fed_run(16))
+    assert dash.top_k.value == 8
+    names = legend(dash.figures["throughput"])
+    assert names == {f"worker {w}" for w in range(8, 16)} | {"mean of 8 others"}
+    assert dash.table.value.count('class="nbdist-node"') == 16  # the table keeps everyone
+    dash.top_k.value = 0
+    assert len(legend(dash.figures["throughput"])) == 16
+
+
+def test_refresh_redraws_only_what_changed_and_keeps_traces_in_place():
+    run = fed_run(2, t=3.0)
+    dash = Dashboard(run)
+    widget, first = dash.figures["throughput"], dash.figures["throughput"].data[0]
+    run._absorb(snapshot(2, 6.0, paused=True))
+    dash.refresh()
+    assert dash.figures["throughput"] is widget and widget.data[0] is first  # in place
+    assert len(first.x) == 6
+    assert 'data-status="paused"' in dash.status.value
+    assert dash.pause_button.description == "Resume"
+
+
+def test_redraw_updates_in_place_or_returns_a_new_widget_when_the_traces_change():
+    from nbdist.dashboard.widget import figure_widget
+
+    fig = figure_widget({"data": [], "layout": {"xaxis": {"visible": False}}})
+    one = {"data": [{"type": "scatter", "x": [1], "y": [2], "name": "a"}],
+           "layout": {"shapes": [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1}]}}
+    new = redraw(fig, one)
+    assert new is not fig and [t.name for t in new.data] == ["a"] and new.layout.xaxis.visible is None
+    same = redraw(new, {"data": [{"type": "scatter", "x": [1, 2], "y": [2, 3], "name": "a"}], "layout": {}})
+    assert same is new and list(new.data[0].x) == [1, 2] and new.layout.shapes == ()
+
+
+def test_a_control_on_an_ended_run_shows_the_error_in_the_dashboard():
+    run = fed_run(2)
+    run.status = "finished"
+    run._done.set()
+    dash = Dashboard(run)
+    dash.stop_button.click()
+    assert "nothing to control" in dash.message.value
+
+
+def test_outside_a_kernel_the_magic_falls_back_to_the_text_status_line(ip):
+    assert not widgets_available()  # an InteractiveShell, not a kernel
+    run = fed_run(2)
+    assert show(run) is None
+    assert len(run._listeners) == 1
+
+
+@pytest.mark.cluster
+def test_dashboard_controls_act_on_a_real_run(cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=300, batch_size=8)
+    with run:
+        dash = Dashboard(run)
+        _wait_for(lambda: "worker" in run.timeline and run.timeline["worker"].nunique() == 2, 60)
+        dash.refresh()
+        assert legend(dash.figures["throughput"]) == {"worker 0", "worker 1"}
+        assert dash.table.value.count('class="nbdist-node"') == 2
+
+        dash.pause_button.click()
+        _wait_for(lambda: run.status == "paused")
+        dash.refresh()
+        assert 'data-status="paused"' in dash.status.value and dash.pause_button.description == "Resume"
+
+        dash.lr_slider.value = 0.02
+        dash.slowdown_sliders[1].value = 3.0
+        dash.policy.value = "dbs"
+        _wait_for(lambda: run._snapshot.get("lr") == pytest.approx(0.02)
+                  and run.nodes["slowdown"].tolist() == [1.0, 3.0]
+                  and run._snapshot.get("batch_policy") == "dbs")
+        dash.pause_button.click()
+        _wait_for(lambda: run.status == "running")
+        dash.stop_button.click()
+        run.wait(timeout=60)
+    assert run.status == "stopped"
+    dash._finish()
+    assert dash.stop_button.disabled and dash.lr_slider.disabled
+    kinds = [e for e in run.events["event"] if e in CONTROL_EVENTS]
+    assert kinds[:2] == ["pause", "set_lr"] and kinds[-2:] == ["resume", "stop"]
+    assert {"set_slowdown", "set_batch_policy"} <= set(kinds)
+    assert re.search(r"set_lr|lr=0.02", str([a.text for a in dash.figures["throughput"].layout.annotations]))
+
+
+def _wait_for(condition, timeout: float = 30.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
