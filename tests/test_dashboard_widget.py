@@ -10,7 +10,7 @@ import pytest
 import nbdist
 from nbdist.config import TrainConfig
 from nbdist.dashboard.figures import CONTROL_EVENTS
-from nbdist.dashboard.widget import Dashboard, redraw, show, widgets_available
+from nbdist.dashboard.widget import PANELS, Dashboard, redraw, show, widgets_available
 from nbdist.run import Run
 
 pytest.importorskip("anywidget")
@@ -44,16 +44,21 @@ def fed_run(num_workers: int, t: float = 5.0) -> Run:
 
 
 def legend(fig) -> set:
-    return {t.name for t in fig.data if t.showlegend is not False}
+    return {t.name for t in shown(fig) if t.showlegend is not False}
+
+
+def shown(fig) -> list:
+    return [t for t in fig.data if t.visible is not False]
 
 
 def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
     run = fed_run(3)
     dash = Dashboard(run)
     assert legend(dash.figures["throughput"]) == {"worker 0", "worker 1", "worker 2"}
-    assert len(dash.figures["delay"].data) == 6  # mean and p95 per worker
-    assert {t.name for t in dash.figures["delay_histogram"].data} == {"worker 0", "worker 1", "worker 2"}
-    assert [t.name for t in dash.figures["loss_time"].data] == [
+    assert len(shown(dash.figures["delay"])) == 6  # mean and p95 per worker
+    assert [t.line.dash for t in shown(dash.figures["delay"])] == ["solid", "dot"] * 3
+    assert {t.name for t in shown(dash.figures["delay_histogram"])} == {"worker 0", "worker 1", "worker 2"}
+    assert [t.name for t in shown(dash.figures["loss_time"])] == [
         "loss (each push)", "loss (mean of 20 pushes)", "val loss", "val accuracy"]
     assert dash.figures["loss_step"].layout.xaxis.title.text == "global step"
     assert dash.table.value.count('class="nbdist-node"') == 3
@@ -81,21 +86,38 @@ def test_refresh_redraws_only_what_changed_and_keeps_traces_in_place():
     run._absorb(snapshot(2, 6.0, paused=True))
     dash.refresh()
     assert dash.figures["throughput"] is widget and widget.data[0] is first  # in place
+    assert dash.grid.children == tuple(dash.figures.values())
     assert len(first.x) == 6
     assert 'data-status="paused"' in dash.status.value
     assert dash.pause_button.description == "Resume"
 
 
-def test_redraw_updates_in_place_or_returns_a_new_widget_when_the_traces_change():
-    from nbdist.dashboard.widget import figure_widget
+def test_redraw_fills_fixed_slots_in_place_and_resets_what_a_slot_no_longer_uses():
+    from nbdist.dashboard.widget import figure_widget, trace_slots
 
-    fig = figure_widget({"data": [], "layout": {"xaxis": {"visible": False}}})
-    one = {"data": [{"type": "scatter", "x": [1], "y": [2], "name": "a"}],
-           "layout": {"shapes": [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1}]}}
-    new = redraw(fig, one)
-    assert new is not fig and [t.name for t in new.data] == ["a"] and new.layout.xaxis.visible is None
-    same = redraw(new, {"data": [{"type": "scatter", "x": [1, 2], "y": [2, 3], "name": "a"}], "layout": {}})
-    assert same is new and list(new.data[0].x) == [1, 2] and new.layout.shapes == ()
+    fig = figure_widget("delay", num_workers=2)
+    assert len(fig.data) == trace_slots("delay", 2) == 6 and not shown(fig)
+    slots = list(fig.data)
+    dotted = {"type": "scatter", "x": [1], "y": [2], "name": "w0 p95", "line": {"dash": "dot"}}
+    redraw(fig, {"data": [dotted], "layout": {"shapes": [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1}]}})
+    assert [t.name for t in shown(fig)] == ["w0 p95"] and fig.layout.xaxis.visible is True
+    solid = {"type": "scatter", "x": [1, 2], "y": [2, 3], "name": "w1"}
+    redraw(fig, {"data": [solid, solid], "layout": {}})
+    assert list(fig.data) == slots  # the same trace objects: nothing added or removed
+    assert [t.line.dash for t in shown(fig)] == ["solid", "solid"] and fig.layout.shapes == ()
+    redraw(fig, {"data": [], "layout": {}})
+    assert not shown(fig) and fig.layout.xaxis.visible is False
+    with pytest.raises(ValueError, match="6 trace slots"):
+        redraw(fig, {"data": [solid] * 7, "layout": {}})
+
+
+def test_plots_wait_for_the_workers_then_appear_once():
+    run = Run(TrainConfig(), model=None, model_name="model")
+    dash = Dashboard(run)
+    assert not dash.figures and "waiting for the workers" in dash.grid.children[0].value
+    run._absorb(snapshot(2, 3.0))
+    dash.refresh()
+    assert list(dash.figures) == list(PANELS) and legend(dash.figures["throughput"]) == {"worker 0", "worker 1"}
 
 
 def test_a_control_on_an_ended_run_shows_the_error_in_the_dashboard():

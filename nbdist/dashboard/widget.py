@@ -99,33 +99,64 @@ def _status_html(run) -> str:
             f"{html.escape(run.summary())}</div>")
 
 
-def figure_widget(fig: dict, height: int = FIGURE_HEIGHT):
-    """A plotly FigureWidget showing `fig`."""
+def trace_slots(panel: str, num_workers: int) -> int:
+    """How many traces a panel keeps for a run of `num_workers`: every worker's lines plus the
+    "mean of the others" line for each column (top-k), one bar series per worker, or the four
+    loss traces. The count never changes during a run (see `redraw`)."""
+    columns = {"throughput": 1, "delay": 2, "batch": 1}
+    if panel in columns:
+        return (num_workers + 1) * columns[panel]
+    return num_workers if panel == "delay_histogram" else 4
+
+
+def figure_widget(panel: str, num_workers: int, height: int = FIGURE_HEIGHT):
+    """A FigureWidget with all of the panel's trace slots, hidden until data fills them."""
     import plotly.graph_objects as go
 
-    widget = go.FigureWidget(fig)
-    widget.layout.height = height
-    return widget
+    kind = "bar" if panel == "delay_histogram" else "scatter"
+    return go.FigureWidget({"data": [{"type": kind, **BLANK}] * trace_slots(panel, num_workers),
+                            "layout": {**figures.empty_figure(PANELS[panel])["layout"], "height": height}})
 
 
-def redraw(widget, fig: dict, height: int = FIGURE_HEIGHT):
-    """Bring a FigureWidget to `fig`; returns the widget to show. With the same traces (names
-    and types) only their data and the event markers change, in place, so the view does not
-    flicker and a zoom is kept. Otherwise a new widget is returned: replacing the traces of a
-    FigureWidget already on screen left plotly's browser side with no traces and no layout
-    (seen in JupyterLab 4 with plotly 6/7), while a new widget always renders whole."""
-    new, layout = fig["data"], fig["layout"]
-    same = len(new) == len(widget.data) and all(
-        t.get("name") == old.name and t.get("type", "scatter") == old.type
-        for t, old in zip(new, widget.data, strict=True))
-    if not same:
-        return figure_widget(fig, height)
+# Every property any panel's traces set, at its plotly default: a slot's earlier role (a
+# dotted p95 line, a marker series on the second axis) must not leak into its next one.
+_COMMON = {"visible": True, "showlegend": True, "legendgroup": "", "yaxis": "y", "opacity": 1.0,
+           "marker": {}}
+TRACE_DEFAULTS = {"scatter": {**_COMMON, "mode": "lines", "line": {"dash": "solid"}}, "bar": _COMMON}
+BLANK = {"x": [], "y": [], "name": "", "visible": False, "showlegend": False}
+
+
+def _full_trace(kind: str, trace: dict) -> dict:
+    """`trace` with every property of TRACE_DEFAULTS set (one level deep, e.g. line.dash)."""
+    full = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TRACE_DEFAULTS[kind].items()}
+    for key, value in trace.items():
+        if key == "type":
+            continue
+        full[key] = {**full[key], **value} if isinstance(value, dict) and isinstance(full.get(key), dict) else value
+    return full
+
+
+def redraw(widget, fig: dict) -> None:
+    """Bring a FigureWidget to `fig` in place: each trace of `fig` fills the next slot, the rest
+    are hidden, and the layout changes by relayout. Traces are never added or removed once
+    the widget is on screen: in JupyterLab 4 with plotly 6/7, structural changes that arrive
+    while the browser still renders the view leave the plot blank or stale."""
+    data, layout = fig["data"], fig["layout"]
+    if len(data) > len(widget.data):
+        raise ValueError(f"The panel has {len(widget.data)} trace slots; this figure needs {len(data)}.")
+    visible = bool(data)
     with widget.batch_update():
-        for old, trace in zip(widget.data, new, strict=True):
-            old.update({k: v for k, v in trace.items() if k != "type"})
+        for i, slot in enumerate(widget.data):
+            if i < len(data):
+                slot.update(_full_trace(slot.type, data[i]), overwrite=True)
+            elif slot.visible is not False:
+                slot.update(BLANK, overwrite=True)
         widget.layout.shapes = layout.get("shapes", ())
         widget.layout.annotations = layout.get("annotations", ())
-    return widget
+        settings = {k: v for k, v in layout.items() if k not in ("shapes", "annotations", "height")}
+        settings["xaxis"] = {**layout.get("xaxis", {}), "visible": visible}
+        settings["yaxis"] = {**layout.get("yaxis", {}), "visible": visible}
+        widget.update_layout(settings)
 
 
 class Dashboard:
@@ -147,7 +178,7 @@ class Dashboard:
         self._handle = None
         self._running = False
         self._syncing = False  # True while the dashboard itself sets a control's value
-        self.figures = {name: figure_widget(figures.empty_figure(title)) for name, title in PANELS.items()}
+        self.figures: dict = {}  # made once the number of workers is known (see trace_slots)
 
         self.status = w.HTML(_status_html(run))
         self.message = w.HTML()
@@ -182,7 +213,7 @@ class Dashboard:
         controls = [self.pause_button, self.stop_button, self.lr_slider, self.policy]
         if getattr(run.config.algorithm, "value", "") == "group":
             controls.append(self.regroup_button)
-        self.grid = w.GridBox(list(self.figures.values()),
+        self.grid = w.GridBox([w.HTML("<i>plots: waiting for the workers to start</i>")],
                               layout={"grid_template_columns": "repeat(2, minmax(0, 1fr))", "width": "100%"})
         self.widget = w.VBox([self.status, w.HBox(controls + [self.top_k], layout={"flex_flow": "row wrap"}),
                               self.lab, self.message, self.grid, self.table])
@@ -247,29 +278,30 @@ class Dashboard:
             nodes = run.nodes
             self.table.value = figures.node_table_html(nodes)
             self._sync_controls(run._snapshot, nodes)  # noqa: SLF001
+            if not self.figures and len(nodes):
+                self._make_figures(len(nodes))
+        if not self.figures:
+            return
         events = run.events
         top_k = self.top_k.value or None
         key = (run.timeline_revision, len(events), top_k)
         if key != (seen["timeline"], seen["events"], seen["top_k"]):
             seen["timeline"], seen["events"], seen["top_k"] = key
             timeline = run.timeline
-            self._draw("throughput", figures.throughput_figure(timeline, top_k=top_k, events=events))
-            self._draw("delay", figures.delay_figure(timeline, top_k=top_k, events=events))
-            self._draw("batch", figures.batch_figure(timeline, top_k=top_k, events=events))
-            self._draw("delay_histogram", figures.delay_histogram_figure(run.delays))
+            redraw(self.figures["throughput"], figures.throughput_figure(timeline, top_k=top_k, events=events))
+            redraw(self.figures["delay"], figures.delay_figure(timeline, top_k=top_k, events=events))
+            redraw(self.figures["batch"], figures.batch_figure(timeline, top_k=top_k, events=events))
+            redraw(self.figures["delay_histogram"], figures.delay_histogram_figure(run.delays))
         if time.monotonic() - self._loss_at >= LOSS_EVERY_S:
             self._loss_at = time.monotonic()
             history = run.history
             for name, x in (("loss_time", "time"), ("loss_step", "step")):
-                self._draw(name, figures.loss_figure(history, x, events=events, max_points=LOSS_POINTS))
+                redraw(self.figures[name], figures.loss_figure(history, x, events=events, max_points=LOSS_POINTS))
 
-    def _draw(self, name: str, fig: dict) -> None:
-        old = self.figures[name]
-        new = redraw(old, fig)
-        if new is not old:
-            self.figures[name] = new
-            self.grid.children = tuple(self.figures.values())
-            old.close()
+    def _make_figures(self, num_workers: int) -> None:
+        """All panels at once, with a fixed number of trace slots; the grid changes only here."""
+        self.figures = {name: figure_widget(name, num_workers) for name in PANELS}
+        self.grid.children = tuple(self.figures.values())
 
     def _sync_controls(self, snap: dict, nodes) -> None:
         """Follow the run's state (also when code changed it): learning rate, batch policy,
