@@ -16,7 +16,7 @@ import time
 
 import pandas as pd
 
-from nbdist.errors import ConfigError, NbdistError, TrainingError
+from nbdist.errors import ConfigError, NbdistError, TrainingError, WorkersLostError
 from nbdist.ps.client import HubControl
 from nbdist.ps.stats import HISTORY_COLUMNS
 
@@ -54,6 +54,8 @@ class Run:
         self._backend = None
         self._stop_requested = False
         self._listeners: list = []  # callables(run) called after each poll (status display)
+        self.warnings: list[str] = []  # things that went wrong without failing the run (a lost worker)
+        self._events_seen = 0
 
     # -- results ----------------------------------------------------------------------------
 
@@ -113,8 +115,8 @@ class Run:
         try:
             if not self._done.wait(timeout):
                 raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
-        except KeyboardInterrupt:
-            self.stop()
+        except KeyboardInterrupt:  # Ctrl-C: stop the workers and hub, free the engines
+            self._stop_quietly()
             self._done.wait(30)
             raise
         if self.error is not None:
@@ -134,11 +136,14 @@ class Run:
             ...     run.stop()
         """
         if not self.done:
-            try:
-                self.stop()
-            except TrainingError:  # it ended meanwhile
-                pass
+            self._stop_quietly()
             self._done.wait(60)
+
+    def _stop_quietly(self) -> None:
+        try:
+            self.stop()
+        except NbdistError:  # it ended meanwhile, or the hub is gone: the monitor cleans up
+            pass
 
     # -- control ----------------------------------------------------------------------------
 
@@ -213,6 +218,8 @@ class Run:
                 failure = backend.failure()
                 if failure is not None:
                     raise failure
+                for worker, why in backend.newly_lost():
+                    self._report_lost(control, worker, why)
                 try:
                     want_timeline = time.monotonic() - self._timeline_at > TIMELINE_EVERY_S
                     snap = control.stats(since=len(self._rows), timeline=want_timeline)
@@ -226,6 +233,7 @@ class Run:
                     raise TrainingError(f"The hub failed: {snap['error']}")
                 if snap.get("finished"):
                     self._absorb(control.stats(since=len(self._rows), timeline=True))
+                    self._check_survivors()
                     break
                 time.sleep(POLL_S)
             from nbdist.flatmodel import write_flat
@@ -241,6 +249,26 @@ class Run:
             self._cleanup()
             self._done.set()
             self._notify()
+
+    def _report_lost(self, control: HubControl, worker: int, why: str) -> None:
+        """A worker's engine died: the hub hands its work to the others at once."""
+        log.warning("nbdist run %s: worker %d's engine died; training goes on without it (%s)",
+                    self.run_id, worker, why.splitlines()[0])
+        try:
+            control.control(lost=worker, reason="engine died")
+        except NbdistError as exc:  # the hub notices the silence by itself
+            log.warning("could not tell the hub that worker %d is lost: %s", worker, exc)
+
+    def _check_survivors(self) -> None:
+        nodes = self._snapshot.get("nodes", [])
+        lost = self._snapshot.get("lost", [])
+        if nodes and len(lost) == len(nodes):
+            engines = ", ".join(str(n["engine"]) for n in nodes)
+            raise WorkersLostError(
+                f"All {len(nodes)} workers were lost (engines {engines} died or went silent) before "
+                "training finished, so there is no trained model. Check the engines with "
+                "`%nbdist status` (restart them with %nbdist stop / %nbdist start N), then run the "
+                "cell again.")
 
     def _abort(self) -> None:
         """Tell the surviving workers to stop and give them a moment to leave."""
@@ -267,6 +295,12 @@ class Run:
             self._timeline = snap.pop("timeline")
             self._timeline_at = time.monotonic()
         self._snapshot = snap
+        events = snap.get("events", [])
+        for e in events[self._events_seen:]:
+            if e.get("event") == "worker_lost":
+                self.warnings.append(f"worker {e['worker']} was lost at step {e['step']} "
+                                     f"({e.get('reason')}); the others took over its data")
+        self._events_seen = len(events)
         if self.status in ("running", "paused"):
             self.status = "paused" if snap.get("paused") else "running"
         self._notify()
@@ -292,6 +326,8 @@ class Run:
         if evals:
             last = evals[-1]
             parts += [f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_")]
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warning(s): {self.warnings[-1]}")
         if self.error is not None:
             parts.append(f"error: {str(self.error).splitlines()[0]}")
         return " | ".join(parts)
