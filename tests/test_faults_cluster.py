@@ -1,0 +1,97 @@
+"""Faults on real engines: a worker engine killed mid-run, every worker killed, and no
+ipyparallel process left behind. Killing engines would break the session cluster, so these
+tests start their own small cluster and check that stopping it leaves nothing running."""
+
+import os
+import signal
+import time
+
+import psutil
+import pytest
+
+import nbdist
+from nbdist.errors import WorkersLostError
+from tests.conftest import SYNTHETIC_CELL
+
+pytestmark = pytest.mark.cluster
+
+
+def ipp_processes(exclude=()) -> list[psutil.Process]:
+    """This process's ipyparallel descendants (controller, engines, nannies) not in `exclude`."""
+    found = []
+    for p in psutil.Process().children(recursive=True):
+        try:
+            if p.pid not in exclude and "ipyparallel" in " ".join(p.cmdline()):
+                found.append(p)
+        except psutil.NoSuchProcess:
+            pass
+    return found
+
+
+def assert_all_exit(procs, timeout=30.0):
+    """Every one of `procs` exits within `timeout` (engine nannies take a few seconds)."""
+    gone, alive = psutil.wait_procs(procs, timeout=timeout)
+    assert not alive, f"left running: {[(p.pid, p.cmdline()[:3]) for p in alive]}"
+
+
+@pytest.fixture(scope="module")
+def own_cluster():
+    """Four engines of our own: one hub, and workers that the tests may kill."""
+    from nbdist.cluster import Cluster
+
+    before = {p.pid for p in ipp_processes()}
+    handle = Cluster.start(4)
+    handle.pids = dict(zip(handle.engine_ids, handle.client[:].apply_sync(os.getpid), strict=True))
+    started = ipp_processes(exclude=before)
+    yield handle
+    handle.stop()
+    assert_all_exit(started)
+
+
+def kill_worker_engine(cluster, run, worker, after_step):
+    _wait_for(lambda: run._snapshot.get("global_step", 0) > after_step)
+    assert not run.done, "the run ended before the kill: make it longer"
+    os.kill(cluster.pids[run._backend.roles.workers[worker]], signal.SIGKILL)
+
+
+@pytest.mark.parametrize("options", [dict(algorithm="asgd"), dict(algorithm="ssp", staleness=0)],
+                         ids=["asgd", "ssp"])
+def test_a_killed_worker_engine_is_written_off_and_the_other_finishes_the_run(own_cluster, options):
+    ns = {}
+    epochs = 8
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, namespace=ns, workers=2, epochs=epochs,
+                       batch_size=8, **options)
+    kill_worker_engine(own_cluster, run, worker=1, after_step=40)
+    run.wait(timeout=240)  # ssp with S = 0: the survivor must not wait for the dead one forever
+    assert run.status == "finished" and run.error is None
+    nodes = run.nodes
+    assert list(nodes["state"]) == ["done", "lost"]
+    lost = run.events[run.events["event"] == "worker_lost"]
+    assert list(lost["worker"]) == [1] and lost["step"].iloc[0] < run._snapshot["global_step"]
+    assert run.warnings and run.warnings[0].startswith("worker 1 was lost")
+    # every sample of every epoch trained on exactly once: the dead worker's chunk was redone
+    assert run._snapshot["epoch_samples"] == [900] * epochs
+    assert nodes["samples"].sum() == 900 * epochs
+    acc = ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
+    assert acc > 0.85
+    assert len(run.history["val_accuracy"].dropna()) == epochs  # one validation per epoch, none lost
+
+
+def test_when_every_worker_is_killed_the_run_fails_with_a_clear_error(own_cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, namespace={}, workers=1, epochs=50,
+                       batch_size=8)
+    kill_worker_engine(own_cluster, run, worker=0, after_step=20)
+    with pytest.raises(WorkersLostError, match=r"All 1 workers were lost .*%nbdist start N"):
+        run.wait(timeout=120)
+    assert run.status == "failed" and list(run.nodes["state"]) == ["lost"]
+    from nbdist.ps.launch import running_hubs
+
+    hub_engine = run._backend.roles.servers[0]
+    assert own_cluster.client[hub_engine].apply_sync(running_hubs) == []  # the hub was stopped
+
+
+def _wait_for(condition, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
