@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import weakref
 from dataclasses import dataclass
 
 from nbdist.errors import NoClusterError, NotEnoughEnginesError
@@ -73,6 +74,7 @@ class Cluster:
     def __init__(self, client, ipp_cluster=None):
         self.client = client
         self._ipp_cluster = ipp_cluster  # None when we only connected: never stop theirs
+        self._runs: weakref.WeakSet = weakref.WeakSet()  # runs on this cluster, stopped by stop()
 
     @classmethod
     def start(cls, n: int, profile: str | None = None, timeout: float = 120.0) -> Cluster:
@@ -136,8 +138,15 @@ class Cluster:
         host = url.split("://")[-1].rsplit(":", 1)[0] if "://" in url else "127.0.0.1"
         return host if host not in ("*", "0.0.0.0") else "127.0.0.1"
 
+    def track(self, run) -> None:
+        """Remember a run on this cluster, so `stop()` ends it before the engines go."""
+        self._runs.add(run)
+
     def stop(self) -> None:
-        """Stop engines and controller if we started them; otherwise just disconnect."""
+        """Stop engines and controller if we started them; otherwise just disconnect.
+        A run still training is stopped first (its weights reach the notebook's model)."""
+        for run in list(self._runs):
+            run.close(timeout=30)
         try:
             if self._ipp_cluster is not None and self.client.ids:
                 # ask engines to exit cleanly first, so none is killed mid-write

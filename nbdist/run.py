@@ -23,6 +23,7 @@ from nbdist.ps.stats import HISTORY_COLUMNS
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often the kernel asks the hub for statistics
+WAIT_SLICE_S = 0.2  # wait() checks for Ctrl-C at least this often
 TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) timeline
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
                 "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
@@ -112,12 +113,15 @@ class Run:
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends; raise its error if it failed. Returns the run."""
+        end = None if timeout is None else time.monotonic() + timeout
         try:
-            if not self._done.wait(timeout):
-                raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
+            # short slices: an interrupt that arrives as a flag rather than a signal (Jupyter's
+            # interrupt on some platforms, _thread.interrupt_main) is seen within WAIT_SLICE_S
+            while not self._done.wait(WAIT_SLICE_S):
+                if end is not None and time.monotonic() >= end:
+                    raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
         except KeyboardInterrupt:  # Ctrl-C: stop the workers and hub, free the engines
-            self._stop_quietly()
-            self._done.wait(30)
+            self.close(timeout=30)
             raise
         if self.error is not None:
             raise self.error
@@ -135,9 +139,14 @@ class Run:
             ...     time.sleep(20)
             ...     run.stop()
         """
+        self.close(timeout=60)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the run if it is still going and wait (up to `timeout`) until its workers and
+        hub have left the engines. Never raises: for clean-up paths (Ctrl-C, cluster stop)."""
         if not self.done:
             self._stop_quietly()
-            self._done.wait(60)
+            self._done.wait(timeout)
 
     def _stop_quietly(self) -> None:
         try:
@@ -208,6 +217,9 @@ class Run:
     def _begin(self, backend, control: HubControl, run_id: str) -> None:
         self._backend, self._control, self.run_id = backend, control, run_id
         self.status = "running"
+        cluster = getattr(backend, "cluster", None)
+        if cluster is not None:
+            cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
         threading.Thread(target=self._monitor, daemon=True, name=f"nbdist-run-{run_id}").start()
 
     def _monitor(self) -> None:

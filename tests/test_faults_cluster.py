@@ -95,3 +95,45 @@ def _wait_for(condition, timeout=120.0):
     while not condition():
         assert time.monotonic() < deadline, "condition not reached in time"
         time.sleep(0.05)
+
+
+def test_ctrl_c_in_wait_stops_the_run_within_seconds_and_the_engines_take_a_new_run(cluster):
+    import _thread
+    import threading
+
+    from nbdist.ps.launch import running_hubs
+
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=500, batch_size=8)
+    _wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    threading.Timer(0.5, _thread.interrupt_main).start()  # what Jupyter's "interrupt" does
+    t0 = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        run.wait(timeout=120)
+    assert time.monotonic() - t0 < 20
+    assert run.done and run.status == "stopped" and run.error is None
+    assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3  # hub and workers left
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, wait=True)
+    assert again.status == "finished"
+
+
+@pytest.mark.parametrize("how", ["magic", "cluster"])
+def test_stopping_the_cluster_during_a_run_leaves_no_process_behind(ip, how):
+    """`%nbdist stop` (or Cluster.stop) while a run still trains: the run is stopped first,
+    then engines, nannies and controller all exit."""
+    before = {p.pid for p in ipp_processes()}
+    ip.run_line_magic("nbdist", "start 2")
+    magics = ip.magics_manager.registry["NbdistMagics"]
+    started = ipp_processes(exclude=before)
+    assert len(started) >= 3  # controller, two engines (and their nannies)
+    ip.run_cell_magic("distribute", "--workers 1 --epochs 500 --batch-size 8 --no-dashboard -o r",
+                      SYNTHETIC_CELL)
+    run = ip.user_ns["r"]
+    _wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    if how == "magic":
+        ip.run_line_magic("nbdist", "stop")
+    else:
+        magics.cluster.stop()
+        magics.cluster = None
+    assert run.done and run.status == "stopped"
+    assert_all_exit(started)
