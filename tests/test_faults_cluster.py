@@ -23,7 +23,7 @@ def ipp_processes(exclude=()) -> list[psutil.Process]:
         try:
             if p.pid not in exclude and "ipyparallel" in " ".join(p.cmdline()):
                 found.append(p)
-        except psutil.NoSuchProcess:
+        except psutil.Error:
             pass
     return found
 
@@ -137,3 +137,47 @@ def test_stopping_the_cluster_during_a_run_leaves_no_process_behind(ip, how):
         magics.cluster = None
     assert run.done and run.status == "stopped"
     assert_all_exit(started)
+
+
+KERNEL_SCRIPT = '''
+import json, os, sys, time
+import psutil
+from nbdist.cluster import Cluster
+cluster = Cluster.start(1)
+family = [p.pid for p in psutil.Process().children(recursive=True)]
+print(json.dumps({"engines": cluster.client[:].apply_sync(os.getpid), "family": family}), flush=True)
+time.sleep(600)
+'''
+
+
+def test_engines_and_controller_do_not_outlive_a_killed_kernel(tmp_path):
+    """A kernel SIGKILLed with a cluster up (no atexit, no stop): nbdist's watchdog ends
+    the controller, engines and nannies; then it exits too."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL_SCRIPT)
+    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    try:
+        info = json.loads(kernel.stdout.readline())
+        family = [psutil.Process(pid) for pid in info["family"]]
+        commands = [" ".join(p.cmdline()) for p in family if _running(p)]
+        assert any("nbdist.watchdog" in c for c in commands)
+        assert any("ipyparallel.controller" in c for c in commands)
+        assert set(info["engines"]) <= set(info["family"])
+    finally:
+        kernel.kill()
+        kernel.wait(10)
+    deadline = time.monotonic() + 30
+    while [p for p in family if _running(p)]:
+        assert time.monotonic() < deadline, f"left running: {[p.pid for p in family if _running(p)]}"
+        time.sleep(0.2)
+
+
+def _running(proc) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
