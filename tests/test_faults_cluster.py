@@ -181,3 +181,70 @@ def _running(proc) -> bool:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
+
+
+# -- bad input (the cases of the async issue are in test_async_cluster.py) ----------------------
+
+@pytest.mark.parametrize("extra,match", [
+    ("x_train[3, 2] = float('inf')", r"x_train contains NaN or inf in 1 sample\(s\) \(first at index 3\)"),
+    ("x_train = x_train[:, :5]", r"x_train \(shape \(900, 5\).*do not fit the model \(it expects inputs of "
+                                 r"shape \(None, 8\)\).*expected axis -1 of input shape to have value 8"),
+    ("y_train = y_train.astype(str)", r"y_train holds <U\d+ values, expected numbers.*np.unique"),
+    ("x_train = x_train.astype(object)", r"x_train holds object values, expected numbers"),
+    ("y_train = y_train + 7", r"do not fit the model.*label value of \d+"),
+])
+def test_bad_data_is_refused_before_training_and_engines_stay_ready(cluster, extra, match):
+    from nbdist.errors import DataError
+    from nbdist.ps.launch import running_hubs
+
+    with pytest.raises(DataError, match=match):
+        nbdist.train(SYNTHETIC_CELL + extra + "\n", cluster=cluster, namespace={}, workers=2)
+    assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3
+
+
+def test_a_loss_that_becomes_nan_mid_run_stops_the_run_naming_the_step(cluster):
+    from nbdist.errors import TrainingError
+
+    # finite data (passes the data check), but one sample overflows float32 inside the model
+    cell = SYNTHETIC_CELL + "x_train[17] = 3e38\n"
+    run = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, epochs=3)
+    with pytest.raises(TrainingError, match=r"engine \d\] The (loss|gradient norm) became (nan|inf) at step "
+                                            r"\d+ on worker \d \(epoch 0\)\. Lower the learning rate"):
+        run.wait(timeout=120)
+    assert run.status == "failed"
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, wait=True)
+    assert again.status == "finished"
+
+
+@pytest.mark.parametrize("line,match", [
+    ("--batch-size 0", r"--batch-size"),
+    ("--workers 0", r"--workers"),
+    ("--workers 2 --slowdown 1,0", r"--slowdown factors must be between 1"),
+    ("--workers 2 --slowdown 1,-2", r"--slowdown factors must be between 1"),
+    ("--workers 2 --slowdown 1,1e9", r"--slowdown factors must be between 1"),
+    ("--workers 2 --slowdown 1,nan", r"--slowdown"),
+    ("--workers 2 --slowdown fast", r"--slowdown expects numbers"),
+    ("--bogus 3", None),
+    ("--epochs", None),
+])
+def test_bad_flags_are_refused_before_training(cluster, ip, line, match):
+    from IPython.core.error import UsageError
+
+    from nbdist.errors import ConfigError
+    from nbdist.ps.launch import running_hubs
+
+    ip.magics_manager.registry["NbdistMagics"].cluster = cluster
+    error = UsageError if match is None else ConfigError
+    with pytest.raises(error, match=match):
+        ip.run_cell_magic("distribute", line + " --wait", SYNTHETIC_CELL)
+    assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3
+
+
+@pytest.mark.parametrize("factor", [0, -1, 1e9, float("inf")])
+def test_absurd_live_slowdown_is_refused_in_the_kernel(factor):
+    from nbdist.config import TrainConfig
+    from nbdist.errors import ConfigError
+    from nbdist.run import Run
+
+    with pytest.raises(ConfigError, match="--slowdown factors must be between 1"):
+        Run(TrainConfig(), model=None, model_name="model").set_slowdown(0, factor)
