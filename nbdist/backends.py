@@ -31,7 +31,12 @@ def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpe
 
 
 class ClusterBackend:
-    """Hubs as threads on dedicated engines; one worker task per worker engine."""
+    """Hubs as threads on dedicated engines; one worker task per worker engine.
+
+    An async run survives a worker engine that dies: `failure()` skips it and `newly_lost()`
+    reports it once, so the Run can tell the hub and go on with the others."""
+
+    survives_worker_loss = True
 
     def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None):
         self.cluster = cluster
@@ -41,6 +46,8 @@ class ClusterBackend:
         self.bind_host = cluster.bind_address({e: hosts[e] for e in (*self.roles.servers, *self.roles.workers)})
         self._tasks: dict[int, object] = {}
         self._run_id = ""
+        self.lost: dict[int, str] = {}  # worker -> why its engine is gone
+        self._reported: set[int] = set()
 
     @property
     def num_workers(self) -> int:
@@ -71,9 +78,19 @@ class ClusterBackend:
     def failure(self) -> Exception | None:
         """The first worker that raised, as an nbdist exception naming its engine."""
         for i, ar in self._tasks.items():
-            if ar.ready() and not ar.successful():
-                return _get_error(ar, self.roles.workers[i])
+            if i in self.lost or not ar.ready() or ar.successful():
+                continue
+            error = _get_error(ar, self.roles.workers[i])
+            if not (self.survives_worker_loss and _engine_died(ar)):
+                return error
+            self.lost[i] = str(error)
         return None
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        """Workers whose engine died since the last call (found by `failure()`)."""
+        new = [(i, why) for i, why in self.lost.items() if i not in self._reported]
+        self._reported.update(i for i, _ in new)
+        return new
 
     def workers_running(self) -> bool:
         return any(not ar.ready() for ar in self._tasks.values())
@@ -127,6 +144,9 @@ class LocalBackend:
     def failure(self) -> Exception | None:
         return self._error
 
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # the worker is a thread of this kernel: it cannot die alone
+
     def workers_running(self) -> bool:
         return self._worker is not None and self._worker.is_alive()
 
@@ -150,6 +170,16 @@ def _get_error(ar, engine: int) -> Exception:
     except Exception as exc:  # noqa: BLE001
         return _as_nbdist(exc, engine)
     return RemoteCellError(f"engine {engine} failed without an error")
+
+
+def _engine_died(ar) -> bool:
+    """Whether a failed task failed because its engine process went away (killed, crashed),
+    as ipyparallel reports it, rather than because the code raised."""
+    try:
+        ar.get(0)
+    except Exception as exc:  # noqa: BLE001
+        return getattr(exc, "ename", type(exc).__name__) == "EngineError"
+    return False
 
 
 def _as_nbdist(exc: Exception, engine: int) -> Exception:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import re
 import types
 from dataclasses import dataclass
 
@@ -108,10 +109,46 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellConte
         )
     if len(x) == 0:
         raise DataError(f"{config.data[0]} is empty: there is nothing to train on.")
+    _check_fit(model, x, y, config.data)
     validation = _validation(namespace, config)
     pushed = outside_values(source, namespace, defined)
     pushed.update({n: namespace[n] for n in (*config.data, *(validation or ())) if n not in defined})
     return CellContents(model_name, model, config.data, validation, len(x), pushed)
+
+
+def _check_fit(model, x: np.ndarray, y: np.ndarray, names: tuple[str, str]) -> None:
+    """The model's loss on the first two samples, computed here, so wrong shapes or dtypes
+    between the data and the model are reported in the kernel, with both shapes, instead of
+    as a TensorFlow error inside every engine."""
+    what = (f"{names[0]} (shape {x.shape}, dtype {x.dtype}) and {names[1]} (shape {y.shape}, "
+            f"dtype {y.dtype})")
+    for n, a in zip(names, (x, y), strict=True):
+        if a.dtype.kind not in "biuf":
+            raise DataError(f"{what}: {n} holds {a.dtype} values, expected numbers. Convert it, e.g. "
+                            f"{n} = {n}.astype('float32'), or class names to integer ids with "
+                            f"{n} = np.unique({n}, return_inverse=True)[1].")
+    try:
+        y_pred = model(x[:2], training=False)
+        loss = float(model.compute_loss(x=x[:2], y=y[:2], y_pred=y_pred, training=False))
+    except Exception as exc:  # noqa: BLE001 - Keras/TensorFlow raise many kinds here
+        detail = _first_line(str(exc)) or type(exc).__name__
+        expects = getattr(model, "input_shape", None)
+        raise DataError(
+            f"{what} do not fit the model{f' (it expects inputs of shape {expects})' if expects else ''}: "
+            f"{type(exc).__name__}: {detail}. Reshape or convert the arrays, or change the model's "
+            "Input and output layers to match them."
+        ) from None
+    if not np.isfinite(loss):
+        raise DataError(f"The loss on the first samples of {what} is {loss} before any training. "
+                        "Check the labels match the loss (e.g. class ids within the output size) and "
+                        "normalise the inputs.")
+
+
+def _first_line(message: str) -> str:
+    """The line of a Keras error that says what is wrong (not its preamble or arguments)."""
+    lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in message.splitlines()]
+    lines = [line for line in lines if line and not line.startswith(("Exception encountered", "Arguments"))]
+    return lines[0][:300] if lines else ""
 
 
 def _is_keras_model(obj: object) -> bool:

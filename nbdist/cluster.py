@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import socket
+import weakref
 from dataclasses import dataclass
 
 from nbdist.errors import NoClusterError, NotEnoughEnginesError
@@ -73,6 +74,8 @@ class Cluster:
     def __init__(self, client, ipp_cluster=None):
         self.client = client
         self._ipp_cluster = ipp_cluster  # None when we only connected: never stop theirs
+        self._runs: weakref.WeakSet = weakref.WeakSet()  # runs on this cluster, stopped by stop()
+        self._watchdog = None  # ends our engines if this kernel dies without stop()
 
     @classmethod
     def start(cls, n: int, profile: str | None = None, timeout: float = 120.0) -> Cluster:
@@ -93,7 +96,20 @@ class Cluster:
                 f"{n} engine(s) did not start within {timeout:.0f}s. Check that this Python "
                 "can run `python -m ipyparallel.engine`, or start fewer engines."
             ) from None
-        return cls(client, ipp_cluster)
+        handle = cls(client, ipp_cluster)
+        handle._start_watchdog()
+        return handle
+
+    def _start_watchdog(self) -> None:
+        from nbdist.watchdog import spawn
+
+        ipp_cluster = self._ipp_cluster
+        launchers = [ipp_cluster.controller, *ipp_cluster.engines.values()]
+        for engine_set in ipp_cluster.engines.values():
+            launchers += list(getattr(engine_set, "launchers", {}).values())
+        pids = sorted({pid for pid in (getattr(la, "pid", None) for la in launchers) if isinstance(pid, int) and pid > 0})
+        if pids:
+            self._watchdog = spawn(pids)
 
     @classmethod
     def connect(cls, profile: str | None = None, cluster_id: str | None = None,
@@ -136,8 +152,19 @@ class Cluster:
         host = url.split("://")[-1].rsplit(":", 1)[0] if "://" in url else "127.0.0.1"
         return host if host not in ("*", "0.0.0.0") else "127.0.0.1"
 
+    def track(self, run) -> None:
+        """Remember a run on this cluster, so `stop()` ends it before the engines go."""
+        self._runs.add(run)
+
     def stop(self) -> None:
-        """Stop engines and controller if we started them; otherwise just disconnect."""
+        """Stop engines and controller if we started them; otherwise just disconnect.
+        A run still training is stopped first (its weights reach the notebook's model)."""
+        for run in list(self._runs):
+            run.close(timeout=30)
+        if self._watchdog is not None:  # a stop on purpose: it must not fire on reused pids
+            self._watchdog.terminate()
+            self._watchdog.wait(10)
+            self._watchdog = None
         try:
             if self._ipp_cluster is not None and self.client.ids:
                 # ask engines to exit cleanly first, so none is killed mid-write

@@ -105,6 +105,10 @@ class TrainingError(NbdistError, RuntimeError):
     """The run failed while training (a hub or worker was lost, the loss became NaN, ...)."""
 
 
+class WorkersLostError(TrainingError):
+    """Every worker of an async run died (engines killed or crashed); nobody is left to train."""
+
+
 class ProtocolError(NbdistError, ValueError):
     """A message on a hub socket was unsigned, wrongly signed, replayed or malformed."""
 

@@ -128,9 +128,8 @@ class NbdistMagics(Magics):
 
     def close(self) -> None:
         """Stop the latest run and the cluster we started (a connected one is only released)."""
-        if self.run is not None and not self.run.done:
-            self.run.stop()
-            self.run._done.wait(30)  # noqa: SLF001
+        if self.run is not None:
+            self.run.close(timeout=30)
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None

@@ -16,13 +16,14 @@ import time
 
 import pandas as pd
 
-from nbdist.errors import ConfigError, NbdistError, TrainingError
+from nbdist.errors import ConfigError, NbdistError, TrainingError, WorkersLostError
 from nbdist.ps.client import HubControl
 from nbdist.ps.stats import HISTORY_COLUMNS
 
 log = logging.getLogger(__name__)
 
 POLL_S = 0.25  # how often the kernel asks the hub for statistics
+WAIT_SLICE_S = 0.2  # wait() checks for Ctrl-C at least this often
 TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) timeline
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
                 "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
@@ -56,6 +57,8 @@ class Run:
         self._listeners: list = []  # callables(run) called after each poll (status display)
         self.revision = 0  # +1 per stats poll: displays redraw only what changed
         self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
+        self.warnings: list[str] = []  # things that went wrong without failing the run (a lost worker)
+        self._events_seen = 0
 
     # -- results ----------------------------------------------------------------------------
 
@@ -124,12 +127,15 @@ class Run:
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends; raise its error if it failed. Returns the run."""
+        end = None if timeout is None else time.monotonic() + timeout
         try:
-            if not self._done.wait(timeout):
-                raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
-        except KeyboardInterrupt:
-            self.stop()
-            self._done.wait(30)
+            # short slices: an interrupt that arrives as a flag rather than a signal (Jupyter's
+            # interrupt on some platforms, _thread.interrupt_main) is seen within WAIT_SLICE_S
+            while not self._done.wait(WAIT_SLICE_S):
+                if end is not None and time.monotonic() >= end:
+                    raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
+        except KeyboardInterrupt:  # Ctrl-C: stop the workers and hub, free the engines
+            self.close(timeout=30)
             raise
         if self.error is not None:
             raise self.error
@@ -147,12 +153,20 @@ class Run:
             ...     time.sleep(20)
             ...     run.stop()
         """
+        self.close(timeout=60)
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Stop the run if it is still going and wait (up to `timeout`) until its workers and
+        hub have left the engines. Never raises: for clean-up paths (Ctrl-C, cluster stop)."""
         if not self.done:
-            try:
-                self.stop()
-            except TrainingError:  # it ended meanwhile
-                pass
-            self._done.wait(60)
+            self._stop_quietly()
+            self._done.wait(timeout)
+
+    def _stop_quietly(self) -> None:
+        try:
+            self.stop()
+        except NbdistError:  # it ended meanwhile, or the hub is gone: the monitor cleans up
+            pass
 
     # -- control ----------------------------------------------------------------------------
 
@@ -217,6 +231,9 @@ class Run:
     def _begin(self, backend, control: HubControl, run_id: str) -> None:
         self._backend, self._control, self.run_id = backend, control, run_id
         self.status = "running"
+        cluster = getattr(backend, "cluster", None)
+        if cluster is not None:
+            cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
         threading.Thread(target=self._monitor, daemon=True, name=f"nbdist-run-{run_id}").start()
 
     def _monitor(self) -> None:
@@ -227,6 +244,8 @@ class Run:
                 failure = backend.failure()
                 if failure is not None:
                     raise failure
+                for worker, why in backend.newly_lost():
+                    self._report_lost(control, worker, why)
                 try:
                     want_timeline = time.monotonic() - self._timeline_at > TIMELINE_EVERY_S
                     snap = control.stats(since=len(self._rows), timeline=want_timeline)
@@ -240,6 +259,7 @@ class Run:
                     raise TrainingError(f"The hub failed: {snap['error']}")
                 if snap.get("finished"):
                     self._absorb(control.stats(since=len(self._rows), timeline=True))
+                    self._check_survivors()
                     break
                 time.sleep(POLL_S)
             from nbdist.flatmodel import write_flat
@@ -255,6 +275,26 @@ class Run:
             self._cleanup()
             self._done.set()
             self._notify()
+
+    def _report_lost(self, control: HubControl, worker: int, why: str) -> None:
+        """A worker's engine died: the hub hands its work to the others at once."""
+        log.warning("nbdist run %s: worker %d's engine died; training goes on without it (%s)",
+                    self.run_id, worker, why.splitlines()[0])
+        try:
+            control.control(lost=worker, reason="engine died")
+        except NbdistError as exc:  # the hub notices the silence by itself
+            log.warning("could not tell the hub that worker %d is lost: %s", worker, exc)
+
+    def _check_survivors(self) -> None:
+        nodes = self._snapshot.get("nodes", [])
+        lost = self._snapshot.get("lost", [])
+        if nodes and len(lost) == len(nodes):
+            engines = ", ".join(str(n["engine"]) for n in nodes)
+            raise WorkersLostError(
+                f"All {len(nodes)} workers were lost (engines {engines} died or went silent) before "
+                "training finished, so there is no trained model. Check the engines with "
+                "`%nbdist status` (restart them with %nbdist stop / %nbdist start N), then run the "
+                "cell again.")
 
     def _abort(self) -> None:
         """Tell the surviving workers to stop and give them a moment to leave."""
@@ -283,6 +323,12 @@ class Run:
             self.timeline_revision += 1
         self._snapshot = snap
         self.revision += 1
+        events = snap.get("events", [])
+        for e in events[self._events_seen:]:
+            if e.get("event") == "worker_lost":
+                self.warnings.append(f"worker {e['worker']} was lost at step {e['step']} "
+                                     f"({e.get('reason')}); the others took over its data")
+        self._events_seen = len(events)
         if self.status in ("running", "paused"):
             self.status = "paused" if snap.get("paused") else "running"
         self._notify()
@@ -308,6 +354,8 @@ class Run:
         if evals:
             last = evals[-1]
             parts += [f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_")]
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warning(s): {self.warnings[-1]}")
         if self.error is not None:
             parts.append(f"error: {str(self.error).splitlines()[0]}")
         return " | ".join(parts)

@@ -67,6 +67,8 @@ def mpi_rank_variable() -> str | None:
 class SyncBackend(ClusterBackend):
     """Horovod ranks on worker engines; rendezvous and the metrics hub in this kernel."""
 
+    survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
+
     def __init__(self, cluster, num_workers: int | None):
         require_horovod()
         super().__init__(cluster, num_servers=0, num_workers=num_workers)

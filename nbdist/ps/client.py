@@ -129,7 +129,7 @@ class WorkerTransport:
         first = None
         for i, line in enumerate(self.lines):
             msg = line.recv()
-            if pull:
+            if pull and not msg.header.get("lost"):  # a worker written off gets no parameters
                 lo, hi = self.bounds[i]
                 where = msg.header.get("params")
                 if where == "live":
@@ -163,7 +163,7 @@ class WorkerTransport:
         shm.release(self._segment, unlink=True)
 
 
-PER_SHARD = ("lr", "option", "stop")
+PER_SHARD = ("lr", "option", "stop", "lost")
 
 
 class HubControl:

@@ -24,6 +24,10 @@ GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are fo
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
 DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (a percentile
                         # per push would cost more than the rest of the hub's bookkeeping)
+LOST_FLOOR_S = 5.0  # a silent worker is never declared lost sooner than this ...
+LOST_STEPS = 20  # ... nor sooner than this many of its own (slowed-down) step times
+LOST_FIRST_S = 30.0  # silence allowed before its first push is measured (first local round)
+LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take long)
 
 
 @dataclass
@@ -73,6 +77,10 @@ class Coordinator:
         self.evaluating: dict[int, int] = {}
         self.arrived: set[int] = set()
         self.gone: set[int] = set()
+        self.lost: set[int] = set()
+        self._heard: dict[int, float] = {}  # worker -> hub time of its last message
+        self._last_push: dict[int, float] = {}
+        self._step_s: dict[int, float] = {}  # worker -> moving average of its push interval / slowdown
         self.reported_epochs = 0.0
         self.group_of: list[list[int]] = [[w] for w in range(n)]
         self.grouped = False
@@ -89,6 +97,11 @@ class Coordinator:
         w.state, w.host, w.engine = "starting", host, engine
         self.gone.discard(worker)
         self.arrived.add(worker)
+        if worker in self.lost:  # it came back (rejoin): train on from the slowest clock
+            self.lost.discard(worker)
+            self._step_s.pop(worker, None)
+            if self.clock is not None:
+                self.clock.join(worker)
 
     def bye(self, worker: int, now: float) -> None:
         self.gone.add(worker)
@@ -119,6 +132,7 @@ class Coordinator:
                 if self.plan.has_validation:
                     self.eval_queue.append(finished_epoch)
         compute_s = float(h.get("compute_s", 0.0))
+        self._time_step(worker, now)
         self.sizer.observe(worker, samples, compute_s)
         self._count(worker, samples, h, delay, now)
         if self.clock is not None:
@@ -196,6 +210,48 @@ class Coordinator:
         self.stats.workers[worker].state = state if all_here else "starting"
         return work
 
+    # -- lost workers ---------------------------------------------------------------------
+
+    def heard(self, worker: int, now: float) -> None:
+        """`worker` spoke (or its held reply was just sent): its silence starts now."""
+        self._heard[worker] = now
+
+    def _time_step(self, worker: int, now: float) -> None:
+        last = self._last_push.get(worker)
+        self._last_push[worker] = now
+        if last is not None:
+            step = (now - last) / max(1.0, self.slowdown[worker])
+            old = self._step_s.get(worker)
+            self._step_s[worker] = step if old is None else 0.8 * old + 0.2 * step
+
+    def deadline(self, worker: int) -> float:
+        """Seconds of silence after which `worker` counts as lost: many of its own step times,
+        scaled by its current slow-down, never less than a few seconds."""
+        step = self._step_s.get(worker)
+        limit = LOST_FIRST_S if step is None else max(
+            LOST_FLOOR_S, LOST_STEPS * step * max(1.0, self.slowdown[worker]))
+        return max(limit, LOST_EVAL_S) if worker in self.evaluating else limit
+
+    def overdue(self, now: float, exempt=()) -> list[int]:
+        """Workers silent past their deadline. Nobody is overdue while the run is paused, nor
+        while the hub holds its reply (`exempt`: SSP or a group barrier keeps it waiting)."""
+        if self.paused:
+            return []
+        return [w for w, t in self._heard.items()
+                if w not in self.gone and w not in exempt and now - t > self.deadline(w)]
+
+    def lose(self, worker: int, now: float, reason: str) -> None:
+        """`worker` died: give its chunks and validation job to the others, stop waiting for
+        it (SSP clock), and show it as lost."""
+        if worker in self.lost:
+            return
+        silent = now - self._heard.get(worker, now)
+        self.arrived.add(worker)  # died before hello: the others must not wait for it either
+        self.bye(worker, now)
+        self.lost.add(worker)
+        self.stats.workers[worker].state = "lost"
+        self.stats.record_event("worker_lost", now, worker=worker, reason=reason, silent_s=round(silent, 2))
+
     # -- groups -----------------------------------------------------------------------------
 
     def regroup(self, now: float) -> None:
@@ -215,7 +271,7 @@ class Coordinator:
     def _group_now(self, worker: int) -> list[int]:
         """The worker's group for its next push; alone when the data left cannot give every
         member a chunk (the end of the run), so no barrier waits for a push that won't come."""
-        members = self.group_of[worker]
+        members = [m for m in self.group_of[worker] if m not in self.gone]  # nobody waits for the lost
         if len(members) > 1 and self.schedule.samples_left < sum(self.sizer.batch_for(m) for m in members):
             return [worker]
         return members
@@ -266,7 +322,8 @@ class Coordinator:
                      group=self._group_index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
         snap.update(
-            finished=self.finished, paused=self.paused, stopping=self.stopping, lr=self.lr,
+            finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
+            paused=self.paused, stopping=self.stopping, lr=self.lr,
             epochs_done=self.epochs_done, batch_policy=self.sizer.policy,
             delays={str(w): self.delays.histogram(w) for w in range(self.plan.num_workers)},
         )

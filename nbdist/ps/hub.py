@@ -44,6 +44,7 @@ from nbdist.ps.coordinator import Coordinator, Plan
 
 log = logging.getLogger(__name__)
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
+LOST_CHECK_S = 0.5  # how often shard 0 looks for workers silent past their deadline
 
 
 @dataclass
@@ -123,11 +124,14 @@ class Hub:
                     "shutdown": self._shutdown}
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
-        last_heard = time.monotonic()
+        last_heard = last_check = time.monotonic()
         try:
             while not self.closing:
                 if self.barrier is not None and self.barrier.pending:
                     self._expire_group_steps()
+                if self.coordinator and time.monotonic() - last_check > LOST_CHECK_S:
+                    last_check = time.monotonic()
+                    self._find_lost()
                 if not poller.poll(100 if self.barrier is not None else 500):
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
@@ -172,6 +176,8 @@ class Hub:
             if answer is not None:
                 del self.held[worker]
                 self._send(ident, *answer)
+                if self.coordinator:
+                    self.coordinator.heard(worker, self.now())  # its silence counts from now
 
     def close(self) -> None:
         self._sock.close(0)
@@ -198,10 +204,16 @@ class Hub:
                               if name else _WorkerLink())
         if self.coordinator:
             self.coordinator.hello(worker, msg.header.get("host", ""), msg.header.get("engine"))
+            self.coordinator.heard(worker, self.now())
         return self._reply_or_hold(worker, ident, pull=True)
 
     def _step(self, msg: Message, ident) -> tuple[dict, list] | None:
         worker, h = int(msg.header["worker"]), msg.header
+        if worker not in self.links or (self.coordinator and worker in self.coordinator.lost):
+            # written off as lost, yet alive: its chunks went to others, so it must leave
+            return {"op": "reply", "version": self.version, "lost": True, "stop": True, "done": True}, []
+        if self.coordinator:
+            self.coordinator.heard(worker, self.now())
         link, pull = self.links[worker], bool(h.get("pull"))
         copied = False  # whether the pull buffer already holds the new weights
         if h.get("push"):
@@ -312,16 +324,34 @@ class Hub:
 
     def _bye(self, msg: Message, ident) -> tuple[dict, list]:
         worker = int(msg.header["worker"])
+        self._forget(worker)
+        if self.coordinator and worker not in self.coordinator.lost:
+            self.coordinator.bye(worker, self.now())
+        return {"op": "bye"}, []
+
+    def _forget(self, worker: int) -> None:
+        """`worker` left or died: free its link and rule state; nothing waits for it any more."""
         link = self.links.pop(worker, None)
         if link:
             shm.release(link.segment)
+        self.held.pop(worker, None)
         self.rule.forget(worker)
         if self.barrier is not None:
             for step in self.barrier.drop(worker):
                 self._apply_group(step)
+
+    def _find_lost(self) -> None:
+        """Workers silent past their deadline (killed, engine died) are written off."""
+        for worker in self.coordinator.overdue(self.now(), exempt=self.held):
+            deadline = self.coordinator.deadline(worker)
+            log.warning("hub: worker %d silent for over %.1fs; counting it as lost", worker, deadline)
+            self._lose(worker, f"silent for over {deadline:.1f}s")
+
+    def _lose(self, worker: int, reason: str) -> None:
+        self._forget(worker)
         if self.coordinator:
-            self.coordinator.bye(worker, self.now())
-        return {"op": "bye"}, []
+            self.coordinator.lose(worker, self.now(), reason)
+        self._release_held()  # e.g. SSP: the others no longer wait for its clock
 
     # -- kernel ops -------------------------------------------------------------------------
 
@@ -343,6 +373,8 @@ class Hub:
             self.lr = lr
         if "option" in h:
             self.rule.set_option(str(h["option"][0]), float(h["option"][1]))
+        if "lost" in h:  # the kernel saw the worker's engine die
+            self._lose(int(h["lost"]), str(h.get("reason", "engine died")))
         if h.get("stop") and self.barrier is not None:
             for step in self.barrier.flush_all():
                 self._apply_group(step)

@@ -109,6 +109,11 @@ class EpochSchedule:
         return later + self.num_samples - self._cursor + sum(c.size for c in self._requeued)
 
     @property
+    def samples_per_epoch(self) -> list[int]:
+        """Samples trained on so far in each epoch (each reaches num_samples exactly once)."""
+        return [self.num_samples - left for left in self._remaining]
+
+    @property
     def epochs_done(self) -> float:
         """Progress in epochs, counting only completed samples (e.g. 1.5)."""
         return self._done / self.num_samples

@@ -1,0 +1,186 @@
+"""A worker that dies mid-run: the coordinator's decisions (no sockets), then a real hub that
+notices a silent worker, hands its chunk to the survivor and stops holding the survivor back."""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from nbdist.protocol import new_key
+from nbdist.ps import coordinator as coordinator_module
+from nbdist.ps.client import HubControl, WorkerTransport
+from nbdist.ps.coordinator import (
+    LOST_EVAL_S,
+    LOST_FIRST_S,
+    LOST_FLOOR_S,
+    LOST_STEPS,
+    Coordinator,
+    Plan,
+)
+from nbdist.ps.hub import Hub, HubSpec
+
+
+def plan(**kw):
+    base = dict(num_workers=2, num_samples=40, epochs=1, batch_size=4, lr=0.1, has_validation=False)
+    return Plan(**{**base, **kw})
+
+
+def started(p):
+    c = Coordinator(p)
+    c.hello(0, "h", 0), c.hello(1, "h", 1)
+    c.heard(0, 0.0), c.heard(1, 0.0)
+    return c
+
+
+def push_one(c, worker, now):
+    (cid, *_), = c.work_for(worker, True, 0)["chunks"]
+    c.heard(worker, now)
+    c.push(worker, {"chunks": [cid]}, delay=0, now=now)
+    return cid
+
+
+def test_deadline_is_many_step_times_with_a_floor_and_more_while_evaluating():
+    c = started(plan(num_samples=400))
+    assert c.deadline(0) == LOST_FIRST_S  # no push measured yet
+    for i in range(3):
+        push_one(c, 0, now=1.0 + 0.01 * i)  # 10 ms steps
+    assert c.deadline(0) == LOST_FLOOR_S
+    for i in range(1, 12):
+        push_one(c, 1, now=1.0 + 1.0 * i)  # 1 s steps
+    assert c.deadline(1) == pytest.approx(LOST_STEPS * 1.0)
+    c.slowdown[1] = 3.0  # slowed down live: its next steps take three times longer
+    assert c.deadline(1) == pytest.approx(3 * LOST_STEPS * 1.0)
+    c.evaluating[0] = 0
+    assert c.deadline(0) == LOST_EVAL_S
+
+
+def test_silent_worker_is_overdue_unless_paused_or_its_reply_is_held():
+    c = started(plan())
+    for i in range(3):
+        push_one(c, 0, now=0.01 * i)
+        push_one(c, 1, now=0.01 * i)
+    c.heard(0, 100.0)
+    now = 0.02 + LOST_FLOOR_S + 0.1
+    assert c.overdue(now - 0.2) == []
+    assert c.overdue(now) == [1]
+    assert c.overdue(now, exempt={1: None}) == []  # the hub holds its reply: it cannot speak
+    c.control({"paused": True}, now=now)
+    assert c.overdue(now) == []
+
+
+def test_a_lost_worker_s_chunks_and_eval_go_to_the_others_and_every_sample_is_seen_once():
+    c = started(plan(num_samples=16, has_validation=True))
+    first = push_one(c, 0, now=1.0)
+    lost_chunk = c.work_for(1, True, 0)["chunks"][0]  # worker 1 takes a chunk, then dies
+    push_one(c, 0, now=2.0)
+    c.lose(1, now=9.0, reason="silent")
+    assert c.stats.workers[1].state == "lost" and c.lost == {1}
+    event = c.stats.events[-1]
+    assert event["event"] == "worker_lost" and event["worker"] == 1 and event["silent_s"] == 9.0
+    taken = [push_one(c, 0, now=10.0 + i) for i in range(2)]
+    assert lost_chunk[0] in taken and first not in taken
+    assert c.schedule.samples_per_epoch == [16] and c.schedule.finished
+    job = c.work_for(0, True, 5)
+    assert job["eval"]["epoch"] == 0  # the survivor evaluates
+    c.evaluating[0] = 0
+    c.lose(0, now=11.0, reason="silent")  # then it dies too, mid-evaluation
+    assert c.finished and c.snapshot(0)["lost"] == [0, 1]
+
+
+def test_ssp_stops_waiting_for_a_lost_worker_and_a_rejoin_starts_at_the_slowest_clock():
+    c = started(plan(num_samples=100, staleness=0))
+    push_one(c, 0, now=1.0)
+    assert c.work_for(0, True, 0) is None  # one clock ahead of worker 1 with S = 0
+    c.lose(1, now=9.0, reason="engine died")
+    assert c.work_for(0, True, 0) is not None
+    c.hello(1, "h", 1)  # it comes back: no longer lost, and nobody waits for anybody
+    assert 1 not in c.lost and c.work_for(1, True, 0) is not None
+
+
+def test_group_members_lost_are_not_waited_for():
+    c = started(plan(algorithm="group", groups=1))
+    assert c._group_now(0) == [0, 1]
+    c.lose(1, now=1.0, reason="silent")
+    assert c._group_now(0) == [0]
+
+
+# -- a real hub, workers driven from this thread ----------------------------------------------
+
+SIZE = 64
+
+
+@pytest.fixture
+def fast_loss(monkeypatch):
+    monkeypatch.setattr(coordinator_module, "LOST_FLOOR_S", 1.5)
+
+
+def start_hub(p):
+    key = new_key()
+    hub = Hub(HubSpec("loss", key, 0, 1, p, np.zeros(SIZE, np.float32), np.zeros(0, np.float32)))
+    thread = threading.Thread(target=hub.serve, daemon=True)
+    thread.start()
+    return hub, key, thread
+
+
+def grad_for(chunk_id):
+    return np.full(SIZE, chunk_id + 1, np.float32)  # deterministic: the expected sum is exact
+
+
+def train_until_done(t, reply, applied, deadline_s=30.0):
+    """Push every chunk handed out (gradient = chunk id + 1) until the hub says done."""
+    end = time.monotonic() + deadline_s
+    while not reply.get("done"):
+        assert time.monotonic() < end, "the run did not finish"
+        if reply["chunks"]:
+            cid = reply["chunks"][0][0]
+            t.grad[:] = grad_for(cid)
+            reply = t.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+            applied.append(cid)
+        else:
+            time.sleep(0.02)
+            reply = t.step({}, push=False, pull=False)
+    return reply
+
+
+@pytest.mark.parametrize("staleness", [None, 2])
+def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(fast_loss, staleness):
+    p = plan(num_samples=80, batch_size=4, staleness=staleness)
+    hub, key, thread = start_hub(p)
+    control = HubControl(key, [hub.endpoints])
+    a, b = (WorkerTransport(key, w, [hub.endpoints], 0, "tcp", timeout=20) for w in (0, 1))
+    try:
+        ra, rb = a.hello(), b.hello()
+        ra = a.step({}, push=False, pull=False)  # both here now: chunks are handed out
+        rb = b.step({}, push=False, pull=False)
+        applied = []
+        for _ in range(2):  # b trains a little (so its step time is measured), then goes silent
+            cid = rb["chunks"][0][0]
+            b.grad[:] = grad_for(cid)
+            rb = b.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+            applied.append(cid)
+        assert rb["chunks"]  # it holds a chunk it will never push
+        t0 = time.monotonic()
+        train_until_done(a, ra, applied)  # with SSP, a is held 3 clocks ahead until b is written off
+        snap = control.stats()
+        assert snap["lost"] == [1] and snap["nodes"][1]["state"] == "lost"
+        lost = [e for e in snap["events"] if e["event"] == "worker_lost"]
+        assert len(lost) == 1 and lost[0]["worker"] == 1 and lost[0]["silent_s"] >= 1.5
+        assert time.monotonic() - t0 < 15
+        assert snap["epoch_samples"] == [80] and sorted(applied) == list(range(20))
+        assert sum(n["samples"] for n in snap["nodes"]) == 80
+        params, _ = control.params()  # each chunk's gradient applied exactly once
+        expected = -np.float32(0.1) * sum(grad_for(c) for c in applied)
+        np.testing.assert_allclose(params, expected, rtol=1e-5)
+        late = b.step({"chunks": [rb["chunks"][0][0]], "loss": 0.0}, push=True, pull=True)
+        assert late["lost"] and late["done"]  # it was alive after all: told to leave, not applied
+        np.testing.assert_array_equal(control.params()[0], params)
+        assert snap["finished"] is False
+        a.bye()
+        assert control.stats()["finished"]
+    finally:
+        control.shutdown()
+        thread.join(10)
+        for t in (a, b):
+            t.close()
+        control.close()
