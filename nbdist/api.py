@@ -141,7 +141,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     if ckpt is not None:
         specs = [replace(s, restore=r) for s, r in zip(specs, ckpt.shard_restores(), strict=True)]
     endpoints = backend.start_hubs(specs)
-    control = HubControl(key, endpoints)
+    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
