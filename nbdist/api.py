@@ -68,7 +68,16 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     saved = {k: v for k, v in ckpt.meta["config"].items() if k in known}
     shard0 = ckpt.meta["shards"][0]
-    saved.update(lr=shard0["lr"], algo_options=shard0["rule_options"])  # the live values
+    saved["lr"] = shard0["lr"]  # the live rate
+    # rule options changed from their defaults (given, or set live) carry over; defaults that
+    # depend on the number of workers (softsync's n, easgd's alpha) follow the new run's
+    from nbdist.algorithms import RULES
+
+    defaults = RULES[shard0["rule"]].default_options(int(ckpt.meta.get("num_workers") or 1))
+    saved["algo_options"] = {k: v for k, v in shard0["rule_options"].items() if defaults.get(k) != v}
+    for flag, option in (("staleness", "staleness"), ("n", "n"), ("groups", "num_groups")):
+        if option in saved["algo_options"]:  # the live value wins over the flag it came from
+            saved[flag] = "auto" if flag == "groups" else None
     try:
         base = TrainConfig(**saved)
     except (ConfigError, TypeError) as exc:
@@ -165,7 +174,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     run = Run(config, model, contents.model_name)
     run._checkpoint_info = {  # noqa: SLF001 - what every checkpoint of this run records
         "run_id": run_id, "config": config.to_dict(), "cell": cell, "model_name": contents.model_name,
-        "layout": layout(model), "num_samples": contents.num_samples,
+        "layout": layout(model), "num_samples": contents.num_samples, "num_workers": backend.num_workers,
         "resumed_from": ckpt.path if ckpt is not None else None}
     run._begin(backend, control, run_id)  # noqa: SLF001
     if wait:

@@ -90,8 +90,8 @@ def _train(hub, pushes, seed):
 
 
 def _save(tmp_path, hubs, **info):
-    info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].rule.name).to_dict(), "cell": "x = 1",
-            "layout": LAYOUT, "num_samples": 10, **info}
+    info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].rule.name, epochs=2).to_dict(), "cell": "x = 1",
+            "layout": LAYOUT, "num_samples": 10, "num_workers": 2, **info}
     return checkpoint.save(str(tmp_path), [checkpoint.shard_state(h) for h in hubs], info)
 
 
@@ -269,6 +269,21 @@ def test_resume_refuses_changed_options_that_give_the_state_its_meaning(tmp_path
         _resumed_config(ckpt, {"algorithm": "asgd"})
     with pytest.raises(ConfigError, match="--epochs 1 is fewer than the checkpointed run's 2"):
         _resumed_config(ckpt, {"epochs": 1})
+
+
+def test_rule_options_set_live_carry_over_and_worker_dependent_defaults_follow_the_new_run(tmp_path):
+    from nbdist.api import _resumed_config
+
+    ssp = _hub("ssp")
+    ssp.rule.set_option("staleness", 5)  # run.set_option during the run; the flag said 3
+    config = TrainConfig(algorithm="ssp", staleness=3, epochs=2).to_dict()
+    resumed = _resumed_config(checkpoint.load(_save(tmp_path / "ssp", [ssp], config=config)), {})
+    assert resumed.rule_options() == {"staleness": 5}
+    softsync = _hub("softsync")  # n=1 given; the default would be n = number of workers
+    resumed = _resumed_config(checkpoint.load(_save(tmp_path / "softsync", [softsync])), {"workers": 4})
+    assert resumed.rule_options() == {"n": 1}
+    ddc = _hub("ddc-asgd")
+    assert _resumed_config(checkpoint.load(_save(tmp_path / "ddc", [ddc])), {}).rule_options() == {}
 
 
 # -- configuration ------------------------------------------------------------------------------
