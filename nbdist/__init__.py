@@ -28,14 +28,15 @@ __all__ = [
     "Run",
     "TrainConfig",
     "load_ipython_extension",
+    "resume",
     "train",
     "unload_ipython_extension",
 ]
 
-_LAZY = {"Cluster": "nbdist.cluster", "Run": "nbdist.run", "train": "nbdist.api"}
+_LAZY = {"Cluster": "nbdist.cluster", "Run": "nbdist.run", "resume": "nbdist.api", "train": "nbdist.api"}
 
 if TYPE_CHECKING:
-    from nbdist.api import train
+    from nbdist.api import resume, train
     from nbdist.cluster import Cluster
     from nbdist.run import Run
 

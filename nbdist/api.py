@@ -1,17 +1,21 @@
-"""`nbdist.train`: everything `%%distribute` does, as a plain function.
+"""`nbdist.train` and `nbdist.resume`: everything `%%distribute` does, as plain functions.
 
-It runs the cell in the kernel (so mistakes show before any engine is touched and the
-notebook's own model exists), checks what the cell provides, starts the hub shards and the
-workers, and returns a Run at once.
+They run the cell in the kernel (so mistakes show before any engine is touched and the
+notebook's own model exists), check what the cell provides, start the hub shards and the
+workers, and return a Run at once. `resume` first loads and verifies a checkpoint, so a
+missing or corrupt one is refused before anything starts.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import os
 import uuid
+from dataclasses import replace
 
 from nbdist.cell import inspect_cell
 from nbdist.config import Algorithm, Mode, TrainConfig
-from nbdist.errors import ConfigError, NoClusterError
+from nbdist.errors import CheckpointError, ConfigError, NoClusterError
 from nbdist.protocol import new_key
 from nbdist.run import Run
 
@@ -30,6 +34,74 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         >>> run.wait().history.tail()                                      # doctest: +SKIP
     """
     config = config.replace(**options) if config is not None else TrainConfig(**options)
+    return _start(cell, config, cluster, namespace, wait)
+
+
+# Options a resumed run must keep: they decide what the saved state means.
+RESUME_FIXED = ("mode", "algorithm", "servers", "seed", "local_steps", "server_optimizer")
+
+
+def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=None,
+           namespace: dict | None = None, wait: bool = False, **options) -> Run:
+    """Continue a run from a checkpoint: weights, update-rule state, versions, learning rate
+    and data position are restored, and only the samples not yet trained on are trained on.
+
+    `checkpoint` is a --checkpoint-dir folder (or the path `run.checkpoint()` returned);
+    `cell` defaults to the checkpointed run's cell; `options` override the saved options
+    (e.g. `epochs=5` to train longer, `workers=3`), except those in RESUME_FIXED.
+
+    Example:
+        >>> run = nbdist.resume("ckpt", cluster=cluster, wait=True)   # doctest: +SKIP
+    """
+    from nbdist.ps.checkpoint import load
+
+    ckpt = load(checkpoint)  # verified whole before anything starts
+    config = _resumed_config(ckpt, options)
+    source = ckpt.meta.get("cell") if cell is None else cell
+    if not isinstance(source, str):
+        raise CheckpointError(f"The checkpoint {ckpt.path} holds no cell source; pass the cell "
+                              "that builds the model: nbdist.resume(path, cell, ...).")
+    return _start(source, config, cluster, namespace, wait, ckpt)
+
+
+def _resumed_config(ckpt, options: dict) -> TrainConfig:
+    known = {f.name for f in dataclasses.fields(TrainConfig)}
+    saved = {k: v for k, v in ckpt.meta["config"].items() if k in known}
+    shard0 = ckpt.meta["shards"][0]
+    saved["lr"] = shard0["lr"]  # the live rate
+    # rule options changed from their defaults (given, or set live) carry over; defaults that
+    # depend on the number of workers (softsync's n, easgd's alpha) follow the new run's
+    from nbdist.algorithms import RULES
+
+    defaults = RULES[shard0["rule"]].default_options(int(ckpt.meta.get("num_workers") or 1))
+    saved["algo_options"] = {k: v for k, v in shard0["rule_options"].items() if defaults.get(k) != v}
+    for flag, option in (("staleness", "staleness"), ("n", "n"), ("groups", "num_groups")):
+        if option in saved["algo_options"]:  # the live value wins over the flag it came from
+            saved[flag] = "auto" if flag == "groups" else None
+    try:
+        base = TrainConfig(**saved)
+    except (ConfigError, TypeError) as exc:
+        raise CheckpointError(f"The checkpoint {ckpt.path} holds options this nbdist refuses: {exc}") from None
+    for name in RESUME_FIXED:  # before the other options, which may only fit the saved ones
+        if name in options and _shown(options[name]).lower() != _shown(getattr(base, name)):
+            flag = "--" + name.replace("_", "-")
+            raise ConfigError(
+                f"{flag} is {_shown(options[name])} here but the checkpoint was taken with "
+                f"{_shown(getattr(base, name))}; the saved state only means something with the "
+                f"same value. Drop {flag} to keep the checkpoint's.")
+    config = base.replace(**options)
+    if config.epochs < ckpt.meta["schedule"]["epochs"]:
+        raise ConfigError(f"--epochs {config.epochs} is fewer than the checkpointed run's "
+                          f"{ckpt.meta['schedule']['epochs']}; a resumed run can train longer, not "
+                          "shorter. Drop --epochs, or pass a larger number.")
+    return config
+
+
+def _shown(value: object) -> str:
+    return str(getattr(value, "value", value))
+
+
+def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait: bool, ckpt=None) -> Run:
     if config.mode in (Mode.ASYNC, Mode.SYNC) and cluster is None:
         raise NoClusterError(
             "No cluster to train on. Start one with %nbdist start 3 (or nbdist.Cluster.start(3)), "
@@ -46,6 +118,14 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     from nbdist.worker import WorkerSpec
 
     model = contents.model
+    params, non_trainable = read_flat(model)
+    if ckpt is not None:  # checked before any engine is used
+        ckpt.check_fits(layout(model), contents.num_samples, config.servers)
+        params, non_trainable = ckpt.params, ckpt.non_trainable
+    if config.checkpoint_dir is not None:
+        from nbdist.ps.checkpoint import prepare_dir
+
+        prepare_dir(config.checkpoint_dir)
     if config.mode is Mode.LOCAL:
         backend = LocalBackend(ns)
     elif config.mode is Mode.SYNC:
@@ -54,7 +134,6 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         backend = SyncBackend(cluster, config.workers)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
-    params, non_trainable = read_flat(model)
     lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
     plan, options, easgd_alpha = _plan(config, contents, lr, backend.num_workers)
     algorithm = plan.algorithm
@@ -67,8 +146,11 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
                    idle_timeout=config.timeout)
     sync = config.mode is Mode.SYNC
     hub_params = params[:0] if sync else params  # in sync mode the hub holds no parameters
-    endpoints = backend.start_hubs(hub_specs(base, hub_params, 1 if sync else config.servers))
-    control = HubControl(key, endpoints)
+    specs = hub_specs(base, hub_params, 1 if sync else config.servers)
+    if ckpt is not None:
+        specs = [replace(s, restore=r) for s, r in zip(specs, ckpt.shard_restores(), strict=True)]
+    endpoints = backend.start_hubs(specs)
+    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
@@ -90,6 +172,10 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         control.close()
         raise
     run = Run(config, model, contents.model_name)
+    run._checkpoint_info = {  # noqa: SLF001 - what every checkpoint of this run records
+        "run_id": run_id, "config": config.to_dict(), "cell": cell, "model_name": contents.model_name,
+        "layout": layout(model), "num_samples": contents.num_samples, "num_workers": backend.num_workers,
+        "resumed_from": ckpt.path if ckpt is not None else None}
     run._begin(backend, control, run_id)  # noqa: SLF001
     if wait:
         run.wait()

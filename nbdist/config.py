@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import math
+import os
 from collections.abc import Sequence
 
 from nbdist.errors import ConfigError
@@ -125,6 +126,8 @@ class TrainConfig:
     batch_max: int | None = None
     slowdown: tuple[float, ...] | None = None
     metrics: Metrics = Metrics.FULL
+    checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.ps.checkpoint)
+    checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -152,6 +155,7 @@ class TrainConfig:
         if self.timeout <= 0:
             raise ConfigError(f"timeout must be positive seconds (Received: {self.timeout!r}).")
         self._check_algorithm_options()
+        self._check_checkpoints()
         if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD
                                        or self.local_steps != 1 or self.overlap):
             raise ConfigError(
@@ -198,6 +202,32 @@ class TrainConfig:
         from nbdist.algorithms import make_rule  # pure NumPy; checks option names and values
 
         make_rule(algo, 0, self.workers or 1, self.rule_options())
+
+    def _check_checkpoints(self) -> None:
+        if self.checkpoint_dir is not None:
+            if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not os.fspath(self.checkpoint_dir):
+                raise ConfigError(f"--checkpoint-dir expects a folder path (Received: {self.checkpoint_dir!r}).")
+            object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
+            if self.mode is Mode.SYNC:
+                raise ConfigError(
+                    "--checkpoint-dir works with --mode async and local, where the hub holds the "
+                    "weights; --mode sync keeps them in the Horovod workers and cannot checkpoint "
+                    "yet. Drop --checkpoint-dir, or train with --mode async.")
+        if self.checkpoint_every is not None:
+            every = self.checkpoint_every
+            if isinstance(every, bool) or not isinstance(every, (int, float)) or not (math.isfinite(every) and every > 0):
+                raise ConfigError(f"--checkpoint-every must be a positive number of seconds "
+                                  f"(Received: {every!r}). Example: --checkpoint-every 60.")
+            if self.checkpoint_dir is None:
+                raise ConfigError("--checkpoint-every needs --checkpoint-dir: say where the "
+                                  "checkpoints go, e.g. --checkpoint-dir ckpt --checkpoint-every 60.")
+
+    @property
+    def checkpoint_interval(self) -> float | None:
+        """Seconds between periodic checkpoints (None: no checkpoint folder, none taken)."""
+        if self.checkpoint_dir is None:
+            return None
+        return float(self.checkpoint_every) if self.checkpoint_every is not None else 60.0
 
     def rule_options(self) -> dict:
         """The hub rule's hyper-parameters: --algo-opt plus the dedicated flags."""

@@ -18,6 +18,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
     ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
+    ├── CheckpointError (ValueError)        a checkpoint is corrupt or does not fit this run
+    │   └── CheckpointNotFoundError (FileNotFoundError)  no checkpoint at that path
     ├── DependencyError (ImportError)       an optional dependency (Horovod, ...) is missing
     ├── DatasetNotFoundError (FileNotFoundError)
     └── DatasetFormatError (ValueError)
@@ -28,6 +30,8 @@ from __future__ import annotations
 __all__ = [
     "AmbiguousModelError",
     "CellError",
+    "CheckpointError",
+    "CheckpointNotFoundError",
     "ClusterError",
     "ConfigError",
     "DataError",
@@ -111,6 +115,14 @@ class WorkersLostError(TrainingError):
 
 class ProtocolError(NbdistError, ValueError):
     """A message on a hub socket was unsigned, wrongly signed, replayed or malformed."""
+
+
+class CheckpointError(NbdistError, ValueError):
+    """A checkpoint cannot be written, or is corrupt or made for another model or run."""
+
+
+class CheckpointNotFoundError(CheckpointError, FileNotFoundError):
+    """There is no checkpoint at the path given to resume from."""
 
 
 class DependencyError(NbdistError, ImportError):

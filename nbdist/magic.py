@@ -88,6 +88,11 @@ class NbdistMagics(Magics):
     @argument("--batch-max", type=int, default=None, help="DBS ceiling (default: workers x batch-size)")
     @argument("--slowdown", default=None, help="per-worker slow-down factors, e.g. 1,2,4")
     @argument("--metrics", default="full", choices=[m.value for m in Metrics])
+    @argument("--checkpoint-dir", default=None, help="folder for checkpoints of the hub's state")
+    @argument("--checkpoint-every", type=float, default=None,
+              help="seconds between checkpoints (default 60 with --checkpoint-dir)")
+    @argument("--resume", default=None,
+              help="continue from this checkpoint; flags given here override the saved ones")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @argument("--top-k", type=int, default=None,
@@ -97,26 +102,22 @@ class NbdistMagics(Magics):
     def distribute(self, line: str, cell: str):
         """Train the model this cell builds, distributed: %%distribute --workers 2 --epochs 2"""
         args = parse_argstring(self.distribute, line)
-        from nbdist.api import train
+        from nbdist.api import resume, train
 
         if self.run is not None and not self.run.done:
             raise ClusterError(f"The previous run is still {self.run.status}. Call "
                                "run.stop() or run.wait() before starting another.")
-        if args.mode == Mode.ASYNC.value and self.cluster is None:
+        if args.resume is None and args.mode == Mode.ASYNC.value and self.cluster is None:
             raise NoClusterError("No cluster. Start one first with %nbdist start 3 "
                                  "(or %nbdist connect --profile P), or use --mode local.")
         source = self.shell.transform_cell(cell)
-        run = train(source, cluster=self.cluster, namespace=self.shell.user_ns,
-                    mode=args.mode, algorithm=args.algorithm, workers=args.workers,
-                    servers=args.servers, epochs=args.epochs, batch_size=args.batch_size,
-                    lr=args.lr, model=args.model, data=args.data, validation=args.validation,
-                    no_validation=args.no_validation, seed=args.seed, transport=args.transport,
-                    timeout=args.timeout, algo_options=args.algo_opt, staleness_lr=args.staleness_lr,
-                    staleness=args.staleness, n=args.n,
-                    groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
-                    local_steps=args.local_steps, server_optimizer=args.server_optimizer,
-                    overlap=args.overlap, dbs=args.dbs, batch_min=args.batch_min,
-                    batch_max=args.batch_max, slowdown=args.slowdown, metrics=args.metrics)
+        options = _options(args)
+        if args.resume is not None:  # flags left at their defaults keep the checkpoint's values
+            defaults = _options(parse_argstring(self.distribute, ""))
+            given = {k: v for k, v in options.items() if v != defaults[k]}
+            run = resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns, **given)
+        else:
+            run = train(source, cluster=self.cluster, namespace=self.shell.user_ns, **options)
         self.run = run
         self.shell.user_ns[args.output] = run
         if not args.no_dashboard:
@@ -133,6 +134,20 @@ class NbdistMagics(Magics):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+def _options(args) -> dict:
+    """The parsed flags as `nbdist.train` options."""
+    return dict(
+        mode=args.mode, algorithm=args.algorithm, workers=args.workers, servers=args.servers,
+        epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, model=args.model, data=args.data,
+        validation=args.validation, no_validation=args.no_validation, seed=args.seed,
+        transport=args.transport, timeout=args.timeout, algo_options=args.algo_opt,
+        staleness_lr=args.staleness_lr, staleness=args.staleness, n=args.n,
+        groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
+        local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
+        dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
+        metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
 
 
 def _int(text: str, flag: str) -> int:

@@ -59,6 +59,10 @@ class Run:
         self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
         self.warnings: list[str] = []  # things that went wrong without failing the run (a lost worker)
         self._events_seen = 0
+        self.last_checkpoint: str | None = None  # path of the latest checkpoint written
+        self._checkpoint_info: dict = {}  # set by nbdist.api: config, cell, layout, ...
+        self._checkpoint_lock = threading.Lock()
+        self._checkpoint_at = time.monotonic()
 
     # -- results ----------------------------------------------------------------------------
 
@@ -216,6 +220,43 @@ class Run:
             raise ConfigError(f"regroup() needs --algorithm group (this run uses {self.config.algorithm.value}).")
         self._send(regroup=True)
 
+    def checkpoint(self, directory: str | None = None) -> str:
+        """Save the hub's state now (weights, rule state, versions, learning rate, data
+        position) into `directory` (default: --checkpoint-dir); returns the checkpoint's path,
+        for `nbdist.resume(path)`.
+
+        Example:
+            >>> path = run.checkpoint("ckpt")                        # doctest: +SKIP
+            >>> run2 = nbdist.resume(path, cluster=cluster)          # doctest: +SKIP
+        """
+        directory = directory if directory is not None else self.config.checkpoint_dir
+        if directory is None:
+            raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start the "
+                              "run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
+        if self._control is None or self.done:
+            raise TrainingError(f"The run is {self.status}; its hub is gone, so there is nothing to "
+                                f"checkpoint. Its last checkpoint: {self.last_checkpoint}.")
+        return self._save_checkpoint(str(directory))
+
+    def _save_checkpoint(self, directory: str) -> str:
+        from nbdist.ps.checkpoint import save
+
+        with self._checkpoint_lock:
+            self.last_checkpoint = save(directory, self._control.state(), self._checkpoint_info)
+            self._checkpoint_at = time.monotonic()
+        return self.last_checkpoint
+
+    def _auto_checkpoint(self, final: bool = False) -> None:
+        """Every --checkpoint-every seconds, and at the end; a failure warns, never kills training."""
+        every = self.config.checkpoint_interval
+        if every is None or not (final or time.monotonic() - self._checkpoint_at >= every):
+            return
+        try:
+            self._save_checkpoint(self.config.checkpoint_dir)
+        except (NbdistError, OSError) as exc:
+            self._checkpoint_at = time.monotonic()
+            log.warning("run %s: checkpoint into %s failed: %s", self.run_id, self.config.checkpoint_dir, exc)
+
     def _check_worker(self, worker: int) -> None:
         count = len(self._snapshot.get("nodes", []))
         if not (isinstance(worker, int) and 0 <= worker < max(count, 1)):
@@ -260,7 +301,9 @@ class Run:
                 if snap.get("finished"):
                     self._absorb(control.stats(since=len(self._rows), timeline=True))
                     self._check_survivors()
+                    self._auto_checkpoint(final=True)
                     break
+                self._auto_checkpoint()
                 time.sleep(POLL_S)
             from nbdist.flatmodel import write_flat
 

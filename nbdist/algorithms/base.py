@@ -43,6 +43,9 @@ class Rule:
 
     name: ClassVar[str] = ""
     consistent_reads: ClassVar[bool] = True
+    # attributes a checkpoint saves to continue exactly (float32 arrays or numbers); per-worker
+    # state that a worker's next pull rebuilds (DC backups, SSP clocks) is not listed
+    state_fields: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         if size < 0 or num_workers < 1:

@@ -131,6 +131,7 @@ class DCASGDAdaptive(DCASGD):
     """DC-ASGD-a: λ = λ0 / sqrt(MS + ε), MS a running mean of g⊙g over every push."""
 
     name = "dc-asgd-a"
+    state_fields = ("_ms",)
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
@@ -166,6 +167,7 @@ class DDCASGD(DCASGDAdaptive):
     """DC-ASGD-a's ĝ through delay-weighted momentum: `d = β d − (1−β) η ĝ; w += d`."""
 
     name = "ddc-asgd"
+    state_fields = ("_ms", "_d")
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)

@@ -37,6 +37,7 @@ class ServerOptimizer:
     default_lr = 1.0
     defaults: dict[str, float] = {}
     bounds: dict[str, tuple[float, float]] = {}
+    state_fields: tuple[str, ...] = ()  # what a checkpoint saves (float32 arrays or numbers)
 
     def __init__(self, size: int, lr: float | None = None, **options: float):
         self.lr = self.default_lr if lr is None else float(lr)
@@ -75,6 +76,7 @@ class ServerMomentum(ServerOptimizer):
     """`v = μ v + lr·lr_scale·Δ; w -= v`."""
 
     name = "momentum"
+    state_fields = ("_v",)
     defaults = {"momentum": 0.9}
     bounds = {"momentum": (0.0, _BELOW_ONE)}
 
@@ -93,6 +95,7 @@ class ServerAdam(ServerOptimizer):
     """`w -= lr·lr_scale·m̂ / (sqrt(v̂) + ε)`, m̂ and v̂ the bias-corrected moments of Δ."""
 
     name = "adam"
+    state_fields = ("_m", "_v", "iterations")
     default_lr = 1e-2
     defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
     bounds = {"beta_1": (0.0, _BELOW_ONE), "beta_2": (0.0, _BELOW_ONE)}

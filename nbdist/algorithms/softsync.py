@@ -26,6 +26,7 @@ class SoftSync(Rule):
     """Buffer pushes; every `max(1, M // n)` of them, apply their mean."""
 
     name = "softsync"
+    state_fields = ("_sum", "buffered")  # pushes buffered but not yet applied
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)

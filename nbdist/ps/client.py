@@ -197,6 +197,12 @@ class HubControl:
         flat = np.concatenate([m.floats(0) for m in msgs])
         return flat, msgs[0].floats(1).copy()
 
+    def state(self) -> list[tuple[dict, list[np.ndarray]]]:
+        """Every shard's checkpoint state: (header, arrays named by header['names'])."""
+        with self._lock:
+            msgs = [line.request({"op": "state"}) for line in self.lines]
+        return [(m.header, [m.floats(i).copy() for i in range(len(m.buffers))]) for m in msgs]
+
     def shutdown(self) -> None:
         with self._lock:
             for line in self.lines:

@@ -15,6 +15,7 @@ Ops it answers (all signed, see `nbdist.protocol`):
     stats    kernel: statistics (shard 0)
     control  kernel: lr, pause, stop, slow-down, batch policy, rule options, regroup
     params   kernel: this shard's parameters (and non-trainable state on shard 0)
+    state    kernel: everything a checkpoint saves of this shard (see `nbdist.ps.checkpoint`)
     shutdown kernel: leave the serve loop
 """
 
@@ -40,6 +41,7 @@ from nbdist.errors import ProtocolError
 from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
 from nbdist.ps.barrier import GroupBarrier, GroupStep
+from nbdist.ps.checkpoint import restore_shard, shard_state
 from nbdist.ps.coordinator import Coordinator, Plan
 
 log = logging.getLogger(__name__)
@@ -63,6 +65,7 @@ class HubSpec:
     server_optimizer: str | None = None  # None: the rule applies pushes; else it applies deltas
     bind_host: str = "127.0.0.1"
     idle_timeout: float = 120.0
+    restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
 
 
 class _WorkerLink:
@@ -102,6 +105,8 @@ class Hub:
         self.closing = False
         self.start_time = time.time()
         self.coordinator = Coordinator(plan, self.start_time) if spec.shard == 0 else None
+        if spec.restore is not None:
+            restore_shard(self, spec.restore)
         self._ctx = zmq.Context()
         self._sock = self._ctx.socket(zmq.ROUTER)
         self._sock.setsockopt(zmq.LINGER, 0)
@@ -121,6 +126,7 @@ class Hub:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
         handlers = {"hello": self._hello, "step": self._step, "report": self._report, "bye": self._bye,
                     "stats": self._stats, "control": self._control, "params": self._params,
+                    "state": lambda msg, ident: shard_state(self),
                     "shutdown": self._shutdown}
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)

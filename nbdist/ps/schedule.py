@@ -122,3 +122,57 @@ class EpochSchedule:
     def current_epoch(self) -> int:
         """The epoch that chunks are being handed out from (== epochs when all are handed out)."""
         return self._epoch
+
+    # -- checkpoints ------------------------------------------------------------------------
+
+    def state(self) -> dict:
+        """The data position as plain JSON: chunks handed out but not completed (in flight or
+        requeued) count as not done, so a resumed run trains on each of them once."""
+        pending = sorted([c.epoch, c.start, c.stop] for c in (*self._outstanding.values(), *self._requeued))
+        return {"num_samples": self.num_samples, "epochs": self.epochs, "epoch": self._epoch,
+                "cursor": self._cursor, "remaining": list(self._remaining), "done": self._done,
+                "pending": pending}
+
+    @classmethod
+    def from_state(cls, state: dict, epochs: int | None = None) -> EpochSchedule:
+        """The schedule `state()` describes, optionally extended to more `epochs`.
+
+        Raises ValueError if the state is not self-consistent (every epoch's remaining count
+        must equal its pending chunks plus what is not handed out yet).
+
+        Example:
+            >>> s = EpochSchedule(num_samples=4, epochs=1)
+            >>> a, b = s.next_chunk(2), s.next_chunk(2)
+            >>> _ = s.complete(a.id)
+            >>> r = EpochSchedule.from_state(s.state(), epochs=2)
+            >>> r.next_chunk(9).to_list(), r.next_chunk(9).to_list(), r.epochs_done
+            ([0, 0, 2, 4], [1, 1, 0, 4], 0.5)
+        """
+        try:
+            n, saved_epochs = int(state["num_samples"]), int(state["epochs"])
+            epoch, cursor, done = int(state["epoch"]), int(state["cursor"]), int(state["done"])
+            remaining = [int(r) for r in state["remaining"]]
+            pending = [tuple(int(v) for v in p) for p in state["pending"]]
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"malformed data position: {exc!r}") from None
+        epochs = saved_epochs if epochs is None else epochs
+        if epochs < saved_epochs:
+            raise ValueError(f"the checkpoint's run has {saved_epochs} epochs; cannot shorten it to {epochs}")
+        s = cls(n, epochs)
+        unissued = [n if e > epoch else (n - cursor if e == epoch else 0) for e in range(saved_epochs)]
+        for e, start, stop in pending:
+            if not (0 <= e < saved_epochs and 0 <= start < stop <= n):
+                raise ValueError(f"pending chunk {[e, start, stop]} lies outside the data")
+            unissued[e] += stop - start
+        ok = (len(remaining) == saved_epochs and 0 <= epoch <= saved_epochs and 0 <= cursor < n
+              and (cursor == 0 or epoch < saved_epochs) and unissued == remaining
+              and done == saved_epochs * n - sum(remaining))
+        if not ok:
+            raise ValueError("inconsistent data position: the remaining samples per epoch do not "
+                             "match the chunks handed out")
+        s._epoch, s._cursor, s._done = epoch, cursor, done
+        s._remaining = remaining + [n] * (epochs - saved_epochs)
+        for e, start, stop in pending:
+            s._requeued.append(Chunk(s._next_id, e, start, stop))
+            s._next_id += 1
+        return s

@@ -1,0 +1,370 @@
+"""Checkpoints of an async run: the hubs' state saved atomically, loaded back or refused.
+
+A checkpoint holds every shard's parameters, version and update-rule state (DC-ASGD-a's
+running mean of g⊙g, DDC-ASGD's momentum, softsync's buffered pushes, the --local-steps
+server optimizer's moments), the float non-trainable state, the data position (which chunks
+of which epoch are trained on; chunks in flight count as not done), the live learning rate
+and rule options, the run's configuration and its cell. What a worker rebuilds on its next
+pull (DC backups, SSP clocks, DBS speed measurements) is not saved.
+
+Format, with no pickle anywhere: a directory holding `meta.json` and one
+`arrays-<run>-<n>.npz` (loaded with allow_pickle=False). `meta.json` names the array file
+with its size and SHA-256 and lists every array's shape and dtype. A save writes the array
+file under a new name, then `meta.json` through a temporary file, fsync and `os.replace`,
+and removes the array file the old `meta.json` named last: a crash at any moment leaves one
+complete checkpoint. Loading checks everything before anything is used, so a corrupt or
+mismatched checkpoint is refused whole, never half-loaded.
+
+The kernel writes the files (`Run.checkpoint`): it asks every shard for its state over the
+control line (op `state`, answered between two messages, so each shard's part is consistent),
+so the checkpoint lands where the notebook runs even when the engines are on other machines,
+and outlives the hub's engine. Shard 0's parameters and data position are taken together;
+further shards answer a moment later, so a chunk may be trained on twice after a resume
+(never skipped).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass
+
+import numpy as np
+
+from nbdist.errors import CheckpointError, CheckpointNotFoundError
+from nbdist.ps.schedule import EpochSchedule
+
+FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 1, "meta.json"
+DEFAULT_EVERY_S = 60.0
+_FIX = "Resume from another checkpoint, or start the run afresh with nbdist.train / %%distribute."
+
+# -- hub side (on the engine) -----------------------------------------------------------------
+
+
+def export_fields(obj, fields: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """`obj`'s state fields split into float32 arrays (sent as frames) and numbers (JSON)."""
+    arrays, numbers = {}, {}
+    for name in fields:
+        value = getattr(obj, name)
+        if isinstance(value, np.ndarray):
+            arrays[name] = np.ascontiguousarray(value, dtype=np.float32).copy()
+        else:
+            numbers[name] = value.item() if isinstance(value, np.generic) else value
+    return arrays, numbers
+
+
+def import_fields(obj, fields: tuple[str, ...], values: dict) -> None:
+    """Put saved fields back into `obj`, in place; arrays must match in shape."""
+    if set(values) != set(fields):
+        raise ValueError(f"{type(obj).__name__} state has fields {sorted(values)}, expected {sorted(fields)}")
+    for name in fields:
+        current, value = getattr(obj, name), values[name]
+        if isinstance(current, np.ndarray):
+            value = np.asarray(value, dtype=np.float32)
+            if value.shape != current.shape:
+                raise ValueError(f"{name} has shape {value.shape}, expected {current.shape}")
+            np.copyto(current, value)
+        else:
+            setattr(obj, name, type(current)(value))
+
+
+def shard_state(hub) -> tuple[dict, list[np.ndarray]]:
+    """The `state` reply of one hub shard: header (numbers, data position) and arrays."""
+    arrays = {"params": hub.params.copy()}
+    numbers = {}
+    if hub.coordinator is not None:
+        arrays["non_trainable"] = hub.non_trainable.copy()
+    for prefix, obj in (("rule", hub.rule), ("opt", hub.server_opt)):
+        if obj is not None:
+            a, n = export_fields(obj, obj.state_fields)
+            arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
+            numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
+    header = {"op": "state", "shard": hub.spec.shard, "version": hub.version, "lr": hub.lr,
+              "rule": hub.rule.name, "rule_options": hub.rule.options,
+              "server_optimizer": hub.server_opt.name if hub.server_opt else None,
+              "numbers": numbers, "names": list(arrays)}
+    c = hub.coordinator
+    if c is not None:
+        header["schedule"] = c.schedule.state()
+        header["evals_pending"] = sorted({*c.eval_queue, *c.evaluating.values()})
+    return header, list(arrays.values())
+
+
+def restore_shard(hub, state: dict) -> None:
+    """Put one shard's saved state into a freshly built hub, before it serves."""
+    hub.version = int(state["version"])
+    for prefix, obj in (("rule", hub.rule), ("opt", hub.server_opt)):
+        if obj is not None:
+            import_fields(obj, obj.state_fields, state.get(prefix, {}))
+    c = hub.coordinator
+    if c is not None and "schedule" in state:
+        c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)
+        if c.plan.has_validation:
+            c.eval_queue.extend(state.get("evals_pending", []))
+
+
+# -- kernel side: save --------------------------------------------------------------------------
+
+
+def prepare_dir(directory: str) -> str:
+    """Create the checkpoint folder now, so a bad path fails before any engine is used."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+        with tempfile.TemporaryFile(dir=directory):
+            pass
+    except OSError as exc:
+        raise CheckpointError(
+            f"Cannot write checkpoints to {directory!r}: {exc.strerror or exc}. Pass a folder "
+            "you can write to as --checkpoint-dir (checkpoint_dir=...)."
+        ) from None
+    return os.path.abspath(directory)
+
+
+def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict) -> str:
+    """Write one checkpoint of `shards` (their `state` replies) and `info` (config, cell,
+    layout, ...) into `directory`, atomically; returns the path of its `meta.json`."""
+    directory = prepare_dir(directory)
+    arrays, shard_meta = {}, []
+    for header, buffers in sorted(shards, key=lambda s: s[0]["shard"]):
+        i = int(header["shard"])
+        for name, buf in zip(header["names"], buffers, strict=True):
+            arrays[f"shard{i}.{name}"] = np.asarray(buf, dtype=np.float32)
+        shard_meta.append({k: header[k] for k in ("version", "lr", "rule", "rule_options",
+                                                  "server_optimizer", "numbers")})
+        shard_meta[-1]["size"] = int(arrays[f"shard{i}.params"].size)
+    first = next(h for h, _ in shards if h["shard"] == 0)  # the coordinator's shard
+    schedule = first["schedule"]
+    meta_path = os.path.join(directory, META)
+    previous = _referenced_file(meta_path)
+    name = f"arrays-{info.get('run_id', 'run')}-{time.time_ns()}.npz"
+    digest, nbytes = _write_atomic(os.path.join(directory, name), lambda f: np.savez(f, **arrays))
+    meta = {
+        "format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(), **info,
+        "arrays_file": name, "sha256": digest, "bytes": nbytes,
+        "arrays": {k: {"shape": list(v.shape), "dtype": v.dtype.str} for k, v in arrays.items()},
+        "shards": shard_meta, "schedule": schedule, "evals_pending": first.get("evals_pending", []),
+        "epochs_done": schedule["done"] / schedule["num_samples"],
+    }
+    text = json.dumps(meta, indent=1).encode()
+    _write_atomic(meta_path, lambda f: f.write(text))
+    if previous and previous != name:
+        try:
+            os.unlink(os.path.join(directory, previous))
+        except OSError:
+            pass
+    return meta_path
+
+
+def _write_atomic(path: str, write) -> tuple[str, int]:
+    """`write(file)` into a temporary file beside `path`, fsync, rename over `path`; returns
+    the SHA-256 and size of what reached the disk."""
+    folder = os.path.dirname(path)
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=".tmp-", suffix=".part")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            write(f)
+            f.flush()
+            os.fsync(f.fileno())
+        digest, nbytes = _sha256(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+    dir_fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)  # the rename itself survives a crash
+    finally:
+        os.close(dir_fd)
+    return digest, nbytes
+
+
+def _sha256(path: str) -> tuple[str, int]:
+    h, n = hashlib.sha256(), 0
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            h.update(block)
+            n += len(block)
+    return h.hexdigest(), n
+
+
+def _referenced_file(meta_path: str) -> str | None:
+    try:
+        with open(meta_path) as f:
+            return os.path.basename(str(json.load(f)["arrays_file"]))
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+# -- kernel side: load --------------------------------------------------------------------------
+
+
+@dataclass
+class Checkpoint:
+    """A loaded and verified checkpoint: `meta` (from meta.json) and its arrays."""
+
+    path: str
+    meta: dict
+    arrays: dict[str, np.ndarray]
+
+    @property
+    def params(self) -> np.ndarray:
+        return np.concatenate([self.arrays[f"shard{i}.params"] for i in range(len(self.meta["shards"]))])
+
+    @property
+    def non_trainable(self) -> np.ndarray:
+        return self.arrays["shard0.non_trainable"]
+
+    def check_fits(self, layout: dict, num_samples: int, servers: int) -> None:
+        """Refuse a checkpoint made for another model, data set or number of shards."""
+        where = f"The checkpoint {self.path}"
+        saved = self.meta["layout"]
+        for kind in ("trainable", "non_trainable"):
+            old, new = saved.get(kind, []), layout[kind]
+            for j, (a, b) in enumerate(zip(old, new, strict=False)):
+                if list(a) != list(b):
+                    raise CheckpointError(
+                        f"{where} does not fit this model: {kind} variable {j} has shape {list(a)} "
+                        f"there and {list(b)} here. Build the same model as the checkpointed run "
+                        "(same layers, same order). " + _FIX)
+            if len(old) != len(new):
+                raise CheckpointError(
+                    f"{where} does not fit this model: it has {len(old)} {kind} variables, this "
+                    f"model {len(new)}. Build the same model as the checkpointed run. " + _FIX)
+        if int(self.meta["num_samples"]) != num_samples:
+            raise CheckpointError(
+                f"{where} was taken training on {self.meta['num_samples']} samples; this run's "
+                f"data has {num_samples}. Its data position only means something for the same "
+                "training arrays: load the same data. " + _FIX)
+        if len(self.meta["shards"]) != servers:
+            raise CheckpointError(
+                f"{where} has {len(self.meta['shards'])} parameter shard(s); this run asks for "
+                f"{servers}. Resume with servers={len(self.meta['shards'])} (--servers).")
+
+    def shard_restores(self) -> list[dict]:
+        """What each hub shard gets in `HubSpec.restore`."""
+        out = []
+        for i, shard in enumerate(self.meta["shards"]):
+            state = {"version": shard["version"]}
+            for prefix in ("rule", "opt"):
+                part = {k.split(".", 1)[1]: v for k, v in shard["numbers"].items() if k.startswith(prefix + ".")}
+                part.update({k[len(f"shard{i}.{prefix}."):]: v for k, v in self.arrays.items()
+                             if k.startswith(f"shard{i}.{prefix}.")})
+                state[prefix] = part
+            if i == 0:
+                state.update(schedule=self.meta["schedule"], evals_pending=self.meta["evals_pending"])
+            out.append(state)
+        return out
+
+
+def load(path: str | os.PathLike) -> Checkpoint:
+    """Read and verify a checkpoint (its folder or its meta.json); raise CheckpointError
+    (CheckpointNotFoundError) naming what is wrong. Nothing is used before all checks pass."""
+    meta_path = os.fspath(path)
+    if os.path.isdir(meta_path):
+        meta_path = os.path.join(meta_path, META)
+    if not os.path.isfile(meta_path):
+        raise CheckpointNotFoundError(
+            f"No checkpoint at {os.fspath(path)!r} (looked for {meta_path}). Pass the folder given "
+            "as --checkpoint-dir (or the path run.checkpoint() returned).")
+    try:
+        with open(meta_path, "rb") as f:
+            meta = json.loads(f.read())
+    except (OSError, ValueError) as exc:
+        raise _corrupt(meta_path, f"meta.json is not readable JSON ({exc})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise _corrupt(meta_path, "it is not an nbdist checkpoint (no 'format': 'nbdist-checkpoint')")
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"The checkpoint {meta_path} has format version {meta.get('format_version')!r}; "
+                              f"this nbdist reads version {FORMAT_VERSION}. " + _FIX)
+    missing = [k for k in ("arrays_file", "sha256", "bytes", "arrays", "shards", "schedule", "layout",
+                           "num_samples", "config", "evals_pending") if k not in meta]
+    if missing:
+        raise _corrupt(meta_path, f"meta.json lacks {', '.join(missing)}")
+    arrays = _load_arrays(meta_path, meta)
+    _check_contents(meta_path, meta, arrays)
+    return Checkpoint(meta_path, meta, arrays)
+
+
+def _load_arrays(meta_path: str, meta: dict) -> dict[str, np.ndarray]:
+    name = str(meta["arrays_file"])
+    if os.path.basename(name) != name or not name.endswith(".npz"):
+        raise _corrupt(meta_path, f"its array file name {name!r} is not a plain .npz name")
+    file = os.path.join(os.path.dirname(meta_path), name)
+    if not os.path.isfile(file):
+        raise _corrupt(meta_path, f"its array file {name} is missing")
+    digest, nbytes = _sha256(file)
+    if nbytes != meta["bytes"] or digest != meta["sha256"]:
+        raise _corrupt(meta_path, f"{name} has {nbytes} bytes and SHA-256 {digest[:12]}..., "
+                                  f"meta.json recorded {meta['bytes']} bytes and {str(meta['sha256'])[:12]}...")
+    try:
+        with np.load(file, allow_pickle=False) as z:
+            arrays = {k: z[k] for k in z.files}
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise _corrupt(meta_path, f"{name} is not a readable .npz ({exc})") from None
+    return arrays
+
+
+def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Every array as listed, shard sizes adding up, a consistent data position."""
+    index = meta["arrays"]
+    if set(index) != set(arrays):
+        raise _corrupt(meta_path, f"its arrays {sorted(arrays)} differ from those listed {sorted(index)}")
+    for key, spec in index.items():
+        a = arrays[key]
+        if list(a.shape) != list(spec["shape"]) or a.dtype.str != spec["dtype"] or a.dtype != np.float32:
+            raise _corrupt(meta_path, f"array {key} is {a.dtype.str}{list(a.shape)}, listed as "
+                                      f"{spec['dtype']}{spec['shape']} (float32 expected)")
+    shards = meta["shards"]
+    if not shards or any(f"shard{i}.params" not in arrays for i in range(len(shards))):
+        raise _corrupt(meta_path, "a shard's parameters are missing")
+    sizes = [arrays[f"shard{i}.params"].size for i in range(len(shards))]
+    layout = meta["layout"]
+    expected = {kind: sum(int(np.prod(s)) for s in layout[kind]) for kind in ("trainable", "non_trainable")}
+    if sum(sizes) != expected["trainable"]:
+        raise _corrupt(meta_path, f"its shards hold {sum(sizes)} parameters, its model layout "
+                                  f"{expected['trainable']}")
+    nt = arrays.get("shard0.non_trainable")
+    if nt is None or nt.size != expected["non_trainable"]:
+        raise _corrupt(meta_path, "its non-trainable state does not match its model layout")
+    try:
+        EpochSchedule.from_state(meta["schedule"])
+    except ValueError as exc:
+        raise _corrupt(meta_path, f"its data position is invalid ({exc})") from None
+    if int(meta["schedule"]["num_samples"]) != int(meta["num_samples"]):
+        raise _corrupt(meta_path, "its data position is for another number of samples")
+    _check_rule_state(meta_path, meta, arrays)
+
+
+def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
+    """Each shard saved exactly the state its rule (and server optimizer) keeps."""
+    from nbdist.algorithms import RULES, SERVER_OPTIMIZERS
+
+    for i, shard in enumerate(meta["shards"]):
+        if shard.get("rule") != meta["config"].get("algorithm") or shard["rule"] not in RULES:
+            raise _corrupt(meta_path, f"shard {i} ran rule {shard.get('rule')!r}, its config "
+                                      f"{meta['config'].get('algorithm')!r}")
+        opt = shard.get("server_optimizer")
+        if opt is not None and opt not in SERVER_OPTIMIZERS:
+            raise _corrupt(meta_path, f"shard {i} names an unknown server optimizer {opt!r}")
+        wanted = {f"rule.{f}" for f in RULES[shard["rule"]].state_fields}
+        wanted |= {f"opt.{f}" for f in (SERVER_OPTIMIZERS[opt].state_fields if opt else ())}
+        saved = set(shard.get("numbers", {})) | {k.split(".", 1)[1] for k in arrays
+                                                  if k.startswith(f"shard{i}.") and k.count(".") >= 2}
+        sized = all(arrays[k].shape == arrays[f"shard{i}.params"].shape for k in arrays
+                    if k.startswith((f"shard{i}.rule.", f"shard{i}.opt.")))
+        if saved != wanted or not sized:
+            raise _corrupt(meta_path, f"shard {i}'s saved rule state {sorted(saved)} is not what "
+                                      f"{shard['rule']} keeps ({sorted(wanted)}, one float per parameter)")
+
+
+def _corrupt(meta_path: str, what: str) -> CheckpointError:
+    return CheckpointError(f"The checkpoint {meta_path} is corrupt or incomplete: {what}. "
+                           "It was not loaded (nothing was changed). " + _FIX)
+

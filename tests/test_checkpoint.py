@@ -1,0 +1,307 @@
+"""Checkpoints without processes: data position, rule state, the file format and its checks."""
+
+import json
+import os
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from nbdist.algorithms import make_rule, make_server_optimizer
+from nbdist.config import TrainConfig
+from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from nbdist.ps import checkpoint
+from nbdist.ps.coordinator import Coordinator, Plan
+from nbdist.ps.schedule import EpochSchedule
+
+LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
+
+
+# -- data position ------------------------------------------------------------------------------
+
+
+def test_chunks_in_flight_count_as_not_done_and_come_back_first():
+    s = EpochSchedule(num_samples=10, epochs=2)
+    _, b, _ = s.next_chunk(4), s.next_chunk(4), s.next_chunk(4)  # [0,4) [4,8) [8,10)
+    s.complete(b.id)
+    r = EpochSchedule.from_state(s.state())
+    assert r.epochs_done == 0.4 and not r.finished
+    handed = [r.next_chunk(4) for _ in range(5)]
+    assert [(h.epoch, h.start, h.stop) for h in handed[:2]] == [(0, 0, 4), (0, 8, 10)]  # a and c again
+    assert [(h.epoch, h.start, h.stop) for h in handed[2:]] == [(1, 0, 4), (1, 4, 8), (1, 8, 10)]
+    for h in handed:
+        r.complete(h.id)
+    assert r.finished and r.epochs_done == 2.0  # every sample of both epochs exactly once
+
+
+def test_a_resumed_schedule_can_be_extended_but_not_shortened():
+    s = EpochSchedule(num_samples=4, epochs=1)
+    s.complete(s.next_chunk(4).id)
+    assert s.finished
+    longer = EpochSchedule.from_state(s.state(), epochs=3)
+    assert not longer.finished and longer.next_chunk(4).epoch == 1
+    with pytest.raises(ValueError, match="cannot shorten"):
+        EpochSchedule.from_state(EpochSchedule(4, 2).state(), epochs=1)
+
+
+def test_an_inconsistent_data_position_is_refused():
+    state = EpochSchedule(num_samples=10, epochs=2).state()
+    state["remaining"] = [5, 10]  # 5 samples done that no chunk accounts for
+    with pytest.raises(ValueError, match="inconsistent"):
+        EpochSchedule.from_state(state)
+    state = EpochSchedule(num_samples=10, epochs=1).state()
+    state["pending"] = [[0, 8, 12]]
+    with pytest.raises(ValueError, match="outside the data"):
+        EpochSchedule.from_state(state)
+
+
+# -- a shard's state through save and load ------------------------------------------------------
+
+
+def _hub(algorithm="ddc-asgd", server_optimizer=None, shard=0, size=9, seed=0):
+    """The parts of a Hub that checkpointing reads and writes."""
+    rng = np.random.default_rng(seed)
+    plan = Plan(num_workers=2, num_samples=10, epochs=2, batch_size=4, lr=0.1, has_validation=True,
+                algorithm=algorithm)
+    return SimpleNamespace(
+        spec=SimpleNamespace(shard=shard), version=0, lr=0.1,
+        params=rng.normal(size=size).astype(np.float32), non_trainable=np.array([1, 2], np.float32),
+        rule=make_rule(algorithm, size, 2, {"n": 1} if algorithm == "softsync" else None),  # n=1: buffer 2
+        server_opt=make_server_optimizer(server_optimizer, size) if server_optimizer else None,
+        coordinator=Coordinator(plan) if shard == 0 else None)
+
+
+def _train(hub, pushes, seed):
+    """Two workers as the hub sees them after (re)connecting: both pull, then each push is
+    followed by that worker's pull, so every push is stale (compensation and momentum act)."""
+    rng = np.random.default_rng(seed)
+    for w in (0, 1):
+        hub.rule.on_pull(w, hub.params, hub.version)
+    for i in range(pushes):
+        w = i % 2
+        g = rng.normal(size=hub.params.size).astype(np.float32)
+        if hub.server_opt is not None:
+            hub.server_opt.apply(hub.params, g)
+        else:
+            hub.rule.on_push(w, hub.params, g, 0.1, 1 + i % 3)
+        hub.version += 1
+        hub.rule.on_pull(w, hub.params, hub.version)
+
+
+def _save(tmp_path, hubs, **info):
+    info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].rule.name, epochs=2).to_dict(), "cell": "x = 1",
+            "layout": LAYOUT, "num_samples": 10, "num_workers": 2, **info}
+    return checkpoint.save(str(tmp_path), [checkpoint.shard_state(h) for h in hubs], info)
+
+
+@pytest.mark.parametrize("algorithm", ["ddc-asgd", "dc-asgd-a", "softsync"])
+def test_a_restored_rule_continues_exactly_like_the_uninterrupted_one(tmp_path, algorithm):
+    straight, interrupted = _hub(algorithm), _hub(algorithm)
+    _train(straight, 7, seed=1)
+    _train(straight, 6, seed=2)
+    _train(interrupted, 7, seed=1)
+    path = _save(tmp_path, [interrupted])
+    fresh = _hub(algorithm, seed=99)  # other starting weights: everything must come from the file
+    ckpt = checkpoint.load(path)
+    fresh.params[:] = ckpt.params
+    checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
+    assert fresh.version == 7
+    _train(fresh, 6, seed=2)
+    np.testing.assert_array_equal(fresh.params, straight.params)
+
+
+def test_server_optimizer_moments_are_saved(tmp_path):
+    hub = _hub("asgd", server_optimizer="adam")
+    _train(hub, 3, seed=1)
+    ckpt = checkpoint.load(_save(tmp_path, [hub]))
+    fresh = _hub("asgd", server_optimizer="adam")
+    checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
+    assert fresh.server_opt.iterations == 3
+    np.testing.assert_array_equal(fresh.server_opt._m, hub.server_opt._m)  # noqa: SLF001
+    np.testing.assert_array_equal(fresh.server_opt._v, hub.server_opt._v)  # noqa: SLF001
+
+
+def test_data_position_and_pending_evaluations_are_restored(tmp_path):
+    hub = _hub("asgd")
+    c = hub.coordinator
+    c.hello(0, "h", 1)
+    c.hello(1, "h", 2)
+    c.work_for(0, True, 0)
+    c.work_for(1, True, 0)
+    c.push(0, {"chunks": [c.held[0][0].id]}, 0, 1.0)  # worker 1's chunk stays in flight
+    c.eval_queue.append(0)
+    ckpt = checkpoint.load(_save(tmp_path, [hub]))
+    assert ckpt.meta["epochs_done"] == 0.4 and ckpt.meta["schedule"]["pending"] == [[0, 4, 8]]
+    fresh = _hub("asgd")
+    checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
+    assert fresh.coordinator.schedule.next_chunk(4).to_list() == [0, 0, 4, 8]
+    assert list(fresh.coordinator.eval_queue) == [0]
+
+
+def test_two_shards_are_saved_side_by_side(tmp_path):
+    hubs = [_hub("asgd", shard=0, size=5), _hub("asgd", shard=1, size=4, seed=1)]
+    hubs[1].version = 3
+    ckpt = checkpoint.load(_save(tmp_path, hubs))
+    np.testing.assert_array_equal(ckpt.params, np.concatenate([hubs[0].params, hubs[1].params]))
+    assert [r["version"] for r in ckpt.shard_restores()] == [0, 3]
+    with pytest.raises(CheckpointError, match="2 parameter shard.*servers=2"):
+        ckpt.check_fits(LAYOUT, 10, servers=1)
+
+
+def test_a_new_checkpoint_replaces_the_old_one_and_leaves_no_temporary_files(tmp_path):
+    hub = _hub("asgd")
+    first = _save(tmp_path, [hub])
+    _train(hub, 2, seed=1)
+    second = _save(tmp_path, [hub])
+    assert first == second
+    files = sorted(os.listdir(tmp_path))
+    assert len(files) == 2 and files[1] == "meta.json" and files[0].startswith("arrays-r1-")
+    np.testing.assert_array_equal(checkpoint.load(tmp_path).params, hub.params)
+
+
+def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    hub = _hub("asgd")
+    _save(tmp_path, [hub])
+    before = checkpoint.load(tmp_path).params.copy()
+    hub.params += 1
+
+    def crash(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(np, "savez", crash)
+    with pytest.raises(OSError, match="No space"):
+        _save(tmp_path, [hub])
+    assert len(os.listdir(tmp_path)) == 2  # the temporary file was removed
+    np.testing.assert_array_equal(checkpoint.load(tmp_path).params, before)
+
+
+# -- what load refuses --------------------------------------------------------------------------
+
+
+def test_a_missing_checkpoint_says_where_it_looked(tmp_path):
+    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint at .*nowhere.*--checkpoint-dir"):
+        checkpoint.load(tmp_path / "nowhere")
+
+
+def _array_file(path):
+    meta = json.loads(Path(path).read_text())
+    return os.path.join(os.path.dirname(path), meta["arrays_file"])
+
+
+def test_a_truncated_array_file_is_refused(tmp_path):
+    path = _save(tmp_path, [_hub()])
+    data = Path(_array_file(path)).read_bytes()
+    Path(_array_file(path)).write_bytes(data[: len(data) // 2])
+    with pytest.raises(CheckpointError, match="corrupt.*bytes and SHA-256.*nothing was changed"):
+        checkpoint.load(path)
+
+
+def test_a_flipped_byte_is_refused(tmp_path):
+    path = _save(tmp_path, [_hub()])
+    data = bytearray(Path(_array_file(path)).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    Path(_array_file(path)).write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match="SHA-256"):
+        checkpoint.load(path)
+
+
+def test_a_broken_meta_file_is_refused(tmp_path):
+    path = _save(tmp_path, [_hub()])
+    text = Path(path).read_text()
+    Path(path).write_text(text[: len(text) // 2])
+    with pytest.raises(CheckpointError, match="meta.json is not readable JSON"):
+        checkpoint.load(tmp_path)
+    Path(path).write_text(json.dumps({"format": "something else"}))
+    with pytest.raises(CheckpointError, match="not an nbdist checkpoint"):
+        checkpoint.load(tmp_path)
+
+
+def _rewrite(path, change_meta=None, change_arrays=None):
+    """Tamper with a checkpoint but keep its checksum right, to reach the checks behind it."""
+    meta = json.loads(Path(path).read_text())
+    file = _array_file(path)
+    with np.load(file) as z:
+        arrays = {k: z[k] for k in z.files}
+    if change_arrays:
+        change_arrays(arrays)
+        with open(file, "wb") as f:
+            np.savez(f, **arrays)
+        meta["sha256"], meta["bytes"] = checkpoint._sha256(file)  # noqa: SLF001
+    if change_meta:
+        change_meta(meta)
+    Path(path).write_text(json.dumps(meta))
+
+
+def test_arrays_that_differ_from_their_listing_are_refused(tmp_path):
+    path = _save(tmp_path, [_hub()])
+    _rewrite(path, change_arrays=lambda a: a.update({"shard0.params": a["shard0.params"][:5]}))
+    with pytest.raises(CheckpointError, match=r"array shard0.params is <f4\[5\], listed as <f4\[9\]"):
+        checkpoint.load(path)
+
+
+def test_rule_state_that_does_not_match_the_rule_is_refused(tmp_path):
+    path = _save(tmp_path, [_hub("ddc-asgd")])
+    _rewrite(path, change_arrays=lambda a: a.pop("shard0.rule._d"),
+             change_meta=lambda m: m["arrays"].pop("shard0.rule._d"))
+    with pytest.raises(CheckpointError, match="saved rule state.*rule._d"):
+        checkpoint.load(path)
+
+
+def test_a_checkpoint_of_another_model_or_data_is_refused(tmp_path):
+    ckpt = checkpoint.load(_save(tmp_path, [_hub()]))
+    wider = {"trainable": [[2, 4], [4]], "non_trainable": [[2]]}
+    with pytest.raises(CheckpointError, match=r"trainable variable 0 has shape \[2, 3\] there and \[2, 4\] here"):
+        ckpt.check_fits(wider, 10, servers=1)
+    with pytest.raises(CheckpointError, match="1 non_trainable variables, this model 0"):
+        ckpt.check_fits({**LAYOUT, "non_trainable": []}, 10, servers=1)
+    with pytest.raises(CheckpointError, match="10 samples; this run's data has 12"):
+        ckpt.check_fits(LAYOUT, 12, servers=1)
+    ckpt.check_fits(LAYOUT, 10, servers=1)
+
+
+def test_resume_refuses_changed_options_that_give_the_state_its_meaning(tmp_path):
+    from nbdist.api import _resumed_config
+
+    ckpt = checkpoint.load(_save(tmp_path, [_hub("ddc-asgd")]))
+    assert _resumed_config(ckpt, {"workers": 3, "epochs": 4}).algorithm.value == "ddc-asgd"
+    with pytest.raises(ConfigError, match="--algorithm is asgd here but the checkpoint was taken with ddc-asgd"):
+        _resumed_config(ckpt, {"algorithm": "asgd"})
+    with pytest.raises(ConfigError, match="--epochs 1 is fewer than the checkpointed run's 2"):
+        _resumed_config(ckpt, {"epochs": 1})
+
+
+def test_rule_options_set_live_carry_over_and_worker_dependent_defaults_follow_the_new_run(tmp_path):
+    from nbdist.api import _resumed_config
+
+    ssp = _hub("ssp")
+    ssp.rule.set_option("staleness", 5)  # run.set_option during the run; the flag said 3
+    config = TrainConfig(algorithm="ssp", staleness=3, epochs=2).to_dict()
+    resumed = _resumed_config(checkpoint.load(_save(tmp_path / "ssp", [ssp], config=config)), {})
+    assert resumed.rule_options() == {"staleness": 5}
+    softsync = _hub("softsync")  # n=1 given; the default would be n = number of workers
+    resumed = _resumed_config(checkpoint.load(_save(tmp_path / "softsync", [softsync])), {"workers": 4})
+    assert resumed.rule_options() == {"n": 1}
+    ddc = _hub("ddc-asgd")
+    assert _resumed_config(checkpoint.load(_save(tmp_path / "ddc", [ddc])), {}).rule_options() == {}
+
+
+# -- configuration ------------------------------------------------------------------------------
+
+
+def test_checkpoint_options_are_validated():
+    assert TrainConfig(checkpoint_dir="ckpt").checkpoint_interval == 60.0
+    assert TrainConfig().checkpoint_interval is None
+    with pytest.raises(ConfigError, match="--checkpoint-every needs --checkpoint-dir"):
+        TrainConfig(checkpoint_every=10)
+    with pytest.raises(ConfigError, match="--checkpoint-every must be a positive number"):
+        TrainConfig(checkpoint_dir="ckpt", checkpoint_every=0)
+    with pytest.raises(ConfigError, match="--mode sync keeps them in the Horovod workers"):
+        TrainConfig(mode="sync", checkpoint_dir="ckpt")
+
+
+def test_an_unwritable_checkpoint_folder_is_refused_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    with pytest.raises(CheckpointError, match="Cannot write checkpoints to"):
+        checkpoint.prepare_dir(str(blocker / "sub"))
