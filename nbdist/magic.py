@@ -63,7 +63,8 @@ class NbdistMagics(Magics):
 
     @magic_arguments()
     @argument("--mode", default="async", choices=[m.value for m in Mode],
-              help="async: nbdist's parameter server; sync: Horovod allreduce; local: in this kernel")
+              help="async: nbdist's parameter server; sync: Horovod allreduce; local: in this kernel; "
+                   "simulate: virtual workers on a virtual clock, in this kernel")
     @argument("--algorithm", default="asgd", choices=[a.value for a in Algorithm],
               help="update rule on the hub")
     @argument("--workers", type=int, default=None, help="number of workers (default: all free engines)")
@@ -92,6 +93,8 @@ class NbdistMagics(Magics):
     @argument("--batch-max", type=int, default=None, help="DBS ceiling (default: workers x batch-size)")
     @argument("--slowdown", default=None, help="per-worker slow-down factors, e.g. 1,2,4")
     @argument("--metrics", default="full", choices=[m.value for m in Metrics])
+    @argument("--sim", default=None,
+              help="--mode simulate: per_step=1e-3,per_sample=2e-5,jitter=0,calibrate=0,eval_every=0,sync=0")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live status")
     @argument("-o", "--output", default="_nbdist_run", help="variable that receives the Run")
@@ -118,7 +121,8 @@ class NbdistMagics(Magics):
                     groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
                     local_steps=args.local_steps, server_optimizer=args.server_optimizer,
                     overlap=args.overlap, dbs=args.dbs, batch_min=args.batch_min,
-                    batch_max=args.batch_max, slowdown=args.slowdown, metrics=args.metrics)
+                    batch_max=args.batch_max, slowdown=args.slowdown, metrics=args.metrics,
+                    sim=args.sim)
         self.run = run
         self.shell.user_ns[args.output] = run
         if not args.no_dashboard:
