@@ -24,6 +24,7 @@ from __future__ import annotations
 import json
 import math
 import threading
+import weakref
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -35,6 +36,21 @@ from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.schedule import epoch_permutation
 from nbdist.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
+
+# Compiled functions of models simulated before (a study re-running one model): tracing costs
+# seconds, a simulated epoch of a small model about as much. A cache, not state: entries die
+# with their model and are used only while the model's variables are unchanged.
+_FLAT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def _flat_model(model):
+    from nbdist.flatmodel import FlatModel, layout
+
+    shape = layout(model)
+    cached = _FLAT_CACHE.get(model)
+    if cached is None or cached[0] != shape:
+        cached = _FLAT_CACHE[model] = (shape, FlatModel(model))
+    return cached[1]
 
 
 @dataclass
@@ -338,7 +354,7 @@ def start_simulation(config, contents, namespace: dict, wait: bool):
     import uuid
 
     from nbdist.api import _plan
-    from nbdist.flatmodel import FlatModel, read_flat
+    from nbdist.flatmodel import read_flat
     from nbdist.run import Run
     from nbdist.simclock import sim_options
 
@@ -352,7 +368,7 @@ def start_simulation(config, contents, namespace: dict, wait: bool):
         x = x.astype(np.float32)
     validation = tuple(namespace[n] for n in contents.validation) if contents.validation else None
     options = sim_options(config.sim)
-    simulation = Simulation(plan, rule_options, FlatModel(model), (x, y), validation, params,
+    simulation = Simulation(plan, rule_options, _flat_model(model), (x, y), validation, params,
                             non_trainable, options, config.seed)
     if options.calibrate:
         simulation.calibrate(config.batch_size)
