@@ -138,13 +138,13 @@ def one_run(ns: dict, algo: str, profile: str, lr: float, seed: int, args) -> di
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: 1 profile, 1 seed, 1 rate, 3 algorithms")
-    p.add_argument("--samples", type=int, default=6000)
+    p.add_argument("--samples", type=int, default=10000)
     p.add_argument("--epochs", type=int, default=2)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--lrs", type=float, nargs="+", default=[0.1, 0.2, 0.3])
     p.add_argument("--profiles", nargs="+", default=PROFILES)
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
-    p.add_argument("--target", type=float, default=0.72, help="validation accuracy for t->target")
+    p.add_argument("--target", type=float, default=0.75, help="validation accuracy for t->target")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")

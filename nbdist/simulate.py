@@ -41,6 +41,7 @@ from nbdist.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
 # seconds, a simulated epoch of a small model about as much. A cache, not state: entries die
 # with their model and are used only while the model's variables are unchanged.
 _FLAT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
 
 
 def _flat_model(model):
@@ -312,6 +313,10 @@ class Simulation:
         from nbdist.worker import _evaluate
 
         self.flat.assign(params, nt)
+        xv, yv = self.validation
+        if len(xv) <= ONE_BATCH_EVAL:  # one compiled call: model.evaluate sets up a
+            result = self.flat.model.test_on_batch(xv, yv, return_dict=True)  # data pipeline per call
+            return {k: float(v) for k, v in result.items()}
         return _evaluate(self.flat.model, self.validation, self.plan.batch_size)
 
     def _evaluate_until(self, t: float) -> None:

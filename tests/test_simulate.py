@@ -1,5 +1,7 @@
 """--mode simulate: real gradients and rules on a virtual clock, in this kernel, deterministic."""
 
+import time
+
 import numpy as np
 import pytest
 
@@ -116,3 +118,16 @@ def test_the_magic_runs_a_simulation(ip):
     run = ip.user_ns["sim_run"]
     assert run.status == "finished" and len(run.nodes) == 3
     assert run.history["time"].max() < 1.0  # virtual seconds, not wall-clock time
+
+
+def test_stop_ends_a_long_simulation_early_with_the_weights_so_far():
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="simulate", workers=3, epochs=300, batch_size=8)
+    deadline = time.monotonic() + 60
+    while run.history.empty and time.monotonic() < deadline:  # the Run polls every 0.25 s
+        time.sleep(0.05)
+    run.stop()
+    run.wait(120)
+    assert run.status == "stopped"
+    assert 0 < run.nodes["samples"].sum() < 300 * 900
+    assert "stop" in set(run.events["event"])
