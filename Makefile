@@ -44,6 +44,7 @@ bench: install horovod
 	$(BIN)/python benchmarks/dbs_effect.py
 	$(BIN)/python benchmarks/metrics_overhead.py
 	$(BIN)/python benchmarks/sync_vs_async.py
+	$(BIN)/python benchmarks/reproduce.py
 
 lint: install
 	$(BIN)/ruff check nbdist tests benchmarks scripts

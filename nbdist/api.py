@@ -108,8 +108,16 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
             "connect with %nbdist connect --profile P, or use --mode local to train in this kernel."
         )
     ns = {} if namespace is None else namespace
+    if config.mode is Mode.SIMULATE:  # the seed also fixes the cell's initial weights
+        import keras
+
+        keras.utils.set_random_seed(config.seed)
     exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     contents = inspect_cell(cell, ns, config)
+    if config.mode is Mode.SIMULATE:
+        from nbdist.simulate import start_simulation
+
+        return start_simulation(config, contents, ns, wait)
 
     from nbdist.backends import ClusterBackend, LocalBackend, hub_specs
     from nbdist.flatmodel import layout, read_flat

@@ -22,6 +22,7 @@ class Mode(enum.StrEnum):
     ASYNC = "async"  # nbdist's parameter server on the engine cluster
     SYNC = "sync"  # Horovod allreduce across the worker engines
     LOCAL = "local"  # the same hub and worker loop, inside this kernel; no cluster needed
+    SIMULATE = "simulate"  # the same rules and coordinator, real gradients, virtual step times
 
 
 class Algorithm(enum.StrEnum):
@@ -128,6 +129,7 @@ class TrainConfig:
     metrics: Metrics = Metrics.FULL
     checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.ps.checkpoint)
     checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
+    sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -138,6 +140,9 @@ class TrainConfig:
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
         set_(self, "algo_options", parse_options(self.algo_options))
         set_(self, "slowdown", parse_slowdown(self.slowdown))
+        from nbdist.simclock import parse_sim  # pure
+
+        set_(self, "sim", parse_sim(self.sim))
         set_(self, "data", parse_names(self.data, "--data"))
         set_(self, "validation", parse_names(self.validation, "--validation"))
         for flag, value, low in (("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1),
@@ -169,6 +174,24 @@ class TrainConfig:
                 f"--mode local trains with one worker inside this kernel (Received: --workers "
                 f"{self.workers}). Use --mode async with a cluster (%nbdist start N) for more."
             )
+
+        if self.mode is Mode.SIMULATE:
+            self._check_simulate()
+
+    def _check_simulate(self) -> None:
+        if self.workers is None and self.slowdown is None:
+            raise ConfigError("--mode simulate needs the number of virtual workers: pass --workers N "
+                              "(or --slowdown with one factor per worker).")
+        unsupported = {"--servers": self.servers != 1, "--local-steps": self.local_steps != 1,
+                       "--overlap": self.overlap, "--algorithm easgd": self.algorithm is Algorithm.EASGD}
+        if any(unsupported.values()):
+            raise ConfigError(
+                f"--mode simulate runs one parameter vector with one gradient step per push, so "
+                f"{', '.join(k for k, v in unsupported.items() if v)} does not apply. Drop it, or "
+                "use --mode async with a cluster.")
+        if self.sim.get("sync") and self.algorithm is not Algorithm.ASGD:
+            raise ConfigError(f"--sim sync=1 simulates --mode sync (one mean gradient per step), which has "
+                              f"no --algorithm (Received: {self.algorithm.value}). Drop --algorithm.")
 
     def _check_algorithm_options(self) -> None:
         _check_int("--local-steps", self.local_steps, 1)

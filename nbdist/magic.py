@@ -59,7 +59,8 @@ class NbdistMagics(Magics):
 
     @magic_arguments()
     @argument("--mode", default="async", choices=[m.value for m in Mode],
-              help="async: nbdist's parameter server; sync: Horovod allreduce; local: in this kernel")
+              help="async: nbdist's parameter server; sync: Horovod allreduce; local: in this kernel; "
+                   "simulate: virtual workers on a virtual clock, in this kernel")
     @argument("--algorithm", default="asgd", choices=[a.value for a in Algorithm],
               help="update rule on the hub")
     @argument("--workers", type=int, default=None, help="number of workers (default: all free engines)")
@@ -93,6 +94,8 @@ class NbdistMagics(Magics):
               help="seconds between checkpoints (default 60 with --checkpoint-dir)")
     @argument("--resume", default=None,
               help="continue from this checkpoint; flags given here override the saved ones")
+    @argument("--sim", default=None,
+              help="--mode simulate: per_step=1e-3,per_sample=2e-5,jitter=0,calibrate=0,eval_every=0,sync=0")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @argument("--top-k", type=int, default=None,
@@ -147,7 +150,8 @@ def _options(args) -> dict:
         groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
         dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
-        metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every)
+        metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
+        sim=args.sim)
 
 
 def _int(text: str, flag: str) -> int:
