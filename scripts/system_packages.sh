@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Debian packages nbdist needs: the Fashion-MNIST IDX files (nbdist.datasets reads them offline)
-# and a C++ toolchain with CMake for the Horovod build. Idempotent; skips politely without apt-get.
+# a C++ toolchain with CMake for the Horovod build, and Chromium for the browser test of the
+# dashboard (Playwright drives it; it never downloads a browser). Idempotent; skips politely
+# without apt-get.
 set -euo pipefail
 need=()
 [ -f /usr/share/datasets/fashion-mnist/train-images-idx3-ubyte.gz ] || need+=(dataset-fashion-mnist)
 command -v cmake >/dev/null || need+=(cmake)
 command -v g++ >/dev/null || need+=(g++)
+[ -x /usr/lib/chromium/chromium ] || need+=(chromium)
 [ ${#need[@]} -eq 0 ] && exit 0
 if [ "$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then
   echo "nbdist: please install these Debian packages yourself: ${need[*]}" >&2

@@ -230,3 +230,14 @@ def test_report_is_one_offline_html_file_with_every_figure(tmp_path):
 def test_report_of_a_run_without_data_yet_still_renders():
     page = report_html(history=None, nodes=None, timeline=None, delays=None, events=None)
     assert page.count('class="plotly-graph-div"') == 6 and "waiting for data" in page
+
+
+def test_node_table_html_lists_each_worker_in_its_colour_and_escapes_text():
+    from nbdist.dashboard.figures import node_table_html
+
+    page = node_table_html(NODES.assign(state=["running", "<lost>"]))
+    assert page.count('<tr class="nbdist-node">') == 2
+    assert f"color:{worker_color(0)};font-weight:bold\">0</td>" in page
+    assert "&lt;lost&gt;" in page and "<lost>" not in page
+    assert ">12.0</td>" in page and ">4.12</td>" in page and ">0,2</td>" in page  # samples/s, p95, group
+    assert "waiting for data" in node_table_html(None)

@@ -326,12 +326,13 @@ def node_table_html(nodes: pd.DataFrame | None) -> str:
     refresh than a plotly table and can be read and searched in the page)."""
     if nodes is None or nodes.empty:
         return f"<p><i>workers: {WAITING}</i></p>"
-    head = "".join(f"<th>{html.escape(c)}</th>" for c in TABLE_COLUMNS)
+    pad = "padding:2px 10px 2px 0;text-align:left"
+    head = "".join(f'<th style="{pad}">{html.escape(c)}</th>' for c in TABLE_COLUMNS)
     body = []
     for r in nodes.to_dict("records"):
         color = worker_color(int(r["worker"])) if not _missing(r.get("worker")) else "#222222"
-        cells = [f'<td style="color:{color};font-weight:bold">{html.escape(_cell("worker", r.get("worker")))}</td>']
-        cells += [f"<td>{html.escape(_cell(c, r.get(c)))}</td>" for c in TABLE_COLUMNS[1:]]
+        cells = [f'<td style="{pad};color:{color};font-weight:bold">{html.escape(_cell("worker", r.get("worker")))}</td>']
+        cells += [f'<td style="{pad}">{html.escape(_cell(c, r.get(c)))}</td>' for c in TABLE_COLUMNS[1:]]
         body.append(f'<tr class="nbdist-node">{"".join(cells)}</tr>')
     return (f'<table class="nbdist-nodes" style="border-collapse:collapse;font-size:12px">'
             f"<thead><tr>{head}</tr></thead><tbody>{''.join(body)}</tbody></table>")
