@@ -347,6 +347,9 @@ class SimBackend:
     def failure(self) -> BaseException | None:
         return self.simulation.error
 
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # virtual workers cannot die
+
     def workers_running(self) -> bool:
         return self._thread.is_alive()
 

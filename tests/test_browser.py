@@ -166,6 +166,12 @@ def test_quickstart_dashboard_renders_and_pause_acts_on_the_run(jupyterlab):
 
             dashboard.locator("button", has_text="Stop").click()
             expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(1, timeout=60_000)
+            # the final redraw (and the display's text update) leaves every plot drawn
+            dashboard = page.locator(".nbdist-dashboard")
+            throughput = dashboard.locator(".js-plotly-plot").first
+            expect(throughput.locator(".scatterlayer .trace")).to_have_count(WORKERS, timeout=30_000)
+            expect(dashboard.locator(".js-plotly-plot")).to_have_count(6)
+            page.screenshot(path=str(OUT / "browser-dashboard-stopped.png"), full_page=True)
         except Exception:
             page.screenshot(path=str(OUT / "browser-dashboard-failure.png"), full_page=True)
             raise
