@@ -9,7 +9,7 @@ What it measures
                     one hub shard engine, two worker engines (algorithm asgd);
       TF PSS keras  `tf.distribute.experimental.ParameterServerStrategy` with a
                     `ClusterCoordinator` and a custom training loop (TensorFlow's documented
-                    way; Keras 3's `model.fit` does not support this strategy): the Keras 3
+                    way; Keras 3's `model.fit` has no ClusterCoordinator integration): the Keras 3
                     model and optimizer created under `strategy.scope()`, one step function
                     dispatched by `coordinator.schedule`, a per-worker `tf.data` pipeline;
       TF PSS raw    the same loop on plain `tf.Variable`s and a hand-written forward pass and
