@@ -13,7 +13,7 @@ What it measures
                     model and optimizer created under `strategy.scope()`, one step function
                     dispatched by `coordinator.schedule`, a per-worker `tf.data` pipeline;
       TF PSS raw    the same loop on plain `tf.Variable`s and a hand-written forward pass and
-                    SGD update, TensorFlow's best case without Keras (and the fallback if the
+                    SGD update: TensorFlow without Keras (and the fallback if the
                     Keras model cannot run under the strategy: the script then prints why).
     The TF cluster follows TensorFlow's in-process-cluster pattern (one `tf.distribute.Server`
     per task, `SimpleClusterResolver`), but each server is its own process, like nbdist's
