@@ -123,7 +123,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     from nbdist.flatmodel import layout, read_flat
     from nbdist.ps.client import HubControl
     from nbdist.ps.hub import HubSpec
-    from nbdist.worker import WorkerSpec
+    from nbdist.worker import WorkerSpec, portable
 
     model = contents.model
     params, non_trainable = read_flat(model)
@@ -163,7 +163,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
         seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
-        source=cell, pushed=contents.pushed, transport=config.transport.value,
+        source=cell, pushed=portable(contents.pushed), transport=config.transport.value,
         timeout=config.timeout,
     )
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)

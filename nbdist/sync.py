@@ -28,7 +28,7 @@ import numpy as np
 
 from nbdist.backends import ClusterBackend
 from nbdist.errors import DependencyError, TrainingError
-from nbdist.worker import WorkerSpec, configure_tensorflow, engine_namespace
+from nbdist.worker import WorkerSpec, configure_tensorflow, engine_namespace, unpack
 
 GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
@@ -150,7 +150,7 @@ def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     configure_tensorflow(spec.threads, spec.local_rank)
     ns = engine_namespace() if namespace is None else namespace
-    ns.update(spec.pushed)
+    ns.update(unpack(spec.pushed))
     exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     from nbdist.worker import _find  # noqa: PLC0415
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import time
+import types
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -60,6 +61,30 @@ def engine_namespace() -> dict:
     return shell.user_ns if shell is not None else {}
 
 
+@dataclass(frozen=True)
+class ByValue:
+    """A notebook function or class, pickled by value (see `portable`)."""
+
+    data: bytes
+
+
+def portable(values: dict) -> dict:
+    """Functions and classes defined in the notebook live in its `__main__`, which plain pickle
+    only names, so an engine could not load them: pickle those by value (cloudpickle)."""
+    import cloudpickle
+
+    return {k: ByValue(cloudpickle.dumps(v)) if isinstance(v, types.FunctionType | type)
+            and v.__module__ == "__main__" else v for k, v in values.items()}
+
+
+def unpack(values: dict) -> dict:
+    """The inverse of `portable` (on the engine)."""
+    import pickle
+
+    return {k: pickle.loads(v.data) if isinstance(v, ByValue) else v  # noqa: S301 - from our own kernel, via ipyparallel
+            for k, v in values.items()}
+
+
 def configure_tensorflow(threads: int | None, local_rank: int) -> None:
     """Thread budget and device pinning; must run before TensorFlow executes anything."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
@@ -82,7 +107,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     configure_tensorflow(spec.threads, spec.local_rank)
     ns = engine_namespace() if namespace is None else namespace
     if spec.source is not None:
-        ns.update(spec.pushed)
+        ns.update(unpack(spec.pushed))
         exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     model, (x, y), validation = _find(ns, spec)
     from nbdist.flatmodel import FlatModel, layout

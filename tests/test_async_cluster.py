@@ -68,6 +68,36 @@ def test_train_api_with_arrays_from_an_earlier_cell(cluster):
     assert ns["model"].evaluate(xb, yb, verbose=0)[1] > 0.85
 
 
+NOTEBOOK_HELPERS = '''
+def task(n):
+    from nbdist.datasets import make_synthetic
+    return make_synthetic(n=n, shape=(8,), classes=3, seed=1)
+
+class Net:
+    width = 16
+
+    @staticmethod
+    def build():
+        import keras
+        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(Net.width, activation="relu"),
+                                  keras.layers.Dense(3, activation="softmax")])
+        model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                      metrics=["accuracy"])
+        return model
+'''
+
+
+def test_helper_function_and_class_defined_in_the_notebook_reach_the_engines(cluster):
+    # A notebook defines them in __main__, which plain pickle can only name, not carry.
+    ns = {"__name__": "__main__"}
+    exec(compile(NOTEBOOK_HELPERS, "<earlier cell>", "exec"), ns)  # noqa: S102 - our own code
+    assert ns["task"].__module__ == "__main__" == ns["Net"].__module__
+    cell = "(x_train, y_train), (x_test, y_test) = task(1200)\nmodel = Net.build()\n"
+    run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=2, epochs=2, wait=True)
+    assert run.status == "finished"
+    assert ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1] > 0.85
+
+
 def test_cell_error_on_engine_shows_engine_traceback_and_engines_stay_usable(cluster):
     # `np` was imported in an earlier cell: modules are not shipped, so only engines fail
     ns = {"np": np}
