@@ -4,14 +4,15 @@ What it measures
     A Run fed, through its own `_absorb` (the monitor thread's path), a stream of hub stats
     replies shaped like a 16-worker async run: a poll every 0.25 s carrying `--pushes` new
     history rows per second, and every 2 s a bounded timeline (up to 256 rows per worker, as
-    the hub down-samples it) and the delay histograms. The live Dashboard (real ipywidgets and
-    plotly FigureWidgets, no browser attached: the widget messages are built and dropped) runs
+    the hub down-samples it) and the delay histograms. The live Dashboard (real ipywidgets; each
+    plot an Output holding plotly's MIME bundle; no kernel or browser attached, so the final
+    JSON encoding of widget messages, ~1 ms per redrawn plot, is not counted) runs
     `refresh()` every 0.5 s, as the kernel's event loop does. The CPU time (time.process_time)
     of all refreshes over `--seconds` of simulated run, divided by those seconds, is the share
     of one core the dashboard takes. The baseline, in the same process run, is the text status
     line (`run.summary()` once a second): the least a live view can cost.
 
-    The one-time import of plotly's FigureWidget (and anywidget) is done before measuring.
+    The one-time import of plotly (for its template) is done before measuring.
     Data arrives faster than real time (no sleeping), so the numbers are pure refresh cost;
     at the default 16 workers x 50 pushes/s the history grows by 800 rows a second.
 
@@ -95,9 +96,9 @@ def main() -> None:
     parser.add_argument("--pushes", type=float, default=50.0, help="pushes per second per worker")
     args = parser.parse_args()
     pushes = args.pushes * args.workers
-    import plotly.graph_objects as go  # a one-time import (~1-4 s), not a refresh cost
+    from nbdist.dashboard.widget import _template
 
-    go.FigureWidget()
+    _template("plotly_white")  # a one-time plotly import (~1 s), not a refresh cost
     text = measure(args.workers, args.seconds, pushes, dashboard=False)
     live = measure(args.workers, args.seconds, pushes, dashboard=True)
     print(f"{args.workers} workers, {args.seconds:.0f} simulated s, {pushes:.0f} pushes/s in total, "

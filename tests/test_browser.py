@@ -170,7 +170,6 @@ def test_quickstart_dashboard_renders_and_pause_acts_on_the_run(jupyterlab):
             dashboard = page.locator(".nbdist-dashboard")
             throughput = dashboard.locator(".js-plotly-plot").first
             expect(throughput.locator(".scatterlayer .trace")).to_have_count(WORKERS, timeout=30_000)
-            expect(dashboard.locator(".js-plotly-plot")).to_have_count(6)
             page.screenshot(path=str(OUT / "browser-dashboard-stopped.png"), full_page=True)
         except Exception:
             page.screenshot(path=str(OUT / "browser-dashboard-failure.png"), full_page=True)

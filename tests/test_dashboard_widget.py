@@ -1,7 +1,6 @@
 """The live dashboard: real ipywidgets and plotly FigureWidgets (no browser), fed through the
 same Run path the monitor thread uses; on a real cluster, its controls act on a real run."""
 
-import re
 import time
 
 import numpy as np
@@ -10,10 +9,9 @@ import pytest
 import nbdist
 from nbdist.config import TrainConfig
 from nbdist.dashboard.figures import CONTROL_EVENTS
-from nbdist.dashboard.widget import PANELS, Dashboard, redraw, show, widgets_available
+from nbdist.dashboard.widget import PANELS, PLOTLY_MIME, Dashboard, show, widgets_available
 from nbdist.run import Run
 
-pytest.importorskip("anywidget")
 pytest.importorskip("ipywidgets")
 from tests.conftest import SYNTHETIC_CELL  # noqa: E402
 
@@ -43,29 +41,31 @@ def fed_run(num_workers: int, t: float = 5.0) -> Run:
     return run
 
 
-def legend(fig) -> set:
-    return {t.name for t in shown(fig) if t.showlegend is not False}
+def legend(fig: dict) -> set:
+    return {t["name"] for t in fig["data"] if t.get("showlegend", True)}
 
 
-def shown(fig) -> list:
-    return [t for t in fig.data if t.visible is not False]
+def names(fig: dict) -> list:
+    return [t["name"] for t in fig["data"]]
 
 
 def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
     run = fed_run(3)
     dash = Dashboard(run)
     assert legend(dash.figures["throughput"]) == {"worker 0", "worker 1", "worker 2"}
-    assert len(shown(dash.figures["delay"])) == 6  # mean and p95 per worker
-    assert [t.line.dash for t in shown(dash.figures["delay"])] == ["solid", "dot"] * 3
-    assert {t.name for t in shown(dash.figures["delay_histogram"])} == {"worker 0", "worker 1", "worker 2"}
-    assert [t.name for t in shown(dash.figures["loss_time"])] == [
+    assert len(dash.figures["delay"]["data"]) == 6  # mean and p95 per worker
+    assert set(names(dash.figures["delay_histogram"])) == {"worker 0", "worker 1", "worker 2"}
+    assert names(dash.figures["loss_time"]) == [
         "loss (each push)", "loss (mean of 20 pushes)", "val loss", "val accuracy"]
-    assert dash.figures["loss_step"].layout.xaxis.title.text == "global step"
+    assert dash.figures["loss_step"]["layout"]["xaxis"]["title"]["text"] == "global step"
+    (shown,) = dash.plots["throughput"].outputs  # what the browser gets: plotly's MIME type
+    assert shown["data"][PLOTLY_MIME]["data"] == dash.figures["throughput"]["data"]
+    assert shown["data"][PLOTLY_MIME]["layout"]["template"]["layout"]  # a template, not a name
     assert dash.table.value.count('class="nbdist-node"') == 3
     assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1", "worker 2"]
     assert dash.slowdown_sliders[1].value == 2.0  # follows the run's state
     assert dash.lr_slider.value == pytest.approx(0.05) and not dash.lr_slider.disabled
-    assert [a.text for a in dash.figures["throughput"].layout.annotations] == ["lr=0.05"]
+    assert [a["text"] for a in dash.figures["throughput"]["layout"]["annotations"]] == ["lr=0.05"]
     assert 'data-status="running"' in dash.status.value
 
 
@@ -79,45 +79,24 @@ def test_sixteen_workers_start_at_the_eight_slowest_plus_the_mean_of_the_others(
     assert len(legend(dash.figures["throughput"])) == 16
 
 
-def test_refresh_redraws_only_what_changed_and_keeps_traces_in_place():
+def test_refresh_redraws_only_what_changed():
     run = fed_run(2, t=3.0)
     dash = Dashboard(run)
-    widget, first = dash.figures["throughput"], dash.figures["throughput"].data[0]
+    before = dash.plots["throughput"].outputs
+    dash.refresh()
+    assert dash.plots["throughput"].outputs is before  # nothing new: not sent again
     run._absorb(snapshot(2, 6.0, paused=True))
     dash.refresh()
-    assert dash.figures["throughput"] is widget and widget.data[0] is first  # in place
-    assert dash.grid.children == tuple(dash.figures.values())
-    assert len(first.x) == 6
+    assert len(dash.figures["throughput"]["data"][0]["x"]) == 6
+    assert dash.plots["throughput"].outputs is not before
     assert 'data-status="paused"' in dash.status.value
     assert dash.pause_button.description == "Resume"
 
 
-def test_redraw_fills_fixed_slots_in_place_and_resets_what_a_slot_no_longer_uses():
-    from nbdist.dashboard.widget import figure_widget, trace_slots
-
-    fig = figure_widget("delay", num_workers=2)
-    assert len(fig.data) == trace_slots("delay", 2) == 6 and not shown(fig)
-    slots = list(fig.data)
-    dotted = {"type": "scatter", "x": [1], "y": [2], "name": "w0 p95", "line": {"dash": "dot"}}
-    redraw(fig, {"data": [dotted], "layout": {"shapes": [{"type": "line", "x0": 1, "x1": 1, "y0": 0, "y1": 1}]}})
-    assert [t.name for t in shown(fig)] == ["w0 p95"] and fig.layout.xaxis.visible is True
-    solid = {"type": "scatter", "x": [1, 2], "y": [2, 3], "name": "w1"}
-    redraw(fig, {"data": [solid, solid], "layout": {}})
-    assert list(fig.data) == slots  # the same trace objects: nothing added or removed
-    assert [t.line.dash for t in shown(fig)] == ["solid", "solid"] and fig.layout.shapes == ()
-    redraw(fig, {"data": [], "layout": {}})
-    assert not shown(fig) and fig.layout.xaxis.visible is False
-    with pytest.raises(ValueError, match="6 trace slots"):
-        redraw(fig, {"data": [solid] * 7, "layout": {}})
-
-
-def test_plots_wait_for_the_workers_then_appear_once():
-    run = Run(TrainConfig(), model=None, model_name="model")
-    dash = Dashboard(run)
-    assert not dash.figures and "waiting for the workers" in dash.grid.children[0].value
-    run._absorb(snapshot(2, 3.0))
-    dash.refresh()
-    assert list(dash.figures) == list(PANELS) and legend(dash.figures["throughput"]) == {"worker 0", "worker 1"}
+def test_panels_show_waiting_for_data_before_the_workers_report():
+    dash = Dashboard(Run(TrainConfig(), model=None, model_name="model"))
+    assert list(dash.figures) == list(PANELS)
+    assert all("waiting for data" in f["layout"]["title"]["text"] for f in dash.figures.values())
 
 
 def test_a_control_on_an_ended_run_shows_the_error_in_the_dashboard():
@@ -164,10 +143,11 @@ def test_dashboard_controls_act_on_a_real_run(cluster):
     assert run.status == "stopped"
     dash._finish()
     assert dash.stop_button.disabled and dash.lr_slider.disabled
+    assert 'data-status="stopped"' in dash.status.value  # set after the run's last poll
     kinds = [e for e in run.events["event"] if e in CONTROL_EVENTS]
     assert kinds[:2] == ["pause", "set_lr"] and kinds[-2:] == ["resume", "stop"]
     assert {"set_slowdown", "set_batch_policy"} <= set(kinds)
-    assert re.search(r"set_lr|lr=0.02", str([a.text for a in dash.figures["throughput"].layout.annotations]))
+    assert "lr=0.02" in str(dash.figures["throughput"]["layout"]["annotations"])
 
 
 def _wait_for(condition, timeout: float = 30.0) -> None:

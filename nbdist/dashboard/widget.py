@@ -1,4 +1,11 @@
-"""The live dashboard of a run: plotly FigureWidgets and ipywidgets controls in the notebook.
+"""The live dashboard of a run: plotly plots and ipywidgets controls in the notebook.
+
+Each plot is an `ipywidgets.Output` whose one output is the figure in plotly's own MIME type,
+drawn by plotly's JupyterLab/Notebook renderer; a refresh replaces that output. plotly's
+`FigureWidget` was the first choice but, in JupyterLab 4 with plotly 6/7 (an anywidget that
+ships a 5 MB script per plot), some panels stayed blank under load, never getting their
+initial state (tests/test_browser.py caught it). The MIME path also needs no plotly import
+and no per-property validation in the kernel: a panel costs one JSON encoding per redraw.
 
 Responsible for:
 - laying out the panels of `figures` (throughput, delay, delay histogram, batch size, loss
@@ -56,9 +63,8 @@ def widgets_available() -> bool:
         if shell is None or getattr(shell, "kernel", None) is None:
             return False
         asyncio.get_running_loop()
-        import anywidget  # noqa: F401 - plotly's FigureWidget needs it
         import ipywidgets  # noqa: F401
-        import plotly.graph_objects  # noqa: F401
+        import plotly  # noqa: F401
     except (ImportError, RuntimeError):
         return False
     return True
@@ -99,84 +105,32 @@ def _status_html(run) -> str:
             f"{html.escape(run.summary())}</div>")
 
 
-def trace_slots(panel: str, num_workers: int) -> int:
-    """How many traces a panel keeps for a run of `num_workers`: every worker's lines plus the
-    "mean of the others" line for each column (top-k), one bar series per worker, or the four
-    loss traces. The count never changes during a run (see `redraw`)."""
-    columns = {"throughput": 1, "delay": 2, "batch": 1}
-    if panel in columns:
-        return (num_workers + 1) * columns[panel]
-    return num_workers if panel == "delay_histogram" else 4
+PLOTLY_MIME = "application/vnd.plotly.v1+json"
+PLOT_CONFIG = {"displaylogo": False, "responsive": True}
 
 
-def figure_widget(panel: str, num_workers: int, height: int = FIGURE_HEIGHT):
-    """A FigureWidget with all of the panel's trace slots, hidden until data fills them."""
-    import plotly.graph_objects as go
+def _template(name: str) -> dict:
+    """A plotly template by name, as the JSON plotly.js takes (the browser knows no names)."""
+    if name not in _TEMPLATES:
+        import plotly.io as pio
 
-    kind = "bar" if panel == "delay_histogram" else "scatter"
-    layout = {**figures.empty_figure(PANELS[panel])["layout"], "height": height}
-    widget = go.FigureWidget({"data": [{"type": kind, **BLANK}] * trace_slots(panel, num_workers),
-                              "layout": layout})
-    # What was last sent per slot and for the layout: plotly validates every property it is
-    # given, so `redraw` passes only what changed (mostly x and y), which is ~10x cheaper.
-    widget._nbdist_sent = {"traces": [dict(BLANK) for _ in widget.data], "layout": layout}
-    return widget
+        _TEMPLATES[name] = pio.templates[name].to_plotly_json()
+    return _TEMPLATES[name]
 
 
-# Every property any panel's traces set, at its plotly default: a slot's earlier role (a
-# dotted p95 line, a marker series on the second axis) must not leak into its next one.
-_COMMON = {"visible": True, "showlegend": True, "legendgroup": "", "yaxis": "y", "opacity": 1.0,
-           "marker": {}}
-TRACE_DEFAULTS = {"scatter": {**_COMMON, "mode": "lines", "line": {"dash": "solid"}}, "bar": _COMMON}
-BLANK = {"x": [], "y": [], "name": "", "visible": False, "showlegend": False}
+_TEMPLATES: dict[str, dict] = {}
 
 
-def _full_trace(kind: str, trace: dict) -> dict:
-    """`trace` with every property of TRACE_DEFAULTS set (one level deep, e.g. line.dash)."""
-    full = {k: (dict(v) if isinstance(v, dict) else v) for k, v in TRACE_DEFAULTS[kind].items()}
-    for key, value in trace.items():
-        if key == "type":
-            continue
-        full[key] = {**full[key], **value} if isinstance(value, dict) and isinstance(full.get(key), dict) else value
-    return full
-
-
-def _changed(new: dict, old: dict) -> dict:
-    return {k: v for k, v in new.items() if old.get(k) != v}
-
-
-def redraw(widget, fig: dict) -> None:
-    """Bring a FigureWidget made by `figure_widget` to `fig` in place: each trace of `fig` fills
-    the next slot, the rest are hidden, and only properties that changed are sent. Traces are
-    never added or removed once the widget is on screen: in JupyterLab 4 with plotly 6/7,
-    structural changes that arrive while the browser still renders the view leave the plot
-    blank or stale."""
-    data, layout = fig["data"], fig["layout"]
-    if len(data) > len(widget.data):
-        raise ValueError(f"The panel has {len(widget.data)} trace slots; this figure needs {len(data)}.")
-    sent = widget._nbdist_sent
-    visible = bool(data)
-    settings = {k: v for k, v in layout.items() if k != "height"}
-    settings.setdefault("shapes", [])
-    settings.setdefault("annotations", [])
-    settings["xaxis"] = {**layout.get("xaxis", {}), "visible": visible}
-    settings["yaxis"] = {**layout.get("yaxis", {}), "visible": visible}
-    with widget.batch_update():
-        for i, slot in enumerate(widget.data):
-            full = _full_trace(slot.type, data[i]) if i < len(data) else BLANK
-            if full is BLANK and sent["traces"][i].get("visible") is False:
-                continue
-            diff = _changed(full, sent["traces"][i])
-            if diff:
-                slot.update(diff, overwrite=True)
-                sent["traces"][i] = full
-        diff = _changed(settings, sent["layout"])
-        for key in ("shapes", "annotations"):  # lists: replaced whole, never merged
-            if key in diff:
-                widget.layout[key] = diff.pop(key)
-        if diff:
-            widget.update_layout(diff, overwrite=True)
-        sent["layout"] = settings
+def plot_output(fig: dict, height: int = FIGURE_HEIGHT) -> tuple[dict]:
+    """`fig` as the outputs of an ipywidgets.Output: one display_data in plotly's MIME type,
+    with a text line for frontends that cannot draw it."""
+    layout = {**fig["layout"], "height": height}
+    if isinstance(layout.get("template"), str):
+        layout["template"] = _template(layout["template"])
+    title = fig["layout"].get("title", {}).get("text", "plot")
+    return ({"output_type": "display_data", "metadata": {},
+             "data": {PLOTLY_MIME: {"data": fig["data"], "layout": layout, "config": PLOT_CONFIG},
+                      "text/plain": f"<plot: {title}>"}},)
 
 
 class Dashboard:
@@ -198,7 +152,8 @@ class Dashboard:
         self._handle = None
         self._running = False
         self._syncing = False  # True while the dashboard itself sets a control's value
-        self.figures: dict = {}  # made once the number of workers is known (see trace_slots)
+        self.plots = {name: w.Output(layout={"min_height": f"{FIGURE_HEIGHT}px"}) for name in PANELS}
+        self.figures: dict[str, dict] = {}  # the figure each plot shows now
 
         self.status = w.HTML(_status_html(run))
         self.message = w.HTML()
@@ -233,7 +188,7 @@ class Dashboard:
         controls = [self.pause_button, self.stop_button, self.lr_slider, self.policy]
         if getattr(run.config.algorithm, "value", "") == "group":
             controls.append(self.regroup_button)
-        self.grid = w.GridBox([w.HTML("<i>plots: waiting for the workers to start</i>")],
+        self.grid = w.GridBox(list(self.plots.values()),
                               layout={"grid_template_columns": "repeat(2, minmax(0, 1fr))", "width": "100%"})
         self.widget = w.VBox([self.status, w.HBox(controls + [self.top_k], layout={"flex_flow": "row wrap"}),
                               self.lab, self.message, self.grid, self.table])
@@ -279,7 +234,9 @@ class Dashboard:
             asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
 
     def _finish(self) -> None:
+        """The last redraw, forced: the run's final status is set after its last poll."""
         self._loss_at = -math.inf
+        self._seen["revision"] = -1
         self.refresh()
         for control in [self.pause_button, self.stop_button, self.lr_slider, self.policy,
                         self.regroup_button, *self.slowdown_sliders]:
@@ -298,30 +255,27 @@ class Dashboard:
             nodes = run.nodes
             self.table.value = figures.node_table_html(nodes)
             self._sync_controls(run._snapshot, nodes)  # noqa: SLF001
-            if not self.figures and len(nodes):
-                self._make_figures(len(nodes))
-        if not self.figures:
-            return
         events = run.events
         top_k = self.top_k.value or None
         key = (run.timeline_revision, len(events), top_k)
         if key != (seen["timeline"], seen["events"], seen["top_k"]):
             seen["timeline"], seen["events"], seen["top_k"] = key
             timeline = run.timeline
-            redraw(self.figures["throughput"], figures.throughput_figure(timeline, top_k=top_k, events=events))
-            redraw(self.figures["delay"], figures.delay_figure(timeline, top_k=top_k, events=events))
-            redraw(self.figures["batch"], figures.batch_figure(timeline, top_k=top_k, events=events))
-            redraw(self.figures["delay_histogram"], figures.delay_histogram_figure(run.delays))
+            self._draw("throughput", figures.throughput_figure(timeline, top_k=top_k, events=events))
+            self._draw("delay", figures.delay_figure(timeline, top_k=top_k, events=events))
+            self._draw("batch", figures.batch_figure(timeline, top_k=top_k, events=events))
+            self._draw("delay_histogram", figures.delay_histogram_figure(run.delays))
         if time.monotonic() - self._loss_at >= LOSS_EVERY_S:
             self._loss_at = time.monotonic()
             history = run.history
             for name, x in (("loss_time", "time"), ("loss_step", "step")):
-                redraw(self.figures[name], figures.loss_figure(history, x, events=events, max_points=LOSS_POINTS))
+                self._draw(name, figures.loss_figure(history, x, events=events, max_points=LOSS_POINTS))
 
-    def _make_figures(self, num_workers: int) -> None:
-        """All panels at once, with a fixed number of trace slots; the grid changes only here."""
-        self.figures = {name: figure_widget(name, num_workers) for name in PANELS}
-        self.grid.children = tuple(self.figures.values())
+    def _draw(self, name: str, fig: dict) -> None:
+        """Show `fig` in its panel, unless the panel shows it already."""
+        if fig != self.figures.get(name):
+            self.figures[name] = fig
+            self.plots[name].outputs = plot_output(fig)
 
     def _sync_controls(self, snap: dict, nodes) -> None:
         """Follow the run's state (also when code changed it): learning rate, batch policy,
