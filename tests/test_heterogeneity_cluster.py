@@ -49,33 +49,22 @@ def test_dbs_gives_the_slow_worker_a_smaller_batch_and_evens_out_step_times(clus
         run.wait(timeout=60)
 
 
-@pytest.fixture(scope="module")
-def four_engines():
-    """One hub and three workers (the session cluster has room for two)."""
-    from nbdist.cluster import Cluster
-
-    handle = Cluster.start(4)
-    yield handle
-    handle.stop()
-
-
 @pytest.mark.slow
-def test_dbs_batches_follow_measured_speeds_within_20_percent_for_slowdowns_1_1_3(four_engines):
-    run = nbdist.train(WIDE_CELL, cluster=four_engines, namespace={}, workers=3, epochs=50, batch_size=64,
-                       dbs=True, slowdown="1,1,3", batch_min=8, no_validation=True)
-    with run:
-        _wait_for(lambda: min(_steps(run)) >= 40, timeout=180)
-        _wait_for(lambda: sum(e["event"] == "rebalance" for e in run._snapshot.get("events", [])) >= 2)
-        time.sleep(3)  # rebalances on settled measurements
-        nodes = run.nodes
-        run.stop()
+def test_dbs_batches_follow_measured_speeds_within_20_percent_for_slowdowns_1_1_3():
+    """The criterion on a virtual cluster (--mode simulate: real coordinator, DBS and
+    gradients; step time slowdown x (per_step + per_sample x batch)). On this 2-core machine
+    three worker engines and a hub measure the CPU scheduler more than their slow-downs."""
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=3, epochs=12, batch_size=64,
+                       dbs=True, slowdown="1,1,3", sim="per_step=1e-4,per_sample=2e-5",
+                       no_validation=True, wait=True)
+    nodes = run.nodes
     batches, speeds = nodes["batch_size"].to_numpy(float), nodes["samples_per_s"].to_numpy(float)
     assert batches.sum() == 3 * 64  # the global batch is kept
-    assert batches[2] < batches[0] and batches[2] < batches[1]
-    # b_i / b_j against v_i / v_j: each worker's share of the global batch against its share
-    # of the measured throughput (equal step times make the two the same)
+    # each worker's share of the global batch against its share of the measured throughput
+    # (equal step times make them the same; here about 84/84/25 by hand: 3(a + c b) = a + c B)
     batch_share, speed_share = batches / batches.sum(), speeds / speeds.sum()
     assert np.allclose(batch_share, speed_share, rtol=0.2), (batches.tolist(), speeds.round(1).tolist())
+    assert 20 <= batches[2] <= 30 and batches[2] < 0.4 * batches[0], batches.tolist()
 
 
 def test_set_slowdown_changes_measured_speed_within_a_few_steps(cluster):
