@@ -130,6 +130,10 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     if ckpt is not None:  # checked before any engine is used
         ckpt.check_fits(layout(model), contents.num_samples, config.servers)
         params, non_trainable = ckpt.params, ckpt.non_trainable
+        if config.mode is Mode.SYNC:
+            from nbdist.sync_checkpoint import check_optimizer
+
+            check_optimizer(ckpt, model)
     if config.checkpoint_dir is not None:
         from nbdist.ps.checkpoint import prepare_dir
 
@@ -139,7 +143,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     elif config.mode is Mode.SYNC:
         from nbdist.sync import SyncBackend
 
-        backend = SyncBackend(cluster, config.workers)
+        backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
     lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
@@ -151,7 +155,8 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
                    params=params, non_trainable=non_trainable, rule_options=options,
                    local_steps=config.local_steps,
                    server_optimizer=config.server_optimizer.value if local else None,
-                   idle_timeout=config.timeout)
+                   idle_timeout=config.timeout,
+                   extra_bytes=8 * params.nbytes + non_trainable.nbytes if config.mode is Mode.SYNC else 0)
     sync = config.mode is Mode.SYNC
     hub_params = params[:0] if sync else params  # in sync mode the hub holds no parameters
     specs = hub_specs(base, hub_params, 1 if sync else config.servers)
@@ -170,9 +175,12 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     try:
         if sync:
             from nbdist.sync import SyncSpec
+            from nbdist.sync_checkpoint import resume_fields
 
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
-                                           initial_non_trainable=non_trainable))
+                                           initial_non_trainable=non_trainable,
+                                           checkpoint=config.checkpoint_dir is not None,
+                                           **resume_fields(ckpt, config.epochs)))
         else:
             backend.start_workers(WorkerSpec(**fields, **steps))
     except BaseException:

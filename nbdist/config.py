@@ -231,11 +231,6 @@ class TrainConfig:
             if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not os.fspath(self.checkpoint_dir):
                 raise ConfigError(f"--checkpoint-dir expects a folder path (Received: {self.checkpoint_dir!r}).")
             object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
-            if self.mode is Mode.SYNC:
-                raise ConfigError(
-                    "--checkpoint-dir works with --mode async and local, where the hub holds the "
-                    "weights; --mode sync keeps them in the Horovod workers and cannot checkpoint "
-                    "yet. Drop --checkpoint-dir, or train with --mode async.")
         if self.checkpoint_every is not None:
             every = self.checkpoint_every
             if isinstance(every, bool) or not isinstance(every, (int, float)) or not (math.isfinite(every) and every > 0):

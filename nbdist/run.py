@@ -238,11 +238,13 @@ class Run:
                                 f"checkpoint. Its last checkpoint: {self.last_checkpoint}.")
         return self._save_checkpoint(str(directory))
 
-    def _save_checkpoint(self, directory: str) -> str:
+    def _save_checkpoint(self, directory: str, final: bool = False) -> str:
         from nbdist.ps.checkpoint import save
 
-        with self._checkpoint_lock:
-            self.last_checkpoint = save(directory, self._control.state(), self._checkpoint_info)
+        with self._checkpoint_lock:  # sync mode: rank 0 holds the weights (nbdist.sync_checkpoint)
+            state = getattr(self._backend, "checkpoint_state", None)
+            shards = state(self._control, final) if state else self._control.state()
+            self.last_checkpoint = save(directory, shards, self._checkpoint_info)
             self._checkpoint_at = time.monotonic()
         return self.last_checkpoint
 
@@ -252,7 +254,7 @@ class Run:
         if every is None or not (final or time.monotonic() - self._checkpoint_at >= every):
             return
         try:
-            self._save_checkpoint(self.config.checkpoint_dir)
+            self._save_checkpoint(self.config.checkpoint_dir, final)
         except (NbdistError, OSError) as exc:
             self._checkpoint_at = time.monotonic()
             log.warning("run %s: checkpoint into %s failed: %s", self.run_id, self.config.checkpoint_dir, exc)

@@ -26,8 +26,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from nbdist.backends import ClusterBackend
-from nbdist.errors import DependencyError, TrainingError
+from nbdist.backends import ClusterBackend, _engine_died
+from nbdist.errors import DependencyError, TrainingError, WorkersLostError
+from nbdist.sync_checkpoint import check_slots, read_slots, snapshot, write_slots
 from nbdist.worker import WorkerSpec, configure_tensorflow, engine_namespace, unpack
 
 GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
@@ -54,6 +55,9 @@ class SyncSpec(WorkerSpec):
     initial_params: np.ndarray | None = None
     initial_non_trainable: np.ndarray | None = None
     env: dict | None = None  # HOROVOD_* variables for this rank
+    checkpoint: bool = False  # rank 0 sends its state when training ends (the final checkpoint)
+    resume: dict | None = None  # from a checkpoint: epoch, offset, steps, iterations, slots (shapes)
+    initial_slots: np.ndarray | None = None  # the Keras optimizer's slots, from a checkpoint
 
 
 MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -69,7 +73,7 @@ class SyncBackend(ClusterBackend):
 
     survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
 
-    def __init__(self, cluster, num_workers: int | None):
+    def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None):
         require_horovod()
         super().__init__(cluster, num_servers=0, num_workers=num_workers)
         mpi = [v for v in cluster.client[list(self.roles.workers)].apply_sync(mpi_rank_variable) if v]
@@ -85,6 +89,7 @@ class SyncBackend(ClusterBackend):
             )
         self._rendezvous = None
         self._local_hub = None
+        self.checkpoint_dir = checkpoint_dir
         self.results: dict[int, dict] = {}
 
     def start_hubs(self, specs):
@@ -127,6 +132,26 @@ class SyncBackend(ClusterBackend):
             spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
                            threads=max(1, (os.cpu_count() or 1) // slot.local_size))
             self._tasks[slot.rank] = self.cluster.client[engine].apply_async(run_sync_worker, spec)
+
+    def checkpoint_state(self, control, final: bool) -> list:
+        """Rank 0's weights, optimizer slots and data position (see nbdist.sync_checkpoint)."""
+        from nbdist.sync_checkpoint import fresh_state
+
+        return fresh_state(control, final)
+
+    def failure(self) -> Exception | None:
+        """A rank whose engine died fails the run, with what to do next."""
+        error = super().failure()
+        dead = [i for i, ar in self._tasks.items() if ar.ready() and _engine_died(ar)]
+        if error is None or not dead:
+            return error
+        where = (f"nbdist.resume({self.checkpoint_dir!r}, cluster=...) (or %%distribute --resume "
+                 f"{self.checkpoint_dir}) continues from the last checkpoint"
+                 if self.checkpoint_dir else "start the run again (with --checkpoint-dir to be able to resume)")
+        return WorkersLostError(
+            f"Rank {dead[0]}'s engine ({self.roles.workers[dead[0]]}) died during a --mode sync run. "
+            "An allreduce needs every rank, so the run failed. Restart the engines "
+            f"(%nbdist stop, %nbdist start N), then {where}.")
 
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights (every rank holds the same)."""
@@ -180,13 +205,22 @@ class _SyncLoop:
         trainable = model.trainable_variables
         optimizer.build(trainable)
         self.flat = FlatModel(model)
+        resume = spec.resume or {}
+        if spec.initial_slots is not None:  # every rank checks; rank 0's values are broadcast
+            check_slots(optimizer, resume["slots"], spec.engine)
+            optimizer.iterations.assign(int(resume["iterations"]))
         # Horovod matches collectives across ranks by name, and Keras names variables with
         # per-process counters (an engine that ran the cell before has `dense_2/kernel`):
         # so every collective here has a fixed name, and the weights travel as one buffer.
         params, non_trainable = self.flat.read()
-        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable])), root_rank=0,
+        slots = read_slots(optimizer) if spec.initial_slots is None else spec.initial_slots
+        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable, slots])), root_rank=0,
                               name="nbdist_initial_weights").numpy()
-        self.flat.assign(start[: params.size], start[params.size:])
+        n = params.size + non_trainable.size
+        self.flat.assign(start[: params.size], start[params.size: n])
+        write_slots(optimizer, start[n:])
+        self.start = (int(resume.get("epoch", 0)), int(resume.get("offset", 0)), int(resume.get("steps", 0)))
+        self.position, self.sent = self.start[:2], 0  # (epoch, samples of it done); last request served
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
         @tf.function(reduce_retracing=True)
@@ -212,10 +246,11 @@ class _SyncLoop:
         spec = self.spec
         self.transport.hello()
         global_batch = spec.batch_size * self.size
-        steps_per_epoch = -(-spec.num_samples // global_batch)
         reply = {}
         steps = 0
-        for epoch in range(spec.epochs):
+        for epoch in range(self.start[0], spec.epochs):
+            offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
+            steps_per_epoch = -(-(spec.num_samples - offset) // global_batch)
             order = epoch_permutation(spec.num_samples, spec.seed, epoch)
             step = 0
             while step < steps_per_epoch:
@@ -223,12 +258,13 @@ class _SyncLoop:
                     break
                 if self.control[1]:  # paused: keep the ranks in lockstep on control only
                     time.sleep(0.05)
-                    self._exchange_control(reply := self._report({}))
+                    reply = self._send_state(self._report({}), steps)
+                    self._exchange_control(reply)
                     continue
                 batches = self.control[CONTROL_FIELDS:].astype(np.int64)
-                lo = step * global_batch + int(batches[: self.rank].sum())
+                lo = offset + step * global_batch + int(batches[: self.rank].sum())
                 start, stop = min(lo, spec.num_samples), min(lo + int(batches[self.rank]), spec.num_samples)
-                step_total = min(global_batch, spec.num_samples - step * global_batch)
+                step_total = min(global_batch, spec.num_samples - offset - step * global_batch)
                 index = order[start:stop] if stop > start else order[:1]
                 weight = (stop - start) / step_total
                 t0 = time.perf_counter()
@@ -248,15 +284,26 @@ class _SyncLoop:
                 self.control[:] = self._allreduce_apply(grad * np.float32(weight), outgoing).numpy()
                 self._follow_lr()
                 t2 = time.perf_counter()
+                self.position = (epoch, min(spec.num_samples, offset + (step + 1) * global_batch))
                 reply = self._report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
                                       "comm_s": t2 - t1, "batch": int(batches[self.rank]),
-                                      "epoch": epoch + (step + 1) / steps_per_epoch})
+                                      "epoch": epoch + self.position[1] / spec.num_samples})
                 step += 1
                 steps += 1
+                reply = self._send_state(reply, steps)
             if self.control[0]:
                 break
             self._evaluate(epoch)
         return self._finish(steps)
+
+    def _send_state(self, reply: dict, steps: int, final: bool = False) -> dict:
+        """Rank 0, between two steps: send its state to the hub if the kernel asked for it."""
+        wanted = int(reply.get("send_state", 0))
+        if self.rank != 0 or not (final or wanted > self.sent):
+            return reply
+        self.sent = max(self.sent, wanted)
+        header, buffers = snapshot(self, self.sent, *self.position, self.start[2] + steps, final)
+        return self.transport.lines[0].request(header, buffers).header
 
     def _follow_lr(self) -> None:
         """Every rank switches rate at the same step: the new rate came in the allreduce."""
@@ -298,6 +345,8 @@ class _SyncLoop:
             non_trainable = self.hvd.allreduce(non_trainable, op=self.hvd.Average,
                                                name="nbdist_final_state").numpy()
             self.flat.assign(params, non_trainable)
+        if self.spec.checkpoint:  # the final checkpoint's weights
+            self._send_state({}, steps, final=True)
         self.transport.bye()
         self.transport.close()
         return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,

@@ -296,8 +296,7 @@ def test_checkpoint_options_are_validated():
         TrainConfig(checkpoint_every=10)
     with pytest.raises(ConfigError, match="--checkpoint-every must be a positive number"):
         TrainConfig(checkpoint_dir="ckpt", checkpoint_every=0)
-    with pytest.raises(ConfigError, match="--mode sync keeps them in the Horovod workers"):
-        TrainConfig(mode="sync", checkpoint_dir="ckpt")
+    assert TrainConfig(mode="sync", checkpoint_dir="ckpt").checkpoint_interval == 60.0
 
 
 def test_an_unwritable_checkpoint_folder_is_refused_before_training(tmp_path):

@@ -74,6 +74,10 @@ def import_fields(obj, fields: tuple[str, ...], values: dict) -> None:
 
 def shard_state(hub) -> tuple[dict, list[np.ndarray]]:
     """The `state` reply of one hub shard: header (numbers, data position) and arrays."""
+    if getattr(hub, "sync_snapshot", None) is not None:  # sync mode: the weights rank 0 sent
+        from nbdist.sync_checkpoint import hub_state
+
+        return hub_state(hub)
     arrays = {"params": hub.params.copy()}
     numbers = {}
     if hub.coordinator is not None:
@@ -147,7 +151,7 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
         "arrays_file": name, "sha256": digest, "bytes": nbytes,
         "arrays": {k: {"shape": list(v.shape), "dtype": v.dtype.str} for k, v in arrays.items()},
         "shards": shard_meta, "schedule": schedule, "evals_pending": first.get("evals_pending", []),
-        "epochs_done": schedule["done"] / schedule["num_samples"],
+        "epochs_done": schedule["done"] / schedule["num_samples"], "sync": first.get("sync"),
     }
     text = json.dumps(meta, indent=1).encode()
     _write_atomic(meta_path, lambda f: f.write(text))
@@ -340,6 +344,9 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
     if int(meta["schedule"]["num_samples"]) != int(meta["num_samples"]):
         raise _corrupt(meta_path, "its data position is for another number of samples")
     _check_rule_state(meta_path, meta, arrays)
+    from nbdist.sync_checkpoint import check_meta
+
+    check_meta(meta_path, meta, arrays, _corrupt)
 
 
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:

@@ -82,6 +82,7 @@ class Coordinator:
         self._last_push: dict[int, float] = {}
         self._step_s: dict[int, float] = {}  # worker -> moving average of its push interval / slowdown
         self.reported_epochs = 0.0
+        self.state_wanted = 0  # sync mode: +1 per checkpoint request, passed on to rank 0
         self.group_of: list[list[int]] = [[w] for w in range(n)]
         self.grouped = False
         if plan.algorithm == "group" and plan.groups in (1, n):  # nothing to measure first
@@ -145,6 +146,7 @@ class Coordinator:
 
     def report(self, worker: int, h: dict, now: float) -> dict:
         """A synchronous rank's step (metrics only); returns the control for rank 0 to share."""
+        self.heard(worker, now)  # a rank that reports is alive (without this, lost after 30 s)
         if h.get("batch"):
             self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
             self.sizer.observe(worker, int(h.get("samples", 0)), float(h.get("compute_s", 0.0)))
@@ -153,7 +155,7 @@ class Coordinator:
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
         self.eval_result(worker, h, now)
         self.stats.workers[worker].state = "paused" if self.paused else "running"
-        return {"lr": self.lr, "paused": self.paused, "stop": self.stopping,
+        return {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
                 "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
 
     def _count(self, worker: int, samples: int, h: dict, delay: int, now: float) -> None:
@@ -302,6 +304,8 @@ class Coordinator:
             self.stats.record_event("set_option", now, name=h["option"][0], value=h["option"][1])
         if h.get("regroup"):
             self.regroup(now)
+        if h.get("send_state"):
+            self.state_wanted += 1
 
     # -- what the kernel reads --------------------------------------------------------------
 

@@ -66,6 +66,7 @@ class HubSpec:
     bind_host: str = "127.0.0.1"
     idle_timeout: float = 120.0
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
+    extra_bytes: int = 0  # sync mode: room for rank 0's state (weights, optimizer slots)
 
 
 class _WorkerLink:
@@ -87,7 +88,7 @@ class Hub:
         plan = spec.plan
         self.size = int(spec.params.size)
         self.codec = Codec(spec.key, f"hub-{spec.shard}",
-                           max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes) + 4096)
+                           max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes) + 4096 + spec.extra_bytes)
         self._segment = shm.create(4 * self.size)  # live parameters, readable by hogwild workers
         self.params = shm.floats(self._segment, 0, self.size)
         self.params[:] = spec.params
@@ -104,6 +105,7 @@ class Hub:
         self.error: str | None = None
         self.closing = False
         self.start_time = time.time()
+        self.sync_snapshot = None  # sync mode: rank 0's latest state (nbdist.sync_checkpoint)
         self.coordinator = Coordinator(plan, self.start_time) if spec.shard == 0 else None
         if spec.restore is not None:
             restore_shard(self, spec.restore)
@@ -326,6 +328,8 @@ class Hub:
 
     def _report(self, msg: Message, ident) -> tuple[dict, list]:
         worker = int(msg.header["worker"])
+        if worker == 0 and "state" in msg.header:
+            self.sync_snapshot = (msg.header["state"], [msg.floats(i).copy() for i in range(3)])
         return {"op": "reply", **self.coordinator.report(worker, msg.header, self.now())}, []
 
     def _bye(self, msg: Message, ident) -> tuple[dict, list]:

@@ -1,0 +1,129 @@
+"""Checkpoint and resume of --mode sync runs on real engines with real Horovod (Gloo): a stop
+and resume, and a worker engine killed mid-run on a separate cluster, then resumed."""
+
+import json
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import CheckpointError, ConfigError, WorkersLostError
+from tests.conftest import SYNTHETIC_CELL, _alive
+
+pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
+pytestmark = [pytest.mark.cluster, pytest.mark.horovod]
+
+# momentum: the Keras optimizer keeps one slot per weight, which the checkpoint must carry;
+# seeded: the same initial weights in every run
+MOMENTUM_CELL = SYNTHETIC_CELL.replace("SGD(0.1)", "SGD(0.05, momentum=0.9)").replace(
+    "model = keras", "keras.utils.set_random_seed(3)\nmodel = keras")
+OPTIONS = dict(mode="sync", workers=2, batch_size=8, seed=4)
+TOLERANCE = 0.05  # test accuracy of a resumed run vs an uninterrupted one
+
+
+def meta(path):
+    return json.loads((path / "meta.json").read_text())
+
+
+def weights(ns):
+    return np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
+
+
+def accuracy(ns):
+    return ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
+
+
+def wait_for(condition, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not condition():
+        assert time.monotonic() < deadline, "condition not reached in time"
+        time.sleep(0.05)
+
+
+def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(cluster, tmp_path):
+    """Two ranks sum gradients in either order to the same floats, and a resume starts at a
+    whole global batch with the momentum restored: the run continues bit for bit."""
+    straight = {}
+    nbdist.train(MOMENTUM_CELL, cluster=cluster, namespace=straight, epochs=4, wait=True, **OPTIONS)
+
+    run = nbdist.train(MOMENTUM_CELL, cluster=cluster, namespace={}, epochs=4,
+                       checkpoint_dir=str(tmp_path), **OPTIONS)
+    wait_for(lambda: run._snapshot.get("epochs_done", 0) >= 1.3)  # noqa: SLF001
+    run.stop()
+    run.wait(timeout=60)
+    saved = meta(tmp_path)  # the final checkpoint, taken where rank 0 stopped
+    done = saved["schedule"]["done"]
+    assert run.status == "stopped" and saved["config"]["mode"] == "sync"
+    assert 900 <= done < 4 * 900 and done % 900 % 16 == 0  # whole global batches of 2 x 8
+    steps = done // 900 * 57 + done % 900 // 16  # 57 = ceil(900 / 16) steps per epoch
+    assert saved["sync"]["optimizer"] == "SGD" and saved["sync"]["iterations"] == saved["sync"]["steps"] == steps
+    assert saved["sync"]["slots"] == saved["layout"]["trainable"]  # one momentum per weight
+    from nbdist.ps.checkpoint import load
+
+    assert np.abs(load(tmp_path).arrays["shard0.optimizer_slots"]).max() > 0
+
+    resumed = {}
+    again = nbdist.resume(tmp_path, cluster=cluster, namespace=resumed, wait=True)
+    assert again.status == "finished" and again.config.mode.value == "sync"
+    assert again.nodes["samples"].sum() == 4 * 900 - done  # nothing skipped, nothing twice
+    results = again._backend.results  # noqa: SLF001
+    np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
+    assert meta(tmp_path)["epochs_done"] == 4
+    acc_straight, acc_resumed = accuracy(straight), accuracy(resumed)
+    assert acc_straight > 0.9 and abs(acc_resumed - acc_straight) <= TOLERANCE, (acc_resumed, acc_straight)
+    np.testing.assert_array_equal(weights(resumed), weights(straight))
+    print(f"stopped at {done / 900:.2f} epochs; accuracy uninterrupted {acc_straight:.4f}, "
+          f"resumed {acc_resumed:.4f}")
+
+
+def test_a_sync_checkpoint_is_refused_as_async_and_with_another_optimizer(cluster, tmp_path):
+    nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, checkpoint_dir=str(tmp_path),
+                 wait=True, **OPTIONS)
+    with pytest.raises(ConfigError, match="--mode is async here but the checkpoint was taken with sync"):
+        nbdist.resume(tmp_path, cluster=cluster, namespace={}, mode="async")
+    adam = SYNTHETIC_CELL.replace("keras.optimizers.SGD(0.1)", "keras.optimizers.Adam()")
+    with pytest.raises(CheckpointError, match="SGD optimizer; this cell compiles its model with Adam"):
+        nbdist.resume(tmp_path, adam, cluster=cluster, namespace={}, epochs=2)
+    async_dir = tmp_path / "async"
+    nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1,
+                 checkpoint_dir=str(async_dir), wait=True)
+    with pytest.raises(ConfigError, match="--mode is sync here but the checkpoint was taken with async"):
+        nbdist.resume(async_dir, cluster=cluster, namespace={}, mode="sync")
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, wait=True, **OPTIONS)
+    assert again.status == "finished"  # the refusals left the engines free
+
+
+@pytest.mark.slow
+def test_killing_a_sync_worker_fails_the_run_within_60s_and_resume_completes(cluster, tmp_path):
+    from nbdist.cluster import Cluster
+
+    own = Cluster.start(3)  # killed into: never the shared session cluster
+    try:
+        pids = dict(zip(own.client.ids, own.client[:].apply_sync(os.getpid), strict=True))
+        run = nbdist.train(SYNTHETIC_CELL, cluster=own, namespace={}, epochs=8, timeout=20,
+                           checkpoint_dir=str(tmp_path), checkpoint_every=0.5, **OPTIONS)
+        wait_for(lambda: run.last_checkpoint is not None and meta(tmp_path)["epochs_done"] >= 1)
+        victim = pids[run._backend.roles.workers[1]]  # noqa: SLF001 - rank 1's engine
+        os.kill(victim, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(WorkersLostError, match=r"Rank 1's engine \(\d\) died during a --mode sync "
+                                                   r"run.*nbdist.resume\("):
+            run.wait(timeout=120)
+        failed_after = time.monotonic() - killed
+        assert failed_after < 60 and not _alive(victim)
+    finally:
+        own.stop()
+    saved = meta(tmp_path)
+    done = saved["schedule"]["done"]
+    assert 900 <= done < 8 * 900, "the kill must land mid-run, after a checkpoint"
+
+    resumed = {}
+    again = nbdist.resume(tmp_path, cluster=cluster, namespace=resumed, wait=True)
+    assert again.status == "finished"
+    assert again.nodes["samples"].sum() == 8 * 900 - done
+    assert accuracy(resumed) > 0.9
+    print(f"rank 1 killed at {done / 900:.2f} epochs; run failed {failed_after:.1f}s later; "
+          f"resumed accuracy {accuracy(resumed):.4f}")
