@@ -182,7 +182,10 @@ class Run:
         self._send(paused=False)
 
     def stop(self) -> None:
-        """End training early; the kernel's model still receives the weights reached so far."""
+        """End training early; the kernel's model still receives the weights reached so far.
+        A run that has already ended is left as it is (stopping twice is not an error)."""
+        if self.done:
+            return
         self._stop_requested = True
         self._send(stop=True)
 
