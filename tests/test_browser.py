@@ -176,3 +176,28 @@ def test_quickstart_dashboard_renders_and_pause_acts_on_the_run(jupyterlab):
             raise
         finally:
             browser.close()
+
+
+def test_the_html_report_opens_offline_in_chromium_with_every_panel(tmp_path):
+    """`run.report()` is one file: with the network cut, every panel still draws."""
+    from playwright.sync_api import expect, sync_playwright
+
+    from tests.test_dashboard_widget import fed_run
+
+    path = fed_run(3, t=8.0).report(tmp_path / "report.html")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        context = browser.new_context(offline=True)
+        page = context.new_page()
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        try:
+            page.goto(path.resolve().as_uri())
+            for panel in ("loss", "throughput", "delay", "delay_histogram", "batch", "nodes"):
+                expect(page.locator(f"#nbdist-{panel}.js-plotly-plot")).to_have_count(1, timeout=30_000)
+            expect(page.locator("#nbdist-throughput .legendtext", has_text="worker 2")).to_have_count(1)
+            expect(page.locator("#nbdist-nodes .table .y-column").first).to_be_visible()
+            page.screenshot(path=str(OUT / "browser-report.png"), full_page=True)
+        finally:
+            browser.close()
+    assert [u for u in requests if not u.startswith("file:")] == []  # nothing from a network

@@ -285,7 +285,8 @@ def loss_figure(history: pd.DataFrame | None, x: str = "time", *, window: int = 
         return empty_figure(title)
     layout = _layout(title, xtitle, "loss", yaxis2={
         "title": {"text": "val accuracy"}, "overlaying": "y", "side": "right",
-        "rangemode": "tozero", "showgrid": False})
+        "rangemode": "tozero", "showgrid": False},
+        legend={"groupclick": "togglegroup", "x": 1.15, "xanchor": "left"})  # clear of the right axis
     return _with_events({"data": traces, "layout": layout}, events, x)
 
 
