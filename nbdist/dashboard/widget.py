@@ -46,9 +46,7 @@ SLOWDOWN_MAX = 8.0
 MANY_WORKERS = 8  # above this many workers the panels start at "8 slowest + mean of the others"
 STATUS_COLORS = {"starting": "#555555", "running": "#1CA71C", "paused": "#B68100",
                  "finished": "#2E91E5", "stopped": "#555555", "failed": "#FB0D0D"}
-PANELS = {"throughput": "throughput per worker", "delay": "delay τ per worker",
-          "batch": "batch size per worker", "delay_histogram": "delay histogram",
-          "loss_time": "loss and validation accuracy", "loss_step": "loss against global step"}
+PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_step")  # grid order
 
 
 def widgets_available() -> bool:
