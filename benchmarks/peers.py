@@ -57,19 +57,6 @@ WORKERS = 2
 LR = 0.05
 RESULT = "@@result "
 STALL_S = 300  # the TF side gives up (and says where it hung) after this long
-# The nbdist cell: _training.CELL's model and data. No validation during the budget (the TF
-# loop has none); both sides are evaluated on x_test afterwards, the same way.
-CELL = '''
-import keras
-from nbdist.datasets import load_fashion_mnist
-(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
-x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
-x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
-model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
-'''
 
 
 def threads_per_worker() -> int:
@@ -303,7 +290,9 @@ class Peer:
 
 
 def measure_nbdist(cluster, seconds: float, warm: float, batch: int) -> dict:
-    from _training import FOREVER_EPOCHS, run_for
+    # _training.CELL: the same MLP and data. No validation during the budget (the TF loop has
+    # none); both sides are evaluated on x_test afterwards, the same way (accuracy() below).
+    from _training import CELL, FOREVER_EPOCHS, run_for
 
     import nbdist
 
