@@ -187,7 +187,11 @@ class Run:
         if self.done:
             return
         self._stop_requested = True
-        self._send(stop=True)
+        try:
+            self._send(stop=True)
+        except TrainingError:
+            if not (self.done or self._control.closed):  # else it ended meanwhile: nothing to stop
+                raise
 
     def set_lr(self, lr: float) -> None:
         """Change the hub's learning rate from the next push on."""

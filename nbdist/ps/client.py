@@ -175,6 +175,7 @@ class HubControl:
         self.lines = [_Line(self._ctx, s["tcp"], codec, timeout, f"hub shard {i}")
                       for i, s in enumerate(shards)]
         self._lock = threading.Lock()
+        self.closed = False
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         """Statistics with history rows from `since` on (and the whole timeline if asked)."""
@@ -185,6 +186,8 @@ class HubControl:
     def control(self, **changes: object) -> None:
         """What every shard applies (lr, rule options, stop) goes to all; the rest to shard 0."""
         with self._lock:
+            if self.closed:  # the run ended between the caller's check and this call
+                raise TrainingError("The run has ended; there is nothing to control. Start a new run.")
             for i, line in enumerate(self.lines):
                 fields = changes if i == 0 else {k: v for k, v in changes.items() if k in PER_SHARD}
                 if fields:
@@ -210,6 +213,8 @@ class HubControl:
                     line.request({"op": "shutdown"})
 
     def close(self) -> None:
-        for line in self.lines:
-            line.sock.close(0)
+        with self._lock:  # never under a control() from another thread (the notebook's)
+            self.closed = True
+            for line in self.lines:
+                line.sock.close(0)
         self._ctx.term()
