@@ -76,7 +76,8 @@ def describe_schedule(schedule: Any) -> dict:
 
     Example:
         >>> import keras
-        >>> describe_schedule(keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5))["class_name"]
+        >>> schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5)
+        >>> describe_schedule(schedule)["class_name"]
         'ExponentialDecay'
     """
     from keras.optimizers import schedules
@@ -85,7 +86,8 @@ def describe_schedule(schedule: Any) -> dict:
     name = cls.__name__
     if name not in _DEFAULTS or getattr(schedules, name, None) is not cls:
         what = f"{cls.__module__}.{cls.__qualname__}"
-        kind = ("a subclass of a Keras schedule" if isinstance(schedule, schedules.LearningRateSchedule)
+        kind = ("a subclass of a Keras schedule"
+                if isinstance(schedule, schedules.LearningRateSchedule)
                 else "a callable" if callable(schedule) else "an object")
         raise UnsupportedOptimizerError(
             f"nbdist cannot reproduce this learning-rate schedule on the hub. Received: {what} "
@@ -110,7 +112,8 @@ def _checked(spec: dict) -> tuple[str, dict[str, Any]]:
     if missing:
         raise UnsupportedOptimizerError(
             f"The {name} schedule's config lacks {', '.join(missing)}. Received: {given!r}. "
-            f"Expected the config of keras.optimizers.schedules.{name} (describe_schedule gives it).")
+            f"Expected the config of keras.optimizers.schedules.{name} "
+            f"(describe_schedule gives it).")
     return name, config
 
 
@@ -127,7 +130,7 @@ def schedule_value(spec: dict, step: int) -> float:
     return float(_FORMULAS[name](config, int(step)))
 
 
-# -- the formulas, in float32 like Keras (the initial rate is a float32 tensor, all is cast to it) --
+# -- the formulas, in float32 like Keras (the initial rate is a float32 tensor; all is cast to it)
 
 
 def _exponential(c: dict, step: int) -> np.float32:
@@ -152,7 +155,7 @@ def _piecewise(c: dict, step: int) -> np.float32:
     result = _F(0)
     result += _F(step <= b[0]) * values[0]
     result += _F(step > b[-1]) * values[-1]
-    for low, high, value in zip(b[:-1], b[1:], values[1:-1]):
+    for low, high, value in zip(b[:-1], b[1:], values[1:-1], strict=True):
         result += _F(low < step <= high) * value
     return result
 
