@@ -61,7 +61,7 @@ SETTINGS = {
     "clipnorm": {"clipnorm": 0.5},
     "clipvalue": {"clipvalue": 0.05},
     "global_clipnorm": {"global_clipnorm": 0.8},
-    "weight_decay": {"weight_decay": 0.05},
+    "weight_decay": {"weight_decay": 0.5},
 }
 
 
@@ -356,6 +356,15 @@ def test_a_loss_scale_optimizer_is_refused():
     assert_names_it_and_lists_the_supported(info, "LossScaleOptimizer", "mixed precision")
 
 
+def test_a_constrained_variable_is_refused_when_the_variables_are_given():
+    variables = [keras.Variable(w) for w in initial_weights()]
+    variables[2].constraint = keras.constraints.MaxNorm(2.0)
+    with pytest.raises(UnsupportedOptimizerError, match="constraints.*MaxNorm.*Remove the constraint"):
+        describe_optimizer(ko.Adam(), SEGMENTS, variables)
+    with pytest.raises(ConfigError, match=r"sizes \[15, 3, 6, 2\] vs segments \[15, 3, 8\]"):
+        describe_optimizer(ko.Adam(), [15, 3, 8], variables)
+
+
 def test_an_unknown_schedule_is_refused():
     class Halving(ko.schedules.LearningRateSchedule):
         def __call__(self, step):
@@ -379,6 +388,8 @@ def test_bad_specs_are_refused_on_the_hub():
     with pytest.raises(ConfigError, match="Only one of clipnorm"):
         HubOptimizer({"class_name": "SGD", "config": {"clipnorm": 1.0, "clipvalue": 1.0},
                       "segments": [2]}, 2)
+    with pytest.raises(ConfigError, match="momentum must be a finite number. Received: 'high'"):
+        HubOptimizer({"class_name": "SGD", "config": {"momentum": "high"}, "segments": [2]}, 2)
     with pytest.raises(ConfigError, match="segments must be"):
         HubOptimizer({"class_name": "SGD", "segments": [2.5]}, 2)
 

@@ -57,15 +57,22 @@ def _unsupported(what: str, received: str) -> UnsupportedOptimizerError:
 def describe_optimizer(optimizer: Any, segments: list[int], variables: list | None = None) -> dict:
     """The spec of the cell's compiled Keras optimizer, for `HubOptimizer` (kernel side).
 
-    `segments` are the sizes of the model's trainable variables in flat order. `variables`
-    (those variables, optional) is needed only when the cell called
-    `optimizer.exclude_from_weight_decay(...)`: it says which of them Keras decays.
+    `segments` are the sizes of the model's trainable variables in flat order. `variables`,
+    those variables (`model.trainable_variables`), are optional but let it check more: which
+    ones `exclude_from_weight_decay(...)` excludes (needed if the cell called it), and that none
+    has a `constraint`, which Keras's `optimizer.apply` enforces after each update and the hub
+    does not.
+
+    The spec: `{"class_name", "config"` (the class's hyper-parameters and `weight_decay`,
+    `clipnorm`, `clipvalue`, `global_clipnorm`), `"learning_rate"` (a float, or a schedule spec
+    from `describe_schedule`), `"segments"`, and `"decay_mask"` (one flag per segment) only when
+    some variables are excluded from weight decay`}`.
 
     Raises `UnsupportedOptimizerError` (a `ConfigError`) for anything the hub cannot reproduce
     exactly: another class (a subclass of a supported class included, since nbdist cannot see
     what it changes), a `LossScaleOptimizer` (mixed precision), `use_ema`,
     `gradient_accumulation_steps`, `loss_scale_factor`, a learning rate given as a function or a
-    custom schedule.
+    custom schedule, a constrained variable.
 
     Example:
         >>> import keras
@@ -99,6 +106,8 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
         raise _unsupported("a loss scale factor", f"{name}(loss_scale_factor="
                            f"{optimizer.loss_scale_factor!r})")
     segments = _checked_segments(segments)
+    if variables is not None:
+        _check_variables(list(variables), segments)
     lr = optimizer._learning_rate  # the schedule or the variable, not its current value
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         lr = describe_schedule(lr)
@@ -140,12 +149,31 @@ def _decay_mask(optimizer: Any, segments: list[int], variables: list | None) -> 
         raise _unsupported("exclude_from_weight_decay(...) was called, and nbdist was not given "
                            "the variables to tell which ones it excludes",
                            f"{type(optimizer).__name__}(weight_decay={optimizer.weight_decay!r})")
+    _check_variables(list(variables), segments)
+    return [bool(optimizer._use_weight_decay(v)) for v in variables]
+
+
+def _check_variables(variables: list, segments: list[int]) -> None:
+    """The variables match the segments, and Keras's `apply` would do nothing to them beyond
+    the optimizer's update (no constraint, no float8 `overwrite_with_gradient`)."""
     sizes = [int(np.prod(v.shape)) for v in variables]
     if sizes != segments:
         raise ConfigError(f"The variables given to describe_optimizer do not match the segments. "
                           f"Received: sizes {sizes} vs segments {segments}. Expected the model's "
                           f"trainable variables in flat order.")
-    return [bool(optimizer._use_weight_decay(v)) for v in variables]
+    for v in variables:
+        name = getattr(v, "path", None) or v.name
+        if getattr(v, "constraint", None) is not None:
+            raise UnsupportedOptimizerError(
+                f"The hub does not apply Keras's variable constraints, which optimizer.apply "
+                f"enforces after each update. Received: variable {name!r} with constraint "
+                f"{type(v.constraint).__name__}. Remove the constraint from the layer (for "
+                f"example kernel_constraint=...) to train this model with nbdist's async modes.")
+        if getattr(v, "overwrite_with_gradient", False):
+            raise UnsupportedOptimizerError(
+                f"The hub cannot train a variable that Keras overwrites with its gradient "
+                f"(float8 training). Received: variable {name!r} with overwrite_with_gradient=True. "
+                f"Train this model without float8 layers.")
 
 
 def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> dict:
@@ -390,6 +418,12 @@ def _checked_spec(spec: Any) -> tuple[str, dict[str, Any]]:
         raise ConfigError(f"Unknown setting(s) {', '.join(unknown)} for the {name} optimizer. "
                           f"Valid: {', '.join(defaults)}.")
     config = {**defaults, **given}
+    for key, value in config.items():
+        numeric = isinstance(value, (int, float)) and math.isfinite(value)
+        if not (numeric or (value is None and key in _BASE_DEFAULTS)):
+            raise ConfigError(f"The {name} optimizer's {key} must be a finite number"
+                              f"{' or None' if key in _BASE_DEFAULTS else ''}. "
+                              f"Received: {value!r}.")
     clips = [k for k in ("clipnorm", "clipvalue", "global_clipnorm") if config[k] is not None]
     if len(clips) > 1:
         raise ConfigError(f"Only one of clipnorm, clipvalue and global_clipnorm can be set, as in "
