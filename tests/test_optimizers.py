@@ -359,7 +359,8 @@ def test_a_loss_scale_optimizer_is_refused():
 def test_a_constrained_variable_is_refused_when_the_variables_are_given():
     variables = [keras.Variable(w) for w in initial_weights()]
     variables[2].constraint = keras.constraints.MaxNorm(2.0)
-    with pytest.raises(UnsupportedOptimizerError, match="constraints.*MaxNorm.*Remove the constraint"):
+    with pytest.raises(UnsupportedOptimizerError,
+                       match="constraints.*MaxNorm.*Remove the constraint"):
         describe_optimizer(ko.Adam(), SEGMENTS, variables)
     with pytest.raises(ConfigError, match=r"sizes \[15, 3, 6, 2\] vs segments \[15, 3, 8\]"):
         describe_optimizer(ko.Adam(), [15, 3, 8], variables)

@@ -63,10 +63,10 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     has a `constraint`, which Keras's `optimizer.apply` enforces after each update and the hub
     does not.
 
-    The spec: `{"class_name", "config"` (the class's hyper-parameters and `weight_decay`,
-    `clipnorm`, `clipvalue`, `global_clipnorm`), `"learning_rate"` (a float, or a schedule spec
-    from `describe_schedule`), `"segments"`, and `"decay_mask"` (one flag per segment) only when
-    some variables are excluded from weight decay`}`.
+    The spec's keys: `class_name`; `config`, the class's hyper-parameters with `weight_decay`,
+    `clipnorm`, `clipvalue` and `global_clipnorm`; `learning_rate`, a float or a schedule spec
+    (`describe_schedule`); `segments`; and `decay_mask`, one flag per segment, only when some
+    variables are excluded from weight decay.
 
     Raises `UnsupportedOptimizerError` (a `ConfigError`) for anything the hub cannot reproduce
     exactly: another class (a subclass of a supported class included, since nbdist cannot see
@@ -101,7 +101,8 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     if optimizer.gradient_accumulation_steps:
         steps = optimizer.gradient_accumulation_steps
         raise _unsupported("gradient accumulation (the hub's update rule decides when "
-                           "gradients are applied)", f"{name}(gradient_accumulation_steps={steps!r})")
+                           "gradients are applied)",
+                           f"{name}(gradient_accumulation_steps={steps!r})")
     if optimizer.loss_scale_factor is not None:
         raise _unsupported("a loss scale factor", f"{name}(loss_scale_factor="
                            f"{optimizer.loss_scale_factor!r})")
@@ -172,8 +173,8 @@ def _check_variables(variables: list, segments: list[int]) -> None:
         if getattr(v, "overwrite_with_gradient", False):
             raise UnsupportedOptimizerError(
                 f"The hub cannot train a variable that Keras overwrites with its gradient "
-                f"(float8 training). Received: variable {name!r} with overwrite_with_gradient=True. "
-                f"Train this model without float8 layers.")
+                f"(float8 training). Received: variable {name!r} with "
+                f"overwrite_with_gradient=True. Train this model without float8 layers.")
 
 
 def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> dict:
@@ -193,7 +194,8 @@ def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> d
     if name == "adam":
         class_name, config, default_lr = "Adam", {}, 1e-2
     else:
-        class_name, config, default_lr = "SGD", {"momentum": 0.9} if name == "momentum" else {}, 1.0
+        config = {"momentum": 0.9} if name == "momentum" else {}
+        class_name, default_lr = "SGD", 1.0
     spec = {"class_name": class_name, "config": config,
             "learning_rate": default_lr if lr is None else float(lr),
             "segments": _checked_segments(segments)}
@@ -384,10 +386,12 @@ class HubOptimizer:
 
     def restore_state(self, state: dict) -> None:
         """Continue from `export_state()`'s values (bit-identically)."""
-        expected = set(self.export_state())
+        expected = {"iterations", "has_lr_override", "lr_override", *self._formula.slots,
+                    *self._formula.scalars}
         if set(state) != expected:
-            raise CheckpointError(f"The {self.name} optimizer state does not fit this run. Received: "
-                                  f"fields {sorted(state)}. Expected: {sorted(expected)}.")
+            raise CheckpointError(f"The {self.name} optimizer state does not fit this run. "
+                                  f"Received: fields {sorted(state)}. "
+                                  f"Expected: {sorted(expected)}.")
         for name, slot in self._formula.slots.items():
             value = np.asarray(state[name], dtype=_F)
             if value.shape != slot.shape:
