@@ -40,7 +40,10 @@ class Algorithm(enum.StrEnum):
 
 
 class ServerOptimizer(enum.StrEnum):
-    """How the hub applies a --local-steps delta."""
+    """An optimizer of nbdist's own for the hub, instead of the cell's (`--server-optimizer`).
+
+    Not given: the hub applies the cell's compiled optimizer; with --local-steps, it applies
+    the workers' deltas with SGD at rate 1 (the workers step with the cell's optimizer)."""
 
     SGD = "sgd"
     MOMENTUM = "momentum"
@@ -120,7 +123,7 @@ class TrainConfig:
     n: int | None = None  # softsync: apply the mean of every max(1, M // n) pushes
     groups: int | str = "auto"  # group: "auto" from speeds, or a number of groups
     local_steps: int = 1
-    server_optimizer: ServerOptimizer = ServerOptimizer.SGD
+    server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
     overlap: bool = False
     dbs: bool = False
     batch_min: int | None = None
@@ -136,7 +139,8 @@ class TrainConfig:
         set_(self, "mode", _choice(Mode, self.mode, "--mode"))
         set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
-        set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
+        if self.server_optimizer is not None:
+            set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
         set_(self, "algo_options", parse_options(self.algo_options))
         set_(self, "slowdown", parse_slowdown(self.slowdown))
@@ -212,12 +216,6 @@ class TrainConfig:
             raise ConfigError(
                 f"--local-steps works with {', '.join(LOCAL_STEP_RULES)}, whose update is linear in "
                 f"what is pushed (Received: --algorithm {algo}). Use one of those, or --local-steps 1."
-            )
-        if self.server_optimizer is not ServerOptimizer.SGD and (self.local_steps == 1 or algo not in ("asgd", "hogwild")):
-            raise ConfigError(
-                f"--server-optimizer {self.server_optimizer.value} applies --local-steps deltas with "
-                f"asgd or hogwild (Received: --local-steps {self.local_steps}, --algorithm {algo}). "
-                "Add e.g. --local-steps 4 --algorithm asgd, or drop --server-optimizer."
             )
         if self.overlap and self.local_steps > 1:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "

@@ -81,8 +81,9 @@ class NbdistMagics(Magics):
     @argument("--n", type=int, default=None, help="softsync: apply the mean of every M//n pushes")
     @argument("--groups", default="auto", help="group: 'auto' (from speeds) or a number of groups")
     @argument("--local-steps", type=int, default=1, help="steps with the cell's optimizer per exchange")
-    @argument("--server-optimizer", default="sgd", choices=[o.value for o in ServerOptimizer],
-              help="how the hub applies --local-steps deltas")
+    @argument("--server-optimizer", default=None, choices=[o.value for o in ServerOptimizer],
+              help="the hub's optimizer instead of the cell's (default: the cell's; with "
+                   "--local-steps, SGD at rate 1 on the deltas)")
     @argument("--overlap", action="store_true", help="push step t while computing step t+1")
     @argument("--dbs", action="store_true", help="batch sizes in proportion to measured speed")
     @argument("--batch-min", type=int, default=None, help="DBS floor (default: batch-size // 4)")

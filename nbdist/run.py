@@ -194,7 +194,8 @@ class Run:
                 raise
 
     def set_lr(self, lr: float) -> None:
-        """Change the hub's learning rate from the next push on."""
+        """Change the learning rate from the next push on (with --local-steps: the workers').
+        A learning-rate schedule in the cell is replaced by this constant rate, with a warning."""
         self._send(lr=float(lr))
 
     def set_slowdown(self, worker: int, factor: float) -> None:
@@ -380,6 +381,9 @@ class Run:
             if e.get("event") == "worker_lost":
                 self.warnings.append(f"worker {e['worker']} was lost at step {e['step']} "
                                      f"({e.get('reason')}); the others took over its data")
+            elif e.get("event") == "schedule_replaced":
+                self.warnings.append(f"set_lr({e['lr']:g}) at step {e['step']} replaced the cell's "
+                                     f"{e['schedule']} schedule: the rate stays {e['lr']:g} from then on")
         self._events_seen = len(events)
         if self.status in ("running", "paused"):
             self.status = "paused" if snap.get("paused") else "running"

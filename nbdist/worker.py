@@ -298,6 +298,7 @@ class _AsyncLoop:
             self._write_grad()
         self.steps += 1
         header = {"chunks": [chunk[0]], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
+                  "norm": grad_norm,  # several shards: global clipping needs the whole norm
                   "wait_s": self._take_wait(), **self._take_extra()}
         return header, time.perf_counter()
 
