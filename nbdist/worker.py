@@ -232,7 +232,8 @@ class _AsyncLoop:
             else:
                 reply = self._plain_step(todo[0], reply)
         t.bye()
-        return {"worker": self.spec.worker, "steps": self.steps}
+        return {"worker": self.spec.worker, "steps": self.steps,
+                "shard_passes": getattr(self.data, "passes", None)}  # streamed: passes over its shard begun
 
     # -- the three step shapes --------------------------------------------------------------
 
