@@ -217,8 +217,7 @@ class ShardStream:
             part = next(self._iter, None)
             if part is None:
                 if fresh:
-                    raise DataError(f"Worker {self.worker}'s shard of the streamed data is empty (1 of "
-                                    f"every {self.num_workers} samples). Use fewer workers or more data.")
+                    self.head(1)  # raises: the shard is empty
                 self._iter = None
                 continue
             fresh = False
@@ -233,5 +232,8 @@ class ShardStream:
 
     def head(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         """The shard's first `n` samples (or fewer), without moving the stream."""
-        x, y = next(self.dataset.unbatch().batch(max(n, 1)).as_numpy_iterator())
-        return x[:n], y[:n]
+        first = next(self.dataset.unbatch().batch(max(n, 1)).as_numpy_iterator(), None)
+        if first is None:
+            raise DataError(f"Worker {self.worker}'s shard of the streamed data is empty (1 of "
+                            f"every {self.num_workers} samples). Use fewer workers or more data.")
+        return first[0][:n], first[1][:n]

@@ -131,3 +131,8 @@ def test_array_source_reads_the_epoch_permutation():
 
 def test_format_size():
     assert [format_size(n) for n in (2 * 2**30, 1536, 3 * 2**20, 12)] == ["2GiB", "1.5KiB", "3MiB", "12B"]
+
+
+def test_empty_shard_is_reported_by_head_too():
+    with pytest.raises(DataError, match="Worker 2's shard of the streamed data is empty"):
+        ShardStream(_dataset(2), num_workers=3, worker=2).head(2)
