@@ -155,7 +155,7 @@ def _shown(value: object) -> str:
     return type(value).__name__
 
 
-def streaming_note(name: str, num_samples: int, limit: int, num_workers: int | None = None) -> str:
+def streaming_note(name: str, num_samples: int, limit: int) -> str:
     """The sentence a streamed run's warnings carry."""
     return (f"{name} holds more than --in-memory-limit {format_size(limit)} of decoded tensors, so "
             f"it is streamed: each worker reads only its own shard ({name}.shard(num_workers, "
