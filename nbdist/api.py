@@ -175,7 +175,8 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
         seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
         source=cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout,
+        timeout=config.timeout, stream=contents.streamed, num_workers=backend.num_workers,
+        preloaded=contents.arrays if config.mode is Mode.LOCAL else None,
     )
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)
     try:
@@ -194,7 +195,9 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         control.close()
         raise
     run = Run(config, model, contents.model_name)
-    run.warnings.extend(warnings)
+    run.warnings.extend(contents.warnings + warnings)
+    for text in contents.notes:
+        run.note(text)
     run._checkpoint_info = {  # noqa: SLF001 - what every checkpoint of this run records
         "run_id": run_id, "config": config.to_dict(), "cell": cell, "model_name": contents.model_name,
         "layout": shape, "num_samples": contents.num_samples, "num_workers": backend.num_workers,

@@ -82,16 +82,43 @@ def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
 
 
 def parse_names(value: str | Sequence[str] | None, flag: str) -> tuple[str, ...] | None:
-    """'x,y' or ('x', 'y') -> ('x', 'y'); None stays None."""
+    """'x,y' or ('x', 'y') -> ('x', 'y'): arrays, inputs then labels; 'ds' -> ('ds',): one
+    tf.data.Dataset or generator function yielding (inputs, labels); None stays None."""
     if value is None:
         return None
     names = tuple(n.strip() for n in value.split(",")) if isinstance(value, str) else tuple(value)
-    if len(names) != 2 or not all(n.isidentifier() for n in names):
+    if len(names) not in (1, 2) or not all(isinstance(n, str) and n.isidentifier() for n in names):
         raise ConfigError(
-            f"{flag} expects two Python names, inputs then labels (Received: {value!r}). "
-            f"Write it as {flag} x_train,y_train."
+            f"{flag} expects two Python names, inputs then labels, or one name of a tf.data.Dataset "
+            f"or generator function (Received: {value!r}). Write it as {flag} x_train,y_train or "
+            f"{flag} train_ds."
         )
     return names
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+              "gb": 1000**3, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 1000**4,
+              "tb": 1000**4}
+
+
+def parse_size(value: str | int, flag: str = "--in-memory-limit") -> int:
+    """'2GiB' -> 2147483648, '500MB' -> 500000000, 1024 -> 1024 (bytes; 0 is allowed)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{flag} expects a size such as 2GiB or 500MB (Received: {value!r}).")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        number, unit = digits, text[len(digits):]
+        try:
+            number = float(number)
+        except ValueError:
+            number = math.nan
+    if unit not in SIZE_UNITS or not (math.isfinite(number) and number >= 0):
+        raise ConfigError(f"{flag} expects a size in bytes such as 2GiB, 500MB or 0 (Received: "
+                          f"{value!r}). Units: B, KB, MB, GB, KiB, MiB, GiB.")
+    return int(number * SIZE_UNITS[unit])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -111,8 +138,9 @@ class TrainConfig:
     batch_size: int = 32
     lr: float | None = None  # None: the learning rate of the cell's optimizer
     model: str | None = None  # None: the one compiled keras.Model the cell defines
-    data: tuple[str, str] = ("x_train", "y_train")
-    validation: tuple[str, str] | None = None  # None: ("x_test", "y_test") if the cell has them
+    data: tuple[str, ...] = ("x_train", "y_train")  # or one name: a tf.data.Dataset, a generator function
+    validation: tuple[str, ...] | None = None  # None: ("x_test", "y_test") if the cell has them
+    in_memory_limit: int | str = "2GiB"  # a dataset larger than this (decoded) is streamed
     no_validation: bool = False
     seed: int = 0
     transport: Transport = Transport.AUTO
@@ -149,6 +177,7 @@ class TrainConfig:
         set_(self, "sim", parse_sim(self.sim))
         set_(self, "data", parse_names(self.data, "--data"))
         set_(self, "validation", parse_names(self.validation, "--validation"))
+        set_(self, "in_memory_limit", parse_size(self.in_memory_limit))
         for flag, value, low in (("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1),
                                  ("--servers", self.servers, 1)):
             _check_int(flag, value, low)

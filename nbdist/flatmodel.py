@@ -17,6 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def ensure_built(model, x_sample) -> None:
+    """Create every variable of `model` with one forward pass in inference mode on `x_sample`
+    (a sample or two), the same way in the kernel and in every worker, before `layout` is read.
+
+    Keras creates a subclassed model's variables on its first call: `model.build((None, 10))`
+    alone may create none. Inference mode changes no state (no BatchNorm update, no dropout).
+    """
+    model(x_sample[:1], training=False)
+
+
 def layout(model) -> dict:
     """Shapes of the trainable and float non-trainable variables, in the order used."""
     trainable, non_trainable = _variables(model)

@@ -69,8 +69,12 @@ class NbdistMagics(Magics):
     @argument("--batch-size", type=int, default=32, help="samples per worker step")
     @argument("--lr", type=float, default=None, help="learning rate (default: the cell's optimizer's)")
     @argument("--model", default=None, help="variable holding the model (default: the one the cell defines)")
-    @argument("--data", default="x_train,y_train", help="training arrays, inputs,labels")
-    @argument("--validation", default=None, help="validation arrays (default: x_test,y_test if defined)")
+    @argument("--data", default="x_train,y_train",
+              help="training arrays X,Y, or one tf.data.Dataset or generator function NAME")
+    @argument("--validation", default=None,
+              help="validation arrays X,Y or one dataset NAME (default: x_test,y_test if defined)")
+    @argument("--in-memory-limit", default="2GiB",
+              help="a dataset larger than this (decoded) is streamed by shards, e.g. 500MB")
     @argument("--no-validation", action="store_true", help="skip validation")
     @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
     @argument("--transport", default="auto", choices=[t.value for t in Transport])
@@ -146,6 +150,7 @@ def _options(args) -> dict:
         mode=args.mode, algorithm=args.algorithm, workers=args.workers, servers=args.servers,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, model=args.model, data=args.data,
         validation=args.validation, no_validation=args.no_validation, seed=args.seed,
+        in_memory_limit=args.in_memory_limit,
         transport=args.transport, timeout=args.timeout, algo_options=args.algo_opt,
         staleness_lr=args.staleness_lr, staleness=args.staleness, n=args.n,
         groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),

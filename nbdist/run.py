@@ -57,7 +57,8 @@ class Run:
         self._listeners: list = []  # callables(run) called after each poll (status display)
         self.revision = 0  # +1 per stats poll: displays redraw only what changed
         self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
-        self.warnings: list[str] = []  # things that went wrong without failing the run (a lost worker)
+        self.warnings: list[str] = []  # how the run differs from the cell, or what went wrong without failing it
+        self._notes: list[dict] = []  # choices made before the start (see `note`)
         self._events_seen = 0
         self.last_checkpoint: str | None = None  # path of the latest checkpoint written
         self._checkpoint_info: dict = {}  # set by nbdist.api: config, cell, layout, ...
@@ -97,8 +98,13 @@ class Run:
 
     @property
     def events(self) -> pd.DataFrame:
-        """Control actions and epoch ends, with time and global step."""
-        return pd.DataFrame(self._snapshot.get("events", []))
+        """What nbdist chose before the start (e.g. which model), then control actions and
+        epoch ends, with time and global step."""
+        return pd.DataFrame(self._notes + self._snapshot.get("events", []))
+
+    def note(self, text: str) -> None:
+        """Record a choice nbdist made for this run before it started (time 0, step 0)."""
+        self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
 
     def report(self, path: str = "nbdist-report.html", top_k: int | None = None):
         """Write one self-contained HTML file (plotly.js inline, viewable offline) with every

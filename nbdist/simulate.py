@@ -29,7 +29,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nbdist.errors import TrainingError
+from nbdist.errors import DataError, TrainingError
 from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.schedule import epoch_permutation
@@ -369,18 +369,23 @@ def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: d
     import uuid
 
     from nbdist.api import _plan, _shown_rate
-    from nbdist.flatmodel import read_flat
+    from nbdist.flatmodel import ensure_built, read_flat
     from nbdist.run import Run
     from nbdist.simclock import sim_options
 
     model = contents.model
+    if contents.streamed:
+        raise DataError(f"--mode simulate trains in this kernel on data held in memory, but "
+                        f"{contents.data[0]} is larger than --in-memory-limit. Simulate on a part "
+                        f"of it ({contents.data[0]}.take(n)), or raise --in-memory-limit.")
+    x, y = (np.asarray(a) for a in contents.arrays)
+    if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
+        x = x.astype(np.float32)
+    validation = contents.validation_arrays
+    ensure_built(model, x[:2])  # as every mode does before reading the variables
     num_workers = config.workers or len(config.slowdown)
     params, non_trainable = read_flat(model)
     plan, rule_options, _ = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer), num_workers)
-    x, y = (np.asarray(namespace[n]) for n in contents.data)
-    if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
-        x = x.astype(np.float32)
-    validation = tuple(namespace[n] for n in contents.validation) if contents.validation else None
     options = sim_options(config.sim)
     simulation = Simulation(plan, rule_options, _flat_model(model), (x, y), validation, params,
                             non_trainable, options, config.seed, optimizer)
@@ -388,7 +393,9 @@ def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: d
         simulation.calibrate(config.batch_size)
     backend = SimBackend(simulation)
     run = Run(config, model, contents.model_name)
-    run.warnings.extend(warnings)
+    run.warnings.extend(contents.warnings + warnings)
+    for text in contents.notes:
+        run.note(text)
     backend.start()
     run._begin(backend, simulation, f"sim-{uuid.uuid4().hex[:8]}")  # noqa: SLF001
     if wait:

@@ -179,12 +179,15 @@ def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     from nbdist.worker import _find  # noqa: PLC0415
 
-    model, (x, y), validation = _find(ns, spec)
+    model, data, validation = _find(ns, spec)
+    from nbdist.flatmodel import ensure_built
+
+    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
     import horovod.tensorflow as hvd
 
     hvd.init()
     try:
-        return _SyncLoop(spec, hvd, model, x, y, validation).run()
+        return _SyncLoop(spec, hvd, model, data, validation).run()
     finally:
         hvd.shutdown()
 
@@ -192,13 +195,13 @@ def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
 class _SyncLoop:
     """The per-rank training loop; see the module docstring."""
 
-    def __init__(self, spec: SyncSpec, hvd, model, x, y, validation):
+    def __init__(self, spec: SyncSpec, hvd, model, data, validation):
         import tensorflow as tf
 
         from nbdist.flatmodel import FlatModel, write_flat
         from nbdist.ps.client import WorkerTransport
 
-        self.spec, self.hvd, self.model, self.x, self.y, self.validation = spec, hvd, model, x, y, validation
+        self.spec, self.hvd, self.model, self.data, self.validation = spec, hvd, model, data, validation
         self.rank, self.size = hvd.rank(), hvd.size()
         write_flat(model, spec.initial_params, spec.initial_non_trainable)
         optimizer = model.optimizer
@@ -241,8 +244,6 @@ class _SyncLoop:
         optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
 
     def run(self) -> dict:
-        from nbdist.ps.schedule import epoch_permutation
-
         spec = self.spec
         self.transport.hello()
         global_batch = spec.batch_size * self.size
@@ -251,7 +252,6 @@ class _SyncLoop:
         for epoch in range(self.start[0], spec.epochs):
             offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
             steps_per_epoch = -(-(spec.num_samples - offset) // global_batch)
-            order = epoch_permutation(spec.num_samples, spec.seed, epoch)
             step = 0
             while step < steps_per_epoch:
                 if self.control[0]:
@@ -265,10 +265,10 @@ class _SyncLoop:
                 lo = offset + step * global_batch + int(batches[: self.rank].sum())
                 start, stop = min(lo, spec.num_samples), min(lo + int(batches[self.rank]), spec.num_samples)
                 step_total = min(global_batch, spec.num_samples - offset - step * global_batch)
-                index = order[start:stop] if stop > start else order[:1]
+                batch = self.data.batch(epoch, start, stop) if stop > start else self.data.head(1)
                 weight = (stop - start) / step_total
                 t0 = time.perf_counter()
-                loss, grad, grad_norm, _ = self.flat.gradients(self.x[index], self.y[index])
+                loss, grad, grad_norm, _ = self.flat.gradients(*batch)
                 t1 = time.perf_counter()
                 factor = float(reply.get("slowdown", 1.0))
                 if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
