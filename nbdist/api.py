@@ -180,6 +180,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
                                            initial_non_trainable=non_trainable,
                                            checkpoint=config.checkpoint_dir is not None,
+                                           sync_batchnorm=config.batchnorm_synced,
                                            **resume_fields(ckpt, config.epochs)))
         else:
             backend.start_workers(WorkerSpec(**fields, **steps))
