@@ -57,7 +57,10 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_SLOWDOWN = 100.0
-SYNC_BATCHNORM_DEFAULT = True  # see benchmarks/sync_batchnorm.py for the measurement behind it
+# Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds) sync at 2 x 64 matched fit at
+# 128 without it (gap -0.00, range -0.01..+0.01), and it added ~1/3 to the time per step
+# (one allreduce per BatchNorm layer forward and one backward).
+SYNC_BATCHNORM_DEFAULT = False
 
 
 class Transport(enum.StrEnum):
@@ -132,8 +135,8 @@ class TrainConfig:
     checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
     sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
     # --mode sync: BatchNorm statistics over the global batch, allreduced in the forward pass
-    # (nbdist.sync_batchnorm). None: SYNC_BATCHNORM_DEFAULT; False (--no-sync-batchnorm):
-    # each rank normalises over its own share of the batch.
+    # (nbdist.sync_batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
+    # normalises over its own share of the batch, as with --no-sync-batchnorm.
     sync_batchnorm: bool | None = None
 
     def __post_init__(self) -> None:

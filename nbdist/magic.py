@@ -99,7 +99,7 @@ class NbdistMagics(Magics):
     @argument("--sim", default=None,
               help="--mode simulate: per_step=1e-3,per_sample=2e-5,jitter=0,calibrate=0,eval_every=0,sync=0")
     @argument("--sync-batchnorm", action=argparse.BooleanOptionalAction, default=None,
-              help="--mode sync: BatchNorm statistics over the global batch (default: on)")
+              help="--mode sync: BatchNorm statistics over the global batch (default: off)")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @argument("--top-k", type=int, default=None,

@@ -38,8 +38,9 @@ def one_step_on_the_global_batch(cell):
     return read_flat(model)
 
 
-def test_sync_batchnorm_is_opt_out_and_refused_outside_sync_mode():
-    assert nbdist.TrainConfig(mode="sync").batchnorm_synced
+def test_sync_batchnorm_is_opt_in_and_refused_outside_sync_mode():
+    assert not nbdist.TrainConfig(mode="sync").batchnorm_synced
+    assert nbdist.TrainConfig(mode="sync", sync_batchnorm=True).batchnorm_synced
     assert not nbdist.TrainConfig(mode="sync", sync_batchnorm=False).batchnorm_synced
     assert not nbdist.TrainConfig(mode="async").batchnorm_synced
     with pytest.raises(ConfigError, match="needs --mode sync"):
@@ -67,7 +68,7 @@ def test_sync_batchnorm_statistics_and_step_equal_one_model_on_the_global_batch(
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     params, moving = one_step_on_the_global_batch(BN_CELL)
     run = nbdist.train(BN_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=1,
-                       model="model", batch_size=64, wait=True)
+                       model="model", batch_size=64, sync_batchnorm=True, wait=True)
     results = run._backend.results
     assert results[0]["steps"] == results[1]["steps"] == 1
     for rank in (0, 1):  # each rank's own moving statistics, before the final averaging
