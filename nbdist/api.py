@@ -146,6 +146,10 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
+    if config.mode is Mode.SYNC:  # --lr cannot replace a schedule (a resume keeps the saved rate)
+        from nbdist.sync_lr import check_lr
+
+        check_lr(config.lr if ckpt is None else None, model.optimizer)
     lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
     plan, options, easgd_alpha = _plan(config, contents, lr, backend.num_workers)
     algorithm = plan.algorithm

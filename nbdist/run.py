@@ -194,8 +194,16 @@ class Run:
                 raise
 
     def set_lr(self, lr: float) -> None:
-        """Change the hub's learning rate from the next push on."""
+        """Change the hub's learning rate from the next push on. In --mode sync, a schedule in
+        the cell's optimizer is replaced by this constant from then on (see run.warnings)."""
         self._send(lr=float(lr))
+        if self.config.mode.value == "sync":
+            from nbdist.sync_lr import schedule_replaced
+
+            note = schedule_replaced(getattr(self.model, "optimizer", None), lr, self.warnings)
+            if note:
+                self.warnings.append(note)
+                log.warning("run %s: %s", self.run_id, note)
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""

@@ -15,7 +15,7 @@ cell's own optimizer. Rank 0's control (stop, pause, lr, batch sizes) rides in t
 allreduce, so every rank acts on it at the same step. `hvd.shutdown()` always runs at the
 end, so a failing rank ends the collective for all, and the next run can `hvd.init()` again.
 With `--sync-batchnorm`, BatchNorm statistics are allreduced inside the forward pass
-(nbdist.sync_batchnorm).
+(nbdist.sync_batchnorm); a learning-rate schedule runs on each rank's optimizer (nbdist.sync_lr).
 """
 
 from __future__ import annotations
@@ -235,8 +235,11 @@ class _SyncLoop:
         self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
         self.control[2] = spec.lr
         self.control[CONTROL_FIELDS:] = spec.batch_size
-        self.lr = spec.lr
-        optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+        self.lr = float(self.control[2])  # as float32, as it comes back from the allreduce
+        from nbdist.sync_lr import schedule_name
+
+        if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
+            optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
 
     def _compile_allreduce_apply(self):
         """The compiled step that allreduces the weighted gradient and applies it."""
@@ -326,8 +329,11 @@ class _SyncLoop:
     def _follow_lr(self) -> None:
         """Every rank switches rate at the same step: the new rate came in the allreduce."""
         if float(self.control[2]) != self.lr:
+            from nbdist.sync_lr import set_constant_lr
+
             self.lr = float(self.control[2])
-            self.model.optimizer.learning_rate.assign(self.lr)
+            if set_constant_lr(self.model.optimizer, self.lr) is not None:  # the schedule is gone
+                self._allreduce_apply = self._compile_allreduce_apply()
 
     def _control_out(self, reply: dict) -> np.ndarray:
         """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
