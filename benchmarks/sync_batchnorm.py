@@ -14,11 +14,12 @@ What it measures
     Accuracy: the kernel's model after each run (`evaluate` on the 2,000 test images; the same
     call for fit). gap = sync accuracy - fit accuracy, per seed; the table gives its mean, min
     and max over the seeds.
-    Cost per step: fit's wall time / steps (in this process, the engines idle); sync's run.nodes (compute_s + comm_s) / steps, mean over both ranks, median over
+    Cost per step: fit's wall time / steps (in this process, the engines idle); sync's
+    run.nodes (compute_s + comm_s) / steps, mean over both ranks, median over
     the seeds. With --sync-batchnorm the statistics' allreduces are inside the gradient
     computation (compute_s); the gradient allreduce is in comm_s.
 
-    python benchmarks/sync_batchnorm.py                    # 4 seeds, 12,000 images, 1 epoch (~10 min here)
+    python benchmarks/sync_batchnorm.py                    # 4 seeds, 12,000 images, 1 epoch (~3 min)
     python benchmarks/sync_batchnorm.py --seeds 2 --train 4000   # quicker, noisier
 """
 

@@ -57,9 +57,10 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_SLOWDOWN = 100.0
-# Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds) sync at 2 x 64 matched fit at
-# 128 without it (gap -0.00, range -0.01..+0.01), and it added ~1/3 to the time per step
-# (one allreduce per BatchNorm layer forward and one backward).
+# Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds, 1 epoch) sync at 2 x 64 against
+# fit at 128 was -0.000 without it at 12,000 images and -0.010 at 30,000 (-0.004 with it): within
+# the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
+# BatchNorm layer forward and one backward).
 SYNC_BATCHNORM_DEFAULT = False
 
 
