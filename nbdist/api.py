@@ -121,6 +121,9 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
 
     model = contents.model
     shape = layout(model)
+    from nbdist.learning_rate import check_lr
+
+    check_lr(config.lr if ckpt is None else None, model.optimizer)  # a resume keeps the saved rate
     optimizer, warnings = _hub_optimizer(config, model, shape)
     if config.mode is Mode.SIMULATE:
         from nbdist.simulate import start_simulation
@@ -187,6 +190,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
                                            initial_non_trainable=non_trainable,
                                            checkpoint=config.checkpoint_dir is not None,
+                                           sync_batchnorm=config.batchnorm_synced,
                                            **resume_fields(ckpt, config.epochs)))
         else:
             backend.start_workers(WorkerSpec(**fields, **steps))

@@ -60,6 +60,11 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_SLOWDOWN = 100.0
+# Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds, 1 epoch) sync at 2 x 64 against
+# fit at 128 was -0.000 without it at 12,000 images and -0.010 at 30,000 (-0.004 with it): within
+# the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
+# BatchNorm layer forward and one backward).
+SYNC_BATCHNORM_DEFAULT = False
 
 
 class Transport(enum.StrEnum):
@@ -161,6 +166,10 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.ps.checkpoint)
     checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
     sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
+    # --mode sync: BatchNorm statistics over the global batch, allreduced in the forward pass
+    # (nbdist.sync_batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
+    # normalises over its own share of the batch, as with --no-sync-batchnorm.
+    sync_batchnorm: bool | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -202,6 +211,13 @@ class TrainConfig:
                 f"--servers {self.servers}, --algorithm {self.algorithm.value}, --local-steps "
                 f"{self.local_steps}, --overlap {self.overlap}). Drop them, or use --mode async."
             )
+        if self.sync_batchnorm is not None and not isinstance(self.sync_batchnorm, bool):
+            raise ConfigError(f"sync_batchnorm must be True, False or None (Received: {self.sync_batchnorm!r}).")
+        if self.sync_batchnorm and self.mode is not Mode.SYNC:
+            raise ConfigError(
+                f"--sync-batchnorm allreduces BatchNorm statistics between Horovod ranks, so it "
+                f"needs --mode sync (Received: --mode {self.mode.value}). In the other modes each "
+                "worker's step is already a whole batch: drop --sync-batchnorm.")
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "
@@ -266,6 +282,13 @@ class TrainConfig:
             if self.checkpoint_dir is None:
                 raise ConfigError("--checkpoint-every needs --checkpoint-dir: say where the "
                                   "checkpoints go, e.g. --checkpoint-dir ckpt --checkpoint-every 60.")
+
+    @property
+    def batchnorm_synced(self) -> bool:
+        """Whether BatchNorm statistics are taken over the global batch (--mode sync only)."""
+        if self.mode is not Mode.SYNC:
+            return False
+        return SYNC_BATCHNORM_DEFAULT if self.sync_batchnorm is None else self.sync_batchnorm
 
     @property
     def checkpoint_interval(self) -> float | None:

@@ -7,6 +7,8 @@ its latest run (no module-level state).
 
 from __future__ import annotations
 
+import argparse
+
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -101,6 +103,8 @@ class NbdistMagics(Magics):
               help="continue from this checkpoint; flags given here override the saved ones")
     @argument("--sim", default=None,
               help="--mode simulate: per_step=1e-3,per_sample=2e-5,jitter=0,calibrate=0,eval_every=0,sync=0")
+    @argument("--sync-batchnorm", action=argparse.BooleanOptionalAction, default=None,
+              help="--mode sync: BatchNorm statistics over the global batch (default: off)")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @argument("--top-k", type=int, default=None,
@@ -157,7 +161,7 @@ def _options(args) -> dict:
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
         dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        sim=args.sim)
+        sim=args.sim, sync_batchnorm=args.sync_batchnorm)
 
 
 def _int(text: str, flag: str) -> int:

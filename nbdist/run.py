@@ -102,6 +102,11 @@ class Run:
         epoch ends, with time and global step."""
         return pd.DataFrame(self._notes + self._snapshot.get("events", []))
 
+    @property
+    def lr(self) -> float | None:
+        """The learning rate now: a schedule's value at the hub's step, or a set_lr override."""
+        return self._snapshot.get("lr")
+
     def note(self, text: str) -> None:
         """Record a choice nbdist made for this run before it started (time 0, step 0)."""
         self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
@@ -200,9 +205,16 @@ class Run:
                 raise
 
     def set_lr(self, lr: float) -> None:
-        """Change the learning rate from the next push on (with --local-steps: the workers').
-        A learning-rate schedule in the cell is replaced by this constant rate, with a warning."""
+        """Change the learning rate from the next push on (with --local-steps: the workers';
+        in --mode sync: every rank's, at the same step). A learning-rate schedule in the cell is
+        replaced by this constant rate from then on, and `run.warnings` says so."""
         self._send(lr=float(lr))
+        from nbdist.learning_rate import schedule_replaced
+
+        note = schedule_replaced(getattr(self.model, "optimizer", None), lr, self.warnings)
+        if note:
+            self.warnings.append(note)
+            log.warning("run %s: %s", self.run_id, note)
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""
@@ -387,9 +399,6 @@ class Run:
             if e.get("event") == "worker_lost":
                 self.warnings.append(f"worker {e['worker']} was lost at step {e['step']} "
                                      f"({e.get('reason')}); the others took over its data")
-            elif e.get("event") == "schedule_replaced":
-                self.warnings.append(f"set_lr({e['lr']:g}) at step {e['step']} replaced the cell's "
-                                     f"{e['schedule']} schedule: the rate stays {e['lr']:g} from then on")
         self._events_seen = len(events)
         if self.status in ("running", "paused"):
             self.status = "paused" if snap.get("paused") else "running"

@@ -114,10 +114,7 @@ class Simulation:
     def control(self, **h: object) -> None:
         with self._lock:
             if "lr" in h:
-                replaced = self.updater.set_learning_rate(float(h["lr"]))
-                if replaced:
-                    self.coordinator.stats.record_event("schedule_replaced", self.now, lr=float(h["lr"]),
-                                                        schedule=replaced)
+                self.updater.set_learning_rate(float(h["lr"]))
             if "option" in h:
                 self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
             if h.get("stop") and self.barrier is not None:

@@ -14,6 +14,8 @@ the global batch even when `--dbs` gives ranks different batches) and applies it
 cell's own optimizer. Rank 0's control (stop, pause, lr, batch sizes) rides in the same
 allreduce, so every rank acts on it at the same step. `hvd.shutdown()` always runs at the
 end, so a failing rank ends the collective for all, and the next run can `hvd.init()` again.
+With `--sync-batchnorm`, BatchNorm statistics are allreduced inside the forward pass
+(nbdist.sync_batchnorm); a learning-rate schedule runs on each rank's optimizer (nbdist.learning_rate).
 """
 
 from __future__ import annotations
@@ -58,6 +60,7 @@ class SyncSpec(WorkerSpec):
     checkpoint: bool = False  # rank 0 sends its state when training ends (the final checkpoint)
     resume: dict | None = None  # from a checkpoint: epoch, offset, steps, iterations, slots (shapes)
     initial_slots: np.ndarray | None = None  # the Keras optimizer's slots, from a checkpoint
+    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (nbdist.sync_batchnorm)
 
 
 MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
@@ -224,6 +227,28 @@ class _SyncLoop:
         write_slots(optimizer, start[n:])
         self.start = (int(resume.get("epoch", 0)), int(resume.get("offset", 0)), int(resume.get("steps", 0)))
         self.position, self.sent = self.start[:2], 0  # (epoch, samples of it done); last request served
+        self.batchnorm = None
+        if spec.sync_batchnorm and self.size > 1:
+            from nbdist.sync_batchnorm import SyncBatchNorm, batchnorm_layers
+
+            if batchnorm_layers(model):
+                self.batchnorm = SyncBatchNorm(model, hvd)
+        self._allreduce_apply = self._compile_allreduce_apply()
+        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
+        self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
+        self.control[2] = spec.lr
+        self.control[CONTROL_FIELDS:] = spec.batch_size
+        self.lr = float(self.control[2])  # as float32, as it comes back from the allreduce
+        from nbdist.learning_rate import schedule_name
+
+        if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
+            optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+
+    def _compile_allreduce_apply(self):
+        """The compiled step that allreduces the weighted gradient and applies it."""
+        import tensorflow as tf
+
+        hvd, optimizer, trainable = self.hvd, self.model.optimizer, self.model.trainable_variables
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
         @tf.function(reduce_retracing=True)
@@ -235,13 +260,7 @@ class _SyncLoop:
                                           trainable, strict=True))
             return reduced[self.flat.size:]
 
-        self._allreduce_apply = allreduce_apply
-        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
-        self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
-        self.control[2] = spec.lr
-        self.control[CONTROL_FIELDS:] = spec.batch_size
-        self.lr = spec.lr
-        optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+        return allreduce_apply
 
     def run(self) -> dict:
         spec = self.spec
@@ -268,6 +287,8 @@ class _SyncLoop:
                 batch = self.data.batch(epoch, start, stop) if stop > start else self.data.head(1)
                 weight = (stop - start) / step_total
                 t0 = time.perf_counter()
+                if self.batchnorm is not None:
+                    self.batchnorm.set_share(weight)
                 loss, grad, grad_norm, _ = self.flat.gradients(*batch)
                 t1 = time.perf_counter()
                 factor = float(reply.get("slowdown", 1.0))
@@ -308,8 +329,11 @@ class _SyncLoop:
     def _follow_lr(self) -> None:
         """Every rank switches rate at the same step: the new rate came in the allreduce."""
         if float(self.control[2]) != self.lr:
+            from nbdist.learning_rate import set_constant_lr
+
             self.lr = float(self.control[2])
-            self.model.optimizer.learning_rate.assign(self.lr)
+            if set_constant_lr(self.model.optimizer, self.lr) is not None:  # the schedule is gone
+                self._allreduce_apply = self._compile_allreduce_apply()
 
     def _control_out(self, reply: dict) -> np.ndarray:
         """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
@@ -341,6 +365,7 @@ class _SyncLoop:
     def _finish(self, steps: int) -> dict:
         """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
         params, non_trainable = self.flat.read()
+        own = non_trainable  # with --sync-batchnorm already the same on every rank
         if non_trainable.size:
             non_trainable = self.hvd.allreduce(non_trainable, op=self.hvd.Average,
                                                name="nbdist_final_state").numpy()
@@ -349,5 +374,8 @@ class _SyncLoop:
             self._send_state({}, steps, final=True)
         self.transport.bye()
         self.transport.close()
+        optimizer = self.model.optimizer
         return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,
-                "host": socket.gethostname()}
+                "own_non_trainable": own, "host": socket.gethostname(),
+                "iterations": int(optimizer.iterations.numpy()),
+                "learning_rate": float(optimizer.learning_rate.numpy())}

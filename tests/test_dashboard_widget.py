@@ -74,10 +74,8 @@ def test_every_warning_of_the_run_is_listed_under_the_status_line():
     run.warnings.append("--server-optimizer sgd: the hub trains with SGD (lr 0.001), not with the cell's Adam.")
     dash = Dashboard(run)
     assert "not with the cell&#x27;s Adam" in dash.warnings.value
-    snap = snapshot(2, 6.0)
-    snap["events"].append({"time": 5.5, "step": 55, "event": "schedule_replaced", "lr": 0.01,
-                           "schedule": "CosineDecay"})
-    run._absorb(snap)
+    run.warnings.append("The run replaced the cell's CosineDecay schedule: run.set_lr(0.01) ...")
+    run._absorb(snapshot(2, 6.0))  # the next poll
     dash.refresh()
     assert dash.warnings.value.count("<li>") == 2
     assert "replaced the cell&#x27;s CosineDecay schedule" in dash.warnings.value

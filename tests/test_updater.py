@@ -119,14 +119,13 @@ def test_plain_sgd_takes_the_rules_fused_pass_and_follows_its_schedule():
     assert up.learning_rate() == pytest.approx(0.0125)
 
 
-def test_set_lr_replaces_a_schedule_and_says_so_once():
+def test_set_lr_replaces_a_schedule_from_then_on():
     schedule = keras.optimizers.schedules.CosineDecay(0.1, decay_steps=100)
     up = Updater(make_rule("asgd", SIZE, 1), describe(keras.optimizers.Adam(schedule)))
-    assert up.set_learning_rate(0.01) == "CosineDecay"
-    assert up.set_learning_rate(0.02) is None  # already replaced
+    assert up.learning_rate() == pytest.approx(0.1)
+    up.set_learning_rate(0.02)
+    up.push(0, np.zeros(SIZE, np.float32), np.ones(SIZE, np.float32), delay=0)
     assert up.learning_rate() == pytest.approx(0.02)
-    constant = Updater(make_rule("asgd", SIZE, 1), adam_spec())
-    assert constant.set_learning_rate(0.5) is None
 
 
 def test_ddc_asgd_refuses_any_optimizer_but_plain_sgd():
@@ -156,12 +155,14 @@ def test_the_hub_takes_the_cells_optimizer_as_it_is():
 
 
 def test_lr_flag_replaces_a_constant_rate_with_a_warning_and_refuses_a_schedule():
+    from nbdist.learning_rate import check_lr
+
     spec, warnings = _choose(keras.optimizers.Adam(0.001), lr=0.01)
     assert spec["learning_rate"] == 0.01
     assert warnings == ["--lr 0.01 replaces the cell's learning rate 0.001."]
     schedule = keras.optimizers.schedules.ExponentialDecay(1e-3, 100, 0.9)
-    with pytest.raises(ConfigError, match="follows a ExponentialDecay schedule. Drop --lr"):
-        _choose(keras.optimizers.Adam(schedule), lr=0.01)
+    with pytest.raises(ConfigError, match="uses the schedule ExponentialDecay. Drop --lr"):
+        check_lr(0.01, keras.optimizers.Adam(schedule))
 
 
 def test_server_optimizer_sgd_trains_with_sgd_on_purpose_and_warns():

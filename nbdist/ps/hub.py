@@ -369,10 +369,8 @@ class Hub:
             lr = float(h["lr"])
             if not (math.isfinite(lr) and lr > 0):
                 raise ValueError(f"learning rate must be positive and finite, got {lr}")
-            # with --local-steps the rate is the workers' (the coordinator sends it on)
-            replaced = self.updater.set_learning_rate(lr) if self.spec.local_steps == 1 else None
-            if replaced and self.coordinator:
-                self.coordinator.stats.record_event("schedule_replaced", self.now(), lr=lr, schedule=replaced)
+            if self.spec.local_steps == 1:  # with --local-steps it is the workers' (the coordinator's)
+                self.updater.set_learning_rate(lr)
         if "option" in h:
             self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
         if "lost" in h:  # the kernel saw the worker's engine die

@@ -97,12 +97,7 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
                             f"not with the cell's {cell}.")
     else:
         spec = describe_optimizer(optimizer, segments, variables)
-        if config.lr is not None:
-            if isinstance(spec["learning_rate"], dict):
-                raise ConfigError(
-                    f"--lr {config.lr:g} replaces a constant learning rate, but the cell's optimizer "
-                    f"follows a {spec['learning_rate']['class_name']} schedule. Drop --lr, or change "
-                    "the schedule in the cell.")
+        if config.lr is not None:  # (over a schedule it is refused: nbdist.learning_rate.check_lr)
             warnings.append(f"--lr {config.lr:g} replaces the cell's learning rate "
                             f"{spec['learning_rate']:g}.")
             spec = {**spec, "learning_rate": float(config.lr)}
@@ -130,21 +125,15 @@ class Updater:
         self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
         self.optimizer = HubOptimizer(spec, rule.size, offset) if spec is not None else None
         self.fused = spec is None or plain_sgd(spec)
-        self.schedule_replaced = False
 
     def learning_rate(self) -> float | None:
         """The rate the next update uses (None: the hub applies no optimizer)."""
         return self.optimizer.learning_rate() if self.optimizer is not None else None
 
-    def set_learning_rate(self, lr: float) -> str | None:
-        """A constant rate from the notebook; returns the name of the schedule it replaces."""
-        if self.optimizer is None:
-            return None
-        self.optimizer.set_learning_rate(lr)
-        if not self.optimizer.has_schedule or self.schedule_replaced:
-            return None
-        self.schedule_replaced = True
-        return self.spec["learning_rate"]["class_name"]
+    def set_learning_rate(self, lr: float) -> None:
+        """A constant rate from the notebook; it replaces a schedule from now on."""
+        if self.optimizer is not None:
+            self.optimizer.set_learning_rate(lr)
 
     def push(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int, scale: float = 1.0,
              into: np.ndarray | None = None, global_norm: float | None = None) -> tuple[bool, bool]:
