@@ -342,7 +342,8 @@ class _SyncLoop:
             out[:] = self.control
             if reply:
                 out[0], out[1] = float(reply.get("stop", 0)), float(reply.get("paused", 0))
-                out[2] = reply.get("lr", out[2])
+                if reply.get("lr") is not None:  # None: the ranks keep their optimizer's schedule
+                    out[2] = reply["lr"]
                 if reply.get("batches"):
                     out[CONTROL_FIELDS:] = reply["batches"]
         return out
