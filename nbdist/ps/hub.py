@@ -113,8 +113,8 @@ class Hub:
         if spec.restore is not None:
             restore_shard(self, spec.restore)
         self._ctx = zmq.Context()
-        self._sock, self._auth = server_socket(self._ctx, spec.key, self.codec.max_buffer_bytes, spec.encrypt)
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
+        self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
         self.endpoints = bind(self._sock, spec, params_shm=self._segment.name, size=self.size)
 
     def now(self) -> float:
