@@ -49,3 +49,29 @@ def test_to_dict_is_plain_json():
 
     d = TrainConfig(workers=2).to_dict()
     assert json.loads(json.dumps(d))["mode"] == "async"
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["timeout", "lr", "checkpoint_every", "epochs", "batch_size", "servers",
+                                   "workers", "seed", "staleness", "n", "local_steps", "batch_min",
+                                   "batch_max"])
+def test_non_finite_numbers_are_refused_everywhere(field, bad):
+    extra = {"checkpoint_dir": "ckpt"} if field == "checkpoint_every" else {}
+    extra.update({"algorithm": "ssp"} if field == "staleness" else {"algorithm": "softsync"} if field == "n" else {})
+    with pytest.raises(ConfigError, match=r"Received: (nan|inf|-inf)"):
+        TrainConfig(**{field: bad}, **extra)
+
+
+@pytest.mark.parametrize("text", ["lambda0=nan", "momentum=inf"])
+def test_non_finite_rule_options_sim_and_slowdown_are_refused(text):
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        TrainConfig(algorithm="ddc-asgd", algo_options=text)
+    with pytest.raises(ConfigError, match="--slowdown factors"):
+        TrainConfig(slowdown="1,nan")
+    with pytest.raises(ConfigError, match="--sim jitter"):
+        TrainConfig(mode="simulate", workers=2, sim="jitter=nan")
+
+
+def test_timeout_must_be_a_number():
+    with pytest.raises(ConfigError, match=r"--timeout must be a positive finite number of seconds \(Received: '5'\)"):
+        TrainConfig(timeout="5")

@@ -359,3 +359,43 @@ def test_nothing_on_nbdist_sockets_is_unpickled():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                     for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {"pickle", "cloudpickle", "dill", "marshal"} & imported, path
+
+
+def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
+    from dataclasses import replace
+
+    key = new_key()
+    plan = Plan(num_workers=1, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    spec = HubSpec("enc", key, 0, 1, plan, np.ones(SIZE, np.float32), np.zeros(0, np.float32))
+    server = Hub(replace(spec, encrypt=True))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    endpoint = server.endpoints["tcp"]
+    assert server.endpoints["curve"]
+    plain = raw_socket(endpoint)  # no CurveZMQ at all: the handshake fails
+    plain.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
+    stranger = zmq.Context.instance().socket(zmq.DEALER)  # CurveZMQ, but not the run's client key
+    stranger.setsockopt(zmq.LINGER, 0)
+    public, secret = zmq.curve_keypair()
+    stranger.setsockopt(zmq.CURVE_SERVERKEY, server.endpoints["curve"].encode())
+    stranger.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    stranger.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    stranger.connect(endpoint)
+    stranger.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
+    transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp", timeout=10)
+    try:
+        reply = transport.hello()
+        transport.grad[:] = 1.0
+        transport.step({"chunks": [reply["chunks"][0][0]], "loss": 0.5}, push=True, pull=True)
+        np.testing.assert_allclose(transport.params, np.full(SIZE, 0.9, np.float32))
+        assert not plain.poll(200) and not stranger.poll(200)  # neither got an answer
+        control = HubControl(key, [server.endpoints])
+        stats = control.stats()
+        assert stats["global_step"] == 1 and stats["dropped"] == {}  # they never got in
+        control.shutdown()
+        control.close()
+    finally:
+        transport.close()
+        plain.close()
+        stranger.close()
+        thread.join(10)
