@@ -75,3 +75,35 @@ def test_non_finite_rule_options_sim_and_slowdown_are_refused(text):
 def test_timeout_must_be_a_number():
     with pytest.raises(ConfigError, match=r"--timeout must be a positive finite number of seconds \(Received: '5'\)"):
         TrainConfig(timeout="5")
+
+
+def test_an_engine_that_does_not_answer_is_named():
+    from nbdist.cluster import get_within
+    from nbdist.errors import EngineTimeoutError
+
+    class Stuck:
+        def get(self, timeout):
+            raise TimeoutError("Result not ready.")
+
+    with pytest.raises(EngineTimeoutError, match=r"Engine 3 did not answer joining hub shard 1 within 2s "
+                                                 r"\(Received: no reply\).*%nbdist stop") as info:
+        get_within(Stuck(), 3, "joining hub shard 1", timeout=2)
+    assert info.value.engine_id == 3
+
+
+def test_encrypt_refuses_a_cluster_without_curvezmq():
+    from nbdist.cluster import require_curve
+    from nbdist.errors import ClusterError
+
+    class Plain:
+        curve_serverkey = None
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    client = Plain()
+    with pytest.raises(ClusterError, match=r"does not use CurveZMQ \(Received: no curve_serverkey.*enable_curve=True"):
+        require_curve(client, True, "profile='p'")
+    assert client.closed
+    require_curve(Plain(), False, "profile='p'")  # without --encrypt any cluster will do

@@ -123,10 +123,11 @@ def curve_keys(key: bytes) -> dict[str, bytes]:
     """The run's CurveZMQ key pairs, derived from its secret key (so no more secrets travel):
     one for the hubs (server) and one for their clients (workers, kernel)."""
     import zmq
+    from zmq.utils import z85
 
     keys = {}
     for role in ("server", "client"):
-        secret = zmq.utils.z85.encode(hashlib.blake2b(key, person=f"nbdist-{role}".encode()[:16],
+        secret = z85.encode(hashlib.blake2b(key, person=f"nbdist-{role}".encode()[:16],
                                                       digest_size=32).digest())
         keys[f"{role}_secret"], keys[f"{role}_public"] = secret, zmq.curve_public(secret)
     return keys
