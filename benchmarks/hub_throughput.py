@@ -26,13 +26,19 @@ How to read it
     push/s  = round trips (one push + one pull) per second, summed over all workers;
     GB/s    = push/s x 8 MB (4 MB gradient in + 4 MB parameters out) / 1e9. For "auto" the
               bytes go through shared memory, so GB/s there is the equivalent rate;
-    x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell.
+    x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell;
+    MAC ms/step = the MAC work of one TCP round trip (nbdist's keyed BLAKE3 over header and
+              buffers, signed and verified each way: 4 passes over 4 MB), timed alone in this
+              process (least of 20), next to HMAC-SHA256's; MAC % step = its share of the tcp step;
+    curve   (--encrypt) = tcp with CurveZMQ on the hub sockets, as `%nbdist start --encrypt`;
+              curve +ms/step = its step minus the plain tcp step of the same cell.
     Targets: tcp >= 0.70 x raw; auto (shared memory) > 1.00 x raw. On a 2-core machine every
     process shares the same two cores, so beyond 2 workers more workers only add contention.
 
     python benchmarks/hub_throughput.py            # shards 1,2 x workers 1..16, 3 repeats
     python benchmarks/hub_throughput.py --quick    # 1 repeat, 1 s cells, workers 1, 4, 16
     python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
+    python benchmarks/hub_throughput.py --workers 1 2 --transport tcp --encrypt   # + CurveZMQ
 """
 
 from __future__ import annotations
