@@ -2,7 +2,6 @@
 and a run trains as usual."""
 
 import pytest
-
 from conftest import SYNTHETIC_CELL
 
 
@@ -18,7 +17,7 @@ def test_an_encrypted_cluster_trains_with_curve_on_every_socket(ip):
         assert cluster.encrypt and cluster.client.curve_serverkey  # ipyparallel's channel
         assert "encrypted (CurveZMQ)" in cluster.describe()
         run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=1, wait=True)
-        assert run.status == "finished" and run.nodes["samples"].sum() == 1200
+        assert run.status == "finished" and run.nodes["samples"].sum() == 900
         assert run._snapshot["dropped"] == {}  # noqa: SLF001
     finally:
         ip.run_line_magic("nbdist", "stop")

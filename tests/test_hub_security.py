@@ -335,8 +335,9 @@ def test_a_written_off_worker_changes_no_shard(monkeypatch):
 
 
 def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
-    import nbdist
     from test_checkpoint import _hub, _save
+
+    import nbdist
 
     marker = tmp_path / "pwned"
     _save(tmp_path / "ckpt", [_hub("asgd")], cell=f"open({str(marker)!r}, 'w').write('x')")
@@ -399,3 +400,52 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
         plain.close()
         stranger.close()
         thread.join(10)
+
+
+def test_field_checks_by_hand():
+    from nbdist.errors import ProtocolError
+    from nbdist.ps.wire import check_fields
+
+    ok = {"op": "step", "worker": 1, "push": True, "chunks": [3, 4], "loss": float("nan"), "batch": 8}
+    check_fields(ok, num_workers=2)  # a NaN loss is reported, not a framing error
+    check_fields({"op": "stats", "since": 0}, num_workers=2)
+    with pytest.raises(ProtocolError, match=r"^malformed header: wrong type or value of push, chunks$"):
+        check_fields({**ok, "push": 1, "chunks": [3, "4"]}, num_workers=2)
+    with pytest.raises(ProtocolError, match=r"wrong type or value of worker=2 \(0\.\.1\)"):
+        check_fields({**ok, "worker": 2}, num_workers=2)
+    with pytest.raises(ProtocolError, match=r"wrong type or value of worker=True \(0\.\.1\)"):
+        check_fields({**ok, "worker": True}, num_workers=2)
+
+
+class FakeFrame:
+    def __init__(self, size, more):
+        self.size, self.more = size, more
+
+    def __len__(self):
+        return self.size
+
+
+class FakeSocket:
+    def __init__(self, sizes):
+        self.frames = [FakeFrame(s, i < len(sizes) - 1) for i, s in enumerate(sizes)]
+        self.read = 0
+
+    def recv(self, copy=False):
+        self.read += 1
+        return self.frames[self.read - 1]
+
+
+def test_bounded_receive_counts_frames_and_bytes_and_drains_the_rest():
+    from nbdist.errors import ProtocolError
+    from nbdist.ps.wire import recv_bounded
+
+    assert len(recv_bounded(FakeSocket([5, 32, 100, 400]), max_frames=4, max_bytes=537)) == 4
+    too_many = FakeSocket([5] * 20)  # 20 frames of 5 bytes: under the size limit, over the count
+    with pytest.raises(ProtocolError, match=r"oversized message: more than 4 frames or 1000 bytes "
+                                            r"\(16 more frame\(s\) dropped unread\)"):
+        recv_bounded(too_many, max_frames=4, max_bytes=1000)
+    assert too_many.read == 20  # the whole message left the socket
+    too_big = FakeSocket([5, 32, 600, 1])
+    with pytest.raises(ProtocolError, match=r"\(2 more frame\(s\) dropped unread\)"):
+        recv_bounded(too_big, max_frames=8, max_bytes=600)
+    assert too_big.read == 4
