@@ -26,13 +26,19 @@ How to read it
     push/s  = round trips (one push + one pull) per second, summed over all workers;
     GB/s    = push/s x 8 MB (4 MB gradient in + 4 MB parameters out) / 1e9. For "auto" the
               bytes go through shared memory, so GB/s there is the equivalent rate;
-    x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell.
+    x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell;
+    MAC ms/step = the MAC work of one TCP round trip (nbdist's keyed BLAKE3 over header and
+              buffers, signed and verified each way: 4 passes over 4 MB), timed alone in this
+              process (least of 20), next to HMAC-SHA256's; MAC % step = its share of the tcp step;
+    curve   (--encrypt) = tcp with CurveZMQ on the hub sockets, as `%nbdist start --encrypt`;
+              curve +ms/step = its step minus the plain tcp step of the same cell.
     Targets: tcp >= 0.70 x raw; auto (shared memory) > 1.00 x raw. On a 2-core machine every
     process shares the same two cores, so beyond 2 workers more workers only add contention.
 
     python benchmarks/hub_throughput.py            # shards 1,2 x workers 1..16, 3 repeats
     python benchmarks/hub_throughput.py --quick    # 1 repeat, 1 s cells, workers 1, 4, 16
     python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
+    python benchmarks/hub_throughput.py --workers 1 2 --transport tcp --encrypt   # + CurveZMQ
 """
 
 from __future__ import annotations
@@ -251,9 +257,12 @@ def _run_window(conns, barrier, start_at, seconds: float) -> int:
 
 
 def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float) -> dict:
+    """`transport` "tcp", "auto", or "curve" (tcp with --encrypt: CurveZMQ on the hub sockets)."""
     key = new_key()
     params = np.zeros(size, dtype=np.float32)
     base = _hub_base(key, params, shards, workers)
+    if transport == "curve":
+        base, transport = dataclasses.replace(base, encrypt=True), "tcp"
     hubs, crew, endpoints = _Procs(), _Procs(), []
     try:
         hub_conns = [hubs.start(_hub_process, s) for s in hub_specs(base, params, shards)]
@@ -302,6 +311,35 @@ def raw_cell(size: int, shards: int, workers: int, seconds: float) -> dict:
         procs.stop()
 
 
+def mac_ms_per_step(size: int, shards: int, kind: str, repeats: int = 20) -> float:
+    """Milliseconds of MAC work in one TCP round trip: the worker signs its push and verifies
+    the pull, the hub verifies the push and signs the pull (4 passes over each shard's slice),
+    with nbdist's keyed BLAKE3 ("blake3") or HMAC-SHA256 ("hmac"), in this process."""
+    import hashlib
+    import hmac
+
+    from nbdist.protocol import mac
+
+    key, header = new_key(), b'{"op":"step","worker":0,"push":true,"pull":true}' * 4
+    slices = [np.ones(hi - lo, np.float32) for lo, hi in shard_bounds(size, shards)]
+
+    def one(buf):
+        if kind == "hmac":
+            h = hmac.new(key, header, hashlib.sha256)
+            h.update(memoryview(buf).cast("B"))
+            return h.digest()
+        return mac(key, header, [buf])
+
+    best = float("inf")  # the least of the repeats: the MAC's own cost, not a busy moment's
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        for buf in slices:
+            for _pass in range(4):
+                one(buf)
+        best = min(best, time.perf_counter() - t0)
+    return best * 1e3
+
+
 # -- main -----------------------------------------------------------------------------------
 
 
@@ -314,12 +352,14 @@ def main() -> None:
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--transport", choices=["tcp", "auto", "both"], default="both")
     parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
+    parser.add_argument("--encrypt", action="store_true",
+                        help="also measure tcp with CurveZMQ on the hub sockets (what --encrypt does)")
     args = parser.parse_args()
     seconds = args.seconds or (1.0 if args.quick else 1.5)
     repeats = args.repeats or (1 if args.quick else 3)
     workers = args.workers or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16])
     transports = ["tcp", "auto"] if args.transport == "both" else [args.transport]
-    sides = ["raw", *transports]
+    sides = ["raw", *transports, *(["curve"] if args.encrypt else [])]
     gb_per_rt = 2 * 4 * args.size / 1e9
     print(f"hub throughput: {args.size:,} float32 parameters ({4 * args.size / 1e6:.1f} MB each "
           f"way), shards {args.shards}, workers {workers}, {seconds:g} s per cell, {repeats} "
@@ -344,6 +384,12 @@ def main() -> None:
     for t in transports:
         name = "auto(shm)" if t == "auto" else t
         headers += [f"{name} push/s", f"{name} GB/s", f"{name} x raw"]
+    if "tcp" in transports:  # the cost of authenticating every byte, against the tcp step
+        headers += ["tcp step ms", "MAC ms/step", "MAC % step", "HMAC-SHA256 ms/step"]
+    if args.encrypt:
+        headers += ["curve push/s", "curve step ms", "curve +ms/step"]
+    macs = {s: (mac_ms_per_step(args.size, s, "blake3"), mac_ms_per_step(args.size, s, "hmac"))
+            for s in args.shards}
     rows = []
     for shards, n in cells:
         raw = median(rates[(shards, n, "raw")])
@@ -351,9 +397,17 @@ def main() -> None:
         for t in transports:
             rate = median(rates[(shards, n, t)])
             row += [rate, rate * gb_per_rt, rate / raw]
+        if "tcp" in transports:  # a worker's step: n workers share the rate
+            step_ms = 1e3 * n / median(rates[(shards, n, "tcp")])
+            row += [step_ms, macs[shards][0], 100 * macs[shards][0] / step_ms, macs[shards][1]]
+        if args.encrypt:
+            curve = median(rates[(shards, n, "curve")])
+            row += [curve, 1e3 * n / curve, 1e3 * n / curve - 1e3 * n / median(rates[(shards, n, "tcp")])]
         rows.append(row)
     print()
-    print(f"medians of {repeats} repeat(s); push/s = push+pull round trips per second, all workers")
+    print(f"medians of {repeats} repeat(s); push/s = push+pull round trips per second, all workers; "
+          "step ms = one worker's round trip; MAC ms/step = keyed BLAKE3 over header and buffers, "
+          "4 passes per round trip, measured alone (it is inside the tcp step)")
     print(table(headers, rows))
     parts = []
     if "tcp" in transports:

@@ -43,19 +43,28 @@ RESUME_FIXED = ("mode", "algorithm", "servers", "seed", "local_steps", "server_o
 
 
 def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=None,
-           namespace: dict | None = None, wait: bool = False, **options) -> Run:
+           namespace: dict | None = None, wait: bool = False, trust_cell: bool = False,
+           **options) -> Run:
     """Continue a run from a checkpoint: weights, update-rule state, versions, learning rate
     and data position are restored, and only the samples not yet trained on are trained on.
 
     `checkpoint` is a --checkpoint-dir folder (or the path `run.checkpoint()` returned);
-    `cell` defaults to the checkpointed run's cell; `options` override the saved options
-    (e.g. `epochs=5` to train longer, `workers=3`), except those in RESUME_FIXED.
+    `cell` is the code that builds the model (the magic passes its own cell). A checkpoint's
+    stored cell is code like any other: it runs only with `trust_cell=True`, for a checkpoint
+    you made yourself. `options` override the saved options (e.g. `epochs=5` to train
+    longer, `workers=3`), except those in RESUME_FIXED.
 
     Example:
-        >>> run = nbdist.resume("ckpt", cluster=cluster, wait=True)   # doctest: +SKIP
+        >>> run = nbdist.resume("ckpt", CELL, cluster=cluster, wait=True)   # doctest: +SKIP
     """
     from nbdist.ps.checkpoint import load
 
+    if cell is None and not trust_cell:  # before anything is read: a shared folder is not code
+        raise CheckpointError(
+            f"nbdist.resume({os.fspath(checkpoint)!r}) got no cell (Received: cell=None). A "
+            "checkpoint's stored cell is code, and nbdist runs it only when you say you trust it. "
+            "Pass the cell that builds the model, nbdist.resume(path, cell, ...), or, for a "
+            "checkpoint you made yourself, nbdist.resume(path, trust_cell=True, ...).")
     ckpt = load(checkpoint)  # verified whole before anything starts
     config = _resumed_config(ckpt, options)
     source = ckpt.meta.get("cell") if cell is None else cell

@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from nbdist.cluster import Cluster, assign_roles
-from nbdist.errors import NbdistError, RemoteCellError
+from nbdist.cluster import Cluster, assign_roles, get_within
+from nbdist.errors import EngineTimeoutError, NbdistError, RemoteCellError
 from nbdist.protocol import shard_bounds
 from nbdist.ps.hub import Hub, HubSpec
 from nbdist.worker import WorkerSpec, run_worker
@@ -58,7 +58,8 @@ class ClusterBackend:
 
         self._run_id = specs[0].run_id
         client = self.cluster.client
-        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_host))
+        encrypt = getattr(self.cluster, "encrypt", False)
+        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_host, encrypt=encrypt))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
         return [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
 
@@ -104,7 +105,8 @@ class ClusterBackend:
         client = self.cluster.client
         for shard, e in enumerate(self.roles.servers):
             try:
-                client[e].apply_sync(join_hub, self._run_id, shard)
+                get_within(client[e].apply_async(join_hub, self._run_id, shard), e,
+                           f"joining hub shard {shard}", timeout=30.0)  # join_hub gives up after 15 s
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 
@@ -159,7 +161,9 @@ class LocalBackend:
 
 def _get(ar, engine: int):
     try:
-        return ar.get()
+        return get_within(ar, engine, "starting a hub shard")
+    except EngineTimeoutError:
+        raise
     except Exception as exc:
         raise _as_nbdist(exc, engine) from None
 

@@ -8,14 +8,33 @@ train, so it is tested without processes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
+import time
 import weakref
 from dataclasses import dataclass
 
-from nbdist.errors import NoClusterError, NotEnoughEnginesError
+from nbdist.errors import ClusterError, EngineTimeoutError, NoClusterError, NotEnoughEnginesError
 
 log = logging.getLogger(__name__)
+ENGINE_TIMEOUT_S = 60.0  # longest nbdist waits for an engine to answer a short request
+SHUTDOWN_S = 15.0  # engines asked to exit get this long before their processes are stopped
+
+
+def get_within(ar, engine: int, what: str, timeout: float = ENGINE_TIMEOUT_S):
+    """`ar.get(timeout)` (an ipyparallel AsyncResult), or EngineTimeoutError naming `engine`.
+
+    Example:
+        >>> hosts = get_within(client[0].apply_async(socket.gethostname), 0, "hostname")  # doctest: +SKIP
+    """
+    try:
+        return ar.get(timeout)
+    except TimeoutError:
+        raise EngineTimeoutError(
+            f"Engine {engine} did not answer {what} within {timeout:.0f}s (Received: no reply). It "
+            "may be stuck or overloaded. Check it with %nbdist status; restart the cluster with "
+            "%nbdist stop and %nbdist start N.", engine_id=engine) from None
 
 
 @dataclass(frozen=True)
@@ -62,6 +81,17 @@ def assign_roles(engine_hosts: dict[int, str], num_servers: int, num_workers: in
     return Roles(tuple(sorted(servers)), tuple(workers), local_rank)
 
 
+def require_curve(client, encrypt: bool, which: str) -> None:
+    """--encrypt on a cluster whose channel is not CurveZMQ: refuse (and disconnect)."""
+    if encrypt and not getattr(client, "curve_serverkey", None):
+        client.close()
+        raise ClusterError(
+            f"--encrypt: the ipcluster ({which}) does not use CurveZMQ (Received: no "
+            "curve_serverkey in its connection file), so its channel is not encrypted. Start it "
+            "with `ipcluster start --IPController.enable_curve=True` (or IPP_ENABLE_CURVE=1), or "
+            "connect without --encrypt on a trusted network.")
+
+
 class Cluster:
     """A handle on an ipyparallel cluster that nbdist can train on.
 
@@ -71,50 +101,59 @@ class Cluster:
         >>> cluster.stop()                      # doctest: +SKIP
     """
 
-    def __init__(self, client, ipp_cluster=None):
+    def __init__(self, client, ipp_cluster=None, encrypt: bool = False):
         self.client = client
+        self.encrypt = encrypt  # CurveZMQ on the hub sockets of every run on this cluster
         self._ipp_cluster = ipp_cluster  # None when we only connected: never stop theirs
         self._runs: weakref.WeakSet = weakref.WeakSet()  # runs on this cluster, stopped by stop()
         self._watchdog = None  # ends our engines if this kernel dies without stop()
 
     @classmethod
-    def start(cls, n: int, profile: str | None = None, timeout: float = 120.0) -> Cluster:
-        """Start `n` local engines (separate processes) with a controller bound to loopback."""
+    def start(cls, n: int, profile: str | None = None, timeout: float = 120.0, *,
+              encrypt: bool = False, cluster_id: str | None = None) -> Cluster:
+        """Start `n` local engines (separate processes) with a controller bound to loopback.
+
+        A watchdog starts first, so a kernel killed at any moment leaves no process behind.
+        `encrypt`: CurveZMQ on ipyparallel's channels and on nbdist's hub sockets (--encrypt).
+        """
+        import secrets
+
         import ipyparallel as ipp
 
-        kwargs = {"n": n, "controller_ip": "127.0.0.1", "log_level": logging.WARNING}
-        if profile:
-            kwargs["profile"] = profile
-        ipp_cluster = ipp.Cluster(**kwargs)
-        ipp_cluster.start_cluster_sync()
-        client = ipp_cluster.connect_client_sync()
-        try:
-            client.wait_for_engines(n, timeout=timeout, interactive=False)
-        except TimeoutError:
-            ipp_cluster.stop_cluster_sync()
-            raise NoClusterError(
-                f"{n} engine(s) did not start within {timeout:.0f}s. Check that this Python "
-                "can run `python -m ipyparallel.engine`, or start fewer engines."
-            ) from None
-        handle = cls(client, ipp_cluster)
-        handle._start_watchdog()
-        return handle
-
-    def _start_watchdog(self) -> None:
         from nbdist.watchdog import spawn
 
-        ipp_cluster = self._ipp_cluster
-        launchers = [ipp_cluster.controller, *ipp_cluster.engines.values()]
-        for engine_set in ipp_cluster.engines.values():
-            launchers += list(getattr(engine_set, "launchers", {}).values())
-        pids = sorted({pid for pid in (getattr(la, "pid", None) for la in launchers) if isinstance(pid, int) and pid > 0})
-        if pids:
-            self._watchdog = spawn(pids)
+        cluster_id = cluster_id or f"nbdist-{secrets.token_hex(6)}"
+        watchdog = spawn(cluster_id)  # before the first cluster process exists
+        kwargs = {"n": n, "controller_ip": "127.0.0.1", "log_level": logging.WARNING, "cluster_id": cluster_id}
+        if profile:
+            kwargs["profile"] = profile
+        if encrypt:
+            kwargs["controller_args"] = ["--IPController.enable_curve=True"]
+        ipp_cluster = ipp.Cluster(**kwargs)
+        try:
+            ipp_cluster.start_cluster_sync()
+            client = ipp_cluster.connect_client_sync()
+            client.wait_for_engines(n, timeout=timeout, interactive=False)
+        except BaseException as exc:
+            with contextlib.suppress(Exception):
+                ipp_cluster.stop_cluster_sync()
+            watchdog.terminate()
+            if isinstance(exc, TimeoutError):
+                raise NoClusterError(
+                    f"{n} engine(s) did not start within {timeout:.0f}s. Check that this Python "
+                    "can run `python -m ipyparallel.engine`, or start fewer engines."
+                ) from None
+            raise
+        handle = cls(client, ipp_cluster, encrypt=encrypt)
+        handle._watchdog = watchdog
+        return handle
 
     @classmethod
     def connect(cls, profile: str | None = None, cluster_id: str | None = None,
-                timeout: float = 30.0) -> Cluster:
-        """Connect to an ipcluster already running (e.g. started by a Slurm or MPI launcher)."""
+                timeout: float = 30.0, *, encrypt: bool = False) -> Cluster:
+        """Connect to an ipcluster already running (e.g. started by a Slurm or MPI launcher).
+        `encrypt`: the cluster must use CurveZMQ (its connection file names a server key), and
+        nbdist's hub sockets use it too."""
         import ipyparallel as ipp
 
         kwargs = {k: v for k, v in (("profile", profile), ("cluster_id", cluster_id)) if v}
@@ -126,7 +165,8 @@ class Cluster:
                 f"{exc}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
                 "%nbdist start N for a local one."
             ) from None
-        return cls(client)
+        require_curve(client, encrypt, f"profile={profile!r}, cluster_id={cluster_id!r}")
+        return cls(client, encrypt=encrypt)
 
     @property
     def engine_ids(self) -> list[int]:
@@ -137,8 +177,8 @@ class Cluster:
         ids = self.engine_ids
         if not ids:
             raise NoClusterError("The cluster has no engines. Start some with %nbdist start N.")
-        hosts = self.client[ids].apply_sync(socket.gethostname)
-        return dict(zip(ids, hosts, strict=True))
+        pending = {e: self.client[e].apply_async(socket.gethostname) for e in ids}
+        return {e: get_within(ar, e, "a request for its hostname") for e, ar in pending.items()}
 
     def bind_address(self, engine_hosts: dict[int, str]) -> str:
         """Where hubs listen: loopback when every engine shares one host, else that host's
@@ -167,8 +207,15 @@ class Cluster:
             self._watchdog = None
         try:
             if self._ipp_cluster is not None and self.client.ids:
-                # ask engines to exit cleanly first, so none is killed mid-write
-                self.client.shutdown(targets="all", block=True)
+                # ask engines to exit cleanly first, so none is killed mid-write; a stuck one
+                # is named and then stopped with the others below
+                self.client.shutdown(targets="all", block=False)
+                deadline = time.monotonic() + SHUTDOWN_S
+                while self.client.ids and time.monotonic() < deadline:
+                    time.sleep(0.1)
+                if self.client.ids:
+                    log.warning("engine(s) %s did not shut down within %.0fs; stopping their processes",
+                                self.client.ids, SHUTDOWN_S)
         except Exception as exc:  # noqa: BLE001 - stopping the processes below still works
             log.warning("clean engine shutdown failed (%s); stopping processes", exc)
         try:
@@ -184,4 +231,5 @@ class Cluster:
     def describe(self) -> str:
         ids = self.engine_ids
         kind = "local" if self._ipp_cluster is not None else "connected"
-        return f"{kind} ipyparallel cluster with {len(ids)} engine(s): {ids}"
+        secured = ", encrypted (CurveZMQ)" if self.encrypt else ""
+        return f"{kind} ipyparallel cluster with {len(ids)} engine(s){secured}: {ids}"

@@ -188,19 +188,22 @@ class TrainConfig:
         set_(self, "validation", parse_names(self.validation, "--validation"))
         set_(self, "in_memory_limit", parse_size(self.in_memory_limit))
         for flag, value, low in (("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1),
-                                 ("--servers", self.servers, 1)):
+                                 ("--servers", self.servers, 1), ("--seed", self.seed, 0)):
             _check_int(flag, value, low)
         if self.workers is not None:
             _check_int("--workers", self.workers, 1)
-        if self.lr is not None and not (math.isfinite(self.lr) and self.lr > 0):
+        if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, (int, float))
+                                    or not (math.isfinite(self.lr) and self.lr > 0)):
             raise ConfigError(
                 f"--lr must be a positive finite number (Received: {self.lr!r}). "
                 "Try a value such as 0.01, or leave it out to use the cell's optimizer's rate."
             )
         if self.model is not None and not str(self.model).isidentifier():
             raise ConfigError(f"--model expects a Python name (Received: {self.model!r}).")
-        if self.timeout <= 0:
-            raise ConfigError(f"timeout must be positive seconds (Received: {self.timeout!r}).")
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) or not (
+                math.isfinite(self.timeout) and self.timeout > 0):
+            raise ConfigError(f"--timeout must be a positive finite number of seconds (Received: "
+                              f"{self.timeout!r}). Example: --timeout 120.")
         self._check_algorithm_options()
         self._check_checkpoints()
         if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD
@@ -334,6 +337,9 @@ def parse_options(value: str | dict | None) -> dict:
             ) from None
         if not name.isidentifier():
             raise ConfigError(f"--algo-opt option names are identifiers (Received: {name!r}).")
+        if not math.isfinite(options[name]):
+            raise ConfigError(f"--algo-opt {name} must be a finite number (Received: {raw!r}). "
+                              "Write it as --algo-opt lambda0=2,momentum=0.9.")
     return options
 
 

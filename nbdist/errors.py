@@ -15,7 +15,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     │   └── DataError                       training/validation arrays missing or mismatched
     ├── ClusterError (RuntimeError)         the engine cluster cannot serve this run
     │   ├── NoClusterError                  no cluster started or connected
-    │   └── NotEnoughEnginesError           more workers + shards than engines
+    │   ├── NotEnoughEnginesError           more workers + shards than engines
+    │   └── EngineTimeoutError              an engine did not answer within its time limit
     ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
     ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
@@ -39,6 +40,7 @@ __all__ = [
     "DatasetFormatError",
     "DatasetNotFoundError",
     "DependencyError",
+    "EngineTimeoutError",
     "ModelNotCompiledError",
     "ModelNotFoundError",
     "NbdistError",
@@ -96,6 +98,14 @@ class NoClusterError(ClusterError):
 
 class NotEnoughEnginesError(ClusterError):
     """The run asks for more workers and parameter shards than there are engines."""
+
+
+class EngineTimeoutError(ClusterError):
+    """An engine did not answer within its time limit (stuck, overloaded, or gone)."""
+
+    def __init__(self, message: str, engine_id: int | None = None):
+        super().__init__(message)
+        self.engine_id = engine_id
 
 
 class RemoteCellError(NbdistError, RuntimeError):

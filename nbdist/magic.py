@@ -31,6 +31,8 @@ class NbdistMagics(Magics):
     @argument("n", nargs="?", type=int, default=None, help="number of engines (start)")
     @argument("--profile", default=None, help="ipyparallel profile (e.g. one set up for Slurm)")
     @argument("--cluster-id", default=None, help="cluster id of a running ipcluster (connect)")
+    @argument("--encrypt", action="store_true",
+              help="CurveZMQ on ipyparallel's channel and nbdist's hub sockets (untrusted networks)")
     @line_magic
     def nbdist(self, line: str) -> None:
         """Manage the engine cluster: %nbdist start 3 | connect --profile slurm | status | stop"""
@@ -44,12 +46,13 @@ class NbdistMagics(Magics):
             if not args.n or args.n < 1:
                 raise ClusterError(f"%nbdist start needs a number of engines >= 1 (Received: {args.n}). "
                                    "Example: %nbdist start 3 (one hub and two workers).")
-            self.cluster = Cluster.start(args.n, profile=args.profile)
+            self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt)
             print(f"Started {self.cluster.describe()}")
         elif args.action == "connect":
             if self.cluster is not None:
                 raise ClusterError("Already attached to a cluster. Run %nbdist stop first.")
-            self.cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id)
+            self.cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id,
+                                           encrypt=args.encrypt)
             print(f"Connected to {self.cluster.describe()}")
         elif args.action == "status":
             print(self.cluster.describe() if self.cluster else "No cluster. Start one with %nbdist start 3.")

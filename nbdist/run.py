@@ -281,9 +281,10 @@ class Run:
             return
         try:
             self._save_checkpoint(self.config.checkpoint_dir, final)
-        except (NbdistError, OSError) as exc:
+        except (NbdistError, OSError) as exc:  # e.g. NaN weights: the last good one stays
             self._checkpoint_at = time.monotonic()
             log.warning("run %s: checkpoint into %s failed: %s", self.run_id, self.config.checkpoint_dir, exc)
+            self.warnings.append(f"checkpoint not saved: {str(exc).splitlines()[0]}")
 
     def _check_worker(self, worker: int) -> None:
         count = len(self._snapshot.get("nodes", []))

@@ -3,11 +3,14 @@
 ipyparallel starts the controller and engines in sessions of their own and stops them only
 from the kernel (`stop_cluster`, or an atexit hook), so a kernel that is SIGKILLed or
 crashes leaves them running forever (the engine's nanny watches the engine, not the kernel).
-`Cluster.start` therefore starts this small watchdog process: it polls the kernel's pid
-and, once the kernel is gone, terminates the cluster's processes and their children (then
-kills what is left after a grace period). `Cluster.stop` ends the watchdog first.
+`Cluster.start` therefore starts this small watchdog process BEFORE the first cluster process
+(a kernel killed at any moment of `%nbdist start` leaves nothing behind). It polls the
+kernel's pid and, once the kernel is gone, ends every process that carries the cluster's id
+in its environment (ipyparallel sets `IPP_CLUSTER_ID` for each process it launches) or is
+in its pid list, with their children (SIGTERM, then SIGKILL after a grace period).
+`Cluster.stop` ends the watchdog first.
 
-    python -m nbdist.watchdog KERNEL_PID PID [PID ...]
+    python -m nbdist.watchdog KERNEL_PID CLUSTER_ID [PID ...]
 """
 
 from __future__ import annotations
@@ -19,33 +22,56 @@ import time
 
 POLL_S = 1.0  # how often the kernel's pid is checked
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
+ENV_TAG = "IPP_CLUSTER_ID"
 
 
-def spawn(pids: list[int]) -> subprocess.Popen:
-    """Start a watchdog for `pids` (controller and engines) tied to this process."""
+def spawn(cluster_id: str, pids: list[int] = ()) -> subprocess.Popen:
+    """Start a watchdog for the cluster `cluster_id` (and `pids`) tied to this process."""
     return subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-        [sys.executable, "-m", "nbdist.watchdog", str(os.getpid()), *map(str, pids)],
+        [sys.executable, "-m", "nbdist.watchdog", str(os.getpid()), cluster_id, *map(str, pids)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the kernel's process group must not end it
     )
 
 
-def watch(parent: int, pids: list[int], poll_s: float = POLL_S) -> None:
-    """Block until `parent` exits (or every watched process has), then end the others."""
+def tagged(cluster_id: str) -> list:
+    """This user's processes whose environment names `cluster_id` (psutil.Process objects)."""
     import psutil
 
-    procs = []
-    for pid in pids:
+    me, found = os.getpid(), []
+    for proc in psutil.process_iter():
         try:
-            procs.append(psutil.Process(pid))  # remembers the start time: no pid-reuse mistakes
-        except (psutil.Error, ValueError):
+            if proc.pid != me and proc.environ().get(ENV_TAG) == cluster_id:
+                found.append(proc)
+        except (psutil.Error, OSError):  # gone, a zombie, or another user's
             pass
+    return found
+
+
+def watch(parent: int, cluster_id: str, pids: list[int], poll_s: float = POLL_S) -> None:
+    """Block until `parent` exits, then end the cluster's processes."""
+    import psutil
+
     try:
         kernel = psutil.Process(parent)
     except (psutil.Error, ValueError):
         kernel = None
-    while kernel is not None and _running(kernel) and any(_running(p) for p in procs):
+    while kernel is not None and _running(kernel):
         time.sleep(poll_s)
+    for _ in range(2):  # twice: a process the kernel launched as it died is caught the second time
+        end(cluster_id, pids)
+
+
+def end(cluster_id: str, pids: list[int] = ()) -> None:
+    """Terminate the cluster's processes and their children; kill what is left after GRACE_S."""
+    import psutil
+
+    procs = tagged(cluster_id)
+    for pid in pids:
+        try:
+            procs.append(psutil.Process(pid))
+        except (psutil.Error, ValueError):
+            pass
     family = []
     for p in procs:
         try:
@@ -75,4 +101,4 @@ def _running(proc) -> bool:
 
 
 if __name__ == "__main__":
-    watch(int(sys.argv[1]), [int(a) for a in sys.argv[2:]])
+    watch(int(sys.argv[1]), sys.argv[2], [int(a) for a in sys.argv[3:]])

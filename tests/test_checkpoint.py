@@ -150,15 +150,47 @@ def test_two_shards_are_saved_side_by_side(tmp_path):
         ckpt.check_fits(LAYOUT, 10, servers=1)
 
 
-def test_a_new_checkpoint_replaces_the_old_one_and_leaves_no_temporary_files(tmp_path):
+def test_the_last_two_checkpoints_are_kept_and_no_temporary_files(tmp_path):
     hub = _hub("asgd")
-    first = _save(tmp_path, [hub])
-    _train(hub, 2, seed=1)
-    second = _save(tmp_path, [hub])
-    assert first == second
+    saved = []
+    for seed in (1, 2, 3):
+        _train(hub, 2, seed=seed)
+        assert _save(tmp_path, [hub]) == str(tmp_path / "meta.json")
+        saved.append(hub.params.copy())
     files = sorted(os.listdir(tmp_path))
-    assert len(files) == 2 and files[1] == "meta.json" and files[0].startswith("arrays-r1-")
-    np.testing.assert_array_equal(checkpoint.load(tmp_path).params, hub.params)
+    assert len(files) == 4 and files[2:] == ["meta.1.json", "meta.json"]
+    assert all(f.startswith("arrays-r1-") for f in files[:2])
+    np.testing.assert_array_equal(checkpoint.load(tmp_path).params, saved[2])
+    np.testing.assert_array_equal(checkpoint.load(tmp_path / "meta.1.json").params, saved[1])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_weights_that_are_not_finite_are_refused_and_the_last_good_checkpoint_stays(tmp_path, bad):
+    hub = _hub("asgd")
+    _save(tmp_path, [hub])
+    good = hub.params.copy()
+    hub.params[3] = bad
+    with pytest.raises(CheckpointError, match=r"shard0.params hold NaN or infinite values.*last good "
+                                              r"checkpoint there is kept"):
+        _save(tmp_path, [hub])
+    np.testing.assert_array_equal(checkpoint.load(tmp_path).params, good)
+    assert sorted(os.listdir(tmp_path))[-1] == "meta.json" and len(os.listdir(tmp_path)) == 2
+
+
+def test_the_array_file_is_hashed_on_the_bytes_that_are_loaded(tmp_path, monkeypatch):
+    """A file swapped after hashing cannot be loaded: load reads it once."""
+    _save(tmp_path, [_hub("asgd")])
+    opened = []
+    real_open = open
+
+    def counting_open(path, *args, **kwargs):
+        if str(path).endswith(".npz"):
+            opened.append(path)
+        return real_open(path, *args, **kwargs)
+
+    monkeypatch.setattr("builtins.open", counting_open)
+    checkpoint.load(tmp_path)
+    assert len(opened) == 1
 
 
 def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

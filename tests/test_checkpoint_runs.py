@@ -49,7 +49,7 @@ def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(t
     assert run.status == "stopped" and run.last_checkpoint == str(tmp_path / "meta.json")
     assert 300 <= done < 900 and meta["shards"][0]["version"] > 0
     resumed = {}
-    again = nbdist.resume(tmp_path, namespace=resumed, wait=True)
+    again = nbdist.resume(tmp_path, SEEDED_CELL, namespace=resumed, wait=True)
     assert again.status == "finished"
     assert again.nodes["samples"].sum() == 2 * 900 - done  # nothing trained twice, nothing skipped
     assert epoch_ends(again) == [0, 1]
@@ -69,12 +69,15 @@ def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path)
     run.wait()
     final = json.loads((tmp_path / "meta.json").read_text())
     assert final["epochs_done"] == 4 and final["created"] > mid["created"]
-    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".npz")) == [final["arrays_file"]]
+    before = json.loads((tmp_path / "meta.1.json").read_text())  # KEEP=2: the one before stays
+    assert before["created"] < final["created"]
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".npz")) == sorted(
+        {final["arrays_file"], before["arrays_file"]})
     with pytest.raises(TrainingError, match="nothing to checkpoint"):
         run.checkpoint()
     with pytest.raises(ConfigError, match="epochs 2 is fewer"):
-        nbdist.resume(tmp_path, namespace={}, epochs=2)
-    longer = nbdist.resume(tmp_path, namespace={}, epochs=5, wait=True)  # train one epoch more
+        nbdist.resume(tmp_path, SYNTHETIC_CELL, namespace={}, epochs=2)
+    longer = nbdist.resume(tmp_path, trust_cell=True, namespace={}, epochs=5, wait=True)  # train one epoch more
     assert longer.nodes["samples"].sum() == 900 and epoch_ends(longer) == [4]
 
 
@@ -121,7 +124,7 @@ def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninter
     assert 2 * 900 <= done < total, "the kill must land mid-run, after a checkpoint"
 
     resumed = {}
-    again = nbdist.resume(tmp_path, cluster=cluster, namespace=resumed, wait=True)
+    again = nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=cluster, namespace=resumed, wait=True)
     acc_resumed = resumed["model"].evaluate(resumed["x_test"], resumed["y_test"], verbose=0)[1]
     assert again.nodes["samples"].sum() == total - done  # finished epochs are not trained again
     assert epoch_ends(again) == [e for e in range(6) if meta["schedule"]["remaining"][e] > 0]

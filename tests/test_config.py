@@ -68,3 +68,61 @@ def test_in_memory_limit_parses_sizes(text, size):
 def test_in_memory_limit_refuses_what_is_not_a_size(text):
     with pytest.raises(ConfigError, match="--in-memory-limit expects a size.*Received"):
         TrainConfig(in_memory_limit=text)
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("field", ["timeout", "lr", "checkpoint_every", "epochs", "batch_size", "servers",
+                                   "workers", "seed", "staleness", "n", "local_steps", "batch_min",
+                                   "batch_max"])
+def test_non_finite_numbers_are_refused_everywhere(field, bad):
+    extra = {"checkpoint_dir": "ckpt"} if field == "checkpoint_every" else {}
+    extra.update({"algorithm": "ssp"} if field == "staleness" else {"algorithm": "softsync"} if field == "n" else {})
+    with pytest.raises(ConfigError, match=r"Received: (nan|inf|-inf)"):
+        TrainConfig(**{field: bad}, **extra)
+
+
+@pytest.mark.parametrize("text", ["lambda0=nan", "momentum=inf"])
+def test_non_finite_rule_options_sim_and_slowdown_are_refused(text):
+    with pytest.raises(ConfigError, match="must be a finite number"):
+        TrainConfig(algorithm="ddc-asgd", algo_options=text)
+    with pytest.raises(ConfigError, match="--slowdown factors"):
+        TrainConfig(slowdown="1,nan")
+    with pytest.raises(ConfigError, match="--sim jitter"):
+        TrainConfig(mode="simulate", workers=2, sim="jitter=nan")
+
+
+def test_timeout_must_be_a_number():
+    with pytest.raises(ConfigError, match=r"--timeout must be a positive finite number of seconds \(Received: '5'\)"):
+        TrainConfig(timeout="5")
+
+
+def test_an_engine_that_does_not_answer_is_named():
+    from nbdist.cluster import get_within
+    from nbdist.errors import EngineTimeoutError
+
+    class Stuck:
+        def get(self, timeout):
+            raise TimeoutError("Result not ready.")
+
+    with pytest.raises(EngineTimeoutError, match=r"Engine 3 did not answer joining hub shard 1 within 2s "
+                                                 r"\(Received: no reply\).*%nbdist stop") as info:
+        get_within(Stuck(), 3, "joining hub shard 1", timeout=2)
+    assert info.value.engine_id == 3
+
+
+def test_encrypt_refuses_a_cluster_without_curvezmq():
+    from nbdist.cluster import require_curve
+    from nbdist.errors import ClusterError
+
+    class Plain:
+        curve_serverkey = None
+        closed = False
+
+        def close(self):
+            self.closed = True
+
+    client = Plain()
+    with pytest.raises(ClusterError, match=r"does not use CurveZMQ \(Received: no curve_serverkey.*enable_curve=True"):
+        require_curve(client, True, "profile='p'")
+    assert client.closed
+    require_curve(Plain(), False, "profile='p'")  # without --encrypt any cluster will do

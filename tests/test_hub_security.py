@@ -1,31 +1,52 @@
-"""Nobody else on the hub's sockets: forged, truncated, oversized and replayed messages are
-dropped and counted, the hub keeps serving, and the parameters do not change."""
+"""Nobody else on the hub's sockets: forged, altered, misdirected, replayed, late, malformed,
+oversized and flooding messages are dropped (or refused) and counted, the hub keeps serving,
+and the parameters stay bit-identical."""
 
+import json
+import multiprocessing as mp
 import threading
+import time
 
 import numpy as np
+import psutil
 import pytest
 import zmq
 
+from nbdist.errors import CheckpointError, TrainingError
 from nbdist.protocol import Codec, new_key
+from nbdist.ps import coordinator as coordinator_module
 from nbdist.ps.client import HubControl, WorkerTransport
 from nbdist.ps.coordinator import Plan
 from nbdist.ps.hub import Hub, HubSpec
 
 SIZE = 1000
+PUSH = {"op": "step", "worker": 0, "push": True, "pull": True, "chunks": [0]}
+
+
+def start_hubs(key, run="sec", shards=1, workers=1, size=SIZE):
+    plan = Plan(num_workers=workers, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    hubs = [Hub(HubSpec(run, key, i, shards, plan, np.ones(size, np.float32),
+                        np.zeros(0, np.float32))) for i in range(shards)]
+    threads = [threading.Thread(target=h.serve, daemon=True) for h in hubs]
+    for t in threads:
+        t.start()
+    return hubs, threads
+
+
+def stop_hubs(key, hubs, threads):
+    HubControl(key, [h.endpoints for h in hubs], name="test-stop").shutdown()
+    for t in threads:
+        t.join(10)
 
 
 @pytest.fixture
 def hub():
     key = new_key()
-    plan = Plan(num_workers=1, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
-    server = Hub(HubSpec("sec", key, 0, 1, plan, np.ones(SIZE, np.float32), np.zeros(0, np.float32)))
-    assert server.endpoints["tcp"].startswith("tcp://127.0.0.1:")  # loopback, never all interfaces
-    thread = threading.Thread(target=server.serve, daemon=True)
-    thread.start()
-    yield server, key
-    HubControl(key, [server.endpoints]).shutdown()
-    thread.join(10)
+    hubs, threads = start_hubs(key)
+    assert hubs[0].endpoints["tcp"].startswith("tcp://127.0.0.1:")  # loopback, never all interfaces
+    yield hubs[0], key
+    stop_hubs(key, hubs, threads)
+    assert hubs[0].error is None  # nothing an attacker sent failed a handler
 
 
 def raw_socket(endpoint):
@@ -35,55 +56,297 @@ def raw_socket(endpoint):
     return sock
 
 
+def dropped_after(control, count):
+    """The hub's drop counters once `count` drops are in (it answers stats in between)."""
+    for _ in range(200):
+        stats = control.stats()
+        if sum(stats["dropped"].values()) >= count:
+            return stats["dropped"]
+        time.sleep(0.02)
+    return stats["dropped"]
+
+
+def assert_untouched(control, size=SIZE):
+    params, _ = control.params()
+    np.testing.assert_array_equal(params, np.ones(size, np.float32))  # bit-identical
+    assert control.stats()["global_step"] == 0
+
+
 def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
     server, key = hub
-    endpoint = server.endpoints["tcp"]
-    push = {"op": "step", "worker": 0, "push": True, "pull": True, "chunks": [0]}
+    attacker = raw_socket(server.endpoints["tcp"])
     grad = np.full(SIZE, 100.0, np.float32)
-    attacker = raw_socket(endpoint)
     attacker.send_multipart([b"\0" * 32, b'{"op":"step"}'])  # unsigned
-    attacker.send_multipart(Codec(new_key(), "intruder").encode(push, [grad]))  # wrong key
+    attacker.send_multipart(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0"))  # wrong key
     attacker.send_multipart([b"only-one-frame"])  # truncated
-    legit = Codec(key, "worker-x")
-    frames = legit.encode({"op": "stats"})
+    legit = Codec(key, "worker-x", "sec")
+    frames = legit.encode({"op": "stats"}, to="hub-0")
     attacker.send_multipart(frames)  # a valid message (answered)...
     assert attacker.poll(5000)
     attacker.recv_multipart()
     attacker.send_multipart(frames)  # ...replayed
-    attacker.send_multipart(legit.encode({"op": "nonsense"}))  # signed, unknown op
-    oversized = legit.encode(push, [np.zeros(SIZE * 8, np.float32)])
-    attacker.send_multipart(oversized)  # signed but far larger than the shard
+    attacker.send_multipart(legit.encode({"op": "nonsense"}, to="hub-0"))  # signed, unknown op
+    attacker.send_multipart(legit.encode(PUSH, [np.zeros(SIZE * 8, np.float32)], to="hub-0"))  # too big
     control = HubControl(key, [server.endpoints])
-    for _ in range(50):  # the hub keeps serving
-        stats = control.stats()
-        if sum(stats["dropped"].values()) >= 7:
-            break
-    dropped = stats["dropped"]
-    assert dropped.get("bad signature") == 2, dropped
-    assert dropped.get("truncated message") == 1, dropped
-    assert dropped.get("replayed message") == 1, dropped
-    assert dropped.get("unknown op") == 1, dropped
-    assert dropped.get("oversized message") == 1, dropped
-    params, _ = control.params()
-    np.testing.assert_array_equal(params, np.ones(SIZE, np.float32))  # nothing was applied
-    assert stats["global_step"] == 0
+    dropped = dropped_after(control, 7)
+    assert dropped == {"bad signature": 2, "truncated message": 1, "replayed message": 1,
+                       "unknown op": 1, "oversized message": 1}
+    assert_untouched(control)
     control.close()
     attacker.close()
 
 
-def test_a_real_worker_still_trains_after_an_attack(hub):
+def test_a_flipped_byte_in_a_pushed_float_frame_is_dropped(hub):
     server, key = hub
     attacker = raw_socket(server.endpoints["tcp"])
-    attacker.send_multipart(Codec(new_key(), "intruder").encode({"op": "hello", "worker": 0}))
-    transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp")
-    reply = transport.hello()
-    np.testing.assert_array_equal(transport.params, np.ones(SIZE, np.float32))
-    transport.grad[:] = 1.0
-    reply = transport.step({"chunks": [reply["chunks"][0][0]], "loss": 0.5}, push=True, pull=True)
-    np.testing.assert_allclose(transport.params, np.full(SIZE, 0.9, np.float32))  # 1 - 0.1 * 1
-    transport.bye()
-    transport.close()
+    worker = Codec(key, "worker-0", "sec")
+    attacker.send_multipart(worker.encode({"op": "hello", "worker": 0}, to="hub-0"))
+    assert attacker.poll(5000)
+    attacker.recv_multipart()
+    sig, header, grad = worker.encode(PUSH, [np.zeros(SIZE, np.float32)], to="hub-0")
+    forged = bytearray(grad.tobytes())
+    forged[403] ^= 0x7F  # one float becomes huge, same length
+    attacker.send_multipart([sig, header, bytes(forged)])
+    control = HubControl(key, [server.endpoints])
+    assert dropped_after(control, 1) == {"bad signature": 1}
+    assert_untouched(control)
+    control.close()
     attacker.close()
+
+
+class Tamper:
+    """A man in the middle between the kernel and a hub: forwards requests, and replies
+    after `alter(reply_frames, request_number)` (None: swallow the reply)."""
+
+    def __init__(self, target: str, alter):
+        self.ctx = zmq.Context()
+        self.front = self.ctx.socket(zmq.ROUTER)
+        self.front.setsockopt(zmq.LINGER, 0)
+        port = self.front.bind_to_random_port("tcp://127.0.0.1")
+        self.endpoint = f"tcp://127.0.0.1:{port}"
+        self.back = self.ctx.socket(zmq.DEALER)
+        self.back.setsockopt(zmq.LINGER, 0)
+        self.back.connect(target)
+        self.alter, self.count, self.stop = alter, 0, threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self):
+        while not self.stop.is_set():
+            if not self.front.poll(50):
+                continue
+            ident, *request = self.front.recv_multipart()
+            self.back.send_multipart(request)
+            reply = self.back.recv_multipart()
+            self.count += 1
+            for frames in self.alter(reply, self.count):
+                self.front.send_multipart([ident, *frames])
+
+    def close(self):
+        self.stop.set()
+        self.thread.join(5)
+        self.front.close(0)
+        self.back.close(0)
+        self.ctx.term()
+
+
+def test_a_flipped_byte_in_the_stats_json_is_dropped_by_the_kernel(hub):
+    server, key = hub
+
+    def finish_early(reply, _):
+        sig, header, stats = reply
+        yield [sig, header, stats.replace(b'"finished": false', b'"finished": true ')]
+
+    mitm = Tamper(server.endpoints["tcp"], finish_early)
+    control = HubControl(key, [{**server.endpoints, "tcp": mitm.endpoint}], timeout=1.0)
+    with pytest.raises(TrainingError, match="did not answer"):
+        control.stats()  # the only reply was forged: none is accepted
+    assert control.dropped == {"bad signature": 1}
+    control.close()
+    mitm.close()
+    control = HubControl(key, [server.endpoints])
+    assert control.stats()["finished"] is False
+    assert_untouched(control)
+    control.close()
+
+
+def test_a_late_reply_is_never_taken_for_the_answer_to_a_later_request(hub):
+    server, key = hub
+    held = []
+
+    def late(reply, n):
+        if n == 1:  # hold the stats reply past the kernel's timeout ...
+            held.append(reply)
+            return
+        yield held[0]  # ... and hand it over before the params reply
+        yield reply
+
+    mitm = Tamper(server.endpoints["tcp"], late)
+    control = HubControl(key, [{**server.endpoints, "tcp": mitm.endpoint}], timeout=1.0)
+    with pytest.raises(TrainingError, match="did not answer"):
+        control.stats()
+    params, _ = control.params()  # the stale stats reply comes first and is dropped
+    np.testing.assert_array_equal(params, np.ones(SIZE, np.float32))
+    assert control.dropped == {"unmatched reply": 1}
+    control.close()
+    mitm.close()
+
+
+def test_a_message_replayed_to_another_shard_is_dropped():
+    key = new_key()
+    hubs, threads = start_hubs(key, shards=2)
+    try:
+        worker = Codec(key, "worker-0", "sec")
+        frames = worker.encode({"op": "hello", "worker": 0}, to="hub-0")
+        attacker = raw_socket(hubs[1].endpoints["tcp"])
+        attacker.send_multipart(frames)  # meant for shard 0, replayed to shard 1
+        attacker.send_multipart(worker.encode(PUSH, [np.zeros(hubs[1].size, np.float32)], to="hub-0"))
+        control = HubControl(key, [hubs[1].endpoints], name="probe")  # shard 1 answers as hub-0? no:
+        line = control.lines[0]
+        line.peer = "hub-1"
+        for _ in range(200):
+            if sum(hubs[1].dropped.values()) >= 2:
+                break
+            time.sleep(0.02)
+        assert dict(hubs[1].dropped) == {"wrong recipient": 2}
+        params = line.request({"op": "params"}).floats(0)
+        np.testing.assert_array_equal(params, np.ones(hubs[1].size, np.float32))
+        assert 0 not in hubs[1].links  # the replayed hello registered nobody
+        control.close()
+        attacker.close()
+    finally:
+        stop_hubs(key, hubs, threads)
+
+
+def test_a_message_replayed_to_another_run_is_dropped():
+    key = new_key()  # even a run that (wrongly) shared the key refuses it
+    other, threads = start_hubs(key, run="other")
+    try:
+        attacker = raw_socket(other[0].endpoints["tcp"])
+        attacker.send_multipart(Codec(key, "worker-0", "sec").encode({"op": "hello", "worker": 0}, to="hub-0"))
+        attacker.send_multipart(Codec(new_key(), "worker-0", "sec").encode({"op": "hello", "worker": 0}, to="hub-0"))
+        control = HubControl(key, [other[0].endpoints])
+        assert dropped_after(control, 2) == {"wrong run": 1, "bad signature": 1}
+        assert_untouched(control)
+        control.close()
+        attacker.close()
+    finally:
+        stop_hubs(key, other, threads)
+
+
+@pytest.mark.parametrize("fields", [{"seq": "7"}, {"worker": "0"}, {"worker": 5}, {"chunks": ["a"]},
+                                    {"push": 1}, {"loss": "x"}, {"nbytes": "0"}])
+def test_a_signed_but_malformed_header_is_dropped_and_the_hub_keeps_serving(hub, fields):
+    server, key = hub
+    header = {"op": "step", "worker": 0, "push": False, "pull": True, "run": "sec", "from": "w/1",
+              "to": "hub-0", "seq": 1, "nbytes": [], **fields}
+    from nbdist.protocol import mac
+
+    header_bytes = json.dumps(header).encode()
+    attacker = raw_socket(server.endpoints["tcp"])
+    attacker.send_multipart([mac(key, header_bytes), header_bytes])
+    control = HubControl(key, [server.endpoints])
+    assert dropped_after(control, 1) == {"malformed header": 1}
+    assert server.error is None
+    assert_untouched(control)
+    control.close()
+    attacker.close()
+
+
+def _flood(endpoint, seconds, frames, frame_bytes, ready):
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.DEALER)
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.SNDHWM, 4)
+    sock.connect(endpoint)
+    blob = np.ones(frame_bytes // 4, np.float32)
+    ready.set()
+    end, sent = time.monotonic() + seconds, 0
+    while time.monotonic() < end:
+        for i in range(frames):  # far more frames and bytes than any message may have
+            sock.send(blob, zmq.SNDMORE if i < frames - 1 else 0, copy=False)
+        sent += 1
+    sock.close(0)
+    ctx.term()
+
+
+def test_a_frame_flood_keeps_memory_bounded_and_a_real_worker_training(hub):
+    server, key = hub
+    me = psutil.Process()
+    base = me.memory_info().rss
+    ready = mp.get_context("fork").Event()
+    # each message: 64 frames x 64 KB = 4 MB, 8 times the hub's 12 KB of buffers, >> 8 frames
+    flood = mp.get_context("fork").Process(target=_flood, args=(server.endpoints["tcp"], 6.0, 64, 65536, ready))
+    flood.start()
+    ready.wait(10)
+    transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp", timeout=30)
+    peak, steps = base, 0
+    try:
+        reply = transport.hello()
+        chunk = reply["chunks"][0][0]
+        expected = np.ones(SIZE, np.float32)
+        transport.grad[:] = 1.0
+        while flood.is_alive():
+            reply = transport.step({"chunks": [chunk] if steps == 0 else [], "loss": 0.5}, push=True, pull=True)
+            expected -= np.float32(0.1) * transport.grad
+            steps += 1
+            peak = max(peak, me.memory_info().rss)
+        np.testing.assert_allclose(transport.params, expected, rtol=1e-6)
+        transport.bye()
+    finally:
+        transport.close()
+        flood.join(10)
+    control = HubControl(key, [server.endpoints])
+    dropped = control.stats()["dropped"]
+    control.close()
+    assert steps >= 5, steps  # the worker trained while the flood went on
+    assert dropped.get("oversized message", 0) >= 5, dropped
+    assert set(dropped) == {"oversized message"}, dropped
+    # at most RCVHWM queued 4 MB messages and the one being read: far below what was sent
+    print(f"flood: {steps} worker steps, drops {dropped}, memory +{(peak - base) / 2**20:.0f} MB")
+    assert peak - base < 150 * 2**20, (peak - base) / 2**20
+
+
+def test_a_written_off_worker_changes_no_shard(monkeypatch):
+    monkeypatch.setattr(coordinator_module, "LOST_FIRST_S", 0.3)  # silence before a first push
+    key = new_key()
+    hubs, threads = start_hubs(key, shards=2, size=64)
+    control = HubControl(key, [h.endpoints for h in hubs])  # shard 0 learns of shard 1 ("peers")
+    transport = WorkerTransport(key, 0, [h.endpoints for h in hubs], 0, transport="tcp")
+    try:
+        reply = transport.hello()
+        chunk = reply["chunks"][0][0]
+        for _ in range(200):  # silent: shard 0 writes it off and tells shard 1 first
+            if control.stats()["lost"]:
+                break
+            time.sleep(0.05)
+        assert control.stats()["lost"] == [0]
+        transport.grad[:] = 1000.0
+        late = transport.step({"chunks": [chunk], "loss": 0.5}, push=True, pull=True)  # the late push
+        assert late["lost"] and late["stop"]
+        params, _ = control.params()
+        np.testing.assert_array_equal(params, np.ones(2 * 64, np.float32))  # neither shard applied it
+        assert hubs[1].dropped == {"written-off worker": 1} and hubs[0].dropped == {"written-off worker": 1}
+        assert all(h.version == 0 for h in hubs)
+    finally:
+        transport.close()
+        control.close()
+        stop_hubs(key, hubs, threads)
+
+
+def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
+    from test_checkpoint import _hub, _save
+
+    import nbdist
+
+    marker = tmp_path / "pwned"
+    _save(tmp_path / "ckpt", [_hub("asgd")], cell=f"open({str(marker)!r}, 'w').write('x')")
+    with pytest.raises(CheckpointError, match=r"got no cell \(Received: cell=None\).*trust_cell=True"):
+        nbdist.resume(tmp_path / "ckpt", mode="local")
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="got no cell"):  # refused before the folder is read
+        nbdist.resume(tmp_path / "missing")
+    assert not marker.exists()
 
 
 def test_nothing_on_nbdist_sockets_is_unpickled():
@@ -97,3 +360,92 @@ def test_nothing_on_nbdist_sockets_is_unpickled():
         imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                     for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
         assert not {"pickle", "cloudpickle", "dill", "marshal"} & imported, path
+
+
+def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
+    from dataclasses import replace
+
+    key = new_key()
+    plan = Plan(num_workers=1, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    spec = HubSpec("enc", key, 0, 1, plan, np.ones(SIZE, np.float32), np.zeros(0, np.float32))
+    server = Hub(replace(spec, encrypt=True))
+    thread = threading.Thread(target=server.serve, daemon=True)
+    thread.start()
+    endpoint = server.endpoints["tcp"]
+    assert server.endpoints["curve"]
+    plain = raw_socket(endpoint)  # no CurveZMQ at all: the handshake fails
+    plain.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
+    stranger = zmq.Context.instance().socket(zmq.DEALER)  # CurveZMQ, but not the run's client key
+    stranger.setsockopt(zmq.LINGER, 0)
+    public, secret = zmq.curve_keypair()
+    stranger.setsockopt(zmq.CURVE_SERVERKEY, server.endpoints["curve"].encode())
+    stranger.setsockopt(zmq.CURVE_PUBLICKEY, public)
+    stranger.setsockopt(zmq.CURVE_SECRETKEY, secret)
+    stranger.connect(endpoint)
+    stranger.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
+    transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp", timeout=10)
+    try:
+        reply = transport.hello()
+        transport.grad[:] = 1.0
+        transport.step({"chunks": [reply["chunks"][0][0]], "loss": 0.5}, push=True, pull=True)
+        np.testing.assert_allclose(transport.params, np.full(SIZE, 0.9, np.float32))
+        assert not plain.poll(200) and not stranger.poll(200)  # neither got an answer
+        control = HubControl(key, [server.endpoints])
+        stats = control.stats()
+        assert stats["global_step"] == 1 and stats["dropped"] == {}  # they never got in
+        control.shutdown()
+        control.close()
+    finally:
+        transport.close()
+        plain.close()
+        stranger.close()
+        thread.join(10)
+
+
+def test_field_checks_by_hand():
+    from nbdist.errors import ProtocolError
+    from nbdist.ps.wire import check_fields
+
+    ok = {"op": "step", "worker": 1, "push": True, "chunks": [3, 4], "loss": float("nan"), "batch": 8}
+    check_fields(ok, num_workers=2)  # a NaN loss is reported, not a framing error
+    check_fields({"op": "stats", "since": 0}, num_workers=2)
+    with pytest.raises(ProtocolError, match=r"^malformed header: wrong type or value of push, chunks$"):
+        check_fields({**ok, "push": 1, "chunks": [3, "4"]}, num_workers=2)
+    with pytest.raises(ProtocolError, match=r"wrong type or value of worker=2 \(0\.\.1\)"):
+        check_fields({**ok, "worker": 2}, num_workers=2)
+    with pytest.raises(ProtocolError, match=r"wrong type or value of worker=True \(0\.\.1\)"):
+        check_fields({**ok, "worker": True}, num_workers=2)
+
+
+class FakeFrame:
+    def __init__(self, size, more):
+        self.size, self.more = size, more
+
+    def __len__(self):
+        return self.size
+
+
+class FakeSocket:
+    def __init__(self, sizes):
+        self.frames = [FakeFrame(s, i < len(sizes) - 1) for i, s in enumerate(sizes)]
+        self.read = 0
+
+    def recv(self, copy=False):
+        self.read += 1
+        return self.frames[self.read - 1]
+
+
+def test_bounded_receive_counts_frames_and_bytes_and_drains_the_rest():
+    from nbdist.errors import ProtocolError
+    from nbdist.ps.wire import recv_bounded
+
+    assert len(recv_bounded(FakeSocket([5, 32, 100, 400]), max_frames=4, max_bytes=537)) == 4
+    too_many = FakeSocket([5] * 20)  # 20 frames of 5 bytes: under the size limit, over the count
+    with pytest.raises(ProtocolError, match=r"oversized message: more than 4 frames or 1000 bytes "
+                                            r"\(16 more frame\(s\) dropped unread\)"):
+        recv_bounded(too_many, max_frames=4, max_bytes=1000)
+    assert too_many.read == 20  # the whole message left the socket
+    too_big = FakeSocket([5, 32, 600, 1])
+    with pytest.raises(ProtocolError, match=r"\(2 more frame\(s\) dropped unread\)"):
+        recv_bounded(too_big, max_frames=8, max_bytes=600)
+    assert too_big.read == 4

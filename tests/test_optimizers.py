@@ -268,18 +268,6 @@ def test_lr_scale_scales_the_step_and_the_weight_decay():
     np.testing.assert_array_equal(w1, w2)
 
 
-def test_momentum_server_optimizer_is_the_old_one():
-    from nbdist.algorithms.server_opt import make_server_optimizer
-
-    old = make_server_optimizer("momentum", 26, 0.3)
-    new = HubOptimizer(server_optimizer_spec("momentum", 0.3, SEGMENTS), 26)
-    w_old, w_new = flat(initial_weights()), flat(initial_weights())
-    for step in gradients(8, steps=10):
-        old.apply(w_old, flat(step))
-        new.apply(w_new, flat(step))
-    np.testing.assert_allclose(w_new, w_old, rtol=1e-6, atol=1e-6)
-
-
 def test_server_optimizer_specs():
     assert server_optimizer_spec("sgd", None, [2])["learning_rate"] == 1.0
     assert server_optimizer_spec("adam", None, [2])["learning_rate"] == 1e-2

@@ -66,7 +66,7 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     assert np.abs(load(tmp_path).arrays["shard0.optimizer_slots"]).max() > 0
 
     resumed = {}
-    again = nbdist.resume(tmp_path, cluster=cluster, namespace=resumed, wait=True)
+    again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True)
     assert again.status == "finished" and again.config.mode.value == "sync"
     assert again.nodes["samples"].sum() == 4 * 900 - done  # nothing skipped, nothing twice
     results = again._backend.results  # noqa: SLF001
@@ -83,7 +83,7 @@ def test_a_sync_checkpoint_is_refused_as_async_and_with_another_optimizer(cluste
     nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, checkpoint_dir=str(tmp_path),
                  wait=True, **OPTIONS)
     with pytest.raises(ConfigError, match="--mode is async here but the checkpoint was taken with sync"):
-        nbdist.resume(tmp_path, cluster=cluster, namespace={}, mode="async")
+        nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="async")
     adam = SYNTHETIC_CELL.replace("keras.optimizers.SGD(0.1)", "keras.optimizers.Adam()")
     with pytest.raises(CheckpointError, match="SGD optimizer; this cell compiles its model with Adam"):
         nbdist.resume(tmp_path, adam, cluster=cluster, namespace={}, epochs=2)
@@ -91,7 +91,7 @@ def test_a_sync_checkpoint_is_refused_as_async_and_with_another_optimizer(cluste
     nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1,
                  checkpoint_dir=str(async_dir), wait=True)
     with pytest.raises(ConfigError, match="--mode is sync here but the checkpoint was taken with async"):
-        nbdist.resume(async_dir, cluster=cluster, namespace={}, mode="sync")
+        nbdist.resume(async_dir, SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync")
     again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, wait=True, **OPTIONS)
     assert again.status == "finished"  # the refusals left the engines free
 
@@ -121,7 +121,7 @@ def test_killing_a_sync_worker_fails_the_run_within_60s_and_resume_completes(clu
     assert 900 <= done < 8 * 900, "the kill must land mid-run, after a checkpoint"
 
     resumed = {}
-    again = nbdist.resume(tmp_path, cluster=cluster, namespace=resumed, wait=True)
+    again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True)
     assert again.status == "finished"
     assert again.nodes["samples"].sum() == 8 * 900 - done
     assert accuracy(resumed) > 0.9

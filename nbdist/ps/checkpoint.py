@@ -10,10 +10,12 @@ pull (DC backups, SSP clocks, DBS speed measurements) is not saved.
 Format, with no pickle anywhere: a directory holding `meta.json` and one
 `arrays-<run>-<n>.npz` (loaded with allow_pickle=False). `meta.json` names the array file
 with its size and SHA-256 and lists every array's shape and dtype. A save writes the array
-file under a new name, then `meta.json` through a temporary file, fsync and `os.replace`,
-and removes the array file the old `meta.json` named last: a crash at any moment leaves one
-complete checkpoint. Loading checks everything before anything is used, so a corrupt or
-mismatched checkpoint is refused whole, never half-loaded.
+file under a new name, copies `meta.json` to `meta.1.json` (the previous checkpoint: KEEP=2
+are kept), writes the new `meta.json` through a temporary file, fsync and `os.replace`, and
+removes array files no kept meta names: a crash at any moment leaves a complete checkpoint.
+Weights that are not finite are never saved over a good checkpoint. Loading hashes and parses
+the same bytes and checks everything before anything is used, so a corrupt or mismatched
+checkpoint is refused whole, never half-loaded.
 
 The kernel writes the files (`Run.checkpoint`): it asks every shard for its state over the
 control line (op `state`, answered between two messages, so each shard's part is consistent),
@@ -25,7 +27,9 @@ further shards answer a moment later, so a chunk may be trained on twice after a
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import io
 import json
 import os
 import tempfile
@@ -40,6 +44,7 @@ from nbdist.ps.schedule import EpochSchedule
 
 FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"  # 2: the cell's optimizer on the hub
 DEFAULT_EVERY_S = 60.0
+KEEP = 2  # checkpoints kept in a folder: the newest (meta.json) and the one before (meta.1.json)
 _FIX = "Resume from another checkpoint, or start the run afresh with nbdist.train / %%distribute."
 
 # -- hub side (on the engine) -----------------------------------------------------------------
@@ -134,9 +139,12 @@ def prepare_dir(directory: str) -> str:
     return os.path.abspath(directory)
 
 
-def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict) -> str:
+def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict, keep: int = KEEP) -> str:
     """Write one checkpoint of `shards` (their `state` replies) and `info` (config, cell,
-    layout, ...) into `directory`, atomically; returns the path of its `meta.json`."""
+    layout, ...) into `directory`, atomically; returns the path of its `meta.json`. The
+    `keep - 1` checkpoints before it stay as `meta.1.json`, ... (newest first). Weights or
+    rule state that are not finite (a diverged run) are refused with CheckpointError, and the
+    last good checkpoint stays."""
     directory = prepare_dir(directory)
     arrays, shard_meta = {}, []
     for header, buffers in sorted(shards, key=lambda s: s[0]["shard"]):
@@ -146,10 +154,15 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
         shard_meta.append({k: header[k] for k in ("version", "lr", "rule", "rule_options",
                                                   "optimizer", "numbers")})
         shard_meta[-1]["size"] = int(arrays[f"shard{i}.params"].size)
+    bad = [k for k, v in arrays.items() if not np.isfinite(v).all()]
+    if bad:
+        raise CheckpointError(
+            f"Not saving a checkpoint into {directory}: {', '.join(bad)} hold NaN or infinite values "
+            "(Received: a diverged run). The last good checkpoint there is kept. Lower the learning "
+            "rate (run.set_lr) or resume from that checkpoint.")
     first = next(h for h, _ in shards if h["shard"] == 0)  # the coordinator's shard
     schedule = first["schedule"]
     meta_path = os.path.join(directory, META)
-    previous = _referenced_file(meta_path)
     name = f"arrays-{info.get('run_id', 'run')}-{time.time_ns()}.npz"
     digest, nbytes = _write_atomic(os.path.join(directory, name), lambda f: np.savez(f, **arrays))
     meta = {
@@ -159,14 +172,33 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
         "shards": shard_meta, "schedule": schedule, "evals_pending": first.get("evals_pending", []),
         "epochs_done": schedule["done"] / schedule["num_samples"], "sync": first.get("sync"),
     }
+    _rotate(directory, keep)  # meta.json stays in place until the new one replaces it
     text = json.dumps(meta, indent=1).encode()
     _write_atomic(meta_path, lambda f: f.write(text))
-    if previous and previous != name:
-        try:
-            os.unlink(os.path.join(directory, previous))
-        except OSError:
-            pass
+    _remove_unreferenced(directory, keep)
     return meta_path
+
+
+def older(directory: str, n: int) -> str:
+    """The path of the n-th checkpoint before the newest (n=0: `meta.json` itself)."""
+    return os.path.join(directory, META if n == 0 else f"meta.{n}.json")
+
+
+def _rotate(directory: str, keep: int) -> None:
+    """meta.(k-1) <- ... <- meta.1 <- meta.json, each an atomic copy (meta.json stays)."""
+    for n in range(keep - 1, 0, -1):
+        if os.path.isfile(older(directory, n - 1)):
+            with open(older(directory, n - 1), "rb") as f:
+                text = f.read()
+            _write_atomic(older(directory, n), lambda f, text=text: f.write(text))
+
+
+def _remove_unreferenced(directory: str, keep: int) -> None:
+    wanted = {_referenced_file(older(directory, n)) for n in range(keep)}
+    for file in set(os.listdir(directory)) - wanted:
+        if file.startswith("arrays-") and file.endswith(".npz"):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, file))
 
 
 def _write_atomic(path: str, write) -> tuple[str, int]:
@@ -319,12 +351,14 @@ def _load_arrays(meta_path: str, meta: dict) -> dict[str, np.ndarray]:
     file = os.path.join(os.path.dirname(meta_path), name)
     if not os.path.isfile(file):
         raise _corrupt(meta_path, f"its array file {name} is missing")
-    digest, nbytes = _sha256(file)
+    with open(file, "rb") as f:  # hashed and parsed from the same bytes: no swap in between
+        data = f.read()
+    digest, nbytes = hashlib.sha256(data).hexdigest(), len(data)
     if nbytes != meta["bytes"] or digest != meta["sha256"]:
         raise _corrupt(meta_path, f"{name} has {nbytes} bytes and SHA-256 {digest[:12]}..., "
                                   f"meta.json recorded {meta['bytes']} bytes and {str(meta['sha256'])[:12]}...")
     try:
-        with np.load(file, allow_pickle=False) as z:
+        with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
     except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
         raise _corrupt(meta_path, f"{name} is not a readable .npz ({exc})") from None

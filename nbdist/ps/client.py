@@ -12,34 +12,67 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
+from collections import Counter
 
 import numpy as np
 import zmq
 
-from nbdist.errors import TrainingError
+from nbdist.errors import ProtocolError, TrainingError
 from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
+from nbdist.ps.wire import client_socket
 
 
 class _Line:
-    """One DEALER socket to one shard, with signing and a reply timeout."""
+    """One DEALER socket to one shard: signing, a reply timeout, and replies matched to their
+    request (a reply whose `re` is not the last request's seq, or from another endpoint, is
+    dropped and counted in `dropped`). After a timeout the socket is replaced, so a reply
+    that comes late can never be taken for the answer to a later request."""
 
-    def __init__(self, ctx: zmq.Context, endpoint: str, codec: Codec, timeout: float, name: str):
-        self.sock = ctx.socket(zmq.DEALER)
-        self.sock.setsockopt(zmq.LINGER, 0)
-        self.sock.connect(endpoint)
-        self.codec, self.timeout_ms, self.name = codec, int(timeout * 1000), name
+    def __init__(self, ctx: zmq.Context, endpoint: dict, address: str, codec: Codec, key: bytes,
+                 timeout: float, name: str, peer: str):
+        self._ctx, self.endpoint, self.address, self._key = ctx, endpoint, address, key
+        self.codec, self.timeout_ms, self.name, self.peer = codec, int(timeout * 1000), name, peer
+        self.dropped: Counter[str] = Counter()
+        self.sock = self._open()
+
+    def _open(self) -> zmq.Socket:
+        sock = client_socket(self._ctx, self.endpoint, self._key, zmq.DEALER)
+        sock.connect(self.address)
+        return sock
+
+    def reopen(self) -> None:
+        """A fresh socket (new routing id): whatever the old one would still receive is lost."""
+        self.sock.close(0)
+        self.sock = self._open()
 
     def send(self, header: dict, buffers: list | tuple = ()) -> None:
-        send_frames(self.sock, self.codec.encode(header, buffers))
+        send_frames(self.sock, self.codec.encode(header, buffers, to=self.peer))
 
     def recv(self) -> Message:
-        if not self.sock.poll(self.timeout_ms):
-            raise TrainingError(
-                f"{self.name} did not answer within {self.timeout_ms / 1000:.0f}s. Its engine may "
-                "have died or be overloaded; check `%nbdist status`, then run the cell again."
-            )
-        msg = self.codec.decode(self.sock.recv_multipart(copy=False))
+        """The reply to the latest request; anything else that arrives first is dropped."""
+        expected = self.codec.last_sent(self.peer)
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0 or not self.sock.poll(max(1, int(left * 1000))):
+                self.reopen()
+                raise TrainingError(
+                    f"{self.name} did not answer within {self.timeout_ms / 1000:.0f}s. Its engine may "
+                    "have died or be overloaded; check `%nbdist status`, then run the cell again."
+                )
+            try:
+                msg = self.codec.decode(self.sock.recv_multipart(copy=False))
+            except ProtocolError as exc:
+                self.dropped[str(exc).split(":")[0]] += 1
+                continue
+            if not msg.header["from"].startswith(self.peer + "/"):
+                self.dropped["wrong sender"] += 1
+            elif msg.header.get("re") != expected:
+                self.dropped["unmatched reply"] += 1
+            else:
+                break
         if msg.op == "error":
             raise TrainingError(f"{self.name} refused the request: {msg.header.get('message')}")
         return msg
@@ -47,6 +80,17 @@ class _Line:
     def request(self, header: dict, buffers: list | tuple = ()) -> Message:
         self.send(header, buffers)
         return self.recv()
+
+    def close(self) -> None:
+        self.sock.close(0)
+
+
+def open_lines(ctx: zmq.Context, key: bytes, shards: list[dict], name: str, timeout: float,
+               transport: str = "tcp") -> list[_Line]:
+    """One line per shard, all signing with one codec named `name` for this run."""
+    codec = Codec(key, name, shards[0].get("run", ""))
+    return [_Line(ctx, s, s[transport], codec, key, timeout, f"hub shard {i}", f"hub-{i}")
+            for i, s in enumerate(shards)]
 
 
 class WorkerTransport:
@@ -70,9 +114,8 @@ class WorkerTransport:
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; use 'auto'.")
         self._ctx = zmq.Context()
-        codec = Codec(key, f"worker-{worker}")
-        self.lines = [_Line(self._ctx, s["ipc"] if self.use_shm else s["tcp"], codec, timeout,
-                            f"hub shard {i}") for i, s in enumerate(shards)]
+        self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout,
+                                "ipc" if self.use_shm else "tcp")
         self._segment = shm.create(8 * self.total) if self.use_shm else None
         if self._segment is not None:
             self.grad = shm.floats(self._segment, 0, self.total)
@@ -115,6 +158,8 @@ class WorkerTransport:
             if push and i == 0 and self.nt_delta.size:
                 buffers.append(self.nt_delta)
             shard_header = {"op": "step", "worker": self.worker, "push": push, "pull": pull, **(shared or {})}
+            if self._segment is not None:  # the segment's generation: a stale one is never read
+                shard_header["seg"] = self._segment.name
             if i == 0:
                 shard_header.update(header)
             line.send(shard_header, buffers)
@@ -134,7 +179,13 @@ class WorkerTransport:
                 where = msg.header.get("params")
                 if where == "live":
                     np.copyto(self.params[lo:hi], self._live_view(i))
-                elif where != "shm":
+                elif where == "shm":
+                    if msg.header.get("seg") != self._segment.name:
+                        raise TrainingError(f"hub shard {i} wrote the parameters into segment "
+                                            f"{msg.header.get('seg')!r}, not this worker's "
+                                            f"{self._segment.name!r}; it has a stale registration. "
+                                            "Run the cell again.")
+                else:
                     np.copyto(self.params[lo:hi], msg.floats(0))
                 if i == 0 and self.non_trainable.size:
                     np.copyto(self.non_trainable, msg.floats(len(msg.buffers) - 1))
@@ -155,7 +206,7 @@ class WorkerTransport:
 
     def close(self) -> None:
         for line in self.lines:
-            line.sock.close(0)
+            line.close()
         self._ctx.term()
         self.grad = self.params = None
         for seg in self._live:
@@ -169,13 +220,18 @@ PER_SHARD = ("lr", "option", "stop", "lost")
 class HubControl:
     """The kernel's line to every shard: statistics, control, final parameters. Thread-safe."""
 
-    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0):
+    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel"):
         self._ctx = zmq.Context()
-        codec = Codec(key, "kernel")
-        self.lines = [_Line(self._ctx, s["tcp"], codec, timeout, f"hub shard {i}")
-                      for i, s in enumerate(shards)]
+        self.lines = open_lines(self._ctx, key, shards, name, timeout)
         self._lock = threading.Lock()
         self.closed = False
+        if len(shards) > 1 and name == "kernel":  # shard 0 tells the others of write-offs
+            self.lines[0].request({"op": "peers", "shards": shards[1:]})
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Replies dropped on this side (forged, replayed, late, from the wrong endpoint)."""
+        return sum((line.dropped for line in self.lines), Counter())
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         """Statistics with history rows from `since` on (and the whole timeline if asked)."""
@@ -216,5 +272,5 @@ class HubControl:
         with self._lock:  # never under a control() from another thread (the notebook's)
             self.closed = True
             for line in self.lines:
-                line.sock.close(0)
+                line.close()
         self._ctx.term()

@@ -16,6 +16,7 @@ Ops it answers (all signed, see `nbdist.protocol`):
     control  kernel: lr, pause, stop, slow-down, batch policy, rule options, regroup
     params   kernel: this shard's parameters (and non-trainable state on shard 0)
     state    kernel: everything a checkpoint saves of this shard (see `nbdist.ps.checkpoint`)
+    peers    kernel: the other shards' endpoints (shard 0 tells them of write-offs)
     shutdown kernel: leave the serve loop
 """
 
@@ -25,7 +26,6 @@ import json
 import logging
 import math
 import os
-import tempfile
 import time
 import traceback
 from collections import Counter
@@ -35,12 +35,13 @@ import numpy as np
 import zmq
 
 from nbdist.errors import ProtocolError
-from nbdist.protocol import Codec, Message, send_frames
-from nbdist.ps import shm
+from nbdist.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
+from nbdist.ps import shm, writeoff
 from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.checkpoint import restore_shard, shard_state
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.updater import make_updater
+from nbdist.ps.wire import Return, bind, receive, server_socket
 
 log = logging.getLogger(__name__)
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
@@ -66,6 +67,7 @@ class HubSpec:
     idle_timeout: float = 120.0
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
     extra_bytes: int = 0  # sync mode: room for rank 0's state (weights, optimizer slots)
+    encrypt: bool = False  # CurveZMQ on this shard's socket (--encrypt)
 
 
 class _WorkerLink:
@@ -86,8 +88,9 @@ class Hub:
         self.spec = spec
         plan = spec.plan
         self.size = int(spec.params.size)
-        self.codec = Codec(spec.key, f"hub-{spec.shard}",
+        self.codec = Codec(spec.key, f"hub-{spec.shard}", spec.run_id,
                            max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes) + 4096 + spec.extra_bytes)
+        self.peers = None  # shard 0: lines to the other shards, for write-offs (nbdist.ps.writeoff)
         self._segment = shm.create(4 * self.size)  # live parameters, readable by hogwild workers
         self.params = shm.floats(self._segment, 0, self.size)
         self.params[:] = spec.params
@@ -106,14 +109,9 @@ class Hub:
         if spec.restore is not None:
             restore_shard(self, spec.restore)
         self._ctx = zmq.Context()
-        self._sock = self._ctx.socket(zmq.ROUTER)
-        self._sock.setsockopt(zmq.LINGER, 0)
-        self._sock.setsockopt(zmq.MAXMSGSIZE, self.codec.max_buffer_bytes + (1 << 20))
-        port = self._sock.bind_to_random_port(f"tcp://{spec.bind_host}")
-        self._ipc_path = os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.ipc")
-        self._sock.bind(f"ipc://{self._ipc_path}")
-        self.endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{self._ipc_path}",
-                          "host": shm.host_id(), "params_shm": self._segment.name, "size": self.size}
+        self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
+        self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
+        self.endpoints = bind(self._sock, spec, params_shm=self._segment.name, size=self.size)
 
     def now(self) -> float:
         return time.time() - self.start_time
@@ -124,7 +122,7 @@ class Hub:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
         handlers = {"hello": self._hello, "step": self._step, "report": self._report, "bye": self._bye,
                     "stats": self._stats, "control": self._control, "params": self._params,
-                    "state": lambda msg, ident: shard_state(self),
+                    "state": lambda msg, ret: shard_state(self), "peers": self._peers,
                     "shutdown": self._shutdown}
         poller = zmq.Poller()
         poller.register(self._sock, zmq.POLLIN)
@@ -143,33 +141,30 @@ class Hub:
                         self.error = self.error or "hub idle timeout: the kernel and workers went silent"
                         break
                     continue
-                frames = self._sock.recv_multipart(copy=False)
-                try:
-                    msg = self.codec.decode(frames[1:])
-                    handler = handlers[msg.op]
+                try:  # limits, MAC, run, recipient, seq, op, field types, segment
+                    msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
+                                       self.spec.plan.num_workers, self.links)
                 except ProtocolError as exc:
                     self.dropped[str(exc).split(":")[0]] += 1
                     continue
-                except KeyError:
-                    self.dropped["unknown op"] += 1
-                    continue
                 last_heard = time.monotonic()
+                handler = handlers[msg.op]
                 try:
-                    answer = handler(msg, frames[0])
+                    answer = handler(msg, ret)
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
                     log.error("%s", self.error)
                     answer = {"op": "error", "message": str(exc)}, []
                 if answer is not None:
-                    self._send(frames[0], *answer)
+                    self._send(ret, *answer)
                 self._release_held()
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.version, "error": self.error,
                 "dropped": dict(self.dropped)}
 
-    def _send(self, ident, header: dict, buffers: list) -> None:
-        send_frames(self._sock, [ident, *self.codec.encode(header, buffers)])
+    def _send(self, ret: Return, header: dict, buffers: list) -> None:
+        send_frames(self._sock, [ret.ident, *self.codec.encode(header, buffers, to=ret.to, re=ret.re)])
 
     def _release_held(self) -> None:
         """Send every held reply whose worker may now go on."""
@@ -184,7 +179,10 @@ class Hub:
                     self.coordinator.heard(worker, self.now())  # its silence counts from now
 
     def close(self) -> None:
+        writeoff.close(self)
         self._sock.close(0)
+        if self._auth is not None:
+            self._auth.stop()
         self._ctx.term()
         for link in self.links.values():
             shm.release(link.segment)
@@ -192,7 +190,7 @@ class Hub:
         self.params = None
         shm.release(self._segment, unlink=True)
         try:
-            os.unlink(self._ipc_path)
+            os.unlink(self.endpoints["ipc"][len("ipc://"):])
         except OSError:
             pass
 
@@ -215,6 +213,7 @@ class Hub:
         worker, h = int(msg.header["worker"]), msg.header
         if worker not in self.links or (self.coordinator and worker in self.coordinator.lost):
             # written off as lost, yet alive: its chunks went to others, so it must leave
+            self.dropped["written-off worker"] += 1
             return {"op": "reply", "version": self.version, "lost": True, "stop": True, "done": True}, []
         if self.coordinator:
             self.coordinator.heard(worker, self.now())
@@ -308,6 +307,7 @@ class Hub:
                 np.copyto(target, self.params)
             if link.params is not None:  # same host: parameters go through shared memory
                 header["params"] = "shm" if target is not None else "live"  # live: no lock
+                header["seg"] = link.segment.name
             else:
                 buffers.append(target if target is not None else self.params)
             if self.coordinator and self.non_trainable.size:
@@ -343,6 +343,7 @@ class Hub:
         for worker in self.coordinator.overdue(self.now(), exempt=self.held):
             deadline = self.coordinator.deadline(worker)
             log.warning("hub: worker %d silent for over %.1fs; counting it as lost", worker, deadline)
+            writeoff.relay(self, worker, f"silent for over {deadline:.1f}s")  # every shard first
             self._lose(worker, f"silent for over {deadline:.1f}s")
 
     def _lose(self, worker: int, reason: str) -> None:
@@ -384,6 +385,10 @@ class Hub:
 
     def _params(self, msg: Message, ident) -> tuple[dict, list]:
         return {"op": "params", "version": self.version}, [self.params.copy(), self.non_trainable.copy()]
+
+    def _peers(self, msg: Message, ret) -> tuple[dict, list]:
+        writeoff.link(self, msg.header["shards"])
+        return {"op": "ok"}, []
 
     def _shutdown(self, msg: Message, ident) -> tuple[dict, list]:
         self.closing = True
