@@ -121,7 +121,7 @@ def test_killing_a_sync_worker_fails_the_run_within_60s_and_resume_completes(clu
     assert 900 <= done < 8 * 900, "the kill must land mid-run, after a checkpoint"
 
     resumed = {}
-    again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True)
+    again = nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=cluster, namespace=resumed, wait=True)
     assert again.status == "finished"
     assert again.nodes["samples"].sum() == 8 * 900 - done
     assert accuracy(resumed) > 0.9

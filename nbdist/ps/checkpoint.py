@@ -99,7 +99,7 @@ def shard_state(hub) -> tuple[dict, list[np.ndarray]]:
     local = hub.spec.local_steps > 1 and hub.coordinator is not None  # the rate is the workers'
     header = {"op": "state", "shard": hub.spec.shard, "version": hub.version,
               "lr": hub.coordinator.lr if local else hub.updater.learning_rate(),
-              "rule": rule.name, "rule_options": rule.options, "optimizer": hub.spec.optimizer,
+              "rule": rule.name, "rule_options": rule.options, "optimizer": hub.updater.spec,
               "numbers": numbers, "names": list(arrays)}
     c = hub.coordinator
     if c is not None:
@@ -113,8 +113,8 @@ def restore_shard(hub, state: dict) -> None:
     hub.version = int(state["version"])
     rule, opt = hub.updater.rule, hub.updater.optimizer
     import_fields(rule, rule.state_fields, state.get("rule", {}))
-    if opt is not None:
-        opt.restore_state(state.get("opt", {}))
+    if opt is not None and state.get("opt"):  # (a sync run's metrics hub saves none)
+        opt.restore_state(state["opt"])
     c = hub.coordinator
     if c is not None and "schedule" in state:
         c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)
