@@ -14,7 +14,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     │   └── DataError                       training/validation arrays missing or mismatched
     ├── ClusterError (RuntimeError)         the engine cluster cannot serve this run
     │   ├── NoClusterError                  no cluster started or connected
-    │   └── NotEnoughEnginesError           more workers + shards than engines
+    │   ├── NotEnoughEnginesError           more workers + shards than engines
+    │   └── UnreachableHostError            a host of the cluster does not answer on its address
     ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
     ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
@@ -46,6 +47,7 @@ __all__ = [
     "ProtocolError",
     "RemoteCellError",
     "TrainingError",
+    "UnreachableHostError",
 ]
 
 
@@ -87,6 +89,16 @@ class NoClusterError(ClusterError):
 
 class NotEnoughEnginesError(ClusterError):
     """The run asks for more workers and parameter shards than there are engines."""
+
+
+class UnreachableHostError(ClusterError):
+    """A host of the cluster cannot be reached on the address nbdist chose (named in the message).
+
+    `host` and `address` say which, when known (the message always names them)."""
+
+    def __init__(self, message: str, host: str | None = None, address: str | None = None):
+        super().__init__(message)
+        self.host, self.address = host, address
 
 
 class RemoteCellError(NbdistError, RuntimeError):
