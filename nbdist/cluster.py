@@ -13,7 +13,7 @@ import socket
 import weakref
 from dataclasses import dataclass
 
-from nbdist.errors import NoClusterError, NotEnoughEnginesError
+from nbdist.errors import NoClusterError, NotEnoughEnginesError, UnreachableHostError
 
 log = logging.getLogger(__name__)
 
@@ -76,6 +76,8 @@ class Cluster:
         self._ipp_cluster = ipp_cluster  # None when we only connected: never stop theirs
         self._runs: weakref.WeakSet = weakref.WeakSet()  # runs on this cluster, stopped by stop()
         self._watchdog = None  # ends our engines if this kernel dies without stop()
+        self._engines: tuple[int, ...] | None = None  # a subset's engines (see `subset`)
+        self._shared_client = False  # a subset shares its parent's client: never close it
 
     @classmethod
     def start(cls, n: int, profile: str | None = None, timeout: float = 120.0) -> Cluster:
@@ -113,13 +115,16 @@ class Cluster:
 
     @classmethod
     def connect(cls, profile: str | None = None, cluster_id: str | None = None,
-                timeout: float = 30.0) -> Cluster:
-        """Connect to an ipcluster already running (e.g. started by a Slurm or MPI launcher)."""
+                timeout: float = 30.0, connection_file: str | None = None) -> Cluster:
+        """Connect to an ipcluster already running (started by hand, Slurm or MPI).
+
+        `connection_file` is the controller's `ipcontroller-<id>-client.json`, for a controller
+        started outside the profile folders this kernel knows."""
         import ipyparallel as ipp
 
         kwargs = {k: v for k, v in (("profile", profile), ("cluster_id", cluster_id)) if v}
         try:
-            client = ipp.Client(timeout=timeout, **kwargs)
+            client = ipp.Client(*([connection_file] if connection_file else []), timeout=timeout, **kwargs)
         except (OSError, TimeoutError) as exc:
             raise NoClusterError(
                 f"Could not connect to an ipcluster (profile={profile!r}, cluster_id={cluster_id!r}): "
@@ -130,7 +135,23 @@ class Cluster:
 
     @property
     def engine_ids(self) -> list[int]:
-        return list(self.client.ids)
+        return list(self._engines) if self._engines is not None else list(self.client.ids)
+
+    def subset(self, engines) -> Cluster:
+        """The same cluster restricted to some engines (a run uses only these); stopping the
+        subset only disconnects it.
+
+        Example:
+            >>> run = nbdist.train(CELL, cluster=cluster.subset([0, 2, 3]))  # doctest: +SKIP
+        """
+        missing = sorted(set(engines) - set(self.client.ids))
+        if missing:
+            raise NoClusterError(f"Engines {missing} are not in the cluster (Received: {list(engines)}; "
+                                 f"it has {list(self.client.ids)}). Pick engines from `cluster.engine_ids`.")
+        view = Cluster(self.client)
+        view._engines = tuple(engines)  # noqa: SLF001
+        view._shared_client = True  # noqa: SLF001
+        return view
 
     def engine_hosts(self) -> dict[int, str]:
         """engine id -> hostname, asked from the engines themselves."""
@@ -140,17 +161,39 @@ class Cluster:
         hosts = self.client[ids].apply_sync(socket.gethostname)
         return dict(zip(ids, hosts, strict=True))
 
-    def bind_address(self, engine_hosts: dict[int, str]) -> str:
-        """Where hubs listen: loopback when every engine shares one host, else that host's
-        interface towards the controller (resolved on the engine; never all interfaces)."""
-        if len(set(engine_hosts.values())) == 1:
-            return "127.0.0.1"
-        return "route:" + self._controller_ip()
+    def controller_address(self) -> str:
+        """The controller's address as the engines reach it (see `nbdist.netaddr`)."""
+        from nbdist.netaddr import controller_address
 
-    def _controller_ip(self) -> str:
-        url = self.client._config.get("registration", "") or ""  # noqa: SLF001
-        host = url.split("://")[-1].rsplit(":", 1)[0] if "://" in url else "127.0.0.1"
-        return host if host not in ("*", "0.0.0.0") else "127.0.0.1"
+        return controller_address(self.client._config)  # noqa: SLF001
+
+    def engine_networks(self, engines, timeout: float = 20.0) -> dict:
+        """engine id -> its host's `HostNet` (routes, addresses, address towards the controller).
+
+        Engines that do not answer within `timeout` raise an UnreachableHostError naming them."""
+        from nbdist.netaddr import host_network
+
+        engines, controller = list(engines), self.controller_address()
+        pending = {e: self.client[e].apply_async(host_network, controller) for e in engines}
+        nets, silent = {}, []
+        for e, ar in pending.items():
+            try:
+                nets[e] = ar.get(max(0.1, timeout))
+            except TimeoutError:
+                silent.append(e)
+        if silent:
+            raise UnreachableHostError(
+                f"Engine(s) {silent} did not answer within {timeout:.0f}s (controller at {controller}). "
+                "Expected every engine's host to be up and to reach the controller: check the host and "
+                "its link, or leave those engines out with `cluster.subset(...)`.",
+                address=controller)
+        return nets
+
+    def kernel_network(self):
+        """This kernel's `HostNet` (the kernel talks to hubs and serves the sync rendezvous)."""
+        from nbdist.netaddr import host_network
+
+        return host_network(self.controller_address())
 
     def track(self, run) -> None:
         """Remember a run on this cluster, so `stop()` ends it before the engines go."""
@@ -171,6 +214,8 @@ class Cluster:
                 self.client.shutdown(targets="all", block=True)
         except Exception as exc:  # noqa: BLE001 - stopping the processes below still works
             log.warning("clean engine shutdown failed (%s); stopping processes", exc)
+        if self._shared_client:
+            return
         try:
             self.client.close()
         finally:

@@ -17,6 +17,7 @@ import numpy as np
 import zmq
 
 from nbdist.errors import TrainingError
+from nbdist.netaddr import check_reachable
 from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
 
@@ -69,6 +70,10 @@ class WorkerTransport:
         self.use_shm = transport != "tcp" and all(s["host"] == here for s in shards)
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; use 'auto'.")
+        if not self.use_shm:  # across hosts: a host that does not answer fails here, named
+            for i, s in enumerate(shards):
+                address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
+                check_reachable(address, int(port), f"hub shard {i}", s["host"].split(":")[0])
         self._ctx = zmq.Context()
         codec = Codec(key, f"worker-{worker}")
         self.lines = [_Line(self._ctx, s["ipc"] if self.use_shm else s["tcp"], codec, timeout,
