@@ -8,6 +8,7 @@ train, so it is tested without processes.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import weakref
@@ -80,23 +81,47 @@ class Cluster:
         self._shared_client = False  # a subset shares its parent's client: never close it
 
     @classmethod
-    def start(cls, n: int, profile: str | None = None, timeout: float = 120.0) -> Cluster:
-        """Start `n` local engines (separate processes) with a controller bound to loopback."""
+    def start(cls, n: int, profile: str | None = None, timeout: float = 120.0,
+              launcher: str = "local", controller_ip: str | None = None) -> Cluster:
+        """Start `n` engines through ipyparallel's own launchers, and a controller here.
+
+        `launcher`: "local" (processes on this machine; the controller on loopback), "slurm"
+        (one sbatch job of `n` tasks) or "mpi" (`mpiexec -n n`; engines are MPI ranks). With
+        Slurm or MPI the engines may land on other hosts, so the controller listens on this
+        host's routed address (`controller_ip` overrides it).
+
+        Example:
+            >>> cluster = Cluster.start(4, launcher="slurm")   # doctest: +SKIP
+        """
         import ipyparallel as ipp
 
-        kwargs = {"n": n, "controller_ip": "127.0.0.1", "log_level": logging.WARNING}
+        from nbdist.netaddr import LAUNCHERS, launcher_controller_ip
+
+        if launcher not in LAUNCHERS:
+            raise NoClusterError(f"Unknown launcher (Received: {launcher!r}). Expected one of "
+                                 f"{', '.join(LAUNCHERS)}, e.g. %nbdist start 4 --launcher slurm.")
+        kwargs = {"n": n, "controller_ip": controller_ip or launcher_controller_ip(launcher),
+                  "log_level": logging.WARNING, "engines": launcher}
         if profile:
             kwargs["profile"] = profile
         ipp_cluster = ipp.Cluster(**kwargs)
-        ipp_cluster.start_cluster_sync()
+        try:
+            ipp_cluster.start_cluster_sync()
+        except Exception as exc:
+            with contextlib.suppress(Exception):
+                ipp_cluster.stop_cluster_sync()
+            raise NoClusterError(
+                f"ipyparallel's {launcher} launcher could not start {n} engine(s): {exc}. "
+                f"{LAUNCHERS[launcher]}") from None
         client = ipp_cluster.connect_client_sync()
         try:
             client.wait_for_engines(n, timeout=timeout, interactive=False)
         except TimeoutError:
+            client.close()
             ipp_cluster.stop_cluster_sync()
             raise NoClusterError(
-                f"{n} engine(s) did not start within {timeout:.0f}s. Check that this Python "
-                "can run `python -m ipyparallel.engine`, or start fewer engines."
+                f"{n} engine(s) did not start within {timeout:.0f}s through the {launcher} launcher. "
+                f"{LAUNCHERS[launcher]}"
             ) from None
         handle = cls(client, ipp_cluster)
         handle._start_watchdog()

@@ -29,9 +29,13 @@ class NbdistMagics(Magics):
     @argument("n", nargs="?", type=int, default=None, help="number of engines (start)")
     @argument("--profile", default=None, help="ipyparallel profile (e.g. one set up for Slurm)")
     @argument("--cluster-id", default=None, help="cluster id of a running ipcluster (connect)")
+    @argument("--launcher", default="local", choices=["local", "slurm", "mpi"],
+              help="start: how engines are started (ipyparallel's launchers): local processes, "
+                   "one Slurm job (sbatch), or MPI ranks (mpiexec)")
     @line_magic
     def nbdist(self, line: str) -> None:
-        """Manage the engine cluster: %nbdist start 3 | connect --profile slurm | status | stop"""
+        """Manage the engine cluster: %nbdist start 3 [--launcher slurm|mpi] | connect --profile lab
+        --cluster-id ID | status | stop"""
         args = parse_argstring(self.nbdist, line)
         from nbdist.cluster import Cluster
 
@@ -42,7 +46,7 @@ class NbdistMagics(Magics):
             if not args.n or args.n < 1:
                 raise ClusterError(f"%nbdist start needs a number of engines >= 1 (Received: {args.n}). "
                                    "Example: %nbdist start 3 (one hub and two workers).")
-            self.cluster = Cluster.start(args.n, profile=args.profile)
+            self.cluster = Cluster.start(args.n, profile=args.profile, launcher=args.launcher)
             print(f"Started {self.cluster.describe()}")
         elif args.action == "connect":
             if self.cluster is not None:

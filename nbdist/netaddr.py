@@ -184,6 +184,40 @@ def kernel_address(kernel: HostNet, peers: list[HostNet]) -> str:
     return hub_address(kernel, peers)
 
 
+LAUNCHERS = {  # ipyparallel engine launcher -> what to check when it fails
+    "local": "Check that this Python can run `python -m ipyparallel.engine`, or start fewer engines.",
+    "slurm": "Check that `sbatch` works here (`sinfo`, SLURM_CONF) and that the job was not left "
+             "pending (`squeue`); the engines' output is in the profile's log folder.",
+    "mpi": "Check that `mpiexec -n 2 hostname` works here (as root: OMPI_ALLOW_RUN_AS_ROOT=1 and "
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1) and that mpi4py imports (`python -c 'from mpi4py import MPI'`).",
+}
+
+
+def launcher_controller_ip(launcher: str, net: HostNet | None = None) -> str:
+    """Where the controller listens: loopback for local engines; for Slurm or MPI engines, which
+    may run on other hosts, this host's address on its default route (or its first address)."""
+    if launcher == "local":
+        return LOOPBACK
+    net = net or host_network(LOOPBACK)
+    return primary_address(net)
+
+
+def primary_address(net: HostNet) -> str:
+    """The address of the default route's interface, else the first non-loopback one.
+
+    Example:
+        >>> primary_address(HostNet("h", "h:b", "127.0.0.1", (Route("0.0.0.0", 0, "eth0", "10.0.0.1"),),
+        ...                         {"lo": [("127.0.0.1", 8)], "eth0": [("10.0.0.5", 24)]}))
+        '10.0.0.5'
+    """
+    defaults = [r for r in net.routes if r.prefix == 0]
+    if defaults:  # any address only the default route matches (TEST-NET-1; a lookup, no traffic)
+        return route_to(defaults, net.addrs, "192.0.2.1")[1]
+    others = [a for name, pairs in sorted(net.addrs.items()) if name != "lo" for a, _ in pairs
+              if not ipaddress.IPv4Address(a).is_loopback]
+    return others[0] if others else LOOPBACK
+
+
 def interface_for(dest: str, net: HostNet | None = None) -> str:
     """The name of the interface this host uses towards `dest` (e.g. for HOROVOD_GLOO_IFACE)."""
     net = net or host_network(LOOPBACK)

@@ -187,7 +187,31 @@ def rank_network(env: dict) -> dict:
         check_reachable(address, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
                         "the Horovod rendezvous (in the notebook kernel)", env.get("NBDIST_RENDEZVOUS_HOST", "?"))
         env["HOROVOD_GLOO_IFACE"] = interface_for(address)
+        if int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1:
+            check_hostname_address(env["HOROVOD_GLOO_IFACE"])
     return env
+
+
+def check_hostname_address(iface: str) -> None:
+    """Horovod 0.28.1 connects its process-set contexts on the address of this host's *name*,
+    not on HOROVOD_GLOO_IFACE: across hosts that name must resolve to an address of `iface`,
+    or Gloo aborts the engine ("Unable to find address for", or loopback peers). Say so first."""
+    from nbdist.errors import UnreachableHostError
+    from nbdist.netaddr import host_network
+
+    name = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        resolved = None
+    own = [a for a, _ in host_network("127.0.0.1").addrs.get(iface, [])]
+    if resolved not in own:
+        raise UnreachableHostError(
+            f"Host {name}'s name resolves to {resolved or 'nothing'}, but its ranks talk to the other "
+            f"hosts on {iface} ({', '.join(own) or 'no address'}). Horovod's Gloo binds the address of "
+            "the host's name for part of its set-up, so ranks on other hosts could not reach it. "
+            f"Make {name} resolve to {own[0] if own else 'that address'} (a line in /etc/hosts or DNS), "
+            "or use --mode async.", host=name, address=resolved)
 
 
 class _SyncLoop:

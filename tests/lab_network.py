@@ -5,7 +5,8 @@
     lab2 (netns, hostname lab2, 198.18.N.12) ──────────────────────────────────┘
 
 - Each host has its own hostname (a UTS namespace per process started there, `unshare --uts`)
-  and one address on a bridge that lives in a namespace of its own. Addresses come from the
+  that resolves to its lab address on every lab host (`/etc/netns/<ns>/hosts`, the lab's name
+  service), and one address on a bridge that lives in a namespace of its own. Addresses come from the
   benchmarking range 198.18.0.0/15, one /24 per lab, and the hosts have no other route: test
   traffic only goes between the lab's hosts and to loopback.
 - Each host's link is shaped in both directions: `tc netem rate R delay D` when the kernel has
@@ -123,10 +124,14 @@ class LabNetwork:
         _ip("addr", "add", f"{self.head_address}/24", "dev", self.head_link)
         _ip("link", "set", self.head_link, "up")
         self._port("p0", None, self.head_link, netem)
+        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(h)} {h}\n" for h in self.hostnames)
         for i, host in enumerate(self.hostnames, start=1):
             ns = self.netns(host)
             _ip("netns", "add", ns)
             self._built.append(ns)
+            # the lab's name service: `ip netns exec` mounts /etc/netns/<ns>/hosts on /etc/hosts
+            Path("/etc/netns", ns).mkdir(parents=True, exist_ok=True)
+            Path("/etc/netns", ns, "hosts").write_text(hosts)
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", self.switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
@@ -169,6 +174,7 @@ class LabNetwork:
                 _ip("link", "del", name, check=False)
             else:
                 _ip("netns", "del", name, check=False)
+                shutil.rmtree(Path("/etc/netns", name), ignore_errors=True)
         self._built.clear()
 
     # -- using it ------------------------------------------------------------------------------
@@ -207,7 +213,8 @@ class LabNetwork:
         """Namespaces or links of this lab still present (empty after `close()`)."""
         names = _ip("netns", "list", check=False).stdout.split()
         links = _ip("-o", "link", "show", check=False).stdout
-        return [n for n in names if n.startswith(f"nbd{self.tag}")] + (
+        etc = [f"/etc/netns/{n}" for n in os.listdir("/etc/netns")] if os.path.isdir("/etc/netns") else []
+        return [n for n in names if n.startswith(f"nbd{self.tag}")] + [e for e in etc if f"nbd{self.tag}" in e] + (
             [self.head_link] if f" {self.head_link}@" in links or f" {self.head_link}:" in links else [])
 
 
