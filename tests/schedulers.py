@@ -108,7 +108,9 @@ class SlurmCluster:
             f"SlurmctldPidFile={f / 'slurmctld.pid'}", f"SlurmdPidFile={f / 'slurmd.pid'}",
             f"SlurmctldLogFile={f / 'slurmctld.log'}", f"SlurmdLogFile={f / 'slurmd.log'}",
             "SchedulerType=sched/builtin",
-            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN",
+            # more CPUs than the machine has (config_overrides): a test job runs 3-4 engines
+            "SlurmdParameters=config_overrides",
+            f"NodeName={host} NodeAddr=127.0.0.1 CPUs={max(4, os.cpu_count() or 1)} State=UNKNOWN",
             f"PartitionName=nbdist Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
             "",
         ]))
@@ -146,16 +148,21 @@ class SlurmCluster:
                 os.kill(pid, signal.SIGKILL)
 
     def leftovers(self) -> list[int]:
-        """Processes started through this Slurm (their environment names our slurm.conf)."""
+        """Job processes and step daemons of this Slurm: their environment names our slurm.conf,
+        and they are either slurmstepd or carry a SLURM_JOB_ID (the daemons and this test's own
+        children carry neither)."""
         mark = f"SLURM_CONF={self.conf}".encode()
         found = []
         for pid in filter(str.isdigit, os.listdir("/proc")):
             try:
                 with open(f"/proc/{pid}/environ", "rb") as f:
-                    if mark in f.read().split(b"\0") and int(pid) != os.getpid():
-                        found.append(int(pid))
+                    env = f.read().split(b"\0")
+                with open(f"/proc/{pid}/cmdline", "rb") as f:
+                    step = f.read().startswith(b"slurmstepd")
             except OSError:
                 continue
+            if mark in env and (step or any(v.startswith(b"SLURM_JOB_ID=") for v in env)):
+                found.append(int(pid))
         return found
 
     def pids(self) -> list[int]:

@@ -118,7 +118,7 @@ def test_a_checkpoint_of_a_multihost_run_resumes_on_other_hosts(lab, tmp_path):
                          epochs=2, batch_size=16, checkpoint_dir=str(tmp_path), wait=True, timeout=60)
     assert first.status == "finished"
     resumed = {}
-    again = nbdist.resume(tmp_path, cluster=lab.subset([4, 5]), namespace=resumed, epochs=4,
+    again = nbdist.resume(tmp_path, cluster=lab.subset([4, 5]), namespace=resumed, epochs=4, workers=1,
                           wait=True, timeout=60)
     assert again.status == "finished" and again.error is None
     assert again._backend.roles.servers == (4,) and again._backend.roles.workers == (5,)  # noqa: SLF001
