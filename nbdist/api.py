@@ -169,7 +169,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
         seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
         source=cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout,
+        timeout=config.timeout, compression=config.compression.value,
     )
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)
     try:

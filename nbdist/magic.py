@@ -10,7 +10,7 @@ from __future__ import annotations
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from nbdist.config import Algorithm, Metrics, Mode, ServerOptimizer, Transport
+from nbdist.config import Algorithm, Compression, Metrics, Mode, ServerOptimizer, Transport
 from nbdist.errors import ClusterError, ConfigError, NoClusterError
 
 
@@ -78,6 +78,9 @@ class NbdistMagics(Magics):
     @argument("--no-validation", action="store_true", help="skip validation")
     @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
     @argument("--transport", default="auto", choices=[t.value for t in Transport])
+    @argument("--compression", default="none", choices=[c.value for c in Compression],
+              help="fp16: parameters and gradients cross the network as float16 (half the bytes); "
+                   "the hub keeps float32")
     @argument("--timeout", type=float, default=120.0, help="seconds of silence before a run fails")
     @argument("--algo-opt", default=None, help="rule hyper-parameters, e.g. lambda0=2,momentum=0.9")
     @argument("--staleness-lr", action="store_true", help="divide the rate by the push's delay")
@@ -149,7 +152,7 @@ def _options(args) -> dict:
         mode=args.mode, algorithm=args.algorithm, workers=args.workers, servers=args.servers,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, model=args.model, data=args.data,
         validation=args.validation, no_validation=args.no_validation, seed=args.seed,
-        transport=args.transport, timeout=args.timeout, algo_options=args.algo_opt,
+        transport=args.transport, compression=args.compression, timeout=args.timeout, algo_options=args.algo_opt,
         staleness_lr=args.staleness_lr, staleness=args.staleness, n=args.n,
         groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,

@@ -248,10 +248,17 @@ class _SyncLoop:
         self.position, self.sent = self.start[:2], 0  # (epoch, samples of it done); last request served
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
+        fp16 = spec.compression == "fp16"
+
         @tf.function(reduce_retracing=True)
         def allreduce_apply(weighted_grad, control):
-            reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
-                                    name="nbdist_gradient")
+            if fp16:  # the gradient travels as float16 (Horovod's own compression); control exact
+                reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum, name="nbdist_gradient",
+                                                   compression=hvd.Compression.fp16),
+                                     hvd.allreduce(control, op=hvd.Sum, name="nbdist_control")], 0)
+            else:
+                reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
+                                        name="nbdist_gradient")
             grads = tf.split(reduced[: self.flat.size], sizes)
             optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
                                           trainable, strict=True))

@@ -16,6 +16,7 @@ import threading
 import numpy as np
 import zmq
 
+from nbdist import compression
 from nbdist.errors import TrainingError
 from nbdist.netaddr import check_reachable
 from nbdist.protocol import Codec, Message, send_frames
@@ -58,7 +59,8 @@ class WorkerTransport:
     """
 
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
-                 transport: str = "auto", timeout: float = 120.0, engine: int | None = None):
+                 transport: str = "auto", timeout: float = 120.0, engine: int | None = None,
+                 compression: str = "none"):
         self.worker, self.engine = worker, engine
         self.bounds = []
         start = 0
@@ -70,6 +72,7 @@ class WorkerTransport:
         self.use_shm = transport != "tcp" and all(s["host"] == here for s in shards)
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; use 'auto'.")
+        self.compression = "none" if self.use_shm else compression  # shared memory: no bytes to save
         if not self.use_shm:  # across hosts: a host that does not answer fails here, named
             for i, s in enumerate(shards):
                 address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
@@ -94,7 +97,7 @@ class WorkerTransport:
         """Register with every shard and pull the parameters; returns shard 0's reply header."""
         for i, line in enumerate(self.lines):
             header = {"op": "hello", "worker": self.worker, "engine": self.engine,
-                      "host": shm.host_id().split(":")[0], **(host_info or {})}
+                      "host": shm.host_id().split(":")[0], "compression": self.compression, **(host_info or {})}
             if self._segment is not None:
                 header.update(shm=self._segment.name, offset=self.bounds[i][0], total=self.total)
             line.send(header)
@@ -116,7 +119,7 @@ class WorkerTransport:
             buffers = []
             if push and self._segment is None:
                 lo, hi = self.bounds[i]
-                buffers.append(self.grad[lo:hi])
+                buffers.append(compression.encode(self.grad[lo:hi], self.compression))
             if push and i == 0 and self.nt_delta.size:
                 buffers.append(self.nt_delta)
             shard_header = {"op": "step", "worker": self.worker, "push": push, "pull": pull, **(shared or {})}
@@ -140,7 +143,7 @@ class WorkerTransport:
                 if where == "live":
                     np.copyto(self.params[lo:hi], self._live_view(i))
                 elif where != "shm":
-                    np.copyto(self.params[lo:hi], msg.floats(0))
+                    compression.decode_into(msg.buffers[0], self.compression, self.params[lo:hi])
                 if i == 0 and self.non_trainable.size:
                     np.copyto(self.non_trainable, msg.floats(len(msg.buffers) - 1))
             if i == 0:
