@@ -264,11 +264,12 @@ class LabCluster:
         client = self.client()
         try:
             for n, host in enumerate(self.hosts, start=1):  # one by one: engine ids follow the list
+                log = self.workdir / f"engine-{n - 1}-{host}.log"
                 engine = self.lab.spawn(host, [self.python, "-m", "ipyparallel.engine", f"--file={engine_file}",
-                                      "--log-level=WARN", "--ipython-dir", str(self.ipython_dir)],
-                               self.workdir / f"engine-{n - 1}-{host}.log", self.env)
+                                               "--log-level=WARN", "--ipython-dir", str(self.ipython_dir)],
+                                        log, self.env)
                 _wait(lambda n=n: len(client.ids) >= n, timeout, f"engine {n - 1} on {host} to register",
-                      self.workdir / f"engine-{n - 1}-{host}.log")
+                      log, engine)
         finally:
             client.close()
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 import nbdist
-from schedulers import SlurmCluster, mpi_env, mpi_unavailable, slurm_unavailable
 from tests.conftest import SYNTHETIC_CELL
+from tests.schedulers import SlurmCluster, mpi_env, mpi_unavailable, slurm_unavailable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 SLURM = slurm_unavailable()

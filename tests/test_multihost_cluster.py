@@ -20,8 +20,8 @@ import numpy as np
 import pytest
 
 import nbdist
-from lab_network import LabCluster, LabNetwork, unavailable
 from tests.conftest import SYNTHETIC_CELL
+from tests.lab_network import LabCluster, LabNetwork, unavailable
 
 REASON = unavailable()
 pytestmark = [pytest.mark.cluster, pytest.mark.lab,
