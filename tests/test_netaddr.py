@@ -132,3 +132,15 @@ def test_a_refused_port_means_the_host_is_reachable():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]  # bound, not listening: connection refused
     check_reachable("127.0.0.1", port, "hub shard 0", "localhost", timeout=2)
+
+
+def test_slurm_and_mpi_controllers_listen_on_the_default_route_address_local_on_loopback():
+    from nbdist.netaddr import launcher_controller_ip, primary_address
+
+    head = HostNet("head", "head:boot", "127.0.0.1", parse_proc_route(PROC_ROUTE), ADDRS)
+    assert primary_address(head) == "10.0.0.5"
+    assert launcher_controller_ip("slurm", head) == launcher_controller_ip("mpi", head) == "10.0.0.5"
+    assert launcher_controller_ip("local", head) == "127.0.0.1"
+    no_default = HostNet("lab1", "lab1:b", "198.18.0.11", (Route("198.18.0.0", 24, "eth0"),),
+                         {"lo": [("127.0.0.1", 8)], "eth0": [("198.18.0.11", 24)]})
+    assert primary_address(no_default) == "198.18.0.11"
