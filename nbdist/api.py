@@ -9,6 +9,7 @@ missing or corrupt one is refused before anything starts.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import uuid
 from dataclasses import replace
@@ -68,7 +69,9 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     saved = {k: v for k, v in ckpt.meta["config"].items() if k in known}
     shard0 = ckpt.meta["shards"][0]
-    saved["lr"] = shard0["lr"]  # the live rate
+    if saved.get("mode") == "sync" or int(saved.get("local_steps", 1)) > 1:
+        saved["lr"] = shard0["lr"]  # the live rate of the ranks or the local-step workers
+    # (the hub optimizer's live rate, a set_lr included, comes back with its saved state)
     # rule options changed from their defaults (given, or set live) carry over; defaults that
     # depend on the number of workers (softsync's n, easgd's alpha) follow the new run's
     from nbdist.algorithms import RULES
@@ -114,21 +117,29 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         keras.utils.set_random_seed(config.seed)
     exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     contents = inspect_cell(cell, ns, config)
+    from nbdist.flatmodel import layout
+
+    model = contents.model
+    shape = layout(model)
+    from nbdist.learning_rate import check_lr
+
+    check_lr(config.lr if ckpt is None else None, model.optimizer)  # a resume keeps the saved rate
+    optimizer, warnings = _hub_optimizer(config, model, shape)
     if config.mode is Mode.SIMULATE:
         from nbdist.simulate import start_simulation
 
-        return start_simulation(config, contents, ns, wait)
+        return start_simulation(config, contents, ns, wait, optimizer, warnings)
 
     from nbdist.backends import ClusterBackend, LocalBackend, hub_specs
-    from nbdist.flatmodel import layout, read_flat
+    from nbdist.flatmodel import read_flat
     from nbdist.ps.client import HubControl
     from nbdist.ps.hub import HubSpec
     from nbdist.worker import WorkerSpec, portable
 
-    model = contents.model
     params, non_trainable = read_flat(model)
     if ckpt is not None:  # checked before any engine is used
-        ckpt.check_fits(layout(model), contents.num_samples, config.servers)
+        ckpt.check_fits(shape, contents.num_samples, config.servers)
+        ckpt.check_optimizer(optimizer)
         params, non_trainable = ckpt.params, ckpt.non_trainable
         if config.mode is Mode.SYNC:
             from nbdist.sync_checkpoint import check_optimizer
@@ -146,18 +157,16 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
-    lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
-    plan, options, easgd_alpha = _plan(config, contents, lr, backend.num_workers)
-    algorithm = plan.algorithm
+    lr = config.lr if config.lr is not None else _cell_rate(model.optimizer)
+    plan, options, easgd_alpha = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer),
+                                       backend.num_workers)
     key, run_id = new_key(), uuid.uuid4().hex[:12]
-    local = config.local_steps > 1 and algorithm != "easgd"
+    sync = config.mode is Mode.SYNC
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=plan,
                    params=params, non_trainable=non_trainable, rule_options=options,
-                   local_steps=config.local_steps,
-                   server_optimizer=config.server_optimizer.value if local else None,
+                   local_steps=config.local_steps, optimizer=optimizer,
                    idle_timeout=config.timeout,
                    extra_bytes=8 * params.nbytes + non_trainable.nbytes if config.mode is Mode.SYNC else 0)
-    sync = config.mode is Mode.SYNC
     hub_params = params[:0] if sync else params  # in sync mode the hub holds no parameters
     specs = hub_specs(base, hub_params, 1 if sync else config.servers)
     if ckpt is not None:
@@ -165,11 +174,12 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     endpoints = backend.start_hubs(specs)
     control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
     fields = dict(
-        run_id=run_id, key=key, worker=0, shards=endpoints, layout=layout(model),
+        run_id=run_id, key=key, worker=0, shards=endpoints, layout=shape,
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
         seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
         source=cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout, compression=config.compression.value,
+        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed, num_workers=backend.num_workers,
+        preloaded=contents.arrays if config.mode is Mode.LOCAL else None,
     )
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)
     try:
@@ -180,6 +190,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
                                            initial_non_trainable=non_trainable,
                                            checkpoint=config.checkpoint_dir is not None,
+                                           sync_batchnorm=config.batchnorm_synced,
                                            **resume_fields(ckpt, config.epochs)))
         else:
             backend.start_workers(WorkerSpec(**fields, **steps))
@@ -188,9 +199,12 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         control.close()
         raise
     run = Run(config, model, contents.model_name)
+    run.warnings.extend(contents.warnings + warnings)
+    for text in contents.notes:
+        run.note(text)
     run._checkpoint_info = {  # noqa: SLF001 - what every checkpoint of this run records
         "run_id": run_id, "config": config.to_dict(), "cell": cell, "model_name": contents.model_name,
-        "layout": layout(model), "num_samples": contents.num_samples, "num_workers": backend.num_workers,
+        "layout": shape, "num_samples": contents.num_samples, "num_workers": backend.num_workers,
         "resumed_from": ckpt.path if ckpt is not None else None}
     run._begin(backend, control, run_id)  # noqa: SLF001
     if wait:
@@ -198,7 +212,40 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     return run
 
 
-def _plan(config: TrainConfig, contents, lr: float, num_workers: int):
+def _hub_optimizer(config: TrainConfig, model, shape: dict) -> tuple[dict | None, list[str]]:
+    """The optimizer the hubs apply (None in sync mode, where each rank keeps the cell's)."""
+    if config.mode is Mode.SYNC:
+        return None, []
+    from nbdist.ps.updater import choose_optimizer
+
+    segments = [math.prod(s) for s in shape["trainable"]]
+    return choose_optimizer(config, model.optimizer, segments, list(model.trainable_variables))
+
+
+def _cell_rate(optimizer) -> float:
+    """The cell optimizer's rate now (a schedule's value at its current step)."""
+    import numpy as np
+
+    return float(np.asarray(optimizer.learning_rate))
+
+
+def _shown_rate(config: TrainConfig, optimizer: dict | None, cell_optimizer) -> float | None:
+    """The rate the coordinator shows and sends. With --local-steps (and easgd) it is the
+    workers' rate: None keeps their own optimizer's rate or schedule. Otherwise it is the hub
+    optimizer's first rate (the hub reports the schedule's later values itself)."""
+    from keras.optimizers.schedules import LearningRateSchedule
+
+    if config.local_steps > 1 or optimizer is None:
+        if config.lr is None and isinstance(cell_optimizer._learning_rate, LearningRateSchedule):  # noqa: SLF001
+            return None
+        return config.lr if config.lr is not None else _cell_rate(cell_optimizer)
+    from nbdist.algorithms.schedules import schedule_value
+
+    rate = optimizer["learning_rate"]
+    return schedule_value(rate, 0) if isinstance(rate, dict) else float(rate)
+
+
+def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
     """The coordinator's plan, the rule's options and EASGD's alpha for this run."""
     from nbdist.ps.coordinator import Plan
 

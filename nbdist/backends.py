@@ -26,7 +26,7 @@ log = logging.getLogger(__name__)
 def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
     """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
     empty = np.zeros(0, dtype=np.float32)
-    return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(),
+    return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
                     non_trainable=base.non_trainable if i == 0 else empty)
             for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
 

@@ -40,7 +40,10 @@ class Algorithm(enum.StrEnum):
 
 
 class ServerOptimizer(enum.StrEnum):
-    """How the hub applies a --local-steps delta."""
+    """An optimizer of nbdist's own for the hub, instead of the cell's (`--server-optimizer`).
+
+    Not given: the hub applies the cell's compiled optimizer; with --local-steps, it applies
+    the workers' deltas with SGD at rate 1 (the workers step with the cell's optimizer)."""
 
     SGD = "sgd"
     MOMENTUM = "momentum"
@@ -57,6 +60,11 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_SLOWDOWN = 100.0
+# Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds, 1 epoch) sync at 2 x 64 against
+# fit at 128 was -0.000 without it at 12,000 images and -0.010 at 30,000 (-0.004 with it): within
+# the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
+# BatchNorm layer forward and one backward).
+SYNC_BATCHNORM_DEFAULT = False
 
 
 class Transport(enum.StrEnum):
@@ -86,16 +94,43 @@ def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
 
 
 def parse_names(value: str | Sequence[str] | None, flag: str) -> tuple[str, ...] | None:
-    """'x,y' or ('x', 'y') -> ('x', 'y'); None stays None."""
+    """'x,y' or ('x', 'y') -> ('x', 'y'): arrays, inputs then labels; 'ds' -> ('ds',): one
+    tf.data.Dataset or generator function yielding (inputs, labels); None stays None."""
     if value is None:
         return None
     names = tuple(n.strip() for n in value.split(",")) if isinstance(value, str) else tuple(value)
-    if len(names) != 2 or not all(n.isidentifier() for n in names):
+    if len(names) not in (1, 2) or not all(isinstance(n, str) and n.isidentifier() for n in names):
         raise ConfigError(
-            f"{flag} expects two Python names, inputs then labels (Received: {value!r}). "
-            f"Write it as {flag} x_train,y_train."
+            f"{flag} expects two Python names, inputs then labels, or one name of a tf.data.Dataset "
+            f"or generator function (Received: {value!r}). Write it as {flag} x_train,y_train or "
+            f"{flag} train_ds."
         )
     return names
+
+
+SIZE_UNITS = {"": 1, "b": 1, "k": 1000, "kb": 1000, "m": 1000**2, "mb": 1000**2, "g": 1000**3,
+              "gb": 1000**3, "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40, "t": 1000**4,
+              "tb": 1000**4}
+
+
+def parse_size(value: str | int, flag: str = "--in-memory-limit") -> int:
+    """'2GiB' -> 2147483648, '500MB' -> 500000000, 1024 -> 1024 (bytes; 0 is allowed)."""
+    if isinstance(value, bool):
+        raise ConfigError(f"{flag} expects a size such as 2GiB or 500MB (Received: {value!r}).")
+    if isinstance(value, int):
+        number, unit = float(value), ""
+    else:
+        text = str(value).strip().lower().replace(" ", "")
+        digits = text.rstrip("abcdefghijklmnopqrstuvwxyz")
+        number, unit = digits, text[len(digits):]
+        try:
+            number = float(number)
+        except ValueError:
+            number = math.nan
+    if unit not in SIZE_UNITS or not (math.isfinite(number) and number >= 0):
+        raise ConfigError(f"{flag} expects a size in bytes such as 2GiB, 500MB or 0 (Received: "
+                          f"{value!r}). Units: B, KB, MB, GB, KiB, MiB, GiB.")
+    return int(number * SIZE_UNITS[unit])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -115,8 +150,9 @@ class TrainConfig:
     batch_size: int = 32
     lr: float | None = None  # None: the learning rate of the cell's optimizer
     model: str | None = None  # None: the one compiled keras.Model the cell defines
-    data: tuple[str, str] = ("x_train", "y_train")
-    validation: tuple[str, str] | None = None  # None: ("x_test", "y_test") if the cell has them
+    data: tuple[str, ...] = ("x_train", "y_train")  # or one name: a tf.data.Dataset, a generator function
+    validation: tuple[str, ...] | None = None  # None: ("x_test", "y_test") if the cell has them
+    in_memory_limit: int | str = "2GiB"  # a dataset larger than this (decoded) is streamed
     no_validation: bool = False
     seed: int = 0
     transport: Transport = Transport.AUTO
@@ -128,7 +164,7 @@ class TrainConfig:
     n: int | None = None  # softsync: apply the mean of every max(1, M // n) pushes
     groups: int | str = "auto"  # group: "auto" from speeds, or a number of groups
     local_steps: int = 1
-    server_optimizer: ServerOptimizer = ServerOptimizer.SGD
+    server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
     overlap: bool = False
     dbs: bool = False
     batch_min: int | None = None
@@ -138,6 +174,10 @@ class TrainConfig:
     checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.ps.checkpoint)
     checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
     sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
+    # --mode sync: BatchNorm statistics over the global batch, allreduced in the forward pass
+    # (nbdist.sync_batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
+    # normalises over its own share of the batch, as with --no-sync-batchnorm.
+    sync_batchnorm: bool | None = None
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -145,7 +185,8 @@ class TrainConfig:
         set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
         set_(self, "compression", _choice(Compression, self.compression, "--compression"))
-        set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
+        if self.server_optimizer is not None:
+            set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
         set_(self, "algo_options", parse_options(self.algo_options))
         set_(self, "slowdown", parse_slowdown(self.slowdown))
@@ -154,6 +195,7 @@ class TrainConfig:
         set_(self, "sim", parse_sim(self.sim))
         set_(self, "data", parse_names(self.data, "--data"))
         set_(self, "validation", parse_names(self.validation, "--validation"))
+        set_(self, "in_memory_limit", parse_size(self.in_memory_limit))
         for flag, value, low in (("--epochs", self.epochs, 1), ("--batch-size", self.batch_size, 1),
                                  ("--servers", self.servers, 1)):
             _check_int(flag, value, low)
@@ -178,6 +220,13 @@ class TrainConfig:
                 f"--servers {self.servers}, --algorithm {self.algorithm.value}, --local-steps "
                 f"{self.local_steps}, --overlap {self.overlap}). Drop them, or use --mode async."
             )
+        if self.sync_batchnorm is not None and not isinstance(self.sync_batchnorm, bool):
+            raise ConfigError(f"sync_batchnorm must be True, False or None (Received: {self.sync_batchnorm!r}).")
+        if self.sync_batchnorm and self.mode is not Mode.SYNC:
+            raise ConfigError(
+                f"--sync-batchnorm allreduces BatchNorm statistics between Horovod ranks, so it "
+                f"needs --mode sync (Received: --mode {self.mode.value}). In the other modes each "
+                "worker's step is already a whole batch: drop --sync-batchnorm.")
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "
@@ -222,12 +271,6 @@ class TrainConfig:
                 f"--local-steps works with {', '.join(LOCAL_STEP_RULES)}, whose update is linear in "
                 f"what is pushed (Received: --algorithm {algo}). Use one of those, or --local-steps 1."
             )
-        if self.server_optimizer is not ServerOptimizer.SGD and (self.local_steps == 1 or algo not in ("asgd", "hogwild")):
-            raise ConfigError(
-                f"--server-optimizer {self.server_optimizer.value} applies --local-steps deltas with "
-                f"asgd or hogwild (Received: --local-steps {self.local_steps}, --algorithm {algo}). "
-                "Add e.g. --local-steps 4 --algorithm asgd, or drop --server-optimizer."
-            )
         if self.overlap and self.local_steps > 1:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
                               "hide communication.")
@@ -248,6 +291,13 @@ class TrainConfig:
             if self.checkpoint_dir is None:
                 raise ConfigError("--checkpoint-every needs --checkpoint-dir: say where the "
                                   "checkpoints go, e.g. --checkpoint-dir ckpt --checkpoint-every 60.")
+
+    @property
+    def batchnorm_synced(self) -> bool:
+        """Whether BatchNorm statistics are taken over the global batch (--mode sync only)."""
+        if self.mode is not Mode.SYNC:
+            return False
+        return SYNC_BATCHNORM_DEFAULT if self.sync_batchnorm is None else self.sync_batchnorm
 
     @property
     def checkpoint_interval(self) -> float | None:

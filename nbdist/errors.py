@@ -7,6 +7,7 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
 
     NbdistError
     ├── ConfigError (ValueError)            a flag or option is invalid
+    │   └── UnsupportedOptimizerError       the hub cannot reproduce the cell's optimizer/schedule
     ├── CellError (ValueError)              the cell does not give what training needs
     │   ├── ModelNotFoundError              no compiled keras.Model in the cell
     │   ├── AmbiguousModelError             several models and no --model
@@ -48,6 +49,7 @@ __all__ = [
     "RemoteCellError",
     "TrainingError",
     "UnreachableHostError",
+    "UnsupportedOptimizerError",
 ]
 
 
@@ -57,6 +59,13 @@ class NbdistError(Exception):
 
 class ConfigError(NbdistError, ValueError):
     """A flag or option has a value nbdist cannot use."""
+
+
+class UnsupportedOptimizerError(ConfigError):
+    """The hub cannot reproduce the cell's optimizer or learning-rate schedule exactly.
+
+    Raised before a run starts, so nothing trains silently with another optimizer.
+    """
 
 
 class CellError(NbdistError, ValueError):

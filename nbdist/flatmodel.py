@@ -17,6 +17,16 @@ from __future__ import annotations
 import numpy as np
 
 
+def ensure_built(model, x_sample) -> None:
+    """Create every variable of `model` with one forward pass in inference mode on `x_sample`
+    (a sample or two), the same way in the kernel and in every worker, before `layout` is read.
+
+    Keras creates a subclassed model's variables on its first call: `model.build((None, 10))`
+    alone may create none. Inference mode changes no state (no BatchNorm update, no dropout).
+    """
+    model(x_sample[:1], training=False)
+
+
 def layout(model) -> dict:
     """Shapes of the trainable and float non-trainable variables, in the order used."""
     trainable, non_trainable = _variables(model)
@@ -101,7 +111,19 @@ class FlatModel:
         def assign(params, non_trainable):
             write(params, non_trainable)
 
-        optimizer = model.optimizer
+        @tf.function
+        def read():
+            return flatten([v.value for v in trainable]), flatten([v.value for v in nt_vars])
+
+        self._gradients, self._assign, self._read = gradients, assign, read
+        self._assign_and_gradients = assign_and_gradients
+        self._local_step = self._make_local_step()
+
+    def _make_local_step(self):
+        """One compiled step with the cell's own optimizer (--local-steps)."""
+        import tensorflow as tf
+
+        model, trainable, optimizer = self.model, self.trainable, self.model.optimizer
 
         @tf.function(reduce_retracing=True)
         def local_step(x, y):
@@ -112,12 +134,7 @@ class FlatModel:
             optimizer.apply_gradients(zip(grads, trainable, strict=True))
             return loss
 
-        @tf.function
-        def read():
-            return flatten([v.value for v in trainable]), flatten([v.value for v in nt_vars])
-
-        self._gradients, self._assign, self._local_step, self._read = gradients, assign, local_step, read
-        self._assign_and_gradients = assign_and_gradients
+        return local_step
 
     def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
         """(loss, flat gradient, its norm, non-trainable state after the step) for one batch.
@@ -145,5 +162,9 @@ class FlatModel:
         return params.numpy(), non_trainable.numpy()
 
     def set_learning_rate(self, lr: float) -> None:
-        """The cell optimizer's rate (local steps follow `run.set_lr`)."""
-        self.model.optimizer.learning_rate.assign(lr)
+        """The cell optimizer's rate (local steps follow `run.set_lr`); it replaces a schedule,
+        and the compiled local step is traced again, since it evaluated the schedule."""
+        from nbdist.learning_rate import set_constant_lr
+
+        if set_constant_lr(self.model.optimizer, lr) is not None:
+            self._local_step = self._make_local_step()

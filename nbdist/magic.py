@@ -7,6 +7,8 @@ its latest run (no module-level state).
 
 from __future__ import annotations
 
+import argparse
+
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
@@ -73,8 +75,12 @@ class NbdistMagics(Magics):
     @argument("--batch-size", type=int, default=32, help="samples per worker step")
     @argument("--lr", type=float, default=None, help="learning rate (default: the cell's optimizer's)")
     @argument("--model", default=None, help="variable holding the model (default: the one the cell defines)")
-    @argument("--data", default="x_train,y_train", help="training arrays, inputs,labels")
-    @argument("--validation", default=None, help="validation arrays (default: x_test,y_test if defined)")
+    @argument("--data", default="x_train,y_train",
+              help="training arrays X,Y, or one tf.data.Dataset or generator function NAME")
+    @argument("--validation", default=None,
+              help="validation arrays X,Y or one dataset NAME (default: x_test,y_test if defined)")
+    @argument("--in-memory-limit", default="2GiB",
+              help="a dataset larger than this (decoded) is streamed by shards, e.g. 500MB")
     @argument("--no-validation", action="store_true", help="skip validation")
     @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
     @argument("--transport", default="auto", choices=[t.value for t in Transport])
@@ -88,8 +94,9 @@ class NbdistMagics(Magics):
     @argument("--n", type=int, default=None, help="softsync: apply the mean of every M//n pushes")
     @argument("--groups", default="auto", help="group: 'auto' (from speeds) or a number of groups")
     @argument("--local-steps", type=int, default=1, help="steps with the cell's optimizer per exchange")
-    @argument("--server-optimizer", default="sgd", choices=[o.value for o in ServerOptimizer],
-              help="how the hub applies --local-steps deltas")
+    @argument("--server-optimizer", default=None, choices=[o.value for o in ServerOptimizer],
+              help="the hub's optimizer instead of the cell's (default: the cell's; with "
+                   "--local-steps, SGD at rate 1 on the deltas)")
     @argument("--overlap", action="store_true", help="push step t while computing step t+1")
     @argument("--dbs", action="store_true", help="batch sizes in proportion to measured speed")
     @argument("--batch-min", type=int, default=None, help="DBS floor (default: batch-size // 4)")
@@ -103,6 +110,8 @@ class NbdistMagics(Magics):
               help="continue from this checkpoint; flags given here override the saved ones")
     @argument("--sim", default=None,
               help="--mode simulate: per_step=1e-3,per_sample=2e-5,jitter=0,calibrate=0,eval_every=0,sync=0")
+    @argument("--sync-batchnorm", action=argparse.BooleanOptionalAction, default=None,
+              help="--mode sync: BatchNorm statistics over the global batch (default: off)")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @argument("--top-k", type=int, default=None,
@@ -152,13 +161,14 @@ def _options(args) -> dict:
         mode=args.mode, algorithm=args.algorithm, workers=args.workers, servers=args.servers,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, model=args.model, data=args.data,
         validation=args.validation, no_validation=args.no_validation, seed=args.seed,
+        in_memory_limit=args.in_memory_limit,
         transport=args.transport, compression=args.compression, timeout=args.timeout, algo_options=args.algo_opt,
         staleness_lr=args.staleness_lr, staleness=args.staleness, n=args.n,
         groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
         dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        sim=args.sim)
+        sim=args.sim, sync_batchnorm=args.sync_batchnorm)
 
 
 def _int(text: str, flag: str) -> int:

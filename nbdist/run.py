@@ -57,7 +57,8 @@ class Run:
         self._listeners: list = []  # callables(run) called after each poll (status display)
         self.revision = 0  # +1 per stats poll: displays redraw only what changed
         self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
-        self.warnings: list[str] = []  # things that went wrong without failing the run (a lost worker)
+        self.warnings: list[str] = []  # how the run differs from the cell, or what went wrong without failing it
+        self._notes: list[dict] = []  # choices made before the start (see `note`)
         self._events_seen = 0
         self.last_checkpoint: str | None = None  # path of the latest checkpoint written
         self._checkpoint_info: dict = {}  # set by nbdist.api: config, cell, layout, ...
@@ -97,8 +98,18 @@ class Run:
 
     @property
     def events(self) -> pd.DataFrame:
-        """Control actions and epoch ends, with time and global step."""
-        return pd.DataFrame(self._snapshot.get("events", []))
+        """What nbdist chose before the start (e.g. which model), then control actions and
+        epoch ends, with time and global step."""
+        return pd.DataFrame(self._notes + self._snapshot.get("events", []))
+
+    @property
+    def lr(self) -> float | None:
+        """The learning rate now: a schedule's value at the hub's step, or a set_lr override."""
+        return self._snapshot.get("lr")
+
+    def note(self, text: str) -> None:
+        """Record a choice nbdist made for this run before it started (time 0, step 0)."""
+        self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
 
     def report(self, path: str = "nbdist-report.html", top_k: int | None = None):
         """Write one self-contained HTML file (plotly.js inline, viewable offline) with every
@@ -194,8 +205,16 @@ class Run:
                 raise
 
     def set_lr(self, lr: float) -> None:
-        """Change the hub's learning rate from the next push on."""
+        """Change the learning rate from the next push on (with --local-steps: the workers';
+        in --mode sync: every rank's, at the same step). A learning-rate schedule in the cell is
+        replaced by this constant rate from then on, and `run.warnings` says so."""
         self._send(lr=float(lr))
+        from nbdist.learning_rate import schedule_replaced
+
+        note = schedule_replaced(getattr(self.model, "optimizer", None), lr, self.warnings)
+        if note:
+            self.warnings.append(note)
+            log.warning("run %s: %s", self.run_id, note)
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""

@@ -131,7 +131,7 @@ def round2(x: float) -> float:
 
 def fit_cost(points: Sequence[tuple[int, float]], jitter: float = 0.0) -> CostModel:
     """Least-squares `T(b) = c + s·b` through (batch, seconds) points, rounded to two digits;
-    a negative intercept or slope (noise) is clipped to 0, keeping the other term's fit.
+    a negative or negligible intercept or slope (noise) is 0, keeping the other term's fit.
 
     Example:
         >>> fit_cost([(10, 0.002), (30, 0.004), (30, 0.004)])
@@ -146,6 +146,11 @@ def fit_cost(points: Sequence[tuple[int, float]], jitter: float = 0.0) -> CostMo
         intercept, slope = 0.0, float((b @ t) / (b @ b))
     if slope < 0:
         intercept, slope = float(t.mean()), 0.0
+    # least squares leaves rounding noise (a flat fit's slope comes out as 1e-19, not 0, and
+    # differently on another CPU): a term worth under 0.1% of the longest step is zero
+    floor = 1e-3 * float(t.max())
+    intercept = intercept if intercept >= floor else 0.0
+    slope = slope if slope * float(b.max()) >= floor else 0.0
     return CostModel(round2(intercept), round2(slope), jitter)
 
 

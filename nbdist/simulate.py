@@ -29,12 +29,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nbdist.algorithms import make_rule
-from nbdist.algorithms.group import group_lr
-from nbdist.errors import TrainingError
+from nbdist.errors import DataError, TrainingError
 from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.schedule import epoch_permutation
+from nbdist.ps.updater import make_updater
 from nbdist.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
 
 # Compiled functions of models simulated before (a study re-running one model): tracing costs
@@ -72,7 +71,7 @@ class Simulation:
     """One simulated run. `run()` (in a thread) plays it; the Run polls it like a hub."""
 
     def __init__(self, plan: Plan, rule_options: dict, flat, data, validation, params: np.ndarray,
-                 non_trainable: np.ndarray, options: SimOptions, seed: int):
+                 non_trainable: np.ndarray, options: SimOptions, seed: int, optimizer: dict | None = None):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
@@ -81,14 +80,16 @@ class Simulation:
         n = plan.num_workers
         self.params = np.array(params, dtype=np.float32, copy=True)
         self.non_trainable = np.array(non_trainable, dtype=np.float32, copy=True)
-        self.rule = make_rule("asgd" if self.sync else plan.algorithm, self.params.size, n, rule_options)
+        # the hub's own rule and optimizer (`optimizer`: the cell's, as `choose_optimizer` gives it)
+        self.updater = make_updater(replace(plan, algorithm="asgd") if self.sync else plan, rule_options,
+                                    optimizer, self.params.size)
         self.barrier = GroupBarrier(self.params.size) if plan.algorithm == "group" else None
         self.coordinator = Coordinator(plan)
         self.cost = options.cost
         self.jitter = Jitter(options.jitter, seed, n)
         self.queue = EventQueue()
         self.workers = [_Worker(self.params.copy(), self.non_trainable.copy()) for _ in range(n)]
-        self.version, self.now, self.lr = 0, 0.0, float(plan.lr)
+        self.version, self.now = 0, 0.0
         self.held: dict[int, bool] = {}  # worker -> pull flag of its held reply
         self.idle: set[int] = set()
         self.next_eval = options.eval_every or math.inf
@@ -104,16 +105,18 @@ class Simulation:
         with self._lock:
             snap = self.coordinator.snapshot(since, timeline)
             snap.update(version=self.version, error=None, dropped={}, elapsed=self.now,
-                        rule_options=self.rule.options, finished=self.ended and self.error is None,
-                        hub_bytes=int(self.params.nbytes + self.rule.state_nbytes), virtual=True)
+                        rule_options=self.updater.rule.options, finished=self.ended and self.error is None,
+                        hub_bytes=int(self.params.nbytes + self.updater.state_nbytes), virtual=True)
+            if self.updater.optimizer is not None:
+                snap["lr"] = self.updater.learning_rate()
             return json.loads(json.dumps(snap))  # a copy, as the hub's reply would be
 
     def control(self, **h: object) -> None:
         with self._lock:
             if "lr" in h:
-                self.lr = float(h["lr"])
+                self.updater.set_learning_rate(float(h["lr"]))
             if "option" in h:
-                self.rule.set_option(str(h["option"][0]), float(h["option"][1]))
+                self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
             if h.get("stop") and self.barrier is not None:
                 for step in self.barrier.flush_all():
                     self._apply_group(step)
@@ -216,7 +219,7 @@ class Simulation:
         v = self.workers[w]
         if pull:
             v.read_version = self.version
-            self.rule.on_pull(w, self.params, self.version)
+            self.updater.rule.on_pull(w, self.params, self.version)
             np.copyto(v.params, self.params)
             np.copyto(v.nt, self.non_trainable)
         if work.get("eval"):
@@ -262,19 +265,18 @@ class Simulation:
                 self._apply_group(step)
         else:
             delay = self.version - v.read_version
-            self._apply(w, grad, delay, self.lr)
+            self._apply(w, grad, delay)
             self.coordinator.push(w, header, delay, self.now)
         self._answer(w, pull=True)
 
-    def _apply(self, w: int, grad: np.ndarray, delay: int, lr: float) -> None:
-        scale = 1.0 / max(1, delay) if self.plan.staleness_lr else 1.0
-        self.version += int(self.rule.on_push(w, self.params, grad, lr * scale, delay))
+    def _apply(self, w: int, grad: np.ndarray, delay: int, scale: float = 1.0) -> None:
+        changed, _ = self.updater.push(w, self.params, grad, delay, scale)
+        self.version += int(changed)
 
     def _apply_group(self, step: GroupStep) -> None:
         """As the hub: the batch-weighted mean at the group's rate (sync: at the plain rate)."""
         delay = self.version - min(step.read_versions.values())
-        rate = self.lr if self.sync else group_lr(self.lr, step.batch, self.plan.batch_size)
-        self._apply(min(step.members), step.mean, delay, rate)
+        self._apply(min(step.members), step.mean, delay, 1.0 if self.sync else step.batch / self.plan.batch_size)
         for member, header in step.headers.items():
             self.coordinator.push(member, header, self.version - 1 - step.read_versions[member], self.now)
 
@@ -290,7 +292,7 @@ class Simulation:
     def _leave(self, w: int) -> None:
         self.idle.discard(w)
         self.held.pop(w, None)
-        self.rule.forget(w)
+        self.updater.rule.forget(w)
         if self.barrier is not None:
             for step in self.barrier.drop(w):
                 self._apply_group(step)
@@ -357,31 +359,40 @@ class SimBackend:
         self._thread.join(timeout)
 
 
-def start_simulation(config, contents, namespace: dict, wait: bool):
-    """Build the simulation of `config` for the cell's model and arrays; start it; a Run."""
+def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: dict | None,
+                     warnings: list[str]):
+    """Build the simulation of `config` for the cell's model and arrays; start it; a Run.
+    `optimizer` is what the hub applies and `warnings` go to `run.warnings` (`nbdist.api`)."""
     import uuid
 
-    from nbdist.api import _plan
-    from nbdist.flatmodel import read_flat
+    from nbdist.api import _plan, _shown_rate
+    from nbdist.flatmodel import ensure_built, read_flat
     from nbdist.run import Run
     from nbdist.simclock import sim_options
 
     model = contents.model
-    num_workers = config.workers or len(config.slowdown)
-    params, non_trainable = read_flat(model)
-    lr = config.lr if config.lr is not None else float(model.optimizer.learning_rate.numpy())
-    plan, rule_options, _ = _plan(config, contents, lr, num_workers)
-    x, y = (np.asarray(namespace[n]) for n in contents.data)
+    if contents.streamed:
+        raise DataError(f"--mode simulate trains in this kernel on data held in memory, but "
+                        f"{contents.data[0]} is larger than --in-memory-limit. Simulate on a part "
+                        f"of it ({contents.data[0]}.take(n)), or raise --in-memory-limit.")
+    x, y = (np.asarray(a) for a in contents.arrays)
     if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
         x = x.astype(np.float32)
-    validation = tuple(namespace[n] for n in contents.validation) if contents.validation else None
+    validation = contents.validation_arrays
+    ensure_built(model, x[:2])  # as every mode does before reading the variables
+    num_workers = config.workers or len(config.slowdown)
+    params, non_trainable = read_flat(model)
+    plan, rule_options, _ = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer), num_workers)
     options = sim_options(config.sim)
     simulation = Simulation(plan, rule_options, _flat_model(model), (x, y), validation, params,
-                            non_trainable, options, config.seed)
+                            non_trainable, options, config.seed, optimizer)
     if options.calibrate:
         simulation.calibrate(config.batch_size)
     backend = SimBackend(simulation)
     run = Run(config, model, contents.model_name)
+    run.warnings.extend(contents.warnings + warnings)
+    for text in contents.notes:
+        run.note(text)
     backend.start()
     run._begin(backend, simulation, f"sim-{uuid.uuid4().hex[:8]}")  # noqa: SLF001
     if wait:

@@ -14,6 +14,8 @@ the global batch even when `--dbs` gives ranks different batches) and applies it
 cell's own optimizer. Rank 0's control (stop, pause, lr, batch sizes) rides in the same
 allreduce, so every rank acts on it at the same step. `hvd.shutdown()` always runs at the
 end, so a failing rank ends the collective for all, and the next run can `hvd.init()` again.
+With `--sync-batchnorm`, BatchNorm statistics are allreduced inside the forward pass
+(nbdist.sync_batchnorm); a learning-rate schedule runs on each rank's optimizer (nbdist.learning_rate).
 """
 
 from __future__ import annotations
@@ -59,6 +61,7 @@ class SyncSpec(WorkerSpec):
     checkpoint: bool = False  # rank 0 sends its state when training ends (the final checkpoint)
     resume: dict | None = None  # from a checkpoint: epoch, offset, steps, iterations, slots (shapes)
     initial_slots: np.ndarray | None = None  # the Keras optimizer's slots, from a checkpoint
+    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (nbdist.sync_batchnorm)
 
 
 class SyncBackend(ClusterBackend):
@@ -165,12 +168,15 @@ def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     from nbdist.worker import _find  # noqa: PLC0415
 
-    model, (x, y), validation = _find(ns, spec)
+    model, data, validation = _find(ns, spec)
+    from nbdist.flatmodel import ensure_built
+
+    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
     import horovod.tensorflow as hvd
 
     hvd.init()
     try:
-        return _SyncLoop(spec, hvd, model, x, y, validation).run()
+        return _SyncLoop(spec, hvd, model, data, validation).run()
     finally:
         hvd.shutdown()
 
@@ -217,13 +223,13 @@ def check_hostname_address(iface: str) -> None:
 class _SyncLoop:
     """The per-rank training loop; see the module docstring."""
 
-    def __init__(self, spec: SyncSpec, hvd, model, x, y, validation):
+    def __init__(self, spec: SyncSpec, hvd, model, data, validation):
         import tensorflow as tf
 
         from nbdist.flatmodel import FlatModel, write_flat
         from nbdist.ps.client import WorkerTransport
 
-        self.spec, self.hvd, self.model, self.x, self.y, self.validation = spec, hvd, model, x, y, validation
+        self.spec, self.hvd, self.model, self.data, self.validation = spec, hvd, model, data, validation
         self.rank, self.size = hvd.rank(), hvd.size()
         write_flat(model, spec.initial_params, spec.initial_non_trainable)
         optimizer = model.optimizer
@@ -246,9 +252,31 @@ class _SyncLoop:
         write_slots(optimizer, start[n:])
         self.start = (int(resume.get("epoch", 0)), int(resume.get("offset", 0)), int(resume.get("steps", 0)))
         self.position, self.sent = self.start[:2], 0  # (epoch, samples of it done); last request served
+        self.batchnorm = None
+        if spec.sync_batchnorm and self.size > 1:
+            from nbdist.sync_batchnorm import SyncBatchNorm, batchnorm_layers
+
+            if batchnorm_layers(model):
+                self.batchnorm = SyncBatchNorm(model, hvd)
+        self._allreduce_apply = self._compile_allreduce_apply()
+        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
+        self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
+        self.control[2] = spec.lr
+        self.control[CONTROL_FIELDS:] = spec.batch_size
+        self.lr = float(self.control[2])  # as float32, as it comes back from the allreduce
+        from nbdist.learning_rate import schedule_name
+
+        if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
+            optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+
+    def _compile_allreduce_apply(self):
+        """The compiled step that allreduces the weighted gradient and applies it."""
+        import tensorflow as tf
+
+        hvd, optimizer, trainable = self.hvd, self.model.optimizer, self.model.trainable_variables
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
-        fp16 = spec.compression == "fp16"
+        fp16 = self.spec.compression == "fp16"
 
         @tf.function(reduce_retracing=True)
         def allreduce_apply(weighted_grad, control):
@@ -264,17 +292,9 @@ class _SyncLoop:
                                           trainable, strict=True))
             return reduced[self.flat.size:]
 
-        self._allreduce_apply = allreduce_apply
-        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
-        self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
-        self.control[2] = spec.lr
-        self.control[CONTROL_FIELDS:] = spec.batch_size
-        self.lr = spec.lr
-        optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+        return allreduce_apply
 
     def run(self) -> dict:
-        from nbdist.ps.schedule import epoch_permutation
-
         spec = self.spec
         self.transport.hello()
         global_batch = spec.batch_size * self.size
@@ -283,7 +303,6 @@ class _SyncLoop:
         for epoch in range(self.start[0], spec.epochs):
             offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
             steps_per_epoch = -(-(spec.num_samples - offset) // global_batch)
-            order = epoch_permutation(spec.num_samples, spec.seed, epoch)
             step = 0
             while step < steps_per_epoch:
                 if self.control[0]:
@@ -297,10 +316,12 @@ class _SyncLoop:
                 lo = offset + step * global_batch + int(batches[: self.rank].sum())
                 start, stop = min(lo, spec.num_samples), min(lo + int(batches[self.rank]), spec.num_samples)
                 step_total = min(global_batch, spec.num_samples - offset - step * global_batch)
-                index = order[start:stop] if stop > start else order[:1]
+                batch = self.data.batch(epoch, start, stop) if stop > start else self.data.head(1)
                 weight = (stop - start) / step_total
                 t0 = time.perf_counter()
-                loss, grad, grad_norm, _ = self.flat.gradients(self.x[index], self.y[index])
+                if self.batchnorm is not None:
+                    self.batchnorm.set_share(weight)
+                loss, grad, grad_norm, _ = self.flat.gradients(*batch)
                 t1 = time.perf_counter()
                 factor = float(reply.get("slowdown", 1.0))
                 if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
@@ -340,8 +361,11 @@ class _SyncLoop:
     def _follow_lr(self) -> None:
         """Every rank switches rate at the same step: the new rate came in the allreduce."""
         if float(self.control[2]) != self.lr:
+            from nbdist.learning_rate import set_constant_lr
+
             self.lr = float(self.control[2])
-            self.model.optimizer.learning_rate.assign(self.lr)
+            if set_constant_lr(self.model.optimizer, self.lr) is not None:  # the schedule is gone
+                self._allreduce_apply = self._compile_allreduce_apply()
 
     def _control_out(self, reply: dict) -> np.ndarray:
         """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
@@ -373,6 +397,7 @@ class _SyncLoop:
     def _finish(self, steps: int) -> dict:
         """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
         params, non_trainable = self.flat.read()
+        own = non_trainable  # with --sync-batchnorm already the same on every rank
         if non_trainable.size:
             non_trainable = self.hvd.allreduce(non_trainable, op=self.hvd.Average,
                                                name="nbdist_final_state").numpy()
@@ -381,5 +406,8 @@ class _SyncLoop:
             self._send_state({}, steps, final=True)
         self.transport.bye()
         self.transport.close()
+        optimizer = self.model.optimizer
         return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,
-                "host": socket.gethostname()}
+                "own_non_trainable": own, "host": socket.gethostname(),
+                "iterations": int(optimizer.iterations.numpy()),
+                "learning_rate": float(optimizer.learning_rate.numpy())}

@@ -81,7 +81,7 @@ def hub_state(hub) -> tuple[dict, list[np.ndarray]]:
     s, (params, non_trainable, slots) = hub.sync_snapshot
     plan = hub.coordinator.plan
     header = {"op": "state", "shard": 0, "seq": s["seq"], "final": s["final"], "version": s["steps"], "lr": s["lr"],
-              "rule": hub.rule.name, "rule_options": hub.rule.options, "server_optimizer": None,
+              "rule": hub.updater.rule.name, "rule_options": hub.updater.rule.options, "optimizer": None,
               "numbers": {}, "names": ["params", "non_trainable", "optimizer_slots"],
               "schedule": schedule_state(plan.num_samples, plan.epochs, s["epoch"], s["offset"]),
               "evals_pending": [],

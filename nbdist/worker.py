@@ -33,8 +33,8 @@ class WorkerSpec:
     shards: list[dict]
     layout: dict
     model_name: str
-    data: tuple[str, str]
-    validation: tuple[str, str] | None
+    data: tuple[str, ...]  # arrays (inputs, labels), or one tf.data.Dataset / generator function
+    validation: tuple[str, ...] | None
     seed: int
     num_samples: int
     batch_size: int
@@ -49,6 +49,9 @@ class WorkerSpec:
     overlap: bool = False  # send step t while computing step t+1
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
+    stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
+    num_workers: int = 1  # how many shards a streamed dataset is cut into
+    preloaded: tuple | None = None  # (x, y) already in this process (--mode local), not sent
 
 
 def engine_namespace() -> dict:
@@ -110,10 +113,11 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     if spec.source is not None:
         ns.update(unpack(spec.pushed))
         exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
-    model, (x, y), validation = _find(ns, spec)
-    from nbdist.flatmodel import FlatModel, layout
+    model, data, validation = _find(ns, spec)
+    from nbdist.flatmodel import FlatModel, ensure_built, layout
     from nbdist.ps.client import WorkerTransport
 
+    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
     if layout(model) != spec.layout:
         raise CellError(
             f"The model built on engine {spec.engine} differs from the kernel's "
@@ -127,27 +131,41 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     # Two batch sizes, so the traced function already takes any batch size: DBS and an epoch's
     # last chunk change it later, and a retrace then would count as (slow) compute time.
     for size in (spec.batch_size, max(1, spec.batch_size // 2)):
-        flat.assign_and_gradients(*flat.read(), x[:size], y[:size])
+        flat.assign_and_gradients(*flat.read(), *data.head(size))
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
                                 spec.transport, spec.timeout, spec.engine, compression=spec.compression)
     try:
-        return _AsyncLoop(spec, flat, transport, x, y, validation).run()
+        return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:
         transport.close()
 
 
 def _find(ns: dict, spec: WorkerSpec):
+    """The model, the training data as a batch source, the validation arrays (or None)."""
+    from nbdist.data import ArraySource, ShardStream, load, validation_arrays
+
     missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
     if missing:
         raise CellError(
             f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
             "Define them inside the %%distribute cell (engines do not see other cells)."
         )
-    x, y = (np.asarray(ns[n]) for n in spec.data)
-    if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
-        x = x.astype(np.float32)
-    validation = tuple(ns[n] for n in spec.validation) if spec.validation else None
-    return ns[spec.model_name], (x, y), validation
+    model = ns[spec.model_name]
+    if spec.stream:
+        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=0, count=False)
+        data = ShardStream(loaded.dataset, spec.num_workers, spec.worker)
+    else:
+        if spec.preloaded is not None:
+            x, y = spec.preloaded
+        elif len(spec.data) == 1:  # a dataset that fits in memory: read once, on this engine
+            loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
+            x, y = loaded.x, loaded.y
+        else:
+            x, y = (np.asarray(ns[n]) for n in spec.data)
+        if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
+            x = x.astype(np.float32)
+        data = ArraySource(x, y, spec.num_samples, spec.seed)
+    return model, data, validation_arrays(ns, spec.validation, model)
 
 
 class _AsyncLoop:
@@ -160,15 +178,14 @@ class _AsyncLoop:
       `w_read - w_local` (or, for EASGD, the elastic difference).
     """
 
-    def __init__(self, spec: WorkerSpec, flat, transport, x, y, validation):
+    def __init__(self, spec: WorkerSpec, flat, transport, data, validation):
         self.spec, self.flat, self.transport = spec, flat, transport
-        self.x, self.y, self.validation = x, y, validation
+        self.data, self.validation = data, validation
         self.started: set[int] = set()
         self.extra: dict = {}  # fields for the next message to the coordinator
         self.comm_s = self.wait_s = 0.0
         self.steps = 0
         self.lr = None
-        self._perm_epoch, self._perm = -1, None
         self._assign_pending = False
         self._pending = (np.empty_like(transport.params), np.empty_like(transport.non_trainable))
         self._nt_model = np.zeros_like(transport.non_trainable)  # non-trainable state in the model
@@ -216,7 +233,8 @@ class _AsyncLoop:
             else:
                 reply = self._plain_step(todo[0], reply)
         t.bye()
-        return {"worker": self.spec.worker, "steps": self.steps}
+        return {"worker": self.spec.worker, "steps": self.steps,
+                "shard_passes": getattr(self.data, "passes", None)}  # streamed: passes over its shard begun
 
     # -- the three step shapes --------------------------------------------------------------
 
@@ -299,6 +317,7 @@ class _AsyncLoop:
             self._write_grad()
         self.steps += 1
         header = {"chunks": [chunk[0]], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
+                  "norm": grad_norm,  # several shards: global clipping needs the whole norm
                   "wait_s": self._take_wait(), **self._take_extra()}
         return header, time.perf_counter()
 
@@ -308,13 +327,10 @@ class _AsyncLoop:
         self._nt_model = self._nt_after  # the model now holds this state
 
     def _batch(self, chunk: list) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk's samples: its slice of the epoch's permutation, or (streamed) as many
+        samples as it holds from this worker's shard."""
         _, epoch, start, stop = chunk
-        if epoch != self._perm_epoch:
-            from nbdist.ps.schedule import epoch_permutation
-
-            self._perm, self._perm_epoch = epoch_permutation(self.spec.num_samples, self.spec.seed, epoch), epoch
-        index = self._perm[start:stop]
-        return self.x[index], self.y[index]
+        return self.data.batch(epoch, start, stop)
 
     def _slow_down(self, compute_s: float, reply: dict) -> float:
         """Simulate a node `slowdown` times slower: sleep (factor - 1) x the compute time."""

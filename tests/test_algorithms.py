@@ -20,13 +20,11 @@ from nbdist.algorithms import (
     StalenessClock,
     dc_compensate,
     ddc_beta,
-    dynsgd_scale,
     easgd_alpha,
     elastic_exchange,
     form_groups,
     group_lr,
     make_rule,
-    make_server_optimizer,
     mean_into,
     sgd_step,
 )
@@ -525,51 +523,6 @@ def test_easgd_default_alpha_is_0_9_over_workers_and_hub_adds_the_push():
     w = f32(1, 2)
     assert rule.on_push(0, w, f32(0.5, -1), lr=123.0, delay=7) and w.tolist() == [1.5, 1]
 
-
-# -- server optimizers (--local-steps) ----------------------------------------------------
-
-def test_server_sgd_applies_delta_with_lr_and_scale():
-    opt, w = make_server_optimizer("sgd", 2), f32(1, 2)
-    opt.apply(w, f32(0.5, -1))
-    assert w.tolist() == [0.5, 3]  # lr 1: [1, 2] - [0.5, -1]
-    opt.apply(w, f32(0.5, -1), lr_scale=dynsgd_scale(3))  # / (3 + 1)
-    assert w.tolist() == [0.375, 3.25]
-
-
-def test_server_momentum_by_hand():
-    opt, w = make_server_optimizer("momentum", 2, momentum=0.5), f32(1, 2)
-    opt.apply(w, f32(0.5, -1))  # v = [0.5, -1]; w = [0.5, 3]
-    opt.apply(w, f32(0.5, -1))  # v = 0.5 v + Δ = [0.75, -1.5]; w = [-0.25, 4.5]
-    assert w.tolist() == [-0.25, 4.5] and opt.state_nbytes == 2 * 2 * 4
-
-
-def test_server_adam_with_bias_correction_by_hand():
-    opt, w = make_server_optimizer("adam", 2), f32(1, 2)
-    assert opt.lr == 0.01
-    opt.apply(w, f32(0.5, -1))
-    # t = 1: m̂ = Δ, v̂ = Δ² -> step = 0.01 * Δ / (|Δ| + 1e-7) ≈ 0.01 * sign(Δ)
-    np.testing.assert_allclose(w, [0.99, 2.01], rtol=1e-6)
-    opt.apply(w, f32(0.5, 1))
-    # m = 0.9 [0.05, -0.1] + 0.1 [0.5, 1] = [0.095, 0.01]; m̂ = m / 0.19 = [0.5, 0.0526316]
-    # v = 0.999 [0.00025, 0.001] + 0.001 [0.25, 1] = [0.00049975, 0.001999]; v̂ = v / 0.001999 = [0.25, 1]
-    # step = 0.01 * [0.5 / 0.5, 0.0526316 / 1] -> w = [0.98, 2.0094737]
-    np.testing.assert_allclose(w, [0.98, 2.0094737], rtol=1e-6)
-
-
-def test_server_optimizer_errors_list_the_valid_choices():
-    with pytest.raises(ConfigError, match="Unknown server optimizer 'rmsprop'. Expected one of: adam, momentum, sgd"):
-        make_server_optimizer("rmsprop", 2)
-    with pytest.raises(ConfigError, match="Unknown option 'beta1' for the adam server optimizer. "
-                                          "Valid: beta_1=0.9, beta_2=0.999, epsilon=1e-07"):
-        make_server_optimizer("adam", 2, beta1=0.8)
-    with pytest.raises(ConfigError, match="positive and finite"):
-        make_server_optimizer("sgd", 2, lr=0.0)
-    with pytest.raises(ConfigError, match="'momentum' must be in"):
-        make_server_optimizer("momentum", 2, momentum=1.0)
-
-
-def test_dynsgd_scale_is_one_over_delay_plus_one():
-    assert [dynsgd_scale(t) for t in (0, 1, 3)] == [1.0, 0.5, 0.25]
 
 
 def test_rule_classes_are_registered_by_name():

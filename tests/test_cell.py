@@ -102,3 +102,106 @@ def test_parameters_and_helpers_from_earlier_cells_are_pushed_but_modules_are_no
     cell = MODEL.replace("import keras, numpy as np\n", "import keras\n").replace("Dense(2)", "Dense(WIDTH)")
     contents = run(cell + "\n_ = helper() + _private", ns)
     assert set(contents.pushed) == {"WIDTH", "helper"}
+
+
+BASE = '''
+import keras, numpy as np
+x_train, y_train = np.zeros((6, 4), "float32"), np.zeros(6, "int32")
+base = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3)])
+base.trainable = False
+'''
+
+
+def test_a_base_model_inside_the_model_is_not_ambiguous_and_the_choice_is_noted():
+    contents = run(BASE + "model = keras.Sequential([base, keras.layers.Dense(2)])\n"
+                          "model.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')")
+    assert contents.model_name == "model"
+    assert contents.notes == ["Training `model` (it contains `base`); pass --model to choose another."]
+
+
+def test_a_model_nested_two_levels_deep_in_a_functional_model_is_found():
+    contents = run(BASE + "mid = keras.Sequential([base, keras.layers.Dense(3)])\n"
+                          "inputs = keras.Input((4,))\nouter = keras.Model(inputs, keras.layers.Dense(2)(mid(inputs)))\n"
+                          "outer.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')")
+    assert contents.model_name == "outer"
+    assert contents.notes == ["Training `outer` (it contains `base`, `mid`); pass --model to choose another."]
+
+
+def test_two_unrelated_models_beside_a_base_are_refused_naming_the_outer_ones():
+    with pytest.raises(AmbiguousModelError, match="base, head, model, and none contains head, model.*--model head"):
+        run(BASE + "model = keras.Sequential([base, keras.layers.Dense(2)])\n"
+                   "head = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
+
+
+SUBCLASSED = '''
+import keras, numpy as np
+x_train, y_train = np.zeros((6, 10), "float32"), np.zeros(6, "int32")
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden, self.out = keras.layers.Dense(32, activation="relu"), keras.layers.Dense(3)
+    def call(self, x):
+        return self.out(self.hidden(x))
+model = Net()
+model.build((None, 10))
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+'''
+
+
+def test_subclassed_model_gets_its_variables_from_ensure_built_as_on_every_engine():
+    import warnings
+
+    from nbdist.flatmodel import ensure_built, layout
+
+    ns = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UserWarning)  # Keras: build() on a layer without build()
+        exec(SUBCLASSED, ns)
+        assert layout(ns["model"])["trainable"] == []  # what an engine saw before
+        ensure_built(ns["model"], ns["x_train"][:2])
+        kernel = run(SUBCLASSED).model
+    assert layout(ns["model"]) == layout(kernel)
+    assert layout(kernel)["trainable"] == [[10, 32], [32], [32, 3], [3]]
+
+
+DATASET = MODEL + '''
+import tensorflow as tf
+train_ds = tf.data.Dataset.from_tensor_slices((x_train, y_train)).batch(4)
+'''
+
+
+def test_a_dataset_is_read_into_arrays_when_it_fits():
+    contents = run(DATASET, data="train_ds", validation="train_ds")
+    assert contents.data == ("train_ds",) and contents.num_samples == 6 and not contents.streamed
+    assert contents.arrays[0].shape == (6, 4) and contents.validation_arrays[1].shape == (6,)
+    assert contents.notes == []
+
+
+def test_a_dataset_beyond_the_limit_streams_and_says_what_changes():
+    contents = run(DATASET, data="train_ds", in_memory_limit="64B")
+    assert contents.streamed and contents.arrays is None and contents.num_samples == 6
+    assert "train_ds holds more than --in-memory-limit 64B" in contents.warnings[0]
+    assert "faster worker goes through its own shard more often" in contents.warnings[0]
+    with pytest.raises(DataError, match="--validation train_ds holds more than.*take"):
+        run(DATASET, data="train_ds", validation="train_ds", in_memory_limit="64B")
+
+
+def test_a_dataset_that_does_not_fit_the_model_is_reported_with_its_shapes():
+    with pytest.raises(DataError, match=r"train_ds's inputs \(shape \(2, 4\).*do not fit the model"):
+        run(DATASET.replace("(x_train, y_train)", "(x_train, y_train[:, None] * np.ones((1, 7)))"),
+            data="train_ds")
+
+
+def test_a_dataset_from_another_cell_cannot_reach_the_engines():
+    import numpy as np
+    import tensorflow as tf
+
+    ns = {"train_ds": tf.data.Dataset.from_tensor_slices((np.zeros((6, 4), "float32"), np.zeros(6, "int32")))}
+    with pytest.raises(DataError, match="train_ds is a tf.data.Dataset from another cell.*inside the %%distribute cell"):
+        run(MODEL, ns, data="train_ds")
+    assert run(MODEL, ns, data="train_ds", mode="local").num_samples == 6
+
+
+def test_one_name_that_is_no_dataset_says_what_is_expected():
+    with pytest.raises(DataError, match="--data x_train is a ndarray, expected a tf.data.Dataset.*X,Y"):
+        run(MODEL, data="x_train")

@@ -8,12 +8,14 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from nbdist.algorithms import make_rule, make_server_optimizer
+from nbdist.algorithms import make_rule
+from nbdist.algorithms.optimizers import server_optimizer_spec
 from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from nbdist.ps import checkpoint
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.schedule import EpochSchedule
+from nbdist.ps.updater import Updater
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 
@@ -59,17 +61,18 @@ def test_an_inconsistent_data_position_is_refused():
 # -- a shard's state through save and load ------------------------------------------------------
 
 
-def _hub(algorithm="ddc-asgd", server_optimizer=None, shard=0, size=9, seed=0):
-    """The parts of a Hub that checkpointing reads and writes."""
+def _hub(algorithm="ddc-asgd", optimizer="sgd", shard=0, size=9, seed=0):
+    """The parts of a Hub that checkpointing reads and writes (the rule, with plain SGD at
+    0.1 or another server optimizer)."""
     rng = np.random.default_rng(seed)
     plan = Plan(num_workers=2, num_samples=10, epochs=2, batch_size=4, lr=0.1, has_validation=True,
                 algorithm=algorithm)
+    spec = server_optimizer_spec(optimizer, 0.1 if optimizer == "sgd" else None, [size])
+    rule = make_rule(algorithm, size, 2, {"n": 1} if algorithm == "softsync" else None)  # n=1: buffer 2
     return SimpleNamespace(
-        spec=SimpleNamespace(shard=shard), version=0, lr=0.1,
+        spec=SimpleNamespace(shard=shard, local_steps=1, optimizer=spec), version=0,
         params=rng.normal(size=size).astype(np.float32), non_trainable=np.array([1, 2], np.float32),
-        rule=make_rule(algorithm, size, 2, {"n": 1} if algorithm == "softsync" else None),  # n=1: buffer 2
-        server_opt=make_server_optimizer(server_optimizer, size) if server_optimizer else None,
-        coordinator=Coordinator(plan) if shard == 0 else None)
+        updater=Updater(rule, spec), coordinator=Coordinator(plan) if shard == 0 else None)
 
 
 def _train(hub, pushes, seed):
@@ -77,20 +80,17 @@ def _train(hub, pushes, seed):
     followed by that worker's pull, so every push is stale (compensation and momentum act)."""
     rng = np.random.default_rng(seed)
     for w in (0, 1):
-        hub.rule.on_pull(w, hub.params, hub.version)
+        hub.updater.rule.on_pull(w, hub.params, hub.version)
     for i in range(pushes):
         w = i % 2
         g = rng.normal(size=hub.params.size).astype(np.float32)
-        if hub.server_opt is not None:
-            hub.server_opt.apply(hub.params, g)
-        else:
-            hub.rule.on_push(w, hub.params, g, 0.1, 1 + i % 3)
+        hub.updater.push(w, hub.params, g, 1 + i % 3)
         hub.version += 1
-        hub.rule.on_pull(w, hub.params, hub.version)
+        hub.updater.rule.on_pull(w, hub.params, hub.version)
 
 
 def _save(tmp_path, hubs, **info):
-    info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].rule.name, epochs=2).to_dict(), "cell": "x = 1",
+    info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].updater.rule.name, epochs=2).to_dict(), "cell": "x = 1",
             "layout": LAYOUT, "num_samples": 10, "num_workers": 2, **info}
     return checkpoint.save(str(tmp_path), [checkpoint.shard_state(h) for h in hubs], info)
 
@@ -111,15 +111,16 @@ def test_a_restored_rule_continues_exactly_like_the_uninterrupted_one(tmp_path, 
     np.testing.assert_array_equal(fresh.params, straight.params)
 
 
-def test_server_optimizer_moments_are_saved(tmp_path):
-    hub = _hub("asgd", server_optimizer="adam")
+def test_hub_optimizer_slots_and_step_are_saved(tmp_path):
+    hub = _hub("asgd", optimizer="adam")
     _train(hub, 3, seed=1)
     ckpt = checkpoint.load(_save(tmp_path, [hub]))
-    fresh = _hub("asgd", server_optimizer="adam")
+    fresh = _hub("asgd", optimizer="adam")
     checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
-    assert fresh.server_opt.iterations == 3
-    np.testing.assert_array_equal(fresh.server_opt._m, hub.server_opt._m)  # noqa: SLF001
-    np.testing.assert_array_equal(fresh.server_opt._v, hub.server_opt._v)  # noqa: SLF001
+    saved, restored = hub.updater.optimizer.export_state(), fresh.updater.optimizer.export_state()
+    assert restored["iterations"] == 3 and saved.keys() == restored.keys()
+    for name, value in saved.items():
+        np.testing.assert_array_equal(restored[name], value)
 
 
 def test_data_position_and_pending_evaluations_are_restored(tmp_path):
@@ -275,7 +276,7 @@ def test_rule_options_set_live_carry_over_and_worker_dependent_defaults_follow_t
     from nbdist.api import _resumed_config
 
     ssp = _hub("ssp")
-    ssp.rule.set_option("staleness", 5)  # run.set_option during the run; the flag said 3
+    ssp.updater.rule.set_option("staleness", 5)  # run.set_option during the run; the flag said 3
     config = TrainConfig(algorithm="ssp", staleness=3, epochs=2).to_dict()
     resumed = _resumed_config(checkpoint.load(_save(tmp_path / "ssp", [ssp], config=config)), {})
     assert resumed.rule_options() == {"staleness": 5}

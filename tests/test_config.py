@@ -49,3 +49,22 @@ def test_to_dict_is_plain_json():
 
     d = TrainConfig(workers=2).to_dict()
     assert json.loads(json.dumps(d))["mode"] == "async"
+
+
+def test_one_data_name_is_a_dataset_and_three_are_refused():
+    assert TrainConfig(data="train_ds", validation="val_ds").data == ("train_ds",)
+    assert parse_names(["val_ds"], "--validation") == ("val_ds",)
+    with pytest.raises(ConfigError, match="two Python names.*or one name of a tf.data.Dataset"):
+        TrainConfig(data="a,b,c")
+
+
+@pytest.mark.parametrize("text,size", [("2GiB", 2 * 2**30), ("500MB", 500_000_000), ("1.5 KiB", 1536),
+                                       ("0", 0), (4096, 4096), ("3b", 3)])
+def test_in_memory_limit_parses_sizes(text, size):
+    assert TrainConfig(in_memory_limit=text).in_memory_limit == size
+
+
+@pytest.mark.parametrize("text", ["lots", "-1MB", "2 parsecs", True])
+def test_in_memory_limit_refuses_what_is_not_a_size(text):
+    with pytest.raises(ConfigError, match="--in-memory-limit expects a size.*Received"):
+        TrainConfig(in_memory_limit=text)

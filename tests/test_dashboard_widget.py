@@ -69,6 +69,18 @@ def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
     assert 'data-status="running"' in dash.status.value
 
 
+def test_every_warning_of_the_run_is_listed_under_the_status_line():
+    run = fed_run(2)
+    run.warnings.append("--server-optimizer sgd: the hub trains with SGD (lr 0.001), not with the cell's Adam.")
+    dash = Dashboard(run)
+    assert "not with the cell&#x27;s Adam" in dash.warnings.value
+    run.warnings.append("The run replaced the cell's CosineDecay schedule: run.set_lr(0.01) ...")
+    run._absorb(snapshot(2, 6.0))  # the next poll
+    dash.refresh()
+    assert dash.warnings.value.count("<li>") == 2
+    assert "replaced the cell&#x27;s CosineDecay schedule" in dash.warnings.value
+
+
 def test_sixteen_workers_start_at_the_eight_slowest_plus_the_mean_of_the_others():
     dash = Dashboard(fed_run(16))
     assert dash.top_k.value == 8

@@ -64,3 +64,31 @@ def test_leaving_a_with_block_on_an_error_stops_the_run():
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt  # e.g. Ctrl-C while a script waits
     assert run.done and run.status == "stopped"
+
+
+SCHEDULED_CELL = SYNTHETIC_CELL.replace(
+    "keras.optimizers.SGD(0.1)",
+    "keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(0.01, decay_steps=1000))")
+
+
+@pytest.mark.parametrize("local_steps", [1, 2])
+def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
+    """On the hub (local_steps 1) and on the workers' own optimizer (local_steps 2)."""
+    import time
+
+    run = nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
+                       local_steps=local_steps)
+    deadline = time.monotonic() + 60
+    while len(run.history) < 5:
+        assert time.monotonic() < deadline and not run.done, "no push in time"
+        time.sleep(0.05)
+    if local_steps == 1:
+        assert 0.0 < run.lr <= 0.01  # the schedule's value at the hub's step
+    run.set_lr(0.0123)
+    run.set_lr(0.0124)  # said once
+    run.stop()
+    run.wait()
+    assert run.error is None
+    (warning,) = run.warnings
+    assert warning.startswith("The run replaced the cell's CosineDecay schedule: run.set_lr(0.0123)")
+    assert run.lr == pytest.approx(0.0124)

@@ -12,6 +12,7 @@ from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError
 from nbdist.ps import checkpoint
 from nbdist.ps.coordinator import Coordinator, Plan
+from nbdist.ps.updater import Updater
 from nbdist.sync_checkpoint import resume_fields, schedule_state, start_position
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
@@ -24,9 +25,10 @@ def _sync_hub(epoch, offset, steps=7, final=False):
     state = {"seq": 1, "final": final, "epoch": epoch, "offset": offset, "steps": steps, "lr": 0.05,
              "iterations": steps, "optimizer": "SGD", "slots": LAYOUT["trainable"]}
     arrays = [np.arange(9, dtype=np.float32), np.array([1, 2], np.float32), np.full(9, 0.5, np.float32)]
-    return SimpleNamespace(spec=SimpleNamespace(shard=0), version=0, lr=0.1, params=np.zeros(0, np.float32),
-                           non_trainable=np.array([1, 2], np.float32), rule=make_rule("asgd", 0, 2, None),
-                           server_opt=None, coordinator=Coordinator(plan), sync_snapshot=(state, arrays))
+    return SimpleNamespace(spec=SimpleNamespace(shard=0, local_steps=1, optimizer=None), version=0,
+                           params=np.zeros(0, np.float32), non_trainable=np.array([1, 2], np.float32),
+                           updater=Updater(make_rule("asgd", 0, 2, None), None), coordinator=Coordinator(plan),
+                           sync_snapshot=(state, arrays))
 
 
 def _save(tmp_path, hub):

@@ -9,7 +9,8 @@ buffers: no allocation proportional to the model.
 
 Modules: `sgd` (asgd, hogwild), `dc` (dc-asgd, dc-asgd-a, ddc-asgd), `snapshots` (shared
 backups), `softsync`, `ssp` (with `StalenessClock`), `group` (speed groups), `easgd`,
-`server_opt` (optimizers for `--local-steps`).
+`optimizers` and `schedules` (Keras's optimizers and learning-rate schedules in NumPy, which
+the hub applies to what the rule decides: see `nbdist.ps.updater`).
 """
 
 from __future__ import annotations
@@ -20,12 +21,6 @@ from nbdist.algorithms.base import Option, Rule
 from nbdist.algorithms.dc import DCASGD, DDCASGD, DCASGDAdaptive, dc_compensate, ddc_beta
 from nbdist.algorithms.easgd import EASGD, easgd_alpha, elastic_exchange
 from nbdist.algorithms.group import Group, form_groups, group_lr, mean_into
-from nbdist.algorithms.server_opt import (
-    SERVER_OPTIMIZERS,
-    ServerOptimizer,
-    dynsgd_scale,
-    make_server_optimizer,
-)
 from nbdist.algorithms.sgd import ASGD, Hogwild, sgd_step
 from nbdist.algorithms.snapshots import SnapshotStore
 from nbdist.algorithms.softsync import SoftSync
@@ -41,25 +36,21 @@ __all__ = [
     "DDCASGD",
     "EASGD",
     "RULES",
-    "SERVER_OPTIMIZERS",
     "SSP",
     "DCASGDAdaptive",
     "Group",
     "Hogwild",
     "Rule",
-    "ServerOptimizer",
     "SnapshotStore",
     "SoftSync",
     "StalenessClock",
     "dc_compensate",
     "ddc_beta",
-    "dynsgd_scale",
     "easgd_alpha",
     "elastic_exchange",
     "form_groups",
     "group_lr",
     "make_rule",
-    "make_server_optimizer",
     "mean_into",
     "sgd_step",
 ]

@@ -102,6 +102,14 @@ class Rule:
         """Apply `g` (read `delay` versions ago) to `w` in place; True if `w` changed."""
         raise NotImplementedError
 
+    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
+                 scale: float) -> tuple[np.ndarray, float] | None:
+        """What the hub's optimizer applies for this push: a gradient and its rate scale, or
+        None while the rule holds the push back. This is how a rule composes with any Keras
+        optimizer (`nbdist.ps.updater`); plain rules pass `g` and `scale` through. The result
+        may be the rule's own scratch: use it before the next push."""
+        return g, scale
+
     def push_and_read(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int,
                       out: np.ndarray) -> bool:
         """`on_push`, then a copy of the new `w` into `out` (the worker's pull). Rules whose

@@ -63,6 +63,7 @@ class DCASGD(Rule):
         self._backup: dict[int, tuple[int, np.ndarray]] = {}  # worker -> (version, snapshot)
         self._a = np.empty(min(size, BLOCK), np.float32)
         self._b = np.empty(min(size, BLOCK), np.float32)
+        self._ghat: np.ndarray | None = None  # ĝ for another optimizer (see `gradient`)
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
@@ -94,6 +95,20 @@ class DCASGD(Rule):
             self._apply(w[part], corrected, a if corrected is not a else b, part)
         return True
 
+    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
+                 scale: float) -> tuple[np.ndarray, float] | None:
+        """ĝ for another optimizer to apply (the compensation transforms the gradient, the
+        optimizer takes the step); kept in a buffer of the model's size, made on first use."""
+        if self._ghat is None:
+            self._ghat = np.empty(self.size, np.float32)
+        held = self._backup.get(worker)
+        for lo in range(0, w.size, BLOCK):
+            hi = min(lo + BLOCK, w.size)
+            a, b = self._a[:hi - lo], self._b[:hi - lo]
+            part = slice(lo, hi)
+            self._ghat[part] = self._corrected(w[part], g[part], None if held is None else held[1][part], a, b, part)
+        return self._ghat, scale
+
     def _begin_push(self, lr: float, delay: int) -> None:
         """Per-push constants for `_apply`."""
         self._lr = np.float32(lr)
@@ -124,7 +139,8 @@ class DCASGD(Rule):
 
     @property
     def state_nbytes(self) -> int:
-        return self._a.nbytes + self._b.nbytes + self._store.nbytes
+        ghat = self._ghat.nbytes if self._ghat is not None else 0
+        return self._a.nbytes + self._b.nbytes + self._store.nbytes + ghat
 
 
 class DCASGDAdaptive(DCASGD):
@@ -179,6 +195,11 @@ class DDCASGD(DCASGDAdaptive):
 
     def _bounds(self, name: str) -> tuple[float, float]:
         return (0.0, _BELOW_ONE) if name == "momentum" else super()._bounds(name)
+
+    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
+                 scale: float) -> tuple[np.ndarray, float] | None:
+        raise TypeError("ddc-asgd is its own delay-weighted momentum on plain SGD; it does not "
+                        "hand its gradient to another optimizer (nbdist.ps.updater refuses that)")
 
     def _begin_push(self, lr: float, delay: int) -> None:
         beta = ddc_beta(delay, self._options["momentum"])

@@ -57,3 +57,8 @@ class EASGD(Rule):
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
         np.add(w, g, out=w)
         return True
+
+    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
+                 scale: float) -> tuple[np.ndarray, float] | None:
+        raise TypeError("easgd pushes an elastic difference, not a gradient: the hub applies it "
+                        "with no optimizer (the cell's optimizer runs on the workers)")

@@ -57,6 +57,22 @@ class SoftSync(Rule):
             return False
         return self.flush(w)
 
+    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
+                 scale: float) -> tuple[np.ndarray, float] | None:
+        """For another optimizer: buffer `scale_l * g_l`; every c pushes hand it
+        `(1/c) Σ scale_l g_l` at scale 1 (c = 1: the push itself)."""
+        if self.pushes_per_update == 1 and not self.buffered:
+            return g, scale
+        np.multiply(g, np.float32(scale), out=self._scratch)
+        np.add(self._sum, self._scratch, out=self._sum)
+        self.buffered += 1
+        if self.buffered < self.pushes_per_update:
+            return None
+        np.multiply(self._sum, np.float32(1.0 / self.buffered), out=self._scratch)
+        self._sum.fill(0.0)
+        self.buffered = 0
+        return self._scratch, 1.0
+
     def flush(self, w: np.ndarray) -> bool:
         """Apply the mean of what is buffered now; False if nothing was."""
         if not self.buffered:

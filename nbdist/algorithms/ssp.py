@@ -100,5 +100,10 @@ class SSP(ASGD):
         self.clock.tick(worker)
         return True
 
+    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
+                 scale: float) -> tuple[np.ndarray, float] | None:
+        self.clock.tick(worker)
+        return g, scale
+
     def forget(self, worker: int) -> None:
         self.clock.drop(worker)

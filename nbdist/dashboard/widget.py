@@ -96,6 +96,15 @@ def show_status_line(run) -> None:
     run._listeners.append(refresh)  # noqa: SLF001
 
 
+def _warnings_html(warnings: list[str]) -> str:
+    """Every warning of the run (e.g. it trains with another optimizer than the cell's)."""
+    if not warnings:
+        return ""
+    items = "".join(f"<li>{html.escape(text)}</li>" for text in warnings)
+    return (f'<ul class="nbdist-warnings" style="margin:2px 0;padding-left:20px;color:#8a5a00">'
+            f"{items}</ul>")
+
+
 def _status_html(run) -> str:
     color = STATUS_COLORS.get(run.status, "#222222")
     return (f'<div class="nbdist-status" data-status="{html.escape(run.status)}" '
@@ -154,6 +163,7 @@ class Dashboard:
         self.figures: dict[str, dict] = {}  # the figure each plot shows now
 
         self.status = w.HTML(_status_html(run))
+        self.warnings = w.HTML(_warnings_html(run.warnings))
         self.message = w.HTML()
         self.table = w.HTML(figures.node_table_html(None))
         self.pause_button = w.Button(description="Pause", icon="pause", tooltip="pause/resume every worker")
@@ -188,7 +198,7 @@ class Dashboard:
             controls.append(self.regroup_button)
         self.grid = w.GridBox(list(self.plots.values()),
                               layout={"grid_template_columns": "repeat(2, minmax(0, 1fr))", "width": "100%"})
-        self.widget = w.VBox([self.status, w.HBox(controls + [self.top_k], layout={"flex_flow": "row wrap"}),
+        self.widget = w.VBox([self.status, self.warnings, w.HBox(controls + [self.top_k], layout={"flex_flow": "row wrap"}),
                               self.lab, self.message, self.grid, self.table])
         self.widget.add_class("nbdist-dashboard")
         self.refresh()
@@ -248,6 +258,7 @@ class Dashboard:
         if run.revision != seen["revision"]:
             seen["revision"] = run.revision
             self.status.value = _status_html(run)
+            self.warnings.value = _warnings_html(run.warnings)
             self.pause_button.description = "Resume" if run.status == "paused" else "Pause"
             self.pause_button.icon = "play" if run.status == "paused" else "pause"
             nodes = run.nodes

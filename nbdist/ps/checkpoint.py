@@ -1,8 +1,8 @@
 """Checkpoints of an async run: the hubs' state saved atomically, loaded back or refused.
 
 A checkpoint holds every shard's parameters, version and update-rule state (DC-ASGD-a's
-running mean of g⊙g, DDC-ASGD's momentum, softsync's buffered pushes, the --local-steps
-server optimizer's moments), the float non-trainable state, the data position (which chunks
+running mean of g⊙g, DDC-ASGD's momentum, softsync's buffered pushes), the hub optimizer's
+slots and step count (Adam's moments, a schedule's position), the float non-trainable state, the data position (which chunks
 of which epoch are trained on; chunks in flight count as not done), the live learning rate
 and rule options, the run's configuration and its cell. What a worker rebuilds on its next
 pull (DC backups, SSP clocks, DBS speed measurements) is not saved.
@@ -38,7 +38,7 @@ import numpy as np
 from nbdist.errors import CheckpointError, CheckpointNotFoundError
 from nbdist.ps.schedule import EpochSchedule
 
-FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 1, "meta.json"
+FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"  # 2: the cell's optimizer on the hub
 DEFAULT_EVERY_S = 60.0
 _FIX = "Resume from another checkpoint, or start the run afresh with nbdist.train / %%distribute."
 
@@ -47,9 +47,13 @@ _FIX = "Resume from another checkpoint, or start the run afresh with nbdist.trai
 
 def export_fields(obj, fields: tuple[str, ...]) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """`obj`'s state fields split into float32 arrays (sent as frames) and numbers (JSON)."""
+    return split_state({name: getattr(obj, name) for name in fields})
+
+
+def split_state(state: dict) -> tuple[dict[str, np.ndarray], dict[str, float]]:
+    """A state dict split into float32 arrays (sent as frames) and numbers (JSON)."""
     arrays, numbers = {}, {}
-    for name in fields:
-        value = getattr(obj, name)
+    for name, value in state.items():
         if isinstance(value, np.ndarray):
             arrays[name] = np.ascontiguousarray(value, dtype=np.float32).copy()
         else:
@@ -82,14 +86,15 @@ def shard_state(hub) -> tuple[dict, list[np.ndarray]]:
     numbers = {}
     if hub.coordinator is not None:
         arrays["non_trainable"] = hub.non_trainable.copy()
-    for prefix, obj in (("rule", hub.rule), ("opt", hub.server_opt)):
-        if obj is not None:
-            a, n = export_fields(obj, obj.state_fields)
-            arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
-            numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
-    header = {"op": "state", "shard": hub.spec.shard, "version": hub.version, "lr": hub.lr,
-              "rule": hub.rule.name, "rule_options": hub.rule.options,
-              "server_optimizer": hub.server_opt.name if hub.server_opt else None,
+    rule, opt = hub.updater.rule, hub.updater.optimizer
+    for prefix, (a, n) in (("rule", export_fields(rule, rule.state_fields)),
+                           ("opt", split_state(opt.export_state()) if opt is not None else ({}, {}))):
+        arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
+        numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
+    local = hub.spec.local_steps > 1 and hub.coordinator is not None  # the rate is the workers'
+    header = {"op": "state", "shard": hub.spec.shard, "version": hub.version,
+              "lr": hub.coordinator.lr if local else hub.updater.learning_rate(),
+              "rule": rule.name, "rule_options": rule.options, "optimizer": hub.spec.optimizer,
               "numbers": numbers, "names": list(arrays)}
     c = hub.coordinator
     if c is not None:
@@ -101,9 +106,10 @@ def shard_state(hub) -> tuple[dict, list[np.ndarray]]:
 def restore_shard(hub, state: dict) -> None:
     """Put one shard's saved state into a freshly built hub, before it serves."""
     hub.version = int(state["version"])
-    for prefix, obj in (("rule", hub.rule), ("opt", hub.server_opt)):
-        if obj is not None:
-            import_fields(obj, obj.state_fields, state.get(prefix, {}))
+    rule, opt = hub.updater.rule, hub.updater.optimizer
+    import_fields(rule, rule.state_fields, state.get("rule", {}))
+    if opt is not None:
+        opt.restore_state(state.get("opt", {}))
     c = hub.coordinator
     if c is not None and "schedule" in state:
         c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)
@@ -138,7 +144,7 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
         for name, buf in zip(header["names"], buffers, strict=True):
             arrays[f"shard{i}.{name}"] = np.asarray(buf, dtype=np.float32)
         shard_meta.append({k: header[k] for k in ("version", "lr", "rule", "rule_options",
-                                                  "server_optimizer", "numbers")})
+                                                  "optimizer", "numbers")})
         shard_meta[-1]["size"] = int(arrays[f"shard{i}.params"].size)
     first = next(h for h, _ in shards if h["shard"] == 0)  # the coordinator's shard
     schedule = first["schedule"]
@@ -251,6 +257,16 @@ class Checkpoint:
                 f"{where} has {len(self.meta['shards'])} parameter shard(s); this run asks for "
                 f"{servers}. Resume with servers={len(self.meta['shards'])} (--servers).")
 
+    def check_optimizer(self, spec: dict | None) -> None:
+        """Refuse resuming with another optimizer than the one whose slots were saved."""
+        saved = self.meta["shards"][0].get("optimizer")
+        name = (lambda s: s["class_name"] if s else "none")  # noqa: E731
+        if name(saved) != name(spec):
+            raise CheckpointError(
+                f"The checkpoint {self.path} holds the state of a {name(saved)} optimizer on the hub, "
+                f"but this run's hub would apply {name(spec)}. Compile the cell's model with the same "
+                "optimizer (and --server-optimizer) as the checkpointed run. " + _FIX)
+
     def shard_restores(self) -> list[dict]:
         """What each hub shard gets in `HubSpec.restore`."""
         out = []
@@ -351,17 +367,14 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
 
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Each shard saved exactly the state its rule (and server optimizer) keeps."""
-    from nbdist.algorithms import RULES, SERVER_OPTIMIZERS
+    from nbdist.algorithms import RULES
 
     for i, shard in enumerate(meta["shards"]):
         if shard.get("rule") != meta["config"].get("algorithm") or shard["rule"] not in RULES:
             raise _corrupt(meta_path, f"shard {i} ran rule {shard.get('rule')!r}, its config "
                                       f"{meta['config'].get('algorithm')!r}")
-        opt = shard.get("server_optimizer")
-        if opt is not None and opt not in SERVER_OPTIMIZERS:
-            raise _corrupt(meta_path, f"shard {i} names an unknown server optimizer {opt!r}")
         wanted = {f"rule.{f}" for f in RULES[shard["rule"]].state_fields}
-        wanted |= {f"opt.{f}" for f in (SERVER_OPTIMIZERS[opt].state_fields if opt else ())}
+        wanted |= {f"opt.{f}" for f in _optimizer_fields(meta_path, i, shard)}
         saved = set(shard.get("numbers", {})) | {k.split(".", 1)[1] for k in arrays
                                                   if k.startswith(f"shard{i}.") and k.count(".") >= 2}
         sized = all(arrays[k].shape == arrays[f"shard{i}.params"].shape for k in arrays
@@ -369,6 +382,19 @@ def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray])
         if saved != wanted or not sized:
             raise _corrupt(meta_path, f"shard {i}'s saved rule state {sorted(saved)} is not what "
                                       f"{shard['rule']} keeps ({sorted(wanted)}, one float per parameter)")
+
+
+def _optimizer_fields(meta_path: str, i: int, shard: dict) -> list[str]:
+    """The state shard i's optimizer saves (its slots and counters), or refuse its spec."""
+    spec = shard.get("optimizer")
+    if spec is None:
+        return []
+    from nbdist.algorithms.optimizers import HubOptimizer
+
+    try:
+        return list(HubOptimizer(spec, int(shard["size"])).export_state())
+    except Exception as exc:  # noqa: BLE001 - any bad spec is a corrupt checkpoint
+        raise _corrupt(meta_path, f"shard {i}'s optimizer {spec!r} cannot be rebuilt ({exc})") from None
 
 
 def _corrupt(meta_path: str, what: str) -> CheckpointError:

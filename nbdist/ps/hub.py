@@ -35,15 +35,13 @@ import numpy as np
 import zmq
 
 from nbdist import compression
-from nbdist.algorithms import make_rule
-from nbdist.algorithms.group import group_lr
-from nbdist.algorithms.server_opt import make_server_optimizer
 from nbdist.errors import ProtocolError
 from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
 from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.checkpoint import restore_shard, shard_state
 from nbdist.ps.coordinator import Coordinator, Plan
+from nbdist.ps.updater import make_updater
 
 log = logging.getLogger(__name__)
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
@@ -63,7 +61,8 @@ class HubSpec:
     non_trainable: np.ndarray  # float non-trainable state (shard 0 only; empty elsewhere)
     rule_options: dict = field(default_factory=dict)
     local_steps: int = 1
-    server_optimizer: str | None = None  # None: the rule applies pushes; else it applies deltas
+    optimizer: dict | None = None  # what applies the rule's gradient (nbdist.ps.updater); None: easgd
+    offset: int = 0  # where this shard's slice starts in the flat vector (for per-variable clipping)
     bind_host: str = "127.0.0.1"
     idle_timeout: float = 120.0
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
@@ -95,11 +94,8 @@ class Hub:
         self.params = shm.floats(self._segment, 0, self.size)
         self.params[:] = spec.params
         self.non_trainable = np.array(spec.non_trainable, dtype=np.float32, copy=True)
-        self.rule = make_rule(plan.algorithm, self.size, plan.num_workers, spec.rule_options)
-        self.server_opt = (make_server_optimizer(spec.server_optimizer, self.size)
-                           if spec.server_optimizer else None)
+        self.updater = make_updater(plan, spec.rule_options, spec.optimizer, self.size, spec.offset)
         self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
-        self.lr = float(plan.lr)
         self.version = 0
         self.links: dict[int, _WorkerLink] = {}
         self.held: dict[int, tuple[object, bool]] = {}  # worker -> (routing id, pull) of a held reply
@@ -240,7 +236,8 @@ class Hub:
                     self._apply_group(step)
             else:
                 delay = self.version - link.read_version
-                copied = self._apply(worker, grad, delay, into=self._reply_buffer(link) if pull else None)
+                copied = self._apply(worker, grad, delay, into=self._reply_buffer(link) if pull else None,
+                                     norm=h.get("norm"))
                 if self.coordinator:
                     self.coordinator.push(worker, h, delay, self.now())
         if self.coordinator:
@@ -250,7 +247,7 @@ class Hub:
     def _reply_buffer(self, link: _WorkerLink) -> np.ndarray | None:
         """Where a consistent pull of this worker is written: its shared segment, or a send
         buffer reused across replies (safe: the worker sends again only after receiving)."""
-        if not self.rule.consistent_reads:
+        if not self.updater.rule.consistent_reads:
             return None
         if link.params is not None:
             return link.params
@@ -258,30 +255,21 @@ class Hub:
             link.send_buffer = np.empty(self.size, dtype=np.float32)
         return link.send_buffer
 
-    def _apply(self, worker: int, grad: np.ndarray, delay: int, lr: float | None = None,
-               into: np.ndarray | None = None) -> bool:
-        """One update: the rule on a gradient, or the server optimizer on a local-steps delta.
-        With `into`, the new weights are also copied there in the same pass; returns whether
-        that copy was made."""
-        lr = self.lr if lr is None else lr
-        scale = 1.0 / max(1, delay) if self.spec.plan.staleness_lr else 1.0
-        if self.server_opt is not None:  # local steps: `grad` is the delta w_read - w_local
-            self.server_opt.apply(self.params, grad, scale)
-            self.version += 1
-            return False
-        if into is None:
-            changed = self.rule.on_push(worker, self.params, grad, lr * scale, delay)
-        else:
-            changed = self.rule.push_and_read(worker, self.params, grad, lr * scale, delay, into)
+    def _apply(self, worker: int, grad: np.ndarray, delay: int, scale: float = 1.0,
+               into: np.ndarray | None = None, norm: float | None = None) -> bool:
+        """One update (the rule decides, the optimizer steps: `nbdist.ps.updater`). With
+        `into`, the new weights are also copied there; returns whether that copy was made.
+        `norm`: the whole gradient's norm, which global clipping needs when a shard sees part."""
+        changed, copied = self.updater.push(worker, self.params, grad, delay, scale, into,
+                                            norm if self.spec.num_shards > 1 else None)
         self.version += int(changed)
-        return into is not None
+        return copied
 
     def _apply_group(self, step: GroupStep) -> None:
-        """A completed group step: its batch-weighted mean at the group's rate, i.e.
-        lr / B_ref x the sum of the members' per-sample gradients."""
+        """A completed group step: its batch-weighted mean at the group's rate
+        `lr · B_g / B_ref` (`group_lr`), i.e. lr / B_ref x the sum of per-sample gradients."""
         delay = self.version - min(step.read_versions.values())
-        rate = group_lr(self.lr, step.batch, self.spec.plan.batch_size)
-        self._apply(min(step.members), step.mean, delay, lr=rate)
+        self._apply(min(step.members), step.mean, delay, scale=step.batch / self.spec.plan.batch_size)
         if self.coordinator:
             for member, header in step.headers.items():
                 self.coordinator.push(member, header, self.version - 1 - step.read_versions[member], self.now())
@@ -317,7 +305,7 @@ class Hub:
         if pull:
             link = self.links[worker]
             link.read_version = self.version
-            self.rule.on_pull(worker, self.params, self.version)
+            self.updater.rule.on_pull(worker, self.params, self.version)
             target = self._reply_buffer(link)
             if target is not None and not copied:
                 np.copyto(target, self.params)
@@ -348,7 +336,7 @@ class Hub:
         if link:
             shm.release(link.segment)
         self.held.pop(worker, None)
-        self.rule.forget(worker)
+        self.updater.rule.forget(worker)
         if self.barrier is not None:
             for step in self.barrier.drop(worker):
                 self._apply_group(step)
@@ -372,9 +360,10 @@ class Hub:
         h = msg.header
         snap = self.coordinator.snapshot(int(h.get("since", 0)), bool(h.get("timeline")))
         snap.update(version=self.version, error=self.error, dropped=dict(self.dropped),
-                    hub_bytes=int(self.params.nbytes + self.rule.state_nbytes
-                                  + (self.server_opt.state_nbytes if self.server_opt else 0)),
-                    rule_options=self.rule.options, elapsed=self.now())
+                    hub_bytes=int(self.params.nbytes + self.updater.state_nbytes),
+                    rule_options=self.updater.rule.options, elapsed=self.now())
+        if self.spec.local_steps == 1 and self.updater.optimizer is not None:
+            snap["lr"] = self.updater.learning_rate()  # the schedule's value at this step
         return {"op": "stats"}, [json.dumps(snap).encode()]
 
     def _control(self, msg: Message, ident) -> tuple[dict, list]:
@@ -383,9 +372,10 @@ class Hub:
             lr = float(h["lr"])
             if not (math.isfinite(lr) and lr > 0):
                 raise ValueError(f"learning rate must be positive and finite, got {lr}")
-            self.lr = lr
+            if self.spec.local_steps == 1:  # with --local-steps it is the workers' (the coordinator's)
+                self.updater.set_learning_rate(lr)
         if "option" in h:
-            self.rule.set_option(str(h["option"][0]), float(h["option"][1]))
+            self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
         if "lost" in h:  # the kernel saw the worker's engine die
             self._lose(int(h["lost"]), str(h.get("reason", "engine died")))
         if h.get("stop") and self.barrier is not None:

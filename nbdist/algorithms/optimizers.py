@@ -1,0 +1,437 @@
+"""The cell's Keras optimizer, reproduced on the hub: one `optimizer.apply` per applied gradient.
+
+Responsible for:
+- `describe_optimizer`: the cell's compiled Keras optimizer -> a JSON-able spec (kernel side;
+  imports Keras lazily); refuses, before the run starts, what the hub cannot reproduce;
+- `server_optimizer_spec`: the same kind of spec for `--server-optimizer` with `--local-steps`;
+- `HubOptimizer`: what one hub shard applies: clipping, weight decay, the learning rate (a
+  constant, a schedule at the hub's step, or the notebook's override) and the class's update
+  formula (`optimizer_rules`), with its slots per shard, exportable for checkpoints.
+
+Formulas and their order follow Keras 3's source (`keras/src/optimizers/base_optimizer.py`
+`apply` and the TensorFlow backend's clipping and weight decay), in float32 like Keras.
+Importing this module loads NumPy only.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from nbdist.algorithms.optimizer_rules import FORMULAS
+from nbdist.algorithms.schedules import describe_schedule, schedule_value
+from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerError
+
+__all__ = [
+    "SUPPORTED_OPTIMIZERS",
+    "HubOptimizer",
+    "describe_optimizer",
+    "server_optimizer_spec",
+    "sum_of_squares",
+]
+
+_F = np.float32
+
+SUPPORTED_OPTIMIZERS: tuple[str, ...] = tuple(FORMULAS)
+
+# Settings every Keras optimizer has, with their Keras defaults (AdamW decays by 0.004).
+_BASE_DEFAULTS: dict[str, float | None] = {
+    "weight_decay": None, "clipnorm": None, "clipvalue": None, "global_clipnorm": None}
+_CLASS_BASE_DEFAULTS: dict[str, dict[str, float | None]] = {"AdamW": {"weight_decay": 0.004}}
+_DEFAULT_LR = {"SGD": 0.01}  # the others' Keras default is 0.001
+
+_PROCEED = "Pass --server-optimizer sgd to train with SGD at the cell's learning rate on purpose."
+_SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
+
+
+def _unsupported(what: str, received: str) -> UnsupportedOptimizerError:
+    return UnsupportedOptimizerError(
+        f"nbdist cannot reproduce the cell's optimizer on the hub: {what}. Received: {received}. "
+        f"Supported: keras.optimizers.{', '.join(SUPPORTED_OPTIMIZERS)} (exactly these classes), "
+        f"with clipnorm, clipvalue, global_clipnorm, weight_decay and a built-in learning-rate "
+        f"schedule. {_PROCEED}")
+
+
+def describe_optimizer(optimizer: Any, segments: list[int], variables: list | None = None) -> dict:
+    """The spec of the cell's compiled Keras optimizer, for `HubOptimizer` (kernel side).
+
+    `segments` are the sizes of the model's trainable variables in flat order. `variables`,
+    those variables (`model.trainable_variables`), are optional but let it check more: which
+    ones `exclude_from_weight_decay(...)` excludes (needed if the cell called it), and that none
+    has a `constraint`, which Keras's `optimizer.apply` enforces after each update and the hub
+    does not.
+
+    The spec's keys: `class_name`; `config`, the class's hyper-parameters with `weight_decay`,
+    `clipnorm`, `clipvalue` and `global_clipnorm`; `learning_rate`, a float or a schedule spec
+    (`describe_schedule`); `segments`; and `decay_mask`, one flag per segment, only when some
+    variables are excluded from weight decay.
+
+    Raises `UnsupportedOptimizerError` (a `ConfigError`) for anything the hub cannot reproduce
+    exactly: another class (a subclass of a supported class included, since nbdist cannot see
+    what it changes), a `LossScaleOptimizer` (mixed precision), `use_ema`,
+    `gradient_accumulation_steps`, `loss_scale_factor`, a learning rate given as a function or a
+    custom schedule, a constrained variable.
+
+    Example:
+        >>> import keras
+        >>> spec = describe_optimizer(keras.optimizers.Adam(clipnorm=1.0), [6, 2])
+        >>> spec["class_name"], spec["config"]["clipnorm"], spec["segments"]
+        ('Adam', 1.0, [6, 2])
+    """
+    import keras
+
+    cls = type(optimizer)
+    name = cls.__name__
+    received = f"{cls.__module__}.{cls.__qualname__}"
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise _unsupported("it is wrapped in a LossScaleOptimizer (mixed precision: the hub "
+                           "applies float32 gradients and keeps no loss scale)", received)
+    if name not in SUPPORTED_OPTIMIZERS or getattr(keras.optimizers, name, None) is not cls:
+        keras_base = next((c for c in cls.__mro__[1:] if c.__name__ in SUPPORTED_OPTIMIZERS
+                           and getattr(keras.optimizers, c.__name__, None) is c), None)
+        what = (f"it is a subclass of keras.optimizers.{keras_base.__name__}, and nbdist cannot "
+                f"know what the subclass changes" if keras_base else "it is not a built-in "
+                "Keras optimizer nbdist reproduces")
+        raise _unsupported(what, received)
+    if optimizer.use_ema:
+        raise _unsupported("use_ema=True (the hub keeps no moving average of the weights)",
+                           f"{name}(use_ema=True)")
+    if optimizer.gradient_accumulation_steps:
+        steps = optimizer.gradient_accumulation_steps
+        raise _unsupported("gradient accumulation (the hub's update rule decides when "
+                           "gradients are applied)",
+                           f"{name}(gradient_accumulation_steps={steps!r})")
+    if optimizer.loss_scale_factor is not None:
+        raise _unsupported("a loss scale factor", f"{name}(loss_scale_factor="
+                           f"{optimizer.loss_scale_factor!r})")
+    segments = _checked_segments(segments)
+    if variables is not None:
+        _check_variables(list(variables), segments)
+    lr = optimizer._learning_rate  # the schedule or the variable, not its current value
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        lr = describe_schedule(lr)
+    elif isinstance(lr, keras.Variable) or not callable(lr):
+        lr = float(np.asarray(lr))
+    else:
+        raise _unsupported("its learning rate is a function nbdist cannot evaluate on the hub",
+                           f"learning_rate={lr!r}")
+    # attributes, not get_config(): that serializes the learning rate, and fails on some
+    keys = (*_BASE_DEFAULTS, *FORMULAS[name].defaults)
+    config = {key: _plain(getattr(optimizer, key)) for key in keys}
+    spec: dict[str, Any] = {"class_name": name, "config": config, "learning_rate": lr,
+                            "segments": segments}
+    mask = _decay_mask(optimizer, segments, variables)
+    if mask is not None:
+        spec["decay_mask"] = mask
+    HubOptimizer(spec, 0)  # the same checks the hub makes, now, on the kernel
+    return spec
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    return float(value)
+
+
+def _decay_mask(optimizer: Any, segments: list[int], variables: list | None) -> list[bool] | None:
+    """Which variables Keras decays, when `exclude_from_weight_decay` excluded some (else None:
+    all of them, Keras's default, biases and normalisation scales included)."""
+    excluded = getattr(optimizer, "_exclude_from_weight_decay", None)
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    if optimizer.weight_decay is None or (not excluded and pattern is None):
+        return None
+    if variables is None and optimizer.built:
+        variables = optimizer._trainable_variables
+    if variables is None:
+        raise _unsupported("exclude_from_weight_decay(...) was called, and nbdist was not given "
+                           "the variables to tell which ones it excludes",
+                           f"{type(optimizer).__name__}(weight_decay={optimizer.weight_decay!r})")
+    _check_variables(list(variables), segments)
+    return [bool(optimizer._use_weight_decay(v)) for v in variables]
+
+
+def _check_variables(variables: list, segments: list[int]) -> None:
+    """The variables match the segments, and Keras's `apply` would do nothing to them beyond
+    the optimizer's update (no constraint, no float8 `overwrite_with_gradient`)."""
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    if sizes != segments:
+        raise ConfigError(f"The variables given to describe_optimizer do not match the segments. "
+                          f"Received: sizes {sizes} vs segments {segments}. Expected the model's "
+                          f"trainable variables in flat order.")
+    for v in variables:
+        name = getattr(v, "path", None) or v.name
+        if getattr(v, "constraint", None) is not None:
+            raise UnsupportedOptimizerError(
+                f"The hub does not apply Keras's variable constraints, which optimizer.apply "
+                f"enforces after each update. Received: variable {name!r} with constraint "
+                f"{type(v.constraint).__name__}. Remove the constraint from the layer (for "
+                f"example kernel_constraint=...) to train this model with nbdist's async modes.")
+        if getattr(v, "overwrite_with_gradient", False):
+            raise UnsupportedOptimizerError(
+                f"The hub cannot train a variable that Keras overwrites with its gradient "
+                f"(float8 training). Received: variable {name!r} with "
+                f"overwrite_with_gradient=True. Train this model without float8 layers.")
+
+
+def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> dict:
+    """The spec of nbdist's own `--server-optimizer` choice, applied to `--local-steps` deltas.
+
+    'sgd': SGD at `lr` (1.0 by default: the hub replays the worker's K steps); 'momentum': SGD
+    with momentum 0.9; 'adam': Keras's Adam at `lr` (1e-2 by default: Adam moves each weight by
+    about lr per push whatever the delta's size, so 1.0 would be far too large).
+
+    Example:
+        >>> server_optimizer_spec("momentum", None, [4])["config"]
+        {'momentum': 0.9}
+    """
+    if name not in _SERVER_OPTIMIZERS:
+        raise ConfigError(f"Unknown server optimizer. Received: {name!r}. Expected one of: "
+                          f"{', '.join(_SERVER_OPTIMIZERS)}.")
+    if name == "adam":
+        class_name, config, default_lr = "Adam", {}, 1e-2
+    else:
+        config = {"momentum": 0.9} if name == "momentum" else {}
+        class_name, default_lr = "SGD", 1.0
+    spec = {"class_name": class_name, "config": config,
+            "learning_rate": default_lr if lr is None else float(lr),
+            "segments": _checked_segments(segments)}
+    HubOptimizer(spec, 0)
+    return spec
+
+
+def sum_of_squares(g: np.ndarray) -> float:
+    """`Σ g²` of a flat float32 gradient (a shard's part of the global norm: the hub adds the
+    shards' sums and passes `sqrt` of the total as `HubOptimizer.apply(global_norm=...)`)."""
+    return float(np.dot(g, g))
+
+
+def _checked_segments(segments: Any) -> list[int]:
+    try:
+        sizes = [int(s) for s in segments]
+    except (TypeError, ValueError):
+        sizes = None
+    if sizes is None or any(s < 0 for s in sizes) or sizes != list(segments):
+        raise ConfigError(f"segments must be the sizes (non-negative integers) of the model's "
+                          f"trainable variables in flat order. Received: {segments!r}.")
+    return sizes
+
+
+class HubOptimizer:
+    """The optimizer a hub shard applies; slot state per shard.
+
+    The shard holds floats `[offset, offset + size)` of the model's flat vector. `spec["segments"]`
+    gives the variable boundaries of the whole vector; the shard intersects them with its range.
+    Everything except per-variable clipping is per element, so shards reproduce Keras exactly.
+    `clipnorm` clips each variable's gradient by its own norm: a variable cut by a shard
+    boundary is clipped per part (each part by the norm of that part), which differs from Keras
+    when the whole variable's norm exceeds `clipnorm`. `global_clipnorm` needs the norm over
+    all shards: pass it as `global_norm` (else the shard's own norm is used).
+
+    Example:
+        >>> spec = server_optimizer_spec("sgd", 0.5, [2])
+        >>> opt = HubOptimizer(spec, size=2)
+        >>> w = np.array([1, 2], np.float32); opt.apply(w, np.array([0.5, -1], np.float32))
+        >>> w.tolist(), opt.iterations
+        ([0.75, 2.5], 1)
+    """
+
+    def __init__(self, spec: dict, size: int, offset: int = 0):
+        self.name, self.config = _checked_spec(spec)
+        self.size, self.offset = int(size), int(offset)
+        segments = _checked_segments(spec.get("segments", ()))
+        if self.size < 0 or self.offset < 0 or sum(segments) < self.offset + self.size:
+            raise ConfigError(f"The shard [{offset}, {offset} + {size}) is not inside the model's "
+                              f"{sum(segments)} floats (segments {segments}). Expected "
+                              f"0 <= offset and offset + size <= sum(segments).")
+        lr = spec.get("learning_rate")
+        self._schedule = lr if isinstance(lr, dict) else None
+        if self._schedule is not None:
+            schedule_value(self._schedule, 0)  # refuses an unknown or incomplete schedule now
+            self._lr = math.nan
+        else:
+            self._lr = self._checked_lr(_DEFAULT_LR.get(self.name, 0.001) if lr is None else lr)
+        self._override: float | None = None
+        self.iterations = 0
+        # the shard's parts of each variable, as local [start, end), for clipnorm and decay
+        self._pieces: list[tuple[int, int, int]] = []
+        start = 0
+        for index, length in enumerate(segments):
+            lo, hi = max(start, self.offset), min(start + length, self.offset + self.size)
+            if lo < hi:
+                self._pieces.append((lo - self.offset, hi - self.offset, index))
+            start += length
+        self._decay_runs = self._decayed_runs(spec.get("decay_mask"), len(segments))
+        cfg = self.config
+        # Keras's precedence in `_clip_gradients`; a non-positive value means off
+        self._clip = next((k for k in ("clipnorm", "global_clipnorm", "clipvalue")
+                           if cfg[k] is not None and cfg[k] > 0), None)
+        self._clipped = np.empty(self.size if self._clip else 0, _F)
+        scratch = (np.empty(self.size, _F), np.empty(self.size, _F))
+        self._scratch = scratch
+        self._formula = FORMULAS[self.name](cfg, self.size, scratch)
+
+    def _decayed_runs(self, mask: Any, num_segments: int) -> list[tuple[int, int]]:
+        """Local [start, end) runs that weight decay touches, adjacent pieces merged."""
+        if self.config["weight_decay"] is None:
+            return []
+        if mask is None:
+            mask = [True] * num_segments
+        if len(mask) != num_segments:
+            raise ConfigError(f"decay_mask needs one flag per segment. Received: {len(mask)} flags "
+                              f"for {num_segments} segments.")
+        runs: list[tuple[int, int]] = []
+        for start, end, index in self._pieces:
+            if not mask[index]:
+                continue
+            if runs and runs[-1][1] == start:
+                runs[-1] = (runs[-1][0], end)
+            else:
+                runs.append((start, end))
+        return runs
+
+    @staticmethod
+    def _checked_lr(lr: Any) -> float:
+        value = float(lr)
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigError(f"A learning rate must be a finite number >= 0. Received: {lr!r}.")
+        return float(_F(value))  # Keras keeps it in a float32 variable
+
+    # -- the learning rate ----------------------------------------------------------------
+
+    def learning_rate(self) -> float:
+        """The rate the next `apply` uses: the override, else the schedule at `iterations`,
+        else the constant."""
+        if self._override is not None:
+            return self._override
+        if self._schedule is not None:
+            return schedule_value(self._schedule, self.iterations)
+        return self._lr
+
+    def set_learning_rate(self, lr: float) -> None:
+        """A constant rate from the notebook; from now on it replaces the schedule, if any."""
+        self._override = self._checked_lr(lr)
+
+    @property
+    def has_schedule(self) -> bool:
+        return self._schedule is not None
+
+    @property
+    def needs_global_norm(self) -> bool:
+        """True when `apply` clips by the global norm (`global_clipnorm`): with several shards,
+        pass the norm over all of them."""
+        return self._clip == "global_clipnorm"
+
+    # -- one update -----------------------------------------------------------------------
+
+    def apply(self, w: np.ndarray, g: np.ndarray, lr_scale: float = 1.0,
+              global_norm: float | None = None) -> None:
+        """One Keras `optimizer.apply(grads, variables)` on the shard, in place on `w`; `g` is
+        not modified. Order as Keras 3: clip, weight decay `w −= w·wd·lr`, the class's formula,
+        `iterations += 1`. `lr = learning_rate()·lr_scale` for both the decay and the formula,
+        as Keras uses one rate for both."""
+        if w.shape != (self.size,) or g.shape != (self.size,):
+            raise ValueError(f"w and g must be flat float32 arrays of {self.size} floats. "
+                             f"Received: shapes {w.shape} and {g.shape}.")
+        lr = _F(self.learning_rate() * lr_scale)
+        if self._clip is not None:
+            g = self._clip_into(g, global_norm)
+        wd = self.config["weight_decay"]
+        if self._decay_runs and wd != 0:
+            wd, a = _F(wd), self._scratch[0]
+            for start, end in self._decay_runs:
+                part, tmp = w[start:end], a[start:end]
+                np.multiply(part, wd, out=tmp)
+                np.multiply(tmp, lr, out=tmp)
+                np.subtract(part, tmp, out=part)
+        self._formula.apply(w, g, lr, self.iterations)
+        self.iterations += 1
+
+    def _clip_into(self, g: np.ndarray, global_norm: float | None) -> np.ndarray:
+        out, cfg = self._clipped, self.config
+        if self._clip == "clipnorm":  # tf.clip_by_norm per variable: g·c / max(‖g‖, c)
+            clip = _F(cfg["clipnorm"])
+            np.multiply(g, clip, out=out)
+            for start, end, _ in self._pieces:
+                part = g[start:end]
+                norm = np.sqrt(_F(np.dot(part, part)))
+                np.divide(out[start:end], max(norm, clip), out=out[start:end])
+        elif self._clip == "global_clipnorm":  # keras clip_by_global_norm; NaN if ‖g‖ is not finite
+            clip = cfg["global_clipnorm"]
+            norm = _F(np.sqrt(_F(sum_of_squares(g)))) if global_norm is None else _F(global_norm)
+            with np.errstate(divide="ignore", invalid="ignore"):
+                scale = _F(clip) * min(_F(1) / norm, _F(1.0 / clip)) + (norm - norm)
+            np.multiply(g, scale, out=out)
+        else:
+            value = _F(cfg["clipvalue"])
+            np.clip(g, -value, value, out=out)
+        return out
+
+    # -- checkpoints ----------------------------------------------------------------------
+
+    def export_state(self) -> dict[str, np.ndarray | float | int]:
+        """Copies of everything that continues the run exactly: the slots (float32 arrays of
+        `size`), scalar slots (Nadam's `u_product`), `iterations` and the rate override."""
+        state: dict[str, np.ndarray | float | int] = {
+            "iterations": self.iterations,
+            "has_lr_override": int(self._override is not None),
+            "lr_override": 0.0 if self._override is None else self._override,
+        }
+        state.update({k: v.copy() for k, v in self._formula.slots.items()})
+        state.update(self._formula.scalars)
+        return state
+
+    def restore_state(self, state: dict) -> None:
+        """Continue from `export_state()`'s values (bit-identically)."""
+        expected = {"iterations", "has_lr_override", "lr_override", *self._formula.slots,
+                    *self._formula.scalars}
+        if set(state) != expected:
+            raise CheckpointError(f"The {self.name} optimizer state does not fit this run. "
+                                  f"Received: fields {sorted(state)}. "
+                                  f"Expected: {sorted(expected)}.")
+        for name, slot in self._formula.slots.items():
+            value = np.asarray(state[name], dtype=_F)
+            if value.shape != slot.shape:
+                raise CheckpointError(f"The {self.name} slot {name!r} has the wrong shape. "
+                                      f"Received: {value.shape}. Expected: {slot.shape}.")
+            np.copyto(slot, value)
+        for name in self._formula.scalars:
+            self._formula.scalars[name] = float(_F(state[name]))
+        self.iterations = int(state["iterations"])
+        self._override = float(state["lr_override"]) if int(state["has_lr_override"]) else None
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes of the slots and scratch buffers (the hub's memory beyond the weights)."""
+        arrays = [*self._formula.slots.values(), *self._scratch, self._clipped]
+        return sum(a.nbytes for a in arrays)
+
+
+def _checked_spec(spec: Any) -> tuple[str, dict[str, Any]]:
+    """(class name, config with Keras's defaults filled in), or a clear refusal."""
+    name = spec.get("class_name") if isinstance(spec, dict) else None
+    if name not in FORMULAS:
+        raise _unsupported("the optimizer class is not one nbdist reproduces", repr(name))
+    defaults = {**_BASE_DEFAULTS, **_CLASS_BASE_DEFAULTS.get(name, {}), **FORMULAS[name].defaults}
+    given = dict(spec.get("config") or {})
+    unknown = sorted(set(given) - set(defaults))
+    if unknown:
+        raise ConfigError(f"Unknown setting(s) {', '.join(unknown)} for the {name} optimizer. "
+                          f"Valid: {', '.join(defaults)}.")
+    config = {**defaults, **given}
+    for key, value in config.items():
+        numeric = isinstance(value, (int, float)) and math.isfinite(value)
+        if not (numeric or (value is None and key in _BASE_DEFAULTS)):
+            raise ConfigError(f"The {name} optimizer's {key} must be a finite number"
+                              f"{' or None' if key in _BASE_DEFAULTS else ''}. "
+                              f"Received: {value!r}.")
+    clips = [k for k in ("clipnorm", "clipvalue", "global_clipnorm") if config[k] is not None]
+    if len(clips) > 1:
+        raise ConfigError(f"Only one of clipnorm, clipvalue and global_clipnorm can be set, as in "
+                          f"Keras. Received: {', '.join(f'{k}={config[k]}' for k in clips)}.")
+    if name == "AdamW" and config["weight_decay"] is None:
+        raise ConfigError("AdamW needs a weight_decay (Keras's default is 0.004). Received: None.")
+    return name, config

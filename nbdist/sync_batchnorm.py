@@ -1,0 +1,120 @@
+"""BatchNormalization over the global batch in `--mode sync` (`--sync-batchnorm`).
+
+Without it, each Horovod rank normalises over its own share of the batch (64 samples in a
+2 x 64 run). That is not what `model.fit` does at batch 128, and it costs accuracy on
+BatchNorm networks. `SyncBatchNorm(model, hvd)` changes how every BatchNormalization layer of
+the model computes its batch statistics on this engine (layers inside nested sub-models
+included) without changing the model's class: in training, each rank allreduces (sums) its
+per-channel sample count, sum and sum of squares, and every rank normalises with the global
+mean and variance, as Horovod's `SyncBatchNormalization` does. Sums and counts rather than
+means, because with `--dbs` the ranks' batches differ; the sums are taken around the moving
+mean (the same on every rank), which keeps E[x^2] - E[x]^2 precise in float32. The moving
+statistics then come out the same on every rank.
+
+Gradients flow through the allreduce. Horovod's allreduce op has a registered gradient (an
+allreduce of the incoming gradient), but it names that collective after the gradient
+tensor, whose name carries Keras's per-process layer counters (`batch_normalization_3`), and
+Horovod matches collectives across ranks by name: two engines that ran different cells
+before would wait for each other until the stall timeout. So both directions are wrapped in
+one `tf.custom_gradient` whose collectives have fixed names (`nbdist_batchnorm_<i>`, by the
+layer's position in the model).
+
+Weighting. sync.py multiplies rank r's gradient by its share w_r of the global batch after
+the backward pass (the loss is each rank's own mean). The statistics' gradient must instead
+be the sum over ranks of w_r' * dL_r'/dS, so the backward allreduce sums w_r * g_r and divides
+by this rank's w_r (which sync.py multiplies back). A rank left without samples at the end of
+an epoch (w_r = 0, one placeholder sample) contributes nothing, forward or backward.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def batchnorm_layers(model) -> list:
+    """Every BatchNormalization layer in `model`, nested sub-models included, in a fixed order
+    (the same on every rank, since every rank runs the same cell)."""
+    import keras
+
+    return [layer for layer in model._flatten_layers(include_self=False, recursive=True)  # noqa: SLF001
+            if isinstance(layer, keras.layers.BatchNormalization)]
+
+
+class SyncBatchNorm:
+    """The model's BatchNormalization layers, switched to global-batch statistics in training.
+
+    Example (on a rank, after `hvd.init()`):
+        >>> bn = SyncBatchNorm(model, hvd)      # doctest: +SKIP
+        >>> bn.set_share(64 / 128)              # before each step's forward pass
+    """
+
+    def __init__(self, model, hvd):
+        import tensorflow as tf
+
+        self.layers = batchnorm_layers(model)
+        self.share = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="nbdist_batch_share")
+        self._share = 1.0
+        for index, layer in enumerate(self.layers):
+            if not callable(getattr(layer, "_moments", None)):
+                from nbdist.errors import DependencyError
+
+                raise DependencyError(
+                    f"--sync-batchnorm replaces BatchNormalization._moments, which this Keras "
+                    f"({keras_version()}) does not have (layer {layer.name!r}). Use Keras 3.x as "
+                    "pinned by nbdist, or train with --no-sync-batchnorm.")
+            # an instance attribute: only this model's layers on this engine change
+            object.__setattr__(layer, "_moments", _global_moments(layer, index, hvd, self.share))
+
+    def set_share(self, share: float) -> None:
+        """This rank's share of the global batch for the next step (0: no samples)."""
+        if share != self._share:
+            self._share = float(share)
+            self.share.assign(np.float32(share))
+
+
+def keras_version() -> str:
+    import keras
+
+    return keras.__version__
+
+
+def _global_moments(layer, index: int, hvd, share):
+    """A replacement for `layer._moments(inputs, mask)`: the global batch's mean and variance."""
+    import tensorflow as tf
+
+    name = f"nbdist_batchnorm_{index}"
+
+    @tf.custom_gradient
+    def global_sum(local, weight):
+        total = hvd.allreduce(local, op=hvd.Sum, name=name, ignore_name_scope=True)
+
+        def grad(upstream):
+            summed = hvd.allreduce(upstream * weight, op=hvd.Sum, name=name + "_grad",
+                                   ignore_name_scope=True)
+            return tf.math.divide_no_nan(summed, weight), tf.zeros_like(weight)
+
+        return total, grad
+
+    def moments(inputs, mask=None):
+        x = tf.cast(inputs, tf.float32)
+        ndim = len(x.shape)
+        axis = layer.axis % ndim
+        axes = [a for a in range(ndim) if a != axis]
+        broadcast = [-1 if a == axis else 1 for a in range(ndim)]
+        shift = tf.reshape(tf.stop_gradient(tf.cast(layer.moving_mean, tf.float32)), broadcast)
+        weight = share.read_value()
+        active = tf.cast(weight > 0, tf.float32)  # a rank with no samples adds nothing
+        if mask is None:
+            counts = tf.ones_like(x)
+        else:
+            counts = tf.broadcast_to(tf.expand_dims(tf.cast(mask, tf.float32), -1), tf.shape(x))
+        d = (x - shift) * counts
+        local = tf.stack([tf.reduce_sum(counts, axes), tf.reduce_sum(d, axes),
+                          tf.reduce_sum(d * (x - shift), axes)]) * active
+        count, total, squares = tf.unstack(global_sum(local, weight))
+        mean_d = tf.math.divide_no_nan(total, count)
+        variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean_d), 0.0)
+        mean = mean_d + tf.reshape(shift, [-1])
+        return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
+
+    return moments
