@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import weakref
 from dataclasses import dataclass
@@ -105,6 +106,9 @@ class Cluster:
         if profile:
             kwargs["profile"] = profile
         ipp_cluster = ipp.Cluster(**kwargs)
+        if launcher == "slurm":  # its batch script goes to the profile's log folder, not the notebook's
+            ipp_cluster.config.SlurmEngineSetLauncher.batch_file_name = os.path.join(
+                ipp_cluster.profile_dir, "log", f"nbdist-engines-{ipp_cluster.cluster_id}.sbatch")
         try:
             ipp_cluster.start_cluster_sync()
         except Exception as exc:

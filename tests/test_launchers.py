@@ -35,6 +35,9 @@ def test_slurm_launcher_starts_engines_as_one_job_that_trains_async_and_sync(tmp
     _needs_horovod()
     from nbdist.cluster import Cluster
 
+    notebook = tmp_path / "notebook"
+    notebook.mkdir()
+    monkeypatch.chdir(notebook)  # ipyparallel writes its batch script to the cwd unless told
     with SlurmCluster(tmp_path / "slurm") as slurm:
         monkeypatch.setenv("SLURM_CONF", slurm.env["SLURM_CONF"])
         cluster = Cluster.start(3, launcher="slurm", timeout=180)
@@ -53,6 +56,7 @@ def test_slurm_launcher_starts_engines_as_one_job_that_trains_async_and_sync(tmp
             assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85
         finally:
             cluster.stop()
+        assert list(notebook.iterdir()) == [], "the launcher left files in the notebook's folder"
         left = _gone(slurm.leftovers, timeout=30)
         assert not left, f"processes outlived the job and its cluster: {left}"
 
