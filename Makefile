@@ -23,17 +23,17 @@ $(STAMP): pyproject.toml
 system:
 	bash scripts/system_packages.sh
 
-horovod: install system
+horovod: system install
 	bash scripts/build_horovod.sh $(BIN)/python $(WHEELS)
 
-test: install system horovod
+test: system install horovod
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Pure unit tests only: no cluster, no Horovod, seconds.
 test-fast: install
 	$(BIN)/python -m pytest -m "not cluster and not horovod and not notebook and not browser and not slow"
 
-demo: install system horovod
+demo: system install horovod
 	$(BIN)/python scripts/demo.py
 
 # Each benchmark runs nbdist and its baseline in one process run and prints the ratio.

@@ -187,7 +187,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
         seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
         source=cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout, stream=contents.streamed, num_workers=backend.num_workers,
+        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed, num_workers=backend.num_workers,
         preloaded=contents.arrays if config.mode is Mode.LOCAL else None,
     )
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)

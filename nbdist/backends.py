@@ -15,6 +15,7 @@ import numpy as np
 
 from nbdist.cluster import Cluster, assign_roles, get_within
 from nbdist.errors import EngineTimeoutError, NbdistError, RemoteCellError
+from nbdist.netaddr import check_reachable, hub_address
 from nbdist.protocol import shard_bounds
 from nbdist.ps.hub import Hub, HubSpec
 from nbdist.worker import WorkerSpec, run_worker
@@ -43,7 +44,11 @@ class ClusterBackend:
         hosts = cluster.engine_hosts()
         self.roles = assign_roles(hosts, num_servers, num_workers)
         self.hosts = hosts
-        self.bind_host = cluster.bind_address({e: hosts[e] for e in (*self.roles.servers, *self.roles.workers)})
+        self.nets = cluster.engine_networks((*self.roles.servers, *self.roles.workers))
+        self.kernel_net = cluster.kernel_network()
+        # each hub binds its own engine's interface towards the workers and this kernel
+        peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
+        self.bind_hosts = {s: hub_address(self.nets[s], peers) for s in self.roles.servers}
         self._tasks: dict[int, object] = {}
         self._run_id = ""
         self.lost: dict[int, str] = {}  # worker -> why its engine is gone
@@ -59,9 +64,13 @@ class ClusterBackend:
         self._run_id = specs[0].run_id
         client = self.cluster.client
         encrypt = getattr(self.cluster, "encrypt", False)
-        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_host, encrypt=encrypt))
+        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
-        return [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
+        endpoints = [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
+        for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
+            address, port = ep["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
+            check_reachable(address, int(port), f"hub shard {shard} (engine {e})", self.hosts[e])
+        return endpoints
 
     def start_workers(self, base: WorkerSpec) -> None:
         per_host = {}

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import time
 import weakref
 from dataclasses import dataclass
 
-from nbdist.errors import ClusterError, EngineTimeoutError, NoClusterError, NotEnoughEnginesError
+from nbdist.errors import (
+    ClusterError,
+    EngineTimeoutError,
+    NoClusterError,
+    NotEnoughEnginesError,
+    UnreachableHostError,
+)
 
 log = logging.getLogger(__name__)
 ENGINE_TIMEOUT_S = 60.0  # longest nbdist waits for an engine to answer a short request
@@ -107,29 +114,47 @@ class Cluster:
         self._ipp_cluster = ipp_cluster  # None when we only connected: never stop theirs
         self._runs: weakref.WeakSet = weakref.WeakSet()  # runs on this cluster, stopped by stop()
         self._watchdog = None  # ends our engines if this kernel dies without stop()
+        self._engines: tuple[int, ...] | None = None  # a subset's engines (see `subset`)
+        self._shared_client = False  # a subset shares its parent's client: never close it
 
     @classmethod
     def start(cls, n: int, profile: str | None = None, timeout: float = 120.0, *,
-              encrypt: bool = False, cluster_id: str | None = None) -> Cluster:
-        """Start `n` local engines (separate processes) with a controller bound to loopback.
+              launcher: str = "local", controller_ip: str | None = None, encrypt: bool = False,
+              cluster_id: str | None = None) -> Cluster:
+        """Start `n` engines through ipyparallel's own launchers, and a controller here.
 
-        A watchdog starts first, so a kernel killed at any moment leaves no process behind.
-        `encrypt`: CurveZMQ on ipyparallel's channels and on nbdist's hub sockets (--encrypt).
+        `launcher`: "local" (processes on this machine; the controller on loopback), "slurm"
+        (one sbatch job of `n` tasks) or "mpi" (`mpiexec -n n`; engines are MPI ranks). With
+        Slurm or MPI the engines may land on other hosts, so the controller listens on this
+        host's routed address (`controller_ip` overrides it). A watchdog starts first, so a
+        kernel killed at any moment leaves no process behind. `encrypt`: CurveZMQ on
+        ipyparallel's channels and on nbdist's hub sockets (--encrypt).
+
+        Example:
+            >>> cluster = Cluster.start(4, launcher="slurm")   # doctest: +SKIP
         """
         import secrets
 
         import ipyparallel as ipp
 
+        from nbdist.netaddr import LAUNCHERS, launcher_controller_ip
         from nbdist.watchdog import spawn
 
+        if launcher not in LAUNCHERS:
+            raise NoClusterError(f"Unknown launcher (Received: {launcher!r}). Expected one of "
+                                 f"{', '.join(LAUNCHERS)}, e.g. %nbdist start 4 --launcher slurm.")
         cluster_id = cluster_id or f"nbdist-{secrets.token_hex(6)}"
         watchdog = spawn(cluster_id)  # before the first cluster process exists
-        kwargs = {"n": n, "controller_ip": "127.0.0.1", "log_level": logging.WARNING, "cluster_id": cluster_id}
+        kwargs = {"n": n, "controller_ip": controller_ip or launcher_controller_ip(launcher),
+                  "log_level": logging.WARNING, "engines": launcher, "cluster_id": cluster_id}
         if profile:
             kwargs["profile"] = profile
         if encrypt:
             kwargs["controller_args"] = ["--IPController.enable_curve=True"]
         ipp_cluster = ipp.Cluster(**kwargs)
+        if launcher == "slurm":  # its batch script goes to the profile's log folder, not the notebook's
+            ipp_cluster.config.SlurmEngineSetLauncher.batch_file_name = os.path.join(
+                ipp_cluster.profile_dir, "log", f"nbdist-engines-{ipp_cluster.cluster_id}.sbatch")
         try:
             ipp_cluster.start_cluster_sync()
             client = ipp_cluster.connect_client_sync()
@@ -140,9 +165,11 @@ class Cluster:
             watchdog.terminate()
             if isinstance(exc, TimeoutError):
                 raise NoClusterError(
-                    f"{n} engine(s) did not start within {timeout:.0f}s. Check that this Python "
-                    "can run `python -m ipyparallel.engine`, or start fewer engines."
-                ) from None
+                    f"{n} engine(s) did not start within {timeout:.0f}s through the {launcher} "
+                    f"launcher. {LAUNCHERS[launcher]}") from None
+            if isinstance(exc, Exception):
+                raise NoClusterError(f"ipyparallel's {launcher} launcher could not start {n} "
+                                     f"engine(s): {exc}. {LAUNCHERS[launcher]}") from None
             raise
         handle = cls(client, ipp_cluster, encrypt=encrypt)
         handle._watchdog = watchdog
@@ -150,15 +177,18 @@ class Cluster:
 
     @classmethod
     def connect(cls, profile: str | None = None, cluster_id: str | None = None,
-                timeout: float = 30.0, *, encrypt: bool = False) -> Cluster:
-        """Connect to an ipcluster already running (e.g. started by a Slurm or MPI launcher).
-        `encrypt`: the cluster must use CurveZMQ (its connection file names a server key), and
-        nbdist's hub sockets use it too."""
+                timeout: float = 30.0, connection_file: str | None = None, *,
+                encrypt: bool = False) -> Cluster:
+        """Connect to an ipcluster already running (started by hand, Slurm or MPI).
+
+        `connection_file` is the controller's `ipcontroller-<id>-client.json`, for a controller
+        started outside the profile folders this kernel knows. `encrypt`: the cluster must use
+        CurveZMQ (its connection file names a server key), and nbdist's hub sockets use it too."""
         import ipyparallel as ipp
 
         kwargs = {k: v for k, v in (("profile", profile), ("cluster_id", cluster_id)) if v}
         try:
-            client = ipp.Client(timeout=timeout, **kwargs)
+            client = ipp.Client(*([connection_file] if connection_file else []), timeout=timeout, **kwargs)
         except (OSError, TimeoutError) as exc:
             raise NoClusterError(
                 f"Could not connect to an ipcluster (profile={profile!r}, cluster_id={cluster_id!r}): "
@@ -170,7 +200,23 @@ class Cluster:
 
     @property
     def engine_ids(self) -> list[int]:
-        return list(self.client.ids)
+        return list(self._engines) if self._engines is not None else list(self.client.ids)
+
+    def subset(self, engines) -> Cluster:
+        """The same cluster restricted to some engines (a run uses only these); stopping the
+        subset only disconnects it.
+
+        Example:
+            >>> run = nbdist.train(CELL, cluster=cluster.subset([0, 2, 3]))  # doctest: +SKIP
+        """
+        missing = sorted(set(engines) - set(self.client.ids))
+        if missing:
+            raise NoClusterError(f"Engines {missing} are not in the cluster (Received: {list(engines)}; "
+                                 f"it has {list(self.client.ids)}). Pick engines from `cluster.engine_ids`.")
+        view = Cluster(self.client, encrypt=self.encrypt)
+        view._engines = tuple(engines)  # noqa: SLF001
+        view._shared_client = True  # noqa: SLF001
+        return view
 
     def engine_hosts(self) -> dict[int, str]:
         """engine id -> hostname, asked from the engines themselves."""
@@ -180,17 +226,39 @@ class Cluster:
         pending = {e: self.client[e].apply_async(socket.gethostname) for e in ids}
         return {e: get_within(ar, e, "a request for its hostname") for e, ar in pending.items()}
 
-    def bind_address(self, engine_hosts: dict[int, str]) -> str:
-        """Where hubs listen: loopback when every engine shares one host, else that host's
-        interface towards the controller (resolved on the engine; never all interfaces)."""
-        if len(set(engine_hosts.values())) == 1:
-            return "127.0.0.1"
-        return "route:" + self._controller_ip()
+    def controller_address(self) -> str:
+        """The controller's address as the engines reach it (see `nbdist.netaddr`)."""
+        from nbdist.netaddr import controller_address
 
-    def _controller_ip(self) -> str:
-        url = self.client._config.get("registration", "") or ""  # noqa: SLF001
-        host = url.split("://")[-1].rsplit(":", 1)[0] if "://" in url else "127.0.0.1"
-        return host if host not in ("*", "0.0.0.0") else "127.0.0.1"
+        return controller_address(self.client._config)  # noqa: SLF001
+
+    def engine_networks(self, engines, timeout: float = 20.0) -> dict:
+        """engine id -> its host's `HostNet` (routes, addresses, address towards the controller).
+
+        Engines that do not answer within `timeout` raise an UnreachableHostError naming them."""
+        from nbdist.netaddr import host_network
+
+        engines, controller = list(engines), self.controller_address()
+        pending = {e: self.client[e].apply_async(host_network, controller) for e in engines}
+        nets, silent = {}, []
+        for e, ar in pending.items():
+            try:
+                nets[e] = ar.get(max(0.1, timeout))
+            except TimeoutError:
+                silent.append(e)
+        if silent:
+            raise UnreachableHostError(
+                f"Engine(s) {silent} did not answer within {timeout:.0f}s (controller at {controller}). "
+                "Expected every engine's host to be up and to reach the controller: check the host and "
+                "its link, or leave those engines out with `cluster.subset(...)`.",
+                address=controller)
+        return nets
+
+    def kernel_network(self):
+        """This kernel's `HostNet` (the kernel talks to hubs and serves the sync rendezvous)."""
+        from nbdist.netaddr import host_network
+
+        return host_network(self.controller_address())
 
     def track(self, run) -> None:
         """Remember a run on this cluster, so `stop()` ends it before the engines go."""
@@ -218,6 +286,8 @@ class Cluster:
                                 self.client.ids, SHUTDOWN_S)
         except Exception as exc:  # noqa: BLE001 - stopping the processes below still works
             log.warning("clean engine shutdown failed (%s); stopping processes", exc)
+        if self._shared_client:
+            return
         try:
             self.client.close()
         finally:

@@ -75,6 +75,13 @@ class Transport(enum.StrEnum):
     SHM = "shm"  # same host only: buffers in shared memory, only signed headers on ZeroMQ
 
 
+class Compression(enum.StrEnum):
+    """What crosses the network for parameters and gradients (see nbdist.compression)."""
+
+    NONE = "none"  # float32
+    FP16 = "fp16"  # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
+
+
 def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
     try:
         return enum_type(value.value if isinstance(value, enum.Enum) else str(value).lower())
@@ -149,6 +156,7 @@ class TrainConfig:
     no_validation: bool = False
     seed: int = 0
     transport: Transport = Transport.AUTO
+    compression: Compression = Compression.NONE
     timeout: float = 120.0  # seconds a hub or worker may stay silent before the run fails
     algo_options: dict = dataclasses.field(default_factory=dict)  # e.g. {"lambda0": 2.0}
     staleness_lr: bool = False  # lr / max(1, delay) on every push
@@ -176,6 +184,7 @@ class TrainConfig:
         set_(self, "mode", _choice(Mode, self.mode, "--mode"))
         set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
+        set_(self, "compression", _choice(Compression, self.compression, "--compression"))
         if self.server_optimizer is not None:
             set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))

@@ -16,7 +16,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     ├── ClusterError (RuntimeError)         the engine cluster cannot serve this run
     │   ├── NoClusterError                  no cluster started or connected
     │   ├── NotEnoughEnginesError           more workers + shards than engines
-    │   └── EngineTimeoutError              an engine did not answer within its time limit
+    │   ├── EngineTimeoutError              an engine did not answer within its time limit
+    │   └── UnreachableHostError            a host of the cluster does not answer on its address
     ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
     ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
@@ -49,6 +50,7 @@ __all__ = [
     "ProtocolError",
     "RemoteCellError",
     "TrainingError",
+    "UnreachableHostError",
     "UnsupportedOptimizerError",
 ]
 
@@ -106,6 +108,16 @@ class EngineTimeoutError(ClusterError):
     def __init__(self, message: str, engine_id: int | None = None):
         super().__init__(message)
         self.engine_id = engine_id
+
+
+class UnreachableHostError(ClusterError):
+    """A host of the cluster cannot be reached on the address nbdist chose (named in the message).
+
+    `host` and `address` say which, when known (the message always names them)."""
+
+    def __init__(self, message: str, host: str | None = None, address: str | None = None):
+        super().__init__(message)
+        self.host, self.address = host, address
 
 
 class RemoteCellError(NbdistError, RuntimeError):

@@ -12,7 +12,7 @@ import argparse
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
-from nbdist.config import Algorithm, Metrics, Mode, ServerOptimizer, Transport
+from nbdist.config import Algorithm, Compression, Metrics, Mode, ServerOptimizer, Transport
 from nbdist.errors import ClusterError, ConfigError, NoClusterError
 
 
@@ -33,9 +33,13 @@ class NbdistMagics(Magics):
     @argument("--cluster-id", default=None, help="cluster id of a running ipcluster (connect)")
     @argument("--encrypt", action="store_true",
               help="CurveZMQ on ipyparallel's channel and nbdist's hub sockets (untrusted networks)")
+    @argument("--launcher", default="local", choices=["local", "slurm", "mpi"],
+              help="start: how engines are started (ipyparallel's launchers): local processes, "
+                   "one Slurm job (sbatch), or MPI ranks (mpiexec)")
     @line_magic
     def nbdist(self, line: str) -> None:
-        """Manage the engine cluster: %nbdist start 3 | connect --profile slurm | status | stop"""
+        """Manage the engine cluster: %nbdist start 3 [--launcher slurm|mpi] | connect --profile lab
+        --cluster-id ID | status | stop"""
         args = parse_argstring(self.nbdist, line)
         from nbdist.cluster import Cluster
 
@@ -46,7 +50,8 @@ class NbdistMagics(Magics):
             if not args.n or args.n < 1:
                 raise ClusterError(f"%nbdist start needs a number of engines >= 1 (Received: {args.n}). "
                                    "Example: %nbdist start 3 (one hub and two workers).")
-            self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt)
+            self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt,
+                                         launcher=args.launcher)
             print(f"Started {self.cluster.describe()}")
         elif args.action == "connect":
             if self.cluster is not None:
@@ -83,6 +88,9 @@ class NbdistMagics(Magics):
     @argument("--no-validation", action="store_true", help="skip validation")
     @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
     @argument("--transport", default="auto", choices=[t.value for t in Transport])
+    @argument("--compression", default="none", choices=[c.value for c in Compression],
+              help="fp16: parameters and gradients cross the network as float16 (half the bytes); "
+                   "the hub keeps float32")
     @argument("--timeout", type=float, default=120.0, help="seconds of silence before a run fails")
     @argument("--algo-opt", default=None, help="rule hyper-parameters, e.g. lambda0=2,momentum=0.9")
     @argument("--staleness-lr", action="store_true", help="divide the rate by the push's delay")
@@ -158,7 +166,7 @@ def _options(args) -> dict:
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, model=args.model, data=args.data,
         validation=args.validation, no_validation=args.no_validation, seed=args.seed,
         in_memory_limit=args.in_memory_limit,
-        transport=args.transport, timeout=args.timeout, algo_options=args.algo_opt,
+        transport=args.transport, compression=args.compression, timeout=args.timeout, algo_options=args.algo_opt,
         staleness_lr=args.staleness_lr, staleness=args.staleness, n=args.n,
         groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,

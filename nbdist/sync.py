@@ -30,6 +30,7 @@ import numpy as np
 
 from nbdist.backends import ClusterBackend, _engine_died
 from nbdist.errors import DependencyError, TrainingError, WorkersLostError
+from nbdist.netaddr import kernel_address
 from nbdist.sync_checkpoint import check_slots, read_slots, snapshot, write_slots
 from nbdist.worker import WorkerSpec, configure_tensorflow, engine_namespace, unpack
 
@@ -63,14 +64,6 @@ class SyncSpec(WorkerSpec):
     sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (nbdist.sync_batchnorm)
 
 
-MPI_RANK_VARIABLES = ("OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK", "MPI_LOCALRANKID")
-
-
-def mpi_rank_variable() -> str | None:
-    """The MPI rank variable of this engine's environment, if it was started as an MPI rank."""
-    return next((v for v in MPI_RANK_VARIABLES if v in os.environ), None)
-
-
 class SyncBackend(ClusterBackend):
     """Horovod ranks on worker engines; rendezvous and the metrics hub in this kernel."""
 
@@ -79,17 +72,8 @@ class SyncBackend(ClusterBackend):
     def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None):
         require_horovod()
         super().__init__(cluster, num_servers=0, num_workers=num_workers)
-        mpi = [v for v in cluster.client[list(self.roles.workers)].apply_sync(mpi_rank_variable) if v]
-        if mpi:
-            import horovod.tensorflow as hvd
-
-            built = "with" if hvd.mpi_built() else "without"
-            raise DependencyError(
-                f"The engines were started as MPI ranks ({mpi[0]} is set), so Horovod should use "
-                f"its MPI controller, but this Horovod was built {built} MPI and nbdist drives "
-                "Horovod through its Gloo rendezvous only. Start the engines without MPI "
-                "(ipcluster start --engines=local, or the Slurm launcher), or use --mode async."
-            )
+        # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
+        # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
         self._rendezvous = None
         self._local_hub = None
         self.checkpoint_dir = checkpoint_dir
@@ -102,7 +86,8 @@ class SyncBackend(ClusterBackend):
         return self._local_hub.start_hubs([replace(s, bind_host=self._kernel_bind_host()) for s in specs])
 
     def _kernel_bind_host(self) -> str:
-        return "127.0.0.1" if self.bind_host == "127.0.0.1" else socket.gethostbyname(socket.gethostname())
+        """This kernel's address towards the ranks (from routes; loopback if all are local)."""
+        return kernel_address(self.kernel_net, [self.nets[w] for w in self.roles.workers])
 
     def start_workers(self, base: SyncSpec) -> None:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
@@ -130,7 +115,8 @@ class SyncBackend(ClusterBackend):
                    "HOROVOD_CROSS_SIZE": str(slot.cross_size), "HOROVOD_CONTROLLER": "gloo",
                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": address,
                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S),
-                   "HOROVOD_GLOO_IFACE": "lo" if address == "127.0.0.1" else "",
+                   "HOROVOD_GLOO_IFACE": f"route:{address}",  # resolved on the rank (rank_network)
+                   "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
             spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
                            threads=max(1, (os.cpu_count() or 1) // slot.local_size))
@@ -174,7 +160,7 @@ class SyncBackend(ClusterBackend):
 
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     """One Horovod rank: train in lockstep with the others; returns the final weights."""
-    os.environ.update(spec.env or {})
+    os.environ.update(rank_network(spec.env or {}))
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     configure_tensorflow(spec.threads, spec.local_rank)
     ns = engine_namespace() if namespace is None else namespace
@@ -193,6 +179,45 @@ def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
         return _SyncLoop(spec, hvd, model, data, validation).run()
     finally:
         hvd.shutdown()
+
+
+def rank_network(env: dict) -> dict:
+    """Resolve `HOROVOD_GLOO_IFACE=route:ADDRESS` to this host's interface towards the
+    rendezvous (Gloo binds that interface's address), after checking the rendezvous answers."""
+    from nbdist.netaddr import check_reachable, interface_for
+
+    env = dict(env)
+    iface = env.get("HOROVOD_GLOO_IFACE", "")
+    if iface.startswith("route:"):
+        address = iface.split(":", 1)[1]
+        check_reachable(address, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+                        "the Horovod rendezvous (in the notebook kernel)", env.get("NBDIST_RENDEZVOUS_HOST", "?"))
+        env["HOROVOD_GLOO_IFACE"] = interface_for(address)
+        if int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1:
+            check_hostname_address(env["HOROVOD_GLOO_IFACE"])
+    return env
+
+
+def check_hostname_address(iface: str) -> None:
+    """Horovod 0.28.1 connects its process-set contexts on the address of this host's *name*,
+    not on HOROVOD_GLOO_IFACE: across hosts that name must resolve to an address of `iface`,
+    or Gloo aborts the engine ("Unable to find address for", or loopback peers). Say so first."""
+    from nbdist.errors import UnreachableHostError
+    from nbdist.netaddr import host_network
+
+    name = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        resolved = None
+    own = [a for a, _ in host_network("127.0.0.1").addrs.get(iface, [])]
+    if resolved not in own:
+        raise UnreachableHostError(
+            f"Host {name}'s name resolves to {resolved or 'nothing'}, but its ranks talk to the other "
+            f"hosts on {iface} ({', '.join(own) or 'no address'}). Horovod's Gloo binds the address of "
+            "the host's name for part of its set-up, so ranks on other hosts could not reach it. "
+            f"Make {name} resolve to {own[0] if own else 'that address'} (a line in /etc/hosts or DNS), "
+            "or use --mode async.", host=name, address=resolved)
 
 
 class _SyncLoop:
@@ -251,10 +276,17 @@ class _SyncLoop:
         hvd, optimizer, trainable = self.hvd, self.model.optimizer, self.model.trainable_variables
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
+        fp16 = self.spec.compression == "fp16"
+
         @tf.function(reduce_retracing=True)
         def allreduce_apply(weighted_grad, control):
-            reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
-                                    name="nbdist_gradient")
+            if fp16:  # the gradient travels as float16 (Horovod's own compression); control exact
+                reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum, name="nbdist_gradient",
+                                                   compression=hvd.Compression.fp16),
+                                     hvd.allreduce(control, op=hvd.Sum, name="nbdist_control")], 0)
+            else:
+                reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
+                                        name="nbdist_gradient")
             grads = tf.split(reduced[: self.flat.size], sizes)
             optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
                                           trainable, strict=True))

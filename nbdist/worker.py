@@ -41,6 +41,7 @@ class WorkerSpec:
     source: str | None = None  # the cell; None: the namespace already holds its results
     pushed: dict = field(default_factory=dict)  # arrays the cell uses but does not define
     transport: str = "auto"
+    compression: str = "none"  # "fp16": pushes and pulls across hosts as float16 (nbdist.compression)
     timeout: float = 120.0
     threads: int | None = None  # TensorFlow intra-op threads; None: TensorFlow's default
     local_rank: int = 0
@@ -132,7 +133,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     for size in (spec.batch_size, max(1, spec.batch_size // 2)):
         flat.assign_and_gradients(*flat.read(), *data.head(size))
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
-                                spec.transport, spec.timeout, spec.engine)
+                                spec.transport, spec.timeout, spec.engine, compression=spec.compression)
     try:
         return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:

@@ -18,7 +18,9 @@ from collections import Counter
 import numpy as np
 import zmq
 
+from nbdist import compression
 from nbdist.errors import ProtocolError, TrainingError
+from nbdist.netaddr import check_reachable
 from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
 from nbdist.ps.wire import client_socket
@@ -101,7 +103,8 @@ class WorkerTransport:
     """
 
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
-                 transport: str = "auto", timeout: float = 120.0, engine: int | None = None):
+                 transport: str = "auto", timeout: float = 120.0, engine: int | None = None,
+                 compression: str = "none"):
         self.worker, self.engine = worker, engine
         self.bounds = []
         start = 0
@@ -113,6 +116,11 @@ class WorkerTransport:
         self.use_shm = transport != "tcp" and all(s["host"] == here for s in shards)
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; use 'auto'.")
+        self.compression = "none" if self.use_shm else compression  # shared memory: no bytes to save
+        if not self.use_shm:  # across hosts: a host that does not answer fails here, named
+            for i, s in enumerate(shards):
+                address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
+                check_reachable(address, int(port), f"hub shard {i}", s["host"].split(":")[0])
         self._ctx = zmq.Context()
         self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout,
                                 "ipc" if self.use_shm else "tcp")
@@ -132,7 +140,7 @@ class WorkerTransport:
         """Register with every shard and pull the parameters; returns shard 0's reply header."""
         for i, line in enumerate(self.lines):
             header = {"op": "hello", "worker": self.worker, "engine": self.engine,
-                      "host": shm.host_id().split(":")[0], **(host_info or {})}
+                      "host": shm.host_id().split(":")[0], "compression": self.compression, **(host_info or {})}
             if self._segment is not None:
                 header.update(shm=self._segment.name, offset=self.bounds[i][0], total=self.total)
             line.send(header)
@@ -154,7 +162,7 @@ class WorkerTransport:
             buffers = []
             if push and self._segment is None:
                 lo, hi = self.bounds[i]
-                buffers.append(self.grad[lo:hi])
+                buffers.append(compression.encode(self.grad[lo:hi], self.compression))
             if push and i == 0 and self.nt_delta.size:
                 buffers.append(self.nt_delta)
             shard_header = {"op": "step", "worker": self.worker, "push": push, "pull": pull, **(shared or {})}
@@ -186,7 +194,7 @@ class WorkerTransport:
                                             f"{self._segment.name!r}; it has a stale registration. "
                                             "Run the cell again.")
                 else:
-                    np.copyto(self.params[lo:hi], msg.floats(0))
+                    compression.decode_into(msg.buffers[0], self.compression, self.params[lo:hi])
                 if i == 0 and self.non_trainable.size:
                     np.copyto(self.non_trainable, msg.floats(len(msg.buffers) - 1))
             if i == 0:

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
+from nbdist import compression
 from nbdist.errors import ProtocolError
 from nbdist.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.ps import shm, writeoff
@@ -79,6 +80,7 @@ class _WorkerLink:
         self.grad = shm.floats(segment, offset, size) if segment else None
         self.params = shm.floats(segment, total + offset, size) if segment else None
         self.send_buffer: np.ndarray | None = None  # TCP: reused buffer for pull replies
+        self.compression = "none"  # "fp16": this worker's pushes and pulls travel as float16
 
 
 class Hub:
@@ -204,6 +206,7 @@ class Hub:
         name = msg.header.get("shm")
         self.links[worker] = (_WorkerLink(shm.attach(name), msg.header["offset"], self.size, msg.header["total"])
                               if name else _WorkerLink())
+        self.links[worker].compression = msg.header.get("compression", "none")
         if self.coordinator:
             self.coordinator.hello(worker, msg.header.get("host", ""), msg.header.get("engine"))
             self.coordinator.heard(worker, self.now())
@@ -220,7 +223,7 @@ class Hub:
         link, pull = self.links[worker], bool(h.get("pull"))
         copied = False  # whether the pull buffer already holds the new weights
         if h.get("push"):
-            grad = link.grad if link.grad is not None else msg.floats(0)
+            grad = link.grad if link.grad is not None else compression.decode(msg.buffers[0], link.compression)
             if grad.size != self.size:
                 raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
             if self.coordinator and self.non_trainable.size:
@@ -309,7 +312,7 @@ class Hub:
                 header["params"] = "shm" if target is not None else "live"  # live: no lock
                 header["seg"] = link.segment.name
             else:
-                buffers.append(target if target is not None else self.params)
+                buffers.append(compression.encode(target if target is not None else self.params, link.compression))
             if self.coordinator and self.non_trainable.size:
                 buffers.append(self.non_trainable.copy())
         return header, buffers

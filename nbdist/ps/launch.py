@@ -7,7 +7,6 @@ ipyparallel call find the hub an earlier call started.
 
 from __future__ import annotations
 
-import socket
 import threading
 
 from nbdist.ps.hub import Hub, HubSpec
@@ -15,18 +14,8 @@ from nbdist.ps.hub import Hub, HubSpec
 _hubs: dict[tuple[str, int], tuple[Hub, threading.Thread, dict]] = {}
 
 
-def resolve_bind_host(bind_host: str) -> str:
-    """'route:IP' -> this machine's address on the interface that reaches IP."""
-    if not bind_host.startswith("route:"):
-        return bind_host
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        probe.connect((bind_host.split(":", 1)[1], 9))  # UDP: picks a route, sends nothing
-        return probe.getsockname()[0]
-
-
 def start_hub(spec: HubSpec) -> dict:
     """Bind a hub's sockets, serve from a thread, and return its endpoints."""
-    spec.bind_host = resolve_bind_host(spec.bind_host)
     hub = Hub(spec)
     result: dict = {}
     thread = threading.Thread(target=lambda: result.update(hub.serve()), daemon=True,
