@@ -166,7 +166,6 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
-    lr = config.lr if config.lr is not None else _cell_rate(model.optimizer)
     plan, options, easgd_alpha = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer),
                                        backend.num_workers)
     key, run_id = new_key(), uuid.uuid4().hex[:12]
@@ -175,7 +174,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
                    params=params, non_trainable=non_trainable, rule_options=options,
                    local_steps=config.local_steps, optimizer=optimizer,
                    idle_timeout=config.timeout,
-                   extra_bytes=8 * params.nbytes + non_trainable.nbytes if config.mode is Mode.SYNC else 0)
+                   extra_bytes=8 * params.nbytes + non_trainable.nbytes if sync else 0)
     hub_params = params[:0] if sync else params  # in sync mode the hub holds no parameters
     specs = hub_specs(base, hub_params, 1 if sync else config.servers)
     if ckpt is not None:
@@ -187,8 +186,8 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         model_name=contents.model_name, data=contents.data, validation=contents.validation,
         seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
         source=cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed, num_workers=backend.num_workers,
-        preloaded=contents.arrays if config.mode is Mode.LOCAL else None,
+        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed,
+        num_workers=backend.num_workers, preloaded=contents.arrays if config.mode is Mode.LOCAL else None,
     )
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)
     try:
@@ -196,6 +195,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
             from nbdist.sync import SyncSpec
             from nbdist.sync_checkpoint import resume_fields
 
+            lr = config.lr if config.lr is not None else _cell_rate(model.optimizer)
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
                                            initial_non_trainable=non_trainable,
                                            checkpoint=config.checkpoint_dir is not None,
@@ -207,10 +207,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         control.shutdown()  # nothing may be left serving
         control.close()
         raise
-    run = Run(config, model, contents.model_name)
-    run.warnings.extend(contents.warnings + warnings)
-    for text in contents.notes:
-        run.note(text)
+    run = Run(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
     run._checkpoint_info = {  # noqa: SLF001 - what every checkpoint of this run records
         "run_id": run_id, "config": config.to_dict(), "cell": cell, "model_name": contents.model_name,
         "layout": shape, "num_samples": contents.num_samples, "num_workers": backend.num_workers,

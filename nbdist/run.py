@@ -39,7 +39,8 @@ class Run:
         >>> run.wait().history.tail()                             # doctest: +SKIP
     """
 
-    def __init__(self, config, model, model_name: str):
+    def __init__(self, config, model, model_name: str, warnings: list[str] | None = None,
+                 notes: list[str] | None = None):
         self.config = config
         self.model = model  # the kernel's model; holds the trained weights at the end
         self.model_name = model_name
@@ -57,8 +58,11 @@ class Run:
         self._listeners: list = []  # callables(run) called after each poll (status display)
         self.revision = 0  # +1 per stats poll: displays redraw only what changed
         self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
-        self.warnings: list[str] = []  # how the run differs from the cell, or what went wrong without failing it
+        # how the run trains unlike the cell, or what went wrong without failing it
+        self.warnings: list[str] = list(warnings or [])
         self._notes: list[dict] = []  # choices made before the start (see `note`)
+        for text in notes or []:
+            self.note(text)
         self._events_seen = 0
         self.last_checkpoint: str | None = None  # path of the latest checkpoint written
         self._checkpoint_info: dict = {}  # set by nbdist.api: config, cell, layout, ...

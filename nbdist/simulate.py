@@ -389,10 +389,7 @@ def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: d
     if options.calibrate:
         simulation.calibrate(config.batch_size)
     backend = SimBackend(simulation)
-    run = Run(config, model, contents.model_name)
-    run.warnings.extend(contents.warnings + warnings)
-    for text in contents.notes:
-        run.note(text)
+    run = Run(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
     backend.start()
     run._begin(backend, simulation, f"sim-{uuid.uuid4().hex[:8]}")  # noqa: SLF001
     if wait:

@@ -39,10 +39,11 @@ def cluster():
     assert not left, f"engine processes left running after stop: {left}"
 
 
-def _alive(pid: int) -> bool:
+def _alive(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether `pid` still runs after up to `wait_s` seconds (engines take a moment to exit)."""
     import time
 
-    for _ in range(50):  # engines may take a moment to exit
+    for _ in range(int(wait_s / 0.1)):
         try:
             os.kill(pid, 0)
         except ProcessLookupError:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from tests.conftest import SYNTHETIC_CELL
+from tests.conftest import SYNTHETIC_CELL, _alive
 from tests.schedulers import SlurmCluster, mpi_env, mpi_unavailable, slurm_unavailable
 
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
@@ -99,7 +99,7 @@ def test_mpi_launcher_engines_are_mpi_ranks_and_train_sync_through_gloo(ip, monk
     finally:
         ip.run_line_magic("nbdist", "stop")
     for pid in pids:
-        assert not _alive(pid), f"MPI engine {pid} outlived %nbdist stop"
+        assert not _alive(pid, wait_s=10.0), f"MPI engine {pid} outlived %nbdist stop"
 
 
 def test_unknown_launcher_is_refused_with_the_choices():
@@ -110,13 +110,3 @@ def test_unknown_launcher_is_refused_with_the_choices():
         Cluster.start(2, launcher="pbs")
 
 
-def _alive(pid: int) -> bool:
-    import time
-
-    for _ in range(100):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        time.sleep(0.1)
-    return True

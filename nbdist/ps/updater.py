@@ -91,10 +91,8 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     if chosen is not None:
         lr = config.lr if config.lr is not None else float(np.asarray(optimizer.learning_rate))
         spec = server_optimizer_spec(chosen, lr, segments)
-        cell = type(optimizer).__name__
-        if spec["class_name"] != cell or chosen == "momentum":
-            warnings.append(f"--server-optimizer {chosen}: the hub trains with {describe_spec(spec)}, "
-                            f"not with the cell's {cell}.")
+        warnings.append(f"--server-optimizer {chosen}: the hub trains with {describe_spec(spec)}, "
+                        f"not with the cell's {type(optimizer).__name__} as compiled.")
     else:
         spec = describe_optimizer(optimizer, segments, variables)
         if config.lr is not None:  # (over a schedule it is refused: nbdist.learning_rate.check_lr)
