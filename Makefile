@@ -44,6 +44,8 @@ bench: install horovod
 	$(BIN)/python benchmarks/dbs_effect.py
 	$(BIN)/python benchmarks/metrics_overhead.py
 	$(BIN)/python benchmarks/sync_vs_async.py
+	$(BIN)/python benchmarks/sync_batchnorm.py
+	$(BIN)/python benchmarks/network.py
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/hub_soak.py
 	$(BIN)/python benchmarks/dashboard_refresh.py
