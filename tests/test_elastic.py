@@ -111,3 +111,31 @@ def test_magic_flag_elastic_reaches_train(ip):
     magics = ip.magics_manager.registry["NbdistMagics"]
     assert _options(parse_argstring(magics.distribute, "--elastic"))["elastic"] is True
     assert _options(parse_argstring(magics.distribute, ""))["elastic"] is False
+
+
+class _Task:
+    """An ipyparallel AsyncResult as `ClusterBackend.failure` reads it."""
+
+    def __init__(self, error: Exception | None = None):
+        self.error = error
+
+    def ready(self):
+        return True
+
+    def successful(self):
+        return self.error is None
+
+    def get(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+
+
+def test_an_added_worker_that_fails_is_written_off_but_a_first_worker_fails_the_run():
+    b = backend()
+    b.worker_engines = [1, 2]
+    b.lost, b._reported, b._tasks = {}, set(), {0: _Task(), 1: _Task(ImportError("no module foo"))}
+    assert b.failure() is None  # worker 1 was added mid-run: written off, the run goes on
+    (lost,) = b.newly_lost()
+    assert lost[0] == 1 and "ImportError on engine 2: no module foo" in lost[1] and b.newly_lost() == []
+    b._tasks[0] = _Task(ValueError("bad cell"))
+    assert "ValueError on engine 1: bad cell" in str(b.failure())

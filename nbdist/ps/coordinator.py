@@ -3,7 +3,8 @@
 It hands out data chunks (global epochs), counts each push into the statistics and the
 per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (learning rate,
 pause, stop, slow-down, batch policy), queues validation jobs at epoch ends, gates workers
-that run too far ahead (SSP), and forms speed groups (group sync). The hub asks it, for each
+that run too far ahead (SSP), forms speed groups (group sync), and takes in workers added
+mid-run (`add_worker`, from the kernel's `add_worker` control op). The hub asks it, for each
 worker message, what to answer; `None` from `work_for` means "hold the reply" (SSP).
 """
 
