@@ -171,6 +171,7 @@ class TrainConfig:
     batch_max: int | None = None
     slowdown: tuple[float, ...] | None = None
     metrics: Metrics = Metrics.FULL
+    elastic: bool = False  # async: engines that join the cluster mid-run become workers
     checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.ps.checkpoint)
     checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
     sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
@@ -230,6 +231,11 @@ class TrainConfig:
                 f"--sync-batchnorm allreduces BatchNorm statistics between Horovod ranks, so it "
                 f"needs --mode sync (Received: --mode {self.mode.value}). In the other modes each "
                 "worker's step is already a whole batch: drop --sync-batchnorm.")
+        if self.elastic is not False and (self.elastic is not True or self.mode is not Mode.ASYNC):
+            raise ConfigError(
+                f"--elastic takes engines that join the cluster into an async run (Received: "
+                f"elastic={self.elastic!r}, --mode {self.mode.value}). Use it with --mode async, or "
+                "drop it: sync, local and simulated runs keep the workers they start with.")
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "

@@ -107,6 +107,8 @@ class NbdistMagics(Magics):
     @argument("--batch-max", type=int, default=None, help="DBS ceiling (default: workers x batch-size)")
     @argument("--slowdown", default=None, help="per-worker slow-down factors, e.g. 1,2,4")
     @argument("--metrics", default="full", choices=[m.value for m in Metrics])
+    @argument("--elastic", action="store_true",
+              help="async: engines that join the cluster while the run trains become workers")
     @argument("--checkpoint-dir", default=None, help="folder for checkpoints of the hub's state")
     @argument("--checkpoint-every", type=float, default=None,
               help="seconds between checkpoints (default 60 with --checkpoint-dir)")
@@ -172,7 +174,7 @@ def _options(args) -> dict:
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
         dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        sim=args.sim, sync_batchnorm=args.sync_batchnorm)
+        sim=args.sim, sync_batchnorm=args.sync_batchnorm, elastic=args.elastic)
 
 
 def _int(text: str, flag: str) -> int:

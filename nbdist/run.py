@@ -244,6 +244,19 @@ class Run:
         make_rule(self.config.algorithm.value, 0, max(1, len(self._snapshot.get("nodes", []))), options)
         self._send(option=[name, float(value)])
 
+    def add_workers(self, engines) -> list[int]:
+        """Start workers on more engines of the cluster while this async run trains; each pulls
+        the current weights, takes chunks of what is left of the epochs, and shows up in `nodes`
+        and on the dashboard. Returns their worker ids (M, M+1, ...). See nbdist/elastic.py.
+
+        Example:
+            >>> run.add_workers([3])                                  # doctest: +SKIP
+            [2]
+        """
+        from nbdist.elastic import add_workers
+
+        return add_workers(self, engines)
+
     def regroup(self) -> None:
         """Re-form the speed groups of `--algorithm group` from the current throughput."""
         if self.config.algorithm.value != "group":
@@ -320,6 +333,10 @@ class Run:
                     raise failure
                 for worker, why in backend.newly_lost():
                     self._report_lost(control, worker, why)
+                if self.config.elastic:  # engines that joined the cluster become workers
+                    from nbdist.elastic import admit_joined
+
+                    admit_joined(self)
                 try:
                     want_timeline = time.monotonic() - self._timeline_at > TIMELINE_EVERY_S
                     snap = control.stats(since=len(self._rows), timeline=want_timeline)
@@ -353,11 +370,13 @@ class Run:
             self._notify()
 
     def _report_lost(self, control: HubControl, worker: int, why: str) -> None:
-        """A worker's engine died: the hub hands its work to the others at once."""
-        log.warning("nbdist run %s: worker %d's engine died; training goes on without it (%s)",
+        """A worker's engine died (or a worker added mid-run failed): the hub hands its work to
+        the others at once."""
+        reason = "engine died" if "EngineError" in why else why.splitlines()[0][:200]
+        log.warning("nbdist run %s: worker %d stopped (%s); training goes on without it",
                     self.run_id, worker, why.splitlines()[0])
         try:
-            control.control(lost=worker, reason="engine died")
+            control.control(lost=worker, reason=reason)
         except NbdistError as exc:  # the hub notices the silence by itself
             log.warning("could not tell the hub that worker %d is lost: %s", worker, exc)
 

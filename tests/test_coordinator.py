@@ -1,5 +1,7 @@
 """The coordinator's decisions, without sockets: chunks, start barrier, pause, evals, SSP."""
 
+import pytest
+
 from nbdist.ps.coordinator import Coordinator, Plan
 
 
@@ -50,3 +52,122 @@ def test_ssp_holds_a_worker_too_far_ahead_until_the_slowest_catches_up():
     (cid, *_), = c.work_for(1, True, 0)["chunks"]
     c.push(1, {"chunks": [cid]}, delay=0, now=1.0)
     assert c.work_for(0, True, 0) is not None
+
+
+# -- workers added mid-run (Run.add_workers, --elastic) ----------------------------------------
+
+
+def running(p):
+    c = Coordinator(p)
+    for w in range(p.num_workers):
+        c.hello(w, "h", w)
+    return c
+
+
+def train_one(c, worker, now=1.0, compute_s=0.01):
+    (cid, *_), = c.work_for(worker, True, 0)["chunks"]
+    c.push(worker, {"chunks": [cid], "compute_s": compute_s}, delay=0, now=now)
+    return cid
+
+
+def test_added_worker_gets_every_per_worker_entry_and_m_stays_the_configured_one():
+    c = running(plan(num_samples=40, has_validation=False, slowdown=[1.0, 2.0]))
+    c.add_worker(2, now=3.0, engine=7)
+    assert c.plan.num_workers == 2 and c.num_workers == 3  # softsync's c, easgd's alpha keep M
+    row = c.stats.workers[2]
+    assert (row.worker, row.engine, row.state, row.batch_size) == (2, 7, "starting", 4)
+    assert c.slowdown == [1.0, 2.0, 1.0] and c.group_of[2] == [2] and list(c.held[2]) == []
+    assert c.sizer.batches == [4, 4, 4] and c.sizer.total == 12  # the global batch grows by b0
+    event = c.stats.events[-1]
+    assert (event["event"], event["worker"], event["engine"], event["time"]) == ("worker_added", 2, 7, 3.0)
+    snap = c.snapshot(0)
+    assert [n["worker"] for n in snap["nodes"]] == [0, 1, 2] and snap["delays"]["2"] == {}
+    assert not snap["finished"]
+
+
+def test_added_worker_trains_once_it_said_hello_and_every_sample_is_trained_once():
+    c = running(plan(num_samples=40, has_validation=False))
+    train_one(c, 0), train_one(c, 1)  # chunks [0,4) and [4,8)
+    c.add_worker(2, now=2.0)
+    train_one(c, 0)  # the others do not wait for the newcomer
+    c.hello(2, "h", 5)
+    assert c.work_for(2, True, 0)["chunks"] == [[3, 0, 12, 16]]  # after 0 took [8,12)
+    done = {0: 0, 1: 0, 2: 0}
+    w = 2
+    while not c.schedule.finished:
+        work = c.work_for(w, True, 0)
+        for cid, _, start, stop in work["chunks"]:
+            c.push(w, {"chunks": [cid]}, delay=0, now=3.0)
+            done[w] += stop - start
+        w = (w + 1) % 3
+    assert c.schedule.samples_per_epoch == [40]
+    assert sum(n.samples for n in c.stats.workers) == 40 and c.stats.workers[2].samples == done[2] > 0
+    for worker in range(3):
+        assert c.work_for(worker, True, 0)["done"]
+        c.bye(worker, now=9.0)
+    assert c.finished
+
+
+def test_run_waits_for_an_added_worker_that_has_not_said_hello_yet():
+    c = running(plan(num_samples=8, has_validation=False))
+    c.add_worker(2, now=1.0)
+    train_one(c, 0), train_one(c, 1)
+    c.bye(0, now=2.0), c.bye(1, now=2.0)
+    assert not c.finished  # it was promised work: it is told "done" on hello, then leaves
+    c.hello(2, "h", 2)
+    assert c.work_for(2, True, 0) == {**c.work_for(2, True, 0), "chunks": [], "done": True}
+    c.bye(2, now=3.0)
+    assert c.finished
+
+
+def test_dbs_sums_stay_the_global_batch_after_an_add_and_the_newcomer_is_measured_first():
+    c = running(plan(num_samples=10_000, has_validation=False, dbs=True, batch_size=10, batch_min=1))
+    c.sizer.rebalance_every = 1
+    for _ in range(4):  # worker 1 twice as slow: after warm-up DBS moves batch to worker 0
+        train_one(c, 0, compute_s=0.01), train_one(c, 1, compute_s=0.02)
+    before = c.sizer.batches
+    assert sum(before) == 20 and before[0] > before[1]
+    c.add_worker(2, now=5.0)
+    assert c.sizer.batches == [*before, 10] and sum(c.sizer.batches) == c.sizer.total == 30
+    c.hello(2, "h", 2)
+    train_one(c, 0), train_one(c, 1)
+    assert c.sizer.batches[:2] == before  # no rebalance until the newcomer is measured
+    for _ in range(4):
+        train_one(c, 2, compute_s=0.01 * c.sizer.batch_for(2) / 10)
+        train_one(c, 0, compute_s=0.01 * c.sizer.batch_for(0) / 10)
+    last = [e for e in c.stats.events if e["event"] == "rebalance"][-1]["batches"]
+    assert len(last) == 3 and sum(last) == 30 == sum(c.sizer.batches)  # rebalanced with it, still B
+
+
+def test_ssp_does_not_hold_the_others_back_for_a_newcomer_and_counts_it_from_the_slowest():
+    c = running(plan(num_samples=1000, has_validation=False, staleness=1))
+    c.add_worker(2, now=1.0)
+    for _ in range(3):  # worker 2 is still starting: 0 and 1 run on, one clock apart at most
+        train_one(c, 0), train_one(c, 1)
+    assert c.work_for(0, True, 0) is not None and c.clock.clocks == (3, 3, 0)
+    c.hello(2, "h", 2)
+    assert c.clock.clocks == (3, 3, 3) and c.work_for(2, True, 0) is not None
+    train_one(c, 0), train_one(c, 0)
+    assert c.work_for(0, True, 0) is None  # two ahead of the others, the newcomer included
+
+
+def test_an_added_worker_is_alone_in_its_group_until_the_next_regroup():
+    c = running(plan(algorithm="group", groups=1, num_samples=400, has_validation=False))
+    assert c._group_now(0) == [0, 1]
+    c.add_worker(2, now=1.0)
+    c.hello(2, "h", 2)
+    assert c._group_now(2) == [2] and c._group_now(0) == [0, 1]
+    for w in range(3):
+        train_one(c, w)
+    c.regroup(now=2.0)
+    assert sorted({tuple(g) for g in c.group_of}) == [(0, 1, 2)]  # equal speeds: one group
+
+
+def test_adding_out_of_order_or_to_a_run_that_ends_is_refused():
+    c = running(plan(num_samples=8, has_validation=False))
+    with pytest.raises(ValueError, match=r"next id, 2 \(Received: 3\)"):
+        c.add_worker(3, now=1.0)
+    c.control({"stop": True}, now=1.0)
+    with pytest.raises(ValueError, match="the run is ending"):
+        c.add_worker(2, now=2.0)
+    assert c.num_workers == 2

@@ -169,3 +169,20 @@ def _wait_for(condition, timeout: float = 30.0) -> None:
         if time.monotonic() > deadline:
             raise AssertionError("condition not reached in time")
         time.sleep(0.1)
+
+
+def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
+    run = fed_run(2)
+    dash = Dashboard(run)
+    assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1"]
+    grown = snapshot(3, 6.0)  # the hub's next answer: worker 2 was added and trains
+    grown["events"].append({"time": 5.0, "step": 40, "event": "worker_added", "worker": 2, "engine": 3})
+    run._absorb(grown)
+    dash.refresh()
+    assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1", "worker 2"]
+    assert len(dash.slowdown_box.children) == 3 and dash.slowdown_sliders[1].value == 2.0
+    assert dash.table.value.count('class="nbdist-node"') == 3
+    assert legend(dash.figures["throughput"]) == {"worker 0", "worker 1", "worker 2"}
+    assert "+w2" in [a["text"] for a in dash.figures["throughput"]["layout"]["annotations"]]
+    dash.slowdown_sliders[2].value = 4.0  # acts on worker 2: the run has ended here, so it says so
+    assert "nothing to control" in dash.message.value

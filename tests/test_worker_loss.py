@@ -7,6 +7,7 @@ import time
 import numpy as np
 import pytest
 
+from nbdist.errors import TrainingError
 from nbdist.protocol import new_key
 from nbdist.ps import coordinator as coordinator_module
 from nbdist.ps.client import HubControl, WorkerTransport
@@ -183,4 +184,64 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(fast
         thread.join(10)
         for t in (a, b):
             t.close()
+        control.close()
+
+
+@pytest.mark.parametrize("algorithm", ["asgd", "ssp"])
+def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(algorithm):
+    """The kernel's `add_worker` op reaches every shard (shard 0's coordinator first); the new
+    id's hello and pushes are then accepted by both, and an id beyond it still is not."""
+    key = new_key()
+    p = plan(num_workers=1, num_samples=80, batch_size=4, algorithm=algorithm,
+             staleness=1 if algorithm == "ssp" else None)
+    half = SIZE // 2
+    hubs = [Hub(HubSpec("grow", key, i, 2, p, np.zeros(half, np.float32), np.zeros(0, np.float32),
+                        offset=i * half)) for i in range(2)]
+    threads = [threading.Thread(target=h.serve, daemon=True) for h in hubs]
+    for t in threads:
+        t.start()
+    shards = [h.endpoints for h in hubs]
+    control = HubControl(key, shards)
+    a = WorkerTransport(key, 0, shards, 0, "tcp", timeout=20)
+    b = None
+    try:
+        ra, applied = a.hello(), []
+        cid = ra["chunks"][0][0]
+        a.grad[:] = grad_for(cid)
+        ra = a.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+        applied.append(cid)
+        control.control(add_worker=1, engine=5)
+        assert [h.num_workers for h in hubs] == [2, 2]
+        row = control.stats()["nodes"][1]
+        assert (row["worker"], row["engine"], row["state"]) == (1, 5, "starting")
+        with pytest.raises(TrainingError, match=r"next id, 2 \(Received: 3\)"):
+            control.control(add_worker=3)
+        b = WorkerTransport(key, 1, shards, 0, "tcp", timeout=20, engine=5)
+        rb = b.hello()
+        assert rb["chunks"]  # it trains at once: the start barrier is the first M only
+        replies, end = {a: ra, b: rb}, time.monotonic() + 30
+        while not all(r.get("done") for r in replies.values()):  # one step each, in turn
+            assert time.monotonic() < end, "the run did not finish"
+            for t, r in replies.items():
+                if r["chunks"]:
+                    cid = r["chunks"][0][0]
+                    t.grad[:] = grad_for(cid)
+                    replies[t] = t.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+                    applied.append(cid)
+                elif not r.get("done"):
+                    replies[t] = t.step({}, push=False, pull=False)
+        snap = control.stats()
+        assert snap["epoch_samples"] == [80] and sorted(applied) == list(range(20))
+        assert snap["nodes"][1]["samples"] > 0 and sum(n["samples"] for n in snap["nodes"]) == 80
+        params, _ = control.params()  # every chunk's gradient applied once, on both shards
+        np.testing.assert_allclose(params, -np.float32(0.1) * sum(grad_for(c) for c in applied), rtol=1e-5)
+        a.bye(), b.bye()
+        assert control.stats()["finished"]
+    finally:
+        control.shutdown()
+        for t in threads:
+            t.join(10)
+        for t in (a, b):
+            if t is not None:
+                t.close()
         control.close()

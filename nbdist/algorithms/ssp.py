@@ -52,9 +52,16 @@ class StalenessClock:
         """`worker` left or finished: stop waiting for it."""
         self._active.discard(worker)
 
+    def add(self, worker: int) -> None:
+        """Know `worker` (an id beyond the first ones, added mid-run) without waiting for it:
+        it counts once it `join`s."""
+        self._clock.extend([0] * (worker + 1 - len(self._clock)))
+
     def join(self, worker: int) -> None:
-        """`worker` (re)joins at the slowest active clock, so it neither waits nor holds back."""
+        """`worker` (re)joins at the slowest active clock, so it neither waits nor holds back;
+        an id not seen before (a worker added mid-run) is added first."""
         if worker not in self._active:
+            self.add(worker)
             low = self.slowest()
             self._clock[worker] = self._clock[worker] if low is None else low
             self._active.add(worker)

@@ -52,7 +52,7 @@ OTHERS_COLOR = "#9E9E9E"
 LOSS_COLOR = "#636EFA"
 VAL_COLOR = "#EF553B"
 CONTROL_EVENTS = ("pause", "resume", "set_lr", "set_slowdown", "set_batch_policy", "set_option",
-                  "regroup", "stop")
+                  "regroup", "stop", "worker_added")
 TABLE_COLUMNS = ("worker", "state", "slowdown", "group", "batch_size", "samples_per_s",
                  "delay_mean", "delay_p95")
 MEAN_POINTS = 512  # at most this many points in the "mean of the others" trace
@@ -113,6 +113,8 @@ def _event_label(e: dict) -> str:
         return f"w{int(get('worker'))} ×{get('factor'):g}"
     if kind == "set_batch_policy" and get("policy") is not None:
         return f"batch: {get('policy')}"
+    if kind == "worker_added" and get("worker") is not None:
+        return f"+w{int(get('worker'))}"
     if kind == "set_option" and get("name") is not None:
         return f"{get('name')}={get('value'):g}"
     return kind

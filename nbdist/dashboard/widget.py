@@ -10,7 +10,8 @@ and no per-property validation in the kernel: a panel costs one JSON encoding pe
 Responsible for:
 - laying out the panels of `figures` (throughput, delay, delay histogram, batch size, loss
   against time and against global step, node table) and the controls (pause/resume, stop,
-  learning rate, batch policy, regroup, per-worker slow-down, top-k);
+  learning rate, batch policy, regroup, per-worker slow-down, top-k), the slow-down sliders
+  following the workers (one more for each worker added mid-run);
 - refreshing them from the kernel's own asyncio loop (a `call_later` chain on the main
   thread): widgets are only touched by the thread that also handles the clicks, and while a
   cell blocks the kernel nothing is drawn, so the refresh never competes with user code;
@@ -288,7 +289,7 @@ class Dashboard:
 
     def _sync_controls(self, snap: dict, nodes) -> None:
         """Follow the run's state (also when code changed it): learning rate, batch policy,
-        the slow-down sliders (made when the workers are known)."""
+        the slow-down sliders (one per worker, added as workers join)."""
         self._syncing = True
         try:
             lr = snap.get("lr")
@@ -300,7 +301,7 @@ class Dashboard:
                 self.lr_slider.value = lr
             if snap.get("batch_policy") in self.policy.options:
                 self.policy.value = snap["batch_policy"]
-            if not self.slowdown_sliders and len(nodes):
+            if len(nodes) > len(self.slowdown_sliders):
                 self._make_sliders(nodes)
             for slider, factor in zip(self.slowdown_sliders, nodes["slowdown"], strict=False):
                 if factor == factor and slider.value != factor:  # NaN: unknown yet
@@ -309,16 +310,19 @@ class Dashboard:
             self._syncing = False
 
     def _make_sliders(self, nodes) -> None:
+        """A slider for each worker that has none yet (all at first, then those added mid-run)."""
         import ipywidgets as w
 
-        for worker in nodes["worker"]:
+        first = not self.slowdown_sliders
+        for worker in nodes["worker"][len(self.slowdown_sliders):]:
             slider = w.FloatSlider(value=1.0, min=1.0, max=SLOWDOWN_MAX, step=0.5,
                                    description=f"worker {int(worker)}", continuous_update=False,
                                    style={"description_width": "initial"})
             slider.observe(lambda change, k=int(worker): self._on_slowdown(k, change), names="value")
+            slider.disabled = self.run.done
             self.slowdown_sliders.append(slider)
         self.slowdown_box.children = tuple(self.slowdown_sliders)
-        if not self._top_k_given and len(nodes) > MANY_WORKERS:
+        if first and not self._top_k_given and len(nodes) > MANY_WORKERS:
             self.top_k.value = MANY_WORKERS
 
     # -- controls ---------------------------------------------------------------------------

@@ -222,7 +222,7 @@ class WorkerTransport:
         shm.release(self._segment, unlink=True)
 
 
-PER_SHARD = ("lr", "option", "stop", "lost")
+PER_SHARD = ("lr", "option", "stop", "lost", "add_worker")
 
 
 class HubControl:

@@ -3,7 +3,8 @@
 It hands out data chunks (global epochs), counts each push into the statistics and the
 per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (learning rate,
 pause, stop, slow-down, batch policy), queues validation jobs at epoch ends, gates workers
-that run too far ahead (SSP), and forms speed groups (group sync). The hub asks it, for each
+that run too far ahead (SSP), forms speed groups (group sync), and takes in workers added
+mid-run (`add_worker`, from the kernel's `add_worker` control op). The hub asks it, for each
 worker message, what to answer; `None` from `work_for` means "hold the reply" (SSP).
 """
 
@@ -32,7 +33,9 @@ LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take lo
 
 @dataclass
 class Plan:
-    """The parts of the run's configuration the coordinator acts on."""
+    """The parts of the run's configuration the coordinator acts on. `num_workers` is the
+    configured M, fixed for the run: workers added mid-run (`Coordinator.add_worker`) do not
+    change what depends on it (softsync's c, EASGD's α, the start barrier)."""
 
     num_workers: int
     num_samples: int
@@ -76,6 +79,8 @@ class Coordinator:
         self.eval_queue: deque[int] = deque()
         self.evaluating: dict[int, int] = {}
         self.arrived: set[int] = set()
+        self._all_here = False  # latched once the configured M workers have all said hello
+        self.joining: set[int] = set()  # added mid-run, not yet said hello
         self.gone: set[int] = set()
         self.lost: set[int] = set()
         self._heard: dict[int, float] = {}  # worker -> hub time of its last message
@@ -93,11 +98,50 @@ class Coordinator:
 
     # -- workers ----------------------------------------------------------------------------
 
+    @property
+    def num_workers(self) -> int:
+        """Workers of the run so far: the configured M plus those added mid-run."""
+        return len(self.stats.workers)
+
+    def add_worker(self, worker: int, now: float, engine: int | None = None) -> None:
+        """Bring worker `worker` into the running job (`Run.add_workers`); ids follow on from M.
+
+        What depends on the configured number of workers keeps `plan.num_workers` (M):
+        softsync's c, EASGD's α, and the start barrier (chunks flow once the first M said
+        hello, so nobody waits for a newcomer still starting). Everything kept per worker gets
+        an entry: the chunks it holds, its stats row ("starting" until its hello), a DBS batch
+        of b0 (the global batch grows by b0, as B = active · b0 says; the others keep theirs
+        until the next rebalance, which waits until the newcomer is measured), slow-down 1, a
+        group of its own until the next regroup. SSP counts it only from its hello, at the
+        slowest clock then, so a worker still starting holds nobody back.
+        """
+        if worker != self.num_workers:
+            raise ValueError(f"a worker added mid-run takes the next id, {self.num_workers} "
+                             f"(Received: {worker})")
+        if self.stopping or self.finished or self.schedule.finished:
+            raise ValueError("the run is ending (stopped, or every sample of every epoch trained "
+                             "on), so it takes no new worker; start a new run to train more")
+        self.held[worker] = deque()
+        self.stats.add_worker(engine)
+        self.sizer.add(worker)
+        self.stats.workers[worker].batch_size = self.sizer.batch_for(worker)
+        self.slowdown.append(1.0)
+        self.group_of.append([worker])
+        if self.clock is not None:
+            self.clock.add(worker)  # known, not waited for: it joins on hello
+        self.joining.add(worker)
+        self.stats.record_event("worker_added", now, worker=worker, engine=engine,
+                                batch_size=self.sizer.batch_for(worker))
+
     def hello(self, worker: int, host: str, engine: int | None) -> None:
         w = self.stats.workers[worker]
         w.state, w.host, w.engine = "starting", host, engine
         self.gone.discard(worker)
         self.arrived.add(worker)
+        if worker in self.joining:  # added mid-run and here now: SSP counts it from the slowest
+            self.joining.discard(worker)
+            if self.clock is not None:
+                self.clock.join(worker)
         if worker in self.lost:  # it came back (rejoin): train on from the slowest clock
             self.lost.discard(worker)
             self._step_s.pop(worker, None)
@@ -189,7 +233,9 @@ class Coordinator:
             self.stats.workers[worker].state = "blocked"
             return None
         plan, held = self.plan, self.held[worker]
-        all_here = len(self.arrived) == plan.num_workers
+        if not self._all_here:  # the configured workers start together; added ones need not wait
+            self._all_here = self.arrived.issuperset(range(plan.num_workers))
+        all_here = self._all_here
         while all_here and len(held) < plan.chunks_ahead and not (self.paused or self.stopping):
             chunk = self.schedule.next_chunk(self.sizer.batch_for(worker))
             if chunk is None:
@@ -315,7 +361,7 @@ class Coordinator:
 
     @property
     def finished(self) -> bool:
-        return len(self.gone) == self.plan.num_workers
+        return len(self.gone) == self.num_workers
 
     def snapshot(self, since: int, with_timeline: bool = False) -> dict:
         snap = self.stats.snapshot(since=since)
@@ -329,7 +375,7 @@ class Coordinator:
             finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
             paused=self.paused, stopping=self.stopping, lr=self.lr,
             epochs_done=self.epochs_done, batch_policy=self.sizer.policy,
-            delays={str(w): self.delays.histogram(w) for w in range(self.plan.num_workers)},
+            delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)},
         )
         if with_timeline:
             snap["timeline"] = self.timeline.to_records(include_open=True)

@@ -298,6 +298,26 @@ class BatchSizer:
         self._policy = policy
         self._batches = self._split()
 
+    def add(self, worker: int) -> None:
+        """A worker joins mid-run with the next id: it starts at `base_batch`, and the global
+        batch grows by as much (B = active · base_batch), so Σ b_i stays B while the others
+        keep their batches; the next rebalance waits until the newcomer is measured.
+
+        Example:
+            >>> s = BatchSizer(num_workers=2, base_batch=10, rebalance_every=1)
+            >>> s.add(2); s.batches, s.total
+            ([10, 10, 10], 30)
+        """
+        if worker != self.num_workers:
+            raise ConfigError(f"A worker added mid-run takes the next id. Received: {worker}; "
+                              f"expected {self.num_workers}.")
+        self.num_workers += 1
+        self._speeds.append(0.0)
+        self._steps.append(deque(maxlen=STEP_HISTORY))
+        self._seen.append(0)
+        self._batches.append(self.base_batch)
+        self._active.append(worker)
+
     def drop(self, worker: int) -> None:
         """A worker left: its share goes to the rest (B' = remaining · base_batch), at once.
         Dropping a worker twice is a no-op (a loss may be reported more than once)."""

@@ -13,7 +13,7 @@ Ops it answers (all signed, see `nbdist.protocol`):
     report   sync-mode rank: one step's metrics (no parameters); gets control back
     bye      worker leaves
     stats    kernel: statistics (shard 0)
-    control  kernel: lr, pause, stop, slow-down, batch policy, rule options, regroup
+    control  kernel: lr, pause, stop, slow-down, batch policy, rule options, regroup, add_worker
     params   kernel: this shard's parameters (and non-trainable state on shard 0)
     state    kernel: everything a checkpoint saves of this shard (see `nbdist.ps.checkpoint`)
     peers    kernel: the other shards' endpoints (shard 0 tells them of write-offs)
@@ -42,7 +42,7 @@ from nbdist.ps.barrier import GroupBarrier, GroupStep
 from nbdist.ps.checkpoint import restore_shard, shard_state
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.updater import make_updater
-from nbdist.ps.wire import Return, bind, receive, server_socket
+from nbdist.ps.wire import Return, admit, bind, receive, server_socket
 
 log = logging.getLogger(__name__)
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
@@ -71,18 +71,6 @@ class HubSpec:
     encrypt: bool = False  # CurveZMQ on this shard's socket (--encrypt)
 
 
-class _WorkerLink:
-    """One worker as seen by this shard: its read version and optional shared segment."""
-
-    def __init__(self, segment=None, offset: int = 0, size: int = 0, total: int = 0):
-        self.segment = segment
-        self.read_version = 0
-        self.grad = shm.floats(segment, offset, size) if segment else None
-        self.params = shm.floats(segment, total + offset, size) if segment else None
-        self.send_buffer: np.ndarray | None = None  # TCP: reused buffer for pull replies
-        self.compression = "none"  # "fp16": this worker's pushes and pulls travel as float16
-
-
 class Hub:
     """One shard's server loop. Create on the engine, then call `serve()` (blocks)."""
 
@@ -100,7 +88,8 @@ class Hub:
         self.updater = make_updater(plan, spec.rule_options, spec.optimizer, self.size, spec.offset)
         self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
         self.version = 0
-        self.links: dict[int, _WorkerLink] = {}
+        self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
+        self.links: dict[int, shm.WorkerLink] = {}
         self.held: dict[int, tuple[object, bool]] = {}  # worker -> (routing id, pull) of a held reply
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
@@ -145,7 +134,7 @@ class Hub:
                     continue
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
                     msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
-                                       self.spec.plan.num_workers, self.links)
+                                       self.num_workers, self.links)
                 except ProtocolError as exc:
                     self.dropped[str(exc).split(":")[0]] += 1
                     continue
@@ -204,8 +193,8 @@ class Hub:
         if old:
             shm.release(old.segment)
         name = msg.header.get("shm")
-        self.links[worker] = (_WorkerLink(shm.attach(name), msg.header["offset"], self.size, msg.header["total"])
-                              if name else _WorkerLink())
+        self.links[worker] = (shm.WorkerLink(shm.attach(name), msg.header["offset"], self.size, msg.header["total"])
+                              if name else shm.WorkerLink())
         self.links[worker].compression = msg.header.get("compression", "none")
         if self.coordinator:
             self.coordinator.hello(worker, msg.header.get("host", ""), msg.header.get("engine"))
@@ -243,7 +232,7 @@ class Hub:
             self.coordinator.eval_result(worker, h, self.now())
         return self._reply_or_hold(worker, ident, pull=pull, copied=copied)
 
-    def _reply_buffer(self, link: _WorkerLink) -> np.ndarray | None:
+    def _reply_buffer(self, link: shm.WorkerLink) -> np.ndarray | None:
         """Where a consistent pull of this worker is written: its shared segment, or a send
         buffer reused across replies (safe: the worker sends again only after receiving)."""
         if not self.updater.rule.consistent_reads:
@@ -377,6 +366,10 @@ class Hub:
                 self.updater.set_learning_rate(lr)
         if "option" in h:
             self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
+        if "add_worker" in h:  # a worker joins mid-run: shard 0 (asked first) may refuse, then all admit
+            if self.coordinator:
+                self.coordinator.add_worker(h["add_worker"], self.now(), h.get("engine"))
+            self.num_workers = admit(self.num_workers, h["add_worker"])
         if "lost" in h:  # the kernel saw the worker's engine die
             self._lose(int(h["lost"]), str(h.get("reason", "engine died")))
         if h.get("stop") and self.barrier is not None:

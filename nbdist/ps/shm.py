@@ -2,7 +2,8 @@
 
 When a worker and a hub shard share a host, the 1-4 MB parameter and gradient vectors move
 through one shared segment per worker, `[gradient | parameters]`, and only small signed
-headers cross ZeroMQ. The worker creates and unlinks its segment; hubs only attach.
+headers cross ZeroMQ. The worker creates and unlinks its segment; hubs only attach, and keep
+each worker's view of it in a `WorkerLink`.
 """
 
 from __future__ import annotations
@@ -71,3 +72,16 @@ def release(segment: shared_memory.SharedMemory | None, unlink: bool = False) ->
         _created_here.discard(segment.name)
         with contextlib.suppress(FileNotFoundError):
             segment.unlink()
+
+
+class WorkerLink:
+    """One worker as a hub shard sees it: its read version, its shared segment (same host) or
+    a reused send buffer (TCP), and its wire compression."""
+
+    def __init__(self, segment=None, offset: int = 0, size: int = 0, total: int = 0):
+        self.segment = segment
+        self.read_version = 0
+        self.grad = floats(segment, offset, size) if segment else None
+        self.params = floats(segment, total + offset, size) if segment else None
+        self.send_buffer: np.ndarray | None = None  # TCP: reused buffer for pull replies
+        self.compression = "none"  # "fp16": this worker's pushes and pulls travel as float16

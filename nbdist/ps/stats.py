@@ -65,6 +65,13 @@ class RunStats:
         if not self.workers:
             self.workers = [WorkerStats(worker=i) for i in range(self.num_workers)]
 
+    def add_worker(self, engine: int | None = None) -> WorkerStats:
+        """A row for a worker added mid-run (the next id), "starting" until it says hello."""
+        row = WorkerStats(worker=len(self.workers), engine=engine)
+        self.workers.append(row)
+        self.num_workers = len(self.workers)
+        return row
+
     def record_push(self, worker: int, *, samples: int, loss: float, compute_s: float,
                     comm_s: float, delay: int, epoch: float, now: float,
                     batch_size: int | None = None) -> None:

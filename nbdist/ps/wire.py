@@ -77,7 +77,7 @@ _TYPES: dict[str, tuple] = {
     "reason": (str,), "stop": (bool,), "paused": (bool,), "offset": (int,), "total": (int,),
     "shm": (str,), "seg": (str,), "host": (str,), "eval": (dict,), "samples": (int,),
     "epoch": NUMBER, "option": (list,), "slowdown": (list,), "batch_policy": (str,),
-    "regroup": (bool,), "shards": (list,),
+    "regroup": (bool,), "shards": (list,), "add_worker": (int,),
 }
 _INT_LISTS = ("chunks", "group")
 WORKER_OPS = ("hello", "step", "report", "bye")
@@ -94,6 +94,19 @@ def check_fields(header: Mapping, num_workers: int) -> None:
         wrong.append(f"worker={header.get('worker')!r} (0..{num_workers - 1})")
     if wrong:
         raise ProtocolError(f"malformed header: wrong type or value of {', '.join(map(str, wrong))}")
+
+
+def admit(num_workers: int, worker: int) -> int:
+    """How many worker ids a shard accepts once `worker` joined mid-run (a kernel's
+    `add_worker`): ids follow on from the configured M, so each shard admits just the next one.
+
+    Example:
+        >>> admit(2, 2)
+        3
+    """
+    if worker != num_workers:
+        raise ValueError(f"a worker added mid-run takes the next id, {num_workers} (Received: {worker})")
+    return num_workers + 1
 
 
 def check_segment(links: Mapping, msg) -> None:

@@ -1,0 +1,141 @@
+"""Workers added mid-run, without processes: what the backend refuses, how the hub admits ids,
+the --elastic option; the coordinator's part is in test_coordinator.py."""
+
+from types import SimpleNamespace
+
+import pytest
+
+from nbdist.backends import ClusterBackend
+from nbdist.cluster import Roles
+from nbdist.config import TrainConfig
+from nbdist.elastic import add_workers
+from nbdist.errors import ClusterError, ConfigError, TrainingError, UnreachableHostError
+from nbdist.netaddr import HostNet, Route
+from nbdist.ps.client import PER_SHARD
+from nbdist.ps.wire import admit, check_fields
+from nbdist.run import Run
+
+
+def backend(stream=False, bound="127.0.0.1", hub_host="a"):
+    """A cluster backend of engines 0..3 as `ClusterBackend.__init__` leaves it: hub on 0,
+    worker 0 on engine 1 (engines 2 and 3 free), without asking real engines."""
+    b = ClusterBackend.__new__(ClusterBackend)
+    b.cluster = SimpleNamespace(client=SimpleNamespace(ids=[0, 1, 2, 3]))
+    b.roles = Roles((0,), (1,), {1: 0})
+    b.worker_engines, b.seen_engines = [1], {0, 1, 2}
+    b._base = SimpleNamespace(stream=stream)
+    routes = (Route("198.18.0.0", 24, "eth0"),)
+    b.nets = {0: HostNet(hub_host, f"{hub_host}:boot", "198.18.0.13", routes, {"eth0": [("198.18.0.13", 24)]})}
+    b.bind_hosts = {0: bound}
+    return b
+
+
+@pytest.mark.parametrize("engines, match", [
+    ([7], r"Received: \[7\]; not in the cluster: \[7\]; it has \[0, 1, 2, 3\]"),
+    ([], r"Received: \[\]"),
+    (["2"], r"not in the cluster: \['2'\]"),
+])
+def test_unknown_engines_are_refused_naming_the_cluster_s_engines(engines, match):
+    with pytest.raises(ClusterError, match=match):
+        backend()._check_new(engines)
+
+
+def test_engines_already_in_the_run_are_refused_naming_their_role_and_the_free_ones():
+    with pytest.raises(ClusterError, match=r"engine 0 \(a hub shard\), engine 1 \(worker 0\)\)\. "
+                                           r"Free engines of the cluster: \[2, 3\]"):
+        backend()._check_new([0, 1])
+    with pytest.raises(ClusterError, match="an engine named twice"):
+        backend()._check_new([2, 2])
+    assert backend()._check_new([3, 2]) == [3, 2]
+
+
+def test_a_streamed_data_set_cannot_take_a_new_worker():
+    with pytest.raises(ConfigError, match="streams its data set.*--in-memory-limit"):
+        backend(stream=True)._check_new([2])
+
+
+def test_a_hub_on_loopback_or_another_route_refuses_an_engine_of_another_host():
+    here = HostNet("a", "a:boot", "127.0.0.1")
+    elsewhere = HostNet("b", "b:boot", "198.18.0.12")
+    backend()._check_reach({2: here})  # same host: loopback reaches it
+    with pytest.raises(UnreachableHostError, match=r"Engine 2 \(host b, 198.18.0.12\) cannot reach the "
+                                                   r"hub on engine 0, which listens on 127.0.0.1.*on host a\."):
+        backend()._check_reach({2: elsewhere})
+    backend(bound="198.18.0.13")._check_reach({2: elsewhere})  # bound towards that network
+
+
+def test_joined_engines_are_those_not_seen_and_each_is_reported_once():
+    b = backend()
+    assert b.joined_engines() == [3] and b.joined_engines() == []
+    b.cluster.client.ids.append(4)
+    assert b.joined_engines() == [4]
+
+
+def test_every_shard_admits_just_the_next_worker_id_and_checks_ids_against_it():
+    assert "add_worker" in PER_SHARD and admit(2, 2) == 3
+    with pytest.raises(ValueError, match=r"next id, 2 \(Received: 5\)"):
+        admit(2, 5)
+    check_fields({"op": "hello", "worker": 2}, 3)
+    with pytest.raises(Exception, match=r"worker=2 \(0..1\)"):
+        check_fields({"op": "hello", "worker": 2}, 2)
+
+
+@pytest.mark.parametrize("mode", ["sync", "local", "simulate"])
+def test_add_workers_is_refused_outside_async_mode(mode):
+    run = Run(TrainConfig(mode=mode, workers=1), model=None, model_name="model")
+    with pytest.raises(ConfigError, match=rf"Received: a --mode {mode} run\).*--mode async"):
+        add_workers(run, [2])
+
+
+def test_add_workers_is_refused_once_the_run_has_ended():
+    run = Run(TrainConfig(), model=None, model_name="model")
+    run.status = "finished"
+    run._done.set()
+    with pytest.raises(TrainingError, match=r"The run is finished.*Received: run.add_workers\(\[2\]\)"):
+        run.add_workers([2])
+
+
+def test_elastic_is_an_async_option():
+    assert TrainConfig(elastic=True).elastic
+    with pytest.raises(ConfigError, match=r"--elastic.*Received: elastic=True, --mode local"):
+        TrainConfig(mode="local", elastic=True)
+    with pytest.raises(ConfigError, match="Received: elastic='yes'"):
+        TrainConfig(elastic="yes")
+
+
+def test_magic_flag_elastic_reaches_train(ip):
+    from IPython.core.magic_arguments import parse_argstring
+
+    from nbdist.magic import _options
+
+    magics = ip.magics_manager.registry["NbdistMagics"]
+    assert _options(parse_argstring(magics.distribute, "--elastic"))["elastic"] is True
+    assert _options(parse_argstring(magics.distribute, ""))["elastic"] is False
+
+
+class _Task:
+    """An ipyparallel AsyncResult as `ClusterBackend.failure` reads it."""
+
+    def __init__(self, error: Exception | None = None):
+        self.error = error
+
+    def ready(self):
+        return True
+
+    def successful(self):
+        return self.error is None
+
+    def get(self, timeout=None):
+        if self.error is not None:
+            raise self.error
+
+
+def test_an_added_worker_that_fails_is_written_off_but_a_first_worker_fails_the_run():
+    b = backend()
+    b.worker_engines = [1, 2]
+    b.lost, b._reported, b._tasks = {}, set(), {0: _Task(), 1: _Task(ImportError("no module foo"))}
+    assert b.failure() is None  # worker 1 was added mid-run: written off, the run goes on
+    (lost,) = b.newly_lost()
+    assert lost[0] == 1 and "ImportError on engine 2: no module foo" in lost[1] and b.newly_lost() == []
+    b._tasks[0] = _Task(ValueError("bad cell"))
+    assert "ValueError on engine 1: bad cell" in str(b.failure())

@@ -1,0 +1,97 @@
+"""Workers that join a running async job on real engines: `run.add_workers([spare])`, and
+`--elastic` taking in an engine started into the cluster mid-run."""
+
+import time
+
+import pytest
+
+import nbdist
+from nbdist.errors import ClusterError, TrainingError
+from tests.conftest import SYNTHETIC_CELL
+
+pytestmark = pytest.mark.cluster
+
+EPOCHS = 12
+TRAIN_SAMPLES = 900  # SYNTHETIC_CELL's x_train
+
+
+def _wait_for(condition, timeout: float = 120.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError("condition not reached in time")
+        time.sleep(0.1)
+
+
+def _said_hello(run, worker: int) -> bool:
+    nodes = run.nodes
+    return len(nodes) > worker and nodes["state"][worker] not in ("starting",)
+
+
+def _check_both_trained_every_sample_once(run) -> None:
+    nodes = run.nodes
+    assert list(nodes["worker"]) == [0, 1] and (nodes["samples"] > 0).all()
+    assert set(nodes["state"]) == {"done"}
+    assert run._snapshot["epoch_samples"] == [TRAIN_SAMPLES] * EPOCHS  # every sample once per epoch
+    assert nodes["samples"].sum() == EPOCHS * TRAIN_SAMPLES
+    added = run.events[run.events["event"] == "worker_added"]
+    assert added["worker"].tolist() == [1]
+
+
+def test_add_workers_brings_a_spare_engine_into_a_running_job(cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=EPOCHS,
+                       batch_size=16)
+    with run:
+        (hub,), (first,) = run._backend.roles.servers, run._backend.roles.workers
+        (spare,) = set(cluster.engine_ids) - {hub, first}
+        _wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
+        run.pause()  # so the newcomer surely finds data left when it arrives
+        assert run.add_workers([spare]) == [1]
+        assert run._backend.worker_engines == [first, spare]
+        _wait_for(lambda: _said_hello(run, 1))
+        assert run.nodes["engine"].tolist() == [first, spare]
+        run.resume()
+        run.wait(timeout=300)
+    assert run.status == "finished"
+    _check_both_trained_every_sample_once(run)
+    assert run.events[run.events["event"] == "worker_added"]["engine"].tolist() == [spare]
+    with pytest.raises(TrainingError, match="The run is finished, so it takes no new workers"):
+        run.add_workers([spare])
+
+
+def test_add_workers_refuses_engines_in_use_or_unknown_and_the_run_goes_on(cluster):
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=200,
+                       batch_size=8)
+    with run:
+        hub, first = run._backend.roles.servers[0], run._backend.roles.workers[0]
+        with pytest.raises(ClusterError, match=rf"already in it: engine {hub} \(a hub shard\), "
+                                               rf"engine {first} \(worker 0\)"):
+            run.add_workers([hub, first])
+        with pytest.raises(ClusterError, match=r"not in the cluster: \[99\]"):
+            run.add_workers([99])
+        run.stop()
+        run.wait(timeout=60)
+    assert run.status == "stopped" and len(run.nodes) == 1
+    assert "worker_added" not in run.events["event"].tolist()
+
+
+def test_elastic_run_takes_in_an_engine_started_into_the_cluster():
+    own = nbdist.Cluster.start(2)  # engines are added to it: never the shared session cluster
+    try:
+        run = nbdist.train(SYNTHETIC_CELL, cluster=own, namespace={}, workers=1, epochs=EPOCHS,
+                           batch_size=16, elastic=True)
+        with run:
+            _wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
+            run.pause()
+            before = set(own.client.ids)
+            own._ipp_cluster.start_engines_sync(1)
+            _wait_for(lambda: len(own.client.ids) == 3)
+            (joined,) = set(own.client.ids) - before
+            _wait_for(lambda: _said_hello(run, 1))
+            assert run.nodes["engine"].tolist()[1] == joined
+            run.resume()
+            run.wait(timeout=300)
+        assert run.status == "finished" and not [w for w in run.warnings if "--elastic" in w]
+        _check_both_trained_every_sample_once(run)
+    finally:
+        own.stop()
