@@ -260,18 +260,17 @@ def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
             f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
             f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
         )
+    from nbdist.algorithms import make_rule
+
     algorithm = config.algorithm.value
     options = config.rule_options()
-    easgd_alpha = 0.0
-    if config.algorithm is Algorithm.EASGD:
-        from nbdist.algorithms import make_rule
-
-        easgd_alpha = float(make_rule(algorithm, 0, num_workers, options).options["alpha"])
+    rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
+    easgd_alpha = float(rule.options["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
     plan = Plan(
         num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
         batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
         algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
-        groups=int(options.get("num_groups", 0)),
+        groups=int(options.get("num_groups", 0)), max_group_ratio=float(options.get("max_ratio", 1.5)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone
         # is as long as a fast node's whole step, equal step times would mean 1-sample batches,
