@@ -166,7 +166,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
-    plan, options, easgd_alpha = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer),
+    plan, options, easgd_alpha = _plan(config, contents, _workers_rate(config, model.optimizer),
                                        backend.num_workers)
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     sync = config.mode is Mode.SYNC
@@ -235,20 +235,21 @@ def _cell_rate(optimizer) -> float:
     return float(np.asarray(optimizer.learning_rate))
 
 
-def _shown_rate(config: TrainConfig, optimizer: dict | None, cell_optimizer) -> float | None:
-    """The rate the coordinator shows and sends. With --local-steps (and easgd) it is the
-    workers' rate: None keeps their own optimizer's rate or schedule. Otherwise it is the hub
-    optimizer's first rate (the hub reports the schedule's later values itself)."""
-    from keras.optimizers.schedules import LearningRateSchedule
+def lr_owner(config: TrainConfig) -> str:
+    """Who applies the learning rate: the sync ranks and the --local-steps (and easgd) workers
+    with the cell's own optimizer, or else the hub's optimizer."""
+    workers = config.mode is Mode.SYNC or config.local_steps > 1 or config.algorithm is Algorithm.EASGD
+    return "workers" if workers else "hub"
 
-    if config.local_steps > 1 or optimizer is None:
-        if config.lr is None and isinstance(cell_optimizer._learning_rate, LearningRateSchedule):  # noqa: SLF001
-            return None
-        return config.lr if config.lr is not None else _cell_rate(cell_optimizer)
-    from nbdist.algorithms.schedules import schedule_value
 
-    rate = optimizer["learning_rate"]
-    return schedule_value(rate, 0) if isinstance(rate, dict) else float(rate)
+def _workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
+    """The rate the coordinator tells workers that own it (None: they keep their optimizer's
+    own rate or schedule); unused when the hub owns the rate."""
+    from nbdist.learning_rate import schedule_name
+
+    if config.lr is None and schedule_name(cell_optimizer) is not None:
+        return None
+    return config.lr if config.lr is not None else _cell_rate(cell_optimizer)
 
 
 def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
@@ -278,5 +279,5 @@ def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
         dbs=config.dbs, batch_min=config.batch_min or max(1, config.batch_size // 4),
         batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
-        metrics=config.metrics.value)
+        metrics=config.metrics.value, lr_owner=lr_owner(config))
     return plan, options, easgd_alpha

@@ -107,3 +107,14 @@ def test_options_bounded_by_the_workers_wait_until_their_number_is_known():
     assert _plan(config, contents, 0.1, num_workers=4)[0].groups == 3
     with pytest.raises(ConfigError, match=r"'num_groups' of group must be in \[0, 2\]. Received: 3"):
         _plan(config, contents, 0.1, num_workers=2)
+
+
+def test_the_learning_rate_has_one_owner():
+    """The hub's optimizer and the coordinator each used to keep (and change) a copy."""
+    hub_owned = Coordinator(plan(lr=0.1))
+    hub_owned.control({"lr": 0.5}, now=1.0)
+    assert hub_owned.lr is None and hub_owned.work_for(0, True, 0)["lr"] is None
+    assert hub_owned.stats.events[-1]["event"] == "set_lr"  # still recorded
+    workers_owned = Coordinator(plan(lr=0.1, lr_owner="workers"))
+    workers_owned.control({"lr": 0.5}, now=1.0)
+    assert workers_owned.work_for(0, True, 0)["lr"] == 0.5

@@ -38,7 +38,7 @@ class Plan:
     num_samples: int
     epochs: int
     batch_size: int
-    lr: float
+    lr: float | None  # the workers' rate when they own it (lr_owner); None: their own schedule
     has_validation: bool
     algorithm: str = "asgd"
     staleness: int | None = None  # ssp: S
@@ -51,6 +51,10 @@ class Plan:
     slowdown: list[float] = field(default_factory=list)
     staleness_lr: bool = False
     metrics: str = "full"  # "minimal": counters only, no history rows or timeline
+    # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
+    # nbdist.ps.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
+    # coordinator tells the rate on every reply)
+    lr_owner: str = "hub"
 
 
 class Coordinator:
@@ -70,7 +74,7 @@ class Coordinator:
         # the run's one SSP clock, and the group options: decided here, followed live (control)
         self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
         self.max_group_ratio, self.num_groups = plan.max_group_ratio, plan.groups
-        self.lr = plan.lr
+        self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
         self.paused = False
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
@@ -287,8 +291,9 @@ class Coordinator:
 
     def control(self, h: dict, now: float) -> None:
         if "lr" in h:
-            self.lr = float(h["lr"])
-            self.stats.record_event("set_lr", now, lr=self.lr)
+            if self.plan.lr_owner == "workers":
+                self.lr = float(h["lr"])
+            self.stats.record_event("set_lr", now, lr=float(h["lr"]))
         if "paused" in h and bool(h["paused"]) != self.paused:
             self.paused = bool(h["paused"])
             self.stats.record_event("pause" if self.paused else "resume", now)
