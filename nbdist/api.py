@@ -166,7 +166,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
         backend = ClusterBackend(cluster, config.servers, config.workers)
-    plan, options, easgd_alpha = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer),
+    plan, options, easgd_alpha = _plan(config, contents, _workers_rate(config, model.optimizer),
                                        backend.num_workers)
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     sync = config.mode is Mode.SYNC
@@ -235,20 +235,21 @@ def _cell_rate(optimizer) -> float:
     return float(np.asarray(optimizer.learning_rate))
 
 
-def _shown_rate(config: TrainConfig, optimizer: dict | None, cell_optimizer) -> float | None:
-    """The rate the coordinator shows and sends. With --local-steps (and easgd) it is the
-    workers' rate: None keeps their own optimizer's rate or schedule. Otherwise it is the hub
-    optimizer's first rate (the hub reports the schedule's later values itself)."""
-    from keras.optimizers.schedules import LearningRateSchedule
+def lr_owner(config: TrainConfig) -> str:
+    """Who applies the learning rate: the sync ranks and the --local-steps (and easgd) workers
+    with the cell's own optimizer, or else the hub's optimizer."""
+    workers = config.mode is Mode.SYNC or config.local_steps > 1 or config.algorithm is Algorithm.EASGD
+    return "workers" if workers else "hub"
 
-    if config.local_steps > 1 or optimizer is None:
-        if config.lr is None and isinstance(cell_optimizer._learning_rate, LearningRateSchedule):  # noqa: SLF001
-            return None
-        return config.lr if config.lr is not None else _cell_rate(cell_optimizer)
-    from nbdist.algorithms.schedules import schedule_value
 
-    rate = optimizer["learning_rate"]
-    return schedule_value(rate, 0) if isinstance(rate, dict) else float(rate)
+def _workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
+    """The rate the coordinator tells workers that own it (None: they keep their optimizer's
+    own rate or schedule); unused when the hub owns the rate."""
+    from nbdist.learning_rate import schedule_name
+
+    if config.lr is None and schedule_name(cell_optimizer) is not None:
+        return None
+    return config.lr if config.lr is not None else _cell_rate(cell_optimizer)
 
 
 def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
@@ -260,18 +261,17 @@ def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
             f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
             f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
         )
+    from nbdist.algorithms import make_rule
+
     algorithm = config.algorithm.value
     options = config.rule_options()
-    easgd_alpha = 0.0
-    if config.algorithm is Algorithm.EASGD:
-        from nbdist.algorithms import make_rule
-
-        easgd_alpha = float(make_rule(algorithm, 0, num_workers, options).options["alpha"])
+    rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
+    easgd_alpha = float(rule.options["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
     plan = Plan(
         num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
         batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
         algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
-        groups=int(options.get("num_groups", 0)),
+        groups=int(options.get("num_groups", 0)), max_group_ratio=float(options.get("max_ratio", 1.5)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone
         # is as long as a fast node's whole step, equal step times would mean 1-sample batches,
@@ -279,5 +279,5 @@ def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
         dbs=config.dbs, batch_min=config.batch_min or max(1, config.batch_size // 4),
         batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
-        metrics=config.metrics.value)
+        metrics=config.metrics.value, lr_owner=lr_owner(config))
     return plan, options, easgd_alpha

@@ -60,6 +60,7 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_SLOWDOWN = 100.0
+MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 # Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds, 1 epoch) sync at 2 x 64 against
 # fit at 128 was -0.000 without it at 12,000 images and -0.010 at 30,000 (-0.004 with it): within
 # the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
@@ -285,7 +286,9 @@ class TrainConfig:
                               "hide communication.")
         from nbdist.algorithms import make_rule  # pure NumPy; checks option names and values
 
-        make_rule(algo, 0, self.workers or 1, self.rule_options())
+        # bounds that depend on the number of workers (softsync's n, group's num_groups) are
+        # checked again in nbdist.api once it is known, before any engine is used
+        make_rule(algo, 0, self.workers or MAX_WORKERS, self.rule_options())
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint_dir is not None:

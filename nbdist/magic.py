@@ -68,46 +68,47 @@ class NbdistMagics(Magics):
             print("Stopped.")
 
     @magic_arguments()
-    @argument("--mode", default="async", choices=[m.value for m in Mode],
+    @argument("--mode", default=None, choices=[m.value for m in Mode],
               help="async: nbdist's parameter server; sync: Horovod allreduce; local: in this kernel; "
                    "simulate: virtual workers on a virtual clock, in this kernel")
-    @argument("--algorithm", default="asgd", choices=[a.value for a in Algorithm],
+    @argument("--algorithm", default=None, choices=[a.value for a in Algorithm],
               help="update rule on the hub")
     @argument("--workers", type=int, default=None, help="number of workers (default: all free engines)")
-    @argument("--servers", type=int, default=1, help="number of parameter shards (hub engines)")
-    @argument("--epochs", type=int, default=1)
-    @argument("--batch-size", type=int, default=32, help="samples per worker step")
+    @argument("--servers", type=int, default=None, help="number of parameter shards (hub engines; default 1)")
+    @argument("--epochs", type=int, default=None, help="passes over the data (default 1)")
+    @argument("--batch-size", type=int, default=None, help="samples per worker step (default 32)")
     @argument("--lr", type=float, default=None, help="learning rate (default: the cell's optimizer's)")
     @argument("--model", default=None, help="variable holding the model (default: the one the cell defines)")
-    @argument("--data", default="x_train,y_train",
-              help="training arrays X,Y, or one tf.data.Dataset or generator function NAME")
+    @argument("--data", default=None,
+              help="training arrays X,Y (default x_train,y_train), or one tf.data.Dataset or "
+                   "generator function NAME")
     @argument("--validation", default=None,
               help="validation arrays X,Y or one dataset NAME (default: x_test,y_test if defined)")
-    @argument("--in-memory-limit", default="2GiB",
-              help="a dataset larger than this (decoded) is streamed by shards, e.g. 500MB")
-    @argument("--no-validation", action="store_true", help="skip validation")
-    @argument("--seed", type=int, default=0, help="seed of the epoch permutations")
-    @argument("--transport", default="auto", choices=[t.value for t in Transport])
-    @argument("--compression", default="none", choices=[c.value for c in Compression],
+    @argument("--in-memory-limit", default=None,
+              help="a dataset larger than this (decoded; default 2GiB) is streamed by shards, e.g. 500MB")
+    @argument("--no-validation", action="store_true", default=None, help="skip validation")
+    @argument("--seed", type=int, default=None, help="seed of the epoch permutations (default 0)")
+    @argument("--transport", default=None, choices=[t.value for t in Transport])
+    @argument("--compression", default=None, choices=[c.value for c in Compression],
               help="fp16: parameters and gradients cross the network as float16 (half the bytes); "
                    "the hub keeps float32")
-    @argument("--timeout", type=float, default=120.0, help="seconds of silence before a run fails")
+    @argument("--timeout", type=float, default=None, help="seconds of silence before a run fails (default 120)")
     @argument("--algo-opt", default=None, help="rule hyper-parameters, e.g. lambda0=2,momentum=0.9")
-    @argument("--staleness-lr", action="store_true", help="divide the rate by the push's delay")
+    @argument("--staleness-lr", action="store_true", default=None, help="divide the rate by the push's delay")
     @argument("--staleness", type=int, default=None, help="ssp: clocks a worker may run ahead")
     @argument("--n", type=int, default=None, help="softsync: apply the mean of every M//n pushes")
-    @argument("--groups", default="auto", help="group: 'auto' (from speeds) or a number of groups")
-    @argument("--local-steps", type=int, default=1, help="steps with the cell's optimizer per exchange")
+    @argument("--groups", default=None, help="group: 'auto' (from speeds, the default) or a number of groups")
+    @argument("--local-steps", type=int, default=None, help="steps with the cell's optimizer per exchange (default 1)")
     @argument("--server-optimizer", default=None, choices=[o.value for o in ServerOptimizer],
               help="the hub's optimizer instead of the cell's (default: the cell's; with "
                    "--local-steps, SGD at rate 1 on the deltas)")
-    @argument("--overlap", action="store_true", help="push step t while computing step t+1")
-    @argument("--dbs", action="store_true", help="batch sizes in proportion to measured speed")
+    @argument("--overlap", action="store_true", default=None, help="push step t while computing step t+1")
+    @argument("--dbs", action="store_true", default=None, help="batch sizes in proportion to measured speed")
     @argument("--batch-min", type=int, default=None, help="DBS floor (default: batch-size // 4)")
     @argument("--batch-max", type=int, default=None, help="DBS ceiling (default: workers x batch-size)")
     @argument("--slowdown", default=None, help="per-worker slow-down factors, e.g. 1,2,4")
-    @argument("--metrics", default="full", choices=[m.value for m in Metrics])
-    @argument("--elastic", action="store_true",
+    @argument("--metrics", default=None, choices=[m.value for m in Metrics])
+    @argument("--elastic", action="store_true", default=None,
               help="async: engines that join the cluster while the run trains become workers")
     @argument("--checkpoint-dir", default=None, help="folder for checkpoints of the hub's state")
     @argument("--checkpoint-every", type=float, default=None,
@@ -132,15 +133,13 @@ class NbdistMagics(Magics):
         if self.run is not None and not self.run.done:
             raise ClusterError(f"The previous run is still {self.run.status}. Call "
                                "run.stop() or run.wait() before starting another.")
-        if args.resume is None and args.mode == Mode.ASYNC.value and self.cluster is None:
+        if args.resume is None and args.mode in (None, Mode.ASYNC.value) and self.cluster is None:
             raise NoClusterError("No cluster. Start one first with %nbdist start 3 "
                                  "(or %nbdist connect --profile P), or use --mode local.")
         source = self.shell.transform_cell(cell)
-        options = _options(args)
-        if args.resume is not None:  # flags left at their defaults keep the checkpoint's values
-            defaults = _options(parse_argstring(self.distribute, ""))
-            given = {k: v for k, v in options.items() if v != defaults[k]}
-            run = resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns, **given)
+        options = _options(args)  # only the flags given: the rest keep TrainConfig's defaults,
+        if args.resume is not None:  # or, resuming, the checkpoint's values
+            run = resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns, **options)
         else:
             run = train(source, cluster=self.cluster, namespace=self.shell.user_ns, **options)
         self.run = run
@@ -162,19 +161,21 @@ class NbdistMagics(Magics):
 
 
 def _options(args) -> dict:
-    """The parsed flags as `nbdist.train` options."""
-    return dict(
+    """The flags that were given, as `nbdist.train` options (a flag not given is None here,
+    so TrainConfig alone owns the defaults, and a resume keeps the checkpoint's values)."""
+    options = dict(
         mode=args.mode, algorithm=args.algorithm, workers=args.workers, servers=args.servers,
         epochs=args.epochs, batch_size=args.batch_size, lr=args.lr, model=args.model, data=args.data,
         validation=args.validation, no_validation=args.no_validation, seed=args.seed,
-        in_memory_limit=args.in_memory_limit,
-        transport=args.transport, compression=args.compression, timeout=args.timeout, algo_options=args.algo_opt,
-        staleness_lr=args.staleness_lr, staleness=args.staleness, n=args.n,
-        groups=args.groups if args.groups == "auto" else _int(args.groups, "--groups"),
+        in_memory_limit=args.in_memory_limit, transport=args.transport, compression=args.compression,
+        timeout=args.timeout, algo_options=args.algo_opt, staleness_lr=args.staleness_lr,
+        staleness=args.staleness, n=args.n,
+        groups=args.groups if args.groups in (None, "auto") else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
         dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         sim=args.sim, sync_batchnorm=args.sync_batchnorm, elastic=args.elastic)
+    return {name: value for name, value in options.items() if value is not None}
 
 
 def _int(text: str, flag: str) -> int:

@@ -365,7 +365,7 @@ def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: d
     `optimizer` is what the hub applies and `warnings` go to `run.warnings` (`nbdist.api`)."""
     import uuid
 
-    from nbdist.api import _plan, _shown_rate
+    from nbdist.api import _plan, _workers_rate
     from nbdist.flatmodel import ensure_built, read_flat
     from nbdist.run import Run
     from nbdist.simclock import sim_options
@@ -382,7 +382,7 @@ def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: d
     ensure_built(model, x[:2])  # as every mode does before reading the variables
     num_workers = config.workers or len(config.slowdown)
     params, non_trainable = read_flat(model)
-    plan, rule_options, _ = _plan(config, contents, _shown_rate(config, optimizer, model.optimizer), num_workers)
+    plan, rule_options, _ = _plan(config, contents, _workers_rate(config, model.optimizer), num_workers)
     options = sim_options(config.sim)
     simulation = Simulation(plan, rule_options, _flat_model(model), (x, y), validation, params,
                             non_trainable, options, config.seed, optimizer)

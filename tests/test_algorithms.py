@@ -407,15 +407,14 @@ def test_dropped_worker_stops_holding_others_back_and_rejoins_at_the_slowest():
     assert clock.clocks == (2, 2)
 
 
-def test_ssp_rule_counts_pushes_and_follows_set_option():
+def test_ssp_rule_is_sgd_and_validates_its_staleness():
     rule = make_rule("ssp", 2, 2, {"staleness": 0})
     w = f32(1, 2)
     assert rule.on_push(0, w, f32(0.5, -1), 0.5, 0) and w.tolist() == [0.75, 2.5]
-    assert rule.clock.blocked(0)
     rule.set_option("staleness", 1)
-    assert not rule.clock.blocked(0)
-    rule.forget(1)
-    assert rule.clock.active == {0}
+    assert rule.options == {"staleness": 1}
+    with pytest.raises(ConfigError, match="whole number"):
+        rule.set_option("staleness", 1.5)
 
 
 # -- group ---------------------------------------------------------------------------------
@@ -492,11 +491,9 @@ def test_singleton_groups_are_asgd():
     np.testing.assert_array_equal(w, run(make_rule("asgd", 5, 3), schedule))
 
 
-def test_group_rule_forms_groups_with_its_options():
-    rule = make_rule("group", 2, 5, {"max_ratio": 2.0})
-    assert rule.groups([1, 1, 2, 2, 4]) == [[0, 1, 2, 3], [4]]
-    rule.set_option("num_groups", 3)
-    assert rule.groups([1, 1, 2, 2, 4]) == [[0, 1], [2, 3], [4]]
+def test_form_groups_follows_max_ratio_and_a_number_of_groups():
+    assert form_groups([1, 1, 2, 2, 4], 2.0) == [[0, 1, 2, 3], [4]]
+    assert form_groups([1, 1, 2, 2, 4], 2.0, 3) == [[0, 1], [2, 3], [4]]
 
 
 # -- easgd ---------------------------------------------------------------------------------

@@ -70,7 +70,7 @@ def _hub(algorithm="ddc-asgd", optimizer="sgd", shard=0, size=9, seed=0):
     spec = server_optimizer_spec(optimizer, 0.1 if optimizer == "sgd" else None, [size])
     rule = make_rule(algorithm, size, 2, {"n": 1} if algorithm == "softsync" else None)  # n=1: buffer 2
     return SimpleNamespace(
-        spec=SimpleNamespace(shard=shard, local_steps=1, optimizer=spec), version=0,
+        spec=SimpleNamespace(shard=shard, local_steps=1, optimizer=spec, plan=plan), version=0,
         params=rng.normal(size=size).astype(np.float32), non_trainable=np.array([1, 2], np.float32),
         updater=Updater(rule, spec), coordinator=Coordinator(plan) if shard == 0 else None)
 

@@ -106,10 +106,11 @@ def mean_into(out: np.ndarray, grads: Sequence[np.ndarray]) -> np.ndarray:
 
 
 class Group(ASGD):
-    """`group`: each push is a group's mean gradient, applied by plain SGD at the group's rate.
+    """`group`: each push is a group's mean gradient, applied at the group's rate.
 
     Options: `max_ratio` (1.5) for `form_groups`, `num_groups` (0 = as many as max_ratio needs).
-    """
+    The rule declares and validates them; the run's `Coordinator` forms the groups with them
+    (and follows live changes), since it owns group membership."""
 
     name = "group"
 
@@ -120,7 +121,3 @@ class Group(ASGD):
     def _bounds(self, name: str) -> tuple[float, float]:
         return (1.0, math.inf) if name == "max_ratio" else (0, self.num_workers)
 
-    def groups(self, rates: Sequence[float]) -> list[list[int]]:
-        """`form_groups` with this rule's options."""
-        k = self._options["num_groups"]
-        return form_groups(rates, self._options["max_ratio"], k or None)

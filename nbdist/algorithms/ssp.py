@@ -1,7 +1,8 @@
 """Stale Synchronous Parallel (Ho et al. 2013): SGD updates, bounded clock drift.
 
 The update is plain SGD; what SSP adds is a rule about *when* a worker may go on, kept
-here as a pure `StalenessClock` so it is tested without sockets. `clock[p]` counts p's
+here as a pure `StalenessClock` so it is tested without sockets (the coordinator owns the
+run's one clock). `clock[p]` counts p's
 pushes. The hub holds back p's next pull while `clock[p] − min(active clocks) > S`. So
 a worker only starts a step at most S clocks ahead of the slowest active one (its counter
 can read S + 1 while it waits); S = 0 is BSP, lockstep. A worker that left (`drop`) no
@@ -9,8 +10,6 @@ longer holds the others back.
 """
 
 from __future__ import annotations
-
-import numpy as np
 
 from nbdist.algorithms.base import Option
 from nbdist.algorithms.sgd import ASGD
@@ -77,40 +76,17 @@ class StalenessClock:
 
 
 class SSP(ASGD):
-    """`ssp`: SGD on each push, plus `clock` for the hub to decide who waits.
+    """`ssp`: SGD on each push; the option `staleness` (S) says how far a worker may run ahead.
 
-    The rule ticks the clock on every push, drops a worker on `forget` and re-joins it if it
-    pulls again. The hub asks `rule.clock.blocked(worker)` before answering a pull and
-    re-checks its waiting workers after each push and each departure. nbdist's choice: S
-    defaults to 3, small enough to bound staleness, large enough to absorb step-time jitter.
+    Who waits is decided by the run's `Coordinator` (on shard 0), which owns the one
+    `StalenessClock`: it ticks it on every push, holds a worker's reply while it is blocked,
+    and follows a live `run.set_option("staleness", S)`. The rule only declares and validates
+    S, so a shard holds no clock of its own. nbdist's choice: S defaults to 3, small enough to
+    bound staleness, large enough to absorb step-time jitter.
     """
 
     name = "ssp"
 
-    def __init__(self, size: int, num_workers: int, **options: Option):
-        super().__init__(size, num_workers, **options)
-        self.clock = StalenessClock(num_workers, self._options["staleness"])
-
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
         return {"staleness": 3}
-
-    def set_option(self, name: str, value: float) -> None:
-        super().set_option(name, value)
-        self.clock.staleness = self._options["staleness"]
-
-    def on_pull(self, worker: int, w: np.ndarray, version: int) -> None:
-        self.clock.join(worker)
-
-    def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
-        super().on_push(worker, w, g, lr, delay)
-        self.clock.tick(worker)
-        return True
-
-    def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
-                 scale: float) -> tuple[np.ndarray, float] | None:
-        self.clock.tick(worker)
-        return g, scale
-
-    def forget(self, worker: int) -> None:
-        self.clock.drop(worker)

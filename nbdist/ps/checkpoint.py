@@ -96,9 +96,9 @@ def shard_state(hub) -> tuple[dict, list[np.ndarray]]:
                            ("opt", split_state(opt.export_state()) if opt is not None else ({}, {}))):
         arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
         numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
-    local = hub.spec.local_steps > 1 and hub.coordinator is not None  # the rate is the workers'
     header = {"op": "state", "shard": hub.spec.shard, "version": hub.version,
-              "lr": hub.coordinator.lr if local else hub.updater.learning_rate(),
+              "lr": hub.updater.learning_rate() if hub.spec.plan.lr_owner == "hub"
+              else (hub.coordinator.lr if hub.coordinator is not None else None),
               "rule": rule.name, "rule_options": rule.options, "optimizer": hub.updater.spec,
               "numbers": numbers, "names": list(arrays)}
     c = hub.coordinator

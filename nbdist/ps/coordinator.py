@@ -41,7 +41,7 @@ class Plan:
     num_samples: int
     epochs: int
     batch_size: int
-    lr: float
+    lr: float | None  # the workers' rate when they own it (lr_owner); None: their own schedule
     has_validation: bool
     algorithm: str = "asgd"
     staleness: int | None = None  # ssp: S
@@ -54,6 +54,10 @@ class Plan:
     slowdown: list[float] = field(default_factory=list)
     staleness_lr: bool = False
     metrics: str = "full"  # "minimal": counters only, no history rows or timeline
+    # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
+    # nbdist.ps.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
+    # coordinator tells the rate on every reply)
+    lr_owner: str = "hub"
 
 
 class Coordinator:
@@ -70,8 +74,10 @@ class Coordinator:
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
                                 policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
+        # the run's one SSP clock, and the group options: decided here, followed live (control)
         self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
-        self.lr = plan.lr
+        self.max_group_ratio, self.num_groups = plan.max_group_ratio, plan.groups
+        self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
         self.paused = False
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
@@ -308,8 +314,8 @@ class Coordinator:
         if not active:
             return
         rates = [max(self.stats.workers[w].samples_per_s, 1e-9) for w in active]
-        wanted = self.plan.groups or None
-        groups = form_groups(rates, self.plan.max_group_ratio, min(wanted, len(active)) if wanted else None)
+        wanted = self.num_groups or None
+        groups = form_groups(rates, self.max_group_ratio, min(wanted, len(active)) if wanted else None)
         for members in groups:
             for i in members:
                 self.group_of[active[i]] = sorted(active[j] for j in members)
@@ -331,8 +337,9 @@ class Coordinator:
 
     def control(self, h: dict, now: float) -> None:
         if "lr" in h:
-            self.lr = float(h["lr"])
-            self.stats.record_event("set_lr", now, lr=self.lr)
+            if self.plan.lr_owner == "workers":
+                self.lr = float(h["lr"])
+            self.stats.record_event("set_lr", now, lr=float(h["lr"]))
         if "paused" in h and bool(h["paused"]) != self.paused:
             self.paused = bool(h["paused"])
             self.stats.record_event("pause" if self.paused else "resume", now)
@@ -346,8 +353,15 @@ class Coordinator:
         if "batch_policy" in h:
             self.sizer.set_policy(h["batch_policy"])
             self.stats.record_event("set_batch_policy", now, policy=h["batch_policy"])
-        if "option" in h:
-            self.stats.record_event("set_option", now, name=h["option"][0], value=h["option"][1])
+        if "option" in h:  # validated by the rule first (the hub asks it)
+            name, value = h["option"]
+            if name == "staleness" and self.clock is not None:
+                self.clock.staleness = int(value)
+            elif name == "max_ratio":
+                self.max_group_ratio = float(value)
+            elif name == "num_groups":
+                self.num_groups = int(value)
+            self.stats.record_event("set_option", now, name=name, value=value)
         if h.get("regroup"):
             self.regroup(now)
         if h.get("send_state"):

@@ -352,7 +352,7 @@ class Hub:
         snap.update(version=self.version, error=self.error, dropped=dict(self.dropped),
                     hub_bytes=int(self.params.nbytes + self.updater.state_nbytes),
                     rule_options=self.updater.rule.options, elapsed=self.now())
-        if self.spec.local_steps == 1 and self.updater.optimizer is not None:
+        if self.spec.plan.lr_owner == "hub":
             snap["lr"] = self.updater.learning_rate()  # the schedule's value at this step
         return {"op": "stats"}, [json.dumps(snap).encode()]
 
@@ -362,7 +362,7 @@ class Hub:
             lr = float(h["lr"])
             if not (math.isfinite(lr) and lr > 0):
                 raise ValueError(f"learning rate must be positive and finite, got {lr}")
-            if self.spec.local_steps == 1:  # with --local-steps it is the workers' (the coordinator's)
+            if self.spec.plan.lr_owner == "hub":  # else the coordinator tells the workers
                 self.updater.set_learning_rate(lr)
         if "option" in h:
             self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
