@@ -15,6 +15,7 @@ from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 from nbdist.ps import checkpoint
 from nbdist.ps.coordinator import Coordinator, Plan
 from nbdist.ps.schedule import EpochSchedule
+from nbdist.ps.shard_state import restore_shard, shard_state
 from nbdist.ps.updater import Updater
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
@@ -92,7 +93,7 @@ def _train(hub, pushes, seed):
 def _save(tmp_path, hubs, **info):
     info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].updater.rule.name, epochs=2).to_dict(), "cell": "x = 1",
             "layout": LAYOUT, "num_samples": 10, "num_workers": 2, **info}
-    return checkpoint.save(str(tmp_path), [checkpoint.shard_state(h) for h in hubs], info)
+    return checkpoint.save(str(tmp_path), [shard_state(h) for h in hubs], info)
 
 
 @pytest.mark.parametrize("algorithm", ["ddc-asgd", "dc-asgd-a", "softsync"])
@@ -105,7 +106,7 @@ def test_a_restored_rule_continues_exactly_like_the_uninterrupted_one(tmp_path, 
     fresh = _hub(algorithm, seed=99)  # other starting weights: everything must come from the file
     ckpt = checkpoint.load(path)
     fresh.params[:] = ckpt.params
-    checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
+    restore_shard(fresh, ckpt.shard_restores()[0])
     assert fresh.version == 7
     _train(fresh, 6, seed=2)
     np.testing.assert_array_equal(fresh.params, straight.params)
@@ -116,7 +117,7 @@ def test_hub_optimizer_slots_and_step_are_saved(tmp_path):
     _train(hub, 3, seed=1)
     ckpt = checkpoint.load(_save(tmp_path, [hub]))
     fresh = _hub("asgd", optimizer="adam")
-    checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
+    restore_shard(fresh, ckpt.shard_restores()[0])
     saved, restored = hub.updater.optimizer.export_state(), fresh.updater.optimizer.export_state()
     assert restored["iterations"] == 3 and saved.keys() == restored.keys()
     for name, value in saved.items():
@@ -135,7 +136,7 @@ def test_data_position_and_pending_evaluations_are_restored(tmp_path):
     ckpt = checkpoint.load(_save(tmp_path, [hub]))
     assert ckpt.meta["epochs_done"] == 0.4 and ckpt.meta["schedule"]["pending"] == [[0, 4, 8]]
     fresh = _hub("asgd")
-    checkpoint.restore_shard(fresh, ckpt.shard_restores()[0])
+    restore_shard(fresh, ckpt.shard_restores()[0])
     assert fresh.coordinator.schedule.next_chunk(4).to_list() == [0, 0, 4, 8]
     assert list(fresh.coordinator.eval_queue) == [0]
 

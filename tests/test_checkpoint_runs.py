@@ -109,8 +109,12 @@ def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninter
                            checkpoint_every=0.5, timeout=10, **CLUSTER_OPTIONS)
         hub_engine = run._backend.roles.servers[0]  # noqa: SLF001
         hub_pid = own.client[hub_engine].apply_sync(os.getpid)
+        # mid-run for sure: on a quiet machine the remaining epochs take about a second, so
+        # pause after two epochs and checkpoint there, then kill the hub
         wait_for(lambda: run.last_checkpoint is not None
                  and json.loads((tmp_path / "meta.json").read_text())["epochs_done"] >= 2)
+        run.pause()
+        run.checkpoint()
         os.kill(hub_pid, signal.SIGKILL)
         started = time.monotonic()
         with pytest.raises(TrainingError):

@@ -12,6 +12,7 @@ from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError
 from nbdist.ps import checkpoint
 from nbdist.ps.coordinator import Coordinator, Plan
+from nbdist.ps.shard_state import shard_state
 from nbdist.ps.updater import Updater
 from nbdist.sync_checkpoint import resume_fields, schedule_state, start_position
 
@@ -34,7 +35,7 @@ def _sync_hub(epoch, offset, steps=7, final=False):
 def _save(tmp_path, hub):
     info = {"run_id": "s1", "config": TrainConfig(mode="sync", epochs=3).to_dict(), "cell": "x = 1",
             "layout": LAYOUT, "num_samples": 10, "num_workers": 2}
-    return checkpoint.save(str(tmp_path), [checkpoint.shard_state(hub)], info)
+    return checkpoint.save(str(tmp_path), [shard_state(hub)], info)
 
 
 def test_rank_0s_state_goes_through_save_and_load_into_a_resume_position(tmp_path):

@@ -39,8 +39,8 @@ from nbdist.errors import ProtocolError
 from nbdist.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.ps import shm, writeoff
 from nbdist.ps.barrier import GroupBarrier, GroupStep
-from nbdist.ps.checkpoint import restore_shard, shard_state
 from nbdist.ps.coordinator import Coordinator, Plan
+from nbdist.ps.shard_state import restore_shard, shard_state
 from nbdist.ps.updater import make_updater
 from nbdist.ps.wire import Return, admit, bind, receive, server_socket
 
