@@ -32,7 +32,8 @@ __all__ = ["METRICS", "compare", "compare_figure", "comparison_figures", "named_
 
 METRICS = ("accuracy", "loss", "val_loss", "throughput", "delay")
 XS = ("time", "samples")
-THROUGHPUT_BINS = 60  # a run's throughput is drawn as samples/s over this many time bins
+THROUGHPUT_BINS = 60  # a run's throughput is drawn as samples/s over at most this many time bins
+PUSHES_PER_BIN = 20  # ... each holding this many pushes on average
 # Options that tell two runs apart, in the order they are named in a label.
 DISTINGUISHING = ("lr", "batch_size", "seed", "epochs", "staleness", "n", "groups", "local_steps",
                   "server_optimizer", "algo_options", "slowdown", "batch_min", "batch_max",
@@ -133,7 +134,8 @@ def _throughput(h: pd.DataFrame) -> tuple[list, list]:
     p = h[h["loss"].notna()] if "loss" in h else h
     if len(p) < 2 or "batch_size" not in p:
         return [], []
-    edges = np.linspace(p["time"].min(), p["time"].max(), THROUGHPUT_BINS + 1)
+    bins = max(1, min(THROUGHPUT_BINS, len(p) // PUSHES_PER_BIN))  # few pushes per bin: jagged
+    edges = np.linspace(p["time"].min(), p["time"].max(), bins + 1)
     if edges[-1] <= edges[0]:
         return [], []
     counts, _ = np.histogram(p["time"], bins=edges, weights=p["batch_size"].fillna(0))
