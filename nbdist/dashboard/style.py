@@ -32,10 +32,11 @@ UIREVISION = "nbdist"  # constant: plotly keeps the user's zoom across updates (
 
 # The legend's rows are sized for a panel this wide (the dashboard's half of a notebook);
 # wider panels leave spare room under the legend, never too little.
-PANEL_WIDTH_PX = 520
+PANEL_WIDTH_PX = 440
 AXIS_ROOM_PX = 62  # x tick labels and the x axis title, under the plot area
 LEGEND_ROW_PX = 22
 CHAR_PX = 7  # the width of one character of a legend entry (12 px font)
+SYMBOL_PX = 45  # what plotly adds to an entry's text width: its line or marker, and gaps
 
 
 def worker_color(worker: int) -> str:
@@ -61,8 +62,8 @@ def legend_below(names: list[str]) -> tuple[dict, int]:
     """(legend layout, bottom margin in px) for a legend of `names` laid out in rows under
     the x axis: anchored to the figure's bottom edge (`yref="container"`), entries of one
     width, and a margin that holds the axis and every row."""
-    entry = 40 + CHAR_PX * max((len(n) for n in names), default=8)
-    per_row = max(1, PANEL_WIDTH_PX // entry)
+    entry = 10 + CHAR_PX * max((len(n) for n in names), default=8)  # plotly's entrywidth: text
+    per_row = max(1, PANEL_WIDTH_PX // (entry + SYMBOL_PX))
     rows = max(1, math.ceil(len(names) / per_row))
     legend = {"orientation": "h", "xref": "container", "x": 0.01, "xanchor": "left",
               "yref": "container", "y": 0, "yanchor": "bottom", "entrywidth": entry,
