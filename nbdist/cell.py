@@ -109,7 +109,7 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellConte
         )
     _check_shippable(namespace, config, defined)
     train = _training_data(namespace, config, model)
-    _check_fit(model, *train.head, config.data)
+    _check_fit(model, *train.head, config.data, whole=(train.x, train.y) if train.x is not None else None)
     warnings: list[str] = []
     if train.streamed:
         from nbdist.data import streaming_note
@@ -174,14 +174,16 @@ def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str]) ->
                 f"engines. Build {name} inside the %%distribute cell (or pass arrays).")
 
 
-def _check_fit(model, x: np.ndarray, y: np.ndarray, names: tuple[str, ...]) -> None:
-    """The model's loss on the first two samples, computed here, so wrong shapes or dtypes
-    between the data and the model are reported in the kernel, with both shapes, instead of
-    as a TensorFlow error inside every engine."""
+def _check_fit(model, x: np.ndarray, y: np.ndarray, names: tuple[str, ...], whole: tuple | None = None) -> None:
+    """The model's loss on the first two samples `x`, `y`, computed here, so wrong shapes or
+    dtypes between the data and the model are reported in the kernel, with the shapes of the
+    user's data (`whole`, when it is in memory), instead of as a TensorFlow error inside every
+    engine."""
     if len(names) == 1:
         names = (f"{names[0]}'s inputs", "its labels")
-    what = (f"{names[0]} (shape {x.shape}, dtype {x.dtype}) and {names[1]} (shape {y.shape}, "
-            f"dtype {y.dtype})")
+    wx, wy = whole if whole is not None else (x, y)
+    what = (f"{names[0]} (shape {wx.shape}, dtype {wx.dtype}) and {names[1]} (shape {wy.shape}, "
+            f"dtype {wy.dtype})")
     for n, a in zip(names, (x, y), strict=True):
         if a.dtype.kind not in "biuf":
             raise DataError(f"{what}: {n} holds {a.dtype} values, expected numbers. Convert it, e.g. "

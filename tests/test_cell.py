@@ -187,7 +187,7 @@ def test_a_dataset_beyond_the_limit_streams_and_says_what_changes():
 
 
 def test_a_dataset_that_does_not_fit_the_model_is_reported_with_its_shapes():
-    with pytest.raises(DataError, match=r"train_ds's inputs \(shape \(2, 4\).*do not fit the model"):
+    with pytest.raises(DataError, match=r"train_ds's inputs \(shape \(6, 4\).*do not fit the model"):
         run(DATASET.replace("(x_train, y_train)", "(x_train, y_train[:, None] * np.ones((1, 7)))"),
             data="train_ds")
 
