@@ -5,8 +5,8 @@ What it measures
     replies shaped like a 16-worker async run: a poll every 0.25 s carrying `--pushes` new
     history rows per second, and every 2 s a bounded timeline (up to 256 rows per worker, as
     the hub down-samples it) and the delay histograms. The live Dashboard (real ipywidgets; each
-    plot an Output holding plotly's MIME bundle; no kernel or browser attached, so the final
-    JSON encoding of widget messages, ~1 ms per redrawn plot, is not counted) runs
+    plot a PlotPanel anywidget whose figure trait is replaced; no kernel or browser attached, so
+    the final JSON encoding of widget messages, ~1 ms per redrawn plot, is not counted) runs
     `refresh()` every 0.5 s, as the kernel's event loop does. The CPU time (time.process_time)
     of all refreshes over `--seconds` of simulated run, divided by those seconds, is the share
     of one core the dashboard takes. The baseline, in the same process run, is the text status
@@ -96,9 +96,9 @@ def main() -> None:
     parser.add_argument("--pushes", type=float, default=50.0, help="pushes per second per worker")
     args = parser.parse_args()
     pushes = args.pushes * args.workers
-    from nbdist.dashboard.widget import _template
+    from nbdist.dashboard.plots import template
 
-    _template("plotly_white")  # a one-time plotly import (~1 s), not a refresh cost
+    template("plotly_white")  # a one-time plotly import (~1 s), not a refresh cost
     text = measure(args.workers, args.seconds, pushes, dashboard=False)
     live = measure(args.workers, args.seconds, pushes, dashboard=True)
     print(f"{args.workers} workers, {args.seconds:.0f} simulated s, {pushes:.0f} pushes/s in total, "

@@ -6,7 +6,7 @@
     ...ordinary Keras code that builds and compiles `model`...
 
 Everything the magics do is also plain Python: `nbdist.Cluster.start(3)`,
-`nbdist.train(cell_source, cluster=cluster, workers=2)`. Importing nbdist is light: it loads
+`nbdist.train(cell_source, cluster=cluster, workers=2)`, `nbdist.compare(run_a, run_b)`. Importing nbdist is light: it loads
 no TensorFlow, Keras, Horovod or plotly until a run needs them.
 """
 
@@ -27,17 +27,20 @@ __all__ = [
     "NbdistError",
     "Run",
     "TrainConfig",
+    "compare",
     "load_ipython_extension",
     "resume",
     "train",
     "unload_ipython_extension",
 ]
 
-_LAZY = {"Cluster": "nbdist.cluster", "Run": "nbdist.run", "resume": "nbdist.api", "train": "nbdist.api"}
+_LAZY = {"Cluster": "nbdist.cluster", "Run": "nbdist.run", "compare": "nbdist.dashboard.comparison",
+         "resume": "nbdist.api", "train": "nbdist.api"}
 
 if TYPE_CHECKING:
     from nbdist.api import resume, train
     from nbdist.cluster import Cluster
+    from nbdist.dashboard.comparison import compare
     from nbdist.run import Run
 
 

@@ -62,18 +62,32 @@ class RunViews:
         """Record a choice nbdist made for this run before it started (time 0, step 0)."""
         self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
 
-    def report(self, path: str = "nbdist-report.html", top_k: int | None = None):
+    def report(self, path: str = "nbdist-report.html", top_k: int | None = None,
+               compare: list | None = None):
         """Write one self-contained HTML file (plotly.js inline, viewable offline) with every
-        dashboard figure and the node table; returns its path.
+        dashboard figure and the node table; with `compare=[other, ...]` also this run and
+        the others side by side (see `compare`). Returns its path.
 
         Example:
-            >>> run.wait().report("out/run.html")   # doctest: +SKIP
+            >>> run.wait().report("out/run.html", compare=[other_run])   # doctest: +SKIP
         """
+        from nbdist.dashboard.comparison import comparison_figures, named_runs
         from nbdist.dashboard.report import write_report
 
+        extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
                             delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
-                            summary=self.summary(), top_k=top_k)
+                            summary=self.summary(), top_k=top_k, extra=extra)
+
+    def compare(self, *others, metric: str = "accuracy", x: str = "time", **kwargs):
+        """This run and `others` (Runs) on the same axes: `nbdist.compare(self, *others, ...)`.
+
+        Example:
+            >>> asgd_run.compare(dc_run, metric="loss", x="samples")   # doctest: +SKIP
+        """
+        from nbdist.dashboard.comparison import compare
+
+        return compare(self, *others, metric=metric, x=x, **kwargs)
 
     def dashboard(self, top_k: int | None = None):
         """The live dashboard (plots and controls) of this run, for display in a notebook;

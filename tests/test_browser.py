@@ -1,15 +1,15 @@
-"""The dashboard in a real browser: JupyterLab on loopback, Debian's Chromium driven by
-Playwright (never a downloaded browser), the quickstart notebook run as a person would.
+"""The dashboard in a real browser: JupyterLab and Notebook 7 on loopback, Debian's Chromium
+driven by Playwright (never a downloaded browser), the quickstart notebook run as a person would.
 
-Checks, in the page: the dashboard rendered, its plots have a trace per worker, the node
-table lists each worker, and clicking Pause makes the run paused (click -> widget comm ->
-kernel -> hub -> status poll -> widget -> page). Saves `out/browser-dashboard.png`.
+Checks, in the page: every panel is drawn and has data; no legend covers an axis's tick labels,
+an axis title or its panel's plot area; a zoom box dragged on a plot survives two refreshes;
+the node table lists each worker; clicking Pause makes the run paused (click -> widget comm ->
+kernel -> hub -> status poll -> widget -> page). Saves screenshots into `out/`.
 """
 
 import json
 import os
 import secrets
-import shutil
 import socket
 import subprocess
 import sys
@@ -29,16 +29,11 @@ WORKERS = 2
 
 
 def chromium() -> str:
-    """Debian's Chromium, installed with apt-get when missing (as root)."""
+    """Debian's Chromium (`make system` installs it); this test never installs anything."""
     found = next((p for p in CHROMIUM if os.access(p, os.X_OK)), None)
-    if found is None and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
-        subprocess.run(["apt-get", "install", "-y", "-q", "chromium"], env=env, check=False,
-                       stdout=subprocess.DEVNULL)
-        found = next((p for p in CHROMIUM if os.access(p, os.X_OK)), None)
     if found is None:
-        pytest.fail("Chromium is not installed and could not be installed here. "
-                    "Run `sudo apt-get install chromium` (or `make system` as root).")
+        pytest.fail(f"Chromium is not installed here. Received: none of {', '.join(CHROMIUM)}. "
+                    "Run `make system` as root (or `sudo apt-get install chromium`).")
     return found
 
 
@@ -61,10 +56,18 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def jupyterlab(tmp_path):
-    """JupyterLab on loopback with a token, serving a folder of its own; every kernel it
-    started is shut down (and with it the notebook's cluster) before it stops."""
+# Each front-end: how to start its server, and where a notebook opens in it.
+APPS = {"jupyterlab": ("jupyterlab", "/lab/tree/{name}",
+                       ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                        "--LabApp.extension_manager=readonly"]),
+        "notebook7": ("notebook", "/notebooks/{name}", [])}
+
+
+@pytest.fixture(params=list(APPS))
+def jupyter(request, tmp_path):
+    """JupyterLab, then Notebook 7, on loopback with a token, serving a folder of its own;
+    every kernel it started is shut down (and with it the notebook's cluster) before it stops."""
+    module, tree, flags = APPS[request.param]
     port, token = free_port(), secrets.token_hex(16)
     settings = tmp_path / "settings" / "@jupyterlab" / "notebook-extension"
     settings.mkdir(parents=True)
@@ -72,18 +75,18 @@ def jupyterlab(tmp_path):
     apputils = tmp_path / "settings" / "@jupyterlab" / "apputils-extension"
     apputils.mkdir(parents=True)
     (apputils / "notification.jupyterlab-settings").write_text(json.dumps({"fetchNews": "false"}))
-    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"),
+    env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython"),  # PYTHONPATH reaches the kernel
            "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "settings"),
            "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "workspaces"),
            "JUPYTER_RUNTIME_DIR": str(tmp_path / "runtime")}
     root = tmp_path / "root"
     root.mkdir()
-    log = open(tmp_path / "jupyterlab.log", "w")  # noqa: SIM115 - closed below
+    log_path = tmp_path / f"{request.param}.log"
+    log = open(log_path, "w")  # noqa: SIM115 - closed below
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyterlab", "--no-browser", "--ip=127.0.0.1", f"--port={port}",
-         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}",
-         "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-         "--LabApp.extension_manager=readonly", *(["--allow-root"] if os.geteuid() == 0 else [])],
+        [sys.executable, "-m", module, "--no-browser", "--ip=127.0.0.1", f"--port={port}",
+         f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", *flags,
+         *(["--allow-root"] if os.geteuid() == 0 else [])],
         env=env, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     api = lambda path, method="GET": urllib.request.urlopen(  # noqa: E731
@@ -95,16 +98,17 @@ def jupyterlab(tmp_path):
             break
         except OSError:
             if server.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError((tmp_path / "jupyterlab.log").read_text()[-3000:]) from None
+                raise AssertionError(log_path.read_text()[-3000:]) from None
             time.sleep(0.5)
-    yield {"base": base, "token": token, "root": root}
+    yield {"app": request.param, "base": base, "token": token, "root": root, "api": api,
+           "url": lambda name: f"{base}{tree.format(name=name)}?token={token}"}
     for kernel in json.load(api("/api/kernels")):
         api(f"/api/kernels/{kernel['id']}", method="DELETE")
     server.terminate()
     server.wait(30)
     log.close()
     leftover = _processes_mentioning(str(tmp_path))
-    assert not leftover, f"processes left running after JupyterLab stopped: {leftover}"
+    assert not leftover, f"processes left running after {request.param} stopped: {leftover}"
 
 
 def _processes_mentioning(text: str, timeout: float = 30) -> list[str]:
@@ -125,54 +129,135 @@ def _processes_mentioning(text: str, timeout: float = 30) -> list[str]:
         time.sleep(1)
 
 
-def test_quickstart_dashboard_renders_and_pause_acts_on_the_run(jupyterlab):
+# Every plot of the dashboard, read in the page: its panel name, data, draw count, the boxes
+# of its legend, plot area, tick labels and axis titles, and its x range now.
+PANELS_JS = """(root, sel) => [...root.querySelectorAll(sel)].map(gd => {
+  const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+  const all = sel => [...gd.querySelectorAll(sel)].filter(e => e.getBoundingClientRect().width > 0).map(box);
+  const full = gd._fullLayout || {};
+  return {name: gd.dataset.name || gd.id, revision: Number(gd.dataset.revision),
+          title: ((full.title || {}).text) || '',
+          points: (gd.data || []).reduce((n, t) => n + ((t.x || (t.cells || {}).values || []).length || 0), 0),
+          legend: all('.legend'), plot: all('.nsewdrag'),
+          ticks: all('.xtick text, .ytick text, .y2tick text'),
+          titles: all('.g-xtitle text, .g-ytitle text, .g-y2title text'),
+          xrange: full.xaxis ? full.xaxis.range.slice() : null,
+          autorange: full.xaxis ? full.xaxis.autorange : null};
+})"""
+
+
+def overlaps(a: list, b: list, slack: float = 1.0) -> bool:
+    """Two [left, top, right, bottom] boxes share more than `slack` px both ways."""
+    return min(a[2], b[2]) - max(a[0], b[0]) > slack and min(a[3], b[3]) - max(a[1], b[1]) > slack
+
+
+def read_panels(root, selector: str = ".nbdist-plot") -> dict:
+    return {p["name"]: p for p in root.evaluate(PANELS_JS, selector)}
+
+
+def check_layout(panels: dict) -> None:
+    """No legend covers tick labels, an axis title or the plot area of its panel."""
+    for name, p in panels.items():
+        for legend in p["legend"]:
+            for kind, boxes in (("plot area", p["plot"]), ("tick label", p["ticks"]),
+                                ("axis title", p["titles"])):
+                hit = [b for b in boxes if overlaps(legend, b)]
+                assert not hit, f"{name}: its legend {legend} covers a {kind} {hit[0]}"
+
+
+def wait_for_revision(page, name: str, revision: int, timeout_ms: int = 60_000) -> None:
+    page.wait_for_function(
+        "([name, rev]) => [...document.querySelectorAll('.nbdist-plot')].some("
+        "gd => gd.dataset.name === name && Number(gd.dataset.revision) >= rev)",
+        arg=[name, revision], timeout=timeout_ms)
+
+
+def run_all_cells(page, jupyter) -> None:
+    page.goto(jupyter["url"]("quickstart.ipynb"))
+    page.locator(".jp-Notebook").wait_for(timeout=60_000)
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+    try:  # the front-end may ask which kernel to start
+        page.locator(".jp-Dialog").get_by_role("button", name="Select").click(timeout=10_000)
+    except PlaywrightTimeout:
+        pass
+    deadline = time.monotonic() + 60
+    while not [k for k in json.load(jupyter["api"]("/api/kernels")) if k["execution_state"] == "idle"]:
+        assert time.monotonic() < deadline, "the notebook's kernel did not start"
+        time.sleep(0.5)
+    page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
+    page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
+
+
+def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(jupyter):
     from playwright.sync_api import expect, sync_playwright
 
-    quickstart_until_the_dashboard(jupyterlab["root"])
+    from nbdist.dashboard.widget import PANELS
+
+    quickstart_until_the_dashboard(jupyter["root"])
     OUT.mkdir(exist_ok=True)
+    shot = lambda what: str(OUT / f"browser-{jupyter['app']}-{what}.png")  # noqa: E731
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         page = browser.new_page(viewport={"width": 1400, "height": 2200})
         try:
-            page.goto(f"{jupyterlab['base']}/lab/tree/quickstart.ipynb?token={jupyterlab['token']}")
-            page.locator(".jp-Notebook").wait_for(timeout=60_000)
-            choose = page.locator(".jp-Dialog").get_by_role("button", name="Select")
-            try:  # JupyterLab may ask which kernel to start
-                choose.click(timeout=10_000)
-            except PlaywrightTimeout:
-                pass
-            expect(page.locator(".jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1, timeout=60_000)
-            page.locator(".lm-MenuBar-itemLabel", has_text="Run").first.click()
-            page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
-
+            run_all_cells(page, jupyter)
             dashboard = page.locator(".nbdist-dashboard")
             dashboard.wait_for(timeout=180_000)
             rows = dashboard.locator("table.nbdist-nodes tr.nbdist-node")
             expect(rows).to_have_count(WORKERS, timeout=120_000)
             for w in range(WORKERS):
                 expect(rows.nth(w).locator("td").first).to_have_text(str(w))
-            throughput = dashboard.locator(".js-plotly-plot").first
-            for w in range(WORKERS):  # one legend entry (and trace) per worker
-                expect(throughput.locator(".legendtext", has_text=f"worker {w}")).to_have_count(1, timeout=60_000)
-            expect(throughput.locator(".scatterlayer .trace")).to_have_count(WORKERS)
             expect(dashboard.locator(".nbdist-status[data-status='running']")).to_have_count(1)
+
+            # every panel drawn, with data (bounded wait: the loss panels draw every 2 s)
+            plots = dashboard.locator(".nbdist-plot")
+            expect(plots).to_have_count(len(PANELS), timeout=60_000)
+            page.wait_for_function(
+                "n => { const ps = [...document.querySelectorAll('.nbdist-plot')];"
+                " return ps.length === n && ps.every(gd => (gd.data || []).some(t => (t.x || []).length > 0)); }",
+                arg=len(PANELS), timeout=120_000)
+            throughput = dashboard.locator(".nbdist-plot[data-name='throughput']")
+            for w in range(WORKERS):  # one legend entry per worker; a mean and a raw line each
+                expect(throughput.locator(".legendtext", has_text=f"worker {w}")).to_have_count(1, timeout=60_000)
+            expect(throughput.locator(".scatterlayer .trace")).to_have_count(2 * WORKERS)
+            panels = read_panels(dashboard)
+            assert sorted(panels) == sorted(PANELS)
+            for name, panel in panels.items():
+                assert panel["points"] > 0 and "waiting" not in panel["title"], name
+            assert len({p["title"] for p in panels.values()}) == len(PANELS)  # titles of their own
+            check_layout(panels)
+            dashboard.scroll_into_view_if_needed()
+            page.screenshot(path=shot("dashboard"), full_page=True)
+
+            # zoom: drag a box on the throughput plot; it must survive two refreshes
+            area = throughput.locator(".nsewdrag").first.bounding_box()
+            page.mouse.move(area["x"] + 0.3 * area["width"], area["y"] + 0.2 * area["height"])
+            page.mouse.down()
+            page.mouse.move(area["x"] + 0.6 * area["width"], area["y"] + 0.8 * area["height"], steps=8)
+            page.mouse.up()
+            zoomed = read_panels(dashboard)["throughput"]
+            assert zoomed["autorange"] is False, "the drag did not zoom"
+            wait_for_revision(page, "throughput", zoomed["revision"] + 2)
+            after = read_panels(dashboard)["throughput"]
+            assert after["autorange"] is False
+            assert after["xrange"] == pytest.approx(zoomed["xrange"], rel=1e-6, abs=1e-9)
+            page.screenshot(path=shot("zoom-kept"), full_page=True)
 
             dashboard.locator("button", has_text="Pause").click()
             expect(dashboard.locator(".nbdist-status[data-status='paused']")).to_have_count(1, timeout=30_000)
             expect(dashboard.locator("button", has_text="Resume")).to_have_count(1)
-            dashboard.scroll_into_view_if_needed()
-            page.screenshot(path=str(OUT / "browser-dashboard.png"), full_page=True)
 
             dashboard.locator("button", has_text="Stop").click()
             expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(1, timeout=60_000)
             # the final redraw (and the display's text update) leaves every plot drawn
             dashboard = page.locator(".nbdist-dashboard")
-            throughput = dashboard.locator(".js-plotly-plot").first
-            expect(throughput.locator(".scatterlayer .trace")).to_have_count(WORKERS, timeout=30_000)
-            page.screenshot(path=str(OUT / "browser-dashboard-stopped.png"), full_page=True)
+            throughput = dashboard.locator(".nbdist-plot[data-name='throughput']")
+            expect(throughput.locator(".scatterlayer .trace")).to_have_count(2 * WORKERS, timeout=30_000)
+            check_layout(read_panels(dashboard))
+            page.screenshot(path=shot("stopped"), full_page=True)
         except Exception:
-            page.screenshot(path=str(OUT / "browser-dashboard-failure.png"), full_page=True)
+            page.screenshot(path=shot("failure"), full_page=True)
             raise
         finally:
             browser.close()
@@ -184,7 +269,7 @@ def test_the_html_report_opens_offline_in_chromium_with_every_panel(tmp_path):
 
     from tests.test_dashboard_widget import fed_run
 
-    path = fed_run(3, t=8.0).report(tmp_path / "report.html")
+    path = fed_run(3, t=8.0).report(tmp_path / "report.html", compare=[fed_run(2, t=5.0)])
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
         context = browser.new_context(offline=True)
@@ -193,10 +278,16 @@ def test_the_html_report_opens_offline_in_chromium_with_every_panel(tmp_path):
         page.on("request", lambda r: requests.append(r.url))
         try:
             page.goto(path.resolve().as_uri())
-            for panel in ("loss", "throughput", "delay", "delay_histogram", "batch", "nodes"):
+            for panel in ("loss", "throughput", "delay", "delay_histogram", "batch", "nodes",
+                          "compare_accuracy_time", "compare_loss_samples", "compare_delay"):
                 expect(page.locator(f"#nbdist-{panel}.js-plotly-plot")).to_have_count(1, timeout=30_000)
             expect(page.locator("#nbdist-throughput .legendtext", has_text="worker 2")).to_have_count(1)
             expect(page.locator("#nbdist-nodes .table .y-column").first).to_be_visible()
+            compared = page.locator("#nbdist-compare_loss_samples .legendtext")
+            expect(compared).to_have_count(2)  # one entry per run, told apart (#1, #2)
+            panels = read_panels(page.locator("body"), ".js-plotly-plot")
+            check_layout(panels)
+            assert [n for n, p in panels.items() if p["points"] == 0] == []
             page.screenshot(path=str(OUT / "browser-report.png"), full_page=True)
         finally:
             browser.close()

@@ -63,7 +63,7 @@ def by_name(fig):
 
 
 def test_throughput_has_one_trace_per_worker_with_values_passed_through():
-    fig = throughput_figure(TIMELINE)
+    fig = throughput_figure(TIMELINE, smooth=None)
     assert [t["name"] for t in fig["data"]] == ["worker 0", "worker 1", "worker 2"]
     assert [t["legendgroup"] for t in fig["data"]] == ["worker 0", "worker 1", "worker 2"]
     w1 = by_name(fig)["worker 1"]
@@ -104,20 +104,20 @@ def test_sixteen_workers_get_sixteen_distinct_colours():
 
 def test_top_k_keeps_the_slowest_workers_and_one_mean_of_the_others():
     assert slowest_workers(TIMELINE, 2) == [0, 2]
-    fig = throughput_figure(TIMELINE, top_k=2)
+    fig = throughput_figure(TIMELINE, top_k=2, smooth=None)
     assert [t["name"] for t in fig["data"]] == ["worker 0", "worker 2", "mean of 1 others"]
-    fig = throughput_figure(TIMELINE, top_k=1)
+    fig = throughput_figure(TIMELINE, top_k=1, smooth=None)
     assert [t["name"] for t in fig["data"]] == ["worker 0", "mean of 2 others"]
     mean = fig["data"][1]
     assert mean["x"] == [1.0, 2.0] and mean["y"] == [40.0, 44.0]  # (50+30)/2, (54+34)/2
     assert mean["legendgroup"] == "others"
-    assert len(throughput_figure(TIMELINE, top_k=3)["data"]) == 3  # k >= workers: all drawn
+    assert len(throughput_figure(TIMELINE, top_k=3, smooth=None)["data"]) == 3  # k >= workers: all drawn
 
 
 def test_mean_of_others_interpolates_inside_each_worker_and_never_extrapolates():
     tl = pd.DataFrame({"worker": [0, 1, 1, 2], "time": [0.0, 1.0, 3.0, 2.0],
                        "samples_per_s": [1.0, 10.0, 30.0, 40.0]})
-    mean = throughput_figure(tl, top_k=1)["data"][1]
+    mean = throughput_figure(tl, top_k=1, smooth=None)["data"][1]
     # worker 1 is (1,10)-(3,30); worker 2 has one point at t=2.
     assert mean["x"] == [1.0, 2.0, 3.0] and mean["y"] == [10.0, 30.0, 30.0]
 
@@ -241,3 +241,68 @@ def test_node_table_html_lists_each_worker_in_its_colour_and_escapes_text():
     assert "&lt;lost&gt;" in page and "<lost>" not in page
     assert ">12.0</td>" in page and ">4.12</td>" in page and ">0,2</td>" in page  # samples/s, p95, group
     assert "waiting for data" in node_table_html(None)
+
+
+# -- readable from the back row ---------------------------------------------------------------
+
+OKABE_ITO = {"#0072B2", "#E69F00", "#009E73", "#D55E00", "#56B4E9", "#CC79A7", "#000000", "#F0E442"}
+
+
+def live_panels(timeline=TIMELINE, **kw):
+    return {"throughput": throughput_figure(timeline, events=EVENTS, **kw),
+            "delay": delay_figure(timeline, events=EVENTS, **kw),
+            "batch": batch_figure(timeline, events=EVENTS, **kw),
+            "delay_histogram": delay_histogram_figure(DELAYS),
+            "loss_time": loss_figure(HISTORY, "time", events=EVENTS),
+            "loss_step": loss_figure(HISTORY, "step", events=EVENTS)}
+
+
+def test_every_panel_has_a_title_of_its_own_that_says_its_x_axis():
+    titles = [f["layout"]["title"]["text"] for f in live_panels().values()]
+    assert len(set(titles)) == len(titles)
+    assert titles[-2].endswith("against time") and titles[-1].endswith("against step")
+    assert all("against time" in t for t in titles[:3])
+
+
+def test_legends_sit_in_rows_below_the_plot_with_a_bottom_margin_that_holds_them():
+    from nbdist.dashboard.style import AXIS_ROOM_PX, LEGEND_ROW_PX
+
+    for name, fig in live_panels().items():
+        legend, margin = fig["layout"]["legend"], fig["layout"]["margin"]
+        assert legend["orientation"] == "h" and legend["yref"] == "container", name
+        assert legend["y"] == 0 and legend["yanchor"] == "bottom", name  # under the x axis
+        assert margin["b"] >= AXIS_ROOM_PX + LEGEND_ROW_PX, name
+    # more entries, more rows, a deeper margin: 16 workers need more room than 3
+    many = pd.concat([TIMELINE.assign(worker=TIMELINE["worker"] + 3 * k) for k in range(6)])
+    assert (throughput_figure(many)["layout"]["margin"]["b"]
+            > throughput_figure(TIMELINE)["layout"]["margin"]["b"])
+
+
+def test_the_accuracy_axis_is_fixed_from_0_to_1_with_round_ticks():
+    axis = loss_figure(HISTORY)["layout"]["yaxis2"]
+    assert axis["range"] == [0, 1] and axis["tickmode"] == "linear"
+    ticks = [axis["tick0"] + k * axis["dtick"] for k in range(6)]
+    assert [format(t, axis["tickformat"]) for t in ticks] == [
+        "0.0", "0.2", "0.4", "0.6", "0.8", "1.0"]
+    assert "yaxis2" not in loss_figure(HISTORY.drop(columns=["val_accuracy"]))["layout"]
+
+
+def test_throughput_is_a_moving_average_with_the_raw_values_faint_behind_it():
+    fig = throughput_figure(TIMELINE, smooth=2)
+    t = by_name(fig)
+    assert [x["name"] for x in fig["data"]][:2] == ["worker 0 (raw)", "worker 0"]  # raw drawn first
+    raw, mean = t["worker 1 (raw)"], t["worker 1"]
+    assert raw["y"] == [50.0, 54.0] and mean["y"] == pytest.approx([50.0, 52.0])
+    assert raw["opacity"] < 0.5 and raw["hoverinfo"] == "skip" and not raw["showlegend"]
+    assert raw["line"]["color"] == mean["line"]["color"] == worker_color(1)
+    assert raw["legendgroup"] == mean["legendgroup"] == "worker 1"  # hidden together
+    assert "mean of 2 points" in fig["layout"]["title"]["text"]
+
+
+def test_the_palette_is_colour_blind_safe_and_a_worker_keeps_its_colour():
+    assert set(PALETTE[:8]) == OKABE_ITO  # up to 8 workers: Okabe & Ito's set only
+    for w in range(3):
+        colours = {(t.get("line") or t.get("marker"))["color"]
+                   for f in live_panels().values() for t in f["data"]
+                   if t.get("legendgroup") == f"worker {w}"}
+        assert colours == {worker_color(w)}

@@ -1,5 +1,5 @@
-"""The live dashboard: real ipywidgets and plotly FigureWidgets (no browser), fed through the
-same Run path the monitor thread uses; on a real cluster, its controls act on a real run."""
+"""The live dashboard: real ipywidgets and its PlotPanel anywidgets (no browser), fed through
+the same Run path the monitor thread uses; on a real cluster, its controls act on a real run."""
 
 import time
 
@@ -9,7 +9,8 @@ import pytest
 import nbdist
 from nbdist.config import TrainConfig
 from nbdist.dashboard.figures import CONTROL_EVENTS
-from nbdist.dashboard.widget import PANELS, PLOTLY_MIME, Dashboard, show, widgets_available
+from nbdist.dashboard.plots import PlotPanel, plotly_js_path
+from nbdist.dashboard.widget import PANELS, Dashboard, show, widgets_available
 from nbdist.run import Run
 
 pytest.importorskip("ipywidgets")
@@ -58,9 +59,9 @@ def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
     assert names(dash.figures["loss_time"]) == [
         "loss (each push)", "loss (mean of 20 pushes)", "val loss", "val accuracy"]
     assert dash.figures["loss_step"]["layout"]["xaxis"]["title"]["text"] == "global step"
-    (shown,) = dash.plots["throughput"].outputs  # what the browser gets: plotly's MIME type
-    assert shown["data"][PLOTLY_MIME]["data"] == dash.figures["throughput"]["data"]
-    assert shown["data"][PLOTLY_MIME]["layout"]["template"]["layout"]  # a template, not a name
+    panel = dash.plots["throughput"]  # what the browser gets: the figure dict, drawn in place
+    assert isinstance(panel, PlotPanel) and panel.figure == dash.figures["throughput"]
+    assert panel.template["layout"]  # the template itself, sent once: plotly.js knows no names
     assert dash.table.value.count('class="nbdist-node"') == 3
     assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1", "worker 2"]
     assert dash.slowdown_sliders[1].value == 2.0  # follows the run's state
@@ -94,15 +95,29 @@ def test_sixteen_workers_start_at_the_eight_slowest_plus_the_mean_of_the_others(
 def test_refresh_redraws_only_what_changed():
     run = fed_run(2, t=3.0)
     dash = Dashboard(run)
-    before = dash.plots["throughput"].outputs
+    sent = []
+    dash.plots["throughput"].observe(sent.append, names="figure")
     dash.refresh()
-    assert dash.plots["throughput"].outputs is before  # nothing new: not sent again
+    assert sent == []  # nothing new: not sent again
     run._absorb(snapshot(2, 6.0, paused=True))
     dash.refresh()
     assert len(dash.figures["throughput"]["data"][0]["x"]) == 6
-    assert dash.plots["throughput"].outputs is not before
+    assert len(sent) == 1 and dash.plots["throughput"].figure == dash.figures["throughput"]
     assert 'data-status="paused"' in dash.status.value
     assert dash.pause_button.description == "Resume"
+
+
+def test_a_panel_sends_plotly_js_from_the_installed_package_when_its_page_asks():
+    panel = PlotPanel(name="throughput")
+    sent = []
+    panel.send = lambda content, buffers=None: sent.append(content)
+    panel._on_front_end(panel, {"type": "something else"}, [])
+    assert sent == []
+    panel._on_front_end(panel, {"type": "need-plotly.js"}, [])
+    (reply,) = sent
+    assert reply["type"] == "plotly.js"
+    assert reply["source"] == plotly_js_path().read_text(encoding="utf-8")  # offline: no CDN
+    assert "window.Plotly" in reply["source"]
 
 
 def test_panels_show_waiting_for_data_before_the_workers_report():

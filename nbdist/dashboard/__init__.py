@@ -2,7 +2,7 @@
 
 `figures` turns the Run's DataFrames (history, nodes, timeline, delays, events) into plotly
 figure dicts with no plotly import; `report` writes them to one offline HTML file, importing
-plotly only then.
+plotly only then; `compare` overlays several runs on the same axes.
 
 Example:
     >>> from nbdist.dashboard import throughput_figure, write_report
@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+from nbdist.dashboard.comparison import compare, compare_figure, comparison_figures, run_label
 from nbdist.dashboard.figures import (
     all_figures,
     batch_figure,
@@ -34,6 +35,9 @@ from nbdist.dashboard.report import report_html, write_report
 __all__ = [
     "all_figures",
     "batch_figure",
+    "compare",
+    "compare_figure",
+    "comparison_figures",
     "delay_figure",
     "delay_histogram_figure",
     "empty_figure",
@@ -43,6 +47,7 @@ __all__ = [
     "node_table_figure",
     "node_table_html",
     "report_html",
+    "run_label",
     "slowest_workers",
     "throughput_figure",
     "worker_color",

@@ -1,11 +1,10 @@
 """The live dashboard of a run: plotly plots and ipywidgets controls in the notebook.
 
-Each plot is an `ipywidgets.Output` whose one output is the figure in plotly's own MIME type,
-drawn by plotly's JupyterLab/Notebook renderer; a refresh replaces that output. plotly's
-`FigureWidget` was the first choice but, in JupyterLab 4 with plotly 6/7 (an anywidget that
-ships a 5 MB script per plot), some panels stayed blank under load, never getting their
-initial state (tests/test_browser.py caught it). The MIME path also needs no plotly import
-and no per-property validation in the kernel: a panel costs one JSON encoding per redraw.
+Each plot is a `plots.PlotPanel` (a small anywidget around plotly.js): a refresh assigns the
+panel's new figure dict and the browser redraws it in place with `Plotly.react`, keeping the
+user's zoom and pan. (plotly's `FigureWidget` left panels blank in JupyterLab under load, and
+plotly MIME outputs, replaced on each refresh, reset the zoom every time.) The kernel does no
+per-property validation: a panel costs one JSON encoding per redraw.
 
 Responsible for:
 - laying out the panels of `figures` (throughput, delay, delay histogram, batch size, loss
@@ -42,7 +41,7 @@ REFRESH_S = 0.5  # how often the kernel's loop redraws what changed
 LOSS_EVERY_S = 2.0  # the loss panels rebuild the history DataFrame at most this often
 LOSS_POINTS = 2000  # pushes drawn per loss panel (thinned beyond that)
 STATUS_EVERY_S = 1.0  # text status line refresh
-FIGURE_HEIGHT = 300
+FIGURE_HEIGHT = 380  # px: the plot area, and the legend's rows below it
 SLOWDOWN_MAX = 8.0
 MANY_WORKERS = 8  # above this many workers the panels start at "8 slowest + mean of the others"
 STATUS_COLORS = {"starting": "#555555", "running": "#1CA71C", "paused": "#B68100",
@@ -62,6 +61,7 @@ def widgets_available() -> bool:
         if shell is None or getattr(shell, "kernel", None) is None:
             return False
         asyncio.get_running_loop()
+        import anywidget  # noqa: F401
         import ipywidgets  # noqa: F401
         import plotly  # noqa: F401
     except (ImportError, RuntimeError):
@@ -113,34 +113,6 @@ def _status_html(run) -> str:
             f"{html.escape(run.summary())}</div>")
 
 
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-PLOT_CONFIG = {"displaylogo": False, "responsive": True}
-
-
-def _template(name: str) -> dict:
-    """A plotly template by name, as the JSON plotly.js takes (the browser knows no names)."""
-    if name not in _TEMPLATES:
-        import plotly.io as pio
-
-        _TEMPLATES[name] = pio.templates[name].to_plotly_json()
-    return _TEMPLATES[name]
-
-
-_TEMPLATES: dict[str, dict] = {}
-
-
-def plot_output(fig: dict, height: int = FIGURE_HEIGHT) -> tuple[dict]:
-    """`fig` as the outputs of an ipywidgets.Output: one display_data in plotly's MIME type,
-    with a text line for frontends that cannot draw it."""
-    layout = {**fig["layout"], "height": height}
-    if isinstance(layout.get("template"), str):
-        layout["template"] = _template(layout["template"])
-    title = fig["layout"].get("title", {}).get("text", "plot")
-    return ({"output_type": "display_data", "metadata": {},
-             "data": {PLOTLY_MIME: {"data": fig["data"], "layout": layout, "config": PLOT_CONFIG},
-                      "text/plain": f"<plot: {title}>"}},)
-
-
 class Dashboard:
     """Plots and controls of one Run, refreshed by the kernel while it is idle.
 
@@ -152,6 +124,8 @@ class Dashboard:
     def __init__(self, run, *, top_k: int | None = None, refresh_s: float = REFRESH_S):
         import ipywidgets as w
 
+        from nbdist.dashboard.plots import PlotPanel
+
         self.run = run
         self.refresh_s = refresh_s
         self._top_k_given = top_k is not None
@@ -160,7 +134,9 @@ class Dashboard:
         self._handle = None
         self._running = False
         self._syncing = False  # True while the dashboard itself sets a control's value
-        self.plots = {name: w.Output(layout={"min_height": f"{FIGURE_HEIGHT}px"}) for name in PANELS}
+        self.plots = {name: PlotPanel(name=name, height=FIGURE_HEIGHT,
+                                       layout={"min_height": f"{FIGURE_HEIGHT}px"})
+                      for name in PANELS}
         self.figures: dict[str, dict] = {}  # the figure each plot shows now
 
         self.status = w.HTML(_status_html(run))
@@ -285,7 +261,7 @@ class Dashboard:
         """Show `fig` in its panel, unless the panel shows it already."""
         if fig != self.figures.get(name):
             self.figures[name] = fig
-            self.plots[name].outputs = plot_output(fig)
+            self.plots[name].figure = fig
 
     def _sync_controls(self, snap: dict, nodes) -> None:
         """Follow the run's state (also when code changed it): learning rate, batch policy,
