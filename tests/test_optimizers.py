@@ -15,10 +15,10 @@ import numpy as np
 import pytest
 
 from nbdist.algorithms.optimizer_rules import FORMULAS
+from nbdist.algorithms.optimizer_spec import describe_optimizer
 from nbdist.algorithms.optimizers import (
     SUPPORTED_OPTIMIZERS,
     HubOptimizer,
-    describe_optimizer,
     server_optimizer_spec,
     sum_of_squares,
 )
@@ -384,7 +384,8 @@ def test_bad_specs_are_refused_on_the_hub():
 
 
 def test_importing_the_optimizers_loads_neither_tensorflow_nor_keras():
-    code = ("import sys, nbdist.algorithms.optimizers, nbdist.algorithms.schedules; "
+    code = ("import sys, nbdist.algorithms.optimizers, nbdist.algorithms.optimizer_spec, "
+            "nbdist.algorithms.schedules; "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, "
             "[m for m in sys.modules if m.startswith(('tensorflow', 'keras'))][:5]")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -34,7 +34,7 @@ def adam_spec(lr=0.01):
 
 
 def describe(optimizer):
-    from nbdist.algorithms.optimizers import describe_optimizer
+    from nbdist.algorithms.optimizer_spec import describe_optimizer
 
     return describe_optimizer(optimizer, SEGMENTS)
 

@@ -75,7 +75,8 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
     nbdist cannot reproduce.
     """
-    from nbdist.algorithms.optimizers import describe_optimizer, server_optimizer_spec
+    from nbdist.algorithms.optimizer_spec import describe_optimizer
+    from nbdist.algorithms.optimizers import server_optimizer_spec
 
     algorithm = config.algorithm.value
     chosen = config.server_optimizer.value if config.server_optimizer is not None else None

@@ -1,0 +1,150 @@
+"""The cell's compiled Keras optimizer read into a spec for the hub (kernel side).
+
+`describe_optimizer` turns the optimizer into a JSON-able spec that `HubOptimizer`
+(`nbdist.algorithms.optimizers`) reproduces exactly, and refuses, before the run starts, what
+the hub cannot reproduce: another class (a subclass included), mixed-precision wrappers,
+`use_ema`, gradient accumulation, a loss scale, custom schedules, constrained variables.
+Keras is imported lazily, inside the functions.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from nbdist.algorithms.optimizer_rules import FORMULAS
+from nbdist.algorithms.optimizers import (
+    _BASE_DEFAULTS,
+    SUPPORTED_OPTIMIZERS,
+    HubOptimizer,
+    _checked_segments,
+    _unsupported,
+)
+from nbdist.algorithms.schedules import describe_schedule
+from nbdist.errors import ConfigError, UnsupportedOptimizerError
+
+__all__ = ["describe_optimizer"]
+
+
+def describe_optimizer(optimizer: Any, segments: list[int], variables: list | None = None) -> dict:
+    """The spec of the cell's compiled Keras optimizer, for `HubOptimizer` (kernel side).
+
+    `segments` are the sizes of the model's trainable variables in flat order. `variables`,
+    those variables (`model.trainable_variables`), are optional but let it check more: which
+    ones `exclude_from_weight_decay(...)` excludes (needed if the cell called it), and that none
+    has a `constraint`, which Keras's `optimizer.apply` enforces after each update and the hub
+    does not.
+
+    The spec's keys: `class_name`; `config`, the class's hyper-parameters with `weight_decay`,
+    `clipnorm`, `clipvalue` and `global_clipnorm`; `learning_rate`, a float or a schedule spec
+    (`describe_schedule`); `segments`; and `decay_mask`, one flag per segment, only when some
+    variables are excluded from weight decay.
+
+    Raises `UnsupportedOptimizerError` (a `ConfigError`) for anything the hub cannot reproduce
+    exactly: another class (a subclass of a supported class included, since nbdist cannot see
+    what it changes), a `LossScaleOptimizer` (mixed precision), `use_ema`,
+    `gradient_accumulation_steps`, `loss_scale_factor`, a learning rate given as a function or a
+    custom schedule, a constrained variable.
+
+    Example:
+        >>> import keras
+        >>> spec = describe_optimizer(keras.optimizers.Adam(clipnorm=1.0), [6, 2])
+        >>> spec["class_name"], spec["config"]["clipnorm"], spec["segments"]
+        ('Adam', 1.0, [6, 2])
+    """
+    import keras
+
+    cls = type(optimizer)
+    name = cls.__name__
+    received = f"{cls.__module__}.{cls.__qualname__}"
+    if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
+        raise _unsupported("it is wrapped in a LossScaleOptimizer (mixed precision: the hub "
+                           "applies float32 gradients and keeps no loss scale)", received)
+    if name not in SUPPORTED_OPTIMIZERS or getattr(keras.optimizers, name, None) is not cls:
+        keras_base = next((c for c in cls.__mro__[1:] if c.__name__ in SUPPORTED_OPTIMIZERS
+                           and getattr(keras.optimizers, c.__name__, None) is c), None)
+        what = (f"it is a subclass of keras.optimizers.{keras_base.__name__}, and nbdist cannot "
+                f"know what the subclass changes" if keras_base else "it is not a built-in "
+                "Keras optimizer nbdist reproduces")
+        raise _unsupported(what, received)
+    if optimizer.use_ema:
+        raise _unsupported("use_ema=True (the hub keeps no moving average of the weights)",
+                           f"{name}(use_ema=True)")
+    if optimizer.gradient_accumulation_steps:
+        steps = optimizer.gradient_accumulation_steps
+        raise _unsupported("gradient accumulation (the hub's update rule decides when "
+                           "gradients are applied)",
+                           f"{name}(gradient_accumulation_steps={steps!r})")
+    if optimizer.loss_scale_factor is not None:
+        raise _unsupported("a loss scale factor", f"{name}(loss_scale_factor="
+                           f"{optimizer.loss_scale_factor!r})")
+    segments = _checked_segments(segments)
+    if variables is not None:
+        _check_variables(list(variables), segments)
+    lr = optimizer._learning_rate  # the schedule or the variable, not its current value
+    if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
+        lr = describe_schedule(lr)
+    elif isinstance(lr, keras.Variable) or not callable(lr):
+        lr = float(np.asarray(lr))
+    else:
+        raise _unsupported("its learning rate is a function nbdist cannot evaluate on the hub",
+                           f"learning_rate={lr!r}")
+    # attributes, not get_config(): that serializes the learning rate, and fails on some
+    keys = (*_BASE_DEFAULTS, *FORMULAS[name].defaults)
+    config = {key: _plain(getattr(optimizer, key)) for key in keys}
+    spec: dict[str, Any] = {"class_name": name, "config": config, "learning_rate": lr,
+                            "segments": segments}
+    mask = _decay_mask(optimizer, segments, variables)
+    if mask is not None:
+        spec["decay_mask"] = mask
+    HubOptimizer(spec, 0)  # the same checks the hub makes, now, on the kernel
+    return spec
+
+
+def _plain(value: Any) -> Any:
+    if value is None or isinstance(value, (bool, str)):
+        return value
+    if isinstance(value, (np.bool_,)):
+        return bool(value)
+    return float(value)
+
+
+def _decay_mask(optimizer: Any, segments: list[int], variables: list | None) -> list[bool] | None:
+    """Which variables Keras decays, when `exclude_from_weight_decay` excluded some (else None:
+    all of them, Keras's default, biases and normalisation scales included)."""
+    excluded = getattr(optimizer, "_exclude_from_weight_decay", None)
+    pattern = getattr(optimizer, "_exclude_from_weight_decay_pattern", None)
+    if optimizer.weight_decay is None or (not excluded and pattern is None):
+        return None
+    if variables is None and optimizer.built:
+        variables = optimizer._trainable_variables
+    if variables is None:
+        raise _unsupported("exclude_from_weight_decay(...) was called, and nbdist was not given "
+                           "the variables to tell which ones it excludes",
+                           f"{type(optimizer).__name__}(weight_decay={optimizer.weight_decay!r})")
+    _check_variables(list(variables), segments)
+    return [bool(optimizer._use_weight_decay(v)) for v in variables]
+
+
+def _check_variables(variables: list, segments: list[int]) -> None:
+    """The variables match the segments, and Keras's `apply` would do nothing to them beyond
+    the optimizer's update (no constraint, no float8 `overwrite_with_gradient`)."""
+    sizes = [int(np.prod(v.shape)) for v in variables]
+    if sizes != segments:
+        raise ConfigError(f"The variables given to describe_optimizer do not match the segments. "
+                          f"Received: sizes {sizes} vs segments {segments}. Expected the model's "
+                          f"trainable variables in flat order.")
+    for v in variables:
+        name = getattr(v, "path", None) or v.name
+        if getattr(v, "constraint", None) is not None:
+            raise UnsupportedOptimizerError(
+                f"The hub does not apply Keras's variable constraints, which optimizer.apply "
+                f"enforces after each update. Received: variable {name!r} with constraint "
+                f"{type(v.constraint).__name__}. Remove the constraint from the layer (for "
+                f"example kernel_constraint=...) to train this model with nbdist's async modes.")
+        if getattr(v, "overwrite_with_gradient", False):
+            raise UnsupportedOptimizerError(
+                f"The hub cannot train a variable that Keras overwrites with its gradient "
+                f"(float8 training). Received: variable {name!r} with "
+                f"overwrite_with_gradient=True. Train this model without float8 layers.")
