@@ -17,6 +17,7 @@ from nbdist.errors import (
     RemoteCellError,
 )
 from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -145,16 +146,16 @@ def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
                        batch_size=8)
     before = weights(ns["model"]).copy()
-    _wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
     run.pause()
-    _wait_for(lambda: run.status == "paused")
+    wait_for(lambda: run.status == "paused")
     time.sleep(0.5)  # steps in flight land
     paused_at = run._snapshot["global_step"]
     time.sleep(1.5)
     assert run._snapshot["global_step"] == paused_at, "pushes continued while paused"
     run.set_lr(0.05)
     run.resume()
-    _wait_for(lambda: run._snapshot.get("global_step", 0) > paused_at + 20)
+    wait_for(lambda: run._snapshot.get("global_step", 0) > paused_at + 20)
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped"
@@ -171,11 +172,6 @@ def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(clu
     assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
 
 
-def _wait_for(condition, timeout=60.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 FUNCTIONAL_CELL = '''
@@ -253,7 +249,7 @@ def test_magic_start_status_stop_leaves_no_process(ip, capsys):
     ip.run_line_magic("nbdist", "stop")
     assert magics.cluster is None
     for pid in pids:
-        _wait_for(lambda pid=pid: not _alive(pid), timeout=20)
+        wait_for(lambda pid=pid: not _alive(pid), timeout=20)
 
 
 def _alive(pid):

@@ -12,6 +12,7 @@ import pytest
 import nbdist
 from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError, TrainingError
 from tests.conftest import SYNTHETIC_CELL, _alive
+from tests.helpers import wait_for
 
 SEEDED_CELL = SYNTHETIC_CELL.replace("model = keras", "keras.utils.set_random_seed(3)\nmodel = keras")
 
@@ -20,11 +21,6 @@ def weights(ns):
     return np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
 
 
-def wait_for(condition, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def epoch_ends(run):

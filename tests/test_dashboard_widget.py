@@ -1,7 +1,6 @@
 """The live dashboard: real ipywidgets and its PlotPanel anywidgets (no browser), fed through
 the same Run path the monitor thread uses; on a real cluster, its controls act on a real run."""
 
-import time
 
 import numpy as np
 import pytest
@@ -12,6 +11,7 @@ from nbdist.dashboard.figures import CONTROL_EVENTS
 from nbdist.dashboard.plots import PlotPanel, plotly_js_path
 from nbdist.dashboard.widget import PANELS, Dashboard, show, widgets_available
 from nbdist.run import Run
+from tests.helpers import wait_for
 
 pytest.importorskip("ipywidgets")
 from tests.conftest import SYNTHETIC_CELL  # noqa: E402
@@ -148,24 +148,24 @@ def test_dashboard_controls_act_on_a_real_run(cluster):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=300, batch_size=8)
     with run:
         dash = Dashboard(run)
-        _wait_for(lambda: "worker" in run.timeline and run.timeline["worker"].nunique() == 2, 60)
+        wait_for(lambda: "worker" in run.timeline and run.timeline["worker"].nunique() == 2, 60)
         dash.refresh()
         assert legend(dash.figures["throughput"]) == {"worker 0", "worker 1"}
         assert dash.table.value.count('class="nbdist-node"') == 2
 
         dash.pause_button.click()
-        _wait_for(lambda: run.status == "paused")
+        wait_for(lambda: run.status == "paused")
         dash.refresh()
         assert 'data-status="paused"' in dash.status.value and dash.pause_button.description == "Resume"
 
         dash.lr_slider.value = 0.02
         dash.slowdown_sliders[1].value = 3.0
         dash.policy.value = "dbs"
-        _wait_for(lambda: run._snapshot.get("lr") == pytest.approx(0.02)
+        wait_for(lambda: run._snapshot.get("lr") == pytest.approx(0.02)
                   and run.nodes["slowdown"].tolist() == [1.0, 3.0]
                   and run._snapshot.get("batch_policy") == "dbs")
         dash.pause_button.click()
-        _wait_for(lambda: run.status == "running")
+        wait_for(lambda: run.status == "running")
         dash.stop_button.click()
         run.wait(timeout=60)
     assert run.status == "stopped"
@@ -178,12 +178,6 @@ def test_dashboard_controls_act_on_a_real_run(cluster):
     assert "lr=0.02" in str(dash.figures["throughput"]["layout"]["annotations"])
 
 
-def _wait_for(condition, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():

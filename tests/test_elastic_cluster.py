@@ -1,13 +1,13 @@
 """Workers that join a running async job on real engines: `run.add_workers([spare])`, and
 `--elastic` taking in an engine started into the cluster mid-run."""
 
-import time
 
 import pytest
 
 import nbdist
 from nbdist.errors import ClusterError, TrainingError
 from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -15,12 +15,6 @@ EPOCHS = 12
 TRAIN_SAMPLES = 900  # SYNTHETIC_CELL's x_train
 
 
-def _wait_for(condition, timeout: float = 120.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError("condition not reached in time")
-        time.sleep(0.1)
 
 
 def _said_hello(run, worker: int) -> bool:
@@ -44,11 +38,11 @@ def test_add_workers_brings_a_spare_engine_into_a_running_job(cluster):
     with run:
         (hub,), (first,) = run._backend.roles.servers, run._backend.roles.workers
         (spare,) = set(cluster.engine_ids) - {hub, first}
-        _wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
+        wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
         run.pause()  # so the newcomer surely finds data left when it arrives
         assert run.add_workers([spare]) == [1]
         assert run._backend.worker_engines == [first, spare]
-        _wait_for(lambda: _said_hello(run, 1))
+        wait_for(lambda: _said_hello(run, 1))
         assert run.nodes["engine"].tolist() == [first, spare]
         run.resume()
         run.wait(timeout=300)
@@ -81,13 +75,13 @@ def test_elastic_run_takes_in_an_engine_started_into_the_cluster():
         run = nbdist.train(SYNTHETIC_CELL, cluster=own, namespace={}, workers=1, epochs=EPOCHS,
                            batch_size=16, elastic=True)
         with run:
-            _wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
+            wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
             run.pause()
             before = set(own.client.ids)
             own._ipp_cluster.start_engines_sync(1)
-            _wait_for(lambda: len(own.client.ids) == 3)
+            wait_for(lambda: len(own.client.ids) == 3)
             (joined,) = set(own.client.ids) - before
-            _wait_for(lambda: _said_hello(run, 1))
+            wait_for(lambda: _said_hello(run, 1))
             assert run.nodes["engine"].tolist()[1] == joined
             run.resume()
             run.wait(timeout=300)

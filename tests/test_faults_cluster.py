@@ -12,6 +12,7 @@ import pytest
 import nbdist
 from nbdist.errors import WorkersLostError
 from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -49,7 +50,7 @@ def own_cluster():
 
 
 def kill_worker_engine(cluster, run, worker, after_step):
-    _wait_for(lambda: run._snapshot.get("global_step", 0) > after_step)
+    wait_for(lambda: run._snapshot.get("global_step", 0) > after_step)
     assert not run.done, "the run ended before the kill: make it longer"
     os.kill(cluster.pids[run._backend.roles.workers[worker]], signal.SIGKILL)
 
@@ -90,11 +91,6 @@ def test_when_every_worker_is_killed_the_run_fails_with_a_clear_error(own_cluste
     assert own_cluster.client[hub_engine].apply_sync(running_hubs) == []  # the hub was stopped
 
 
-def _wait_for(condition, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def test_ctrl_c_in_wait_stops_the_run_within_seconds_and_the_engines_take_a_new_run(cluster):
@@ -105,7 +101,7 @@ def test_ctrl_c_in_wait_stops_the_run_within_seconds_and_the_engines_take_a_new_
 
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=500, batch_size=8)
-    _wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
     threading.Timer(0.5, _thread.interrupt_main).start()  # what Jupyter's "interrupt" does
     t0 = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
@@ -129,7 +125,7 @@ def test_stopping_the_cluster_during_a_run_leaves_no_process_behind(ip, how):
     ip.run_cell_magic("distribute", "--workers 1 --epochs 500 --batch-size 8 --no-dashboard -o r",
                       SYNTHETIC_CELL)
     run = ip.user_ns["r"]
-    _wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
     if how == "magic":
         ip.run_line_magic("nbdist", "stop")
     else:

@@ -7,6 +7,7 @@ import pytest
 
 import nbdist
 from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import wait_for
 
 pytestmark = pytest.mark.cluster
 
@@ -21,11 +22,6 @@ model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_cro
 '''
 
 
-def _wait_for(condition, timeout=90.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.1)
 
 
 def _steps(run):
@@ -36,8 +32,8 @@ def test_dbs_gives_the_slow_worker_a_smaller_batch_and_evens_out_step_times(clus
     run = nbdist.train(WIDE_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=64,
                        dbs=True, slowdown="1,3", no_validation=True)
     try:
-        _wait_for(lambda: min(_steps(run)) >= 40)
-        _wait_for(lambda: any(e["event"] == "rebalance" for e in run._snapshot.get("events", [])))
+        wait_for(lambda: min(_steps(run)) >= 40)
+        wait_for(lambda: any(e["event"] == "rebalance" for e in run._snapshot.get("events", [])))
         time.sleep(2)  # a few more rebalances on settled measurements
         batches = run.nodes["batch_size"].tolist()
         assert sum(batches) == 128  # the global batch is kept
@@ -71,11 +67,11 @@ def test_set_slowdown_changes_measured_speed_within_a_few_steps(cluster):
     run = nbdist.train(WIDE_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=64,
                        no_validation=True)
     try:
-        _wait_for(lambda: min(_steps(run)) >= 20)
+        wait_for(lambda: min(_steps(run)) >= 20)
         before = run.nodes["samples_per_s"][1]
         run.set_slowdown(1, 4.0)
         at = _steps(run)[1]
-        _wait_for(lambda: _steps(run)[1] >= at + 12)
+        wait_for(lambda: _steps(run)[1] >= at + 12)
         after = run.nodes["samples_per_s"][1]
         assert after < before / 2, (before, after)
         assert run.nodes["slowdown"].tolist() == [1.0, 4.0]
@@ -88,7 +84,7 @@ def test_every_control_call_is_recorded_in_the_events_and_timeline_has_series(cl
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=100,
                        batch_size=8)
     try:
-        _wait_for(lambda: min(_steps(run)) >= 10)
+        wait_for(lambda: min(_steps(run)) >= 10)
         run.set_lr(0.05)
         run.set_slowdown(0, 2.0)
         run.set_batch_policy("dbs")
@@ -112,7 +108,7 @@ def test_bad_live_control_values_are_refused(cluster):
 
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=8)
     try:
-        _wait_for(lambda: min(_steps(run)) >= 2)
+        wait_for(lambda: min(_steps(run)) >= 2)
         with pytest.raises(ConfigError, match="between 1"):
             run.set_slowdown(0, 0.5)
         with pytest.raises(ConfigError, match="No worker 7"):

@@ -21,6 +21,7 @@ import pytest
 
 import nbdist
 from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import wait_for
 from tests.lab_network import LabCluster, LabNetwork, unavailable
 
 REASON = unavailable()
@@ -143,11 +144,6 @@ def test_nbdist_connect_to_the_hand_started_cluster_trains(lab, ip, monkeypatch,
         magics.cluster = None
 
 
-def _when(condition, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.05)
 
 
 def test_a_link_down_for_three_seconds_applies_nothing_twice_and_the_run_finishes(lab):
@@ -155,7 +151,7 @@ def test_a_link_down_for_three_seconds_applies_nothing_twice_and_the_run_finishe
     epochs = 6
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 2]), namespace=ns, workers=2,
                        epochs=epochs, batch_size=8, timeout=60)
-    _when(lambda: run._snapshot.get("global_step", 0) > 30)  # noqa: SLF001
+    wait_for(lambda: run._snapshot.get("global_step", 0) > 30)  # noqa: SLF001
     assert not run.done, "the run ended before the cut: make it longer"
     lab.network.set_link("lab2", up=False)
     try:
@@ -174,7 +170,7 @@ def test_a_worker_host_dropped_for_good_is_written_off_and_every_sample_trained_
     epochs = 6
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 4]), namespace=ns, workers=2,
                        epochs=epochs, batch_size=8, timeout=60)
-    _when(lambda: run._snapshot.get("global_step", 0) > 30)  # noqa: SLF001
+    wait_for(lambda: run._snapshot.get("global_step", 0) > 30)  # noqa: SLF001
     assert not run.done, "the run ended before the cut: make it longer"
     lab.network.set_link("lab4", up=False)  # for good: engine 4 is not used after this test
     run.wait(timeout=300)

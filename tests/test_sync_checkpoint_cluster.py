@@ -12,6 +12,7 @@ import pytest
 import nbdist
 from nbdist.errors import CheckpointError, ConfigError, WorkersLostError
 from tests.conftest import SYNTHETIC_CELL, _alive
+from tests.helpers import wait_for
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
 pytestmark = [pytest.mark.cluster, pytest.mark.horovod]
@@ -36,11 +37,6 @@ def accuracy(ns):
     return ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
 
 
-def wait_for(condition, timeout=120.0):
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.05)
 
 
 def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(cluster, tmp_path):
