@@ -20,6 +20,7 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     │   └── UnreachableHostError            a host of the cluster does not answer on its address
     ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
     ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
+    │   └── WorkersLostError                every worker (or, in sync mode, a rank) was lost
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
     ├── CheckpointError (ValueError)        a checkpoint is corrupt or does not fit this run
     │   └── CheckpointNotFoundError (FileNotFoundError)  no checkpoint at that path
@@ -52,6 +53,7 @@ __all__ = [
     "TrainingError",
     "UnreachableHostError",
     "UnsupportedOptimizerError",
+    "WorkersLostError",
 ]
 
 

@@ -50,3 +50,21 @@ def test_every_error_class_says_what_it_is_for():
         cls = getattr(errors, name)
         assert issubclass(cls, errors.NbdistError) and cls.__doc__, name
         assert name in errors.__doc__, f"{name} missing from the tree in errors.py's docstring"
+
+
+def test_every_exception_class_is_exported_and_drawn_in_the_tree():
+    """The errors module's docstring is the map users read: every class must be on it, under
+    its parent, and in `__all__` (WorkersLostError was missing from both)."""
+    import inspect
+
+    from nbdist import errors
+
+    classes = {name: cls for name, cls in vars(errors).items()
+               if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == errors.__name__}
+    assert sorted(errors.__all__) == sorted(classes)
+    tree = errors.__doc__
+    for name, cls in classes.items():
+        assert f" {name} " in tree or f"{name}\n" in tree or f" {name}(" in tree, f"{name} not drawn"
+        parent = cls.__bases__[0].__name__
+        if parent != "Exception":  # drawn after (under) its parent, indented further
+            assert tree.index(f"{parent}") < tree.index(f" {name}"), (name, parent)
