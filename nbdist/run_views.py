@@ -82,7 +82,8 @@ class RunViews:
         extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
                             delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
-                            summary=self.summary(), top_k=top_k, extra=extra)
+                            summary=self.summary(), top_k=top_k, extra=extra,
+                            hubs=getattr(self, "hubs", None))
 
     def compare(self, *others, metric: str = "accuracy", x: str = "time", **kwargs):
         """This run and `others` (Runs) on the same axes: `nbdist.compare(self, *others, ...)`.
