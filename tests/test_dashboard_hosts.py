@@ -50,7 +50,7 @@ def test_without_workers_the_hosts_view_waits_and_without_hubs_it_has_no_marker(
     assert hosts_figure(None, HUBS)["data"] == []
     assert "waiting for data" in hosts_figure(pd.DataFrame(), None)["layout"]["title"]["text"]
     fig = hosts_figure([{"worker": 0, "host": "", "link": None}], None)
-    assert [(t["x"], t["y"]) for t in fig["data"]] == [([["?"], ["w0 ?"]], [0.0])]
+    assert [(t["x"], t["y"]) for t in fig["data"]] == [([["?"], ["w0"]], [0.0])]
 
 
 def test_the_report_and_live_view_get_the_hosts_panel_from_all_figures():

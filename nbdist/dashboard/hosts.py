@@ -63,12 +63,12 @@ def hosts_figure(nodes: pd.DataFrame | list[dict] | None, hubs: pd.DataFrame | l
     traces = []
     for host in hosts:
         for r in sorted((r for r in workers if (r.get("host") or "?") == host), key=lambda r: int(r["worker"])):
-            w, link = int(r["worker"]), r.get("link") or "?"
+            w, link = int(r["worker"]), r.get("link") or ""  # none: a sync rank (Gloo's traffic)
             rate = _number(r.get("bytes_per_s")) / MB
-            hover = (f"worker {w} on {host} ({link})<br>{rate:.2f} MB/s<br>"
+            hover = (f"worker {w} on {host} ({link or 'no nbdist link'})<br>{rate:.2f} MB/s<br>"
                      f"sent {_number(r.get('bytes_sent')) / MB:.1f} MB, "
                      f"received {_number(r.get('bytes_received')) / MB:.1f} MB")
-            traces.append({"type": "bar", "x": [[label[host]], [f"w{w} {link}"]], "y": [rate],
+            traces.append({"type": "bar", "x": [[label[host]], [f"w{w} {link}".strip()]], "y": [rate],
                            "name": f"worker {w}", "legendgroup": f"worker {w}", "showlegend": False,
                            "marker": {"color": worker_color(w)}, "hovertext": [hover],
                            "hoverinfo": "text"})
