@@ -184,7 +184,8 @@ class WorkerTransport:
 
     def traffic(self) -> list[int]:
         """[bytes sent, bytes received] so far over TCP, then over the shared-memory link's
-        sockets (headers only: the arrays go through the segment)."""
+        sockets (headers only: the arrays go through the segment). A push carries the totals
+        before itself, so the hub's figures lag by one message."""
         sent, received = sum(line.sent for line in self.lines), sum(line.received for line in self.lines)
         return [sent, received, 0, 0] if self.link == "tcp" else [0, 0, sent, received]
 
