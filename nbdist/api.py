@@ -212,6 +212,10 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         "run_id": run_id, "config": config.to_dict(), "cell": cell, "model_name": contents.model_name,
         "layout": shape, "num_samples": contents.num_samples, "num_workers": backend.num_workers,
         "resumed_from": ckpt.path if ckpt is not None else None}
+    servers = list(getattr(getattr(backend, "roles", None), "servers", ()))  # none in local mode
+    run.hubs = [] if sync else [  # sync: the kernel's metrics hub holds no parameters
+        {"shard": i, "host": ep.get("host", "").split(":")[0], "engine": servers[i] if i < len(servers) else None}
+        for i, ep in enumerate(endpoints)]
     run._begin(backend, control, run_id)  # noqa: SLF001
     if wait:
         run.wait()

@@ -173,12 +173,15 @@ def _equal(a: bytes, b: bytes) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def send_frames(sock, frames: Sequence[object]) -> None:
-    """Send a multipart message: big buffers without a copy, small frames copied (cheaper)."""
-    last = len(frames) - 1
+def send_frames(sock, frames: Sequence[object]) -> int:
+    """Send a multipart message: big buffers without a copy, small frames copied (cheaper).
+    Returns the bytes sent (the frames' lengths)."""
+    last, total = len(frames) - 1, 0
     for i, frame in enumerate(frames):
         size = frame.nbytes if hasattr(frame, "nbytes") else len(frame)
+        total += size
         sock.send(frame, 2 if i < last else 0, copy=size < ZERO_COPY_MIN_BYTES)  # 2: zmq.SNDMORE
+    return total
 
 
 def _bytes(frame: object) -> bytes:

@@ -23,6 +23,7 @@ from nbdist.ps.client import HubControl
 from nbdist.run_control import RunControl
 from nbdist.run_monitor import RunMonitor
 from nbdist.run_views import NODE_COLUMNS, RunViews  # noqa: F401 - NODE_COLUMNS: the public name
+from nbdist.traffic import TrafficRates
 
 log = logging.getLogger(__name__)
 
@@ -50,6 +51,8 @@ class Run(RunViews, RunControl, RunMonitor):
         self._timeline: list[dict] = []
         self._timeline_at = 0.0
         self._snapshot: dict = {}
+        self._traffic = TrafficRates()  # each worker's bytes/s, from the totals it reports
+        self.hubs: list[dict] = []  # one per hub shard: shard, host, engine (set by nbdist.api)
         self._done = threading.Event()
         self._control: HubControl | None = None
         self._backend = None

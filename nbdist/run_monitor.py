@@ -112,6 +112,7 @@ class RunMonitor:
             self._timeline = snap.pop("timeline")
             self._timeline_at = time.monotonic()
             self.timeline_revision += 1
+        self._traffic.update(snap.get("nodes", []), time.monotonic())
         self._snapshot = snap
         self.revision += 1
         events = snap.get("events", [])

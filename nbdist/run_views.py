@@ -10,7 +10,8 @@ from nbdist.ps.stats import HISTORY_COLUMNS
 
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
                 "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
-                "compute_s", "comm_s"]
+                "compute_s", "comm_s", "link", "bytes_sent", "bytes_received", "tcp_bytes",
+                "shm_bytes", "bytes_per_s", "gpu", "gpu_util", "gpu_mem", "gpu_mem_total"]
 
 
 class RunViews:
@@ -31,7 +32,11 @@ class RunViews:
 
     @property
     def nodes(self) -> pd.DataFrame:
-        """One row per worker: state, samples, samples/s, steps, delay, batch size, ..."""
+        """One row per worker: state, samples, samples/s, steps, delay, batch size, ..., its
+        link to the hub ("tcp" or "shm"), the bytes that crossed its sockets (sent, received;
+        over TCP and over the shared-memory link's sockets, which carry headers only), its
+        traffic in bytes/s, and its GPU (name, utilisation %, memory used and total, in bytes;
+        empty without one)."""
         return pd.DataFrame(self._snapshot.get("nodes", []), columns=NODE_COLUMNS)
 
     @property
@@ -77,7 +82,8 @@ class RunViews:
         extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
                             delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
-                            summary=self.summary(), top_k=top_k, extra=extra)
+                            summary=self.summary(), top_k=top_k, extra=extra,
+                            hubs=getattr(self, "hubs", None))
 
     def compare(self, *others, metric: str = "accuracy", x: str = "time", **kwargs):
         """This run and `others` (Runs) on the same axes: `nbdist.compare(self, *others, ...)`.

@@ -152,4 +152,4 @@ def test_the_report_can_hold_a_comparison(tmp_path):
     for name in ("compare_accuracy_time", "compare_accuracy_samples", "compare_loss_time",
                  "compare_loss_samples", "compare_throughput", "compare_delay"):
         assert f'id="nbdist-{name}"' in page
-    assert page.count('class="plotly-graph-div"') == 12
+    assert page.count('class="plotly-graph-div"') == 13  # 7 panels of the run (hosts included), 6 comparisons

@@ -218,8 +218,8 @@ def test_report_is_one_offline_html_file_with_every_figure(tmp_path):
     page = path.read_text(encoding="utf-8")
     js = get_plotlyjs()
     assert page.count(js) == 1 and re.search(r"\* plotly\.js v\d+\.\d+\.\d+", page)
-    assert page.count('class="plotly-graph-div"') == 6
-    for name in ("loss", "throughput", "delay", "delay_histogram", "batch", "nodes"):
+    assert page.count('class="plotly-graph-div"') == 7
+    for name in ("loss", "throughput", "delay", "delay_histogram", "batch", "hosts", "nodes"):
         assert f'id="nbdist-{name}"' in page
     outside = page.replace(js, "")  # the bundle names geo/map URLs that no panel here uses
     assert "https://cdn" not in outside and "src=" not in outside
@@ -229,7 +229,7 @@ def test_report_is_one_offline_html_file_with_every_figure(tmp_path):
 
 def test_report_of_a_run_without_data_yet_still_renders():
     page = report_html(history=None, nodes=None, timeline=None, delays=None, events=None)
-    assert page.count('class="plotly-graph-div"') == 6 and "waiting for data" in page
+    assert page.count('class="plotly-graph-div"') == 7 and "waiting for data" in page
 
 
 def test_node_table_html_lists_each_worker_in_its_colour_and_escapes_text():

@@ -11,6 +11,7 @@ from nbdist.dashboard.figures import CONTROL_EVENTS
 from nbdist.dashboard.plots import PlotPanel, plotly_js_path
 from nbdist.dashboard.widget import PANELS, Dashboard, show, widgets_available
 from nbdist.run import Run
+from nbdist.traffic import TrafficRates
 from tests.helpers import wait_for
 
 pytest.importorskip("ipywidgets")
@@ -195,3 +196,25 @@ def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
     assert "+w2" in [a["text"] for a in dash.figures["throughput"]["layout"]["annotations"]]
     dash.slowdown_sliders[2].value = 4.0  # acts on worker 2: the run has ended here, so it says so
     assert "nothing to control" in dash.message.value
+
+
+def test_hosts_panel_groups_workers_by_host_and_marks_the_hub_shards_host():
+    run = fed_run(2)
+    run.hubs = [{"shard": 0, "host": "localhost", "engine": 0}]
+    run._traffic = TrafficRates(window_s=0.0)  # a rate from every poll (the default waits 1 s)
+    dash = Dashboard(run)
+    snap = snapshot(2, 6.0)
+    for n in snap["nodes"]:
+        n.update(link="tcp", bytes_sent=0, bytes_received=0)
+    run._absorb(snap)
+    snap = snapshot(2, 7.0)
+    for n in snap["nodes"]:
+        n.update(link="tcp", bytes_sent=4_000_000 * (n["worker"] + 1), bytes_received=0)
+    run._absorb(snap)
+    dash.refresh()
+    fig = dash.figures["hosts"]
+    assert dash.plots["hosts"].figure == fig
+    bars = [t for t in fig["data"] if t["type"] == "bar"]
+    assert [t["x"] for t in bars] == [[["localhost · hub 0"], ["w0 tcp"]], [["localhost · hub 0"], ["w1 tcp"]]]
+    assert all(t["y"][0] > 0 for t in bars)  # MB/s from the byte totals of two polls
+    assert [t["name"] for t in fig["data"] if t["type"] == "scatter"] == ["hub shard"]

@@ -55,8 +55,9 @@ def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=2, batch_size=32, wait=True)
     path = run.report(tmp_path / "out" / "run.html")
     html = path.read_text()
-    assert html.count('id="nbdist-') == 6  # throughput, delay, histogram, batch, loss, table
+    assert html.count('id="nbdist-') == 7  # throughput, delay, histogram, batch, loss, hosts, table
     assert run.run_id in html and "worker 0" in html
+    assert 'id="nbdist-hosts"' in html and "w0 shm" in html  # one worker beside its hub shard
 
 
 def test_leaving_a_with_block_on_an_error_stops_the_run():

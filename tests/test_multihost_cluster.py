@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 import nbdist
+from nbdist.dashboard.hosts import hosts_figure
 from tests.conftest import SYNTHETIC_CELL
 from tests.helpers import wait_for
 from tests.lab_network import LabCluster, LabNetwork, unavailable
@@ -29,6 +30,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.lab,
               pytest.mark.skipif(REASON is not None, reason=f"lab network: {REASON}")]
 ENGINES = ["lab3", "lab1", "lab2", "lab3", "lab4", "head"]
 SAMPLES = 900  # SYNTHETIC_CELL's training set
+PARAMS = 8 * 16 + 16 + 16 * 3 + 3  # SYNTHETIC_CELL's model: a float32 gradient is 4 * PARAMS bytes
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +100,15 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
 
     ids = dict(zip([0, 1, 3], lab.client[[0, 1, 3]].apply_sync(host_id), strict=True))
     assert ids[0] == ids[3] != ids[1]
+    # ... and the bytes each one counted on its sockets: arrays over TCP, headers beside the hub
+    nodes = run.nodes.set_index("host")
+    assert run.hubs == [{"shard": 0, "host": "lab3", "engine": 0}]
+    assert (nodes.loc["lab1", "link"], nodes.loc["lab3", "link"]) == ("tcp", "shm")
+    assert nodes.loc["lab1", "shm_bytes"] == 0 and nodes.loc["lab3", "tcp_bytes"] == 0
+    per_step = nodes["bytes_sent"] / nodes["steps"]
+    assert per_step["lab1"] > 4 * PARAMS > per_step["lab3"]  # the gradient and a header; a header
+    groups = [t["x"][0][0] for t in hosts_figure(run.nodes, run.hubs)["data"] if t["type"] == "bar"]
+    assert groups == ["lab1", "lab3 · hub 0"]
 
 
 @pytest.mark.horovod

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from nbdist.dashboard.hosts import hosts_figure
 from nbdist.dashboard.style import (
     OTHERS_COLOR,
     PALETTE,
@@ -46,6 +47,7 @@ __all__ = [
     "delay_histogram_figure",
     "empty_figure",
     "event_markers",
+    "hosts_figure",
     "loss_figure",
     "node_table",
     "node_table_figure",
@@ -297,11 +299,14 @@ def loss_figure(history: pd.DataFrame | None, x: str = "time", *, window: int = 
 
 def all_figures(*, history: pd.DataFrame | None, nodes: pd.DataFrame | None,
                 timeline: pd.DataFrame | None, delays: pd.DataFrame | None,
-                events: pd.DataFrame | None, top_k: int | None = None) -> dict[str, dict]:
-    """Every panel, by name, in display order (what the report and the live view draw)."""
+                events: pd.DataFrame | None, top_k: int | None = None,
+                hubs: list[dict] | None = None) -> dict[str, dict]:
+    """Every panel, by name, in display order (what the report and the live view draw);
+    `hubs` (`run.hubs`) mark the hub shards' hosts in the hosts view."""
     return {"loss": loss_figure(history, events=events),
             "throughput": throughput_figure(timeline, top_k=top_k, events=events),
             "delay": delay_figure(timeline, top_k=top_k, events=events),
             "delay_histogram": delay_histogram_figure(delays),
             "batch": batch_figure(timeline, top_k=top_k, events=events),
+            "hosts": hosts_figure(nodes, hubs),
             "nodes": node_table_figure(nodes)}

@@ -42,9 +42,11 @@ section {{ margin: 1em 0; }}
 def report_html(*, history: pd.DataFrame | None, nodes: pd.DataFrame | None,
                 timeline: pd.DataFrame | None, delays: pd.DataFrame | None,
                 events: pd.DataFrame | None, title: str = "nbdist run", summary: str = "",
-                top_k: int | None = None, extra: dict[str, dict] | None = None) -> str:
+                top_k: int | None = None, extra: dict[str, dict] | None = None,
+                hubs: list[dict] | None = None) -> str:
     """The whole report page as a string: every panel, the node table and the summary line,
-    then the figures of `extra` by name (e.g. `comparison_figures` of several runs).
+    then the figures of `extra` by name (e.g. `comparison_figures` of several runs); `hubs`
+    (`run.hubs`) mark the hub shards' hosts in the hosts view.
 
     Example:
         >>> page = report_html(history=run.history, nodes=run.nodes, timeline=run.timeline,
@@ -55,7 +57,7 @@ def report_html(*, history: pd.DataFrame | None, nodes: pd.DataFrame | None,
     from plotly.offline import get_plotlyjs
 
     figures = all_figures(history=history, nodes=nodes, timeline=timeline, delays=delays,
-                          events=events, top_k=top_k)
+                          events=events, top_k=top_k, hubs=hubs)
     figures.update(extra or {})
     sections = []
     for name, fig in figures.items():
@@ -70,12 +72,13 @@ def report_html(*, history: pd.DataFrame | None, nodes: pd.DataFrame | None,
 def write_report(path: str | Path, *, history: pd.DataFrame | None, nodes: pd.DataFrame | None,
                  timeline: pd.DataFrame | None, delays: pd.DataFrame | None,
                  events: pd.DataFrame | None, title: str = "nbdist run", summary: str = "",
-                 top_k: int | None = None, extra: dict[str, dict] | None = None) -> Path:
+                 top_k: int | None = None, extra: dict[str, dict] | None = None,
+                 hubs: list[dict] | None = None) -> Path:
     """Write `report_html(...)` to `path` (parent folders created) and return the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(report_html(history=history, nodes=nodes, timeline=timeline, delays=delays,
                                 events=events, title=title, summary=summary, top_k=top_k,
-                                extra=extra),
+                                extra=extra, hubs=hubs),
                     encoding="utf-8")
     return path

@@ -8,7 +8,7 @@ per-property validation: a panel costs one JSON encoding per redraw.
 
 Responsible for:
 - laying out the panels of `figures` (throughput, delay, delay histogram, batch size, loss
-  against time and against global step, node table) and the controls (pause/resume, stop,
+  against time and against global step, hosts view, node table) and the controls (pause/resume, stop,
   learning rate, batch policy, regroup, per-worker slow-down, top-k), the slow-down sliders
   following the workers (one more for each worker added mid-run);
 - refreshing them from the kernel's own asyncio loop (a `call_later` chain on the main
@@ -46,7 +46,7 @@ SLOWDOWN_MAX = 8.0
 MANY_WORKERS = 8  # above this many workers the panels start at "8 slowest + mean of the others"
 STATUS_COLORS = {"starting": "#555555", "running": "#1CA71C", "paused": "#B68100",
                  "finished": "#2E91E5", "stopped": "#555555", "failed": "#FB0D0D"}
-PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_step")  # grid order
+PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_step", "hosts")  # grid order
 
 
 def widgets_available() -> bool:
@@ -231,7 +231,7 @@ class Dashboard:
 
     def refresh(self) -> None:
         """Redraw what changed since the last call."""
-        run, seen = self.run, self._seen
+        run, seen, nodes = self.run, self._seen, None
         if run.revision != seen["revision"]:
             seen["revision"] = run.revision
             self.status.value = _status_html(run)
@@ -256,6 +256,8 @@ class Dashboard:
             history = run.history
             for name, x in (("loss_time", "time"), ("loss_step", "step")):
                 self._draw(name, figures.loss_figure(history, x, events=events, max_points=LOSS_POINTS))
+        if nodes is not None:
+            self._draw("hosts", figures.hosts_figure(nodes, getattr(run, "hubs", None)))
 
     def _draw(self, name: str, fig: dict) -> None:
         """Show `fig` in its panel, unless the panel shows it already."""

@@ -20,6 +20,7 @@ import zmq
 
 from nbdist import compression
 from nbdist.errors import ProtocolError, TrainingError
+from nbdist.gpu import GpuMonitor
 from nbdist.netaddr import check_reachable
 from nbdist.protocol import Codec, Message, send_frames
 from nbdist.ps import shm
@@ -29,7 +30,8 @@ from nbdist.ps.wire import client_socket
 class _Line:
     """One DEALER socket to one shard: signing, a reply timeout, and replies matched to their
     request (a reply whose `re` is not the last request's seq, or from another endpoint, is
-    dropped and counted in `dropped`). After a timeout the socket is replaced, so a reply
+    dropped and counted in `dropped`); `sent` and `received` count the bytes of every frame
+    that crossed the socket. After a timeout the socket is replaced, so a reply
     that comes late can never be taken for the answer to a later request."""
 
     def __init__(self, ctx: zmq.Context, endpoint: dict, address: str, codec: Codec, key: bytes,
@@ -37,6 +39,7 @@ class _Line:
         self._ctx, self.endpoint, self.address, self._key = ctx, endpoint, address, key
         self.codec, self.timeout_ms, self.name, self.peer = codec, int(timeout * 1000), name, peer
         self.dropped: Counter[str] = Counter()
+        self.sent = self.received = 0
         self.sock = self._open()
 
     def _open(self) -> zmq.Socket:
@@ -50,7 +53,7 @@ class _Line:
         self.sock = self._open()
 
     def send(self, header: dict, buffers: list | tuple = ()) -> None:
-        send_frames(self.sock, self.codec.encode(header, buffers, to=self.peer))
+        self.sent += send_frames(self.sock, self.codec.encode(header, buffers, to=self.peer))
 
     def recv(self) -> Message:
         """The reply to the latest request; anything else that arrives first is dropped."""
@@ -64,8 +67,10 @@ class _Line:
                     f"{self.name} did not answer within {self.timeout_ms / 1000:.0f}s. Its engine may "
                     "have died or be overloaded; check `%nbdist status`, then run the cell again."
                 )
+            frames = self.sock.recv_multipart(copy=False)
+            self.received += sum(len(f) for f in frames)
             try:
-                msg = self.codec.decode(self.sock.recv_multipart(copy=False))
+                msg = self.codec.decode(frames)
             except ProtocolError as exc:
                 self.dropped[str(exc).split(":")[0]] += 1
                 continue
@@ -100,6 +105,8 @@ class WorkerTransport:
 
     `grad` is where the worker writes its flat gradient before `step(push=True)`; after a
     pull, `params` holds the flat parameters and `non_trainable` the merged non-trainable state.
+    Shard 0 hears, in each step's header, the bytes that crossed this worker's sockets so far
+    (`traffic`), and every few seconds the GPU's load (`nbdist.gpu`).
     """
 
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
@@ -135,12 +142,15 @@ class WorkerTransport:
         self._live_names = [s["params_shm"] for s in shards]
         self.non_trainable = np.zeros(non_trainable_size, dtype=np.float32)
         self.nt_delta = np.zeros(non_trainable_size, dtype=np.float32)
+        self.link = "shm" if self.use_shm else "tcp"  # shm: only headers cross ZeroMQ
+        self.gpu = GpuMonitor()
 
     def hello(self, host_info: dict | None = None) -> dict:
         """Register with every shard and pull the parameters; returns shard 0's reply header."""
         for i, line in enumerate(self.lines):
             header = {"op": "hello", "worker": self.worker, "engine": self.engine,
-                      "host": shm.host_id().split(":")[0], "compression": self.compression, **(host_info or {})}
+                      "host": shm.host_id().split(":")[0], "compression": self.compression,
+                      "link": self.link, **self.gpu.info(), **(host_info or {})}
             if self._segment is not None:
                 header.update(shm=self._segment.name, offset=self.bounds[i][0], total=self.total)
             line.send(header)
@@ -169,8 +179,15 @@ class WorkerTransport:
             if self._segment is not None:  # the segment's generation: a stale one is never read
                 shard_header["seg"] = self._segment.name
             if i == 0:
-                shard_header.update(header)
+                shard_header.update(header, traffic=self.traffic(), **self.gpu.sample())
             line.send(shard_header, buffers)
+
+    def traffic(self) -> list[int]:
+        """[bytes sent, bytes received] so far over TCP, then over the shared-memory link's
+        sockets (headers only: the arrays go through the segment). A push carries the totals
+        before itself, so the hub's figures lag by one message."""
+        sent, received = sum(line.sent for line in self.lines), sum(line.received for line in self.lines)
+        return [sent, received, 0, 0] if self.link == "tcp" else [0, 0, sent, received]
 
     def receive_step(self, push: bool, pull: bool) -> dict:
         """Second half of `step`: the replies; returns shard 0's header."""

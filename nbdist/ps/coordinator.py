@@ -139,9 +139,10 @@ class Coordinator:
         self.stats.record_event("worker_added", now, worker=worker, engine=engine,
                                 batch_size=self.sizer.batch_for(worker))
 
-    def hello(self, worker: int, host: str, engine: int | None) -> None:
+    def hello(self, worker: int, host: str, engine: int | None, h: dict | None = None) -> None:
         w = self.stats.workers[worker]
         w.state, w.host, w.engine = "starting", host, engine
+        w.hello(h or {})
         self.gone.discard(worker)
         self.arrived.add(worker)
         if worker in self.joining:  # added mid-run and here now: SSP counts it from the slowest
@@ -210,6 +211,7 @@ class Coordinator:
 
     def _count(self, worker: int, samples: int, h: dict, delay: int, now: float) -> None:
         w = self.stats.workers[worker]
+        w.take(h)
         loss = float(h.get("loss", math.nan))
         if self.plan.metrics == "minimal":
             w.steps, w.samples, w.loss = w.steps + 1, w.samples + samples, loss

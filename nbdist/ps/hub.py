@@ -197,7 +197,7 @@ class Hub:
                               if name else shm.WorkerLink())
         self.links[worker].compression = msg.header.get("compression", "none")
         if self.coordinator:
-            self.coordinator.hello(worker, msg.header.get("host", ""), msg.header.get("engine"))
+            self.coordinator.hello(worker, msg.header.get("host", ""), msg.header.get("engine"), msg.header)
             self.coordinator.heard(worker, self.now())
         return self._reply_or_hold(worker, ident, pull=True)
 

@@ -30,14 +30,33 @@ class WorkerStats:
     loss: float = math.nan
     host: str = ""
     engine: int | None = None
+    link: str = ""  # "tcp" or "shm" (shared memory: only headers cross ZeroMQ)
+    traffic: list = field(default_factory=lambda: [0, 0, 0, 0])  # sent, received: TCP, then shm
+    gpu: str | None = None  # name, memory total at hello; utilisation %, memory used every few s
+    gpu_mem_total: int | None = None
+    gpu_util: int | None = None
+    gpu_mem: int | None = None
 
     @property
     def delay_mean(self) -> float:
         return self.delay_sum / self.steps if self.steps else 0.0
 
+    def hello(self, h: dict) -> None:
+        """What a worker says of itself at hello: its link and GPU."""
+        self.link, self.gpu, self.gpu_mem_total = h.get("link", ""), h.get("gpu"), h.get("gpu_mem_total")
+
+    def take(self, h: dict) -> None:
+        """A push header's running byte totals (every push) and GPU reading (every few s)."""
+        self.traffic = h.get("traffic", self.traffic)
+        if "gpu_util" in h:
+            self.gpu_util, self.gpu_mem = h["gpu_util"], h["gpu_mem"]
+
     def to_row(self) -> dict:
         row = asdict(self)
-        row["delay_mean"] = self.delay_mean
+        tcp_sent, tcp_received, shm_sent, shm_received = row.pop("traffic")
+        row.update(delay_mean=self.delay_mean, bytes_sent=tcp_sent + shm_sent,
+                   bytes_received=tcp_received + shm_received, tcp_bytes=tcp_sent + tcp_received,
+                   shm_bytes=shm_sent + shm_received)
         return row
 
 

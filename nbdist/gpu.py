@@ -1,0 +1,83 @@
+"""An engine's GPU, as the node table shows it: name and memory once at hello, utilisation
+and memory used every few seconds in a push header (never per push).
+
+NVIDIA's management library is optional (`pip install nvidia-ml-py` on GPU nodes) and is
+imported only when a worker starts. Without it, or without a device, every function here
+returns nothing and the node table shows no GPU columns.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+__all__ = ["GPU_EVERY_S", "GpuMonitor", "probe"]
+
+GPU_EVERY_S = 5.0  # how often a worker reports its GPU's utilisation and memory used
+
+
+def _device(nvml=None):
+    """(nvml module, handle of this engine's GPU), or (None, None) when there is none."""
+    if nvml is None:
+        try:
+            import pynvml as nvml
+        except ImportError:  # no nvidia-ml-py: a CPU node
+            return None, None
+    try:
+        nvml.nvmlInit()
+        if nvml.nvmlDeviceGetCount() < 1:
+            return None, None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
+        index = int(visible) if visible.isdigit() else 0
+        return nvml, nvml.nvmlDeviceGetHandleByIndex(index)
+    except Exception:  # noqa: BLE001 - NVMLError (no driver, no device): treated as no GPU
+        return None, None
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def probe(nvml=None) -> dict | None:
+    """{"gpu": name, "gpu_mem_total": bytes} of this engine's GPU, or None without one (no
+    `pynvml`, no driver or no device).
+
+    Example:
+        >>> probe() is None or "gpu" in probe()
+        True
+    """
+    return GpuMonitor(nvml=nvml).info() or None
+
+
+class GpuMonitor:
+    """A worker's GPU readings: `info()` for hello, `sample()` for a push header (empty
+    unless `every_s` have passed since the last reading). Without a GPU both are empty."""
+
+    def __init__(self, every_s: float = GPU_EVERY_S, nvml=None, clock=time.monotonic):
+        self.every_s, self._clock = every_s, clock
+        self._nvml, self._handle = _device(nvml)
+        self._next = float("-inf")
+
+    @property
+    def present(self) -> bool:
+        return self._handle is not None
+
+    def info(self) -> dict:
+        if not self.present:
+            return {}
+        return {"gpu": _text(self._nvml.nvmlDeviceGetName(self._handle)),
+                "gpu_mem_total": int(self._nvml.nvmlDeviceGetMemoryInfo(self._handle).total)}
+
+    def sample(self) -> dict:
+        if not self.present:
+            return {}
+        now = self._clock()
+        if now < self._next:
+            return {}
+        self._next = now + self.every_s
+        try:
+            util = self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu
+            used = self._nvml.nvmlDeviceGetMemoryInfo(self._handle).used
+        except Exception:  # noqa: BLE001 - a reading that fails is skipped, never fatal
+            return {}
+        return {"gpu_util": int(util), "gpu_mem": int(used)}
