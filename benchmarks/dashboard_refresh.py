@@ -34,8 +34,8 @@ from _common import table
 
 from nbdist.config import TrainConfig
 from nbdist.dashboard.widget import REFRESH_S, Dashboard
-from nbdist.run import Run
-from nbdist.run_monitor import POLL_S, TIMELINE_EVERY_S
+from nbdist.run.handle import Run
+from nbdist.run.monitor import POLL_S, TIMELINE_EVERY_S
 
 TIMELINE_ROWS = 256  # per worker, the hub's bound
 

@@ -2,9 +2,9 @@
 abrupt worker deaths and rejoins. Checks that nothing is lost or applied twice.
 
 What it does
-    One `nbdist.ps.hub.Hub` (asgd, plain SGD, metrics "minimal") serves in its own process.
-    --workers processes (default 32) each drive a `nbdist.ps.client.WorkerTransport` like
-    nbdist/worker.py does: push a gradient for the chunk the hub handed out, pull, repeat; no
+    One `nbdist.hub.server.Hub` (asgd, plain SGD, metrics "minimal") serves in its own process.
+    --workers processes (default 32) each drive a `nbdist.hub.client.WorkerTransport` like
+    nbdist/modes/async_ps/worker.py does: push a gradient for the chunk the hub handed out, pull, repeat; no
     TensorFlow. Each worker lives for a random time (exponential, mean --life seconds), then
     dies abruptly: it closes its sockets without saying bye, still holding a chunk. It comes
     back with the same worker id (a rejoin, `hello` again) after either a short pause (before
@@ -44,11 +44,11 @@ import numpy as np
 import psutil
 from _common import table
 
-from nbdist.protocol import new_key
-from nbdist.ps.client import HubControl, WorkerTransport
-from nbdist.ps.coordinator import LOST_FLOOR_S, Plan
-from nbdist.ps.hub import Hub, HubSpec
-from nbdist.worker import IDLE_POLL_S
+from nbdist.core.coordinator import LOST_FLOOR_S, Plan
+from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.protocol import new_key
+from nbdist.hub.server import Hub, HubSpec
+from nbdist.modes.async_ps.worker import IDLE_POLL_S
 
 MP = mp.get_context("fork")  # the parent opens no zmq context until every child is forked
 LR = 0.125  # a power of two: lr * k / 1024 is exact in float32
@@ -181,7 +181,7 @@ def main() -> None:
     parser.add_argument("--transport", choices=["auto", "tcp"], default="auto")
     parser.add_argument("--metrics", choices=["minimal", "full"], default="minimal")
     args = parser.parse_args()
-    logging.getLogger("nbdist.ps.hub").setLevel(logging.ERROR)  # written-off workers are counted below
+    logging.getLogger("nbdist.hub.server").setLevel(logging.ERROR)  # written-off workers are counted below
     print(f"hub soak: {args.workers} workers, {args.seconds:g} s, {args.size:,} float32 parameters, "
           f"mean life {args.life:g} s, transport {args.transport}, metrics {args.metrics}, "
           f"silence deadline >= {LOST_FLOOR_S:g} s", flush=True)

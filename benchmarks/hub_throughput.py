@@ -3,8 +3,8 @@
 What it measures
     N worker processes (N = 1, 2, 4, 8, 16) each push a gradient and pull the parameters of a
     1M-parameter float32 model (4 MB each way) as fast as they can, against 1 and 2 hub shards,
-    each `nbdist.ps.hub.Hub` serving in its own process. Workers are
-    `nbdist.ps.client.WorkerTransport` driven exactly like nbdist/worker.py's training loop
+    each `nbdist.hub.server.Hub` serving in its own process. Workers are
+    `nbdist.hub.client.WorkerTransport` driven exactly like nbdist/modes/async_ps/worker.py's training loop
     (push with header {"chunk", "loss", "compute_s", "comm_s"} using the chunk of the last
     reply, pull in the same round trip; hubs that hand out "chunks" get {"chunks": [id], ...}),
     with no TensorFlow and no compute between steps. The
@@ -55,11 +55,11 @@ import numpy as np
 import zmq
 from _common import median, table
 
-from nbdist.backends import hub_specs
-from nbdist.protocol import new_key, shard_bounds
-from nbdist.ps.client import HubControl, WorkerTransport
-from nbdist.ps.hub import Hub, HubSpec
-from nbdist.worker import IDLE_POLL_S
+from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.protocol import new_key, shard_bounds
+from nbdist.hub.server import Hub, HubSpec
+from nbdist.modes.async_ps.backend import hub_specs
+from nbdist.modes.async_ps.worker import IDLE_POLL_S
 
 MP = mp.get_context("fork")  # children start in milliseconds; the parent holds no zmq context
                              # while it forks (its only context, for shutdown, is closed first)
@@ -85,7 +85,7 @@ def _nbdist_worker(key, worker, shards, transport, barrier, start_at, seconds, c
         tr.grad[:] = 0.0  # the hub's SGD does the same work for any values
         started: set[int] = set()
 
-        def step(reply):  # the push+pull round trip of nbdist/worker.py's training loop
+        def step(reply):  # the push+pull round trip of nbdist/modes/async_ps/worker.py's training loop
             todo = _todo(reply, started)
             if not todo:  # no work yet (e.g. until every worker said hello): wait cheaply,
                 while not todo:  # then pull, as the worker loop does
@@ -133,7 +133,7 @@ def _hub_base(key: bytes, params: np.ndarray, shards: int, workers: int) -> HubS
     run = {"num_workers": workers, "num_samples": 10**15, "epochs": 1, "batch_size": 64,
            "lr": 1e-3, "has_validation": False, "algorithm": "asgd"}
     if "plan" in {f.name for f in dataclasses.fields(HubSpec)}:  # newer hubs: a coordinator Plan
-        from nbdist.ps.coordinator import Plan
+        from nbdist.core.coordinator import Plan
 
         return HubSpec(**common, plan=Plan(**run))
     return HubSpec(**common, **run)
@@ -318,7 +318,7 @@ def mac_ms_per_step(size: int, shards: int, kind: str, repeats: int = 20) -> flo
     import hashlib
     import hmac
 
-    from nbdist.protocol import mac
+    from nbdist.hub.protocol import mac
 
     key, header = new_key(), b'{"op":"step","worker":0,"push":true,"pull":true}' * 4
     slices = [np.ones(hi - lo, np.float32) for lo, hi in shard_bounds(size, shards)]

@@ -112,7 +112,7 @@ def main() -> None:
     t_start = time.monotonic()
     try:
         import nbdist
-        from nbdist.cluster import assign_roles
+        from nbdist.cluster.engines import assign_roles
 
         cluster = nbdist.Cluster.start(WORKERS + 1)
         roles = assign_roles(cluster.engine_hosts(), 1, WORKERS)  # what ClusterBackend picks

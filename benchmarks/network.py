@@ -88,7 +88,7 @@ def main() -> None:
     for rate in args.rates.split(","):
         capacity = _rate_bits(rate) / 8
         with LabNetwork(hosts=len(hosts), rate=rate) as lab, tempfile.TemporaryDirectory() as tmp:
-            from nbdist.cluster import Cluster
+            from nbdist.cluster.engines import Cluster
 
             hand = LabCluster(lab, Path(tmp), hosts)
             hand.start()

@@ -13,7 +13,7 @@ What it measures
                      the same repeats, interleaved with the plain runs.
     Both sides get the same TensorFlow thread budget T: nbdist's ClusterBackend gives each worker
     max(1, cpu_count // workers_on_host) intra-op threads (and min(T, 2) inter-op threads), and
-    the fit child sets exactly the same through `nbdist.worker.configure_tensorflow`.
+    the fit child sets exactly the same through `nbdist.modes.async_ps.worker.configure_tensorflow`.
 
     Only steady state counts. For fit: one warm-up fit (tracing), then a timed fit whose batch
     end times are recorded; the rate is taken over the middle of that fit (batches 10%..95%).
@@ -75,7 +75,7 @@ OVERLAP_TARGET = 0.95  # overlap=True hides communication behind compute, at any
 
 
 def thread_budget(workers_on_host: int = 1) -> int:
-    """What nbdist's ClusterBackend gives each worker engine (nbdist/backends.py)."""
+    """What nbdist's ClusterBackend gives each worker engine (nbdist/modes/async_ps/backend.py)."""
     return max(1, (os.cpu_count() or 1) // workers_on_host)
 
 
@@ -84,7 +84,7 @@ def thread_budget(workers_on_host: int = 1) -> int:
 
 def fit_server(threads: int) -> None:
     """Child: load TensorFlow once, then answer one JSON request per stdin line."""
-    from nbdist.worker import configure_tensorflow
+    from nbdist.modes.async_ps.worker import configure_tensorflow
 
     configure_tensorflow(threads, 0)  # exactly what a worker engine does
     import tensorflow as tf
@@ -122,7 +122,7 @@ def measure_fit(batch: int, epochs: int) -> dict:
     rate = sum(sizes[i0 + 1:i1 + 1]) / (stamps[i1] - stamps[i0])
 
     # FlatModel.gradients and .assign_and_gradients (the worker's per-step call), alone, same threads.
-    from nbdist.flatmodel import FlatModel, read_flat
+    from nbdist.engine.flatmodel import FlatModel, read_flat
 
     flat = FlatModel(model)
     params, nt = read_flat(model)

@@ -30,7 +30,7 @@ What it measures
     fed a NumPy array (as nbdist's step is), and once as a copy of nbdist's step function
     (concat with the control values, allreduce, split, the Keras SGD apply_gradients on the
     same MLP's variables: "raw allreduce + apply"). Its Horovod set-up is nbdist's own
-    (nbdist/sync.py SyncBackend.start_workers): Horovod's RendezvousHTTPServer bound to
+    (nbdist/modes/sync/backend.py SyncBackend.start_workers): Horovod's RendezvousHTTPServer bound to
     127.0.0.1 in this process, host assignments from get_host_assignments, the same
     HOROVOD_* variables on each engine (Gloo, interface lo). Not horovodrun, whose rendezvous
     listens on all interfaces.
@@ -98,7 +98,7 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
     import time
 
     os.environ.update(env)
-    from nbdist.worker import configure_tensorflow
+    from nbdist.modes.async_ps.worker import configure_tensorflow
 
     configure_tensorflow(threads, local_rank)  # a no-op if TensorFlow already runs here
     import horovod.tensorflow as hvd
@@ -128,7 +128,7 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
         grad, control = data[:size].copy(), data[size:].copy()
 
         @tf.function(reduce_retracing=True)
-        def step_shaped(weighted_grad, control):  # nbdist/sync.py _SyncLoop's allreduce_apply
+        def step_shaped(weighted_grad, control):  # nbdist/modes/sync/backend.py _SyncLoop's allreduce_apply
             reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
                                     name="bench_step_shaped")
             grads = tf.split(reduced[:size], sizes)
@@ -160,8 +160,8 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
-    from nbdist.cluster import assign_roles
-    from nbdist.sync import GLOO_TIMEOUT_S
+    from nbdist.cluster.engines import assign_roles
+    from nbdist.modes.sync.backend import GLOO_TIMEOUT_S
 
     hosts = cluster.engine_hosts()
     engines = list(assign_roles(hosts, 0, WORKERS).workers)  # the engines sync mode uses
@@ -198,7 +198,7 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
 
 
 def flat_size() -> int:
-    from nbdist.flatmodel import read_flat
+    from nbdist.engine.flatmodel import read_flat
 
     ns: dict = {}
     exec(compile(CELL, "<cell>", "exec"), ns)  # noqa: S102 - our own code
@@ -215,7 +215,7 @@ def main() -> None:
     epochs = args.epochs or (1 if args.quick else 2)
     repeats = args.repeats or (1 if args.quick else 2)
 
-    from nbdist.sync import CONTROL_FIELDS
+    from nbdist.modes.sync.backend import CONTROL_FIELDS
 
     n_floats = flat_size() + CONTROL_FIELDS + WORKERS  # what nbdist's step allreduces
     print(f"sync_vs_async: 784-256-256-10 MLP on Fashion-MNIST, {WORKERS} workers, batch {BATCH} "

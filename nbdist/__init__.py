@@ -34,14 +34,14 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-_LAZY = {"Cluster": "nbdist.cluster", "Run": "nbdist.run", "compare": "nbdist.dashboard.comparison",
+_LAZY = {"Cluster": "nbdist.cluster.engines", "Run": "nbdist.run.handle", "compare": "nbdist.dashboard.comparison",
          "resume": "nbdist.api", "train": "nbdist.api"}
 
 if TYPE_CHECKING:
     from nbdist.api import resume, train
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
     from nbdist.dashboard.comparison import compare
-    from nbdist.run import Run
+    from nbdist.run.handle import Run
 
 
 def __getattr__(name: str):

@@ -14,11 +14,11 @@ import os
 import uuid
 from dataclasses import replace
 
-from nbdist.cell import inspect_cell
 from nbdist.config import Algorithm, Mode, TrainConfig
+from nbdist.engine.cell import inspect_cell
 from nbdist.errors import CheckpointError, ConfigError, NoClusterError
-from nbdist.protocol import new_key
-from nbdist.run import Run
+from nbdist.hub.protocol import new_key
+from nbdist.run.handle import Run
 
 
 def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool = False,
@@ -57,7 +57,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     Example:
         >>> run = nbdist.resume("ckpt", CELL, cluster=cluster, wait=True)   # doctest: +SKIP
     """
-    from nbdist.ps.checkpoint import load
+    from nbdist.checkpoint.store import load
 
     if cell is None and not trust_cell:  # before anything is read: a shared folder is not code
         raise CheckpointError(
@@ -126,24 +126,24 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         keras.utils.set_random_seed(config.seed)
     exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     contents = inspect_cell(cell, ns, config)
-    from nbdist.flatmodel import layout
+    from nbdist.engine.flatmodel import layout
 
     model = contents.model
     shape = layout(model)
-    from nbdist.learning_rate import check_lr
+    from nbdist.engine.learning_rate import check_lr
 
     check_lr(config.lr if ckpt is None else None, model.optimizer)  # a resume keeps the saved rate
     optimizer, warnings = _hub_optimizer(config, model, shape)
     if config.mode is Mode.SIMULATE:
-        from nbdist.simulate import start_simulation
+        from nbdist.modes.simulate.simulation import start_simulation
 
         return start_simulation(config, contents, ns, wait, optimizer, warnings)
 
-    from nbdist.backends import ClusterBackend, LocalBackend, hub_specs
-    from nbdist.flatmodel import read_flat
-    from nbdist.ps.client import HubControl
-    from nbdist.ps.hub import HubSpec
-    from nbdist.worker import WorkerSpec, portable
+    from nbdist.engine.flatmodel import read_flat
+    from nbdist.hub.client import HubControl
+    from nbdist.hub.server import HubSpec
+    from nbdist.modes.async_ps.backend import ClusterBackend, LocalBackend, hub_specs
+    from nbdist.modes.async_ps.worker import WorkerSpec, portable
 
     params, non_trainable = read_flat(model)
     if ckpt is not None:  # checked before any engine is used
@@ -151,17 +151,17 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
         ckpt.check_optimizer(optimizer)
         params, non_trainable = ckpt.params, ckpt.non_trainable
         if config.mode is Mode.SYNC:
-            from nbdist.sync_checkpoint import check_optimizer
+            from nbdist.checkpoint.sync_state import check_optimizer
 
             check_optimizer(ckpt, model)
     if config.checkpoint_dir is not None:
-        from nbdist.ps.checkpoint import prepare_dir
+        from nbdist.checkpoint.store import prepare_dir
 
         prepare_dir(config.checkpoint_dir)
     if config.mode is Mode.LOCAL:
         backend = LocalBackend(ns)
     elif config.mode is Mode.SYNC:
-        from nbdist.sync import SyncBackend
+        from nbdist.modes.sync.backend import SyncBackend
 
         backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
     else:
@@ -192,8 +192,8 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=easgd_alpha)
     try:
         if sync:
-            from nbdist.sync import SyncSpec
-            from nbdist.sync_checkpoint import resume_fields
+            from nbdist.checkpoint.sync_state import resume_fields
+            from nbdist.modes.sync.backend import SyncSpec
 
             lr = config.lr if config.lr is not None else _cell_rate(model.optimizer)
             backend.start_workers(SyncSpec(**fields, epochs=config.epochs, lr=lr, initial_params=params,
@@ -226,7 +226,7 @@ def _hub_optimizer(config: TrainConfig, model, shape: dict) -> tuple[dict | None
     """The optimizer the hubs apply (None in sync mode, where each rank keeps the cell's)."""
     if config.mode is Mode.SYNC:
         return None, []
-    from nbdist.ps.updater import choose_optimizer
+    from nbdist.core.updater import choose_optimizer
 
     segments = [math.prod(s) for s in shape["trainable"]]
     return choose_optimizer(config, model.optimizer, segments, list(model.trainable_variables))
@@ -249,7 +249,7 @@ def lr_owner(config: TrainConfig) -> str:
 def _workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
     """The rate the coordinator tells workers that own it (None: they keep their optimizer's
     own rate or schedule); unused when the hub owns the rate."""
-    from nbdist.learning_rate import schedule_name
+    from nbdist.engine.learning_rate import schedule_name
 
     if config.lr is None and schedule_name(cell_optimizer) is not None:
         return None
@@ -258,7 +258,7 @@ def _workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
 
 def _plan(config: TrainConfig, contents, lr: float | None, num_workers: int):
     """The coordinator's plan, the rule's options and EASGD's alpha for this run."""
-    from nbdist.ps.coordinator import Plan
+    from nbdist.core.coordinator import Plan
 
     if config.slowdown is not None and len(config.slowdown) != num_workers:
         raise ConfigError(

@@ -77,7 +77,7 @@ class Transport(enum.StrEnum):
 
 
 class Compression(enum.StrEnum):
-    """What crosses the network for parameters and gradients (see nbdist.compression)."""
+    """What crosses the network for parameters and gradients (see nbdist.core.compression)."""
 
     NONE = "none"  # float32
     FP16 = "fp16"  # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
@@ -173,11 +173,11 @@ class TrainConfig:
     slowdown: tuple[float, ...] | None = None
     metrics: Metrics = Metrics.FULL
     elastic: bool = False  # async: engines that join the cluster mid-run become workers
-    checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.ps.checkpoint)
+    checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.checkpoint.store)
     checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
     sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
     # --mode sync: BatchNorm statistics over the global batch, allreduced in the forward pass
-    # (nbdist.sync_batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
+    # (nbdist.modes.sync.batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
     # normalises over its own share of the batch, as with --no-sync-batchnorm.
     sync_batchnorm: bool | None = None
 
@@ -192,7 +192,7 @@ class TrainConfig:
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
         set_(self, "algo_options", parse_options(self.algo_options))
         set_(self, "slowdown", parse_slowdown(self.slowdown))
-        from nbdist.simclock import parse_sim  # pure
+        from nbdist.core.simclock import parse_sim  # pure
 
         set_(self, "sim", parse_sim(self.sim))
         set_(self, "data", parse_names(self.data, "--data"))

@@ -41,7 +41,7 @@ class NbdistMagics(Magics):
         """Manage the engine cluster: %nbdist start 3 [--launcher slurm|mpi] | connect --profile lab
         --cluster-id ID | status | stop"""
         args = parse_argstring(self.nbdist, line)
-        from nbdist.cluster import Cluster
+        from nbdist.cluster.engines import Cluster
 
         if args.action == "start":
             if self.cluster is not None:

@@ -29,7 +29,7 @@ NUM_ENGINES = 3  # one hub shard + two workers, or two shards + one worker
 @pytest.fixture(scope="session")
 def cluster():
     """A real local cluster of NUM_ENGINES engine processes, stopped at the end."""
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     handle = Cluster.start(NUM_ENGINES)
     pids = handle.client[:].apply_sync(os.getpid)

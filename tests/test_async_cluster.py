@@ -123,7 +123,7 @@ def test_cell_error_on_engine_shows_engine_traceback_and_engines_stay_usable(clu
 def test_bad_input_fails_before_training_and_leaves_engines_ready(cluster, cell, options, error, match):
     with pytest.raises(error, match=match):
         nbdist.train(cell, cluster=cluster, namespace={}, **options)
-    from nbdist.ps.launch import running_hubs
+    from nbdist.hub.launch import running_hubs
 
     assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3
 
@@ -225,7 +225,7 @@ def test_hogwild_and_tcp_transport_learn(cluster):
 
 
 def test_connect_attaches_to_a_running_cluster(cluster, ip):
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     ipp_cluster = cluster._ipp_cluster
     other = Cluster.connect(profile=ipp_cluster.profile, cluster_id=ipp_cluster.cluster_id)

@@ -4,7 +4,7 @@ import time
 
 import numpy as np
 
-from nbdist.ps.barrier import GroupBarrier
+from nbdist.core.barrier import GroupBarrier
 
 
 def g(*values):

@@ -2,8 +2,8 @@
 
 import pytest
 
-from nbdist.cell import assigned_names, inspect_cell
 from nbdist.config import TrainConfig
+from nbdist.engine.cell import assigned_names, inspect_cell
 from nbdist.errors import (
     AmbiguousModelError,
     CellError,
@@ -151,7 +151,7 @@ model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 def test_subclassed_model_gets_its_variables_from_ensure_built_as_on_every_engine():
     import warnings
 
-    from nbdist.flatmodel import ensure_built, layout
+    from nbdist.engine.flatmodel import ensure_built, layout
 
     ns = {}
     with warnings.catch_warnings():

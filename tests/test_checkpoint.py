@@ -10,13 +10,13 @@ import pytest
 
 from nbdist.algorithms import make_rule
 from nbdist.algorithms.optimizers import server_optimizer_spec
+from nbdist.checkpoint import store as checkpoint
+from nbdist.checkpoint.shard_state import restore_shard, shard_state
 from nbdist.config import TrainConfig
+from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.core.schedule import EpochSchedule
+from nbdist.core.updater import Updater
 from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
-from nbdist.ps import checkpoint
-from nbdist.ps.coordinator import Coordinator, Plan
-from nbdist.ps.schedule import EpochSchedule
-from nbdist.ps.shard_state import restore_shard, shard_state
-from nbdist.ps.updater import Updater
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 

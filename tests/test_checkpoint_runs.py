@@ -93,7 +93,7 @@ CLUSTER_OPTIONS = dict(workers=2, epochs=6, batch_size=8, seed=5, lr=0.05)
 @pytest.mark.cluster
 @pytest.mark.slow
 def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninterrupted_run(cluster, tmp_path):
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     straight = {}
     nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=straight, wait=True, **CLUSTER_OPTIONS)

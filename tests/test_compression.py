@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import nbdist
-from nbdist.compression import FP16_MAX, decode, decode_into, encode, wire_bytes
 from nbdist.config import TrainConfig
+from nbdist.core.compression import FP16_MAX, decode, decode_into, encode, wire_bytes
 from nbdist.errors import ConfigError
 from tests.conftest import SYNTHETIC_CELL
 

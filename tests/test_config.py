@@ -97,7 +97,7 @@ def test_timeout_must_be_a_number():
 
 
 def test_an_engine_that_does_not_answer_is_named():
-    from nbdist.cluster import get_within
+    from nbdist.cluster.engines import get_within
     from nbdist.errors import EngineTimeoutError
 
     class Stuck:
@@ -111,7 +111,7 @@ def test_an_engine_that_does_not_answer_is_named():
 
 
 def test_encrypt_refuses_a_cluster_without_curvezmq():
-    from nbdist.cluster import require_curve
+    from nbdist.cluster.engines import require_curve
     from nbdist.errors import ClusterError
 
     class Plain:

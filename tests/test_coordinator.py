@@ -2,7 +2,7 @@
 
 import pytest
 
-from nbdist.ps.coordinator import Coordinator, Plan
+from nbdist.core.coordinator import Coordinator, Plan
 
 
 def plan(**kw):

@@ -13,7 +13,7 @@ from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.dashboard.comparison import compare_figure, comparison_figures, named_runs, run_label
 from nbdist.dashboard.style import PALETTE
 from nbdist.errors import ConfigError
-from nbdist.run import Run
+from nbdist.run.handle import Run
 
 
 def history(start: float, pushes: int, batch: int = 32, rate: float = 10.0, evals=()) -> pd.DataFrame:

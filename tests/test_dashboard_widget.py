@@ -7,11 +7,11 @@ import pytest
 
 import nbdist
 from nbdist.config import TrainConfig
+from nbdist.core.traffic import TrafficRates
 from nbdist.dashboard.figures import CONTROL_EVENTS
 from nbdist.dashboard.plots import PlotPanel, plotly_js_path
 from nbdist.dashboard.widget import PANELS, Dashboard, show, widgets_available
-from nbdist.run import Run
-from nbdist.traffic import TrafficRates
+from nbdist.run.handle import Run
 from tests.helpers import wait_for
 
 pytest.importorskip("ipywidgets")

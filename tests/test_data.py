@@ -4,7 +4,7 @@ streamed by shards. Small datasets with known values; no cluster."""
 import numpy as np
 import pytest
 
-from nbdist.data import ArraySource, ShardStream, format_size, is_batched, kind_of, load
+from nbdist.engine.data import ArraySource, ShardStream, format_size, is_batched, kind_of, load
 from nbdist.errors import DataError
 
 
@@ -120,7 +120,7 @@ def test_empty_shard_says_to_use_fewer_workers():
 
 
 def test_array_source_reads_the_epoch_permutation():
-    from nbdist.ps.schedule import epoch_permutation
+    from nbdist.core.schedule import epoch_permutation
 
     x, y = np.arange(20).reshape(10, 2), np.arange(10)
     source = ArraySource(x, y, 10, seed=3)

@@ -4,8 +4,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from nbdist.core.dbs import BatchSizer, allocate
 from nbdist.errors import ConfigError
-from nbdist.ps.dbs import BatchSizer, allocate
 
 # --- allocate -------------------------------------------------------------------------------
 
@@ -246,7 +246,7 @@ def test_equal_time_allocation_with_per_step_overhead_by_hand():
     """T = c + s·b: fast workers c = 1 ms, 30k samples/s; the slow one 3x both. B = 192:
     T* = (192 + 30 + 30 + 30) / (30000 + 30000 + 10000) s = 4.0286 ms,
     b_fast = 3.0286 ms x 30/ms = 90.86, b_slow = 1.0286 ms x 10/ms = 10.29 -> [91, 91, 10]."""
-    from nbdist.ps.dbs import allocate, equal_time_weights
+    from nbdist.core.dbs import allocate, equal_time_weights
 
     weights = equal_time_weights([(0.001, 1 / 30000), (0.001, 1 / 30000), (0.003, 1 / 10000)], 192)
     assert allocate(weights, 192) == [91, 91, 10]

@@ -5,15 +5,15 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbdist.backends import ClusterBackend
-from nbdist.cluster import Roles
+from nbdist.cluster.engines import Roles
+from nbdist.cluster.netaddr import HostNet, Route
 from nbdist.config import TrainConfig
-from nbdist.elastic import add_workers
 from nbdist.errors import ClusterError, ConfigError, TrainingError, UnreachableHostError
-from nbdist.netaddr import HostNet, Route
-from nbdist.ps.client import PER_SHARD
-from nbdist.ps.wire import admit, check_fields
-from nbdist.run import Run
+from nbdist.hub.client import PER_SHARD
+from nbdist.hub.wire import admit, check_fields
+from nbdist.modes.async_ps.backend import ClusterBackend
+from nbdist.modes.async_ps.elastic import add_workers
+from nbdist.run.handle import Run
 
 
 def backend(stream=False, bound="127.0.0.1", hub_host="a"):

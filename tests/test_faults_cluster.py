@@ -38,7 +38,7 @@ def assert_all_exit(procs, timeout=30.0):
 @pytest.fixture(scope="module")
 def own_cluster():
     """Four engines of our own: one hub, and workers that the tests may kill."""
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     before = {p.pid for p in ipp_processes()}
     handle = Cluster.start(4)
@@ -85,7 +85,7 @@ def test_when_every_worker_is_killed_the_run_fails_with_a_clear_error(own_cluste
     with pytest.raises(WorkersLostError, match=r"All 1 workers were lost .*%nbdist start N"):
         run.wait(timeout=120)
     assert run.status == "failed" and list(run.nodes["state"]) == ["lost"]
-    from nbdist.ps.launch import running_hubs
+    from nbdist.hub.launch import running_hubs
 
     hub_engine = run._backend.roles.servers[0]
     assert own_cluster.client[hub_engine].apply_sync(running_hubs) == []  # the hub was stopped
@@ -97,7 +97,7 @@ def test_ctrl_c_in_wait_stops_the_run_within_seconds_and_the_engines_take_a_new_
     import _thread
     import threading
 
-    from nbdist.ps.launch import running_hubs
+    from nbdist.hub.launch import running_hubs
 
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=500, batch_size=8)
@@ -138,7 +138,7 @@ def test_stopping_the_cluster_during_a_run_leaves_no_process_behind(ip, how):
 KERNEL_SCRIPT = '''
 import json, os, sys, time
 import psutil
-from nbdist.cluster import Cluster
+from nbdist.cluster.engines import Cluster
 cluster = Cluster.start(1)
 family = [p.pid for p in psutil.Process().children(recursive=True)]
 print(json.dumps({"engines": cluster.client[:].apply_sync(os.getpid), "family": family}), flush=True)
@@ -160,7 +160,7 @@ def test_engines_and_controller_do_not_outlive_a_killed_kernel(tmp_path):
         info = json.loads(kernel.stdout.readline())
         family = [psutil.Process(pid) for pid in info["family"]]
         commands = [" ".join(p.cmdline()) for p in family if _running(p)]
-        assert any("nbdist.watchdog" in c for c in commands)
+        assert any("nbdist.cluster.watchdog" in c for c in commands)
         assert any("ipyparallel.controller" in c for c in commands)
         assert set(info["engines"]) <= set(info["family"])
     finally:
@@ -191,7 +191,7 @@ def _running(proc) -> bool:
 ])
 def test_bad_data_is_refused_before_training_and_engines_stay_ready(cluster, extra, match):
     from nbdist.errors import DataError
-    from nbdist.ps.launch import running_hubs
+    from nbdist.hub.launch import running_hubs
 
     with pytest.raises(DataError, match=match):
         nbdist.train(SYNTHETIC_CELL + extra + "\n", cluster=cluster, namespace={}, workers=2)
@@ -227,7 +227,7 @@ def test_bad_flags_are_refused_before_training(cluster, ip, line, match):
     from IPython.core.error import UsageError
 
     from nbdist.errors import ConfigError
-    from nbdist.ps.launch import running_hubs
+    from nbdist.hub.launch import running_hubs
 
     ip.magics_manager.registry["NbdistMagics"].cluster = cluster
     error = UsageError if match is None else ConfigError
@@ -240,7 +240,7 @@ def test_bad_flags_are_refused_before_training(cluster, ip, line, match):
 def test_absurd_live_slowdown_is_refused_in_the_kernel(factor):
     from nbdist.config import TrainConfig
     from nbdist.errors import ConfigError
-    from nbdist.run import Run
+    from nbdist.run.handle import Run
 
     with pytest.raises(ConfigError, match="--slowdown factors must be between 1"):
         Run(TrainConfig(), model=None, model_name="model").set_slowdown(0, factor)

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from nbdist.gpu import GpuMonitor, probe
+from nbdist.engine.gpu import GpuMonitor, probe
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pynvml") is not None, reason="pynvml is installed here")

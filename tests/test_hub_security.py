@@ -12,12 +12,12 @@ import psutil
 import pytest
 import zmq
 
+from nbdist.core import coordinator as coordinator_module
+from nbdist.core.coordinator import Plan
 from nbdist.errors import CheckpointError, TrainingError
-from nbdist.protocol import Codec, new_key
-from nbdist.ps import coordinator as coordinator_module
-from nbdist.ps.client import HubControl, WorkerTransport
-from nbdist.ps.coordinator import Plan
-from nbdist.ps.hub import Hub, HubSpec
+from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.protocol import Codec, new_key
+from nbdist.hub.server import Hub, HubSpec
 
 SIZE = 1000
 PUSH = {"op": "step", "worker": 0, "push": True, "pull": True, "chunks": [0]}
@@ -240,7 +240,7 @@ def test_a_signed_but_malformed_header_is_dropped_and_the_hub_keeps_serving(hub,
     server, key = hub
     header = {"op": "step", "worker": 0, "push": False, "pull": True, "run": "sec", "from": "w/1",
               "to": "hub-0", "seq": 1, "nbytes": [], **fields}
-    from nbdist.protocol import mac
+    from nbdist.hub.protocol import mac
 
     header_bytes = json.dumps(header).encode()
     attacker = raw_socket(server.endpoints["tcp"])
@@ -355,7 +355,9 @@ def test_nothing_on_nbdist_sockets_is_unpickled():
     from pathlib import Path
 
     root = Path(__file__).resolve().parents[1] / "nbdist"
-    for path in [root / "protocol.py", *sorted((root / "ps").glob("*.py"))]:
+    paths = [*sorted((root / "hub").glob("*.py")), *sorted((root / "core").glob("*.py"))]
+    assert len(paths) > 10
+    for path in paths:
         tree = ast.parse(path.read_text())
         imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
                     for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
@@ -404,7 +406,7 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
 
 def test_field_checks_by_hand():
     from nbdist.errors import ProtocolError
-    from nbdist.ps.wire import check_fields
+    from nbdist.hub.wire import check_fields
 
     ok = {"op": "step", "worker": 1, "push": True, "chunks": [3, 4], "loss": float("nan"), "batch": 8}
     check_fields(ok, num_workers=2)  # a NaN loss is reported, not a framing error
@@ -437,7 +439,7 @@ class FakeSocket:
 
 def test_bounded_receive_counts_frames_and_bytes_and_drains_the_rest():
     from nbdist.errors import ProtocolError
-    from nbdist.ps.wire import recv_bounded
+    from nbdist.hub.wire import recv_bounded
 
     assert len(recv_bounded(FakeSocket([5, 32, 100, 400]), max_frames=4, max_bytes=537)) == 4
     too_many = FakeSocket([5] * 20)  # 20 frames of 5 bytes: under the size limit, over the count

@@ -33,7 +33,7 @@ def _identical_ranks(run, ns):
 @pytest.mark.skipif(SLURM is not None, reason=f"Slurm: {SLURM}")
 def test_slurm_launcher_starts_engines_as_one_job_that_trains_async_and_sync(tmp_path, monkeypatch):
     _needs_horovod()
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     notebook = tmp_path / "notebook"
     notebook.mkdir()
@@ -103,7 +103,7 @@ def test_mpi_launcher_engines_are_mpi_ranks_and_train_sync_through_gloo(ip, monk
 
 
 def test_unknown_launcher_is_refused_with_the_choices():
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
     from nbdist.errors import NoClusterError
 
     with pytest.raises(NoClusterError, match=r"Unknown launcher \(Received: 'pbs'\).*local, slurm, mpi"):

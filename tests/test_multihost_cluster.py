@@ -35,7 +35,7 @@ PARAMS = 8 * 16 + 16 + 16 * 3 + 3  # SYNTHETIC_CELL's model: a float32 gradient 
 
 @pytest.fixture(scope="module")
 def lab(tmp_path_factory):
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     workdir = tmp_path_factory.mktemp("lab")
     with LabNetwork(hosts=4) as network:
@@ -96,7 +96,7 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
     assert run._snapshot["epoch_samples"] == [SAMPLES] * 2  # noqa: SLF001
     assert accuracy(ns) > 0.8
     # which transport each worker chose: shared memory only beside the hub (same host id)
-    from nbdist.ps.shm import host_id
+    from nbdist.hub.shm import host_id
 
     ids = dict(zip([0, 1, 3], lab.client[[0, 1, 3]].apply_sync(host_id), strict=True))
     assert ids[0] == ids[3] != ids[1]

@@ -4,8 +4,7 @@ import socket
 
 import pytest
 
-from nbdist.errors import UnreachableHostError
-from nbdist.netaddr import (
+from nbdist.cluster.netaddr import (
     HostNet,
     Route,
     check_reachable,
@@ -15,6 +14,7 @@ from nbdist.netaddr import (
     parse_proc_route,
     route_to,
 )
+from nbdist.errors import UnreachableHostError
 
 PROC_ROUTE = """Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT
 eth0\t00000000\t0100000A\t0003\t0\t0\t100\t00000000\t0\t0\t0
@@ -135,7 +135,7 @@ def test_a_refused_port_means_the_host_is_reachable():
 
 
 def test_slurm_and_mpi_controllers_listen_on_the_default_route_address_local_on_loopback():
-    from nbdist.netaddr import launcher_controller_ip, primary_address
+    from nbdist.cluster.netaddr import launcher_controller_ip, primary_address
 
     head = HostNet("head", "head:boot", "127.0.0.1", parse_proc_route(PROC_ROUTE), ADDRS)
     assert primary_address(head) == "10.0.0.5"

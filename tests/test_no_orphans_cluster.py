@@ -8,11 +8,11 @@ import time
 
 import pytest
 
-from nbdist.watchdog import tagged
+from nbdist.cluster.watchdog import tagged
 
 KERNEL = '''
 import sys
-from nbdist.cluster import Cluster
+from nbdist.cluster.engines import Cluster
 print("importing", flush=True)
 Cluster.start(2, cluster_id=sys.argv[1])
 print("started", flush=True)

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from nbdist.errors import ProtocolError
-from nbdist.protocol import Codec, mac, new_key, parse_header, shard_bounds
+from nbdist.hub.protocol import Codec, mac, new_key, parse_header, shard_bounds
 
 
 def pair(run="r1"):

@@ -1,6 +1,6 @@
 import pytest
 
-from nbdist.cluster import assign_roles
+from nbdist.cluster.engines import assign_roles
 from nbdist.errors import NotEnoughEnginesError
 
 

@@ -4,8 +4,8 @@ import pytest
 
 from nbdist.config import TrainConfig
 from nbdist.errors import TrainingError
-from nbdist.ps.client import HubControl
-from nbdist.run import Run
+from nbdist.hub.client import HubControl
+from nbdist.run.handle import Run
 
 
 def test_a_control_after_the_line_closed_says_the_run_ended_and_stop_is_a_no_op():

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from nbdist.ps.schedule import EpochSchedule, epoch_permutation
+from nbdist.core.schedule import EpochSchedule, epoch_permutation
 
 
 def drain(schedule, size, order=None):

@@ -5,8 +5,16 @@ import math
 import pytest
 
 from nbdist.config import TrainConfig
+from nbdist.core.simclock import (
+    CostModel,
+    EventQueue,
+    Jitter,
+    fit_cost,
+    parse_sim,
+    round2,
+    sim_options,
+)
 from nbdist.errors import ConfigError
-from nbdist.simclock import CostModel, EventQueue, Jitter, fit_cost, parse_sim, round2, sim_options
 
 
 def test_step_time_is_slowdown_times_overhead_plus_per_sample_cost():

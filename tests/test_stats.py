@@ -1,4 +1,4 @@
-from nbdist.ps.stats import RunStats
+from nbdist.core.stats import RunStats
 
 
 def test_push_counts_delay_and_rate_per_worker():

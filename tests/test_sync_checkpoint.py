@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 
 from nbdist.algorithms import make_rule
+from nbdist.checkpoint import store as checkpoint
+from nbdist.checkpoint.shard_state import shard_state
+from nbdist.checkpoint.sync_state import resume_fields, schedule_state, start_position
 from nbdist.config import TrainConfig
+from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.core.updater import Updater
 from nbdist.errors import CheckpointError
-from nbdist.ps import checkpoint
-from nbdist.ps.coordinator import Coordinator, Plan
-from nbdist.ps.shard_state import shard_state
-from nbdist.ps.updater import Updater
-from nbdist.sync_checkpoint import resume_fields, schedule_state, start_position
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 

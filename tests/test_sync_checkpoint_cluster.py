@@ -58,7 +58,7 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     steps = done // 900 * 57 + done % 900 // 16  # 57 = ceil(900 / 16) steps per epoch
     assert saved["sync"]["optimizer"] == "SGD" and saved["sync"]["iterations"] == saved["sync"]["steps"] == steps
     assert saved["sync"]["slots"] == saved["layout"]["trainable"]  # one momentum per weight
-    from nbdist.ps.checkpoint import load
+    from nbdist.checkpoint.store import load
 
     assert np.abs(load(tmp_path).arrays["shard0.optimizer_slots"]).max() > 0
 
@@ -103,7 +103,7 @@ def test_a_sync_checkpoint_is_refused_as_async_and_with_another_optimizer(cluste
 
 @pytest.mark.slow
 def test_killing_a_sync_worker_fails_the_run_within_60s_and_resume_completes(cluster, tmp_path):
-    from nbdist.cluster import Cluster
+    from nbdist.cluster.engines import Cluster
 
     own = Cluster.start(3)  # killed into: never the shared session cluster
     try:

@@ -92,7 +92,7 @@ def test_sync_without_horovod_says_how_to_install_it(monkeypatch):
     import builtins
 
     from nbdist.errors import DependencyError
-    from nbdist.sync import require_horovod
+    from nbdist.modes.sync.backend import require_horovod
 
     real_import = builtins.__import__
 

@@ -36,7 +36,7 @@ SCHEDULED_SYNTHETIC_CELL = SYNTHETIC_CELL.replace(
 def test_lr_with_a_schedule_is_refused_naming_both():
     import keras
 
-    from nbdist.learning_rate import check_lr
+    from nbdist.engine.learning_rate import check_lr
 
     optimizer = keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9))
     with pytest.raises(ConfigError, match=r"--lr 0.01 replaces a constant .*Adam.*ExponentialDecay. "
@@ -49,7 +49,7 @@ def test_lr_with_a_schedule_is_refused_naming_both():
 def test_set_constant_lr_replaces_a_schedule_once_and_assigns_a_constant():
     import keras
 
-    from nbdist.learning_rate import schedule_name, set_constant_lr
+    from nbdist.engine.learning_rate import schedule_name, set_constant_lr
 
     optimizer = keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(1e-3, 100))
     assert set_constant_lr(optimizer, 5e-4) == "CosineDecay"

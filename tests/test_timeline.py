@@ -4,8 +4,8 @@ import math
 import numpy as np
 import pytest
 
+from nbdist.core.timeline import DEFAULT_COLUMNS, DelayWindow, Timeline
 from nbdist.errors import ConfigError
-from nbdist.ps.timeline import DEFAULT_COLUMNS, DelayWindow, Timeline
 
 COLS = ("time", "loss", "delay_max", "group")
 

@@ -4,10 +4,10 @@ bytes/s by the kernel."""
 import numpy as np
 import zmq
 
-from nbdist.protocol import send_frames
-from nbdist.ps.coordinator import Coordinator, Plan
-from nbdist.ps.stats import WorkerStats
-from nbdist.traffic import TrafficRates
+from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.core.stats import WorkerStats
+from nbdist.core.traffic import TrafficRates
+from nbdist.hub.protocol import send_frames
 
 
 def test_send_frames_returns_the_bytes_the_other_end_receives():

@@ -1,4 +1,4 @@
-"""How a rule composes with the cell's optimizer on the hub (`nbdist.ps.updater`).
+"""How a rule composes with the cell's optimizer on the hub (`nbdist.core.updater`).
 
 The rule decides the gradient and when; the optimizer takes the step. Each property is checked
 against the optimizer applied by hand to what the rule should hand it.
@@ -11,8 +11,8 @@ import pytest
 from nbdist.algorithms import dc_compensate, make_rule
 from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.config import TrainConfig
+from nbdist.core.updater import Updater, check_composition, choose_optimizer, plain_sgd
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
-from nbdist.ps.updater import Updater, check_composition, choose_optimizer, plain_sgd
 
 SIZE = 6
 SEGMENTS = [4, 2]
@@ -155,7 +155,7 @@ def test_the_hub_takes_the_cells_optimizer_as_it_is():
 
 
 def test_lr_flag_replaces_a_constant_rate_with_a_warning_and_refuses_a_schedule():
-    from nbdist.learning_rate import check_lr
+    from nbdist.engine.learning_rate import check_lr
 
     spec, warnings = _choose(keras.optimizers.Adam(0.001), lr=0.01)
     assert spec["learning_rate"] == 0.01

@@ -7,11 +7,8 @@ import time
 import numpy as np
 import pytest
 
-from nbdist.errors import TrainingError
-from nbdist.protocol import new_key
-from nbdist.ps import coordinator as coordinator_module
-from nbdist.ps.client import HubControl, WorkerTransport
-from nbdist.ps.coordinator import (
+from nbdist.core import coordinator as coordinator_module
+from nbdist.core.coordinator import (
     LOST_EVAL_S,
     LOST_FIRST_S,
     LOST_FLOOR_S,
@@ -19,7 +16,10 @@ from nbdist.ps.coordinator import (
     Coordinator,
     Plan,
 )
-from nbdist.ps.hub import Hub, HubSpec
+from nbdist.errors import TrainingError
+from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.protocol import new_key
+from nbdist.hub.server import Hub, HubSpec
 
 
 def plan(**kw):

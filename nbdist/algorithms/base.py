@@ -106,7 +106,7 @@ class Rule:
                  scale: float) -> tuple[np.ndarray, float] | None:
         """What the hub's optimizer applies for this push: a gradient and its rate scale, or
         None while the rule holds the push back. This is how a rule composes with any Keras
-        optimizer (`nbdist.ps.updater`); plain rules pass `g` and `scale` through. The result
+        optimizer (`nbdist.core.updater`); plain rules pass `g` and `scale` through. The result
         may be the rule's own scratch: use it before the next push."""
         return g, scale
 

@@ -199,7 +199,7 @@ class DDCASGD(DCASGDAdaptive):
     def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,
                  scale: float) -> tuple[np.ndarray, float] | None:
         raise TypeError("ddc-asgd is its own delay-weighted momentum on plain SGD; it does not "
-                        "hand its gradient to another optimizer (nbdist.ps.updater refuses that)")
+                        "hand its gradient to another optimizer (nbdist.core.updater refuses that)")
 
     def _begin_push(self, lr: float, delay: int) -> None:
         beta = ddc_beta(delay, self._options["momentum"])

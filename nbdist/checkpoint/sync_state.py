@@ -1,0 +1,180 @@
+"""Checkpoints of a `--mode sync` run, in the async checkpoint format (`nbdist.checkpoint.store`).
+
+In sync mode the weights live in the Horovod ranks, all identical, and the hub holds none. So
+rank 0 is the source: when the kernel wants a checkpoint it asks the hub (control
+`send_state`), the hub passes the request to rank 0 on its next `report` reply, and rank 0,
+between two allreduce steps, sends its weights, its Keras optimizer's slots (momentum, Adam's
+moments; `iterations` as a number) and its data position to the hub, which keeps the latest
+copy and answers the kernel's `state` request with it. Rank 0 also sends one when training
+ends, which the final checkpoint uses. The kernel writes the files with `checkpoint.save`,
+so the atomic format, the checksum and the checks on load are the async ones; `meta.json`
+gains a `sync` entry (optimizer class, slot shapes, iterations), and `config.mode` is "sync",
+so `nbdist.resume` refuses to continue it as an async run, and the reverse.
+
+The data position: sync ranks walk each epoch's permutation in global batches, so it is
+(epoch, samples of that epoch done), written as an `EpochSchedule` state with nothing in
+flight. A resume starts there, whatever the new number of ranks.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from nbdist.errors import CheckpointError, TrainingError
+
+NOT_SLOTS = ("iteration", "learning_rate")  # Keras optimizer variables saved as numbers instead
+STATE_WAIT_S = 30.0
+
+
+# -- on the ranks -----------------------------------------------------------------------------
+
+
+def optimizer_slots(optimizer) -> list:
+    """The Keras optimizer's per-parameter variables (momentum, moments), in build order."""
+    return [v for v in optimizer.variables if v.path.rsplit("/", 1)[-1] not in NOT_SLOTS]
+
+
+def read_slots(optimizer) -> np.ndarray:
+    slots = optimizer_slots(optimizer)
+    if not slots:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).ravel() for v in slots])
+
+
+def write_slots(optimizer, flat: np.ndarray) -> None:
+    offset = 0
+    for v in optimizer_slots(optimizer):
+        n = int(np.prod(v.shape))
+        v.assign(flat[offset: offset + n].reshape(v.shape))
+        offset += n
+
+
+def check_slots(optimizer, shapes: list, engine: int) -> None:
+    """Refuse optimizer state saved for another optimizer (SGD momentum into Adam, ...)."""
+    have = [list(v.shape) for v in optimizer_slots(optimizer)]
+    if have != [list(s) for s in shapes]:
+        raise CheckpointError(
+            f"[engine {engine}] The checkpoint's optimizer state has slots of shapes {shapes}; this "
+            f"cell's {type(optimizer).__name__} keeps {have}. Compile the model with the optimizer "
+            "of the checkpointed run (same class, same momentum setting), or start afresh.")
+
+
+def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
+             final: bool = False) -> tuple[dict, list[np.ndarray]]:
+    """Rank 0's `report` carrying its state: weights, optimizer slots, data position."""
+    optimizer = loop.model.optimizer
+    params, non_trainable = loop.flat.read()
+    state = {"seq": int(seq), "epoch": int(epoch), "offset": int(offset), "steps": int(steps),
+             "final": final, "lr": float(loop.lr), "iterations": int(optimizer.iterations.numpy()),
+             "optimizer": type(optimizer).__name__,
+             "slots": [list(v.shape) for v in optimizer_slots(optimizer)]}
+    return {"op": "report", "worker": 0, "state": state}, [params, non_trainable, read_slots(optimizer)]
+
+
+# -- on the hub -------------------------------------------------------------------------------
+
+
+def hub_state(hub) -> tuple[dict, list[np.ndarray]]:
+    """The hub's `state` reply in a sync run: rank 0's latest snapshot as shard 0's state."""
+    s, (params, non_trainable, slots) = hub.sync_snapshot
+    plan = hub.coordinator.plan
+    header = {"op": "state", "shard": 0, "seq": s["seq"], "final": s["final"], "version": s["steps"], "lr": s["lr"],
+              "rule": hub.updater.rule.name, "rule_options": hub.updater.rule.options, "optimizer": None,
+              "numbers": {}, "names": ["params", "non_trainable", "optimizer_slots"],
+              "schedule": schedule_state(plan.num_samples, plan.epochs, s["epoch"], s["offset"]),
+              "evals_pending": [],
+              "sync": {k: s[k] for k in ("optimizer", "slots", "iterations", "steps")}}
+    return header, [params, non_trainable, slots]
+
+
+def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> dict:
+    """(epoch, samples done in it) as an `EpochSchedule.state()` with nothing in flight.
+
+    Example:
+        >>> schedule_state(10, 3, 1, 4)["remaining"]
+        [0, 6, 10]
+    """
+    if offset >= num_samples:
+        epoch, offset = epoch + 1, 0
+    remaining = [0 if e < epoch else (num_samples - offset if e == epoch else num_samples)
+                 for e in range(epochs)]
+    return {"num_samples": num_samples, "epochs": epochs, "epoch": epoch, "cursor": offset,
+            "remaining": remaining, "done": epoch * num_samples + offset, "pending": []}
+
+
+# -- in the kernel ----------------------------------------------------------------------------
+
+
+def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S) -> list[tuple[dict, list]]:
+    """Rank 0's state, taken after this call (`final`: the one it sent when training ended)."""
+    (header, buffers), = control.state()
+    if final or header.get("final"):  # training ended: no newer state will come
+        if "seq" not in header:
+            raise TrainingError("Rank 0 sent no state at the end of training, so there is nothing "
+                                "to checkpoint. Its last checkpoint is the one to resume from.")
+        return [(header, buffers)]
+    seen = int(header.get("seq", 0))
+    control.control(send_state=True)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        time.sleep(0.05)
+        (header, buffers), = control.state()
+        if int(header.get("seq", 0)) > seen or header.get("final"):
+            return [(header, buffers)]
+    raise TrainingError(
+        f"Rank 0 did not send its weights for the checkpoint within {timeout:.0f}s (it is stuck "
+        "in a step, or its engine died). Check `run.nodes` and the engines; the previous "
+        "checkpoint is kept.")
+
+
+def start_position(ckpt, epochs: int) -> tuple[int, int]:
+    """Where a resumed sync run starts: (epoch, samples of that epoch already done)."""
+    remaining = list(ckpt.meta["schedule"]["remaining"]) + [ckpt.meta["num_samples"]] * (
+        epochs - len(ckpt.meta["schedule"]["remaining"]))
+    for epoch, left in enumerate(remaining):
+        if left:
+            return epoch, int(ckpt.meta["num_samples"]) - int(left)
+    return epochs, 0
+
+
+def resume_fields(ckpt, epochs: int) -> dict:
+    """What a resumed run's SyncSpec gets from the checkpoint (nothing for a fresh run)."""
+    if ckpt is None:
+        return {}
+    epoch, offset = start_position(ckpt, epochs)
+    sync = ckpt.meta["sync"]
+    return {"initial_slots": ckpt.arrays["shard0.optimizer_slots"],
+            "resume": {"epoch": epoch, "offset": offset, "steps": int(sync["steps"]),
+                       "iterations": int(sync["iterations"]), "slots": sync["slots"]}}
+
+
+def check_optimizer(ckpt, model) -> None:
+    """Refuse, before any engine is used, a cell whose optimizer differs from the saved one."""
+    saved, here = ckpt.meta["sync"]["optimizer"], type(model.optimizer).__name__
+    if saved != here:
+        raise CheckpointError(
+            f"The checkpoint {ckpt.path} holds the state of a {saved} optimizer; this cell compiles "
+            f"its model with {here}. Compile it with {saved} as in the checkpointed run, or start "
+            "afresh with nbdist.train / %%distribute.")
+
+
+def check_meta(meta_path: str, meta: dict, arrays: dict, corrupt) -> None:
+    """A sync checkpoint names its optimizer's slots, and they add up to its array."""
+    sync = meta.get("sync")
+    is_sync = meta["config"].get("mode") == "sync"
+    if is_sync != isinstance(sync, dict):
+        raise corrupt(meta_path, "its mode and its 'sync' entry disagree")
+    if not is_sync:
+        return
+    try:
+        size = sum(int(np.prod(s)) for s in sync["slots"])
+        int(sync["iterations"])
+        str(sync["optimizer"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise corrupt(meta_path, f"its 'sync' entry is malformed ({exc!r})") from None
+    slots = arrays.get("shard0.optimizer_slots")
+    if slots is None or slots.size != size:
+        raise corrupt(meta_path, f"its optimizer state does not hold the {size} floats its slots "
+                                 f"{sync['slots']} need")

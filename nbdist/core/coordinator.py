@@ -1,0 +1,398 @@
+"""The run's coordinator, kept by hub shard 0: who does what next. No sockets.
+
+It hands out data chunks (global epochs), counts each push into the statistics and the
+per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (learning rate,
+pause, stop, slow-down, batch policy), queues validation jobs at epoch ends, gates workers
+that run too far ahead (SSP), forms speed groups (group sync), and takes in workers added
+mid-run (`add_worker`, from the kernel's `add_worker` control op). The hub asks it, for each
+worker message, what to answer; `None` from `work_for` means "hold the reply" (SSP).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from nbdist.algorithms.group import form_groups
+from nbdist.algorithms.ssp import StalenessClock
+from nbdist.core.dbs import BatchSizer
+from nbdist.core.schedule import Chunk, EpochSchedule
+from nbdist.core.stats import RunStats
+from nbdist.core.timeline import DelayWindow, Timeline
+
+GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
+DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
+DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (a percentile
+                        # per push would cost more than the rest of the hub's bookkeeping)
+LOST_FLOOR_S = 5.0  # a silent worker is never declared lost sooner than this ...
+LOST_STEPS = 20  # ... nor sooner than this many of its own (slowed-down) step times
+LOST_FIRST_S = 30.0  # silence allowed before its first push is measured (first local round)
+LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take long)
+
+
+@dataclass
+class Plan:
+    """The parts of the run's configuration the coordinator acts on. `num_workers` is the
+    configured M, fixed for the run: workers added mid-run (`Coordinator.add_worker`) do not
+    change what depends on it (softsync's c, EASGD's α, the start barrier)."""
+
+    num_workers: int
+    num_samples: int
+    epochs: int
+    batch_size: int
+    lr: float | None  # the workers' rate when they own it (lr_owner); None: their own schedule
+    has_validation: bool
+    algorithm: str = "asgd"
+    staleness: int | None = None  # ssp: S
+    groups: int = 0  # group: 0 = automatic from speeds, else that many groups
+    max_group_ratio: float = 1.5
+    chunks_ahead: int = 1  # chunks a worker may hold: local steps or overlap need more
+    dbs: bool = False
+    batch_min: int = 1
+    batch_max: int | None = None
+    slowdown: list[float] = field(default_factory=list)
+    staleness_lr: bool = False
+    metrics: str = "full"  # "minimal": counters only, no history rows or timeline
+    # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
+    # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
+    # coordinator tells the rate on every reply)
+    lr_owner: str = "hub"
+
+
+class Coordinator:
+    """State machine of one run, driven by the hub's message handlers."""
+
+    def __init__(self, plan: Plan, start_time: float = 0.0):
+        self.plan = plan
+        n = plan.num_workers
+        self.schedule = EpochSchedule(plan.num_samples, plan.epochs)
+        self.stats = RunStats(n, start_time=start_time)
+        self.timeline = Timeline()
+        self.delays = DelayWindow()
+        self._delay_stats: dict[int, dict] = {}
+        self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
+                                b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
+                                policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
+        # the run's one SSP clock, and the group options: decided here, followed live (control)
+        self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
+        self.max_group_ratio, self.num_groups = plan.max_group_ratio, plan.groups
+        self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
+        self.paused = False
+        self.stopping = False
+        self.slowdown = list(plan.slowdown) or [1.0] * n
+        self.held: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}
+        self.eval_queue: deque[int] = deque()
+        self.evaluating: dict[int, int] = {}
+        self.arrived: set[int] = set()
+        self._all_here = False  # latched once the configured M workers have all said hello
+        self.joining: set[int] = set()  # added mid-run, not yet said hello
+        self.gone: set[int] = set()
+        self.lost: set[int] = set()
+        self._heard: dict[int, float] = {}  # worker -> hub time of its last message
+        self._last_push: dict[int, float] = {}
+        self._step_s: dict[int, float] = {}  # worker -> moving average of its push interval / slowdown
+        self.reported_epochs = 0.0
+        self.state_wanted = 0  # sync mode: +1 per checkpoint request, passed on to rank 0
+        self.group_of: list[list[int]] = [[w] for w in range(n)]
+        self.grouped = False
+        if plan.algorithm == "group" and plan.groups in (1, n):  # nothing to measure first
+            self.group_of = [list(range(n)) if plan.groups == 1 else [w] for w in range(n)]
+            self.grouped = True
+        for w in range(n):
+            self.stats.workers[w].batch_size = self.sizer.batch_for(w)
+
+    # -- workers ----------------------------------------------------------------------------
+
+    @property
+    def num_workers(self) -> int:
+        """Workers of the run so far: the configured M plus those added mid-run."""
+        return len(self.stats.workers)
+
+    def add_worker(self, worker: int, now: float, engine: int | None = None) -> None:
+        """Bring worker `worker` into the running job (`Run.add_workers`); ids follow on from M.
+
+        What depends on the configured number of workers keeps `plan.num_workers` (M):
+        softsync's c, EASGD's α, and the start barrier (chunks flow once the first M said
+        hello, so nobody waits for a newcomer still starting). Everything kept per worker gets
+        an entry: the chunks it holds, its stats row ("starting" until its hello), a DBS batch
+        of b0 (the global batch grows by b0, as B = active · b0 says; the others keep theirs
+        until the next rebalance, which waits until the newcomer is measured), slow-down 1, a
+        group of its own until the next regroup. SSP counts it only from its hello, at the
+        slowest clock then, so a worker still starting holds nobody back.
+        """
+        if worker != self.num_workers:
+            raise ValueError(f"a worker added mid-run takes the next id, {self.num_workers} "
+                             f"(Received: {worker})")
+        if self.stopping or self.finished or self.schedule.finished:
+            raise ValueError("the run is ending (stopped, or every sample of every epoch trained "
+                             "on), so it takes no new worker; start a new run to train more")
+        self.held[worker] = deque()
+        self.stats.add_worker(engine)
+        self.sizer.add(worker)
+        self.stats.workers[worker].batch_size = self.sizer.batch_for(worker)
+        self.slowdown.append(1.0)
+        self.group_of.append([worker])
+        if self.clock is not None:
+            self.clock.add(worker)  # known, not waited for: it joins on hello
+        self.joining.add(worker)
+        self.stats.record_event("worker_added", now, worker=worker, engine=engine,
+                                batch_size=self.sizer.batch_for(worker))
+
+    def hello(self, worker: int, host: str, engine: int | None, h: dict | None = None) -> None:
+        w = self.stats.workers[worker]
+        w.state, w.host, w.engine = "starting", host, engine
+        w.hello(h or {})
+        self.gone.discard(worker)
+        self.arrived.add(worker)
+        if worker in self.joining:  # added mid-run and here now: SSP counts it from the slowest
+            self.joining.discard(worker)
+            if self.clock is not None:
+                self.clock.join(worker)
+        if worker in self.lost:  # it came back (rejoin): train on from the slowest clock
+            self.lost.discard(worker)
+            self._step_s.pop(worker, None)
+            if self.clock is not None:
+                self.clock.join(worker)
+
+    def bye(self, worker: int, now: float) -> None:
+        self.gone.add(worker)
+        self.stats.workers[worker].state = "done"
+        for chunk in self.held[worker]:  # stopped mid-chunk: another worker may take it
+            self.schedule.requeue(chunk.id)
+        self.held[worker].clear()
+        epoch = self.evaluating.pop(worker, None)
+        if epoch is not None and not self.stopping and self.arrived - self.gone:
+            self.eval_queue.appendleft(epoch)  # left before reporting: someone else evaluates
+        if self.clock is not None:
+            self.clock.drop(worker)
+
+    def push(self, worker: int, h: dict, delay: int, now: float) -> None:
+        """Count one applied push: its chunks, stats, speed, timeline, eval result."""
+        done = h.get("chunks", [])
+        held = self.held[worker]
+        samples = 0
+        for chunk_id in done:
+            chunk = next((c for c in held if c.id == chunk_id), None)
+            if chunk is None:
+                raise ValueError(f"worker {worker} pushed chunk {chunk_id}, which it does not hold")
+            held.remove(chunk)
+            samples += chunk.size
+            finished_epoch = self.schedule.complete(chunk.id)
+            if finished_epoch is not None:
+                self.stats.record_event("epoch_end", now, epoch=finished_epoch)
+                if self.plan.has_validation:
+                    self.eval_queue.append(finished_epoch)
+        compute_s = float(h.get("compute_s", 0.0))
+        self._time_step(worker, now)
+        self.sizer.observe(worker, samples, compute_s)
+        self._count(worker, samples, h, delay, now)
+        if self.clock is not None:
+            self.clock.tick(worker)
+        if self.sizer.maybe_rebalance():
+            self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
+        if not self.grouped and self.plan.algorithm == "group" and all(
+                self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES for w in self.arrived - self.gone):
+            self.regroup(now)
+
+    def report(self, worker: int, h: dict, now: float) -> dict:
+        """A synchronous rank's step (metrics only); returns the control for rank 0 to share."""
+        self.heard(worker, now)  # a rank that reports is alive (without this, lost after 30 s)
+        if h.get("batch"):
+            self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
+            self.sizer.observe(worker, int(h.get("samples", 0)), float(h.get("compute_s", 0.0)))
+            self._count(worker, int(h.get("samples", 0)), h, 0, now)
+            if worker == 0 and self.sizer.maybe_rebalance():
+                self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
+        self.eval_result(worker, h, now)
+        self.stats.workers[worker].state = "paused" if self.paused else "running"
+        return {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
+                "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
+
+    def _count(self, worker: int, samples: int, h: dict, delay: int, now: float) -> None:
+        w = self.stats.workers[worker]
+        w.take(h)
+        loss = float(h.get("loss", math.nan))
+        if self.plan.metrics == "minimal":
+            w.steps, w.samples, w.loss = w.steps + 1, w.samples + samples, loss
+            self.stats.global_step += 1
+            return
+        self.stats.record_push(worker, samples=samples, loss=loss, compute_s=float(h.get("compute_s", 0.0)),
+                               comm_s=float(h.get("comm_s", 0.0)), delay=delay,
+                               epoch=self.epochs_done, now=now, batch_size=self.sizer.batch_for(worker))
+        self.delays.add(worker, delay)
+        if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
+            self._delay_stats[worker] = self.delays.stats(worker)
+        self.timeline.append(worker, {
+            "time": now, "samples_per_s": w.samples_per_s, "compute_s": h.get("compute_s", 0.0),
+            "comm_s": h.get("comm_s", 0.0), "wait_s": h.get("wait_s", 0.0),
+            "batch_size": w.batch_size, **self._delay_stats[worker], "loss": loss,
+            "slowdown": self.slowdown[worker], "group": self._group_index(worker)})
+
+    def eval_result(self, worker: int, h: dict, now: float) -> None:
+        if "eval" in h:
+            ev = h["eval"]
+            self.evaluating.pop(worker, None)
+            self.stats.record_eval(ev["metrics"], epoch=ev["epoch"], version=ev["version"], now=now)
+
+    def work_for(self, worker: int, pulled: bool, version: int) -> dict | None:
+        """Control, chunks, eval job and done-flag for `worker`; None: hold the reply (SSP)."""
+        if self.clock is not None and self.clock.blocked(worker) and not self.stopping:
+            self.stats.workers[worker].state = "blocked"
+            return None
+        plan, held = self.plan, self.held[worker]
+        if not self._all_here:  # the configured workers start together; added ones need not wait
+            self._all_here = self.arrived.issuperset(range(plan.num_workers))
+        all_here = self._all_here
+        while all_here and len(held) < plan.chunks_ahead and not (self.paused or self.stopping):
+            chunk = self.schedule.next_chunk(self.sizer.batch_for(worker))
+            if chunk is None:
+                break
+            held.append(chunk)
+        work: dict = {"lr": self.lr, "paused": self.paused, "stop": self.stopping,
+                      "slowdown": self.slowdown[worker], "group": self._group_now(worker),
+                      # a paused worker keeps its chunks but must not train on them until resumed
+                      "chunks": [] if self.paused else [c.to_list() for c in held]}
+        if self.eval_queue and worker not in self.evaluating and not self.stopping:
+            if pulled:
+                epoch = self.eval_queue.popleft()
+                self.evaluating[worker] = epoch
+                work["eval"] = {"epoch": epoch, "version": version}
+            else:
+                work["eval_pending"] = True  # pull first, then evaluate those weights
+        work["done"] = self.stopping or (
+            self.schedule.finished and not self.eval_queue and not self.evaluating)
+        state = "paused" if self.paused else ("running" if held else "waiting")
+        self.stats.workers[worker].state = state if all_here else "starting"
+        return work
+
+    # -- lost workers ---------------------------------------------------------------------
+
+    def heard(self, worker: int, now: float) -> None:
+        """`worker` spoke (or its held reply was just sent): its silence starts now."""
+        self._heard[worker] = now
+
+    def _time_step(self, worker: int, now: float) -> None:
+        last = self._last_push.get(worker)
+        self._last_push[worker] = now
+        if last is not None:
+            step = (now - last) / max(1.0, self.slowdown[worker])
+            old = self._step_s.get(worker)
+            self._step_s[worker] = step if old is None else 0.8 * old + 0.2 * step
+
+    def deadline(self, worker: int) -> float:
+        """Seconds of silence after which `worker` counts as lost: many of its own step times,
+        scaled by its current slow-down, never less than a few seconds."""
+        step = self._step_s.get(worker)
+        limit = LOST_FIRST_S if step is None else max(
+            LOST_FLOOR_S, LOST_STEPS * step * max(1.0, self.slowdown[worker]))
+        return max(limit, LOST_EVAL_S) if worker in self.evaluating else limit
+
+    def overdue(self, now: float, exempt=()) -> list[int]:
+        """Workers silent past their deadline. Nobody is overdue while the run is paused, nor
+        while the hub holds its reply (`exempt`: SSP or a group barrier keeps it waiting)."""
+        if self.paused:
+            return []
+        return [w for w, t in self._heard.items()
+                if w not in self.gone and w not in exempt and now - t > self.deadline(w)]
+
+    def lose(self, worker: int, now: float, reason: str) -> None:
+        """`worker` died: give its chunks and validation job to the others, stop waiting for
+        it (SSP clock), and show it as lost."""
+        if worker in self.lost:
+            return
+        silent = now - self._heard.get(worker, now)
+        self.arrived.add(worker)  # died before hello: the others must not wait for it either
+        self.bye(worker, now)
+        self.lost.add(worker)
+        self.stats.workers[worker].state = "lost"
+        self.stats.record_event("worker_lost", now, worker=worker, reason=reason, silent_s=round(silent, 2))
+
+    # -- groups -----------------------------------------------------------------------------
+
+    def regroup(self, now: float) -> None:
+        """Form speed groups from measured throughput (now, and again on demand)."""
+        active = sorted(self.arrived - self.gone)
+        if not active:
+            return
+        rates = [max(self.stats.workers[w].samples_per_s, 1e-9) for w in active]
+        wanted = self.num_groups or None
+        groups = form_groups(rates, self.max_group_ratio, min(wanted, len(active)) if wanted else None)
+        for members in groups:
+            for i in members:
+                self.group_of[active[i]] = sorted(active[j] for j in members)
+        self.grouped = True
+        self.stats.record_event("regroup", now, groups=[sorted(active[j] for j in g) for g in groups])
+
+    def _group_now(self, worker: int) -> list[int]:
+        """The worker's group for its next push; alone when the data left cannot give every
+        member a chunk (the end of the run), so no barrier waits for a push that won't come."""
+        members = [m for m in self.group_of[worker] if m not in self.gone]  # nobody waits for the lost
+        if len(members) > 1 and self.schedule.samples_left < sum(self.sizer.batch_for(m) for m in members):
+            return [worker]
+        return members
+
+    def _group_index(self, worker: int) -> int:
+        return min(self.group_of[worker])
+
+    # -- control from the kernel ------------------------------------------------------------
+
+    def control(self, h: dict, now: float) -> None:
+        if "lr" in h:
+            if self.plan.lr_owner == "workers":
+                self.lr = float(h["lr"])
+            self.stats.record_event("set_lr", now, lr=float(h["lr"]))
+        if "paused" in h and bool(h["paused"]) != self.paused:
+            self.paused = bool(h["paused"])
+            self.stats.record_event("pause" if self.paused else "resume", now)
+        if h.get("stop") and not self.stopping:
+            self.stopping = True
+            self.stats.record_event("stop", now)
+        if "slowdown" in h:
+            worker, factor = int(h["slowdown"][0]), float(h["slowdown"][1])
+            self.slowdown[worker] = factor
+            self.stats.record_event("set_slowdown", now, worker=worker, factor=factor)
+        if "batch_policy" in h:
+            self.sizer.set_policy(h["batch_policy"])
+            self.stats.record_event("set_batch_policy", now, policy=h["batch_policy"])
+        if "option" in h:  # validated by the rule first (the hub asks it)
+            name, value = h["option"]
+            if name == "staleness" and self.clock is not None:
+                self.clock.staleness = int(value)
+            elif name == "max_ratio":
+                self.max_group_ratio = float(value)
+            elif name == "num_groups":
+                self.num_groups = int(value)
+            self.stats.record_event("set_option", now, name=name, value=value)
+        if h.get("regroup"):
+            self.regroup(now)
+        if h.get("send_state"):
+            self.state_wanted += 1
+
+    # -- what the kernel reads --------------------------------------------------------------
+
+    @property
+    def epochs_done(self) -> float:
+        return max(self.schedule.epochs_done, self.reported_epochs)
+
+    @property
+    def finished(self) -> bool:
+        return len(self.gone) == self.num_workers
+
+    def snapshot(self, since: int, with_timeline: bool = False) -> dict:
+        snap = self.stats.snapshot(since=since)
+        for w in snap["nodes"]:
+            i = w["worker"]
+            w.update(self.delays.stats(i) if self.plan.metrics == "full" else {})
+            w.update(slowdown=self.slowdown[i],
+                     group=self._group_index(i) if self.plan.algorithm == "group" else None,
+                     batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
+        snap.update(
+            finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
+            paused=self.paused, stopping=self.stopping, lr=self.lr,
+            epochs_done=self.epochs_done, batch_policy=self.sizer.policy,
+            delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)},
+        )
+        if with_timeline:
+            snap["timeline"] = self.timeline.to_records(include_open=True)
+        return snap

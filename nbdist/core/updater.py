@@ -1,0 +1,176 @@
+"""What a shard does to its parameters on a push: the rule decides, the cell's optimizer steps.
+
+The update rule (`nbdist.algorithms`) decides which gradient is applied and when: ASGD passes a
+push through, DC-ASGD compensates it for its delay, softsync averages c pushes, group sync the
+members of a group. The optimizer the cell compiled (Adam, RMSprop, SGD with momentum, ...,
+re-implemented exactly in `nbdist.algorithms.optimizers`) then takes the step, with its slots
+per shard and its learning-rate schedule evaluated at the shard's number of applied updates:
+
+    g', s = rule.gradient(worker, w, g, τ, scale)      # None: held back (softsync's buffer)
+    w ← optimizer.apply(w, g', lr(step) · s)           # clipping and weight decay as Keras does
+
+`scale` is `1 / max(1, τ)` with `--staleness-lr`, and `B_g / B_ref` for a group's step.
+
+Plain SGD (no momentum, clipping or weight decay) takes the rule's own fused pass instead: one
+pass over memory for the update and the reply copy, the same numbers. Two rules are defined on
+SGD only: `ddc-asgd` (its delay-weighted momentum is the optimizer) and `easgd` (a push is an
+elastic difference, not a gradient; the cell's optimizer runs on the workers, the hub only adds
+the difference). `check_composition` refuses ddc-asgd with anything but plain SGD.
+
+Used by the hub (`nbdist.hub.server`) and the simulator (`nbdist.modes.simulate.simulation`) alike, so both apply a
+push the same way. Pure NumPy; `choose_optimizer` (kernel side) reads the Keras optimizer.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from nbdist.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nbdist.algorithms.base import Rule
+    from nbdist.config import TrainConfig
+
+CLIPPING = ("clipnorm", "clipvalue", "global_clipnorm")
+
+
+def plain_sgd(spec: dict | None) -> bool:
+    """Whether `spec` is SGD with no momentum, clipping or weight decay (a schedule is fine)."""
+    if spec is None or spec["class_name"] != "SGD":
+        return False
+    config = spec["config"]
+    return not (config.get("momentum") or config.get("weight_decay")
+                or any(config.get(k) is not None for k in CLIPPING))
+
+
+def describe_spec(spec: dict) -> str:
+    """'Adam (lr 0.001)', 'SGD (lr ExponentialDecay)': how messages name an optimizer."""
+    lr = spec["learning_rate"]
+    rate = lr["class_name"] if isinstance(lr, dict) else f"{lr:g}"
+    return f"{spec['class_name']} (lr {rate})"
+
+
+def check_composition(algorithm: str, spec: dict | None) -> None:
+    """Refuse a rule that cannot hand its gradient to this optimizer."""
+    if algorithm == "ddc-asgd" and not plain_sgd(spec):
+        raise ConfigError(
+            f"--algorithm ddc-asgd is its own delay-weighted momentum on plain SGD, so it cannot run "
+            f"with the cell's {describe_spec(spec)} (momentum, clipping and weight decay included). "
+            "Use --algorithm dc-asgd-a (delay compensation that works with any optimizer), or pass "
+            "--server-optimizer sgd --lr 0.05 to run ddc-asgd with plain SGD on purpose.")
+
+
+def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
+                     variables: list | None = None) -> tuple[dict | None, list[str]]:
+    """The optimizer spec the hub applies for this run, and warnings for `run.warnings`.
+
+    - the cell's compiled optimizer, as it is (`--lr` replaces a constant rate);
+    - `--local-steps K`: the workers step with the cell's optimizer and the hub applies their
+      deltas with `--server-optimizer` (SGD at rate 1 by default);
+    - `--server-optimizer NAME` without local steps: NAME at the cell's rate, with a warning;
+    - `easgd`: none (the hub only adds elastic differences).
+    `segments` are the trainable variables' sizes in flat order, `variables` the variables
+    (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
+    nbdist cannot reproduce.
+    """
+    from nbdist.algorithms.optimizer_spec import describe_optimizer
+    from nbdist.algorithms.optimizers import server_optimizer_spec
+
+    algorithm = config.algorithm.value
+    chosen = config.server_optimizer.value if config.server_optimizer is not None else None
+    if algorithm == "easgd":
+        if chosen is not None:
+            raise ConfigError(f"--server-optimizer {chosen} does not apply to --algorithm easgd: its hub "
+                              "adds elastic differences with no optimizer (the cell's optimizer runs "
+                              "on the workers). Drop --server-optimizer.")
+        return None, []
+    if config.local_steps > 1:
+        return server_optimizer_spec(chosen or "sgd", None, segments), []
+    warnings = []
+    if chosen is not None:
+        lr = config.lr if config.lr is not None else float(np.asarray(optimizer.learning_rate))
+        spec = server_optimizer_spec(chosen, lr, segments)
+        warnings.append(f"--server-optimizer {chosen}: the hub trains with {describe_spec(spec)}, "
+                        f"not with the cell's {type(optimizer).__name__} as compiled.")
+    else:
+        spec = describe_optimizer(optimizer, segments, variables)
+        if config.lr is not None:  # (over a schedule it is refused: nbdist.engine.learning_rate.check_lr)
+            warnings.append(f"--lr {config.lr:g} replaces the cell's learning rate "
+                            f"{spec['learning_rate']:g}.")
+            spec = {**spec, "learning_rate": float(config.lr)}
+    check_composition(algorithm, spec)
+    return spec, warnings
+
+
+class Updater:
+    """One shard's update: `rule` + the optimizer `spec` describes (None: none, for easgd).
+    The shard holds floats [offset, offset + rule.size) of the flat vector.
+
+    Example:
+        >>> from nbdist.algorithms import make_rule
+        >>> up = Updater(make_rule("easgd", 2, 1), None)
+        >>> w = np.array([1, 2], np.float32)
+        >>> up.push(0, w, np.array([1, 1], np.float32), delay=0)
+        (True, False)
+        >>> w.tolist()
+        [2.0, 3.0]
+    """
+
+    def __init__(self, rule: Rule, spec: dict | None, offset: int = 0, staleness_lr: bool = False):
+        from nbdist.algorithms.optimizers import HubOptimizer
+
+        self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
+        self.optimizer = HubOptimizer(spec, rule.size, offset) if spec is not None else None
+        self.fused = spec is None or plain_sgd(spec)
+
+    def learning_rate(self) -> float | None:
+        """The rate the next update uses (None: the hub applies no optimizer)."""
+        return self.optimizer.learning_rate() if self.optimizer is not None else None
+
+    def set_learning_rate(self, lr: float) -> None:
+        """A constant rate from the notebook; it replaces a schedule from now on."""
+        if self.optimizer is not None:
+            self.optimizer.set_learning_rate(lr)
+
+    def push(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int, scale: float = 1.0,
+             into: np.ndarray | None = None, global_norm: float | None = None) -> tuple[bool, bool]:
+        """Apply one push read `delay` versions ago; returns (w changed, `into` holds the new w)."""
+        if self.staleness_lr:
+            scale /= max(1, delay)
+        opt = self.optimizer
+        if self.fused:  # one pass: the rule's SGD (or easgd's sum), and the reply copy
+            lr = opt.learning_rate() * scale if opt is not None else 0.0
+            if into is None:
+                changed = self.rule.on_push(worker, w, g, lr, delay)
+            else:
+                changed = self.rule.push_and_read(worker, w, g, lr, delay, into)
+            if changed and opt is not None:
+                opt.iterations += 1
+            return changed, into is not None
+        decided = self.rule.gradient(worker, w, g, delay, scale)
+        if decided is None:
+            return False, False
+        gradient, scale = decided
+        opt.apply(w, gradient, scale, global_norm)
+        if into is not None:
+            np.copyto(into, w)
+        return True, into is not None
+
+    @property
+    def state_nbytes(self) -> int:
+        """Bytes the rule and the optimizer hold beyond the parameters."""
+        return self.rule.state_nbytes + (self.optimizer.state_nbytes if self.optimizer is not None else 0)
+
+
+def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, offset: int = 0) -> Updater:
+    """A shard's rule and optimizer for `plan` (a `Plan`), as the hub and the simulator build
+    them. No `optimizer` (easgd, or a hub built by hand): plain SGD at `plan.lr`."""
+    from nbdist.algorithms import make_rule
+    from nbdist.algorithms.optimizers import server_optimizer_spec
+
+    rule = make_rule(plan.algorithm, size, plan.num_workers, rule_options)
+    if optimizer is None:
+        optimizer = server_optimizer_spec("sgd", plan.lr, [offset + size])
+    return Updater(rule, optimizer, offset, plan.staleness_lr)

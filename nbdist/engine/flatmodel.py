@@ -1,0 +1,170 @@
+"""A Keras model seen as flat float32 vectors: the only place TensorFlow meets the hub.
+
+Compiled `tf.function`s do all per-step work, with no Python loop over variables:
+`gradients(x, y)` returns the loss, all gradients concatenated into one flat buffer, and the
+float non-trainable state (BatchNorm moving statistics and the like) as another flat buffer;
+`assign(params, non_trainable)` splits flat buffers back into the variables; the hot path uses
+`assign_and_gradients`, both in one call.
+
+Non-trainable state is merged like a gradient: each push carries the change one step made to
+it (`after - before`), and the hub adds that change to its copy. Sequential training would
+apply exactly these changes one after another; asynchronous training applies them in arrival
+order. Integer state (dropout seed counters) stays local to each worker.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+
+def ensure_built(model, x_sample) -> None:
+    """Create every variable of `model` with one forward pass in inference mode on `x_sample`
+    (a sample or two), the same way in the kernel and in every worker, before `layout` is read.
+
+    Keras creates a subclassed model's variables on its first call: `model.build((None, 10))`
+    alone may create none. Inference mode changes no state (no BatchNorm update, no dropout).
+    """
+    model(x_sample[:1], training=False)
+
+
+def layout(model) -> dict:
+    """Shapes of the trainable and float non-trainable variables, in the order used."""
+    trainable, non_trainable = _variables(model)
+    return {"trainable": [list(v.shape) for v in trainable],
+            "non_trainable": [list(v.shape) for v in non_trainable]}
+
+
+def _variables(model) -> tuple[list, list]:
+    trainable = list(model.trainable_variables)
+    non_trainable = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
+    return trainable, non_trainable
+
+
+def read_flat(model) -> tuple[np.ndarray, np.ndarray]:
+    """The model's current trainable and non-trainable values as flat float32 arrays."""
+    trainable, non_trainable = _variables(model)
+    return _concat(trainable), _concat(non_trainable)
+
+
+def write_flat(model, params: np.ndarray, non_trainable: np.ndarray) -> None:
+    """Set the model's variables from flat arrays (kernel side; not on the hot path)."""
+    trainable, nt_vars = _variables(model)
+    for variables, flat in ((trainable, params), (nt_vars, non_trainable)):
+        offset = 0
+        for v in variables:
+            n = int(np.prod(v.shape))
+            v.assign(np.asarray(flat[offset:offset + n]).reshape(v.shape))
+            offset += n
+
+
+def _concat(variables: list) -> np.ndarray:
+    if not variables:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).ravel() for v in variables])
+
+
+class FlatModel:
+    """Compiled flat-buffer gradient and assignment functions for one Keras model."""
+
+    def __init__(self, model):
+        import tensorflow as tf
+
+        self.model = model
+        self.trainable, self.non_trainable = _variables(model)
+        sizes = [int(np.prod(v.shape)) for v in self.trainable]
+        nt_sizes = [int(np.prod(v.shape)) for v in self.non_trainable]
+        self.size, self.nt_size = sum(sizes), sum(nt_sizes)
+        trainable, nt_vars = self.trainable, self.non_trainable
+
+        def flatten(tensors):
+            if not tensors:
+                return tf.zeros([0], tf.float32)
+            return tf.concat([tf.reshape(tf.cast(t, tf.float32), [-1]) for t in tensors], 0)
+
+        def write(params, non_trainable):
+            for v, part in zip(trainable, tf.split(params, sizes) if sizes else [], strict=True):
+                v.assign(tf.reshape(part, v.shape))
+            for v, part in zip(nt_vars, tf.split(non_trainable, nt_sizes) if nt_sizes else [], strict=True):
+                v.assign(tf.reshape(part, v.shape))
+
+        def grads_of(x, y):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+            grads = tape.gradient(loss, trainable)
+            grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
+                     for g, v in zip(grads, trainable, strict=True)]
+            flat = flatten(grads)
+            return loss, flat, tf.norm(flat), flatten([v.value for v in nt_vars])
+
+        @tf.function(reduce_retracing=True)
+        def gradients(x, y):
+            return grads_of(x, y)
+
+        @tf.function(reduce_retracing=True)
+        def assign_and_gradients(params, non_trainable, x, y):
+            # one call instead of two: a separate assign call costs ~1 ms per step
+            write(params, non_trainable)
+            return grads_of(x, y)
+
+        @tf.function(reduce_retracing=True)
+        def assign(params, non_trainable):
+            write(params, non_trainable)
+
+        @tf.function
+        def read():
+            return flatten([v.value for v in trainable]), flatten([v.value for v in nt_vars])
+
+        self._gradients, self._assign, self._read = gradients, assign, read
+        self._assign_and_gradients = assign_and_gradients
+        self._local_step = self._make_local_step()
+
+    def _make_local_step(self):
+        """One compiled step with the cell's own optimizer (--local-steps)."""
+        import tensorflow as tf
+
+        model, trainable, optimizer = self.model, self.trainable, self.model.optimizer
+
+        @tf.function(reduce_retracing=True)
+        def local_step(x, y):
+            with tf.GradientTape() as tape:
+                y_pred = model(x, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+            grads = tape.gradient(loss, trainable)
+            optimizer.apply_gradients(zip(grads, trainable, strict=True))
+            return loss
+
+        return local_step
+
+    def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        """(loss, flat gradient, its norm, non-trainable state after the step) for one batch.
+
+        The norm is computed in the graph: one number that is NaN/inf if any element is."""
+        loss, grad, norm, nt = self._gradients(x, y)
+        return float(loss), grad.numpy(), float(norm), nt.numpy()
+
+    def assign_and_gradients(self, params: np.ndarray, non_trainable: np.ndarray, x: np.ndarray,
+                             y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call."""
+        loss, grad, norm, nt = self._assign_and_gradients(params, non_trainable, x, y)
+        return float(loss), grad.numpy(), float(norm), nt.numpy()
+
+    def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
+        self._assign(params, non_trainable)
+
+    def local_step(self, x: np.ndarray, y: np.ndarray) -> float:
+        """One step with the cell's own optimizer, on this worker only (--local-steps)."""
+        return float(self._local_step(x, y))
+
+    def read(self) -> tuple[np.ndarray, np.ndarray]:
+        """The current flat trainable and non-trainable values."""
+        params, non_trainable = self._read()
+        return params.numpy(), non_trainable.numpy()
+
+    def set_learning_rate(self, lr: float) -> None:
+        """The cell optimizer's rate (local steps follow `run.set_lr`); it replaces a schedule,
+        and the compiled local step is traced again, since it evaluated the schedule."""
+        from nbdist.engine.learning_rate import set_constant_lr
+
+        if set_constant_lr(self.model.optimizer, lr) is not None:
+            self._local_step = self._make_local_step()

@@ -1,0 +1,299 @@
+"""Where a run's hubs and workers live: engines of a cluster, or threads in this kernel.
+
+A backend starts the hub shards and the workers, reports a worker failure, and cleans up.
+The Run (nbdist/run/handle.py) drives either one the same way. A cluster backend can also start
+workers on more engines while an async run trains (`add_workers`, see nbdist/modes/async_ps/elastic.py).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from dataclasses import replace
+
+import numpy as np
+
+from nbdist.cluster.engines import Cluster, assign_roles, get_within
+from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
+from nbdist.errors import (
+    ClusterError,
+    ConfigError,
+    EngineTimeoutError,
+    NbdistError,
+    RemoteCellError,
+    UnreachableHostError,
+)
+from nbdist.hub.protocol import shard_bounds
+from nbdist.hub.server import Hub, HubSpec
+from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
+
+log = logging.getLogger(__name__)
+
+
+def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
+    """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
+    empty = np.zeros(0, dtype=np.float32)
+    return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
+                    non_trainable=base.non_trainable if i == 0 else empty)
+            for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
+
+
+class ClusterBackend:
+    """Hubs as threads on dedicated engines; one worker task per worker engine.
+
+    An async run survives a worker engine that dies: `failure()` skips it and `newly_lost()`
+    reports it once, so the Run can tell the hub and go on with the others. A worker added
+    mid-run (`add_workers`) that fails is written off the same way, whatever the cause: an
+    engine that joined must not end a run that was going well without it."""
+
+    survives_worker_loss = True
+
+    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None):
+        self.cluster = cluster
+        hosts = cluster.engine_hosts()
+        self.roles = assign_roles(hosts, num_servers, num_workers)
+        self.hosts = hosts
+        self.nets = cluster.engine_networks((*self.roles.servers, *self.roles.workers))
+        self.kernel_net = cluster.kernel_network()
+        # each hub binds its own engine's interface towards the workers and this kernel
+        peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
+        self.bind_hosts = {s: hub_address(self.nets[s], peers) for s in self.roles.servers}
+        self._tasks: dict[int, object] = {}
+        self.worker_engines = list(self.roles.workers)  # worker id -> engine; add_workers appends
+        self.seen_engines = set(cluster.client.ids)  # --elastic adds only engines that join later
+        self._base: WorkerSpec | None = None
+        self._adding = threading.Lock()
+        self._run_id = ""
+        self.lost: dict[int, str] = {}  # worker -> why its engine is gone
+        self._reported: set[int] = set()
+
+    @property
+    def num_workers(self) -> int:
+        return len(self.roles.workers)
+
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        from nbdist.hub.launch import start_hub
+
+        self._run_id = specs[0].run_id
+        client = self.cluster.client
+        encrypt = getattr(self.cluster, "encrypt", False)
+        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt))
+                   for e, s in zip(self.roles.servers, specs, strict=True)]
+        endpoints = [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
+        for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
+            address, port = ep["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
+            check_reachable(address, int(port), f"hub shard {shard} (engine {e})", self.hosts[e])
+        return endpoints
+
+    def start_workers(self, base: WorkerSpec) -> None:
+        self._base = base
+        per_host = {}
+        for e in self.roles.workers:
+            per_host[self.hosts[e]] = per_host.get(self.hosts[e], 0) + 1
+        for i, e in enumerate(self.roles.workers):
+            spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
+                           threads=max(1, (os.cpu_count() or 1) // per_host[self.hosts[e]]))
+            self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
+
+    def add_workers(self, engines: list[int], announce) -> list[int]:
+        """Start workers on `engines` while the run trains, with the next worker ids (M, M+1,
+        ...), the run's key, transport and compression, and threads and local rank as
+        `start_workers` gives them. `announce(worker, engine)` tells the hub of each first (it
+        refuses when the run is ending). Refused before anything starts: engines that are not
+        in the cluster or already in this run, a streamed data set, a host the hubs do not
+        listen towards. Returns the new worker ids."""
+        with self._adding:
+            engines = self._check_new(engines)
+            nets = self.cluster.engine_networks(engines)
+            self._check_reach(nets)
+            added = []
+            for e in engines:
+                worker, host = len(self.worker_engines), nets[e].hostname
+                announce(worker, e)
+                self.hosts[e], self.nets[e] = host, nets[e]
+                self.worker_engines.append(e)
+                self.seen_engines.add(e)
+                here = sum(self.hosts[w] == host for w in self.worker_engines)
+                spec = replace(self._base, worker=worker, engine=e, local_rank=here - 1,
+                               threads=max(1, (os.cpu_count() or 1) // here))
+                self._tasks[worker] = self.cluster.client[e].apply_async(run_worker, spec)
+                added.append(worker)
+            return added
+
+    def joined_engines(self) -> list[int]:
+        """Engines that joined the cluster since the run started (or since the last call)."""
+        new = sorted(e for e in self.cluster.client.ids if e not in self.seen_engines)
+        self.seen_engines.update(new)
+        return new
+
+    def _check_new(self, engines) -> list[int]:
+        engines = list(engines)
+        known = set(self.cluster.client.ids)
+        unknown = [e for e in engines if isinstance(e, bool) or not isinstance(e, int) or e not in known]
+        if not engines or unknown:
+            raise ClusterError(
+                f"run.add_workers() takes engine ids of the run's cluster (Received: {engines}; "
+                f"not in the cluster: {unknown}; it has {sorted(known)}). Pick engines from "
+                "`cluster.engine_ids`, or start more (ipyparallel: `start_engines`).")
+        roles = {e: "a hub shard" for e in self.roles.servers}
+        roles.update({e: f"worker {w}" for w, e in enumerate(self.worker_engines)})
+        busy = [f"engine {e} ({roles[e]})" for e in engines if e in roles]
+        if busy or len(set(engines)) != len(engines):
+            free = sorted(known - set(roles))
+            raise ClusterError(
+                f"run.add_workers() needs engines that are not in this run yet (Received: "
+                f"{engines}; already in it: {', '.join(busy) or 'an engine named twice'}). Free "
+                f"engines of the cluster: {free}.")
+        if self._base is not None and self._base.stream:
+            raise ConfigError(
+                "This run streams its data set, cut into one shard per worker when it started "
+                f"(Received: run.add_workers({engines})), so a new worker would have no shard. "
+                "Start the run with all its workers (--workers N), or hold the data in memory "
+                "(a larger --in-memory-limit) to add workers while it trains.")
+        return engines
+
+    def _check_reach(self, nets: dict) -> None:
+        """Each hub listens on the one address its first peers reach (loopback when they all
+        shared its host): a new engine on another host must reach that very address."""
+        for s in self.roles.servers:
+            hub, bound = self.nets[s], self.bind_hosts[s]
+            for e, net in nets.items():
+                if net.same_host(hub) or (bound != LOOPBACK and hub_address(hub, [net]) == bound):
+                    continue
+                where = f"host {hub.hostname}" + ("" if bound == LOOPBACK else f" or a host routed to {bound}")
+                raise UnreachableHostError(
+                    f"Engine {e} (host {net.hostname}, {net.address}) cannot reach the hub on engine "
+                    f"{s}, which listens on {bound}: the address chosen for the hosts the run started "
+                    f"with. Expected an engine on {where}. Add engines there, or start the run with a "
+                    "worker on every host that may join.", host=net.hostname, address=bound)
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The trained flat parameters and non-trainable state (from the hub shards)."""
+        return control.params()
+
+    def failure(self) -> Exception | None:
+        """The first worker that raised, as an nbdist exception naming its engine."""
+        for i, ar in list(self._tasks.items()):
+            if i in self.lost or not ar.ready() or ar.successful():
+                continue
+            error = _get_error(ar, self.worker_engines[i])
+            added = i >= len(self.roles.workers)
+            if not (added or self.survives_worker_loss and _engine_died(ar)):
+                return error
+            self.lost[i] = str(error)
+        return None
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        """Workers whose engine died since the last call (found by `failure()`)."""
+        new = [(i, why) for i, why in self.lost.items() if i not in self._reported]
+        self._reported.update(i for i, _ in new)
+        return new
+
+    def workers_running(self) -> bool:
+        return any(not ar.ready() for ar in list(self._tasks.values()))
+
+    def finish(self, timeout: float) -> None:
+        """Wait for worker tasks, then join the hub threads."""
+        from nbdist.hub.launch import join_hub
+
+        for ar in list(self._tasks.values()):
+            ar.wait(timeout)
+        client = self.cluster.client
+        for shard, e in enumerate(self.roles.servers):
+            try:
+                get_within(client[e].apply_async(join_hub, self._run_id, shard), e,
+                           f"joining hub shard {shard}", timeout=30.0)  # join_hub gives up after 15 s
+            except Exception as exc:  # noqa: BLE001 - clean-up must go on
+                log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
+
+
+class LocalBackend:
+    """Hub shards and one worker as threads in this kernel (`--mode local`)."""
+
+    num_workers = 1
+
+    def __init__(self, namespace: dict):
+        self.namespace = namespace
+        self._threads: list[threading.Thread] = []
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        hubs = [Hub(s) for s in specs]
+        for hub in hubs:
+            t = threading.Thread(target=hub.serve, daemon=True, name=f"nbdist-hub-{hub.spec.shard}")
+            t.start()
+            self._threads.append(t)
+        return [h.endpoints for h in hubs]
+
+    def start_workers(self, base: WorkerSpec) -> None:
+        def work() -> None:
+            try:
+                run_worker(replace(base, worker=0, source=None), namespace=self.namespace)
+            except BaseException as exc:  # noqa: BLE001 - reported by failure()
+                self._error = exc
+
+        self._worker = threading.Thread(target=work, daemon=True, name="nbdist-local-worker")
+        self._worker.start()
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return control.params()
+
+    def failure(self) -> Exception | None:
+        return self._error
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # the worker is a thread of this kernel: it cannot die alone
+
+    def workers_running(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def finish(self, timeout: float) -> None:
+        if self._worker is not None:
+            self._worker.join(timeout)
+        for t in self._threads:
+            t.join(timeout)
+
+
+def _get(ar, engine: int):
+    try:
+        return get_within(ar, engine, "starting a hub shard")
+    except EngineTimeoutError:
+        raise
+    except Exception as exc:
+        raise _as_nbdist(exc, engine) from None
+
+
+def _get_error(ar, engine: int) -> Exception:
+    try:
+        ar.get(0)
+    except Exception as exc:  # noqa: BLE001
+        return _as_nbdist(exc, engine)
+    return RemoteCellError(f"engine {engine} failed without an error")
+
+
+def _engine_died(ar) -> bool:
+    """Whether a failed task failed because its engine process went away (killed, crashed),
+    as ipyparallel reports it, rather than because the code raised."""
+    try:
+        ar.get(0)
+    except Exception as exc:  # noqa: BLE001
+        return getattr(exc, "ename", type(exc).__name__) == "EngineError"
+    return False
+
+
+def _as_nbdist(exc: Exception, engine: int) -> Exception:
+    """An ipyparallel RemoteError -> the nbdist exception raised there, or RemoteCellError."""
+    import nbdist.errors as errors
+
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    remote_tb = getattr(exc, "traceback", "") or ""
+    if isinstance(exc, NbdistError):
+        return exc
+    cls = getattr(errors, ename, None)
+    if isinstance(cls, type) and issubclass(cls, NbdistError) and cls is not RemoteCellError:
+        return cls(f"[engine {engine}] {evalue}")
+    return RemoteCellError(f"The cell raised {ename} on engine {engine}: {evalue}",
+                           engine_id=engine, remote_traceback=remote_tb)

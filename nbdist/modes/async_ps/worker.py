@@ -1,0 +1,396 @@
+"""The engine side of an asynchronous run: execute the cell, then pull -> compute -> push.
+
+`run_worker(spec)` is what the kernel sends to each worker engine. It runs the user's cell in
+the engine's namespace (like `%px`), finds the model and arrays by name, checks that the
+model has the same variables as the kernel's, and trains on the chunks the hub hands out
+until the hub says it is done. Control (pause, stop, learning rate) arrives on every reply.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+import types
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nbdist.errors import CellError, TrainingError
+
+log = logging.getLogger(__name__)
+IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again
+
+
+@dataclass
+class WorkerSpec:
+    """What one worker needs; sent to its engine by ipyparallel."""
+
+    run_id: str
+    key: bytes
+    worker: int
+    shards: list[dict]
+    layout: dict
+    model_name: str
+    data: tuple[str, ...]  # arrays (inputs, labels), or one tf.data.Dataset / generator function
+    validation: tuple[str, ...] | None
+    seed: int
+    num_samples: int
+    batch_size: int
+    source: str | None = None  # the cell; None: the namespace already holds its results
+    pushed: dict = field(default_factory=dict)  # arrays the cell uses but does not define
+    transport: str = "auto"
+    compression: str = "none"  # "fp16": pushes and pulls across hosts as float16 (nbdist.core.compression)
+    timeout: float = 120.0
+    threads: int | None = None  # TensorFlow intra-op threads; None: TensorFlow's default
+    local_rank: int = 0
+    engine: int | None = None
+    overlap: bool = False  # send step t while computing step t+1
+    local_steps: int = 1  # steps with the cell's optimizer between exchanges
+    easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
+    stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
+    num_workers: int = 1  # how many shards a streamed dataset is cut into
+    preloaded: tuple | None = None  # (x, y) already in this process (--mode local), not sent
+
+
+def engine_namespace() -> dict:
+    """The engine's interactive namespace (what `%px` cells see), or a fresh dict."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    return shell.user_ns if shell is not None else {}
+
+
+@dataclass(frozen=True)
+class ByValue:
+    """A notebook function or class, pickled by value (see `portable`)."""
+
+    data: bytes
+
+
+def portable(values: dict) -> dict:
+    """Functions and classes defined in the notebook live in its `__main__`, which plain pickle
+    only names, so an engine could not load them: pickle those by value (cloudpickle)."""
+    import cloudpickle
+
+    return {k: ByValue(cloudpickle.dumps(v)) if isinstance(v, types.FunctionType | type)
+            and v.__module__ == "__main__" else v for k, v in values.items()}
+
+
+def unpack(values: dict) -> dict:
+    """The inverse of `portable` (on the engine)."""
+    import pickle
+
+    return {k: pickle.loads(v.data) if isinstance(v, ByValue) else v  # noqa: S301 - from our own kernel, via ipyparallel
+            for k, v in values.items()}
+
+
+def configure_tensorflow(threads: int | None, local_rank: int) -> None:
+    """Thread budget and device pinning; must run before TensorFlow executes anything."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
+    import tensorflow as tf
+
+    try:
+        if threads:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:  # one device per worker on a GPU node, chosen by local rank
+            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    except RuntimeError:  # already initialised by an earlier run in this engine: keep it
+        pass
+
+
+def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
+    """Train on the hub's chunks until done; returns this worker's totals."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    configure_tensorflow(spec.threads, spec.local_rank)
+    ns = engine_namespace() if namespace is None else namespace
+    if spec.source is not None:
+        ns.update(unpack(spec.pushed))
+        exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    model, data, validation = _find(ns, spec)
+    from nbdist.engine.flatmodel import FlatModel, ensure_built, layout
+    from nbdist.hub.client import WorkerTransport
+
+    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
+    if layout(model) != spec.layout:
+        raise CellError(
+            f"The model built on engine {spec.engine} differs from the kernel's "
+            f"(variables {layout(model)['trainable']} vs {spec.layout['trainable']}). "
+            "The cell must build the same model every time it runs: avoid random architecture "
+            "choices or state from other cells."
+        )
+    flat = FlatModel(model)
+    # Trace the compiled step now, before saying hello, so every worker starts training at
+    # the same moment; hello's pull then overwrites whatever this step changed.
+    # Two batch sizes, so the traced function already takes any batch size: DBS and an epoch's
+    # last chunk change it later, and a retrace then would count as (slow) compute time.
+    for size in (spec.batch_size, max(1, spec.batch_size // 2)):
+        flat.assign_and_gradients(*flat.read(), *data.head(size))
+    transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
+                                spec.transport, spec.timeout, spec.engine, compression=spec.compression)
+    try:
+        return _AsyncLoop(spec, flat, transport, data, validation).run()
+    finally:
+        transport.close()
+
+
+def _find(ns: dict, spec: WorkerSpec):
+    """The model, the training data as a batch source, the validation arrays (or None)."""
+    from nbdist.engine.data import ArraySource, ShardStream, load, validation_arrays
+
+    missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
+    if missing:
+        raise CellError(
+            f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
+            "Define them inside the %%distribute cell (engines do not see other cells)."
+        )
+    model = ns[spec.model_name]
+    if spec.stream:
+        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=0, count=False)
+        data = ShardStream(loaded.dataset, spec.num_workers, spec.worker)
+    else:
+        if spec.preloaded is not None:
+            x, y = spec.preloaded
+        elif len(spec.data) == 1:  # a dataset that fits in memory: read once, on this engine
+            loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
+            x, y = loaded.x, loaded.y
+        else:
+            x, y = (np.asarray(ns[n]) for n in spec.data)
+        if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
+            x = x.astype(np.float32)
+        data = ArraySource(x, y, spec.num_samples, spec.seed)
+    return model, data, validation_arrays(ns, spec.validation, model)
+
+
+class _AsyncLoop:
+    """pull -> compute -> push until the hub says done; the three shapes of a step:
+
+    - plain: compute on the weights of the last pull, push the gradient and pull in one trip;
+    - `overlap`: push step t and receive its reply while computing step t+1 (one more step
+      of delay, communication hidden behind compute);
+    - `local_steps` > 1 (or EASGD): K steps with the cell's optimizer, then push the delta
+      `w_read - w_local` (or, for EASGD, the elastic difference).
+    """
+
+    def __init__(self, spec: WorkerSpec, flat, transport, data, validation):
+        self.spec, self.flat, self.transport = spec, flat, transport
+        self.data, self.validation = data, validation
+        self.started: set[int] = set()
+        self.extra: dict = {}  # fields for the next message to the coordinator
+        self.comm_s = self.wait_s = 0.0
+        self.steps = 0
+        self.lr = None
+        self._assign_pending = False
+        self._pending = (np.empty_like(transport.params), np.empty_like(transport.non_trainable))
+        self._nt_model = np.zeros_like(transport.non_trainable)  # non-trainable state in the model
+
+    def run(self) -> dict:
+        t = self.transport
+        reply = t.hello()
+        self._assign()
+        fresh = True  # the model holds the parameters of the last pull
+        in_flight = False
+        while True:
+            if reply.get("eval"):
+                self._sync_model()
+                self.extra["eval"] = {**reply["eval"], "metrics": _evaluate(self.flat.model, self.validation, self.spec.batch_size)}
+                if not in_flight:
+                    fresh = False  # others pushed while we evaluated: pull before computing
+            if reply.get("done"):
+                if in_flight:
+                    t.receive_step(True, True)
+                if self.extra:
+                    t.step(self._take_extra(), push=False, pull=False)
+                break
+            self._follow_lr(reply)
+            todo = [c for c in reply.get("chunks", []) if c[0] not in self.started]
+            if in_flight and (not todo or not self.spec.overlap):
+                reply, in_flight, fresh = self._receive(), False, True
+                continue
+            if not todo or not fresh:
+                pull = not fresh or bool(reply.get("eval_pending"))
+                t0 = time.perf_counter()
+                if not pull:
+                    time.sleep(IDLE_POLL_S)
+                reply = t.step(self._take_extra(), push=False, pull=pull)
+                self.wait_s += time.perf_counter() - t0
+                if pull:
+                    self._assign()
+                    fresh = True
+                elif reply.get("chunks"):
+                    fresh = False  # work after waiting: pull the current weights first
+                continue
+            if self.spec.local_steps > 1 or self.spec.easgd_alpha:
+                reply = self._local_round(todo[: self.spec.local_steps], reply)
+            elif self.spec.overlap:
+                reply, in_flight = self._overlapped_step(todo[0], reply, in_flight)
+            else:
+                reply = self._plain_step(todo[0], reply)
+        t.bye()
+        return {"worker": self.spec.worker, "steps": self.steps,
+                "shard_passes": getattr(self.data, "passes", None)}  # streamed: passes over its shard begun
+
+    # -- the three step shapes --------------------------------------------------------------
+
+    def _plain_step(self, chunk: list, reply: dict) -> dict:
+        header, t1 = self._compute(chunk, reply)
+        reply = self.transport.step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+        self._assign()
+        self.comm_s = time.perf_counter() - t1
+        return reply
+
+    def _overlapped_step(self, chunk: list, reply: dict, in_flight: bool) -> tuple[dict, bool]:
+        header, _ = self._compute(chunk, reply, write_grad=False)
+        if in_flight:  # step t-1's reply: its weights arrive after step t was computed
+            reply = self._receive()
+        self._write_grad()
+        self._sent_at = time.perf_counter()
+        self.transport.send_step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+        return reply, True
+
+    def _receive(self) -> dict:
+        reply = self.transport.receive_step(True, True)
+        self._assign()
+        self.comm_s = time.perf_counter() - self._sent_at
+        return reply
+
+    def _local_round(self, chunks: list, reply: dict) -> dict:
+        """K local steps with the cell's optimizer, then one exchange with the hub."""
+        t, flat = self.transport, self.flat
+        self._sync_model()
+        w_read = t.params.copy()
+        t0 = time.perf_counter()
+        loss = math.nan
+        for chunk in chunks:
+            self.started.add(chunk[0])
+            loss = flat.local_step(*self._batch(chunk))
+        compute_s = self._slow_down(time.perf_counter() - t0, reply)
+        self._check(loss, 0.0, chunk)
+        w_local, nt_local = flat.read()
+        header = {"chunks": [c[0] for c in chunks], "loss": loss, "compute_s": compute_s,
+                  "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra()}
+        np.subtract(nt_local, self._nt_model, out=t.nt_delta)
+        t1 = time.perf_counter()
+        if self.spec.easgd_alpha:
+            from nbdist.algorithms.easgd import elastic_exchange
+
+            pulled = t.step({}, push=False, pull=True)  # read the center x~ (not into the model)
+            if pulled.get("eval"):  # a validation job is for the hub's weights: the center
+                flat.assign(t.params, t.non_trainable)
+                header["eval"] = {**pulled["eval"], "metrics": _evaluate(flat.model, self.validation, self.spec.batch_size)}
+            center = t.params.copy()
+            np.copyto(t.grad, elastic_exchange(w_local, center, self.spec.easgd_alpha))
+            reply = t.step(header, push=True, pull=False, shared=self._shared(reply, *chunks))
+            flat.assign(w_local, nt_local)  # x_i after the exchange
+            self._nt_model = nt_local
+        else:
+            np.subtract(w_read, w_local, out=t.grad)
+            reply = t.step(header, push=True, pull=True, shared=self._shared(reply, *chunks))
+            self._assign()
+        self.comm_s = time.perf_counter() - t1
+        self.steps += 1
+        return reply
+
+    # -- pieces -----------------------------------------------------------------------------
+
+    def _compute(self, chunk: list, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
+        self.started.add(chunk[0])
+        t0 = time.perf_counter()
+        x, y = self._batch(chunk)
+        if self._assign_pending:
+            params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
+            loss, grad, grad_norm, nt_after = self.flat.assign_and_gradients(params, nt, x, y)
+            self._assign_pending = False
+            self._nt_model = nt.copy()  # small: the base of this step's non-trainable change
+        else:
+            loss, grad, grad_norm, nt_after = self.flat.gradients(x, y)
+        compute_s = self._slow_down(time.perf_counter() - t0, reply)
+        self._check(loss, grad_norm, chunk)
+        self._grad, self._nt_after = grad, nt_after
+        if write_grad:
+            self._write_grad()
+        self.steps += 1
+        header = {"chunks": [chunk[0]], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
+                  "norm": grad_norm,  # several shards: global clipping needs the whole norm
+                  "wait_s": self._take_wait(), **self._take_extra()}
+        return header, time.perf_counter()
+
+    def _write_grad(self) -> None:
+        np.copyto(self.transport.grad, self._grad)
+        np.subtract(self._nt_after, self._nt_model, out=self.transport.nt_delta)
+        self._nt_model = self._nt_after  # the model now holds this state
+
+    def _batch(self, chunk: list) -> tuple[np.ndarray, np.ndarray]:
+        """The chunk's samples: its slice of the epoch's permutation, or (streamed) as many
+        samples as it holds from this worker's shard."""
+        _, epoch, start, stop = chunk
+        return self.data.batch(epoch, start, stop)
+
+    def _slow_down(self, compute_s: float, reply: dict) -> float:
+        """Simulate a node `slowdown` times slower: sleep (factor - 1) x the compute time."""
+        factor = float(reply.get("slowdown", 1.0))
+        if factor > 1.0:
+            time.sleep((factor - 1.0) * compute_s)
+            return compute_s * factor
+        return compute_s
+
+    def _check(self, loss: float, grad_norm: float, chunk: list) -> None:
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
+            raise TrainingError(
+                f"The {what} became {value} at step {self.steps} on worker {self.spec.worker} "
+                f"(epoch {chunk[1]}). Lower the learning rate (--lr), check the data for NaN/inf, "
+                "or normalise the inputs."
+            )
+
+    def _assign(self) -> None:
+        """The pulled weights go into the model with the next gradient call (one compiled call
+        instead of two); overlap keeps its own copy, as the hub may write the next reply into
+        shared memory while this step computes."""
+        if self.spec.overlap:
+            np.copyto(self._pending[0], self.transport.params)
+            np.copyto(self._pending[1], self.transport.non_trainable)
+        self._assign_pending = True
+
+    def _sync_model(self) -> None:
+        """Write pending pulled weights into the model now (before evaluating or local steps)."""
+        if self._assign_pending:
+            params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
+            self.flat.assign(params, nt)
+            self._assign_pending = False
+            self._nt_model = nt.copy()
+
+    def _shared(self, reply: dict, *chunks: list) -> dict:
+        """Fields every shard needs: the group (for its barrier) and the samples pushed."""
+        group = reply.get("group")
+        if not group:
+            return {}
+        return {"group": group, "batch": sum(c[3] - c[2] for c in chunks)}
+
+    def _follow_lr(self, reply: dict) -> None:
+        lr = reply.get("lr")
+        if lr is not None and lr != self.lr and (self.spec.local_steps > 1 or self.spec.easgd_alpha):
+            self.flat.set_learning_rate(lr)
+        self.lr = lr
+
+    def _take_extra(self) -> dict:
+        extra, self.extra = self.extra, {}
+        return extra
+
+    def _take_wait(self) -> float:
+        wait, self.wait_s = self.wait_s, 0.0
+        return wait
+
+
+def _evaluate(model, validation, batch_size: int) -> dict:
+    if validation is None:
+        return {}
+    xv, yv = validation
+    result = model.evaluate(xv, yv, batch_size=max(256, batch_size), verbose=0, return_dict=True)
+    return {k: float(v) for k, v in result.items()}

@@ -1,1 +1,0 @@
-"""The hub (parameter server): shards, epoch schedule, statistics, and its two clients."""

@@ -1,0 +1,143 @@
+"""What a Run lets the notebook change while it trains: pause, resume, stop, the learning
+rate, slow-downs, the batch policy, rule options, groups, workers and checkpoints. Each sends
+one control message to the hub, which passes it to every worker on its next reply."""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from nbdist.errors import ConfigError, NbdistError, TrainingError
+
+log = logging.getLogger("nbdist.run.handle")
+
+
+class RunControl:
+    """The control methods of a `Run` (see `nbdist.run.handle`)."""
+
+    # -- control ----------------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Workers finish their current step and wait; nothing is pushed until resume()."""
+        self._send(paused=True)
+
+    def resume(self) -> None:
+        self._send(paused=False)
+
+    def stop(self) -> None:
+        """End training early; the kernel's model still receives the weights reached so far.
+        A run that has already ended is left as it is (stopping twice is not an error)."""
+        if self.done:
+            return
+        self._stop_requested = True
+        try:
+            self._send(stop=True)
+        except TrainingError:
+            if not (self.done or self._control.closed):  # else it ended meanwhile: nothing to stop
+                raise
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate from the next push on (with --local-steps: the workers';
+        in --mode sync: every rank's, at the same step). A learning-rate schedule in the cell is
+        replaced by this constant rate from then on, and `run.warnings` says so."""
+        self._send(lr=float(lr))
+        from nbdist.engine.learning_rate import schedule_replaced
+
+        note = schedule_replaced(getattr(self.model, "optimizer", None), lr, self.warnings)
+        if note:
+            self.warnings.append(note)
+            log.warning("run %s: %s", self.run_id, note)
+
+    def set_slowdown(self, worker: int, factor: float) -> None:
+        """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""
+        from nbdist.config import parse_slowdown
+
+        (factor,) = parse_slowdown([factor])
+        self._check_worker(worker)
+        self._send(slowdown=[int(worker), factor])
+
+    def set_batch_policy(self, policy: str) -> None:
+        """'dbs' (batch sizes in proportion to measured speed) or 'fixed'."""
+        from nbdist.core.dbs import POLICIES
+
+        if policy not in POLICIES:
+            raise ConfigError(f"Unknown batch policy {policy!r}. Expected one of: {', '.join(POLICIES)}.")
+        self._send(batch_policy=policy)
+
+    def set_option(self, name: str, value: float) -> None:
+        """Change one of the update rule's hyper-parameters live (e.g. 'lambda0')."""
+        from nbdist.algorithms import make_rule
+
+        options = {**self._snapshot.get("rule_options", {}), name: value}
+        make_rule(self.config.algorithm.value, 0, max(1, len(self._snapshot.get("nodes", []))), options)
+        self._send(option=[name, float(value)])
+
+    def add_workers(self, engines) -> list[int]:
+        """Start workers on more engines of the cluster while this async run trains; each pulls
+        the current weights, takes chunks of what is left of the epochs, and shows up in `nodes`
+        and on the dashboard. Returns their worker ids (M, M+1, ...). See nbdist/modes/async_ps/elastic.py.
+
+        Example:
+            >>> run.add_workers([3])                                  # doctest: +SKIP
+            [2]
+        """
+        from nbdist.modes.async_ps.elastic import add_workers
+
+        return add_workers(self, engines)
+
+    def regroup(self) -> None:
+        """Re-form the speed groups of `--algorithm group` from the current throughput."""
+        if self.config.algorithm.value != "group":
+            raise ConfigError(f"regroup() needs --algorithm group (this run uses {self.config.algorithm.value}).")
+        self._send(regroup=True)
+
+    def checkpoint(self, directory: str | None = None) -> str:
+        """Save the hub's state now (weights, rule state, versions, learning rate, data
+        position) into `directory` (default: --checkpoint-dir); returns the checkpoint's path,
+        for `nbdist.resume(path)`.
+
+        Example:
+            >>> path = run.checkpoint("ckpt")                        # doctest: +SKIP
+            >>> run2 = nbdist.resume(path, cluster=cluster)          # doctest: +SKIP
+        """
+        directory = directory if directory is not None else self.config.checkpoint_dir
+        if directory is None:
+            raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start the "
+                              "run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
+        if self._control is None or self.done:
+            raise TrainingError(f"The run is {self.status}; its hub is gone, so there is nothing to "
+                                f"checkpoint. Its last checkpoint: {self.last_checkpoint}.")
+        return self._save_checkpoint(str(directory))
+
+    def _save_checkpoint(self, directory: str, final: bool = False) -> str:
+        from nbdist.checkpoint.store import save
+
+        with self._checkpoint_lock:  # sync mode: rank 0 holds the weights (nbdist.checkpoint.sync_state)
+            state = getattr(self._backend, "checkpoint_state", None)
+            shards = state(self._control, final) if state else self._control.state()
+            self.last_checkpoint = save(directory, shards, self._checkpoint_info)
+            self._checkpoint_at = time.monotonic()
+        return self.last_checkpoint
+
+    def _auto_checkpoint(self, final: bool = False) -> None:
+        """Every --checkpoint-every seconds, and at the end; a failure warns, never kills training."""
+        every = self.config.checkpoint_interval
+        if every is None or not (final or time.monotonic() - self._checkpoint_at >= every):
+            return
+        try:
+            self._save_checkpoint(self.config.checkpoint_dir, final)
+        except (NbdistError, OSError) as exc:  # e.g. NaN weights: the last good one stays
+            self._checkpoint_at = time.monotonic()
+            log.warning("run %s: checkpoint into %s failed: %s", self.run_id, self.config.checkpoint_dir, exc)
+            self.warnings.append(f"checkpoint not saved: {str(exc).splitlines()[0]}")
+
+    def _check_worker(self, worker: int) -> None:
+        count = len(self._snapshot.get("nodes", []))
+        if not (isinstance(worker, int) and 0 <= worker < max(count, 1)):
+            raise ConfigError(f"No worker {worker!r}: this run has workers 0..{count - 1}.")
+
+    def _send(self, **changes: object) -> None:
+        if self._control is None or self.done:
+            raise TrainingError(f"The run is {self.status}; there is nothing to control. Start a new run.")
+        self._control.control(**changes)
+

@@ -1,0 +1,132 @@
+"""What a Run shows: its history, nodes, timeline, delays and events as DataFrames, its
+one-line summary, its report and its dashboard. Read-only views of the latest hub snapshot
+that `nbdist.run.monitor` keeps; the `Run` handle (`nbdist.run.handle`) is built from these parts."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from nbdist.core.stats import HISTORY_COLUMNS
+
+NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
+                "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
+                "compute_s", "comm_s", "link", "bytes_sent", "bytes_received", "tcp_bytes",
+                "shm_bytes", "bytes_per_s", "gpu", "gpu_util", "gpu_mem", "gpu_mem_total"]
+
+
+class RunViews:
+    """The result views of a `Run` (see `nbdist.run.handle`)."""
+
+    # -- results ----------------------------------------------------------------------------
+
+    @property
+    def history(self) -> pd.DataFrame:
+        """One row per applied push (time, step, epoch, worker, loss, delay, batch_size),
+        plus one row per validation result (`val_*` columns)."""
+        train = pd.DataFrame(self._rows, columns=list(HISTORY_COLUMNS))
+        evals = pd.DataFrame(self._snapshot.get("evals", []))
+        if evals.empty:
+            return train
+        evals = evals.drop(columns=["version"], errors="ignore")
+        return pd.concat([train, evals], ignore_index=True).sort_values(["step", "time"], kind="stable").reset_index(drop=True)
+
+    @property
+    def nodes(self) -> pd.DataFrame:
+        """One row per worker: state, samples, samples/s, steps, delay, batch size, ..., its
+        link to the hub ("tcp" or "shm"), the bytes that crossed its sockets (sent, received;
+        over TCP and over the shared-memory link's sockets, which carry headers only), its
+        traffic in bytes/s, and its GPU (name, utilisation %, memory used and total, in bytes;
+        empty without one)."""
+        return pd.DataFrame(self._snapshot.get("nodes", []), columns=NODE_COLUMNS)
+
+    @property
+    def timeline(self) -> pd.DataFrame:
+        """Per-worker time series (samples/s, compute, comm, wait, batch, delay, loss,
+        slow-down, group), down-sampled on the hub so long runs stay bounded."""
+        return pd.DataFrame(self._timeline)
+
+    @property
+    def delays(self) -> pd.DataFrame:
+        """How often each delay (staleness, in versions) occurred, per worker."""
+        rows = [{"worker": int(w), "delay": int(d), "count": c}
+                for w, hist in self._snapshot.get("delays", {}).items() for d, c in hist.items()]
+        return pd.DataFrame(rows, columns=["worker", "delay", "count"])
+
+    @property
+    def events(self) -> pd.DataFrame:
+        """What nbdist chose before the start (e.g. which model), then control actions and
+        epoch ends, with time and global step."""
+        return pd.DataFrame(self._notes + self._snapshot.get("events", []))
+
+    @property
+    def lr(self) -> float | None:
+        """The learning rate now: a schedule's value at the hub's step, or a set_lr override."""
+        return self._snapshot.get("lr")
+
+    def note(self, text: str) -> None:
+        """Record a choice nbdist made for this run before it started (time 0, step 0)."""
+        self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
+
+    def report(self, path: str = "nbdist-report.html", top_k: int | None = None,
+               compare: list | None = None):
+        """Write one self-contained HTML file (plotly.js inline, viewable offline) with every
+        dashboard figure and the node table; with `compare=[other, ...]` also this run and
+        the others side by side (see `compare`). Returns its path.
+
+        Example:
+            >>> run.wait().report("out/run.html", compare=[other_run])   # doctest: +SKIP
+        """
+        from nbdist.dashboard.comparison import comparison_figures, named_runs
+        from nbdist.dashboard.report import write_report
+
+        extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
+        return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
+                            delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
+                            summary=self.summary(), top_k=top_k, extra=extra,
+                            hubs=getattr(self, "hubs", None))
+
+    def compare(self, *others, metric: str = "accuracy", x: str = "time", **kwargs):
+        """This run and `others` (Runs) on the same axes: `nbdist.compare(self, *others, ...)`.
+
+        Example:
+            >>> asgd_run.compare(dc_run, metric="loss", x="samples")   # doctest: +SKIP
+        """
+        from nbdist.dashboard.comparison import compare
+
+        return compare(self, *others, metric=metric, x=x, **kwargs)
+
+    def dashboard(self, top_k: int | None = None):
+        """The live dashboard (plots and controls) of this run, for display in a notebook;
+        `%%distribute` shows one itself unless `--no-dashboard`.
+
+        Example:
+            >>> run = nbdist.train(cell, cluster=cluster, epochs=5)   # doctest: +SKIP
+            >>> run.dashboard(top_k=4)                                # doctest: +SKIP
+        """
+        from nbdist.dashboard.widget import Dashboard
+
+        return Dashboard(self, top_k=top_k)
+
+    # -- display ----------------------------------------------------------------------------
+
+    def summary(self) -> str:
+        """One line: status, progress, step, loss, validation accuracy."""
+        s = self._snapshot
+        parts = [f"nbdist run {self.run_id}: {self.status}",
+                 f"epoch {s.get('epochs_done', 0):.2f}/{self.config.epochs}",
+                 f"step {s.get('global_step', 0)}"]
+        if self._rows:
+            parts.append(f"loss {self._rows[-1][4]:.4f}")
+        evals = s.get("evals") or []
+        if evals:
+            last = evals[-1]
+            parts += [f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_")]
+        if self.warnings:
+            parts.append(f"{len(self.warnings)} warning(s): {self.warnings[-1]}")
+        if self.error is not None:
+            parts.append(f"error: {str(self.error).splitlines()[0]}")
+        return " | ".join(parts)
+
+    def __repr__(self) -> str:
+        return f"<Run {self.summary()}>"
+
