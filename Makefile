@@ -29,9 +29,9 @@ horovod: system install
 test: system install horovod
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Pure unit tests only: no cluster, no Horovod, seconds.
+# Every test that needs no cluster: tests/unit (pure) and tests/inproc (Keras, in-process hubs).
 test-fast: install
-	$(BIN)/python -m pytest -m "not cluster and not horovod and not notebook and not browser and not slow"
+	$(BIN)/python -m pytest tests/unit tests/inproc
 
 demo: system install horovod
 	$(BIN)/python scripts/demo.py

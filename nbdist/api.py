@@ -226,7 +226,7 @@ def _hub_optimizer(config: TrainConfig, model, shape: dict) -> tuple[dict | None
     """The optimizer the hubs apply (None in sync mode, where each rank keeps the cell's)."""
     if config.mode is Mode.SYNC:
         return None, []
-    from nbdist.core.updater import choose_optimizer
+    from nbdist.engine.optimizer_spec import choose_optimizer
 
     segments = [math.prod(s) for s in shape["trainable"]]
     return choose_optimizer(config, model.optimizer, segments, list(model.trainable_variables))

@@ -1,5 +1,12 @@
 """Shared fixtures: a real local ipyparallel cluster, a real IPython shell, small cells.
 
+Tests live in tiers, one folder each, and every test gets its folder's marker:
+- `unit/`: pure functions on NumPy arrays, exact values, no TensorFlow, no sockets;
+- `inproc/`: real Keras models, hubs and sockets inside the test process;
+- `cluster/`: a real ipyparallel cluster (engines as separate processes);
+- `e2e/`: notebooks, a browser, the Horovod build, Slurm and MPI launchers.
+`make test-fast` runs `unit` and `inproc`.
+
 The cluster fixture starts engines as separate processes (no mocks) once per session and
 stops them at the end, checking that no engine process is left behind.
 """
@@ -22,6 +29,18 @@ model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="
 model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
               metrics=["accuracy"])
 '''
+
+TIERS = ("unit", "inproc", "cluster", "e2e")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Mark each test with its folder's tier, so `-m` selects a tier wherever it is run from."""
+    root = config.rootpath / "tests"
+    for item in items:
+        tier = item.path.relative_to(root).parts[0]
+        if tier in TIERS:
+            item.add_marker(getattr(pytest.mark, tier))
+
 
 NUM_ENGINES = 3  # one hub shard + two workers, or two shards + one worker
 

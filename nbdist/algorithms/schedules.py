@@ -1,10 +1,9 @@
 """Keras's learning-rate schedules, evaluated in NumPy at the hub's global step.
 
 Responsible for:
-- `describe_schedule`: a cell's `keras.optimizers.schedules.*` object -> a JSON-able spec
-  (kernel side; imports Keras lazily, refuses custom schedules);
 - `schedule_value`: the learning rate of a spec at a step, as Keras's `schedule(step)` computes it;
 - `SUPPORTED_SCHEDULES`: the classes nbdist reproduces.
+A cell's Keras schedule object becomes a spec in `nbdist.engine.optimizer_spec.describe_schedule`.
 
 The formulas, their float32 arithmetic and their operation order follow Keras 3's source
 (`keras/src/optimizers/schedules/learning_rate_schedule.py`), so values agree to float32 noise.
@@ -22,7 +21,7 @@ import numpy as np
 
 from nbdist.errors import UnsupportedOptimizerError
 
-__all__ = ["SUPPORTED_SCHEDULES", "describe_schedule", "schedule_value"]
+__all__ = ["SUPPORTED_SCHEDULES", "schedule_value"]
 
 _F = np.float32
 
@@ -66,37 +65,6 @@ def _jsonable(value: Any) -> Any:
         raise UnsupportedOptimizerError(
             f"A learning-rate schedule holds a value nbdist cannot read. Received: {value!r} "
             f"({type(value).__name__}). Expected numbers. {_HOW_TO_PROCEED}") from None
-
-
-def describe_schedule(schedule: Any) -> dict:
-    """The spec `{"class_name", "config"}` of a Keras schedule object, for `schedule_value`.
-
-    Kernel side. The class must be exactly one of Keras's built-in schedules: a subclass could
-    change `__call__`, which nbdist cannot see, so it is refused like any unknown class.
-
-    Example:
-        >>> import keras
-        >>> schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5)
-        >>> describe_schedule(schedule)["class_name"]
-        'ExponentialDecay'
-    """
-    from keras.optimizers import schedules
-
-    cls = type(schedule)
-    name = cls.__name__
-    if name not in _DEFAULTS or getattr(schedules, name, None) is not cls:
-        what = f"{cls.__module__}.{cls.__qualname__}"
-        kind = ("a subclass of a Keras schedule"
-                if isinstance(schedule, schedules.LearningRateSchedule)
-                else "a callable" if callable(schedule) else "an object")
-        raise UnsupportedOptimizerError(
-            f"nbdist cannot reproduce this learning-rate schedule on the hub. Received: {what} "
-            f"({kind}). Supported: keras.optimizers.schedules."
-            f"{', '.join(SUPPORTED_SCHEDULES)}. {_HOW_TO_PROCEED}")
-    config = {k: _jsonable(v) for k, v in schedule.get_config().items() if k != "name"}
-    spec = {"class_name": name, "config": config}
-    _checked(spec)
-    return spec
 
 
 def _checked(spec: dict) -> tuple[str, dict[str, Any]]:

@@ -18,7 +18,7 @@ elastic difference, not a gradient; the cell's optimizer runs on the workers, th
 the difference). `check_composition` refuses ddc-asgd with anything but plain SGD.
 
 Used by the hub (`nbdist.hub.server`) and the simulator (`nbdist.modes.simulate.simulation`) alike, so both apply a
-push the same way. Pure NumPy; `choose_optimizer` (kernel side) reads the Keras optimizer.
+push the same way. Pure NumPy; `nbdist.engine.optimizer_spec.choose_optimizer` (kernel side) reads the Keras optimizer.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from nbdist.errors import ConfigError
 
 if TYPE_CHECKING:
     from nbdist.algorithms.base import Rule
-    from nbdist.config import TrainConfig
 
 CLIPPING = ("clipnorm", "clipvalue", "global_clipnorm")
 
@@ -60,48 +59,6 @@ def check_composition(algorithm: str, spec: dict | None) -> None:
             f"with the cell's {describe_spec(spec)} (momentum, clipping and weight decay included). "
             "Use --algorithm dc-asgd-a (delay compensation that works with any optimizer), or pass "
             "--server-optimizer sgd --lr 0.05 to run ddc-asgd with plain SGD on purpose.")
-
-
-def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
-                     variables: list | None = None) -> tuple[dict | None, list[str]]:
-    """The optimizer spec the hub applies for this run, and warnings for `run.warnings`.
-
-    - the cell's compiled optimizer, as it is (`--lr` replaces a constant rate);
-    - `--local-steps K`: the workers step with the cell's optimizer and the hub applies their
-      deltas with `--server-optimizer` (SGD at rate 1 by default);
-    - `--server-optimizer NAME` without local steps: NAME at the cell's rate, with a warning;
-    - `easgd`: none (the hub only adds elastic differences).
-    `segments` are the trainable variables' sizes in flat order, `variables` the variables
-    (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
-    nbdist cannot reproduce.
-    """
-    from nbdist.algorithms.optimizer_spec import describe_optimizer
-    from nbdist.algorithms.optimizers import server_optimizer_spec
-
-    algorithm = config.algorithm.value
-    chosen = config.server_optimizer.value if config.server_optimizer is not None else None
-    if algorithm == "easgd":
-        if chosen is not None:
-            raise ConfigError(f"--server-optimizer {chosen} does not apply to --algorithm easgd: its hub "
-                              "adds elastic differences with no optimizer (the cell's optimizer runs "
-                              "on the workers). Drop --server-optimizer.")
-        return None, []
-    if config.local_steps > 1:
-        return server_optimizer_spec(chosen or "sgd", None, segments), []
-    warnings = []
-    if chosen is not None:
-        lr = config.lr if config.lr is not None else float(np.asarray(optimizer.learning_rate))
-        spec = server_optimizer_spec(chosen, lr, segments)
-        warnings.append(f"--server-optimizer {chosen}: the hub trains with {describe_spec(spec)}, "
-                        f"not with the cell's {type(optimizer).__name__} as compiled.")
-    else:
-        spec = describe_optimizer(optimizer, segments, variables)
-        if config.lr is not None:  # (over a schedule it is refused: nbdist.engine.learning_rate.check_lr)
-            warnings.append(f"--lr {config.lr:g} replaces the cell's learning rate "
-                            f"{spec['learning_rate']:g}.")
-            spec = {**spec, "learning_rate": float(config.lr)}
-    check_composition(algorithm, spec)
-    return spec, warnings
 
 
 class Updater:

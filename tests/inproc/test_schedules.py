@@ -11,7 +11,8 @@ import json
 import numpy as np
 import pytest
 
-from nbdist.algorithms.schedules import SUPPORTED_SCHEDULES, describe_schedule, schedule_value
+from nbdist.algorithms.schedules import SUPPORTED_SCHEDULES, schedule_value
+from nbdist.engine.optimizer_spec import describe_schedule
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 
 keras = pytest.importorskip("keras")

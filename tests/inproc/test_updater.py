@@ -11,7 +11,8 @@ import pytest
 from nbdist.algorithms import dc_compensate, make_rule
 from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.config import TrainConfig
-from nbdist.core.updater import Updater, check_composition, choose_optimizer, plain_sgd
+from nbdist.core.updater import Updater, check_composition, plain_sgd
+from nbdist.engine.optimizer_spec import choose_optimizer
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 
 SIZE = 6
@@ -34,7 +35,7 @@ def adam_spec(lr=0.01):
 
 
 def describe(optimizer):
-    from nbdist.algorithms.optimizer_spec import describe_optimizer
+    from nbdist.engine.optimizer_spec import describe_optimizer
 
     return describe_optimizer(optimizer, SEGMENTS)
 

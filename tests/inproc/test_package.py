@@ -8,7 +8,7 @@ from pathlib import Path
 
 import nbdist
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_import_nbdist_loads_no_heavy_framework():

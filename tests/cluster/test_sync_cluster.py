@@ -80,7 +80,7 @@ def test_sync_rejects_parameter_server_options():
 
 @pytest.mark.slow
 def test_sync_fashion_mnist_mlp_reaches_80_percent_in_two_epochs(cluster):
-    from tests.test_async_cluster import FASHION_CELL
+    from tests.cluster.test_async_cluster import FASHION_CELL
 
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()
     run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,

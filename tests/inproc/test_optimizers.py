@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from nbdist.algorithms.optimizer_rules import FORMULAS
-from nbdist.algorithms.optimizer_spec import describe_optimizer
 from nbdist.algorithms.optimizers import (
     SUPPORTED_OPTIMIZERS,
     HubOptimizer,
@@ -23,6 +22,7 @@ from nbdist.algorithms.optimizers import (
     sum_of_squares,
 )
 from nbdist.algorithms.schedules import schedule_value
+from nbdist.engine.optimizer_spec import describe_optimizer
 from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerError
 
 keras = pytest.importorskip("keras")
@@ -384,7 +384,7 @@ def test_bad_specs_are_refused_on_the_hub():
 
 
 def test_importing_the_optimizers_loads_neither_tensorflow_nor_keras():
-    code = ("import sys, nbdist.algorithms.optimizers, nbdist.algorithms.optimizer_spec, "
+    code = ("import sys, nbdist.algorithms.optimizers, nbdist.engine.optimizer_spec, "
             "nbdist.algorithms.schedules; "
             "assert 'tensorflow' not in sys.modules and 'keras' not in sys.modules, "
             "[m for m in sys.modules if m.startswith(('tensorflow', 'keras'))][:5]")

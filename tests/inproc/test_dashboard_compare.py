@@ -128,7 +128,7 @@ def test_runs_without_data_give_a_waiting_figure():
 
 
 def fed(config: TrainConfig, t: float) -> Run:
-    from tests.test_dashboard_widget import snapshot
+    from tests.cluster.test_dashboard_widget import snapshot
 
     run = Run(config, model=None, model_name="model")
     run.status = "running"

@@ -22,7 +22,7 @@ import pytest
 
 pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "out"
 CHROMIUM = ("/usr/lib/chromium/chromium", "/usr/bin/chromium")
 WORKERS = 2
@@ -267,7 +267,7 @@ def test_the_html_report_opens_offline_in_chromium_with_every_panel(tmp_path):
     """`run.report()` is one file: with the network cut, every panel still draws."""
     from playwright.sync_api import expect, sync_playwright
 
-    from tests.test_dashboard_widget import fed_run
+    from tests.cluster.test_dashboard_widget import fed_run
 
     path = fed_run(3, t=8.0).report(tmp_path / "report.html", compare=[fed_run(2, t=5.0)])
     with sync_playwright() as p:

@@ -354,7 +354,7 @@ def test_nothing_on_nbdist_sockets_is_unpickled():
     import ast
     from pathlib import Path
 
-    root = Path(__file__).resolve().parents[1] / "nbdist"
+    root = Path(__file__).resolve().parents[2] / "nbdist"
     paths = [*sorted((root / "hub").glob("*.py")), *sorted((root / "core").glob("*.py"))]
     assert len(paths) > 10
     for path in paths:

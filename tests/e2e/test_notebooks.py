@@ -7,7 +7,7 @@ import pytest
 
 pytestmark = pytest.mark.notebook
 
-NOTEBOOKS = sorted((Path(__file__).resolve().parents[1] / "notebooks").glob("*.ipynb"))
+NOTEBOOKS = sorted((Path(__file__).resolve().parents[2] / "notebooks").glob("*.ipynb"))
 # Tiny size: few samples, 1 epoch, 2 workers, short live phases, a one-point sweep. A notebook
 # ignores names it does not use; each one's parameter cell says what they mean.
 TINY = {"SAMPLES": 2000, "EPOCHS": 1, "WORKERS": 2, "LRS": [0.1], "SECONDS": 3}
@@ -45,6 +45,6 @@ def test_notebook_runs_top_to_bottom(path, tmp_path):
     errors = [o for c in nb.cells if c.cell_type == "code" for o in c.get("outputs", [])
               if o.get("output_type") == "error"]
     assert not errors, errors
-    out = Path(__file__).resolve().parents[1] / "out"
+    out = Path(__file__).resolve().parents[2] / "out"
     out.mkdir(exist_ok=True)
     nbformat.write(nb, out / f"executed-{path.name}")

@@ -2,7 +2,8 @@
 and a run trains as usual."""
 
 import pytest
-from conftest import SYNTHETIC_CELL
+
+from tests.conftest import SYNTHETIC_CELL
 
 
 @pytest.mark.cluster

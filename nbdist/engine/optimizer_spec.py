@@ -20,11 +20,20 @@ from nbdist.algorithms.optimizers import (
     HubOptimizer,
     _checked_segments,
     _unsupported,
+    server_optimizer_spec,
 )
-from nbdist.algorithms.schedules import describe_schedule
+from nbdist.algorithms.schedules import (
+    _DEFAULTS,
+    _HOW_TO_PROCEED,
+    SUPPORTED_SCHEDULES,
+    _checked,
+    _jsonable,
+)
+from nbdist.config import TrainConfig
+from nbdist.core.updater import check_composition, describe_spec
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 
-__all__ = ["describe_optimizer"]
+__all__ = ["choose_optimizer", "describe_optimizer", "describe_schedule"]
 
 
 def describe_optimizer(optimizer: Any, segments: list[int], variables: list | None = None) -> dict:
@@ -148,3 +157,73 @@ def _check_variables(variables: list, segments: list[int]) -> None:
                 f"The hub cannot train a variable that Keras overwrites with its gradient "
                 f"(float8 training). Received: variable {name!r} with "
                 f"overwrite_with_gradient=True. Train this model without float8 layers.")
+
+
+def describe_schedule(schedule: Any) -> dict:
+    """The spec `{"class_name", "config"}` of a Keras schedule object, for `schedule_value`.
+
+    Kernel side. The class must be exactly one of Keras's built-in schedules: a subclass could
+    change `__call__`, which nbdist cannot see, so it is refused like any unknown class.
+
+    Example:
+        >>> import keras
+        >>> schedule = keras.optimizers.schedules.ExponentialDecay(0.1, 100, 0.5)
+        >>> describe_schedule(schedule)["class_name"]
+        'ExponentialDecay'
+    """
+    from keras.optimizers import schedules
+
+    cls = type(schedule)
+    name = cls.__name__
+    if name not in _DEFAULTS or getattr(schedules, name, None) is not cls:
+        what = f"{cls.__module__}.{cls.__qualname__}"
+        kind = ("a subclass of a Keras schedule"
+                if isinstance(schedule, schedules.LearningRateSchedule)
+                else "a callable" if callable(schedule) else "an object")
+        raise UnsupportedOptimizerError(
+            f"nbdist cannot reproduce this learning-rate schedule on the hub. Received: {what} "
+            f"({kind}). Supported: keras.optimizers.schedules."
+            f"{', '.join(SUPPORTED_SCHEDULES)}. {_HOW_TO_PROCEED}")
+    config = {k: _jsonable(v) for k, v in schedule.get_config().items() if k != "name"}
+    spec = {"class_name": name, "config": config}
+    _checked(spec)
+    return spec
+
+
+def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
+                     variables: list | None = None) -> tuple[dict | None, list[str]]:
+    """The optimizer spec the hub applies for this run, and warnings for `run.warnings`.
+
+    - the cell's compiled optimizer, as it is (`--lr` replaces a constant rate);
+    - `--local-steps K`: the workers step with the cell's optimizer and the hub applies their
+      deltas with `--server-optimizer` (SGD at rate 1 by default);
+    - `--server-optimizer NAME` without local steps: NAME at the cell's rate, with a warning;
+    - `easgd`: none (the hub only adds elastic differences).
+    `segments` are the trainable variables' sizes in flat order, `variables` the variables
+    (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
+    nbdist cannot reproduce.
+    """
+    algorithm = config.algorithm.value
+    chosen = config.server_optimizer.value if config.server_optimizer is not None else None
+    if algorithm == "easgd":
+        if chosen is not None:
+            raise ConfigError(f"--server-optimizer {chosen} does not apply to --algorithm easgd: its hub "
+                              "adds elastic differences with no optimizer (the cell's optimizer runs "
+                              "on the workers). Drop --server-optimizer.")
+        return None, []
+    if config.local_steps > 1:
+        return server_optimizer_spec(chosen or "sgd", None, segments), []
+    warnings = []
+    if chosen is not None:
+        lr = config.lr if config.lr is not None else float(np.asarray(optimizer.learning_rate))
+        spec = server_optimizer_spec(chosen, lr, segments)
+        warnings.append(f"--server-optimizer {chosen}: the hub trains with {describe_spec(spec)}, "
+                        f"not with the cell's {type(optimizer).__name__} as compiled.")
+    else:
+        spec = describe_optimizer(optimizer, segments, variables)
+        if config.lr is not None:  # (over a schedule it is refused: nbdist.engine.learning_rate.check_lr)
+            warnings.append(f"--lr {config.lr:g} replaces the cell's learning rate "
+                            f"{spec['learning_rate']:g}.")
+            spec = {**spec, "learning_rate": float(config.lr)}
+    check_composition(algorithm, spec)
+    return spec, warnings

@@ -11,7 +11,7 @@ import pytest
 
 pytestmark = pytest.mark.slow  # three simulated Fashion-MNIST runs, ~30 s
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 
 
 def test_reproduce_quick_writes_the_table_the_claims_and_the_figures(tmp_path):

@@ -1,0 +1,30 @@
+"""The package layout's promises, checked on the source: the core stays pure."""
+
+import ast
+import sys
+from pathlib import Path
+
+NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
+PURE = ("core", "algorithms")
+ALLOWED_NBDIST = ("nbdist.core", "nbdist.algorithms", "nbdist.errors", "nbdist.config")
+
+
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+
+
+def test_the_core_and_the_rules_import_numpy_and_the_standard_library_only():
+    """No sockets, threads, TensorFlow or ipyparallel in the pure core: it is tested with exact values."""
+    paths = [p for pkg in PURE for p in sorted((NBDIST / pkg).glob("*.py"))]
+    assert len(paths) > 20
+    for path in paths:
+        for name in _imports(path):
+            top = name.split(".")[0]
+            if top == "nbdist":
+                assert name.startswith(ALLOWED_NBDIST), f"{path.name} imports {name}"
+            else:
+                assert top == "numpy" or (top in sys.stdlib_module_names
+                                          and top not in {"socket", "threading", "subprocess"}), \
+                    f"{path.relative_to(NBDIST)} imports {name}: the core must stay pure"
