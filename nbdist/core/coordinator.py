@@ -1,19 +1,17 @@
 """The run's coordinator, kept by hub shard 0: who does what next. No sockets.
 
 It hands out data chunks (global epochs), counts each push into the statistics and the
-per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (learning rate,
-pause, stop, slow-down, batch policy), queues validation jobs at epoch ends, gates workers
-that run too far ahead (SSP), forms speed groups (group sync), and takes in workers added
-mid-run (`add_worker`, from the kernel's `add_worker` control op). For each worker request the
-shard core (`nbdist.core.shard`) first calls `assign` (the state changes: chunks handed out,
-an evaluation job taken, the node's state; False means "hold the reply", SSP), then the pure
+per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (pause, stop,
+slow-down, batch policy), queues validation jobs at epoch ends, gates workers that run too far
+ahead (SSP), forms speed groups (group sync), and takes in workers added mid-run. For each
+worker request the shard core (`nbdist.core.shard`) calls `assign` (the state changes: chunks
+handed out, an evaluation job taken, the node's state; False: hold the reply), then the pure
 `reply_for`, which reads the reply off that state.
 
-Owners: the coordinator owns the run's one SSP clock (`clock`), the group membership
-(`group_of`) and the group options (`max_group_ratio`, `num_groups`), and the learning rate
-when the workers apply it (`lr`, plan.lr_owner == "workers"); when the hub applies it, the
-hub optimizer (`nbdist.core.updater`) owns it and `lr` here stays None. Other shards learn a
-worker's group from its push header (the worker is told it in every reply from shard 0).
+It owns the run's one SSP clock (`clock`), the group membership (`group_of`) and options
+(`max_group_ratio`, `num_groups`; the rule only validates them), and the learning rate when
+the workers apply it (`lr`; else the hub optimizer owns it and `lr` stays None). Shards 1..S-1
+learn a worker's group from its push header: shard 0 tells the worker in every reply.
 """
 
 from __future__ import annotations
@@ -24,12 +22,10 @@ from collections import deque
 from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
-from nbdist.core.plan import Plan
+from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.schedule import Chunk, EpochSchedule
 from nbdist.core.stats import RunStats
 from nbdist.core.timeline import DelayWindow, Timeline
-
-__all__ = ["Coordinator", "Plan"]  # Plan lives in nbdist.core.plan; importable from here too
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
@@ -270,7 +266,7 @@ class Coordinator:
         return work
 
     def work_for(self, worker: int, pulled: bool, version: int) -> dict | None:
-        """The request path in one call: `assign`, then `reply_for`; None: hold the reply."""
+        """`assign`, then `reply_for`, in one call; None: hold the reply."""
         return self.reply_for(worker, pulled) if self.assign(worker, pulled, version) else None
 
     # -- lost workers ---------------------------------------------------------------------
@@ -394,12 +390,10 @@ class Coordinator:
             w.update(slowdown=self.slowdown[i],
                      group=self._group_index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
-        snap.update(
-            finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
-            paused=self.paused, stopping=self.stopping, lr=self.lr,
-            epochs_done=self.epochs_done, batch_policy=self.sizer.policy,
-            delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)},
-        )
+        snap.update(finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
+                    paused=self.paused, stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
+                    batch_policy=self.sizer.policy,
+                    delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)})
         if with_timeline:
             snap["timeline"] = self.timeline.to_records(include_open=True)
         return snap

@@ -11,7 +11,9 @@ of lost workers and group timeouts move time by hand instead of waiting.
 Owners of state (one each):
 - learning rate: the hub optimizer (`updater`) when `plan.lr_owner == "hub"`, else the
   coordinator (`coordinator.lr`, told to the workers that apply it); `learning_rate()` reads it;
-- SSP clock, group membership and group options: the coordinator (shard 0);
+- SSP clock, group membership and group options: the coordinator (shard 0); the rule only
+  validates the options. Shards 1..S-1 learn a worker's group from its push header (the
+  worker is told it in each reply from shard 0), so membership passes through the worker;
 - a worker's read version (for delays) and the replies held back: this core.
 """
 
@@ -88,7 +90,9 @@ class ShardCore:
              into: np.ndarray | None = None, norm: float | None = None,
              non_trainable_delta: np.ndarray | None = None) -> bool:
         """Apply one push (or add it to its group's step). `into`: where the new weights are
-        also written; returns whether they were. Call `settle()` once the reply is out."""
+        also written; returns whether they were. Call `settle()` once the reply is out.
+        `group`: the members of its group step, as shard 0's coordinator told the worker (every
+        shard's barrier must group the same pushes, and shards 1..S-1 hold no coordinator)."""
         self.settle()
         if grad.size != self.size:
             raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")

@@ -43,6 +43,7 @@ from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
 from nbdist.hub import shm, writeoff
+from nbdist.hub.messages import Reply, Step
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.wire import Return, bind, receive, server_socket
 
@@ -200,22 +201,23 @@ class Hub:
         return self._reply_or_hold(worker, ret, pull=True)
 
     def _step(self, msg: Message, ret: Return) -> tuple[dict, list] | None:
-        worker, h = int(msg.header["worker"]), msg.header
+        step = Step.decode(msg.header)
+        worker = step.worker
         if worker not in self.links or self.core.written_off(worker):
             # written off as lost, yet alive: its chunks went to others, so it must leave
             self.dropped["written-off worker"] += 1
-            return {"op": "reply", "version": self.core.version, "lost": True, "stop": True, "done": True}, []
+            return Reply.written_off(self.core.version).encode(), []
         self.core.heard(worker)
-        link, pull = self.links[worker], bool(h.get("pull"))
+        link = self.links[worker]
         copied = False  # whether the pull buffer already holds the new weights
-        if h.get("push"):
+        if step.push:
             grad = link.grad if link.grad is not None else compression.decode(msg.buffers[0], link.compression)
             delta = msg.floats(len(msg.buffers) - 1) if self.core.coordinator and self.core.non_trainable.size else None
-            copied = self.core.push(worker, grad, h, batch=int(h.get("batch", 1)), group=h.get("group"),
-                                    into=self._reply_buffer(link) if pull else None, norm=h.get("norm"),
+            copied = self.core.push(worker, grad, msg.header, batch=step.batch, group=step.group,
+                                    into=self._reply_buffer(link) if step.pull else None, norm=step.norm,
                                     non_trainable_delta=delta)
-        self.core.eval_result(worker, h)
-        return self._reply_or_hold(worker, ret, pull=pull, copied=copied)
+        self.core.eval_result(worker, msg.header)
+        return self._reply_or_hold(worker, ret, pull=step.pull, copied=copied)
 
     def _reply_buffer(self, link: shm.WorkerLink) -> np.ndarray | None:
         """Where a consistent pull of this worker is written: its shared segment, or a send
@@ -232,24 +234,23 @@ class Hub:
         reply = self.core.reply(worker, pull, ret)
         return None if reply is None else self._reply(worker, pull, reply, copied)
 
-    def _reply(self, worker: int, pull: bool, reply: dict, copied: bool = False) -> tuple[dict, list]:
-        """The core's `reply` on the wire, with the weights on a pull (`copied`: the worker's
+    def _reply(self, worker: int, pull: bool, work: dict, copied: bool = False) -> tuple[dict, list]:
+        """The core's reply on the wire, with the weights on a pull (`copied`: the worker's
         pull buffer already holds them)."""
-        header: dict = {"op": "reply", **reply}
-        buffers: list = []
+        reply, buffers = Reply.decode(work), []
         if pull:
             link, params = self.links[worker], self.core.params
             target = self._reply_buffer(link)
             if target is not None and not copied:
                 np.copyto(target, params)
             if link.params is not None:  # same host: parameters go through shared memory
-                header["params"] = "shm" if target is not None else "live"  # live: no lock
-                header["seg"] = link.segment.name
+                reply.params = "shm" if target is not None else "live"  # live: no lock
+                reply.seg = link.segment.name
             else:
                 buffers.append(compression.encode(target if target is not None else params, link.compression))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
-        return header, buffers
+        return reply.encode(), buffers
 
     def _report(self, msg: Message, ret: Return) -> tuple[dict, list]:
         worker = int(msg.header["worker"])

@@ -34,6 +34,7 @@ from nbdist.core.schedule import Chunk, epoch_permutation
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
 from nbdist.errors import DataError, TrainingError
+from nbdist.hub.messages import Reply, Step
 
 # Compiled functions of models simulated before (a study re-running one model): tracing costs
 # seconds, a simulated epoch of a small model about as much. A cache, not state: entries die
@@ -191,23 +192,23 @@ class Simulation:
         """The shard's reply to `w` (unless it holds it), and what the worker does with it."""
         reply = self.core.reply(w, pull)
         if reply is not None:
-            self._take(w, pull, reply)
+            self._take(w, pull, Reply.decode(reply))
 
-    def _take(self, w: int, pull: bool, work: dict) -> None:
+    def _take(self, w: int, pull: bool, work: Reply) -> None:
         """Virtual worker `w` acts on its reply: copy the weights, evaluate, leave, or start a step."""
         self.idle.discard(w)
         v = self.workers[w]
         if pull:
             np.copyto(v.params, self.core.params)
             np.copyto(v.nt, self.core.non_trainable)
-        if work.get("eval"):
+        if work.eval:
             metrics = self._evaluate_on(v.params, v.nt)
-            self.core.eval_result(w, {"eval": {**work["eval"], "metrics": metrics}})
-        if work["done"]:
+            self.core.eval_result(w, {"eval": {**work.eval, "metrics": metrics}})
+        if work.done:
             self._leave(w)
             return
-        todo = [c for c in map(Chunk.from_list, work["chunks"]) if c.id not in v.started]
-        if not pull and (todo or work.get("eval_pending")):
+        todo = [c for c in work.chunks if c.id not in v.started]
+        if not pull and (todo or work.eval_pending):
             self._answer(w, pull=True)  # work after waiting: pull the current weights first
             return
         if not todo:
@@ -215,10 +216,10 @@ class Simulation:
             return
         chunk = todo[0]
         v.started.add(chunk.id)
-        v.chunk, v.group = chunk, tuple(work.get("group") or (w,))
+        v.chunk, v.group = chunk, tuple(work.group or (w,))
         if self.sync:  # every worker still here, also at the end of the data (a partial step)
             v.group = tuple(sorted(set(range(self.plan.num_workers)) - self.coordinator.gone))
-        v.compute_s = self.cost.step_time(chunk.size, float(work["slowdown"]), self.jitter.factor(w))
+        v.compute_s = self.cost.step_time(chunk.size, float(work.slowdown), self.jitter.factor(w))
         self.queue.schedule(self.now + v.compute_s, w)
 
     def _complete_step(self, w: int) -> None:
@@ -233,8 +234,8 @@ class Simulation:
                 f"The {what} became {value} at step {self.coordinator.stats.workers[w].steps} on virtual "
                 f"worker {w} (epoch {chunk.epoch}, virtual time {self.now:.3f}s). Lower the learning rate "
                 "(--lr), check the data for NaN/inf, or normalise the inputs.")
-        header = {"chunks": [chunk.id], "loss": loss, "compute_s": v.compute_s, "comm_s": 0.0,
-                  "wait_s": max(0.0, self.now - v.compute_s - v.last_push)}
+        header = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
+                      wait_s=max(0.0, self.now - v.compute_s - v.last_push)).counted()
         v.last_push = self.now
         self.core.push(w, grad, header, batch=chunk.size, group=v.group, non_trainable_delta=nt_after - v.nt)
         self.core.settle()
@@ -243,7 +244,7 @@ class Simulation:
     def _wake(self) -> None:
         """Held replies that may now go out, and idle workers asking again for work."""
         for w, _, pull, reply in self.core.release():
-            self._take(w, pull, reply)
+            self._take(w, pull, Reply.decode(reply))
         for w in sorted(self.idle):
             if w in self.idle and not self.queue.pending(w):
                 self._answer(w, pull=False)
