@@ -76,12 +76,13 @@ def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
 # -- on the hub -------------------------------------------------------------------------------
 
 
-def hub_state(hub) -> tuple[dict, list[np.ndarray]]:
-    """The hub's `state` reply in a sync run: rank 0's latest snapshot as shard 0's state."""
-    s, (params, non_trainable, slots) = hub.sync_snapshot
-    plan = hub.coordinator.plan
+def hub_state(core, snapshot: tuple) -> tuple[dict, list[np.ndarray]]:
+    """The hub's `state` reply in a sync run: rank 0's latest `snapshot` as shard 0's state
+    (`core`: shard 0's `ShardCore`, for the plan and the rule's name)."""
+    s, (params, non_trainable, slots) = snapshot
+    plan = core.plan
     header = {"op": "state", "shard": 0, "seq": s["seq"], "final": s["final"], "version": s["steps"], "lr": s["lr"],
-              "rule": hub.updater.rule.name, "rule_options": hub.updater.rule.options, "optimizer": None,
+              "rule": core.updater.rule.name, "rule_options": core.updater.rule.options, "optimizer": None,
               "numbers": {}, "names": ["params", "non_trainable", "optimizer_slots"],
               "schedule": schedule_state(plan.num_samples, plan.epochs, s["epoch"], s["offset"]),
               "evals_pending": [],

@@ -9,7 +9,6 @@ so nobody waits for a push that will never come. Pure NumPy; no sockets.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -21,7 +20,7 @@ class _Pending:
     batch: int = 0
     headers: dict[int, dict] = field(default_factory=dict)  # worker -> its push header
     read_versions: dict[int, int] = field(default_factory=dict)
-    since: float = field(default_factory=time.monotonic)
+    since: float = 0.0  # when its first push came (the shard core's clock)
 
 
 @dataclass
@@ -56,16 +55,16 @@ class GroupBarrier:
         return any(worker in p.headers for p in self._pending.values())
 
     def add(self, members: tuple[int, ...], worker: int, g: np.ndarray, batch: int,
-            read_version: int, header: dict) -> list[GroupStep]:
-        """Add one member's gradient; returns the steps that are now ready (possibly none)."""
+            read_version: int, header: dict, now: float = 0.0) -> list[GroupStep]:
+        """Add one member's gradient at time `now`; returns the steps now ready (possibly none)."""
         ready = [self._take(k) for k in list(self._pending)
                  if k != members and worker in k and self._pending[k].headers]
         pending = self._pending.get(members)
         if pending is None:
-            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32))
+            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32), since=now)
         if worker in pending.headers:  # a second push before the step completed: flush first
             ready.append(self._take(members))
-            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32))
+            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32), since=now)
         pending.total += np.float32(batch) * g
         pending.batch += batch
         pending.headers[worker] = header
@@ -78,11 +77,11 @@ class GroupBarrier:
         """`worker` left: flush every pending step that waits for it."""
         return [self._take(k) for k in list(self._pending) if worker in k and self._pending[k].headers]
 
-    def expired(self, limit_s: float) -> list[GroupStep]:
-        """Steps that have waited longer than `limit_s` for a member: applied with what came."""
-        now = time.monotonic()
+    def expired(self, limit_s: float, now: float) -> list[GroupStep]:
+        """Steps that have waited `limit_s` or longer at time `now` for a member: applied with
+        what came (0: every pending step)."""
         return [self._take(k) for k in list(self._pending)
-                if self._pending[k].headers and now - self._pending[k].since > limit_s]
+                if self._pending[k].headers and now - self._pending[k].since >= limit_s]
 
     @property
     def pending(self) -> bool:

@@ -1,22 +1,28 @@
 """The run's coordinator, kept by hub shard 0: who does what next. No sockets.
 
 It hands out data chunks (global epochs), counts each push into the statistics and the
-per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (learning rate,
-pause, stop, slow-down, batch policy), queues validation jobs at epoch ends, gates workers
-that run too far ahead (SSP), forms speed groups (group sync), and takes in workers added
-mid-run (`add_worker`, from the kernel's `add_worker` control op). The hub asks it, for each
-worker message, what to answer; `None` from `work_for` means "hold the reply" (SSP).
+per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (pause, stop,
+slow-down, batch policy), queues validation jobs at epoch ends, gates workers that run too far
+ahead (SSP), forms speed groups (group sync), and takes in workers added mid-run. For each
+worker request the shard core (`nbdist.core.shard`) calls `assign` (the state changes: chunks
+handed out, an evaluation job taken, the node's state; False: hold the reply), then the pure
+`reply_for`, which reads the reply off that state.
+
+It owns the run's one SSP clock (`clock`), the group membership (`group_of`) and options
+(`max_group_ratio`, `num_groups`; the rule only validates them), and the learning rate when
+the workers apply it (`lr`; else the hub optimizer owns it and `lr` stays None). Shards 1..S-1
+learn a worker's group from its push header: shard 0 tells the worker in every reply.
 """
 
 from __future__ import annotations
 
 import math
 from collections import deque
-from dataclasses import dataclass, field
 
 from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
+from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.schedule import Chunk, EpochSchedule
 from nbdist.core.stats import RunStats
 from nbdist.core.timeline import DelayWindow, Timeline
@@ -29,35 +35,6 @@ LOST_FLOOR_S = 5.0  # a silent worker is never declared lost sooner than this ..
 LOST_STEPS = 20  # ... nor sooner than this many of its own (slowed-down) step times
 LOST_FIRST_S = 30.0  # silence allowed before its first push is measured (first local round)
 LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take long)
-
-
-@dataclass
-class Plan:
-    """The parts of the run's configuration the coordinator acts on. `num_workers` is the
-    configured M, fixed for the run: workers added mid-run (`Coordinator.add_worker`) do not
-    change what depends on it (softsync's c, EASGD's α, the start barrier)."""
-
-    num_workers: int
-    num_samples: int
-    epochs: int
-    batch_size: int
-    lr: float | None  # the workers' rate when they own it (lr_owner); None: their own schedule
-    has_validation: bool
-    algorithm: str = "asgd"
-    staleness: int | None = None  # ssp: S
-    groups: int = 0  # group: 0 = automatic from speeds, else that many groups
-    max_group_ratio: float = 1.5
-    chunks_ahead: int = 1  # chunks a worker may hold: local steps or overlap need more
-    dbs: bool = False
-    batch_min: int = 1
-    batch_max: int | None = None
-    slowdown: list[float] = field(default_factory=list)
-    staleness_lr: bool = False
-    metrics: str = "full"  # "minimal": counters only, no history rows or timeline
-    # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
-    # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
-    # coordinator tells the rate on every reply)
-    lr_owner: str = "hub"
 
 
 class Coordinator:
@@ -81,7 +58,8 @@ class Coordinator:
         self.paused = False
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
-        self.held: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}
+        self.assigned: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}  # chunks a worker holds
+        self._eval_job: dict[int, dict] = {}  # the evaluation job `assign` gave a worker last
         self.eval_queue: deque[int] = deque()
         self.evaluating: dict[int, int] = {}
         self.arrived: set[int] = set()
@@ -112,14 +90,12 @@ class Coordinator:
     def add_worker(self, worker: int, now: float, engine: int | None = None) -> None:
         """Bring worker `worker` into the running job (`Run.add_workers`); ids follow on from M.
 
-        What depends on the configured number of workers keeps `plan.num_workers` (M):
-        softsync's c, EASGD's α, and the start barrier (chunks flow once the first M said
-        hello, so nobody waits for a newcomer still starting). Everything kept per worker gets
-        an entry: the chunks it holds, its stats row ("starting" until its hello), a DBS batch
-        of b0 (the global batch grows by b0, as B = active · b0 says; the others keep theirs
-        until the next rebalance, which waits until the newcomer is measured), slow-down 1, a
-        group of its own until the next regroup. SSP counts it only from its hello, at the
-        slowest clock then, so a worker still starting holds nobody back.
+        What depends on the configured M keeps `plan.num_workers` (softsync's c, EASGD's α, the
+        start barrier: nobody waits for a newcomer still starting). Everything kept per worker
+        gets an entry: assigned chunks, a stats row ("starting" until its hello), a DBS batch of
+        b0 (B = active · b0; the others keep theirs until the next rebalance), slow-down 1, a
+        group of its own until the next regroup. SSP counts it from its hello, at the slowest
+        clock then, so a worker still starting holds nobody back.
         """
         if worker != self.num_workers:
             raise ValueError(f"a worker added mid-run takes the next id, {self.num_workers} "
@@ -127,7 +103,7 @@ class Coordinator:
         if self.stopping or self.finished or self.schedule.finished:
             raise ValueError("the run is ending (stopped, or every sample of every epoch trained "
                              "on), so it takes no new worker; start a new run to train more")
-        self.held[worker] = deque()
+        self.assigned[worker] = deque()
         self.stats.add_worker(engine)
         self.sizer.add(worker)
         self.stats.workers[worker].batch_size = self.sizer.batch_for(worker)
@@ -158,9 +134,10 @@ class Coordinator:
     def bye(self, worker: int, now: float) -> None:
         self.gone.add(worker)
         self.stats.workers[worker].state = "done"
-        for chunk in self.held[worker]:  # stopped mid-chunk: another worker may take it
+        for chunk in self.assigned[worker]:  # stopped mid-chunk: another worker may take it
             self.schedule.requeue(chunk.id)
-        self.held[worker].clear()
+        self.assigned[worker].clear()
+        self._eval_job.pop(worker, None)
         epoch = self.evaluating.pop(worker, None)
         if epoch is not None and not self.stopping and self.arrived - self.gone:
             self.eval_queue.appendleft(epoch)  # left before reporting: someone else evaluates
@@ -168,28 +145,39 @@ class Coordinator:
             self.clock.drop(worker)
 
     def push(self, worker: int, h: dict, delay: int, now: float) -> None:
-        """Count one applied push: its chunks, stats, speed, timeline, eval result."""
+        """Count one applied push: `complete` (what the next reply depends on), then `account`."""
+        self.account(worker, self.complete(worker, h, now), h, delay, now)
+
+    def complete(self, worker: int, h: dict, now: float) -> tuple[int, int, bool]:
+        """The part of a push the next reply depends on: its chunks done (epoch ends, eval
+        jobs), its speed (DBS, loss deadline), its SSP clock. Returns what `account` takes: the
+        samples it trained on, its batch size before any rebalance, whether a rebalance came."""
         done = h.get("chunks", [])
-        held = self.held[worker]
+        assigned = self.assigned[worker]
         samples = 0
         for chunk_id in done:
-            chunk = next((c for c in held if c.id == chunk_id), None)
+            chunk = next((c for c in assigned if c.id == chunk_id), None)
             if chunk is None:
                 raise ValueError(f"worker {worker} pushed chunk {chunk_id}, which it does not hold")
-            held.remove(chunk)
+            assigned.remove(chunk)
             samples += chunk.size
             finished_epoch = self.schedule.complete(chunk.id)
             if finished_epoch is not None:
                 self.stats.record_event("epoch_end", now, epoch=finished_epoch)
                 if self.plan.has_validation:
                     self.eval_queue.append(finished_epoch)
-        compute_s = float(h.get("compute_s", 0.0))
         self._time_step(worker, now)
-        self.sizer.observe(worker, samples, compute_s)
-        self._count(worker, samples, h, delay, now)
+        self.sizer.observe(worker, samples, float(h.get("compute_s", 0.0)))
         if self.clock is not None:
             self.clock.tick(worker)
-        if self.sizer.maybe_rebalance():
+        return samples, self.sizer.batch_for(worker), self.sizer.maybe_rebalance()
+
+    def account(self, worker: int, done: tuple[int, int, bool], h: dict, delay: int, now: float) -> None:
+        """The bookkeeping of a push (statistics, timeline, delays; speed groups once measured),
+        which a reply does not wait for, except under group sync (groups form from it)."""
+        samples, batch_size, rebalanced = done
+        self._count(worker, samples, batch_size, h, delay, now)
+        if rebalanced:
             self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
         if not self.grouped and self.plan.algorithm == "group" and all(
                 self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES for w in self.arrived - self.gone):
@@ -201,7 +189,7 @@ class Coordinator:
         if h.get("batch"):
             self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
             self.sizer.observe(worker, int(h.get("samples", 0)), float(h.get("compute_s", 0.0)))
-            self._count(worker, int(h.get("samples", 0)), h, 0, now)
+            self._count(worker, int(h.get("samples", 0)), self.sizer.batch_for(worker), h, 0, now)
             if worker == 0 and self.sizer.maybe_rebalance():
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
         self.eval_result(worker, h, now)
@@ -209,7 +197,7 @@ class Coordinator:
         return {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
                 "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
 
-    def _count(self, worker: int, samples: int, h: dict, delay: int, now: float) -> None:
+    def _count(self, worker: int, samples: int, batch_size: int, h: dict, delay: int, now: float) -> None:
         w = self.stats.workers[worker]
         w.take(h)
         loss = float(h.get("loss", math.nan))
@@ -219,7 +207,7 @@ class Coordinator:
             return
         self.stats.record_push(worker, samples=samples, loss=loss, compute_s=float(h.get("compute_s", 0.0)),
                                comm_s=float(h.get("comm_s", 0.0)), delay=delay,
-                               epoch=self.epochs_done, now=now, batch_size=self.sizer.batch_for(worker))
+                               epoch=self.epochs_done, now=now, batch_size=batch_size)
         self.delays.add(worker, delay)
         if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
             self._delay_stats[worker] = self.delays.stats(worker)
@@ -235,36 +223,51 @@ class Coordinator:
             self.evaluating.pop(worker, None)
             self.stats.record_eval(ev["metrics"], epoch=ev["epoch"], version=ev["version"], now=now)
 
-    def work_for(self, worker: int, pulled: bool, version: int) -> dict | None:
-        """Control, chunks, eval job and done-flag for `worker`; None: hold the reply (SSP)."""
-        if self.clock is not None and self.clock.blocked(worker) and not self.stopping:
+    def blocked(self, worker: int) -> bool:
+        """Whether `worker`'s reply must wait (SSP: too far ahead of the slowest). Pure."""
+        return self.clock is not None and self.clock.blocked(worker) and not self.stopping
+
+    def assign(self, worker: int, pulled: bool, version: int) -> bool:
+        """On a request of `worker`: hand out chunks, take an evaluation job (with the weights
+        it pulls, `version`), set its node state. False: hold the reply (SSP), nothing handed out."""
+        self._eval_job.pop(worker, None)
+        if self.blocked(worker):
             self.stats.workers[worker].state = "blocked"
-            return None
-        plan, held = self.plan, self.held[worker]
+            return False
+        plan, assigned = self.plan, self.assigned[worker]
         if not self._all_here:  # the configured workers start together; added ones need not wait
             self._all_here = self.arrived.issuperset(range(plan.num_workers))
-        all_here = self._all_here
-        while all_here and len(held) < plan.chunks_ahead and not (self.paused or self.stopping):
+        while self._all_here and len(assigned) < plan.chunks_ahead and not (self.paused or self.stopping):
             chunk = self.schedule.next_chunk(self.sizer.batch_for(worker))
             if chunk is None:
                 break
-            held.append(chunk)
+            assigned.append(chunk)
+        if pulled and self.eval_queue and worker not in self.evaluating and not self.stopping:
+            epoch = self.eval_queue.popleft()
+            self.evaluating[worker] = epoch
+            self._eval_job[worker] = {"epoch": epoch, "version": version}
+        state = "paused" if self.paused else ("running" if assigned else "waiting")
+        self.stats.workers[worker].state = state if self._all_here else "starting"
+        return True
+
+    def reply_for(self, worker: int, pulled: bool) -> dict:
+        """Control, chunks (wire form, `Chunk.to_list`), eval job and done-flag for `worker`,
+        read off the state `assign` left. Pure: asking twice gives the same reply."""
         work: dict = {"lr": self.lr, "paused": self.paused, "stop": self.stopping,
                       "slowdown": self.slowdown[worker], "group": self._group_now(worker),
                       # a paused worker keeps its chunks but must not train on them until resumed
-                      "chunks": [] if self.paused else [c.to_list() for c in held]}
-        if self.eval_queue and worker not in self.evaluating and not self.stopping:
-            if pulled:
-                epoch = self.eval_queue.popleft()
-                self.evaluating[worker] = epoch
-                work["eval"] = {"epoch": epoch, "version": version}
-            else:
-                work["eval_pending"] = True  # pull first, then evaluate those weights
+                      "chunks": [] if self.paused else [c.to_list() for c in self.assigned[worker]]}
+        if worker in self._eval_job:
+            work["eval"] = dict(self._eval_job[worker])
+        elif not pulled and self.eval_queue and worker not in self.evaluating and not self.stopping:
+            work["eval_pending"] = True  # pull first, then evaluate those weights
         work["done"] = self.stopping or (
             self.schedule.finished and not self.eval_queue and not self.evaluating)
-        state = "paused" if self.paused else ("running" if held else "waiting")
-        self.stats.workers[worker].state = state if all_here else "starting"
         return work
+
+    def work_for(self, worker: int, pulled: bool, version: int) -> dict | None:
+        """`assign`, then `reply_for`, in one call; None: hold the reply."""
+        return self.reply_for(worker, pulled) if self.assign(worker, pulled, version) else None
 
     # -- lost workers ---------------------------------------------------------------------
 
@@ -387,12 +390,10 @@ class Coordinator:
             w.update(slowdown=self.slowdown[i],
                      group=self._group_index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
-        snap.update(
-            finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
-            paused=self.paused, stopping=self.stopping, lr=self.lr,
-            epochs_done=self.epochs_done, batch_policy=self.sizer.policy,
-            delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)},
-        )
+        snap.update(finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
+                    paused=self.paused, stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
+                    batch_policy=self.sizer.policy,
+                    delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)})
         if with_timeline:
             snap["timeline"] = self.timeline.to_records(include_open=True)
         return snap

@@ -29,7 +29,14 @@ class Chunk:
         return self.stop - self.start
 
     def to_list(self) -> list[int]:
+        """The wire form, `[id, epoch, start, stop]` (replies carry chunks as JSON lists)."""
         return [self.id, self.epoch, self.start, self.stop]
+
+    @classmethod
+    def from_list(cls, fields) -> Chunk:
+        """A chunk from its wire form (`to_list`)."""
+        chunk_id, epoch, start, stop = fields
+        return cls(int(chunk_id), int(epoch), int(start), int(stop))
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:

@@ -3,19 +3,17 @@
 import json
 import os
 from pathlib import Path
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
-from nbdist.algorithms import make_rule
 from nbdist.algorithms.optimizers import server_optimizer_spec
 from nbdist.checkpoint import store as checkpoint
 from nbdist.checkpoint.shard_state import restore_shard, shard_state
 from nbdist.config import TrainConfig
-from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.core.coordinator import Plan
 from nbdist.core.schedule import EpochSchedule
-from nbdist.core.updater import Updater
+from nbdist.core.shard import ShardCore
 from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
@@ -63,17 +61,15 @@ def test_an_inconsistent_data_position_is_refused():
 
 
 def _hub(algorithm="ddc-asgd", optimizer="sgd", shard=0, size=9, seed=0):
-    """The parts of a Hub that checkpointing reads and writes (the rule, with plain SGD at
-    0.1 or another server optimizer)."""
+    """A shard's core (the rule, with plain SGD at 0.1 or another server optimizer), as a hub
+    holds it: checkpointing reads and writes it through `export` and `restore`."""
     rng = np.random.default_rng(seed)
     plan = Plan(num_workers=2, num_samples=10, epochs=2, batch_size=4, lr=0.1, has_validation=True,
                 algorithm=algorithm)
     spec = server_optimizer_spec(optimizer, 0.1 if optimizer == "sgd" else None, [size])
-    rule = make_rule(algorithm, size, 2, {"n": 1} if algorithm == "softsync" else None)  # n=1: buffer 2
-    return SimpleNamespace(
-        spec=SimpleNamespace(shard=shard, local_steps=1, optimizer=spec, plan=plan), version=0,
-        params=rng.normal(size=size).astype(np.float32), non_trainable=np.array([1, 2], np.float32),
-        updater=Updater(rule, spec), coordinator=Coordinator(plan) if shard == 0 else None)
+    return ShardCore(plan, rng.normal(size=size).astype(np.float32), np.array([1, 2], np.float32),
+                     now=lambda: 0.0, shard=shard, optimizer=spec,
+                     rule_options={"n": 1} if algorithm == "softsync" else None)  # n=1: buffer 2
 
 
 def _train(hub, pushes, seed):
@@ -131,7 +127,7 @@ def test_data_position_and_pending_evaluations_are_restored(tmp_path):
     c.hello(1, "h", 2)
     c.work_for(0, True, 0)
     c.work_for(1, True, 0)
-    c.push(0, {"chunks": [c.held[0][0].id]}, 0, 1.0)  # worker 1's chunk stays in flight
+    c.push(0, {"chunks": [c.assigned[0][0].id]}, 0, 1.0)  # worker 1's chunk stays in flight
     c.eval_queue.append(0)
     ckpt = checkpoint.load(_save(tmp_path, [hub]))
     assert ckpt.meta["epochs_done"] == 0.4 and ckpt.meta["schedule"]["pending"] == [[0, 4, 8]]

@@ -1,5 +1,6 @@
-"""A worker that dies mid-run: the coordinator's decisions (no sockets), then a real hub that
-notices a silent worker, hands its chunk to the survivor and stops holding the survivor back."""
+"""A worker that dies mid-run: the coordinator's decisions (no sockets), then a real hub on a
+clock the test moves, which notices a silent worker, hands its chunk to the survivor and stops
+holding the survivor back."""
 
 import threading
 import time
@@ -7,7 +8,6 @@ import time
 import numpy as np
 import pytest
 
-from nbdist.core import coordinator as coordinator_module
 from nbdist.core.coordinator import (
     LOST_EVAL_S,
     LOST_FIRST_S,
@@ -106,19 +106,30 @@ def test_group_members_lost_are_not_waited_for():
     assert c._group_now(0) == [0]
 
 
-# -- a real hub, workers driven from this thread ----------------------------------------------
+# -- a real hub on a clock the test moves: no waiting for deadlines -----------------------------
 
 SIZE = 64
+TICK_S = 0.25  # what the test's clock moves on each of the survivor's messages
 
 
-@pytest.fixture
-def fast_loss(monkeypatch):
-    monkeypatch.setattr(coordinator_module, "LOST_FLOOR_S", 1.5)
+class TestClock:
+    """The hub's `now()`, moved by the test alone."""
+
+    __test__ = False
+
+    def __init__(self):
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+    def advance(self, seconds: float) -> None:
+        self.t += seconds
 
 
-def start_hub(p):
+def start_hub(p, clock=None):
     key = new_key()
-    hub = Hub(HubSpec("loss", key, 0, 1, p, np.zeros(SIZE, np.float32), np.zeros(0, np.float32)))
+    hub = Hub(HubSpec("loss", key, 0, 1, p, np.zeros(SIZE, np.float32), np.zeros(0, np.float32)), clock=clock)
     thread = threading.Thread(target=hub.serve, daemon=True)
     thread.start()
     return hub, key, thread
@@ -128,26 +139,33 @@ def grad_for(chunk_id):
     return np.full(SIZE, chunk_id + 1, np.float32)  # deterministic: the expected sum is exact
 
 
-def train_until_done(t, reply, applied, deadline_s=30.0):
-    """Push every chunk handed out (gradient = chunk id + 1) until the hub says done."""
+def train_until_done(t, reply, applied, clock=None, deadline_s=30.0):
+    """Push every chunk handed out (gradient = chunk id + 1) until the hub says done; with
+    `clock`, each message comes TICK_S after the last on the hub's clock."""
     end = time.monotonic() + deadline_s
     while not reply.get("done"):
         assert time.monotonic() < end, "the run did not finish"
+        if clock is not None:
+            clock.advance(TICK_S)
         if reply["chunks"]:
             cid = reply["chunks"][0][0]
             t.grad[:] = grad_for(cid)
             reply = t.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
             applied.append(cid)
         else:
-            time.sleep(0.02)
+            if clock is None:
+                time.sleep(0.02)
             reply = t.step({}, push=False, pull=False)
     return reply
 
 
 @pytest.mark.parametrize("staleness", [None, 2])
-def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(fast_loss, staleness):
+def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(staleness):
+    """Time is the test's: b goes silent while a trains on, one tick per message; with SSP, a is
+    held 3 clocks ahead (exempt from the deadline) and the clock jumps past b's deadline."""
     p = plan(num_samples=80, batch_size=4, staleness=staleness)
-    hub, key, thread = start_hub(p)
+    clock = TestClock()
+    hub, key, thread = start_hub(p, clock)
     control = HubControl(key, [hub.endpoints])
     a, b = (WorkerTransport(key, w, [hub.endpoints], 0, "tcp", timeout=20) for w in (0, 1))
     try:
@@ -162,11 +180,30 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(fast
             applied.append(cid)
         assert rb["chunks"]  # it holds a chunk it will never push
         t0 = time.monotonic()
-        train_until_done(a, ra, applied)  # with SSP, a is held 3 clocks ahead until b is written off
+        outcome = {}
+
+        def survivor():
+            try:
+                outcome["reply"] = train_until_done(a, ra, applied, clock)
+            except BaseException as exc:  # noqa: BLE001 - raised again in the test's thread
+                outcome["error"] = exc
+
+        trainer = threading.Thread(target=survivor, daemon=True)
+        trainer.start()
+        if staleness is not None:  # a is held until b is written off: move time past b's deadline
+            while control.stats()["nodes"][0]["state"] != "blocked":
+                assert trainer.is_alive() and time.monotonic() - t0 < 15, outcome
+            assert control.stats()["lost"] == []  # held, not yet released
+            clock.advance(LOST_FLOOR_S + 1.0)
+        trainer.join(20)
+        assert "error" not in outcome and outcome["reply"]["done"], outcome
         snap = control.stats()
         assert snap["lost"] == [1] and snap["nodes"][1]["state"] == "lost"
+        assert snap["nodes"][0]["state"] != "lost"  # a spoke on every tick: never overdue
         lost = [e for e in snap["events"] if e["event"] == "worker_lost"]
-        assert len(lost) == 1 and lost[0]["worker"] == 1 and lost[0]["silent_s"] >= 1.5
+        assert len(lost) == 1 and lost[0]["worker"] == 1 and lost[0]["silent_s"] > LOST_FLOOR_S
+        if staleness is None:  # found within a check interval (0.5 s) and a tick of its deadline
+            assert lost[0]["silent_s"] <= LOST_FLOOR_S + 0.5 + 2 * TICK_S
         assert time.monotonic() - t0 < 15
         assert snap["epoch_samples"] == [80] and sorted(applied) == list(range(20))
         assert sum(n["samples"] for n in snap["nodes"]) == 80

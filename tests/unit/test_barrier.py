@@ -1,6 +1,5 @@
 """The group-sync barrier: exact weighted means, flushing on regroup, leave and time-out."""
 
-import time
 
 import numpy as np
 
@@ -36,9 +35,9 @@ def test_leaving_member_flushes_its_pending_steps():
     assert step.members == (0, 1) and list(step.headers) == [0]
 
 
-def test_steps_waiting_too_long_expire():
+def test_steps_waiting_too_long_expire_on_the_injected_clock():
     b = GroupBarrier(1)
-    b.add((0, 1), 0, g(2), batch=1, read_version=0, header={})
-    assert b.expired(10.0) == []
-    time.sleep(0.02)
-    assert [s.members for s in b.expired(0.01)] == [(0, 1)]
+    b.add((0, 1), 0, g(2), batch=1, read_version=0, header={}, now=100.0)
+    assert b.expired(10.0, now=109.9) == []
+    assert [s.members for s in b.expired(10.0, now=110.0)] == [(0, 1)]
+    assert b.expired(0.0, now=110.0) == [] and not b.pending

@@ -76,7 +76,7 @@ def test_added_worker_gets_every_per_worker_entry_and_m_stays_the_configured_one
     assert c.plan.num_workers == 2 and c.num_workers == 3  # softsync's c, easgd's alpha keep M
     row = c.stats.workers[2]
     assert (row.worker, row.engine, row.state, row.batch_size) == (2, 7, "starting", 4)
-    assert c.slowdown == [1.0, 2.0, 1.0] and c.group_of[2] == [2] and list(c.held[2]) == []
+    assert c.slowdown == [1.0, 2.0, 1.0] and c.group_of[2] == [2] and list(c.assigned[2]) == []
     assert c.sizer.batches == [4, 4, 4] and c.sizer.total == 12  # the global batch grows by b0
     event = c.stats.events[-1]
     assert (event["event"], event["worker"], event["engine"], event["time"]) == ("worker_added", 2, 7, 3.0)

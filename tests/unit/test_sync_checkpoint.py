@@ -9,10 +9,9 @@ import pytest
 
 from nbdist.algorithms import make_rule
 from nbdist.checkpoint import store as checkpoint
-from nbdist.checkpoint.shard_state import shard_state
-from nbdist.checkpoint.sync_state import resume_fields, schedule_state, start_position
+from nbdist.checkpoint.sync_state import hub_state, resume_fields, schedule_state, start_position
 from nbdist.config import TrainConfig
-from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.core.coordinator import Plan
 from nbdist.core.updater import Updater
 from nbdist.errors import CheckpointError
 
@@ -26,16 +25,14 @@ def _sync_hub(epoch, offset, steps=7, final=False):
     state = {"seq": 1, "final": final, "epoch": epoch, "offset": offset, "steps": steps, "lr": 0.05,
              "iterations": steps, "optimizer": "SGD", "slots": LAYOUT["trainable"]}
     arrays = [np.arange(9, dtype=np.float32), np.array([1, 2], np.float32), np.full(9, 0.5, np.float32)]
-    return SimpleNamespace(spec=SimpleNamespace(shard=0, local_steps=1, optimizer=None), version=0,
-                           params=np.zeros(0, np.float32), non_trainable=np.array([1, 2], np.float32),
-                           updater=Updater(make_rule("asgd", 0, 2, None), None), coordinator=Coordinator(plan),
+    return SimpleNamespace(plan=plan, updater=Updater(make_rule("asgd", 0, 2, None), None),
                            sync_snapshot=(state, arrays))
 
 
 def _save(tmp_path, hub):
     info = {"run_id": "s1", "config": TrainConfig(mode="sync", epochs=3).to_dict(), "cell": "x = 1",
             "layout": LAYOUT, "num_samples": 10, "num_workers": 2}
-    return checkpoint.save(str(tmp_path), [shard_state(hub)], info)
+    return checkpoint.save(str(tmp_path), [hub_state(hub, hub.sync_snapshot)], info)
 
 
 def test_rank_0s_state_goes_through_save_and_load_into_a_resume_position(tmp_path):

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from nbdist.core.schedule import Chunk
 from nbdist.errors import CellError, TrainingError
 
 log = logging.getLogger(__name__)
@@ -209,7 +210,7 @@ class _AsyncLoop:
                     t.step(self._take_extra(), push=False, pull=False)
                 break
             self._follow_lr(reply)
-            todo = [c for c in reply.get("chunks", []) if c[0] not in self.started]
+            todo = [c for c in map(Chunk.from_list, reply.get("chunks", [])) if c.id not in self.started]
             if in_flight and (not todo or not self.spec.overlap):
                 reply, in_flight, fresh = self._receive(), False, True
                 continue
@@ -238,14 +239,14 @@ class _AsyncLoop:
 
     # -- the three step shapes --------------------------------------------------------------
 
-    def _plain_step(self, chunk: list, reply: dict) -> dict:
+    def _plain_step(self, chunk: Chunk, reply: dict) -> dict:
         header, t1 = self._compute(chunk, reply)
         reply = self.transport.step(header, push=True, pull=True, shared=self._shared(reply, chunk))
         self._assign()
         self.comm_s = time.perf_counter() - t1
         return reply
 
-    def _overlapped_step(self, chunk: list, reply: dict, in_flight: bool) -> tuple[dict, bool]:
+    def _overlapped_step(self, chunk: Chunk, reply: dict, in_flight: bool) -> tuple[dict, bool]:
         header, _ = self._compute(chunk, reply, write_grad=False)
         if in_flight:  # step t-1's reply: its weights arrive after step t was computed
             reply = self._receive()
@@ -260,7 +261,7 @@ class _AsyncLoop:
         self.comm_s = time.perf_counter() - self._sent_at
         return reply
 
-    def _local_round(self, chunks: list, reply: dict) -> dict:
+    def _local_round(self, chunks: list[Chunk], reply: dict) -> dict:
         """K local steps with the cell's optimizer, then one exchange with the hub."""
         t, flat = self.transport, self.flat
         self._sync_model()
@@ -268,12 +269,12 @@ class _AsyncLoop:
         t0 = time.perf_counter()
         loss = math.nan
         for chunk in chunks:
-            self.started.add(chunk[0])
+            self.started.add(chunk.id)
             loss = flat.local_step(*self._batch(chunk))
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
         self._check(loss, 0.0, chunk)
         w_local, nt_local = flat.read()
-        header = {"chunks": [c[0] for c in chunks], "loss": loss, "compute_s": compute_s,
+        header = {"chunks": [c.id for c in chunks], "loss": loss, "compute_s": compute_s,
                   "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra()}
         np.subtract(nt_local, self._nt_model, out=t.nt_delta)
         t1 = time.perf_counter()
@@ -299,8 +300,8 @@ class _AsyncLoop:
 
     # -- pieces -----------------------------------------------------------------------------
 
-    def _compute(self, chunk: list, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
-        self.started.add(chunk[0])
+    def _compute(self, chunk: Chunk, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
+        self.started.add(chunk.id)
         t0 = time.perf_counter()
         x, y = self._batch(chunk)
         if self._assign_pending:
@@ -316,7 +317,7 @@ class _AsyncLoop:
         if write_grad:
             self._write_grad()
         self.steps += 1
-        header = {"chunks": [chunk[0]], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
+        header = {"chunks": [chunk.id], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
                   "norm": grad_norm,  # several shards: global clipping needs the whole norm
                   "wait_s": self._take_wait(), **self._take_extra()}
         return header, time.perf_counter()
@@ -326,11 +327,10 @@ class _AsyncLoop:
         np.subtract(self._nt_after, self._nt_model, out=self.transport.nt_delta)
         self._nt_model = self._nt_after  # the model now holds this state
 
-    def _batch(self, chunk: list) -> tuple[np.ndarray, np.ndarray]:
+    def _batch(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
         """The chunk's samples: its slice of the epoch's permutation, or (streamed) as many
         samples as it holds from this worker's shard."""
-        _, epoch, start, stop = chunk
-        return self.data.batch(epoch, start, stop)
+        return self.data.batch(chunk.epoch, chunk.start, chunk.stop)
 
     def _slow_down(self, compute_s: float, reply: dict) -> float:
         """Simulate a node `slowdown` times slower: sleep (factor - 1) x the compute time."""
@@ -340,12 +340,12 @@ class _AsyncLoop:
             return compute_s * factor
         return compute_s
 
-    def _check(self, loss: float, grad_norm: float, chunk: list) -> None:
+    def _check(self, loss: float, grad_norm: float, chunk: Chunk) -> None:
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
             raise TrainingError(
                 f"The {what} became {value} at step {self.steps} on worker {self.spec.worker} "
-                f"(epoch {chunk[1]}). Lower the learning rate (--lr), check the data for NaN/inf, "
+                f"(epoch {chunk.epoch}). Lower the learning rate (--lr), check the data for NaN/inf, "
                 "or normalise the inputs."
             )
 
@@ -366,12 +366,12 @@ class _AsyncLoop:
             self._assign_pending = False
             self._nt_model = nt.copy()
 
-    def _shared(self, reply: dict, *chunks: list) -> dict:
+    def _shared(self, reply: dict, *chunks: Chunk) -> dict:
         """Fields every shard needs: the group (for its barrier) and the samples pushed."""
         group = reply.get("group")
         if not group:
             return {}
-        return {"group": group, "batch": sum(c[3] - c[2] for c in chunks)}
+        return {"group": group, "batch": sum(c.size for c in chunks)}
 
     def _follow_lr(self, reply: dict) -> None:
         lr = reply.get("lr")

@@ -1,9 +1,9 @@
 """`--mode simulate`: a whole cluster in one thread of this kernel, on a virtual clock.
 
-What is real: the update rules (`nbdist.algorithms`, the same `Rule` objects the hub uses), the
-run's `Coordinator` (chunks and global epochs, DBS batch sizes, the SSP clock, speed groups,
-validation jobs, statistics), the group barrier, and every gradient (the cell's own Keras model
-through `FlatModel`). What is virtual: time. A worker's step takes
+What is real: the shard itself, the same `ShardCore` the hub drives (`nbdist.core.shard`: the
+update rules and the hub optimizer, the group barrier, the run's `Coordinator` with chunks and
+global epochs, DBS batch sizes, the SSP clock, speed groups, validation jobs, statistics), and
+every gradient (the cell's own Keras model through `FlatModel`). What is virtual: time. A worker's step takes
 `slowdown_w · cost(batch)` virtual seconds (`nbdist.core.simclock.CostModel`); step completions are
 applied in (virtual time, worker id) order; each virtual worker computes on the parameter copy
 it last pulled, so delays are those a cluster with these speeds would see. Sync (`--sim
@@ -29,12 +29,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nbdist.core.barrier import GroupBarrier, GroupStep
-from nbdist.core.coordinator import Coordinator, Plan
-from nbdist.core.schedule import epoch_permutation
+from nbdist.core.plan import Plan
+from nbdist.core.schedule import Chunk, epoch_permutation
+from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
-from nbdist.core.updater import make_updater
 from nbdist.errors import DataError, TrainingError
+from nbdist.hub.messages import Reply, Step
 
 # Compiled functions of models simulated before (a study re-running one model): tracing costs
 # seconds, a simulated epoch of a small model about as much. A cache, not state: entries die
@@ -59,8 +59,7 @@ class _Worker:
 
     params: np.ndarray
     nt: np.ndarray
-    read_version: int = 0
-    chunk: list | None = None
+    chunk: Chunk | None = None
     group: tuple[int, ...] = ()
     compute_s: float = 0.0
     last_push: float = 0.0  # virtual time of its last push (or 0): what came after is waiting
@@ -75,22 +74,21 @@ class Simulation:
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
+        # virtual workers only compute gradients: the shard applies every rate
+        plan = replace(plan, lr_owner="hub")
         self.plan, self.options, self.seed = plan, options, seed
         self.flat, (self.x, self.y), self.validation = flat, data, validation
         n = plan.num_workers
-        self.params = np.array(params, dtype=np.float32, copy=True)
-        self.non_trainable = np.array(non_trainable, dtype=np.float32, copy=True)
-        # the hub's own rule and optimizer (`optimizer`: the cell's, as `choose_optimizer` gives it)
-        self.updater = make_updater(replace(plan, algorithm="asgd") if self.sync else plan, rule_options,
-                                    optimizer, self.params.size)
-        self.barrier = GroupBarrier(self.params.size) if plan.algorithm == "group" else None
-        self.coordinator = Coordinator(plan)
+        self.now = 0.0
+        # the hub's own shard (`optimizer`: the cell's, as `choose_optimizer` gives it), on virtual time
+        self.core = ShardCore(plan, np.array(params, dtype=np.float32, copy=True), non_trainable,
+                              now=lambda: self.now, rule_options=rule_options, optimizer=optimizer,
+                              sync=self.sync)
+        self.coordinator = self.core.coordinator
         self.cost = options.cost
         self.jitter = Jitter(options.jitter, seed, n)
         self.queue = EventQueue()
-        self.workers = [_Worker(self.params.copy(), self.non_trainable.copy()) for _ in range(n)]
-        self.version, self.now = 0, 0.0
-        self.held: dict[int, bool] = {}  # worker -> pull flag of its held reply
+        self.workers = [_Worker(self.core.params.copy(), self.core.non_trainable.copy()) for _ in range(n)]
         self.idle: set[int] = set()
         self.next_eval = options.eval_every or math.inf
         self.error: BaseException | None = None
@@ -103,29 +101,18 @@ class Simulation:
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         with self._lock:
-            snap = self.coordinator.snapshot(since, timeline)
-            snap.update(version=self.version, error=None, dropped={}, elapsed=self.now,
-                        rule_options=self.updater.rule.options, finished=self.ended and self.error is None,
-                        hub_bytes=int(self.params.nbytes + self.updater.state_nbytes), virtual=True)
-            if self.updater.optimizer is not None:
-                snap["lr"] = self.updater.learning_rate()
+            snap = self.core.stats(since, timeline)
+            snap.update(error=None, dropped={}, finished=self.ended and self.error is None, virtual=True)
             return json.loads(json.dumps(snap))  # a copy, as the hub's reply would be
 
     def control(self, **h: object) -> None:
         with self._lock:
-            if "lr" in h:
-                self.updater.set_learning_rate(float(h["lr"]))
-            if "option" in h:
-                self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
-            if h.get("stop") and self.barrier is not None:
-                for step in self.barrier.flush_all():
-                    self._apply_group(step)
-            self.coordinator.control(h, self.now)
+            self.core.control(h)
             self._lock.notify_all()
 
     def params_now(self) -> tuple[np.ndarray, np.ndarray]:
         with self._lock:
-            return self.params.copy(), self.non_trainable.copy()
+            return self.core.params.copy(), self.core.non_trainable.copy()
 
     def shutdown(self) -> None:
         if not self.ended:
@@ -143,11 +130,11 @@ class Simulation:
         points = []
         for b in (batch, max(1, batch // 4), batch, max(1, batch // 4)):
             x, y = self.x[:b], self.y[:b]
-            self.flat.assign_and_gradients(self.params, self.non_trainable, x, y)  # warm, traced
+            self.flat.assign_and_gradients(self.core.params, self.core.non_trainable, x, y)  # warm, traced
             times = []
             for _ in range(5):
                 t0 = time.perf_counter()
-                self.flat.assign_and_gradients(self.params, self.non_trainable, x, y)
+                self.flat.assign_and_gradients(self.core.params, self.core.non_trainable, x, y)
                 times.append(time.perf_counter() - t0)
             points.append((b, float(np.median(times))))
         self.cost = fit_cost(points, self.options.jitter)
@@ -160,7 +147,7 @@ class Simulation:
                 self.coordinator.stats.record_event("sim_cost", 0.0, per_step_s=c.per_step_s,
                                                     per_sample_s=c.per_sample_s, jitter=c.jitter)
                 for w in range(self.plan.num_workers):
-                    self.coordinator.hello(w, "virtual", None)
+                    self.core.hello(w, "virtual", None)
                 for w in range(self.plan.num_workers):
                     self._answer(w, pull=True)
             while True:
@@ -183,21 +170,17 @@ class Simulation:
             self._complete_step(w)
         elif self.coordinator.paused and not self.coordinator.stopping:
             self._lock.wait(0.1)  # nothing runs while paused; wait for the kernel
-        elif self.barrier is not None and self.barrier.pending:
+        elif self.core.barrier is not None and self.core.barrier.pending:
             # members wait for one that will not push (the end of the data): what the hub does
             # after GROUP_WAIT_LIMIT_S, done at once since virtual waiting costs nothing
-            for step in self.barrier.flush_all():
-                self._apply_group(step)
-                if not self.sync:  # sync: the last, partial global batch, nothing unusual
-                        self.coordinator.stats.record_event("group_timeout", self.now, members=list(step.members),
-                                                        pushed=sorted(step.headers))
+            self.core.expire_groups(limit_s=0.0)
         before = self._progress()
         self._wake()
         self._stalled = 0 if len(self.queue) or self._progress() != before else self._stalled + 1
         if self._stalled > 3:
             raise TrainingError(
                 f"The simulation stalled at virtual time {self.now:.3f}s: no worker computes and none "
-                f"can go on (held: {sorted(self.held)}, idle: {sorted(self.idle)}). This is a bug in "
+                f"can go on (held: {sorted(self.core.held)}, idle: {sorted(self.idle)}). This is a bug in "
                 "nbdist's simulator; please report it with the run's options.")
         return True
 
@@ -206,41 +189,37 @@ class Simulation:
         return (len(self.queue), len(c.gone), c.stats.global_step, len(c.stats.evals), c.paused)
 
     def _answer(self, w: int, pull: bool) -> None:
-        """The hub's reply to `w` (or hold it), and what the worker does with it."""
-        if self.barrier is not None and self.barrier.waiting(w):
-            self.held[w] = pull
-            return
-        work = self.coordinator.work_for(w, pull, self.version)
-        if work is None:
-            self.held[w] = pull
-            return
-        self.held.pop(w, None)
+        """The shard's reply to `w` (unless it holds it), and what the worker does with it."""
+        reply = self.core.reply(w, pull)
+        if reply is not None:
+            self._take(w, pull, Reply.decode(reply))
+
+    def _take(self, w: int, pull: bool, work: Reply) -> None:
+        """Virtual worker `w` acts on its reply: copy the weights, evaluate, leave, or start a step."""
         self.idle.discard(w)
         v = self.workers[w]
         if pull:
-            v.read_version = self.version
-            self.updater.rule.on_pull(w, self.params, self.version)
-            np.copyto(v.params, self.params)
-            np.copyto(v.nt, self.non_trainable)
-        if work.get("eval"):
+            np.copyto(v.params, self.core.params)
+            np.copyto(v.nt, self.core.non_trainable)
+        if work.eval:
             metrics = self._evaluate_on(v.params, v.nt)
-            self.coordinator.eval_result(w, {"eval": {**work["eval"], "metrics": metrics}}, self.now)
-        if work["done"]:
+            self.core.eval_result(w, {"eval": {**work.eval, "metrics": metrics}})
+        if work.done:
             self._leave(w)
             return
-        todo = [c for c in work["chunks"] if c[0] not in v.started]
-        if not pull and (todo or work.get("eval_pending")):
+        todo = [c for c in work.chunks if c.id not in v.started]
+        if not pull and (todo or work.eval_pending):
             self._answer(w, pull=True)  # work after waiting: pull the current weights first
             return
         if not todo:
             self.idle.add(w)
             return
         chunk = todo[0]
-        v.started.add(chunk[0])
-        v.chunk, v.group = chunk, tuple(work.get("group") or (w,))
+        v.started.add(chunk.id)
+        v.chunk, v.group = chunk, tuple(work.group or (w,))
         if self.sync:  # every worker still here, also at the end of the data (a partial step)
             v.group = tuple(sorted(set(range(self.plan.num_workers)) - self.coordinator.gone))
-        v.compute_s = self.cost.step_time(chunk[3] - chunk[2], float(work["slowdown"]), self.jitter.factor(w))
+        v.compute_s = self.cost.step_time(chunk.size, float(work.slowdown), self.jitter.factor(w))
         self.queue.schedule(self.now + v.compute_s, w)
 
     def _complete_step(self, w: int) -> None:
@@ -253,60 +232,36 @@ class Simulation:
             what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", norm)
             raise TrainingError(
                 f"The {what} became {value} at step {self.coordinator.stats.workers[w].steps} on virtual "
-                f"worker {w} (epoch {chunk[1]}, virtual time {self.now:.3f}s). Lower the learning rate "
+                f"worker {w} (epoch {chunk.epoch}, virtual time {self.now:.3f}s). Lower the learning rate "
                 "(--lr), check the data for NaN/inf, or normalise the inputs.")
-        if self.non_trainable.size:
-            self.non_trainable += nt_after - v.nt
-        header = {"chunks": [chunk[0]], "loss": loss, "compute_s": v.compute_s, "comm_s": 0.0,
-                  "wait_s": max(0.0, self.now - v.compute_s - v.last_push)}
+        header = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
+                      wait_s=max(0.0, self.now - v.compute_s - v.last_push)).counted()
         v.last_push = self.now
-        if self.barrier is not None:
-            for step in self.barrier.add(v.group, w, grad, chunk[3] - chunk[2], v.read_version, header):
-                self._apply_group(step)
-        else:
-            delay = self.version - v.read_version
-            self._apply(w, grad, delay)
-            self.coordinator.push(w, header, delay, self.now)
+        self.core.push(w, grad, header, batch=chunk.size, group=v.group, non_trainable_delta=nt_after - v.nt)
+        self.core.settle()
         self._answer(w, pull=True)
-
-    def _apply(self, w: int, grad: np.ndarray, delay: int, scale: float = 1.0) -> None:
-        changed, _ = self.updater.push(w, self.params, grad, delay, scale)
-        self.version += int(changed)
-
-    def _apply_group(self, step: GroupStep) -> None:
-        """As the hub: the batch-weighted mean at the group's rate (sync: at the plain rate)."""
-        delay = self.version - min(step.read_versions.values())
-        self._apply(min(step.members), step.mean, delay, 1.0 if self.sync else step.batch / self.plan.batch_size)
-        for member, header in step.headers.items():
-            self.coordinator.push(member, header, self.version - 1 - step.read_versions[member], self.now)
 
     def _wake(self) -> None:
         """Held replies that may now go out, and idle workers asking again for work."""
-        for w in sorted(self.held):
-            if w in self.held:
-                self._answer(w, self.held[w])
+        for w, _, pull, reply in self.core.release():
+            self._take(w, pull, Reply.decode(reply))
         for w in sorted(self.idle):
             if w in self.idle and not self.queue.pending(w):
                 self._answer(w, pull=False)
 
     def _leave(self, w: int) -> None:
         self.idle.discard(w)
-        self.held.pop(w, None)
-        self.updater.rule.forget(w)
-        if self.barrier is not None:
-            for step in self.barrier.drop(w):
-                self._apply_group(step)
-        self.coordinator.bye(w, self.now)
+        self.core.bye(w)
 
     # -- data and evaluation -----------------------------------------------------------------
 
-    def _batch(self, chunk: list) -> tuple[np.ndarray, np.ndarray]:
-        _, epoch, start, stop = chunk
+    def _batch(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
+        epoch = chunk.epoch
         perm = self._perm.get(epoch)
         if perm is None:  # keep the last two epochs: chunks of both interleave at a boundary
             self._perm = {e: p for e, p in self._perm.items() if e == epoch - 1}
             perm = self._perm[epoch] = epoch_permutation(len(self.x), self.seed, epoch)
-        index = perm[start:stop]
+        index = perm[chunk.start:chunk.stop]
         return self.x[index], self.y[index]
 
     def _evaluate_on(self, params: np.ndarray, nt: np.ndarray) -> dict:
@@ -324,9 +279,9 @@ class Simulation:
     def _evaluate_until(self, t: float) -> None:
         """Periodic evaluations (`eval_every`) of the hub's weights at their virtual times."""
         while self.next_eval <= t and self.validation is not None:
-            metrics = self._evaluate_on(self.params, self.non_trainable)
+            metrics = self._evaluate_on(self.core.params, self.core.non_trainable)
             self.coordinator.stats.record_eval(metrics, epoch=round(self.coordinator.epochs_done, 4),
-                                               version=self.version, now=self.next_eval)
+                                               version=self.core.version, now=self.next_eval)
             self.next_eval += self.options.eval_every
 
 

@@ -1,0 +1,34 @@
+"""The parts of a run's configuration that the shard core and the coordinator act on."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Plan:
+    """The parts of the run's configuration the coordinator acts on. `num_workers` is the
+    configured M, fixed for the run: workers added mid-run (`Coordinator.add_worker`) do not
+    change what depends on it (softsync's c, EASGD's α, the start barrier)."""
+
+    num_workers: int
+    num_samples: int
+    epochs: int
+    batch_size: int
+    lr: float | None  # the workers' rate when they own it (lr_owner); None: their own schedule
+    has_validation: bool
+    algorithm: str = "asgd"
+    staleness: int | None = None  # ssp: S
+    groups: int = 0  # group: 0 = automatic from speeds, else that many groups
+    max_group_ratio: float = 1.5
+    chunks_ahead: int = 1  # chunks a worker may hold: local steps or overlap need more
+    dbs: bool = False
+    batch_min: int = 1
+    batch_max: int | None = None
+    slowdown: list[float] = field(default_factory=list)
+    staleness_lr: bool = False
+    metrics: str = "full"  # "minimal": counters only, no history rows or timeline
+    # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
+    # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
+    # coordinator tells the rate on every reply)
+    lr_owner: str = "hub"

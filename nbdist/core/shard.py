@@ -1,0 +1,306 @@
+"""One parameter-server shard's logic, with no sockets and no clock of its own.
+
+`ShardCore` holds a shard's slice of the flat parameters, its version, the update rule and
+optimizer (`Updater`), the group barrier, and, on shard 0, the run's `Coordinator`. It applies
+pushes, answers or holds replies, follows the kernel's control, forgets workers that leave or
+die, gives statistics, and exports and restores its state for checkpoints. Two drivers use it:
+the socket server (`nbdist.hub.server.Hub`, wall-clock time) and the simulator
+(`nbdist.modes.simulate.simulation.Simulation`, virtual time). Both hand it a `now()`, so tests
+of lost workers and group timeouts move time by hand instead of waiting.
+
+Owners of state (one each):
+- learning rate: the hub optimizer (`updater`) when `plan.lr_owner == "hub"`, else the
+  coordinator (`coordinator.lr`, told to the workers that apply it); `learning_rate()` reads it;
+- SSP clock, group membership and group options: the coordinator (shard 0); the rule only
+  validates the options. Shards 1..S-1 learn a worker's group from its push header (the
+  worker is told it in each reply from shard 0), so membership passes through the worker;
+- a worker's read version (for delays) and the replies held back: this core.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+
+import numpy as np
+
+from nbdist.core.barrier import GroupBarrier, GroupStep
+from nbdist.core.coordinator import Coordinator
+from nbdist.core.plan import Plan
+from nbdist.core.schedule import EpochSchedule
+from nbdist.core.updater import make_updater
+
+GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
+
+
+class ShardCore:
+    """One shard: parameters, version, rule + optimizer, barrier, coordinator (shard 0).
+
+    `params` is used in place (the hub's lives in shared memory). `sync`: the simulator's sync
+    mode, one group of everyone applied with plain ASGD at the plain rate.
+
+    Example:
+        >>> plan = Plan(num_workers=1, num_samples=4, epochs=1, batch_size=4, lr=0.5, has_validation=False)
+        >>> core = ShardCore(plan, np.zeros(2, np.float32), np.zeros(0, np.float32), now=lambda: 0.0)
+        >>> core.hello(0, "h", None); reply = core.reply(0, pull=True); reply["chunks"]
+        [[0, 0, 0, 4]]
+        >>> core.push(0, np.ones(2, np.float32), {"chunks": [0]}, batch=4); core.settle()
+        False
+        >>> core.params.tolist(), core.version
+        ([-0.5, -0.5], 1)
+    """
+
+    def __init__(self, plan: Plan, params: np.ndarray, non_trainable: np.ndarray, *,
+                 now: Callable[[], float], shard: int = 0, num_shards: int = 1,
+                 rule_options: dict | None = None, optimizer: dict | None = None, offset: int = 0,
+                 sync: bool = False, start_time: float = 0.0):
+        self.plan, self.shard, self.num_shards, self.sync, self.now = plan, shard, num_shards, sync, now
+        self.size = int(params.size)
+        self.params = params
+        self.non_trainable = np.array(non_trainable, dtype=np.float32, copy=True)
+        self.updater = make_updater(replace(plan, algorithm="asgd") if sync else plan, rule_options or {},
+                                    optimizer, self.size, offset)
+        self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
+        self.coordinator = Coordinator(plan, start_time) if shard == 0 else None
+        self.version = 0
+        self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
+        self.read_version: dict[int, int] = {}  # worker -> the version its last pull read
+        self.held: dict[int, tuple[object, bool]] = {}  # worker -> (driver's token, pull) of a held reply
+        self._unsettled: tuple | None = None  # a push's bookkeeping, done after the reply (`settle`)
+
+    # -- workers -----------------------------------------------------------------------------
+
+    def hello(self, worker: int, host: str, engine: int | None, header: dict | None = None) -> None:
+        if self.coordinator is not None:
+            self.coordinator.hello(worker, host, engine, header)
+        self.read_version.pop(worker, None)  # a fresh start (or a rejoin): it reads on its reply
+        self.heard(worker)
+
+    def heard(self, worker: int) -> None:
+        """`worker` spoke (or its held reply was just sent): its silence counts from now."""
+        if self.coordinator is not None:
+            self.coordinator.heard(worker, self.now())
+
+    def written_off(self, worker: int) -> bool:
+        """Counted as lost (its chunks went to others), so nothing it pushes may be applied."""
+        return self.coordinator is not None and worker in self.coordinator.lost
+
+    def push(self, worker: int, grad: np.ndarray, header: dict, *, batch: int, group=None,
+             into: np.ndarray | None = None, norm: float | None = None,
+             non_trainable_delta: np.ndarray | None = None) -> bool:
+        """Apply one push (or add it to its group's step). `into`: where the new weights are
+        also written; returns whether they were. Call `settle()` once the reply is out.
+        `group`: the members of its group step, as shard 0's coordinator told the worker (every
+        shard's barrier must group the same pushes, and shards 1..S-1 hold no coordinator)."""
+        self.settle()
+        if grad.size != self.size:
+            raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
+        if self.coordinator is not None and non_trainable_delta is not None and self.non_trainable.size:
+            self.non_trainable += non_trainable_delta
+        read = self.read_version.get(worker, 0)
+        if self.barrier is not None:  # a singleton completes at once and flushes old groups
+            for step in self.barrier.add(tuple(group or (worker,)), worker, grad, batch, read, header,
+                                         now=self.now()):
+                self.apply_group(step)
+            return False
+        delay = self.version - read
+        copied = self._apply(worker, grad, delay, into=into, norm=norm)
+        if self.coordinator is not None:
+            now = self.now()
+            self._unsettled = (worker, self.coordinator.complete(worker, header, now), header, delay, now)
+        return copied
+
+    def settle(self) -> None:
+        """The bookkeeping of the last push (statistics, timeline, delays), which its reply
+        does not wait for."""
+        if self._unsettled is not None:
+            unsettled, self._unsettled = self._unsettled, None
+            self.coordinator.account(*unsettled)
+
+    def _apply(self, worker: int, grad: np.ndarray, delay: int, scale: float = 1.0,
+               into: np.ndarray | None = None, norm: float | None = None) -> bool:
+        """One update (the rule decides, the optimizer steps). `norm`: the whole gradient's
+        norm, which global clipping needs when a shard sees only part of it."""
+        changed, copied = self.updater.push(worker, self.params, grad, delay, scale, into,
+                                            norm if self.num_shards > 1 else None)
+        self.version += int(changed)
+        return copied
+
+    def apply_group(self, step: GroupStep) -> None:
+        """A completed group step: its batch-weighted mean at the group's rate `lr · B_g / B_ref`
+        (the simulator's sync: at the plain rate)."""
+        delay = self.version - min(step.read_versions.values())
+        scale = 1.0 if self.sync else step.batch / self.plan.batch_size
+        self._apply(min(step.members), step.mean, delay, scale=scale)
+        if self.coordinator is not None:
+            for member, header in step.headers.items():
+                self.coordinator.push(member, header, self.version - 1 - step.read_versions[member], self.now())
+
+    def expire_groups(self, limit_s: float = GROUP_WAIT_LIMIT_S) -> bool:
+        """A member that never pushes (it died, a regroup crossed its push, the data ended) must
+        not stall its group: after `limit_s` the step is applied with the pushes that came."""
+        steps = self.barrier.expired(limit_s, self.now()) if self.barrier is not None else []
+        for step in steps:
+            self.apply_group(step)
+            if self.coordinator is not None and not self.sync:  # sync: the last, partial batch
+                self.coordinator.stats.record_event("group_timeout", self.now(), members=list(step.members),
+                                                    pushed=sorted(step.headers))
+        return bool(steps)
+
+    def eval_result(self, worker: int, header: dict) -> None:
+        if self.coordinator is not None:
+            self.coordinator.eval_result(worker, header, self.now())
+
+    # -- replies -----------------------------------------------------------------------------
+
+    def reply(self, worker: int, pull: bool, token: object = None) -> dict | None:
+        """The reply to `worker`'s request, or None: held (kept with `token`) until it may go
+        on (SSP: too far ahead; group sync: its group's step is incomplete)."""
+        if (self.barrier is not None and self.barrier.waiting(worker)) or (
+                self.coordinator is not None and not self.coordinator.assign(worker, pull, self.version)):
+            self.held[worker] = (token, pull)
+            return None
+        self.held.pop(worker, None)
+        reply = {"version": self.version, **(self.coordinator.reply_for(worker, pull) if self.coordinator else {})}
+        if pull:
+            self.read_version[worker] = self.version
+            self.updater.rule.on_pull(worker, self.params, self.version)
+        return reply
+
+    def release(self) -> Iterator[tuple[int, object, bool, dict]]:
+        """Held replies that may go now, as (worker, token, pull, reply), by worker id; the
+        driver acts on each (which may change what the next can have) before the next."""
+        for worker in sorted(self.held):
+            if worker not in self.held or (self.barrier is not None and self.barrier.waiting(worker)):
+                continue
+            if self.coordinator is not None and self.coordinator.blocked(worker):
+                continue
+            token, pull = self.held[worker]
+            reply = self.reply(worker, pull, token)
+            if reply is not None:
+                yield worker, token, pull, reply
+
+    # -- leaving -----------------------------------------------------------------------------
+
+    def forget(self, worker: int) -> None:
+        """`worker` left or died: drop its rule state and held reply; nothing waits for it."""
+        self.held.pop(worker, None)
+        self.read_version.pop(worker, None)
+        self.updater.rule.forget(worker)
+        if self.barrier is not None:
+            for step in self.barrier.drop(worker):
+                self.apply_group(step)
+
+    def bye(self, worker: int) -> None:
+        self.forget(worker)
+        if self.coordinator is not None and worker not in self.coordinator.lost:
+            self.coordinator.bye(worker, self.now())
+
+    def lose(self, worker: int, reason: str) -> None:
+        """`worker` died (or was written off): its chunks and jobs go to the others."""
+        self.forget(worker)
+        if self.coordinator is not None:
+            self.coordinator.lose(worker, self.now(), reason)
+
+    def overdue(self) -> list[tuple[int, float]]:
+        """Workers silent past their deadline, with that deadline (a held reply is exempt)."""
+        if self.coordinator is None:
+            return []
+        return [(w, self.coordinator.deadline(w)) for w in self.coordinator.overdue(self.now(), exempt=self.held)]
+
+    # -- the kernel's side -------------------------------------------------------------------
+
+    def learning_rate(self) -> float | None:
+        """The run's rate now, from its one owner (see the module docstring)."""
+        if self.plan.lr_owner == "hub":
+            return self.updater.learning_rate()
+        return self.coordinator.lr if self.coordinator is not None else None
+
+    def control(self, h: dict) -> None:
+        """The kernel's control: lr, rule options, add_worker, lost, stop; the coordinator's part
+        (pause, slow-down, batch policy, regroup, ...) after the shard's."""
+        if "lr" in h:
+            lr = float(h["lr"])
+            if not (math.isfinite(lr) and lr > 0):
+                raise ValueError(f"learning rate must be positive and finite, got {lr}")
+            if self.plan.lr_owner == "hub":  # else the coordinator owns it and tells the workers
+                self.updater.set_learning_rate(lr)
+        if "option" in h:
+            self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
+        if "add_worker" in h:  # a worker joins mid-run: shard 0 (asked first) may refuse, then all admit
+            worker = int(h["add_worker"])
+            if self.coordinator is not None:
+                self.coordinator.add_worker(worker, self.now(), h.get("engine"))
+            if worker != self.num_workers:
+                raise ValueError(f"a worker added mid-run takes the next id, {self.num_workers} "
+                                 f"(Received: {worker})")
+            self.num_workers += 1
+        if "lost" in h:  # the kernel saw the worker's engine die, or shard 0 wrote it off
+            self.lose(int(h["lost"]), str(h.get("reason", "engine died")))
+        if h.get("stop") and self.barrier is not None:
+            for step in self.barrier.flush_all():
+                self.apply_group(step)
+        if self.coordinator is not None:
+            self.coordinator.control(h, self.now())
+
+    def stats(self, since: int = 0, timeline: bool = False) -> dict:
+        """Shard 0's statistics for the kernel (the driver adds its own error and drop counts)."""
+        self.settle()
+        snap = self.coordinator.snapshot(since, timeline)
+        snap.update(version=self.version, hub_bytes=int(self.params.nbytes + self.updater.state_nbytes),
+                    rule_options=self.updater.rule.options, elapsed=self.now())
+        if self.plan.lr_owner == "hub":
+            snap["lr"] = self.updater.learning_rate()  # the schedule's value at this step
+        return snap
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def export(self) -> dict:
+        """Everything a checkpoint saves of this shard (`nbdist.checkpoint.shard_state` writes
+        it as numbers and arrays): copies, so the shard may go on at once."""
+        self.settle()
+        rule, opt = self.updater.rule, self.updater.optimizer
+        state = {"shard": self.shard, "version": self.version, "lr": self.learning_rate(),
+                 "rule": rule.name, "rule_options": rule.options, "optimizer": self.updater.spec,
+                 "params": self.params.copy(),
+                 "rule_state": {name: _copy(getattr(rule, name)) for name in rule.state_fields},
+                 "opt_state": opt.export_state() if opt is not None else {}}
+        c = self.coordinator
+        if c is not None:
+            state["non_trainable"] = self.non_trainable.copy()
+            state["schedule"] = c.schedule.state()
+            state["evals_pending"] = sorted({*c.eval_queue, *c.evaluating.values()})
+        return state
+
+    def restore(self, state: dict) -> None:
+        """Take back a saved state (what `Checkpoint.shard_restores` gives), before serving."""
+        self.version = int(state["version"])
+        rule, opt = self.updater.rule, self.updater.optimizer
+        _import_fields(rule, rule.state_fields, state.get("rule", {}))
+        if opt is not None and state.get("opt"):  # (a sync run's metrics hub saves none)
+            opt.restore_state(state["opt"])
+        c = self.coordinator
+        if c is not None and "schedule" in state:
+            c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)
+            if c.plan.has_validation:
+                c.eval_queue.extend(state.get("evals_pending", []))
+
+
+def _copy(value):
+    return value.copy() if isinstance(value, np.ndarray) else value
+
+
+def _import_fields(obj, fields: tuple[str, ...], values: dict) -> None:
+    """Put saved fields back into `obj`, in place; arrays must match in shape."""
+    if set(values) != set(fields):
+        raise ValueError(f"{type(obj).__name__} state has fields {sorted(values)}, expected {sorted(fields)}")
+    for name in fields:
+        current, value = getattr(obj, name), values[name]
+        if isinstance(current, np.ndarray):
+            value = np.asarray(value, dtype=np.float32)
+            if value.shape != current.shape:
+                raise ValueError(f"{name} has shape {value.shape}, expected {current.shape}")
+            np.copyto(current, value)
+        else:
+            setattr(obj, name, type(current)(value))
