@@ -225,3 +225,25 @@ def schedule(kind: str, stages: int, micro_batches: int, stage: int) -> list[tup
     for i in range(m - warm):
         ops += [("F", warm + i), ("B", i)]
     return ops + [("B", i) for i in range(m - warm, m)]
+
+
+def check_pipeline_options(*, stages: object, micro_batches: object, method: object, kind: object,
+                           batch_size: int, unsupported: dict[str, bool]) -> None:
+    """The `--mode pipeline` flags, checked before anything runs (TrainConfig calls this)."""
+    for flag, value in (("--stages", stages), ("--micro-batches", micro_batches)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ConfigError(f"{flag} must be a whole number >= 1 (Received: {value!r}). Example: {flag} 2.")
+    if method not in METHODS:
+        raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: {method!r}).")
+    if kind not in ("gpipe", "1f1b"):
+        raise ConfigError(f"--schedule must be gpipe or 1f1b (Received: {kind!r}).")
+    if batch_size % micro_batches:
+        raise ConfigError(
+            f"--batch-size {batch_size} does not split into --micro-batches {micro_batches} equal "
+            f"micro-batches. Use a batch size that is a multiple of {micro_batches} (e.g. "
+            f"{max(micro_batches, batch_size // micro_batches * micro_batches)}), or another --micro-batches.")
+    given = [flag for flag, on in unsupported.items() if on]
+    if given:
+        raise ConfigError(
+            f"--mode pipeline trains one copy of the model cut into stages, with the cell's optimizer "
+            f"on each stage; {', '.join(given)} does not apply to it. Drop it, or use --mode async.")
