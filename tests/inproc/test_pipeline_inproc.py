@@ -105,3 +105,30 @@ model = Net(); model.compile(optimizer="sgd", loss="mse")
 '''
     with pytest.raises(ConfigError, match="subclassed keras.Model.*keras.Sequential"):
         _start(subclassed, stages=2, batch_size=8, micro_batches=2)
+
+
+BN_CELL = '''
+import keras
+import numpy as np
+keras.utils.set_random_seed(1)
+from nbdist.datasets import make_synthetic
+(x_train, y_train), (x_test, y_test) = make_synthetic(n=640, shape=(8,), classes=3, seed=1)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.BatchNormalization(), keras.layers.Dropout(0.2),
+                          keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
+
+def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
+    ns, run = _start(BN_CELL, stages=2, micro_batches=2, batch_size=32, epochs=3, partition="uniform",
+                     schedule="1f1b", timeout=60)
+    run.wait(timeout=180)
+    bn = ns["model"].layers[1]  # its moving mean starts at 0; the stage that holds it updated it
+    assert np.abs(bn.moving_mean.numpy()).max() > 1e-3
+    val = run.history["val_accuracy"].dropna()
+    assert len(val) == 3 and val.iloc[-1] > 0.8
+    dash = run.dashboard()
+    dash.refresh()
+    assert {t["name"] for t in dash.figures["pipeline"]["data"]} >= {"forward", "backward"}
