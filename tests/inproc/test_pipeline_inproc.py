@@ -132,3 +132,17 @@ def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
     dash = run.dashboard()
     dash.refresh()
     assert {t["name"] for t in dash.figures["pipeline"]["data"]} >= {"forward", "backward"}
+
+
+def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
+    from tests.helpers import wait_for
+
+    cell = "B = 16\n" + SKIP_CELL
+    ns, run = _start(cell, stages=2, micro_batches=2, batch_size=16, epochs=500, timeout=60)
+    before = [w.numpy().copy() for w in ns["model"].weights]
+    wait_for(lambda: run._snapshot.get("global_step", 0) >= 5)
+    run.stop()
+    run.wait(timeout=60)
+    assert run.status == "stopped" and run.error is None
+    assert 5 <= run.history["step"].max() < 500 * 20
+    assert any(not np.allclose(a, w.numpy()) for a, w in zip(before, ns["model"].weights, strict=True))

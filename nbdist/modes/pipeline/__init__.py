@@ -29,7 +29,7 @@ def start(cell: str, config, cluster, namespace: dict, wait: bool, contents, war
     from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
     from nbdist.modes.pipeline.run import PipelineRun, partition_frame
     from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
-    from nbdist.modes.pipeline.stage import StageSpec, prepare_stage, run_stage
+    from nbdist.modes.pipeline.stage import StageSpec, discard_stage, prepare_stage, run_stage
 
     if cluster is None and not in_process:
         raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no cluster. "
@@ -99,6 +99,9 @@ def start(cell: str, config, cluster, namespace: dict, wait: bool, contents, war
     except BaseException:
         control.failed = True
         control.close()
+        if not backend.tasks:  # prepared stages hold bound sockets: free them
+            for s in range(stages):
+                backend.call(s, discard_stage, run_id, s)
         raise
     run = PipelineRun(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
     run.profile = pd.DataFrame(layers)

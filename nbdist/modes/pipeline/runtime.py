@@ -115,6 +115,10 @@ class PipelineControl:
             self.failed = True
             self.link.broadcast("abort", reason="the run is over")
 
+    @property
+    def closed(self) -> bool:
+        return self._closing.is_set()
+
     def close(self) -> None:
         self._closing.set()
         self._thread.join(2)

@@ -75,6 +75,13 @@ def run_stage(run_id: str, stage: int, neighbours: dict, report: str, control: s
         worker.link.close()
 
 
+def discard_stage(run_id: str, stage: int) -> None:
+    """Forget a prepared stage that will not run (another stage failed to start)."""
+    worker = _STAGES.pop((run_id, stage), None)
+    if worker is not None:
+        worker.link.close()
+
+
 def stage_data(ns: dict, spec: StageSpec, model) -> tuple:
     """(x, y, validation) as the cell defines them on this engine."""
     from nbdist.engine.data import load, validation_arrays
@@ -192,12 +199,14 @@ class Stage:
         m, total = len(micro), sum(len(i) for i in micro)
         held, grads, loss_sum, ops = {}, None, 0.0, []
         for kind, i in schedule(spec.schedule, spec.stages, m, s):
-            t0 = time.time()
+            # each op's time starts once its input is here: waiting for a neighbour is idle
             if kind == "F":
                 if self.first:
+                    t0 = time.time()
                     inputs = [tf.convert_to_tensor(self.x[micro[i]])]
                 else:
                     _, h, inputs = link.wait(("F", step, i))
+                    t0 = time.time()
                     inputs = [tf.convert_to_tensor(a) for a in inputs]
                 watched = [t for t in inputs if t.dtype.is_floating]
                 with tf.GradientTape() as tape:
@@ -216,9 +225,10 @@ class Stage:
             else:
                 tape, inputs, watched, out = held.pop(i)
                 if self.last:
-                    upstream = None
+                    t0, upstream = time.time(), None
                 else:
                     _, _, upstream = link.wait(("B", step, i))
+                    t0 = time.time()
                     upstream = [tf.convert_to_tensor(a) for a in upstream]
                 result = tape.gradient(out, [*watched, *self.sub.trainable], output_gradients=upstream,
                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
