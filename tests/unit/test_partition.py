@@ -102,3 +102,16 @@ def test_schedules_and_bubble():
             assert sorted(ops) == sorted([("F", i) for i in range(5)] + [("B", i) for i in range(5)])
     assert ideal_bubble(2, 4) == pytest.approx(1 / 5)
     assert ideal_bubble(1, 8) == 0.0
+
+
+def test_1f1b_holds_at_most_s_minus_stage_micro_batches_gpipe_all_m():
+    def most_in_flight(ops):
+        held = peak = 0
+        for kind, _ in ops:
+            held += 1 if kind == "F" else -1
+            peak = max(peak, held)
+        return peak
+
+    for s in range(4):
+        assert most_in_flight(schedule("1f1b", 4, 8, s)) == 4 - s
+        assert most_in_flight(schedule("gpipe", 4, 8, s)) == 8
