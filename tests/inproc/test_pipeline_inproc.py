@@ -87,6 +87,11 @@ def test_profile_and_live_tensors_of_a_skip_connection():
 
 
 def test_clear_errors():
+    import nbdist
+    from nbdist.errors import NoClusterError
+
+    with pytest.raises(NoClusterError, match=r"--mode pipeline puts each stage on its own engine.*%nbdist start 2"):
+        nbdist.train("B = 8\n" + SKIP_CELL, namespace={}, mode="pipeline", batch_size=8, micro_batches=2)
     with pytest.raises(ConfigError, match="does not split into --micro-batches 3"):
         TrainConfig(mode="pipeline", batch_size=16, micro_batches=3)
     with pytest.raises(ConfigError, match="--stages 6 needs at least 6 layers.*d1, d2, add, d3, out"):
