@@ -105,6 +105,7 @@ def start(cell: str, config, cluster, namespace: dict, wait: bool, contents, war
         raise
     run = PipelineRun(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
     run.profile = pd.DataFrame(layers)
+    run.source = cell
     run.partition = partition_frame(graph, chosen, layers)
     run.partitions = alternatives
     run.note(f"pipeline: {stages} stages on engines {engines}, --partition {config.partition} "

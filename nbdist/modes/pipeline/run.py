@@ -23,6 +23,7 @@ class PipelineRun(Run):
     """A `Run` of `--mode pipeline` (see `nbdist.modes.pipeline`)."""
 
     profile: pd.DataFrame  # per layer: forward_s, backward_s, params, cut_bytes (micro-batch size)
+    source: str  # the cell, to train it again with other options (nbdist.train(run.source, ...))
     partitions: dict  # method -> nbdist.core.partition.Partition, all four for comparison
 
     @property
