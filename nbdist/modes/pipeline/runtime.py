@@ -16,6 +16,7 @@ from collections import deque
 from nbdist.errors import ConfigError, TrainingError
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
+QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
 
 
 class PipelineControl:
@@ -36,6 +37,7 @@ class PipelineControl:
         self.sent = [0] * stages
         self.global_step, self.epoch = 0, 0
         self.failed = False
+        self._last_report = time.monotonic()
         self.tasks_done = lambda: False  # set by the backend
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -48,6 +50,7 @@ class PipelineControl:
             if header is not None:
                 with self._lock:
                     self._absorb(header)
+                    self._last_report = time.monotonic()
 
     def _absorb(self, h: dict) -> None:
         now = float(h.get("time", time.time())) - self.started
@@ -84,8 +87,10 @@ class PipelineControl:
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         done = self.tasks_done()
-        if done:
-            time.sleep(0.2)  # the last reports are sent before a stage returns: let them land
+        if done:  # the last reports are sent before a stage returns: let them land
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() - self._last_report < QUIET_S and time.monotonic() < deadline:
+                time.sleep(0.05)
         with self._lock:
             nodes = [{"worker": s, "engine": self.engines[s], "state": "done" if done else "training",
                       "steps": self.measured_steps,
