@@ -42,6 +42,11 @@ def start(cell: str, config, cluster, namespace: dict, wait: bool, contents, war
     x = x.astype("float32") if getattr(x, "dtype", None) == "float64" else x
     ensure_built(model, x[:2])
     graph = Graph(model)
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise ConfigError(
+            f"--mode pipeline trains models with one input and one output (Received: "
+            f"{len(graph.inputs)} inputs, {len(graph.outputs)} outputs). Combine them into one "
+            "tensor each (e.g. keras.layers.Concatenate), or use --mode async or sync.")
     stages, micro = config.stages, config.micro_batches
     check_stages(len(graph.steps), stages, graph.names)
     engines = list(cluster.engine_ids) if cluster is not None else list(range(stages))
