@@ -133,6 +133,10 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     from nbdist.engine.learning_rate import check_lr
 
     check_lr(config.lr if ckpt is None else None, model.optimizer)  # a resume keeps the saved rate
+    if config.mode is Mode.PIPELINE:  # each stage steps the cell's own optimizer
+        from nbdist.modes import pipeline
+
+        return pipeline.start(cell, config, cluster, ns, wait, contents, [])
     optimizer, warnings = _hub_optimizer(config, model, shape)
     if config.mode is Mode.SIMULATE:
         from nbdist.modes.simulate.simulation import start_simulation

@@ -23,6 +23,7 @@ class Mode(enum.StrEnum):
     SYNC = "sync"  # Horovod allreduce across the worker engines
     LOCAL = "local"  # the same hub and worker loop, inside this kernel; no cluster needed
     SIMULATE = "simulate"  # the same rules and coordinator, real gradients, virtual step times
+    PIPELINE = "pipeline"  # the model cut into stages, one per engine (nbdist.modes.pipeline)
 
 
 class Algorithm(enum.StrEnum):
@@ -180,6 +181,11 @@ class TrainConfig:
     # (nbdist.modes.sync.batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
     # normalises over its own share of the batch, as with --no-sync-batchnorm.
     sync_batchnorm: bool | None = None
+    # --mode pipeline: stages (one engine each), micro-batches per mini-batch, how to cut, schedule
+    stages: int = 2
+    micro_batches: int = 4
+    partition: str = "optimal"  # optimal | greedy | uniform | random (nbdist.core.partition)
+    schedule: str = "gpipe"  # gpipe | 1f1b
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -245,6 +251,16 @@ class TrainConfig:
 
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
+        if self.mode is Mode.PIPELINE:
+            from nbdist.core.partition import check_pipeline_options  # pure
+
+            check_pipeline_options(
+                stages=self.stages, micro_batches=self.micro_batches, method=self.partition,
+                kind=self.schedule, batch_size=self.batch_size,
+                unsupported={"--servers": self.servers != 1, "--algorithm": self.algorithm is not Algorithm.ASGD,
+                             "--local-steps": self.local_steps != 1, "--overlap": self.overlap,
+                             "--dbs": self.dbs, "--workers": self.workers is not None,
+                             "--checkpoint-dir": self.checkpoint_dir is not None})
 
     def _check_simulate(self) -> None:
         if self.workers is None and self.slowdown is None:

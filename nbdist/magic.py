@@ -119,6 +119,13 @@ class NbdistMagics(Magics):
               help="--mode simulate: per_step=1e-3,per_sample=2e-5,jitter=0,calibrate=0,eval_every=0,sync=0")
     @argument("--sync-batchnorm", action=argparse.BooleanOptionalAction, default=None,
               help="--mode sync: BatchNorm statistics over the global batch (default: off)")
+    @argument("--stages", type=int, default=None, help="--mode pipeline: stages, one engine each (default 2)")
+    @argument("--micro-batches", type=int, default=None,
+              help="--mode pipeline: micro-batches per mini-batch (default 4; must divide --batch-size)")
+    @argument("--partition", default=None, choices=["optimal", "greedy", "uniform", "random"],
+              help="--mode pipeline: how layers are cut into stages, from their measured costs (default optimal)")
+    @argument("--schedule", default=None, choices=["gpipe", "1f1b"],
+              help="--mode pipeline: all forwards then all backwards (gpipe, default), or 1f1b")
     @argument("--wait", action="store_true", help="block until training ends")
     @argument("--no-dashboard", action="store_true", help="do not show the live dashboard")
     @argument("--top-k", type=int, default=None,
@@ -174,7 +181,8 @@ def _options(args) -> dict:
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
         dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
-        sim=args.sim, sync_batchnorm=args.sync_batchnorm, elastic=args.elastic)
+        sim=args.sim, sync_batchnorm=args.sync_batchnorm, elastic=args.elastic, stages=args.stages,
+        micro_batches=args.micro_batches, partition=args.partition, schedule=args.schedule)
     return {name: value for name, value in options.items() if value is not None}
 
 

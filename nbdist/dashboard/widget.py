@@ -137,6 +137,9 @@ class Dashboard:
         self.plots = {name: PlotPanel(name=name, height=FIGURE_HEIGHT,
                                        layout={"min_height": f"{FIGURE_HEIGHT}px"})
                       for name in PANELS}
+        if hasattr(run, "pipeline_figure"):  # --mode pipeline: the stages' timeline and bubble
+            self.plots["pipeline"] = PlotPanel(name="pipeline", height=FIGURE_HEIGHT,
+                                               layout={"min_height": f"{FIGURE_HEIGHT}px"})
         self.figures: dict[str, dict] = {}  # the figure each plot shows now
 
         self.status = w.HTML(_status_html(run))
@@ -241,6 +244,8 @@ class Dashboard:
             nodes = run.nodes
             self.table.value = figures.node_table_html(nodes)
             self._sync_controls(run._snapshot, nodes)  # noqa: SLF001
+            if "pipeline" in self.plots:
+                self._draw("pipeline", run.pipeline_figure())
         events = run.events
         top_k = self.top_k.value or None
         key = (run.timeline_revision, len(events), top_k)

@@ -1,2 +1,3 @@
 """One package per training mode: `async_ps` (the hub, also `--mode local` in this kernel),
-`sync` (Horovod allreduce) and `simulate` (a virtual cluster on a virtual clock)."""
+`sync` (Horovod allreduce), `simulate` (a virtual cluster on a virtual clock) and `pipeline`
+(the model cut into stages across engines)."""

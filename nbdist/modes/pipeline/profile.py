@@ -1,0 +1,129 @@
+"""Measuring a model for partitioning: each layer's forward and backward time and the bytes
+live across each cut, at the micro-batch size, and the link's bandwidth (`run.profile`).
+
+Each step runs eagerly on its own, several times after a warm-up, and its fastest time is
+kept (the first calls of a layer include building and tracing; on a shared machine the
+other processes only ever add time, so the minimum is the steadiest estimate). The backward time is that of
+`tape.gradient` of the step's outputs with respect to its float inputs and its variables.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+REPEATS = 5
+
+
+def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
+    """Per step: name, forward_s, backward_s, params; per cut: the live bytes after each step."""
+    import tensorflow as tf
+
+    from nbdist.modes.pipeline.graph import call_step
+
+    values = {t: tf.convert_to_tensor(v) for t, v in zip(graph.inputs, _as_list(x_micro), strict=True)}
+    rows, seen = [], set()
+    for step in graph.steps:
+        inputs = {t: values[t] for t in step.inputs}
+        sources = [v for v in inputs.values() if v.dtype.is_floating]
+        variables = list(getattr(step.op, "trainable_variables", [])) if id(step.op) not in seen else []
+        fwd, bwd = [], []
+        for r in range(repeats + 1):
+            scratch = dict(inputs)
+            t0 = time.perf_counter()
+            with tf.GradientTape() as tape:
+                tape.watch(sources)
+                call_step(step, scratch, training=True)
+            t1 = time.perf_counter()
+            outs = [scratch[t] for t in step.outputs]
+            if sources or variables:
+                tape.gradient(outs, [*sources, *variables], output_gradients=[tf.ones_like(o) for o in outs],
+                              unconnected_gradients=tf.UnconnectedGradients.ZERO)
+            t2 = time.perf_counter()
+            if r:  # the first call builds and traces
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        values.update({t: scratch[t] for t in step.outputs})
+        params = sum(int(np.prod(w.shape)) for w in getattr(step.op, "weights", [])) if id(step.op) not in seen else 0
+        seen.add(id(step.op))
+        rows.append({"layer": step.name, "kind": type(step.op).__name__, "forward_s": float(min(fwd)),
+                     "backward_s": float(min(bwd)), "params": params})
+    cut_bytes = [int(sum(_nbytes(values[t]) for t in graph.live(k))) for k in range(len(graph.steps) - 1)]
+    for k, row in enumerate(rows):
+        row["cut_bytes"] = cut_bytes[k] if k < len(cut_bytes) else 0
+        row["cut_tensors"] = len(graph.live(k)) if k < len(cut_bytes) else 0
+    return {"layers": rows, "cut_bytes": cut_bytes}
+
+
+def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1") -> dict:
+    """Bandwidth (bytes/s) and latency (s) of a ZeroMQ TCP link on `host`: a small and a large
+    message, each the fastest of `repeats` round trips halved."""
+    import zmq
+
+    ctx = zmq.Context()
+    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    try:
+        port = a.bind_to_random_port(f"tcp://{host}")
+        b.connect(f"tcp://{host}:{port}")
+
+        def trip(payload: bytes) -> float:
+            best = float("inf")
+            for _ in range(repeats):
+                t0 = time.perf_counter()
+                a.send(payload, copy=False)
+                b.send(b.recv(copy=False), copy=False)
+                a.recv(copy=False)
+                best = min(best, time.perf_counter() - t0)
+            return best / 2
+
+        trip(b"x")
+        latency = trip(b"x")
+        big = trip(bytes(nbytes))
+        return {"bandwidth": nbytes / max(big - latency, 1e-9), "latency": latency}
+    finally:
+        a.close(linger=0)
+        b.close(linger=0)
+        ctx.term()
+
+
+def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1") -> dict:
+    """The profile of `model` at the micro-batch `x_micro`, and the link; plain data (it comes
+    back from an engine)."""
+    from nbdist.engine.flatmodel import ensure_built
+    from nbdist.modes.pipeline.graph import Graph
+
+    ensure_built(model, x_micro[:2] if not isinstance(x_micro, (list, tuple)) else [x[:2] for x in x_micro])
+    result = profile_graph(Graph(model), x_micro, repeats)
+    result["link"] = measure_link(host=host)
+    result["micro_batch"] = len(_as_list(x_micro)[0])
+    return result
+
+
+def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: tuple, initial: tuple,
+                      micro_batch: int, threads: int | None) -> dict:
+    """`profile_model` on an engine: run the cell there, take the first micro-batch of inputs."""
+    from nbdist.engine.flatmodel import write_flat
+    from nbdist.modes.async_ps.worker import configure_tensorflow, engine_namespace, unpack
+    from nbdist.modes.pipeline.stage import StageSpec, stage_data
+
+    configure_tensorflow(threads, 0)
+    ns = engine_namespace()
+    ns.update(unpack(pushed))
+    exec(compile(source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    model = ns[model_name]
+    spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name, data, None, initial)
+    x, _, _ = stage_data(ns, spec, model)
+    from nbdist.engine.flatmodel import ensure_built
+
+    ensure_built(model, x[:2])
+    write_flat(model, *initial)
+    return profile_model(model, x[:micro_batch])
+
+
+def _as_list(x) -> list:
+    return list(x) if isinstance(x, (list, tuple)) else [x]
+
+
+def _nbytes(value) -> int:
+    return int(np.prod(value.shape)) * value.dtype.size

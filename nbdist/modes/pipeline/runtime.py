@@ -1,0 +1,219 @@
+"""The kernel's side of a pipeline run: the stages as tasks (engines, or threads in the
+in-process tests), and a control that collects their signed reports into the snapshot a
+`Run` polls (history, validation, per-stage nodes, the micro-batch timings of each step).
+
+It stands where the hub's HubControl and the async backends stand, so the Run's monitor
+drives a pipeline run the same way: `failure()` names a failed stage and its engine, a stop
+lets stage 0 finish its mini-batch and tell the others, an abort ends every stage at once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+
+from nbdist.errors import ConfigError, TrainingError
+
+KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
+QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
+
+
+class PipelineControl:
+    """Collects the stages' reports; answers `stats` like a hub; sends stop and abort."""
+
+    def __init__(self, link, stages: int, engines: list, epochs: int, steps_per_epoch: int, micro_batches: int):
+        self.link, self.stages, self.engines = link, stages, engines
+        self.epochs, self.steps_per_epoch, self.micro_batches = epochs, steps_per_epoch, micro_batches
+        self.started = time.time()
+        self.history: list[list] = []
+        self.evals: list[dict] = []
+        self.events: list[dict] = []
+        self.ops: dict[int, dict[int, list]] = {}  # step -> stage -> [[kind, mb, t0, t1], ...]
+        self.steps: deque[dict] = deque(maxlen=KEEP_STEPS)  # complete steps: their ops by stage
+        self.busy = [0.0] * stages  # seconds each stage computed, over complete steps
+        self.wall = 0.0  # seconds those steps took, first op to last
+        self.measured_steps = 0
+        self.sent = [0] * stages
+        self.global_step, self.epoch = 0, 0
+        self.failed = False
+        self._last_report = time.monotonic()
+        self.tasks_done = lambda: False  # set by the backend
+        self._lock = threading.Lock()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._receive_loop, daemon=True, name="nbdist-pipeline-reports")
+        self._thread.start()
+
+    def _receive_loop(self) -> None:
+        while not self._closing.is_set():
+            header = self.link.receive(100)
+            if header is not None:
+                with self._lock:
+                    self._absorb(header)
+                    self._last_report = time.monotonic()
+
+    def _absorb(self, h: dict) -> None:
+        now = float(h.get("time", time.time())) - self.started
+        if h["op"] == "step":
+            self.global_step = max(self.global_step, int(h["step"]))
+            epochs = (int(h["step"]) - 1) / max(1, self.steps_per_epoch)
+            self.history.append([now, int(h["step"]), round(epochs, 6), self.stages - 1, float(h["loss"]),
+                                 0, int(h["samples"])])
+        elif h["op"] == "eval":
+            self.epoch = int(h["epoch"]) + 1
+            row = {"time": now, "step": int(h["step"]), "epoch": self.epoch}
+            row.update({f"val_{k}": float(v) for k, v in h["metrics"].items()})
+            row.update({k: float(v) for k, v in h.get("train", {}).items()})
+            self.evals.append(row)
+            self.events.append({"time": now, "step": int(h["step"]), "event": "epoch_end", "epoch": self.epoch})
+        elif h["op"] == "ops":
+            stage, step = int(h["stage"]), int(h["step"])
+            self.sent[stage] = int(h.get("sent", 0))
+            by_stage = self.ops.setdefault(step, {})
+            by_stage[stage] = h["ops"]
+            if len(by_stage) == self.stages:
+                self._complete(step, self.ops.pop(step))
+
+    def _complete(self, step: int, by_stage: dict) -> None:
+        starts = [op[2] for ops in by_stage.values() for op in ops]
+        ends = [op[3] for ops in by_stage.values() for op in ops]
+        self.wall += max(ends) - min(starts)
+        for s, ops in by_stage.items():
+            self.busy[s] += sum(op[3] - op[2] for op in ops)
+        self.measured_steps += 1
+        self.steps.append({"step": step, "ops": {int(s): ops for s, ops in by_stage.items()}})
+
+    # -- what the Run asks ------------------------------------------------------------------
+
+    def stats(self, since: int = 0, timeline: bool = False) -> dict:
+        done = self.tasks_done()
+        if done:  # the last reports are sent before a stage returns: let them land
+            deadline = time.monotonic() + 5.0
+            while time.monotonic() - self._last_report < QUIET_S and time.monotonic() < deadline:
+                time.sleep(0.05)
+        with self._lock:
+            nodes = [{"worker": s, "engine": self.engines[s], "state": "done" if done else "training",
+                      "steps": self.measured_steps,
+                      "compute_s": self.busy[s], "bytes_sent": self.sent[s]} for s in range(self.stages)]
+            return {"global_step": self.global_step, "epochs_done": self.global_step / max(1, self.steps_per_epoch),
+                    "nodes": nodes, "history": [list(r) for r in self.history[since:]],
+                    "evals": list(self.evals), "events": list(self.events), "finished": done,
+                    "error": None, "paused": False}
+
+    def pipeline(self) -> dict:
+        """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
+        with self._lock:
+            return {"steps": list(self.steps), "busy": list(self.busy), "wall": self.wall,
+                    "measured_steps": self.measured_steps}
+
+    def control(self, **h: object) -> None:
+        if h.get("stop"):
+            self.link.broadcast("abort" if self.failed else "stop", reason="run ended by the kernel")
+            return
+        raise ConfigError(
+            f"--mode pipeline runs can be stopped (run.stop()) but not {', '.join(h)} while they "
+            "train: each stage steps the cell's own optimizer. Stop the run and start it again with "
+            "other options (e.g. the optimizer's learning rate in the cell).")
+
+    def shutdown(self) -> None:
+        if not self.tasks_done():
+            self.failed = True
+            self.link.broadcast("abort", reason="the run is over")
+
+    @property
+    def closed(self) -> bool:
+        return self._closing.is_set()
+
+    def close(self) -> None:
+        self._closing.set()
+        self._thread.join(2)
+        self.link.close()
+
+
+class PipelineBackend:
+    """The stage tasks of one run: on engines (`cluster` given) or as threads of this kernel."""
+
+    def __init__(self, cluster, engines: list, graph, model):
+        self.cluster, self.engines, self.graph, self.model = cluster, engines, graph, model
+        self.tasks: list = []
+        self.control: PipelineControl | None = None
+        self.num_workers = len(engines)
+
+    def call(self, stage: int, fn, *args, **kwargs):
+        """Run `fn` for `stage`: an ipyparallel AsyncResult, or a thread's future."""
+        if self.cluster is not None:
+            return self.cluster.client[self.engines[stage]].apply_async(fn, *args, **kwargs)
+        from concurrent.futures import ThreadPoolExecutor
+
+        pool = ThreadPoolExecutor(1, thread_name_prefix=f"nbdist-stage-{stage}")
+        future = pool.submit(fn, *args, **kwargs)
+        pool.shutdown(wait=False)
+        return _Future(future)
+
+    def tasks_done(self) -> bool:
+        return bool(self.tasks) and all(t.ready() for t in self.tasks) and all(t.successful() for t in self.tasks)
+
+    def failure(self) -> Exception | None:
+        for s, task in enumerate(self.tasks):
+            if task.ready() and not task.successful():
+                try:
+                    task.get(0)
+                except Exception as exc:  # noqa: BLE001 - named and returned
+                    if type(exc).__name__ == "StageAborted" and any(not t.ready() or not t.successful()
+                                                                    for t in self.tasks if t is not task):
+                        continue  # ended by the kernel because of another stage's failure
+                    if self.control is not None:
+                        self.control.failed = True
+                    where = f"engine {self.engines[s]}" if self.cluster is not None else "this kernel"
+                    died = "died" if "EngineError" in type(exc).__name__ or "died" in str(exc) else "failed"
+                    return TrainingError(
+                        f"Pipeline stage {s} (on {where}) {died}: {type(exc).__name__}: "
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}. The other stages were stopped. "
+                        "Fix the cause (check the engine with %nbdist status, restart a dead one with "
+                        "%nbdist stop / %nbdist start N), then run the cell again.")
+        return None
+
+    def newly_lost(self) -> list:
+        return []  # a pipeline needs every stage: a lost stage is a failure
+
+    def workers_running(self) -> bool:
+        return any(not t.ready() for t in self.tasks)
+
+    def final_params(self, control):
+        from nbdist.engine.flatmodel import read_flat
+
+        for task in self.tasks:
+            result = task.get(60)
+            if self.cluster is not None:  # in process the stages trained the kernel's own layers
+                self.graph.assign(result["weights"])
+        self.results = [t.get(0) for t in self.tasks]
+        return read_flat(self.model)
+
+    def finish(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        for task in self.tasks:
+            try:
+                task.wait(max(0.0, deadline - time.monotonic()))
+            except Exception:  # noqa: BLE001, S110 - clean-up: a dead engine's task is already failed
+                pass
+
+
+class _Future:
+    """A thread's future with the AsyncResult methods the backend uses."""
+
+    def __init__(self, future):
+        self.future = future
+
+    def ready(self) -> bool:
+        return self.future.done()
+
+    def successful(self) -> bool:
+        return self.future.done() and self.future.exception() is None
+
+    def get(self, timeout: float | None = None):
+        return self.future.result(timeout)
+
+    def wait(self, timeout: float | None = None) -> None:
+        from concurrent.futures import wait
+
+        wait([self.future], timeout)

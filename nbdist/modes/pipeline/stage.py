@@ -1,0 +1,304 @@
+"""One pipeline stage on its engine (or a thread of the kernel in the in-process tests).
+
+`prepare_stage` runs the cell, loads the kernel's initial weights, cuts out this stage's
+sub-model and binds its socket; `run_stage` connects to the neighbours and trains: for each
+mini-batch, the schedule's forwards and backwards of the M micro-batches (GPipe or 1F1B,
+`nbdist.core.partition.schedule`), gradients summed with each micro-batch's share of the
+mini-batch as weight, then one step of the cell's optimizer on this stage's own variables.
+The first stage reads the inputs, the last one the labels, both in the order of
+`nbdist.core.schedule.epoch_permutation`, so every stage agrees on each micro-batch.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from nbdist.core.partition import schedule
+from nbdist.errors import CellError, DataError
+
+_STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, by (run, stage)
+
+
+@dataclass
+class StageSpec:
+    run_id: str
+    key: bytes
+    stage: int
+    stages: int
+    bounds: tuple[int, int]
+    micro_batches: int
+    schedule: str
+    batch_size: int
+    epochs: int
+    seed: int
+    num_samples: int
+    model_name: str
+    data: tuple[str, ...]
+    validation: tuple[str, ...] | None
+    initial: tuple  # (params, non_trainable) as nbdist.engine.flatmodel.read_flat gives them
+    source: str | None = None  # the cell; None: the namespace already holds the model (in process)
+    pushed: dict = field(default_factory=dict)
+    bind_host: str = "127.0.0.1"
+    timeout: float = 120.0
+    engine: int | None = None
+    threads: int | None = None
+    lr: float | None = None  # --lr: overrides the cell's optimizer's rate
+    own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
+
+
+def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> str:
+    """Build this stage and bind its socket; returns the endpoint its neighbours connect to."""
+    from nbdist.modes.async_ps.worker import configure_tensorflow, engine_namespace, unpack
+
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    configure_tensorflow(spec.threads, 0)
+    ns = engine_namespace() if namespace is None else namespace
+    if spec.source is not None:
+        ns.update(unpack(spec.pushed))
+        exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    stage = Stage(spec, ns)
+    _STAGES[(spec.run_id, spec.stage)] = stage
+    return stage.link.endpoint
+
+
+def run_stage(run_id: str, stage: int, neighbours: dict, report: str, control: str) -> dict:
+    """Train this prepared stage to the end; returns its weights and totals."""
+    worker = _STAGES.pop((run_id, stage))
+    try:
+        worker.link.connect(neighbours, report, control)
+        return worker.run()
+    finally:
+        worker.link.close()
+
+
+def discard_stage(run_id: str, stage: int) -> None:
+    """Forget a prepared stage that will not run (another stage failed to start)."""
+    worker = _STAGES.pop((run_id, stage), None)
+    if worker is not None:
+        worker.link.close()
+
+
+def stage_data(ns: dict, spec: StageSpec, model) -> tuple:
+    """(x, y, validation) as the cell defines them on this engine."""
+    from nbdist.engine.data import load, validation_arrays
+
+    missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
+    if missing:
+        raise CellError(f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
+                        "Define them inside the %%distribute cell (engines do not see other cells).")
+    if len(spec.data) == 1:
+        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
+        x, y = loaded.x, loaded.y
+    else:
+        x, y = (np.asarray(ns[n]) for n in spec.data)
+    if x.dtype == np.float64:
+        x = x.astype(np.float32)
+    return x, y, validation_arrays(ns, spec.validation, model)
+
+
+class Stage:
+    """A stage's model, optimizer, data and link, and its training loop."""
+
+    def __init__(self, spec: StageSpec, ns: dict):
+        from nbdist.engine.flatmodel import ensure_built, write_flat
+        from nbdist.modes.pipeline.graph import Graph, StageModel
+        from nbdist.modes.pipeline.link import StageLink
+
+        self.spec = spec
+        model = ns[spec.model_name]
+        x, y, self.validation = stage_data(ns, spec, model)
+        if len(x) != spec.num_samples:
+            raise DataError(f"Stage {spec.stage} (engine {spec.engine}) found {len(x)} samples where "
+                            f"the kernel had {spec.num_samples}; the cell must define the same data "
+                            "every time it runs.")
+        ensure_built(model, x[:2])
+        if spec.source is not None:  # a model of this engine's own: the kernel's starting weights
+            write_flat(model, *spec.initial)
+        self.model, self.x, self.y = model, x, y
+        self.graph = Graph(model)
+        self.sub = StageModel(self.graph, *spec.bounds)
+        self.first, self.last = spec.stage == 0, spec.stage == spec.stages - 1
+        optimizer = model.optimizer
+        if not spec.own_optimizer:
+            optimizer = type(optimizer).from_config(optimizer.get_config())
+        if spec.lr is not None:
+            optimizer.learning_rate = spec.lr
+        self.optimizer = optimizer
+        self._build_functions()
+        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout)
+
+    def _build_functions(self) -> None:
+        import tensorflow as tf
+
+        sub, model = self.sub, self.model
+
+        def forward(inputs):
+            return sub.forward(inputs, training=True)
+
+        def forward_loss(inputs, y, weight):
+            outs = sub.forward(inputs, training=True)
+            pred = _prediction(model, outs)
+            loss = model._compile_loss(y, pred)  # noqa: SLF001 - the compiled loss, without model.losses
+            return weight * (loss + sub.regularization()), pred
+
+        def evaluate(inputs):
+            return sub.forward(inputs, training=False)
+
+        self.forward = tf.function(forward, reduce_retracing=True)
+        self.forward_loss = tf.function(forward_loss, reduce_retracing=True)
+        self.evaluate = tf.function(evaluate, reduce_retracing=True)
+
+    # -- the loop ---------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        from nbdist.core.schedule import epoch_permutation
+
+        spec = self.spec
+        n, b = spec.num_samples, spec.batch_size
+        step, started = 0, time.time()
+        for epoch in range(spec.epochs):
+            perm = epoch_permutation(n, spec.seed, epoch)
+            if self.last:
+                self.model.reset_metrics()
+            for start in range(0, n, b):
+                step += 1
+                if not self._begin_step(step):
+                    return self._result(step - 1, started)
+                index = perm[start:start + b]
+                self._train_step(step, epoch, np.array_split(index, min(spec.micro_batches, len(index))))
+            train_metrics = self._metrics() if self.last else {}
+            self._validate(step, epoch, train_metrics)
+        return self._result(step, started)
+
+    def _begin_step(self, step: int) -> bool:
+        """False when the run stops before `step`: stage 0 decides and tells the next stage."""
+        link, s = self.link, self.spec.stage
+        if self.first:
+            link.check_control()
+            if link.stop_requested:
+                if self.spec.stages > 1:
+                    link.send("stage-1", {"op": "end", "step": step})
+                return False
+            return True
+        key, header, arrays = link.wait(("F", step, 0), ("end", step, 0))
+        if key[0] == "end":
+            if not self.last:
+                link.send(f"stage-{s + 1}", {"op": "end", "step": step})
+            return False
+        link.buffer[key] = (header, arrays)  # put the first forward back for the schedule
+        return True
+
+    def _train_step(self, step: int, epoch: int, micro: list) -> None:
+        import tensorflow as tf
+
+        spec, link, s = self.spec, self.link, self.spec.stage
+        m, total = len(micro), sum(len(i) for i in micro)
+        held, grads, loss_sum, ops = {}, None, 0.0, []
+        for kind, i in schedule(spec.schedule, spec.stages, m, s):
+            # each op's time starts once its input is here: waiting for a neighbour is idle
+            if kind == "F":
+                if self.first:
+                    t0 = time.time()
+                    inputs = [tf.convert_to_tensor(self.x[micro[i]])]
+                else:
+                    _, h, inputs = link.wait(("F", step, i))
+                    t0 = time.time()
+                    inputs = [tf.convert_to_tensor(a) for a in inputs]
+                watched = [t for t in inputs if t.dtype.is_floating]
+                with tf.GradientTape() as tape:
+                    tape.watch(watched)
+                    if self.last:
+                        weight = tf.constant(len(micro[i]) / total, tf.float32)
+                        out, pred = self.forward_loss(inputs, tf.convert_to_tensor(self.y[micro[i]]), weight)
+                    else:
+                        out = self.forward(inputs)
+                if self.last:
+                    loss_sum += float(out)
+                    self.model.compute_metrics(None, self.y[micro[i]], pred, None)
+                else:
+                    link.send(f"stage-{s + 1}", {"op": "F", "step": step, "mb": i}, [o.numpy() for o in out])
+                held[i] = (tape, inputs, watched, out)
+            else:
+                tape, inputs, watched, out = held.pop(i)
+                if self.last:
+                    t0, upstream = time.time(), None
+                else:
+                    _, _, upstream = link.wait(("B", step, i))
+                    t0 = time.time()
+                    upstream = [tf.convert_to_tensor(a) for a in upstream]
+                result = tape.gradient(out, [*watched, *self.sub.trainable], output_gradients=upstream,
+                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
+                var_grads = result[len(watched):]
+                grads = var_grads if grads is None else [a + g for a, g in zip(grads, var_grads, strict=True)]
+                if not self.first:
+                    it = iter(result[:len(watched)])
+                    back = [next(it).numpy() if t.dtype.is_floating else np.zeros(t.shape, np.float32) for t in inputs]
+                    link.send(f"stage-{s - 1}", {"op": "B", "step": step, "mb": i}, back)
+            ops.append([kind, i, t0, time.time()])
+        t0 = time.time()
+        if self.sub.trainable:
+            self.optimizer.apply(grads, self.sub.trainable)
+        ops.append(["U", -1, t0, time.time()])
+        link.report({"op": "ops", "stage": s, "step": step, "epoch": epoch, "ops": ops,
+                     "sent": link.sent_bytes})
+        if self.last:
+            link.report({"op": "step", "step": step, "epoch": epoch, "loss": loss_sum, "samples": total,
+                         "time": time.time()})
+
+    def _metrics(self) -> dict:
+        result = self.model.get_metrics_result()
+        return {k: float(v) for k, v in result.items() if k != "loss" and np.ndim(v) == 0}
+
+    def _validate(self, step: int, epoch: int, train_metrics: dict) -> None:
+        """Validation batches forward through the stages; the last one reports the metrics."""
+        import tensorflow as tf
+
+        spec, link, s = self.spec, self.link, self.spec.stage
+        if self.validation is None:
+            if self.last:
+                link.report({"op": "eval", "step": step, "epoch": epoch, "metrics": {},
+                             "train": train_metrics, "time": time.time()})
+            return
+        xv, yv = self.validation
+        size = max(256, spec.batch_size)
+        if self.last:
+            self.model.reset_metrics()
+        loss, seen = 0.0, 0
+        for j, start in enumerate(range(0, len(yv), size)):
+            if self.first:
+                batch = np.asarray(xv[start:start + size])
+                inputs = [tf.convert_to_tensor(batch.astype(np.float32) if batch.dtype == np.float64 else batch)]
+            else:
+                _, _, arrays = link.wait(("E", step, j))
+                inputs = [tf.convert_to_tensor(a) for a in arrays]
+            out = self.evaluate(inputs)
+            if self.last:
+                model, y = self.model, yv[start:start + size]
+                pred = _prediction(model, out)
+                loss += float(model._compile_loss(y, pred)) * len(y)  # noqa: SLF001
+                seen += len(y)
+                model.compute_metrics(None, y, pred, None)
+            else:
+                link.send(f"stage-{s + 1}", {"op": "E", "step": step, "mb": j}, [o.numpy() for o in out])
+        if self.last:
+            metrics = {"loss": loss / max(1, seen), **self._metrics()}
+            link.report({"op": "eval", "step": step, "epoch": epoch, "metrics": metrics,
+                         "train": train_metrics, "time": time.time()})
+
+    def _result(self, steps: int, started: float) -> dict:
+        return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
+                "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": self.link.sent_bytes}
+
+
+def _prediction(model, outs: list):
+    """The model's output structure from the last cut's tensors."""
+    if len(outs) == 1:
+        return outs[0]
+    from keras import tree
+
+    functional = getattr(model, "_functional", None) or model
+    return tree.pack_sequence_as(functional._outputs_struct, outs)  # noqa: SLF001

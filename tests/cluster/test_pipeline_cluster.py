@@ -1,0 +1,148 @@
+"""--mode pipeline on a real ipyparallel cluster: each stage on its own engine, activations and
+gradients over signed ZeroMQ between engines.
+
+- exactness: no dropout, same data order -> the weights of single-machine training at the
+  same mini-batch to 1e-5 after 20 steps, for GPipe and 1F1B, S = 2 and 3;
+- the user surface: %%distribute --mode pipeline with its flags, validation per epoch,
+  run.profile, run.partition, run.pipeline and the report;
+- a stage's engine killed mid-run fails the run within 60 s naming the stage and engine, and
+  the other engines take the next run.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import ConfigError, TrainingError
+from tests.helpers import wait_for
+
+# A functional model whose skip connection (d1 into the Add) crosses a cut at S = 3.
+CELL = '''
+import keras
+import numpy as np
+keras.utils.set_random_seed(4)
+rng = np.random.default_rng(0)
+x_train = rng.normal(size=(320, 8)).astype("float32")
+y_train = rng.integers(0, 4, size=320)
+inp = keras.Input((8,))
+d1 = keras.layers.Dense(16, activation="relu", name="d1")(inp)
+d2 = keras.layers.Dense(16, activation="tanh", name="d2")(d1)
+s = keras.layers.Add(name="add")([d1, d2])
+d3 = keras.layers.Dense(12, activation="relu", name="d3")(s)
+out = keras.layers.Dense(4, activation="softmax", name="out")(d3)
+model = keras.Model(inp, out)
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
+
+def _single_machine(cell: str, batch: int) -> list:
+    from nbdist.core.schedule import epoch_permutation
+
+    ns: dict = {}
+    exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102 - the test's own cell
+    model, x, y = ns["model"], ns["x_train"], ns["y_train"]
+    perm = epoch_permutation(len(x), 0, 0)
+    for start in range(0, len(x), batch):
+        model.train_on_batch(x[perm[start:start + batch]], y[perm[start:start + batch]])
+    return [w.numpy() for w in model.weights]
+
+
+@pytest.mark.parametrize(("stages", "schedule"), [(2, "gpipe"), (2, "1f1b"), (3, "gpipe"), (3, "1f1b")])
+def test_pipeline_weights_equal_single_machine_training_after_20_steps(cluster, stages, schedule):
+    want = _single_machine(CELL, 16)  # 320 samples / 16 = 20 steps
+    ns: dict = {}
+    run = nbdist.train(CELL, cluster=cluster, namespace=ns, mode="pipeline", stages=stages,
+                       micro_batches=4, batch_size=16, schedule=schedule, partition="uniform")
+    run.wait(timeout=240)
+    assert run.status == "finished"
+    got = [w.numpy() for w in ns["model"].weights]
+    moved = max(float(np.abs(a - b).max()) for a, b in zip(got, _initial(CELL), strict=True))
+    assert moved > 1e-2  # it trained
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert run.history["step"].max() == 20
+    engines = run._backend.engines
+    assert len(set(engines)) == stages  # one engine per stage
+
+
+def _initial(cell: str) -> list:
+    ns: dict = {}
+    exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102
+    return [w.numpy() for w in ns["model"].weights]
+
+
+def test_the_magic_trains_with_validation_and_shows_profile_partition_and_timeline(ip, cluster, tmp_path):
+    from tests.conftest import SYNTHETIC_CELL
+
+    magics = ip.magics_manager.registry["NbdistMagics"]
+    magics.cluster = cluster
+    ip.run_cell_magic("distribute", "--mode pipeline --stages 2 --micro-batches 4 --batch-size 32 "
+                      "--partition greedy --schedule 1f1b --epochs 3 --no-dashboard --wait", SYNTHETIC_CELL)
+    run = ip.user_ns["_nbdist_run"]
+    assert run.status == "finished" and run.error is None
+    history = run.history
+    assert len(history["val_accuracy"].dropna()) == 3 and history["val_accuracy"].dropna().iloc[-1] > 0.8
+    assert len(history["accuracy"].dropna()) == 3  # training accuracy per epoch
+    acc = ip.user_ns["model"].evaluate(ip.user_ns["x_test"], ip.user_ns["y_test"], verbose=0)[1]
+    assert acc == pytest.approx(history["val_accuracy"].dropna().iloc[-1], abs=1e-6)
+    assert list(run.profile["layer"]) == [layer.name for layer in ip.user_ns["model"].layers]
+    assert (run.profile["forward_s"] > 0).all() and (run.profile["backward_s"] > 0).all()
+    part = run.partition
+    assert list(part["stage"]) == [0, 1] and part["measured_s"].notna().all()
+    assert part["params"].sum() == ip.user_ns["model"].count_params()
+    summary = run.pipeline
+    assert summary["ideal_bubble"] == pytest.approx(1 / 5) and 0 < summary["bubble"] < 1
+    report = run.report(str(tmp_path / "r.html"))
+    assert "pipeline timeline" in report.read_text()
+
+
+def test_clear_errors_before_any_engine_is_used(cluster):
+    with pytest.raises(ConfigError, match=r"--stages 5 needs 5 engines, one per stage, but the cluster has 3"):
+        nbdist.train(CELL, cluster=cluster, namespace={}, mode="pipeline", stages=5, micro_batches=2,
+                     batch_size=16)
+    with pytest.raises(ConfigError, match="does not split into --micro-batches 5"):
+        nbdist.train(CELL, cluster=cluster, namespace={}, mode="pipeline", micro_batches=5, batch_size=16)
+    shared = CELL.replace('s = keras.layers.Add(name="add")([d1, d2])',
+                          'tied = keras.layers.Dense(16, name="tied")\ns = tied(keras.layers.Add(name="add")([d1, tied(d2)]))')
+    with pytest.raises(ConfigError, match=r"The layer 'tied' is called in stage 0 and in stage 1"):
+        nbdist.train(shared, cluster=cluster, namespace={}, mode="pipeline", stages=2, micro_batches=2,
+                     batch_size=16, partition="uniform")
+
+
+@pytest.fixture(scope="module")
+def own_cluster():
+    """Three engines of our own, one of which the test kills."""
+    from nbdist.cluster.engines import Cluster
+
+    handle = Cluster.start(3)
+    handle.pids = dict(zip(handle.engine_ids, handle.client[:].apply_sync(os.getpid), strict=True))
+    yield handle
+    handle.stop()
+
+
+def test_a_killed_stage_engine_fails_the_run_within_60s_and_the_others_take_the_next_run(own_cluster):
+    long_cell = CELL.replace("size=(320, 8)", "size=(4000, 8)").replace("size=320", "size=4000")
+    run = nbdist.train(long_cell, cluster=own_cluster, namespace={}, mode="pipeline", stages=3,
+                       micro_batches=2, batch_size=8, epochs=50, partition="uniform")
+    wait_for(lambda: run._snapshot.get("global_step", 0) > 10)
+    victim = run._backend.engines[1]
+    os.kill(own_cluster.pids[victim], signal.SIGKILL)
+    t0 = time.monotonic()
+    with pytest.raises(TrainingError, match=rf"Pipeline stage 1 \(on engine {victim}\)"):
+        run.wait(timeout=120)
+    assert time.monotonic() - t0 < 60
+    assert run.status == "failed"
+    survivors = [e for e in own_cluster.engine_ids if e != victim]
+    assert own_cluster.client[survivors].apply_sync(os.getpid)  # they answer at once
+    ns: dict = {}
+    again = nbdist.train(CELL, cluster=own_cluster.subset(survivors), namespace=ns, mode="pipeline", stages=2,
+                         micro_batches=2, batch_size=16)
+    again.wait(timeout=240)
+    assert again.status == "finished" and again.history["step"].max() == 20

@@ -1,0 +1,153 @@
+"""--mode pipeline with its stages as threads of the test process (real Keras, real signed
+ZeroMQ sockets on loopback): exactness against single-machine training, and the stage cut."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nbdist.config import TrainConfig
+from nbdist.errors import ConfigError
+
+# A functional model with a skip connection that crosses cuts (d1 is read by the Add).
+SKIP_CELL = '''
+import keras
+import numpy as np
+keras.utils.set_random_seed(4)
+rng = np.random.default_rng(0)
+x_train = rng.normal(size=(B * 20, 8)).astype("float32")
+y_train = rng.integers(0, 4, size=B * 20)
+inp = keras.Input((8,))
+d1 = keras.layers.Dense(16, activation="relu", name="d1")(inp)
+d2 = keras.layers.Dense(16, activation="tanh", name="d2")(d1)
+s = keras.layers.Add(name="add")([d1, d2])
+d3 = keras.layers.Dense(12, activation="relu", name="d3")(s)
+out = keras.layers.Dense(4, activation="softmax", name="out")(d3)
+model = keras.Model(inp, out)
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
+
+def _start(cell: str, **options):
+    from nbdist.engine.cell import inspect_cell
+    from nbdist.modes import pipeline
+
+    config = TrainConfig(mode="pipeline", **options)
+    ns: dict = {}
+    exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102 - the test's own cell
+    contents = inspect_cell(cell, ns, config)
+    return ns, pipeline.start(cell, config, None, ns, False, contents, [], in_process=True)
+
+
+def _reference(cell: str, batch: int, seed: int = 0) -> list:
+    """The same cell trained on one machine, same mini-batches in the same order."""
+    from nbdist.core.schedule import epoch_permutation
+
+    ns: dict = {}
+    exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102
+    model, x, y = ns["model"], ns["x_train"], ns["y_train"]
+    perm = epoch_permutation(len(x), seed, 0)
+    for start in range(0, len(x), batch):
+        model.train_on_batch(x[perm[start:start + batch]], y[perm[start:start + batch]])
+    return [w.numpy() for w in model.weights]
+
+
+@pytest.mark.parametrize(("stages", "schedule"), [(2, "gpipe"), (3, "1f1b"), (3, "gpipe"), (2, "1f1b")])
+def test_pipeline_equals_single_machine_training(stages, schedule):
+    cell = "B = 16\n" + SKIP_CELL
+    want = _reference(cell, 16)
+    ns, run = _start(cell, stages=stages, micro_batches=4, batch_size=16, schedule=schedule,
+                     partition="uniform", timeout=60)
+    run.wait(timeout=120)
+    got = [w.numpy() for w in ns["model"].weights]
+    for a, b in zip(got, want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
+    assert run.history["step"].max() == 20
+    assert len(run.partition) == stages
+    summary = run.pipeline
+    assert summary["measured_steps"] == 20 and 0 < summary["bubble"] < 1
+    assert "forward" in {t["name"] for t in run.pipeline_figure()["data"]}
+
+
+def test_profile_and_live_tensors_of_a_skip_connection():
+    from nbdist.modes.pipeline.graph import Graph
+
+    ns: dict = {}
+    exec(compile("B = 8\n" + SKIP_CELL, "<cell>", "exec"), ns)  # noqa: S102
+    graph = Graph(ns["model"])
+    assert graph.names == ["d1", "d2", "add", "d3", "out"]
+    # after d2 both d1's and d2's outputs are live: the Add still needs d1
+    assert len(graph.live(0)) == 1 and len(graph.live(1)) == 2 and len(graph.live(2)) == 1
+    from nbdist.modes.pipeline.profile import profile_model
+
+    prof = profile_model(ns["model"], ns["x_train"][:8], repeats=1)
+    assert [r["cut_bytes"] for r in prof["layers"]][:4] == [8 * 16 * 4, 2 * 8 * 16 * 4, 8 * 16 * 4, 8 * 12 * 4]
+    assert [r["params"] for r in prof["layers"]] == [8 * 16 + 16, 16 * 16 + 16, 0, 16 * 12 + 12, 12 * 4 + 4]
+
+
+def test_clear_errors():
+    import nbdist
+    from nbdist.errors import NoClusterError
+
+    with pytest.raises(NoClusterError, match=r"--mode pipeline puts each stage on its own engine.*%nbdist start 2"):
+        nbdist.train("B = 8\n" + SKIP_CELL, namespace={}, mode="pipeline", batch_size=8, micro_batches=2)
+    with pytest.raises(ConfigError, match="does not split into --micro-batches 3"):
+        TrainConfig(mode="pipeline", batch_size=16, micro_batches=3)
+    with pytest.raises(ConfigError, match="--stages 6 needs at least 6 layers.*d1, d2, add, d3, out"):
+        _start("B = 8\n" + SKIP_CELL, stages=6, batch_size=8, micro_batches=2)
+    subclassed = '''
+import keras
+import numpy as np
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.a = keras.layers.Dense(4)
+    def call(self, x):
+        return self.a(x)
+x_train = np.zeros((32, 3), "float32"); y_train = np.zeros((32, 4), "float32")
+model = Net(); model.compile(optimizer="sgd", loss="mse")
+'''
+    with pytest.raises(ConfigError, match="subclassed keras.Model.*keras.Sequential"):
+        _start(subclassed, stages=2, batch_size=8, micro_batches=2)
+
+
+BN_CELL = '''
+import keras
+import numpy as np
+keras.utils.set_random_seed(1)
+from nbdist.datasets import make_synthetic
+(x_train, y_train), (x_test, y_test) = make_synthetic(n=640, shape=(8,), classes=3, seed=1)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
+                          keras.layers.BatchNormalization(), keras.layers.Dropout(0.2),
+                          keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
+
+def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
+    ns, run = _start(BN_CELL, stages=2, micro_batches=2, batch_size=32, epochs=3, partition="uniform",
+                     schedule="1f1b", timeout=60)
+    run.wait(timeout=180)
+    bn = ns["model"].layers[1]  # its moving mean starts at 0; the stage that holds it updated it
+    assert np.abs(bn.moving_mean.numpy()).max() > 1e-3
+    val = run.history["val_accuracy"].dropna()
+    assert len(val) == 3 and val.iloc[-1] > 0.8
+    dash = run.dashboard()
+    dash.refresh()
+    assert {t["name"] for t in dash.figures["pipeline"]["data"]} >= {"forward", "backward"}
+
+
+def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
+    from tests.helpers import wait_for
+
+    cell = "B = 16\n" + SKIP_CELL
+    ns, run = _start(cell, stages=2, micro_batches=2, batch_size=16, epochs=500, timeout=60)
+    before = [w.numpy().copy() for w in ns["model"].weights]
+    wait_for(lambda: run._snapshot.get("global_step", 0) >= 5)
+    run.stop()
+    run.wait(timeout=60)
+    assert run.status == "stopped" and run.error is None
+    assert 5 <= run.history["step"].max() < 500 * 20
+    assert any(not np.allclose(a, w.numpy()) for a, w in zip(before, ns["model"].weights, strict=True))

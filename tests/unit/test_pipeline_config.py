@@ -1,0 +1,35 @@
+"""TrainConfig's --mode pipeline options: defaults, and each refusal saying what to do."""
+
+from __future__ import annotations
+
+import pytest
+
+from nbdist.config import Mode, TrainConfig
+from nbdist.errors import ConfigError
+
+
+def test_defaults_and_flags():
+    c = TrainConfig(mode="pipeline", stages=3, micro_batches=8, batch_size=64, partition="greedy", schedule="1f1b")
+    assert c.mode is Mode.PIPELINE and (c.stages, c.micro_batches, c.partition, c.schedule) == (3, 8, "greedy", "1f1b")
+    d = TrainConfig(mode="pipeline")
+    assert (d.stages, d.micro_batches, d.partition, d.schedule) == (2, 4, "optimal", "gpipe")
+    assert d.to_dict()["stages"] == 2
+
+
+@pytest.mark.parametrize(("options", "message"), [
+    (dict(stages=0), r"--stages must be a whole number >= 1 \(Received: 0\)"),
+    (dict(micro_batches=True), r"--micro-batches must be a whole number"),
+    (dict(partition="best"), r"--partition must be one of optimal, greedy, uniform, random \(Received: 'best'\)"),
+    (dict(schedule="pipedream"), r"--schedule must be gpipe or 1f1b"),
+    (dict(batch_size=30, micro_batches=4), r"--batch-size 30 does not split into --micro-batches 4 .*e\.g\. 28"),
+    (dict(algorithm="dc-asgd"), r"--algorithm does not apply to it. Drop it, or use --mode async"),
+    (dict(servers=2, overlap=True), r"--servers, --overlap does not apply"),
+    (dict(workers=2), r"--workers does not apply"),
+])
+def test_refusals(options, message):
+    with pytest.raises(ConfigError, match=message):
+        TrainConfig(mode="pipeline", **options)
+
+
+def test_other_modes_ignore_the_pipeline_fields():
+    assert TrainConfig(mode="async", batch_size=30).micro_batches == 4  # not checked outside pipeline
