@@ -42,6 +42,7 @@ from nbdist.core.updater import make_updater
 from nbdist.errors import ProtocolError
 from nbdist.hub import shm, writeoff
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
+from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import Return, admit, bind, receive, server_socket
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ class Hub:
         self.params[:] = spec.params
         self.non_trainable = np.array(spec.non_trainable, dtype=np.float32, copy=True)
         self.updater = make_updater(plan, spec.rule_options, spec.optimizer, self.size, spec.offset)
+        self._update_pool = split_updates(self.updater)  # large updates on a few threads
         self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
         self.version = 0
         self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
@@ -171,6 +173,8 @@ class Hub:
 
     def close(self) -> None:
         writeoff.close(self)
+        if self._update_pool is not None:
+            self._update_pool.close()
         self._sock.close(0)
         if self._auth is not None:
             self._auth.stop()
