@@ -78,7 +78,8 @@ def test_a_split_update_on_threads_equals_the_single_pass_bit_for_bit(name, algo
             np.testing.assert_array_equal(slot, split.optimizer.export_state()[key])
 
 
-def test_the_hub_splits_large_updates_only():
+def test_the_hub_splits_large_updates_only(monkeypatch):
+    monkeypatch.setenv("NBDIST_HUB_THREADS", "2")
     plan = Plan(num_workers=1, num_samples=10, epochs=1, batch_size=1, lr=0.1,
                 has_validation=False, algorithm="asgd")
     small = make_updater(plan, {}, None, 1000)
@@ -86,11 +87,11 @@ def test_the_hub_splits_large_updates_only():
     big = make_updater(plan, {}, None, SIZE)
     pool = split_updates(big)
     try:
-        if pool is not None:  # one core: one pass
-            assert len(big._ranges) == pool.threads > 1
+        assert len(big._ranges) == pool.threads == 2
     finally:
-        if pool is not None:
-            pool.close()
+        pool.close()
+    monkeypatch.setenv("NBDIST_HUB_THREADS", "1")
+    assert split_updates(make_updater(plan, {}, None, SIZE)) is None
 
 
 def test_a_failing_block_raises_in_the_caller():
