@@ -24,6 +24,8 @@ What it measures
 
 How to read it
     push/s  = round trips (one push + one pull) per second, summed over all workers;
+    hub CPU ms/push = the busiest shard process's CPU time while serving / pushes it applied
+              (warm-up included): the hub's own cost per push, Python, MAC and update;
     GB/s    = push/s x 8 MB (4 MB gradient in + 4 MB parameters out) / 1e9. For "auto" the
               bytes go through shared memory, so GB/s there is the equivalent rate;
     x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell;
@@ -74,8 +76,9 @@ def _hub_process(spec: HubSpec, conn) -> None:
     try:
         hub = Hub(spec)
         conn.send(("ok", hub.endpoints))
+        cpu0 = time.process_time()
         summary = hub.serve()
-        conn.send(("done", summary))
+        conn.send(("done", {**summary, "cpu_s": time.process_time() - cpu0}))
     except BaseException:  # noqa: BLE001 - reported to the parent
         conn.send(("error", traceback.format_exc()))
 
@@ -280,7 +283,9 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
         for s in summaries:
             if s["error"] or s["dropped"]:
                 raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
-        return {"rate": count / seconds}
+        pushes = sum(s["version"] for s in summaries) / shards  # every push reaches every shard
+        return {"rate": count / seconds,
+                "hub_cpu_ms": 1e3 * max(s["cpu_s"] for s in summaries) / max(1.0, pushes)}
     finally:
         crew.stop()
         if endpoints:  # failed or interrupted: let the hubs close (unlink segments, sockets)
@@ -400,13 +405,16 @@ def report(size, shard_counts, workers, transports, sides, seconds, repeats, enc
     gb_per_rt = 2 * 4 * size / 1e9
     cells = [(s, n) for s in shard_counts for n in workers]
     rates: dict[tuple[int, int, str], list[float]] = {(s, n, t): [] for s, n in cells for t in sides}
+    cpu: dict[tuple[int, int, str], list[float]] = {k: [] for k in rates}
     for rep in range(repeats):
         for shards, n in cells:  # raw and nbdist back to back: a noisy moment hits all sides
             for side in sides:
                 if side == "raw":
                     rate = raw_cell(size, shards, n, seconds)["rate"]
                 else:
-                    rate = nbdist_cell(size, shards, n, side, seconds)["rate"]
+                    cell = nbdist_cell(size, shards, n, side, seconds)
+                    rate = cell["rate"]
+                    cpu[(shards, n, side)].append(cell["hub_cpu_ms"])
                 rates[(shards, n, side)].append(rate)
             print(f"  [{rep + 1}/{repeats}] size {size:,} shards {shards} workers {n:>2}: "
                   + ", ".join(f"{t} {rates[(shards, n, t)][-1]:,.0f}" for t in sides) + " push/s",
@@ -415,7 +423,7 @@ def report(size, shard_counts, workers, transports, sides, seconds, repeats, enc
     headers = ["shards", "workers", "raw push/s", "raw GB/s", "memcpy push/s"]
     for t in transports:
         name = "auto(shm)" if t == "auto" else t
-        headers += [f"{name} push/s", f"{name} GB/s", f"{name} x raw"]
+        headers += [f"{name} push/s", f"{name} GB/s", f"{name} x raw", f"{name} hub CPU ms/push"]
     if "tcp" in transports:  # the cost of authenticating every byte, against the tcp step
         headers += ["tcp step ms", "MAC ms/step", "MAC % step", "HMAC-SHA256 ms/step"]
     if encrypt:
@@ -428,7 +436,7 @@ def report(size, shard_counts, workers, transports, sides, seconds, repeats, enc
         row: list[object] = [shards, n, raw, raw * gb_per_rt, memcpy]
         for t in transports:
             rate = median(rates[(shards, n, t)])
-            row += [rate, rate * gb_per_rt, rate / raw]
+            row += [rate, rate * gb_per_rt, rate / raw, median(cpu[(shards, n, t)])]
         if "tcp" in transports:  # a worker's step: n workers share the rate
             step_ms = 1e3 * n / median(rates[(shards, n, "tcp")])
             row += [step_ms, macs[shards][0], 100 * macs[shards][0] / step_ms, macs[shards][1]]
