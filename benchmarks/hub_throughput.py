@@ -24,6 +24,8 @@ What it measures
 
 How to read it
     push/s  = round trips (one push + one pull) per second, summed over all workers;
+    hub CPU ms/push = the busiest shard process's CPU time while serving / pushes it applied
+              (warm-up included): the hub's own cost per push, Python, MAC and update;
     GB/s    = push/s x 8 MB (4 MB gradient in + 4 MB parameters out) / 1e9. For "auto" the
               bytes go through shared memory, so GB/s there is the equivalent rate;
     x raw   = nbdist push/s divided by raw pyzmq echo round trips/s for the same cell;
@@ -39,6 +41,7 @@ How to read it
     python benchmarks/hub_throughput.py --quick    # 1 repeat, 1 s cells, workers 1, 4, 16
     python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
     python benchmarks/hub_throughput.py --workers 1 2 --transport tcp --encrypt   # + CurveZMQ
+    python benchmarks/hub_throughput.py --sweep    # 1..32 workers, 1/2/4 shards, 1M and 10M
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import multiprocessing as mp
+import os
 import time
 import traceback
 import uuid
@@ -72,8 +76,9 @@ def _hub_process(spec: HubSpec, conn) -> None:
     try:
         hub = Hub(spec)
         conn.send(("ok", hub.endpoints))
+        cpu0 = time.process_time()
         summary = hub.serve()
-        conn.send(("done", summary))
+        conn.send(("done", {**summary, "cpu_s": time.process_time() - cpu0}))
     except BaseException:  # noqa: BLE001 - reported to the parent
         conn.send(("error", traceback.format_exc()))
 
@@ -278,7 +283,9 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
         for s in summaries:
             if s["error"] or s["dropped"]:
                 raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
-        return {"rate": count / seconds}
+        pushes = sum(s["version"] for s in summaries) / shards  # every push reaches every shard
+        return {"rate": count / seconds,
+                "hub_cpu_ms": 1e3 * max(s["cpu_s"] for s in summaries) / max(1.0, pushes)}
     finally:
         crew.stop()
         if endpoints:  # failed or interrupted: let the hubs close (unlink segments, sockets)
@@ -343,72 +350,111 @@ def mac_ms_per_step(size: int, shards: int, kind: str, repeats: int = 20) -> flo
 # -- main -----------------------------------------------------------------------------------
 
 
+def memcpy_rate(size: int, repeats: int = 7) -> float:
+    """Round trips/s if one round trip cost only a single-threaded memcpy of its bytes (the
+    4*size gradient in and the 4*size parameters out), in this process (least of repeats)."""
+    a, b = np.ones(2 * size, np.float32), np.empty(2 * size, np.float32)
+    best = float("inf")
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        np.copyto(b, a)
+        best = min(best, time.perf_counter() - t0)
+    return 1.0 / best
+
+
+def saturation(rates: dict[int, float]) -> str:
+    """The smallest worker count whose push/s is within 10% of the best of the sweep."""
+    best = max(rates.values())
+    return str(min(n for n, r in rates.items() if r >= 0.9 * best))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s cells, workers 1, 4, 16")
+    parser.add_argument("--sweep", action="store_true",
+                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, 1 repeat (long)")
     parser.add_argument("--seconds", type=float, default=None, help="window per cell (default 1.5)")
-    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
+    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick/--sweep)")
     parser.add_argument("--workers", type=int, nargs="+", default=None)
-    parser.add_argument("--shards", type=int, nargs="+", default=[1, 2])
+    parser.add_argument("--shards", type=int, nargs="+", default=None, help="default 1 2")
     parser.add_argument("--transport", choices=["tcp", "auto", "both"], default="both")
-    parser.add_argument("--size", type=int, default=1_000_000, help="float32 parameters")
+    parser.add_argument("--size", type=int, nargs="+", default=None,
+                        help="float32 parameters, one or more (default 1000000)")
     parser.add_argument("--encrypt", action="store_true",
                         help="also measure tcp with CurveZMQ on the hub sockets (what --encrypt does)")
     args = parser.parse_args()
     seconds = args.seconds or (1.0 if args.quick else 1.5)
-    repeats = args.repeats or (1 if args.quick else 3)
-    workers = args.workers or ([1, 4, 16] if args.quick else [1, 2, 4, 8, 16])
+    repeats = args.repeats or (1 if args.quick or args.sweep else 3)
+    workers = args.workers or ([1, 2, 4, 8, 16, 32] if args.sweep else
+                               [1, 4, 16] if args.quick else [1, 2, 4, 8, 16])
+    shard_counts = args.shards or ([1, 2, 4] if args.sweep else [1, 2])
+    sizes = args.size or ([1_000_000, 10_000_000] if args.sweep else [1_000_000])
     transports = ["tcp", "auto"] if args.transport == "both" else [args.transport]
     sides = ["raw", *transports, *(["curve"] if args.encrypt else [])]
-    gb_per_rt = 2 * 4 * args.size / 1e9
-    print(f"hub throughput: {args.size:,} float32 parameters ({4 * args.size / 1e6:.1f} MB each "
-          f"way), shards {args.shards}, workers {workers}, {seconds:g} s per cell, {repeats} "
-          f"interleaved repeat(s), loopback only", flush=True)
-
+    print(f"hub throughput: sizes {sizes} float32 parameters, shards {shard_counts}, workers "
+          f"{workers}, {seconds:g} s per cell, {repeats} interleaved repeat(s), loopback only",
+          flush=True)
     t0 = time.monotonic()
-    cells = [(s, n) for s in args.shards for n in workers]
+    for size in sizes:
+        report(size, shard_counts, workers, transports, sides, seconds, repeats, args.encrypt)
+    print(f"total time {time.monotonic() - t0:.0f}s; load {os.getloadavg()[0]:.2f} (1 min)")
+
+
+def report(size, shard_counts, workers, transports, sides, seconds, repeats, encrypt) -> None:
+    """Measure and print one model size's table."""
+    gb_per_rt = 2 * 4 * size / 1e9
+    cells = [(s, n) for s in shard_counts for n in workers]
     rates: dict[tuple[int, int, str], list[float]] = {(s, n, t): [] for s, n in cells for t in sides}
+    cpu: dict[tuple[int, int, str], list[float]] = {k: [] for k in rates}
     for rep in range(repeats):
         for shards, n in cells:  # raw and nbdist back to back: a noisy moment hits all sides
             for side in sides:
                 if side == "raw":
-                    rate = raw_cell(args.size, shards, n, seconds)["rate"]
+                    rate = raw_cell(size, shards, n, seconds)["rate"]
                 else:
-                    rate = nbdist_cell(args.size, shards, n, side, seconds)["rate"]
+                    cell = nbdist_cell(size, shards, n, side, seconds)
+                    rate = cell["rate"]
+                    cpu[(shards, n, side)].append(cell["hub_cpu_ms"])
                 rates[(shards, n, side)].append(rate)
-            print(f"  [{rep + 1}/{repeats}] shards {shards} workers {n:>2}: "
+            print(f"  [{rep + 1}/{repeats}] size {size:,} shards {shards} workers {n:>2}: "
                   + ", ".join(f"{t} {rates[(shards, n, t)][-1]:,.0f}" for t in sides) + " push/s",
                   flush=True)
-
-    headers = ["shards", "workers", "raw push/s", "raw GB/s"]
+    memcpy = memcpy_rate(size)
+    headers = ["shards", "workers", "raw push/s", "raw GB/s", "memcpy push/s"]
     for t in transports:
         name = "auto(shm)" if t == "auto" else t
-        headers += [f"{name} push/s", f"{name} GB/s", f"{name} x raw"]
+        headers += [f"{name} push/s", f"{name} GB/s", f"{name} x raw", f"{name} hub CPU ms/push"]
     if "tcp" in transports:  # the cost of authenticating every byte, against the tcp step
         headers += ["tcp step ms", "MAC ms/step", "MAC % step", "HMAC-SHA256 ms/step"]
-    if args.encrypt:
+    if encrypt:
         headers += ["curve push/s", "curve step ms", "curve +ms/step"]
-    macs = {s: (mac_ms_per_step(args.size, s, "blake3"), mac_ms_per_step(args.size, s, "hmac"))
-            for s in args.shards}
+    macs = {s: (mac_ms_per_step(size, s, "blake3"), mac_ms_per_step(size, s, "hmac"))
+            for s in shard_counts}
     rows = []
     for shards, n in cells:
         raw = median(rates[(shards, n, "raw")])
-        row: list[object] = [shards, n, raw, raw * gb_per_rt]
+        row: list[object] = [shards, n, raw, raw * gb_per_rt, memcpy]
         for t in transports:
             rate = median(rates[(shards, n, t)])
-            row += [rate, rate * gb_per_rt, rate / raw]
+            row += [rate, rate * gb_per_rt, rate / raw, median(cpu[(shards, n, t)])]
         if "tcp" in transports:  # a worker's step: n workers share the rate
             step_ms = 1e3 * n / median(rates[(shards, n, "tcp")])
             row += [step_ms, macs[shards][0], 100 * macs[shards][0] / step_ms, macs[shards][1]]
-        if args.encrypt:
+        if encrypt:
             curve = median(rates[(shards, n, "curve")])
             row += [curve, 1e3 * n / curve, 1e3 * n / curve - 1e3 * n / median(rates[(shards, n, "tcp")])]
         rows.append(row)
     print()
-    print(f"medians of {repeats} repeat(s); push/s = push+pull round trips per second, all workers; "
-          "step ms = one worker's round trip; MAC ms/step = keyed BLAKE3 over header and buffers, "
-          "4 passes per round trip, measured alone (it is inside the tcp step)")
+    print(f"{size:,} parameters ({4 * size / 1e6:.0f} MB each way): medians of {repeats} repeat(s); "
+          "push/s = push+pull round trips per second, all workers; memcpy push/s = 1 / (one "
+          "thread's memcpy of a round trip's 8*size bytes); step ms = one worker's round trip; "
+          "MAC ms/step = keyed BLAKE3 over header and buffers, 4 passes per round trip, alone")
     print(table(headers, rows))
+    if len(workers) > 1:
+        sat = [[s, t, saturation({n: median(rates[(s, n, t)]) for n in workers}),
+                max(median(rates[(s, n, t)]) for n in workers)] for s in shard_counts for t in sides]
+        print("saturation: the fewest workers within 10% of the best push/s, per shard count")
+        print(table(["shards", "side", "saturates at workers", "best push/s"], sat))
     parts = []
     if "tcp" in transports:
         ok = sum(r[headers.index("tcp x raw")] >= 0.70 for r in rows)
@@ -416,7 +462,7 @@ def main() -> None:
     if "auto" in transports:
         ok = sum(r[headers.index("auto(shm) x raw")] > 1.0 for r in rows)
         parts.append(f"auto > 1.00 x raw in {ok}/{len(rows)} cells")
-    print(f"targets: {'; '.join(parts)}. total time {time.monotonic() - t0:.0f}s")
+    print(f"targets: {'; '.join(parts)}.\n")
 
 
 if __name__ == "__main__":

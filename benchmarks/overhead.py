@@ -41,6 +41,7 @@ How to read it
     python benchmarks/overhead.py --overlap       # plus overlap=True rows per transport
     python benchmarks/overhead.py --transport tcp --batch 256
     python benchmarks/overhead.py --option algorithm=hogwild   # any nbdist.train option
+    python benchmarks/overhead.py --hub both      # hub shard as its own process vs a thread
 """
 
 from __future__ import annotations
@@ -228,6 +229,13 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     }
 
 
+def _set_hub_mode(mode: str) -> None:
+    """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch)."""
+    import os
+
+    os.environ["NBDIST_HUB_PROCESS"] = "1" if mode == "process" else "0"
+
+
 def worker_threads(cluster) -> tuple[int, int]:
     """Ask the worker engine how many threads TensorFlow actually uses there."""
 
@@ -267,6 +275,9 @@ def main() -> None:
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                         help="extra nbdist.train option, e.g. --option algorithm=hogwild "
                              "(values are Python literals or strings; repeatable)")
+    parser.add_argument("--hub", choices=["process", "thread", "both"], default="process",
+                        help="serve the hub shard as its own process (nbdist's default) or from a "
+                             "thread of its engine (NBDIST_HUB_PROCESS=0), or both, interleaved")
     parser.add_argument("--fit-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -282,7 +293,9 @@ def main() -> None:
     target_steps = args.steps or (500 if args.quick else 1000)
     transports = ["auto", "tcp"] if args.transport == "both" else [args.transport]
     # (transport, overlap) pairs, in the order they run within a repeat
-    sides = [(t, ov) for t in transports for ov in ([False, True] if args.overlap else [False])]
+    hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
+    sides = [(t, ov, h) for t in transports for ov in ([False, True] if args.overlap else [False])
+             for h in hubs]
     threads = thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
@@ -291,8 +304,7 @@ def main() -> None:
           + (f", options {options}" if options else ""), flush=True)
 
     fits: dict[int, list[dict]] = {b: [] for b in args.batch}
-    runs: dict[tuple[int, str, bool], list[dict]] = {(b, t, ov): [] for b in args.batch
-                                                      for t, ov in sides}
+    runs: dict[tuple, list[dict]] = {(b, *side): [] for b in args.batch for side in sides}
     child = cluster = None
     t_start = time.monotonic()
     try:
@@ -306,11 +318,12 @@ def main() -> None:
                 fits[b].append(f)
                 print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit             "
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
-                for t, ov in sides:
+                for t, ov, h in sides:
+                    cluster.client[:].apply_sync(_set_hub_mode, h)
                     r = measure_nbdist(cluster, b, epochs[b], t,
                                        {**options, "overlap": True} if ov else options)
-                    runs[(b, t, ov)].append(r)
-                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8}   "
+                    runs[(b, t, ov, h)].append(r)
+                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}  "
                           f"{r['rate']:>9,.0f} samples/s  (first push after "
                           f"{r['first_push_s']:.1f}s)", flush=True)
         engine_threads = worker_threads(cluster)
@@ -320,20 +333,21 @@ def main() -> None:
         if cluster is not None:
             cluster.stop()
 
-    def side_name(t: str, ov: bool) -> str:
-        return f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
+    def side_name(t: str, ov: bool, h: str) -> str:
+        return (f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
+                + (f" hub {h}" if len(hubs) > 1 else ""))
 
     all_overlap = bool(options.get("overlap"))
     rows = []
     for b in args.batch:
         base = median([f["rate"] for f in fits[b]])
         rows.append([b, "model.fit", base, spread([f["rate"] for f in fits[b]]), 1.0, ""])
-        for t, ov in sides:
-            rates = [r["rate"] for r in runs[(b, t, ov)]]
+        for t, ov, h in sides:
+            rates = [r["rate"] for r in runs[(b, t, ov, h)]]
             ratio = median(rates) / base
             target = OVERLAP_TARGET if ov or all_overlap else TARGETS.get(b)
             verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
-            rows.append([b, side_name(t, ov), median(rates), spread(rates), ratio, verdict])
+            rows.append([b, side_name(t, ov, h), median(rates), spread(rates), ratio, verdict])
     print()
     print(f"Thread budget: TensorFlow intra-op {threads}, inter-op {min(threads, 2)} on both sides "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
@@ -347,8 +361,8 @@ def main() -> None:
         fit_step = b / median([f["rate"] for f in fits[b]]) * 1e3
         grad = median([f["grad_s"] for f in fits[b]]) * 1e3
         assign_grad = median([f["assign_grad_s"] for f in fits[b]]) * 1e3
-        for t, ov in sides:
-            rs = runs[(b, t, ov)]
+        for t, ov, h in sides:
+            rs = runs[(b, t, ov, h)]
             wall, comp, comm = (median([r[k] for r in rs]) * 1e3
                                 for k in ("wall_step", "compute_step", "comm_step"))
             other, exposed = wall - comp - comm, comm
@@ -358,7 +372,7 @@ def main() -> None:
             if ov or all_overlap or other < -0.05 * wall:
                 other, overlapped = float("nan"), True
                 exposed = max(0.0, comm - comp)
-            brows.append([b, t + (" overlap" if ov else ""), wall, comp, comm, exposed, other,
+            brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else ""), wall, comp, comm, exposed, other,
                           fit_step, grad, assign_grad, median([r["first_push_s"] for r in rs])])
     print(table(["batch", "transport", "wall", "compute", "comm", "comm exposed", "other",
                  "fit step", "iso grad", "iso a+g", "start-up s"], brows))
@@ -375,7 +389,7 @@ def main() -> None:
               "  computes, so comm there is send-to-receive time (mostly hidden behind compute), not\n"
               "  extra time, and compute + comm can exceed wall; comm exposed = comm - compute there\n"
               "  (the wait for step t's reply after step t+1 was computed, plus the loop around it).")
-    print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s")
+    print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s; load {os.getloadavg()[0]:.2f} (1 min)")
 
 
 if __name__ == "__main__":

@@ -14,12 +14,14 @@ Importing this module loads NumPy only.
 
 from __future__ import annotations
 
+import copy
 import math
 from typing import Any
 
 import numpy as np
 
-from nbdist.algorithms.optimizer_rules import FORMULAS
+from nbdist.algorithms.blocks import Ranges, Runner, intersect
+from nbdist.algorithms.optimizer_rules import FORMULAS, UpdateFormula
 from nbdist.algorithms.schedules import schedule_value
 from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerError
 
@@ -148,6 +150,19 @@ class HubOptimizer:
         scratch = (np.empty(self.size, _F), np.empty(self.size, _F))
         self._scratch = scratch
         self._formula = FORMULAS[self.name](cfg, self.size, scratch)
+        self._run: Runner | None = None
+        self._ranges: list[tuple[int, int]] = []
+        self._parts: dict[int, tuple[UpdateFormula, list[tuple[int, int]]]] = {}
+
+    def use_blocks(self, run: Runner, ranges: Ranges) -> None:
+        """Apply weight decay and the formula as the blocks `ranges` of the shard, run by `run`
+        (`nbdist.algorithms.blocks`): the same numbers. Nadam stays in one pass: its
+        `u_product` advances once per update, not once per block."""
+        if self._formula.scalars or len(ranges) <= 1:
+            return
+        self._run, self._ranges = run, list(ranges)
+        self._parts = {lo: (_formula_part(self._formula, lo, hi), intersect(self._decay_runs, lo, hi))
+                       for lo, hi in ranges}
 
     def _decayed_runs(self, mask: Any, num_segments: int) -> list[tuple[int, int]]:
         """Local [start, end) runs that weight decay touches, adjacent pieces merged."""
@@ -215,15 +230,32 @@ class HubOptimizer:
         if self._clip is not None:
             g = self._clip_into(g, global_norm)
         wd = self.config["weight_decay"]
-        if self._decay_runs and wd != 0:
-            wd, a = _F(wd), self._scratch[0]
-            for start, end in self._decay_runs:
-                part, tmp = w[start:end], a[start:end]
-                np.multiply(part, wd, out=tmp)
-                np.multiply(tmp, lr, out=tmp)
-                np.subtract(part, tmp, out=part)
-        self._formula.apply(w, g, lr, self.iterations)
+        wd = _F(wd) if wd else None  # None and 0: no decay
+        if self._run is None:
+            self._decay(w, wd, lr, self._decay_runs)
+            self._formula.apply(w, g, lr, self.iterations)
+        else:
+            step = self.iterations
+
+            def block(lo: int, hi: int) -> None:
+                formula, runs = self._parts[lo]
+                self._decay(w, wd, lr, runs)
+                formula.apply(w[lo:hi], g[lo:hi], lr, step)
+
+            self._run(block, self._ranges)
         self.iterations += 1
+
+    def _decay(self, w: np.ndarray, wd: np.float32 | None, lr: np.float32,
+               runs: list[tuple[int, int]]) -> None:
+        """Keras's decoupled weight decay `w −= w·wd·lr` on the decayed runs (local indices)."""
+        if wd is None:
+            return
+        a = self._scratch[0]
+        for start, end in runs:
+            part, tmp = w[start:end], a[start:end]
+            np.multiply(part, wd, out=tmp)
+            np.multiply(tmp, lr, out=tmp)
+            np.subtract(part, tmp, out=part)
 
     def _clip_into(self, g: np.ndarray, global_norm: float | None) -> np.ndarray:
         out, cfg = self._clipped, self.config
@@ -283,6 +315,16 @@ class HubOptimizer:
         """Bytes of the slots and scratch buffers (the hub's memory beyond the weights)."""
         arrays = [*self._formula.slots.values(), *self._scratch, self._clipped]
         return sum(a.nbytes for a in arrays)
+
+
+def _formula_part(formula: UpdateFormula, lo: int, hi: int) -> UpdateFormula:
+    """The same formula on `[lo, hi)` only: its slot and scratch arrays replaced by views."""
+    part, size = copy.copy(formula), formula._a.size
+    for name, value in vars(formula).items():
+        if isinstance(value, np.ndarray) and value.shape == (size,):
+            setattr(part, name, value[lo:hi])
+    part.slots = {k: v[lo:hi] for k, v in formula.slots.items()}
+    return part
 
 
 def _checked_spec(spec: Any) -> tuple[str, dict[str, Any]]:

@@ -12,8 +12,7 @@ from __future__ import annotations
 import numpy as np
 
 from nbdist.algorithms.base import Option, Rule
-
-BLOCK = 1 << 16  # floats per block: 256 KiB, so a block of w, g and scratch stays in cache
+from nbdist.algorithms.blocks import BLOCK, Ranges, Runner, run_serial
 
 
 def sgd_step(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> None:
@@ -49,14 +48,24 @@ class ASGD(Rule):
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
         self._scratch = np.empty(size, dtype=np.float32)
+        self._run: Runner = run_serial
+        self._ranges: Ranges = [(0, size)]
+
+    def use_blocks(self, run: Runner, ranges: Ranges) -> None:
+        """Apply each push as the blocks `ranges` of `[0, size)`, run by `run` (a thread pool's
+        runner, `nbdist.algorithms.blocks`); the same numbers as one pass."""
+        self._run, self._ranges = run, ranges
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
-        sgd_step(w, g, lr, self._scratch)
+        s = self._scratch
+        self._run(lambda lo, hi: sgd_step(w[lo:hi], g[lo:hi], lr, s[lo:hi]), self._ranges)
         return True
 
     def push_and_read(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int,
                       out: np.ndarray) -> bool:
-        sgd_step_and_copy(w, g, lr, self._scratch, out)
+        s = self._scratch
+        self._run(lambda lo, hi: sgd_step_and_copy(w[lo:hi], g[lo:hi], lr, s[lo:hi], out[lo:hi]),
+                  self._ranges)
         return True
 
     @property

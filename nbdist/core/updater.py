@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbdist.algorithms.blocks import Runner, block_ranges, run_serial
 from nbdist.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -81,6 +82,21 @@ class Updater:
         self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
         self.optimizer = HubOptimizer(spec, rule.size, offset) if spec is not None else None
         self.fused = spec is None or plain_sgd(spec)
+        self._run: Runner = run_serial
+        self._ranges: list[tuple[int, int]] = [(0, rule.size)]
+
+    def use_blocks(self, run: Runner, parts: int) -> None:
+        """Split each large update (>= `blocks.MIN_SPLIT` floats) into `parts` contiguous blocks
+        run by `run` (a thread pool at the edge, `nbdist.hub.threads`); bit-identical results.
+        Rules that keep per-push state other than elementwise arrays stay in one pass."""
+        ranges = block_ranges(self.rule.size, parts)
+        if len(ranges) <= 1:
+            return
+        self._run, self._ranges = run, ranges
+        if hasattr(self.rule, "use_blocks"):
+            self.rule.use_blocks(run, ranges)
+        if self.optimizer is not None:
+            self.optimizer.use_blocks(run, ranges)
 
     def learning_rate(self) -> float | None:
         """The rate the next update uses (None: the hub applies no optimizer)."""
@@ -112,7 +128,7 @@ class Updater:
         gradient, scale = decided
         opt.apply(w, gradient, scale, global_norm)
         if into is not None:
-            np.copyto(into, w)
+            self._run(lambda lo, hi: np.copyto(into[lo:hi], w[lo:hi]), self._ranges)
         return True, into is not None
 
     @property

@@ -180,12 +180,16 @@ class ArraySource:
         self._epoch, self._perm = -1, None
 
     def batch(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+        index = self.indices(epoch, start, stop)
+        return self.x[index], self.y[index]
+
+    def indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
+        """The samples of `batch(epoch, start, stop)`, as indices into `x` and `y` (int64)."""
         if epoch != self._epoch:
             from nbdist.core.schedule import epoch_permutation
 
             self._perm, self._epoch = epoch_permutation(self.num_samples, self.seed, epoch), epoch
-        index = self._perm[start:stop]
-        return self.x[index], self.y[index]
+        return self._perm[start:stop]
 
     def head(self, n: int) -> tuple[np.ndarray, np.ndarray]:
         return self.x[:n], self.y[:n]

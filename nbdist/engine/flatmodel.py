@@ -118,6 +118,34 @@ class FlatModel:
         self._gradients, self._assign, self._read = gradients, assign, read
         self._assign_and_gradients = assign_and_gradients
         self._local_step = self._make_local_step()
+        self._grads_of, self._write = grads_of, write
+        self._gradients_at = self._assign_and_gradients_at = None
+
+    def hold(self, x: np.ndarray, y: np.ndarray) -> None:
+        """Keep the training arrays as TensorFlow tensors, so a step takes the batch's indices
+        and gathers inside its one compiled call (`gradients_at`, `assign_and_gradients_at`):
+        no host gather and no copy of the batch into TensorFlow per step."""
+        import tensorflow as tf
+
+        with tf.device("/CPU:0"):  # host memory, as model.fit's input pipeline keeps it
+            xs, ys = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+        grads_of, write = self._grads_of, self._write
+
+        @tf.function(reduce_retracing=True)
+        def gradients_at(index):
+            return grads_of(tf.gather(xs, index), tf.gather(ys, index))
+
+        @tf.function(reduce_retracing=True)
+        def assign_and_gradients_at(params, non_trainable, index):
+            write(params, non_trainable)
+            return grads_of(tf.gather(xs, index), tf.gather(ys, index))
+
+        self._gradients_at, self._assign_and_gradients_at = gradients_at, assign_and_gradients_at
+
+    @property
+    def holds_data(self) -> bool:
+        """True after `hold`: the `_at` methods take indices."""
+        return self._gradients_at is not None
 
     def _make_local_step(self):
         """One compiled step with the cell's own optimizer (--local-steps)."""
@@ -147,6 +175,17 @@ class FlatModel:
                              y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
         """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call."""
         loss, grad, norm, nt = self._assign_and_gradients(params, non_trainable, x, y)
+        return float(loss), grad.numpy(), float(norm), nt.numpy()
+
+    def gradients_at(self, index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        """`gradients(x[index], y[index])` of the arrays given to `hold`, gathered in the graph."""
+        loss, grad, norm, nt = self._gradients_at(index)
+        return float(loss), grad.numpy(), float(norm), nt.numpy()
+
+    def assign_and_gradients_at(self, params: np.ndarray, non_trainable: np.ndarray,
+                                index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+        """`assign_and_gradients(params, non_trainable, x[index], y[index])` in one compiled call."""
+        loss, grad, norm, nt = self._assign_and_gradients_at(params, non_trainable, index)
         return float(loss), grad.numpy(), float(norm), nt.numpy()
 
     def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:

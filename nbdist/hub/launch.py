@@ -1,28 +1,118 @@
-"""Engine-side entry points for hubs: start one in a background thread, join it, stop it.
+"""Engine-side entry points for hubs: start one, join it, stop it.
 
-A hub serves from a thread so that its engine keeps answering ipyparallel (status, stop,
-joining) while it runs. The registry below is per engine process: it lets a later
-ipyparallel call find the hub an earlier call started.
+By default each shard runs as its own OS process (`nbdist.hub.process`), spawned and
+supervised by its engine: the hub's loop then never shares a GIL with the ipyparallel engine's
+threads. `NBDIST_HUB_PROCESS=0` on the engines serves from a thread inside the engine
+instead (measured side by side in benchmarks/overhead.py --hub-modes). Either way the engine
+keeps answering ipyparallel (status, stop, joining) while the hub runs. The registry below is
+per engine process: it lets a later ipyparallel call find the hub an earlier call started.
 """
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 import threading
 
+import nbdist
+from nbdist.hub.process import encode_spec
 from nbdist.hub.server import Hub, HubSpec
 
-_hubs: dict[tuple[str, int], tuple[Hub, threading.Thread, dict]] = {}
+START_TIMEOUT_S = 60.0
+_hubs: dict[tuple[str, int], object] = {}
+
+
+def hub_in_process() -> bool:
+    """Whether hubs on this engine run as their own process (the default)."""
+    return os.environ.get("NBDIST_HUB_PROCESS", "1").strip() not in ("0", "false", "no")
+
+
+class _ThreadHub:
+    def __init__(self, spec: HubSpec):
+        self.hub = Hub(spec)
+        self.endpoints, self.result = self.hub.endpoints, {}
+        self.thread = threading.Thread(target=lambda: self.result.update(self.hub.serve()), daemon=True,
+                                       name=f"nbdist-hub-{spec.run_id}-{spec.shard}")
+        self.thread.start()
+
+    def alive(self) -> bool:
+        return self.thread.is_alive()
+
+    def join(self, timeout: float) -> dict:
+        self.thread.join(timeout)
+        if self.thread.is_alive():
+            self.hub.closing = True
+            self.thread.join(5.0)
+        return self.result
+
+
+class _ProcessHub:
+    """A hub process and the thread that reads its result lines."""
+
+    def __init__(self, spec: HubSpec):
+        self.shard = spec.shard
+        env = os.environ.copy()  # the child imports the same nbdist as this engine
+        root = os.path.dirname(os.path.dirname(os.path.abspath(nbdist.__file__)))
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, env=env)
+        self.proc.stdin.write(encode_spec(spec))
+        self.proc.stdin.close()
+        self.lines: list[dict] = []
+        self._got = threading.Condition()
+        threading.Thread(target=self._read, daemon=True, name=f"nbdist-hub-{spec.run_id}-{spec.shard}").start()
+        first = self._wait(1, START_TIMEOUT_S)
+        if first is None or "endpoints" not in first:
+            self.proc.kill()
+            self.proc.wait()
+            if first and "error" in first:  # what Hub(spec) raised, as a thread hub would report it
+                raise RuntimeError(f"hub shard {spec.shard} could not start: {first['error']}")
+            raise RuntimeError(f"hub shard {spec.shard} did not start in its own process within "
+                               f"{START_TIMEOUT_S:.0f} s (exit code {self.proc.returncode}; its "
+                               "stderr is in the engine's log). Expected its endpoints. Set "
+                               "NBDIST_HUB_PROCESS=0 on the engines to serve hubs from a thread.")
+        self.endpoints = first["endpoints"]
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:
+            with self._got:
+                self.lines.append(json.loads(line))
+                self._got.notify_all()
+        with self._got:
+            self.lines.append({})  # end of output: the process is gone
+            self._got.notify_all()
+
+    def _wait(self, count: int, timeout: float) -> dict | None:
+        with self._got:
+            self._got.wait_for(lambda: len(self.lines) >= count, timeout)
+            return self.lines[count - 1] if len(self.lines) >= count else None
+
+    def alive(self) -> bool:
+        return self.proc.poll() is None
+
+    def join(self, timeout: float) -> dict:
+        last = self._wait(2, timeout)
+        if last is None:  # ask it to close, as a thread hub is asked
+            self.proc.terminate()
+            last = self._wait(2, 5.0)
+        try:
+            self.proc.wait(5.0)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        if last and "summary" in last:
+            return last["summary"]
+        return {"shard": self.shard, "error": f"the hub process exited (code {self.proc.returncode}) "
+                                              "without a summary"}
 
 
 def start_hub(spec: HubSpec) -> dict:
-    """Bind a hub's sockets, serve from a thread, and return its endpoints."""
-    hub = Hub(spec)
-    result: dict = {}
-    thread = threading.Thread(target=lambda: result.update(hub.serve()), daemon=True,
-                              name=f"nbdist-hub-{spec.run_id}-{spec.shard}")
-    thread.start()
-    _hubs[(spec.run_id, spec.shard)] = (hub, thread, result)
-    return hub.endpoints
+    """Bind a hub's sockets, serve from its own process (or a thread), return its endpoints."""
+    entry = _ProcessHub(spec) if hub_in_process() else _ThreadHub(spec)
+    _hubs[(spec.run_id, spec.shard)] = entry
+    return entry.endpoints
 
 
 def join_hub(run_id: str, shard: int, timeout: float = 10.0) -> dict:
@@ -30,15 +120,11 @@ def join_hub(run_id: str, shard: int, timeout: float = 10.0) -> dict:
     entry = _hubs.get((run_id, shard))
     if entry is None:
         return {"shard": shard, "error": "no such hub on this engine"}
-    hub, thread, result = entry
-    thread.join(timeout)
-    if thread.is_alive():
-        hub.closing = True
-        thread.join(5.0)
+    result = entry.join(timeout)
     del _hubs[(run_id, shard)]
     return result
 
 
 def running_hubs() -> list[tuple[str, int]]:
     """(run id, shard) of every hub still serving in this engine."""
-    return [key for key, (_, thread, _) in _hubs.items() if thread.is_alive()]
+    return [key for key, entry in _hubs.items() if entry.alive()]

@@ -45,6 +45,7 @@ from nbdist.errors import ProtocolError
 from nbdist.hub import shm, writeoff
 from nbdist.hub.messages import Reply, Step
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
+from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import Return, bind, receive, server_socket
 
 log = logging.getLogger(__name__)
@@ -93,6 +94,7 @@ class Hub:
         self.core = ShardCore(spec.plan, params, spec.non_trainable, now=self.now, shard=spec.shard,
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
                               optimizer=spec.optimizer, offset=spec.offset, start_time=self.start_time)
+        self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
         self.links: dict[int, shm.WorkerLink] = {}
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
@@ -172,6 +174,8 @@ class Hub:
 
     def close(self) -> None:
         writeoff.close(self)
+        if self._update_pool is not None:
+            self._update_pool.close()
         self._sock.close(0)
         if self._auth is not None:
             self._auth.stop()

@@ -131,8 +131,13 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     # the same moment; hello's pull then overwrites whatever this step changed.
     # Two batch sizes, so the traced function already takes any batch size: DBS and an epoch's
     # last chunk change it later, and a retrace then would count as (slow) compute time.
+    if hasattr(data, "indices"):  # arrays: batches are gathered inside the compiled step
+        flat.hold(data.x, data.y)
     for size in (spec.batch_size, max(1, spec.batch_size // 2)):
-        flat.assign_and_gradients(*flat.read(), *data.head(size))
+        if flat.holds_data:
+            flat.assign_and_gradients_at(*flat.read(), np.arange(min(size, len(data.x)), dtype=np.int64))
+        else:
+            flat.assign_and_gradients(*flat.read(), *data.head(size))
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
                                 spec.transport, spec.timeout, spec.engine, compression=spec.compression)
     try:
@@ -303,14 +308,20 @@ class _AsyncLoop:
     def _compute(self, chunk: Chunk, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
         self.started.add(chunk.id)
         t0 = time.perf_counter()
-        x, y = self._batch(chunk)
+        flat = self.flat
+        if flat.holds_data:  # the chunk's indices go in; the compiled call gathers the batch
+            batch = (self.data.indices(*chunk[1:]),)
+            with_assign, alone = flat.assign_and_gradients_at, flat.gradients_at
+        else:
+            batch = self._batch(chunk)
+            with_assign, alone = flat.assign_and_gradients, flat.gradients
         if self._assign_pending:
             params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
-            loss, grad, grad_norm, nt_after = self.flat.assign_and_gradients(params, nt, x, y)
+            loss, grad, grad_norm, nt_after = with_assign(params, nt, *batch)
             self._assign_pending = False
             self._nt_model = nt.copy()  # small: the base of this step's non-trainable change
         else:
-            loss, grad, grad_norm, nt_after = self.flat.gradients(x, y)
+            loss, grad, grad_norm, nt_after = alone(*batch)
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
         self._check(loss, grad_norm, chunk)
         self._grad, self._nt_after = grad, nt_after

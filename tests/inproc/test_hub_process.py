@@ -1,0 +1,86 @@
+"""A hub shard in its own process: it serves the same protocol, and it always leaves."""
+
+import uuid
+
+import numpy as np
+import pytest
+
+from nbdist.core.coordinator import Plan
+from nbdist.hub import launch
+from nbdist.hub.client import HubControl
+from nbdist.hub.protocol import new_key
+from nbdist.hub.server import HubSpec
+
+
+def _spec(key: bytes, **changes) -> HubSpec:
+    plan = Plan(num_workers=1, num_samples=100, epochs=1, batch_size=10, lr=0.1,
+                has_validation=False, algorithm="asgd")
+    base = {"run_id": uuid.uuid4().hex[:12], "key": key, "shard": 0, "num_shards": 1, "plan": plan,
+            "params": np.arange(5, dtype=np.float32), "non_trainable": np.zeros(0, np.float32),
+            "idle_timeout": 60.0}
+    return HubSpec(**{**base, **changes})
+
+
+def test_a_process_hub_answers_the_kernel_and_reports_its_summary_when_shut_down(monkeypatch):
+    monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
+    key = new_key()
+    spec = _spec(key)
+    endpoints = launch.start_hub(spec)
+    entry = launch._hubs[(spec.run_id, 0)]
+    assert isinstance(entry, launch._ProcessHub) and entry.proc.pid != 0
+    assert launch.running_hubs() == [(spec.run_id, 0)]
+    control = HubControl(key, [endpoints], timeout=20)
+    try:
+        params, _ = control.params()
+        np.testing.assert_array_equal(params, np.arange(5, dtype=np.float32))
+        control.shutdown()
+    finally:
+        control.close()
+    summary = launch.join_hub(spec.run_id, 0, timeout=20)
+    assert summary["shard"] == 0 and summary["error"] is None and summary["dropped"] == {}
+    assert launch.running_hubs() == [] and entry.proc.returncode == 0
+
+
+def test_a_process_hub_that_nobody_stops_is_closed_by_join(monkeypatch):
+    monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
+    spec = _spec(new_key())
+    launch.start_hub(spec)
+    entry = launch._hubs[(spec.run_id, 0)]
+    summary = launch.join_hub(spec.run_id, 0, timeout=0.5)  # still serving: asked to close
+    assert summary["shard"] == 0 and summary["error"] is None
+    assert entry.proc.returncode == 0
+
+
+def test_a_hub_that_cannot_start_says_so_and_leaves_no_process(monkeypatch):
+    monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
+    bad = _spec(new_key(), bind_host="203.0.113.1")  # an address this machine does not have
+    with pytest.raises(RuntimeError, match="hub shard 0 could not start: ZMQError: Cannot assign"):
+        launch.start_hub(bad)
+    assert launch.running_hubs() == []
+
+
+def test_the_thread_hub_remains_available(monkeypatch):
+    monkeypatch.setenv("NBDIST_HUB_PROCESS", "0")
+    spec = _spec(new_key())
+    launch.start_hub(spec)
+    assert isinstance(launch._hubs[(spec.run_id, 0)], launch._ThreadHub)
+    assert launch.join_hub(spec.run_id, 0, timeout=0.2)["error"] is None
+
+
+def test_a_spec_crosses_to_the_hub_process_without_pickle_and_unchanged():
+    import io
+
+    from nbdist.hub.process import decode_spec, encode_spec
+
+    restore = {"version": 7, "opt": {"momentum": np.arange(5, dtype=np.float32), "iterations": 3},
+               "rule": {"clock": (1, 2)}, 1: np.float32(0.5)}
+    spec = _spec(b"\x00\xffkey", restore=restore, optimizer={"class_name": "SGD", "segments": [5]})
+    back = decode_spec(io.BytesIO(encode_spec(spec)))
+    assert back.key == spec.key and back.plan == spec.plan and back.run_id == spec.run_id
+    np.testing.assert_array_equal(back.params, spec.params)
+    assert back.params.dtype == np.float32 and back.non_trainable.shape == (0,)
+    np.testing.assert_array_equal(back.restore["opt"]["momentum"], restore["opt"]["momentum"])
+    assert back.restore["rule"] == {"clock": (1, 2)} and back.restore[1] == 0.5
+    assert back.optimizer == spec.optimizer
+    with pytest.raises(TypeError, match="cannot carry a object"):
+        encode_spec({"x": object()})

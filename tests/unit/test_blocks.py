@@ -1,0 +1,107 @@
+"""Large updates split into blocks on threads give exactly the single-threaded numbers."""
+
+import numpy as np
+import pytest
+
+from nbdist.algorithms.blocks import MIN_SPLIT, block_ranges, intersect, run_serial
+from nbdist.algorithms.optimizers import server_optimizer_spec
+from nbdist.core.coordinator import Plan
+from nbdist.core.updater import make_updater
+from nbdist.hub.threads import BlockPool, split_updates
+
+SIZE = MIN_SPLIT + 12345  # large enough to split, with a ragged last block
+
+
+def test_block_ranges_cover_the_vector_once_with_aligned_inner_edges():
+    assert block_ranges(10, 3, align=2, min_split=0) == [(0, 4), (4, 8), (8, 10)]
+    assert block_ranges(10, 1, align=2, min_split=0) == [(0, 10)]
+    assert block_ranges(100, 4) == [(0, 100)]  # small: one pass
+    ranges = block_ranges(SIZE, 3)
+    assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == SIZE
+    assert all(a[1] == b[0] and a[1] % (1 << 16) == 0 for a, b in zip(ranges[:-1], ranges[1:], strict=True))
+
+
+def test_intersect_keeps_the_parts_of_runs_inside_a_range():
+    assert intersect([(0, 3), (5, 9)], 2, 6) == [(2, 3), (5, 6)]
+    assert intersect([(0, 3)], 3, 6) == []
+
+
+def _spec(name: str, **config) -> dict:
+    spec = server_optimizer_spec("sgd", 0.05, [SIZE // 3, SIZE - SIZE // 3])
+    spec.update(class_name=name, config=config)
+    return spec
+
+
+SPECS = {
+    "plain sgd": server_optimizer_spec("sgd", 0.05, [SIZE]),
+    "momentum nesterov": _spec("SGD", momentum=0.9, nesterov=True),
+    "adam": _spec("Adam"),
+    "adam amsgrad clipvalue": _spec("Adam", amsgrad=True, clipvalue=0.5),
+    "adamw": _spec("AdamW", weight_decay=0.01),
+    "rmsprop centered momentum": _spec("RMSprop", centered=True, momentum=0.5),
+    "adagrad clipnorm": _spec("Adagrad", clipnorm=1.0),
+    "adamax": _spec("Adamax"),
+    "nadam": _spec("Nadam", global_clipnorm=1.0),
+}
+
+
+@pytest.mark.parametrize("algorithm", ["asgd", "hogwild"])
+@pytest.mark.parametrize("name", list(SPECS))
+def test_a_split_update_on_threads_equals_the_single_pass_bit_for_bit(name, algorithm):
+    plan = Plan(num_workers=2, num_samples=1000, epochs=1, batch_size=10, lr=0.05,
+                has_validation=False, algorithm=algorithm)
+    one, split = (make_updater(plan, {}, SPECS[name], SIZE) for _ in range(2))
+    pool, calls = BlockPool(3), []
+
+    def recording(fn, ranges):
+        calls.append(len(ranges))
+        pool(fn, ranges)
+
+    split.use_blocks(recording, 3)
+    rng = np.random.default_rng(7)
+    w0 = rng.normal(size=SIZE).astype(np.float32)
+    wa, wb = w0.copy(), w0.copy()
+    outa, outb = np.empty(SIZE, np.float32), np.empty(SIZE, np.float32)
+    try:
+        for step in range(3):
+            g = rng.normal(size=SIZE).astype(np.float32)
+            assert one.push(step % 2, wa, g, delay=step, into=outa) == \
+                split.push(step % 2, wb, g, delay=step, into=outb)
+            np.testing.assert_array_equal(wa, wb)
+            np.testing.assert_array_equal(outa, outb)
+    finally:
+        pool.close()
+    assert not np.array_equal(wa, w0)
+    assert calls and max(calls) == 3  # the blocks really ran as 3 (Nadam copies out in blocks)
+    if split.optimizer is not None and name != "nadam":
+        for key, slot in one.optimizer.export_state().items():
+            np.testing.assert_array_equal(slot, split.optimizer.export_state()[key])
+
+
+def test_the_hub_splits_large_updates_only(monkeypatch):
+    monkeypatch.setenv("NBDIST_HUB_THREADS", "2")
+    plan = Plan(num_workers=1, num_samples=10, epochs=1, batch_size=1, lr=0.1,
+                has_validation=False, algorithm="asgd")
+    small = make_updater(plan, {}, None, 1000)
+    assert split_updates(small) is None
+    big = make_updater(plan, {}, None, SIZE)
+    pool = split_updates(big)
+    try:
+        assert len(big._ranges) == pool.threads == 2
+    finally:
+        pool.close()
+    monkeypatch.setenv("NBDIST_HUB_THREADS", "1")
+    assert split_updates(make_updater(plan, {}, None, SIZE)) is None
+
+
+def test_a_failing_block_raises_in_the_caller():
+    pool = BlockPool(2)
+
+    def fail(lo, hi):
+        if lo:
+            raise ValueError("block")
+
+    with pytest.raises(ValueError, match="block"):
+        pool(fail, [(0, 1), (1, 2)])
+    pool.close()
+    run_serial(lambda lo, hi: None, [(0, 1)])
