@@ -310,7 +310,7 @@ class _AsyncLoop:
         t0 = time.perf_counter()
         flat = self.flat
         if flat.holds_data:  # the chunk's indices go in; the compiled call gathers the batch
-            batch = (self.data.indices(*chunk[1:]),)
+            batch = (self.data.indices(chunk.epoch, chunk.start, chunk.stop),)
             with_assign, alone = flat.assign_and_gradients_at, flat.gradients_at
         else:
             batch = self._batch(chunk)
