@@ -29,7 +29,7 @@ from nbdist.algorithms.schedules import (
     _checked,
     _jsonable,
 )
-from nbdist.config import TrainConfig
+from nbdist.config import Mode, TrainConfig
 from nbdist.core.updater import check_composition, describe_spec
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 
@@ -198,11 +198,14 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     - `--local-steps K`: the workers step with the cell's optimizer and the hub applies their
       deltas with `--server-optimizer` (SGD at rate 1 by default);
     - `--server-optimizer NAME` without local steps: NAME at the cell's rate, with a warning;
-    - `easgd`: none (the hub only adds elastic differences).
+    - `easgd`: none (the hub only adds elastic differences);
+    - `--mode sync`: none (each rank applies the cell's optimizer; the hub holds no weights).
     `segments` are the trainable variables' sizes in flat order, `variables` the variables
     (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
     nbdist cannot reproduce.
     """
+    if config.mode is Mode.SYNC:
+        return None, []
     algorithm = config.algorithm.value
     chosen = config.server_optimizer.value if config.server_optimizer is not None else None
     if algorithm == "easgd":
