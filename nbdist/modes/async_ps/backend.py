@@ -51,6 +51,7 @@ class ClusterBackend(Backend):
     engine that joined must not end a run that was going well without it."""
 
     survives_worker_loss = True
+    cluster: Cluster  # the Run registers with it, so Cluster.stop() ends the run first
 
     def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None):
         self.cluster = cluster
