@@ -58,6 +58,10 @@ class Plan:
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
     # coordinator tells the rate on every reply)
     lr_owner: str = "hub"
+    # whether a worker silent past its deadline is written off and its data handed to the
+    # others; not in sync mode, where no rank can take over another's data, and a rank that
+    # hangs or dies fails the collective itself (Horovod) or its engine (ipyparallel)
+    silence_is_loss: bool = True
 
 
 class Coordinator:
@@ -291,7 +295,7 @@ class Coordinator:
     def overdue(self, now: float, exempt=()) -> list[int]:
         """Workers silent past their deadline. Nobody is overdue while the run is paused, nor
         while the hub holds its reply (`exempt`: SSP or a group barrier keeps it waiting)."""
-        if self.paused:
+        if self.paused or not self.plan.silence_is_loss:
             return []
         return [w for w, t in self._heard.items()
                 if w not in self.gone and w not in exempt and now - t > self.deadline(w)]

@@ -105,3 +105,23 @@ def test_the_mode_packages_and_the_job_do_not_import_upwards():
               if imported(p) & {"nbdist.api", "nbdist"}}
     assert upward == set()
     assert not any(m and m.startswith(("nbdist.modes", "nbdist.api")) for m in imported(ROOT / "job.py"))
+
+
+def test_a_sync_rank_is_never_written_off_for_silence_but_an_async_worker_is():
+    """Sync ranks are silent together while rank 0 evaluates (the others wait in the
+    allreduce); the hub wrote both off after 30 s of that and the run failed with
+    WorkersLostError. No other rank can take over a sync rank's data anyway; a rank that really
+    hangs or dies fails the collective (Horovod) or its engine (ipyparallel)."""
+    from types import SimpleNamespace
+
+    from nbdist.config import TrainConfig
+    from nbdist.core.coordinator import LOST_FIRST_S, Coordinator
+    from nbdist.job import coordinator_plan
+
+    contents = SimpleNamespace(num_samples=100, validation=None)
+    for mode, lost in (("sync", []), ("async", [0, 1])):
+        plan, _, _ = coordinator_plan(TrainConfig(mode=mode, workers=2), contents, 0.1, num_workers=2)
+        coordinator = Coordinator(plan)
+        for worker in (0, 1):
+            coordinator.heard(worker, 0.0)
+        assert coordinator.overdue(LOST_FIRST_S + 1.0) == lost, mode
