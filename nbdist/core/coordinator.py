@@ -58,10 +58,7 @@ class Plan:
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
     # coordinator tells the rate on every reply)
     lr_owner: str = "hub"
-    # whether a worker silent past its deadline is written off and its data handed to the
-    # others; not in sync mode, where no rank can take over another's data, and a rank that
-    # hangs or dies fails the collective itself (Horovod) or its engine (ipyparallel)
-    silence_is_loss: bool = True
+    silence_is_loss: bool = True  # write off the silent (not in sync: Horovod fails a hung rank)
 
 
 class Coordinator:
