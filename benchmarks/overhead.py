@@ -13,7 +13,7 @@ What it measures
                      the same repeats, interleaved with the plain runs.
     Both sides get the same TensorFlow thread budget T: nbdist's ClusterBackend gives each worker
     max(1, cpu_count // workers_on_host) intra-op threads (and min(T, 2) inter-op threads), and
-    the fit child sets exactly the same through `nbdist.modes.async_ps.worker.configure_tensorflow`.
+    the fit child sets exactly the same through `nbdist.engine.run_cell.configure_tensorflow`.
 
     Only steady state counts. For fit: one warm-up fit (tracing), then a timed fit whose batch
     end times are recorded; the rate is taken over the middle of that fit (batches 10%..95%).
@@ -85,7 +85,7 @@ def thread_budget(workers_on_host: int = 1) -> int:
 
 def fit_server(threads: int) -> None:
     """Child: load TensorFlow once, then answer one JSON request per stdin line."""
-    from nbdist.modes.async_ps.worker import configure_tensorflow
+    from nbdist.engine.run_cell import configure_tensorflow
 
     configure_tensorflow(threads, 0)  # exactly what a worker engine does
     import tensorflow as tf

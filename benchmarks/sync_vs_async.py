@@ -98,7 +98,7 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
     import time
 
     os.environ.update(env)
-    from nbdist.modes.async_ps.worker import configure_tensorflow
+    from nbdist.engine.run_cell import configure_tensorflow
 
     configure_tensorflow(threads, local_rank)  # a no-op if TensorFlow already runs here
     import horovod.tensorflow as hvd
@@ -128,7 +128,7 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
         grad, control = data[:size].copy(), data[size:].copy()
 
         @tf.function(reduce_retracing=True)
-        def step_shaped(weighted_grad, control):  # nbdist/modes/sync/backend.py _SyncLoop's allreduce_apply
+        def step_shaped(weighted_grad, control):  # nbdist/modes/sync/rank.py _SyncLoop's allreduce_apply
             reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
                                     name="bench_step_shaped")
             grads = tf.split(reduced[:size], sizes)
@@ -215,7 +215,7 @@ def main() -> None:
     epochs = args.epochs or (1 if args.quick else 2)
     repeats = args.repeats or (1 if args.quick else 2)
 
-    from nbdist.modes.sync.backend import CONTROL_FIELDS
+    from nbdist.modes.sync.rank import CONTROL_FIELDS
 
     n_floats = flat_size() + CONTROL_FIELDS + WORKERS  # what nbdist's step allreduces
     print(f"sync_vs_async: 784-256-256-10 MLP on Fashion-MNIST, {WORKERS} workers, batch {BATCH} "

@@ -37,7 +37,7 @@ _F = np.float32
 SUPPORTED_OPTIMIZERS: tuple[str, ...] = tuple(FORMULAS)
 
 # Settings every Keras optimizer has, with their Keras defaults (AdamW decays by 0.004).
-_BASE_DEFAULTS: dict[str, float | None] = {
+BASE_DEFAULTS: dict[str, float | None] = {
     "weight_decay": None, "clipnorm": None, "clipvalue": None, "global_clipnorm": None}
 _CLASS_BASE_DEFAULTS: dict[str, dict[str, float | None]] = {"AdamW": {"weight_decay": 0.004}}
 _DEFAULT_LR = {"SGD": 0.01}  # the others' Keras default is 0.001
@@ -46,7 +46,7 @@ _PROCEED = "Pass --server-optimizer sgd to train with SGD at the cell's learning
 _SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
 
 
-def _unsupported(what: str, received: str) -> UnsupportedOptimizerError:
+def unsupported(what: str, received: str) -> UnsupportedOptimizerError:
     return UnsupportedOptimizerError(
         f"nbdist cannot reproduce the cell's optimizer on the hub: {what}. Received: {received}. "
         f"Supported: keras.optimizers.{', '.join(SUPPORTED_OPTIMIZERS)} (exactly these classes), "
@@ -75,7 +75,7 @@ def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> d
         class_name, default_lr = "SGD", 1.0
     spec = {"class_name": class_name, "config": config,
             "learning_rate": default_lr if lr is None else float(lr),
-            "segments": _checked_segments(segments)}
+            "segments": checked_segments(segments)}
     HubOptimizer(spec, 0)
     return spec
 
@@ -86,7 +86,7 @@ def sum_of_squares(g: np.ndarray) -> float:
     return float(np.dot(g, g))
 
 
-def _checked_segments(segments: Any) -> list[int]:
+def checked_segments(segments: Any) -> list[int]:
     try:
         sizes = [int(s) for s in segments]
     except (TypeError, ValueError):
@@ -119,7 +119,7 @@ class HubOptimizer:
     def __init__(self, spec: dict, size: int, offset: int = 0):
         self.name, self.config = _checked_spec(spec)
         self.size, self.offset = int(size), int(offset)
-        segments = _checked_segments(spec.get("segments", ()))
+        segments = checked_segments(spec.get("segments", ()))
         if self.size < 0 or self.offset < 0 or sum(segments) < self.offset + self.size:
             raise ConfigError(f"The shard [{offset}, {offset} + {size}) is not inside the model's "
                               f"{sum(segments)} floats (segments {segments}). Expected "
@@ -331,8 +331,8 @@ def _checked_spec(spec: Any) -> tuple[str, dict[str, Any]]:
     """(class name, config with Keras's defaults filled in), or a clear refusal."""
     name = spec.get("class_name") if isinstance(spec, dict) else None
     if name not in FORMULAS:
-        raise _unsupported("the optimizer class is not one nbdist reproduces", repr(name))
-    defaults = {**_BASE_DEFAULTS, **_CLASS_BASE_DEFAULTS.get(name, {}), **FORMULAS[name].defaults}
+        raise unsupported("the optimizer class is not one nbdist reproduces", repr(name))
+    defaults = {**BASE_DEFAULTS, **_CLASS_BASE_DEFAULTS.get(name, {}), **FORMULAS[name].defaults}
     given = dict(spec.get("config") or {})
     unknown = sorted(set(given) - set(defaults))
     if unknown:
@@ -341,9 +341,9 @@ def _checked_spec(spec: Any) -> tuple[str, dict[str, Any]]:
     config = {**defaults, **given}
     for key, value in config.items():
         numeric = isinstance(value, (int, float)) and math.isfinite(value)
-        if not (numeric or (value is None and key in _BASE_DEFAULTS)):
+        if not (numeric or (value is None and key in BASE_DEFAULTS)):
             raise ConfigError(f"The {name} optimizer's {key} must be a finite number"
-                              f"{' or None' if key in _BASE_DEFAULTS else ''}. "
+                              f"{' or None' if key in BASE_DEFAULTS else ''}. "
                               f"Received: {value!r}.")
     clips = [k for k in ("clipnorm", "clipvalue", "global_clipnorm") if config[k] is not None]
     if len(clips) > 1:

@@ -26,7 +26,7 @@ __all__ = ["SUPPORTED_SCHEDULES", "schedule_value"]
 _F = np.float32
 
 # Each schedule's constructor defaults in Keras 3 (`None`: a required argument).
-_DEFAULTS: dict[str, dict[str, Any]] = {
+SCHEDULE_DEFAULTS: dict[str, dict[str, Any]] = {
     "ExponentialDecay": {"initial_learning_rate": None, "decay_steps": None, "decay_rate": None,
                          "staircase": False},
     "PiecewiseConstantDecay": {"boundaries": None, "values": None},
@@ -41,16 +41,16 @@ _DEFAULTS: dict[str, dict[str, Any]] = {
 }
 _OPTIONAL_NONE = {("CosineDecay", "warmup_target")}  # defaults that are None on purpose
 
-SUPPORTED_SCHEDULES: tuple[str, ...] = tuple(_DEFAULTS)
+SUPPORTED_SCHEDULES: tuple[str, ...] = tuple(SCHEDULE_DEFAULTS)
 
-_HOW_TO_PROCEED = ("Use one of these schedules, or a constant learning rate; or pass "
+HOW_TO_PROCEED = ("Use one of these schedules, or a constant learning rate; or pass "
                    "--server-optimizer sgd to train with SGD at a constant rate on purpose.")
 
 
-def _jsonable(value: Any) -> Any:
+def jsonable(value: Any) -> Any:
     """Plain Python numbers, lists and strings (schedule configs may hold NumPy scalars)."""
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
     if isinstance(value, (int, np.integer)):
@@ -64,18 +64,18 @@ def _jsonable(value: Any) -> Any:
     except (TypeError, ValueError):
         raise UnsupportedOptimizerError(
             f"A learning-rate schedule holds a value nbdist cannot read. Received: {value!r} "
-            f"({type(value).__name__}). Expected numbers. {_HOW_TO_PROCEED}") from None
+            f"({type(value).__name__}). Expected numbers. {HOW_TO_PROCEED}") from None
 
 
-def _checked(spec: dict) -> tuple[str, dict[str, Any]]:
+def checked_schedule(spec: dict) -> tuple[str, dict[str, Any]]:
     """(class name, config with Keras's defaults filled in); refuses unknown or incomplete specs."""
     name = spec.get("class_name") if isinstance(spec, dict) else None
-    if name not in _DEFAULTS:
+    if name not in SCHEDULE_DEFAULTS:
         raise UnsupportedOptimizerError(
             f"Unknown learning-rate schedule. Received: {name!r}. Supported: "
-            f"{', '.join(SUPPORTED_SCHEDULES)}. {_HOW_TO_PROCEED}")
+            f"{', '.join(SUPPORTED_SCHEDULES)}. {HOW_TO_PROCEED}")
     given = dict(spec.get("config") or {})
-    config = {**_DEFAULTS[name], **{k: v for k, v in given.items() if k in _DEFAULTS[name]}}
+    config = {**SCHEDULE_DEFAULTS[name], **{k: v for k, v in given.items() if k in SCHEDULE_DEFAULTS[name]}}
     missing = [k for k, v in config.items() if v is None and (name, k) not in _OPTIONAL_NONE]
     if missing:
         raise UnsupportedOptimizerError(
@@ -94,7 +94,7 @@ def schedule_value(spec: dict, step: int) -> float:
         >>> round(schedule_value(spec, 20), 6)
         0.025
     """
-    name, config = _checked(spec)
+    name, config = checked_schedule(spec)
     return float(_FORMULAS[name](config, int(step)))
 
 

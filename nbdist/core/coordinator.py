@@ -293,8 +293,9 @@ class Coordinator:
 
     def overdue(self, now: float, exempt=()) -> list[int]:
         """Workers silent past their deadline. Nobody is overdue while the run is paused, nor
-        while the hub holds its reply (`exempt`: SSP or a group barrier keeps it waiting)."""
-        if self.paused:
+        while the hub holds its reply (`exempt`: SSP or a group barrier keeps it waiting), nor
+        in sync mode (`silence_is_loss`)."""
+        if self.paused or not self.plan.silence_is_loss:
             return []
         return [w for w, t in self._heard.items()
                 if w not in self.gone and w not in exempt and now - t > self.deadline(w)]

@@ -32,3 +32,4 @@ class Plan:
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
     # coordinator tells the rate on every reply)
     lr_owner: str = "hub"
+    silence_is_loss: bool = True  # write off the silent (not in sync: Horovod fails a hung rank)

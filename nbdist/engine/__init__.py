@@ -1,3 +1,6 @@
-"""The user's cell and model, wherever they run: finding the model and data in a cell (`cell.py`),
-feeding the data (`data.py`), the model as one flat float32 buffer (`flatmodel.py`), the
-learning rate the cell set (`learning_rate.py`) and the engine's GPU (`gpu.py`)."""
+"""The user's cell and model, wherever they run: finding the model and data in a cell in the
+kernel (`cell.py`), running the cell on an engine, the same way in every mode (`run_cell.py`),
+evaluation and the non-finite-step error (`evaluate.py`), feeding the data (`data.py`), the
+model as one flat float32 buffer (`flatmodel.py`), the cell's optimizer as a spec for the hub
+(`optimizer_spec.py`), the learning rate the cell set (`learning_rate.py`) and the engine's
+GPU (`gpu.py`)."""

@@ -172,6 +172,12 @@ def format_size(num_bytes: int) -> str:
     return f"{num_bytes}B"
 
 
+def as_float32(x: np.ndarray) -> np.ndarray:
+    """Inputs as Keras trains on them: float64 becomes float32 once, here, not per batch;
+    other dtypes (integer token ids, float16) stay as they are."""
+    return x.astype(np.float32) if x.dtype == np.float64 else x
+
+
 class ArraySource:
     """Batches from arrays: positions `[start, stop)` of the epoch's global permutation."""
 
@@ -225,8 +231,7 @@ class ShardStream:
                 self._iter = None
                 continue
             fresh = False
-            x = part[0].astype(np.float32) if part[0].dtype == np.float64 else part[0]
-            self._buffer.append((x, part[1]))
+            self._buffer.append((as_float32(part[0]), part[1]))
             self._buffered += len(part[0])
         x = np.concatenate([b[0] for b in self._buffer]) if len(self._buffer) > 1 else self._buffer[0][0]
         y = np.concatenate([b[1] for b in self._buffer]) if len(self._buffer) > 1 else self._buffer[0][1]

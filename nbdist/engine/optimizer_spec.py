@@ -15,21 +15,21 @@ import numpy as np
 
 from nbdist.algorithms.optimizer_rules import FORMULAS
 from nbdist.algorithms.optimizers import (
-    _BASE_DEFAULTS,
+    BASE_DEFAULTS,
     SUPPORTED_OPTIMIZERS,
     HubOptimizer,
-    _checked_segments,
-    _unsupported,
+    checked_segments,
     server_optimizer_spec,
+    unsupported,
 )
 from nbdist.algorithms.schedules import (
-    _DEFAULTS,
-    _HOW_TO_PROCEED,
+    HOW_TO_PROCEED,
+    SCHEDULE_DEFAULTS,
     SUPPORTED_SCHEDULES,
-    _checked,
-    _jsonable,
+    checked_schedule,
+    jsonable,
 )
-from nbdist.config import TrainConfig
+from nbdist.config import Mode, TrainConfig
 from nbdist.core.updater import check_composition, describe_spec
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 
@@ -68,7 +68,7 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     name = cls.__name__
     received = f"{cls.__module__}.{cls.__qualname__}"
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
-        raise _unsupported("it is wrapped in a LossScaleOptimizer (mixed precision: the hub "
+        raise unsupported("it is wrapped in a LossScaleOptimizer (mixed precision: the hub "
                            "applies float32 gradients and keeps no loss scale)", received)
     if name not in SUPPORTED_OPTIMIZERS or getattr(keras.optimizers, name, None) is not cls:
         keras_base = next((c for c in cls.__mro__[1:] if c.__name__ in SUPPORTED_OPTIMIZERS
@@ -76,19 +76,19 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
         what = (f"it is a subclass of keras.optimizers.{keras_base.__name__}, and nbdist cannot "
                 f"know what the subclass changes" if keras_base else "it is not a built-in "
                 "Keras optimizer nbdist reproduces")
-        raise _unsupported(what, received)
+        raise unsupported(what, received)
     if optimizer.use_ema:
-        raise _unsupported("use_ema=True (the hub keeps no moving average of the weights)",
+        raise unsupported("use_ema=True (the hub keeps no moving average of the weights)",
                            f"{name}(use_ema=True)")
     if optimizer.gradient_accumulation_steps:
         steps = optimizer.gradient_accumulation_steps
-        raise _unsupported("gradient accumulation (the hub's update rule decides when "
+        raise unsupported("gradient accumulation (the hub's update rule decides when "
                            "gradients are applied)",
                            f"{name}(gradient_accumulation_steps={steps!r})")
     if optimizer.loss_scale_factor is not None:
-        raise _unsupported("a loss scale factor", f"{name}(loss_scale_factor="
+        raise unsupported("a loss scale factor", f"{name}(loss_scale_factor="
                            f"{optimizer.loss_scale_factor!r})")
-    segments = _checked_segments(segments)
+    segments = checked_segments(segments)
     if variables is not None:
         _check_variables(list(variables), segments)
     lr = optimizer._learning_rate  # the schedule or the variable, not its current value
@@ -97,10 +97,10 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     elif isinstance(lr, keras.Variable) or not callable(lr):
         lr = float(np.asarray(lr))
     else:
-        raise _unsupported("its learning rate is a function nbdist cannot evaluate on the hub",
+        raise unsupported("its learning rate is a function nbdist cannot evaluate on the hub",
                            f"learning_rate={lr!r}")
     # attributes, not get_config(): that serializes the learning rate, and fails on some
-    keys = (*_BASE_DEFAULTS, *FORMULAS[name].defaults)
+    keys = (*BASE_DEFAULTS, *FORMULAS[name].defaults)
     config = {key: _plain(getattr(optimizer, key)) for key in keys}
     spec: dict[str, Any] = {"class_name": name, "config": config, "learning_rate": lr,
                             "segments": segments}
@@ -129,7 +129,7 @@ def _decay_mask(optimizer: Any, segments: list[int], variables: list | None) -> 
     if variables is None and optimizer.built:
         variables = optimizer._trainable_variables
     if variables is None:
-        raise _unsupported("exclude_from_weight_decay(...) was called, and nbdist was not given "
+        raise unsupported("exclude_from_weight_decay(...) was called, and nbdist was not given "
                            "the variables to tell which ones it excludes",
                            f"{type(optimizer).__name__}(weight_decay={optimizer.weight_decay!r})")
     _check_variables(list(variables), segments)
@@ -175,7 +175,7 @@ def describe_schedule(schedule: Any) -> dict:
 
     cls = type(schedule)
     name = cls.__name__
-    if name not in _DEFAULTS or getattr(schedules, name, None) is not cls:
+    if name not in SCHEDULE_DEFAULTS or getattr(schedules, name, None) is not cls:
         what = f"{cls.__module__}.{cls.__qualname__}"
         kind = ("a subclass of a Keras schedule"
                 if isinstance(schedule, schedules.LearningRateSchedule)
@@ -183,10 +183,10 @@ def describe_schedule(schedule: Any) -> dict:
         raise UnsupportedOptimizerError(
             f"nbdist cannot reproduce this learning-rate schedule on the hub. Received: {what} "
             f"({kind}). Supported: keras.optimizers.schedules."
-            f"{', '.join(SUPPORTED_SCHEDULES)}. {_HOW_TO_PROCEED}")
-    config = {k: _jsonable(v) for k, v in schedule.get_config().items() if k != "name"}
+            f"{', '.join(SUPPORTED_SCHEDULES)}. {HOW_TO_PROCEED}")
+    config = {k: jsonable(v) for k, v in schedule.get_config().items() if k != "name"}
     spec = {"class_name": name, "config": config}
-    _checked(spec)
+    checked_schedule(spec)
     return spec
 
 
@@ -198,11 +198,15 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     - `--local-steps K`: the workers step with the cell's optimizer and the hub applies their
       deltas with `--server-optimizer` (SGD at rate 1 by default);
     - `--server-optimizer NAME` without local steps: NAME at the cell's rate, with a warning;
-    - `easgd`: none (the hub only adds elastic differences).
+    - `easgd`: none (the hub only adds elastic differences);
+    - `--mode sync` and `pipeline`: none (each rank or stage applies the cell's optimizer;
+      no hub holds weights).
     `segments` are the trainable variables' sizes in flat order, `variables` the variables
     (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
     nbdist cannot reproduce.
     """
+    if config.mode in (Mode.SYNC, Mode.PIPELINE):
+        return None, []
     algorithm = config.algorithm.value
     chosen = config.server_optimizer.value if config.server_optimizer is not None else None
     if algorithm == "easgd":

@@ -40,10 +40,12 @@ class RunControl:
         """Change the learning rate from the next push on (with --local-steps: the workers';
         in --mode sync: every rank's, at the same step). A learning-rate schedule in the cell is
         replaced by this constant rate from then on, and `run.warnings` says so."""
-        self._send(lr=float(lr))
         from nbdist.engine.learning_rate import schedule_replaced
 
+        # read before sending: in --mode local the worker shares this optimizer and may replace
+        # the schedule as soon as the new rate reaches it
         note = schedule_replaced(getattr(self.model, "optimizer", None), lr, self.warnings)
+        self._send(lr=float(lr))
         if note:
             self.warnings.append(note)
             log.warning("run %s: %s", self.run_id, note)
@@ -113,8 +115,7 @@ class RunControl:
         from nbdist.checkpoint.store import save
 
         with self._checkpoint_lock:  # sync mode: rank 0 holds the weights (nbdist.checkpoint.sync_state)
-            state = getattr(self._backend, "checkpoint_state", None)
-            shards = state(self._control, final) if state else self._control.state()
+            shards = self._backend.checkpoint_state(self._control, final)
             self.last_checkpoint = save(directory, shards, self._checkpoint_info)
             self._checkpoint_at = time.monotonic()
         return self.last_checkpoint

@@ -21,6 +21,7 @@ import time
 from nbdist.core.traffic import TrafficRates
 from nbdist.errors import NbdistError
 from nbdist.hub.client import HubControl
+from nbdist.run.backend import Backend
 from nbdist.run.control import RunControl
 from nbdist.run.monitor import RunMonitor
 from nbdist.run.views import NODE_COLUMNS, RunViews  # noqa: F401 - NODE_COLUMNS: the public name
@@ -52,10 +53,10 @@ class Run(RunViews, RunControl, RunMonitor):
         self._timeline_at = 0.0
         self._snapshot: dict = {}
         self._traffic = TrafficRates()  # each worker's bytes/s, from the totals it reports
-        self.hubs: list[dict] = []  # one per hub shard: shard, host, engine (set by nbdist.api)
+        self.hubs: list[dict] = []  # one per hub shard: shard, host, engine (set by the mode's start)
         self._done = threading.Event()
         self._control: HubControl | None = None
-        self._backend = None
+        self._backend: Backend | None = None
         self._stop_requested = False
         self._listeners: list = []  # callables(run) called after each poll (status display)
         self.revision = 0  # +1 per stats poll: displays redraw only what changed
@@ -67,7 +68,7 @@ class Run(RunViews, RunControl, RunMonitor):
             self.note(text)
         self._events_seen = 0
         self.last_checkpoint: str | None = None  # path of the latest checkpoint written
-        self._checkpoint_info: dict = {}  # set by nbdist.api: config, cell, layout, ...
+        self._checkpoint_info: dict = {}  # set by the mode's start (nbdist.job.Job.checkpoint_info)
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_at = time.monotonic()
 
@@ -118,13 +119,12 @@ class Run(RunViews, RunControl, RunMonitor):
         except NbdistError:  # it ended meanwhile, or the hub is gone: the monitor cleans up
             pass
 
-    # -- lifecycle (called by nbdist.api) ---------------------------------------------------
+    # -- lifecycle (called by the mode's start, nbdist.modes.launch) --------------------------
 
-    def _begin(self, backend, control: HubControl, run_id: str) -> None:
+    def _begin(self, backend: Backend, control: HubControl, run_id: str) -> None:
         self._backend, self._control, self.run_id = backend, control, run_id
         self.status = "running"
-        cluster = getattr(backend, "cluster", None)
-        if cluster is not None:
-            cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
+        if backend.cluster is not None:
+            backend.cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
         threading.Thread(target=self._monitor, daemon=True, name=f"nbdist-run-{run_id}").start()
 

@@ -83,7 +83,7 @@ class RunViews:
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
                             delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
                             summary=self.summary(), top_k=top_k, extra=extra,
-                            hubs=getattr(self, "hubs", None))
+                            hubs=self.hubs)
 
     def compare(self, *others, metric: str = "accuracy", x: str = "time", **kwargs):
         """This run and `others` (Runs) on the same axes: `nbdist.compare(self, *others, ...)`.

@@ -31,13 +31,13 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_cr
 
 def _start(cell: str, **options):
     from nbdist.engine.cell import inspect_cell
-    from nbdist.modes import pipeline
+    from nbdist.modes.pipeline.start import start_stages
 
     config = TrainConfig(mode="pipeline", **options)
     ns: dict = {}
     exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102 - the test's own cell
     contents = inspect_cell(cell, ns, config)
-    return ns, pipeline.start(cell, config, None, ns, False, contents, [], in_process=True)
+    return ns, start_stages(cell, config, None, ns, False, contents, [], in_process=True)
 
 
 def _reference(cell: str, batch: int, seed: int = 0) -> list:

@@ -203,27 +203,27 @@ def test_group_options_given_and_changed_live_shape_the_groups():
 def test_max_ratio_given_with_algo_opt_reaches_the_plan():
     from types import SimpleNamespace
 
-    from nbdist.api import _plan
     from nbdist.config import TrainConfig
+    from nbdist.job import coordinator_plan
 
     config = TrainConfig(algorithm="group", algo_options="max_ratio=3", groups=2)
     contents = SimpleNamespace(num_samples=100, validation=None)
-    made, _, _ = _plan(config, contents, 0.1, num_workers=4)
+    made, _, _ = coordinator_plan(config, contents, 0.1, num_workers=4)
     assert (made.max_group_ratio, made.groups) == (3.0, 2)
 
 
 def test_options_bounded_by_the_workers_wait_until_their_number_is_known():
     from types import SimpleNamespace
 
-    from nbdist.api import _plan
     from nbdist.config import TrainConfig
     from nbdist.errors import ConfigError
+    from nbdist.job import coordinator_plan
 
     config = TrainConfig(algorithm="group", groups=3)  # no --workers: every free engine
     contents = SimpleNamespace(num_samples=100, validation=None)
-    assert _plan(config, contents, 0.1, num_workers=4)[0].groups == 3
+    assert coordinator_plan(config, contents, 0.1, num_workers=4)[0].groups == 3
     with pytest.raises(ConfigError, match=r"'num_groups' of group must be in \[0, 2\]. Received: 3"):
-        _plan(config, contents, 0.1, num_workers=2)
+        coordinator_plan(config, contents, 0.1, num_workers=2)
 
 
 def test_the_learning_rate_has_one_owner():

@@ -1,2 +1,3 @@
-"""Asynchronous training through the hub: the backend that places hubs and workers on engines
-(`backend.py`), the worker loop (`worker.py`) and workers added mid-run (`elastic.py`)."""
+"""Asynchronous training through the hub (`--mode async`): its start (`start.py`), the backend
+that places hubs and workers on engines (`backend.py`), the worker loop (`worker.py`, also the
+worker of `--mode local`) and workers added mid-run (`elastic.py`)."""

@@ -1,8 +1,10 @@
-"""Where a run's hubs and workers live: engines of a cluster, or threads in this kernel.
+"""Where an async run's hubs and workers live: engines of a cluster.
 
-A backend starts the hub shards and the workers, reports a worker failure, and cleans up.
-The Run (nbdist/run/handle.py) drives either one the same way. A cluster backend can also start
-workers on more engines while an async run trains (`add_workers`, see nbdist/modes/async_ps/elastic.py).
+`ClusterBackend` starts the hub shards (threads on dedicated engines) and one worker task per
+worker engine, reports a worker failure, and cleans up; the Run (nbdist/run/handle.py) drives
+it through the `Backend` protocol (nbdist/run/backend.py), like every mode's backend. It can
+also start workers on more engines while the run trains (`add_workers`, see
+nbdist/modes/async_ps/elastic.py).
 """
 
 from __future__ import annotations
@@ -25,8 +27,9 @@ from nbdist.errors import (
     UnreachableHostError,
 )
 from nbdist.hub.protocol import shard_bounds
-from nbdist.hub.server import Hub, HubSpec
+from nbdist.hub.server import HubSpec
 from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
+from nbdist.run.backend import Backend
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +42,7 @@ def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpe
             for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
 
 
-class ClusterBackend:
+class ClusterBackend(Backend):
     """Hubs as threads on dedicated engines; one worker task per worker engine.
 
     An async run survives a worker engine that dies: `failure()` skips it and `newly_lost()`
@@ -48,6 +51,7 @@ class ClusterBackend:
     engine that joined must not end a run that was going well without it."""
 
     survives_worker_loss = True
+    cluster: Cluster  # the Run registers with it, so Cluster.stop() ends the run first
 
     def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None):
         self.cluster = cluster
@@ -172,6 +176,15 @@ class ClusterBackend:
         """The trained flat parameters and non-trainable state (from the hub shards)."""
         return control.params()
 
+    def checkpoint_state(self, control, final: bool) -> list:
+        """Every hub shard's state, for a checkpoint (nbdist.checkpoint.store)."""
+        return control.state()
+
+    def hub_places(self, endpoints: list[dict]) -> list[dict]:
+        """Where each hub shard runs (`run.hubs`): shard, host, engine."""
+        return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e}
+                for i, (ep, e) in enumerate(zip(endpoints, self.roles.servers, strict=True))]
+
     def failure(self) -> Exception | None:
         """The first worker that raised, as an nbdist exception naming its engine."""
         for i, ar in list(self._tasks.items()):
@@ -183,6 +196,10 @@ class ClusterBackend:
                 return error
             self.lost[i] = str(error)
         return None
+
+    def engines_died(self) -> list[int]:
+        """Workers whose task failed because their engine process went away."""
+        return [i for i, ar in list(self._tasks.items()) if ar.ready() and _engine_died(ar)]
 
     def newly_lost(self) -> list[tuple[int, str]]:
         """Workers whose engine died since the last call (found by `failure()`)."""
@@ -206,54 +223,6 @@ class ClusterBackend:
                            f"joining hub shard {shard}", timeout=30.0)  # join_hub gives up after 15 s
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
-
-
-class LocalBackend:
-    """Hub shards and one worker as threads in this kernel (`--mode local`)."""
-
-    num_workers = 1
-
-    def __init__(self, namespace: dict):
-        self.namespace = namespace
-        self._threads: list[threading.Thread] = []
-        self._worker: threading.Thread | None = None
-        self._error: BaseException | None = None
-
-    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
-        hubs = [Hub(s) for s in specs]
-        for hub in hubs:
-            t = threading.Thread(target=hub.serve, daemon=True, name=f"nbdist-hub-{hub.spec.shard}")
-            t.start()
-            self._threads.append(t)
-        return [h.endpoints for h in hubs]
-
-    def start_workers(self, base: WorkerSpec) -> None:
-        def work() -> None:
-            try:
-                run_worker(replace(base, worker=0, source=None), namespace=self.namespace)
-            except BaseException as exc:  # noqa: BLE001 - reported by failure()
-                self._error = exc
-
-        self._worker = threading.Thread(target=work, daemon=True, name="nbdist-local-worker")
-        self._worker.start()
-
-    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
-        return control.params()
-
-    def failure(self) -> Exception | None:
-        return self._error
-
-    def newly_lost(self) -> list[tuple[int, str]]:
-        return []  # the worker is a thread of this kernel: it cannot die alone
-
-    def workers_running(self) -> bool:
-        return self._worker is not None and self._worker.is_alive()
-
-    def finish(self, timeout: float) -> None:
-        if self._worker is not None:
-            self._worker.join(timeout)
-        for t in self._threads:
-            t.join(timeout)
 
 
 def _get(ar, engine: int):

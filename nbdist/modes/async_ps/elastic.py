@@ -36,7 +36,7 @@ def add_workers(run, engines) -> list[int]:
             "run's virtual workers are fixed when it starts. Start the run with --mode async to "
             "add workers while it trains, or start it with more --workers.")
     backend, control = run._backend, run._control  # noqa: SLF001
-    if run.done or control is None or not hasattr(backend, "add_workers"):
+    if run.done or control is None or backend is None:
         raise TrainingError(f"The run is {run.status}, so it takes no new workers (Received: "
                             f"run.add_workers({list(engines)})). Start a new run with more "
                             "--workers, or with --elastic to take in engines as they join.")

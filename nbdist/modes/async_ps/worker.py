@@ -1,8 +1,8 @@
 """The engine side of an asynchronous run: execute the cell, then pull -> compute -> push.
 
-`run_worker(spec)` is what the kernel sends to each worker engine. It runs the user's cell in
-the engine's namespace (like `%px`), finds the model and arrays by name, checks that the
-model has the same variables as the kernel's, and trains on the chunks the hub hands out
+`run_worker(spec)` is what the kernel sends to each worker engine. It runs the user's cell
+(`nbdist.engine.run_cell`, as every mode does), checks that the model has the same variables
+as the kernel's, and trains on the chunks the hub hands out
 until the hub says it is done. Control (pause, stop, learning rate) arrives on every reply.
 """
 
@@ -10,15 +10,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-import types
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from nbdist.core.schedule import Chunk
-from nbdist.errors import CellError, TrainingError
+from nbdist.engine.evaluate import check_finite, evaluate
+from nbdist.engine.run_cell import run_cell
+from nbdist.errors import CellError
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again
@@ -55,70 +55,12 @@ class WorkerSpec:
     preloaded: tuple | None = None  # (x, y) already in this process (--mode local), not sent
 
 
-def engine_namespace() -> dict:
-    """The engine's interactive namespace (what `%px` cells see), or a fresh dict."""
-    try:
-        from IPython import get_ipython
-
-        shell = get_ipython()
-    except ImportError:
-        shell = None
-    return shell.user_ns if shell is not None else {}
-
-
-@dataclass(frozen=True)
-class ByValue:
-    """A notebook function or class, pickled by value (see `portable`)."""
-
-    data: bytes
-
-
-def portable(values: dict) -> dict:
-    """Functions and classes defined in the notebook live in its `__main__`, which plain pickle
-    only names, so an engine could not load them: pickle those by value (cloudpickle)."""
-    import cloudpickle
-
-    return {k: ByValue(cloudpickle.dumps(v)) if isinstance(v, types.FunctionType | type)
-            and v.__module__ == "__main__" else v for k, v in values.items()}
-
-
-def unpack(values: dict) -> dict:
-    """The inverse of `portable` (on the engine)."""
-    import pickle
-
-    return {k: pickle.loads(v.data) if isinstance(v, ByValue) else v  # noqa: S301 - from our own kernel, via ipyparallel
-            for k, v in values.items()}
-
-
-def configure_tensorflow(threads: int | None, local_rank: int) -> None:
-    """Thread budget and device pinning; must run before TensorFlow executes anything."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
-    import tensorflow as tf
-
-    try:
-        if threads:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:  # one device per worker on a GPU node, chosen by local rank
-            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
-    except RuntimeError:  # already initialised by an earlier run in this engine: keep it
-        pass
-
-
 def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     """Train on the hub's chunks until done; returns this worker's totals."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    configure_tensorflow(spec.threads, spec.local_rank)
-    ns = engine_namespace() if namespace is None else namespace
-    if spec.source is not None:
-        ns.update(unpack(spec.pushed))
-        exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
-    model, data, validation = _find(ns, spec)
-    from nbdist.engine.flatmodel import FlatModel, ensure_built, layout
+    model, data, validation = run_cell(spec, namespace)
+    from nbdist.engine.flatmodel import FlatModel, layout
     from nbdist.hub.client import WorkerTransport
 
-    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
     if layout(model) != spec.layout:
         raise CellError(
             f"The model built on engine {spec.engine} differs from the kernel's "
@@ -144,34 +86,6 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:
         transport.close()
-
-
-def _find(ns: dict, spec: WorkerSpec):
-    """The model, the training data as a batch source, the validation arrays (or None)."""
-    from nbdist.engine.data import ArraySource, ShardStream, load, validation_arrays
-
-    missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
-    if missing:
-        raise CellError(
-            f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
-            "Define them inside the %%distribute cell (engines do not see other cells)."
-        )
-    model = ns[spec.model_name]
-    if spec.stream:
-        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=0, count=False)
-        data = ShardStream(loaded.dataset, spec.num_workers, spec.worker)
-    else:
-        if spec.preloaded is not None:
-            x, y = spec.preloaded
-        elif len(spec.data) == 1:  # a dataset that fits in memory: read once, on this engine
-            loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
-            x, y = loaded.x, loaded.y
-        else:
-            x, y = (np.asarray(ns[n]) for n in spec.data)
-        if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
-            x = x.astype(np.float32)
-        data = ArraySource(x, y, spec.num_samples, spec.seed)
-    return model, data, validation_arrays(ns, spec.validation, model)
 
 
 class _AsyncLoop:
@@ -205,7 +119,7 @@ class _AsyncLoop:
         while True:
             if reply.get("eval"):
                 self._sync_model()
-                self.extra["eval"] = {**reply["eval"], "metrics": _evaluate(self.flat.model, self.validation, self.spec.batch_size)}
+                self.extra["eval"] = {**reply["eval"], "metrics": evaluate(self.flat.model, self.validation, self.spec.batch_size)}
                 if not in_flight:
                     fresh = False  # others pushed while we evaluated: pull before computing
             if reply.get("done"):
@@ -289,7 +203,7 @@ class _AsyncLoop:
             pulled = t.step({}, push=False, pull=True)  # read the center x~ (not into the model)
             if pulled.get("eval"):  # a validation job is for the hub's weights: the center
                 flat.assign(t.params, t.non_trainable)
-                header["eval"] = {**pulled["eval"], "metrics": _evaluate(flat.model, self.validation, self.spec.batch_size)}
+                header["eval"] = {**pulled["eval"], "metrics": evaluate(flat.model, self.validation, self.spec.batch_size)}
             center = t.params.copy()
             np.copyto(t.grad, elastic_exchange(w_local, center, self.spec.easgd_alpha))
             reply = t.step(header, push=True, pull=False, shared=self._shared(reply, *chunks))
@@ -352,13 +266,7 @@ class _AsyncLoop:
         return compute_s
 
     def _check(self, loss: float, grad_norm: float, chunk: Chunk) -> None:
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
-            raise TrainingError(
-                f"The {what} became {value} at step {self.steps} on worker {self.spec.worker} "
-                f"(epoch {chunk.epoch}). Lower the learning rate (--lr), check the data for NaN/inf, "
-                "or normalise the inputs."
-            )
+        check_finite(loss, grad_norm, step=self.steps, where=f"worker {self.spec.worker}", epoch=chunk.epoch)
 
     def _assign(self) -> None:
         """The pulled weights go into the model with the next gradient call (one compiled call
@@ -398,10 +306,3 @@ class _AsyncLoop:
         wait, self.wait_s = self.wait_s, 0.0
         return wait
 
-
-def _evaluate(model, validation, batch_size: int) -> dict:
-    if validation is None:
-        return {}
-    xv, yv = validation
-    result = model.evaluate(xv, yv, batch_size=max(256, batch_size), verbose=0, return_dict=True)
-    return {k: float(v) for k, v in result.items()}

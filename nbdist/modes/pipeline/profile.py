@@ -104,13 +104,10 @@ def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: t
                       micro_batch: int, threads: int | None) -> dict:
     """`profile_model` on an engine: run the cell there, take the first micro-batch of inputs."""
     from nbdist.engine.flatmodel import write_flat
-    from nbdist.modes.async_ps.worker import configure_tensorflow, engine_namespace, unpack
+    from nbdist.engine.run_cell import execute_cell
     from nbdist.modes.pipeline.stage import StageSpec, stage_data
 
-    configure_tensorflow(threads, 0)
-    ns = engine_namespace()
-    ns.update(unpack(pushed))
-    exec(compile(source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    ns = execute_cell(source, pushed, threads)
     model = ns[model_name]
     spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name, data, None, initial)
     x, _, _ = stage_data(ns, spec, model)

@@ -14,6 +14,7 @@ import time
 from collections import deque
 
 from nbdist.errors import ConfigError, TrainingError
+from nbdist.run.backend import Backend
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
@@ -130,8 +131,11 @@ class PipelineControl:
         self.link.close()
 
 
-class PipelineBackend:
+class PipelineBackend(Backend):
     """The stage tasks of one run: on engines (`cluster` given) or as threads of this kernel."""
+
+    num_workers: int
+    cluster: object | None
 
     def __init__(self, cluster, engines: list, graph, model):
         self.cluster, self.engines, self.graph, self.model = cluster, engines, graph, model
@@ -188,6 +192,19 @@ class PipelineBackend:
                 self.graph.assign(result["weights"])
         self.results = [t.get(0) for t in self.tasks]
         return read_flat(self.model)
+
+    def checkpoint_state(self, control, final: bool) -> list:
+        raise ConfigError("--mode pipeline keeps no checkpoints yet: each stage holds its own part of "
+                          "the model and its optimizer. Train without --checkpoint-dir, or use --mode "
+                          "async or sync to checkpoint.")
+
+    def add_workers(self, engines: list[int], announce) -> list[int]:
+        raise ConfigError(f"--mode pipeline runs one stage per engine, fixed when it starts (Received: "
+                          f"run.add_workers({list(engines)})). Start a new run with more --stages, or "
+                          "use --mode async to add workers while a run trains.")
+
+    def joined_engines(self) -> list[int]:
+        return []  # stages are fixed when the run starts
 
     def finish(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout

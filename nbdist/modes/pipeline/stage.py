@@ -11,7 +11,6 @@ The first stage reads the inputs, the last one the labels, both in the order of
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass, field
 
@@ -52,14 +51,9 @@ class StageSpec:
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> str:
     """Build this stage and bind its socket; returns the endpoint its neighbours connect to."""
-    from nbdist.modes.async_ps.worker import configure_tensorflow, engine_namespace, unpack
+    from nbdist.engine.run_cell import execute_cell
 
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    configure_tensorflow(spec.threads, 0)
-    ns = engine_namespace() if namespace is None else namespace
-    if spec.source is not None:
-        ns.update(unpack(spec.pushed))
-        exec(compile(spec.source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, 0, namespace)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
     return stage.link.endpoint

@@ -15,7 +15,7 @@ seed (on the same TensorFlow build and CPU kind; float reductions may differ acr
 Evaluation and communication take no virtual time.
 
 `Simulation` answers the Run like a hub does (`stats`, `control`, `params`, `shutdown`), and
-`SimBackend` stands where `LocalBackend` stands, so `run.history` (time = virtual seconds),
+`SimBackend` (nbdist.modes.simulate.start) stands where `LocalBackend` stands, so `run.history` (time = virtual seconds),
 `run.nodes`, `run.timeline`, `run.delays` and `run.report` work unchanged.
 """
 
@@ -24,7 +24,6 @@ from __future__ import annotations
 import json
 import math
 import threading
-import weakref
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -33,24 +32,11 @@ from nbdist.core.plan import Plan
 from nbdist.core.schedule import Chunk, epoch_permutation
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
-from nbdist.errors import DataError, TrainingError
+from nbdist.engine.evaluate import check_finite, evaluate
+from nbdist.errors import TrainingError
 from nbdist.hub.messages import Reply, Step
 
-# Compiled functions of models simulated before (a study re-running one model): tracing costs
-# seconds, a simulated epoch of a small model about as much. A cache, not state: entries die
-# with their model and are used only while the model's variables are unchanged.
-_FLAT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
-
-
-def _flat_model(model):
-    from nbdist.engine.flatmodel import FlatModel, layout
-
-    shape = layout(model)
-    cached = _FLAT_CACHE.get(model)
-    if cached is None or cached[0] != shape:
-        cached = _FLAT_CACHE[model] = (shape, FlatModel(model))
-    return cached[1]
 
 
 @dataclass
@@ -228,12 +214,8 @@ class Simulation:
         chunk, v.chunk = v.chunk, None
         x, y = self._batch(chunk)
         loss, grad, norm, nt_after = self.flat.assign_and_gradients(v.params, v.nt, x, y)
-        if not (math.isfinite(loss) and math.isfinite(norm)):
-            what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", norm)
-            raise TrainingError(
-                f"The {what} became {value} at step {self.coordinator.stats.workers[w].steps} on virtual "
-                f"worker {w} (epoch {chunk.epoch}, virtual time {self.now:.3f}s). Lower the learning rate "
-                "(--lr), check the data for NaN/inf, or normalise the inputs.")
+        check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
+                     where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
         header = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
                       wait_s=max(0.0, self.now - v.compute_s - v.last_push)).counted()
         v.last_push = self.now
@@ -267,14 +249,8 @@ class Simulation:
     def _evaluate_on(self, params: np.ndarray, nt: np.ndarray) -> dict:
         if self.validation is None:
             return {}
-        from nbdist.modes.async_ps.worker import _evaluate
-
         self.flat.assign(params, nt)
-        xv, yv = self.validation
-        if len(xv) <= ONE_BATCH_EVAL:  # one compiled call: model.evaluate sets up a
-            result = self.flat.model.test_on_batch(xv, yv, return_dict=True)  # data pipeline per call
-            return {k: float(v) for k, v in result.items()}
-        return _evaluate(self.flat.model, self.validation, self.plan.batch_size)
+        return evaluate(self.flat.model, self.validation, self.plan.batch_size, one_batch_limit=ONE_BATCH_EVAL)
 
     def _evaluate_until(self, t: float) -> None:
         """Periodic evaluations (`eval_every`) of the hub's weights at their virtual times."""
@@ -283,70 +259,3 @@ class Simulation:
             self.coordinator.stats.record_eval(metrics, epoch=round(self.coordinator.epochs_done, 4),
                                                version=self.core.version, now=self.next_eval)
             self.next_eval += self.options.eval_every
-
-
-class SimBackend:
-    """Stands where LocalBackend stands: the simulation as one thread of this kernel."""
-
-    num_workers: int
-
-    def __init__(self, simulation: Simulation):
-        self.simulation = simulation
-        self.num_workers = simulation.plan.num_workers
-        self._thread = threading.Thread(target=simulation.run, daemon=True, name="nbdist-simulation")
-
-    def start(self) -> None:
-        self._thread.start()
-
-    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
-        return self.simulation.params_now()
-
-    def failure(self) -> BaseException | None:
-        return self.simulation.error
-
-    def newly_lost(self) -> list[tuple[int, str]]:
-        return []  # virtual workers cannot die
-
-    def workers_running(self) -> bool:
-        return self._thread.is_alive()
-
-    def finish(self, timeout: float) -> None:
-        self._thread.join(timeout)
-
-
-def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: dict | None,
-                     warnings: list[str]):
-    """Build the simulation of `config` for the cell's model and arrays; start it; a Run.
-    `optimizer` is what the hub applies and `warnings` go to `run.warnings` (`nbdist.api`)."""
-    import uuid
-
-    from nbdist.api import _plan, _workers_rate
-    from nbdist.core.simclock import sim_options
-    from nbdist.engine.flatmodel import ensure_built, read_flat
-    from nbdist.run.handle import Run
-
-    model = contents.model
-    if contents.streamed:
-        raise DataError(f"--mode simulate trains in this kernel on data held in memory, but "
-                        f"{contents.data[0]} is larger than --in-memory-limit. Simulate on a part "
-                        f"of it ({contents.data[0]}.take(n)), or raise --in-memory-limit.")
-    x, y = (np.asarray(a) for a in contents.arrays)
-    if x.dtype == np.float64:  # Keras trains in float32; convert once, not per batch
-        x = x.astype(np.float32)
-    validation = contents.validation_arrays
-    ensure_built(model, x[:2])  # as every mode does before reading the variables
-    num_workers = config.workers or len(config.slowdown)
-    params, non_trainable = read_flat(model)
-    plan, rule_options, _ = _plan(config, contents, _workers_rate(config, model.optimizer), num_workers)
-    options = sim_options(config.sim)
-    simulation = Simulation(plan, rule_options, _flat_model(model), (x, y), validation, params,
-                            non_trainable, options, config.seed, optimizer)
-    if options.calibrate:
-        simulation.calibrate(config.batch_size)
-    backend = SimBackend(simulation)
-    run = Run(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
-    backend.start()
-    run._begin(backend, simulation, f"sim-{uuid.uuid4().hex[:8]}")  # noqa: SLF001
-    if wait:
-        run.wait()
-    return run

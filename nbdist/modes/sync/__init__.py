@@ -1,2 +1,3 @@
-"""Synchronous training with Horovod: each worker a rank that allreduces its gradient and applies
-the cell's own optimizer (`backend.py`), sync BatchNorm (`batchnorm.py`)."""
+"""Synchronous training with Horovod (`--mode sync`): its start (`start.py`), the kernel side
+that sets up the rendezvous and the ranks (`backend.py`), one rank's loop that allreduces its
+gradient and applies the cell's own optimizer (`rank.py`), sync BatchNorm (`batchnorm.py`)."""

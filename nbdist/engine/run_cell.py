@@ -1,0 +1,128 @@
+"""Running the user's cell on an engine: the one way every mode does it.
+
+An async worker, a sync rank and the local worker thread all start the same way: set
+TensorFlow's threads and the engine's GPU (by local rank) before TensorFlow runs anything, run
+the cell in the engine's interactive namespace (as `%px` would) with the values the kernel
+sent, find the model and the data by the names the kernel found, and build the model's
+variables as the kernel did. `portable` is the kernel's half: values from the notebook's
+`__main__` travel by value, and `unpack` restores them on the engine.
+
+`spec` is a worker spec (`nbdist.modes.async_ps.worker.WorkerSpec` or a sync rank's): this
+module reads only its cell fields (source, pushed, model_name, data, validation, stream,
+preloaded, seed, num_samples, num_workers, worker, engine, threads, local_rank).
+"""
+
+from __future__ import annotations
+
+import os
+import types
+from dataclasses import dataclass
+
+import numpy as np
+
+from nbdist.errors import CellError
+
+
+@dataclass(frozen=True)
+class ByValue:
+    """A notebook function or class, pickled by value (see `portable`)."""
+
+    data: bytes
+
+
+def portable(values: dict) -> dict:
+    """Functions and classes defined in the notebook live in its `__main__`, which plain pickle
+    only names, so an engine could not load them: pickle those by value (cloudpickle)."""
+    import cloudpickle
+
+    return {k: ByValue(cloudpickle.dumps(v)) if isinstance(v, types.FunctionType | type)
+            and v.__module__ == "__main__" else v for k, v in values.items()}
+
+
+def unpack(values: dict) -> dict:
+    """The inverse of `portable` (on the engine)."""
+    import pickle
+
+    return {k: pickle.loads(v.data) if isinstance(v, ByValue) else v  # noqa: S301 - from our own kernel, via ipyparallel
+            for k, v in values.items()}
+
+
+def engine_namespace() -> dict:
+    """The engine's interactive namespace (what `%px` cells see), or a fresh dict."""
+    try:
+        from IPython import get_ipython
+
+        shell = get_ipython()
+    except ImportError:
+        shell = None
+    return shell.user_ns if shell is not None else {}
+
+
+def configure_tensorflow(threads: int | None, local_rank: int) -> None:
+    """Thread budget and device pinning (one GPU per worker on a GPU node, chosen by local
+    rank); must run before TensorFlow executes anything."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
+    import tensorflow as tf
+
+    try:
+        if threads:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+    except RuntimeError:  # already initialised by an earlier run in this engine: keep it
+        pass
+
+
+def execute_cell(source: str | None, pushed: dict, threads: int | None, local_rank: int = 0,
+                 namespace: dict | None = None) -> dict:
+    """Ready this engine (TensorFlow's threads, its own GPU) and run the user's cell in its
+    namespace with the values it reads from earlier cells (`pushed`); returns the namespace.
+    Every mode runs the cell on an engine through here. `source` None: the namespace already
+    holds the cell's results (--mode local, in-process tests)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    configure_tensorflow(threads, local_rank)
+    ns = engine_namespace() if namespace is None else namespace
+    if source is not None:
+        ns.update(unpack(pushed))
+        exec(compile(source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    return ns
+
+
+def run_cell(spec, namespace: dict | None = None) -> tuple:
+    """Ready this engine, run the cell (unless `spec.source` is None: the namespace already
+    holds its results, as in --mode local) and return (model, training data as a batch
+    source, validation arrays or None), the model built."""
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
+    model, data, validation = find_training(ns, spec)
+    from nbdist.engine.flatmodel import ensure_built
+
+    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
+    return model, data, validation
+
+
+def find_training(ns: dict, spec) -> tuple:
+    """The model, the training data as a batch source, the validation arrays (or None)."""
+    from nbdist.engine.data import ArraySource, ShardStream, as_float32, load, validation_arrays
+
+    missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
+    if missing:
+        raise CellError(
+            f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
+            "Define them inside the %%distribute cell (engines do not see other cells)."
+        )
+    model = ns[spec.model_name]
+    if spec.stream:
+        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=0, count=False)
+        data = ShardStream(loaded.dataset, spec.num_workers, spec.worker)
+    else:
+        if spec.preloaded is not None:
+            x, y = spec.preloaded
+        elif len(spec.data) == 1:  # a dataset that fits in memory: read once, on this engine
+            loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
+            x, y = loaded.x, loaded.y
+        else:
+            x, y = (np.asarray(ns[n]) for n in spec.data)
+        data = ArraySource(as_float32(x), y, spec.num_samples, spec.seed)
+    return model, data, validation_arrays(ns, spec.validation, model)

@@ -1,0 +1,156 @@
+"""One pass from a cell to a job: everything the kernel decides before any engine is touched.
+
+`prepare_job` runs the cell in the kernel (so mistakes show at once and the notebook's own
+model exists), finds what it provides (`nbdist.engine.cell`), reads the model's flat layout and
+weights once, chooses the optimizer the hubs apply and who owns the learning rate, and checks
+a checkpoint against all that. The result, a `Job`, is handed down to the mode's `start`
+(`nbdist.modes.MODES`); once the mode's backend knows how many workers it has,
+`Job.for_workers` adds the coordinator's `Plan`. Nothing below calls back up here.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from nbdist.config import Algorithm, Mode, TrainConfig
+from nbdist.core.coordinator import Plan
+from nbdist.engine.cell import CellContents, inspect_cell
+from nbdist.errors import ConfigError
+
+if TYPE_CHECKING:
+    from nbdist.checkpoint.store import Checkpoint
+
+
+@dataclass(frozen=True)
+class Job:
+    """What a run trains and how, as the kernel decided it (read-only from here on)."""
+
+    config: TrainConfig
+    cell: str  # the cell's source, as the engines run it
+    namespace: dict  # where the cell ran in the kernel
+    contents: CellContents  # its model and data, by name
+    layout: dict  # the model's variable shapes (nbdist.engine.flatmodel.layout)
+    params: np.ndarray  # the weights to start from: the cell's model's, or the checkpoint's
+    non_trainable: np.ndarray
+    optimizer: dict | None  # what the hubs apply; None where the workers keep the cell's
+    lr_owner: str  # "hub" or "workers" (see `lr_owner`)
+    workers_rate: float | None  # the rate the workers are told when they own it; None: their schedule
+    warnings: list[str]  # for run.warnings: how this run trains unlike the cell
+    checkpoint: Checkpoint | None = None  # when resuming: verified, before anything started
+    # known once the mode's backend has counted its workers (`for_workers`)
+    num_workers: int = 0
+    plan: Plan | None = None
+    rule_options: dict = field(default_factory=dict)
+    easgd_alpha: float = 0.0
+
+    @property
+    def model(self):
+        return self.contents.model
+
+    @property
+    def model_name(self) -> str:
+        return self.contents.model_name
+
+    def for_workers(self, num_workers: int) -> Job:
+        """This job for `num_workers` workers: the coordinator's plan and the rule's options."""
+        plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate, num_workers)
+        return replace(self, num_workers=num_workers, plan=plan, rule_options=options, easgd_alpha=alpha)
+
+    def checkpoint_info(self, run_id: str) -> dict:
+        """What every checkpoint of this run records beside the hubs' state."""
+        return {"run_id": run_id, "config": self.config.to_dict(), "cell": self.cell,
+                "model_name": self.model_name, "layout": self.layout,
+                "num_samples": self.contents.num_samples, "num_workers": self.num_workers,
+                "resumed_from": self.checkpoint.path if self.checkpoint is not None else None}
+
+
+def prepare_job(cell: str, config: TrainConfig, namespace: dict | None, checkpoint: Checkpoint | None = None,
+                seed_cell: bool = False) -> Job:
+    """Run `cell` in `namespace` and decide everything about the job; raises before any engine
+    is touched (a CellError, ConfigError, CheckpointError, ... that says what to fix).
+    `seed_cell`: seed Keras with --seed first, so the cell's initial weights are fixed too."""
+    ns = {} if namespace is None else namespace
+    if seed_cell:
+        import keras
+
+        keras.utils.set_random_seed(config.seed)
+    exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    contents = inspect_cell(cell, ns, config)
+    from nbdist.engine.flatmodel import layout, read_flat
+    from nbdist.engine.learning_rate import check_lr
+    from nbdist.engine.optimizer_spec import choose_optimizer
+
+    model = contents.model
+    shape = layout(model)
+    check_lr(config.lr if checkpoint is None else None, model.optimizer)  # a resume keeps the saved rate
+    segments = [math.prod(s) for s in shape["trainable"]]
+    optimizer, warnings = choose_optimizer(config, model.optimizer, segments, list(model.trainable_variables))
+    params, non_trainable = read_flat(model)
+    if checkpoint is not None:
+        checkpoint.check_fits(shape, contents.num_samples, config.servers)
+        checkpoint.check_optimizer(optimizer)
+        params, non_trainable = checkpoint.params, checkpoint.non_trainable
+    return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape, params=params,
+               non_trainable=non_trainable, optimizer=optimizer, lr_owner=lr_owner(config),
+               workers_rate=workers_rate(config, model.optimizer),
+               warnings=contents.warnings + warnings, checkpoint=checkpoint)
+
+
+def lr_owner(config: TrainConfig) -> str:
+    """Who applies the learning rate: the sync ranks, the pipeline stages and the --local-steps
+    (and easgd) workers with the cell's own optimizer, or else the hub's optimizer."""
+    workers = (config.mode in (Mode.SYNC, Mode.PIPELINE) or config.local_steps > 1
+               or config.algorithm is Algorithm.EASGD)
+    return "workers" if workers else "hub"
+
+
+def cell_rate(optimizer) -> float:
+    """The cell optimizer's rate now (a schedule's value at its current step)."""
+    return float(np.asarray(optimizer.learning_rate))
+
+
+def workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
+    """The rate the coordinator tells workers that own it (None: they keep their optimizer's
+    own rate or schedule); unused when the hub owns the rate."""
+    from nbdist.engine.learning_rate import schedule_name
+
+    if config.lr is None and schedule_name(cell_optimizer) is not None:
+        return None
+    return config.lr if config.lr is not None else cell_rate(cell_optimizer)
+
+
+def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | None,
+                     num_workers: int) -> tuple[Plan, dict, float]:
+    """The coordinator's plan, the rule's options and EASGD's alpha for this run."""
+    if config.slowdown is not None and len(config.slowdown) != num_workers:
+        raise ConfigError(
+            f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
+            f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
+        )
+    from nbdist.algorithms import make_rule
+
+    algorithm = config.algorithm.value
+    options = config.rule_options()
+    rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
+    easgd_alpha = float(rule.options["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
+    plan = Plan(
+        num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
+        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
+        algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
+        groups=int(options.get("num_groups", 0)), max_group_ratio=float(options.get("max_ratio", 1.5)),
+        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
+        # default floor: a quarter of the batch. When a slow node's fixed cost per step alone
+        # is as long as a fast node's whole step, equal step times would mean 1-sample batches,
+        # whose gradients are mostly noise; --batch-min 1 allows that if wanted.
+        dbs=config.dbs, batch_min=config.batch_min or max(1, config.batch_size // 4),
+        batch_max=config.batch_max,
+        slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
+        metrics=config.metrics.value, lr_owner=lr_owner(config),
+        # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
+        # allreduce): that is no loss, and Horovod itself fails a rank that hangs
+        silence_is_loss=config.mode is not Mode.SYNC)
+    return plan, options, easgd_alpha

@@ -1,0 +1,74 @@
+"""What every mode's `start` shares once its backend exists: start the hub shards and the
+workers from a `Job` (async, local and sync modes), and hand the running job to a `Run`
+(all modes). Kernel side; it only reads the job."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+
+import numpy as np
+
+from nbdist.engine.run_cell import portable
+from nbdist.hub.client import HubControl
+from nbdist.hub.protocol import new_key
+from nbdist.hub.server import HubSpec
+from nbdist.job import Job
+from nbdist.modes.async_ps.backend import hub_specs
+from nbdist.run.handle import Run
+
+
+def prepare_checkpoint_dir(job: Job) -> None:
+    """Check (and create) --checkpoint-dir before any engine is used."""
+    if job.config.checkpoint_dir is not None:
+        from nbdist.checkpoint.store import prepare_dir
+
+        prepare_dir(job.config.checkpoint_dir)
+
+
+def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], object], *, wait: bool,
+                       shards: int, hub_params: np.ndarray, extra_bytes: int = 0,
+                       preloaded: tuple | None = None) -> Run:
+    """Start `shards` hub shards holding `hub_params` (restored from the job's checkpoint when
+    resuming), then the workers from `make_worker_spec(fields)`, and return the running Run.
+    `job` has its plan (`Job.for_workers`). A failed start leaves nothing serving."""
+    config = job.config
+    key, run_id = new_key(), uuid.uuid4().hex[:12]
+    base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=job.plan,
+                   params=job.params, non_trainable=job.non_trainable, rule_options=job.rule_options,
+                   local_steps=config.local_steps, optimizer=job.optimizer,
+                   idle_timeout=config.timeout, extra_bytes=extra_bytes)
+    specs = hub_specs(base, hub_params, shards)
+    if job.checkpoint is not None:
+        specs = [replace(s, restore=r) for s, r in zip(specs, job.checkpoint.shard_restores(), strict=True)]
+    endpoints = backend.start_hubs(specs)
+    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
+    contents = job.contents
+    fields = dict(
+        run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
+        model_name=contents.model_name, data=contents.data, validation=contents.validation,
+        seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
+        source=job.cell, pushed=portable(contents.pushed), transport=config.transport.value,
+        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed,
+        num_workers=backend.num_workers, preloaded=preloaded,
+    )
+    try:
+        backend.start_workers(make_worker_spec(fields))
+    except BaseException:
+        control.shutdown()  # nothing may be left serving
+        control.close()
+        raise
+    return begin_run(job, backend, control, run_id, wait=wait, hubs=backend.hub_places(endpoints))
+
+
+def begin_run(job: Job, backend, control, run_id: str, *, wait: bool, hubs: list[dict] | None = None) -> Run:
+    """The Run of a job whose hubs (or simulation) and workers have started; it waits for the
+    end when `wait`."""
+    run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)
+    run._checkpoint_info = job.checkpoint_info(run_id)  # noqa: SLF001 - what every checkpoint of this run records
+    run.hubs = list(hubs or [])
+    run._begin(backend, control, run_id)  # noqa: SLF001
+    if wait:
+        run.wait()
+    return run

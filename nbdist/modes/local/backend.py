@@ -1,0 +1,80 @@
+"""Hub shards and one worker as threads in this kernel (`--mode local`); sync mode also
+runs its metrics hub this way."""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import replace
+
+import numpy as np
+
+from nbdist.errors import ConfigError
+from nbdist.hub.server import Hub, HubSpec
+from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
+from nbdist.run.backend import Backend
+
+
+class LocalBackend(Backend):
+    """Hub shards and one worker as threads in this kernel; the worker uses the kernel's own
+    namespace, so the cell is not run a second time."""
+
+    num_workers = 1
+    cluster = None  # nothing outside this kernel
+
+    def __init__(self, namespace: dict):
+        self.namespace = namespace
+        self._threads: list[threading.Thread] = []
+        self._worker: threading.Thread | None = None
+        self._error: BaseException | None = None
+
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        hubs = [Hub(s) for s in specs]
+        for hub in hubs:
+            t = threading.Thread(target=hub.serve, daemon=True, name=f"nbdist-hub-{hub.spec.shard}")
+            t.start()
+            self._threads.append(t)
+        return [h.endpoints for h in hubs]
+
+    def start_workers(self, base: WorkerSpec) -> None:
+        def work() -> None:
+            try:
+                run_worker(replace(base, worker=0, source=None), namespace=self.namespace)
+            except BaseException as exc:  # noqa: BLE001 - reported by failure()
+                self._error = exc
+
+        self._worker = threading.Thread(target=work, daemon=True, name="nbdist-local-worker")
+        self._worker.start()
+
+    def hub_places(self, endpoints: list[dict]) -> list[dict]:
+        """Every hub shard is a thread of this kernel (no engine)."""
+        return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": None}
+                for i, ep in enumerate(endpoints)]
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return control.params()
+
+    def checkpoint_state(self, control, final: bool) -> list:
+        return control.state()
+
+    def failure(self) -> BaseException | None:
+        return self._error
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # the worker is a thread of this kernel: it cannot die alone
+
+    def workers_running(self) -> bool:
+        return self._worker is not None and self._worker.is_alive()
+
+    def add_workers(self, engines: list[int], announce) -> list[int]:
+        raise ConfigError(f"--mode local trains with one worker thread in this kernel (Received: "
+                          f"run.add_workers({list(engines)})). Use --mode async with a cluster to "
+                          "add workers while a run trains.")
+
+    def joined_engines(self) -> list[int]:
+        return []  # no cluster to join
+
+    def finish(self, timeout: float) -> None:
+        if self._worker is not None:
+            self._worker.join(timeout)
+        for t in self._threads:
+            t.join(timeout)

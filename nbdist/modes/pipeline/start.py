@@ -1,0 +1,162 @@
+"""`--mode pipeline`: the cell's model cut into S stages, one per engine, with M micro-batches
+in flight per mini-batch (GPipe or 1F1B), cut points chosen from measured layer costs.
+
+`start` profiles the model on the first stage's engine (`profile`), cuts it
+(`nbdist.core.partition`, `graph`), starts one stage per engine (`stage`, talking over
+`link`) and returns a `PipelineRun` (`run`) whose `profile`, `partition` and `pipeline`
+show what was measured, chosen and seen.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import uuid
+
+import pandas as pd
+
+from nbdist.errors import ConfigError, DataError, NoClusterError
+
+
+def start(job, *, cluster=None, wait: bool = False):
+    """The mode's entry (`nbdist.modes.MODES`): a pipeline run of the job's model."""
+    return start_stages(job.cell, job.config, cluster, job.namespace, wait, job.contents, job.warnings)
+
+
+def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, contents, warnings: list[str],
+                 in_process: bool = False):
+    """Start a pipeline run of the cell's model (already run in the kernel: `contents`);
+    `in_process`: the stages as threads of this kernel (tests), no cluster."""
+    from nbdist.core.partition import check_stages, partition
+    from nbdist.engine.flatmodel import ensure_built, read_flat, write_flat
+    from nbdist.hub.protocol import new_key
+    from nbdist.modes.pipeline.graph import Graph
+    from nbdist.modes.pipeline.link import KernelLink
+    from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
+    from nbdist.modes.pipeline.run import PipelineRun, partition_frame
+    from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
+    from nbdist.modes.pipeline.stage import StageSpec, discard_stage, prepare_stage, run_stage
+
+    if cluster is None and not in_process:
+        raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no cluster. "
+                             f"Start one with %nbdist start {config.stages} (or nbdist.Cluster.start("
+                             f"{config.stages})), or connect with %nbdist connect --profile P.")
+    if contents.streamed or contents.arrays is None:
+        raise DataError(f"--mode pipeline reads the data held in memory, but {contents.data[0]} is "
+                        "larger than --in-memory-limit. Raise --in-memory-limit, or train on a part.")
+    model, (x, _y) = contents.model, contents.arrays
+    x = x.astype("float32") if getattr(x, "dtype", None) == "float64" else x
+    ensure_built(model, x[:2])
+    graph = Graph(model)
+    if len(graph.inputs) != 1 or len(graph.outputs) != 1:
+        raise ConfigError(
+            f"--mode pipeline trains models with one input and one output (Received: "
+            f"{len(graph.inputs)} inputs, {len(graph.outputs)} outputs). Combine them into one "
+            "tensor each (e.g. keras.layers.Concatenate), or use --mode async or sync.")
+    stages, micro = config.stages, config.micro_batches
+    check_stages(len(graph.steps), stages, graph.names)
+    engines = list(cluster.engine_ids) if cluster is not None else list(range(stages))
+    if stages > len(engines):
+        raise ConfigError(f"--stages {stages} needs {stages} engines, one per stage, but the cluster "
+                          f"has {len(engines)} ({engines}). Use --stages {len(engines)} or fewer, or "
+                          f"start more engines (%nbdist stop, then %nbdist start {stages}).")
+    engines = engines[:stages]
+    initial = read_flat(model)
+    micro_size = config.batch_size // micro
+    threads = max(1, (os.cpu_count() or 1) // stages)
+    pushed = _portable(contents.pushed)
+    if cluster is not None:
+        from nbdist.cluster.engines import get_within
+
+        measured = get_within(cluster.client[engines[0]].apply_async(
+            profile_on_engine, cell, pushed, contents.model_name, contents.data, initial, micro_size, threads),
+            engines[0], "profiling the model", timeout=max(120.0, config.timeout))
+    else:
+        measured = profile_model(model, x[:micro_size])
+        write_flat(model, *initial)  # profiling trained nothing, but BatchNorm moved its statistics
+    layers = measured["layers"]
+    costs = [r["forward_s"] + r["backward_s"] for r in layers]
+    link = measured["link"]
+    options = dict(bandwidth=link["bandwidth"], latency=link["latency"], seed=config.seed, names=graph.names)
+    chosen = partition(costs, measured["cut_bytes"], stages, config.partition, **options)
+    graph.check_bounds(chosen.bounds)
+    alternatives = {m: partition(costs, measured["cut_bytes"], stages, m, **options)
+                    for m in ("optimal", "greedy", "uniform", "random")}
+
+    key, run_id = new_key(), uuid.uuid4().hex[:12]
+    bind = _bind_hosts(cluster, engines) if cluster is not None else ["127.0.0.1"] * stages
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, engines), stages)
+    steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
+    control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
+    backend = PipelineBackend(cluster, engines, graph, model)
+    backend.control = control
+    control.tasks_done = backend.tasks_done
+    try:
+        specs = [StageSpec(run_id=run_id, key=key, stage=s, stages=stages, bounds=chosen.bounds[s],
+                           micro_batches=micro, schedule=config.schedule, batch_size=config.batch_size,
+                           epochs=config.epochs, seed=config.seed, num_samples=contents.num_samples,
+                           model_name=contents.model_name, data=contents.data, validation=contents.validation,
+                           initial=initial, source=cell if cluster is not None else None,
+                           pushed=pushed if cluster is not None else {}, bind_host=bind[s],
+                           timeout=config.timeout, engine=engines[s], threads=threads, lr=config.lr,
+                           own_optimizer=cluster is not None) for s in range(stages)]
+        pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
+                   for s in range(stages)]
+        endpoints = [_get(p, s, engines[s], config.timeout) for s, p in enumerate(pending)]
+        for s in range(stages):
+            neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n < stages}
+            backend.tasks.append(backend.call(s, run_stage, run_id, s, neighbours,
+                                              kernel.report_endpoint, kernel.control_endpoint))
+    except BaseException:
+        control.failed = True
+        control.close()
+        if not backend.tasks:  # prepared stages hold bound sockets: free them
+            for s in range(stages):
+                backend.call(s, discard_stage, run_id, s)
+        raise
+    run = PipelineRun(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
+    run.profile = pd.DataFrame(layers)
+    run.source = cell
+    run.partition = partition_frame(graph, chosen, layers)
+    run.partitions = alternatives
+    run.note(f"pipeline: {stages} stages on engines {engines}, --partition {config.partition} "
+             f"(predicted slowest stage {chosen.slowest * 1e3:.2f} ms per micro-batch; optimal "
+             f"{alternatives['optimal'].slowest * 1e3:.2f} ms), --schedule {config.schedule}, "
+             f"{micro} micro-batches of {micro_size}")
+    run._begin(backend, control, run_id)  # noqa: SLF001
+    if wait:
+        run.wait()
+    return run
+
+
+def _portable(pushed: dict) -> dict:
+    from nbdist.engine.run_cell import portable
+
+    return portable(pushed)
+
+
+def _get(pending, stage: int, engine: int, timeout: float):
+    try:
+        return pending.get(max(60.0, timeout))
+    except Exception as exc:
+        from nbdist.errors import NbdistError, TrainingError
+
+        if isinstance(exc, NbdistError):
+            raise
+        raise TrainingError(f"Pipeline stage {stage} could not start on engine {engine}: "
+                            f"{type(exc).__name__}: {exc}") from None
+
+
+def _bind_hosts(cluster, engines: list) -> list[str]:
+    from nbdist.cluster.netaddr import hub_address
+
+    nets = cluster.engine_networks(engines)
+    peers = [*nets.values(), cluster.kernel_network()]
+    return [hub_address(nets[e], peers) for e in engines]
+
+
+def _kernel_host(cluster, engines: list) -> str:
+    from nbdist.cluster.netaddr import kernel_address
+
+    nets = cluster.engine_networks(engines)
+    return kernel_address(cluster.kernel_network(), list(nets.values()))

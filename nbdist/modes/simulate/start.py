@@ -1,0 +1,96 @@
+"""`--mode simulate`: build the `Simulation` of a job and run it in a thread of this kernel;
+`SimBackend` is its side of the `Backend` protocol."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+import weakref
+
+import numpy as np
+
+from nbdist.core.simclock import sim_options
+from nbdist.engine.data import as_float32
+from nbdist.errors import CheckpointError, ConfigError, DataError
+from nbdist.job import Job
+from nbdist.modes.launch import begin_run
+from nbdist.modes.simulate.simulation import Simulation
+from nbdist.run.backend import Backend
+from nbdist.run.handle import Run
+
+# Compiled functions of models simulated before (a study re-running one model): tracing costs
+# seconds, a simulated epoch of a small model about as much. A cache, not state: entries die
+# with their model and are used only while the model's variables are unchanged.
+_FLAT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def flat_model(model, layout: dict):
+    """The model's `FlatModel`, reused while the model keeps this `layout`."""
+    from nbdist.engine.flatmodel import FlatModel
+
+    cached = _FLAT_CACHE.get(model)
+    if cached is None or cached[0] != layout:
+        cached = _FLAT_CACHE[model] = (layout, FlatModel(model))
+    return cached[1]
+
+
+def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
+    """Simulate `job` on `config.workers` virtual workers (`cluster` is not used)."""
+    config, contents = job.config, job.contents
+    if contents.streamed:
+        raise DataError(f"--mode simulate trains in this kernel on data held in memory, but "
+                        f"{contents.data[0]} is larger than --in-memory-limit. Simulate on a part "
+                        f"of it ({contents.data[0]}.take(n)), or raise --in-memory-limit.")
+    x, y = (np.asarray(a) for a in contents.arrays)
+    job = job.for_workers(config.workers or len(config.slowdown))
+    options = sim_options(config.sim)
+    simulation = Simulation(job.plan, job.rule_options, flat_model(job.model, job.layout), (as_float32(x), y),
+                            contents.validation_arrays, job.params, job.non_trainable, options,
+                            config.seed, job.optimizer)
+    if options.calibrate:
+        simulation.calibrate(config.batch_size)
+    backend = SimBackend(simulation)
+    backend.start()
+    return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
+
+
+class SimBackend(Backend):
+    """Stands where LocalBackend stands: the simulation as one thread of this kernel."""
+
+    num_workers: int
+    cluster = None  # virtual workers only
+
+    def __init__(self, simulation: Simulation):
+        self.simulation = simulation
+        self.num_workers = simulation.plan.num_workers
+        self._thread = threading.Thread(target=simulation.run, daemon=True, name="nbdist-simulation")
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return self.simulation.params_now()
+
+    def checkpoint_state(self, control, final: bool) -> list:
+        raise CheckpointError("--mode simulate keeps no checkpoints: a simulated run is replayed "
+                              "exactly from its seed instead. Drop --checkpoint-dir, or use --mode "
+                              "async or local to checkpoint a run.")
+
+    def failure(self) -> BaseException | None:
+        return self.simulation.error
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # virtual workers cannot die
+
+    def workers_running(self) -> bool:
+        return self._thread.is_alive()
+
+    def add_workers(self, engines: list[int], announce) -> list[int]:
+        raise ConfigError(f"A simulated run's virtual workers are fixed when it starts (Received: "
+                          f"run.add_workers({list(engines)})). Simulate with more --workers instead.")
+
+    def joined_engines(self) -> list[int]:
+        return []  # no cluster to join
+
+    def finish(self, timeout: float) -> None:
+        self._thread.join(timeout)

@@ -1,0 +1,286 @@
+"""One Horovod rank of a `--mode sync` run: the engine side (`run_sync_worker`).
+
+`hvd.init()`, broadcast rank 0's weights (one flat buffer, `hvd.broadcast`; every collective
+has a fixed name, because Horovod matches them by name and Keras variable names differ between
+processes), then per step one compiled function computes this rank's gradient as one flat
+buffer and a second allreduces it (weighted by this rank's share of the global batch, so the
+result is the exact mean over the global batch even when `--dbs` gives ranks different
+batches) and applies it with the cell's own optimizer. Rank 0's control (stop, pause, lr,
+batch sizes) rides in the same allreduce, so every rank acts on it at the same step.
+`hvd.shutdown()` always runs at the end, so a failing rank ends the collective for all, and the
+next run can `hvd.init()` again. With `--sync-batchnorm`, BatchNorm statistics are allreduced
+inside the forward pass (nbdist.modes.sync.batchnorm); a learning-rate schedule runs on each
+rank's optimizer (nbdist.engine.learning_rate). The kernel side is `nbdist.modes.sync.backend`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
+from nbdist.engine.evaluate import check_finite, evaluate
+from nbdist.engine.run_cell import run_cell
+from nbdist.modes.async_ps.worker import WorkerSpec
+
+CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
+
+
+@dataclass
+class SyncSpec(WorkerSpec):
+    """A worker spec plus what a synchronous rank needs."""
+
+    epochs: int = 1
+    lr: float = 0.01
+    initial_params: np.ndarray | None = None
+    initial_non_trainable: np.ndarray | None = None
+    env: dict | None = None  # HOROVOD_* variables for this rank
+    checkpoint: bool = False  # rank 0 sends its state when training ends (the final checkpoint)
+    resume: dict | None = None  # from a checkpoint: epoch, offset, steps, iterations, slots (shapes)
+    initial_slots: np.ndarray | None = None  # the Keras optimizer's slots, from a checkpoint
+    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (nbdist.modes.sync.batchnorm)
+
+
+
+def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
+    """One Horovod rank: train in lockstep with the others; returns the final weights."""
+    os.environ.update(rank_network(spec.env or {}))
+    model, data, validation = run_cell(spec, namespace)
+    import horovod.tensorflow as hvd
+
+    hvd.init()
+    try:
+        return _SyncLoop(spec, hvd, model, data, validation).run()
+    finally:
+        hvd.shutdown()
+
+
+def rank_network(env: dict) -> dict:
+    """Resolve `HOROVOD_GLOO_IFACE=route:ADDRESS` to this host's interface towards the
+    rendezvous (Gloo binds that interface's address), after checking the rendezvous answers."""
+    from nbdist.cluster.netaddr import check_reachable, interface_for
+
+    env = dict(env)
+    iface = env.get("HOROVOD_GLOO_IFACE", "")
+    if iface.startswith("route:"):
+        address = iface.split(":", 1)[1]
+        check_reachable(address, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
+                        "the Horovod rendezvous (in the notebook kernel)", env.get("NBDIST_RENDEZVOUS_HOST", "?"))
+        env["HOROVOD_GLOO_IFACE"] = interface_for(address)
+        if int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1:
+            check_hostname_address(env["HOROVOD_GLOO_IFACE"])
+    return env
+
+
+def check_hostname_address(iface: str) -> None:
+    """Horovod 0.28.1 connects its process-set contexts on the address of this host's *name*,
+    not on HOROVOD_GLOO_IFACE: across hosts that name must resolve to an address of `iface`,
+    or Gloo aborts the engine ("Unable to find address for", or loopback peers). Say so first."""
+    from nbdist.cluster.netaddr import host_network
+    from nbdist.errors import UnreachableHostError
+
+    name = socket.gethostname()
+    try:
+        resolved = socket.gethostbyname(name)
+    except OSError:
+        resolved = None
+    own = [a for a, _ in host_network("127.0.0.1").addrs.get(iface, [])]
+    if resolved not in own:
+        raise UnreachableHostError(
+            f"Host {name}'s name resolves to {resolved or 'nothing'}, but its ranks talk to the other "
+            f"hosts on {iface} ({', '.join(own) or 'no address'}). Horovod's Gloo binds the address of "
+            "the host's name for part of its set-up, so ranks on other hosts could not reach it. "
+            f"Make {name} resolve to {own[0] if own else 'that address'} (a line in /etc/hosts or DNS), "
+            "or use --mode async.", host=name, address=resolved)
+
+
+class _SyncLoop:
+    """The per-rank training loop; see the module docstring."""
+
+    def __init__(self, spec: SyncSpec, hvd, model, data, validation):
+        import tensorflow as tf
+
+        from nbdist.engine.flatmodel import FlatModel, write_flat
+        from nbdist.hub.client import WorkerTransport
+
+        self.spec, self.hvd, self.model, self.data, self.validation = spec, hvd, model, data, validation
+        self.rank, self.size = hvd.rank(), hvd.size()
+        write_flat(model, spec.initial_params, spec.initial_non_trainable)
+        optimizer = model.optimizer
+        trainable = model.trainable_variables
+        optimizer.build(trainable)
+        self.flat = FlatModel(model)
+        resume = spec.resume or {}
+        if spec.initial_slots is not None:  # every rank checks; rank 0's values are broadcast
+            check_slots(optimizer, resume["slots"], spec.engine)
+            optimizer.iterations.assign(int(resume["iterations"]))
+        # Horovod matches collectives across ranks by name, and Keras names variables with
+        # per-process counters (an engine that ran the cell before has `dense_2/kernel`):
+        # so every collective here has a fixed name, and the weights travel as one buffer.
+        params, non_trainable = self.flat.read()
+        slots = read_slots(optimizer) if spec.initial_slots is None else spec.initial_slots
+        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable, slots])), root_rank=0,
+                              name="nbdist_initial_weights").numpy()
+        n = params.size + non_trainable.size
+        self.flat.assign(start[: params.size], start[params.size: n])
+        write_slots(optimizer, start[n:])
+        self.start = (int(resume.get("epoch", 0)), int(resume.get("offset", 0)), int(resume.get("steps", 0)))
+        self.position, self.sent = self.start[:2], 0  # (epoch, samples of it done); last request served
+        self.batchnorm = None
+        if spec.sync_batchnorm and self.size > 1:
+            from nbdist.modes.sync.batchnorm import SyncBatchNorm, batchnorm_layers
+
+            if batchnorm_layers(model):
+                self.batchnorm = SyncBatchNorm(model, hvd)
+        self._allreduce_apply = self._compile_allreduce_apply()
+        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
+        self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
+        self.control[2] = spec.lr
+        self.control[CONTROL_FIELDS:] = spec.batch_size
+        self.lr = float(self.control[2])  # as float32, as it comes back from the allreduce
+        from nbdist.engine.learning_rate import schedule_name
+
+        if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
+            optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+
+    def _compile_allreduce_apply(self):
+        """The compiled step that allreduces the weighted gradient and applies it."""
+        import tensorflow as tf
+
+        hvd, optimizer, trainable = self.hvd, self.model.optimizer, self.model.trainable_variables
+        sizes = [int(np.prod(v.shape)) for v in trainable]
+
+        fp16 = self.spec.compression == "fp16"
+
+        @tf.function(reduce_retracing=True)
+        def allreduce_apply(weighted_grad, control):
+            if fp16:  # the gradient travels as float16 (Horovod's own compression); control exact
+                reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum, name="nbdist_gradient",
+                                                   compression=hvd.Compression.fp16),
+                                     hvd.allreduce(control, op=hvd.Sum, name="nbdist_control")], 0)
+            else:
+                reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
+                                        name="nbdist_gradient")
+            grads = tf.split(reduced[: self.flat.size], sizes)
+            optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
+                                          trainable, strict=True))
+            return reduced[self.flat.size:]
+
+        return allreduce_apply
+
+    def run(self) -> dict:
+        spec = self.spec
+        self.transport.hello()
+        global_batch = spec.batch_size * self.size
+        reply = {}
+        steps = 0
+        for epoch in range(self.start[0], spec.epochs):
+            offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
+            steps_per_epoch = -(-(spec.num_samples - offset) // global_batch)
+            step = 0
+            while step < steps_per_epoch:
+                if self.control[0]:
+                    break
+                if self.control[1]:  # paused: keep the ranks in lockstep on control only
+                    time.sleep(0.05)
+                    reply = self._send_state(self._report({}), steps)
+                    self._exchange_control(reply)
+                    continue
+                batches = self.control[CONTROL_FIELDS:].astype(np.int64)
+                lo = offset + step * global_batch + int(batches[: self.rank].sum())
+                start, stop = min(lo, spec.num_samples), min(lo + int(batches[self.rank]), spec.num_samples)
+                step_total = min(global_batch, spec.num_samples - offset - step * global_batch)
+                batch = self.data.batch(epoch, start, stop) if stop > start else self.data.head(1)
+                weight = (stop - start) / step_total
+                t0 = time.perf_counter()
+                if self.batchnorm is not None:
+                    self.batchnorm.set_share(weight)
+                loss, grad, grad_norm, _ = self.flat.gradients(*batch)
+                t1 = time.perf_counter()
+                factor = float(reply.get("slowdown", 1.0))
+                if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
+                    time.sleep((factor - 1.0) * (t1 - t0))
+                    t1 = time.perf_counter()
+                check_finite(loss, grad_norm, step=steps, where=f"rank {self.rank} (engine {spec.engine})",
+                             epoch=epoch)
+                outgoing = self._control_out(reply)
+                self.control[:] = self._allreduce_apply(grad * np.float32(weight), outgoing).numpy()
+                self._follow_lr()
+                t2 = time.perf_counter()
+                self.position = (epoch, min(spec.num_samples, offset + (step + 1) * global_batch))
+                reply = self._report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
+                                      "comm_s": t2 - t1, "batch": int(batches[self.rank]),
+                                      "epoch": epoch + self.position[1] / spec.num_samples})
+                step += 1
+                steps += 1
+                reply = self._send_state(reply, steps)
+            if self.control[0]:
+                break
+            self._evaluate(epoch)
+        return self._finish(steps)
+
+    def _send_state(self, reply: dict, steps: int, final: bool = False) -> dict:
+        """Rank 0, between two steps: send its state to the hub if the kernel asked for it."""
+        wanted = int(reply.get("send_state", 0))
+        if self.rank != 0 or not (final or wanted > self.sent):
+            return reply
+        self.sent = max(self.sent, wanted)
+        header, buffers = snapshot(self, self.sent, *self.position, self.start[2] + steps, final)
+        return self.transport.lines[0].request(header, buffers).header
+
+    def _follow_lr(self) -> None:
+        """Every rank switches rate at the same step: the new rate came in the allreduce."""
+        if float(self.control[2]) != self.lr:
+            from nbdist.engine.learning_rate import set_constant_lr
+
+            self.lr = float(self.control[2])
+            if set_constant_lr(self.model.optimizer, self.lr) is not None:  # the schedule is gone
+                self._allreduce_apply = self._compile_allreduce_apply()
+
+    def _control_out(self, reply: dict) -> np.ndarray:
+        """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
+        out = np.zeros_like(self.control)
+        if self.rank == 0:
+            out[:] = self.control
+            if reply:
+                out[0], out[1] = float(reply.get("stop", 0)), float(reply.get("paused", 0))
+                if reply.get("lr") is not None:  # None: the ranks keep their optimizer's schedule
+                    out[2] = reply["lr"]
+                if reply.get("batches"):
+                    out[CONTROL_FIELDS:] = reply["batches"]
+        return out
+
+    def _exchange_control(self, reply: dict) -> None:
+        self.control[:] = self.hvd.allreduce(self._control_out(reply), op=self.hvd.Sum,
+                                             name="nbdist_control").numpy()
+
+    def _report(self, fields: dict) -> dict:
+        return self.transport.lines[0].request({"op": "report", "worker": self.rank, **fields}).header
+
+    def _evaluate(self, epoch: int) -> None:
+        if self.rank != 0 or self.validation is None:
+            return
+        metrics = evaluate(self.model, self.validation, self.spec.batch_size)
+        self._report({"eval": {"epoch": epoch, "version": 0, "metrics": metrics}})
+
+    def _finish(self, steps: int) -> dict:
+        """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
+        params, non_trainable = self.flat.read()
+        own = non_trainable  # with --sync-batchnorm already the same on every rank
+        if non_trainable.size:
+            non_trainable = self.hvd.allreduce(non_trainable, op=self.hvd.Average,
+                                               name="nbdist_final_state").numpy()
+            self.flat.assign(params, non_trainable)
+        if self.spec.checkpoint:  # the final checkpoint's weights
+            self._send_state({}, steps, final=True)
+        self.transport.bye()
+        self.transport.close()
+        optimizer = self.model.optimizer
+        return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,
+                "own_non_trainable": own, "host": socket.gethostname(),
+                "iterations": int(optimizer.iterations.numpy()),
+                "learning_rate": float(optimizer.learning_rate.numpy())}

@@ -1,0 +1,30 @@
+"""`--mode sync`: one Horovod rank per worker engine; a metrics-and-control hub (no weights)
+in this kernel."""
+
+from __future__ import annotations
+
+from nbdist.job import Job, cell_rate
+from nbdist.modes.launch import prepare_checkpoint_dir, start_through_hubs
+from nbdist.modes.sync.backend import SyncBackend
+from nbdist.modes.sync.rank import SyncSpec
+from nbdist.run.handle import Run
+
+
+def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
+    """Start the ranks of `job` on `cluster`'s worker engines."""
+    from nbdist.checkpoint.sync_state import check_optimizer, resume_fields
+
+    config, ckpt = job.config, job.checkpoint
+    if ckpt is not None:  # the saved slots must fit the cell's optimizer, before any engine is used
+        check_optimizer(ckpt, job.model)
+    prepare_checkpoint_dir(job)
+    backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
+    job = job.for_workers(backend.num_workers)
+    params, non_trainable = job.params, job.non_trainable
+    lr = config.lr if config.lr is not None else cell_rate(job.model.optimizer)
+    rank = dict(epochs=config.epochs, lr=lr, initial_params=params, initial_non_trainable=non_trainable,
+                checkpoint=config.checkpoint_dir is not None, sync_batchnorm=config.batchnorm_synced,
+                **resume_fields(ckpt, config.epochs))
+    return start_through_hubs(job, backend, lambda fields: SyncSpec(**fields, **rank), wait=wait,
+                              shards=1, hub_params=params[:0],  # the ranks hold the weights
+                              extra_bytes=8 * params.nbytes + non_trainable.nbytes)

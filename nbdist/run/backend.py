@@ -1,0 +1,54 @@
+"""What a Run needs from the place its workers run: the `Backend` protocol.
+
+Every mode's backend implements all of it, explicitly (the cluster's and the sync ranks' in
+nbdist/modes/async_ps and sync, the kernel threads' in nbdist/modes/local, the virtual
+cluster's in nbdist/modes/simulate), so the Run (handle, control, monitor) never asks a
+backend what it can do. What a backend cannot do it refuses with an error that says so.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Protocol, runtime_checkable
+
+import numpy as np
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """The hubs' and workers' side of a run, as the Run's monitor thread and controls use it."""
+
+    num_workers: int
+    cluster: object | None  # the Cluster that tracks the run (its stop() ends it); None in the kernel
+
+    def failure(self) -> BaseException | None:
+        """The error that ends the run (a worker or rank that raised), or None."""
+        ...
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        """(worker, why) for each worker lost since the last call, while the run goes on."""
+        ...
+
+    def workers_running(self) -> bool:
+        """Whether any worker is still training (or leaving)."""
+        ...
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The trained flat parameters and non-trainable state, once training ended."""
+        ...
+
+    def checkpoint_state(self, control, final: bool) -> list:
+        """Every shard's state for a checkpoint (nbdist.checkpoint.store.save)."""
+        ...
+
+    def add_workers(self, engines: list[int], announce: Callable[[int, int], None]) -> list[int]:
+        """Start workers on more engines while the run trains; returns their ids."""
+        ...
+
+    def joined_engines(self) -> list[int]:
+        """Engines that joined the cluster since the last call (--elastic)."""
+        ...
+
+    def finish(self, timeout: float) -> None:
+        """Wait for the workers and the hubs to leave (clean-up; never raises for a late one)."""
+        ...
