@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import nbdist
-from tests.conftest import SYNTHETIC_CELL, _alive
+from tests.helpers import SYNTHETIC_CELL, outlives
 from tests.schedulers import SlurmCluster, mpi_env, mpi_unavailable, slurm_unavailable
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each test starts engines
 SLURM = slurm_unavailable()
 MPI = mpi_unavailable()
 
@@ -99,14 +99,4 @@ def test_mpi_launcher_engines_are_mpi_ranks_and_train_sync_through_gloo(ip, monk
     finally:
         ip.run_line_magic("nbdist", "stop")
     for pid in pids:
-        assert not _alive(pid, wait_s=10.0), f"MPI engine {pid} outlived %nbdist stop"
-
-
-def test_unknown_launcher_is_refused_with_the_choices():
-    from nbdist.cluster.engines import Cluster
-    from nbdist.errors import NoClusterError
-
-    with pytest.raises(NoClusterError, match=r"Unknown launcher \(Received: 'pbs'\).*local, slurm, mpi"):
-        Cluster.start(2, launcher="pbs")
-
-
+        assert not outlives(pid, wait_s=10.0), f"MPI engine {pid} outlived %nbdist stop"

@@ -139,7 +139,7 @@ def train_until_done(t, reply, applied, deadline_s=30.0):
             reply = t.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
             applied.append(cid)
         else:
-            time.sleep(0.02)
+            time.sleep(0.02)  # deliberate: a worker without a chunk asks again a moment later
             reply = t.step({}, push=False, pull=False)
     return reply
 

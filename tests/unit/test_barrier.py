@@ -40,5 +40,5 @@ def test_steps_waiting_too_long_expire():
     b = GroupBarrier(1)
     b.add((0, 1), 0, g(2), batch=1, read_version=0, header={})
     assert b.expired(10.0) == []
-    time.sleep(0.02)
+    time.sleep(0.02)  # deliberate: the step must be older than the 0.01 s limit
     assert [s.members for s in b.expired(0.01)] == [(0, 1)]
