@@ -47,7 +47,7 @@ def test_slurm_launcher_starts_engines_as_one_job_that_trains_async_and_sync(tmp
             ns = {}
             run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=2,
                                batch_size=16, wait=True, timeout=60)
-            assert run.status == "finished" and run._snapshot["epoch_samples"] == [900, 900]  # noqa: SLF001
+            assert run.status == "finished" and run.stats["epoch_samples"] == [900, 900]
             ns = {}
             run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
                                epochs=2, batch_size=32, wait=True, timeout=60)
