@@ -2,7 +2,6 @@
 model inside the model, a tf.data.Dataset held in memory or streamed by shards (in --mode local
 and simulate: tests/inproc/test_data_modes.py)."""
 
-
 import numpy as np
 import pytest
 

@@ -1,6 +1,5 @@
 """--mode simulate: real gradients and rules on a virtual clock, in this kernel, deterministic."""
 
-
 import numpy as np
 import pytest
 

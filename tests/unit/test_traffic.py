@@ -1,7 +1,6 @@
 """Per-worker traffic: bytes counted on the sockets (tests/inproc/test_send_frames.py), kept
 by the coordinator, turned into bytes/s by the kernel."""
 
-
 from nbdist.core.coordinator import Coordinator, Plan
 from nbdist.core.stats import WorkerStats
 from nbdist.core.traffic import TrafficRates
