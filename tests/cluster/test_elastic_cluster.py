@@ -51,7 +51,7 @@ def test_add_workers_refuses_engines_in_use_or_unknown_and_the_run_goes_on(clust
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=200,
                        batch_size=8)
     with run:
-        wait_for(lambda: len(run.nodes) == 1)
+        wait_for(lambda: global_step(run) > 0)  # the worker said hello: its engine is known
         (hub,), (first,) = [h["engine"] for h in run.hubs], run.nodes["engine"].tolist()
         with pytest.raises(ClusterError, match=rf"already in it: engine {hub} \(a hub shard\), "
                                                rf"engine {first} \(worker 0\)"):
