@@ -96,12 +96,19 @@ def test_ctrl_c_in_wait_stops_the_run_within_seconds_and_the_engines_take_a_new_
 
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=500, batch_size=8)
-    wait_for(lambda: global_step(run) > 20)
-    threading.Timer(0.5, _thread.interrupt_main).start()  # what Jupyter's "interrupt" does
-    t0 = time.monotonic()
-    with pytest.raises(KeyboardInterrupt):
-        run.wait(timeout=120)
-    assert time.monotonic() - t0 < 20
+    # a kernel's SIGINT handler even where pytest runs as a background job, which ignores
+    # SIGINT (interrupt_main then does nothing); `with run`: a failure here leaves no run going
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    try:
+        with run:
+            wait_for(lambda: global_step(run) > 20)
+            threading.Timer(0.5, _thread.interrupt_main).start()  # what Jupyter's "interrupt" does
+            t0 = time.monotonic()
+            with pytest.raises(KeyboardInterrupt):
+                run.wait(timeout=120)
+            assert time.monotonic() - t0 < 20
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert run.done and run.status == "stopped" and run.error is None
     assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3  # hub and workers left
     again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, wait=True)
