@@ -1,4 +1,5 @@
-"""Shared fixtures: a real local ipyparallel cluster, a real IPython shell, small cells.
+"""Shared fixtures: a real local ipyparallel cluster, a real IPython shell (helpers and the
+cells the tests share are in tests/helpers.py).
 
 Tests live in tiers, one folder each, and every test gets its folder's marker:
 - `unit/`: pure functions on NumPy arrays, exact values, no TensorFlow, no sockets;
@@ -17,18 +18,9 @@ import os
 
 import pytest
 
-os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+from tests.helpers import outlives
 
-# A small learnable problem: trains in seconds, reaches high accuracy.
-SYNTHETIC_CELL = '''
-import keras
-from nbdist.datasets import make_synthetic
-(x_train, y_train), (x_test, y_test) = make_synthetic(n=1200, shape=(8,), classes=3, seed=1)
-model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
-                          keras.layers.Dense(3, activation="softmax")])
-model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
-              metrics=["accuracy"])
-'''
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 TIERS = ("unit", "inproc", "cluster", "e2e")
 
@@ -54,21 +46,8 @@ def cluster():
     pids = handle.client[:].apply_sync(os.getpid)
     yield handle
     handle.stop()
-    left = [p for p in pids if _alive(p)]
+    left = [p for p in pids if outlives(p)]
     assert not left, f"engine processes left running after stop: {left}"
-
-
-def _alive(pid: int, wait_s: float = 5.0) -> bool:
-    """Whether `pid` still runs after up to `wait_s` seconds (engines take a moment to exit)."""
-    import time
-
-    for _ in range(int(wait_s / 0.1)):
-        try:
-            os.kill(pid, 0)
-        except ProcessLookupError:
-            return False
-        time.sleep(0.1)
-    return True
 
 
 @pytest.fixture

@@ -1,15 +1,248 @@
-"""Helpers shared by the tests (fixtures live in conftest.py)."""
+"""Helpers shared by the tests of every tier (fixtures live in conftest.py): waiting for an
+event, the cells several test files train, and a Run fed with a made-up hub snapshot.
+
+Test files import from here, never from each other or from conftest.py."""
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 
+# -- waiting for events -------------------------------------------------------------------------
 
-def wait_for(condition: Callable[[], object], timeout: float = 120.0, poll_s: float = 0.05) -> None:
-    """Poll `condition` until it is true; fail the test after `timeout` seconds. A bound on a
-    wait for an event, not a timing assertion: generous, so a loaded machine only waits longer."""
+
+def wait_for(condition: Callable[[], object], timeout: float = 120.0, poll_s: float = 0.05,
+             what: str | Callable[[], str] = "condition"):
+    """Poll `condition` until it is true and return its value; fail the test after `timeout`
+    seconds, saying `what` was awaited (a callable: what is left, read at the failure). A
+    bound on a wait for an event, not a timing assertion: generous, so a loaded machine only
+    waits longer."""
     deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"condition not reached within {timeout:g}s"
+    while not (value := condition()):
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"{what() if callable(what) else what} not reached within {timeout:g}s")
         time.sleep(poll_s)
+    return value
+
+
+def running(pid: int) -> bool:
+    """Whether process `pid` exists now."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+def outlives(pid: int, wait_s: float = 5.0) -> bool:
+    """Whether `pid` still runs after up to `wait_s` seconds (engines take a moment to exit)."""
+    deadline = time.monotonic() + wait_s
+    while running(pid):
+        if time.monotonic() >= deadline:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def global_step(run) -> int:
+    """The hub's global step as the kernel last saw it (0 before the first poll)."""
+    return run.stats.get("global_step", 0)
+
+
+def event_names(run) -> list[str]:
+    """The names of the run's events, oldest first."""
+    events = run.events
+    return events["event"].tolist() if "event" in events else []
+
+
+# -- cells --------------------------------------------------------------------------------------
+
+# A small learnable problem: trains in seconds, reaches high accuracy (900 train, 300 test).
+SYNTHETIC_CELL = '''
+import keras
+from nbdist.datasets import make_synthetic
+(x_train, y_train), (x_test, y_test) = make_synthetic(n=1200, shape=(8,), classes=3, seed=1)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
+# The whole of Fashion-MNIST on an MLP: two workers reach 80 % in two epochs.
+FASHION_CELL = '''
+import keras
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
+x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(256, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+
+# Cells as Keras tutorials write them: a subclassed model, a tf.data.Dataset.
+_DATA = SYNTHETIC_CELL.split("model = ")[0]  # imports and the synthetic arrays
+SUBCLASSED_CELL = _DATA + '''
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="relu")
+        self.out = keras.layers.Dense(3, activation="softmax")
+    def call(self, x):
+        return self.out(self.hidden(x))
+model = Net()
+model.build((None, 8))
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+DATASET_CELL = SYNTHETIC_CELL + '''
+import tensorflow as tf
+train_ds = tf.data.Dataset.from_tensor_slices((x_train, y_train)).batch(32)
+'''
+
+# The cells people actually write, on Fashion-MNIST: a tutorial convnet with one-hot labels and
+# optimizer="adam", and an MLP with RMSprop on an ExponentialDecay schedule.
+ADAM_CONVNET_CELL = '''
+import numpy as np
+import keras
+from keras import layers
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train, y_train, x_test, y_test = x_train[:6000], y_train[:6000], x_test[:2000], y_test[:2000]
+x_train = np.expand_dims(x_train.astype("float32") / 255, -1)
+x_test = np.expand_dims(x_test.astype("float32") / 255, -1)
+y_train = keras.utils.to_categorical(y_train, 10)
+y_test = keras.utils.to_categorical(y_test, 10)
+model = keras.Sequential([
+    keras.Input(shape=(28, 28, 1)),
+    layers.Conv2D(8, kernel_size=(3, 3), activation="relu"),
+    layers.MaxPooling2D(pool_size=(2, 2)),
+    layers.Flatten(),
+    layers.Dropout(0.5),
+    layers.Dense(10, activation="softmax"),
+])
+model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
+'''
+RMSPROP_SCHEDULE_CELL = '''
+import keras
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train = x_train[:8000].reshape(-1, 784).astype("float32") / 255
+x_test = x_test[:2000].reshape(-1, 784).astype("float32") / 255
+y_train, y_test = y_train[:8000], y_test[:2000]
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.Dense(10, activation="softmax")])
+schedule = keras.optimizers.schedules.ExponentialDecay(1e-3, decay_steps=100, decay_rate=0.9)
+model.compile(optimizer=keras.optimizers.RMSprop(learning_rate=schedule),
+              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+'''
+TYPICAL_CELLS = {"adam-convnet": ADAM_CONVNET_CELL, "rmsprop-schedule": RMSPROP_SCHEDULE_CELL}
+TYPICAL_EPOCHS, TYPICAL_BATCH = 2, 32
+
+
+def typical_accuracy(ns: dict) -> float:
+    """Test accuracy of the model a typical cell defined in `ns`."""
+    return float(ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0, return_dict=True)["accuracy"])
+
+
+_FIT_ACCURACY: dict[str, float] = {}
+
+
+def typical_fit_accuracy() -> dict[str, float]:
+    """Plain `model.fit` on each typical cell, the yardstick (seeded, in this process, once)."""
+    import keras
+
+    for name, cell in TYPICAL_CELLS.items():
+        if name not in _FIT_ACCURACY:
+            keras.utils.set_random_seed(0)
+            ns: dict = {}
+            exec(cell, ns)  # noqa: S102 - the test's own cell
+            ns["model"].fit(ns["x_train"], ns["y_train"], batch_size=TYPICAL_BATCH,
+                            epochs=TYPICAL_EPOCHS, verbose=0)
+            _FIT_ACCURACY[name] = typical_accuracy(ns)
+    return _FIT_ACCURACY
+
+
+def train_typical(cell: str, **options) -> tuple[float, object]:
+    """Train a typical cell with nbdist as `fit` did; its accuracy and the run."""
+    import keras
+
+    import nbdist
+
+    keras.utils.set_random_seed(0)
+    ns: dict = {}
+    run = nbdist.train(cell, namespace=ns, epochs=TYPICAL_EPOCHS, batch_size=TYPICAL_BATCH,
+                       wait=True, **options)
+    assert run.status == "finished" and run.error is None
+    assert run.warnings == []  # trained with the cell's own optimizer, nothing else
+    return typical_accuracy(ns), run
+
+
+# -- a Run fed by hand --------------------------------------------------------------------------
+
+
+def snapshot(num_workers: int, t: float, *, paused: bool = False) -> dict:
+    """What the hub's stats reply looks like at time t (worker w runs at 100 / (w + 1))."""
+    import numpy as np
+
+    nodes = [{"worker": w, "engine": w + 1, "host": "localhost", "state": "running",
+              "samples": 10 * w, "samples_per_s": 100.0 / (w + 1), "steps": 5, "delay_mean": 1.0 + w,
+              "delay_p95": 2.0 + w, "delay_max": 3, "batch_size": 32, "slowdown": 1.0 + (w == 1),
+              "group": None, "loss": 1.0, "compute_s": 0.01, "comm_s": 0.001} for w in range(num_workers)]
+    timeline = [{"worker": w, "time": tt, "samples_per_s": 100.0 / (w + 1), "batch_size": 32,
+                 "delay_mean": 1.0 + w, "delay_p95": 2.0 + w}
+                for w in range(num_workers) for tt in np.arange(0.0, t, 1.0)]
+    history = [[tt, i, tt / 10, i % num_workers, 2.0 / (1 + tt), 1, 32]
+               for i, tt in enumerate(np.arange(0.0, t, 0.1))]
+    return {"nodes": nodes, "timeline": timeline, "history": history, "paused": paused,
+            "lr": 0.05, "batch_policy": "fixed", "global_step": len(history),
+            "delays": {str(w): {0: 3, 1 + w: 5} for w in range(num_workers)},
+            "events": [{"time": 1.5, "step": 15, "event": "set_lr", "lr": 0.05}],
+            "evals": [{"time": t, "step": len(history), "val_accuracy": 0.5, "val_loss": 1.2}]}
+
+
+def fed_run(num_workers: int, t: float = 5.0, config=None):
+    """A running Run with no hub behind it, fed `snapshot(num_workers, t)` the way the monitor
+    thread feeds a real one (for the dashboard and report tests)."""
+    from nbdist.config import TrainConfig
+    from nbdist.run.handle import Run
+
+    run = Run(config or TrainConfig(), model=None, model_name="model")
+    run.status = "running"
+    return feed(run, snapshot(num_workers, t))
+
+
+def feed(run, snap: dict):
+    """Give `run` the hub's next stats reply `snap`, by the monitor thread's own path."""
+    run._absorb(snap)  # noqa: SLF001 - the one seam for a Run without a hub
+    return run
+
+
+def end(run, status: str = "finished"):
+    """Make a fed run ended, as its monitor thread does when training is over."""
+    run.status = status
+    run._done.set()  # noqa: SLF001 - the one seam for a Run without a hub
+    return run
+
+
+def epoch_ends(run) -> list[int]:
+    """The epochs whose end the run recorded, in order."""
+    events = run.events
+    return sorted(events.loc[events["event"] == "epoch_end", "epoch"]) if "event" in events else []
+
+
+def quiet_keras_build():
+    """Keras warns that build() on a subclassed model without build() creates nothing."""
+    import warnings
+
+    return warnings.catch_warnings(action="ignore", category=UserWarning)
+
+
+def trained_every_sample(run, epochs: int = 2, threshold: float = 0.85, samples: int = 900) -> None:
+    """The run finished, trained every sample once per (global) epoch and learned."""
+    assert run.status == "finished" and run.error is None
+    assert run.nodes["samples"].sum() == epochs * samples
+    assert run.history["val_accuracy"].dropna().iloc[-1] > threshold

@@ -13,7 +13,7 @@ Responsible for:
 Why not plotly's `FigureWidget`: in JupyterLab 4 some of its panels stayed blank under load,
 never getting their initial state. Here a view draws whatever `figure` holds when it is
 created (no message is needed to get started), then follows its changes. Each drawing
-increments the element's `data-revision`, which tests/test_browser.py reads.
+increments the element's `data-revision`, which tests/e2e/test_browser.py reads.
 """
 
 from __future__ import annotations

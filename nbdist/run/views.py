@@ -63,6 +63,12 @@ class RunViews:
         """The learning rate now: a schedule's value at the hub's step, or a set_lr override."""
         return self._snapshot.get("lr")
 
+    @property
+    def stats(self) -> dict:
+        """The hub's latest statistics as the kernel last polled them (a copy): global_step,
+        epochs_done, epoch_samples, lr, batch_policy, rule_options, hub_bytes, dropped, ..."""
+        return dict(self._snapshot)
+
     def note(self, text: str) -> None:
         """Record a choice nbdist made for this run before it started (time 0, step 0)."""
         self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})

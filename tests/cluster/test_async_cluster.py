@@ -12,27 +12,10 @@ from nbdist.errors import (
     DataError,
     ModelNotCompiledError,
     ModelNotFoundError,
-    NoClusterError,
     NotEnoughEnginesError,
     RemoteCellError,
 )
-from tests.conftest import SYNTHETIC_CELL
-from tests.helpers import wait_for
-
-pytestmark = pytest.mark.cluster
-
-FASHION_CELL = '''
-import keras
-from nbdist.datasets import load_fashion_mnist
-(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
-x_train = x_train.reshape(-1, 784).astype("float32") / 255.0
-x_test = x_test.reshape(-1, 784).astype("float32") / 255.0
-model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(256, activation="relu"),
-                          keras.layers.Dense(10, activation="softmax")])
-model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
-              metrics=["accuracy"])
-'''
+from tests.helpers import FASHION_CELL, SYNTHETIC_CELL, event_names, global_step, running, wait_for
 
 
 def weights(model):
@@ -128,38 +111,26 @@ def test_bad_input_fails_before_training_and_leaves_engines_ready(cluster, cell,
     assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3
 
 
-def test_magic_without_a_cluster_says_how_to_start_one(ip):
-    with pytest.raises(NoClusterError, match="%nbdist start"):
-        ip.run_cell_magic("distribute", "--wait", SYNTHETIC_CELL)
-
-
-def test_unknown_flag_and_algorithm_are_usage_errors(ip):
-    from IPython.core.error import UsageError
-
-    for line in ("--algorithm nope", "--turbo"):
-        with pytest.raises(UsageError):
-            ip.run_cell_magic("distribute", line, SYNTHETIC_CELL)
-
-
 def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
                        batch_size=8)
     before = weights(ns["model"]).copy()
-    wait_for(lambda: run._snapshot.get("global_step", 0) > 20)
+    wait_for(lambda: global_step(run) > 20)
     run.pause()
-    wait_for(lambda: run.status == "paused")
-    time.sleep(0.5)  # steps in flight land
-    paused_at = run._snapshot["global_step"]
-    time.sleep(1.5)
-    assert run._snapshot["global_step"] == paused_at, "pushes continued while paused"
+    # each worker is told on its next message, which carries its step in flight: once every
+    # worker shows "paused", that step has landed and no other may follow
+    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"})
+    paused_at = global_step(run)
+    time.sleep(1.5)  # deliberate: time passes while paused, and no push may land in it
+    assert global_step(run) == paused_at, "pushes continued while paused"
     run.set_lr(0.05)
     run.resume()
-    wait_for(lambda: run._snapshot.get("global_step", 0) > paused_at + 20)
+    wait_for(lambda: global_step(run) > paused_at + 20)
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped"
-    assert [e["event"] for e in run._snapshot["events"] if e["event"] != "epoch_end"] == [
+    assert [e for e in event_names(run) if e not in ("epoch_end", "note")] == [
         "pause", "set_lr", "resume", "stop"]
     assert not np.array_equal(before, weights(ns["model"]))
 
@@ -170,8 +141,6 @@ def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(clu
     run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, workers=2, epochs=2, batch_size=64,
                        wait=True)
     assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
-
-
 
 
 FUNCTIONAL_CELL = '''
@@ -239,8 +208,6 @@ def test_connect_attaches_to_a_running_cluster(cluster, ip):
 
 @pytest.mark.slow
 def test_magic_start_status_stop_leaves_no_process(ip, capsys):
-    import os
-
     ip.run_line_magic("nbdist", "start 1")
     magics = ip.magics_manager.registry["NbdistMagics"]
     pids = magics.cluster.client[:].apply_sync(os.getpid)
@@ -249,14 +216,4 @@ def test_magic_start_status_stop_leaves_no_process(ip, capsys):
     ip.run_line_magic("nbdist", "stop")
     assert magics.cluster is None
     for pid in pids:
-        wait_for(lambda pid=pid: not _alive(pid), timeout=20)
-
-
-def _alive(pid):
-    import os
-
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return True
+        wait_for(lambda pid=pid: not running(pid), timeout=20)

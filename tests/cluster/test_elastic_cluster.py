@@ -6,15 +6,10 @@ import pytest
 
 import nbdist
 from nbdist.errors import ClusterError, TrainingError
-from tests.conftest import SYNTHETIC_CELL
-from tests.helpers import wait_for
-
-pytestmark = pytest.mark.cluster
+from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 
 EPOCHS = 12
 TRAIN_SAMPLES = 900  # SYNTHETIC_CELL's x_train
-
-
 
 
 def _said_hello(run, worker: int) -> bool:
@@ -26,7 +21,7 @@ def _check_both_trained_every_sample_once(run) -> None:
     nodes = run.nodes
     assert list(nodes["worker"]) == [0, 1] and (nodes["samples"] > 0).all()
     assert set(nodes["state"]) == {"done"}
-    assert run._snapshot["epoch_samples"] == [TRAIN_SAMPLES] * EPOCHS  # every sample once per epoch
+    assert run.stats["epoch_samples"] == [TRAIN_SAMPLES] * EPOCHS  # every sample once per epoch
     assert nodes["samples"].sum() == EPOCHS * TRAIN_SAMPLES
     added = run.events[run.events["event"] == "worker_added"]
     assert added["worker"].tolist() == [1]
@@ -36,12 +31,11 @@ def test_add_workers_brings_a_spare_engine_into_a_running_job(cluster):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=EPOCHS,
                        batch_size=16)
     with run:
-        (hub,), (first,) = run._backend.roles.servers, run._backend.roles.workers
+        wait_for(lambda: global_step(run) > 5)
+        (hub,), (first,) = [h["engine"] for h in run.hubs], run.nodes["engine"].tolist()
         (spare,) = set(cluster.engine_ids) - {hub, first}
-        wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
         run.pause()  # so the newcomer surely finds data left when it arrives
         assert run.add_workers([spare]) == [1]
-        assert run._backend.worker_engines == [first, spare]
         wait_for(lambda: _said_hello(run, 1))
         assert run.nodes["engine"].tolist() == [first, spare]
         run.resume()
@@ -57,7 +51,8 @@ def test_add_workers_refuses_engines_in_use_or_unknown_and_the_run_goes_on(clust
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=200,
                        batch_size=8)
     with run:
-        hub, first = run._backend.roles.servers[0], run._backend.roles.workers[0]
+        wait_for(lambda: global_step(run) > 0)  # the worker said hello: its engine is known
+        (hub,), (first,) = [h["engine"] for h in run.hubs], run.nodes["engine"].tolist()
         with pytest.raises(ClusterError, match=rf"already in it: engine {hub} \(a hub shard\), "
                                                rf"engine {first} \(worker 0\)"):
             run.add_workers([hub, first])
@@ -75,7 +70,7 @@ def test_elastic_run_takes_in_an_engine_started_into_the_cluster():
         run = nbdist.train(SYNTHETIC_CELL, cluster=own, namespace={}, workers=1, epochs=EPOCHS,
                            batch_size=16, elastic=True)
         with run:
-            wait_for(lambda: run._snapshot.get("global_step", 0) > 5)
+            wait_for(lambda: global_step(run) > 5)
             run.pause()
             before = set(own.client.ids)
             own._ipp_cluster.start_engines_sync(1)

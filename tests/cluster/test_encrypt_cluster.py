@@ -3,10 +3,9 @@ and a run trains as usual."""
 
 import pytest
 
-from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import SYNTHETIC_CELL
 
 
-@pytest.mark.cluster
 @pytest.mark.slow
 def test_an_encrypted_cluster_trains_with_curve_on_every_socket(ip):
     import nbdist
@@ -19,6 +18,6 @@ def test_an_encrypted_cluster_trains_with_curve_on_every_socket(ip):
         assert "encrypted (CurveZMQ)" in cluster.describe()
         run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=1, wait=True)
         assert run.status == "finished" and run.nodes["samples"].sum() == 900
-        assert run._snapshot["dropped"] == {}  # noqa: SLF001
+        assert run.stats["dropped"] == {}
     finally:
         ip.run_line_magic("nbdist", "stop")

@@ -1,15 +1,11 @@
-"""Heterogeneity lab on a real cluster: slow-downs, DBS-SGD batch sizes, live control, metrics."""
-
-import time
+"""Heterogeneity lab on a real cluster: slow-downs, DBS-SGD batch sizes, live control, metrics
+(DBS against measured speeds on a virtual cluster: tests/inproc/test_simulate.py)."""
 
 import numpy as np
 import pytest
 
 import nbdist
-from tests.conftest import SYNTHETIC_CELL
-from tests.helpers import wait_for
-
-pytestmark = pytest.mark.cluster
+from tests.helpers import SYNTHETIC_CELL, event_names, wait_for
 
 # Big enough that compute grows with the batch (on a tiny model the fixed cost per step dominates).
 WIDE_CELL = '''
@@ -22,8 +18,6 @@ model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_cro
 '''
 
 
-
-
 def _steps(run):
     return run.nodes["steps"].tolist() if len(run.nodes) else [0]
 
@@ -33,8 +27,9 @@ def test_dbs_gives_the_slow_worker_a_smaller_batch_and_evens_out_step_times(clus
                        dbs=True, slowdown="1,3", no_validation=True)
     try:
         wait_for(lambda: min(_steps(run)) >= 40)
-        wait_for(lambda: any(e["event"] == "rebalance" for e in run._snapshot.get("events", [])))
-        time.sleep(2)  # a few more rebalances on settled measurements
+        wait_for(lambda: "rebalance" in event_names(run))
+        at = min(_steps(run))  # a few more pushes, and rebalances, on settled measurements
+        wait_for(lambda: min(_steps(run)) >= at + 20)
         batches = run.nodes["batch_size"].tolist()
         assert sum(batches) == 128  # the global batch is kept
         # the 3x slower node gets well under half the work (a third if compute were exactly
@@ -43,24 +38,6 @@ def test_dbs_gives_the_slow_worker_a_smaller_batch_and_evens_out_step_times(clus
     finally:
         run.stop()
         run.wait(timeout=60)
-
-
-@pytest.mark.slow
-def test_dbs_batches_follow_measured_speeds_within_20_percent_for_slowdowns_1_1_3():
-    """The criterion on a virtual cluster (--mode simulate: real coordinator, DBS and
-    gradients; step time slowdown x (per_step + per_sample x batch)). On this 2-core machine
-    three worker engines and a hub measure the CPU scheduler more than their slow-downs."""
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=3, epochs=12, batch_size=64,
-                       dbs=True, slowdown="1,1,3", sim="per_step=1e-4,per_sample=2e-5",
-                       no_validation=True, wait=True)
-    nodes = run.nodes
-    batches, speeds = nodes["batch_size"].to_numpy(float), nodes["samples_per_s"].to_numpy(float)
-    assert batches.sum() == 3 * 64  # the global batch is kept
-    # each worker's share of the global batch against its share of the measured throughput
-    # (equal step times make them the same; here about 84/84/25 by hand: 3(a + c b) = a + c B)
-    batch_share, speed_share = batches / batches.sum(), speeds / speeds.sum()
-    assert np.allclose(batch_share, speed_share, rtol=0.2), (batches.tolist(), speeds.round(1).tolist())
-    assert 20 <= batches[2] <= 30 and batches[2] < 0.4 * batches[0], batches.tolist()
 
 
 def test_set_slowdown_changes_measured_speed_within_a_few_steps(cluster):
@@ -90,7 +67,8 @@ def test_every_control_call_is_recorded_in_the_events_and_timeline_has_series(cl
         run.set_batch_policy("dbs")
         run.pause()
         run.resume()
-        time.sleep(2.5)
+        at = sum(_steps(run))
+        wait_for(lambda: sum(_steps(run)) >= at + 10)  # training goes on after the resume
     finally:
         run.stop()
         run.wait(timeout=60)

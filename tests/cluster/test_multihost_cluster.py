@@ -21,12 +21,11 @@ import pytest
 
 import nbdist
 from nbdist.dashboard.hosts import hosts_figure
-from tests.conftest import SYNTHETIC_CELL
-from tests.helpers import wait_for
+from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 from tests.lab_network import LabCluster, LabNetwork, unavailable
 
 REASON = unavailable()
-pytestmark = [pytest.mark.cluster, pytest.mark.lab,
+pytestmark = [pytest.mark.lab,
               pytest.mark.skipif(REASON is not None, reason=f"lab network: {REASON}")]
 ENGINES = ["lab3", "lab1", "lab2", "lab3", "lab4", "head"]
 SAMPLES = 900  # SYNTHETIC_CELL's training set
@@ -81,7 +80,7 @@ def test_async_workers_on_two_hosts_and_the_hub_on_a_third(lab):
     assert run._backend.roles.servers == (0,)  # noqa: SLF001
     assert addresses(lab, run) == {0: lab.network.address("lab3")}  # not 127.0.0.1 behind --ip='*'
     assert sorted(run.nodes["host"]) == ["lab1", "lab2"]
-    assert run._snapshot["epoch_samples"] == [SAMPLES] * 3  # noqa: SLF001
+    assert run.stats["epoch_samples"] == [SAMPLES] * 3
     assert accuracy(ns) > 0.85
 
 
@@ -93,7 +92,7 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
     assert run._backend.roles.servers == (0,) and set(run._backend.roles.workers) == {1, 3}  # noqa: SLF001
     assert sorted(run.nodes["host"]) == ["lab1", "lab3"]
     assert addresses(lab, run) == {0: lab.network.address("lab3")}
-    assert run._snapshot["epoch_samples"] == [SAMPLES] * 2  # noqa: SLF001
+    assert run.stats["epoch_samples"] == [SAMPLES] * 2
     assert accuracy(ns) > 0.8
     # which transport each worker chose: shared memory only beside the hub (same host id)
     from nbdist.hub.shm import host_id
@@ -162,16 +161,16 @@ def test_a_link_down_for_three_seconds_applies_nothing_twice_and_the_run_finishe
     epochs = 6
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 2]), namespace=ns, workers=2,
                        epochs=epochs, batch_size=8, timeout=60)
-    wait_for(lambda: run._snapshot.get("global_step", 0) > 30)  # noqa: SLF001
+    wait_for(lambda: global_step(run) > 30)
     assert not run.done, "the run ended before the cut: make it longer"
     lab.network.set_link("lab2", up=False)
     try:
-        time.sleep(3)
+        time.sleep(3)  # deliberate: the link stays down for three seconds
     finally:
         lab.network.set_link("lab2", up=True)
     run.wait(timeout=240)
     assert run.status == "finished" and run.error is None
-    assert run._snapshot["epoch_samples"] == [SAMPLES] * epochs  # noqa: SLF001
+    assert run.stats["epoch_samples"] == [SAMPLES] * epochs
     assert run.nodes["samples"].sum() == SAMPLES * epochs  # no push applied twice
     assert accuracy(ns) > 0.85
 
@@ -181,13 +180,13 @@ def test_a_worker_host_dropped_for_good_is_written_off_and_every_sample_trained_
     epochs = 6
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 4]), namespace=ns, workers=2,
                        epochs=epochs, batch_size=8, timeout=60)
-    wait_for(lambda: run._snapshot.get("global_step", 0) > 30)  # noqa: SLF001
+    wait_for(lambda: global_step(run) > 30)
     assert not run.done, "the run ended before the cut: make it longer"
     lab.network.set_link("lab4", up=False)  # for good: engine 4 is not used after this test
     run.wait(timeout=300)
     assert run.status == "finished" and run.error is None
     nodes = run.nodes.set_index("host")
     assert nodes.loc["lab4", "state"] == "lost" and nodes.loc["lab1", "state"] == "done"
-    assert run._snapshot["epoch_samples"] == [SAMPLES] * epochs  # noqa: SLF001
+    assert run.stats["epoch_samples"] == [SAMPLES] * epochs
     assert nodes["samples"].sum() == SAMPLES * epochs
     assert accuracy(ns) > 0.85

@@ -9,6 +9,7 @@ import time
 import pytest
 
 from nbdist.cluster.watchdog import tagged
+from tests.helpers import wait_for
 
 KERNEL = '''
 import sys
@@ -27,34 +28,31 @@ def _kernel(tmp_path, cluster_id):
     return subprocess.Popen([sys.executable, str(script), cluster_id], stdout=subprocess.PIPE, text=True)
 
 
-def _wait_until_none_left(cluster_id, limit_s=60.0):
-    """The processes of `cluster_id` still running after the watchdog had `limit_s` to act."""
-    end = time.monotonic() + limit_s
-    left = tagged(cluster_id)
-    while left and time.monotonic() < end:
-        time.sleep(0.5)
-        left = tagged(cluster_id)
-    return [(p.pid, " ".join(p.cmdline())[:80]) for p in left if p.is_running()]
+def _left(cluster_id):
+    return [(p.pid, " ".join(p.cmdline())[:80]) for p in tagged(cluster_id) if p.is_running()]
 
 
-@pytest.mark.cluster
 @pytest.mark.slow
 @pytest.mark.parametrize("moment", ["import", "controller", "engines", "started"])
 def test_a_kernel_killed_during_start_leaves_no_process_behind(tmp_path, moment):
     cluster_id = f"nbdist-orphan-{moment}-{time.time_ns() % 10**6}"
     kernel = _kernel(tmp_path, cluster_id)
+
+    def started(kind):
+        return any(f"ipyparallel.{kind}" in " ".join(p.cmdline()) for p in tagged(cluster_id))
+
     try:
         assert kernel.stdout.readline().strip() == "importing"
         if moment == "controller":  # the controller exists, the engines may not yet
-            while not any("ipyparallel.controller" in " ".join(p.cmdline()) for p in tagged(cluster_id)):
-                time.sleep(0.05)
+            wait_for(lambda: started("controller"), 60, poll_s=0.05, what="a controller process")
         elif moment == "engines":  # an engine process exists (it may not be registered)
-            while not any("ipyparallel.engine" in " ".join(p.cmdline()) for p in tagged(cluster_id)):
-                time.sleep(0.05)
+            wait_for(lambda: started("engine"), 60, poll_s=0.05, what="an engine process")
         elif moment == "started":
             assert kernel.stdout.readline().strip() == "started"
             assert len(tagged(cluster_id)) >= 3  # controller and two engines (and nannies)
     finally:
         kernel.kill()
         kernel.wait(10)
-    assert _wait_until_none_left(cluster_id) == []
+    # the watchdog has up to a minute to end them
+    wait_for(lambda: not _left(cluster_id), 60, poll_s=0.5,
+             what=lambda: f"no process of the cluster left (left: {_left(cluster_id)})")

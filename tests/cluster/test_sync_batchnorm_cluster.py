@@ -1,10 +1,10 @@
-"""--sync-batchnorm: BatchNorm statistics over the global batch, on real Horovod ranks."""
+"""--sync-batchnorm: BatchNorm statistics over the global batch, on real Horovod ranks (the
+flag's parsing and checks are in tests/unit/test_config.py and tests/inproc/test_magic_flags.py)."""
 
 import numpy as np
 import pytest
 
 import nbdist
-from nbdist.errors import ConfigError
 
 # One BatchNorm on the inputs and one inside a nested sub-model of a functional model. 100
 # samples at 2 x 64: one step, with uneven batches (64 and 36), as --dbs would give.
@@ -38,31 +38,6 @@ def one_step_on_the_global_batch(cell):
     return read_flat(model)
 
 
-def test_sync_batchnorm_is_opt_in_and_refused_outside_sync_mode():
-    assert not nbdist.TrainConfig(mode="sync").batchnorm_synced
-    assert nbdist.TrainConfig(mode="sync", sync_batchnorm=True).batchnorm_synced
-    assert not nbdist.TrainConfig(mode="sync", sync_batchnorm=False).batchnorm_synced
-    assert not nbdist.TrainConfig(mode="async").batchnorm_synced
-    with pytest.raises(ConfigError, match="needs --mode sync"):
-        nbdist.TrainConfig(mode="async", sync_batchnorm=True)
-
-
-def test_magic_parses_sync_batchnorm_both_ways(ip):
-    from IPython.core.magic_arguments import parse_argstring
-
-    from nbdist.magic import _options
-
-    magics = ip.magics_manager.registry["NbdistMagics"]
-
-    def parse(line):
-        return _options(parse_argstring(magics.distribute, line))
-
-    assert "sync_batchnorm" not in parse("--mode sync")  # not given: TrainConfig decides
-    assert parse("--mode sync --sync-batchnorm")["sync_batchnorm"] is True
-    assert parse("--mode sync --no-sync-batchnorm")["sync_batchnorm"] is False
-
-
-@pytest.mark.cluster
 @pytest.mark.horovod
 def test_sync_batchnorm_statistics_and_step_equal_one_model_on_the_global_batch(cluster):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
@@ -98,7 +73,6 @@ model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_cros
 '''
 
 
-@pytest.mark.cluster
 @pytest.mark.horovod
 def test_sync_batchnorm_in_a_nested_sub_model_trains_with_identical_ranks(cluster):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")

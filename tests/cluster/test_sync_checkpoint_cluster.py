@@ -11,11 +11,10 @@ import pytest
 
 import nbdist
 from nbdist.errors import CheckpointError, ConfigError, WorkersLostError
-from tests.conftest import SYNTHETIC_CELL, _alive
-from tests.helpers import wait_for
+from tests.helpers import SYNTHETIC_CELL, outlives, wait_for
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
-pytestmark = [pytest.mark.cluster, pytest.mark.horovod]
+pytestmark = pytest.mark.horovod
 
 # momentum: the Keras optimizer keeps one slot per weight, which the checkpoint must carry;
 # seeded: the same initial weights in every run
@@ -37,8 +36,6 @@ def accuracy(ns):
     return ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
 
 
-
-
 def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(cluster, tmp_path):
     """Two ranks sum gradients in either order to the same floats, and a resume starts at a
     whole global batch with the momentum restored: the run continues bit for bit."""
@@ -47,7 +44,7 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
 
     run = nbdist.train(MOMENTUM_CELL, cluster=cluster, namespace={}, epochs=4,
                        checkpoint_dir=str(tmp_path), **OPTIONS)
-    wait_for(lambda: run._snapshot.get("epochs_done", 0) >= 1.3)  # noqa: SLF001
+    wait_for(lambda: run.stats.get("epochs_done", 0) >= 1.3)
     run.stop()
     run.wait(timeout=60)
     saved = meta(tmp_path)  # the final checkpoint, taken where rank 0 stopped
@@ -112,7 +109,7 @@ def test_killing_a_sync_worker_fails_the_run_within_60s_and_resume_completes(clu
                                                    r"run.*nbdist.resume\("):
             run.wait(timeout=120)
         failed_after = time.monotonic() - killed
-        assert failed_after < 60 and not _alive(victim)
+        assert failed_after < 60 and not outlives(victim)
     finally:
         own.stop()
     saved = meta(tmp_path)

@@ -4,11 +4,11 @@ import numpy as np
 import pytest
 
 import nbdist
-from nbdist.errors import ConfigError, RemoteCellError, TrainingError
-from tests.conftest import SYNTHETIC_CELL
+from nbdist.errors import RemoteCellError, TrainingError
+from tests.helpers import FASHION_CELL, SYNTHETIC_CELL, global_step, wait_for
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
-pytestmark = [pytest.mark.cluster, pytest.mark.horovod]
+pytestmark = pytest.mark.horovod
 
 
 def test_sync_ranks_end_with_identical_weights_equal_to_the_kernel_model(cluster):
@@ -57,14 +57,9 @@ def test_a_rank_failing_mid_training_fails_the_run_fast_naming_the_engine(cluste
 
 
 def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
-    import time
-
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
                        epochs=100, batch_size=8)
-    deadline = time.monotonic() + 60
-    while run._snapshot.get("global_step", 0) < 20:
-        assert time.monotonic() < deadline
-        time.sleep(0.05)
+    wait_for(lambda: global_step(run) >= 20, 60)
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped"
@@ -73,34 +68,9 @@ def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
 
 
-def test_sync_rejects_parameter_server_options():
-    with pytest.raises(ConfigError, match="no parameter server"):
-        nbdist.TrainConfig(mode="sync", servers=2)
-
-
 @pytest.mark.slow
 def test_sync_fashion_mnist_mlp_reaches_80_percent_in_two_epochs(cluster):
-    from tests.cluster.test_async_cluster import FASHION_CELL
-
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()
     run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
                        epochs=2, batch_size=64, wait=True)
     assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
-
-
-def test_sync_without_horovod_says_how_to_install_it(monkeypatch):
-    import builtins
-
-    from nbdist.errors import DependencyError
-    from nbdist.modes.sync.backend import require_horovod
-
-    real_import = builtins.__import__
-
-    def no_horovod(name, *args, **kwargs):
-        if name.startswith("horovod"):
-            raise ImportError("No module named 'horovod'")
-        return real_import(name, *args, **kwargs)
-
-    monkeypatch.setattr(builtins, "__import__", no_horovod)
-    with pytest.raises(DependencyError, match="make horovod"):
-        require_horovod()

@@ -1,13 +1,12 @@
-"""A learning-rate schedule in the cell's optimizer, in --mode sync (each rank's own Keras optimizer)."""
-
-import time
+"""A learning-rate schedule in the cell's optimizer, in --mode sync (each rank's own Keras optimizer);
+checking and replacing a Keras schedule is tested in tests/inproc/test_learning_rate.py."""
 
 import numpy as np
 import pytest
 
 import nbdist
 from nbdist.errors import ConfigError
-from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 
 SCHEDULE_CELL = '''
 import keras
@@ -33,40 +32,12 @@ SCHEDULED_SYNTHETIC_CELL = SYNTHETIC_CELL.replace(
     "keras.optimizers.SGD(keras.optimizers.schedules.CosineDecay(0.1, decay_steps=10_000))")
 
 
-def test_lr_with_a_schedule_is_refused_naming_both():
-    import keras
-
-    from nbdist.engine.learning_rate import check_lr
-
-    optimizer = keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9))
-    with pytest.raises(ConfigError, match=r"--lr 0.01 replaces a constant .*Adam.*ExponentialDecay. "
-                                          r"Drop --lr, or change the schedule in the cell"):
-        check_lr(0.01, optimizer)
-    check_lr(None, optimizer)  # no --lr: the schedule runs
-    check_lr(0.01, keras.optimizers.Adam(1e-3))  # a constant rate: --lr replaces it
-
-
-def test_set_constant_lr_replaces_a_schedule_once_and_assigns_a_constant():
-    import keras
-
-    from nbdist.engine.learning_rate import schedule_name, set_constant_lr
-
-    optimizer = keras.optimizers.Adam(keras.optimizers.schedules.CosineDecay(1e-3, 100))
-    assert set_constant_lr(optimizer, 5e-4) == "CosineDecay"
-    assert schedule_name(optimizer) is None
-    assert float(optimizer.learning_rate.numpy()) == pytest.approx(5e-4)
-    assert set_constant_lr(optimizer, 2e-4) is None
-    assert float(optimizer.learning_rate.numpy()) == pytest.approx(2e-4)
-
-
-@pytest.mark.cluster
 @pytest.mark.horovod
 def test_sync_lr_flag_with_a_scheduled_optimizer_is_refused_before_any_engine(cluster):
     with pytest.raises(ConfigError, match="ExponentialDecay"):
         nbdist.train(SCHEDULE_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, lr=0.01)
 
 
-@pytest.mark.cluster
 @pytest.mark.horovod
 @pytest.mark.slow
 def test_sync_adam_with_exponential_decay_matches_fit_and_follows_the_schedule(cluster):
@@ -87,22 +58,16 @@ def test_sync_adam_with_exponential_decay_matches_fit_and_follows_the_schedule(c
     assert float(schedule(steps)) < 0.5 * float(schedule(0))  # it did decay
 
 
-@pytest.mark.cluster
 @pytest.mark.horovod
 def test_set_lr_during_a_scheduled_sync_run_replaces_the_schedule_and_says_so(cluster):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     run = nbdist.train(SCHEDULED_SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync",
                        workers=2, epochs=100, batch_size=8)
     with run:
-        deadline = time.monotonic() + 60
-        while run._snapshot.get("global_step", 0) < 5:
-            assert time.monotonic() < deadline, "the run made no progress"
-            time.sleep(0.05)
+        wait_for(lambda: global_step(run) >= 5, 60)
         run.set_lr(0.0123)
-        step = run._snapshot.get("global_step", 0)
-        while run._snapshot.get("global_step", 0) < step + 10:
-            assert time.monotonic() < deadline, "the run made no progress"
-            time.sleep(0.05)
+        step = global_step(run)
+        wait_for(lambda: global_step(run) >= step + 10, 60)
         run.stop()
         run.wait(timeout=60)
     assert any("CosineDecay" in w and "0.0123" in w for w in run.warnings)

@@ -20,7 +20,9 @@ from pathlib import Path
 import nbformat
 import pytest
 
-pytestmark = [pytest.mark.browser, pytest.mark.cluster, pytest.mark.slow]
+from tests.helpers import fed_run
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT = ROOT / "out"
@@ -189,6 +191,7 @@ def run_all_cells(page, jupyter) -> None:
     page.locator(".lm-Menu-itemLabel", has_text="Run All Cells").first.click()
 
 
+@pytest.mark.cluster  # the quickstart notebook starts its own engines
 def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(jupyter):
     from playwright.sync_api import expect, sync_playwright
 
@@ -266,8 +269,6 @@ def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(j
 def test_the_html_report_opens_offline_in_chromium_with_every_panel(tmp_path):
     """`run.report()` is one file: with the network cut, every panel still draws."""
     from playwright.sync_api import expect, sync_playwright
-
-    from tests.cluster.test_dashboard_widget import fed_run
 
     path = fed_run(3, t=8.0).report(tmp_path / "report.html", compare=[fed_run(2, t=5.0)])
     with sync_playwright() as p:

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import nbdist
-from tests.conftest import SYNTHETIC_CELL, _alive
+from tests.helpers import SYNTHETIC_CELL, outlives
 from tests.schedulers import SlurmCluster, mpi_env, mpi_unavailable, slurm_unavailable
 
-pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]  # each test starts engines
 SLURM = slurm_unavailable()
 MPI = mpi_unavailable()
 
@@ -47,7 +47,7 @@ def test_slurm_launcher_starts_engines_as_one_job_that_trains_async_and_sync(tmp
             ns = {}
             run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=2,
                                batch_size=16, wait=True, timeout=60)
-            assert run.status == "finished" and run._snapshot["epoch_samples"] == [900, 900]  # noqa: SLF001
+            assert run.status == "finished" and run.stats["epoch_samples"] == [900, 900]
             ns = {}
             run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
                                epochs=2, batch_size=32, wait=True, timeout=60)
@@ -99,14 +99,4 @@ def test_mpi_launcher_engines_are_mpi_ranks_and_train_sync_through_gloo(ip, monk
     finally:
         ip.run_line_magic("nbdist", "stop")
     for pid in pids:
-        assert not _alive(pid, wait_s=10.0), f"MPI engine {pid} outlived %nbdist stop"
-
-
-def test_unknown_launcher_is_refused_with_the_choices():
-    from nbdist.cluster.engines import Cluster
-    from nbdist.errors import NoClusterError
-
-    with pytest.raises(NoClusterError, match=r"Unknown launcher \(Received: 'pbs'\).*local, slurm, mpi"):
-        Cluster.start(2, launcher="pbs")
-
-
+        assert not outlives(pid, wait_s=10.0), f"MPI engine {pid} outlived %nbdist stop"

@@ -1,4 +1,5 @@
-"""Every notebook runs top to bottom (tiny size) in a real kernel, as a person would run it."""
+"""Every notebook runs top to bottom (tiny size) in a real kernel, as a person would run it
+(how each is committed is checked in tests/unit/test_notebook_files.py)."""
 
 from pathlib import Path
 
@@ -23,17 +24,7 @@ def with_parameters(nb, values: dict):
     raise AssertionError("the notebook has no cell tagged 'parameters'")
 
 
-@pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
-def test_notebook_is_committed_without_outputs_and_with_a_parameters_cell(path):
-    nb = nbformat.read(path, as_version=4)
-    nbformat.validate(nb)
-    code = [c for c in nb.cells if c.cell_type == "code"]
-    assert not [c for c in code if c.get("outputs") or c.get("execution_count")], "clear the outputs"
-    tagged = [c for c in code if "parameters" in c.get("metadata", {}).get("tags", [])]
-    assert len(tagged) == 1 and "EPOCHS" in tagged[0].source and "SAMPLES" in tagged[0].source
-
-
-@pytest.mark.cluster
+@pytest.mark.cluster  # the notebooks start their own engines
 @pytest.mark.slow
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, tmp_path):

@@ -334,3 +334,16 @@ def test_an_unwritable_checkpoint_folder_is_refused_before_training(tmp_path):
     blocker.write_text("")
     with pytest.raises(CheckpointError, match="Cannot write checkpoints to"):
         checkpoint.prepare_dir(str(blocker / "sub"))
+
+
+def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
+    import nbdist
+
+    marker = tmp_path / "pwned"
+    _save(tmp_path / "ckpt", [_hub("asgd")], cell=f"open({str(marker)!r}, 'w').write('x')")
+    with pytest.raises(CheckpointError, match=r"got no cell \(Received: cell=None\).*trust_cell=True"):
+        nbdist.resume(tmp_path / "ckpt", mode="local")
+    assert not marker.exists()
+    with pytest.raises(CheckpointError, match="got no cell"):  # refused before the folder is read
+        nbdist.resume(tmp_path / "missing")
+    assert not marker.exists()

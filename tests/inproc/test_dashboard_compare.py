@@ -13,7 +13,7 @@ from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.dashboard.comparison import compare_figure, comparison_figures, named_runs, run_label
 from nbdist.dashboard.style import PALETTE
 from nbdist.errors import ConfigError
-from nbdist.run.handle import Run
+from tests.helpers import fed_run
 
 
 def history(start: float, pushes: int, batch: int = 32, rate: float = 10.0, evals=()) -> pd.DataFrame:
@@ -127,17 +127,8 @@ def test_runs_without_data_give_a_waiting_figure():
         assert fig["data"] == [] and "waiting for data" in fig["layout"]["title"]["text"]
 
 
-def fed(config: TrainConfig, t: float) -> Run:
-    from tests.cluster.test_dashboard_widget import snapshot
-
-    run = Run(config, model=None, model_name="model")
-    run.status = "running"
-    run._absorb(snapshot(2, t))
-    return run
-
-
 def test_nbdist_compare_and_run_compare_give_a_plotly_figure_of_real_runs(tmp_path):
-    a, b = fed(TrainConfig(), 5.0), fed(TrainConfig(dbs=True), 8.0)
+    a, b = fed_run(2, 5.0), fed_run(2, 8.0, TrainConfig(dbs=True))
     fig = nbdist.compare(a, b, metric="loss", x="samples")
     assert [t.name for t in fig.data] == ["asgd, 2 workers", "asgd, 2 workers, DBS"]
     assert [t.name for t in a.compare(b, metric="delay").data] == [t.name for t in fig.data]
@@ -147,7 +138,7 @@ def test_nbdist_compare_and_run_compare_give_a_plotly_figure_of_real_runs(tmp_pa
 
 
 def test_the_report_can_hold_a_comparison(tmp_path):
-    a, b = fed(TrainConfig(), 5.0), fed(TrainConfig(dbs=True), 8.0)
+    a, b = fed_run(2, 5.0), fed_run(2, 8.0, TrainConfig(dbs=True))
     page = a.report(tmp_path / "r.html", compare=[b]).read_text(encoding="utf-8")
     for name in ("compare_accuracy_time", "compare_accuracy_samples", "compare_loss_time",
                  "compare_loss_samples", "compare_throughput", "compare_delay"):

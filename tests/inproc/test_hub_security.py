@@ -14,10 +14,11 @@ import zmq
 
 from nbdist.core import coordinator as coordinator_module
 from nbdist.core.coordinator import Plan
-from nbdist.errors import CheckpointError, TrainingError
+from nbdist.errors import TrainingError
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import Codec, new_key
 from nbdist.hub.server import Hub, HubSpec
+from tests.helpers import wait_for
 
 SIZE = 1000
 PUSH = {"op": "step", "worker": 0, "push": True, "pull": True, "chunks": [0]}
@@ -58,12 +59,8 @@ def raw_socket(endpoint):
 
 def dropped_after(control, count):
     """The hub's drop counters once `count` drops are in (it answers stats in between)."""
-    for _ in range(200):
-        stats = control.stats()
-        if sum(stats["dropped"].values()) >= count:
-            return stats["dropped"]
-        time.sleep(0.02)
-    return stats["dropped"]
+    return wait_for(lambda: (dropped := control.stats()["dropped"]) and sum(dropped.values()) >= count
+                    and dropped, 30, poll_s=0.02, what=f"{count} dropped message(s)")
 
 
 def assert_untouched(control, size=SIZE):
@@ -88,7 +85,7 @@ def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
     attacker.send_multipart(legit.encode({"op": "nonsense"}, to="hub-0"))  # signed, unknown op
     attacker.send_multipart(legit.encode(PUSH, [np.zeros(SIZE * 8, np.float32)], to="hub-0"))  # too big
     control = HubControl(key, [server.endpoints])
-    dropped = dropped_after(control, 7)
+    dropped = dropped_after(control, 6)
     assert dropped == {"bad signature": 2, "truncated message": 1, "replayed message": 1,
                        "unknown op": 1, "oversized message": 1}
     assert_untouched(control)
@@ -204,10 +201,7 @@ def test_a_message_replayed_to_another_shard_is_dropped():
         control = HubControl(key, [hubs[1].endpoints], name="probe")  # shard 1 answers as hub-0? no:
         line = control.lines[0]
         line.peer = "hub-1"
-        for _ in range(200):
-            if sum(hubs[1].dropped.values()) >= 2:
-                break
-            time.sleep(0.02)
+        wait_for(lambda: sum(hubs[1].dropped.values()) >= 2, 30, poll_s=0.02)
         assert dict(hubs[1].dropped) == {"wrong recipient": 2}
         params = line.request({"op": "params"}).floats(0)
         np.testing.assert_array_equal(params, np.ones(hubs[1].size, np.float32))
@@ -316,10 +310,7 @@ def test_a_written_off_worker_changes_no_shard(monkeypatch):
     try:
         reply = transport.hello()
         chunk = reply["chunks"][0][0]
-        for _ in range(200):  # silent: shard 0 writes it off and tells shard 1 first
-            if control.stats()["lost"]:
-                break
-            time.sleep(0.05)
+        wait_for(lambda: control.stats()["lost"], 30)  # silent: shard 0 writes it off, tells shard 1 first
         assert control.stats()["lost"] == [0]
         transport.grad[:] = 1000.0
         late = transport.step({"chunks": [chunk], "loss": 0.5}, push=True, pull=True)  # the late push
@@ -332,21 +323,6 @@ def test_a_written_off_worker_changes_no_shard(monkeypatch):
         transport.close()
         control.close()
         stop_hubs(key, hubs, threads)
-
-
-def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
-    from test_checkpoint import _hub, _save
-
-    import nbdist
-
-    marker = tmp_path / "pwned"
-    _save(tmp_path / "ckpt", [_hub("asgd")], cell=f"open({str(marker)!r}, 'w').write('x')")
-    with pytest.raises(CheckpointError, match=r"got no cell \(Received: cell=None\).*trust_cell=True"):
-        nbdist.resume(tmp_path / "ckpt", mode="local")
-    assert not marker.exists()
-    with pytest.raises(CheckpointError, match="got no cell"):  # refused before the folder is read
-        nbdist.resume(tmp_path / "missing")
-    assert not marker.exists()
 
 
 def test_nothing_on_nbdist_sockets_is_unpickled():

@@ -5,11 +5,10 @@ import pytest
 
 import nbdist
 from nbdist.errors import NoClusterError, TrainingError
-from tests.conftest import SYNTHETIC_CELL
-
-pytestmark = pytest.mark.slow
+from tests.helpers import SYNTHETIC_CELL, wait_for
 
 
+@pytest.mark.slow  # three epochs
 def test_local_run_trains_and_writes_weights_into_the_callers_model():
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="local", epochs=3, batch_size=32, wait=True)
@@ -51,6 +50,7 @@ def test_nan_in_the_data_is_refused_before_training():
         nbdist.train(cell, namespace={}, mode="local", epochs=1)
 
 
+@pytest.mark.slow  # a run, then every figure into one HTML file
 def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=2, batch_size=32, wait=True)
     path = run.report(tmp_path / "out" / "run.html")
@@ -75,14 +75,10 @@ SCHEDULED_CELL = SYNTHETIC_CELL.replace(
 @pytest.mark.parametrize("local_steps", [1, 2])
 def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     """On the hub (local_steps 1) and on the workers' own optimizer (local_steps 2)."""
-    import time
-
     run = nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
                        local_steps=local_steps)
-    deadline = time.monotonic() + 60
-    while len(run.history) < 5:
-        assert time.monotonic() < deadline and not run.done, "no push in time"
-        time.sleep(0.05)
+    wait_for(lambda: len(run.history) >= 5 or run.done, 60, what="five pushes")
+    assert not run.done, "the run ended before five pushes were seen: make it longer"
     if local_steps == 1:
         assert 0.0 < run.lr <= 0.01  # the schedule's value at the hub's step
     run.set_lr(0.0123)

@@ -52,9 +52,24 @@ def test_every_error_class_says_what_it_is_for():
         assert name in errors.__doc__, f"{name} missing from the tree in errors.py's docstring"
 
 
-def test_every_exception_class_is_exported_and_drawn_in_the_tree():
+def drawn_tree(doc: str) -> dict[str, tuple[str | None, str | None]]:
+    """{class name: (the class drawn above it, the built-in named after it)} read from the
+    box-drawing tree in a docstring: four columns per level."""
+    drawn, stack = {}, []
+    for line in doc.splitlines():
+        found = re.search(r"\b(\w+Error)\b(?: \((\w+)\))?", line)
+        if not found or not re.fullmatch(r"[ │├└─]*", line[:found.start()]):
+            continue
+        depth = found.start() // 4
+        del stack[depth - 1:]
+        drawn[found[1]] = (stack[-1] if stack else None, found[2])
+        stack.append(found[1])
+    return drawn
+
+
+def test_every_exception_class_is_exported_and_drawn_in_the_tree_under_its_parent():
     """The errors module's docstring is the map users read: every class must be on it, under
-    its parent, and in `__all__` (WorkersLostError was missing from both)."""
+    its own parent, and in `__all__` (WorkersLostError was missing from both)."""
     import inspect
 
     from nbdist import errors
@@ -62,9 +77,23 @@ def test_every_exception_class_is_exported_and_drawn_in_the_tree():
     classes = {name: cls for name, cls in vars(errors).items()
                if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == errors.__name__}
     assert sorted(errors.__all__) == sorted(classes)
-    tree = errors.__doc__
+    tree = drawn_tree(errors.__doc__)
+    assert sorted(tree) == sorted(classes), "the tree draws other classes than errors.py defines"
     for name, cls in classes.items():
-        assert f" {name} " in tree or f"{name}\n" in tree or f" {name}(" in tree, f"{name} not drawn"
-        parent = cls.__bases__[0].__name__
-        if parent != "Exception":  # drawn after (under) its parent, indented further
-            assert tree.index(f"{parent}") < tree.index(f" {name}"), (name, parent)
+        parent, builtin = tree[name]
+        own = [b.__name__ for b in cls.__bases__ if b.__module__ == errors.__name__]
+        assert [parent] == (own or [None]), f"{name} is drawn under {parent}, its parent is {own}"
+        if builtin is not None:
+            assert builtin in [b.__name__ for b in cls.__mro__], f"{name} is no {builtin}"
+
+
+def test_the_tree_reader_sees_a_class_drawn_under_the_wrong_parent():
+    doc = """
+    NbdistError
+    ├── TrainingError (RuntimeError)        the run failed
+    └── CheckpointError (ValueError)        a checkpoint is corrupt
+        └── WorkersLostError                every worker was lost
+"""
+    assert drawn_tree(doc) == {"NbdistError": (None, None), "TrainingError": ("NbdistError", "RuntimeError"),
+                               "CheckpointError": ("NbdistError", "ValueError"),
+                               "WorkersLostError": ("CheckpointError", None)}

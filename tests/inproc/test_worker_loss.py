@@ -154,7 +154,7 @@ def train_until_done(t, reply, applied, clock=None, deadline_s=30.0):
             applied.append(cid)
         else:
             if clock is None:
-                time.sleep(0.02)
+                time.sleep(0.02)  # deliberate: a worker without a chunk asks again a moment later
             reply = t.step({}, push=False, pull=False)
     return reply
 

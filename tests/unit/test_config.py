@@ -126,3 +126,59 @@ def test_encrypt_refuses_a_cluster_without_curvezmq():
         require_curve(client, True, "profile='p'")
     assert client.closed
     require_curve(Plain(), False, "profile='p'")  # without --encrypt any cluster will do
+
+
+# -- refused before any engine is asked (moved from the cluster tests, which need none) ---------
+
+
+def test_unknown_algo_option_is_refused_before_anything_starts():
+    with pytest.raises(ConfigError, match="Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04"):
+        TrainConfig(algorithm="dc-asgd", algo_options="lamda=1")
+
+
+def test_sync_rejects_parameter_server_options():
+    with pytest.raises(ConfigError, match="no parameter server"):
+        TrainConfig(mode="sync", servers=2)
+
+
+def test_sync_without_horovod_says_how_to_install_it(monkeypatch):
+    import builtins
+
+    from nbdist.errors import DependencyError
+    from nbdist.modes.sync.backend import require_horovod
+
+    real_import = builtins.__import__
+
+    def no_horovod(name, *args, **kwargs):
+        if name.startswith("horovod"):
+            raise ImportError("No module named 'horovod'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_horovod)
+    with pytest.raises(DependencyError, match="make horovod"):
+        require_horovod()
+
+
+def test_sync_batchnorm_is_opt_in_and_refused_outside_sync_mode():
+    assert not TrainConfig(mode="sync").batchnorm_synced
+    assert TrainConfig(mode="sync", sync_batchnorm=True).batchnorm_synced
+    assert not TrainConfig(mode="sync", sync_batchnorm=False).batchnorm_synced
+    assert not TrainConfig(mode="async").batchnorm_synced
+    with pytest.raises(ConfigError, match="needs --mode sync"):
+        TrainConfig(mode="async", sync_batchnorm=True)
+
+
+def test_unknown_launcher_is_refused_with_the_choices():
+    from nbdist.cluster.engines import Cluster
+    from nbdist.errors import NoClusterError
+
+    with pytest.raises(NoClusterError, match=r"Unknown launcher \(Received: 'pbs'\).*local, slurm, mpi"):
+        Cluster.start(2, launcher="pbs")
+
+
+@pytest.mark.parametrize("factor", [0, -1, 1e9, float("inf")])
+def test_absurd_live_slowdown_is_refused_in_the_kernel(factor):
+    from nbdist.run.handle import Run
+
+    with pytest.raises(ConfigError, match="--slowdown factors must be between 1"):
+        Run(TrainConfig(), model=None, model_name="model").set_slowdown(0, factor)

@@ -14,6 +14,7 @@ from nbdist.hub.wire import admit, check_fields
 from nbdist.modes.async_ps.backend import ClusterBackend
 from nbdist.modes.async_ps.elastic import add_workers
 from nbdist.run.handle import Run
+from tests.helpers import end
 
 
 def backend(stream=False, bound="127.0.0.1", hub_host="a"):
@@ -88,9 +89,7 @@ def test_add_workers_is_refused_outside_async_mode(mode):
 
 
 def test_add_workers_is_refused_once_the_run_has_ended():
-    run = Run(TrainConfig(), model=None, model_name="model")
-    run.status = "finished"
-    run._done.set()
+    run = end(Run(TrainConfig(), model=None, model_name="model"), "finished")
     with pytest.raises(TrainingError, match=r"The run is finished.*Received: run.add_workers\(\[2\]\)"):
         run.add_workers([2])
 

@@ -1,26 +1,9 @@
-"""Per-worker traffic: bytes counted on the sockets, kept by the coordinator, turned into
-bytes/s by the kernel."""
-
-import numpy as np
-import zmq
+"""Per-worker traffic: bytes counted on the sockets (tests/inproc/test_send_frames.py), kept
+by the coordinator, turned into bytes/s by the kernel."""
 
 from nbdist.core.coordinator import Coordinator, Plan
 from nbdist.core.stats import WorkerStats
 from nbdist.core.traffic import TrafficRates
-from nbdist.hub.protocol import send_frames
-
-
-def test_send_frames_returns_the_bytes_the_other_end_receives():
-    ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
-    try:
-        a.bind("inproc://traffic"), b.connect("inproc://traffic")
-        big = np.zeros(100_000, dtype=np.float32)  # sent without a copy
-        sent = send_frames(a, [b'{"op":"step"}', memoryview(b"x" * 32), big])
-        received = sum(len(f) for f in b.recv_multipart(copy=False))
-        assert sent == received == 13 + 32 + 400_000
-    finally:
-        a.close(0), b.close(0), ctx.term()
 
 
 def test_node_row_splits_tcp_and_shared_memory_bytes():

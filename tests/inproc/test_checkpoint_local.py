@@ -1,0 +1,75 @@
+"""Checkpoint and resume of real runs in this kernel (--mode local): bit-for-bit resume,
+periodic checkpoints, and what a run without a checkpoint folder says."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.errors import ConfigError, TrainingError
+from tests.helpers import SYNTHETIC_CELL, epoch_ends, wait_for
+
+SEEDED_CELL = SYNTHETIC_CELL.replace("model = keras", "keras.utils.set_random_seed(3)\nmodel = keras")
+
+
+def weights(ns):
+    return np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
+
+
+@pytest.mark.slow
+def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path):
+    """One worker is deterministic: a resume that restores weights, DDC-ASGD's momentum and
+    running mean, the version and the data position must continue bit for bit."""
+    options = dict(mode="local", epochs=2, batch_size=8, algorithm="ddc-asgd", slowdown=[5])
+    straight = {}
+    nbdist.train(SEEDED_CELL, namespace=straight, wait=True, **options)
+    first = {}
+    run = nbdist.train(SEEDED_CELL, namespace=first, checkpoint_dir=str(tmp_path), **options)
+    wait_for(lambda: run.nodes["samples"].sum() >= 300)  # a third into the first epoch
+    run.stop()
+    run.wait()
+    meta = json.loads((tmp_path / "meta.json").read_text())
+    done = meta["schedule"]["done"]
+    assert run.status == "stopped" and run.last_checkpoint == str(tmp_path / "meta.json")
+    assert 300 <= done < 900 and meta["shards"][0]["version"] > 0
+    resumed = {}
+    again = nbdist.resume(tmp_path, SEEDED_CELL, namespace=resumed, wait=True)
+    assert again.status == "finished"
+    assert again.nodes["samples"].sum() == 2 * 900 - done  # nothing trained twice, nothing skipped
+    assert epoch_ends(again) == [0, 1]
+    np.testing.assert_array_equal(weights(resumed), weights(straight))
+
+
+@pytest.mark.slow
+def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path):
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=4, batch_size=8,
+                       checkpoint_dir=str(tmp_path), checkpoint_every=0.5)
+    wait_for(lambda: run.last_checkpoint is not None or run.done)
+    assert not run.done  # the first checkpoint came from the timer, not the end of the run
+    mid = json.loads((tmp_path / "meta.json").read_text())
+    assert mid["epochs_done"] < 4
+    path = run.checkpoint(str(tmp_path / "by-hand"))
+    assert path == str(tmp_path / "by-hand" / "meta.json")
+    run.wait()
+    final = json.loads((tmp_path / "meta.json").read_text())
+    assert final["epochs_done"] == 4 and final["created"] > mid["created"]
+    before = json.loads((tmp_path / "meta.1.json").read_text())  # KEEP=2: the one before stays
+    assert before["created"] < final["created"]
+    assert sorted(p for p in os.listdir(tmp_path) if p.endswith(".npz")) == sorted(
+        {final["arrays_file"], before["arrays_file"]})
+    with pytest.raises(TrainingError, match="nothing to checkpoint"):
+        run.checkpoint()
+    with pytest.raises(ConfigError, match="epochs 2 is fewer"):
+        nbdist.resume(tmp_path, SYNTHETIC_CELL, namespace={}, epochs=2)
+    longer = nbdist.resume(tmp_path, trust_cell=True, namespace={}, epochs=5, wait=True)  # train one epoch more
+    assert longer.nodes["samples"].sum() == 900 and epoch_ends(longer) == [4]
+
+
+@pytest.mark.slow
+def test_checkpoint_without_a_folder_says_how_to_give_one():
+    with nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=50) as run:
+        with pytest.raises(ConfigError, match="No checkpoint folder.*--checkpoint-dir"):
+            run.checkpoint()
+        run.stop()
