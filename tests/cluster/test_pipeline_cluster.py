@@ -79,7 +79,7 @@ def _initial(cell: str) -> list:
 
 
 def test_the_magic_trains_with_validation_and_shows_profile_partition_and_timeline(ip, cluster, tmp_path):
-    from tests.conftest import SYNTHETIC_CELL
+    from tests.helpers import SYNTHETIC_CELL
 
     magics = ip.magics_manager.registry["NbdistMagics"]
     magics.cluster = cluster

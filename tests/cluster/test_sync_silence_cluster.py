@@ -6,7 +6,7 @@ the sync stop/resume test, whose first evaluation after a resume was slow under 
 import pytest
 
 import nbdist
-from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import SYNTHETIC_CELL
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
 pytestmark = [pytest.mark.cluster, pytest.mark.horovod]

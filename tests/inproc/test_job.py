@@ -6,7 +6,7 @@ import pytest
 import nbdist
 from nbdist.config import TrainConfig
 from nbdist.job import prepare_job
-from tests.conftest import SYNTHETIC_CELL
+from tests.helpers import SYNTHETIC_CELL
 
 
 def test_the_job_holds_what_the_kernel_decided_and_the_plan_once_the_workers_are_known():
