@@ -137,7 +137,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     if config.mode is Mode.SIMULATE:
         from nbdist.modes.simulate.simulation import start_simulation
 
-        return start_simulation(config, contents, ns, wait, optimizer, warnings)
+        return start_simulation(config, contents, ns, wait, optimizer, warnings, cluster)
 
     from nbdist.engine.flatmodel import read_flat
     from nbdist.hub.client import HubControl

@@ -32,7 +32,7 @@ import numpy as np
 from nbdist.core.barrier import GroupBarrier, GroupStep
 from nbdist.core.coordinator import Coordinator, Plan
 from nbdist.core.schedule import epoch_permutation
-from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
+from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
 from nbdist.core.updater import make_updater
 from nbdist.errors import DataError, TrainingError
 
@@ -136,21 +136,15 @@ class Simulation:
 
     # -- the play ----------------------------------------------------------------------------
 
-    def calibrate(self, batch: int) -> CostModel:
-        """Time the real gradient step at two batch sizes and fit the cost model (rounded)."""
-        import time
+    def calibrate(self, batch: int, cluster=None) -> CostModel:
+        """Measure the model's step and the hub's round trip (`calibrate.py`); use the fit."""
+        from nbdist.modes.simulate.calibrate import calibrate
 
-        points = []
-        for b in (batch, max(1, batch // 4), batch, max(1, batch // 4)):
-            x, y = self.x[:b], self.y[:b]
-            self.flat.assign_and_gradients(self.params, self.non_trainable, x, y)  # warm, traced
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                self.flat.assign_and_gradients(self.params, self.non_trainable, x, y)
-                times.append(time.perf_counter() - t0)
-            points.append((b, float(np.median(times))))
-        self.cost = fit_cost(points, self.options.jitter)
+        found = calibrate(self.flat, self.params, self.non_trainable, self.x, self.y, batch,
+                          self.options.jitter, cluster)
+        self.cost = found.cost
+        self.coordinator.stats.record_event("sim_calibration", 0.0, **found.as_event())
+        self.calibration = found
         return self.cost
 
     def run(self) -> None:
@@ -360,9 +354,10 @@ class SimBackend:
 
 
 def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: dict | None,
-                     warnings: list[str]):
+                     warnings: list[str], cluster=None):
     """Build the simulation of `config` for the cell's model and arrays; start it; a Run.
-    `optimizer` is what the hub applies and `warnings` go to `run.warnings` (`nbdist.api`)."""
+    `optimizer` is what the hub applies and `warnings` go to `run.warnings` (`nbdist.api`);
+    `cluster`, if any, is where `--sim calibrate=1` measures."""
     import uuid
 
     from nbdist.api import _plan, _workers_rate
@@ -386,10 +381,14 @@ def start_simulation(config, contents, namespace: dict, wait: bool, optimizer: d
     options = sim_options(config.sim)
     simulation = Simulation(plan, rule_options, _flat_model(model), (x, y), validation, params,
                             non_trainable, options, config.seed, optimizer)
+    notes = list(contents.notes)
     if options.calibrate:
-        simulation.calibrate(config.batch_size)
+        from nbdist.modes.simulate.calibrate import describe
+
+        simulation.calibrate(config.batch_size, cluster)
+        notes.append(describe(simulation.calibration))
     backend = SimBackend(simulation)
-    run = Run(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
+    run = Run(config, model, contents.model_name, contents.warnings + warnings, notes)
     backend.start()
     run._begin(backend, simulation, f"sim-{uuid.uuid4().hex[:8]}")  # noqa: SLF001
     if wait:
