@@ -185,6 +185,9 @@ def write_report(path: Path, rows: list[dict], calibration: dict, args, command:
         f"{platform.python_version()}, {platform.machine()}). Every run is `--mode simulate` with real gradients "
         "and a cost model measured on this machine; with `--reuse-calibration` the same command repeats every "
         "number exactly (on the same TensorFlow build and CPU kind).", "",
+        *(["**Interrupted study**: the report covers the runs done before it was stopped (see the seeds and "
+           "settings in each regime's results); verdicts with fewer pairs are weaker.", ""]
+          if getattr(args, "partial", False) else []),
         f"Set-up: Fashion-MNIST, first {args.samples} training images, 1,000 test images as validation; plain "
         f"SGD, batch 32, {args.epochs} epochs (the budget at which sequential SGD, 1 worker, has flattened: see its "
         f"rows); seeds {', '.join(map(str, args.seeds))}; step time = slowdown × (per step + per sample × batch) × "

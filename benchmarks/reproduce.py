@@ -76,7 +76,7 @@ PLAN = [  # (profiles, algorithms): the cells of the study, per regime and seed
     (HETERO8, ["asgd", "dbs", "dbs+slr", "dbs+dc-asgd-a", "softsync-a0/tau"]),
     (HETERO, ["asgd", "group", "sync"]),
 ]
-REGIMES = {"compute": {"model": "cnn", "lr": 0.05}, "overhead": {"model": "mlp", "lr": 0.1}}
+REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}  # quick one first
 BATCH, JITTER, VALIDATION = 32, 0.1, 1000
 CELL = """
 model = MODEL
@@ -213,6 +213,7 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(raw.read_text())
         for key, value in saved["args"].items():
             setattr(args, key, value)
+        args.partial = saved.get("partial", False)
         path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
                             saved["elapsed"])
         print(f"wrote {path}")
@@ -224,6 +225,14 @@ def main(argv: list[str] | None = None) -> int:
             args.algorithms = ["sgd", "asgd", "ddc-asgd"]
     saved_cost = json.loads(raw.read_text())["calibration"] if args.reuse_calibration else {}
     rows, calibration, started = [], {}, time.perf_counter()
+    command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms")}
+    raw.parent.mkdir(parents=True, exist_ok=True)
+
+    def save(elapsed: float, partial: bool) -> None:
+        """The rows so far: an interrupted study can still be reported (--report-only)."""
+        raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "partial": partial, "args": kept,
+                                   "calibration": calibration, "rows": rows}))
     todo = cells(args)
     total = len(args.regimes) * len(args.seeds) * len(todo)
     for regime in args.regimes:
@@ -248,14 +257,11 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {regime} {profile} seed={seed} "
                       f"{algo:15s} " + ("DIVERGED" if "acc_end" not in r else
                                         f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"), flush=True)
+                save(time.perf_counter() - started, partial=True)
         print(f"{regime}: target accuracy {target_of(rows, regime):.3f}", flush=True)
     rows += pipeline_rows(args)
     elapsed = time.perf_counter() - started
-    command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    raw.parent.mkdir(parents=True, exist_ok=True)
-    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms")}
-    raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "args": kept, "calibration": calibration,
-                               "rows": rows}))
+    save(elapsed, partial=False)
     path = write_report(Path(args.out), rows, calibration, args, command, elapsed)
     print(f"wrote {path} ({elapsed:.0f} s)")
     return 0
