@@ -196,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help="smoke run: overhead regime, 4 workers, 1 seed")
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
-    p.add_argument("--samples", type=int, default=6000)
+    p.add_argument("--samples", type=int, default=4000)
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
