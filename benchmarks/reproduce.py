@@ -1,36 +1,38 @@
-"""The seeds' claims, reproduced (or not) with `--mode simulate`: deterministic, minutes on a laptop.
+"""The seeds' claims in the seeds' own regime: calibrated cost models, 4 to 16 workers, the
+rules composed as the papers did. Runs `--mode simulate`; writes results/reproduce.md.
 
 What it runs
-    Fashion-MNIST (the first `--samples` training images, the first 2,000 test images as
-    validation), a 784-128-10 MLP trained with plain SGD, 4 virtual workers at batch 32, for
-    `--epochs` epochs, under three slow-down profiles (homogeneous 1,1,1,1; 1,1,2,2; 1,1,2,4),
-    for every learning rate of `--lrs` and every seed of `--seeds`, with nine algorithms:
-    sync (the batch-weighted mean of all gradients per step), asgd, dc-asgd-a, ddc-asgd,
-    asgd+dbs, ddc-asgd+dbs, softsync (n=1: the mean of every 4 pushes), ssp (S=3) and group
-    (speed groups, rate lr·B_g/B_ref). The seed fixes the initial weights, the data order and
-    the step-time jitter (`jitter=0.1`: each step's time times exp(0.1·N(0,1))).
+    Two regimes, each a model with its cost model *measured* on this machine (`--sim
+    calibrate`'s code, nbdist/modes/simulate/calibrate.py: the real gradient step at three
+    batch sizes and a real hub's push+pull round trip, five times; the median fit is used):
+      compute   a small CNN (conv 32, conv 64, 3x3, each with 2x2 pooling, dense 10): the
+                per-sample cost dominates a step, as on the papers' GPU and CPU clusters;
+      overhead  the 784-128-10 MLP of the first study: the fixed cost per step (call,
+                assignment, round trip) dominates.
+    Both train with plain SGD at batch 32 on the first `--samples` Fashion-MNIST images for
+    `--epochs` epochs (where sequential SGD, 1 worker, has flattened out), validated on the
+    first 1,000 test images. Step times get a jitter exp(0.1 N(0,1)); the seed fixes the initial
+    weights, the data order and the jitter, so every comparison is paired by seed.
 
-    Every run is `nbdist.train(..., mode="simulate")`: real gradients, the real rules and
-    coordinator, virtual step times (default cost model: 1 ms + 20 µs per sample, times the
-    worker's slow-down). So the numbers do not depend on the machine's load and regenerate
-    exactly on the same TensorFlow build and CPU kind.
+    Settings (slow-down profiles):
+      scale    4, 8 and 16 homogeneous workers: sequential SGD, asgd, dc-asgd (-c), dc-asgd-a,
+               ddc-asgd (the DC-ASGD and DDC-ASGD papers' setting);
+      hetero   8 workers 1:1:2:4 (two nodes of each kind... 1,1,2,4,1,1,2,4), 8 workers 1:2:4:8,
+               16 workers with a quarter of the nodes 4x slower: asgd, dbs, dbs+staleness-lr,
+               dbs+dc-asgd-a, softsync with alpha0/tau (n=1, staleness-lr), group and sync
+               (DBS only at 8 workers, as the DBS paper; group and sync on all three).
 
-Metrics (each the mean over seeds, with the spread: ± half the range over seeds)
-    acc@T, loss@T   validation accuracy / loss of the hub's weights at a fixed virtual budget T:
-                    the time perfectly used workers would need for half the work
-                    (T = 0.5 · epochs · samples · cost(32) / (32 · Σ 1/slowdown_i));
-    acc@end, loss@end   after `--epochs` epochs: equal work (every sample seen `epochs` times,
-                    so the same number of gradients for every algorithm);
-    t→target        first virtual time the validation accuracy reaches `--target`
-                    (evaluated every T/4; "-" when never);
-    delay mean/p95  staleness of the pushes (versions);
-    div             runs (of the seeds) that diverged: a NaN/inf loss, or loss@end above
-                    ln 10 (worse than guessing).
+Metrics per run: accuracy and loss after the fixed epochs (equal work), at a virtual budget T
+(half the work at perfect utilisation of the profile), the virtual time to a target accuracy
+(sequential SGD's accuracy after its first epoch), the staleness of every push. The claims, the
+verdict rule (a paired sign test over seeds and settings) and the report are in
+_reproduce_report.py.
 
 Usage
-    python benchmarks/reproduce.py                  # the full study (see README for its time)
-    python benchmarks/reproduce.py --quick          # smoke run: 1 profile, 1 seed, 3 algorithms
-    python benchmarks/reproduce.py --out /tmp/r.md  # write elsewhere
+    python benchmarks/reproduce.py                  # the full study (~25 min on an idle 2-core machine)
+    python benchmarks/reproduce.py --quick          # smoke run, under 2 minutes: overhead regime, 4 workers
+    python benchmarks/reproduce.py --regimes overhead --seeds 0 1 2   # a subset
+    python benchmarks/reproduce.py --reuse-calibration   # the saved cost models: repeats runs exactly
     python benchmarks/reproduce.py --report-only    # re-write the report from the saved runs
 """
 
@@ -41,80 +43,112 @@ import json
 import math
 import sys
 import time
+from collections import Counter
 from pathlib import Path
 
 import _common  # noqa: F401 - quiets TensorFlow, puts the checkout on sys.path
 import numpy as np
-from _reproduce_report import write_report
+from _reproduce_report import target_of, write_report
 
-ALGORITHMS = {
+ALGORITHMS = {  # name -> nbdist.train options
+    "sgd": {"algorithm": "asgd"},  # sequential SGD: run with 1 worker
     "sync": {"sim_extra": "sync=1"},
     "asgd": {"algorithm": "asgd"},
+    "dc-asgd-c": {"algorithm": "dc-asgd"},
     "dc-asgd-a": {"algorithm": "dc-asgd-a"},
     "ddc-asgd": {"algorithm": "ddc-asgd"},
-    "asgd+dbs": {"algorithm": "asgd", "dbs": True},
-    "ddc-asgd+dbs": {"algorithm": "ddc-asgd", "dbs": True},
-    "softsync": {"algorithm": "softsync", "n": 1},
-    "ssp": {"algorithm": "ssp", "staleness": 3},
+    "dbs": {"algorithm": "asgd", "dbs": True},
+    "dbs+slr": {"algorithm": "asgd", "dbs": True, "staleness_lr": True},
+    "dbs+dc-asgd-a": {"algorithm": "dc-asgd-a", "dbs": True},
+    "softsync-a0/tau": {"algorithm": "softsync", "n": 1, "staleness_lr": True},
     "group": {"algorithm": "group"},
 }
-PROFILES = ["1,1,1,1", "1,1,2,2", "1,1,2,4"]
+PROFILES = {  # name -> slow-down per worker
+    "4w": "1,1,1,1", "8w": ",".join(["1"] * 8), "16w": ",".join(["1"] * 16),
+    "8w 1:1:2:4": "1,1,2,4,1,1,2,4", "8w 1:2:4:8": "1,2,4,8,1,2,4,8", "16w 1/4 x4": ",".join(["1,1,1,4"] * 4),
+}
+SCALE = ["4w", "8w", "16w"]
+HETERO8 = ["8w 1:1:2:4", "8w 1:2:4:8"]
+HETERO = [*HETERO8, "16w 1/4 x4"]
+PLAN = [  # (profiles, algorithms): the cells of the study, per regime and seed
+    (["1w"], ["sgd"]),
+    (SCALE, ["asgd", "dc-asgd-c", "dc-asgd-a", "ddc-asgd"]),
+    (HETERO8, ["asgd", "dbs", "dbs+slr", "dbs+dc-asgd-a", "softsync-a0/tau"]),
+    (HETERO, ["asgd", "group", "sync"]),
+]
+REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}  # quick one first
+BATCH, JITTER, VALIDATION = 32, 0.1, 1000
 CELL = """
 model = MODEL
 model.set_weights(init_weights)
 """
-BATCH = 32
-JITTER = 0.1
-PER_STEP, PER_SAMPLE = 1e-3, 2e-5  # the simulator's default cost model, written out
 
 
-def budget(profile: str, samples: int, epochs: int) -> float:
+def slowdowns(profile: str) -> list[float]:
+    return [1.0] if profile == "1w" else [float(s) for s in PROFILES[profile].split(",")]
+
+
+def budget(profile: str, cost: dict, samples: int, epochs: int) -> float:
     """T: half the work at perfect utilisation of the profile's workers."""
-    slow = [float(s) for s in profile.split(",")]
-    step = PER_STEP + PER_SAMPLE * BATCH
-    return 0.5 * epochs * samples * step / (BATCH * sum(1 / s for s in slow))
+    step = cost["per_step_s"] + cost["per_sample_s"] * BATCH
+    return 0.5 * epochs * samples * step / (BATCH * sum(1 / s for s in slowdowns(profile)))
 
 
-def load(samples: int):
+def load(samples: int, image: bool):
     from nbdist.datasets import load_fashion_mnist
 
     (x, y), (xt, yt) = load_fashion_mnist()
-    x = x.reshape(len(x), -1)[:samples].astype("float32") / 255.0
-    xt = xt.reshape(len(xt), -1)[:2000].astype("float32") / 255.0
-    return x, y[:samples].astype("int64"), xt, yt[:2000].astype("int64")
+    shape = (-1, 28, 28, 1) if image else (-1, 784)
+    x = x[:samples].reshape(shape).astype("float32") / 255.0
+    xt = xt[:VALIDATION].reshape(shape).astype("float32") / 255.0
+    return x, y[:samples].astype("int64"), xt, yt[:VALIDATION].astype("int64")
 
 
-def build_model():
+def build_model(kind: str):
     import keras
 
-    model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(128, activation="relu"),
-                              keras.layers.Dense(10, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
-                  metrics=["accuracy"])
+    layers = keras.layers
+    if kind == "cnn":
+        stack = [keras.Input((28, 28, 1)), layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(),
+                 layers.Conv2D(64, 3, activation="relu"), layers.MaxPooling2D(), layers.Flatten()]
+    else:
+        stack = [keras.Input((784,)), layers.Dense(128, activation="relu")]
+    model = keras.Sequential([*stack, layers.Dense(10, activation="softmax")])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
     return model
 
 
-def initial_weights(seed: int) -> list:
-    import keras
+def calibrate_regime(model, x, y, repeats: int) -> dict:
+    """`--sim calibrate`'s measurement, `repeats` times in this kernel; the median fit is used."""
+    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat
+    from nbdist.modes.simulate.calibrate import calibrate
 
-    keras.utils.set_random_seed(seed)
-    return build_model().get_weights()
+    ensure_built(model, x[:2])
+    params, nt = read_flat(model)
+    found = [calibrate(FlatModel(model), params, nt, x, y, BATCH) for _ in range(repeats)]
+    each = [{"per_step_s": c.cost.per_step_s, "per_sample_s": c.cost.per_sample_s,
+             "compute_per_step_s": c.compute_per_step_s, "hub_round_trip_s": c.hub_round_trip_s,
+             "points": c.points} for c in found]
+    used = {k: float(np.median([c[k] for c in each])) for k in ("per_step_s", "per_sample_s")}
+    return {**used, "where": found[0].where, "params": int(params.size), "each": each}
 
 
-def one_run(ns: dict, algo: str, profile: str, lr: float, seed: int, args) -> dict:
+def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dict, args) -> dict:
     import nbdist
     from nbdist.errors import TrainingError
 
     spec = dict(ALGORITHMS[algo])
-    t_budget = budget(profile, args.samples, args.epochs)
-    sim = f"jitter={JITTER},eval_every={t_budget / 4!r}"
+    t_budget = budget(profile, cost, args.samples, args.epochs)
+    sim = (f"jitter={JITTER},eval_every={t_budget / 4!r},per_step={cost['per_step_s']!r},"
+           f"per_sample={cost['per_sample_s']!r}")
     if spec.pop("sim_extra", None):
         sim += ",sync=1"
     ns["init_weights"] = ns["INITS"][seed]
-    row = {"algo": algo, "profile": profile, "lr": lr, "seed": seed, "T": t_budget}
+    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget}
     try:
-        run = nbdist.train(CELL, namespace=ns, mode="simulate", workers=4, slowdown=profile, lr=lr,
-                           epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim, wait=True, **spec)
+        run = nbdist.train(CELL, namespace=ns, mode="simulate", slowdown=PROFILES.get(profile, "1"),
+                           lr=REGIMES[regime]["lr"], epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim,
+                           wait=True, **spec)
     except TrainingError:
         return {**row, "diverged": True}
     h = run.history
@@ -122,29 +156,54 @@ def one_run(ns: dict, algo: str, profile: str, lr: float, seed: int, args) -> di
     pushes = h.dropna(subset=["loss"])
     at_t = evals[evals["time"] <= t_budget * (1 + 1e-9)]
     last = evals.iloc[-1]
-    reached = evals[evals["val_accuracy"] >= args.target]
     row.update(
         acc_T=float(at_t["val_accuracy"].iloc[-1]) if len(at_t) else math.nan,
         loss_T=float(at_t["val_loss"].iloc[-1]) if len(at_t) else math.nan,
         acc_end=float(last["val_accuracy"]), loss_end=float(last["val_loss"]),
-        t_target=float(reached["time"].iloc[0]) if len(reached) else math.nan,
         delay_mean=float(pushes["delay"].mean()), delay_p95=float(np.percentile(pushes["delay"], 95)),
+        delays={str(k): int(v) for k, v in sorted(Counter(pushes["delay"].astype(int)).items())},
+        batch_min=int(pushes["batch_size"].min()), batch_max=int(pushes["batch_size"].max()),
         end_time=float(h["time"].max()), pushes=len(pushes),
-        curve=[(float(t), float(a)) for t, a in zip(evals["time"], evals["val_accuracy"], strict=True)])
+        curve=[(float(t), float(a), float(v)) for t, a, v in zip(evals["time"], evals["val_accuracy"],
+                                                                 evals["val_loss"], strict=True)])
     row["diverged"] = not (row["loss_end"] <= math.log(10))
     return row
 
 
+def pipeline_rows(args) -> list[dict]:
+    """The hook for the thesis's greedy-vs-random partition claim (-34% training time): it needs
+    `--mode pipeline` on a real cluster (benchmarks/pipeline.py), not a simulation. Until that
+    mode exists this returns nothing and the report says "not measured yet"."""
+    import importlib.util
+
+    if importlib.util.find_spec("nbdist.modes.pipeline") is None:
+        return []
+    return []  # wire benchmarks/pipeline.py's paired greedy/random timings in here
+
+
+def cells(args) -> list[tuple[str, str]]:
+    """(profile, algorithm) pairs of the study, without repeats, in PLAN order."""
+    out: list[tuple[str, str]] = []
+    for profiles, algos in PLAN:
+        for profile in profiles:
+            for algo in algos:
+                if profile in args.profiles + ["1w"] and algo in args.algorithms and (profile, algo) not in out:
+                    out.append((profile, algo))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: 1 profile, 1 seed, 1 rate, 3 algorithms")
-    p.add_argument("--samples", type=int, default=10000)
-    p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-    p.add_argument("--lrs", type=float, nargs="+", default=[0.1, 0.2, 0.3])
-    p.add_argument("--profiles", nargs="+", default=PROFILES)
+    p.add_argument("--quick", action="store_true", help="smoke run: overhead regime, 4 workers, 1 seed")
+    p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
+    p.add_argument("--samples", type=int, default=4000)
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
+    p.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
-    p.add_argument("--target", type=float, default=0.75, help="validation accuracy for t->target")
+    p.add_argument("--calibrations", type=int, default=5, help="measurements per regime (median used)")
+    p.add_argument("--reuse-calibration", action="store_true",
+                   help="use the cost models saved next to --out instead of measuring: repeats the runs exactly")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")
@@ -154,32 +213,56 @@ def main(argv: list[str] | None = None) -> int:
         saved = json.loads(raw.read_text())
         for key, value in saved["args"].items():
             setattr(args, key, value)
-        print(f"wrote {write_report(Path(args.out), saved['rows'], args, saved['command'], saved['elapsed'])}")
+        args.partial = saved.get("partial", False)
+        path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
+                            saved["elapsed"])
+        print(f"wrote {path}")
         return 0
     if args.quick:
-        args.samples, args.epochs, args.seeds, args.lrs = 3000, 1, args.seeds[:1], args.lrs[-1:]
-        args.profiles, args.algorithms, args.target = ["1,1,2,4"], ["sync", "asgd", "ddc-asgd"], 0.6
-    x, y, xt, yt = load(args.samples)
-    ns = {"x_train": x, "y_train": y, "x_test": xt, "y_test": yt, "MODEL": build_model()}
-    ns["INITS"] = {s: initial_weights(s) for s in args.seeds}
-    rows, started = [], time.perf_counter()
-    total = len(args.profiles) * len(args.lrs) * len(args.seeds) * len(args.algorithms)
-    for profile in args.profiles:
-        for lr in args.lrs:
-            for seed in args.seeds:
-                for algo in args.algorithms:
-                    rows.append(one_run(ns, algo, profile, lr, seed, args))
-                    r = rows[-1]
-                    print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {profile} lr={lr} "
-                          f"seed={seed} {algo:13s} " + ("DIVERGED" if r["diverged"] and "acc_end" not in r
-                                                         else f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"),
-                          flush=True)
-    elapsed = time.perf_counter() - started
-    command = "python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])
+        args.regimes, args.samples, args.epochs, args.seeds = ["overhead"], 3000, 1, args.seeds[:1]
+        args.profiles, args.calibrations = ["4w"], 1
+        if args.algorithms == list(ALGORITHMS):
+            args.algorithms = ["sgd", "asgd", "ddc-asgd"]
+    saved_cost = json.loads(raw.read_text())["calibration"] if args.reuse_calibration else {}
+    rows, calibration, started = [], {}, time.perf_counter()
+    command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms")}
     raw.parent.mkdir(parents=True, exist_ok=True)
-    kept = {k: getattr(args, k) for k in ("samples", "epochs", "seeds", "lrs", "profiles", "algorithms", "target")}
-    raw.write_text(json.dumps({"command": command.strip(), "elapsed": elapsed, "args": kept, "rows": rows}))
-    path = write_report(Path(args.out), rows, args, command.strip(), elapsed)
+
+    def save(elapsed: float, partial: bool) -> None:
+        """The rows so far: an interrupted study can still be reported (--report-only)."""
+        raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "partial": partial, "args": kept,
+                                   "calibration": calibration, "rows": rows}))
+    todo = cells(args)
+    total = len(args.regimes) * len(args.seeds) * len(todo)
+    for regime in args.regimes:
+        kind = REGIMES[regime]["model"]
+        x, y, xt, yt = load(args.samples, image=kind == "cnn")
+        ns = {"x_train": x, "y_train": y, "x_test": xt, "y_test": yt, "MODEL": build_model(kind)}
+        calibration[regime] = saved_cost.get(regime) or calibrate_regime(ns["MODEL"], x[:4 * BATCH], y[:4 * BATCH],
+                                                                         args.calibrations)
+        cost = calibration[regime]
+        print(f"{regime}: per step {cost['per_step_s'] * 1e3:.3g} ms, per sample {cost['per_sample_s'] * 1e6:.3g} us "
+              f"({cost['where']})", flush=True)
+        ns["INITS"] = {}
+        for s in args.seeds:
+            import keras
+
+            keras.utils.set_random_seed(s)
+            ns["INITS"][s] = build_model(kind).get_weights()
+        for seed in args.seeds:
+            for profile, algo in todo:
+                rows.append(one_run(ns, regime, algo, profile, seed, cost, args))
+                r = rows[-1]
+                print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {regime} {profile} seed={seed} "
+                      f"{algo:15s} " + ("DIVERGED" if "acc_end" not in r else
+                                        f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"), flush=True)
+                save(time.perf_counter() - started, partial=True)
+        print(f"{regime}: target accuracy {target_of(rows, regime, args.epochs):.3f}", flush=True)
+    rows += pipeline_rows(args)
+    elapsed = time.perf_counter() - started
+    save(elapsed, partial=False)
+    path = write_report(Path(args.out), rows, calibration, args, command, elapsed)
     print(f"wrote {path} ({elapsed:.0f} s)")
     return 0
 

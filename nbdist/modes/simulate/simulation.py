@@ -31,7 +31,7 @@ import numpy as np
 from nbdist.core.plan import Plan
 from nbdist.core.schedule import Chunk, epoch_permutation
 from nbdist.core.shard import ShardCore
-from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions, fit_cost
+from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
 from nbdist.hub.messages import Reply, Step
@@ -109,21 +109,15 @@ class Simulation:
 
     # -- the play ----------------------------------------------------------------------------
 
-    def calibrate(self, batch: int) -> CostModel:
-        """Time the real gradient step at two batch sizes and fit the cost model (rounded)."""
-        import time
+    def calibrate(self, batch: int, cluster=None) -> CostModel:
+        """Measure the model's step and the hub's round trip (`calibrate.py`); use the fit."""
+        from nbdist.modes.simulate.calibrate import calibrate
 
-        points = []
-        for b in (batch, max(1, batch // 4), batch, max(1, batch // 4)):
-            x, y = self.x[:b], self.y[:b]
-            self.flat.assign_and_gradients(self.core.params, self.core.non_trainable, x, y)  # warm, traced
-            times = []
-            for _ in range(5):
-                t0 = time.perf_counter()
-                self.flat.assign_and_gradients(self.core.params, self.core.non_trainable, x, y)
-                times.append(time.perf_counter() - t0)
-            points.append((b, float(np.median(times))))
-        self.cost = fit_cost(points, self.options.jitter)
+        found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.x, self.y, batch,
+                          self.options.jitter, cluster)
+        self.cost = found.cost
+        self.coordinator.stats.record_event("sim_calibration", 0.0, **found.as_event())
+        self.calibration = found
         return self.cost
 
     def run(self) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 import weakref
+from dataclasses import replace
 
 import numpy as np
 
@@ -35,7 +36,8 @@ def flat_model(model, layout: dict):
 
 
 def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
-    """Simulate `job` on `config.workers` virtual workers (`cluster` is not used)."""
+    """Simulate `job` on `config.workers` virtual workers; `cluster`, if any, is where
+    `--sim calibrate=1` measures the model's step and the hub's round trip."""
     config, contents = job.config, job.contents
     if contents.streamed:
         raise DataError(f"--mode simulate trains in this kernel on data held in memory, but "
@@ -48,7 +50,10 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                             contents.validation_arrays, job.params, job.non_trainable, options,
                             config.seed, job.optimizer)
     if options.calibrate:
-        simulation.calibrate(config.batch_size)
+        from nbdist.modes.simulate.calibrate import describe
+
+        simulation.calibrate(config.batch_size, cluster)
+        job = replace(job, contents=replace(contents, notes=[*contents.notes, describe(simulation.calibration)]))
     backend = SimBackend(simulation)
     backend.start()
     return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
