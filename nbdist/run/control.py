@@ -52,7 +52,7 @@ class RunControl:
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""
-        from nbdist.config import parse_slowdown
+        from nbdist.flag_values import parse_slowdown
 
         (factor,) = parse_slowdown([factor])
         self._check_worker(worker)

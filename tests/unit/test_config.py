@@ -1,7 +1,8 @@
 import pytest
 
-from nbdist.config import Algorithm, Mode, TrainConfig, parse_names
+from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.errors import ConfigError
+from nbdist.flag_values import parse_names
 
 
 def test_strings_become_enums():
