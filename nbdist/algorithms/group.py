@@ -25,6 +25,7 @@ import numpy as np
 
 from nbdist.algorithms.base import Option
 from nbdist.algorithms.sgd import ASGD
+from nbdist.core.partition import min_max_cuts
 
 _TOL = 1e-12  # speeds exactly max_ratio apart still share a group despite float rounding
 
@@ -63,22 +64,7 @@ def _min_range_cuts(logs: list[float], k: int) -> list[int]:
     n = len(logs)
     if n == 0:
         return []
-    inf = math.inf
-    # best[g][j]: least max-range splitting logs[:j] into g runs; prev[g][j]: where run g starts
-    best = [[inf] * (n + 1) for _ in range(k + 1)]
-    prev = [[0] * (n + 1) for _ in range(k + 1)]
-    best[0][0] = 0.0
-    for g in range(1, k + 1):
-        for j in range(g, n + 1):
-            for i in range(g - 1, j):
-                cost = max(best[g - 1][i], logs[j - 1] - logs[i])
-                if cost < best[g][j]:
-                    best[g][j], prev[g][j] = cost, i
-    cuts, j = [], n
-    for g in range(k, 1, -1):
-        j = prev[g][j]
-        cuts.append(j)
-    return cuts[::-1]
+    return min_max_cuts(n, k, lambda i, j: logs[j - 1] - logs[i])
 
 
 def group_lr(lr: float, group_batch: int, ref_batch: int) -> float:

@@ -102,6 +102,27 @@ def partition(costs, cut_bytes, stages: int, method: str = "optimal", *, bandwid
     return Partition(method, bounds, stage_times(costs, cut_bytes, bounds, bandwidth, latency))
 
 
+def min_max_cuts(n: int, parts: int, cost) -> list[int]:
+    """Where to cut items 0..n-1 into `parts` contiguous, non-empty runs so that the largest
+    `cost(i, j)` of a run [i, j) is least: the sorted `parts - 1` cut points. Exact dynamic
+    programming, `best[s][j] = min_i max(best[s-1][i], cost(i, j))`; ties go to the earliest
+    cut. Used for pipeline stages here and for speed groups (`nbdist.algorithms.group`)."""
+    best = [[math.inf] * (n + 1) for _ in range(parts + 1)]
+    choice = [[0] * (n + 1) for _ in range(parts + 1)]
+    best[0][0] = 0.0
+    for s in range(1, parts + 1):
+        for j in range(s, n - (parts - s) + 1):
+            for i in range(s - 1, j):
+                value = max(best[s - 1][i], cost(i, j))
+                if value < best[s][j]:
+                    best[s][j], choice[s][j] = value, i
+    cuts, j = [], n
+    for s in range(parts, 1, -1):
+        j = choice[s][j]
+        cuts.append(j)
+    return sorted(cuts)
+
+
 def _from_cuts(cuts, num_layers: int) -> tuple[tuple[int, int], ...]:
     edges = [0, *cuts, num_layers]
     return tuple(zip(edges[:-1], edges[1:], strict=False))
@@ -120,20 +141,7 @@ def optimal_bounds(costs, cut_bytes, stages: int, bandwidth: float = math.inf,
         t = prefix[j] - prefix[i]
         return t + (link[i - 1] if i > 0 else 0.0) + (link[j - 1] if j < n else 0.0)
 
-    best = [[math.inf] * (n + 1) for _ in range(stages + 1)]
-    choice = [[0] * (n + 1) for _ in range(stages + 1)]
-    best[0][0] = 0.0
-    for s in range(1, stages + 1):
-        for j in range(s, n - (stages - s) + 1):
-            for i in range(s - 1, j):
-                value = max(best[s - 1][i], time(i, j))
-                if value < best[s][j]:
-                    best[s][j], choice[s][j] = value, i
-    cuts, j = [], n
-    for s in range(stages, 1, -1):
-        j = choice[s][j]
-        cuts.append(j)
-    return _from_cuts(sorted(cuts), n)
+    return _from_cuts(min_max_cuts(n, stages, time), n)
 
 
 def greedy_bounds(costs, stages: int) -> tuple[tuple[int, int], ...]:
