@@ -28,8 +28,13 @@ How to read it
     stages share its cores, so the pipeline can only lose to fit here: it is a test of the
     partitions, not of model parallelism's speed-up.
 
+    Stage links: `--transport auto` (default) sends activations and gradients between the
+    stages (all on this host) through shared memory, `tcp` over loopback TCP, `both` runs
+    every row with each, one after the other, and ends with shm's samples/s over tcp's.
+
     python benchmarks/pipeline.py             # S = 2, 3; four methods (~5 min)
     python benchmarks/pipeline.py --quick     # 512 samples, S = 2 only
+    python benchmarks/pipeline.py --quick --transport both --methods optimal,uniform
 """
 
 from __future__ import annotations
@@ -87,7 +92,12 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=1024)
     parser.add_argument("--micro-batches", type=int, default=4)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--transport", choices=["auto", "tcp", "both"], default="auto",
+                        help="stage links: shared memory on one host (auto), TCP, or each in turn")
+    parser.add_argument("--methods", default=",".join(METHODS), help="partition methods, comma-separated")
     args = parser.parse_args()
+    methods = [m for m in args.methods.split(",") if m]
+    transports = ("auto", "tcp") if args.transport == "both" else (args.transport,)
     samples = 512 if args.quick else args.samples
     stage_counts = (2,) if args.quick else (2, 3)
     cell = f"SAMPLES = {samples}\n" + CELL
@@ -98,30 +108,41 @@ def main() -> None:
     try:
         rows, rates, predicted = [], {}, {}
         for stages in stage_counts:
-            for method in METHODS:
-                run = nbdist.train(cell, cluster=cluster, namespace={}, mode="pipeline", stages=stages,
-                                   micro_batches=args.micro_batches, batch_size=BATCH, partition=method,
-                                   no_validation=True, timeout=300)
-                run.wait(timeout=1800)
-                part, pipe = run.partition, run.pipeline
-                rate = steady_rate(run.history)
-                rates[stages, method] = rate
-                if method == "optimal":  # all four cuts predicted from this one profile
-                    predicted[stages] = {m: p.slowest * 1e3 for m, p in run.partitions.items()}
-                rows.append([stages, method, " | ".join(part["layers"]), rate, part["predicted_s"].max() * 1e3,
-                             part["measured_s"].max() * 1e3, pipe["bubble"], pipe["ideal_bubble"]])
+            for method in methods:
+                for transport in transports:
+                    run = nbdist.train(cell, cluster=cluster, namespace={}, mode="pipeline", stages=stages,
+                                       micro_batches=args.micro_batches, batch_size=BATCH, partition=method,
+                                       no_validation=True, timeout=300, transport=transport)
+                    run.wait(timeout=1800)
+                    part, pipe = run.partition, run.pipeline
+                    rate = steady_rate(run.history)
+                    rates[stages, method, transport] = rate
+                    if method == methods[0] and transport == transports[0]:  # all four cuts, one profile
+                        predicted[stages] = {m: p.slowest * 1e3 for m, p in run.partitions.items()}
+                    link = "shm" if any(m.get("shm") for m in pipe["messages"]) else "tcp"
+                    rows.append([stages, method, link, " | ".join(part["layers"]), rate,
+                                 part["predicted_s"].max() * 1e3, part["measured_s"].max() * 1e3,
+                                 pipe["bubble"], pipe["ideal_bubble"]])
         fit = fit_rate(cell)
     finally:
         cluster.stop()
     for row in rows:
-        row.insert(4, row[3] / fit)
+        row.insert(5, row[4] / fit)
     print(f"pipeline, {samples} samples, batch {BATCH}, {args.micro_batches} micro-batches, GPipe, one epoch")
-    print(table(["S", "partition", "stages", "samples/s", "x fit", "pred ms", "meas ms", "bubble", "ideal"], rows))
+    print(table(["S", "partition", "link", "stages", "samples/s", "x fit", "pred ms", "meas ms", "bubble",
+                 "ideal"], rows))
     print(f"\nmodel.fit in this kernel: {fit:,.0f} samples/s")
+    first = transports[0]
     for stages in stage_counts:
-        print(f"S = {stages}: random/greedy time {rates[stages, 'greedy'] / rates[stages, 'random']:.2f}, "
-              f"greedy/optimal time {rates[stages, 'optimal'] / rates[stages, 'greedy']:.2f}; predicted "
-              "slowest stage from one profile: " + ", ".join(f"{m} {t:.1f} ms" for m, t in predicted[stages].items()))
+        line = f"S = {stages}: "
+        if {"greedy", "random", "optimal"} <= set(methods):
+            line += (f"random/greedy time {rates[stages, 'greedy', first] / rates[stages, 'random', first]:.2f}, "
+                     f"greedy/optimal time {rates[stages, 'optimal', first] / rates[stages, 'greedy', first]:.2f}; ")
+        print(line + "predicted slowest stage from one profile: "
+              + ", ".join(f"{m} {t:.1f} ms" for m, t in predicted[stages].items()))
+        if len(transports) == 2:
+            print(f"S = {stages}: shm/tcp samples/s " + ", ".join(
+                f"{m} {rates[stages, m, 'auto'] / rates[stages, m, 'tcp']:.2f}" for m in methods))
 
 
 if __name__ == "__main__":

@@ -31,7 +31,8 @@ def pipeline_summary(info: dict, stages: int, micro_batches: int) -> dict:
             "ideal_bubble": ideal_bubble(stages, micro_batches),
             "bubble": 1.0 - sum(busy) / (stages * wall) if measured else None,
             "utilisation": [b / wall for b in busy] if measured else [None] * stages,
-            "measured_steps": info.get("measured_steps", 0), "steps": info.get("steps", [])}
+            "measured_steps": info.get("measured_steps", 0), "steps": info.get("steps", []),
+            "messages": info.get("messages", [])}
 
 
 def step_bubble(ops_by_stage: dict) -> float:

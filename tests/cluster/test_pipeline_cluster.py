@@ -70,6 +70,8 @@ def test_pipeline_weights_equal_single_machine_training_after_20_steps(cluster, 
     assert run.history["step"].max() == 20
     engines = run._backend.engines
     assert len(set(engines)) == stages  # one engine per stage
+    # every engine is on this host: activations and gradients went through shared memory
+    assert all(m["shm"] > 0 and m["tcp"] == 0 for m in run.pipeline["messages"])
 
 
 def _initial(cell: str) -> list:

@@ -151,3 +151,61 @@ def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
     assert run.status == "stopped" and run.error is None
     assert 5 <= run.history["step"].max() < 500 * 20
     assert any(not np.allclose(a, w.numpy()) for a, w in zip(before, ns["model"].weights, strict=True))
+
+
+def test_same_host_stages_send_through_shared_memory_and_tcp_gives_the_same_weights():
+    cell = "B = 16\n" + SKIP_CELL
+    weights, messages = {}, {}
+    for transport in ("auto", "tcp"):
+        ns, run = _start(cell, stages=3, micro_batches=4, batch_size=16, schedule="1f1b",
+                         partition="uniform", timeout=60, transport=transport)
+        run.wait(timeout=120)
+        assert run.error is None
+        weights[transport] = [w.numpy() for w in ns["model"].weights]
+        messages[transport] = run.pipeline["messages"]
+    # 20 steps x 4 micro-batches, forwards out of stages 0-1 and gradients out of stages 1-2
+    assert messages["auto"] == [{"shm": 80, "tcp": 0}, {"shm": 160, "tcp": 0}, {"shm": 80, "tcp": 0}]
+    assert messages["tcp"] == [{"shm": 0, "tcp": 80}, {"shm": 0, "tcp": 160}, {"shm": 0, "tcp": 80}]
+    for a, b in zip(weights["auto"], weights["tcp"], strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_stage_link_slots_acks_fallback_growth_and_clean_up():
+    import os
+
+    from nbdist.hub.protocol import new_key
+    from nbdist.modes.pipeline.link import KernelLink, StageLink
+    from tests.helpers import wait_for
+
+    key = new_key()
+    kernel = KernelLink(key, "r", "127.0.0.1", 2)
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, slots=2) for s in (0, 1))
+    a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
+    b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
+    try:
+        x = np.arange(12, dtype=np.float32).reshape(3, 4)
+        for i in range(3):  # two slots: the third message, with none acknowledged, goes by TCP
+            a.send("stage-1", {"op": "F", "step": 1, "mb": i}, [x + i, np.array([i], np.int32)])
+        assert a.messages == {"shm": 2, "tcp": 1}
+        box = a.outboxes["stage-1"]
+        path = f"/dev/shm/{box.segment.name}"
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        for i in range(3):
+            _, h, (got, n) = b.wait(("F", 1, i))
+            np.testing.assert_array_equal(got, x + i)
+            assert n.dtype == np.int32 and n.tolist() == [i] and ("shm" in h) == (i < 2)
+        x[:] = -1  # the receiver holds copies, not views of the slots
+        assert b.buffer == {} and got[0, 0] == 2
+        wait_for(lambda: (a._drain(), box.busy() == 0)[1], timeout=10)  # the acks free both slots
+        big = np.ones((300, 64), np.float32)  # larger than a slot, none in flight: a bigger segment
+        a.send("stage-1", {"op": "E", "step": 1, "mb": 0}, [big])
+        grown = a.outboxes["stage-1"]
+        assert a.messages["shm"] == 3 and grown.generation == box.generation + 1 and not os.path.exists(path)
+        np.testing.assert_array_equal(b.wait(("E", 1, 0))[2][0], big)
+        assert b.inboxes["stage-0"][0] == grown.segment.name
+        path = f"/dev/shm/{grown.segment.name}"
+    finally:
+        a.close()
+        b.close()
+        kernel.close()
+    assert not os.path.exists(path)  # the sender unlinks its segments when the stage ends

@@ -2,53 +2,126 @@
 reports to the kernel, and the kernel's stop and abort.
 
 Every message is signed with the run's key by `nbdist.hub.protocol.Codec` (the hub's framing):
-a JSON header with the arrays' shapes and dtypes, then the raw arrays. Nothing is unpickled.
+a JSON header with the arrays' shapes and dtypes, then the arrays. Nothing is unpickled.
 A stage binds one PULL socket (on its engine's address towards its neighbours; loopback when
 they share its host) and receives both directions there; messages that arrive before the
-schedule needs them wait in a buffer keyed by (kind, step, micro-batch). Same-host stages
-use TCP on loopback too (no shared memory yet).
+schedule needs them wait in a buffer keyed by (kind, step, micro-batch).
+
+Transport, per neighbour (`--transport`, default auto):
+- **Same host** (the neighbour's `nbdist.hub.shm.host_id()` travels with its endpoint), like the
+  hub's shared-memory path: the sender owns one segment per neighbour (`nbdist.hub.shm.create`:
+  an unguessable name, mode 0600) of `slots` equal slots. It copies a message's arrays into a
+  free slot and sends only the signed header, which names the segment, its generation, the slot
+  and each array's offset; the receiver verifies the MAC over that header, checks the segment
+  and generation and the bounds, copies the arrays out and acknowledges the slot with a small
+  signed `ack`, which frees it. A slot is only reused after its ack, so it is never overwritten
+  before the receiver has copied it out, whatever the schedule (GPipe, 1F1B, validation
+  batches) keeps in flight; the slot count only decides how often a message must go by TCP
+  instead: when every slot is still unacknowledged (acks that have arrived are read before
+  giving up), or when a message is larger than a slot while others are in flight. With no
+  slot in flight, a larger message replaces the segment with a bigger one (the next
+  generation; the old one is unlinked, and the receiver drops it on seeing the new name), so
+  the slots grow to the largest message at the cut (validation batches are the largest).
+- **Other hosts**, `--transport tcp`, and the fallback above: the arrays travel as raw frames
+  after the header over TCP, all of it under the MAC.
+`messages` counts the messages with arrays sent to neighbours, by transport. The creator unlinks its
+segments in `close` (end of run, failure, abort); a stage engine that is killed leaves them to
+Python's resource tracker, which unlinks what the dead process created (as for the hub's).
 """
 
 from __future__ import annotations
 
+import math
 import time
 
 import numpy as np
 
-from nbdist.errors import ProtocolError, TrainingError
+from nbdist.errors import ConfigError, ProtocolError, TrainingError
+from nbdist.hub import shm
 from nbdist.hub.protocol import Codec, send_frames
 
 POLL_MS = 200
+ALIGN = 64  # bytes: each array in a slot starts on a cache line
+PAGE = 4096
 
 
 class StageAborted(Exception):
     """The kernel ended the run (a failure elsewhere, or Ctrl-C): leave at once."""
 
 
-class StageLink:
-    """One stage's endpoint; `bind_host` is where its neighbours reach it."""
+class _Outbox:
+    """The sender's segment towards one neighbour: `slots` slots of `slot_bytes`, which are free."""
 
-    def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float):
+    def __init__(self, slots: int, slot_bytes: int, generation: int):
+        self.segment = shm.create(slots * slot_bytes)
+        self.slot_bytes, self.generation = slot_bytes, generation
+        self.free = list(range(slots))[::-1]
+        self.slots = slots
+
+    def busy(self) -> int:
+        return self.slots - len(self.free)
+
+
+def _layout(arrays: list) -> tuple[list[int], int]:
+    """Each array's byte offset in a slot (cache-line aligned) and the bytes the slot needs."""
+    offsets, end = [], 0
+    for a in arrays:
+        offsets.append(end)
+        end += -(-a.nbytes // ALIGN) * ALIGN
+    return offsets, end
+
+
+class StageLink:
+    """One stage's endpoint; `bind_host` is where its neighbours reach it. `transport`: auto
+    (shared memory with same-host neighbours), tcp, or shm (refuses a neighbour elsewhere);
+    `slots`: shared-memory slots per neighbour."""
+
+    def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float,
+                 transport: str = "auto", slots: int = 8):
         import zmq
 
         self.stage, self.timeout = stage, timeout
-        self.codec = Codec(key, f"stage-{stage}", run_id)
+        self.name = f"stage-{stage}"
+        self.transport, self.slots = str(transport), max(1, slots)
+        self.codec = Codec(key, self.name, run_id)
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         port = self.pull.bind_to_random_port(f"tcp://{bind_host}")
         self.endpoint = f"tcp://{bind_host}:{port}"
+        self.host = shm.host_id()
         self.peers: dict[str, object] = {}
         self.sub = None
         self.buffer: dict[tuple, tuple[dict, list]] = {}
         self.stop_requested = False
         self.sent_bytes = 0
+        self.messages = {"shm": 0, "tcp": 0}  # messages with arrays sent to neighbours, by transport
+        self.shm_peers: set[str] = set()
+        self.outboxes: dict[str, _Outbox] = {}  # neighbour -> this stage's segment towards it
+        self.inboxes: dict[str, tuple[str, int, object]] = {}  # neighbour -> (name, generation, segment)
+        self._generation = 0
 
-    def connect(self, neighbours: dict[str, str], report: str, control: str) -> None:
-        """PUSH sockets to the neighbours (`{"stage-1": endpoint, ...}`) and the kernel's report
-        socket; a SUB socket on the kernel's control socket."""
+    @property
+    def info(self) -> dict:
+        """What the neighbours need: where to connect, and the host (to choose shared memory)."""
+        return {"endpoint": self.endpoint, "host": self.host}
+
+    def connect(self, neighbours: dict, report: str, control: str) -> None:
+        """PUSH sockets to the neighbours (`{"stage-1": info, ...}`, each `info` as `self.info`
+        gives it, or a bare endpoint: TCP) and the kernel's report socket; a SUB socket on the
+        kernel's control socket."""
         import zmq
 
-        for name, endpoint in {**neighbours, "kernel": report}.items():
+        endpoints = {}
+        for name, info in neighbours.items():
+            endpoint, host = (info, None) if isinstance(info, str) else (info["endpoint"], info.get("host"))
+            endpoints[name] = endpoint
+            if self.transport != "tcp" and host == self.host:
+                self.shm_peers.add(name)
+            elif self.transport == "shm":
+                raise ConfigError(f"--transport shm needs every pipeline stage on one host, but {name} "
+                                  f"is on {str(host).split(':')[0]} and {self.name} on "
+                                  f"{self.host.split(':')[0]}. Use --transport auto.")
+        for name, endpoint in {**endpoints, "kernel": report}.items():
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.setsockopt(zmq.SNDHWM, 0)
@@ -60,8 +133,48 @@ class StageLink:
 
     def send(self, to: str, header: dict, arrays=()) -> None:
         arrays = [np.ascontiguousarray(a) for a in arrays]
-        header = {**header, "shapes": [list(a.shape) for a in arrays], "dtypes": [a.dtype.str for a in arrays]}
+        header = {**header, "src": self.name, "shapes": [list(a.shape) for a in arrays],
+                  "dtypes": [a.dtype.str for a in arrays]}
+        if arrays and to in self.shm_peers and self._send_shm(to, header, arrays):
+            self.messages["shm"] += 1
+            return
+        if arrays and to != "kernel":
+            self.messages["tcp"] += 1
         self.sent_bytes += send_frames(self.peers[to], self.codec.encode(header, arrays, to=to))
+
+    def _send_shm(self, to: str, header: dict, arrays: list) -> bool:
+        """Copy `arrays` into a free slot of the segment towards `to` and send the header alone;
+        False (send by TCP) when no slot is free or big enough."""
+        offsets, need = _layout(arrays)
+        box = self._slot_box(to, need)
+        if box is None:
+            return False
+        slot = box.free.pop()
+        base = slot * box.slot_bytes
+        for a, off in zip(arrays, offsets, strict=True):
+            np.ndarray(a.shape, a.dtype, buffer=box.segment.buf, offset=base + off)[...] = a
+        header["shm"] = {"seg": box.segment.name, "gen": box.generation, "slot": slot,
+                         "offsets": [base + off for off in offsets]}
+        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(header, to=to))
+        return True
+
+    def _slot_box(self, to: str, need: int) -> _Outbox | None:
+        box = self.outboxes.get(to)
+        if box is not None and not box.free:
+            self._drain()  # acks that have arrived free their slots
+        if box is not None and need <= box.slot_bytes:
+            return box if box.free else None
+        if box is not None and box.busy():
+            self._drain()
+            if box.busy():
+                return None  # a bigger segment only once nothing is in flight in this one
+        self._generation += 1
+        size = max(need, box.slot_bytes if box else 0)
+        replacement = _Outbox(self.slots, -(-size // PAGE) * PAGE, self._generation)
+        if box is not None:
+            shm.release(box.segment, unlink=True)
+        self.outboxes[to] = replacement
+        return replacement
 
     def report(self, header: dict) -> None:
         self.send("kernel", header)
@@ -91,6 +204,12 @@ class StageLink:
             if self.pull in ready:
                 self._receive()
 
+    def _drain(self) -> None:
+        """Read every message already here without waiting (acks free slots; the rest wait in
+        the buffer)."""
+        while self.pull.poll(0):
+            self._receive()
+
     def check_control(self) -> None:
         """Read what the kernel sent without waiting: stop (finish the step) or abort (raise)."""
         import zmq
@@ -108,16 +227,61 @@ class StageLink:
     def _receive(self) -> None:
         msg = self.codec.decode(self.pull.recv_multipart(copy=False))
         h = msg.header
-        arrays = [np.frombuffer(b, dtype=np.dtype(d)).reshape(s)
-                  for b, d, s in zip(msg.buffers, h["dtypes"], h["shapes"], strict=True)]
+        if h["op"] == "ack":
+            box = self.outboxes.get(h.get("src"))
+            if box is not None and h.get("seg") == box.segment.name and h.get("gen") == box.generation \
+                    and 0 <= h.get("slot", -1) < box.slots and h["slot"] not in box.free:
+                box.free.append(h["slot"])
+            return
+        if "shm" in h:
+            arrays = self._copy_out(h)
+        else:
+            arrays = [np.frombuffer(b, dtype=np.dtype(d)).reshape(s)
+                      for b, d, s in zip(msg.buffers, h["dtypes"], h["shapes"], strict=True)]
         key = (h["op"], h.get("step", 0), h.get("mb", 0))
         self.buffer[key] = (h, arrays)
+
+    def _copy_out(self, h: dict) -> list:
+        """The arrays of a verified shared-memory header, copied out of the sender's slot, which
+        is then acknowledged (freed)."""
+        src, where = h.get("src"), h["shm"]
+        if src not in self.peers or src == "kernel":
+            raise ProtocolError(f"unknown sender: shared memory from {src!r}, not a neighbour of {self.name}")
+        name, gen = where["seg"], where["gen"]
+        if not (isinstance(name, str) and name.startswith("nbdist-") and isinstance(gen, int)):
+            raise ProtocolError(f"malformed header: segment {name!r}, generation {gen!r}")
+        known = self.inboxes.get(src)
+        if known is None or known[0] != name:
+            if known is not None and gen <= known[1]:
+                raise ProtocolError(f"stale segment: {name!r} generation {gen} from {src}, "
+                                    f"already at generation {known[1]}")
+            if known is not None:
+                shm.release(known[2])
+            known = self.inboxes[src] = (name, gen, shm.attach(name))
+        elif gen != known[1]:
+            raise ProtocolError(f"stale segment: {name!r} generation {gen}, registered as {known[1]}")
+        segment = known[2]
+        arrays = []
+        for d, s, off in zip(h["dtypes"], h["shapes"], where["offsets"], strict=True):
+            dtype = np.dtype(d)
+            nbytes = dtype.itemsize * math.prod(s)
+            if dtype.hasobject or off < 0 or off + nbytes > segment.size:
+                raise ProtocolError(f"malformed header: {d} {s} at byte {off} of a {segment.size}-byte segment")
+            arrays.append(np.ndarray(s, dtype, buffer=segment.buf, offset=off).copy())
+        ack = {"op": "ack", "src": self.name, "seg": name, "gen": gen, "slot": where["slot"]}
+        send_frames(self.peers[src], self.codec.encode(ack, to=src))
+        return arrays
 
     def close(self) -> None:
         for sock in [self.pull, self.sub, *self.peers.values()]:
             if sock is not None:
                 sock.close(linger=500)
         self.ctx.term()
+        for _, _, segment in self.inboxes.values():
+            shm.release(segment)
+        for box in self.outboxes.values():
+            shm.release(box.segment, unlink=True)
+        self.inboxes, self.outboxes = {}, {}
 
 
 class KernelLink:

@@ -36,6 +36,7 @@ class PipelineControl:
         self.wall = 0.0  # seconds those steps took, first op to last
         self.measured_steps = 0
         self.sent = [0] * stages
+        self.messages = [{"shm": 0, "tcp": 0} for _ in range(stages)]  # sent to neighbours, by transport
         self.global_step, self.epoch = 0, 0
         self.failed = False
         self._last_report = time.monotonic()
@@ -70,6 +71,7 @@ class PipelineControl:
         elif h["op"] == "ops":
             stage, step = int(h["stage"]), int(h["step"])
             self.sent[stage] = int(h.get("sent", 0))
+            self.messages[stage] = {k: int(v) for k, v in h.get("messages", {}).items()}
             by_stage = self.ops.setdefault(step, {})
             by_stage[stage] = h["ops"]
             if len(by_stage) == self.stages:
@@ -105,7 +107,7 @@ class PipelineControl:
         """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
         with self._lock:
             return {"steps": list(self.steps), "busy": list(self.busy), "wall": self.wall,
-                    "measured_steps": self.measured_steps}
+                    "measured_steps": self.measured_steps, "messages": [dict(m) for m in self.messages]}
 
     def control(self, **h: object) -> None:
         if h.get("stop"):

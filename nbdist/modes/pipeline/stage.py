@@ -47,16 +47,18 @@ class StageSpec:
     threads: int | None = None
     lr: float | None = None  # --lr: overrides the cell's optimizer's rate
     own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
+    transport: str = "auto"  # --transport: shared memory with same-host neighbours (auto), tcp, shm
 
 
-def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> str:
-    """Build this stage and bind its socket; returns the endpoint its neighbours connect to."""
+def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
+    """Build this stage and bind its socket; returns what its neighbours need to reach it (the
+    endpoint, and the host, for shared memory between stages on one host)."""
     from nbdist.engine.run_cell import execute_cell
 
     ns = execute_cell(spec.source, spec.pushed, spec.threads, 0, namespace)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
-    return stage.link.endpoint
+    return stage.link.info
 
 
 def run_stage(run_id: str, stage: int, neighbours: dict, report: str, control: str) -> dict:
@@ -123,7 +125,10 @@ class Stage:
             optimizer.learning_rate = spec.lr
         self.optimizer = optimizer
         self._build_functions()
-        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout)
+        # slots: at most M messages are sent towards a neighbour before the sender next waits
+        # (and reads the acks); twice that spares the TCP fallback (see link.py)
+        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout,
+                              transport=spec.transport, slots=2 * spec.micro_batches + 2)
 
     def _build_functions(self) -> None:
         import tensorflow as tf
@@ -238,7 +243,7 @@ class Stage:
             self.optimizer.apply(grads, self.sub.trainable)
         ops.append(["U", -1, t0, time.time()])
         link.report({"op": "ops", "stage": s, "step": step, "epoch": epoch, "ops": ops,
-                     "sent": link.sent_bytes})
+                     "sent": link.sent_bytes, "messages": link.messages})
         if self.last:
             link.report({"op": "step", "step": step, "epoch": epoch, "loss": loss_sum, "samples": total,
                          "time": time.time()})
@@ -285,7 +290,8 @@ class Stage:
 
     def _result(self, steps: int, started: float) -> dict:
         return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
-                "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": self.link.sent_bytes}
+                "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": self.link.sent_bytes,
+                "messages": dict(self.link.messages)}
 
 
 def _prediction(model, outs: list):

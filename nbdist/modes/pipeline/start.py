@@ -99,7 +99,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads, lr=config.lr,
-                           own_optimizer=cluster is not None) for s in range(stages)]
+                           own_optimizer=cluster is not None, transport=str(config.transport))
+                 for s in range(stages)]
         pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
                    for s in range(stages)]
         endpoints = [_get(p, s, engines[s], config.timeout) for s, p in enumerate(pending)]
