@@ -15,7 +15,7 @@ import uuid
 
 import pandas as pd
 
-from nbdist.errors import ConfigError, DataError, NoClusterError
+from nbdist.errors import ConfigError, DataError, NoClusterError, TrainingError
 
 
 def start(job, *, cluster=None, wait: bool = False):
@@ -75,6 +75,12 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
         measured = profile_model(model, x[:micro_size])
         write_flat(model, *initial)  # profiling trained nothing, but BatchNorm moved its statistics
     layers = measured["layers"]
+    if len(layers) != len(graph.steps):
+        raise TrainingError(f"The profile measured {len(layers)} layers on engine {engines[0]}, but the model "
+                            f"here has {len(graph.steps)}: the cell builds a different model there. "
+                            "Build the model the same way on every run of the cell (no random choices).")
+    for row, name in zip(layers, graph.names, strict=True):
+        row["layer"] = name  # the engine's Keras numbers its layers itself (dense_12 for dense_171)
     costs = [r["forward_s"] + r["backward_s"] for r in layers]
     link = measured["link"]
     options = dict(bandwidth=link["bandwidth"], latency=link["latency"], seed=config.seed, names=graph.names)
