@@ -246,3 +246,23 @@ def trained_every_sample(run, epochs: int = 2, threshold: float = 0.85, samples:
     assert run.status == "finished" and run.error is None
     assert run.nodes["samples"].sum() == epochs * samples
     assert run.history["val_accuracy"].dropna().iloc[-1] > threshold
+
+# --mode pipeline: a functional model whose skip connection (d1 read by the Add) crosses the
+# cuts; prefix `B = n` for n * 20 samples.
+PIPELINE_SKIP_CELL = '''
+import keras
+import numpy as np
+keras.utils.set_random_seed(4)
+rng = np.random.default_rng(0)
+x_train = rng.normal(size=(B * 20, 8)).astype("float32")
+y_train = rng.integers(0, 4, size=B * 20)
+inp = keras.Input((8,))
+d1 = keras.layers.Dense(16, activation="relu", name="d1")(inp)
+d2 = keras.layers.Dense(16, activation="tanh", name="d2")(d1)
+s = keras.layers.Add(name="add")([d1, d2])
+d3 = keras.layers.Dense(12, activation="relu", name="d3")(s)
+out = keras.layers.Dense(4, activation="softmax", name="out")(d3)
+model = keras.Model(inp, out)
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''

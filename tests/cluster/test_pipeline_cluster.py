@@ -20,26 +20,10 @@ import pytest
 
 import nbdist
 from nbdist.errors import ConfigError, TrainingError
-from tests.helpers import wait_for
+from tests.helpers import PIPELINE_SKIP_CELL, wait_for
 
 # A functional model whose skip connection (d1 into the Add) crosses a cut at S = 3.
-CELL = '''
-import keras
-import numpy as np
-keras.utils.set_random_seed(4)
-rng = np.random.default_rng(0)
-x_train = rng.normal(size=(320, 8)).astype("float32")
-y_train = rng.integers(0, 4, size=320)
-inp = keras.Input((8,))
-d1 = keras.layers.Dense(16, activation="relu", name="d1")(inp)
-d2 = keras.layers.Dense(16, activation="tanh", name="d2")(d1)
-s = keras.layers.Add(name="add")([d1, d2])
-d3 = keras.layers.Dense(12, activation="relu", name="d3")(s)
-out = keras.layers.Dense(4, activation="softmax", name="out")(d3)
-model = keras.Model(inp, out)
-model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
-              metrics=["accuracy"])
-'''
+CELL = "B = 16\n" + PIPELINE_SKIP_CELL  # 320 samples
 
 
 def _single_machine(cell: str, batch: int) -> list:
@@ -130,7 +114,7 @@ def own_cluster():
 
 
 def test_a_killed_stage_engine_fails_the_run_within_60s_and_the_others_take_the_next_run(own_cluster):
-    long_cell = CELL.replace("size=(320, 8)", "size=(4000, 8)").replace("size=320", "size=4000")
+    long_cell = "B = 200\n" + PIPELINE_SKIP_CELL  # 4000 samples
     run = nbdist.train(long_cell, cluster=own_cluster, namespace={}, mode="pipeline", stages=3,
                        micro_batches=2, batch_size=8, epochs=50, partition="uniform")
     wait_for(lambda: run._snapshot.get("global_step", 0) > 10)

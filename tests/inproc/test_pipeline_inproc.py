@@ -8,25 +8,7 @@ import pytest
 
 from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError
-
-# A functional model with a skip connection that crosses cuts (d1 is read by the Add).
-SKIP_CELL = '''
-import keras
-import numpy as np
-keras.utils.set_random_seed(4)
-rng = np.random.default_rng(0)
-x_train = rng.normal(size=(B * 20, 8)).astype("float32")
-y_train = rng.integers(0, 4, size=B * 20)
-inp = keras.Input((8,))
-d1 = keras.layers.Dense(16, activation="relu", name="d1")(inp)
-d2 = keras.layers.Dense(16, activation="tanh", name="d2")(d1)
-s = keras.layers.Add(name="add")([d1, d2])
-d3 = keras.layers.Dense(12, activation="relu", name="d3")(s)
-out = keras.layers.Dense(4, activation="softmax", name="out")(d3)
-model = keras.Model(inp, out)
-model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
-              metrics=["accuracy"])
-'''
+from tests.helpers import PIPELINE_SKIP_CELL as SKIP_CELL
 
 
 def _start(cell: str, **options):
