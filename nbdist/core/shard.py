@@ -34,6 +34,19 @@ from nbdist.core.updater import make_updater
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
 
 
+def admit(num_workers: int, worker: int) -> int:
+    """How many worker ids a shard accepts once `worker` joined mid-run (a kernel's
+    `add_worker`): ids follow on from the configured M, so each shard admits just the next one.
+
+    Example:
+        >>> admit(2, 2)
+        3
+    """
+    if worker != num_workers:
+        raise ValueError(f"a worker added mid-run takes the next id, {num_workers} (Received: {worker})")
+    return num_workers + 1
+
+
 class ShardCore:
     """One shard: parameters, version, rule + optimizer, barrier, coordinator (shard 0).
 
@@ -232,10 +245,7 @@ class ShardCore:
             worker = int(h["add_worker"])
             if self.coordinator is not None:
                 self.coordinator.add_worker(worker, self.now(), h.get("engine"))
-            if worker != self.num_workers:
-                raise ValueError(f"a worker added mid-run takes the next id, {self.num_workers} "
-                                 f"(Received: {worker})")
-            self.num_workers += 1
+            self.num_workers = admit(self.num_workers, worker)
         if "lost" in h:  # the kernel saw the worker's engine die, or shard 0 wrote it off
             self.lose(int(h["lost"]), str(h.get("reason", "engine died")))
         if h.get("stop") and self.barrier is not None:

@@ -96,19 +96,6 @@ def check_fields(header: Mapping, num_workers: int) -> None:
         raise ProtocolError(f"malformed header: wrong type or value of {', '.join(map(str, wrong))}")
 
 
-def admit(num_workers: int, worker: int) -> int:
-    """How many worker ids a shard accepts once `worker` joined mid-run (a kernel's
-    `add_worker`): ids follow on from the configured M, so each shard admits just the next one.
-
-    Example:
-        >>> admit(2, 2)
-        3
-    """
-    if worker != num_workers:
-        raise ValueError(f"a worker added mid-run takes the next id, {num_workers} (Received: {worker})")
-    return num_workers + 1
-
-
 def check_segment(links: Mapping, msg) -> None:
     """A step over shared memory names its segment's generation (its unique name): a step that
     names another segment than the one its worker registered (a stale one) is dropped."""

@@ -8,9 +8,10 @@ import pytest
 from nbdist.cluster.engines import Roles
 from nbdist.cluster.netaddr import HostNet, Route
 from nbdist.config import TrainConfig
+from nbdist.core.shard import admit
 from nbdist.errors import ClusterError, ConfigError, TrainingError, UnreachableHostError
 from nbdist.hub.client import PER_SHARD
-from nbdist.hub.wire import admit, check_fields
+from nbdist.hub.wire import check_fields
 from nbdist.modes.async_ps.backend import ClusterBackend
 from nbdist.modes.async_ps.elastic import add_workers
 from nbdist.run.handle import Run
