@@ -6,6 +6,7 @@ Test files import from here, never from each other or from conftest.py."""
 from __future__ import annotations
 
 import os
+import socket
 import time
 from collections.abc import Callable
 
@@ -24,6 +25,16 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0, poll_s: fl
             raise AssertionError(f"{what() if callable(what) else what} not reached within {timeout:g}s")
         time.sleep(poll_s)
     return value
+
+
+def refuse_network(monkeypatch, who: str) -> None:
+    """Make any outgoing connection fail the test: `who` must work offline."""
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise AssertionError(f"{who} tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
 
 
 def running(pid: int) -> bool:
