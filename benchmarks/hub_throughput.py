@@ -261,11 +261,15 @@ def _run_window(conns, barrier, start_at, seconds: float) -> int:
     return sum(_recv(c, "worker", seconds + 60) for c in conns)
 
 
-def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float) -> dict:
-    """`transport` "tcp", "auto", or "curve" (tcp with --encrypt: CurveZMQ on the hub sockets)."""
+def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float,
+                profile: bool = False) -> dict:
+    """`transport` "tcp", "auto", or "curve" (tcp with --encrypt: CurveZMQ on the hub sockets).
+    `profile`: also return shard 0's CPU per phase of a push (nbdist.hub.profile)."""
     key = new_key()
     params = np.zeros(size, dtype=np.float32)
     base = _hub_base(key, params, shards, workers)
+    if profile:
+        base = dataclasses.replace(base, profile=True)
     if transport == "curve":
         base, transport = dataclasses.replace(base, encrypt=True), "tcp"
     hubs, crew, endpoints = _Procs(), _Procs(), []
@@ -284,7 +288,7 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
             if s["error"] or s["dropped"]:
                 raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
         pushes = sum(s["version"] for s in summaries) / shards  # every push reaches every shard
-        return {"rate": count / seconds,
+        return {"rate": count / seconds, "profile": summaries[0].get("profile"),
                 "hub_cpu_ms": 1e3 * max(s["cpu_s"] for s in summaries) / max(1.0, pushes)}
     finally:
         crew.stop()
@@ -382,7 +386,15 @@ def main() -> None:
                         help="float32 parameters, one or more (default 1000000)")
     parser.add_argument("--encrypt", action="store_true",
                         help="also measure tcp with CurveZMQ on the hub sockets (what --encrypt does)")
+    parser.add_argument("--profile", action="store_true",
+                        help="the hub's CPU per phase of a push, 1 worker, 269K and 1M, shm and tcp")
     args = parser.parse_args()
+    if args.profile:
+        from _hub_profile import profile_table
+
+        profile_table(nbdist_cell, args.size or [269_322, 1_000_000], args.seconds or 3.0,
+                      ["auto", "tcp"] if args.transport == "both" else [args.transport], args.repeats or 1)
+        return
     seconds = args.seconds or (1.0 if args.quick else 1.5)
     repeats = args.repeats or (1 if args.quick or args.sweep else 3)
     workers = args.workers or ([1, 2, 4, 8, 16, 32] if args.sweep else

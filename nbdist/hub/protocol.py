@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -30,6 +30,10 @@ SIGNATURE_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024
 KEY_BYTES = 32
 ENVELOPE = ("run", "from", "to", "seq", "nbytes", "op")  # set by encode, checked by decode
+
+
+def no_mark(phase: str) -> None:
+    """The phase clock's mark when nobody profiles."""
 
 
 def new_key() -> bytes:
@@ -98,22 +102,27 @@ class Codec:
         self._seq: dict[str, int] = {}
         self._last_seen: dict[str, int] = {}
 
-    def encode(self, header: dict, buffers: Sequence[object] = (), *, to: str, re: int | None = None) -> list:
+    def encode(self, header: dict, buffers: Sequence[object] = (), *, to: str, re: int | None = None,
+               mark: Callable[[str], None] = no_mark) -> list:
         """Frames for `header` and `buffers` (objects exposing the buffer protocol) to the
-        endpoint `to`; a reply names the request's sequence number in `re`."""
+        endpoint `to`; a reply names the request's sequence number in `re`. `mark`: the
+        hub's phase clock (`nbdist.hub.profile`)."""
         seq = self._seq[to] = self._seq.get(to, 0) + 1
         sizes = [memoryview(b).nbytes for b in buffers]
         full = {**header, "run": self.run_id, "from": self.sender, "to": to, "seq": seq, "nbytes": sizes}
         if re is not None:
             full["re"] = re
         header_bytes = json.dumps(full, separators=(",", ":")).encode()
-        return [mac(self._key, header_bytes, buffers), header_bytes, *buffers]
+        mark("encode")
+        signature = mac(self._key, header_bytes, buffers)
+        mark("mac_out")
+        return [signature, header_bytes, *buffers]
 
     def last_sent(self, to: str) -> int:
         """The sequence number of the latest message sent to `to` (0: none yet)."""
         return self._seq.get(to, 0)
 
-    def decode(self, frames: Sequence[object]) -> Message:
+    def decode(self, frames: Sequence[object], mark: Callable[[str], None] = no_mark) -> Message:
         """Verify and parse `frames` (bytes or zmq.Frame); raise ProtocolError if not valid.
         The first word of the error names the reason it is counted under."""
         if len(frames) < 2:
@@ -127,6 +136,7 @@ class Codec:
             raise ProtocolError(f"oversized message: {total} buffer bytes, at most {self.max_buffer_bytes}")
         if len(signature) != SIGNATURE_BYTES or not _equal(signature, mac(self._key, header_bytes, buffers)):
             raise ProtocolError("bad signature: not signed with this run's key, or altered")
+        mark("mac_in")
         header = parse_header(header_bytes)
         if header["nbytes"] != [b.nbytes for b in buffers]:
             raise ProtocolError(f"malformed header: buffer sizes {[b.nbytes for b in buffers]} "

@@ -44,6 +44,7 @@ from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
 from nbdist.hub import shm, writeoff
 from nbdist.hub.messages import Reply, Step
+from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import Return, bind, receive, server_socket
@@ -73,6 +74,7 @@ class HubSpec:
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
     extra_bytes: int = 0  # sync mode: room for rank 0's state (weights, optimizer slots)
     encrypt: bool = False  # CurveZMQ on this shard's socket (--encrypt)
+    profile: bool = False  # CPU time per phase of a push (nbdist.hub.profile; benchmarks)
 
 
 class Hub:
@@ -106,6 +108,7 @@ class Hub:
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
         self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
         self.endpoints = bind(self._sock, spec, params_shm=self._segment.name, size=self.size)
+        self.profile, self._mark = marker(spec.profile)
 
     @property
     def num_workers(self) -> int:
@@ -127,6 +130,7 @@ class Hub:
         last_heard = time.monotonic()
         last_check = self.now()
         grouped = self.core.barrier is not None
+        mark = self._mark
         try:
             while not self.closing:
                 if grouped and self.core.barrier.pending and self.core.expire_groups(GROUP_WAIT_LIMIT_S):
@@ -135,15 +139,17 @@ class Hub:
                     last_check = self.now()
                     self._find_lost()
                 if not poller.poll(100 if grouped else 500):
+                    mark("loop")
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
                         self.error = self.error or "hub idle timeout: the kernel and workers went silent"
                         break
                     continue
+                mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
                     msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
-                                       self.core.num_workers, self.links)
+                                       self.core.num_workers, self.links, mark)
                 except ProtocolError as exc:
                     self.dropped[str(exc).split(":")[0]] += 1
                     continue
@@ -153,6 +159,7 @@ class Hub:
                     if answer is not None:
                         self._send(ret, *answer)
                     self.core.settle()  # a push's bookkeeping, once its reply is out
+                    mark("settle")
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
                     log.error("%s", self.error)
@@ -161,10 +168,14 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": dict(self.dropped)}
+                "dropped": dict(self.dropped),
+                **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
     def _send(self, ret: Return, header: dict, buffers: list) -> None:
-        send_frames(self._sock, [ret.ident, *self.codec.encode(header, buffers, to=ret.to, re=ret.re)])
+        mark = self._mark
+        mark("reply")
+        send_frames(self._sock, [ret.ident, *self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)])
+        mark("send")
 
     def _release_held(self) -> None:
         """Send every held reply the core lets go."""
@@ -217,9 +228,13 @@ class Hub:
         if step.push:
             grad = link.grad if link.grad is not None else compression.decode(msg.buffers[0], link.compression)
             delta = msg.floats(len(msg.buffers) - 1) if self.core.coordinator and self.core.non_trainable.size else None
+            self._mark("parse")
+            if self.profile is not None:
+                self.profile.pushes += 1
             copied = self.core.push(worker, grad, msg.header, batch=step.batch, group=step.group,
                                     into=self._reply_buffer(link) if step.pull else None, norm=step.norm,
                                     non_trainable_delta=delta)
+            self._mark("update")
         self.core.eval_result(worker, msg.header)
         return self._reply_or_hold(worker, ret, pull=step.pull, copied=copied)
 

@@ -15,10 +15,11 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from nbdist.errors import ProtocolError
+from nbdist.hub.protocol import no_mark
 
 RCVHWM = 8  # messages queued per peer: a worker has at most 2 in flight, the kernel 1
 MAX_FRAMES = 8  # routing id, signature, header, at most 5 buffers (a sync report has 3)
@@ -55,12 +56,14 @@ def recv_bounded(sock, max_frames: int, max_bytes: int) -> list:
     return frames
 
 
-def receive(sock, codec, handlers: Mapping, max_bytes: int, num_workers: int, links: Mapping):
+def receive(sock, codec, handlers: Mapping, max_bytes: int, num_workers: int, links: Mapping,
+            mark: Callable[[str], None] = no_mark):
     """The next message on a hub's socket and where its reply goes, or ProtocolError: the
     limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
     the op and every field a handler reads, then the shared-memory segment's generation."""
     frames = recv_bounded(sock, MAX_FRAMES, max_bytes)
-    msg = codec.decode(frames[1:])
+    mark("recv")  # the phase clock (nbdist.hub.profile)
+    msg = codec.decode(frames[1:], mark)
     if msg.op not in handlers:
         raise ProtocolError(f"unknown op: {msg.op!r}")
     check_fields(msg.header, num_workers)
