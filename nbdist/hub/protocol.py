@@ -16,14 +16,20 @@ receiver refuses a sequence number it has already passed (replay). Nothing is un
 
 from __future__ import annotations
 
+import hmac
 import json
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from blake3 import blake3 as _blake3
 
 from nbdist.errors import ProtocolError
+
+_json_out = json.JSONEncoder(separators=(",", ":"))
+_json_in = json.JSONDecoder()
+_STRINGS = ("run", "from", "to", "op")
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this pyzmq's copying send is faster than zero-copy
 SIGNATURE_BYTES = 32
@@ -48,10 +54,7 @@ def mac(key: bytes, header_bytes: bytes, buffers: Sequence[object] = ()) -> byte
         >>> mac(bytes(32), b"{}").hex()[:16]
         '1c11cee5c8b647e4'
     """
-    import blake3
-
-    h = blake3.blake3(key=key)
-    h.update(len(header_bytes).to_bytes(8, "little"))
+    h = _blake3(len(header_bytes).to_bytes(8, "little"), key=key)
     h.update(header_bytes)
     for b in buffers:
         h.update(_bytes_view(b))
@@ -112,7 +115,7 @@ class Codec:
         full = {**header, "run": self.run_id, "from": self.sender, "to": to, "seq": seq, "nbytes": sizes}
         if re is not None:
             full["re"] = re
-        header_bytes = json.dumps(full, separators=(",", ":")).encode()
+        header_bytes = _json_out.encode(full).encode()
         mark("encode")
         signature = mac(self._key, header_bytes, buffers)
         mark("mac_out")
@@ -155,22 +158,34 @@ class Codec:
 def parse_header(header_bytes: bytes) -> dict:
     """The JSON header with its envelope fields type-checked (a signed header with, say, a
     string `seq` is refused like any other bad message, never trusted)."""
-    try:
-        header = json.loads(header_bytes)
-    except ValueError as exc:
+    try:  # the bytes were signed by this run's own encoder: UTF-8 JSON
+        header = _json_in.decode(str(header_bytes, "utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError is one too
         raise ProtocolError(f"malformed header: not JSON ({exc})") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise ProtocolError(f"malformed header: a JSON {type(header).__name__}, expected an object")
+    try:  # the common case in one pass; any doubt goes to the itemised check below
+        ok = (all(type(header[k]) is str for k in _STRINGS) and type(header["seq"]) is int
+              and header["seq"] >= 1 and type(header["nbytes"]) is list
+              and all(type(n) is int and n >= 0 for n in header["nbytes"])
+              and ("re" not in header or (type(header["re"]) is int and header["re"] >= 1)))
+    except KeyError:
+        ok = False
+    if not ok:
+        _refuse_envelope(header)
+    return header
+
+
+def _refuse_envelope(header: dict) -> None:
+    """Raise the ProtocolError that says which envelope field is missing or wrong."""
     missing = [k for k in ENVELOPE if k not in header]
     if missing:
         raise ProtocolError(f"malformed header: lacks {', '.join(missing)}")
-    wrong = [k for k in ("run", "from", "to", "op") if not isinstance(header[k], str)]
+    wrong = [k for k in _STRINGS if not isinstance(header[k], str)]
     wrong += [k for k in ("seq", *(("re",) if "re" in header else ())) if not _is_int(header[k]) or header[k] < 1]
     if not (isinstance(header["nbytes"], list) and all(_is_int(n) and n >= 0 for n in header["nbytes"])):
         wrong.append("nbytes")
-    if wrong:
-        raise ProtocolError(f"malformed header: wrong type or value of {', '.join(wrong)}")
-    return header
+    raise ProtocolError(f"malformed header: wrong type or value of {', '.join(wrong) or 'the envelope'}")
 
 
 def _is_int(value: object) -> bool:
@@ -178,8 +193,6 @@ def _is_int(value: object) -> bool:
 
 
 def _equal(a: bytes, b: bytes) -> bool:
-    import hmac
-
     return hmac.compare_digest(a, b)
 
 
@@ -202,8 +215,10 @@ def _view(frame: object) -> memoryview:
     return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
-def _bytes_view(obj: object) -> memoryview:
+def _bytes_view(obj: object) -> object:
     """A flat byte view of any buffer (blake3 wants bytes, not float32 items)."""
+    if type(obj) is bytes:
+        return obj
     view = obj.buffer if hasattr(obj, "buffer") else memoryview(obj)
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 

@@ -256,20 +256,21 @@ class Hub:
     def _reply(self, worker: int, pull: bool, work: dict, copied: bool = False) -> tuple[dict, list]:
         """The core's reply on the wire, with the weights on a pull (`copied`: the worker's
         pull buffer already holds them)."""
-        reply, buffers = Reply.decode(work), []
+        where = seg = None
+        buffers = []
         if pull:
             link, params = self.links[worker], self.core.params
             target = self._reply_buffer(link)
             if target is not None and not copied:
                 np.copyto(target, params)
             if link.params is not None:  # same host: parameters go through shared memory
-                reply.params = "shm" if target is not None else "live"  # live: no lock
-                reply.seg = link.segment.name
+                where = "shm" if target is not None else "live"  # live: no lock
+                seg = link.segment.name
             else:
                 buffers.append(compression.encode(target if target is not None else params, link.compression))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
-        return reply.encode(), buffers
+        return Reply.wire(work, where, seg), buffers
 
     def _report(self, msg: Message, ret: Return) -> tuple[dict, list]:
         worker = int(msg.header["worker"])

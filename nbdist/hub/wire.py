@@ -89,9 +89,9 @@ WORKER_OPS = ("hello", "step", "report", "bye")
 def check_fields(header: Mapping, num_workers: int) -> None:
     """Raise ProtocolError("malformed header: ...") if an op field a hub reads has the wrong
     type, or a worker op names a worker outside 0..num_workers-1."""
-    wrong = [k for k, types in _TYPES.items() if k in header and not _is(header[k], types)]
-    wrong += [k for k in _INT_LISTS if isinstance(header.get(k), list)
-              and not all(_is(v, (int,)) for v in header[k])]
+    wrong = [k for k, v in header.items() if k in _TYPES and not _is(v, _TYPES[k])]
+    wrong += [k for k in _INT_LISTS if type(header.get(k)) is list
+              and not all(type(v) is int for v in header[k])]
     if header["op"] in WORKER_OPS and not (_is(header.get("worker"), (int,))
                                            and 0 <= header["worker"] < num_workers):
         wrong.append(f"worker={header.get('worker')!r} (0..{num_workers - 1})")
