@@ -41,7 +41,8 @@ How to read it
     python benchmarks/hub_throughput.py --quick    # 1 repeat, 1 s cells, workers 1, 4, 16
     python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
     python benchmarks/hub_throughput.py --workers 1 2 --transport tcp --encrypt   # + CurveZMQ
-    python benchmarks/hub_throughput.py --sweep    # 1..32 workers, 1/2/4 shards, 1M and 10M
+    python benchmarks/hub_throughput.py --sweep    # 1..32 workers, 1/2/4 shards, 1M and 10M, shm
+    python benchmarks/hub_throughput.py --profile  # the hub's CPU per phase of a push (_hub_profile.py)
 """
 
 from __future__ import annotations
@@ -376,12 +377,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s cells, workers 1, 4, 16")
     parser.add_argument("--sweep", action="store_true",
-                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, 1 repeat (long)")
+                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, shm and raw, 0.5 s cells, "
+                             "1 repeat (~10 min)")
     parser.add_argument("--seconds", type=float, default=None, help="window per cell (default 1.5)")
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick/--sweep)")
     parser.add_argument("--workers", type=int, nargs="+", default=None)
     parser.add_argument("--shards", type=int, nargs="+", default=None, help="default 1 2")
-    parser.add_argument("--transport", choices=["tcp", "auto", "both"], default="both")
+    parser.add_argument("--transport", choices=["tcp", "auto", "both"], default=None,
+                        help="default both (auto with --sweep)")
     parser.add_argument("--size", type=int, nargs="+", default=None,
                         help="float32 parameters, one or more (default 1000000)")
     parser.add_argument("--encrypt", action="store_true",
@@ -393,15 +396,17 @@ def main() -> None:
         from _hub_profile import profile_table
 
         profile_table(nbdist_cell, args.size or [269_322, 1_000_000], args.seconds or 3.0,
-                      ["auto", "tcp"] if args.transport == "both" else [args.transport], args.repeats or 1)
+                      ["auto", "tcp"] if args.transport in (None, "both") else [args.transport],
+                      args.repeats or 1)
         return
-    seconds = args.seconds or (1.0 if args.quick else 1.5)
+    seconds = args.seconds or (1.0 if args.quick else 0.5 if args.sweep else 1.5)
     repeats = args.repeats or (1 if args.quick or args.sweep else 3)
     workers = args.workers or ([1, 2, 4, 8, 16, 32] if args.sweep else
                                [1, 4, 16] if args.quick else [1, 2, 4, 8, 16])
     shard_counts = args.shards or ([1, 2, 4] if args.sweep else [1, 2])
     sizes = args.size or ([1_000_000, 10_000_000] if args.sweep else [1_000_000])
-    transports = ["tcp", "auto"] if args.transport == "both" else [args.transport]
+    transport = args.transport or ("auto" if args.sweep else "both")
+    transports = ["tcp", "auto"] if transport == "both" else [transport]
     sides = ["raw", *transports, *(["curve"] if args.encrypt else [])]
     print(f"hub throughput: sizes {sizes} float32 parameters, shards {shard_counts}, workers "
           f"{workers}, {seconds:g} s per cell, {repeats} interleaved repeat(s), loopback only",

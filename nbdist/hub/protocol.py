@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import hmac
 import json
+import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -32,6 +33,9 @@ _json_in = json.JSONDecoder()
 _STRINGS = ("run", "from", "to", "op")
 
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this pyzmq's copying send is faster than zero-copy
+# From this many buffer bytes in one message on, the MAC hashes on blake3's own threads
+# (benchmarks/mac_threads.py); 0 would always, a huge value never. NBDIST_MAC_THREADS_MIN_MB overrides.
+MAC_THREADS_MIN_BYTES = int(float(os.environ.get("NBDIST_MAC_THREADS_MIN_MB", "") or 1e9) * 1e6)
 SIGNATURE_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024
 KEY_BYTES = 32
@@ -54,10 +58,12 @@ def mac(key: bytes, header_bytes: bytes, buffers: Sequence[object] = ()) -> byte
         >>> mac(bytes(32), b"{}").hex()[:16]
         '1c11cee5c8b647e4'
     """
-    h = _blake3(len(header_bytes).to_bytes(8, "little"), key=key)
+    views = [_bytes_view(b) for b in buffers]
+    threads = 1 if len(views) == 0 or sum(map(len, views)) < MAC_THREADS_MIN_BYTES else _blake3.AUTO
+    h = _blake3(len(header_bytes).to_bytes(8, "little"), key=key, max_threads=threads)
     h.update(header_bytes)
-    for b in buffers:
-        h.update(_bytes_view(b))
+    for v in views:
+        h.update(v)
     return h.digest()
 
 
