@@ -43,6 +43,7 @@ from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
 from nbdist.hub import shm, writeoff
+from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.messages import Reply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
@@ -97,6 +98,7 @@ class Hub:
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
                               optimizer=spec.optimizer, offset=spec.offset, start_time=self.start_time)
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
+        reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message
         self.links: dict[int, shm.WorkerLink] = {}
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
@@ -164,7 +166,8 @@ class Hub:
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
                     log.error("%s", self.error)
                     self._send(ret, {"op": "error", "message": str(exc)}, [])
-                self._release_held()
+                if self.core.held:
+                    self._release_held()
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
