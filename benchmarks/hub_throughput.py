@@ -61,6 +61,7 @@ import zmq
 from _common import median, table
 
 from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.async_ps.backend import hub_specs
@@ -158,6 +159,7 @@ def _timed_loop(step, state, start: float, seconds: float) -> int:
 
 
 def _raw_server(slice_bytes: int, stop, conn) -> None:
+    reuse_large_buffers(slice_bytes)  # the same malloc setting as nbdist's processes: like for like
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -177,6 +179,7 @@ def _raw_server(slice_bytes: int, stop, conn) -> None:
 
 
 def _raw_client(ports, slice_bytes, barrier, start_at, seconds, conn) -> None:
+    reuse_large_buffers(slice_bytes)
     ctx = zmq.Context()
     socks = []
     try:
