@@ -54,6 +54,7 @@ import os
 import time
 import traceback
 import uuid
+from types import SimpleNamespace
 
 import _common  # noqa: F401 - sys.path for a checkout; TF stays unloaded here anyway
 import numpy as np
@@ -85,7 +86,7 @@ def _hub_process(spec: HubSpec, conn) -> None:
         conn.send(("error", traceback.format_exc()))
 
 
-def _nbdist_worker(key, worker, shards, transport, barrier, start_at, seconds, conn) -> None:
+def _nbdist_worker(key, worker, shards, transport, win, conn) -> None:
     tr = None
     try:
         tr = WorkerTransport(key, worker, shards, 0, transport, timeout=60)
@@ -110,10 +111,12 @@ def _nbdist_worker(key, worker, shards, transport, barrier, start_at, seconds, c
             return tr.step(header, push=True, pull=True)
 
         reply = tr.hello()
+        t0 = time.monotonic()
         for _ in range(3):
             reply = step(reply)
-        barrier.wait(120)
-        count = _timed_loop(step, reply, start_at.value, seconds)
+        win.warm[worker] = (time.monotonic() - t0) / 3
+        win.barrier.wait(120)
+        count = _timed_loop(step, reply, win.start_at.value, win.seconds.value)
         conn.send(("ok", count))
         tr.bye()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -178,7 +181,7 @@ def _raw_server(slice_bytes: int, stop, conn) -> None:
         ctx.term()
 
 
-def _raw_client(ports, slice_bytes, barrier, start_at, seconds, conn) -> None:
+def _raw_client(index, ports, slice_bytes, win, conn) -> None:
     reuse_large_buffers(slice_bytes)
     ctx = zmq.Context()
     socks = []
@@ -196,10 +199,12 @@ def _raw_client(ports, slice_bytes, barrier, start_at, seconds, conn) -> None:
             for s in socks:
                 s.recv(copy=False)
 
+        t0 = time.monotonic()
         for _ in range(3):
             step(None)
-        barrier.wait(120)
-        conn.send(("ok", _timed_loop(step, None, start_at.value, seconds)))
+        win.warm[index] = (time.monotonic() - t0) / 3
+        win.barrier.wait(120)
+        conn.send(("ok", _timed_loop(step, None, win.start_at.value, win.seconds.value)))
     except BaseException:  # noqa: BLE001
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -247,8 +252,18 @@ def _recv(conn, what: str, timeout: float = 90.0):
     return value
 
 
-def _run_window(conns, barrier, start_at, seconds: float) -> int:
-    """Release the workers into a common measurement window; total round trips in it."""
+def _window(workers: int, seconds: float) -> SimpleNamespace:
+    """What the parent and the workers of one cell share: a barrier, the window's start and
+    length, and each worker's warm-up step time."""
+    return SimpleNamespace(barrier=MP.Barrier(workers + 1), start_at=MP.Value("d", 0.0),
+                           seconds=MP.Value("d", seconds), warm=MP.Array("d", workers))
+
+
+def _run_window(conns, win) -> tuple[int, float]:
+    """Release the workers into a common measurement window; (round trips in it, its length).
+    The window is --seconds, or 4 of the slowest worker's warm-up steps if longer, so that
+    every worker completes several steps in it (32 workers at 10M: a step is ~1 s)."""
+    barrier = win.barrier
     deadline = time.monotonic() + 90
     while barrier.n_waiting < len(conns):  # every worker registered and warmed up
         for c in conns:
@@ -260,9 +275,10 @@ def _run_window(conns, barrier, start_at, seconds: float) -> int:
             barrier.abort()
             raise RuntimeError("workers did not get ready within 90s")
         time.sleep(0.01)
-    start_at.value = time.monotonic() + 0.25 + 0.02 * len(conns)  # all released by then
+    win.seconds.value = seconds = max(win.seconds.value, 4 * max(win.warm[:]))
+    win.start_at.value = time.monotonic() + 0.25 + 0.02 * len(conns)  # all released by then
     barrier.wait(30)
-    return sum(_recv(c, "worker", seconds + 60) for c in conns)
+    return sum(_recv(c, "worker", seconds + 60) for c in conns), seconds
 
 
 def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float,
@@ -280,10 +296,9 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
     try:
         hub_conns = [hubs.start(_hub_process, s) for s in hub_specs(base, params, shards)]
         endpoints = [_recv(c, f"hub shard {i}") for i, c in enumerate(hub_conns)]
-        barrier, start_at = MP.Barrier(workers + 1), MP.Value("d", 0.0)
-        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, barrier, start_at,
-                            seconds) for w in range(workers)]
-        count = _run_window(conns, barrier, start_at, seconds)
+        win = _window(workers, seconds)
+        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, win) for w in range(workers)]
+        count, seconds = _run_window(conns, win)
         crew.stop(timeout=30)  # workers say bye and leave before the hubs shut down
         _shutdown(key, endpoints)
         endpoints = []
@@ -315,11 +330,10 @@ def raw_cell(size: int, shards: int, workers: int, seconds: float) -> dict:
     try:
         server_conns = [procs.start(_raw_server, b, stop) for b in slices]
         ports = [_recv(c, "raw server") for c in server_conns]
-        barrier, start_at = MP.Barrier(workers + 1), MP.Value("d", 0.0)
+        win = _window(workers, seconds)
         # every client sends the same slice sizes as an nbdist worker does to the shards
-        conns = [procs.start(_raw_client, ports, slices[0], barrier, start_at, seconds)
-                 for _ in range(workers)]
-        count = _run_window(conns, barrier, start_at, seconds)
+        conns = [procs.start(_raw_client, i, ports, slices[0], win) for i in range(workers)]
+        count, seconds = _run_window(conns, win)
         return {"rate": count / seconds}
     finally:
         stop.set()
