@@ -41,7 +41,8 @@ How to read it
     python benchmarks/hub_throughput.py --quick    # 1 repeat, 1 s cells, workers 1, 4, 16
     python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
     python benchmarks/hub_throughput.py --workers 1 2 --transport tcp --encrypt   # + CurveZMQ
-    python benchmarks/hub_throughput.py --sweep    # 1..32 workers, 1/2/4 shards, 1M and 10M
+    python benchmarks/hub_throughput.py --sweep    # 1..32 workers, 1/2/4 shards, 1M and 10M, shm
+    python benchmarks/hub_throughput.py --profile  # the hub's CPU per phase of a push (_hub_profile.py)
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ import os
 import time
 import traceback
 import uuid
+from types import SimpleNamespace
 
 import _common  # noqa: F401 - sys.path for a checkout; TF stays unloaded here anyway
 import numpy as np
@@ -60,6 +62,7 @@ import zmq
 from _common import median, table
 
 from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.async_ps.backend import hub_specs
@@ -83,7 +86,7 @@ def _hub_process(spec: HubSpec, conn) -> None:
         conn.send(("error", traceback.format_exc()))
 
 
-def _nbdist_worker(key, worker, shards, transport, barrier, start_at, seconds, conn) -> None:
+def _nbdist_worker(key, worker, shards, transport, win, conn) -> None:
     tr = None
     try:
         tr = WorkerTransport(key, worker, shards, 0, transport, timeout=60)
@@ -108,10 +111,12 @@ def _nbdist_worker(key, worker, shards, transport, barrier, start_at, seconds, c
             return tr.step(header, push=True, pull=True)
 
         reply = tr.hello()
+        t0 = time.monotonic()
         for _ in range(3):
             reply = step(reply)
-        barrier.wait(120)
-        count = _timed_loop(step, reply, start_at.value, seconds)
+        win.warm[worker] = (time.monotonic() - t0) / 3
+        win.barrier.wait(120)
+        count = _timed_loop(step, reply, win.start_at.value, win.seconds.value)
         conn.send(("ok", count))
         tr.bye()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -157,6 +162,7 @@ def _timed_loop(step, state, start: float, seconds: float) -> int:
 
 
 def _raw_server(slice_bytes: int, stop, conn) -> None:
+    reuse_large_buffers(slice_bytes)  # the same malloc setting as nbdist's processes: like for like
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
@@ -175,7 +181,8 @@ def _raw_server(slice_bytes: int, stop, conn) -> None:
         ctx.term()
 
 
-def _raw_client(ports, slice_bytes, barrier, start_at, seconds, conn) -> None:
+def _raw_client(index, ports, slice_bytes, win, conn) -> None:
+    reuse_large_buffers(slice_bytes)
     ctx = zmq.Context()
     socks = []
     try:
@@ -192,10 +199,12 @@ def _raw_client(ports, slice_bytes, barrier, start_at, seconds, conn) -> None:
             for s in socks:
                 s.recv(copy=False)
 
+        t0 = time.monotonic()
         for _ in range(3):
             step(None)
-        barrier.wait(120)
-        conn.send(("ok", _timed_loop(step, None, start_at.value, seconds)))
+        win.warm[index] = (time.monotonic() - t0) / 3
+        win.barrier.wait(120)
+        conn.send(("ok", _timed_loop(step, None, win.start_at.value, win.seconds.value)))
     except BaseException:  # noqa: BLE001
         conn.send(("error", traceback.format_exc()))
     finally:
@@ -243,8 +252,18 @@ def _recv(conn, what: str, timeout: float = 90.0):
     return value
 
 
-def _run_window(conns, barrier, start_at, seconds: float) -> int:
-    """Release the workers into a common measurement window; total round trips in it."""
+def _window(workers: int, seconds: float) -> SimpleNamespace:
+    """What the parent and the workers of one cell share: a barrier, the window's start and
+    length, and each worker's warm-up step time."""
+    return SimpleNamespace(barrier=MP.Barrier(workers + 1), start_at=MP.Value("d", 0.0),
+                           seconds=MP.Value("d", seconds), warm=MP.Array("d", workers))
+
+
+def _run_window(conns, win) -> tuple[int, float]:
+    """Release the workers into a common measurement window; (round trips in it, its length).
+    The window is --seconds, or 4 of the slowest worker's warm-up steps if longer, so that
+    every worker completes several steps in it (32 workers at 10M: a step is ~1 s)."""
+    barrier = win.barrier
     deadline = time.monotonic() + 90
     while barrier.n_waiting < len(conns):  # every worker registered and warmed up
         for c in conns:
@@ -256,26 +275,30 @@ def _run_window(conns, barrier, start_at, seconds: float) -> int:
             barrier.abort()
             raise RuntimeError("workers did not get ready within 90s")
         time.sleep(0.01)
-    start_at.value = time.monotonic() + 0.25 + 0.02 * len(conns)  # all released by then
+    win.seconds.value = seconds = max(win.seconds.value, 4 * max(win.warm[:]))
+    win.start_at.value = time.monotonic() + 0.25 + 0.02 * len(conns)  # all released by then
     barrier.wait(30)
-    return sum(_recv(c, "worker", seconds + 60) for c in conns)
+    return sum(_recv(c, "worker", seconds + 60) for c in conns), seconds
 
 
-def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float) -> dict:
-    """`transport` "tcp", "auto", or "curve" (tcp with --encrypt: CurveZMQ on the hub sockets)."""
+def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float,
+                profile: bool = False) -> dict:
+    """`transport` "tcp", "auto", or "curve" (tcp with --encrypt: CurveZMQ on the hub sockets).
+    `profile`: also return shard 0's CPU per phase of a push (nbdist.hub.profile)."""
     key = new_key()
     params = np.zeros(size, dtype=np.float32)
     base = _hub_base(key, params, shards, workers)
+    if profile:
+        base = dataclasses.replace(base, profile=True)
     if transport == "curve":
         base, transport = dataclasses.replace(base, encrypt=True), "tcp"
     hubs, crew, endpoints = _Procs(), _Procs(), []
     try:
         hub_conns = [hubs.start(_hub_process, s) for s in hub_specs(base, params, shards)]
         endpoints = [_recv(c, f"hub shard {i}") for i, c in enumerate(hub_conns)]
-        barrier, start_at = MP.Barrier(workers + 1), MP.Value("d", 0.0)
-        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, barrier, start_at,
-                            seconds) for w in range(workers)]
-        count = _run_window(conns, barrier, start_at, seconds)
+        win = _window(workers, seconds)
+        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, win) for w in range(workers)]
+        count, seconds = _run_window(conns, win)
         crew.stop(timeout=30)  # workers say bye and leave before the hubs shut down
         _shutdown(key, endpoints)
         endpoints = []
@@ -284,7 +307,7 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
             if s["error"] or s["dropped"]:
                 raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
         pushes = sum(s["version"] for s in summaries) / shards  # every push reaches every shard
-        return {"rate": count / seconds,
+        return {"rate": count / seconds, "profile": summaries[0].get("profile"),
                 "hub_cpu_ms": 1e3 * max(s["cpu_s"] for s in summaries) / max(1.0, pushes)}
     finally:
         crew.stop()
@@ -307,11 +330,10 @@ def raw_cell(size: int, shards: int, workers: int, seconds: float) -> dict:
     try:
         server_conns = [procs.start(_raw_server, b, stop) for b in slices]
         ports = [_recv(c, "raw server") for c in server_conns]
-        barrier, start_at = MP.Barrier(workers + 1), MP.Value("d", 0.0)
+        win = _window(workers, seconds)
         # every client sends the same slice sizes as an nbdist worker does to the shards
-        conns = [procs.start(_raw_client, ports, slices[0], barrier, start_at, seconds)
-                 for _ in range(workers)]
-        count = _run_window(conns, barrier, start_at, seconds)
+        conns = [procs.start(_raw_client, i, ports, slices[0], win) for i in range(workers)]
+        count, seconds = _run_window(conns, win)
         return {"rate": count / seconds}
     finally:
         stop.set()
@@ -372,24 +394,36 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s cells, workers 1, 4, 16")
     parser.add_argument("--sweep", action="store_true",
-                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, 1 repeat (long)")
+                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, shm and raw, 0.5 s cells, "
+                             "1 repeat (~10 min)")
     parser.add_argument("--seconds", type=float, default=None, help="window per cell (default 1.5)")
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick/--sweep)")
     parser.add_argument("--workers", type=int, nargs="+", default=None)
     parser.add_argument("--shards", type=int, nargs="+", default=None, help="default 1 2")
-    parser.add_argument("--transport", choices=["tcp", "auto", "both"], default="both")
+    parser.add_argument("--transport", choices=["tcp", "auto", "both"], default=None,
+                        help="default both (auto with --sweep)")
     parser.add_argument("--size", type=int, nargs="+", default=None,
                         help="float32 parameters, one or more (default 1000000)")
     parser.add_argument("--encrypt", action="store_true",
                         help="also measure tcp with CurveZMQ on the hub sockets (what --encrypt does)")
+    parser.add_argument("--profile", action="store_true",
+                        help="the hub's CPU per phase of a push, 1 worker, 269K and 1M, shm and tcp")
     args = parser.parse_args()
-    seconds = args.seconds or (1.0 if args.quick else 1.5)
+    if args.profile:
+        from _hub_profile import profile_table
+
+        profile_table(nbdist_cell, args.size or [269_322, 1_000_000], args.seconds or 3.0,
+                      ["auto", "tcp"] if args.transport in (None, "both") else [args.transport],
+                      args.repeats or 1)
+        return
+    seconds = args.seconds or (1.0 if args.quick else 0.5 if args.sweep else 1.5)
     repeats = args.repeats or (1 if args.quick or args.sweep else 3)
     workers = args.workers or ([1, 2, 4, 8, 16, 32] if args.sweep else
                                [1, 4, 16] if args.quick else [1, 2, 4, 8, 16])
     shard_counts = args.shards or ([1, 2, 4] if args.sweep else [1, 2])
     sizes = args.size or ([1_000_000, 10_000_000] if args.sweep else [1_000_000])
-    transports = ["tcp", "auto"] if args.transport == "both" else [args.transport]
+    transport = args.transport or ("auto" if args.sweep else "both")
+    transports = ["tcp", "auto"] if transport == "both" else [transport]
     sides = ["raw", *transports, *(["curve"] if args.encrypt else [])]
     print(f"hub throughput: sizes {sizes} float32 parameters, shards {shard_counts}, workers "
           f"{workers}, {seconds:g} s per cell, {repeats} interleaved repeat(s), loopback only",

@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from nbdist.algorithms.blocks import Ranges, Runner, intersect
+from nbdist.algorithms.blocks import BLOCK, Ranges, Runner, intersect, run_serial
 from nbdist.algorithms.optimizer_rules import FORMULAS, UpdateFormula
 from nbdist.algorithms.schedules import schedule_value
 from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerError
@@ -97,6 +97,11 @@ def checked_segments(segments: Any) -> list[int]:
     return sizes
 
 
+# floats from which the formula runs cache block by cache block (one thread, loaded 2-core
+# machine: Adam 27.7 -> 19.1 ms at 10M, 10.1 -> 7.6 at 4M, 4.2 -> 3.9 at 2M, 2.5 -> 2.6 at 1M)
+CACHE_BLOCKED_MIN = 1 << 21
+
+
 class HubOptimizer:
     """The optimizer a hub shard applies; slot state per shard.
 
@@ -112,6 +117,7 @@ class HubOptimizer:
         >>> spec = server_optimizer_spec("sgd", 0.5, [2])
         >>> opt = HubOptimizer(spec, size=2)
         >>> w = np.array([1, 2], np.float32); opt.apply(w, np.array([0.5, -1], np.float32))
+        False
         >>> w.tolist(), opt.iterations
         ([0.75, 2.5], 1)
     """
@@ -150,9 +156,13 @@ class HubOptimizer:
         scratch = (np.empty(self.size, _F), np.empty(self.size, _F))
         self._scratch = scratch
         self._formula = FORMULAS[self.name](cfg, self.size, scratch)
-        self._run: Runner | None = None
-        self._ranges: list[tuple[int, int]] = []
-        self._parts: dict[int, tuple[UpdateFormula, list[tuple[int, int]]]] = {}
+        self._run: Runner = run_serial
+        self._ranges: list[tuple[int, int]] = [(0, self.size)]
+        # per range of `_ranges`: its cache blocks (lo, hi, the formula on them, decay runs);
+        # None: one pass over the whole shard (small shards, and Nadam)
+        self._parts: dict[int, list[tuple[int, int, UpdateFormula, list[tuple[int, int]]]]] | None = None
+        if self.size >= CACHE_BLOCKED_MIN and not self._formula.scalars:
+            self._parts = self._cache_blocks(self._ranges)
 
     def use_blocks(self, run: Runner, ranges: Ranges) -> None:
         """Apply weight decay and the formula as the blocks `ranges` of the shard, run by `run`
@@ -161,8 +171,14 @@ class HubOptimizer:
         if self._formula.scalars or len(ranges) <= 1:
             return
         self._run, self._ranges = run, list(ranges)
-        self._parts = {lo: (_formula_part(self._formula, lo, hi), intersect(self._decay_runs, lo, hi))
-                       for lo, hi in ranges}
+        self._parts = self._cache_blocks(self._ranges)
+
+    def _cache_blocks(self, ranges: Ranges) -> dict:
+        """Each range cut into `BLOCK`-float pieces, each with the formula on its views: every
+        pass of the formula over one piece runs while it is in cache (the same numbers)."""
+        return {lo: [(a, min(a + BLOCK, hi), _formula_part(self._formula, a, min(a + BLOCK, hi)),
+                      intersect(self._decay_runs, a, min(a + BLOCK, hi))) for a in range(lo, hi, BLOCK)]
+                for lo, hi in ranges}
 
     def _decayed_runs(self, mask: Any, num_segments: int) -> list[tuple[int, int]]:
         """Local [start, end) runs that weight decay touches, adjacent pieces merged."""
@@ -218,11 +234,12 @@ class HubOptimizer:
     # -- one update -----------------------------------------------------------------------
 
     def apply(self, w: np.ndarray, g: np.ndarray, lr_scale: float = 1.0,
-              global_norm: float | None = None) -> None:
+              global_norm: float | None = None, into: np.ndarray | None = None) -> bool:
         """One Keras `optimizer.apply(grads, variables)` on the shard, in place on `w`; `g` is
         not modified. Order as Keras 3: clip, weight decay `w −= w·wd·lr`, the class's formula,
         `iterations += 1`. `lr = learning_rate()·lr_scale` for both the decay and the formula,
-        as Keras uses one rate for both."""
+        as Keras uses one rate for both. `into`: where the new `w` is also written, block by
+        block while in cache; returns whether it was (not on the one-pass path)."""
         if w.shape != (self.size,) or g.shape != (self.size,):
             raise ValueError(f"w and g must be flat float32 arrays of {self.size} floats. "
                              f"Received: shapes {w.shape} and {g.shape}.")
@@ -231,19 +248,23 @@ class HubOptimizer:
             g = self._clip_into(g, global_norm)
         wd = self.config["weight_decay"]
         wd = _F(wd) if wd else None  # None and 0: no decay
-        if self._run is None:
+        parts = self._parts
+        if parts is None:
             self._decay(w, wd, lr, self._decay_runs)
             self._formula.apply(w, g, lr, self.iterations)
         else:
             step = self.iterations
 
             def block(lo: int, hi: int) -> None:
-                formula, runs = self._parts[lo]
-                self._decay(w, wd, lr, runs)
-                formula.apply(w[lo:hi], g[lo:hi], lr, step)
+                for a, b, formula, runs in parts[lo]:
+                    self._decay(w, wd, lr, runs)
+                    formula.apply(w[a:b], g[a:b], lr, step)
+                    if into is not None:
+                        np.copyto(into[a:b], w[a:b])
 
             self._run(block, self._ranges)
         self.iterations += 1
+        return parts is not None and into is not None
 
     def _decay(self, w: np.ndarray, wd: np.float32 | None, lr: np.float32,
                runs: list[tuple[int, int]]) -> None:

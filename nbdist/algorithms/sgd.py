@@ -58,12 +58,18 @@ class ASGD(Rule):
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
         s = self._scratch
+        if len(self._ranges) == 1:  # one block: no closure, no runner
+            sgd_step(w, g, lr, s)
+            return True
         self._run(lambda lo, hi: sgd_step(w[lo:hi], g[lo:hi], lr, s[lo:hi]), self._ranges)
         return True
 
     def push_and_read(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int,
                       out: np.ndarray) -> bool:
         s = self._scratch
+        if len(self._ranges) == 1:
+            sgd_step_and_copy(w, g, lr, s, out)
+            return True
         self._run(lambda lo, hi: sgd_step_and_copy(w[lo:hi], g[lo:hi], lr, s[lo:hi], out[lo:hi]),
                   self._ranges)
         return True

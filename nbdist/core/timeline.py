@@ -96,13 +96,14 @@ class Timeline:
 
     def _as_row(self, row: Mapping[str, float | None] | Sequence[float | None]) -> list[float]:
         if isinstance(row, Mapping):
-            unknown = row.keys() - self._index.keys()
-            if unknown:
-                raise ConfigError(f"Unknown timeline column(s) {sorted(unknown)}. Expected some of "
-                                  f"{list(self.columns)}; add them when creating the Timeline.")
-            x = [math.nan] * len(self.columns)
-            for k, v in row.items():
-                x[self._index[k]] = math.nan if v is None else float(v)
+            x, index = [math.nan] * len(self.columns), self._index
+            try:
+                for k, v in row.items():
+                    x[index[k]] = math.nan if v is None else float(v)
+            except KeyError:
+                unknown = sorted(row.keys() - index.keys())
+                raise ConfigError(f"Unknown timeline column(s) {unknown}. Expected some of "
+                                  f"{list(self.columns)}; add them when creating the Timeline.") from None
             return x
         if len(row) != len(self.columns):
             raise ConfigError(f"A timeline row needs {len(self.columns)} values "
@@ -152,13 +153,12 @@ class Timeline:
             s.data[:half], s.data[half:] = merged, np.nan
             s.weight[:half], s.weight[half:] = w.sum(axis=1), 0
             s.n, s.stride = half, s.stride * 2
-        if s.weight[s.n] == 0:
-            s.data[s.n] = x
-        else:
-            s.data[s.n] = self._fold(s.data[s.n].tolist(), int(s.weight[s.n]), x)
-        s.weight[s.n] += 1
-        if s.weight[s.n] == s.stride:
-            s.n += 1
+        n = s.n
+        weight = int(s.weight[n])
+        s.data[n] = x if weight == 0 else self._fold(s.data[n].tolist(), weight, x)
+        s.weight[n] = weight + 1
+        if weight + 1 == s.stride:
+            s.n = n + 1
 
     def rows(self, worker: int, since_time: float | None = None,
              include_open: bool = False) -> np.ndarray:
@@ -183,6 +183,22 @@ class Timeline:
         """Every worker's rows as JSON-able dicts with a "worker" key, by worker then time."""
         return [{"worker": w, **dict(zip(self.columns, map(_json, r), strict=True))}
                 for w in self.workers for r in self.rows(w, include_open=include_open)]
+
+
+def _p95_sorted(x: list[int]) -> float:
+    """`numpy.percentile(x, 95, method="linear")` of sorted `x`, on Python floats with NumPy's
+    own interpolation (the same number; a percentile call costs ~0.2 ms on a hub's hot path).
+
+    Example:
+        >>> _p95_sorted([0, 1, 1, 2, 10]) == float(np.percentile([0, 1, 1, 2, 10], 95))
+        True
+    """
+    h = (len(x) - 1) * 0.95
+    lo = math.floor(h)
+    t = h - lo
+    a, b = float(x[lo]), float(x[min(lo + 1, len(x) - 1)])
+    diff = b - a
+    return b - diff * (1 - t) if t >= 0.5 else a + diff * t
 
 
 class DelayWindow:
@@ -233,12 +249,11 @@ class DelayWindow:
 
     def stats(self, worker: int) -> dict[str, float]:
         """Mean, p95 and max of the window, named as the Timeline columns (NaN if no pushes)."""
-        x = self.recent(worker)
-        if not len(x):
+        n = min(self._count.get(worker, 0), self.window)
+        if not n:
             return {"delay_mean": math.nan, "delay_p95": math.nan, "delay_max": math.nan}
-        return {"delay_mean": float(np.mean(x)),
-                "delay_p95": float(np.percentile(x, 95, method="linear")),
-                "delay_max": float(np.max(x))}
+        x = np.sort(self._recent[worker][:n])  # the order in the window does not matter here
+        return {"delay_mean": float(np.mean(x)), "delay_p95": _p95_sorted(x.tolist()), "delay_max": float(x[-1])}
 
     def histogram(self, worker: int) -> dict[int, int]:
         """Counts of every delay seen, non-zero bins only; the key `cap` counts delays >= cap."""

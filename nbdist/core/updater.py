@@ -126,8 +126,8 @@ class Updater:
         if decided is None:
             return False, False
         gradient, scale = decided
-        opt.apply(w, gradient, scale, global_norm)
-        if into is not None:
+        copied = opt.apply(w, gradient, scale, global_norm, into)  # large shards: fused copy-out
+        if into is not None and not copied:
             self._run(lambda lo, hi: np.copyto(into[lo:hi], w[lo:hi]), self._ranges)
         return True, into is not None
 

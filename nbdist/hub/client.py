@@ -23,6 +23,7 @@ from nbdist.core import compression
 from nbdist.engine.gpu import GpuMonitor
 from nbdist.errors import ProtocolError, TrainingError
 from nbdist.hub import shm
+from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import Codec, Message, send_frames
 from nbdist.hub.wire import client_socket
 
@@ -128,6 +129,7 @@ class WorkerTransport:
             for i, s in enumerate(shards):
                 address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
                 check_reachable(address, int(port), f"hub shard {i}", s["host"].split(":")[0])
+            reuse_large_buffers(4 * max(hi - lo for lo, hi in self.bounds))  # see nbdist.hub.memory
         self._ctx = zmq.Context()
         self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout,
                                 "ipc" if self.use_shm else "tcp")

@@ -17,6 +17,7 @@ from nbdist.core.schedule import Chunk
 _STEP_FIELDS = ("worker", "push", "pull", "chunks", "loss", "compute_s", "comm_s", "wait_s", "batch",
                 "group", "norm", "eval", "seg")
 _ENVELOPE = ("op", "run", "from", "to", "seq", "nbytes", "re")
+_NOT_STATS = frozenset(_STEP_FIELDS + _ENVELOPE)
 
 
 @dataclass
@@ -47,8 +48,7 @@ class Step:
     @classmethod
     def decode(cls, header: dict) -> Step:
         known = {k: header[k] for k in _STEP_FIELDS if k in header}
-        rest = {k: v for k, v in header.items() if k not in _STEP_FIELDS and k not in _ENVELOPE}
-        return cls(**known, stats=rest)
+        return cls(**known, stats={k: v for k, v in header.items() if k not in _NOT_STATS})
 
     def encode(self) -> dict:
         header = {"op": "step", **self.stats}
@@ -112,6 +112,31 @@ class Reply:
         for name in ("params", "seg"):
             if getattr(self, name):
                 header[name] = getattr(self, name)
+        return header
+
+    @staticmethod
+    def wire(work: dict, params: str | None = None, seg: str | None = None) -> dict:
+        """The header `Reply.decode(work)` (with `params` and `seg` set) encodes to, without
+        building the `Chunk`s: `work` is `ShardCore.reply`'s dict, whose chunks are already in
+        wire form (the hub's per-push path).
+
+        Example:
+            >>> work = {"version": 3, "lr": None, "paused": False, "stop": False, "slowdown": 1.0,
+            ...         "group": [], "chunks": [[0, 1, 8, 12]], "done": False}
+            >>> Reply.wire(work, "shm", "s") == {**Reply.decode(work).encode(), "params": "shm", "seg": "s"}
+            True
+        """
+        header = {"op": "reply", **work}
+        if "chunks" not in work:  # a shard other than 0: the version only
+            header = {"op": "reply", "version": work["version"]}
+        if header.get("eval") is None:
+            header.pop("eval", None)
+        if not header.get("eval_pending", True):
+            del header["eval_pending"]
+        if params:
+            header["params"] = params
+        if seg:
+            header["seg"] = seg
         return header
 
     @classmethod

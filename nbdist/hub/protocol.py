@@ -16,20 +16,35 @@ receiver refuses a sequence number it has already passed (replay). Nothing is un
 
 from __future__ import annotations
 
+import hmac
 import json
+import os
 import secrets
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
+from blake3 import blake3 as _blake3
 
 from nbdist.errors import ProtocolError
 
+_json_out = json.JSONEncoder(separators=(",", ":"))
+_json_in = json.JSONDecoder()
+_STRINGS = ("run", "from", "to", "op")
+
 ZERO_COPY_MIN_BYTES = 64 * 1024  # below this pyzmq's copying send is faster than zero-copy
+# From this many buffer bytes in one message on, the MAC hashes on blake3's own threads
+# (benchmarks/mac_threads.py, 2 cores, load ~2.4: no gain up to 40 MB, and 0.71x next to a busy
+# process; at 80 MB 1.9x idle, 1.0x busy). NBDIST_MAC_THREADS_MIN_MB overrides (0: always).
+MAC_THREADS_MIN_BYTES = int(float(os.environ.get("NBDIST_MAC_THREADS_MIN_MB", "") or 64) * 1e6)
 SIGNATURE_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024
 KEY_BYTES = 32
 ENVELOPE = ("run", "from", "to", "seq", "nbytes", "op")  # set by encode, checked by decode
+
+
+def no_mark(phase: str) -> None:
+    """The phase clock's mark when nobody profiles."""
 
 
 def new_key() -> bytes:
@@ -44,13 +59,12 @@ def mac(key: bytes, header_bytes: bytes, buffers: Sequence[object] = ()) -> byte
         >>> mac(bytes(32), b"{}").hex()[:16]
         '1c11cee5c8b647e4'
     """
-    import blake3
-
-    h = blake3.blake3(key=key)
-    h.update(len(header_bytes).to_bytes(8, "little"))
+    views = [_bytes_view(b) for b in buffers]
+    threads = 1 if len(views) == 0 or sum(map(len, views)) < MAC_THREADS_MIN_BYTES else _blake3.AUTO
+    h = _blake3(len(header_bytes).to_bytes(8, "little"), key=key, max_threads=threads)
     h.update(header_bytes)
-    for b in buffers:
-        h.update(_bytes_view(b))
+    for v in views:
+        h.update(v)
     return h.digest()
 
 
@@ -98,22 +112,27 @@ class Codec:
         self._seq: dict[str, int] = {}
         self._last_seen: dict[str, int] = {}
 
-    def encode(self, header: dict, buffers: Sequence[object] = (), *, to: str, re: int | None = None) -> list:
+    def encode(self, header: dict, buffers: Sequence[object] = (), *, to: str, re: int | None = None,
+               mark: Callable[[str], None] = no_mark) -> list:
         """Frames for `header` and `buffers` (objects exposing the buffer protocol) to the
-        endpoint `to`; a reply names the request's sequence number in `re`."""
+        endpoint `to`; a reply names the request's sequence number in `re`. `mark`: the
+        hub's phase clock (`nbdist.hub.profile`)."""
         seq = self._seq[to] = self._seq.get(to, 0) + 1
         sizes = [memoryview(b).nbytes for b in buffers]
         full = {**header, "run": self.run_id, "from": self.sender, "to": to, "seq": seq, "nbytes": sizes}
         if re is not None:
             full["re"] = re
-        header_bytes = json.dumps(full, separators=(",", ":")).encode()
-        return [mac(self._key, header_bytes, buffers), header_bytes, *buffers]
+        header_bytes = _json_out.encode(full).encode()
+        mark("encode")
+        signature = mac(self._key, header_bytes, buffers)
+        mark("mac_out")
+        return [signature, header_bytes, *buffers]
 
     def last_sent(self, to: str) -> int:
         """The sequence number of the latest message sent to `to` (0: none yet)."""
         return self._seq.get(to, 0)
 
-    def decode(self, frames: Sequence[object]) -> Message:
+    def decode(self, frames: Sequence[object], mark: Callable[[str], None] = no_mark) -> Message:
         """Verify and parse `frames` (bytes or zmq.Frame); raise ProtocolError if not valid.
         The first word of the error names the reason it is counted under."""
         if len(frames) < 2:
@@ -127,6 +146,7 @@ class Codec:
             raise ProtocolError(f"oversized message: {total} buffer bytes, at most {self.max_buffer_bytes}")
         if len(signature) != SIGNATURE_BYTES or not _equal(signature, mac(self._key, header_bytes, buffers)):
             raise ProtocolError("bad signature: not signed with this run's key, or altered")
+        mark("mac_in")
         header = parse_header(header_bytes)
         if header["nbytes"] != [b.nbytes for b in buffers]:
             raise ProtocolError(f"malformed header: buffer sizes {[b.nbytes for b in buffers]} "
@@ -145,22 +165,34 @@ class Codec:
 def parse_header(header_bytes: bytes) -> dict:
     """The JSON header with its envelope fields type-checked (a signed header with, say, a
     string `seq` is refused like any other bad message, never trusted)."""
-    try:
-        header = json.loads(header_bytes)
-    except ValueError as exc:
+    try:  # the bytes were signed by this run's own encoder: UTF-8 JSON
+        header = _json_in.decode(str(header_bytes, "utf-8"))
+    except ValueError as exc:  # UnicodeDecodeError is one too
         raise ProtocolError(f"malformed header: not JSON ({exc})") from None
-    if not isinstance(header, dict):
+    if type(header) is not dict:
         raise ProtocolError(f"malformed header: a JSON {type(header).__name__}, expected an object")
+    try:  # the common case in one pass; any doubt goes to the itemised check below
+        ok = (all(type(header[k]) is str for k in _STRINGS) and type(header["seq"]) is int
+              and header["seq"] >= 1 and type(header["nbytes"]) is list
+              and all(type(n) is int and n >= 0 for n in header["nbytes"])
+              and ("re" not in header or (type(header["re"]) is int and header["re"] >= 1)))
+    except KeyError:
+        ok = False
+    if not ok:
+        _refuse_envelope(header)
+    return header
+
+
+def _refuse_envelope(header: dict) -> None:
+    """Raise the ProtocolError that says which envelope field is missing or wrong."""
     missing = [k for k in ENVELOPE if k not in header]
     if missing:
         raise ProtocolError(f"malformed header: lacks {', '.join(missing)}")
-    wrong = [k for k in ("run", "from", "to", "op") if not isinstance(header[k], str)]
+    wrong = [k for k in _STRINGS if not isinstance(header[k], str)]
     wrong += [k for k in ("seq", *(("re",) if "re" in header else ())) if not _is_int(header[k]) or header[k] < 1]
     if not (isinstance(header["nbytes"], list) and all(_is_int(n) and n >= 0 for n in header["nbytes"])):
         wrong.append("nbytes")
-    if wrong:
-        raise ProtocolError(f"malformed header: wrong type or value of {', '.join(wrong)}")
-    return header
+    raise ProtocolError(f"malformed header: wrong type or value of {', '.join(wrong) or 'the envelope'}")
 
 
 def _is_int(value: object) -> bool:
@@ -168,8 +200,6 @@ def _is_int(value: object) -> bool:
 
 
 def _equal(a: bytes, b: bytes) -> bool:
-    import hmac
-
     return hmac.compare_digest(a, b)
 
 
@@ -192,8 +222,10 @@ def _view(frame: object) -> memoryview:
     return frame.buffer if hasattr(frame, "buffer") else memoryview(frame)
 
 
-def _bytes_view(obj: object) -> memoryview:
+def _bytes_view(obj: object) -> object:
     """A flat byte view of any buffer (blake3 wants bytes, not float32 items)."""
+    if type(obj) is bytes:
+        return obj
     view = obj.buffer if hasattr(obj, "buffer") else memoryview(obj)
     return view.cast("B") if view.format != "B" or view.ndim != 1 else view
 

@@ -43,7 +43,9 @@ from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
 from nbdist.hub import shm, writeoff
+from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.messages import Reply, Step
+from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import Return, bind, receive, server_socket
@@ -73,6 +75,7 @@ class HubSpec:
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
     extra_bytes: int = 0  # sync mode: room for rank 0's state (weights, optimizer slots)
     encrypt: bool = False  # CurveZMQ on this shard's socket (--encrypt)
+    profile: bool = False  # CPU time per phase of a push (nbdist.hub.profile; benchmarks)
 
 
 class Hub:
@@ -95,6 +98,7 @@ class Hub:
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
                               optimizer=spec.optimizer, offset=spec.offset, start_time=self.start_time)
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
+        reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message
         self.links: dict[int, shm.WorkerLink] = {}
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
@@ -106,6 +110,7 @@ class Hub:
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
         self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
         self.endpoints = bind(self._sock, spec, params_shm=self._segment.name, size=self.size)
+        self.profile, self._mark = marker(spec.profile)
 
     @property
     def num_workers(self) -> int:
@@ -127,6 +132,7 @@ class Hub:
         last_heard = time.monotonic()
         last_check = self.now()
         grouped = self.core.barrier is not None
+        mark = self._mark
         try:
             while not self.closing:
                 if grouped and self.core.barrier.pending and self.core.expire_groups(GROUP_WAIT_LIMIT_S):
@@ -135,15 +141,17 @@ class Hub:
                     last_check = self.now()
                     self._find_lost()
                 if not poller.poll(100 if grouped else 500):
+                    mark("loop")
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
                         self.error = self.error or "hub idle timeout: the kernel and workers went silent"
                         break
                     continue
+                mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
                     msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
-                                       self.core.num_workers, self.links)
+                                       self.core.num_workers, self.links, mark)
                 except ProtocolError as exc:
                     self.dropped[str(exc).split(":")[0]] += 1
                     continue
@@ -153,18 +161,24 @@ class Hub:
                     if answer is not None:
                         self._send(ret, *answer)
                     self.core.settle()  # a push's bookkeeping, once its reply is out
+                    mark("settle")
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
                     log.error("%s", self.error)
                     self._send(ret, {"op": "error", "message": str(exc)}, [])
-                self._release_held()
+                if self.core.held:
+                    self._release_held()
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": dict(self.dropped)}
+                "dropped": dict(self.dropped),
+                **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
     def _send(self, ret: Return, header: dict, buffers: list) -> None:
-        send_frames(self._sock, [ret.ident, *self.codec.encode(header, buffers, to=ret.to, re=ret.re)])
+        mark = self._mark
+        mark("reply")
+        send_frames(self._sock, [ret.ident, *self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)])
+        mark("send")
 
     def _release_held(self) -> None:
         """Send every held reply the core lets go."""
@@ -217,9 +231,13 @@ class Hub:
         if step.push:
             grad = link.grad if link.grad is not None else compression.decode(msg.buffers[0], link.compression)
             delta = msg.floats(len(msg.buffers) - 1) if self.core.coordinator and self.core.non_trainable.size else None
+            self._mark("parse")
+            if self.profile is not None:
+                self.profile.pushes += 1
             copied = self.core.push(worker, grad, msg.header, batch=step.batch, group=step.group,
                                     into=self._reply_buffer(link) if step.pull else None, norm=step.norm,
                                     non_trainable_delta=delta)
+            self._mark("update")
         self.core.eval_result(worker, msg.header)
         return self._reply_or_hold(worker, ret, pull=step.pull, copied=copied)
 
@@ -241,20 +259,21 @@ class Hub:
     def _reply(self, worker: int, pull: bool, work: dict, copied: bool = False) -> tuple[dict, list]:
         """The core's reply on the wire, with the weights on a pull (`copied`: the worker's
         pull buffer already holds them)."""
-        reply, buffers = Reply.decode(work), []
+        where = seg = None
+        buffers = []
         if pull:
             link, params = self.links[worker], self.core.params
             target = self._reply_buffer(link)
             if target is not None and not copied:
                 np.copyto(target, params)
             if link.params is not None:  # same host: parameters go through shared memory
-                reply.params = "shm" if target is not None else "live"  # live: no lock
-                reply.seg = link.segment.name
+                where = "shm" if target is not None else "live"  # live: no lock
+                seg = link.segment.name
             else:
                 buffers.append(compression.encode(target if target is not None else params, link.compression))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
-        return reply.encode(), buffers
+        return Reply.wire(work, where, seg), buffers
 
     def _report(self, msg: Message, ret: Return) -> tuple[dict, list]:
         worker = int(msg.header["worker"])

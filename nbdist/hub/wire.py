@@ -15,19 +15,20 @@
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from typing import NamedTuple
 
 from nbdist.errors import ProtocolError
+from nbdist.hub.protocol import no_mark
 
 RCVHWM = 8  # messages queued per peer: a worker has at most 2 in flight, the kernel 1
 MAX_FRAMES = 8  # routing id, signature, header, at most 5 buffers (a sync report has 3)
 NUMBER = (int, float)
 
 
-@dataclass(frozen=True)
-class Return:
-    """The address of a reply: ROUTER routing id, requester's sender name, request seq."""
+class Return(NamedTuple):
+    """The address of a reply: ROUTER routing id, requester's sender name, request seq (a
+    tuple: built once per message, a frozen dataclass cost several times more)."""
 
     ident: object
     to: str
@@ -55,12 +56,14 @@ def recv_bounded(sock, max_frames: int, max_bytes: int) -> list:
     return frames
 
 
-def receive(sock, codec, handlers: Mapping, max_bytes: int, num_workers: int, links: Mapping):
+def receive(sock, codec, handlers: Mapping, max_bytes: int, num_workers: int, links: Mapping,
+            mark: Callable[[str], None] = no_mark):
     """The next message on a hub's socket and where its reply goes, or ProtocolError: the
     limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
     the op and every field a handler reads, then the shared-memory segment's generation."""
     frames = recv_bounded(sock, MAX_FRAMES, max_bytes)
-    msg = codec.decode(frames[1:])
+    mark("recv")  # the phase clock (nbdist.hub.profile)
+    msg = codec.decode(frames[1:], mark)
     if msg.op not in handlers:
         raise ProtocolError(f"unknown op: {msg.op!r}")
     check_fields(msg.header, num_workers)
@@ -86,9 +89,9 @@ WORKER_OPS = ("hello", "step", "report", "bye")
 def check_fields(header: Mapping, num_workers: int) -> None:
     """Raise ProtocolError("malformed header: ...") if an op field a hub reads has the wrong
     type, or a worker op names a worker outside 0..num_workers-1."""
-    wrong = [k for k, types in _TYPES.items() if k in header and not _is(header[k], types)]
-    wrong += [k for k in _INT_LISTS if isinstance(header.get(k), list)
-              and not all(_is(v, (int,)) for v in header[k])]
+    wrong = [k for k, v in header.items() if k in _TYPES and not _is(v, _TYPES[k])]
+    wrong += [k for k in _INT_LISTS if type(header.get(k)) is list
+              and not all(type(v) is int for v in header[k])]
     if header["op"] in WORKER_OPS and not (_is(header.get("worker"), (int,))
                                            and 0 <= header["worker"] < num_workers):
         wrong.append(f"worker={header.get('worker')!r} (0..{num_workers - 1})")

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from nbdist.algorithms import optimizers
 from nbdist.algorithms.blocks import MIN_SPLIT, block_ranges, intersect, run_serial
 from nbdist.algorithms.optimizers import server_optimizer_spec
 from nbdist.core.coordinator import Plan
@@ -47,10 +48,16 @@ SPECS = {
 
 @pytest.mark.parametrize("algorithm", ["asgd", "hogwild"])
 @pytest.mark.parametrize("name", list(SPECS))
-def test_a_split_update_on_threads_equals_the_single_pass_bit_for_bit(name, algorithm):
+def test_a_split_update_on_threads_equals_the_single_pass_bit_for_bit(name, algorithm, monkeypatch):
+    """Threads x cache blocks (with the reply copied out of each block while in cache), and
+    cache blocks alone, against one pass of each formula over the whole shard."""
     plan = Plan(num_workers=2, num_samples=1000, epochs=1, batch_size=10, lr=0.05,
                 has_validation=False, algorithm=algorithm)
+    cached = make_updater(plan, {}, SPECS[name], SIZE)  # cache blocks, one thread
+    monkeypatch.setattr(optimizers, "CACHE_BLOCKED_MIN", SIZE + 1)
     one, split = (make_updater(plan, {}, SPECS[name], SIZE) for _ in range(2))
+    if one.optimizer is not None:
+        assert one.optimizer._parts is None  # noqa: SLF001 - the reference really is one pass
     pool, calls = BlockPool(3), []
 
     def recording(fn, ranges):
@@ -60,15 +67,19 @@ def test_a_split_update_on_threads_equals_the_single_pass_bit_for_bit(name, algo
     split.use_blocks(recording, 3)
     rng = np.random.default_rng(7)
     w0 = rng.normal(size=SIZE).astype(np.float32)
-    wa, wb = w0.copy(), w0.copy()
-    outa, outb = np.empty(SIZE, np.float32), np.empty(SIZE, np.float32)
+    wa, wb, wc = w0.copy(), w0.copy(), w0.copy()
+    outa, outb, outc = (np.empty(SIZE, np.float32) for _ in range(3))
     try:
         for step in range(3):
             g = rng.normal(size=SIZE).astype(np.float32)
             assert one.push(step % 2, wa, g, delay=step, into=outa) == \
-                split.push(step % 2, wb, g, delay=step, into=outb)
+                split.push(step % 2, wb, g, delay=step, into=outb) == \
+                cached.push(step % 2, wc, g, delay=step, into=outc)
             np.testing.assert_array_equal(wa, wb)
+            np.testing.assert_array_equal(wa, wc)
             np.testing.assert_array_equal(outa, outb)
+            np.testing.assert_array_equal(outa, outc)
+            np.testing.assert_array_equal(outa, wa)
     finally:
         pool.close()
     assert not np.array_equal(wa, w0)
@@ -76,6 +87,7 @@ def test_a_split_update_on_threads_equals_the_single_pass_bit_for_bit(name, algo
     if split.optimizer is not None and name != "nadam":
         for key, slot in one.optimizer.export_state().items():
             np.testing.assert_array_equal(slot, split.optimizer.export_state()[key])
+            np.testing.assert_array_equal(slot, cached.optimizer.export_state()[key])
 
 
 def test_the_hub_splits_large_updates_only(monkeypatch):

@@ -36,3 +36,13 @@ def test_a_step_names_its_fields_and_keeps_the_statistics_it_carries():
                               "comm_s": 0.0, "wait_s": 0.0}
     assert Step.decode(step.encode()) == step
     assert math.isnan(Step(0).loss) and "loss" not in Step(0).encode()
+
+
+def test_the_hubs_direct_reply_header_is_what_decode_then_encode_gives():
+    """`Reply.wire` skips building Chunks on the hub's per-push path; it must not change a byte."""
+    pending = {**{k: v for k, v in WORK.items() if k != "eval"}, "eval_pending": True}
+    for work in (WORK, pending, {"version": 4}, {**WORK, "chunks": [], "stop": True, "done": True}):
+        for params, seg in ((None, None), ("shm", "seg-1"), ("live", "seg-2")):
+            expected = Reply.decode(work)
+            expected.params, expected.seg = params, seg
+            assert Reply.wire(work, params, seg) == expected.encode()

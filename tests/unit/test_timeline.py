@@ -137,6 +137,18 @@ def test_delay_stats_by_hand():
     assert s["delay_p95"] == pytest.approx(8.4, rel=1e-12)
 
 
+def test_p95_is_numpys_linear_percentile_for_every_window_length():
+    """The hub computes p95 without numpy.percentile (0.2 ms a call); the number is the same."""
+    rng = np.random.default_rng(0)
+    for n in range(1, 300):
+        d = DelayWindow(window=256)
+        for tau in rng.integers(0, 40, n):
+            d.add(0, int(tau))
+        recent = d.recent(0)
+        assert d.stats(0) == {"delay_mean": float(np.mean(recent)), "delay_max": float(np.max(recent)),
+                              "delay_p95": float(np.percentile(recent, 95, method="linear"))}
+
+
 def test_window_keeps_only_recent_delays_oldest_first():
     d = DelayWindow(window=3)
     for tau in [9, 1, 2, 3, 4]:
