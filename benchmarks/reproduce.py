@@ -22,6 +22,14 @@ What it runs
                dbs+dc-asgd-a, softsync with alpha0/tau (n=1, staleness-lr), group and sync
                (DBS only at 8 workers, as the DBS paper; group and sync on all three).
 
+Learning rates: sequential SGD (1 worker) trains at the regime's rate; every run with M workers
+trains at one rate per M, chosen before the study by one rule: ASGD on M equal workers, seed
+100 (not one of the study's seeds), at the regime's rate times each factor of `--lr-grid`
+(1, 1/2, 1/4, 1/8); the factor with the best accuracy after the fixed epochs wins (a diverged
+run is the worst; a tie goes to the higher rate), and every rule (DC-ASGD, DBS, softsync,
+group, sync) then trains at that rate on every profile with M workers. `--lr-grid 1` keeps
+the sequential rate everywhere (the first study's choice).
+
 Metrics per run: accuracy and loss after the fixed epochs (equal work), at a virtual budget T
 (half the work at perfect utilisation of the profile), the virtual time to a target accuracy
 (sequential SGD's accuracy after its first epoch), the staleness of every push. The claims, the
@@ -34,6 +42,7 @@ Usage
     python benchmarks/reproduce.py --regimes overhead --seeds 0 1 2   # a subset
     python benchmarks/reproduce.py --reuse-calibration   # the saved cost models: repeats runs exactly
     python benchmarks/reproduce.py --report-only    # re-write the report from the saved runs
+    python benchmarks/reproduce.py --calibration-from /path/reproduce.json   # another run's cost models
 """
 
 from __future__ import annotations
@@ -78,6 +87,7 @@ PLAN = [  # (profiles, algorithms): the cells of the study, per regime and seed
 ]
 REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}  # quick one first
 BATCH, JITTER, VALIDATION = 32, 0.1, 1000
+LR_GRID, TUNE_SEED = (1.0, 0.5, 0.25, 0.125), 100  # factors of the regime's rate; the tuning run's seed
 CELL = """
 model = MODEL
 model.set_weights(init_weights)
@@ -133,7 +143,34 @@ def calibrate_regime(model, x, y, repeats: int) -> dict:
     return {**used, "where": found[0].where, "params": int(params.size), "each": each}
 
 
-def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dict, args) -> dict:
+def workers_in(profile: str) -> int:
+    return len(slowdowns(profile))
+
+
+def tune_rates(ns: dict, regime: str, cost: dict, args, log) -> dict:
+    """The rate per worker count: ASGD on M equal workers, seed TUNE_SEED, each factor of
+    --lr-grid; the best accuracy after the fixed epochs wins (diverged = worst, ties = higher rate).
+    Returns {M: {"lr": chosen, "grid": [[lr, acc_end or None], ...]}}; 1 worker keeps the rate."""
+    base = REGIMES[regime]["lr"]
+    counts = sorted({workers_in(p) for p, _ in cells(args)} - {1})
+    out: dict = {}
+    for m in counts:
+        grid = []
+        for factor in sorted(set(args.lr_grid), reverse=True):
+            if len(args.lr_grid) == 1:  # no tuning: the one factor is the rate
+                grid.append([base * factor, None])
+                break
+            row = one_run(ns, regime, "asgd", f"{m}w", TUNE_SEED, cost, args, lr=base * factor)
+            grid.append([base * factor, None if row["diverged"] else row["acc_end"]])
+            log(f"{regime} tuning {m}w asgd lr {base * factor:.4g}: "
+                + ("DIVERGED" if row["diverged"] else f"acc@end {row['acc_end']:.3f}"))
+        best = max(grid, key=lambda g: (-math.inf if g[1] is None else g[1], g[0]))
+        out[m] = {"lr": best[0], "grid": grid}
+    return out
+
+
+def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dict, args,
+            lr: float | None = None) -> dict:
     import nbdist
     from nbdist.errors import TrainingError
 
@@ -144,10 +181,11 @@ def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dic
     if spec.pop("sim_extra", None):
         sim += ",sync=1"
     ns["init_weights"] = ns["INITS"][seed]
-    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget}
+    lr = REGIMES[regime]["lr"] if lr is None else lr
+    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget, "lr": lr}
     try:
         run = nbdist.train(CELL, namespace=ns, mode="simulate", slowdown=PROFILES.get(profile, "1"),
-                           lr=REGIMES[regime]["lr"], epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim,
+                           lr=lr, epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim,
                            wait=True, **spec)
     except TrainingError:
         return {**row, "diverged": True}
@@ -201,9 +239,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
+    p.add_argument("--lr-grid", type=float, nargs="+", default=list(LR_GRID),
+                   help="factors of the regime's rate tried for ASGD per worker count (1: no tuning)")
     p.add_argument("--calibrations", type=int, default=5, help="measurements per regime (median used)")
     p.add_argument("--reuse-calibration", action="store_true",
                    help="use the cost models saved next to --out instead of measuring: repeats the runs exactly")
+    p.add_argument("--calibration-from", metavar="PATH",
+                   help="use the cost models of another run's reproduce.json (e.g. one measured on a quiet machine)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")
@@ -215,24 +257,27 @@ def main(argv: list[str] | None = None) -> int:
             setattr(args, key, value)
         args.partial = saved.get("partial", False)
         path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
-                            saved["elapsed"])
+                            saved["elapsed"], saved.get("rates"))
         print(f"wrote {path}")
         return 0
     if args.quick:
         args.regimes, args.samples, args.epochs, args.seeds = ["overhead"], 3000, 1, args.seeds[:1]
         args.profiles, args.calibrations = ["4w"], 1
+        if args.lr_grid == list(LR_GRID):
+            args.lr_grid = [1.0, 0.5]
         if args.algorithms == list(ALGORITHMS):
             args.algorithms = ["sgd", "asgd", "ddc-asgd"]
-    saved_cost = json.loads(raw.read_text())["calibration"] if args.reuse_calibration else {}
-    rows, calibration, started = [], {}, time.perf_counter()
+    source = Path(args.calibration_from) if args.calibration_from else raw
+    saved_cost = json.loads(source.read_text())["calibration"] if args.reuse_calibration or args.calibration_from else {}
+    rows, calibration, rates, started = [], {}, {}, time.perf_counter()
     command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms")}
+    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms", "lr_grid")}
     raw.parent.mkdir(parents=True, exist_ok=True)
 
     def save(elapsed: float, partial: bool) -> None:
         """The rows so far: an interrupted study can still be reported (--report-only)."""
         raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "partial": partial, "args": kept,
-                                   "calibration": calibration, "rows": rows}))
+                                   "calibration": calibration, "rates": rates, "rows": rows}))
     todo = cells(args)
     total = len(args.regimes) * len(args.seeds) * len(todo)
     for regime in args.regimes:
@@ -245,14 +290,21 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{regime}: per step {cost['per_step_s'] * 1e3:.3g} ms, per sample {cost['per_sample_s'] * 1e6:.3g} us "
               f"({cost['where']})", flush=True)
         ns["INITS"] = {}
-        for s in args.seeds:
+        for s in [*args.seeds, TUNE_SEED]:
             import keras
 
             keras.utils.set_random_seed(s)
             ns["INITS"][s] = build_model(kind).get_weights()
+        rates[regime] = tune_rates(ns, regime, cost, args, lambda text: print(
+            f"[{time.perf_counter() - started:6.0f}s] {text}", flush=True))
+        print(f"{regime}: rates per worker count " + ", ".join(f"{m}w {r['lr']:.4g}" for m, r in rates[regime].items()),
+              flush=True)
+        save(time.perf_counter() - started, partial=True)
         for seed in args.seeds:
             for profile, algo in todo:
-                rows.append(one_run(ns, regime, algo, profile, seed, cost, args))
+                m = workers_in(profile)
+                lr = rates[regime][m]["lr"] if m > 1 else None
+                rows.append(one_run(ns, regime, algo, profile, seed, cost, args, lr=lr))
                 r = rows[-1]
                 print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {regime} {profile} seed={seed} "
                       f"{algo:15s} " + ("DIVERGED" if "acc_end" not in r else
@@ -262,7 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     rows += pipeline_rows(args)
     elapsed = time.perf_counter() - started
     save(elapsed, partial=False)
-    path = write_report(Path(args.out), rows, calibration, args, command, elapsed)
+    path = write_report(Path(args.out), rows, calibration, args, command, elapsed, rates)
     print(f"wrote {path} ({elapsed:.0f} s)")
     return 0
 
