@@ -43,6 +43,11 @@ Usage
     python benchmarks/reproduce.py --reuse-calibration   # the saved cost models: repeats runs exactly
     python benchmarks/reproduce.py --report-only    # re-write the report from the saved runs
     python benchmarks/reproduce.py --calibration-from /path/reproduce.json   # another run's cost models
+    python benchmarks/reproduce.py --part overlap   # --overlap's utilisation, real 2-engine cluster (~3 min)
+    python benchmarks/reproduce.py --part pipeline  # greedy vs random partition, 2 pinned engines (~8 min)
+
+The two real-cluster parts (benchmarks/_reproduce_overlap.py, _reproduce_pipeline.py describe
+them) save their runs next to --out and join the report the simulated study wrote.
 """
 
 from __future__ import annotations
@@ -208,15 +213,38 @@ def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dic
     return row
 
 
-def pipeline_rows(args) -> list[dict]:
-    """The hook for the thesis's greedy-vs-random partition claim (-34% training time): it needs
-    `--mode pipeline` on a real cluster (benchmarks/pipeline.py), not a simulation. Until that
-    mode exists this returns nothing and the report says "not measured yet"."""
-    import importlib.util
+def run_part(args, raw: Path) -> int:
+    """--part overlap / pipeline: real runs on a local cluster (not simulated), saved next to
+    --out as <stem>-overlap.json / <stem>-pipeline.json; the report is re-written with them
+    when the simulated study's runs are there."""
+    started = time.perf_counter()
 
-    if importlib.util.find_spec("nbdist.modes.pipeline") is None:
-        return []
-    return []  # wire benchmarks/pipeline.py's paired greedy/random timings in here
+    def log(text: str) -> None:
+        print(f"[{time.perf_counter() - started:6.0f}s] {text}", flush=True)
+    if args.part == "overlap":
+        from _reproduce_overlap import overlap_rows
+
+        rows = overlap_rows({g: REGIMES[g] for g in args.regimes}, args.overlap_samples, args.repeats or 5, log)
+    else:
+        from _reproduce_pipeline import pipeline_rows
+
+        rows = pipeline_rows(args.repeats or 6, args.pipeline_samples, args.micro_batches, log)
+    part = raw.with_name(f"{raw.stem}-{args.part}.json")
+    part.write_text(json.dumps({"command": "python benchmarks/reproduce.py " + " ".join(sys.argv[1:]),
+                                "elapsed": time.perf_counter() - started, "rows": rows}))
+    print(f"wrote {part} ({time.perf_counter() - started:.0f} s)")
+    return rewrite_report(args, raw) if raw.exists() else 0
+
+
+def rewrite_report(args, raw: Path) -> int:
+    saved = json.loads(raw.read_text())
+    for key, value in saved["args"].items():
+        setattr(args, key, value)
+    args.partial = saved.get("partial", False)
+    path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
+                        saved["elapsed"], saved.get("rates"))
+    print(f"wrote {path}")
+    return 0
 
 
 def cells(args) -> list[tuple[str, str]]:
@@ -247,19 +275,20 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calibration-from", metavar="PATH",
                    help="use the cost models of another run's reproduce.json (e.g. one measured on a quiet machine)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
+    p.add_argument("--part", choices=["study", "overlap", "pipeline"], default="study",
+                   help="study: the simulated runs; overlap, pipeline: real runs on a local cluster (see the doc)")
+    p.add_argument("--repeats", type=int, help="--part overlap: pairs per regime (5); pipeline: seeds (6)")
+    p.add_argument("--overlap-samples", type=int, default=24000, help="--part overlap: images per run")
+    p.add_argument("--pipeline-samples", type=int, default=1024, help="--part pipeline: samples per epoch")
+    p.add_argument("--micro-batches", type=int, default=4, help="--part pipeline: micro-batches per batch of 64")
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")
     args = p.parse_args(argv)
     raw = Path(args.out).with_suffix(".json")
     if args.report_only:
-        saved = json.loads(raw.read_text())
-        for key, value in saved["args"].items():
-            setattr(args, key, value)
-        args.partial = saved.get("partial", False)
-        path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
-                            saved["elapsed"], saved.get("rates"))
-        print(f"wrote {path}")
-        return 0
+        return rewrite_report(args, raw)
+    if args.part != "study":
+        return run_part(args, raw)
     if args.quick:
         args.regimes, args.samples, args.epochs, args.seeds = ["overhead"], 3000, 1, args.seeds[:1]
         args.profiles, args.calibrations = ["4w"], 1
@@ -311,7 +340,6 @@ def main(argv: list[str] | None = None) -> int:
                                         f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"), flush=True)
                 save(time.perf_counter() - started, partial=True)
         print(f"{regime}: target accuracy {target_of(rows, regime, args.epochs):.3f}", flush=True)
-    rows += pipeline_rows(args)
     elapsed = time.perf_counter() - started
     save(elapsed, partial=False)
     path = write_report(Path(args.out), rows, calibration, args, command, elapsed, rates)
