@@ -25,9 +25,10 @@ METRICS = {"acc_end": ("accuracy after the fixed epochs", False), "loss_T": ("va
 DC_MECH = ("the delayed gradient is corrected by λ·g⊙g⊙(w − w_read), a diagonal Hessian guess times the "
            "distance the weights moved since the worker read them; that distance grows with the delay "
            "(M − 1 per push when workers are equally fast) and with the rate")
-DC_CHANGE = ("a lower rate (the sequential rate at which ASGD with 16 workers does not collapse) or more "
-             "epochs could shrink a gap that exists here because ASGD falls apart; the papers' CIFAR ResNets "
-             "may have curvature that g⊙g approximates better than these small models")
+DC_CHANGE = ("a rate tuned for each rule instead of for ASGD (the correction's λ·g⊙g term grows with the "
+             "rate, so DC-ASGD may want a different one), training to full convergence as the papers did instead "
+             "of a fixed 3 epochs, or the papers' CIFAR ResNets, whose curvature g⊙g may approximate better than "
+             "these small models'")
 DBS_MECH = ("DBS sizes each worker's batch in proportion to its measured speed, so step times equalise and "
             "the spread of delays shrinks; whether a push then carries more signal depends on the cost model: "
             "where the fixed cost per step dominates, the slow workers drop to the batch floor and push small, "
@@ -237,7 +238,10 @@ def write_report(path: Path, rows: list[dict], calibration: dict, args, command:
         f"rows); seeds {', '.join(map(str, args.seeds))}; step time = slowdown × (per step + per sample × batch) × "
         "exp(0.1 N(0,1)); target accuracy = sequential SGD's accuracy after its first epoch (mean of seeds); T = half the work at perfect "
         "utilisation. Regimes (cost models measured by `--sim calibrate`'s code, "
-        "nbdist/modes/simulate/calibrate.py):", "", *cal_lines, "",
+        "nbdist/modes/simulate/calibrate.py" + (f"; not in this run: measured on a quiet machine by "
+                                                f"`{args.calibration_command}` and read from "
+                                                f"`{args.calibration_from}`" if getattr(args, "calibration_from", None)
+                                                else "") + "):", "", *cal_lines, "",
         *_rates_block(rates or {}, regimes, args),
         "## Verdict rule", "",
         "Per claim and regime, every (setting, seed) pair where both runs exist is a win, a loss or a tie for "

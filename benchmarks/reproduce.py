@@ -298,9 +298,12 @@ def main(argv: list[str] | None = None) -> int:
             args.algorithms = ["sgd", "asgd", "ddc-asgd"]
     source = Path(args.calibration_from) if args.calibration_from else raw
     saved_cost = json.loads(source.read_text())["calibration"] if args.reuse_calibration or args.calibration_from else {}
+    if args.calibration_from:  # the report names where the cost models were measured
+        args.calibration_command = json.loads(source.read_text())["command"]
     rows, calibration, rates, started = [], {}, {}, time.perf_counter()
     command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms", "lr_grid")}
+    kept = {k: getattr(args, k, None) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms",
+                                                 "lr_grid", "calibration_from", "calibration_command")}
     raw.parent.mkdir(parents=True, exist_ok=True)
 
     def save(elapsed: float, partial: bool) -> None:
