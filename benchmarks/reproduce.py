@@ -25,7 +25,7 @@ What it runs
 Learning rates: sequential SGD (1 worker) trains at the regime's rate; every run with M workers
 trains at one rate per M, chosen before the study by one rule: ASGD on M equal workers, seed
 100 (not one of the study's seeds), at the regime's rate times each factor of `--lr-grid`
-(1, 1/2, 1/4, 1/8); the factor with the best accuracy after the fixed epochs wins (a diverged
+(1, 1/2, 1/4, 1/8, 1/16); the factor with the best accuracy after the fixed epochs wins (a diverged
 run is the worst; a tie goes to the higher rate), and every rule (DC-ASGD, DBS, softsync,
 group, sync) then trains at that rate on every profile with M workers. `--lr-grid 1` keeps
 the sequential rate everywhere (the first study's choice).
@@ -92,7 +92,7 @@ PLAN = [  # (profiles, algorithms): the cells of the study, per regime and seed
 ]
 REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}  # quick one first
 BATCH, JITTER, VALIDATION = 32, 0.1, 1000
-LR_GRID, TUNE_SEED = (1.0, 0.5, 0.25, 0.125), 100  # factors of the regime's rate; the tuning run's seed
+LR_GRID, TUNE_SEED = (1.0, 0.5, 0.25, 0.125, 0.0625), 100  # factors of the regime's rate; the tuning run's seed
 CELL = """
 model = MODEL
 model.set_weights(init_weights)
