@@ -228,7 +228,7 @@ def run_part(args, raw: Path) -> int:
     else:
         from _reproduce_pipeline import pipeline_rows
 
-        rows = pipeline_rows(args.repeats or 6, args.pipeline_samples, args.micro_batches, log)
+        rows = pipeline_rows(args.repeats or 10, args.pipeline_samples, args.micro_batches, log)
     part = raw.with_name(f"{raw.stem}-{args.part}.json")
     part.write_text(json.dumps({"command": "python benchmarks/reproduce.py " + " ".join(sys.argv[1:]),
                                 "elapsed": time.perf_counter() - started, "rows": rows}))
@@ -277,9 +277,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
     p.add_argument("--part", choices=["study", "overlap", "pipeline"], default="study",
                    help="study: the simulated runs; overlap, pipeline: real runs on a local cluster (see the doc)")
-    p.add_argument("--repeats", type=int, help="--part overlap: pairs per regime (5); pipeline: seeds (6)")
+    p.add_argument("--repeats", type=int, help="--part overlap: pairs per regime (5); pipeline: seeds (10)")
     p.add_argument("--overlap-samples", type=int, default=24000, help="--part overlap: images per run")
-    p.add_argument("--pipeline-samples", type=int, default=1024, help="--part pipeline: samples per epoch")
+    p.add_argument("--pipeline-samples", type=int, default=4096, help="--part pipeline: samples per epoch")
     p.add_argument("--micro-batches", type=int, default=4, help="--part pipeline: micro-batches per batch of 64")
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")
