@@ -152,7 +152,9 @@ def pipeline_block(rows: list[dict]) -> tuple[list[str], str]:
         g, r = by.get(("greedy", seed)), by.get(("random", seed))
         if g is None or r is None:
             continue
-        cuts.append(f"seed {seed}: {r['cut']} ({r['epoch_s']:.2f} s) against {g['cut']} ({g['epoch_s']:.2f} s)")
+        cuts.append(f"seed {seed}: {r['cut']} ({r['epoch_s']:.2f} s; slowest stage {r['measured_ms']:.1f} ms measured, "
+                    f"{r['predicted_ms']:.1f} predicted) against {g['cut']} ({g['epoch_s']:.2f} s; "
+                    f"{g['measured_ms']:.1f}, {g['predicted_ms']:.1f})")
         if r["cut"] == g["cut"]:  # the same partition: any difference is the machine's noise
             ties += 1
             continue
@@ -181,7 +183,8 @@ def pipeline_block(rows: list[dict]) -> tuple[list[str], str]:
              f"- **{verdict}** — {wins} wins, {losses} losses, {ties} ties (sign test p = {p_for:.3g} for, "
              f"{p_against:.3g} against). Time saved by greedy, 1 − t_greedy / t_random: "
              f"{summary(gains, 1, percent=True)}.",
-             "- Pairs (random's cut and time per epoch against greedy's): " + "; ".join(cuts) + "."]
+             "- Pairs (random's cut, time per epoch and slowest stage per micro-batch against greedy's; a predicted "
+             "time comes from that run's own profile): " + "; ".join(cuts) + "."]
     if opt and greedy0:
         lines.append(f"- Optimal (seed 0): cut {opt['cut']}, {opt['epoch_s']:.2f} s per epoch against greedy's "
                      f"{greedy0['epoch_s']:.2f} s; predicted slowest stage per micro-batch from that run's profile: "

@@ -37,6 +37,7 @@ def test_overlap_verdict_is_a_sign_test_over_the_repeats_pairs():
 
 def _pipe(method, seed, cut, epoch_s):
     return {"method": method, "seed": seed, "cut": cut, "epoch_s": epoch_s, "samples_per_s": 1024 / epoch_s,
+            "measured_ms": epoch_s, "predicted_ms": epoch_s,
             "predicted_all_ms": {"optimal": 1.0, "greedy": 1.0, "random": 2.0}, "cores": {"0": 0, "1": 1},
             "pinned": {"0": [40, 40], "1": [41, 41]}}
 
