@@ -30,7 +30,7 @@ def test_overlap_verdict_is_a_sign_test_over_the_repeats_pairs():
     rows += [_overlap("compute", s, ov, u) for s, (a, b) in enumerate([(0.9, 0.92), (0.9, 0.88), (0.9, 0.91)])
              for ov, u in ((False, a), (True, b))]
     lines, verdicts = overlap_block(rows, ["overhead", "compute"])
-    assert verdicts["overhead"] == "HOLDS (+20% against the thesis's +28%)"  # 5 of 5: p = 1/32
+    assert verdicts["overhead"] == "HOLDS (+20% against the thesis's +28%; samples/s +20%)"  # 5 of 5: p = 1/32
     assert verdicts["compute"].startswith("NOT SHOWN")  # 2 wins, 1 loss
     assert "5 wins, 0 losses (sign test p = 0.0312 for" in "\n".join(lines)
 
