@@ -51,6 +51,8 @@ bench: install horovod
 	$(BIN)/python benchmarks/hub_soak.py
 	$(BIN)/python benchmarks/dashboard_refresh.py
 	$(BIN)/python benchmarks/reproduce.py
+	$(BIN)/python benchmarks/reproduce.py --part overlap
+	$(BIN)/python benchmarks/reproduce.py --part pipeline
 
 lint: install
 	$(BIN)/ruff check nbdist tests benchmarks scripts

@@ -22,6 +22,14 @@ What it runs
                dbs+dc-asgd-a, softsync with alpha0/tau (n=1, staleness-lr), group and sync
                (DBS only at 8 workers, as the DBS paper; group and sync on all three).
 
+Learning rates: sequential SGD (1 worker) trains at the regime's rate; every run with M workers
+trains at one rate per M, chosen before the study by one rule: ASGD on M equal workers, seed
+100 (not one of the study's seeds), at the regime's rate times each factor of `--lr-grid`
+(1, 1/2, 1/4, 1/8, 1/16); the factor with the best accuracy after the fixed epochs wins (a diverged
+run is the worst; a tie goes to the higher rate), and every rule (DC-ASGD, DBS, softsync,
+group, sync) then trains at that rate on every profile with M workers. `--lr-grid 1` keeps
+the sequential rate everywhere (the first study's choice).
+
 Metrics per run: accuracy and loss after the fixed epochs (equal work), at a virtual budget T
 (half the work at perfect utilisation of the profile), the virtual time to a target accuracy
 (sequential SGD's accuracy after its first epoch), the staleness of every push. The claims, the
@@ -34,6 +42,12 @@ Usage
     python benchmarks/reproduce.py --regimes overhead --seeds 0 1 2   # a subset
     python benchmarks/reproduce.py --reuse-calibration   # the saved cost models: repeats runs exactly
     python benchmarks/reproduce.py --report-only    # re-write the report from the saved runs
+    python benchmarks/reproduce.py --calibration-from /path/reproduce.json   # another run's cost models
+    python benchmarks/reproduce.py --part overlap   # --overlap's utilisation, real 2-engine cluster (~3 min)
+    python benchmarks/reproduce.py --part pipeline  # greedy vs random partition, 2 pinned engines (~8 min)
+
+The two real-cluster parts (benchmarks/_reproduce_overlap.py, _reproduce_pipeline.py describe
+them) save their runs next to --out and join the report the simulated study wrote.
 """
 
 from __future__ import annotations
@@ -78,6 +92,7 @@ PLAN = [  # (profiles, algorithms): the cells of the study, per regime and seed
 ]
 REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}  # quick one first
 BATCH, JITTER, VALIDATION = 32, 0.1, 1000
+LR_GRID, TUNE_SEED = (1.0, 0.5, 0.25, 0.125, 0.0625), 100  # factors of the regime's rate; the tuning run's seed
 CELL = """
 model = MODEL
 model.set_weights(init_weights)
@@ -133,7 +148,34 @@ def calibrate_regime(model, x, y, repeats: int) -> dict:
     return {**used, "where": found[0].where, "params": int(params.size), "each": each}
 
 
-def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dict, args) -> dict:
+def workers_in(profile: str) -> int:
+    return len(slowdowns(profile))
+
+
+def tune_rates(ns: dict, regime: str, cost: dict, args, log) -> dict:
+    """The rate per worker count: ASGD on M equal workers, seed TUNE_SEED, each factor of
+    --lr-grid; the best accuracy after the fixed epochs wins (diverged = worst, ties = higher rate).
+    Returns {M: {"lr": chosen, "grid": [[lr, acc_end or None], ...]}}; 1 worker keeps the rate."""
+    base = REGIMES[regime]["lr"]
+    counts = sorted({workers_in(p) for p, _ in cells(args)} - {1})
+    out: dict = {}
+    for m in counts:
+        grid = []
+        for factor in sorted(set(args.lr_grid), reverse=True):
+            if len(args.lr_grid) == 1:  # no tuning: the one factor is the rate
+                grid.append([base * factor, None])
+                break
+            row = one_run(ns, regime, "asgd", f"{m}w", TUNE_SEED, cost, args, lr=base * factor)
+            grid.append([base * factor, None if row["diverged"] else row["acc_end"]])
+            log(f"{regime} tuning {m}w asgd lr {base * factor:.4g}: "
+                + ("DIVERGED" if row["diverged"] else f"acc@end {row['acc_end']:.3f}"))
+        best = max(grid, key=lambda g: (-math.inf if g[1] is None else g[1], g[0]))
+        out[m] = {"lr": best[0], "grid": grid}
+    return out
+
+
+def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dict, args,
+            lr: float | None = None) -> dict:
     import nbdist
     from nbdist.errors import TrainingError
 
@@ -144,10 +186,11 @@ def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dic
     if spec.pop("sim_extra", None):
         sim += ",sync=1"
     ns["init_weights"] = ns["INITS"][seed]
-    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget}
+    lr = REGIMES[regime]["lr"] if lr is None else lr
+    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget, "lr": lr}
     try:
         run = nbdist.train(CELL, namespace=ns, mode="simulate", slowdown=PROFILES.get(profile, "1"),
-                           lr=REGIMES[regime]["lr"], epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim,
+                           lr=lr, epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim,
                            wait=True, **spec)
     except TrainingError:
         return {**row, "diverged": True}
@@ -170,15 +213,38 @@ def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dic
     return row
 
 
-def pipeline_rows(args) -> list[dict]:
-    """The hook for the thesis's greedy-vs-random partition claim (-34% training time): it needs
-    `--mode pipeline` on a real cluster (benchmarks/pipeline.py), not a simulation. Until that
-    mode exists this returns nothing and the report says "not measured yet"."""
-    import importlib.util
+def run_part(args, raw: Path) -> int:
+    """--part overlap / pipeline: real runs on a local cluster (not simulated), saved next to
+    --out as <stem>-overlap.json / <stem>-pipeline.json; the report is re-written with them
+    when the simulated study's runs are there."""
+    started = time.perf_counter()
 
-    if importlib.util.find_spec("nbdist.modes.pipeline") is None:
-        return []
-    return []  # wire benchmarks/pipeline.py's paired greedy/random timings in here
+    def log(text: str) -> None:
+        print(f"[{time.perf_counter() - started:6.0f}s] {text}", flush=True)
+    if args.part == "overlap":
+        from _reproduce_overlap import overlap_rows
+
+        rows = overlap_rows({g: REGIMES[g] for g in args.regimes}, args.overlap_samples, args.repeats or 5, log)
+    else:
+        from _reproduce_pipeline import pipeline_rows
+
+        rows = pipeline_rows(args.repeats or 10, args.pipeline_samples, args.micro_batches, log)
+    part = raw.with_name(f"{raw.stem}-{args.part}.json")
+    part.write_text(json.dumps({"command": "python benchmarks/reproduce.py " + " ".join(sys.argv[1:]),
+                                "elapsed": time.perf_counter() - started, "rows": rows}))
+    print(f"wrote {part} ({time.perf_counter() - started:.0f} s)")
+    return rewrite_report(args, raw) if raw.exists() else 0
+
+
+def rewrite_report(args, raw: Path) -> int:
+    saved = json.loads(raw.read_text())
+    for key, value in saved["args"].items():
+        setattr(args, key, value)
+    args.partial = saved.get("partial", False)
+    path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
+                        saved["elapsed"], saved.get("rates"))
+    print(f"wrote {path}")
+    return 0
 
 
 def cells(args) -> list[tuple[str, str]]:
@@ -201,38 +267,49 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
     p.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
+    p.add_argument("--lr-grid", type=float, nargs="+", default=list(LR_GRID),
+                   help="factors of the regime's rate tried for ASGD per worker count (1: no tuning)")
     p.add_argument("--calibrations", type=int, default=5, help="measurements per regime (median used)")
     p.add_argument("--reuse-calibration", action="store_true",
                    help="use the cost models saved next to --out instead of measuring: repeats the runs exactly")
+    p.add_argument("--calibration-from", metavar="PATH",
+                   help="use the cost models of another run's reproduce.json (e.g. one measured on a quiet machine)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
+    p.add_argument("--part", choices=["study", "overlap", "pipeline"], default="study",
+                   help="study: the simulated runs; overlap, pipeline: real runs on a local cluster (see the doc)")
+    p.add_argument("--repeats", type=int, help="--part overlap: pairs per regime (5); pipeline: seeds (10)")
+    p.add_argument("--overlap-samples", type=int, default=24000, help="--part overlap: images per run")
+    p.add_argument("--pipeline-samples", type=int, default=4096, help="--part pipeline: samples per epoch")
+    p.add_argument("--micro-batches", type=int, default=4, help="--part pipeline: micro-batches per batch of 64")
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")
     args = p.parse_args(argv)
     raw = Path(args.out).with_suffix(".json")
     if args.report_only:
-        saved = json.loads(raw.read_text())
-        for key, value in saved["args"].items():
-            setattr(args, key, value)
-        args.partial = saved.get("partial", False)
-        path = write_report(Path(args.out), saved["rows"], saved["calibration"], args, saved["command"],
-                            saved["elapsed"])
-        print(f"wrote {path}")
-        return 0
+        return rewrite_report(args, raw)
+    if args.part != "study":
+        return run_part(args, raw)
     if args.quick:
         args.regimes, args.samples, args.epochs, args.seeds = ["overhead"], 3000, 1, args.seeds[:1]
         args.profiles, args.calibrations = ["4w"], 1
+        if args.lr_grid == list(LR_GRID):
+            args.lr_grid = [1.0, 0.5]
         if args.algorithms == list(ALGORITHMS):
             args.algorithms = ["sgd", "asgd", "ddc-asgd"]
-    saved_cost = json.loads(raw.read_text())["calibration"] if args.reuse_calibration else {}
-    rows, calibration, started = [], {}, time.perf_counter()
+    source = Path(args.calibration_from) if args.calibration_from else raw
+    saved_cost = json.loads(source.read_text())["calibration"] if args.reuse_calibration or args.calibration_from else {}
+    if args.calibration_from:  # the report names where the cost models were measured
+        args.calibration_command = json.loads(source.read_text())["command"]
+    rows, calibration, rates, started = [], {}, {}, time.perf_counter()
     command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    kept = {k: getattr(args, k) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms")}
+    kept = {k: getattr(args, k, None) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms",
+                                                 "lr_grid", "calibration_from", "calibration_command")}
     raw.parent.mkdir(parents=True, exist_ok=True)
 
     def save(elapsed: float, partial: bool) -> None:
         """The rows so far: an interrupted study can still be reported (--report-only)."""
         raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "partial": partial, "args": kept,
-                                   "calibration": calibration, "rows": rows}))
+                                   "calibration": calibration, "rates": rates, "rows": rows}))
     todo = cells(args)
     total = len(args.regimes) * len(args.seeds) * len(todo)
     for regime in args.regimes:
@@ -245,24 +322,30 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{regime}: per step {cost['per_step_s'] * 1e3:.3g} ms, per sample {cost['per_sample_s'] * 1e6:.3g} us "
               f"({cost['where']})", flush=True)
         ns["INITS"] = {}
-        for s in args.seeds:
+        for s in [*args.seeds, TUNE_SEED]:
             import keras
 
             keras.utils.set_random_seed(s)
             ns["INITS"][s] = build_model(kind).get_weights()
+        rates[regime] = tune_rates(ns, regime, cost, args, lambda text: print(
+            f"[{time.perf_counter() - started:6.0f}s] {text}", flush=True))
+        print(f"{regime}: rates per worker count " + ", ".join(f"{m}w {r['lr']:.4g}" for m, r in rates[regime].items()),
+              flush=True)
+        save(time.perf_counter() - started, partial=True)
         for seed in args.seeds:
             for profile, algo in todo:
-                rows.append(one_run(ns, regime, algo, profile, seed, cost, args))
+                m = workers_in(profile)
+                lr = rates[regime][m]["lr"] if m > 1 else None
+                rows.append(one_run(ns, regime, algo, profile, seed, cost, args, lr=lr))
                 r = rows[-1]
                 print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {regime} {profile} seed={seed} "
                       f"{algo:15s} " + ("DIVERGED" if "acc_end" not in r else
                                         f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"), flush=True)
                 save(time.perf_counter() - started, partial=True)
         print(f"{regime}: target accuracy {target_of(rows, regime, args.epochs):.3f}", flush=True)
-    rows += pipeline_rows(args)
     elapsed = time.perf_counter() - started
     save(elapsed, partial=False)
-    path = write_report(Path(args.out), rows, calibration, args, command, elapsed)
+    path = write_report(Path(args.out), rows, calibration, args, command, elapsed, rates)
     print(f"wrote {path} ({elapsed:.0f} s)")
     return 0
 

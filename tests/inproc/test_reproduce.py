@@ -25,7 +25,8 @@ def test_reproduce_quick_writes_the_verdicts_the_statistics_and_the_figures(tmp_
     assert "--quick --out" in report  # the command that regenerates it
     assert "| 4w | ddc-asgd |" in report and "| 1w | sgd |" in report
     assert "- **overhead: " in report and "sign test p = " in report  # a verdict per regime, with its test
-    assert "Not measured yet (needs --mode pipeline)" in report
+    assert "**Not measured yet.** Run `python benchmarks/reproduce.py --part pipeline`" in report
+    assert "**Modelled, not measured**" in report  # no --part overlap run next to it
     saved = json.loads(out.with_suffix(".json").read_text())
     rows, cost = saved["rows"], saved["calibration"]["overhead"]
     assert [r["algo"] for r in rows] == ["sgd", "asgd", "ddc-asgd"]
