@@ -46,6 +46,7 @@ class Rule:
     # attributes a checkpoint saves to continue exactly (float32 arrays or numbers); per-worker
     # state that a worker's next pull rebuilds (DC backups, SSP clocks) is not listed
     state_fields: ClassVar[tuple[str, ...]] = ()
+    reads_kept = 1  # reads per worker a rule that keeps them holds: 2 with --overlap (make_updater)
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         if size < 0 or num_workers < 1:
@@ -97,6 +98,11 @@ class Rule:
 
     def on_pull(self, worker: int, w: np.ndarray, version: int) -> None:
         """Called when `worker` reads `w` at `version`; most rules need nothing."""
+
+    def computed_at(self, worker: int, lag: int) -> None:
+        """`worker`'s next push was computed on the weights it read `lag` pulls before its
+        latest (1 for an overlapped step, which computes while the last reply is in flight);
+        rules that keep what a worker read (DC-ASGD's backups) use that read."""
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
         """Apply `g` (read `delay` versions ago) to `w` in place; True if `w` changed."""

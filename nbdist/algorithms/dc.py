@@ -60,7 +60,8 @@ class DCASGD(Rule):
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
         self._store = SnapshotStore(size)
-        self._backup: dict[int, tuple[int, np.ndarray]] = {}  # worker -> (version, snapshot)
+        self._backup: dict[int, list[tuple[int, np.ndarray]]] = {}  # worker -> its last reads, oldest first
+        self._lag: dict[int, int] = {}  # worker -> reads its next push lags behind its latest
         self._a = np.empty(min(size, BLOCK), np.float32)
         self._b = np.empty(min(size, BLOCK), np.float32)
         self._ghat: np.ndarray | None = None  # ĝ for another optimizer (see `gradient`)
@@ -70,21 +71,34 @@ class DCASGD(Rule):
         return {"lambda0": 0.04}
 
     def on_pull(self, worker: int, w: np.ndarray, version: int) -> None:
-        """`bak[worker] = w`, shared with every worker that read the same version."""
-        held = self._backup.get(worker)
-        if held is not None:
-            if held[0] == version:
+        """`bak[worker] = w`, shared with every worker that read the same version; the last
+        `reads_kept` reads are kept (an overlapped push was computed on the one before)."""
+        held = self._backup.setdefault(worker, [])
+        if self.reads_kept == 1 and held:
+            if held[-1][0] == version:
                 return
-            self._store.release(held[0])  # first, so its buffer can be reused just below
-        self._backup[worker] = (version, self._store.acquire(version, w))
+            self._store.release(held.pop()[0])  # first, so its buffer can be reused just below
+        held.append((version, self._store.acquire(version, w)))
+        while len(held) > self.reads_kept:
+            self._store.release(held.pop(0)[0])
+
+    def computed_at(self, worker: int, lag: int) -> None:
+        self._lag[worker] = lag
 
     def forget(self, worker: int) -> None:
-        held = self._backup.pop(worker, None)
-        if held is not None:
-            self._store.release(held[0])
+        for version, _ in self._backup.pop(worker, []):
+            self._store.release(version)
+        self._lag.pop(worker, None)
+
+    def _held(self, worker: int) -> tuple[int, np.ndarray] | None:
+        """The read `worker`'s push was computed on (None: it never pulled from this rule)."""
+        held = self._backup.get(worker)
+        if not held:
+            return None
+        return held[max(0, len(held) - 1 - self._lag.get(worker, 0))]
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
-        held = self._backup.get(worker)
+        held = self._held(worker)
         self._begin_push(lr, delay)
         for lo in range(0, w.size, BLOCK):
             hi = min(lo + BLOCK, w.size)
@@ -101,7 +115,7 @@ class DCASGD(Rule):
         optimizer takes the step); kept in a buffer of the model's size, made on first use."""
         if self._ghat is None:
             self._ghat = np.empty(self.size, np.float32)
-        held = self._backup.get(worker)
+        held = self._held(worker)
         for lo in range(0, w.size, BLOCK):
             hi = min(lo + BLOCK, w.size)
             a, b = self._a[:hi - lo], self._b[:hi - lo]

@@ -22,6 +22,7 @@ class Plan:
     groups: int = 0  # group: 0 = automatic from speeds, else that many groups
     max_group_ratio: float = 1.5
     chunks_ahead: int = 1  # chunks a worker may hold: local steps or overlap need more
+    overlap: bool = False  # workers push step t while computing t+1: a push may be one read behind
     dbs: bool = False
     batch_min: int = 1
     batch_max: int | None = None

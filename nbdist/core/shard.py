@@ -78,7 +78,7 @@ class ShardCore:
         self.coordinator = Coordinator(plan, start_time) if shard == 0 else None
         self.version = 0
         self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
-        self.read_version: dict[int, int] = {}  # worker -> the version its last pull read
+        self.reads: dict[int, list[int]] = {}  # worker -> the versions its last two pulls read
         self.held: dict[int, tuple[object, bool]] = {}  # worker -> (driver's token, pull) of a held reply
         self._unsettled: tuple | None = None  # a push's bookkeeping, done after the reply (`settle`)
 
@@ -87,7 +87,7 @@ class ShardCore:
     def hello(self, worker: int, host: str, engine: int | None, header: dict | None = None) -> None:
         if self.coordinator is not None:
             self.coordinator.hello(worker, host, engine, header)
-        self.read_version.pop(worker, None)  # a fresh start (or a rejoin): it reads on its reply
+        self.reads.pop(worker, None)  # a fresh start (or a rejoin): it reads on its reply
         self.heard(worker)
 
     def heard(self, worker: int) -> None:
@@ -111,7 +111,9 @@ class ShardCore:
             raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
         if self.coordinator is not None and non_trainable_delta is not None and self.non_trainable.size:
             self.non_trainable += non_trainable_delta
-        read = self.read_version.get(worker, 0)
+        lag = 1 if header.get("lag") == 1 else 0
+        read = self.read_of(worker, lag)
+        self.updater.rule.computed_at(worker, lag)
         if self.barrier is not None:  # a singleton completes at once and flushes old groups
             for step in self.barrier.add(tuple(group or (worker,)), worker, grad, batch, read, header,
                                          now=self.now()):
@@ -123,6 +125,14 @@ class ShardCore:
             now = self.now()
             self._unsettled = (worker, self.coordinator.complete(worker, header, now), header, delay, now)
         return copied
+
+    def read_of(self, worker: int, lag: int = 0) -> int:
+        """The version `worker`'s push was computed on: its latest read, or with `lag` = 1 (an
+        overlapped step, computed while the last reply was in flight) the read before it."""
+        reads = self.reads.get(worker)
+        if not reads:
+            return 0
+        return reads[max(0, len(reads) - 1 - lag)]
 
     def settle(self) -> None:
         """The bookkeeping of the last push (statistics, timeline, delays), which its reply
@@ -177,7 +187,9 @@ class ShardCore:
         self.held.pop(worker, None)
         reply = {"version": self.version, **(self.coordinator.reply_for(worker, pull) if self.coordinator else {})}
         if pull:
-            self.read_version[worker] = self.version
+            reads = self.reads.setdefault(worker, [])
+            reads.append(self.version)
+            del reads[:-2]
             self.updater.rule.on_pull(worker, self.params, self.version)
         return reply
 
@@ -199,7 +211,7 @@ class ShardCore:
     def forget(self, worker: int) -> None:
         """`worker` left or died: drop its rule state and held reply; nothing waits for it."""
         self.held.pop(worker, None)
-        self.read_version.pop(worker, None)
+        self.reads.pop(worker, None)
         self.updater.rule.forget(worker)
         if self.barrier is not None:
             for step in self.barrier.drop(worker):

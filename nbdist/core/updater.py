@@ -144,6 +144,7 @@ def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, of
     from nbdist.algorithms.optimizers import server_optimizer_spec
 
     rule = make_rule(plan.algorithm, size, plan.num_workers, rule_options)
+    rule.reads_kept = 2 if getattr(plan, "overlap", False) else 1  # an overlapped push is one read behind
     if optimizer is None:
         optimizer = server_optimizer_spec("sgd", plan.lr, [offset + size])
     return Updater(rule, optimizer, offset, plan.staleness_lr)

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from nbdist.core.schedule import Chunk
 
 _STEP_FIELDS = ("worker", "push", "pull", "chunks", "loss", "compute_s", "comm_s", "wait_s", "batch",
-                "group", "norm", "eval", "seg")
+                "group", "norm", "eval", "seg", "lag")
 _ENVELOPE = ("op", "run", "from", "to", "seq", "nbytes", "re")
 _NOT_STATS = frozenset(_STEP_FIELDS + _ENVELOPE)
 
@@ -43,6 +43,7 @@ class Step:
     norm: float | None = None  # the whole gradient's norm (global clipping across shards)
     eval: dict | None = None  # an evaluation job's result
     seg: str | None = None  # the shared-memory segment it names
+    lag: int = 0  # the gradient was computed on the pull before the last (1: an overlapped step)
     stats: dict = field(default_factory=dict)  # anything else: statistics the coordinator keeps
 
     @classmethod

@@ -80,7 +80,7 @@ _TYPES: dict[str, tuple] = {
     "reason": (str,), "stop": (bool,), "paused": (bool,), "offset": (int,), "total": (int,),
     "shm": (str,), "seg": (str,), "host": (str,), "eval": (dict,), "samples": (int,),
     "epoch": NUMBER, "option": (list,), "slowdown": (list,), "batch_policy": (str,),
-    "regroup": (bool,), "shards": (list,), "add_worker": (int,),
+    "regroup": (bool,), "shards": (list,), "add_worker": (int,), "lag": (int,),
 }
 _INT_LISTS = ("chunks", "group")
 WORKER_OPS = ("hello", "step", "report", "bye")

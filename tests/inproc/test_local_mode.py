@@ -89,3 +89,16 @@ def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     (warning,) = run.warnings
     assert warning.startswith("The run replaced the cell's CosineDecay schedule: run.set_lr(0.0123)")
     assert run.lr == pytest.approx(0.0124)
+
+
+@pytest.mark.parametrize("algorithm", ["asgd", "dc-asgd"])
+def test_overlap_counts_its_extra_step_of_delay_and_still_trains(algorithm):
+    """One worker with --overlap pushes step t while computing t+1: each gradient after the
+    first was computed one update before the weights the hub holds, so its delay is 1 (it was
+    counted as 0 when the hub took the last reply's read for the gradient's)."""
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", overlap=True, algorithm=algorithm,
+                       epochs=2, batch_size=32, wait=True)
+    assert run.status == "finished" and run.error is None
+    delays = run.history["delay"].dropna().to_numpy()
+    assert len(delays) > 50 and (delays[1:] == 1).mean() > 0.9 and delays.max() <= 1
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85

@@ -211,6 +211,28 @@ def test_exact_hessian_reproduces_the_sequential_trajectory_with_delayed_gradien
     assert not np.array_equal(plain, seq)
 
 
+def test_dc_asgd_compensates_an_overlapped_push_against_the_read_it_was_computed_on():
+    # reads_kept = 2 (--overlap): worker 0 read w0 = [1, 2] at v0 and w1 = [0, 0] at v1, and
+    # its push was computed on w0 (lag 1). lambda0 = 1, lr = 1, g = [1, 1], w now = [0, 0]:
+    # g_hat = g + g*g*(w - w0) = [1 + (0 - 1), 1 + (0 - 2)] = [0, -1]; w -= g_hat -> [0, 1]
+    rule = make_rule("dc-asgd", 2, 1, {"lambda0": 1.0})
+    rule.reads_kept = 2
+    rule.on_pull(0, f32(1, 2), 0)
+    rule.on_pull(0, f32(0, 0), 1)
+    rule.computed_at(0, 1)
+    w = f32(0, 0)
+    rule.on_push(0, w, f32(1, 1), lr=1.0, delay=1)
+    assert w.tolist() == [0.0, 1.0]
+    rule.computed_at(0, 0)  # on the latest read, w1 = w: no compensation
+    w = f32(0, 0)
+    rule.on_push(0, w, f32(1, 1), lr=1.0, delay=0)
+    assert w.tolist() == [-1.0, -1.0]
+    rule.on_pull(0, f32(5, 5), 2)  # only the last two reads stay
+    assert rule.backup_versions == [1, 2]
+    rule.forget(0)
+    assert rule.backup_versions == []
+
+
 def test_backup_is_shared_by_workers_reading_the_same_version():
     size = 1000
     rule = make_rule("dc-asgd", size, num_workers=8)

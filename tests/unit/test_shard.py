@@ -48,6 +48,29 @@ def test_a_push_applies_sgd_and_is_counted_after_its_reply():
     assert [row[HISTORY_COLUMNS.index("delay")] for row in c.stats()["history"]] == [0, 1]
 
 
+def test_an_overlapped_push_counts_its_delay_from_the_read_before_the_last():
+    # worker 0 overlaps: push 1 on v0; push 2 computed on v0 while push 1's reply (v1) was in
+    # flight (lag 1); push 3 on v1 while push 2's reply (v2) was in flight
+    c = core(num_workers=1, overlap=True, num_samples=32)
+    started(c, workers=(0,))
+    for lag in (0, 1, 1):
+        c.push(0, np.array([1, 1], np.float32), {"chunks": [], "lag": lag}, batch=4)
+        c.reply(0, pull=True)
+    c.settle()
+    assert [row[HISTORY_COLUMNS.index("delay")] for row in c.stats()["history"]] == [0, 1, 1]
+    assert c.read_of(0) == 3 and c.read_of(0, lag=1) == 2
+
+
+def test_a_lag_other_than_0_or_1_counts_as_0():
+    c = core(num_workers=1)
+    started(c, workers=(0,))
+    c.push(0, np.array([1, 1], np.float32), {"chunks": [], "lag": -7}, batch=4)
+    c.reply(0, pull=True)
+    c.push(0, np.array([1, 1], np.float32), {"chunks": [], "lag": 99}, batch=4)
+    c.settle()
+    assert [row[HISTORY_COLUMNS.index("delay")] for row in c.stats()["history"]] == [0, 0]
+
+
 def test_into_receives_the_new_weights_in_the_same_pass():
     c = core()
     started(c)

@@ -169,6 +169,7 @@ class _AsyncLoop:
         header, _ = self._compute(chunk, reply, write_grad=False)
         if in_flight:  # step t-1's reply: its weights arrive after step t was computed
             reply = self._receive()
+            header["lag"] = 1  # so the hub counts the delay from the read before (and DC uses it)
         self._write_grad()
         self._sent_at = time.perf_counter()
         self.transport.send_step(header, push=True, pull=True, shared=self._shared(reply, chunk))
