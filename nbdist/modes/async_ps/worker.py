@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class WorkerSpec:
     local_rank: int = 0
     engine: int | None = None
     overlap: bool = False  # send step t while computing step t+1
+    pin: tuple[int, int, int] | None = None  # (index, hubs, workers) on this host: --pin auto (nbdist.affinity)
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
@@ -57,6 +58,7 @@ class WorkerSpec:
 
 def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     """Train on the hub's chunks until done; returns this worker's totals."""
+    spec = pin_worker(spec)
     model, data, validation = run_cell(spec, namespace)
     from nbdist.engine.flatmodel import FlatModel, layout
     from nbdist.hub.client import WorkerTransport
@@ -86,6 +88,19 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:
         transport.close()
+
+
+def pin_worker(spec):
+    """--pin auto: this engine's threads on the worker's cores, TensorFlow's intra-op threads
+    as many as those cores (before TensorFlow starts); otherwise undo an earlier run's pin."""
+    from nbdist import affinity
+
+    if spec.pin is None:
+        affinity.unpin_process()
+        return spec
+    index, hubs, workers = spec.pin
+    placement = affinity.apply("worker", index, hubs, workers)
+    return spec if placement is None else replace(spec, threads=placement.threads)
 
 
 class _AsyncLoop:

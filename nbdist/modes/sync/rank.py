@@ -25,7 +25,7 @@ import numpy as np
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
-from nbdist.modes.async_ps.worker import WorkerSpec
+from nbdist.modes.async_ps.worker import WorkerSpec, pin_worker
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
 
@@ -49,6 +49,7 @@ class SyncSpec(WorkerSpec):
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     """One Horovod rank: train in lockstep with the others; returns the final weights."""
     os.environ.update(rank_network(spec.env or {}))
+    spec = pin_worker(spec)  # --pin auto: each rank on its own cores of the host
     model, data, validation = run_cell(spec, namespace)
     import horovod.tensorflow as hvd
 
