@@ -42,6 +42,8 @@ How to read it
     python benchmarks/overhead.py --transport tcp --batch 256
     python benchmarks/overhead.py --option algorithm=hogwild   # any nbdist.train option
     python benchmarks/overhead.py --hub both      # hub shard as its own process vs a thread
+    python benchmarks/overhead.py --pin both      # pin="off" vs pin="auto" (hub and worker on
+                                                  # cores of their own), interleaved
 """
 
 from __future__ import annotations
@@ -278,6 +280,10 @@ def main() -> None:
     parser.add_argument("--hub", choices=["process", "thread", "both"], default="process",
                         help="serve the hub shard as its own process (nbdist's default) or from a "
                              "thread of its engine (NBDIST_HUB_PROCESS=0), or both, interleaved")
+    parser.add_argument("--pin", choices=["off", "auto", "both"], default=None,
+                        help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
+                             "each on a cluster of its own (TensorFlow's thread count is fixed "
+                             "when an engine first uses it); default: nbdist's default")
     parser.add_argument("--fit-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -294,8 +300,9 @@ def main() -> None:
     transports = ["auto", "tcp"] if args.transport == "both" else [args.transport]
     # (transport, overlap) pairs, in the order they run within a repeat
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
-    sides = [(t, ov, h) for t in transports for ov in ([False, True] if args.overlap else [False])
-             for h in hubs]
+    pins = ["off", "auto"] if args.pin == "both" else [args.pin]
+    sides = [(t, ov, h, p) for t in transports for ov in ([False, True] if args.overlap else [False])
+             for h in hubs for p in pins]
     threads = thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
@@ -305,53 +312,58 @@ def main() -> None:
 
     fits: dict[int, list[dict]] = {b: [] for b in args.batch}
     runs: dict[tuple, list[dict]] = {(b, *side): [] for b in args.batch for side in sides}
-    child = cluster = None
+    child = None
+    clusters: dict = {}
     t_start = time.monotonic()
     try:
         child = FitChild(threads)
         import nbdist
 
-        cluster = nbdist.Cluster.start(2)
+        for p in pins:
+            clusters[p] = nbdist.Cluster.start(2)
         for rep in range(repeats):
             for b in args.batch:
                 f = child.fit(b, epochs[b])
                 fits[b].append(f)
                 print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit             "
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
-                for t, ov, h in sides:
+                for t, ov, h, p in sides:
+                    cluster = clusters[p]
                     cluster.client[:].apply_sync(_set_hub_mode, h)
-                    r = measure_nbdist(cluster, b, epochs[b], t,
-                                       {**options, "overlap": True} if ov else options)
-                    runs[(b, t, ov, h)].append(r)
-                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}  "
+                    side_options = {**options, **({"overlap": True} if ov else {}),
+                                    **({"pin": p} if p else {})}
+                    r = measure_nbdist(cluster, b, epochs[b], t, side_options)
+                    runs[(b, t, ov, h, p)].append(r)
+                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"
+                          f"{f' pin {p:<4}' if p else ''}  "
                           f"{r['rate']:>9,.0f} samples/s  (first push after "
                           f"{r['first_push_s']:.1f}s)", flush=True)
-        engine_threads = worker_threads(cluster)
+        engine_threads = {p: worker_threads(c) for p, c in clusters.items()}
     finally:
         if child is not None:
             child.close()
-        if cluster is not None:
-            cluster.stop()
+        for c in clusters.values():
+            c.stop()
 
-    def side_name(t: str, ov: bool, h: str) -> str:
+    def side_name(t: str, ov: bool, h: str, p: str | None) -> str:
         return (f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
-                + (f" hub {h}" if len(hubs) > 1 else ""))
+                + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else ""))
 
     all_overlap = bool(options.get("overlap"))
     rows = []
     for b in args.batch:
         base = median([f["rate"] for f in fits[b]])
         rows.append([b, "model.fit", base, spread([f["rate"] for f in fits[b]]), 1.0, ""])
-        for t, ov, h in sides:
-            rates = [r["rate"] for r in runs[(b, t, ov, h)]]
+        for t, ov, h, p in sides:
+            rates = [r["rate"] for r in runs[(b, t, ov, h, p)]]
             ratio = median(rates) / base
             target = OVERLAP_TARGET if ov or all_overlap else TARGETS.get(b)
             verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
-            rows.append([b, side_name(t, ov, h), median(rates), spread(rates), ratio, verdict])
+            rows.append([b, side_name(t, ov, h, p), median(rates), spread(rates), ratio, verdict])
     print()
     print(f"Thread budget: TensorFlow intra-op {threads}, inter-op {min(threads, 2)} on both sides "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
-          f"{engine_threads[0]}/{engine_threads[1]}); {os.cpu_count()} CPUs. Steady state = "
+          f"{', '.join(f'{i}/{j}' + (f' with pin {p}' if p else '') for p, (i, j) in engine_threads.items())}); {os.cpu_count()} CPUs. Steady state = "
           f"steps {WINDOW[0]:.0%}..{WINDOW[1]:.0%} of each run; medians of {repeats} repeat(s).")
     print(table(["batch", "side", "samples/s", "range", "ratio to fit", "target"], rows))
 
@@ -361,8 +373,8 @@ def main() -> None:
         fit_step = b / median([f["rate"] for f in fits[b]]) * 1e3
         grad = median([f["grad_s"] for f in fits[b]]) * 1e3
         assign_grad = median([f["assign_grad_s"] for f in fits[b]]) * 1e3
-        for t, ov, h in sides:
-            rs = runs[(b, t, ov, h)]
+        for t, ov, h, p in sides:
+            rs = runs[(b, t, ov, h, p)]
             wall, comp, comm = (median([r[k] for r in rs]) * 1e3
                                 for k in ("wall_step", "compute_step", "comm_step"))
             other, exposed = wall - comp - comm, comm
@@ -372,7 +384,8 @@ def main() -> None:
             if ov or all_overlap or other < -0.05 * wall:
                 other, overlapped = float("nan"), True
                 exposed = max(0.0, comm - comp)
-            brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else ""), wall, comp, comm, exposed, other,
+            brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else "")
+                          + (f" pin {p}" if p else ""), wall, comp, comm, exposed, other,
                           fit_step, grad, assign_grad, median([r["first_push_s"] for r in rs])])
     print(table(["batch", "transport", "wall", "compute", "comm", "comm exposed", "other",
                  "fit step", "iso grad", "iso a+g", "start-up s"], brows))
