@@ -124,6 +124,10 @@ class _AsyncLoop:
         self._assign_pending = False
         self._pending = (np.empty_like(transport.params), np.empty_like(transport.non_trainable))
         self._nt_model = np.zeros_like(transport.non_trainable)  # non-trainable state in the model
+        # With a stateless FlatModel the variables lag behind: the weights of the last pull
+        # (`_in_use`, a buffer nothing writes until the next pull) and `_nt_model` are the model.
+        self._in_use: np.ndarray | None = None
+        self._model_current = True  # the variables hold those weights
 
     def run(self) -> dict:
         t = self.transport
@@ -249,6 +253,10 @@ class _AsyncLoop:
             loss, grad, grad_norm, nt_after = with_assign(params, nt, *batch)
             self._assign_pending = False
             self._nt_model = nt.copy()  # small: the base of this step's non-trainable change
+            self._in_use = params
+            self._model_current = not flat.stateless
+        elif not self._model_current:  # stateless: the weights of the last pull go in again
+            loss, grad, grad_norm, nt_after = with_assign(self._in_use, self._nt_model, *batch)
         else:
             loss, grad, grad_norm, nt_after = alone(*batch)
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
@@ -293,12 +301,16 @@ class _AsyncLoop:
         self._assign_pending = True
 
     def _sync_model(self) -> None:
-        """Write pending pulled weights into the model now (before evaluating or local steps)."""
+        """Write pending pulled weights into the model now (before evaluating or local steps),
+        or, after stateless steps, the weights those steps computed on."""
         if self._assign_pending:
             params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
             self.flat.assign(params, nt)
             self._assign_pending = False
             self._nt_model = nt.copy()
+        elif not self._model_current:
+            self.flat.assign(self._in_use, self._nt_model)
+        self._model_current = True
 
     def _shared(self, reply: dict, *chunks: Chunk) -> dict:
         """Fields every shard needs: the group (for its barrier) and the samples pushed."""
