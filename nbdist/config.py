@@ -79,7 +79,7 @@ class Transport(enum.StrEnum):
 
 
 class Pin(enum.StrEnum):
-    """Whether hub shards and workers get cores of their own on a host (nbdist.affinity)."""
+    """Whether hub shards and workers get cores of their own on a host (nbdist.cluster.affinity)."""
 
     AUTO = "auto"  # one core per hub shard, the rest split between the host's workers
     OFF = "off"  # the OS schedules every thread anywhere
@@ -136,7 +136,7 @@ class TrainConfig:
     local_steps: int = 1
     server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
     overlap: bool = False
-    pin: Pin = PIN_DEFAULT  # cores per role on each host (nbdist.affinity); async and sync modes
+    pin: Pin = PIN_DEFAULT  # cores per role on each host (nbdist.cluster.affinity); async and sync modes
     dbs: bool = False
     batch_min: int | None = None
     batch_max: int | None = None

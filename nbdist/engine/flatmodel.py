@@ -239,6 +239,12 @@ class FlatModel:
         loss, grad, norm, nt = self._gradients(x, y)
         return float(loss), grad.numpy(), float(norm), nt.numpy()
 
+    def gradients_tensor(self, x: np.ndarray, y: np.ndarray) -> tuple[float, object, float]:
+        """(loss, flat gradient as a TensorFlow tensor, its norm): for a caller whose next
+        compiled call takes the gradient as it is (a sync rank's allreduce), without a host copy."""
+        loss, grad, norm, _ = self._gradients(x, y)
+        return float(loss), grad, float(norm)
+
     def assign_and_gradients(self, params: np.ndarray, non_trainable: np.ndarray, x: np.ndarray,
                              y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
         """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call; with

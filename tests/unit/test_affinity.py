@@ -3,8 +3,8 @@ import threading
 
 import pytest
 
-from nbdist import affinity
-from nbdist.affinity import Placement, plan_cores
+from nbdist.cluster import affinity
+from nbdist.cluster.affinity import Placement, plan_cores
 from nbdist.config import Pin, TrainConfig
 from nbdist.errors import ConfigError
 

@@ -35,9 +35,9 @@ log = logging.getLogger(__name__)
 
 
 def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
-    """On a hub's engine, before the hub starts: its cores under --pin auto (nbdist.affinity),
+    """On a hub's engine, before the hub starts: its cores under --pin auto (nbdist.cluster.affinity),
     or back to all of them."""
-    from nbdist import affinity
+    from nbdist.cluster import affinity
 
     if place is None:
         affinity.unpin_process()

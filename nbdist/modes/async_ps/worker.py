@@ -48,7 +48,7 @@ class WorkerSpec:
     local_rank: int = 0
     engine: int | None = None
     overlap: bool = False  # send step t while computing step t+1
-    pin: tuple[int, int, int] | None = None  # (index, hubs, workers) on this host: --pin auto (nbdist.affinity)
+    pin: tuple[int, int, int] | None = None  # (index, hubs, workers) on this host: --pin auto (nbdist.cluster.affinity)
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
@@ -93,7 +93,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
 def pin_worker(spec):
     """--pin auto: this engine's threads on the worker's cores, TensorFlow's intra-op threads
     as many as those cores (before TensorFlow starts); otherwise undo an earlier run's pin."""
-    from nbdist import affinity
+    from nbdist.cluster import affinity
 
     if spec.pin is None:
         affinity.unpin_process()
