@@ -44,6 +44,8 @@ How to read it
     python benchmarks/overhead.py --hub both      # hub shard as its own process vs a thread
     python benchmarks/overhead.py --pin both      # pin="off" vs pin="auto" (hub and worker on
                                                   # cores of their own), interleaved
+    python benchmarks/overhead.py --stateless both  # the worker's stateless gradient call vs
+                                                  # assign-then-gradient (NBDIST_STATELESS=0)
 """
 
 from __future__ import annotations
@@ -143,8 +145,22 @@ def measure_fit(batch: int, epochs: int) -> dict:
     for i in range(reps):  # what the worker's compute calls: the pulled weights go in with it
         flat.assign_and_gradients(params, nt, x[idx[i % 8]], y[idx[i % 8]])
     assign_grad_s = (time.perf_counter() - t0) / reps
+    # the worker's own call: the batch gathered in the graph from held arrays, stateless
+    # (nbdist's default) and assigning the variables first, alternated
+    flat.hold(x, y)
+    stateless = flat.stateless
+    held = {}
+    for mode in (True, False, True, False):
+        flat.stateless = mode and stateless
+        for i in range(5):
+            flat.assign_and_gradients_at(params, nt, idx[i % 8])
+        t0 = time.perf_counter()
+        for i in range(reps):
+            flat.assign_and_gradients_at(params, nt, idx[i % 8])
+        held.setdefault(mode, []).append((time.perf_counter() - t0) / reps)
     return {"rate": rate, "whole_rate": epochs * n / wall, "steps": len(stamps),
-            "grad_s": grad_s, "assign_grad_s": assign_grad_s, "params": int(params.size)}
+            "grad_s": grad_s, "assign_grad_s": assign_grad_s, "params": int(params.size),
+            "held_stateless_s": min(held[True]), "held_assign_s": min(held[False])}
 
 
 class FitChild:
@@ -231,11 +247,13 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     }
 
 
-def _set_hub_mode(mode: str) -> None:
-    """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch)."""
+def _set_hub_mode(mode: str, stateless: str = "on") -> None:
+    """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch);
+    the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel)."""
     import os
 
     os.environ["NBDIST_HUB_PROCESS"] = "1" if mode == "process" else "0"
+    os.environ["NBDIST_STATELESS"] = "0" if stateless == "off" else "1"
 
 
 def worker_threads(cluster) -> tuple[int, int]:
@@ -284,6 +302,10 @@ def main() -> None:
                         help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
                              "each on a cluster of its own (TensorFlow's thread count is fixed "
                              "when an engine first uses it); default: nbdist's default")
+    parser.add_argument("--stateless", choices=["on", "off", "both"], default="on",
+                        help="the worker's gradient call: stateless (nbdist's default, where the "
+                             "model allows it), assigning the variables first (NBDIST_STATELESS=0 "
+                             "on the engines), or both, interleaved")
     parser.add_argument("--fit-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -301,8 +323,9 @@ def main() -> None:
     # (transport, overlap) pairs, in the order they run within a repeat
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
     pins = ["off", "auto"] if args.pin == "both" else [args.pin]
-    sides = [(t, ov, h, p) for t in transports for ov in ([False, True] if args.overlap else [False])
-             for h in hubs for p in pins]
+    states = ["on", "off"] if args.stateless == "both" else [args.stateless]
+    sides = [(t, ov, h, p, st) for t in transports for ov in ([False, True] if args.overlap else [False])
+             for h in hubs for p in pins for st in states]
     threads = thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
@@ -327,15 +350,15 @@ def main() -> None:
                 fits[b].append(f)
                 print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit             "
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
-                for t, ov, h, p in sides:
+                for t, ov, h, p, st in sides:
                     cluster = clusters[p]
-                    cluster.client[:].apply_sync(_set_hub_mode, h)
+                    cluster.client[:].apply_sync(_set_hub_mode, h, st)
                     side_options = {**options, **({"overlap": True} if ov else {}),
                                     **({"pin": p} if p else {})}
                     r = measure_nbdist(cluster, b, epochs[b], t, side_options)
-                    runs[(b, t, ov, h, p)].append(r)
+                    runs[(b, t, ov, h, p, st)].append(r)
                     print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"
-                          f"{f' pin {p:<4}' if p else ''}  "
+                          f"{f' pin {p:<4}' if p else ''}{' assigning' if st == 'off' else ''}  "
                           f"{r['rate']:>9,.0f} samples/s  (first push after "
                           f"{r['first_push_s']:.1f}s)", flush=True)
         engine_threads = {p: worker_threads(c) for p, c in clusters.items()}
@@ -345,21 +368,22 @@ def main() -> None:
         for c in clusters.values():
             c.stop()
 
-    def side_name(t: str, ov: bool, h: str, p: str | None) -> str:
+    def side_name(t: str, ov: bool, h: str, p: str | None, st: str) -> str:
         return (f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
-                + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else ""))
+                + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else "")
+                + (" assigning" if st == "off" else ""))
 
     all_overlap = bool(options.get("overlap"))
     rows = []
     for b in args.batch:
         base = median([f["rate"] for f in fits[b]])
         rows.append([b, "model.fit", base, spread([f["rate"] for f in fits[b]]), 1.0, ""])
-        for t, ov, h, p in sides:
-            rates = [r["rate"] for r in runs[(b, t, ov, h, p)]]
+        for t, ov, h, p, st in sides:
+            rates = [r["rate"] for r in runs[(b, t, ov, h, p, st)]]
             ratio = median(rates) / base
             target = OVERLAP_TARGET if ov or all_overlap else TARGETS.get(b)
             verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
-            rows.append([b, side_name(t, ov, h, p), median(rates), spread(rates), ratio, verdict])
+            rows.append([b, side_name(t, ov, h, p, st), median(rates), spread(rates), ratio, verdict])
     print()
     print(f"Thread budget: TensorFlow intra-op {threads}, inter-op {min(threads, 2)} on both sides "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
@@ -373,8 +397,10 @@ def main() -> None:
         fit_step = b / median([f["rate"] for f in fits[b]]) * 1e3
         grad = median([f["grad_s"] for f in fits[b]]) * 1e3
         assign_grad = median([f["assign_grad_s"] for f in fits[b]]) * 1e3
-        for t, ov, h, p in sides:
-            rs = runs[(b, t, ov, h, p)]
+        held_sl = median([f["held_stateless_s"] for f in fits[b]]) * 1e3
+        held_as = median([f["held_assign_s"] for f in fits[b]]) * 1e3
+        for t, ov, h, p, st in sides:
+            rs = runs[(b, t, ov, h, p, st)]
             wall, comp, comm = (median([r[k] for r in rs]) * 1e3
                                 for k in ("wall_step", "compute_step", "comm_step"))
             other, exposed = wall - comp - comm, comm
@@ -385,17 +411,20 @@ def main() -> None:
                 other, overlapped = float("nan"), True
                 exposed = max(0.0, comm - comp)
             brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else "")
-                          + (f" pin {p}" if p else ""), wall, comp, comm, exposed, other,
-                          fit_step, grad, assign_grad, median([r["first_push_s"] for r in rs])])
+                          + (f" pin {p}" if p else "") + (" assigning" if st == "off" else ""), wall, comp, comm, exposed, other,
+                          fit_step, grad, assign_grad, held_sl, held_as, median([r["first_push_s"] for r in rs])])
     print(table(["batch", "transport", "wall", "compute", "comm", "comm exposed", "other",
-                 "fit step", "iso grad", "iso a+g", "start-up s"], brows))
+                 "fit step", "iso grad", "iso a+g", "iso held sl", "iso held a+g", "start-up s"], brows))
     print("  wall = steady-state time per push; compute = the worker's batch gather + its one\n"
           "  compiled call (assign the pulled weights, then gradients); comm = gradient sent to\n"
           "  reply received (push/pull round trip, the hub's update and copy-out, shared memory or\n"
           "  TCP frames); other = wall - compute - comm (gradient copy into the transport buffer,\n"
           "  header, loop); fit step = model.fit's time per step; iso grad / iso a+g =\n"
           "  FlatModel.gradients / .assign_and_gradients alone, same threads (compute - iso a+g\n"
-          "  = batch gather + host copies); start-up = nbdist.train() call until the first push;\n"
+          "  = batch gather + host copies); iso held sl / iso held a+g = the worker's own call\n"
+          "  (assign_and_gradients_at: the batch gathered in the graph from held arrays),\n"
+          "  stateless and assigning the variables first, alone, best of 2;\n"
+          "  start-up = nbdist.train() call until the first push;\n"
           "  comm exposed = the part of comm the worker waited for: all of it without overlap.")
     if overlapped:
         print("  other = n/a on overlap rows: the push/pull of step t is in flight while step t+1\n"
