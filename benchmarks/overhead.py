@@ -1,4 +1,4 @@
-"""nbdist's overhead against plain `model.fit`, one worker, same thread budget.
+"""nbdist's overhead against plain `model.fit`, one worker, each with nbdist's thread budget.
 
 What it measures
     The 784-256-256-10 MLP (relu, softmax, SGD 0.05, sparse categorical crossentropy) on
@@ -11,9 +11,11 @@ What it measures
       nbdist overlap with --overlap, the same runs with `overlap=True` (the worker pushes step
                      t and receives its reply while it computes step t+1), per transport, in
                      the same repeats, interleaved with the plain runs.
-    Both sides get the same TensorFlow thread budget T: nbdist's ClusterBackend gives each worker
-    max(1, cpu_count // workers_on_host) intra-op threads (and min(T, 2) inter-op threads), and
-    the fit child sets exactly the same through `nbdist.engine.run_cell.configure_tensorflow`.
+    Thread budgets: the fit child uses every core (T = cpu_count intra-op threads, min(T, 2)
+    inter-op, set through `nbdist.engine.run_cell.configure_tensorflow`), as model.fit alone on
+    the machine would; nbdist's ClusterBackend gives its worker the cores the hub shard on its
+    host leaves (`nbdist.cluster.affinity.worker_threads`: 1 of 2 cores here), since the hub
+    works while the worker computes. `--worker-threads 2 1` measures the worker at both.
 
     Only steady state counts. For fit: one warm-up fit (tracing), then a timed fit whose batch
     end times are recorded; the rate is taken over the middle of that fit (batches 10%..95%).
@@ -80,7 +82,8 @@ OVERLAP_TARGET = 0.95  # overlap=True hides communication behind compute, at any
 
 
 def thread_budget(workers_on_host: int = 1) -> int:
-    """What nbdist's ClusterBackend gives each worker engine (nbdist/modes/async_ps/backend.py)."""
+    """The fit child's threads: every core (what nbdist gave a lone worker before it left the
+    hub shard's core free; nbdist.cluster.affinity.worker_threads)."""
     return max(1, (os.cpu_count() or 1) // workers_on_host)
 
 
@@ -256,6 +259,16 @@ def _set_hub_mode(mode: str, stateless: str = "on") -> None:
     os.environ["NBDIST_STATELESS"] = "0" if stateless == "off" else "1"
 
 
+def _start_tensorflow(threads: int) -> None:
+    """On an engine: start TensorFlow with `threads` now; later runs keep them."""
+    from nbdist.engine.run_cell import configure_tensorflow
+
+    configure_tensorflow(threads, 0)
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # TensorFlow's thread pools exist from here on
+
+
 def worker_threads(cluster) -> tuple[int, int]:
     """Ask the worker engine how many threads TensorFlow actually uses there."""
 
@@ -302,6 +315,10 @@ def main() -> None:
                         help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
                              "each on a cluster of its own (TensorFlow's thread count is fixed "
                              "when an engine first uses it); default: nbdist's default")
+    parser.add_argument("--worker-threads", type=int, nargs="+", default=None, metavar="N",
+                        help="start the engines' TensorFlow with N intra-op threads (min(N, 2) "
+                             "inter-op) before any run, so the worker keeps N whatever nbdist's "
+                             "budget says; several values: one cluster each, rows interleaved")
     parser.add_argument("--stateless", choices=["on", "off", "both"], default="on",
                         help="the worker's gradient call: stateless (nbdist's default, where the "
                              "model allows it), assigning the variables first (NBDIST_STATELESS=0 "
@@ -324,8 +341,9 @@ def main() -> None:
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
     pins = ["off", "auto"] if args.pin == "both" else [args.pin]
     states = ["on", "off"] if args.stateless == "both" else [args.stateless]
-    sides = [(t, ov, h, p, st) for t in transports for ov in ([False, True] if args.overlap else [False])
-             for h in hubs for p in pins for st in states]
+    wts = args.worker_threads or [None]
+    sides = [(t, ov, h, (p, wt), st) for t in transports for ov in ([False, True] if args.overlap else [False])
+             for h in hubs for p in pins for wt in wts for st in states]
     threads = thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
@@ -343,34 +361,40 @@ def main() -> None:
         import nbdist
 
         for p in pins:
-            clusters[p] = nbdist.Cluster.start(2)
+            for wt in wts:
+                clusters[(p, wt)] = nbdist.Cluster.start(2)
+                if wt is not None:
+                    clusters[(p, wt)].client[:].apply_sync(_start_tensorflow, wt)
         for rep in range(repeats):
             for b in args.batch:
                 f = child.fit(b, epochs[b])
                 fits[b].append(f)
                 print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit             "
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
-                for t, ov, h, p, st in sides:
-                    cluster = clusters[p]
+                for t, ov, h, (p, wt), st in sides:
+                    cluster = clusters[(p, wt)]
                     cluster.client[:].apply_sync(_set_hub_mode, h, st)
                     side_options = {**options, **({"overlap": True} if ov else {}),
                                     **({"pin": p} if p else {})}
                     r = measure_nbdist(cluster, b, epochs[b], t, side_options)
-                    runs[(b, t, ov, h, p, st)].append(r)
+                    runs[(b, t, ov, h, (p, wt), st)].append(r)
                     print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"
-                          f"{f' pin {p:<4}' if p else ''}{' assigning' if st == 'off' else ''}  "
+                          f"{f' pin {p:<4}' if p else ''}{f' threads {wt}' if wt else ''}"
+                          f"{' assigning' if st == 'off' else ''}  "
                           f"{r['rate']:>9,.0f} samples/s  (first push after "
                           f"{r['first_push_s']:.1f}s)", flush=True)
-        engine_threads = {p: worker_threads(c) for p, c in clusters.items()}
+        engine_threads = {k: worker_threads(c) for k, c in clusters.items()}
     finally:
         if child is not None:
             child.close()
         for c in clusters.values():
             c.stop()
 
-    def side_name(t: str, ov: bool, h: str, p: str | None, st: str) -> str:
+    def side_name(t: str, ov: bool, h: str, pw: tuple, st: str) -> str:
+        p, wt = pw
         return (f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
                 + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else "")
+                + (f" threads {wt}" if wt else "")
                 + (" assigning" if st == "off" else ""))
 
     all_overlap = bool(options.get("overlap"))
@@ -385,9 +409,9 @@ def main() -> None:
             verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
             rows.append([b, side_name(t, ov, h, p, st), median(rates), spread(rates), ratio, verdict])
     print()
-    print(f"Thread budget: TensorFlow intra-op {threads}, inter-op {min(threads, 2)} on both sides "
+    print(f"Thread budget: model.fit TensorFlow intra-op {threads}, inter-op {min(threads, 2)} "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
-          f"{', '.join(f'{i}/{j}' + (f' with pin {p}' if p else '') for p, (i, j) in engine_threads.items())}); {os.cpu_count()} CPUs. Steady state = "
+          f"{', '.join(f'{i}/{j}' + (f' with pin {p}' if p else '') for (p, _), (i, j) in engine_threads.items())}); {os.cpu_count()} CPUs. Steady state = "
           f"steps {WINDOW[0]:.0%}..{WINDOW[1]:.0%} of each run; medians of {repeats} repeat(s).")
     print(table(["batch", "side", "samples/s", "range", "ratio to fit", "target"], rows))
 
@@ -411,7 +435,8 @@ def main() -> None:
                 other, overlapped = float("nan"), True
                 exposed = max(0.0, comm - comp)
             brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else "")
-                          + (f" pin {p}" if p else "") + (" assigning" if st == "off" else ""), wall, comp, comm, exposed, other,
+                          + (f" pin {p[0]}" if p[0] else "") + (f" threads {p[1]}" if p[1] else "")
+                          + (" assigning" if st == "off" else ""), wall, comp, comm, exposed, other,
                           fit_step, grad, assign_grad, held_sl, held_as, median([r["first_push_s"] for r in rs])])
     print(table(["batch", "transport", "wall", "compute", "comm", "comm exposed", "other",
                  "fit step", "iso grad", "iso a+g", "iso held sl", "iso held a+g", "start-up s"], brows))

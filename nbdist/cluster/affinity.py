@@ -60,6 +60,20 @@ def plan_cores(cores: tuple[int, ...] | list[int], hubs: int, workers: int, role
     return Placement(mine, len(mine))
 
 
+def worker_threads(cpus: int, hubs: int, workers: int) -> int:
+    """TensorFlow intra-op threads for each of `workers` workers on a host of `cpus` cores that
+    also serves `hubs` hub shards: the cores the hubs leave, shared (at least 1). A hub's update
+    and accounting run while the worker computes; a TensorFlow thread that shares its core with
+    them makes every step wait for it (benchmarks/overhead.py --worker-threads 2 1 on 2 cores
+    with a hub: 1 thread gave 0.55 of fit at batch 64 and 0.67 at 256, 2 threads 0.46 and 0.58).
+
+    Example:
+        >>> worker_threads(2, 1, 1), worker_threads(8, 1, 2), worker_threads(2, 0, 2), worker_threads(1, 1, 1)
+        (1, 3, 1, 1)
+    """
+    return max(1, (cpus - hubs) // max(1, workers))
+
+
 def threads_of_process() -> list[int]:
     """Thread ids of this process (Linux: /proc/self/task)."""
     try:

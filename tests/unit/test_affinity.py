@@ -76,3 +76,12 @@ def test_pin_process_reaches_every_thread_and_unpin_restores_them():
     assert os.sched_getaffinity(0) == before
     assert not affinity.pin_process((max(before) + 1000,))  # a core it may not use: nothing changes
     assert os.sched_getaffinity(0) == before
+
+
+def test_workers_get_the_threads_the_hubs_leave():
+    from nbdist.cluster.affinity import worker_threads
+
+    assert worker_threads(2, 1, 1) == 1  # the overhead.py machine: the hub keeps a core
+    assert worker_threads(16, 2, 2) == 7
+    assert worker_threads(4, 0, 1) == 4  # no hub on the host: every core
+    assert worker_threads(2, 1, 3) == 1  # never none

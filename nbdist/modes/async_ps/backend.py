@@ -110,7 +110,7 @@ class ClusterBackend(Backend):
             per_host[self.hosts[e]] = per_host.get(self.hosts[e], 0) + 1
         for i, e in enumerate(self.roles.workers):
             spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
-                           threads=max(1, (os.cpu_count() or 1) // per_host[self.hosts[e]]),
+                           threads=self._threads(e, per_host[self.hosts[e]]),
                            pin=self._place(e, self.roles.workers))
             self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
 
@@ -134,10 +134,17 @@ class ClusterBackend(Backend):
                 self.seen_engines.add(e)
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
                 spec = replace(self._base, worker=worker, engine=e, local_rank=here - 1,
-                               threads=max(1, (os.cpu_count() or 1) // here))
+                               threads=self._threads(e, here))
                 self._tasks[worker] = self.cluster.client[e].apply_async(run_worker, spec)
                 added.append(worker)
             return added
+
+    def _threads(self, engine: int, workers_here: int) -> int:
+        """TensorFlow threads for a worker: the cores its host's hub shards leave, shared."""
+        from nbdist.cluster.affinity import worker_threads
+
+        hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
+        return worker_threads(os.cpu_count() or 1, hubs, workers_here)
 
     def _place(self, engine: int, same_role: list[int]) -> tuple[int, int, int] | None:
         """(index among `same_role` on its host, hubs there, workers there) for --pin auto."""
