@@ -374,7 +374,7 @@ def main() -> None:
                 for t, ov, h, (p, wt), st in sides:
                     cluster = clusters[(p, wt)]
                     cluster.client[:].apply_sync(_set_hub_mode, h, st)
-                    side_options = {**options, **({"overlap": True} if ov else {}),
+                    side_options = {"overlap": ov, **options,  # plain rows: overlap=False (not the default)
                                     **({"pin": p} if p else {})}
                     r = measure_nbdist(cluster, b, epochs[b], t, side_options)
                     runs[(b, t, ov, h, (p, wt), st)].append(r)

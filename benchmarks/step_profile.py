@@ -17,6 +17,7 @@ How to read it
 
     python benchmarks/step_profile.py                  # pin off and auto, batch 64
     python benchmarks/step_profile.py --pin off --batch 256 --steps 1500
+    python benchmarks/step_profile.py --overlap        # overlap=True (nbdist's default for asgd)
 """
 
 from __future__ import annotations
@@ -59,7 +60,7 @@ def snapshot(procs: dict[str, int]) -> dict[tuple[str, int], tuple[str, int, int
     return snap
 
 
-def profile(pin: str, batch: int, steps: int) -> tuple[list, dict]:
+def profile(pin: str, batch: int, steps: int, overlap: bool) -> tuple[list, dict]:
     import psutil
 
     import nbdist
@@ -70,7 +71,8 @@ def profile(pin: str, batch: int, steps: int) -> tuple[list, dict]:
         epochs = max(1, round(steps * batch / 60000))
         total = epochs * math.ceil(60000 / batch)
         run = nbdist.train(CELL, cluster=cluster, namespace={}, workers=1, servers=1, epochs=epochs,
-                           batch_size=batch, no_validation=True, timeout=120, pin=pin)
+                           batch_size=batch, no_validation=True, timeout=120, pin=pin,
+                           overlap=overlap)
         a = b = None
         with run:
             while not run.done:
@@ -114,9 +116,12 @@ def main() -> None:
     parser.add_argument("--pin", choices=["off", "auto", "both"], default="both")
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000)
+    parser.add_argument("--overlap", action="store_true",
+                        help="overlap=True (nbdist's default for asgd); without it the worker's "
+                             "compute and comm are a serial split of the step")
     args = parser.parse_args()
     for pin in (["off", "auto"] if args.pin == "both" else [args.pin]):
-        rows, split = profile(pin, args.batch, args.steps)
+        rows, split = profile(pin, args.batch, args.steps, args.overlap)
         print(f"\npin={pin}, batch {args.batch}: per step wall {split['wall']:.2f} ms = worker compute "
               f"{split['compute']:.2f} + comm {split['comm']:.2f} + other "
               f"{split['wall'] - split['compute'] - split['comm']:.2f} ms")
