@@ -66,13 +66,6 @@ MAX_WORKERS = 1_000_000  # for checking rule options before the number of worker
 # the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
 # BatchNorm layer forward and one backward).
 SYNC_BATCHNORM_DEFAULT = False
-# --overlap by default (overlap=None) for these rules in --mode async: built for stale
-# gradients, they take the extra step of delay; in benchmarks/overhead.py --overlap (1 worker,
-# 2 cores, under load) overlapped rows were faster in 8 of 8 interleaved pairs (batch 64 and
-# 256, shared memory and TCP): medians of 2, 0.86 against 0.52 of fit at batch 64 over shared
-# memory, 0.86 against 0.65 at 256; over TCP 0.45 against 0.33 and 0.60 against 0.45.
-# SSP, softsync and group keep their barriers and bounds exact without it; easgd cannot.
-OVERLAP_DEFAULT_RULES = ("asgd", "hogwild", "dc-asgd", "dc-asgd-a", "ddc-asgd")
 # --pin: off until measured faster (benchmarks/overhead.py --pin both; see the README's --pin line)
 PIN_DEFAULT = "off"
 
@@ -142,7 +135,7 @@ class TrainConfig:
     groups: int | str = "auto"  # group: "auto" from speeds, or a number of groups
     local_steps: int = 1
     server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
-    overlap: bool | None = None  # None: on where it is the default (`overlapped`, OVERLAP_DEFAULT_RULES)
+    overlap: bool = False
     pin: Pin = PIN_DEFAULT  # cores per role on each host (nbdist.cluster.affinity); async and sync modes
     dbs: bool = False
     batch_min: int | None = None
@@ -238,20 +231,6 @@ class TrainConfig:
                              "--local-steps": self.local_steps != 1, "--overlap": self.overlap,
                              "--dbs": self.dbs, "--workers": self.workers is not None,
                              "--checkpoint-dir": self.checkpoint_dir is not None})
-
-    @property
-    def overlapped(self) -> bool:
-        """Whether workers push step t while computing step t+1: `overlap` when given, else on
-        for --mode async with a rule of OVERLAP_DEFAULT_RULES and one step per exchange.
-
-        Example:
-            >>> TrainConfig().overlapped, TrainConfig(algorithm="ssp").overlapped, TrainConfig(overlap=False).overlapped
-            (True, False, False)
-        """
-        if self.overlap is not None:
-            return bool(self.overlap)
-        return (self.mode is Mode.ASYNC and self.algorithm.value in OVERLAP_DEFAULT_RULES
-                and self.local_steps == 1)
 
     def _check_simulate(self) -> None:
         if self.workers is None and self.slowdown is None:

@@ -142,7 +142,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
         algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
         groups=int(options.get("num_groups", 0)), max_group_ratio=float(options.get("max_ratio", 1.5)),
-        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlapped else 1),
+        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone
         # is as long as a fast node's whole step, equal step times would mean 1-sample batches,
         # whose gradients are mostly noise; --batch-min 1 allows that if wanted.

@@ -102,11 +102,7 @@ class NbdistMagics(Magics):
     @argument("--server-optimizer", default=None, choices=[o.value for o in ServerOptimizer],
               help="the hub's optimizer instead of the cell's (default: the cell's; with "
                    "--local-steps, SGD at rate 1 on the deltas)")
-    @argument("--overlap", action="store_true", default=None,
-              help="push step t while computing step t+1 (the default in --mode async with asgd, "
-                   "hogwild, dc-asgd, dc-asgd-a, ddc-asgd)")
-    @argument("--no-overlap", dest="overlap", action="store_false", default=None,
-              help="push and pull before computing the next step (one step less of delay)")
+    @argument("--overlap", action="store_true", default=None, help="push step t while computing step t+1")
     @argument("--pin", default=None, choices=["auto", "off"],
               help="auto: one core per hub shard, the rest split between the workers on each host")
     @argument("--dbs", action="store_true", default=None, help="batch sizes in proportion to measured speed")

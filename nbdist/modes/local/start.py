@@ -16,6 +16,6 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     prepare_checkpoint_dir(job)
     backend = LocalBackend(job.namespace)
     job = job.for_workers(backend.num_workers)
-    steps = dict(overlap=config.overlapped, local_steps=config.local_steps, easgd_alpha=job.easgd_alpha)
+    steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=job.easgd_alpha)
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
                               shards=config.servers, hub_params=job.params, preloaded=job.contents.arrays)
