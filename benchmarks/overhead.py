@@ -1,4 +1,4 @@
-"""nbdist's overhead against plain `model.fit`, one worker, same thread budget.
+"""nbdist's overhead against plain `model.fit`, one worker, each with nbdist's thread budget.
 
 What it measures
     The 784-256-256-10 MLP (relu, softmax, SGD 0.05, sparse categorical crossentropy) on
@@ -11,9 +11,11 @@ What it measures
       nbdist overlap with --overlap, the same runs with `overlap=True` (the worker pushes step
                      t and receives its reply while it computes step t+1), per transport, in
                      the same repeats, interleaved with the plain runs.
-    Both sides get the same TensorFlow thread budget T: nbdist's ClusterBackend gives each worker
-    max(1, cpu_count // workers_on_host) intra-op threads (and min(T, 2) inter-op threads), and
-    the fit child sets exactly the same through `nbdist.engine.run_cell.configure_tensorflow`.
+    Thread budgets: the fit child uses every core (T = cpu_count intra-op threads, min(T, 2)
+    inter-op, set through `nbdist.engine.run_cell.configure_tensorflow`), as model.fit alone on
+    the machine would; nbdist's ClusterBackend gives its worker the cores the hub shard on its
+    host leaves (`nbdist.cluster.affinity.worker_threads`: 1 of 2 cores here), since the hub
+    works while the worker computes. `--worker-threads 2 1` measures the worker at both.
 
     Only steady state counts. For fit: one warm-up fit (tracing), then a timed fit whose batch
     end times are recorded; the rate is taken over the middle of that fit (batches 10%..95%).
@@ -42,6 +44,10 @@ How to read it
     python benchmarks/overhead.py --transport tcp --batch 256
     python benchmarks/overhead.py --option algorithm=hogwild   # any nbdist.train option
     python benchmarks/overhead.py --hub both      # hub shard as its own process vs a thread
+    python benchmarks/overhead.py --pin both      # pin="off" vs pin="auto" (hub and worker on
+                                                  # cores of their own), interleaved
+    python benchmarks/overhead.py --stateless both  # the worker's stateless gradient call vs
+                                                  # assign-then-gradient (NBDIST_STATELESS=0)
 """
 
 from __future__ import annotations
@@ -76,7 +82,8 @@ OVERLAP_TARGET = 0.95  # overlap=True hides communication behind compute, at any
 
 
 def thread_budget(workers_on_host: int = 1) -> int:
-    """What nbdist's ClusterBackend gives each worker engine (nbdist/modes/async_ps/backend.py)."""
+    """The fit child's threads: every core (what nbdist gave a lone worker before it left the
+    hub shard's core free; nbdist.cluster.affinity.worker_threads)."""
     return max(1, (os.cpu_count() or 1) // workers_on_host)
 
 
@@ -141,8 +148,22 @@ def measure_fit(batch: int, epochs: int) -> dict:
     for i in range(reps):  # what the worker's compute calls: the pulled weights go in with it
         flat.assign_and_gradients(params, nt, x[idx[i % 8]], y[idx[i % 8]])
     assign_grad_s = (time.perf_counter() - t0) / reps
+    # the worker's own call: the batch gathered in the graph from held arrays, stateless
+    # (nbdist's default) and assigning the variables first, alternated
+    flat.hold(x, y)
+    stateless = flat.stateless
+    held = {}
+    for mode in (True, False, False, True) * 3:  # ABBA order: drift hits both alike
+        flat.stateless = mode and stateless
+        for i in range(3):
+            flat.assign_and_gradients_at(params, nt, idx[i % 8])
+        t0 = time.perf_counter()
+        for i in range(reps // 2):
+            flat.assign_and_gradients_at(params, nt, idx[i % 8])
+        held.setdefault(mode, []).append((time.perf_counter() - t0) / (reps // 2))
     return {"rate": rate, "whole_rate": epochs * n / wall, "steps": len(stamps),
-            "grad_s": grad_s, "assign_grad_s": assign_grad_s, "params": int(params.size)}
+            "grad_s": grad_s, "assign_grad_s": assign_grad_s, "params": int(params.size),
+            "held_stateless_s": median(held[True]), "held_assign_s": median(held[False])}
 
 
 class FitChild:
@@ -229,11 +250,23 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     }
 
 
-def _set_hub_mode(mode: str) -> None:
-    """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch)."""
+def _set_hub_mode(mode: str, stateless: str = "on") -> None:
+    """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch);
+    the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel)."""
     import os
 
     os.environ["NBDIST_HUB_PROCESS"] = "1" if mode == "process" else "0"
+    os.environ["NBDIST_STATELESS"] = "0" if stateless == "off" else "1"
+
+
+def _start_tensorflow(threads: int) -> None:
+    """On an engine: start TensorFlow with `threads` now; later runs keep them."""
+    from nbdist.engine.run_cell import configure_tensorflow
+
+    configure_tensorflow(threads, 0)
+    import tensorflow as tf
+
+    tf.constant(1.0) + 1.0  # TensorFlow's thread pools exist from here on
 
 
 def worker_threads(cluster) -> tuple[int, int]:
@@ -278,6 +311,18 @@ def main() -> None:
     parser.add_argument("--hub", choices=["process", "thread", "both"], default="process",
                         help="serve the hub shard as its own process (nbdist's default) or from a "
                              "thread of its engine (NBDIST_HUB_PROCESS=0), or both, interleaved")
+    parser.add_argument("--pin", choices=["off", "auto", "both"], default=None,
+                        help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
+                             "each on a cluster of its own (TensorFlow's thread count is fixed "
+                             "when an engine first uses it); default: nbdist's default")
+    parser.add_argument("--worker-threads", type=int, nargs="+", default=None, metavar="N",
+                        help="start the engines' TensorFlow with N intra-op threads (min(N, 2) "
+                             "inter-op) before any run, so the worker keeps N whatever nbdist's "
+                             "budget says; several values: one cluster each, rows interleaved")
+    parser.add_argument("--stateless", choices=["on", "off", "both"], default="on",
+                        help="the worker's gradient call: stateless (nbdist's default, where the "
+                             "model allows it), assigning the variables first (NBDIST_STATELESS=0 "
+                             "on the engines), or both, interleaved")
     parser.add_argument("--fit-server", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -294,8 +339,11 @@ def main() -> None:
     transports = ["auto", "tcp"] if args.transport == "both" else [args.transport]
     # (transport, overlap) pairs, in the order they run within a repeat
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
-    sides = [(t, ov, h) for t in transports for ov in ([False, True] if args.overlap else [False])
-             for h in hubs]
+    pins = ["off", "auto"] if args.pin == "both" else [args.pin]
+    states = ["on", "off"] if args.stateless == "both" else [args.stateless]
+    wts = args.worker_threads or [None]
+    sides = [(t, ov, h, (p, wt), st) for t in transports for ov in ([False, True] if args.overlap else [False])
+             for h in hubs for p in pins for wt in wts for st in states]
     threads = thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
@@ -305,53 +353,65 @@ def main() -> None:
 
     fits: dict[int, list[dict]] = {b: [] for b in args.batch}
     runs: dict[tuple, list[dict]] = {(b, *side): [] for b in args.batch for side in sides}
-    child = cluster = None
+    child = None
+    clusters: dict = {}
     t_start = time.monotonic()
     try:
         child = FitChild(threads)
         import nbdist
 
-        cluster = nbdist.Cluster.start(2)
+        for p in pins:
+            for wt in wts:
+                clusters[(p, wt)] = nbdist.Cluster.start(2)
+                if wt is not None:
+                    clusters[(p, wt)].client[:].apply_sync(_start_tensorflow, wt)
         for rep in range(repeats):
             for b in args.batch:
                 f = child.fit(b, epochs[b])
                 fits[b].append(f)
                 print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit             "
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
-                for t, ov, h in sides:
-                    cluster.client[:].apply_sync(_set_hub_mode, h)
-                    r = measure_nbdist(cluster, b, epochs[b], t,
-                                       {**options, "overlap": True} if ov else options)
-                    runs[(b, t, ov, h)].append(r)
-                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}  "
+                for t, ov, h, (p, wt), st in sides:
+                    cluster = clusters[(p, wt)]
+                    cluster.client[:].apply_sync(_set_hub_mode, h, st)
+                    side_options = {"overlap": ov, **options,  # plain rows: overlap=False (not the default)
+                                    **({"pin": p} if p else {})}
+                    r = measure_nbdist(cluster, b, epochs[b], t, side_options)
+                    runs[(b, t, ov, h, (p, wt), st)].append(r)
+                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"
+                          f"{f' pin {p:<4}' if p else ''}{f' threads {wt}' if wt else ''}"
+                          f"{' assigning' if st == 'off' else ''}  "
                           f"{r['rate']:>9,.0f} samples/s  (first push after "
                           f"{r['first_push_s']:.1f}s)", flush=True)
-        engine_threads = worker_threads(cluster)
+        engine_threads = {k: worker_threads(c) for k, c in clusters.items()}
     finally:
         if child is not None:
             child.close()
-        if cluster is not None:
-            cluster.stop()
+        for c in clusters.values():
+            c.stop()
 
-    def side_name(t: str, ov: bool, h: str) -> str:
+    def side_name(t: str, ov: bool, h: str, pw: tuple, st: str) -> str:
+        p, wt = pw
         return (f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
-                + (f" hub {h}" if len(hubs) > 1 else ""))
+                + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else "")
+                + (f" threads {wt}" if wt else "")
+                + (" assigning" if st == "off" else ""))
 
     all_overlap = bool(options.get("overlap"))
     rows = []
     for b in args.batch:
         base = median([f["rate"] for f in fits[b]])
         rows.append([b, "model.fit", base, spread([f["rate"] for f in fits[b]]), 1.0, ""])
-        for t, ov, h in sides:
-            rates = [r["rate"] for r in runs[(b, t, ov, h)]]
+        for t, ov, h, p, st in sides:
+            rates = [r["rate"] for r in runs[(b, t, ov, h, p, st)]]
             ratio = median(rates) / base
             target = OVERLAP_TARGET if ov or all_overlap else TARGETS.get(b)
             verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
-            rows.append([b, side_name(t, ov, h), median(rates), spread(rates), ratio, verdict])
+            rows.append([b, side_name(t, ov, h, p, st), median(rates), spread(rates), ratio, verdict])
     print()
-    print(f"Thread budget: TensorFlow intra-op {threads}, inter-op {min(threads, 2)} on both sides "
+    print(f"Thread budget: model.fit TensorFlow intra-op {threads}, inter-op {min(threads, 2)} "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
-          f"{engine_threads[0]}/{engine_threads[1]}); {os.cpu_count()} CPUs. Steady state = "
+          f"{', '.join(f'{i}/{j}' + (f' with pin {p}' if p else '') for (p, _), (i, j) in engine_threads.items())}); {os.cpu_count()} CPUs. Steady state = "
           f"steps {WINDOW[0]:.0%}..{WINDOW[1]:.0%} of each run; medians of {repeats} repeat(s).")
     print(table(["batch", "side", "samples/s", "range", "ratio to fit", "target"], rows))
 
@@ -361,8 +421,10 @@ def main() -> None:
         fit_step = b / median([f["rate"] for f in fits[b]]) * 1e3
         grad = median([f["grad_s"] for f in fits[b]]) * 1e3
         assign_grad = median([f["assign_grad_s"] for f in fits[b]]) * 1e3
-        for t, ov, h in sides:
-            rs = runs[(b, t, ov, h)]
+        held_sl = median([f["held_stateless_s"] for f in fits[b]]) * 1e3
+        held_as = median([f["held_assign_s"] for f in fits[b]]) * 1e3
+        for t, ov, h, p, st in sides:
+            rs = runs[(b, t, ov, h, p, st)]
             wall, comp, comm = (median([r[k] for r in rs]) * 1e3
                                 for k in ("wall_step", "compute_step", "comm_step"))
             other, exposed = wall - comp - comm, comm
@@ -372,17 +434,22 @@ def main() -> None:
             if ov or all_overlap or other < -0.05 * wall:
                 other, overlapped = float("nan"), True
                 exposed = max(0.0, comm - comp)
-            brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else ""), wall, comp, comm, exposed, other,
-                          fit_step, grad, assign_grad, median([r["first_push_s"] for r in rs])])
+            brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else "")
+                          + (f" pin {p[0]}" if p[0] else "") + (f" threads {p[1]}" if p[1] else "")
+                          + (" assigning" if st == "off" else ""), wall, comp, comm, exposed, other,
+                          fit_step, grad, assign_grad, held_sl, held_as, median([r["first_push_s"] for r in rs])])
     print(table(["batch", "transport", "wall", "compute", "comm", "comm exposed", "other",
-                 "fit step", "iso grad", "iso a+g", "start-up s"], brows))
+                 "fit step", "iso grad", "iso a+g", "iso held sl", "iso held a+g", "start-up s"], brows))
     print("  wall = steady-state time per push; compute = the worker's batch gather + its one\n"
           "  compiled call (assign the pulled weights, then gradients); comm = gradient sent to\n"
           "  reply received (push/pull round trip, the hub's update and copy-out, shared memory or\n"
           "  TCP frames); other = wall - compute - comm (gradient copy into the transport buffer,\n"
           "  header, loop); fit step = model.fit's time per step; iso grad / iso a+g =\n"
           "  FlatModel.gradients / .assign_and_gradients alone, same threads (compute - iso a+g\n"
-          "  = batch gather + host copies); start-up = nbdist.train() call until the first push;\n"
+          "  = batch gather + host copies); iso held sl / iso held a+g = the worker's own call\n"
+          "  (assign_and_gradients_at: the batch gathered in the graph from held arrays),\n"
+          "  stateless and assigning the variables first, alone, median of 6 rounds (ABBA);\n"
+          "  start-up = nbdist.train() call until the first push;\n"
           "  comm exposed = the part of comm the worker waited for: all of it without overlap.")
     if overlapped:
         print("  other = n/a on overlap rows: the push/pull of step t is in flight while step t+1\n"

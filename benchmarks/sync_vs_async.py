@@ -280,6 +280,11 @@ def main() -> None:
           "  comm/step (mean, then median) over the raw tf.function allreduce per call. \"+ apply\" =\n"
           "  nbdist's step function alone (concat, allreduce, split, SGD apply), ranks in lockstep:\n"
           "  sync comm above it is waiting for the other rank.")
+    sync_median = median([r["comm_median"] for r in runs["sync"]])
+    print(f"\nnbdist's sync step over a raw allreduce + apply of the same bytes: "
+          f"{sync_median / raw_step:.2f}x by the median step ({sync_median * 1e3:.2f} ms against "
+          f"{raw_step * 1e3:.2f} ms; target <= 1.1), {median([r['comm'] for r in runs['sync']]) / raw_step:.2f}x "
+          "by the mean (which includes the other rank's validation pause)")
     print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s")
 
 

@@ -66,6 +66,8 @@ MAX_WORKERS = 1_000_000  # for checking rule options before the number of worker
 # the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
 # BatchNorm layer forward and one backward).
 SYNC_BATCHNORM_DEFAULT = False
+# --pin: off until measured faster (benchmarks/overhead.py --pin both; see the README's --pin line)
+PIN_DEFAULT = "off"
 
 
 class Transport(enum.StrEnum):
@@ -74,6 +76,13 @@ class Transport(enum.StrEnum):
     AUTO = "auto"  # shared memory when on the same host, TCP otherwise
     TCP = "tcp"  # raw frames over TCP (what crosses hosts)
     SHM = "shm"  # same host only: buffers in shared memory, only signed headers on ZeroMQ
+
+
+class Pin(enum.StrEnum):
+    """Whether hub shards and workers get cores of their own on a host (nbdist.cluster.affinity)."""
+
+    AUTO = "auto"  # one core per hub shard, the rest split between the host's workers
+    OFF = "off"  # the OS schedules every thread anywhere
 
 
 class Compression(enum.StrEnum):
@@ -127,6 +136,7 @@ class TrainConfig:
     local_steps: int = 1
     server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
     overlap: bool = False
+    pin: Pin = PIN_DEFAULT  # cores per role on each host (nbdist.cluster.affinity); async and sync modes
     dbs: bool = False
     batch_min: int | None = None
     batch_max: int | None = None
@@ -152,6 +162,7 @@ class TrainConfig:
         set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
         set_(self, "compression", _choice(Compression, self.compression, "--compression"))
+        set_(self, "pin", _choice(Pin, self.pin, "--pin"))
         if self.server_optimizer is not None:
             set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))

@@ -103,6 +103,8 @@ class NbdistMagics(Magics):
               help="the hub's optimizer instead of the cell's (default: the cell's; with "
                    "--local-steps, SGD at rate 1 on the deltas)")
     @argument("--overlap", action="store_true", default=None, help="push step t while computing step t+1")
+    @argument("--pin", default=None, choices=["auto", "off"],
+              help="auto: one core per hub shard, the rest split between the workers on each host")
     @argument("--dbs", action="store_true", default=None, help="batch sizes in proportion to measured speed")
     @argument("--batch-min", type=int, default=None, help="DBS floor (default: batch-size // 4)")
     @argument("--batch-max", type=int, default=None, help="DBS ceiling (default: workers x batch-size)")
@@ -179,7 +181,7 @@ def _options(args) -> dict:
         staleness=args.staleness, n=args.n,
         groups=args.groups if args.groups in (None, "auto") else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
-        dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
+        pin=args.pin, dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         sim=args.sim, sync_batchnorm=args.sync_batchnorm, elastic=args.elastic, stages=args.stages,
         micro_batches=args.micro_batches, partition=args.partition, schedule=args.schedule)

@@ -6,6 +6,14 @@ float non-trainable state (BatchNorm moving statistics and the like) as another 
 `assign(params, non_trainable)` splits flat buffers back into the variables; the hot path uses
 `assign_and_gradients`, both in one call.
 
+Where the model allows it (`stateless`, checked once when the functions are made), that hot
+path writes no variable at all: the flat parameters go into `model.stateless_call` as one
+watched tensor, split into the variables' shapes, and the gradient is taken with respect to
+that tensor, so it comes out flat (no assign, no concat). The model's variables then lag behind
+the weights it computed on until `assign` (the worker calls it before evaluating or taking
+local steps); only integer state (dropout seeds) is written back, so each step draws new masks
+exactly as the variable path does.
+
 Non-trainable state is merged like a gradient: each push carries the change one step made to
 it (`after - before`), and the hub adds that change to its copy. Sequential training would
 apply exactly these changes one after another; asynchronous training applies them in arrival
@@ -14,7 +22,11 @@ order. Integer state (dropout seed counters) stays local to each worker.
 
 from __future__ import annotations
 
+import logging
+
 import numpy as np
+
+log = logging.getLogger(__name__)
 
 
 def ensure_built(model, x_sample) -> None:
@@ -117,6 +129,16 @@ class FlatModel:
 
         self._gradients, self._assign, self._read = gradients, assign, read
         self._assign_and_gradients = assign_and_gradients
+        stateless_of = self._stateless_of = self._make_stateless(tf, sizes, nt_sizes, flatten)
+        self.stateless = stateless_of is not None  # False again if it fails to trace (_call)
+
+        @tf.function(reduce_retracing=True)
+        def stateless_gradients(params, non_trainable, x, y):
+            return stateless_of(params, non_trainable, x, y)
+
+        self._stateless_gradients = stateless_gradients
+        self._stateless_at = None
+        self.stateless_error: Exception | None = None  # why the stateless path was given up
         self._local_step = self._make_local_step()
         self._grads_of, self._write = grads_of, write
         self._gradients_at = self._assign_and_gradients_at = None
@@ -140,7 +162,53 @@ class FlatModel:
             write(params, non_trainable)
             return grads_of(tf.gather(xs, index), tf.gather(ys, index))
 
+        stateless_of = self._stateless_of
+
+        @tf.function(reduce_retracing=True)
+        def stateless_at(params, non_trainable, index):
+            return stateless_of(params, non_trainable, tf.gather(xs, index), tf.gather(ys, index))
+
         self._gradients_at, self._assign_and_gradients_at = gradients_at, assign_and_gradients_at
+        self._stateless_at = stateless_at
+
+    def _make_stateless(self, tf, sizes: list[int], nt_sizes: list[int], flatten):
+        """The stateless gradient function (see the module docstring), or None when the model
+        has no `stateless_call` (not a Keras 3 layer) or nbdist's NBDIST_STATELESS=0 says so."""
+        import os
+
+        model = self.model
+        if os.environ.get("NBDIST_STATELESS", "1") == "0" or not hasattr(model, "stateless_call") \
+                or not hasattr(model, "stateless_compute_loss"):
+            return None
+        trainable, all_nt = self.trainable, list(model.non_trainable_variables)
+        is_float = ["float" in str(v.dtype) for v in all_nt]
+
+        def grads_of(params, non_trainable, x, y):
+            with tf.GradientTape() as tape:
+                tape.watch(params)
+                parts = tf.split(params, sizes) if sizes else []
+                values = [tf.cast(tf.reshape(p, v.shape), v.dtype) for p, v in zip(parts, trainable, strict=True)]
+                nt_parts = iter(tf.split(non_trainable, nt_sizes) if nt_sizes else [])
+                nt_values = [tf.cast(tf.reshape(next(nt_parts), v.shape), v.dtype) if f else v.value
+                             for v, f in zip(all_nt, is_float, strict=True)]
+                y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True,
+                                                              training=True)
+                model._losses_override = list(losses)  # add_loss / activity terms, as Keras's JAX trainer
+                try:
+                    loss, (_, nt_new, _) = model.stateless_compute_loss(
+                        values, nt_new, [v.value for v in model.metrics_variables], x=x, y=y,
+                        y_pred=y_pred, training=True)
+                finally:
+                    model._losses_override = []
+            grad = tape.gradient(loss, params)
+            if grad is None:  # no variable reaches the loss
+                grad = tf.zeros_like(params)
+            for v, new, f in zip(all_nt, nt_new, is_float, strict=True):
+                if not f:  # dropout seeds advance as they do in the variable path
+                    v.assign(new)
+            return loss, grad, tf.norm(grad), flatten([n for n, f in zip(nt_new, is_float, strict=True) if f])
+
+        return grads_of
 
     @property
     def holds_data(self) -> bool:
@@ -171,10 +239,28 @@ class FlatModel:
         loss, grad, norm, nt = self._gradients(x, y)
         return float(loss), grad.numpy(), float(norm), nt.numpy()
 
+    def gradients_tensor(self, x: np.ndarray, y: np.ndarray) -> tuple[float, object, float]:
+        """(loss, flat gradient as a TensorFlow tensor, its norm): for a caller whose next
+        compiled call takes the gradient as it is (a sync rank's allreduce), without a host copy."""
+        loss, grad, norm, _ = self._gradients(x, y)
+        return float(loss), grad, float(norm)
+
     def assign_and_gradients(self, params: np.ndarray, non_trainable: np.ndarray, x: np.ndarray,
                              y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
-        """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call."""
-        loss, grad, norm, nt = self._assign_and_gradients(params, non_trainable, x, y)
+        """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call; with
+        `stateless`, the same gradients on those weights without writing the variables."""
+        return self._call(self._stateless_gradients, self._assign_and_gradients, params, non_trainable, x, y)
+
+    def _call(self, stateless, assigning, *args) -> tuple[float, np.ndarray, float, np.ndarray]:
+        if self.stateless:
+            try:
+                loss, grad, norm, nt = stateless(*args)
+                return float(loss), grad.numpy(), float(norm), nt.numpy()
+            except Exception as exc:  # noqa: BLE001 - a layer stateless_call cannot trace: the variable path
+                self.stateless, self.stateless_error = False, exc
+                log.info("stateless gradients unavailable for this model (%s: %s); assigning variables "
+                         "instead", type(exc).__name__, exc)
+        loss, grad, norm, nt = assigning(*args)
         return float(loss), grad.numpy(), float(norm), nt.numpy()
 
     def gradients_at(self, index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
@@ -185,8 +271,7 @@ class FlatModel:
     def assign_and_gradients_at(self, params: np.ndarray, non_trainable: np.ndarray,
                                 index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
         """`assign_and_gradients(params, non_trainable, x[index], y[index])` in one compiled call."""
-        loss, grad, norm, nt = self._assign_and_gradients_at(params, non_trainable, index)
-        return float(loss), grad.numpy(), float(norm), nt.numpy()
+        return self._call(self._stateless_at, self._assign_and_gradients_at, params, non_trainable, index)
 
     def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
         self._assign(params, non_trainable)

@@ -11,9 +11,34 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["GPU_EVERY_S", "GpuMonitor", "probe"]
+__all__ = ["GPU_EVERY_S", "GpuMonitor", "device_for", "probe", "use_device"]
 
 GPU_EVERY_S = 5.0  # how often a worker reports its GPU's utilisation and memory used
+_chosen: int | None = None  # the device (NVML index) this engine's TensorFlow was given
+
+
+def device_for(local_rank: int, count: int, visible: str | None) -> int:
+    """The NVML index of the GPU a worker of `local_rank` uses among `count` visible ones:
+    TensorFlow lists the devices of CUDA_VISIBLE_DEVICES (`visible`) in that order, and the
+    engine takes entry `local_rank % count` (nbdist.engine.run_cell.configure_tensorflow).
+
+    Example:
+        >>> device_for(1, 2, "2,3"), device_for(3, 4, None), device_for(2, 2, "5,7")
+        (3, 3, 5)
+    """
+    position = local_rank % max(1, count)
+    entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
+    if not entries:
+        return position
+    entry = entries[position % len(entries)]
+    return int(entry) if entry.isdigit() else position  # a UUID: NVML's order is the best guess
+
+
+def use_device(local_rank: int, count: int) -> int:
+    """Record the GPU this engine's TensorFlow uses, so the monitor reads that one."""
+    global _chosen
+    _chosen = device_for(local_rank, count, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    return _chosen
 
 
 def _device(nvml=None):
@@ -27,8 +52,7 @@ def _device(nvml=None):
         nvml.nvmlInit()
         if nvml.nvmlDeviceGetCount() < 1:
             return None, None
-        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "0").split(",")[0].strip()
-        index = int(visible) if visible.isdigit() else 0
+        index = _chosen if _chosen is not None else device_for(0, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
         return nvml, nvml.nvmlDeviceGetHandleByIndex(index)
     except Exception:  # noqa: BLE001 - NVMLError (no driver, no device): treated as no GPU
         return None, None

@@ -217,3 +217,20 @@ def test_magic_start_status_stop_leaves_no_process(ip, capsys):
     assert magics.cluster is None
     for pid in pids:
         wait_for(lambda pid=pid: not running(pid), timeout=20)
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
+def test_pin_auto_gives_the_hub_and_the_worker_cores_of_their_own_and_trains_the_same(cluster):
+    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(5)\n")
+    cores = sorted(os.sched_getaffinity(0))
+    finals, placed = {}, {}
+    for pin in ("auto", "off"):
+        ns = {}
+        run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=1, servers=1, epochs=1,
+                           pin=pin, wait=True)
+        assert run.nodes["steps"].sum() == 29
+        finals[pin] = weights(ns["model"])
+        placed[pin] = [sorted(a) for a in cluster.client[:].apply_sync(os.sched_getaffinity, 0)]
+    assert [cores[-1]] in placed["auto"] and cores[:-1] in placed["auto"]  # the hub's engine, the worker's
+    assert [cores[-1]] not in placed["off"] and cores[:-1] not in placed["off"]  # given back
+    np.testing.assert_array_equal(finals["auto"], finals["off"])

@@ -58,3 +58,20 @@ def test_utilisation_is_read_at_most_every_few_seconds():
     assert monitor.sample() == {}  # within 5 s of the last reading: nothing in this push
     now[0] = 105.0
     assert monitor.sample()["gpu_util"] == 90
+
+
+def test_the_monitor_reads_the_gpu_tensorflow_was_given(monkeypatch):
+    from nbdist.engine import gpu
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "4,6")
+    monkeypatch.setattr(gpu, "_chosen", None)
+    assert gpu.use_device(local_rank=3, count=2) == 6  # TensorFlow's gpus[3 % 2] is device 6
+    seen = []
+
+    class Recording(FakeNvml):
+        def nvmlDeviceGetHandleByIndex(self, i):
+            seen.append(i)
+            return super().nvmlDeviceGetHandleByIndex(i)
+
+    GpuMonitor(nvml=Recording(count=8))
+    assert seen == [6]

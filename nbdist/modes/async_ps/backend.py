@@ -34,6 +34,17 @@ from nbdist.run.backend import Backend
 log = logging.getLogger(__name__)
 
 
+def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
+    """On a hub's engine, before the hub starts: its cores under --pin auto (nbdist.cluster.affinity),
+    or back to all of them."""
+    from nbdist.cluster import affinity
+
+    if place is None:
+        affinity.unpin_process()
+    else:
+        affinity.apply("hub", *place)
+
+
 def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
     """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
     empty = np.zeros(0, dtype=np.float32)
@@ -53,8 +64,8 @@ class ClusterBackend(Backend):
     survives_worker_loss = True
     cluster: Cluster  # the Run registers with it, so Cluster.stop() ends the run first
 
-    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None):
-        self.cluster = cluster
+    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None, pin: bool = False):
+        self.cluster, self.pin = cluster, pin
         hosts = cluster.engine_hosts()
         self.roles = assign_roles(hosts, num_servers, num_workers)
         self.hosts = hosts
@@ -82,6 +93,8 @@ class ClusterBackend(Backend):
         self._run_id = specs[0].run_id
         client = self.cluster.client
         encrypt = getattr(self.cluster, "encrypt", False)
+        for e in self.roles.servers:  # the hub's process inherits its engine's cores
+            client[e].apply_sync(pin_hub_engine, self._place(e, self.roles.servers))
         pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
         endpoints = [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
@@ -97,7 +110,8 @@ class ClusterBackend(Backend):
             per_host[self.hosts[e]] = per_host.get(self.hosts[e], 0) + 1
         for i, e in enumerate(self.roles.workers):
             spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
-                           threads=max(1, (os.cpu_count() or 1) // per_host[self.hosts[e]]))
+                           threads=self._threads(e, per_host[self.hosts[e]]),
+                           pin=self._place(e, self.roles.workers))
             self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
@@ -120,10 +134,27 @@ class ClusterBackend(Backend):
                 self.seen_engines.add(e)
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
                 spec = replace(self._base, worker=worker, engine=e, local_rank=here - 1,
-                               threads=max(1, (os.cpu_count() or 1) // here))
+                               threads=self._threads(e, here))
                 self._tasks[worker] = self.cluster.client[e].apply_async(run_worker, spec)
                 added.append(worker)
             return added
+
+    def _threads(self, engine: int, workers_here: int) -> int:
+        """TensorFlow threads for a worker: the cores its host's hub shards leave, shared."""
+        from nbdist.cluster.affinity import worker_threads
+
+        hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
+        return worker_threads(os.cpu_count() or 1, hubs, workers_here)
+
+    def _place(self, engine: int, same_role: list[int]) -> tuple[int, int, int] | None:
+        """(index among `same_role` on its host, hubs there, workers there) for --pin auto."""
+        if not self.pin:
+            return None
+        host = self.hosts[engine]
+        on_host = [e for e in same_role if self.hosts[e] == host]
+        hubs = sum(self.hosts[e] == host for e in self.roles.servers)
+        workers = sum(self.hosts[e] == host for e in self.roles.workers)
+        return on_host.index(engine), hubs, workers
 
     def joined_engines(self) -> list[int]:
         """Engines that joined the cluster since the run started (or since the last call)."""

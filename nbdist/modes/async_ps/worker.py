@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -48,6 +48,7 @@ class WorkerSpec:
     local_rank: int = 0
     engine: int | None = None
     overlap: bool = False  # send step t while computing step t+1
+    pin: tuple[int, int, int] | None = None  # (index, hubs, workers) on this host: --pin auto (nbdist.cluster.affinity)
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
@@ -57,6 +58,7 @@ class WorkerSpec:
 
 def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     """Train on the hub's chunks until done; returns this worker's totals."""
+    spec = pin_worker(spec)
     model, data, validation = run_cell(spec, namespace)
     from nbdist.engine.flatmodel import FlatModel, layout
     from nbdist.hub.client import WorkerTransport
@@ -88,6 +90,19 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         transport.close()
 
 
+def pin_worker(spec):
+    """--pin auto: this engine's threads on the worker's cores, TensorFlow's intra-op threads
+    as many as those cores (before TensorFlow starts); otherwise undo an earlier run's pin."""
+    from nbdist.cluster import affinity
+
+    if spec.pin is None:
+        affinity.unpin_process()
+        return spec
+    index, hubs, workers = spec.pin
+    placement = affinity.apply("worker", index, hubs, workers)
+    return spec if placement is None else replace(spec, threads=placement.threads)
+
+
 class _AsyncLoop:
     """pull -> compute -> push until the hub says done; the three shapes of a step:
 
@@ -109,6 +124,10 @@ class _AsyncLoop:
         self._assign_pending = False
         self._pending = (np.empty_like(transport.params), np.empty_like(transport.non_trainable))
         self._nt_model = np.zeros_like(transport.non_trainable)  # non-trainable state in the model
+        # With a stateless FlatModel the variables lag behind: the weights of the last pull
+        # (`_in_use`, a buffer nothing writes until the next pull) and `_nt_model` are the model.
+        self._in_use: np.ndarray | None = None
+        self._model_current = True  # the variables hold those weights
 
     def run(self) -> dict:
         t = self.transport
@@ -235,6 +254,10 @@ class _AsyncLoop:
             loss, grad, grad_norm, nt_after = with_assign(params, nt, *batch)
             self._assign_pending = False
             self._nt_model = nt.copy()  # small: the base of this step's non-trainable change
+            self._in_use = params
+            self._model_current = not flat.stateless
+        elif not self._model_current:  # stateless: the weights of the last pull go in again
+            loss, grad, grad_norm, nt_after = with_assign(self._in_use, self._nt_model, *batch)
         else:
             loss, grad, grad_norm, nt_after = alone(*batch)
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
@@ -279,12 +302,16 @@ class _AsyncLoop:
         self._assign_pending = True
 
     def _sync_model(self) -> None:
-        """Write pending pulled weights into the model now (before evaluating or local steps)."""
+        """Write pending pulled weights into the model now (before evaluating or local steps),
+        or, after stateless steps, the weights those steps computed on."""
         if self._assign_pending:
             params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
             self.flat.assign(params, nt)
             self._assign_pending = False
             self._nt_model = nt.copy()
+        elif not self._model_current:
+            self.flat.assign(self._in_use, self._nt_model)
+        self._model_current = True
 
     def _shared(self, reply: dict, *chunks: Chunk) -> dict:
         """Fields every shard needs: the group (for its barrier) and the samples pushed."""

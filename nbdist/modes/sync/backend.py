@@ -39,9 +39,10 @@ class SyncBackend(ClusterBackend):
 
     survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
 
-    def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None):
+    def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None,
+                 pin: bool = False):
         require_horovod()
-        super().__init__(cluster, num_servers=0, num_workers=num_workers)
+        super().__init__(cluster, num_servers=0, num_workers=num_workers, pin=pin)
         # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
         # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
         self._rendezvous = None
@@ -89,7 +90,8 @@ class SyncBackend(ClusterBackend):
                    "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
             spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
-                           threads=max(1, (os.cpu_count() or 1) // slot.local_size))
+                           threads=max(1, (os.cpu_count() or 1) // slot.local_size),
+                           pin=(slot.local_rank, 0, slot.local_size) if self.pin else None)
             self._tasks[slot.rank] = self.cluster.client[engine].apply_async(run_sync_worker, spec)
 
     def checkpoint_state(self, control, final: bool) -> list:

@@ -25,7 +25,7 @@ import numpy as np
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
-from nbdist.modes.async_ps.worker import WorkerSpec
+from nbdist.modes.async_ps.worker import WorkerSpec, pin_worker
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
 
@@ -49,6 +49,7 @@ class SyncSpec(WorkerSpec):
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     """One Horovod rank: train in lockstep with the others; returns the final weights."""
     os.environ.update(rank_network(spec.env or {}))
+    spec = pin_worker(spec)  # --pin auto: each rank on its own cores of the host
     model, data, validation = run_cell(spec, namespace)
     import horovod.tensorflow as hvd
 
@@ -138,6 +139,7 @@ class _SyncLoop:
                 self.batchnorm = SyncBatchNorm(model, hvd)
         self._allreduce_apply = self._compile_allreduce_apply()
         self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
+        self._report_pending = False  # a report sent, its reply not yet taken
         self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
         self.control[2] = spec.lr
         self.control[CONTROL_FIELDS:] = spec.batch_size
@@ -157,7 +159,8 @@ class _SyncLoop:
         fp16 = self.spec.compression == "fp16"
 
         @tf.function(reduce_retracing=True)
-        def allreduce_apply(weighted_grad, control):
+        def allreduce_apply(grad, weight, control):
+            weighted_grad = grad * weight  # this rank's share of the global batch
             if fp16:  # the gradient travels as float16 (Horovod's own compression); control exact
                 reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum, name="nbdist_gradient",
                                                    compression=hvd.Compression.fp16),
@@ -199,8 +202,9 @@ class _SyncLoop:
                 t0 = time.perf_counter()
                 if self.batchnorm is not None:
                     self.batchnorm.set_share(weight)
-                loss, grad, grad_norm, _ = self.flat.gradients(*batch)
+                loss, grad, grad_norm = self.flat.gradients_tensor(*batch)  # grad stays a tensor
                 t1 = time.perf_counter()
+                reply = self._take_report(reply)  # the last step's report: its round trip hid behind compute
                 factor = float(reply.get("slowdown", 1.0))
                 if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
                     time.sleep((factor - 1.0) * (t1 - t0))
@@ -208,16 +212,16 @@ class _SyncLoop:
                 check_finite(loss, grad_norm, step=steps, where=f"rank {self.rank} (engine {spec.engine})",
                              epoch=epoch)
                 outgoing = self._control_out(reply)
-                self.control[:] = self._allreduce_apply(grad * np.float32(weight), outgoing).numpy()
+                self.control[:] = self._allreduce_apply(grad, np.asarray(weight, np.float32), outgoing).numpy()
                 self._follow_lr()
                 t2 = time.perf_counter()
                 self.position = (epoch, min(spec.num_samples, offset + (step + 1) * global_batch))
-                reply = self._report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
-                                      "comm_s": t2 - t1, "batch": int(batches[self.rank]),
-                                      "epoch": epoch + self.position[1] / spec.num_samples})
                 step += 1
                 steps += 1
                 reply = self._send_state(reply, steps)
+                self._send_report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
+                                   "comm_s": t2 - t1, "batch": int(batches[self.rank]),
+                                   "epoch": epoch + self.position[1] / spec.num_samples})
             if self.control[0]:
                 break
             self._evaluate(epoch)
@@ -228,6 +232,7 @@ class _SyncLoop:
         wanted = int(reply.get("send_state", 0))
         if self.rank != 0 or not (final or wanted > self.sent):
             return reply
+        self._take_report({})
         self.sent = max(self.sent, wanted)
         header, buffers = snapshot(self, self.sent, *self.position, self.start[2] + steps, final)
         return self.transport.lines[0].request(header, buffers).header
@@ -259,7 +264,22 @@ class _SyncLoop:
                                              name="nbdist_control").numpy()
 
     def _report(self, fields: dict) -> dict:
+        self._take_report({})
         return self.transport.lines[0].request({"op": "report", "worker": self.rank, **fields}).header
+
+    def _send_report(self, fields: dict) -> None:
+        """A step's metrics, sent without waiting: the reply is taken after the next step's
+        gradient (`_take_report`), so the round trip to the hub overlaps that compute and the
+        ranks meet in the allreduce without one of them waiting on the hub."""
+        self.transport.lines[0].send({"op": "report", "worker": self.rank, **fields})
+        self._report_pending = True
+
+    def _take_report(self, reply: dict) -> dict:
+        """The reply to the report in flight, if any (else `reply`)."""
+        if not self._report_pending:
+            return reply
+        self._report_pending = False
+        return self.transport.lines[0].recv().header
 
     def _evaluate(self, epoch: int) -> None:
         if self.rank != 0 or self.validation is None:
@@ -277,6 +297,7 @@ class _SyncLoop:
             self.flat.assign(params, non_trainable)
         if self.spec.checkpoint:  # the final checkpoint's weights
             self._send_state({}, steps, final=True)
+        self._take_report({})
         self.transport.bye()
         self.transport.close()
         optimizer = self.model.optimizer

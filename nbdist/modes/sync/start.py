@@ -18,7 +18,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     if ckpt is not None:  # the saved slots must fit the cell's optimizer, before any engine is used
         check_optimizer(ckpt, job.model)
     prepare_checkpoint_dir(job)
-    backend = SyncBackend(cluster, config.workers, config.checkpoint_dir)
+    backend = SyncBackend(cluster, config.workers, config.checkpoint_dir, pin=config.pin == "auto")
     job = job.for_workers(backend.num_workers)
     params, non_trainable = job.params, job.non_trainable
     lr = config.lr if config.lr is not None else cell_rate(job.model.optimizer)

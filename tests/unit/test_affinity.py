@@ -1,0 +1,87 @@
+import os
+import threading
+
+import pytest
+
+from nbdist.cluster import affinity
+from nbdist.cluster.affinity import Placement, plan_cores
+from nbdist.config import Pin, TrainConfig
+from nbdist.errors import ConfigError
+
+
+def test_two_cores_one_hub_one_worker_get_a_core_each():
+    assert plan_cores((0, 1), 1, 1, "hub", 0) == Placement((1,), 1)
+    assert plan_cores((0, 1), 1, 1, "worker", 0) == Placement((0,), 1)
+
+
+def test_workers_split_the_cores_left_by_the_hubs_in_contiguous_blocks():
+    cores = (0, 1, 2, 3, 4, 5, 6, 7)
+    assert [plan_cores(cores, 2, 3, "hub", i) for i in range(2)] == [Placement((6,), 1), Placement((7,), 1)]
+    # 6 cores for 3 workers: 2 each
+    assert [plan_cores(cores, 2, 3, "worker", i) for i in range(3)] == [
+        Placement((0, 1), 2), Placement((2, 3), 2), Placement((4, 5), 2)]
+
+
+def test_uneven_split_differs_by_at_most_one_core_and_uses_them_all():
+    cores = (3, 5, 7, 9, 11)  # not 0..n-1: an engine started under taskset
+    blocks = [plan_cores(cores, 0, 2, "worker", i).cores for i in range(2)]
+    assert blocks == [(3, 5), (7, 9, 11)]
+
+
+def test_too_few_cores_or_no_worker_leaves_everything_unpinned():
+    assert plan_cores((0, 1), 1, 2, "worker", 1) is None  # one core for two workers
+    assert plan_cores((0,), 1, 1, "hub", 0) is None
+    assert plan_cores((0, 1), 2, 0, "hub", 1) is None  # a host of hubs only: nothing to keep apart
+
+
+def test_ranks_without_hub_each_get_their_own_cores():
+    assert [plan_cores((0, 1), 0, 2, "worker", i) for i in range(2)] == [Placement((0,), 1), Placement((1,), 1)]
+
+
+@pytest.mark.parametrize("role,index", [("server", 0), ("hub", 1), ("worker", -1)])
+def test_a_role_or_index_outside_the_host_is_refused(role, index):
+    with pytest.raises(ValueError, match="role|outside"):
+        plan_cores((0, 1, 2), 1, 1, role, index)
+
+
+def test_pin_option_is_checked():
+    assert TrainConfig(pin="AUTO").pin is Pin.AUTO
+    with pytest.raises(ConfigError, match="Unknown --pin 'on'.*'auto', 'off'"):
+        TrainConfig(pin="on")
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
+                    reason="needs sched_setaffinity and two cores")
+def test_pin_process_reaches_every_thread_and_unpin_restores_them():
+    before = os.sched_getaffinity(0)
+    ready, stop, seen = threading.Event(), threading.Event(), {}
+
+    def other():  # started before the pin: it must be pinned too
+        ready.set()
+        stop.wait(10)
+        seen["pinned"] = os.sched_getaffinity(0)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    ready.wait(10)
+    core = min(before)
+    try:
+        assert affinity.pin_process((core,))
+        assert os.sched_getaffinity(0) == {core}
+    finally:
+        stop.set()
+        thread.join(10)
+        affinity.unpin_process()
+    assert seen["pinned"] == {core}
+    assert os.sched_getaffinity(0) == before
+    assert not affinity.pin_process((max(before) + 1000,))  # a core it may not use: nothing changes
+    assert os.sched_getaffinity(0) == before
+
+
+def test_workers_get_the_threads_the_hubs_leave():
+    from nbdist.cluster.affinity import worker_threads
+
+    assert worker_threads(2, 1, 1) == 1  # the overhead.py machine: the hub keeps a core
+    assert worker_threads(16, 2, 2) == 7
+    assert worker_threads(4, 0, 1) == 4  # no hub on the host: every core
+    assert worker_threads(2, 1, 3) == 1  # never none
