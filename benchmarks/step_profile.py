@@ -17,7 +17,7 @@ How to read it
 
     python benchmarks/step_profile.py                  # pin off and auto, batch 64
     python benchmarks/step_profile.py --pin off --batch 256 --steps 1500
-    python benchmarks/step_profile.py --overlap        # overlap=True (nbdist's default for asgd)
+    python benchmarks/step_profile.py --overlap        # overlap=True (opt-in: push step t while computing t+1)
 """
 
 from __future__ import annotations
@@ -117,7 +117,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--steps", type=int, default=1000)
     parser.add_argument("--overlap", action="store_true",
-                        help="overlap=True (nbdist's default for asgd); without it the worker's "
+                        help="overlap=True (opt-in in nbdist); without it the worker's "
                              "compute and comm are a serial split of the step")
     args = parser.parse_args()
     for pin in (["off", "auto"] if args.pin == "both" else [args.pin]):
