@@ -13,8 +13,8 @@ keeps one row per push up to 1,024 pushes per worker, so the sums are exact). Ga
 utilisation with overlap / without − 1, one pair per repeat; sign test over the pairs. Both
 regimes' models, on their first `samples` Fashion-MNIST images, batch 32, one epoch, SGD at
 the regime's sequential rate, no validation; one warm-up run first, not counted. The cost of overlap, one more step of delay per
-push, is not in the hub's delay counter (it counts from the last pull the worker received,
-and an overlapped gradient was computed on the pull before); the report says so.
+push, shows in the delay column: an overlapped push says it was computed on the pull before
+the last, and the hub counts its delay from that one.
 """
 
 from __future__ import annotations
@@ -145,9 +145,8 @@ def overlap_block(rows: list[dict], regimes: list[str]) -> tuple[list[str], dict
                      f"{wins} wins, {losses} losses (sign test p = {p_for:.3g} for, {p_against:.3g} against). "
                      f"Samples/s {summary(speed, 1, percent=True)}. Compute per step "
                      f"{avg(plain, 'compute_ms'):.2f} ms without, {avg(over, 'compute_ms'):.2f} ms with; mean delay "
-                     f"{avg(plain, 'delay_mean'):.2f} without, {avg(over, 'delay_mean'):.2f} with, as the hub counts it "
-                     "(from the last pull the worker received; with overlap a gradient was computed on the weights "
-                     "of the pull before, one step staler than counted).")
+                     f"{avg(plain, 'delay_mean'):.2f} without, {avg(over, 'delay_mean'):.2f} with (an overlapped "
+                     "gradient was computed on the pull before the last, and the hub counts it from that one).")
     lines += ["", "Mechanism: overlap hides the push/pull round trip behind the next step's compute, so the gain "
               "is large where the round trip is comparable to a step (the overhead-bound MLP) and small where "
               "compute dominates. On 2 cores the hub's process and the worker's sending and receiving also compete "

@@ -45,7 +45,7 @@ def compute_s(batch: int) -> tuple[float, int]:
     from overhead import MODEL_CODE
 
     from nbdist.engine.flatmodel import FlatModel, read_flat
-    from nbdist.modes.async_ps.worker import configure_tensorflow
+    from nbdist.engine.run_cell import configure_tensorflow
 
     configure_tensorflow(max(1, (os.cpu_count() or 1)), 0)
     ns: dict = {}
