@@ -95,3 +95,19 @@ def claim_svg(rows: list[dict], regimes: list[str], profile: str, algos: list[st
         parts += _panel(PANEL_W + 10, y0, f"{regime}: staleness (share of pushes)", shares,
                         (0.0, min(1.0, peak * 1.1)), "delay (versions)")
     return "\n".join([*parts, "</svg>"])
+
+
+def paired_svg(title: str, panels: list[tuple[str, str, list[tuple[str, list[float]]]]]) -> str:
+    """A measured claim's figure: per panel, one line per side over the pairs (seed or repeat
+    1..n), so each pair's two values sit above each other. `panels`: (title, y label, series)."""
+    width, height = PANEL_W * len(panels) + 10 * (len(panels) - 1), 30 + PANEL_H
+    parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
+             'font-family="sans-serif" font-size="10">', f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="8" y="18" font-size="13">{html.escape(title)}</text>']
+    for i, (panel_title, x_label, series) in enumerate(panels):
+        values = [v for _, vs in series for v in vs if math.isfinite(v)] or [0.0, 1.0]
+        lo, hi = min(values), max(values)
+        margin = (hi - lo) * 0.15 or abs(hi) * 0.1 or 1.0
+        lines = [(name, [(k + 1, v) for k, v in enumerate(vs)]) for name, vs in series]
+        parts += _panel((PANEL_W + 10) * i, 26, panel_title, lines, (max(0.0, lo - margin), hi + margin), x_label)
+    return "\n".join([*parts, "</svg>"])

@@ -11,7 +11,7 @@ import math
 import platform
 from pathlib import Path
 
-from _reproduce_figures import claim_svg
+from _reproduce_figures import claim_svg, paired_svg
 from _reproduce_overlap import overlap_block
 from _reproduce_pipeline import pipeline_block
 from _reproduce_stats import compare, mean_sd, sign_test, summary, target_of, time_to
@@ -141,6 +141,36 @@ def _modelled_overlap_block(calibration: dict, regimes: list[str]) -> tuple[list
     return lines, verdicts
 
 
+def _measured_figure(path: Path, name: str, svg: tuple[str, str]) -> str:
+    """Write a measured claim's figure next to the report; the Markdown line that shows it."""
+    title, text = svg
+    figure = f"{path.stem}-{name}.svg"
+    (path.parent / figure).write_text(text)
+    return f"![{title}]({figure})"
+
+
+def _overlap_figure(rows: list[dict], regimes: list[str]) -> tuple[str, str]:
+    """Utilisation and samples/s per repeat, plain against overlap=True, per regime."""
+    panels = []
+    for regime in regimes:
+        mine = sorted((r for r in rows if r["regime"] == regime), key=lambda r: r["seed"])
+        for key, label in (("utilisation", "utilisation"), ("samples_per_s", "samples/s")):
+            panels.append((f"{regime}: {label}", "repeat",
+                           [(name, [r[key] for r in mine if r["overlap"] == flag])
+                            for name, flag in (("plain", False), ("overlap", True))]))
+    title = "Overlap: utilisation and samples/s per repeat, plain against overlap=True"
+    return title, paired_svg(title, panels)
+
+
+def _pipeline_figure(rows: list[dict]) -> tuple[str, str]:
+    """Time per epoch per seed, greedy against that seed's random partition."""
+    seeds = sorted({r["seed"] for r in rows if r["method"] == "random"})
+    by = {(r["method"], r["seed"]): r for r in rows}
+    series = [(m, [by[(m, s)]["epoch_s"] if (m, s) in by else math.nan for s in seeds]) for m in ("random", "greedy")]
+    title = "Pipeline: random cut vs greedy, per seed"
+    return title, paired_svg(title, [("time per epoch (s)", "seed + 1", series)])
+
+
 def _part(path: Path, name: str) -> list[dict]:
     """The rows of a real-cluster part (reproduce.py --part NAME) saved next to the report."""
     saved = path.with_name(f"{path.stem}-{name}.json")
@@ -219,7 +249,12 @@ def write_report(path: Path, rows: list[dict], calibration: dict, args, command:
     measured = [r for r in _part(path, "overlap") if r["regime"] in regimes]
     block, verdicts["Overlap raises utilisation (+28%)"] = (overlap_block(measured, regimes) if measured else
                                                           _modelled_overlap_block(calibration, regimes))
-    pipe_lines, pipe_verdict = pipeline_block(_part(path, "pipeline"))
+    pipe_rows = _part(path, "pipeline")
+    pipe_lines, pipe_verdict = pipeline_block(pipe_rows)
+    if measured:
+        block[2:2] = [_measured_figure(path, "overlap", _overlap_figure(measured, regimes)), ""]
+    if pipe_rows:
+        pipe_lines[2:2] = [_measured_figure(path, "pipeline", _pipeline_figure(pipe_rows)), ""]
     claims += [*block, *pipe_lines]
     verdicts["Greedy partition −34% time (2 pinned cores)"] = {g: pipe_verdict for g in regimes}
     closing = ["## Closing note: the new verdicts next to the earlier ones", "",
