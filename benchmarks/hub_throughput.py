@@ -49,28 +49,21 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing as mp
 import os
 import time
 import traceback
 import uuid
-from types import SimpleNamespace
 
 import _common  # noqa: F401 - sys.path for a checkout; TF stays unloaded here anyway
 import numpy as np
-import zmq
+from _cells import Procs, raw_cell, recv_answer, run_window, shared_window, timed_loop
 from _common import median, table
 
 from nbdist.hub.client import HubControl, WorkerTransport
-from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.async_ps.backend import hub_specs
 from nbdist.modes.async_ps.worker import IDLE_POLL_S
-
-MP = mp.get_context("fork")  # children start in milliseconds; the parent holds no zmq context
-                             # while it forks (its only context, for shutdown, is closed first)
-
 
 # -- processes ------------------------------------------------------------------------------
 
@@ -116,7 +109,7 @@ def _nbdist_worker(key, worker, shards, transport, win, conn) -> None:
             reply = step(reply)
         win.warm[worker] = (time.monotonic() - t0) / 3
         win.barrier.wait(120)
-        count = _timed_loop(step, reply, win.start_at.value, win.seconds.value)
+        count = timed_loop(step, reply, win.start_at.value, win.seconds.value)
         conn.send(("ok", count))
         tr.bye()
     except BaseException:  # noqa: BLE001 - reported to the parent
@@ -149,136 +142,7 @@ def _hub_base(key: bytes, params: np.ndarray, shards: int, workers: int) -> HubS
     return HubSpec(**common, **run)
 
 
-def _timed_loop(step, state, start: float, seconds: float) -> int:
-    """Step until start + seconds; count the steps that completed inside the window."""
-    end, count = start + seconds, 0
-    while True:
-        state = step(state)
-        now = time.monotonic()
-        if now >= end:
-            return count
-        if now >= start:
-            count += 1
-
-
-def _raw_server(slice_bytes: int, stop, conn) -> None:
-    reuse_large_buffers(slice_bytes)  # the same malloc setting as nbdist's processes: like for like
-    ctx = zmq.Context()
-    sock = ctx.socket(zmq.ROUTER)
-    sock.setsockopt(zmq.LINGER, 0)
-    try:
-        port = sock.bind_to_random_port("tcp://127.0.0.1")
-        reply = np.zeros(slice_bytes // 4, dtype=np.float32)
-        conn.send(("ok", port))
-        while not stop.is_set():
-            if sock.poll(100):
-                frames = sock.recv_multipart(copy=False)
-                sock.send_multipart([frames[0], reply], copy=False)
-    except BaseException:  # noqa: BLE001
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        sock.close(0)
-        ctx.term()
-
-
-def _raw_client(index, ports, slice_bytes, win, conn) -> None:
-    reuse_large_buffers(slice_bytes)
-    ctx = zmq.Context()
-    socks = []
-    try:
-        for port in ports:
-            s = ctx.socket(zmq.DEALER)
-            s.setsockopt(zmq.LINGER, 0)
-            s.connect(f"tcp://127.0.0.1:{port}")
-            socks.append(s)
-        payload = np.ones(slice_bytes // 4, dtype=np.float32)
-
-        def step(_):
-            for s in socks:
-                s.send(payload, copy=False)
-            for s in socks:
-                s.recv(copy=False)
-
-        t0 = time.monotonic()
-        for _ in range(3):
-            step(None)
-        win.warm[index] = (time.monotonic() - t0) / 3
-        win.barrier.wait(120)
-        conn.send(("ok", _timed_loop(step, None, win.start_at.value, win.seconds.value)))
-    except BaseException:  # noqa: BLE001
-        conn.send(("error", traceback.format_exc()))
-    finally:
-        for s in socks:
-            s.close(0)
-        ctx.term()
-
-
 # -- one cell -------------------------------------------------------------------------------
-
-
-class _Procs:
-    """Processes of one cell; `stop()` ends every one that is still alive."""
-
-    def __init__(self):
-        self.items: list[mp.Process] = []
-
-    def start(self, target, *args):
-        parent, child = MP.Pipe()
-        p = MP.Process(target=target, args=(*args, child), daemon=True)
-        p.start()
-        child.close()
-        self.items.append(p)
-        return parent
-
-    def stop(self, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        for p in self.items:
-            p.join(max(0.0, deadline - time.monotonic()))
-        for p in self.items:
-            if p.is_alive():
-                p.terminate()
-                p.join(5)
-            if p.is_alive():
-                p.kill()
-                p.join()
-
-
-def _recv(conn, what: str, timeout: float = 90.0):
-    if not conn.poll(timeout):
-        raise RuntimeError(f"{what}: no answer within {timeout:.0f}s")
-    status, value = conn.recv()
-    if status == "error":
-        raise RuntimeError(f"{what} failed:\n{value}")
-    return value
-
-
-def _window(workers: int, seconds: float) -> SimpleNamespace:
-    """What the parent and the workers of one cell share: a barrier, the window's start and
-    length, and each worker's warm-up step time."""
-    return SimpleNamespace(barrier=MP.Barrier(workers + 1), start_at=MP.Value("d", 0.0),
-                           seconds=MP.Value("d", seconds), warm=MP.Array("d", workers))
-
-
-def _run_window(conns, win) -> tuple[int, float]:
-    """Release the workers into a common measurement window; (round trips in it, its length).
-    The window is --seconds, or 4 of the slowest worker's warm-up steps if longer, so that
-    every worker completes several steps in it (32 workers at 10M: a step is ~1 s)."""
-    barrier = win.barrier
-    deadline = time.monotonic() + 90
-    while barrier.n_waiting < len(conns):  # every worker registered and warmed up
-        for c in conns:
-            if c.poll():  # a worker that answers before the barrier has failed
-                barrier.abort()
-                _recv(c, "worker")
-                raise RuntimeError("a worker left before the measurement window")
-        if time.monotonic() > deadline:
-            barrier.abort()
-            raise RuntimeError("workers did not get ready within 90s")
-        time.sleep(0.01)
-    win.seconds.value = seconds = max(win.seconds.value, 4 * max(win.warm[:]))
-    win.start_at.value = time.monotonic() + 0.25 + 0.02 * len(conns)  # all released by then
-    barrier.wait(30)
-    return sum(_recv(c, "worker", seconds + 60) for c in conns), seconds
 
 
 def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: float,
@@ -292,17 +156,17 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
         base = dataclasses.replace(base, profile=True)
     if transport == "curve":
         base, transport = dataclasses.replace(base, encrypt=True), "tcp"
-    hubs, crew, endpoints = _Procs(), _Procs(), []
+    hubs, crew, endpoints = Procs(), Procs(), []
     try:
         hub_conns = [hubs.start(_hub_process, s) for s in hub_specs(base, params, shards)]
-        endpoints = [_recv(c, f"hub shard {i}") for i, c in enumerate(hub_conns)]
-        win = _window(workers, seconds)
+        endpoints = [recv_answer(c, f"hub shard {i}") for i, c in enumerate(hub_conns)]
+        win = shared_window(workers, seconds)
         conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, win) for w in range(workers)]
-        count, seconds = _run_window(conns, win)
+        count, seconds = run_window(conns, win)
         crew.stop(timeout=30)  # workers say bye and leave before the hubs shut down
         _shutdown(key, endpoints)
         endpoints = []
-        summaries = [_recv(c, f"hub shard {i}", 15) for i, c in enumerate(hub_conns)]
+        summaries = [recv_answer(c, f"hub shard {i}", 15) for i, c in enumerate(hub_conns)]
         for s in summaries:
             if s["error"] or s["dropped"]:
                 raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
@@ -322,22 +186,6 @@ def _shutdown(key: bytes, endpoints: list[dict], timeout: float = 10.0) -> None:
         control.shutdown()
     finally:
         control.close()  # the parent holds no zmq context when it forks the next cell
-
-
-def raw_cell(size: int, shards: int, workers: int, seconds: float) -> dict:
-    slices = [4 * (hi - lo) for lo, hi in shard_bounds(size, shards)]
-    procs, stop = _Procs(), MP.Event()
-    try:
-        server_conns = [procs.start(_raw_server, b, stop) for b in slices]
-        ports = [_recv(c, "raw server") for c in server_conns]
-        win = _window(workers, seconds)
-        # every client sends the same slice sizes as an nbdist worker does to the shards
-        conns = [procs.start(_raw_client, i, ports, slices[0], win) for i in range(workers)]
-        count, seconds = _run_window(conns, win)
-        return {"rate": count / seconds}
-    finally:
-        stop.set()
-        procs.stop()
 
 
 def mac_ms_per_step(size: int, shards: int, kind: str, repeats: int = 20) -> float:
