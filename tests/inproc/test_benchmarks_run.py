@@ -29,7 +29,8 @@ def _nbdist_imports(path: Path) -> list[tuple[str, str]]:
             for alias in node.names]
 
 
-SCRIPTS = BENCHMARKS + sorted((Path(__file__).resolve().parents[2] / "scripts").glob("*.py"))
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPTS = sorted(ROOT.glob("benchmarks/*.py")) + sorted(ROOT.glob("scripts/*.py"))  # helpers (_*.py) too
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[f"{p.parent.name}/{p.stem}" for p in SCRIPTS])
