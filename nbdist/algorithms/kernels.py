@@ -69,10 +69,11 @@ def sgd_step_and_copy(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarr
         sgd_step_and_copy_numpy(w, g, lr, np.empty_like(w) if scratch is None else scratch, out)
 
 
-def copy_out(dst: np.ndarray, src: np.ndarray) -> None:
-    """`dst[:] = src` with streaming stores where the kernel is compiled: for a block of a
-    reply larger than the cache, written while `src` is in cache."""
-    if _compiled_fits(dst, src):
+def copy_out(dst: np.ndarray, src: np.ndarray, stream: bool) -> None:
+    """`dst[:] = src`; `stream`: the whole copy is at least `STREAM_MIN` floats, so write `dst`
+    with streaming stores (compiled kernel only; glibc's memcpy is 1.3x slower at 40-80 MB here,
+    benchmarks/update_kernel.py)."""
+    if stream and _compiled_fits(dst, src):
         COMPILED.copy_stream(dst, src)
     else:
         np.copyto(dst, src)

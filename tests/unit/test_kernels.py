@@ -126,7 +126,7 @@ def test_the_dispatch_gives_numpy_s_numbers_on_other_dtypes_too():
     w = np.array([1.0, 2.0])  # float64: always NumPy's path
     kernels.sgd_step(w, np.array([0.5, 1.0]), 0.5, None)
     out = np.empty(2, np.float32)
-    copy_out(out, np.array([1.5, -2.0], np.float32))
+    copy_out(out, np.array([1.5, -2.0], np.float32), stream=True)
     assert w.tolist() == [0.75, 1.5] and out.tolist() == [1.5, -2.0]
 
 
@@ -154,3 +154,26 @@ def test_a_kernel_that_does_not_import_falls_back_to_numpy_with_a_warning(monkey
         module, name = kernels._load()
     assert module is None and name == "numpy (the compiled kernel did not load)"
     assert "Reinstall nbdist" in caplog.text and "NBDIST_KERNELS=0" in caplog.text
+
+
+@pytest.mark.parametrize("name", ["asgd", "dc-asgd"])  # the fused kernel; a step then a copy-out
+def test_a_rule_s_push_and_read_past_the_cache_is_numpy_s_across_blocks(name):
+    from nbdist.algorithms import make_rule
+    from nbdist.algorithms.blocks import block_ranges, run_serial
+
+    size = kernels.STREAM_MIN + 5  # streaming stores, two blocks, a ragged tail
+    rng = np.random.default_rng(1)
+    w0, g = _values(rng, size), _values(rng, size)
+    rule, plain = make_rule(name, size, 1), make_rule(name, size, 1)
+    if name == "asgd":
+        rule.use_blocks(run_serial, block_ranges(size, 2))
+    w, expected, out = w0.copy(), w0.copy(), _at(np.zeros(size, np.float32), 1)
+    rule.on_pull(0, w, 0)
+    plain.on_pull(0, expected, 0)
+    with np.errstate(all="ignore"):
+        assert rule.push_and_read(0, w, g, 0.1, 0, out)
+        if name == "asgd":  # NumPy's fused pass
+            sgd_step_and_copy_numpy(expected, g, 0.1, np.empty(size, np.float32), np.empty(size, np.float32))
+        else:  # NumPy's step, then a copy
+            plain.on_push(0, expected, g, 0.1, 0)
+    assert np.array_equal(_bits(w), _bits(expected)) and np.array_equal(_bits(out), _bits(expected))
