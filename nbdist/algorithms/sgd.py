@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbdist.algorithms import kernels
 from nbdist.algorithms.base import Option, Rule
 from nbdist.algorithms.blocks import Ranges, Runner, run_serial
-from nbdist.algorithms.kernels import COMPILED, STREAM_MIN, sgd_step, sgd_step_and_copy
+from nbdist.algorithms.kernels import STREAM_MIN, sgd_step, sgd_step_and_copy
 
 
 class ASGD(Rule):
@@ -25,7 +26,7 @@ class ASGD(Rule):
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
         # NumPy's two-pass step needs a scratch array; the compiled kernel does not
-        self._scratch = np.empty(size if COMPILED is None else 0, dtype=np.float32)
+        self._scratch = np.empty(size if kernels.COMPILED is None else 0, dtype=np.float32)
         self._stream = size >= STREAM_MIN  # the reply is larger than the cache
         self._run: Runner = run_serial
         self._ranges: Ranges = [(0, size)]
