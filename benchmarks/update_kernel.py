@@ -7,6 +7,8 @@ What it measures
       compiled   `nbdist._kernels.sgd_step_copy`: one pass, the reply written with streaming
                  stores from `kernels.STREAM_MIN` floats on;
       numpy      the NumPy fallback (`NBDIST_KERNELS=0`): the same numbers, cache-blocked.
+    Then the same push with the hub applying Keras's momentum and Adam (`--optimizers`), whose
+    formulas the kernel also runs in one pass each (NumPy: 6-12 passes per cache block).
     Next to them, in the same run, copies of the same 4N bytes: glibc's `memcpy` (through
     ctypes), `np.copyto`, and the kernel's streaming copy (`copy_stream`, the floor for a pass
     that writes the bytes once).
@@ -35,6 +37,7 @@ import numpy as np
 from _common import table
 
 from nbdist.algorithms import kernels
+from nbdist.algorithms.optimizers import server_optimizer_spec
 from nbdist.core.plan import Plan
 from nbdist.core.updater import make_updater
 from nbdist.hub.threads import BlockPool
@@ -55,17 +58,20 @@ def numpy_kernels():
         kernels.COMPILED = saved
 
 
-def asgd_updater(size: int, threads: int, pools: list[BlockPool]):
+def asgd_updater(size: int, threads: int, pools: list[BlockPool], optimizer: str | None = None):
+    """The hub's updater for ASGD with plain SGD (the fused pass), or with the hub optimizer
+    `optimizer` ("momentum", "adam": Keras's formulas, `--server-optimizer`)."""
     plan = Plan(num_workers=2, num_samples=1000, epochs=1, batch_size=64, lr=0.01,
                 has_validation=False, algorithm="asgd")
-    updater = make_updater(plan, {}, None, size)
+    spec = server_optimizer_spec(optimizer, 0.01, [size]) if optimizer else None
+    updater = make_updater(plan, {}, spec, size)
     if threads > 1:
         pools.append(BlockPool(threads))
         updater.use_blocks(pools[-1], threads)
     return updater
 
 
-def measure(size: int, repeats: int) -> list[list[object]]:
+def measure(size: int, repeats: int, optimizers: list[str]) -> list[list[object]]:
     w, g, out = (np.ones(size, np.float32) for _ in range(3))
     g *= np.float32(1e-3)
     pools: list[BlockPool] = []
@@ -87,6 +93,16 @@ def measure(size: int, repeats: int) -> list[list[object]]:
                 u.push(0, w, g, 0, into=out)
 
         variants[f"push, numpy, {threads} thread(s)"] = numpy_push
+    for optimizer in optimizers:  # the optimizers' formulas, one thread
+        for kind in ("compiled", "numpy") if kernels.COMPILED is not None else ("numpy",):
+            with contextlib.nullcontext() if kind == "compiled" else numpy_kernels():
+                updater = asgd_updater(size, 1, pools, optimizer)
+
+            def optimizer_push(u=updater, numpy=kind == "numpy"):
+                with numpy_kernels() if numpy else contextlib.nullcontext():
+                    u.push(0, w, g, 0, into=out)
+
+            variants[f"push, {optimizer}, {kind}, 1 thread"] = optimizer_push
     best = dict.fromkeys(variants, float("inf"))
     try:
         for _ in range(repeats):
@@ -108,12 +124,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1 << 20, 10_000_000, 20_000_000])
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--optimizers", nargs="*", default=["momentum", "adam"],
+                        help="hub optimizers to time too (Keras's formulas; none: only SGD)")
     args = parser.parse_args()
     print(f"update kernel: {kernels.IMPLEMENTATION}; sizes {args.sizes}, {args.repeats} rounds "
           f"of 5 calls; load {os.getloadavg()[0]:.2f} (1 min)", flush=True)
     rows = []
     for size in args.sizes:
-        rows += measure(size, args.repeats)
+        rows += measure(size, args.repeats, args.optimizers)
         print(f"  {size:,} floats done", flush=True)
     print()
     print(table(["floats", "pass", "ms", "x memcpy", "x streaming copy"], rows))

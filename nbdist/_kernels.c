@@ -13,6 +13,7 @@
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
 #include <stdint.h>
+#include <math.h>
 #include <string.h>
 
 #if defined(__SSE2__) && !defined(NBDIST_NO_STREAMING)
@@ -88,18 +89,18 @@ static int apart(const Py_buffer *a, const char *a_name, const Py_buffer *b, con
     return -1;
 }
 
-static int lr_as_float(PyObject *obj, float *lr)
+static int lr_as_float(PyObject *obj, const char *name, float *value)
 {
-    double value = PyFloat_AsDouble(obj);
-    if (value == -1.0 && PyErr_Occurred()) {
+    double x = PyFloat_AsDouble(obj);
+    if (x == -1.0 && PyErr_Occurred()) {
         PyErr_Clear();
         PyErr_Format(PyExc_TypeError,
-                     "nbdist._kernels: lr must be a real number. Received: %.100s. Pass "
-                     "float(lr).",
-                     Py_TYPE(obj)->tp_name);
+                     "nbdist._kernels: %s must be a real number. Received: %.100s. Pass "
+                     "float(%s).",
+                     name, Py_TYPE(obj)->tp_name, name);
         return -1;
     }
-    *lr = (float)value; /* rounds to nearest, as np.float32(lr) */
+    *value = (float)x; /* rounds to nearest, as np.float32(x) */
     return 0;
 }
 
@@ -172,7 +173,100 @@ static void copy_stream(float *dst, const float *src, Py_ssize_t n)
         memcpy(dst + i, src + i, (size_t)(n - i) * sizeof(float));
 }
 
+/* ---- the optimizers' formulas (nbdist/algorithms/optimizer_rules.py, the same operations in
+ * the same order, each rounded to float32) ----------------------------------------------- */
+
+static void adam(float *restrict w, const float *restrict g, float *restrict m,
+                 float *restrict v, float alpha, float one_minus_beta_1, float one_minus_beta_2,
+                 float epsilon, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float gi = g[i];
+        float mi = m[i] + (gi - m[i]) * one_minus_beta_1;  /* _ema_into */
+        float vi = v[i] + (gi * gi - v[i]) * one_minus_beta_2;
+        m[i] = mi;
+        v[i] = vi;
+        w[i] = w[i] - (mi * alpha) / (sqrtf(vi) + epsilon);
+    }
+}
+
+static void momentum(float *restrict w, const float *restrict g, float *restrict m, float lr,
+                     float mu, int nesterov, Py_ssize_t n)
+{
+    for (Py_ssize_t i = 0; i < n; i++) {
+        float a = g[i] * lr;
+        float mi = m[i] * mu - a;
+        m[i] = mi;
+        w[i] = w[i] + (nesterov ? mi * mu - a : mi);
+    }
+}
+
 /* ---- the Python functions -------------------------------------------------------------- */
+
+typedef struct {
+    const char *name;
+    int writable;
+} Arg;
+
+static void release(Py_buffer *views, int count)
+{
+    for (int i = 0; i < count; i++)
+        PyBuffer_Release(&views[i]);
+}
+
+/* The `count` float32 buffers of `objs`, checked: float32, C-contiguous, writable as `args`
+ * says, the same length, no two overlapping (but the first two may be the same buffer when
+ * `same_01`: `w -= lr * w` is still elementwise). */
+static int get_arrays(PyObject *const *objs, const Arg *args, int count, int same_01,
+                      Py_buffer *views)
+{
+    for (int i = 0; i < count; i++) {
+        if (get_floats(objs[i], &views[i], args[i].name, args[i].writable) != 0) {
+            release(views, i);
+            return -1;
+        }
+    }
+    for (int i = 1; i < count; i++) {
+        if (same_length(&views[0], args[0].name, &views[i], args[i].name) != 0)
+            goto refused;
+    }
+    for (int i = 0; i < count; i++) {
+        for (int j = i + 1; j < count; j++) {
+            if (same_01 && i == 0 && j == 1 && views[0].buf == views[1].buf)
+                continue;
+            if (apart(&views[i], args[i].name, &views[j], args[j].name) != 0)
+                goto refused;
+        }
+    }
+    return 0;
+refused:
+    release(views, count);
+    return -1;
+}
+
+static int floats(PyObject *const *objs, const char *const *names, int count, float *values)
+{
+    for (int i = 0; i < count; i++) {
+        if (lr_as_float(objs[i], names[i], &values[i]) != 0)
+            return -1;
+    }
+    return 0;
+}
+
+static int arity(const char *signature, Py_ssize_t nargs, Py_ssize_t least, Py_ssize_t most)
+{
+    if (nargs >= least && nargs <= most)
+        return 0;
+    if (most > least)
+        PyErr_Format(PyExc_TypeError, "nbdist._kernels.%s takes %zd or %zd positional "
+                     "arguments. Received: %zd.", signature, least, most, nargs);
+    else
+        PyErr_Format(PyExc_TypeError, "nbdist._kernels.%s takes %zd positional arguments. "
+                     "Received: %zd.", signature, least, nargs);
+    return -1;
+}
+
+#define WITHOUT_GIL(call) do { Py_BEGIN_ALLOW_THREADS call; Py_END_ALLOW_THREADS } while (0)
 
 PyDoc_STRVAR(sgd_step_doc,
 "sgd_step(w, g, lr)\n--\n\n"
@@ -180,29 +274,16 @@ PyDoc_STRVAR(sgd_step_doc,
 
 static PyObject *py_sgd_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer w, g;
+    static const Arg spec[] = {{"w", 1}, {"g", 0}};
+    static const char *const names[] = {"lr"};
+    Py_buffer v[2];
     float lr;
-    if (nargs != 3) {
-        PyErr_Format(PyExc_TypeError, "sgd_step(w, g, lr) takes 3 arguments. Received: %zd.",
-                     nargs);
+    if (arity("sgd_step(w, g, lr)", nargs, 3, 3) != 0 || floats(args + 2, names, 1, &lr) != 0
+        || get_arrays(args, spec, 2, 1, v) != 0)
         return NULL;
-    }
-    if (lr_as_float(args[2], &lr) != 0 || get_floats(args[0], &w, "w", 1) != 0)
-        return NULL;
-    if (get_floats(args[1], &g, "g", 0) != 0) {
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    if (same_length(&w, "w", &g, "g") == 0 && (w.buf == g.buf || apart(&w, "w", &g, "g") == 0)) {
-        Py_BEGIN_ALLOW_THREADS
-        step((float *)w.buf, (const float *)g.buf, lr, w.len / 4);
-        Py_END_ALLOW_THREADS
-        result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&w);
-    return result;
+    WITHOUT_GIL(step(v[0].buf, v[1].buf, lr, v[0].len / 4));
+    release(v, 2);
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(sgd_step_copy_doc,
@@ -212,41 +293,22 @@ PyDoc_STRVAR(sgd_step_copy_doc,
 
 static PyObject *py_sgd_step_copy(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer w, g, out;
+    static const Arg spec[] = {{"w", 1}, {"g", 0}, {"out", 1}};
+    static const char *const names[] = {"lr"};
+    PyObject *objs[3];
+    Py_buffer v[3];
     float lr;
     int stream = 1;
-    if (nargs != 4 && nargs != 5) {
-        PyErr_Format(PyExc_TypeError,
-                     "sgd_step_copy(w, g, lr, out, stream=True) takes 4 or 5 positional "
-                     "arguments. Received: %zd.", nargs);
+    if (arity("sgd_step_copy(w, g, lr, out, stream=True)", nargs, 4, 5) != 0
+        || floats(args + 2, names, 1, &lr) != 0
+        || (nargs == 5 && (stream = PyObject_IsTrue(args[4])) < 0))
         return NULL;
-    }
-    if (nargs == 5 && (stream = PyObject_IsTrue(args[4])) < 0)
+    objs[0] = args[0], objs[1] = args[1], objs[2] = args[3];
+    if (get_arrays(objs, spec, 3, 1, v) != 0)
         return NULL;
-    if (lr_as_float(args[2], &lr) != 0 || get_floats(args[0], &w, "w", 1) != 0)
-        return NULL;
-    if (get_floats(args[1], &g, "g", 0) != 0) {
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    if (get_floats(args[3], &out, "out", 1) != 0) {
-        PyBuffer_Release(&g);
-        PyBuffer_Release(&w);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    if (same_length(&w, "w", &g, "g") == 0 && same_length(&w, "w", &out, "out") == 0
-        && (w.buf == g.buf || apart(&w, "w", &g, "g") == 0)
-        && apart(&out, "out", &w, "w") == 0 && apart(&out, "out", &g, "g") == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        step_copy((float *)w.buf, (const float *)g.buf, lr, (float *)out.buf, w.len / 4, stream);
-        Py_END_ALLOW_THREADS
-        result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&out);
-    PyBuffer_Release(&g);
-    PyBuffer_Release(&w);
-    return result;
+    WITHOUT_GIL(step_copy(v[0].buf, v[1].buf, lr, v[2].buf, v[0].len / 4, stream));
+    release(v, 3);
+    Py_RETURN_NONE;
 }
 
 PyDoc_STRVAR(copy_stream_doc,
@@ -255,36 +317,63 @@ PyDoc_STRVAR(copy_stream_doc,
 
 static PyObject *py_copy_stream(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
 {
-    Py_buffer dst, src;
-    if (nargs != 2) {
-        PyErr_Format(PyExc_TypeError, "copy_stream(dst, src) takes 2 arguments. Received: %zd.",
-                     nargs);
+    static const Arg spec[] = {{"dst", 1}, {"src", 0}};
+    Py_buffer v[2];
+    if (arity("copy_stream(dst, src)", nargs, 2, 2) != 0 || get_arrays(args, spec, 2, 0, v) != 0)
         return NULL;
-    }
-    if (get_floats(args[0], &dst, "dst", 1) != 0)
-        return NULL;
-    if (get_floats(args[1], &src, "src", 0) != 0) {
-        PyBuffer_Release(&dst);
-        return NULL;
-    }
-    PyObject *result = NULL;
-    if (same_length(&dst, "dst", &src, "src") == 0 && apart(&dst, "dst", &src, "src") == 0) {
-        Py_BEGIN_ALLOW_THREADS
-        copy_stream((float *)dst.buf, (const float *)src.buf, dst.len / 4);
-        Py_END_ALLOW_THREADS
-        result = Py_NewRef(Py_None);
-    }
-    PyBuffer_Release(&src);
-    PyBuffer_Release(&dst);
-    return result;
+    WITHOUT_GIL(copy_stream(v[0].buf, v[1].buf, v[0].len / 4));
+    release(v, 2);
+    Py_RETURN_NONE;
 }
 
+PyDoc_STRVAR(adam_step_doc,
+"adam_step(w, g, m, v, alpha, one_minus_beta_1, one_minus_beta_2, epsilon)\n--\n\n"
+"Keras's Adam step (no AMSGrad) in one pass, as optimizer_rules.AdamFormula: m and v move,\n"
+"then w -= m * alpha / (sqrt(v) + epsilon); every scalar is rounded to float32 first.");
+
+static PyObject *py_adam_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const Arg spec[] = {{"w", 1}, {"g", 0}, {"m", 1}, {"v", 1}};
+    static const char *const names[] = {"alpha", "one_minus_beta_1", "one_minus_beta_2",
+                                        "epsilon"};
+    Py_buffer b[4];
+    float x[4];
+    if (arity("adam_step(w, g, m, v, alpha, one_minus_beta_1, one_minus_beta_2, epsilon)",
+              nargs, 8, 8) != 0
+        || floats(args + 4, names, 4, x) != 0 || get_arrays(args, spec, 4, 0, b) != 0)
+        return NULL;
+    WITHOUT_GIL(adam(b[0].buf, b[1].buf, b[2].buf, b[3].buf, x[0], x[1], x[2], x[3],
+                     b[0].len / 4));
+    release(b, 4);
+    Py_RETURN_NONE;
+}
+
+PyDoc_STRVAR(momentum_step_doc,
+"momentum_step(w, g, m, lr, momentum, nesterov)\n--\n\n"
+"Keras's SGD with momentum in one pass, as optimizer_rules.SGDFormula: m = m*mu - lr*g;\n"
+"w += m (nesterov: w += m*mu - lr*g); lr and momentum are rounded to float32 first.");
+
+static PyObject *py_momentum_step(PyObject *self, PyObject *const *args, Py_ssize_t nargs)
+{
+    static const Arg spec[] = {{"w", 1}, {"g", 0}, {"m", 1}};
+    static const char *const names[] = {"lr", "momentum"};
+    Py_buffer b[3];
+    float x[2];
+    int nesterov;
+    if (arity("momentum_step(w, g, m, lr, momentum, nesterov)", nargs, 6, 6) != 0
+        || floats(args + 3, names, 2, x) != 0 || (nesterov = PyObject_IsTrue(args[5])) < 0
+        || get_arrays(args, spec, 3, 0, b) != 0)
+        return NULL;
+    WITHOUT_GIL(momentum(b[0].buf, b[1].buf, b[2].buf, x[0], x[1], nesterov, b[0].len / 4));
+    release(b, 3);
+    Py_RETURN_NONE;
+}
+
+#define METHOD(name) {#name, (PyCFunction)(void (*)(void))py_##name, METH_FASTCALL, name##_doc}
+
 static PyMethodDef methods[] = {
-    {"sgd_step", (PyCFunction)(void (*)(void))py_sgd_step, METH_FASTCALL, sgd_step_doc},
-    {"sgd_step_copy", (PyCFunction)(void (*)(void))py_sgd_step_copy, METH_FASTCALL,
-     sgd_step_copy_doc},
-    {"copy_stream", (PyCFunction)(void (*)(void))py_copy_stream, METH_FASTCALL, copy_stream_doc},
-    {NULL, NULL, 0, NULL},
+    METHOD(sgd_step), METHOD(sgd_step_copy), METHOD(copy_stream), METHOD(adam_step),
+    METHOD(momentum_step), {NULL, NULL, 0, NULL},
 };
 
 static struct PyModuleDef module = {

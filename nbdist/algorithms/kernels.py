@@ -2,7 +2,8 @@
 
 At 10M+ parameters a push is bound by memory traffic. `nbdist._kernels` (C, built by
 `pip install`) does SGD's step and the reply copy in one pass, with streaming stores for a reply
-larger than the cache, which NumPy cannot issue. This module is the one place that decides
+larger than the cache, which NumPy cannot issue; and Adam's and momentum's formulas in one pass
+each instead of NumPy's 6-12. This module is the one place that decides
 which is used: the compiled module when it imports and `NBDIST_KERNELS` is not `0`, else the
 NumPy functions below, which give the same numbers bit for bit (tests/unit/test_kernels.py).
 `IMPLEMENTATION` says which one, for the hub's statistics and the benchmarks.
@@ -18,7 +19,8 @@ import numpy as np
 
 from nbdist.algorithms.blocks import BLOCK
 
-__all__ = ["COMPILED", "IMPLEMENTATION", "STREAM_MIN", "copy_out", "sgd_step", "sgd_step_and_copy"]
+__all__ = ["COMPILED", "IMPLEMENTATION", "STREAM_MIN", "adam_step", "copy_out", "momentum_step",
+           "sgd_step", "sgd_step_and_copy"]
 
 _F32 = np.dtype(np.float32)
 
@@ -77,6 +79,27 @@ def copy_out(dst: np.ndarray, src: np.ndarray, stream: bool) -> None:
         COMPILED.copy_stream(dst, src)
     else:
         np.copyto(dst, src)
+
+
+def adam_step(w: np.ndarray, g: np.ndarray, m: np.ndarray, v: np.ndarray, alpha: np.float32,
+              one_minus_beta_1: np.float32, one_minus_beta_2: np.float32,
+              epsilon: np.float32) -> bool:
+    """Adam's step (`optimizer_rules.AdamFormula`, no AMSGrad) in one compiled pass; False: not
+    compiled here, the caller runs NumPy's formula (the same numbers)."""
+    if not _compiled_fits(w, g, m, v):
+        return False
+    COMPILED.adam_step(w, g, m, v, alpha, one_minus_beta_1, one_minus_beta_2, epsilon)
+    return True
+
+
+def momentum_step(w: np.ndarray, g: np.ndarray, m: np.ndarray, lr: np.float32,
+                  momentum: np.float32, nesterov: bool) -> bool:
+    """SGD with momentum (`optimizer_rules.SGDFormula`) in one compiled pass; False: not
+    compiled here, the caller runs NumPy's formula (the same numbers)."""
+    if not _compiled_fits(w, g, m):
+        return False
+    COMPILED.momentum_step(w, g, m, lr, momentum, nesterov)
+    return True
 
 
 def sgd_step_numpy(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> None:

@@ -54,6 +54,14 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint32)
 
 
+def _same_numbers(a: np.ndarray, b: np.ndarray) -> bool:
+    """Bit for bit, except which NaN: where two NaNs meet in an addition or a multiplication,
+    IEEE 754 leaves which one comes out to the hardware and the operand order the compiler
+    (or NumPy's loop) chose. A NaN must still be a NaN on both sides."""
+    nan = np.isnan(a)
+    return bool(np.array_equal(nan, np.isnan(b)) and np.array_equal(_bits(a)[~nan], _bits(b)[~nan]))
+
+
 @needs_compiled
 @pytest.mark.parametrize("stream", [True, False])
 @pytest.mark.parametrize("n", SIZES)
@@ -177,3 +185,45 @@ def test_a_rule_s_push_and_read_past_the_cache_is_numpy_s_across_blocks(name):
         else:  # NumPy's step, then a copy
             plain.on_push(0, expected, g, 0.1, 0)
     assert np.array_equal(_bits(w), _bits(expected)) and np.array_equal(_bits(out), _bits(expected))
+
+
+FORMULA_CASES = [("Adam", {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False}),
+                 ("Adam", {"beta_1": 0.8, "beta_2": 0.99, "epsilon": 1e-3, "amsgrad": False}),
+                 ("SGD", {"momentum": 0.9, "nesterov": False}),
+                 ("SGD", {"momentum": 0.5, "nesterov": True}),
+                 ("SGD", {"momentum": 0.0, "nesterov": False})]
+
+
+@needs_compiled
+@pytest.mark.parametrize("n", SIZES)
+@pytest.mark.parametrize(("name", "config"), FORMULA_CASES)
+def test_the_compiled_formulas_are_numpy_s_bit_for_bit(name, config, n, monkeypatch):
+    from nbdist.algorithms.optimizer_rules import FORMULAS
+
+    def formula():
+        return FORMULAS[name](config, n, (np.empty(n, np.float32), np.empty(n, np.float32)))
+
+    rng = np.random.default_rng(n + len(config))
+    compiled_f, numpy_f = formula(), formula()
+    w0 = _values(rng, n)
+    w, expected = _at(w0, 1), w0.copy()
+    for step, lr in enumerate([np.float32(0.01), np.float32(0.5), np.float32(1e-30), np.float32(3.0)]):
+        g = _at(_values(rng, n), step % 4)
+        with np.errstate(all="ignore"):
+            compiled_f.apply(w, g, lr, step)
+            monkeypatch.setattr(kernels, "COMPILED", None)
+            numpy_f.apply(expected, g, lr, step)
+            monkeypatch.undo()
+        assert _same_numbers(w, expected), (step, "w")
+        for slot, value in numpy_f.slots.items():
+            assert _same_numbers(compiled_f.slots[slot], value), (step, slot)
+
+
+@needs_compiled
+def test_the_formula_kernels_refuse_overlapping_slots():
+    w, g, m = np.ones(8, np.float32), np.ones(8, np.float32), np.zeros(8, np.float32)
+    with pytest.raises(ValueError, match="m and v overlap"):
+        compiled.adam_step(w, g, m, m, 0.1, 0.1, 0.001, 1e-7)
+    with pytest.raises(TypeError, match="momentum must be a real number"):
+        compiled.momentum_step(w, g, m, 0.1, None, False)
+    assert w.tolist() == [1.0] * 8 and m.tolist() == [0.0] * 8
