@@ -1,14 +1,18 @@
 /* nbdist._kernels: the hub's memory-bound per-push passes over float32 buffers, in C.
  *
- * Why: at 10M+ parameters a push is bound by memory traffic. NumPy's fused pass reads g and w,
- * writes w and writes the reply with ordinary stores (each store first reads its cache line:
- * read-for-ownership), about 5 x 4 bytes per float. Here the reply is written with streaming
- * (non-temporal) stores, which skip that read and do not evict the working set: 4 x 4 bytes.
+ * Why: at 10M+ parameters a push is bound by memory traffic. NumPy's fused SGD pass reads g
+ * and w, writes w and writes the reply with ordinary stores (each store first reads its cache
+ * line: read-for-ownership), about 5 x 4 bytes per float. Here the reply is written with
+ * streaming (non-temporal) stores, which skip that read and do not evict the working set:
+ * 4 x 4 bytes. Adam's and momentum's formulas run as one loop instead of NumPy's 6-12 passes.
  *
- * Every function gives the bit-identical numbers of nbdist.algorithms.kernels' NumPy path:
- * `s = g * lr` rounded to float32, then `w - s` (built with -ffp-contract=off: no fused
- * multiply-add). Buffers come through the buffer protocol (no NumPy C API, so one build works
- * with any NumPy); the loops run without the GIL so the hub's block pool can run two at once.
+ * Every function gives the numbers of nbdist.algorithms.kernels' NumPy path bit for bit
+ * (tests/unit/test_kernels.py): each operation rounded to float32 in NumPy's order, built with
+ * -ffp-contract=off (no fused multiply-add). The one freedom left is IEEE 754's: where two
+ * NaNs meet in a commutative operation of a formula, which NaN comes out. Buffers come through
+ * the buffer protocol (no NumPy C API, so one build works with any NumPy); the loops run
+ * without the GIL so the hub's block pool can run two at once. -DNBDIST_NO_STREAMING builds
+ * it with ordinary stores only (to measure what streaming gives).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
