@@ -12,7 +12,7 @@ PYTEST_ARGS ?=
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml nbdist/_kernels.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -e '.[dev]'
@@ -41,6 +41,7 @@ bench: install horovod
 	$(BIN)/python benchmarks/overhead.py --overlap
 	$(BIN)/python benchmarks/hub_throughput.py
 	$(BIN)/python benchmarks/mac_threads.py
+	$(BIN)/python benchmarks/update_kernel.py
 	$(BIN)/python benchmarks/rules_throughput.py
 	$(BIN)/python benchmarks/dbs_effect.py
 	$(BIN)/python benchmarks/metrics_overhead.py

@@ -10,7 +10,8 @@ What it measures
                      steps alone (the workers' summed samples/s between the first and last push).
     Then the parts of one nbdist step, each timed alone in this run, to show where the time
     goes: the worker's compiled assign+gradients call (in the fit child), the hub's update and
-    copy-out of 20M floats (one pass and split across threads, `nbdist.hub.threads`), a memcpy
+    copy-out of 20M floats (one pass and split across threads, `nbdist.hub.threads`; with the
+    compiled kernel and with the NumPy fallback, `benchmarks/update_kernel.py`), a memcpy
     of the same 80 MB, and nbdist's MAC over 80 MB (what TCP signs and verifies, 4 passes per
     round trip).
 
@@ -119,7 +120,11 @@ def _best_ms(fn, repeats: int = 7) -> float:
 
 
 def hub_parts(size: int) -> dict:
-    """The hub's share of a step at this size, timed alone here."""
+    """The hub's share of a step at this size, timed alone here: the update with the kernel in
+    use (`nbdist.algorithms.kernels.IMPLEMENTATION`) and with the NumPy fallback."""
+    from update_kernel import numpy_kernels
+
+    from nbdist.algorithms import kernels
     from nbdist.core.coordinator import Plan
     from nbdist.core.updater import make_updater
     from nbdist.hub.protocol import mac, new_key
@@ -128,19 +133,29 @@ def hub_parts(size: int) -> dict:
     w, g, out = (np.ones(size, np.float32) for _ in range(3))
     plan = Plan(num_workers=2, num_samples=N, epochs=1, batch_size=BATCH, lr=0.01,
                 has_validation=False, algorithm="asgd")
-    one = make_updater(plan, {}, None, size)
-    split = make_updater(plan, {}, None, size)
     threads = max(2, update_threads())
-    pool = BlockPool(threads)
-    split.use_blocks(pool, threads)
+    pools = [BlockPool(threads), BlockPool(threads)]
+    one, split = make_updater(plan, {}, None, size), make_updater(plan, {}, None, size)
+    split.use_blocks(pools[0], threads)
+    with numpy_kernels():
+        numpy_one, numpy_split = make_updater(plan, {}, None, size), make_updater(plan, {}, None, size)
+        numpy_split.use_blocks(pools[1], threads)
+
+    def numpy_push(updater) -> None:
+        with numpy_kernels():
+            updater.push(0, w, g, 0, into=out)
+
     key = new_key()
     try:
         return {"memcpy": _best_ms(lambda: np.copyto(out, w)),
-                "update 1 thread": _best_ms(lambda: one.push(0, w, g, 0, into=out)),
-                f"update {threads} threads": _best_ms(lambda: split.push(0, w, g, 0, into=out)),
+                f"update 1 thread ({kernels.IMPLEMENTATION})": _best_ms(lambda: one.push(0, w, g, 0, into=out)),
+                f"update {threads} threads ({kernels.IMPLEMENTATION})": _best_ms(lambda: split.push(0, w, g, 0, into=out)),
+                "update 1 thread (numpy)": _best_ms(lambda: numpy_push(numpy_one)),
+                f"update {threads} threads (numpy)": _best_ms(lambda: numpy_push(numpy_split)),
                 "MAC x4 (tcp)": 4 * _best_ms(lambda: mac(key, b"header", [g]))}
     finally:
-        pool.close()
+        for pool in pools:
+            pool.close()
 
 
 def main() -> None:

@@ -17,6 +17,7 @@ from typing import ClassVar
 
 import numpy as np
 
+from nbdist.algorithms.kernels import STREAM_MIN, copy_out
 from nbdist.errors import ConfigError
 
 Option = float | int
@@ -121,7 +122,7 @@ class Rule:
         """`on_push`, then a copy of the new `w` into `out` (the worker's pull). Rules whose
         update is one pass over memory override this to do both in that pass."""
         changed = self.on_push(worker, w, g, lr, delay)
-        np.copyto(out, w)
+        copy_out(out, w, out.size >= STREAM_MIN)
         return changed
 
     def forget(self, worker: int) -> None:

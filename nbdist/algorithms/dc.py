@@ -24,7 +24,7 @@ import math
 import numpy as np
 
 from nbdist.algorithms.base import Option, Rule
-from nbdist.algorithms.sgd import BLOCK
+from nbdist.algorithms.blocks import BLOCK
 from nbdist.algorithms.snapshots import SnapshotStore
 
 _BELOW_ONE = math.nextafter(1.0, 0.0)

@@ -12,6 +12,8 @@ so does this; where it computes `1 - beta` on float32 tensors (Nadam), so does t
 
 Every formula is elementwise, so a shard applies it to its slice alone. Each step uses two
 preallocated scratch buffers of the shard's size (the caller's): nothing is allocated per call.
+SGD, momentum and Adam (not AMSGrad) run as one compiled pass where `nbdist.algorithms.kernels`
+has its kernel, with these NumPy lines' numbers bit for bit.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import numpy as np
+
+from nbdist.algorithms import kernels
 
 _F = np.float32
 
@@ -65,11 +69,13 @@ class SGDFormula(UpdateFormula):
 
     def apply(self, w: np.ndarray, g: np.ndarray, lr: np.float32, step: int) -> None:
         a, b = self._a, self._b
-        np.multiply(g, lr, out=a)
         if self.momentum == 0:
-            np.subtract(w, a, out=w)
+            kernels.sgd_step(w, g, lr, a)
             return
         mu = _F(self.momentum)
+        if kernels.momentum_step(w, g, self.m, lr, mu, self.config["nesterov"]):
+            return
+        np.multiply(g, lr, out=a)
         np.multiply(self.m, mu, out=self.m)
         np.subtract(self.m, a, out=self.m)
         if self.config["nesterov"]:
@@ -101,6 +107,9 @@ class AdamFormula(UpdateFormula):
         b1_power = np.power(_F(c["beta_1"]), t)
         b2_power = np.power(_F(c["beta_2"]), t)
         alpha = lr * np.sqrt(_F(1) - b2_power) / (_F(1) - b1_power)
+        if not c["amsgrad"] and kernels.adam_step(w, g, self.m, self.v, alpha, _F(1 - c["beta_1"]),
+                                                  _F(1 - c["beta_2"]), _F(c["epsilon"])):
+            return
         _ema_into(self.m, g, _F(1 - c["beta_1"]), a)
         np.multiply(g, g, out=b)
         _ema_into(self.v, b, _F(1 - c["beta_2"]), a)

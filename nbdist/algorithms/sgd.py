@@ -11,32 +11,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbdist.algorithms import kernels
 from nbdist.algorithms.base import Option, Rule
-from nbdist.algorithms.blocks import BLOCK, Ranges, Runner, run_serial
-
-
-def sgd_step(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray) -> None:
-    """`w -= lr * g` in place, with `scratch` (same shape) to avoid allocating per push;
-    block by block, so the scratch block is still in cache when it is subtracted."""
-    lr32 = np.float32(lr)
-    for lo in range(0, w.size, BLOCK):
-        hi = min(lo + BLOCK, w.size)
-        s = scratch[lo:hi]
-        np.multiply(g[lo:hi], lr32, out=s)
-        np.subtract(w[lo:hi], s, out=w[lo:hi])
-
-
-def sgd_step_and_copy(w: np.ndarray, g: np.ndarray, lr: float, scratch: np.ndarray,
-                      out: np.ndarray) -> None:
-    """`w -= lr * g; out[:] = w` block by block: the three passes share the cache, so memory
-    is read once instead of three times (the hub's per-push floor on large models)."""
-    lr32 = np.float32(lr)
-    for lo in range(0, w.size, BLOCK):
-        hi = min(lo + BLOCK, w.size)
-        s, wb = scratch[lo:hi], w[lo:hi]
-        np.multiply(g[lo:hi], lr32, out=s)
-        np.subtract(wb, s, out=wb)
-        out[lo:hi] = wb
+from nbdist.algorithms.blocks import Ranges, Runner, run_serial
+from nbdist.algorithms.kernels import STREAM_MIN, sgd_step, sgd_step_and_copy
 
 
 class ASGD(Rule):
@@ -47,7 +25,9 @@ class ASGD(Rule):
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
-        self._scratch = np.empty(size, dtype=np.float32)
+        # NumPy's two-pass step needs a scratch array; the compiled kernel does not
+        self._scratch = np.empty(size if kernels.COMPILED is None else 0, dtype=np.float32)
+        self._stream = size >= STREAM_MIN  # the reply is larger than the cache
         self._run: Runner = run_serial
         self._ranges: Ranges = [(0, size)]
 
@@ -57,20 +37,22 @@ class ASGD(Rule):
         self._run, self._ranges = run, ranges
 
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
-        s = self._scratch
+        s = self._scratch if self._scratch.size else None
         if len(self._ranges) == 1:  # one block: no closure, no runner
             sgd_step(w, g, lr, s)
             return True
-        self._run(lambda lo, hi: sgd_step(w[lo:hi], g[lo:hi], lr, s[lo:hi]), self._ranges)
+        self._run(lambda lo, hi: sgd_step(w[lo:hi], g[lo:hi], lr, s if s is None else s[lo:hi]),
+                  self._ranges)
         return True
 
     def push_and_read(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int,
                       out: np.ndarray) -> bool:
-        s = self._scratch
+        s, stream = self._scratch if self._scratch.size else None, self._stream
         if len(self._ranges) == 1:
-            sgd_step_and_copy(w, g, lr, s, out)
+            sgd_step_and_copy(w, g, lr, s, out, stream)
             return True
-        self._run(lambda lo, hi: sgd_step_and_copy(w[lo:hi], g[lo:hi], lr, s[lo:hi], out[lo:hi]),
+        self._run(lambda lo, hi: sgd_step_and_copy(w[lo:hi], g[lo:hi], lr,
+                                                   s if s is None else s[lo:hi], out[lo:hi], stream),
                   self._ranges)
         return True
 

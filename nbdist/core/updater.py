@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nbdist.algorithms.blocks import Runner, block_ranges, run_serial
+from nbdist.algorithms.kernels import STREAM_MIN, copy_out
 from nbdist.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -128,7 +129,8 @@ class Updater:
         gradient, scale = decided
         copied = opt.apply(w, gradient, scale, global_norm, into)  # large shards: fused copy-out
         if into is not None and not copied:
-            self._run(lambda lo, hi: np.copyto(into[lo:hi], w[lo:hi]), self._ranges)
+            stream = into.size >= STREAM_MIN  # a reply past the cache: streaming stores
+            self._run(lambda lo, hi: copy_out(into[lo:hi], w[lo:hi], stream), self._ranges)
         return True, into is not None
 
     @property

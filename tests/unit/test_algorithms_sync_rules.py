@@ -224,7 +224,7 @@ def test_rule_classes_are_registered_by_name():
 
 def test_fused_push_and_read_equals_push_then_copy_across_blocks():
     from nbdist.algorithms import make_rule
-    from nbdist.algorithms.sgd import BLOCK
+    from nbdist.algorithms.blocks import BLOCK
 
     rng = np.random.default_rng(0)
     size = 2 * BLOCK + 123  # more than one block, and a ragged tail

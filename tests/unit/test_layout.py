@@ -6,7 +6,8 @@ from pathlib import Path
 
 NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
 PURE = ("core", "algorithms")
-ALLOWED_NBDIST = ("nbdist.core", "nbdist.algorithms", "nbdist.errors", "nbdist.config")
+ALLOWED_NBDIST = ("nbdist.core", "nbdist.algorithms", "nbdist.errors", "nbdist.config",
+                  "nbdist._kernels")  # the compiled update kernel: C over buffers, no I/O
 
 
 def _imports(path: Path) -> set[str]:
