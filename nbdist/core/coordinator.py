@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from typing import NamedTuple
 
 from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
@@ -37,6 +38,17 @@ LOST_FIRST_S = 30.0  # silence allowed before its first push is measured (first 
 LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take long)
 
 
+class Completed(NamedTuple):
+    """What `Coordinator.complete` read of a push for `account`: its samples, its batch size,
+    the batch sizes a rebalance set (None: none), the epochs done then, the epochs it ended."""
+
+    samples: int
+    batch_size: int
+    rebalanced: list[int] | None
+    epoch: float
+    ended: list[int]
+
+
 class Coordinator:
     """State machine of one run, driven by the hub's message handlers."""
 
@@ -47,7 +59,7 @@ class Coordinator:
         self.stats = RunStats(n, start_time=start_time)
         self.timeline = Timeline()
         self.delays = DelayWindow()
-        self._delay_stats: dict[int, dict] = {}
+        self._delay_stats: dict[int, tuple[float, float, float]] = {}
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
                                 policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
@@ -148,13 +160,14 @@ class Coordinator:
         """Count one applied push: `complete` (what the next reply depends on), then `account`."""
         self.account(worker, self.complete(worker, h, now), h, delay, now)
 
-    def complete(self, worker: int, h: dict, now: float) -> tuple[int, int, bool]:
+    def complete(self, worker: int, h: dict, now: float) -> Completed:
         """The part of a push the next reply depends on: its chunks done (epoch ends, eval
-        jobs), its speed (DBS, loss deadline), its SSP clock. Returns what `account` takes: the
-        samples it trained on, its batch size before any rebalance, whether a rebalance came."""
+        jobs), its speed (DBS, loss deadline), its SSP clock. Returns what `account` takes,
+        read now so that accounting later (in a batch) records the same numbers."""
         done = h.get("chunks", [])
         assigned = self.assigned[worker]
         samples = 0
+        ended = []
         for chunk_id in done:
             chunk = next((c for c in assigned if c.id == chunk_id), None)
             if chunk is None:
@@ -163,22 +176,25 @@ class Coordinator:
             samples += chunk.size
             finished_epoch = self.schedule.complete(chunk.id)
             if finished_epoch is not None:
-                self.stats.record_event("epoch_end", now, epoch=finished_epoch)
+                ended.append(finished_epoch)
                 if self.plan.has_validation:
                     self.eval_queue.append(finished_epoch)
         self._time_step(worker, now)
         self.sizer.observe(worker, samples, float(h.get("compute_s", 0.0)))
         if self.clock is not None:
             self.clock.tick(worker)
-        return samples, self.sizer.batch_for(worker), self.sizer.maybe_rebalance()
+        batch_size = self.sizer.batch_for(worker)  # before a rebalance: what this push trained with
+        rebalanced = list(self.sizer.batches) if self.sizer.maybe_rebalance() else None
+        return Completed(samples, batch_size, rebalanced, self.epochs_done, ended)
 
-    def account(self, worker: int, done: tuple[int, int, bool], h: dict, delay: int, now: float) -> None:
+    def account(self, worker: int, done: Completed, h: dict, delay: int, now: float) -> None:
         """The bookkeeping of a push (statistics, timeline, delays; speed groups once measured),
         which a reply does not wait for, except under group sync (groups form from it)."""
-        samples, batch_size, rebalanced = done
-        self._count(worker, samples, batch_size, h, delay, now)
-        if rebalanced:
-            self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
+        for epoch in done.ended:
+            self.stats.record_event("epoch_end", now, epoch=epoch)
+        self._count(worker, done.samples, done.batch_size, h, delay, now, done.epoch)
+        if done.rebalanced is not None:
+            self.stats.record_event("rebalance", now, batches=done.rebalanced)
         if not self.grouped and self.plan.algorithm == "group" and all(
                 self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES for w in self.arrived - self.gone):
             self.regroup(now)
@@ -189,7 +205,8 @@ class Coordinator:
         if h.get("batch"):
             self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
             self.sizer.observe(worker, int(h.get("samples", 0)), float(h.get("compute_s", 0.0)))
-            self._count(worker, int(h.get("samples", 0)), self.sizer.batch_for(worker), h, 0, now)
+            self._count(worker, int(h.get("samples", 0)), self.sizer.batch_for(worker), h, 0, now,
+                        self.epochs_done)
             if worker == 0 and self.sizer.maybe_rebalance():
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
         self.eval_result(worker, h, now)
@@ -197,7 +214,8 @@ class Coordinator:
         return {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
                 "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
 
-    def _count(self, worker: int, samples: int, batch_size: int, h: dict, delay: int, now: float) -> None:
+    def _count(self, worker: int, samples: int, batch_size: int, h: dict, delay: int, now: float,
+               epoch: float) -> None:
         w = self.stats.workers[worker]
         w.take(h)
         loss = float(h.get("loss", math.nan))
@@ -205,17 +223,15 @@ class Coordinator:
             w.steps, w.samples, w.loss = w.steps + 1, w.samples + samples, loss
             self.stats.global_step += 1
             return
-        self.stats.record_push(worker, samples=samples, loss=loss, compute_s=float(h.get("compute_s", 0.0)),
-                               comm_s=float(h.get("comm_s", 0.0)), delay=delay,
-                               epoch=self.epochs_done, now=now, batch_size=batch_size)
+        compute_s, comm_s = float(h.get("compute_s", 0.0)), float(h.get("comm_s", 0.0))
+        self.stats.record_push(worker, samples=samples, loss=loss, compute_s=compute_s, comm_s=comm_s,
+                               delay=delay, epoch=epoch, now=now, batch_size=batch_size)
         self.delays.add(worker, delay)
         if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
-            self._delay_stats[worker] = self.delays.stats(worker)
-        self.timeline.append(worker, {
-            "time": now, "samples_per_s": w.samples_per_s, "compute_s": h.get("compute_s", 0.0),
-            "comm_s": h.get("comm_s", 0.0), "wait_s": h.get("wait_s", 0.0),
-            "batch_size": w.batch_size, **self._delay_stats[worker], "loss": loss,
-            "slowdown": self.slowdown[worker], "group": self._group_index(worker)})
+            self._delay_stats[worker] = tuple(self.delays.stats(worker).values())  # mean, p95, max
+        self.timeline.append_floats(worker, [  # in the order of timeline.DEFAULT_COLUMNS
+            now, w.samples_per_s, compute_s, comm_s, float(h.get("wait_s", 0.0)), float(w.batch_size),
+            *self._delay_stats[worker], loss, float(self.slowdown[worker]), float(self._group_index(worker))])
 
     def eval_result(self, worker: int, h: dict, now: float) -> None:
         if "eval" in h:

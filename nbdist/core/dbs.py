@@ -132,9 +132,10 @@ def fit_step_time(points: Sequence[tuple[int, float]]) -> tuple[float, float] | 
         return None
     slope = sum((x - mb) * (y - mt) for x, y in zip(b, t, strict=True)) / spread
     intercept = mt - slope * mb
+    slope, intercept = round(slope, 12), round(intercept, 12)  # a flat fit's 1e-17 noise is 0
     if slope <= 0 or intercept < 0:
         return None
-    return round(intercept, 12), round(slope, 12)
+    return intercept, slope
 
 
 def equal_time_weights(fits: Sequence[tuple[float, float]], total: int) -> list[float]:

@@ -34,11 +34,13 @@ def _json(v: float) -> float | None:
 
 @dataclass
 class _Series:
-    data: np.ndarray  # (capacity, columns) float64; rows [0, n) closed, row n open if weight > 0
-    weight: np.ndarray  # (capacity,) appends merged into each row
-    last: np.ndarray  # (columns,) the latest appended row, exactly
+    data: np.ndarray  # (capacity, columns) float64; rows [0, n) closed
+    weight: np.ndarray  # (capacity,) appends merged into each closed row
+    last: list[float]  # the latest appended row, exactly
     n: int = 0
     stride: int = 1  # appends per closed row
+    open: list[float] | None = None  # the open row (Python floats until it closes: cheap per push)
+    open_weight: int = 0  # appends merged into it
 
 
 class Timeline:
@@ -76,6 +78,9 @@ class Timeline:
         self._time = self._index["time"]
         self._kinds = ["last" if c in LAST_COLUMNS else "max" if c.endswith("_max")
                        else "min" if c.endswith("_min") else "mean" for c in columns]
+        self._means = [i for i, k in enumerate(self._kinds) if k == "mean"]
+        self._lasts = [i for i, k in enumerate(self._kinds) if k == "last"]
+        self._extremes = [(i, max if k == "max" else min) for i, k in enumerate(self._kinds) if k in ("max", "min")]
         kinds = np.array(self._kinds)
         self._is_last, self._is_max, self._is_min = kinds == "last", kinds == "max", kinds == "min"
         self._series: dict[int, _Series] = {}
@@ -87,7 +92,7 @@ class Timeline:
     @property
     def nbytes(self) -> int:
         """Memory held by the buffers: fixed per worker from its first append on."""
-        return sum(s.data.nbytes + s.weight.nbytes + s.last.nbytes for s in self._series.values())
+        return sum(s.data.nbytes + s.weight.nbytes + 8 * len(s.last) for s in self._series.values())
 
     def stride(self, worker: int) -> int:
         """How many appends each closed row of `worker` stands for (doubles at each merge)."""
@@ -120,32 +125,37 @@ class Timeline:
         out = np.where(self._is_min, np.fmin(a, b), out)
         return np.where(self._is_last, np.where(ok_b, b, a), out)
 
-    def _fold(self, a: list[float], wa: int, b: list[float]) -> list[float]:
-        """`_merge` for one row `a` of weight `wa` and one new row `b` (weight 1), on Python
-        floats: 12 scalars are several times faster than a dozen NumPy calls, per push."""
-        out = []
-        for kind, u, v in zip(self._kinds, a, b, strict=True):
-            if v != v:  # NaN: b is missing
-                out.append(u)
-            elif u != u or kind == "last":
-                out.append(v)
-            elif kind == "max":
-                out.append(max(u, v))
-            elif kind == "min":
-                out.append(min(u, v))
-            else:
-                out.append((u * wa + v) / (wa + 1))
-        return out
+    def _fold(self, a: list[float], wa: int, b: list[float]) -> None:
+        """`_merge` into one row `a` of weight `wa` (in place) of one new row `b` (weight 1),
+        on Python floats: 12 scalars are several times faster than a dozen NumPy calls, per push."""
+        w1 = wa + 1
+        for i in self._means:
+            v = b[i]
+            if v == v:  # else NaN: b is missing
+                u = a[i]
+                a[i] = v if u != u else (u * wa + v) / w1
+        for i in self._lasts:
+            v = b[i]
+            if v == v:
+                a[i] = v
+        for i, pick in self._extremes:
+            v, u = b[i], a[i]
+            if v == v:
+                a[i] = v if u != u else pick(u, v)
 
     def append(self, worker: int, row: Mapping[str, float | None] | Sequence[float | None]) -> None:
         """Add one row for `worker`: a dict (missing columns are NaN) or all values in order."""
-        x = self._as_row(row)
+        self.append_floats(worker, self._as_row(row))
+
+    def append_floats(self, worker: int, x: list[float]) -> None:
+        """`append` of a fresh list of every column's value in order, as floats (NaN: missing),
+        which the timeline keeps (the hub's per-push path: no conversion)."""
         s = self._series.get(worker)
         if s is None:
             s = self._series[worker] = _Series(
                 data=np.full((self.capacity, len(self.columns)), np.nan),
-                weight=np.zeros(self.capacity, dtype=np.int64), last=np.empty(len(self.columns)))
-        s.last[:] = x
+                weight=np.zeros(self.capacity, dtype=np.int64), last=x)
+        s.last = x
         if s.n == self.capacity:  # all closed: merge pairs, halving the rows
             half = self.capacity // 2
             pairs, w = s.data.reshape(half, 2, -1), s.weight.reshape(half, 2)
@@ -153,12 +163,14 @@ class Timeline:
             s.data[:half], s.data[half:] = merged, np.nan
             s.weight[:half], s.weight[half:] = w.sum(axis=1), 0
             s.n, s.stride = half, s.stride * 2
-        n = s.n
-        weight = int(s.weight[n])
-        s.data[n] = x if weight == 0 else self._fold(s.data[n].tolist(), weight, x)
-        s.weight[n] = weight + 1
-        if weight + 1 == s.stride:
-            s.n = n + 1
+        if s.open_weight == 0:
+            s.open = x.copy()
+        else:
+            self._fold(s.open, s.open_weight, x)
+        s.open_weight += 1
+        if s.open_weight == s.stride:
+            s.data[s.n], s.weight[s.n] = s.open, s.stride
+            s.n, s.open, s.open_weight = s.n + 1, None, 0
 
     def rows(self, worker: int, since_time: float | None = None,
              include_open: bool = False) -> np.ndarray:
@@ -168,8 +180,9 @@ class Timeline:
         s = self._series.get(worker)
         if s is None:
             return np.empty((0, len(self.columns)))
-        k = s.n + (1 if include_open and s.n < self.capacity and s.weight[s.n] else 0)
-        out = s.data[:k]
+        out = s.data[:s.n]
+        if include_open and s.open_weight:
+            out = np.vstack([out, np.array(s.open, dtype=np.float64)[None]])
         if since_time is not None:
             out = out[out[:, self._time] > since_time]
         return out.copy()

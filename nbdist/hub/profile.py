@@ -8,7 +8,8 @@ reads the thread's CPU clock (a system call, ~0.7 us here); the summary says how
 phases' sum that is (`clock`).
 
 Phases of a push, in order (`PHASES`):
-    recv     the frames off the socket with the bounded-receive checks (`wire.recv_bounded`)
+    recv     the frames off the socket with the bounded-receive checks (`wire.recv_bounded`);
+             the receive also waits (there is no poll), so its wake-up is counted here
     mac_in   the request's keyed BLAKE3 MAC over header and buffers
     parse    header JSON, envelope, op-field and segment checks, `Step` decode, the link
     update   the rule and optimizer on the shard's slice (with the fused copy-out of the reply)
@@ -16,8 +17,9 @@ Phases of a push, in order (`PHASES`):
     encode   the reply header's JSON and envelope (and, over TCP, the reply's copy-out)
     mac_out  the reply's MAC
     send     the frames onto the socket
-    settle   the push's accounting after the reply (statistics, timeline, delays, DBS)
-    loop     the rest of the loop: polling, held replies, lost-worker checks
+    settle   the pushes' accounting after the reply (statistics, timeline, delays), every
+             `server.SETTLE_EVERY` pushes
+    loop     the rest of the loop: held replies, group timeouts, lost-worker checks
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Framing and authentication of every message on nbdist's sockets.
 
-A message is the multipart ZeroMQ frame list `[signature, header, *buffers]`:
+A message is the multipart ZeroMQ frame list `[signature + header, *buffers]` (the 32-byte
+signature and the header share a frame: one frame fewer to send and receive per message):
 - `header` is compact JSON: op, run id, sender, recipient, sequence number, the sizes of the
   buffers, `re` (on a reply: the sequence number of the request it answers), op fields;
 - `buffers` are raw little-endian float32 arrays, sent and received without copies;
@@ -126,7 +127,7 @@ class Codec:
         mark("encode")
         signature = mac(self._key, header_bytes, buffers)
         mark("mac_out")
-        return [signature, header_bytes, *buffers]
+        return [signature + header_bytes, *buffers]
 
     def last_sent(self, to: str) -> int:
         """The sequence number of the latest message sent to `to` (0: none yet)."""
@@ -135,16 +136,18 @@ class Codec:
     def decode(self, frames: Sequence[object], mark: Callable[[str], None] = no_mark) -> Message:
         """Verify and parse `frames` (bytes or zmq.Frame); raise ProtocolError if not valid.
         The first word of the error names the reason it is counted under."""
-        if len(frames) < 2:
-            raise ProtocolError(f"truncated message: {len(frames)} frame(s), expected >= 2")
-        signature, header_bytes = _bytes(frames[0]), _bytes(frames[1])
+        first = _bytes(frames[0]) if frames else b""
+        if len(first) <= SIGNATURE_BYTES:
+            raise ProtocolError(f"truncated message: its first frame has {len(first)} bytes, expected a "
+                                f"{SIGNATURE_BYTES}-byte signature and a header")
+        signature, header_bytes = first[:SIGNATURE_BYTES], first[SIGNATURE_BYTES:]
         if len(header_bytes) > MAX_HEADER_BYTES:
             raise ProtocolError(f"oversized header: {len(header_bytes)} bytes, at most {MAX_HEADER_BYTES}")
-        buffers = [_view(f) for f in frames[2:]]
+        buffers = [_view(f) for f in frames[1:]]
         total = sum(b.nbytes for b in buffers)
         if total > self.max_buffer_bytes:
             raise ProtocolError(f"oversized message: {total} buffer bytes, at most {self.max_buffer_bytes}")
-        if len(signature) != SIGNATURE_BYTES or not _equal(signature, mac(self._key, header_bytes, buffers)):
+        if not _equal(signature, mac(self._key, header_bytes, buffers)):
             raise ProtocolError("bad signature: not signed with this run's key, or altered")
         mark("mac_in")
         header = parse_header(header_bytes)

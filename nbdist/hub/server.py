@@ -6,7 +6,8 @@ calls the core, and sends what the core answers. What is the hub's own: the sock
 workers' links (shared memory or a reused send buffer, wire compression), the write-off relay
 to the other shards, and sync mode's latest rank-0 snapshot. A reply the core holds (SSP: a
 worker too far ahead; group sync: a group still incomplete) is sent as soon as the core
-releases it. On a push the reply goes out before the push's bookkeeping (`ShardCore.settle`).
+releases it. On a push the reply goes out before the push's bookkeeping, which is done for
+`SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
 Ops it answers (all signed, see `nbdist.hub.protocol`):
     hello    worker registers (optionally with its shared-memory segment); gets parameters
@@ -53,6 +54,7 @@ from nbdist.hub.wire import Return, bind, receive, server_socket
 log = logging.getLogger(__name__)
 __all__ = ["GROUP_WAIT_LIMIT_S", "Hub", "HubSpec"]
 LOST_CHECK_S = 0.5  # how often shard 0 looks for workers silent past their deadline
+SETTLE_EVERY = 16  # pushes accounted together after their replies (ShardCore.settle)
 
 
 @dataclass
@@ -96,7 +98,8 @@ class Hub:
         params[:] = spec.params
         self.core = ShardCore(spec.plan, params, spec.non_trainable, now=self.now, shard=spec.shard,
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
-                              optimizer=spec.optimizer, offset=spec.offset, start_time=self.start_time)
+                              optimizer=spec.optimizer, offset=spec.offset, start_time=self.start_time,
+                              settle_every=SETTLE_EVERY)
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
         reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message
         self.links: dict[int, shm.WorkerLink] = {}
@@ -127,8 +130,8 @@ class Hub:
         handlers = {"hello": self._hello, "step": self._step, "report": self._report, "bye": self._bye,
                     "stats": self._stats, "control": self._control, "params": self._params,
                     "state": self._state, "peers": self._peers, "shutdown": self._shutdown}
-        poller = zmq.Poller()
-        poller.register(self._sock, zmq.POLLIN)
+        # The receive itself waits (no poll before it): a timeout wakes the loop for its checks.
+        self._sock.setsockopt(zmq.RCVTIMEO, 100 if self.core.barrier is not None else 500)
         last_heard = time.monotonic()
         last_check = self.now()
         grouped = self.core.barrier is not None
@@ -140,18 +143,18 @@ class Hub:
                 if self.core.coordinator and self.now() - last_check > LOST_CHECK_S:
                     last_check = self.now()
                     self._find_lost()
-                if not poller.poll(100 if grouped else 500):
-                    mark("loop")
+                mark("loop")
+                try:  # limits, MAC, run, recipient, seq, op, field types, segment
+                    msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
+                                       self.core.num_workers, self.links, mark)
+                except zmq.Again:  # nothing came within the timeout
+                    self.core.settle()
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
                         self.error = self.error or "hub idle timeout: the kernel and workers went silent"
                         break
                     continue
-                mark("loop")
-                try:  # limits, MAC, run, recipient, seq, op, field types, segment
-                    msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
-                                       self.core.num_workers, self.links, mark)
                 except ProtocolError as exc:
                     self.dropped[str(exc).split(":")[0]] += 1
                     continue
@@ -160,7 +163,7 @@ class Hub:
                     answer = handlers[msg.op](msg, ret)
                     if answer is not None:
                         self._send(ret, *answer)
-                    self.core.settle()  # a push's bookkeeping, once its reply is out
+                    self.core.settle(due_only=True)  # pushes' bookkeeping, once their replies are out
                     mark("settle")
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
@@ -328,5 +331,6 @@ class Hub:
         return {"op": "ok"}, []
 
     def _shutdown(self, msg: Message, ret: Return) -> tuple[dict, list]:
+        self.core.settle()
         self.closing = True
         return {"op": "ok"}, []

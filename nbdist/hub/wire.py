@@ -22,7 +22,7 @@ from nbdist.errors import ProtocolError
 from nbdist.hub.protocol import no_mark
 
 RCVHWM = 8  # messages queued per peer: a worker has at most 2 in flight, the kernel 1
-MAX_FRAMES = 8  # routing id, signature, header, at most 5 buffers (a sync report has 3)
+MAX_FRAMES = 7  # routing id, signature + header, at most 5 buffers (a sync report has 3)
 NUMBER = (int, float)
 
 

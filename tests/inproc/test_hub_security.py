@@ -73,7 +73,7 @@ def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
     server, key = hub
     attacker = raw_socket(server.endpoints["tcp"])
     grad = np.full(SIZE, 100.0, np.float32)
-    attacker.send_multipart([b"\0" * 32, b'{"op":"step"}'])  # unsigned
+    attacker.send_multipart([b"\0" * 32 + b'{"op":"step"}'])  # unsigned
     attacker.send_multipart(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0"))  # wrong key
     attacker.send_multipart([b"only-one-frame"])  # truncated
     legit = Codec(key, "worker-x", "sec")
@@ -100,10 +100,10 @@ def test_a_flipped_byte_in_a_pushed_float_frame_is_dropped(hub):
     attacker.send_multipart(worker.encode({"op": "hello", "worker": 0}, to="hub-0"))
     assert attacker.poll(5000)
     attacker.recv_multipart()
-    sig, header, grad = worker.encode(PUSH, [np.zeros(SIZE, np.float32)], to="hub-0")
+    signed, grad = worker.encode(PUSH, [np.zeros(SIZE, np.float32)], to="hub-0")
     forged = bytearray(grad.tobytes())
     forged[403] ^= 0x7F  # one float becomes huge, same length
-    attacker.send_multipart([sig, header, bytes(forged)])
+    attacker.send_multipart([signed, bytes(forged)])
     control = HubControl(key, [server.endpoints])
     assert dropped_after(control, 1) == {"bad signature": 1}
     assert_untouched(control)
@@ -151,8 +151,8 @@ def test_a_flipped_byte_in_the_stats_json_is_dropped_by_the_kernel(hub):
     server, key = hub
 
     def finish_early(reply, _):
-        sig, header, stats = reply
-        yield [sig, header, stats.replace(b'"finished": false', b'"finished": true ')]
+        signed, stats = reply
+        yield [signed, stats.replace(b'"finished": false', b'"finished": true ')]
 
     mitm = Tamper(server.endpoints["tcp"], finish_early)
     control = HubControl(key, [{**server.endpoints, "tcp": mitm.endpoint}], timeout=1.0)
@@ -238,7 +238,7 @@ def test_a_signed_but_malformed_header_is_dropped_and_the_hub_keeps_serving(hub,
 
     header_bytes = json.dumps(header).encode()
     attacker = raw_socket(server.endpoints["tcp"])
-    attacker.send_multipart([mac(key, header_bytes), header_bytes])
+    attacker.send_multipart([mac(key, header_bytes) + header_bytes])
     control = HubControl(key, [server.endpoints])
     assert dropped_after(control, 1) == {"malformed header": 1}
     assert server.error is None

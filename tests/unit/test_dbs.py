@@ -4,7 +4,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from nbdist.core.dbs import BatchSizer, allocate
+from nbdist.core.dbs import BatchSizer, allocate, fit_step_time
 from nbdist.errors import ConfigError
 
 # --- allocate -------------------------------------------------------------------------------
@@ -271,3 +271,9 @@ def test_slow_worker_does_not_collapse_when_overhead_dominates():
     assert sum(s.batches) == 192
     assert s.batch_for(2) >= 8  # did not collapse to b_min = 1
     assert max(times) / min(times) < 1.15  # iteration times equalised
+
+
+def test_a_flat_step_time_is_no_fit_even_with_rounding_noise():
+    # the mean of five 0.1s and one: the slope comes out ~1e-17, not 0, before rounding; a fit
+    # whose slope rounds to 0 would divide by zero in equal_time_weights
+    assert fit_step_time([(1, 0.1)] * 5 + [(3, 0.1)]) is None

@@ -193,3 +193,33 @@ def test_export_and_restore_continue_exactly_like_the_uninterrupted_shard():
     train(fresh, 4, seed=2)
     np.testing.assert_array_equal(fresh.params, straight.params)
     assert fresh.version == straight.version == 9
+
+
+def _batched_run(settle_every):
+    """Two workers of unequal speed, DBS, validation, a pause and an evaluation midway; the
+    hub's order of calls: push, reply, then settle (all, or only when `settle_every` are due)."""
+    clock = Clock()
+    plan = Plan(num_workers=2, num_samples=96, epochs=2, batch_size=4, lr=0.5, has_validation=True, dbs=True)
+    c = ShardCore(plan, np.zeros(3, np.float32), np.zeros(0, np.float32), now=clock, settle_every=settle_every)
+    replies = started(c)
+    for i in range(40):
+        w = i % 2
+        clock.t += 0.01 * (1 + w)
+        header = {"chunks": [chunk[0] for chunk in replies[w]["chunks"]], "loss": 1.0 / (i + 1),
+                  "compute_s": 0.01 * (1 + w), "comm_s": 0.001, "wait_s": 0.0}
+        if i == 21:
+            header["eval"] = {"metrics": {"accuracy": 0.5}, "epoch": 1, "version": c.version}
+        c.push(w, np.full(3, i, np.float32), header, batch=4)
+        c.eval_result(w, header)
+        replies[w] = c.reply(w, pull=True)
+        c.settle(due_only=True)
+        if i in (13, 14):
+            c.control({"paused": i == 13})
+    return c.stats(timeline=True), c.params.copy()
+
+
+def test_accounting_in_batches_records_exactly_what_accounting_each_push_does():
+    one, batched = _batched_run(1), _batched_run(16)
+    assert one[1].tobytes() == batched[1].tobytes()
+    assert [e["event"] for e in one[0]["events"]].count("epoch_end") >= 1  # the run ends an epoch
+    assert one[0] == batched[0]
