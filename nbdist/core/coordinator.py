@@ -18,35 +18,22 @@ from __future__ import annotations
 
 import math
 from collections import deque
-from typing import NamedTuple
 
 from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.schedule import Chunk, EpochSchedule
-from nbdist.core.stats import RunStats
+from nbdist.core.stats import Completed, RunStats
 from nbdist.core.timeline import DelayWindow, Timeline
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
-DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (a percentile
-                        # per push would cost more than the rest of the hub's bookkeeping)
+DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (cost)
 LOST_FLOOR_S = 5.0  # a silent worker is never declared lost sooner than this ...
 LOST_STEPS = 20  # ... nor sooner than this many of its own (slowed-down) step times
 LOST_FIRST_S = 30.0  # silence allowed before its first push is measured (first local round)
 LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take long)
-
-
-class Completed(NamedTuple):
-    """What `Coordinator.complete` read of a push for `account`: its samples, its batch size,
-    the batch sizes a rebalance set (None: none), the epochs done then, the epochs it ended."""
-
-    samples: int
-    batch_size: int
-    rebalanced: list[int] | None
-    epoch: float
-    ended: list[int]
 
 
 class Coordinator:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
+from typing import NamedTuple
 
 HISTORY_COLUMNS = ("time", "step", "epoch", "worker", "loss", "delay", "batch_size")
 EMA_WEIGHT = 0.2  # weight of the newest step in the samples/s moving average
@@ -58,6 +59,18 @@ class WorkerStats:
                    bytes_received=tcp_received + shm_received, tcp_bytes=tcp_sent + tcp_received,
                    shm_bytes=shm_sent + shm_received)
         return row
+
+
+class Completed(NamedTuple):
+    """What `Coordinator.complete` read of a push for its `account` (which may come later, in
+    a batch): its samples, its batch size, the split a rebalance set (None: none), the epochs
+    done then, the epochs it ended."""
+
+    samples: int
+    batch_size: int
+    rebalanced: list[int] | None
+    epoch: float
+    ended: list[int]
 
 
 @dataclass
