@@ -223,3 +223,18 @@ def test_accounting_in_batches_records_exactly_what_accounting_each_push_does():
     assert one[1].tobytes() == batched[1].tobytes()
     assert [e["event"] for e in one[0]["events"]].count("epoch_end") >= 1  # the run ends an epoch
     assert one[0] == batched[0]
+
+
+def test_a_push_fills_each_timeline_column_by_name():
+    # the coordinator builds its timeline row in DEFAULT_COLUMNS' order, without names
+    clock = Clock()
+    c = core(clock)
+    replies = started(c)
+    clock.t = 2.5
+    c.push(0, np.ones(2, np.float32), {"chunks": [replies[0]["chunks"][0][0]], "loss": 0.75,
+                                        "compute_s": 0.125, "comm_s": 0.0625, "wait_s": 0.5}, batch=4)
+    c.settle()
+    row = c.coordinator.timeline.latest(0)
+    assert row == {"time": 2.5, "samples_per_s": 32.0, "compute_s": 0.125, "comm_s": 0.0625,
+                   "wait_s": 0.5, "batch_size": 4.0, "delay_mean": 0.0, "delay_p95": 0.0,
+                   "delay_max": 0.0, "loss": 0.75, "slowdown": 1.0, "group": 0.0}
