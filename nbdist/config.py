@@ -85,6 +85,13 @@ class Pin(enum.StrEnum):
     OFF = "off"  # the OS schedules every thread anywhere
 
 
+class Spin(enum.StrEnum):
+    """Whether hub shards and their same-host workers poll instead of sleeping (nbdist.cluster.affinity)."""
+
+    AUTO = "auto"  # where the host leaves each hub shard a core of its own
+    OFF = "off"  # always sleep until a message comes
+
+
 class Compression(enum.StrEnum):
     """What crosses the network for parameters and gradients (see nbdist.core.compression)."""
 
@@ -137,6 +144,7 @@ class TrainConfig:
     server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
     overlap: bool = False
     pin: Pin = PIN_DEFAULT  # cores per role on each host (nbdist.cluster.affinity); async and sync modes
+    spin: Spin = Spin.AUTO  # async: hubs with a core of their own poll instead of sleeping
     dbs: bool = False
     batch_min: int | None = None
     batch_max: int | None = None
@@ -163,6 +171,7 @@ class TrainConfig:
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
         set_(self, "compression", _choice(Compression, self.compression, "--compression"))
         set_(self, "pin", _choice(Pin, self.pin, "--pin"))
+        set_(self, "spin", _choice(Spin, self.spin, "--spin"))
         if self.server_optimizer is not None:
             set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))

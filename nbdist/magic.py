@@ -105,6 +105,9 @@ class NbdistMagics(Magics):
     @argument("--overlap", action="store_true", default=None, help="push step t while computing step t+1")
     @argument("--pin", default=None, choices=["auto", "off"],
               help="auto: one core per hub shard, the rest split between the workers on each host")
+    @argument("--spin", default=None, choices=["auto", "off"],
+              help="auto (default): a hub shard with a core of its own, and its workers on the same "
+                   "host, poll for messages instead of sleeping; off: they sleep")
     @argument("--dbs", action="store_true", default=None, help="batch sizes in proportion to measured speed")
     @argument("--batch-min", type=int, default=None, help="DBS floor (default: batch-size // 4)")
     @argument("--batch-max", type=int, default=None, help="DBS ceiling (default: workers x batch-size)")
@@ -181,7 +184,7 @@ def _options(args) -> dict:
         staleness=args.staleness, n=args.n,
         groups=args.groups if args.groups in (None, "auto") else _int(args.groups, "--groups"),
         local_steps=args.local_steps, server_optimizer=args.server_optimizer, overlap=args.overlap,
-        pin=args.pin, dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
+        pin=args.pin, spin=args.spin, dbs=args.dbs, batch_min=args.batch_min, batch_max=args.batch_max, slowdown=args.slowdown,
         metrics=args.metrics, checkpoint_dir=args.checkpoint_dir, checkpoint_every=args.checkpoint_every,
         sim=args.sim, sync_batchnorm=args.sync_batchnorm, elastic=args.elastic, stages=args.stages,
         micro_batches=args.micro_batches, partition=args.partition, schedule=args.schedule)

@@ -74,6 +74,29 @@ def worker_threads(cpus: int, hubs: int, workers: int) -> int:
     return max(1, (cpus - hubs) // max(1, workers))
 
 
+# --spin: how long a hub shard (and a same-host worker waiting for its reply) polls before it
+# sleeps. A sleeping hub is woken by the worker's send and, on a busy 2-core machine, runs on
+# the sender's core: `benchmarks/overhead.py --spin both` had the round trip at 0.23 ms polling
+# against 0.45 sleeping at batch 64 (0.88 against 0.65 of fit). The hub's budget covers a step
+# of a few ms, so between the steps of a small model it never sleeps. Over TCP polling gained nothing
+# (0.29 against 0.29 of fit): ZeroMQ's I/O thread wakes the hub either way.
+HUB_SPIN_S = 0.005
+WORKER_SPIN_S = 0.002
+
+
+def may_spin(cpus: int, hubs: int, workers: int) -> bool:
+    """Whether the `hubs` hub shards and `workers` workers on a host of `cpus` cores poll
+    instead of sleeping (`--spin auto`): where there are both, and each hub keeps a core of its
+    own once every worker has one (`worker_threads` gives the workers the rest), so polling
+    takes no core from TensorFlow.
+
+    Example:
+        >>> may_spin(2, 1, 1), may_spin(2, 1, 2), may_spin(8, 2, 6), may_spin(4, 0, 4), may_spin(4, 1, 0)
+        (True, False, True, False, False)
+    """
+    return hubs > 0 and workers > 0 and cpus >= hubs + workers
+
+
 def threads_of_process() -> list[int]:
     """Thread ids of this process (Linux: /proc/self/task)."""
     try:

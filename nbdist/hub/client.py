@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import select
 import threading
 import time
 from collections import Counter
@@ -22,10 +23,10 @@ from nbdist.cluster.netaddr import check_reachable
 from nbdist.core import compression
 from nbdist.engine.gpu import GpuMonitor
 from nbdist.errors import ProtocolError, TrainingError
-from nbdist.hub import shm
+from nbdist.hub import localline, shm
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import Codec, Message, send_frames
-from nbdist.hub.wire import client_socket
+from nbdist.hub.wire import MAX_FRAMES, client_socket
 
 
 class _Line:
@@ -54,7 +55,14 @@ class _Line:
         self.sock = self._open()
 
     def send(self, header: dict, buffers: list | tuple = ()) -> None:
-        self.sent += send_frames(self.sock, self.codec.encode(header, buffers, to=self.peer))
+        self.sent += self._send_frames(self.codec.encode(header, buffers, to=self.peer))
+
+    def _send_frames(self, frames: list) -> int:
+        return send_frames(self.sock, frames)
+
+    def _receive_frames(self, timeout_ms: int) -> list | None:
+        """One message's frames, or None if none came within `timeout_ms`."""
+        return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
 
     def recv(self) -> Message:
         """The reply to the latest request; anything else that arrives first is dropped."""
@@ -62,13 +70,13 @@ class _Line:
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
             left = deadline - time.monotonic()
-            if left <= 0 or not self.sock.poll(max(1, int(left * 1000))):
+            frames = self._receive_frames(max(1, int(left * 1000))) if left > 0 else None
+            if frames is None:
                 self.reopen()
                 raise TrainingError(
                     f"{self.name} did not answer within {self.timeout_ms / 1000:.0f}s. Its engine may "
                     "have died or be overloaded; check `%nbdist status`, then run the cell again."
                 )
-            frames = self.sock.recv_multipart(copy=False)
             self.received += sum(len(f) for f in frames)
             try:
                 msg = self.codec.decode(frames)
@@ -93,12 +101,87 @@ class _Line:
         self.sock.close(0)
 
 
+class _LocalLine(_Line):
+    """A line over a same-host Unix socket (`nbdist.hub.localline`) instead of ZeroMQ: the
+    same signed messages, without ZeroMQ's I/O threads in the round trip. With `spin_s` it
+    polls for a reply that long before it sleeps (`--spin`, where the hub has a core)."""
+
+    spin_s = 0.0
+
+    def _open(self) -> localline.Conn:
+        try:
+            return localline.connect(self.address, self.timeout_ms / 1000)
+        except OSError as exc:
+            raise self._gone(exc) from None
+
+    def reopen(self) -> None:
+        self.sock.close()
+        self.sock = self._open()
+
+    def _send_frames(self, frames: list) -> int:
+        try:
+            return self.sock.send(frames)
+        except OSError as exc:  # the hub's end is closed (it stopped or died), or it stopped reading
+            raise self._gone(exc) from None
+
+    def _gone(self, exc: OSError) -> TrainingError:
+        return TrainingError(f"{self.name} cannot be reached on its local line {self.address} "
+                             f"({exc.strerror or exc}): its engine may have stopped or died. Check "
+                             "`%nbdist status`, then run the cell again.")
+
+    def _receive_frames(self, timeout_ms: int) -> list | None:
+        deadline = time.monotonic() + timeout_ms / 1000
+        if self.spin_s:
+            self._spin(min(deadline, time.monotonic() + self.spin_s))
+        while True:
+            try:
+                frames = self.sock.receive(MAX_FRAMES, max(0.001, deadline - time.monotonic()))
+            except TimeoutError:
+                return None
+            except ProtocolError as exc:
+                self.dropped[str(exc).split(":")[0]] += 1
+                if time.monotonic() < deadline:
+                    continue
+                return None
+            if frames is None:  # the hub closed the line: it has left
+                raise TrainingError(f"{self.name} closed its line: its engine may have stopped or "
+                                    "died. Check `%nbdist status`, then run the cell again.")
+            return frames
+
+    def _spin(self, until: float) -> None:
+        """Return once the line is readable, or at `until` (monotonic seconds)."""
+        readable = select.poll()
+        readable.register(self.sock.fileno(), select.POLLIN)
+        while not readable.poll(0) and time.monotonic() < until:
+            pass
+
+    def close(self) -> None:
+        self.sock.close()
+
+
 def open_lines(ctx: zmq.Context, key: bytes, shards: list[dict], name: str, timeout: float,
-               transport: str = "tcp") -> list[_Line]:
-    """One line per shard, all signing with one codec named `name` for this run."""
+               transport: str = "tcp", spin_s: float = 0.0) -> list[_Line]:
+    """One line per shard, all signing with one codec named `name` for this run. `transport`
+    names the endpoint: "tcp", "ipc" (ZeroMQ) or "local" (`nbdist.hub.localline`, which polls
+    for `spin_s` before it sleeps)."""
     codec = Codec(key, name, shards[0].get("run", ""))
-    return [_Line(ctx, s, s[transport], codec, key, timeout, f"hub shard {i}", f"hub-{i}")
-            for i, s in enumerate(shards)]
+    kind = _LocalLine if transport == "local" else _Line
+    lines = [kind(ctx, s, s[transport], codec, key, timeout, f"hub shard {i}", f"hub-{i}")
+             for i, s in enumerate(shards)]
+    for line in lines:
+        if isinstance(line, _LocalLine):
+            line.spin_s = spin_s
+    return lines
+
+
+def choose_line(same_host: bool, shards: list[dict], non_trainable_size: int) -> str:
+    """How a worker's messages travel: "tcp" across hosts; on its shards' host a local line
+    ("local", `nbdist.hub.localline`) where every shard offers one and every message fits in a
+    packet (the non-trainable state travels in them), else ZeroMQ's "ipc"."""
+    if not same_host:
+        return "tcp"
+    fits = 4 * non_trainable_size + 32 * 1024 <= localline.MAX_PACKET_BYTES
+    return "local" if fits and localline.enabled() and all(s.get("local") for s in shards) else "ipc"
 
 
 class WorkerTransport:
@@ -112,7 +195,7 @@ class WorkerTransport:
 
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
                  transport: str = "auto", timeout: float = 120.0, engine: int | None = None,
-                 compression: str = "none"):
+                 compression: str = "none", spin_s: float = 0.0):
         self.worker, self.engine = worker, engine
         self.bounds = []
         start = 0
@@ -131,8 +214,8 @@ class WorkerTransport:
                 check_reachable(address, int(port), f"hub shard {i}", s["host"].split(":")[0])
             reuse_large_buffers(4 * max(hi - lo for lo, hi in self.bounds))  # see nbdist.hub.memory
         self._ctx = zmq.Context()
-        self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout,
-                                "ipc" if self.use_shm else "tcp")
+        self.line_kind = choose_line(self.use_shm, shards, non_trainable_size)
+        self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout, self.line_kind, spin_s)
         self._segment = shm.create(8 * self.total) if self.use_shm else None
         if self._segment is not None:
             self.grad = shm.floats(self._segment, 0, self.total)

@@ -15,6 +15,7 @@ import os
 import subprocess
 import sys
 import threading
+from dataclasses import replace
 
 import nbdist
 from nbdist.hub.process import encode_spec
@@ -109,8 +110,9 @@ class _ProcessHub:
 
 
 def start_hub(spec: HubSpec) -> dict:
-    """Bind a hub's sockets, serve from its own process (or a thread), return its endpoints."""
-    entry = _ProcessHub(spec) if hub_in_process() else _ThreadHub(spec)
+    """Bind a hub's sockets, serve from its own process (or a thread), return its endpoints. A
+    hub in a thread never polls without sleeping (--spin): it would take the GIL from the engine."""
+    entry = _ProcessHub(spec) if hub_in_process() else _ThreadHub(replace(spec, spin_s=0.0))
     _hubs[(spec.run_id, spec.shard)] = entry
     return entry.endpoints
 

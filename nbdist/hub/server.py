@@ -43,18 +43,19 @@ from nbdist.core import compression
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
-from nbdist.hub import shm, writeoff
+from nbdist.hub import localline, shm, writeoff
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.messages import Reply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.threads import split_updates
-from nbdist.hub.wire import Return, bind, receive, server_socket
+from nbdist.hub.wire import Inbox, Return, bind, local_path, receive, server_socket
 
 log = logging.getLogger(__name__)
 __all__ = ["GROUP_WAIT_LIMIT_S", "Hub", "HubSpec"]
 LOST_CHECK_S = 0.5  # how often shard 0 looks for workers silent past their deadline
 SETTLE_EVERY = 16  # pushes accounted together after their replies (ShardCore.settle)
+MAX_LOCAL_LINES = 256  # same-host lines open at once (workers, and a worker's reopened line)
 
 
 @dataclass
@@ -78,6 +79,7 @@ class HubSpec:
     extra_bytes: int = 0  # sync mode: room for rank 0's state (weights, optimizer slots)
     encrypt: bool = False  # CurveZMQ on this shard's socket (--encrypt)
     profile: bool = False  # CPU time per phase of a push (nbdist.hub.profile; benchmarks)
+    spin_s: float = 0.0  # > 0: poll this long before sleeping, where the hub has a core of its own (--spin)
 
 
 class Hub:
@@ -112,7 +114,10 @@ class Hub:
         self._ctx = zmq.Context()
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
         self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
-        self.endpoints = bind(self._sock, spec, params_shm=self._segment.name, size=self.size)
+        self._listener = localline.listen(local_path(spec), MAX_LOCAL_LINES)
+        self.endpoints = bind(self._sock, spec, self._listener, params_shm=self._segment.name, size=self.size,
+                              spin_s=spec.spin_s)
+        self._inbox = Inbox(self._sock, self._listener, self._max_bytes, spin_s=spec.spin_s)
         self.profile, self._mark = marker(spec.profile)
 
     @property
@@ -130,8 +135,7 @@ class Hub:
         handlers = {"hello": self._hello, "step": self._step, "report": self._report, "bye": self._bye,
                     "stats": self._stats, "control": self._control, "params": self._params,
                     "state": self._state, "peers": self._peers, "shutdown": self._shutdown}
-        # The receive itself waits (no poll before it): a timeout wakes the loop for its checks.
-        self._sock.setsockopt(zmq.RCVTIMEO, 100 if self.core.barrier is not None else 500)
+        timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = time.monotonic()
         last_check = self.now()
         grouped = self.core.barrier is not None
@@ -145,7 +149,7 @@ class Hub:
                     self._find_lost()
                 mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
-                    msg, ret = receive(self._sock, self.codec, handlers, self._max_bytes,
+                    msg, ret = receive(self._inbox, timeout_ms, self.codec, handlers,
                                        self.core.num_workers, self.links, mark)
                 except zmq.Again:  # nothing came within the timeout
                     self.core.settle()
@@ -180,7 +184,14 @@ class Hub:
     def _send(self, ret: Return, header: dict, buffers: list) -> None:
         mark = self._mark
         mark("reply")
-        send_frames(self._sock, [ret.ident, *self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)])
+        frames = self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)
+        if type(ret.ident) is localline.Conn:
+            try:
+                ret.ident.send(frames, block=False)
+            except (OSError, ProtocolError):  # gone, not reading, or (a bug) too large: as ZeroMQ drops it
+                self.dropped["reply not delivered"] += 1
+        else:
+            send_frames(self._sock, [ret.ident, *frames])
         mark("send")
 
     def _release_held(self) -> None:
@@ -194,6 +205,8 @@ class Hub:
         if self._update_pool is not None:
             self._update_pool.close()
         self._sock.close(0)
+        if self._listener is not None:
+            self._listener.close()
         if self._auth is not None:
             self._auth.stop()
         self._ctx.term()

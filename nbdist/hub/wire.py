@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import hashlib
+import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
@@ -27,8 +28,9 @@ NUMBER = (int, float)
 
 
 class Return(NamedTuple):
-    """The address of a reply: ROUTER routing id, requester's sender name, request seq (a
-    tuple: built once per message, a frozen dataclass cost several times more)."""
+    """The address of a reply: ROUTER routing id (or the local line it came on), requester's
+    sender name, request seq (a tuple: built once per message, a frozen dataclass cost several
+    times more)."""
 
     ident: object
     to: str
@@ -56,19 +58,85 @@ def recv_bounded(sock, max_frames: int, max_bytes: int) -> list:
     return frames
 
 
-def receive(sock, codec, handlers: Mapping, max_bytes: int, num_workers: int, links: Mapping,
+class Inbox:
+    """Where a hub's next message comes from: its ZeroMQ socket, or a same-host line
+    (`nbdist.hub.localline`, accepted from `listener`). One poll can serve several messages:
+    each `next` takes one from a source the last poll found ready. With `spin_s`, it polls
+    without waiting for up to that long before it sleeps (`--spin`: a sleeping hub must be woken,
+    which on a busy small machine costs a worker's round trip more than the hub's work)."""
+
+    def __init__(self, sock, listener, max_bytes: int, spin_s: float = 0.0):
+        import zmq
+
+        self.sock, self.listener, self.max_bytes, self.spin_s = sock, listener, max_bytes, spin_s
+        self._poller = zmq.Poller()
+        self._poller.register(sock, zmq.POLLIN)
+        if listener is not None:
+            self._poller.register(listener.fileno(), zmq.POLLIN)
+        self._lines: dict[int, object] = {}  # file descriptor -> localline.Conn
+        self._ready: list = []
+
+    def next(self, timeout_ms: int) -> tuple[list, object]:
+        """(frames, reply address): the frames after ZeroMQ's routing id and that id, or a
+        line's frames and the line. zmq.Again if nothing came within `timeout_ms`;
+        ProtocolError for a message refused before its signature is read."""
+        import zmq
+
+        while True:
+            if not self._ready and self.spin_s:
+                self._ready = self._spin()
+            if not self._ready:
+                self._ready = [source for source, _ in self._poller.poll(timeout_ms)]
+                if not self._ready:
+                    raise zmq.Again()
+            source = self._ready.pop()
+            if source is self.sock:
+                frames = recv_bounded(self.sock, MAX_FRAMES, self.max_bytes)
+                return frames[1:], frames[0]
+            if self.listener is not None and source == self.listener.fileno():
+                for line in self.listener.accept():
+                    self._lines[line.fileno()] = line
+                    self._poller.register(line.fileno(), zmq.POLLIN)
+                continue
+            line = self._lines.get(source)
+            if line is None:  # closed since the poll
+                continue
+            try:
+                frames = line.receive(MAX_FRAMES - 1)
+            except TimeoutError:  # readable, then nothing: try the next source
+                continue
+            if frames is None:  # the peer closed it (a worker that left or died)
+                self._forget(line)
+                continue
+            return frames, line
+
+    def _spin(self) -> list:
+        """The sources ready within `spin_s`, polled without sleeping; [] if none."""
+        end = time.monotonic() + self.spin_s
+        while True:
+            ready = [source for source, _ in self._poller.poll(0)]
+            if ready or time.monotonic() >= end:
+                return ready
+
+    def _forget(self, line) -> None:
+        self._poller.unregister(line.fileno())
+        del self._lines[line.fileno()]
+        self.listener.drop(line)
+
+
+def receive(inbox: Inbox, timeout_ms: int, codec, handlers: Mapping, num_workers: int, links: Mapping,
             mark: Callable[[str], None] = no_mark):
-    """The next message on a hub's socket and where its reply goes, or ProtocolError: the
+    """The next message in a hub's inbox and where its reply goes, or ProtocolError: the
     limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
     the op and every field a handler reads, then the shared-memory segment's generation."""
-    frames = recv_bounded(sock, MAX_FRAMES, max_bytes)
+    frames, address = inbox.next(timeout_ms)
     mark("recv")  # the phase clock (nbdist.hub.profile)
-    msg = codec.decode(frames[1:], mark)
+    msg = codec.decode(frames, mark)
     if msg.op not in handlers:
         raise ProtocolError(f"unknown op: {msg.op!r}")
     check_fields(msg.header, num_workers)
     check_segment(links, msg)
-    return msg, Return(frames[0], msg.header["from"], msg.header["seq"])
+    return msg, Return(address, msg.header["from"], msg.header["seq"])
 
 
 # -- op fields -------------------------------------------------------------------------------
@@ -158,9 +226,18 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     return sock, authenticator
 
 
-def bind(sock, spec, **extra) -> dict:
+def local_path(spec) -> str:
+    """Where the shard's same-host line listens (`nbdist.hub.localline`)."""
+    import os
+    import tempfile
+
+    return os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.line")
+
+
+def bind(sock, spec, listener=None, **extra) -> dict:
     """Bind the shard's socket on TCP (spec.bind_host) and ipc; returns its endpoints, which
-    name the run and (with --encrypt) the server's public key."""
+    name the run, the same-host line's path if it has a `listener`, and (with --encrypt) the
+    server's public key."""
     import os
     import tempfile
 
@@ -171,6 +248,8 @@ def bind(sock, spec, **extra) -> dict:
     sock.bind(f"ipc://{ipc}")
     endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}", "host": shm.host_id(),
                  "run": spec.run_id, **extra}
+    if listener is not None:
+        endpoints["local"] = listener.path
     if spec.encrypt:
         endpoints["curve"] = curve_keys(spec.key)["server_public"].decode()
     return endpoints

@@ -53,7 +53,7 @@ class Run(RunViews, RunControl, RunMonitor):
         self._timeline_at = 0.0
         self._snapshot: dict = {}
         self._traffic = TrafficRates()  # each worker's bytes/s, from the totals it reports
-        self.hubs: list[dict] = []  # one per hub shard: shard, host, engine (set by the mode's start)
+        self.hubs: list[dict] = []  # one per hub shard: shard, host, engine, spin_s (set by the mode's start)
         self._done = threading.Event()
         self._control: HubControl | None = None
         self._backend: Backend | None = None

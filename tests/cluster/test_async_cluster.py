@@ -234,3 +234,25 @@ def test_pin_auto_gives_the_hub_and_the_worker_cores_of_their_own_and_trains_the
     assert [cores[-1]] in placed["auto"] and cores[:-1] in placed["auto"]  # the hub's engine, the worker's
     assert [cores[-1]] not in placed["off"] and cores[:-1] not in placed["off"]  # given back
     np.testing.assert_array_equal(finals["auto"], finals["off"])
+
+
+def test_spin_auto_polls_where_the_hub_has_a_core_and_trains_the_same_as_off(cluster):
+    """One hub and one worker on this 2-core host: the hub has a core of its own, so under
+    --spin auto it polls (run.hubs says how long); with two workers it has none and sleeps."""
+    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(5)\n")
+    finals, spins = {}, {}
+    for spin in ("auto", "off"):
+        ns = {}
+        run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=1, servers=1, epochs=1,
+                           spin=spin, wait=True)
+        assert run.status == "finished" and run.nodes["steps"].sum() == 29
+        finals[spin], spins[spin] = weights(ns["model"]), [h["spin_s"] for h in run.hubs]
+    cores = os.cpu_count() or 1
+    assert spins["off"] == [0.0]
+    assert spins["auto"] == ([0.005] if cores >= 2 else [0.0])
+    np.testing.assert_array_equal(finals["auto"], finals["off"])  # one worker: deterministic
+    two = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, servers=1, epochs=1, wait=True)
+    assert [h["spin_s"] for h in two.hubs] == ([0.005] if cores >= 3 else [0.0])  # 2 cores: no core left
+    tcp = nbdist.train(cell, cluster=cluster, namespace={}, workers=1, servers=1, epochs=1,
+                       transport="tcp", wait=True)
+    assert [h["spin_s"] for h in tcp.hubs] == [0.0]  # over TCP polling gained nothing

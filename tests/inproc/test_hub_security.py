@@ -24,10 +24,10 @@ SIZE = 1000
 PUSH = {"op": "step", "worker": 0, "push": True, "pull": True, "chunks": [0]}
 
 
-def start_hubs(key, run="sec", shards=1, workers=1, size=SIZE):
+def start_hubs(key, run="sec", shards=1, workers=1, size=SIZE, spin_s=0.0):
     plan = Plan(num_workers=workers, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
     hubs = [Hub(HubSpec(run, key, i, shards, plan, np.ones(size, np.float32),
-                        np.zeros(0, np.float32))) for i in range(shards)]
+                        np.zeros(0, np.float32), spin_s=spin_s)) for i in range(shards)]
     threads = [threading.Thread(target=h.serve, daemon=True) for h in hubs]
     for t in threads:
         t.start()

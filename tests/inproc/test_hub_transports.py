@@ -1,5 +1,6 @@
-"""The same pushes give the same weights over shared memory and over TCP, bit for bit: the
-hub reads a TCP gradient where its frame lies and copies the reply out while updating."""
+"""The same pushes give the same weights over shared memory (headers over the local line or
+ZeroMQ ipc) and over TCP, bit for bit: the hub reads a TCP gradient where its frame lies and
+copies the reply out while updating."""
 
 import threading
 
@@ -13,7 +14,10 @@ from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 
 
-def _train(transport: str, size: int, optimizer: dict | None) -> tuple[np.ndarray, list[np.ndarray]]:
+def _train(transport: str, size: int, optimizer: dict | None, monkeypatch) -> tuple[np.ndarray, list[np.ndarray]]:
+    monkeypatch.setenv("NBDIST_LOCAL_LINE", "0" if transport == "ipc" else "1")
+    line = transport
+    transport = "auto" if transport in ("local", "ipc") else transport
     key = new_key()
     plan = Plan(num_workers=1, num_samples=10**6, epochs=1, batch_size=10, lr=0.1, has_validation=False)
     start = np.random.default_rng(1).normal(size=size).astype(np.float32)
@@ -23,7 +27,7 @@ def _train(transport: str, size: int, optimizer: dict | None) -> tuple[np.ndarra
     tr = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=60)
     rng, pulled = np.random.default_rng(2), []
     try:
-        assert tr.use_shm == (transport == "auto")
+        assert tr.use_shm == (transport == "auto") and tr.line_kind == line
         reply = tr.hello()
         for _ in range(4):
             tr.grad[:] = rng.normal(size=size).astype(np.float32)
@@ -44,10 +48,11 @@ def _train(transport: str, size: int, optimizer: dict | None) -> tuple[np.ndarra
     (5000, None),  # plain SGD, one block
     (CACHE_BLOCKED_MIN + 1000, server_optimizer_spec("adam", 0.01, [CACHE_BLOCKED_MIN + 1000])),
 ], ids=["sgd", "adam-cache-blocked"])
-def test_tcp_and_shared_memory_give_identical_weights(size, optimizer):
-    shm_final, shm_pulls = _train("auto", size, optimizer)
-    tcp_final, tcp_pulls = _train("tcp", size, optimizer)
-    np.testing.assert_array_equal(shm_final, tcp_final)
-    for a, b in zip(shm_pulls, tcp_pulls, strict=True):
-        np.testing.assert_array_equal(a, b)  # every pull: the reply was the updated weights
+def test_tcp_and_shared_memory_give_identical_weights(size, optimizer, monkeypatch):
+    shm_final, shm_pulls = _train("local", size, optimizer, monkeypatch)
+    for line in ("ipc", "tcp"):
+        final, pulls = _train(line, size, optimizer, monkeypatch)
+        np.testing.assert_array_equal(shm_final, final)
+        for a, b in zip(shm_pulls, pulls, strict=True):
+            np.testing.assert_array_equal(a, b)  # every pull: the reply was the updated weights
     np.testing.assert_array_equal(shm_pulls[-1], shm_final)

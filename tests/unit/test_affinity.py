@@ -85,3 +85,17 @@ def test_workers_get_the_threads_the_hubs_leave():
     assert worker_threads(16, 2, 2) == 7
     assert worker_threads(4, 0, 1) == 4  # no hub on the host: every core
     assert worker_threads(2, 1, 3) == 1  # never none
+
+
+def test_a_hub_may_spin_only_where_every_hub_and_worker_on_its_host_has_a_core():
+    assert affinity.may_spin(2, 1, 1)  # this machine: one core for the hub, one for the worker
+    assert not affinity.may_spin(2, 1, 2)  # two workers take both cores
+    assert affinity.may_spin(8, 2, 6) and not affinity.may_spin(8, 2, 7)
+    assert not affinity.may_spin(4, 0, 4)  # no hub on the host: nobody to spin for
+    assert not affinity.may_spin(4, 1, 0)  # a host of hubs only: its workers come over TCP
+
+
+def test_spin_option_is_checked():
+    assert TrainConfig().spin == "auto" and TrainConfig(spin="OFF").spin == "off"
+    with pytest.raises(ConfigError, match="--spin"):
+        TrainConfig(spin="always")

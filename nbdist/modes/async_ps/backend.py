@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, may_spin
 from nbdist.cluster.engines import Cluster, assign_roles, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
 from nbdist.errors import (
@@ -64,8 +65,9 @@ class ClusterBackend(Backend):
     survives_worker_loss = True
     cluster: Cluster  # the Run registers with it, so Cluster.stop() ends the run first
 
-    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None, pin: bool = False):
-        self.cluster, self.pin = cluster, pin
+    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None, pin: bool = False,
+                 spin: bool = False):
+        self.cluster, self.pin, self.spin = cluster, pin, spin
         hosts = cluster.engine_hosts()
         self.roles = assign_roles(hosts, num_servers, num_workers)
         self.hosts = hosts
@@ -95,7 +97,8 @@ class ClusterBackend(Backend):
         encrypt = getattr(self.cluster, "encrypt", False)
         for e in self.roles.servers:  # the hub's process inherits its engine's cores
             client[e].apply_sync(pin_hub_engine, self._place(e, self.roles.servers))
-        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt))
+        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt,
+                                                            spin_s=self._spin(e, HUB_SPIN_S)))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
         endpoints = [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
         for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
@@ -111,7 +114,7 @@ class ClusterBackend(Backend):
         for i, e in enumerate(self.roles.workers):
             spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
                            threads=self._threads(e, per_host[self.hosts[e]]),
-                           pin=self._place(e, self.roles.workers))
+                           pin=self._place(e, self.roles.workers), spin_s=self._spin(e, WORKER_SPIN_S))
             self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
@@ -134,7 +137,7 @@ class ClusterBackend(Backend):
                 self.seen_engines.add(e)
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
                 spec = replace(self._base, worker=worker, engine=e, local_rank=here - 1,
-                               threads=self._threads(e, here))
+                               threads=self._threads(e, here), spin_s=self._spin(e, WORKER_SPIN_S))
                 self._tasks[worker] = self.cluster.client[e].apply_async(run_worker, spec)
                 added.append(worker)
             return added
@@ -145,6 +148,16 @@ class ClusterBackend(Backend):
 
         hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
         return worker_threads(os.cpu_count() or 1, hubs, workers_here)
+
+    def _spin(self, engine: int, budget_s: float) -> float:
+        """How long a hub or worker on `engine` polls before it sleeps: `budget_s` under --spin
+        auto where the host has hubs and workers and leaves each hub a core
+        (nbdist.cluster.affinity.may_spin, on this kernel's core count, as `_threads`), else 0. A worker added mid-run counts with
+        the others, but the hubs keep what they were started with."""
+        host = self.hosts[engine]
+        hubs = sum(self.hosts[s] == host for s in self.roles.servers)
+        workers = sum(self.hosts[w] == host for w in self.worker_engines)
+        return budget_s if self.spin and may_spin(os.cpu_count() or 1, hubs, workers) else 0.0
 
     def _place(self, engine: int, same_role: list[int]) -> tuple[int, int, int] | None:
         """(index among `same_role` on its host, hubs there, workers there) for --pin auto."""
@@ -212,8 +225,9 @@ class ClusterBackend(Backend):
         return control.state()
 
     def hub_places(self, endpoints: list[dict]) -> list[dict]:
-        """Where each hub shard runs (`run.hubs`): shard, host, engine."""
-        return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e}
+        """Where each hub shard runs (`run.hubs`): shard, host, engine, and how long it polls
+        before it sleeps (`spin_s`, --spin)."""
+        return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e, "spin_s": ep.get("spin_s", 0.0)}
                 for i, (ep, e) in enumerate(zip(endpoints, self.roles.servers, strict=True))]
 
     def failure(self) -> Exception | None:

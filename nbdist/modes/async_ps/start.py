@@ -13,7 +13,8 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     """Place the hubs and workers on `cluster`'s engines and start training `job`."""
     config = job.config
     prepare_checkpoint_dir(job)
-    backend = ClusterBackend(cluster, config.servers, config.workers, pin=config.pin == "auto")
+    backend = ClusterBackend(cluster, config.servers, config.workers, pin=config.pin == "auto",
+                             spin=config.spin == "auto" and config.transport != "tcp")  # tcp: no gain
     job = job.for_workers(backend.num_workers)
     steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=job.easgd_alpha)
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,

@@ -49,6 +49,7 @@ class WorkerSpec:
     engine: int | None = None
     overlap: bool = False  # send step t while computing step t+1
     pin: tuple[int, int, int] | None = None  # (index, hubs, workers) on this host: --pin auto (nbdist.cluster.affinity)
+    spin_s: float = 0.0  # > 0: poll this long for a same-host hub's reply before sleeping (--spin)
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
@@ -83,7 +84,8 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         else:
             flat.assign_and_gradients(*flat.read(), *data.head(size))
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
-                                spec.transport, spec.timeout, spec.engine, compression=spec.compression)
+                                spec.transport, spec.timeout, spec.engine, compression=spec.compression,
+                                spin_s=spec.spin_s)
     try:
         return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:

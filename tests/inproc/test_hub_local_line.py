@@ -1,0 +1,168 @@
+"""The same-host line (`nbdist.hub.localline`) under the hub's rules: every packet on it is
+authenticated like a ZeroMQ message, a hostile or broken one is dropped and counted, a line
+whose worker left is closed, and the hub's listening socket is gone after shutdown."""
+
+import os
+import socket
+import stat
+import time
+
+import numpy as np
+import pytest
+
+from nbdist.errors import TrainingError
+from nbdist.hub import localline
+from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.protocol import Codec, new_key
+from tests.helpers import wait_for
+from tests.inproc.test_hub_security import (
+    PUSH,
+    SIZE,
+    assert_untouched,
+    dropped_after,
+    start_hubs,
+    stop_hubs,
+)
+
+pytestmark = pytest.mark.skipif(not localline.enabled(), reason="no AF_UNIX SOCK_SEQPACKET here")
+
+
+@pytest.fixture
+def hub():
+    key = new_key()
+    hubs, threads = start_hubs(key)
+    yield hubs[0], key
+    stop_hubs(key, hubs, threads)
+    assert hubs[0].error is None  # nothing sent on the line failed a handler
+
+
+def raw_line(server) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 * localline.MAX_PACKET_BYTES)
+    sock.settimeout(5)
+    sock.connect(server.endpoints["local"])
+    return sock
+
+
+def packet(frames) -> bytes:
+    return localline.table(frames) + b"".join(bytes(f) for f in frames)
+
+
+def test_hostile_packets_on_the_local_line_are_dropped_counted_and_change_nothing(hub):
+    server, key = hub
+    line = raw_line(server)
+    grad = np.full(SIZE, 100.0, np.float32)
+    line.send(packet([b"\0" * 32 + b'{"op":"step"}']))  # unsigned
+    line.send(packet(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0")))  # wrong key
+    line.send(packet([b"only-one-frame"]))  # truncated
+    line.send(b"\x02\x00\x00\x00\x05\x00")  # a table that lies
+    line.send(packet([bytes(localline.MAX_PACKET_BYTES)]))  # larger than any packet may be
+    legit = Codec(key, "worker-x", "sec")
+    frames = legit.encode({"op": "hello", "worker": 0}, to="hub-0")
+    line.send(packet(frames))  # a valid message (answered on the line)...
+    reply = localline.split(memoryview(line.recv(localline.MAX_PACKET_BYTES)), 6)
+    assert legit.decode(reply).header["op"] == "reply"
+    line.send(packet(frames))  # ...replayed
+    signed, good = legit.encode(PUSH, [np.zeros(SIZE, np.float32)], to="hub-0")
+    forged = bytearray(bytes(good))
+    forged[403] ^= 0x7F  # one float altered, same length
+    line.send(packet([signed, forged]))
+    control = HubControl(key, [server.endpoints])
+    assert dropped_after(control, 7) == {"bad signature": 3, "truncated message": 1, "malformed packet": 1,
+                                         "oversized packet": 1, "replayed message": 1}
+    assert_untouched(control)
+    control.close()
+    line.close()
+
+
+def test_a_worker_trains_over_the_line_and_its_line_is_closed_when_it_leaves(hub):
+    server, key = hub
+    assert stat.S_IMODE(os.stat(server.endpoints["local"]).st_mode) == 0o600  # this user only
+    transport = WorkerTransport(key, 0, [server.endpoints], 0, timeout=30)
+    try:
+        assert transport.line_kind == "local"
+        reply = transport.hello()
+        transport.grad[:] = 1.0
+        for step in range(3):
+            transport.step({"chunks": [reply["chunks"][0][0]] if step == 0 else [], "loss": 0.5},
+                           push=True, pull=True)
+        np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
+        assert transport.traffic()[2] > 0  # the headers it sent count as shared-memory traffic
+        transport.bye()
+    finally:
+        transport.close()
+    control = HubControl(key, [server.endpoints])
+    wait_for(lambda: not server._listener.conns, 10, what="the hub to close the worker's line")  # noqa: SLF001
+    assert control.stats()["dropped"] == {}
+    control.close()
+
+
+def test_the_listening_socket_is_removed_with_the_hub():
+    key = new_key()
+    hubs, threads = start_hubs(key)
+    path = hubs[0].endpoints["local"]
+    assert os.path.exists(path)
+    stop_hubs(key, hubs, threads)
+    assert not os.path.exists(path)
+
+
+def test_a_worker_whose_hub_has_gone_gets_a_training_error_not_an_os_error():
+    key = new_key()
+    hubs, threads = start_hubs(key)
+    transport = WorkerTransport(key, 0, [hubs[0].endpoints], 0, timeout=30)
+    try:
+        reply = transport.hello()
+        stop_hubs(key, hubs, threads)
+        with pytest.raises(TrainingError, match="hub shard 0 (closed its line|cannot be reached)"):
+            transport.step({"chunks": [reply["chunks"][0][0]], "loss": 0.5}, push=True, pull=True)
+        with pytest.raises(TrainingError, match="hub shard 0 cannot be reached on its local line"):
+            transport.lines[0].reopen()  # nobody listens there any more
+    finally:
+        transport.close()
+
+
+def test_a_spinning_inbox_polls_only_for_its_budget_and_then_sleeps():
+    import zmq
+
+    from nbdist.hub.wire import Inbox
+
+    ctx = zmq.Context()
+    sock = ctx.socket(zmq.ROUTER)
+    sock.bind("inproc://spin-test")
+    try:
+        for spin_s in (0.0, 0.05):
+            inbox = Inbox(sock, None, 1 << 20, spin_s=spin_s)
+            cpu, wall = time.thread_time(), time.monotonic()
+            with pytest.raises(zmq.Again):
+                inbox.next(timeout_ms=400)
+            cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+            assert wall >= 0.4 - 0.01  # the whole timeout was waited...
+            assert cpu < spin_s + 0.15, (spin_s, cpu)  # ...but spun for at most the budget
+            if spin_s:
+                assert cpu > spin_s / 10, cpu  # and it did spin (a sleeping wait takes ~0.1 ms)
+    finally:
+        sock.close(0)
+        ctx.term()
+
+
+def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_trains_the_same():
+    key = new_key()
+    hubs, threads = start_hubs(key, spin_s=0.05)
+    assert hubs[0].endpoints["spin_s"] == 0.05
+    transport = WorkerTransport(key, 0, [hubs[0].endpoints], 0, timeout=30, spin_s=0.05)
+    try:
+        reply = transport.hello()
+        transport.grad[:] = 1.0
+        for step in range(3):
+            transport.step({"chunks": [reply["chunks"][0][0]] if step == 0 else [], "loss": 0.5},
+                           push=True, pull=True)
+        np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
+        line = transport.lines[0]
+        cpu, wall = time.thread_time(), time.monotonic()
+        assert line._receive_frames(300) is None  # noqa: SLF001 - nothing was asked: no reply comes
+        cpu, wall = time.thread_time() - cpu, time.monotonic() - wall
+        assert wall >= 0.29 and 0.005 < cpu < 0.05 + 0.15, (wall, cpu)  # spun, then slept (no spin: ~0)
+        transport.bye()
+    finally:
+        transport.close()
+        stop_hubs(key, hubs, threads)
