@@ -10,7 +10,8 @@ What it measures
     with no TensorFlow and no compute between steps. The
     hub does its real work per push: verify the signed header, apply SGD, count the chunk,
     copy out the parameters. Transports: "tcp" (raw frames over loopback TCP) and "auto"
-    (same host: shared memory for the buffers, signed headers over ZeroMQ ipc).
+    (same host: shared memory for the buffers, signed headers over the local line,
+    nbdist.hub.localline; NBDIST_LOCAL_LINE=0: over ZeroMQ ipc).
 
     The baseline, measured in the same run with the same process counts: a raw pyzmq
     ROUTER/DEALER echo over TCP loopback. One server process per shard receives the client's

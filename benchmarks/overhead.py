@@ -7,10 +7,15 @@ What it measures
                      nbdist runs, so the two sides never compete for cores);
       nbdist async   `nbdist.train(cell, cluster=Cluster.start(2), workers=1)`: one hub engine
                      plus one worker engine on this machine, with transport "auto" (shared
-                     memory; only signed headers cross ZeroMQ) and "tcp" (raw frames);
+                     memory; only signed headers travel, over a same-host Unix socket,
+                     nbdist.hub.localline), "ipc" (`--transport all`: shared memory with the
+                     headers over ZeroMQ's ipc, NBDIST_LOCAL_LINE=0 on the engines) and "tcp"
+                     (raw frames);
       nbdist overlap with --overlap, the same runs with `overlap=True` (the worker pushes step
                      t and receives its reply while it computes step t+1), per transport, in
                      the same repeats, interleaved with the plain runs.
+    Spin: nbdist's default `spin="auto"` lets the hub (which has a core of its own here) and the
+    worker poll instead of sleeping between messages; `--spin both` adds spin="off" rows.
     Thread budgets: the fit child uses every core (T = cpu_count intra-op threads, min(T, 2)
     inter-op, set through `nbdist.engine.run_cell.configure_tensorflow`), as model.fit alone on
     the machine would; nbdist's ClusterBackend gives its worker the cores the hub shard on its
@@ -42,6 +47,8 @@ How to read it
     python benchmarks/overhead.py --quick         # 1 repeat, shorter runs
     python benchmarks/overhead.py --overlap       # plus overlap=True rows per transport
     python benchmarks/overhead.py --transport tcp --batch 256
+    python benchmarks/overhead.py --transport all # auto, ipc and tcp, interleaved
+    python benchmarks/overhead.py --spin both     # spin="auto" (the default) vs "off", interleaved
     python benchmarks/overhead.py --option algorithm=hogwild   # any nbdist.train option
     python benchmarks/overhead.py --hub both      # hub shard as its own process vs a thread
     python benchmarks/overhead.py --pin both      # pin="off" vs pin="auto" (hub and worker on
@@ -127,13 +134,15 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     }
 
 
-def _set_hub_mode(mode: str, stateless: str = "on") -> None:
+def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto") -> None:
     """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch);
-    the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel)."""
+    the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel); same-host
+    headers over the local line or ZeroMQ ipc (nbdist.hub.localline)."""
     import os
 
     os.environ["NBDIST_HUB_PROCESS"] = "1" if mode == "process" else "0"
     os.environ["NBDIST_STATELESS"] = "0" if stateless == "off" else "1"
+    os.environ["NBDIST_LOCAL_LINE"] = "0" if transport == "ipc" else "1"
 
 
 def _start_tensorflow(threads: int) -> None:
@@ -174,7 +183,13 @@ def _parse_option(text: str) -> tuple[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
-    parser.add_argument("--transport", choices=["auto", "tcp", "both"], default="both")
+    parser.add_argument("--transport", choices=["auto", "ipc", "tcp", "both", "all"], default="both",
+                        help="both: auto and tcp; all: auto, ipc (shared memory, headers over "
+                             "ZeroMQ ipc instead of the local line) and tcp")
+    parser.add_argument("--spin", choices=["auto", "off", "both"], default="auto",
+                        help="nbdist.train(..., spin=...): auto (nbdist's default: the hub, which has "
+                             "a core here, and the worker poll instead of sleeping), off, or both, "
+                             "interleaved (rows marked spin-off)")
     parser.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--steps", type=int, default=None,
@@ -208,7 +223,10 @@ def main() -> None:
                          "--option overlap=... (or drop --overlap to make every row overlapped)")
     repeats = args.repeats or (1 if args.quick else 3)
     target_steps = args.steps or (500 if args.quick else 1000)
-    transports = ["auto", "tcp"] if args.transport == "both" else [args.transport]
+    transports = {"both": ["auto", "tcp"], "all": ["auto", "ipc", "tcp"]}.get(args.transport, [args.transport])
+    # --spin both: each transport twice, nbdist's default (auto) and " spin-off"
+    transports = [t + ("" if s == "auto" else " spin-off") for t in transports
+                  for s in {"both": ["auto", "off"]}.get(args.spin, [args.spin])]
     # (transport, overlap) pairs, in the order they run within a repeat
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
     pins = ["off", "auto"] if args.pin == "both" else [args.pin]
@@ -245,10 +263,11 @@ def main() -> None:
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
                 for t, ov, h, (p, wt), st in sides:
                     cluster = clusters[(p, wt)]
-                    cluster.client[:].apply_sync(_set_hub_mode, h, st)
+                    line, _, spin_off = t.partition(" ")
+                    cluster.client[:].apply_sync(_set_hub_mode, h, st, line)
                     side_options = {"overlap": ov, **options,  # plain rows: overlap=False (not the default)
-                                    **({"pin": p} if p else {})}
-                    r = measure_nbdist(cluster, b, epochs[b], t, side_options)
+                                    **({"pin": p} if p else {}), "spin": "off" if spin_off else "auto"}
+                    r = measure_nbdist(cluster, b, epochs[b], "auto" if line == "ipc" else line, side_options)
                     runs[(b, t, ov, h, (p, wt), st)].append(r)
                     print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"
                           f"{f' pin {p:<4}' if p else ''}{f' threads {wt}' if wt else ''}"
@@ -264,7 +283,7 @@ def main() -> None:
 
     def side_name(t: str, ov: bool, h: str, pw: tuple, st: str) -> str:
         p, wt = pw
-        return (f"nbdist {t}" + (" (shm)" if t == "auto" else "") + (" overlap" if ov else "")
+        return (f"nbdist {t}" + {"auto": " (shm)", "ipc": " (shm)"}.get(t.split(" ")[0], "") + (" overlap" if ov else "")
                 + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else "")
                 + (f" threads {wt}" if wt else "")
                 + (" assigning" if st == "off" else ""))
