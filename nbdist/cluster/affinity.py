@@ -74,6 +74,24 @@ def worker_threads(cpus: int, hubs: int, workers: int) -> int:
     return max(1, (cpus - hubs) // max(1, workers))
 
 
+def cores_per_host(engine_cores) -> dict[str, int]:
+    """host -> how many cores its engines may use, from (host, cores) pairs: the union of their
+    core sets, so engines that share a machine's cores count them once and engines that Slurm
+    (or taskset) gave cores of their own add theirs up. An engine that knows no cores (empty)
+    adds none; a host with none known is left out. Threads and polling are planned from this,
+    not from the notebook kernel's core count, which says nothing of another host's.
+
+    Example:
+        >>> cores_per_host([("a", (0, 1, 2, 3)), ("a", (0, 1, 2, 3)), ("b", (0, 1)), ("b", (2, 3)), ("c", ())])
+        {'a': 4, 'b': 4}
+    """
+    union: dict[str, set[int]] = {}
+    for host, cores in engine_cores:
+        if cores:
+            union.setdefault(host, set()).update(cores)
+    return {host: len(cores) for host, cores in union.items()}
+
+
 # --spin: how long a hub shard (and a same-host worker waiting for its reply) polls before it
 # sleeps. A sleeping hub is woken by the worker's send and, on a busy 2-core machine, runs on
 # the sender's core: `benchmarks/overhead.py --spin both` had the round trip at 0.23 ms polling

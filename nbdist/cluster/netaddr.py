@@ -46,13 +46,15 @@ class Route:
 
 @dataclass(frozen=True)
 class HostNet:
-    """What one process knows of its host's network: enough to choose addresses purely."""
+    """What one process knows of its host: enough to choose addresses purely, and the cores it
+    may use (a Slurm or taskset core set, not the machine's count: see affinity.cores_per_host)."""
 
     hostname: str
     host_id: str  # hostname + boot id: equal means shared memory works between the two
     address: str  # its address towards the controller: where the other hosts reach it
     routes: tuple[Route, ...] = ()
     addrs: dict = field(default_factory=dict)  # iface -> [(address, prefix), ...]
+    cores: tuple[int, ...] = ()  # empty: not known
 
     def same_host(self, other: HostNet) -> bool:
         return self.host_id == other.host_id
@@ -249,7 +251,9 @@ def _addresses() -> dict[str, list[tuple[str, int]]]:
 
 
 def host_network(controller: str) -> HostNet:
-    """This process's host: name, identity, routes, addresses and address towards `controller`."""
+    """This process's host: name, identity, routes, addresses and address towards `controller`,
+    and the cores this process may use."""
+    from nbdist.cluster.affinity import allowed_cores
     from nbdist.hub.shm import host_id
 
     try:
@@ -266,7 +270,7 @@ def host_network(controller: str) -> HostNet:
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
             probe.connect((controller, 9))
             address = probe.getsockname()[0]
-    return HostNet(socket.gethostname(), host_id(), address, routes, addrs)
+    return HostNet(socket.gethostname(), host_id(), address, routes, addrs, allowed_cores())
 
 
 def check_reachable(address: str, port: int, what: str, host: str,

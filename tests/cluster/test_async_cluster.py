@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import nbdist
+from nbdist.cluster.affinity import allowed_cores
 from nbdist.errors import (
     AmbiguousModelError,
     DataError,
@@ -247,7 +248,7 @@ def test_spin_auto_polls_where_the_hub_has_a_core_and_trains_the_same_as_off(clu
                            spin=spin, wait=True)
         assert run.status == "finished" and run.nodes["steps"].sum() == 29
         finals[spin], spins[spin] = weights(ns["model"]), [h["spin_s"] for h in run.hubs]
-    cores = os.cpu_count() or 1
+    cores = len(set().union(*cluster.client[:].apply_sync(allowed_cores)))  # the engines' host
     assert spins["off"] == [0.0]
     assert spins["auto"] == ([0.005] if cores >= 2 else [0.0])
     np.testing.assert_array_equal(finals["auto"], finals["off"])  # one worker: deterministic
@@ -256,3 +257,28 @@ def test_spin_auto_polls_where_the_hub_has_a_core_and_trains_the_same_as_off(clu
     tcp = nbdist.train(cell, cluster=cluster, namespace={}, workers=1, servers=1, epochs=1,
                        transport="tcp", wait=True)
     assert [h["spin_s"] for h in tcp.hubs] == [0.0]  # over TCP polling gained nothing
+
+
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a one-core engine set differs from this kernel's only with two cores")
+def test_engines_started_on_one_core_are_planned_on_it_not_on_the_kernel_s_cores():
+    """Engines started in a one-core set (`taskset -c 0 ipengine`, a Slurm task of one CPU)
+    beside a kernel with more: the hub and the worker share that core, so the hub sleeps under
+    --spin auto instead of polling as it would with the kernel's count."""
+    from nbdist.cluster import affinity
+    from nbdist.cluster.engines import Cluster
+
+    core = min(os.sched_getaffinity(0))
+    assert affinity.pin_process((core,))  # the engines inherit it, as from taskset
+    try:
+        small = Cluster.start(2)
+    finally:
+        affinity.unpin_process()
+    try:
+        assert small.client[:].apply_sync(allowed_cores) == [(core,), (core,)]
+        run = nbdist.train(SYNTHETIC_CELL, cluster=small, namespace={}, workers=1, servers=1, epochs=1,
+                           wait=True)
+        assert run.status == "finished" and run.nodes["steps"].sum() == 29
+        assert [h["spin_s"] for h in run.hubs] == [0.0]
+        assert run._backend.host_cores(run._backend.roles.workers[0]) == 1  # noqa: SLF001
+    finally:
+        small.stop()

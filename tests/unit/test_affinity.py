@@ -99,3 +99,31 @@ def test_spin_option_is_checked():
     assert TrainConfig().spin == "auto" and TrainConfig(spin="OFF").spin == "off"
     with pytest.raises(ConfigError, match="--spin"):
         TrainConfig(spin="always")
+
+
+def test_a_host_counts_the_union_of_its_engines_cores():
+    pairs = [("a", (0, 1)), ("a", (0, 1)), ("b", (0, 1)), ("b", (2, 3)), ("b", (3, 4)), ("c", ())]
+    assert affinity.cores_per_host(pairs) == {"a": 2, "b": 5}  # shared, then own sets; c unknown
+
+
+def test_threads_and_polling_follow_each_host_s_cores_not_this_kernel_s():
+    """A 16-core node beside a 1-core one (Slurm gave each engine its own core set), whatever
+    this kernel's count: the workers' threads and the hubs' polling follow the host's."""
+    from nbdist.cluster.engines import Roles
+    from nbdist.cluster.netaddr import HostNet
+    from nbdist.modes.async_ps.backend import ClusterBackend
+
+    b = ClusterBackend.__new__(ClusterBackend)
+    b.roles = Roles((0, 2), (1, 3), {1: 0, 3: 0})
+    b.worker_engines, b.spin = [1, 3], True
+    b.hosts = {0: "big", 1: "big", 2: "small", 3: "small"}
+    b.nets = {0: HostNet("big", "big:b", "10.0.0.1", cores=tuple(range(8))),
+              1: HostNet("big", "big:b", "10.0.0.1", cores=tuple(range(8, 16))),
+              2: HostNet("small", "small:b", "10.0.0.2", cores=(5,)),
+              3: HostNet("small", "small:b", "10.0.0.2", cores=(5,))}
+    b.cores = affinity.cores_per_host((b.hosts[e], n.cores) for e, n in b.nets.items())
+    assert [b.host_cores(e) for e in range(4)] == [16, 16, 1, 1]
+    assert (b._threads(1, 1), b._threads(3, 1)) == (15, 1)  # noqa: SLF001
+    assert [b._spin(e, 0.005) for e in range(4)] == [0.005, 0.005, 0.0, 0.0]  # noqa: SLF001
+    b.cores = {}  # engines that could not tell: this kernel's count
+    assert b.host_cores(0) == (os.cpu_count() or 1)

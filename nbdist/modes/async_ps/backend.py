@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, may_spin
+from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host, may_spin
 from nbdist.cluster.engines import Cluster, assign_roles, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
 from nbdist.errors import (
@@ -72,6 +72,7 @@ class ClusterBackend(Backend):
         self.roles = assign_roles(hosts, num_servers, num_workers)
         self.hosts = hosts
         self.nets = cluster.engine_networks((*self.roles.servers, *self.roles.workers))
+        self.cores = cores_per_host((hosts[e], net.cores) for e, net in self.nets.items())
         self.kernel_net = cluster.kernel_network()
         # each hub binds its own engine's interface towards the workers and this kernel
         peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
@@ -133,6 +134,7 @@ class ClusterBackend(Backend):
                 worker, host = len(self.worker_engines), nets[e].hostname
                 announce(worker, e)
                 self.hosts[e], self.nets[e] = host, nets[e]
+                self.cores = cores_per_host((self.hosts[n], net.cores) for n, net in self.nets.items())
                 self.worker_engines.append(e)
                 self.seen_engines.add(e)
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
@@ -147,17 +149,22 @@ class ClusterBackend(Backend):
         from nbdist.cluster.affinity import worker_threads
 
         hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
-        return worker_threads(os.cpu_count() or 1, hubs, workers_here)
+        return worker_threads(self.host_cores(engine), hubs, workers_here)
+
+    def host_cores(self, engine: int) -> int:
+        """How many cores the engines on `engine`'s host may use (affinity.cores_per_host); this
+        kernel's count where the engine could not tell."""
+        return self.cores.get(self.hosts[engine]) or os.cpu_count() or 1
 
     def _spin(self, engine: int, budget_s: float) -> float:
         """How long a hub or worker on `engine` polls before it sleeps: `budget_s` under --spin
         auto where the host has hubs and workers and leaves each hub a core
-        (nbdist.cluster.affinity.may_spin, on this kernel's core count, as `_threads`), else 0. A worker added mid-run counts with
-        the others, but the hubs keep what they were started with."""
+        (nbdist.cluster.affinity.may_spin, on the host's cores as `_threads`), else 0. A worker
+        added mid-run counts with the others, but the hubs keep what they were started with."""
         host = self.hosts[engine]
         hubs = sum(self.hosts[s] == host for s in self.roles.servers)
         workers = sum(self.hosts[w] == host for w in self.worker_engines)
-        return budget_s if self.spin and may_spin(os.cpu_count() or 1, hubs, workers) else 0.0
+        return budget_s if self.spin and may_spin(self.host_cores(engine), hubs, workers) else 0.0
 
     def _place(self, engine: int, same_role: list[int]) -> tuple[int, int, int] | None:
         """(index among `same_role` on its host, hubs there, workers there) for --pin auto."""

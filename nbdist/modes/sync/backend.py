@@ -9,7 +9,6 @@ the rank's import Horovod.
 
 from __future__ import annotations
 
-import os
 import threading
 from dataclasses import replace
 
@@ -90,7 +89,7 @@ class SyncBackend(ClusterBackend):
                    "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
             spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
-                           threads=max(1, (os.cpu_count() or 1) // slot.local_size),
+                           threads=max(1, self.host_cores(engine) // slot.local_size),
                            pin=(slot.local_rank, 0, slot.local_size) if self.pin else None)
             self._tasks[slot.rank] = self.cluster.client[engine].apply_async(run_sync_worker, spec)
 
