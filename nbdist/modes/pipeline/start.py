@@ -63,13 +63,14 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     engines = engines[:stages]
     initial = read_flat(model)
     micro_size = config.batch_size // micro
-    threads = max(1, (os.cpu_count() or 1) // stages)
+    nets = cluster.engine_networks(engines) if cluster is not None else None
+    threads = _stage_threads(nets, engines)
     pushed = _portable(contents.pushed)
     if cluster is not None:
         from nbdist.cluster.engines import get_within
 
         measured = get_within(cluster.client[engines[0]].apply_async(
-            profile_on_engine, cell, pushed, contents.model_name, contents.data, initial, micro_size, threads),
+            profile_on_engine, cell, pushed, contents.model_name, contents.data, initial, micro_size, threads[0]),
             engines[0], "profiling the model", timeout=max(120.0, config.timeout))
     else:
         measured = profile_model(model, x[:micro_size])
@@ -90,8 +91,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                     for m in ("optimal", "greedy", "uniform", "random")}
 
     key, run_id = new_key(), uuid.uuid4().hex[:12]
-    bind = _bind_hosts(cluster, engines) if cluster is not None else ["127.0.0.1"] * stages
-    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, engines), stages)
+    bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages)
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
     backend = PipelineBackend(cluster, engines, graph, model)
@@ -104,7 +105,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            model_name=contents.model_name, data=contents.data, validation=contents.validation,
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
-                           timeout=config.timeout, engine=engines[s], threads=threads, lr=config.lr,
+                           timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
                            own_optimizer=cluster is not None, transport=str(config.transport))
                  for s in range(stages)]
         pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
@@ -154,16 +155,29 @@ def _get(pending, stage: int, engine: int, timeout: float):
                             f"{type(exc).__name__}: {exc}") from None
 
 
-def _bind_hosts(cluster, engines: list) -> list[str]:
+def _stage_threads(nets: dict | None, engines: list) -> list[int]:
+    """TensorFlow threads per stage: the cores of its host (as its engines report them, see
+    nbdist.cluster.affinity.cores_per_host) shared by the stages there; stages that are threads
+    of this kernel (`nets` None) share its cores."""
+    from collections import Counter
+
+    from nbdist.cluster.affinity import cores_per_host
+
+    if nets is None:
+        return [max(1, (os.cpu_count() or 1) // len(engines))] * len(engines)
+    hosts = [nets[e].hostname for e in engines]
+    cores, here = cores_per_host((nets[e].hostname, nets[e].cores) for e in engines), Counter(hosts)
+    return [max(1, (cores.get(h) or os.cpu_count() or 1) // here[h]) for h in hosts]
+
+
+def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:
     from nbdist.cluster.netaddr import hub_address
 
-    nets = cluster.engine_networks(engines)
     peers = [*nets.values(), cluster.kernel_network()]
     return [hub_address(nets[e], peers) for e in engines]
 
 
-def _kernel_host(cluster, engines: list) -> str:
+def _kernel_host(cluster, nets: dict) -> str:
     from nbdist.cluster.netaddr import kernel_address
 
-    nets = cluster.engine_networks(engines)
     return kernel_address(cluster.kernel_network(), list(nets.values()))
