@@ -29,7 +29,9 @@ What it measures
     back to back after a warm-up, median per call; once eager and once inside a tf.function
     fed a NumPy array (as nbdist's step is), and once as a copy of nbdist's step function
     (concat with the control values, allreduce, split, the Keras SGD apply_gradients on the
-    same MLP's variables: "raw allreduce + apply"). Its Horovod set-up is nbdist's own
+    same MLP's variables: "raw allreduce + apply"). Then as a training loop: a gradient of a
+    batch of 64 on each rank, then that step function, each timed ("raw allreduce + apply,
+    training"): there the allreduce waits for the slower rank's gradient, as in real training. Its Horovod set-up is nbdist's own
     (nbdist/modes/sync/backend.py SyncBackend.start_workers): Horovod's RendezvousHTTPServer bound to
     127.0.0.1 in this process, host assignments from get_host_assignments, the same
     HOROVOD_* variables on each engine (Gloo, interface lo). Not horovodrun, whose rendezvous
@@ -90,7 +92,7 @@ def measure_run(cluster, options: dict, epochs: int) -> dict:
     }
 
 
-def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank: int) -> dict:
+def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank: int, batch: int) -> dict:
     """On an engine: one Horovod rank timing `reps` allreduces of n_floats float32, three ways:
     eager, in a tf.function, and in a copy of nbdist's step function (concat, allreduce, split,
     the optimizer's apply_gradients on the same MLP's variables), all back to back."""
@@ -136,9 +138,30 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
                                           trainable, strict=True))
             return reduced[size:]
 
+        rng = np.random.default_rng(hvd.rank())
+        x = rng.random((batch, 784), dtype=np.float32)
+        y = rng.integers(0, 10, batch)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+        @tf.function
+        def gradient(x, y):  # one flat buffer, as nbdist's rank hands to its allreduce
+            with tf.GradientTape() as tape:
+                loss = loss_fn(y, model(x, training=True))
+            return tf.concat([tf.reshape(g, [-1]) for g in tape.gradient(loss, trainable)], 0)
+
         calls = (("eager", lambda: eager(data)), ("graph", lambda: in_graph(data)),
                  ("step", lambda: step_shaped(grad, control)))
         out = {}
+        for _ in range(20):  # training steps: gradient, then the step function, timed apart
+            step_shaped(gradient(x, y), control).numpy()
+        split = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            g = gradient(x, y)
+            t1 = time.perf_counter()
+            step_shaped(g, control).numpy()
+            split.append((t1 - t0, time.perf_counter() - t1))
+        out["train_grad"], out["train_comm"] = (float(v) for v in np.median(split, axis=0))
         for name, fn in calls:
             for _ in range(20):
                 fn().numpy()
@@ -189,12 +212,12 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
             threads = max(1, (os.cpu_count() or 1) // slot.local_size)
             pending.append(cluster.client[engine].apply_async(raw_allreduce, env, n_floats, reps,
-                                                              threads, slot.local_rank))
+                                                              threads, slot.local_rank, BATCH))
         results = [ar.get(300) for ar in pending]
     finally:
         server.shutdown()
         server.server_close()
-    return {k: median([r[k] for r in results]) for k in ("eager", "graph", "step")}
+    return {k: median([r[k] for r in results]) for k in ("eager", "graph", "step", "train_grad", "train_comm")}
 
 
 def flat_size() -> int:
@@ -237,7 +260,8 @@ def main() -> None:
                     raws.append(r)
                     print(f"  [{rep + 1}/{repeats}] {RAW:<13} eager {r['eager'] * 1e3:.2f} ms, "
                           f"tf.function {r['graph'] * 1e3:.2f} ms, with apply {r['step'] * 1e3:.2f} ms "
-                          "per call", flush=True)
+                          f"per call; training: gradient {r['train_grad'] * 1e3:.2f} ms, then "
+                          f"allreduce + apply {r['train_comm'] * 1e3:.2f} ms", flush=True)
                     continue
                 r = measure_run(cluster, options, epochs)
                 runs[name].append(r)
@@ -250,6 +274,7 @@ def main() -> None:
 
     raw_graph, raw_eager = median([r["graph"] for r in raws]), median([r["eager"] for r in raws])
     raw_step = median([r["step"] for r in raws])
+    raw_train_comm = median([r["train_comm"] for r in raws])
     rows = []
     base = median([r["rate"] for r in runs["sync"]])
     for name, _ in MODES:
@@ -269,6 +294,9 @@ def main() -> None:
                  raw_eager / raw_graph, raw_eager / raw_graph, ""])
     rows.append([RAW + " + apply", "", "", "", "", "", raw_step * 1e3, raw_step * 1e3,
                  raw_step / raw_graph, raw_step / raw_graph, ""])
+    raw_train_grad = median([r["train_grad"] for r in raws])
+    rows.append([RAW + " + apply, training", "", "", "", "", raw_train_grad * 1e3, raw_train_comm * 1e3,
+                 raw_train_comm * 1e3, raw_train_comm / raw_graph, raw_train_comm / raw_graph, ""])
     print()
     print(f"Medians of {repeats} repeat(s), {epochs} epoch(s) per run; times per step in ms; "
           f"allreduce of {n_floats * 4 / 1e6:.2f} MB on the sync ranks' 2 engines "
@@ -278,13 +306,17 @@ def main() -> None:
     print("  comm/step = run.nodes comm_s / steps (mean, whole run, including the other rank's\n"
           "  validation pause); comm median = median per-step comm from run.timeline; x raw = sync\n"
           "  comm/step (mean, then median) over the raw tf.function allreduce per call. \"+ apply\" =\n"
-          "  nbdist's step function alone (concat, allreduce, split, SGD apply), ranks in lockstep:\n"
-          "  sync comm above it is waiting for the other rank.")
+          "  nbdist's step function alone (concat, allreduce, split, SGD apply), ranks in lockstep;\n"
+          "  \"training\" = the same after a gradient of a batch of 64 on each rank, as a training\n"
+          "  loop runs it, so its comm includes waiting for the slower rank's gradient, as sync's does.")
     sync_median = median([r["comm_median"] for r in runs["sync"]])
     print(f"\nnbdist's sync step over a raw allreduce + apply of the same bytes: "
           f"{sync_median / raw_step:.2f}x by the median step ({sync_median * 1e3:.2f} ms against "
           f"{raw_step * 1e3:.2f} ms; target <= 1.1), {median([r['comm'] for r in runs['sync']]) / raw_step:.2f}x "
           "by the mean (which includes the other rank's validation pause)")
+    print(f"... and over a raw training loop's allreduce + apply after a gradient, which waits for the "
+          f"slower rank as nbdist's does: {sync_median / raw_train_comm:.2f}x by the median step "
+          f"({raw_train_comm * 1e3:.2f} ms)")
     print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s")
 
 

@@ -110,7 +110,7 @@ class Conn:
             return None
         if size > MAX_PACKET_BYTES or flags & socket.MSG_TRUNC:
             raise ProtocolError(f"oversized packet: more than {MAX_PACKET_BYTES} bytes on a local line")
-        return split(memoryview(bytes(self._buffer[:size])), max_frames)
+        return split(memoryview(bytes(memoryview(self._buffer)[:size])), max_frames)  # one copy
 
     def close(self) -> None:
         with contextlib.suppress(OSError):
