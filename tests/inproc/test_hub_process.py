@@ -84,3 +84,20 @@ def test_a_spec_crosses_to_the_hub_process_without_pickle_and_unchanged():
     assert back.optimizer == spec.optimizer
     with pytest.raises(TypeError, match="cannot carry a object"):
         encode_spec({"x": object()})
+
+
+def test_a_killed_hub_process_leaves_no_socket_files_once_joined(monkeypatch):
+    import os
+
+    monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
+    spec = _spec(new_key())
+    endpoints = launch.start_hub(spec)
+    files = [endpoints["ipc"].removeprefix("ipc://")] + ([endpoints["local"]] if "local" in endpoints else [])
+    assert all(os.path.exists(f) for f in files)
+    entry = launch._hubs[(spec.run_id, 0)]
+    entry.proc.kill()  # SIGKILL: the hub unlinks nothing itself
+    entry.proc.wait()
+    assert all(os.path.exists(f) for f in files)
+    summary = launch.join_hub(spec.run_id, 0, timeout=0.5)
+    assert "without a summary" in summary["error"]
+    assert not any(os.path.exists(f) for f in files)
