@@ -113,10 +113,16 @@ class Hub:
             self.core.restore(spec.restore)
         self._ctx = zmq.Context()
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
-        self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
-        self._listener = localline.listen(local_path(spec), MAX_LOCAL_LINES)
-        self.endpoints = bind(self._sock, spec, self._listener, params_shm=self._segment.name, size=self.size,
-                              spin_s=spec.spin_s)
+        self._sock = self._auth = self._listener = None
+        self.endpoints: dict = {}
+        try:
+            self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
+            self._listener = localline.listen(local_path(spec), MAX_LOCAL_LINES)
+            self.endpoints = bind(self._sock, spec, self._listener, params_shm=self._segment.name,
+                                  size=self.size, spin_s=spec.spin_s)
+        except BaseException:  # e.g. an address it cannot bind: give back what it took
+            self.close()
+            raise
         self._inbox = Inbox(self._sock, self._listener, self._max_bytes, spin_s=spec.spin_s)
         self.profile, self._mark = marker(spec.profile)
 
@@ -204,7 +210,8 @@ class Hub:
         writeoff.close(self)
         if self._update_pool is not None:
             self._update_pool.close()
-        self._sock.close(0)
+        if self._sock is not None:
+            self._sock.close(0)
         if self._listener is not None:
             self._listener.close()
         if self._auth is not None:
@@ -216,7 +223,7 @@ class Hub:
         self.core.params = None  # the last view of the segment, which is released now
         shm.release(self._segment, unlink=True)
         try:
-            os.unlink(self.endpoints["ipc"][len("ipc://"):])
+            os.unlink(self.endpoints.get("ipc", "").removeprefix("ipc://"))
         except OSError:
             pass
 

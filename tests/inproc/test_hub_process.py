@@ -57,6 +57,28 @@ def test_a_hub_that_cannot_start_says_so_and_leaves_no_process(monkeypatch):
     with pytest.raises(RuntimeError, match="hub shard 0 could not start: ZMQError: Cannot assign"):
         launch.start_hub(bad)
     assert launch.running_hubs() == []
+    assert _socket_files(bad) == []  # its local line had been opened before the bind failed
+
+
+def test_a_hub_that_cannot_bind_gives_back_its_socket_files_and_memory():
+    import glob
+
+    import zmq
+
+    from nbdist.hub.server import Hub
+
+    bad = _spec(new_key(), bind_host="203.0.113.1")
+    segments = set(glob.glob("/dev/shm/*"))
+    with pytest.raises(zmq.ZMQError, match="Cannot assign"):
+        Hub(bad)  # as a thread hub starts it (NBDIST_HUB_PROCESS=0)
+    assert _socket_files(bad) == [] and set(glob.glob("/dev/shm/*")) <= segments
+
+
+def _socket_files(spec) -> list[str]:
+    import glob
+    import tempfile
+
+    return glob.glob(f"{tempfile.gettempdir()}/nbdist-{spec.run_id}-*")
 
 
 def test_the_thread_hub_remains_available(monkeypatch):
