@@ -110,7 +110,6 @@ class _ProcessHub:
         return {"shard": self.shard, "error": f"the hub process exited (code {self.proc.returncode}) "
                                               "without a summary"}
 
-
     def _remove_socket_files(self) -> None:
         """A hub process that was killed could not unlink its ipc and local-line socket files:
         its supervisor does, once it has exited (a clean exit has removed them already)."""
