@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import multiprocessing as mp
 import os
 import time
 from collections import Counter
@@ -37,10 +36,10 @@ from collections import Counter
 import _common  # noqa: F401 - sys.path for a checkout; TF loads only for the compute sides
 import numpy as np
 from _common import median, table
-from hub_throughput import _hub_base, _hub_process, _shutdown
+from hub_throughput import _hub_base, _shutdown
 
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S
-from nbdist.hub import client, protocol
+from nbdist.hub import client, launch, protocol
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.protocol import new_key
 
@@ -105,13 +104,8 @@ def measure(side: str, gradient, steps: int, clock: PartClock) -> dict:
     os.environ["NBDIST_LOCAL_LINE"] = "1" if line == "local" else "0"  # hub (spawned) and worker
     key = new_key()
     spec = dataclasses.replace(_hub_base(key, np.zeros(SIZE, np.float32), 1, 1), spin_s=HUB_SPIN_S if spin else 0.0)
-    context = mp.get_context("spawn")
-    here, there = context.Pipe()
-    hub = context.Process(target=_hub_process, args=(spec, there))
-    hub.start()
-    status, endpoints = here.recv()
-    if status != "ok":
-        raise SystemExit(f"the hub did not start: {endpoints}")
+    os.environ["NBDIST_HUB_PROCESS"] = "1"
+    endpoints = launch.start_hub(spec)  # its own process, as on an engine (its own resource tracker)
     transport = WorkerTransport(key, 0, [endpoints], 0, "auto", timeout=30, spin_s=WORKER_SPIN_S if spin else 0.0)
     try:
         assert transport.line_kind == line, transport.line_kind
@@ -133,7 +127,7 @@ def measure(side: str, gradient, steps: int, clock: PartClock) -> dict:
         _shutdown(key, [endpoints])
     finally:
         transport.close()
-        hub.join(10)
+        launch.join_hub(spec.run_id, spec.shard, timeout=10)
     return {"step": step_s / steps * 1e6, **{p: clock.spent[p] / steps * 1e6 for p in PARTS}}
 
 
