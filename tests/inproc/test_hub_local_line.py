@@ -75,18 +75,23 @@ def test_hostile_packets_on_the_local_line_are_dropped_counted_and_change_nothin
     line.close()
 
 
+def train_three_steps(transport) -> None:
+    """hello, then three pushes of ones at lr 0.1: the weights must be 1 - 0.3."""
+    reply = transport.hello()
+    transport.grad[:] = 1.0
+    for step in range(3):
+        transport.step({"chunks": [reply["chunks"][0][0]] if step == 0 else [], "loss": 0.5},
+                       push=True, pull=True)
+    np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
+
+
 def test_a_worker_trains_over_the_line_and_its_line_is_closed_when_it_leaves(hub):
     server, key = hub
     assert stat.S_IMODE(os.stat(server.endpoints["local"]).st_mode) == 0o600  # this user only
     transport = WorkerTransport(key, 0, [server.endpoints], 0, timeout=30)
     try:
         assert transport.line_kind == "local"
-        reply = transport.hello()
-        transport.grad[:] = 1.0
-        for step in range(3):
-            transport.step({"chunks": [reply["chunks"][0][0]] if step == 0 else [], "loss": 0.5},
-                           push=True, pull=True)
-        np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
+        train_three_steps(transport)
         assert transport.traffic()[2] > 0  # the headers it sent count as shared-memory traffic
         transport.bye()
     finally:
@@ -151,12 +156,7 @@ def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_tra
     assert hubs[0].endpoints["spin_s"] == 0.05
     transport = WorkerTransport(key, 0, [hubs[0].endpoints], 0, timeout=30, spin_s=0.05)
     try:
-        reply = transport.hello()
-        transport.grad[:] = 1.0
-        for step in range(3):
-            transport.step({"chunks": [reply["chunks"][0][0]] if step == 0 else [], "loss": 0.5},
-                           push=True, pull=True)
-        np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
+        train_three_steps(transport)
         line = transport.lines[0]
         cpu, wall = time.thread_time(), time.monotonic()
         assert line._receive_frames(300) is None  # noqa: SLF001 - nothing was asked: no reply comes
