@@ -22,18 +22,20 @@ def weights(ns):
 def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path):
     """One worker is deterministic: a resume that restores weights, DDC-ASGD's momentum and
     running mean, the version and the data position must continue bit for bit."""
-    options = dict(mode="local", epochs=2, batch_size=8, algorithm="ddc-asgd", slowdown=[5])
+    # slow enough (about 4 s an epoch) that the stop lands inside the first epoch even when a
+    # loaded machine delays run.nodes or the stop by a second (slowdown 5 left 1 s: CI hit 900)
+    options = dict(mode="local", epochs=2, batch_size=8, algorithm="ddc-asgd", slowdown=[15])
     straight = {}
     nbdist.train(SEEDED_CELL, namespace=straight, wait=True, **options)
     first = {}
     run = nbdist.train(SEEDED_CELL, namespace=first, checkpoint_dir=str(tmp_path), **options)
-    wait_for(lambda: run.nodes["samples"].sum() >= 300)  # a third into the first epoch
+    wait_for(lambda: run.nodes["samples"].sum() >= 100)  # early in the first epoch
     run.stop()
     run.wait()
     meta = json.loads((tmp_path / "meta.json").read_text())
     done = meta["schedule"]["done"]
     assert run.status == "stopped" and run.last_checkpoint == str(tmp_path / "meta.json")
-    assert 300 <= done < 900 and meta["shards"][0]["version"] > 0
+    assert 100 <= done < 900 and meta["shards"][0]["version"] > 0
     resumed = {}
     again = nbdist.resume(tmp_path, SEEDED_CELL, namespace=resumed, wait=True)
     assert again.status == "finished"
