@@ -49,6 +49,9 @@ How to read it
     python benchmarks/overhead.py --transport tcp --batch 256
     python benchmarks/overhead.py --transport all # auto, ipc and tcp, interleaved
     python benchmarks/overhead.py --spin both     # spin="auto" (the default) vs "off", interleaved
+    python benchmarks/overhead.py --transport tcp --overlap --courier both
+                                                  # the overlapped TCP exchange on its own thread
+                                                  # (the default) vs the worker's (NBDIST_COURIER=0)
     python benchmarks/overhead.py --option algorithm=hogwild   # any nbdist.train option
     python benchmarks/overhead.py --hub both      # hub shard as its own process vs a thread
     python benchmarks/overhead.py --pin both      # pin="off" vs pin="auto" (hub and worker on
@@ -134,12 +137,14 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     }
 
 
-def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto") -> None:
+def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto", courier: bool = True) -> None:
     """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch);
     the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel); same-host
-    headers over the local line or ZeroMQ ipc (nbdist.hub.localline)."""
+    headers over the local line or ZeroMQ ipc (nbdist.hub.localline); an overlapped TCP
+    exchange on a thread of its own or the worker's (nbdist.modes.async_ps.courier)."""
     import os
 
+    os.environ["NBDIST_COURIER"] = "1" if courier else "0"
     os.environ["NBDIST_HUB_PROCESS"] = "1" if mode == "process" else "0"
     os.environ["NBDIST_STATELESS"] = "0" if stateless == "off" else "1"
     os.environ["NBDIST_LOCAL_LINE"] = "0" if transport == "ipc" else "1"
@@ -194,6 +199,9 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--steps", type=int, default=None,
                         help="about this many steps per run (default 1000, 500 with --quick)")
+    parser.add_argument("--courier", choices=["on", "off", "both"], default="on",
+                        help="TCP with --overlap: the exchange on a thread of its own (nbdist's default) "
+                             "or on the worker's own (NBDIST_COURIER=0); both: interleaved")
     parser.add_argument("--overlap", action="store_true",
                         help="also measure every transport with nbdist.train(..., overlap=True), "
                              "interleaved with the other rows (target >= 0.95 at any batch)")
@@ -227,6 +235,10 @@ def main() -> None:
     # --spin both: each transport twice, nbdist's default (auto) and " spin-off"
     transports = [t + ("" if s == "auto" else " spin-off") for t in transports
                   for s in {"both": ["auto", "off"]}.get(args.spin, [args.spin])]
+    # --courier both: each TCP transport also with the overlapped exchange on the worker's thread
+    transports = [t + c for t in transports
+                  for c in (["", " courier-off"] if args.courier == "both" and t.startswith("tcp")
+                            else [" courier-off" if args.courier == "off" and t.startswith("tcp") else ""])]
     # (transport, overlap) pairs, in the order they run within a repeat
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
     pins = ["off", "auto"] if args.pin == "both" else [args.pin]
@@ -263,10 +275,10 @@ def main() -> None:
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
                 for t, ov, h, (p, wt), st in sides:
                     cluster = clusters[(p, wt)]
-                    line, _, spin_off = t.partition(" ")
-                    cluster.client[:].apply_sync(_set_hub_mode, h, st, line)
+                    line, *flags = t.split(" ")
+                    cluster.client[:].apply_sync(_set_hub_mode, h, st, line, "courier-off" not in flags)
                     side_options = {"overlap": ov, **options,  # plain rows: overlap=False (not the default)
-                                    **({"pin": p} if p else {}), "spin": "off" if spin_off else "auto"}
+                                    **({"pin": p} if p else {}), "spin": "off" if "spin-off" in flags else "auto"}
                     r = measure_nbdist(cluster, b, epochs[b], "auto" if line == "ipc" else line, side_options)
                     runs[(b, t, ov, h, (p, wt), st)].append(r)
                     print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"

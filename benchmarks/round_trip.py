@@ -2,15 +2,20 @@
 
 What it measures
     One hub shard in its own process (as nbdist runs it) and one worker in this process, with
-    a 269,322-float model (the 784-256-256-10 MLP's size) and plain SGD, over shared memory.
-    Each step pushes a gradient and pulls the weights (`WorkerTransport.step`), and the worker's
-    parts of it are timed where they run: `encode` (header JSON + MAC), `send` (the line's
-    send call), `wait + receive` (until the reply's bytes are in; the hub's whole work is in
-    here), `decode` (MAC check + JSON). Six sides, interleaved in one process run:
+    a 269,322-float model (the 784-256-256-10 MLP's size) and plain SGD, over shared memory
+    (and over TCP for comparison). Each step pushes a gradient and pulls the weights
+    (`WorkerTransport.step`), and the worker's parts of it are timed where they run: `encode`
+    (header JSON + MAC; over TCP the MAC covers the 1 MB gradient), `send` (the line's send
+    call), `wait + receive` (until the reply's bytes are in; the hub's whole work is in here),
+    `decode` (MAC check + JSON; over TCP of the 1 MB weights too), `copy in` (over TCP: the
+    weights from the received frame into the worker's buffer). Eight sides, interleaved in
+    one process run:
       spin      the local line, hub and worker polling before they sleep (--spin auto, which
                 nbdist uses here: the hub has a core of its own);
       local     the headers over the same-host line (nbdist.hub.localline), both sleeping;
       ipc       the same over ZeroMQ's ipc (NBDIST_LOCAL_LINE=0, as before the line);
+      tcp       ZeroMQ over loopback TCP, every byte of both arrays in the messages and MAC'd
+                (what a worker on another host does; no polling);
       each once back to back, and once after a TensorFlow gradient of the MLP at batch 64
       (1 intra-op thread, the worker's budget on 2 cores) before every step, as a real
       worker does: the compute is not timed into the step, but it leaves cold caches and busy
@@ -44,7 +49,8 @@ from nbdist.hub.client import WorkerTransport
 from nbdist.hub.protocol import new_key
 
 SIZE = 269_322
-PARTS = ("encode", "send", "wait + receive", "decode")
+PARTS = ("encode", "send", "wait + receive", "decode", "copy in")
+SIDES = ("spin", "local", "ipc", "tcp")
 
 
 class PartClock:
@@ -57,6 +63,7 @@ class PartClock:
         for line in (client._Line, client._LocalLine):  # noqa: SLF001
             self._wrap(line, "_send_frames", "send")
             self._wrap(line, "_receive_frames", "wait + receive")
+        self._wrap(client.compression, "decode_into", "copy in")
 
     def _wrap(self, owner, name: str, part: str) -> None:
         inner = owner.__dict__[name]
@@ -100,13 +107,14 @@ def gradient_function():
 
 def measure(side: str, gradient, steps: int, clock: PartClock) -> dict:
     """One side: a fresh hub process and worker; the mean per step of the last `steps` steps."""
-    line, spin = ("ipc", False) if side == "ipc" else ("local", side == "spin")
+    line, spin = (side, False) if side in ("ipc", "tcp") else ("local", side == "spin")
     os.environ["NBDIST_LOCAL_LINE"] = "1" if line == "local" else "0"  # hub (spawned) and worker
     key = new_key()
     spec = dataclasses.replace(_hub_base(key, np.zeros(SIZE, np.float32), 1, 1), spin_s=HUB_SPIN_S if spin else 0.0)
     os.environ["NBDIST_HUB_PROCESS"] = "1"
     endpoints = launch.start_hub(spec)  # its own process, as on an engine (its own resource tracker)
-    transport = WorkerTransport(key, 0, [endpoints], 0, "auto", timeout=30, spin_s=WORKER_SPIN_S if spin else 0.0)
+    transport = WorkerTransport(key, 0, [endpoints], 0, "tcp" if side == "tcp" else "auto", timeout=30,
+                                spin_s=WORKER_SPIN_S if spin else 0.0)
     try:
         assert transport.line_kind == line, transport.line_kind
         reply = transport.hello()
@@ -135,10 +143,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2000)
+    parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
+                        help="default: all four (local is always run: the other sides are read against it)")
     args = parser.parse_args()
     clock = PartClock()
     gradient = gradient_function()
-    sides = [(line, compute) for compute in (False, True) for line in ("spin", "local", "ipc")]
+    lines = [s for s in SIDES if s in {*args.sides, "local"}]
+    sides = [(line, compute) for compute in (False, True) for line in lines]
     results: dict[tuple, list[dict]] = {side: [] for side in sides}
     started = time.monotonic()
     for repeat in range(args.repeats):

@@ -91,6 +91,36 @@ def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     assert run.lr == pytest.approx(0.0124)
 
 
+def test_overlap_over_tcp_ends_at_the_same_weights_by_courier_or_not(monkeypatch):
+    """Over TCP an overlapped exchange may go on the courier's thread (nbdist.modes.async_ps.
+    courier) or the worker's, step by step: one deterministic worker must end at the same
+    weights whichever way each exchange went."""
+    from nbdist.modes.async_ps.courier import Courier, WayChooser
+
+    taken = []
+    alternate = iter(range(10**6))
+    ways = {"always": lambda self, now: True, "alternating": lambda self, now: next(alternate) % 2 == 0}
+    finals, current = {}, {}
+    sends = Courier.send
+    monkeypatch.setattr(Courier, "send", lambda self, *a: (taken.append(current["way"]), sends(self, *a)))
+    for way in ("always", "alternating", "off"):
+        current["way"] = way
+        monkeypatch.setenv("NBDIST_COURIER", "0" if way == "off" else "1")
+        if way != "off":
+            monkeypatch.setattr(WayChooser, "next", ways[way])
+        ns = {}
+        cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(3)\n")
+        run = nbdist.train(cell, namespace=ns, mode="local", overlap=True, transport="tcp", epochs=1,
+                           batch_size=32, no_validation=True, wait=True)
+        assert run.status == "finished" and run.error is None
+        finals[way] = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
+    steps = 900 // 32 + 1
+    assert taken.count("always") == steps and taken.count("off") == 0
+    assert abs(taken.count("alternating") - steps / 2) <= 1
+    np.testing.assert_array_equal(finals["always"], finals["off"])
+    np.testing.assert_array_equal(finals["alternating"], finals["off"])
+
+
 @pytest.mark.parametrize("algorithm", ["asgd", "dc-asgd"])
 def test_overlap_counts_its_extra_step_of_delay_and_still_trains(algorithm):
     """One worker with --overlap pushes step t while computing t+1: each gradient after the

@@ -19,6 +19,8 @@ from nbdist.core.schedule import Chunk
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
 from nbdist.errors import CellError
+from nbdist.modes.async_ps.courier import Courier, WayChooser
+from nbdist.modes.async_ps.courier import wanted as courier_wanted
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again
@@ -130,8 +132,18 @@ class _AsyncLoop:
         # (`_in_use`, a buffer nothing writes until the next pull) and `_nt_model` are the model.
         self._in_use: np.ndarray | None = None
         self._model_current = True  # the variables hold those weights
+        self._courier = Courier(transport) if spec.overlap and courier_wanted(transport.link) else None
+        self._ways = WayChooser()  # by courier or not: whichever makes the steps faster here
+        self._by_courier = False  # the exchange in flight went by courier
 
     def run(self) -> dict:
+        try:
+            return self._run()
+        finally:
+            if self._courier is not None:
+                self._courier.close()
+
+    def _run(self) -> dict:
         t = self.transport
         reply = t.hello()
         self._assign()
@@ -145,7 +157,7 @@ class _AsyncLoop:
                     fresh = False  # others pushed while we evaluated: pull before computing
             if reply.get("done"):
                 if in_flight:
-                    t.receive_step(True, True)
+                    self._await_reply()
                 if self.extra:
                     t.step(self._take_extra(), push=False, pull=False)
                 break
@@ -193,14 +205,24 @@ class _AsyncLoop:
             header["lag"] = 1  # so the hub counts the delay from the read before (and DC uses it)
         self._write_grad()
         self._sent_at = time.perf_counter()
-        self.transport.send_step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+        self._by_courier = self._courier is not None and self._ways.next(self._sent_at)
+        if self._by_courier:  # across hosts: signing, sending and checking leave this thread
+            self._courier.send(header, self._shared(reply, chunk))
+        else:
+            self.transport.send_step(header, push=True, pull=True, shared=self._shared(reply, chunk))
         return reply, True
 
     def _receive(self) -> dict:
-        reply = self.transport.receive_step(True, True)
+        reply, replied_at = self._await_reply()
         self._assign()
-        self.comm_s = time.perf_counter() - self._sent_at
+        self.comm_s = replied_at - self._sent_at
         return reply
+
+    def _await_reply(self) -> tuple[dict, float]:
+        """The overlapped push's reply, and when it was in."""
+        if self._by_courier:
+            return self._courier.receive()
+        return self.transport.receive_step(True, True), time.perf_counter()
 
     def _local_round(self, chunks: list[Chunk], reply: dict) -> dict:
         """K local steps with the cell's optimizer, then one exchange with the hub."""
