@@ -112,6 +112,17 @@ def test_the_chooser_keeps_the_worker_s_own_thread_when_its_steps_are_faster_and
     assert chooser.chosen is False
 
 
+def test_one_slow_step_does_not_decide_the_way():
+    """A validation pass makes one courier step 100 s long: the medians still pick the courier."""
+    chooser = WayChooser(block=4, blocks=2, keep=1)
+    durations = [1.0, 1.0, 100.0, 1.0, 2.0, 2.0, 2.0, 2.0]
+    now = 0.0
+    for step in range(8):
+        chooser.next(now)
+        now += durations[step]
+    assert chooser.next(now) is True
+
+
 def test_the_chooser_counts_only_the_steps_inside_a_block():
     """The straddling steps (the first of each block) are very slow here and must not decide."""
     chooser = WayChooser(block=3, blocks=2, keep=1)

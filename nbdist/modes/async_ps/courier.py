@@ -19,6 +19,7 @@ worker's steps both ways, and keeps the faster.
 from __future__ import annotations
 
 import os
+import statistics
 import threading
 import time
 
@@ -94,13 +95,13 @@ class Courier:
 class WayChooser:
     """Which way each exchange goes, by courier (True) or on the worker's thread (False),
     from the worker's step times: `blocks` blocks of `block` steps, alternating ways, then
-    the way whose steps were faster for the next `keep` steps, then measure again (the
-    machine's load changes). A block's first step is not counted: it straddles the switch."""
+    the way whose median step was shorter for the next `keep` steps, then measure again (the
+    machine's load changes). A block's first step is not counted: it straddles the switch.
+    Medians, so that one step with a validation pass in it does not decide."""
 
     def __init__(self, block: int = 8, blocks: int = 4, keep: int = 512):
         self.block, self.blocks, self.keep = block, blocks, keep
-        self._spent = {True: 0.0, False: 0.0}
-        self._counted = {True: 0, False: 0}
+        self._times: dict[bool, list[float]] = {True: [], False: []}
         self._step = 0  # within the current round: measuring, then keeping
         self._last: tuple[float, bool, bool] | None = None  # (when, way, counted) of the last step
         self.chosen: bool | None = None  # the way kept after the last measuring
@@ -110,14 +111,13 @@ class WayChooser:
         if self._last is not None:
             then, way, counted = self._last
             if counted:
-                self._spent[way] += now - then
-                self._counted[way] += 1
+                self._times[way].append(now - then)
         measuring = self.block * self.blocks
         if self._step == measuring:  # measured: keep the faster way
             self.chosen = self._faster()
         if self._step == measuring + self.keep:  # kept long enough: measure again
             self._step = 0
-            self._spent, self._counted = {True: 0.0, False: 0.0}, {True: 0, False: 0}
+            self._times = {True: [], False: []}
         if self._step < measuring:
             way, counted = (self._step // self.block) % 2 == 0, self._step % self.block != 0
         else:
@@ -127,5 +127,4 @@ class WayChooser:
         return way
 
     def _faster(self) -> bool:
-        mean = {w: self._spent[w] / max(1, self._counted[w]) for w in (True, False)}
-        return mean[True] <= mean[False]
+        return statistics.median(self._times[True]) <= statistics.median(self._times[False])
