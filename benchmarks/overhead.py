@@ -236,9 +236,8 @@ def main() -> None:
     transports = [t + ("" if s == "auto" else " spin-off") for t in transports
                   for s in {"both": ["auto", "off"]}.get(args.spin, [args.spin])]
     # --courier both: each TCP transport also with the overlapped exchange on the worker's thread
-    transports = [t + c for t in transports
-                  for c in (["", " courier-off"] if args.courier == "both" and t.startswith("tcp")
-                            else [" courier-off" if args.courier == "off" and t.startswith("tcp") else ""])]
+    couriers = {"both": ["", " courier-off"], "off": [" courier-off"]}.get(args.courier, [""])
+    transports = [t + c for t in transports for c in (couriers if t.startswith("tcp") else [""])]
     # (transport, overlap) pairs, in the order they run within a repeat
     hubs = ["process", "thread"] if args.hub == "both" else [args.hub]
     pins = ["off", "auto"] if args.pin == "both" else [args.pin]

@@ -10,7 +10,6 @@ per engine process: it lets a later ipyparallel call find the hub an earlier cal
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import subprocess
@@ -21,6 +20,7 @@ from dataclasses import replace
 import nbdist
 from nbdist.hub.process import encode_spec
 from nbdist.hub.server import Hub, HubSpec
+from nbdist.hub.wire import remove_socket_files
 
 START_TIMEOUT_S = 60.0
 _hubs: dict[tuple[str, int], object] = {}
@@ -104,20 +104,11 @@ class _ProcessHub:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self._remove_socket_files()
+        remove_socket_files(self.endpoints)  # a killed hub could not unlink them (a clean exit has)
         if last and "summary" in last:
             return last["summary"]
         return {"shard": self.shard, "error": f"the hub process exited (code {self.proc.returncode}) "
                                               "without a summary"}
-
-    def _remove_socket_files(self) -> None:
-        """A hub process that was killed could not unlink its ipc and local-line socket files:
-        its supervisor does, once it has exited (a clean exit has removed them already)."""
-        for key, scheme in (("ipc", "ipc://"), ("local", "")):
-            path = self.endpoints.get(key, "").removeprefix(scheme)
-            if path:
-                with contextlib.suppress(OSError):
-                    os.unlink(path)
 
 
 def start_hub(spec: HubSpec) -> dict:

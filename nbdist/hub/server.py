@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 import traceback
 from collections import Counter
@@ -49,7 +48,15 @@ from nbdist.hub.messages import Reply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.threads import split_updates
-from nbdist.hub.wire import Inbox, Return, bind, local_path, receive, server_socket
+from nbdist.hub.wire import (
+    Inbox,
+    Return,
+    bind,
+    local_path,
+    receive,
+    remove_socket_files,
+    server_socket,
+)
 
 log = logging.getLogger(__name__)
 __all__ = ["GROUP_WAIT_LIMIT_S", "Hub", "HubSpec"]
@@ -222,10 +229,7 @@ class Hub:
         self.links.clear()
         self.core.params = None  # the last view of the segment, which is released now
         shm.release(self._segment, unlink=True)
-        try:
-            os.unlink(self.endpoints.get("ipc", "").removeprefix("ipc://"))
-        except OSError:
-            pass
+        remove_socket_files(self.endpoints)  # the line's listener has removed its own already
 
     # -- worker ops -------------------------------------------------------------------------
 

@@ -255,6 +255,19 @@ def bind(sock, spec, listener=None, **extra) -> dict:
     return endpoints
 
 
+def remove_socket_files(endpoints: Mapping) -> None:
+    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line), where
+    they are left: by the hub when it closes, by its supervisor when it was killed."""
+    import contextlib
+    import os
+
+    for key, scheme in (("ipc", "ipc://"), ("local", "")):
+        path = endpoints.get(key, "").removeprefix(scheme)
+        if path:
+            with contextlib.suppress(OSError):
+                os.unlink(path)
+
+
 class _OnlyKey:
     """ZAP credentials provider: admit exactly one client public key."""
 
