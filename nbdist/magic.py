@@ -150,18 +150,13 @@ class NbdistMagics(Magics):
                                  "(or %nbdist connect --profile P), or use --mode local.")
         source = self.shell.transform_cell(cell)
         options = _options(args)  # only the flags given: the rest keep TrainConfig's defaults,
-        if args.resume is not None:  # or, resuming, the checkpoint's values
-            run = resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns, **options)
+        presenter = _MagicPresenter(self, args)  # or, resuming, the checkpoint's values
+        if args.resume is not None:
+            resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns,
+                   presenter=presenter, wait=args.wait, **options)
         else:
-            run = train(source, cluster=self.cluster, namespace=self.shell.user_ns, **options)
-        self.run = run
-        self.shell.user_ns[args.output] = run
-        if not args.no_dashboard:
-            from nbdist.dashboard.widget import show
-
-            show(run, top_k=args.top_k)
-        if args.wait:
-            run.wait()
+            train(source, cluster=self.cluster, namespace=self.shell.user_ns, presenter=presenter,
+                  wait=args.wait, **options)
 
     def close(self) -> None:
         """Stop the latest run and the cluster we started (a connected one is only released)."""
@@ -170,6 +165,28 @@ class NbdistMagics(Magics):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+class _MagicPresenter:
+    """Shows a run under the cell (binds `-o NAME`, the dashboard or the status line) and waits
+    for it when the cell must (`--wait`, or a cell's own model.fit call)."""
+
+    def __init__(self, magics: NbdistMagics, args):
+        self.magics, self.args = magics, args
+        self.shows_dashboard = False  # a live dashboard (not the text status line) is under the cell
+
+    def started(self, run) -> None:
+        self.magics.run = run
+        self.magics.shell.user_ns[self.args.output] = run
+        if not self.args.no_dashboard:
+            from nbdist.dashboard.widget import show
+
+            self.shows_dashboard = show(run, top_k=self.args.top_k) is not None
+
+    def wait(self, run, on_tick) -> None:
+        from nbdist.fit.launch import wait_ticking
+
+        wait_ticking(run, on_tick)
 
 
 def _options(args) -> dict:

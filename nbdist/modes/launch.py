@@ -44,14 +44,11 @@ def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], obj
         specs = [replace(s, restore=r) for s, r in zip(specs, job.checkpoint.shard_restores(), strict=True)]
     endpoints = backend.start_hubs(specs)
     control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
-    contents = job.contents
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
-        model_name=contents.model_name, data=contents.data, validation=contents.validation,
-        seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
-        source=job.cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed,
-        num_workers=backend.num_workers, preloaded=preloaded,
+        batch_size=config.batch_size, source=job.cell, pushed=portable(job.contents.pushed),
+        transport=config.transport.value, timeout=config.timeout, compression=config.compression.value,
+        num_workers=backend.num_workers, preloaded=preloaded, **job.worker_fields(),
     )
     try:
         backend.start_workers(make_worker_spec(fields))
@@ -68,6 +65,7 @@ def begin_run(job: Job, backend, control, run_id: str, *, wait: bool, hubs: list
     run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)
     run._checkpoint_info = job.checkpoint_info(run_id)  # noqa: SLF001 - what every checkpoint of this run records
     run.hubs = list(hubs or [])
+    run.write_model = job.fit is None  # a fit call: the kernel writes each epoch's weights itself
     run._begin(backend, control, run_id)  # noqa: SLF001
     if wait:
         run.wait()

@@ -71,10 +71,26 @@ class Run(RunViews, RunControl, RunMonitor):
         self._checkpoint_info: dict = {}  # set by the mode's start (nbdist.job.Job.checkpoint_info)
         self._checkpoint_lock = threading.Lock()
         self._checkpoint_at = time.monotonic()
+        # a cell's fit call: the kernel writes each epoch's weights itself (nbdist.fit.driver),
+        # so the monitor only keeps the final ones (`final_weights`) instead of writing them
+        self.write_model = True
+        self.final_weights: tuple | None = None  # (params, non_trainable) once training ended
+        self.keras_history = None  # the keras.callbacks.History a cell's fit call returned
 
     @property
     def done(self) -> bool:
         return self._done.is_set()
+
+    def wait_done(self, timeout: float) -> bool:
+        """Wait up to `timeout` seconds for the run to end; whether it has (never raises)."""
+        return self._done.wait(timeout)
+
+    def current_weights(self):
+        """The model's flat (params, non_trainable) as the run holds them now (from the hubs,
+        rank 0 or the simulation); the final ones once it has ended."""
+        if self.done and self.final_weights is not None:
+            return self.final_weights
+        return self._backend.current_weights(self._control)
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends; raise its error if it failed. Returns the run."""

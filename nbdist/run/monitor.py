@@ -54,7 +54,9 @@ class RunMonitor:
             from nbdist.engine.flatmodel import write_flat
 
             params, non_trainable = backend.final_params(control)
-            write_flat(self.model, params, non_trainable)
+            self.final_weights = (params, non_trainable)
+            if self.write_model:
+                write_flat(self.model, params, non_trainable)
             self.status = "stopped" if self._stop_requested else "finished"
         except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()
             self.error = exc if isinstance(exc, NbdistError) else TrainingError(f"The run failed: {exc!r}")

@@ -223,6 +223,10 @@ class ClusterBackend(Backend):
                     f"with. Expected an engine on {where}. Add engines there, or start the run with a "
                     "worker on every host that may join.", host=net.hostname, address=bound)
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The hub shards' weights now, while the run trains."""
+        return control.params()
+
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """The trained flat parameters and non-trainable state (from the hub shards)."""
         return control.params()

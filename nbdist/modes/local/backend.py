@@ -50,6 +50,9 @@ class LocalBackend(Backend):
         return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": None}
                 for i, ep in enumerate(endpoints)]
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return control.params()
+
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         return control.params()
 

@@ -185,6 +185,10 @@ class PipelineBackend(Backend):
     def workers_running(self) -> bool:
         return any(not t.ready() for t in self.tasks)
 
+    def current_weights(self, control):
+        raise ConfigError("--mode pipeline keeps the model in parts on its stages, so the kernel "
+                          "cannot read the whole model while it trains. Wait for the run to end.")
+
     def final_params(self, control):
         from nbdist.engine.flatmodel import read_flat
 

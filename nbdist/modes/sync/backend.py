@@ -122,6 +122,14 @@ class SyncBackend(ClusterBackend):
                           f"run.add_workers({list(engines)})). Start the run with more --workers, or "
                           "use --mode async to add workers while it trains.")
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """Rank 0's weights, sent between two of its steps when asked (as for a checkpoint)."""
+        from nbdist.checkpoint.sync_state import fresh_state
+
+        ((header, buffers),) = fresh_state(control, final=False)
+        names = header["names"]
+        return buffers[names.index("params")], buffers[names.index("non_trainable")]
+
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights (every rank holds the same)."""
         result = self._tasks[0].get(60)

@@ -1,0 +1,257 @@
+"""The epochs of a distributed run as Keras's `fit` shows them to its callbacks (kernel side).
+
+While the run trains, `FitDriver.tick()` (called from the waiting cell, on the main thread)
+turns each epoch the hub reports finished into what `fit` would have done at that point:
+
+1. the kernel's model gets the weights the run holds now (its "current weights");
+2. the epoch's logs: the training loss and every compiled metric from the state the workers
+   summed for that epoch (`nbdist.engine.step_metrics`), then, where `validation_freq` says so,
+   `model.evaluate` on the validation data, here, on those weights, as `val_*`;
+3. `callbacks.on_epoch_end(epoch, logs)`, then `on_epoch_begin` of the next epoch;
+4. what the callbacks decided goes to the run: a new learning rate (`ReduceLROnPlateau`,
+   `LearningRateScheduler`) as `run.set_lr` does, `model.stop_training` as `run.stop()`, after
+   which the model keeps the weights the callbacks saw (or restored), as in Keras.
+
+Training goes on while the kernel does this (the workers do not wait for it), so a rate
+change or a stop takes effect a few steps into the next epoch; the weights kept at a stop are
+those of the epoch's end. Batch-level hooks (`on_train_batch_begin/end`) are called from
+`tick`, at most every `BATCH_HOOK_S` seconds, not at every step: `batch` is the number of
+steps of the epoch so far across all workers, `logs["loss"]` the mean loss of the steps since
+the previous call (see docs/reference.md, "Your cell").
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+BATCH_HOOK_S = 0.5  # batch-level callbacks are called at most this often (see the docstring)
+
+
+class FitDriver:
+    """Runs a fit call's callbacks on a running `Run` (see the module docstring)."""
+
+    def __init__(self, run, job, *, show_progress: bool):
+        import keras
+
+        self.run, self.job, self.fit = run, job, job.fit
+        self.model = job.model  # the kernel's model: the callbacks' `self.model`
+        call = self.fit.call
+        callbacks = list(call.callbacks or [])
+        if show_progress and call.verbose != 0:
+            callbacks.append(epoch_line(self.fit.epochs))
+        self.steps = max(1, math.ceil(job.epoch_size / max(1, job.config.batch_size)))
+        self.callbacks = keras.callbacks.CallbackList(
+            callbacks, add_history=True, add_progbar=False, model=self.model,
+            verbose=call.verbose, epochs=self.fit.epochs, steps=self.steps)
+        self.batch_hooks = any(_overrides(cb, "on_train_batch_end") or _overrides(cb, "on_train_batch_begin")
+                               or _overrides(cb, "on_batch_end") for cb in callbacks)
+        self.validation = job.contents.validation_arrays
+        self.done_epochs = 0  # hub epochs handled (0-based, from the run's first epoch)
+        self.stopped_by_callbacks = False
+        self.logs: dict = {}
+        self._batch_at = time.monotonic()
+        self._rows_seen = 0
+        self._epoch_steps = 0
+
+    @property
+    def keras_epoch(self) -> int:
+        return self.fit.initial_epoch + self.done_epochs
+
+    # -- the calls ----------------------------------------------------------------------------
+
+    def begin(self) -> None:
+        self.model.stop_training = False
+        self.callbacks.on_train_begin()
+        self._epoch_begin()
+
+    def tick(self) -> None:
+        """Handle what the run finished since the last call (main thread, while it trains)."""
+        if self.stopped_by_callbacks:
+            return
+        if self.batch_hooks:
+            self._batch_hooks()
+        while self.done_epochs < self._epochs_ended() and not self.stopped_by_callbacks:
+            self._epoch_end(weights=self._current_weights())
+
+    def end(self):
+        """After the run ended: the epochs left (a run stopped mid-epoch ends it with what it
+        trained, as Keras's fit does after `stop_training`), then `on_train_end`. Returns
+        the History."""
+        run = self.run
+        if not self.stopped_by_callbacks:
+            final = run.final_weights
+            while self.done_epochs < self.fit.passes and not self.stopped_by_callbacks:
+                partial = self.done_epochs >= self._epochs_ended()
+                if partial and str(self.done_epochs) not in run.stats.get("epoch_metrics", {}):
+                    break  # stopped before this epoch trained anything
+                self._epoch_end(weights=final)
+                final = None  # written once; the epochs after it keep them
+                if partial:
+                    break
+            if final is not None:  # no epoch left to report: the model still gets the result
+                self._write(final)
+        self.callbacks.on_train_end(logs=self.logs)
+        return self.model.history
+
+    def terminated_on_nan(self, error: BaseException) -> bool:
+        """A worker stopped the run at a NaN or infinite loss: with `TerminateOnNaN` among the
+        callbacks, that is how the fit ends (it prints and stops, as in Keras; the model keeps
+        the last epoch's weights). Without it the error is raised from the fit call."""
+        import keras
+
+        from nbdist.errors import NonFiniteLossError
+
+        if not isinstance(error, NonFiniteLossError) or not any(
+                isinstance(cb, keras.callbacks.TerminateOnNaN) for cb in self.callbacks.callbacks):
+            return False
+        self.callbacks.on_train_batch_end(self._epoch_steps, {"loss": math.nan})
+        self.stopped_by_callbacks = True
+        return True
+
+    # -- pieces ---------------------------------------------------------------------------------
+
+    def _epochs_ended(self) -> int:
+        events = self.run.stats.get("events", [])
+        return sum(1 for e in events if e.get("event") == "epoch_end")
+
+    def _epoch_begin(self) -> None:
+        if self.done_epochs >= self.fit.passes:
+            return
+        self._epoch_steps = 0
+        with self._rate_watch():
+            self.callbacks.on_epoch_begin(self.keras_epoch)
+
+    def _epoch_end(self, weights) -> None:
+        epoch = self.keras_epoch
+        if weights is not None:
+            self._write(weights)
+        logs = self._train_logs(self.done_epochs)
+        if self.validation is not None and self.fit.call.should_validate(epoch):
+            logs.update({f"val_{k}": v for k, v in self._evaluate().items()})
+            self._record_eval(epoch, logs)
+        self.logs = logs
+        with self._rate_watch():
+            self.callbacks.on_epoch_end(epoch, logs)
+        self.done_epochs += 1
+        if getattr(self.model, "stop_training", False):
+            self._stop()
+            return
+        self._epoch_begin()
+        if not self.run.done and self.done_epochs < self.fit.passes:
+            self.run.release_epoch(self.done_epochs - 1)  # the workers wait for it (the epoch gate)
+
+    def _train_logs(self, hub_epoch: int) -> dict:
+        from nbdist.engine.step_metrics import epoch_logs
+
+        sums = self.run.stats.get("epoch_metrics", {}).get(str(hub_epoch))
+        if sums is None:
+            return {}
+        return epoch_logs(self.model, np.asarray(sums, dtype=np.float64))
+
+    def _evaluate(self) -> dict:
+        call = self.fit.call
+        x, y, sw = (*self.validation, None)[:3]
+        result = self.model.evaluate(x, y, sample_weight=sw, batch_size=call.validation_batch_size or self.fit.batch,
+                                     steps=call.validation_steps, verbose=0, return_dict=True)
+        return {k: float(v) for k, v in result.items()}
+
+    def _record_eval(self, epoch: int, logs: dict) -> None:
+        """Show the kernel's validation in the run's views (dashboard, `run.history`)."""
+        metrics = {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
+        try:
+            self.run.record_eval(epoch - self.fit.initial_epoch, metrics)
+        except Exception as exc:  # noqa: BLE001 - the run may just have ended: the views miss one row
+            log.debug("could not record the kernel's validation: %s", exc)
+
+    def _current_weights(self):
+        return self.run.current_weights()
+
+    def _write(self, weights) -> None:
+        from nbdist.engine.flatmodel import write_flat
+
+        write_flat(self.model, *weights)
+
+    def _stop(self) -> None:
+        """A callback set `model.stop_training`: end the run; the model keeps the weights the
+        callbacks saw (the run's final weights are not written: `end`)."""
+        self.stopped_by_callbacks = True
+        self.run.stop()
+
+    def _batch_hooks(self) -> None:
+        now = time.monotonic()
+        if now - self._batch_at < BATCH_HOOK_S:
+            return
+        rows = self.run.history_rows(self._rows_seen)
+        if not rows:
+            return
+        self._batch_at, self._rows_seen = now, self._rows_seen + len(rows)
+        losses = [r[4] for r in rows]
+        self._epoch_steps += len(rows)
+        batch = self._epoch_steps - 1
+        self.callbacks.on_train_batch_begin(batch)
+        self.callbacks.on_train_batch_end(batch, {"loss": float(np.mean(losses))})
+        if getattr(self.model, "stop_training", False):
+            self._stop()
+
+    def _rate_watch(self):
+        return _RateWatch(self)
+
+
+class _RateWatch:
+    """Around callbacks: the kernel optimizer shows the run's rate; a change they make is
+    passed to the run (`run.set_lr`), recorded in `run.events` with who made it."""
+
+    def __init__(self, driver: FitDriver):
+        self.driver = driver
+
+    def __enter__(self):
+        from nbdist.engine.learning_rate import schedule_name
+
+        optimizer = self.driver.model.optimizer
+        self.constant = schedule_name(optimizer) is None
+        self.before = None
+        if self.constant:
+            rate = self.driver.run.lr
+            if rate is not None:
+                optimizer.learning_rate.assign(rate)
+            self.before = float(np.asarray(optimizer.learning_rate))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if exc[0] is not None or not self.constant:
+            return
+        after = float(np.asarray(self.driver.model.optimizer.learning_rate))
+        if not math.isclose(after, self.before, rel_tol=1e-6):
+            names = ", ".join(type(cb).__name__ for cb in self.driver.callbacks.callbacks
+                              if _overrides(cb, "on_epoch_end") or _overrides(cb, "on_epoch_begin"))
+            self.driver.run.set_lr(after, by=f"callback ({names})")
+
+
+def _overrides(callback, method: str) -> bool:
+    import keras
+
+    own = getattr(type(callback), method, None)
+    return own is not None and own is not getattr(keras.callbacks.Callback, method)
+
+
+def epoch_line(epochs: int):
+    """A callback printing one line per epoch, as Keras's `verbose=2` does (where there is no
+    dashboard): `Epoch 2/15 - 4s - loss: 0.4211 - accuracy: 0.8512 - val_loss: ...`."""
+    import keras
+
+    class EpochLine(keras.callbacks.Callback):
+        def on_epoch_begin(self, epoch, logs=None):
+            self.started = time.monotonic()
+
+        def on_epoch_end(self, epoch, logs=None):
+            seconds = time.monotonic() - getattr(self, "started", time.monotonic())
+            values = " - ".join(f"{k}: {v:.4f}" for k, v in (logs or {}).items())
+            print(f"Epoch {epoch + 1}/{epochs} - {seconds:.0f}s - {values}", flush=True)
+
+    return EpochLine()
