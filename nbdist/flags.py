@@ -16,14 +16,16 @@ Pure standard library: `import nbdist` loads this module through `nbdist.config`
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
-import difflib
 import enum
 import functools
 from collections.abc import Callable, Iterable
+from typing import TYPE_CHECKING
 
 from nbdist.errors import ConfigError
+
+if TYPE_CHECKING:
+    import argparse
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +79,8 @@ class Flag:
     def parser_arguments(self) -> tuple[tuple[str, ...], dict]:
         """`ArgumentParser.add_argument`'s arguments. A training option not given is left out
         of the parsed namespace (argparse.SUPPRESS), so it can be told from its default."""
+        import argparse  # here, not at `import nbdist`
+
         kwargs: dict = {"help": self.help_line().replace("%", "%%")}
         if self.switch:
             kwargs["action"] = "store_true"
@@ -122,6 +126,8 @@ def option(default: object, help: str, modes: Iterable[str] | None = None, *, ch
 
 def auto_or_int(text: str) -> str | int:
     """--groups: 'auto' or a whole number."""
+    import argparse
+
     if text.strip().lower() == "auto":
         return "auto"
     try:
@@ -194,6 +200,7 @@ def given_options(args: argparse.Namespace) -> dict:
     supplies the run's settings) decides its value.
 
     Example:
+        >>> import argparse
         >>> parser = argparse.ArgumentParser()
         >>> add_to_parser(parser, distribute_flags())
         >>> given_options(parser.parse_args(["--epochs", "1", "--dbs", "--wait"]))
@@ -209,6 +216,8 @@ def check_option_names(names: Iterable[str]) -> None:
     unknown = [name for name in names if name not in known]
     if not unknown:
         return
+    import difflib
+
     name = unknown[0]
     if name == "resume":
         hint = "To continue from a checkpoint, call nbdist.resume(path, cell, ...)."
