@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import importlib
 import math
 import os
+from collections.abc import Callable
 
 from nbdist.errors import ConfigError
 from nbdist.flag_values import parse_names, parse_options, parse_size, parse_slowdown
@@ -102,22 +104,13 @@ COORDINATED = (ASYNC, SYNC, LOCAL, SIMULATE)  # the coordinator sizes batches an
 CHECKPOINTED = (ASYNC, SYNC, LOCAL)
 
 
-def _partition_methods() -> tuple[str, ...]:
-    from nbdist.core.partition import METHODS  # NumPy: looked up when a parser is built
-
-    return METHODS
-
-
-def _pipeline_schedules() -> tuple[str, ...]:
-    from nbdist.core.partition import SCHEDULES
-
-    return SCHEDULES
-
-
-def _sim_defaults() -> str:
-    from nbdist.core.simclock import sim_defaults
-
-    return sim_defaults()
+def _from_core(module: str, name: str) -> Callable[[], object]:
+    """`nbdist.core.<module>.<name>` (called, if a function) when a parser or docs/reference.md
+    is built: the core imports NumPy, which `import nbdist` does not."""
+    def look_up() -> object:
+        value = getattr(importlib.import_module(f"nbdist.core.{module}"), name)
+        return value() if callable(value) else value
+    return look_up
 
 
 def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
@@ -205,20 +198,18 @@ class TrainConfig:
                                         CHECKPOINTED, metavar="FOLDER")
     checkpoint_every: float | None = option(None, "seconds between checkpoints", CHECKPOINTED, type=float,
                                             shown_default=f"{CHECKPOINT_EVERY_S:g} with --checkpoint-dir")
-    sim: dict = option({}, "the virtual clock: name=number pairs", (SIMULATE,), shown_default=_sim_defaults)
-    # Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds, 1 epoch) sync at 2 x 64 against
-    # fit at 128 was -0.000 without it at 12,000 images and -0.010 at 30,000 (-0.004 with it): within
-    # the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
-    # BatchNorm layer forward and one backward).
+    sim: dict = option({}, "the virtual clock: name=number pairs", (SIMULATE,), shown_default=_from_core("simclock", "sim_defaults"))
+    # off: with it, no gain beyond the seeds' spread in accuracy on a BatchNorm CNN, and 30-40%
+    # more time per step (an allreduce per BatchNorm layer each way; benchmarks/sync_batchnorm.py)
     sync_batchnorm: bool = option(False, "BatchNorm statistics over the global batch, allreduced in "
                                   "the forward pass", (SYNC,), negatable=True)
     stages: int = option(2, "stages, one engine each", (PIPELINE,), type=int)
     micro_batches: int = option(4, "micro-batches per mini-batch; must divide --batch-size", (PIPELINE,),
                                 type=int)
     partition: str = option("optimal", "how layers are cut into stages, from their measured costs",
-                            (PIPELINE,), choices=_partition_methods)
+                            (PIPELINE,), choices=_from_core("partition", "METHODS"))
     schedule: str = option("gpipe", "gpipe: all forwards, then all backwards; 1f1b: one forward and "
-                           "one backward in turn", (PIPELINE,), choices=_pipeline_schedules)
+                           "one backward in turn", (PIPELINE,), choices=_from_core("partition", "SCHEDULES"))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
