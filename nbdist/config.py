@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import importlib
 import math
 import os
-from collections.abc import Callable
 
 from nbdist.errors import ConfigError
 from nbdist.flag_values import parse_names, parse_options, parse_size, parse_slowdown
-from nbdist.flags import auto_or_int, option
+from nbdist.flags import auto_or_int, late, option
 
 
 class Mode(enum.StrEnum):
@@ -64,7 +62,7 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
-CHECKPOINT_EVERY_S = 60.0  # seconds between periodic checkpoints when --checkpoint-every is not given
+CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 
 
 class Transport(enum.StrEnum):
@@ -104,15 +102,6 @@ COORDINATED = (ASYNC, SYNC, LOCAL, SIMULATE)  # the coordinator sizes batches an
 CHECKPOINTED = (ASYNC, SYNC, LOCAL)
 
 
-def _from_core(module: str, name: str) -> Callable[[], object]:
-    """`nbdist.core.<module>.<name>` (called, if a function) when a parser or docs/reference.md
-    is built: the core imports NumPy, which `import nbdist` does not."""
-    def look_up() -> object:
-        value = getattr(importlib.import_module(f"nbdist.core.{module}"), name)
-        return value() if callable(value) else value
-    return look_up
-
-
 def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
     try:
         return enum_type(value.value if isinstance(value, enum.Enum) else str(value).lower())
@@ -135,81 +124,94 @@ class TrainConfig:
 
     mode: Mode = option(
         Mode.ASYNC, "where the run trains: async, nbdist's parameter server on the cluster; sync, "
-        "Horovod allreduce between the cluster's engines; local, in this kernel; simulate, virtual "
-        "workers on a virtual clock, in this kernel; pipeline, the model cut into stages, one engine "
-        "each", choices=Mode)
+        "Horovod allreduce between the cluster's engines; local, in this kernel; simulate, "
+        "virtual workers on a virtual clock, in this kernel; pipeline, the model cut into stages, "
+        "one engine each", choices=Mode)
     algorithm: Algorithm = option(Algorithm.ASGD, "update rule the hub applies to each push", RULED,
                                   choices=Algorithm)
     workers: int | None = option(None, "number of workers", (ASYNC, SYNC, SIMULATE), type=int,
-                                 shown_default="every free engine; simulate: one per --slowdown factor")
+                                 shown_default="every free engine; simulate: one per --slowdown")
     servers: int = option(1, "parameter shards, one hub engine each", HUBS, type=int)
     epochs: int = option(1, "passes over the data", type=int)
     batch_size: int = option(32, "samples per worker step (pipeline: per mini-batch)", type=int)
-    lr: float | None = option(None, "learning rate", type=float, shown_default="the cell's optimizer's")
+    lr: float | None = option(None, "learning rate", type=float,
+                              shown_default="the cell's optimizer's")
     model: str | None = option(None, "variable holding the model",
                                shown_default="the one compiled model the cell defines")
-    data: tuple[str, ...] = option(("x_train", "y_train"), "training arrays X,Y, or one tf.data.Dataset "
-                                   "or generator function NAME")
-    validation: tuple[str, ...] | None = option(None, "validation arrays X,Y, or one dataset NAME",
-                                                shown_default="x_test,y_test if the cell defines them")
-    in_memory_limit: int | str = option("2GiB", "a dataset larger than this (decoded) is streamed by "
-                                        "shards, e.g. 500MB")
+    data: tuple[str, ...] = option(("x_train", "y_train"), "training arrays X,Y, or one "
+                                   "tf.data.Dataset or generator function NAME")
+    validation: tuple[str, ...] | None = option(
+        None, "validation arrays X,Y, or one dataset NAME",
+        shown_default="x_test,y_test if the cell defines them")
+    in_memory_limit: int | str = option("2GiB", "a dataset larger than this (decoded) is streamed "
+                                        "by shards, e.g. 500MB")
     no_validation: bool = option(False, "skip validation", switch=True)
-    seed: int = option(0, "seed of the epoch permutations (simulate: of the cell's weights too)", type=int)
-    transport: Transport = option(Transport.AUTO, "how parameters and gradients travel: auto, shared "
-                                  "memory on the same host and TCP across hosts; tcp; shm, same host "
-                                  "only", (ASYNC, LOCAL, PIPELINE), choices=Transport)
-    compression: Compression = option(Compression.NONE, "fp16: parameters and gradients cross the "
-                                      "network as float16, half the bytes (the hub keeps float32)",
-                                      (ASYNC, SYNC), choices=Compression)
-    timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run fails",
-                            (ASYNC, SYNC, LOCAL, PIPELINE), type=float)
-    algo_options: dict = option({}, "the rule's hyper-parameters, e.g. lambda0=2,momentum=0.9", RULED,
-                                flag="--algo-opt", shown_default="the rule's own")
-    staleness_lr: bool = option(False, "divide the learning rate by each push's delay", RULED, switch=True)
+    seed: int = option(0, "seed of the epoch permutations (simulate: of the cell's weights too)",
+                       type=int)
+    transport: Transport = option(
+        Transport.AUTO, "how parameters and gradients travel: auto, shared memory on the same "
+        "host and TCP across hosts; tcp; shm, same host only", (ASYNC, LOCAL, PIPELINE),
+        choices=Transport)
+    compression: Compression = option(
+        Compression.NONE, "fp16: parameters and gradients cross the network as float16, half "
+        "the bytes (the hub keeps float32)", (ASYNC, SYNC), choices=Compression)
+    timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run "
+                            "fails", (ASYNC, SYNC, LOCAL, PIPELINE), type=float)
+    algo_options: dict = option({}, "the rule's hyper-parameters, e.g. lambda0=2,momentum=0.9",
+                                RULED, flag="--algo-opt", metavar="NAME=X",
+                                shown_default="the rule's own")
+    staleness_lr: bool = option(False, "divide the learning rate by each push's delay", RULED,
+                                switch=True)
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", RULED, type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", RULED, type=int,
                            shown_default="the rule's own")
-    groups: int | str = option("auto", "group: a number of groups, or auto (from measured speeds)",
-                               RULED, type=auto_or_int, metavar="auto|N")
+    groups: int | str = option("auto", "group: a number of groups, or auto (from measured "
+                               "speeds)", RULED, type=auto_or_int, metavar="auto|N")
     local_steps: int = option(1, "steps with the cell's optimizer per exchange", HUBS, type=int)
     server_optimizer: ServerOptimizer | None = option(
-        None, "the hub's optimizer instead of the cell's (with --local-steps, SGD at rate 1 on the "
-        "deltas unless given)", RULED, choices=ServerOptimizer, shown_default="the cell's")
+        None, "the hub's optimizer instead of the cell's (with --local-steps, SGD at rate 1 on "
+        "the deltas unless given)", RULED, choices=ServerOptimizer, shown_default="the cell's")
     overlap: bool = option(False, "push step t while computing step t+1", HUBS, switch=True)
     # pin: off until measured faster (benchmarks/overhead.py --pin both)
-    pin: Pin = option(Pin.OFF, "auto: one core per hub shard, the rest split between the workers on "
-                      "each host; off: the OS places every thread", (ASYNC, SYNC), choices=Pin)
-    spin: Spin = option(Spin.AUTO, "auto: a hub shard with a core of its own, and its workers on the "
-                        "same host, poll for messages instead of sleeping; off: they sleep", (ASYNC,),
-                        choices=Spin)
-    dbs: bool = option(False, "batch sizes in proportion to measured speed", COORDINATED, switch=True)
-    batch_min: int | None = option(None, "DBS floor", COORDINATED, type=int, shown_default="batch-size // 4")
+    pin: Pin = option(Pin.OFF, "auto: one core per hub shard, the rest split between the "
+                      "workers on each host; off: the OS places every thread", (ASYNC, SYNC),
+                      choices=Pin)
+    spin: Spin = option(Spin.AUTO, "auto: a hub shard with a core of its own, and its workers "
+                        "on the same host, poll for messages instead of sleeping; off: they "
+                        "sleep", (ASYNC,), choices=Spin)
+    dbs: bool = option(False, "batch sizes in proportion to measured speed", COORDINATED,
+                       switch=True)
+    batch_min: int | None = option(None, "DBS floor", COORDINATED, type=int,
+                                   shown_default="batch-size // 4")
     batch_max: int | None = option(None, "DBS ceiling", COORDINATED, type=int,
                                    shown_default="workers x batch-size")
     slowdown: tuple[float, ...] | None = option(None, "per-worker slow-down factors, e.g. 1,2,4",
                                                 COORDINATED, shown_default="none")
-    metrics: Metrics = option(Metrics.FULL, "full: history row, timeline row and delay statistics per "
-                              "push; minimal: counters only", COORDINATED, choices=Metrics)
-    elastic: bool = option(False, "engines that join the cluster while the run trains become workers",
-                           (ASYNC,), switch=True)
+    metrics: Metrics = option(Metrics.FULL, "full: history row, timeline row and delay "
+                              "statistics per push; minimal: counters only", COORDINATED,
+                              choices=Metrics)
+    elastic: bool = option(False, "engines that join the cluster while the run trains become "
+                           "workers", (ASYNC,), switch=True)
     checkpoint_dir: str | None = option(None, "folder for checkpoints of the run's state",
                                         CHECKPOINTED, metavar="FOLDER")
-    checkpoint_every: float | None = option(None, "seconds between checkpoints", CHECKPOINTED, type=float,
-                                            shown_default=f"{CHECKPOINT_EVERY_S:g} with --checkpoint-dir")
-    sim: dict = option({}, "the virtual clock: name=number pairs", (SIMULATE,), shown_default=_from_core("simclock", "sim_defaults"))
+    checkpoint_every: float | None = option(
+        None, "seconds between checkpoints", CHECKPOINTED, type=float,
+        shown_default=f"{CHECKPOINT_EVERY_S:g} with --checkpoint-dir")
+    sim: dict = option({}, "the virtual clock: name=number pairs", (SIMULATE,), metavar="NAME=X",
+                       shown_default=late("nbdist.core.simclock", "sim_defaults"))
     # off: with it, no gain beyond the seeds' spread in accuracy on a BatchNorm CNN, and 30-40%
     # more time per step (an allreduce per BatchNorm layer each way; benchmarks/sync_batchnorm.py)
-    sync_batchnorm: bool = option(False, "BatchNorm statistics over the global batch, allreduced in "
-                                  "the forward pass", (SYNC,), negatable=True)
+    sync_batchnorm: bool = option(False, "BatchNorm statistics over the global batch, allreduced "
+                                  "in the forward pass", (SYNC,), negatable=True)
     stages: int = option(2, "stages, one engine each", (PIPELINE,), type=int)
-    micro_batches: int = option(4, "micro-batches per mini-batch; must divide --batch-size", (PIPELINE,),
-                                type=int)
-    partition: str = option("optimal", "how layers are cut into stages, from their measured costs",
-                            (PIPELINE,), choices=_from_core("partition", "METHODS"))
-    schedule: str = option("gpipe", "gpipe: all forwards, then all backwards; 1f1b: one forward and "
-                           "one backward in turn", (PIPELINE,), choices=_from_core("partition", "SCHEDULES"))
+    micro_batches: int = option(4, "micro-batches per mini-batch; must divide --batch-size",
+                                (PIPELINE,), type=int)
+    partition: str = option("optimal", "how layers are cut into stages, from their measured "
+                            "costs", (PIPELINE,), choices=late("nbdist.core.partition", "METHODS"))
+    schedule: str = option("gpipe", "gpipe: all forwards, then all backwards; 1f1b: one forward "
+                           "and one backward in turn", (PIPELINE,),
+                           choices=late("nbdist.core.partition", "SCHEDULES"))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -260,7 +262,8 @@ class TrainConfig:
         if self.sync_batchnorm is None:  # as checkpoints before 0.1.0's declarations saved "off"
             set_(self, "sync_batchnorm", False)
         if not isinstance(self.sync_batchnorm, bool):
-            raise ConfigError(f"sync_batchnorm must be True or False (Received: {self.sync_batchnorm!r}).")
+            raise ConfigError(f"sync_batchnorm must be True or False (Received: "
+                              f"{self.sync_batchnorm!r}).")
         if self.sync_batchnorm and self.mode is not Mode.SYNC:
             raise ConfigError(
                 f"--sync-batchnorm allreduces BatchNorm statistics between Horovod ranks, so it "
@@ -358,7 +361,8 @@ class TrainConfig:
         """Seconds between periodic checkpoints (None: no checkpoint folder, none taken)."""
         if self.checkpoint_dir is None:
             return None
-        return float(self.checkpoint_every) if self.checkpoint_every is not None else CHECKPOINT_EVERY_S
+        every = self.checkpoint_every
+        return float(every) if every is not None else CHECKPOINT_EVERY_S
 
     def rule_options(self) -> dict:
         """The hub rule's hyper-parameters: --algo-opt plus the dedicated flags."""

@@ -87,21 +87,23 @@ def _hub_threads_default() -> str:
 
 SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("NBDIST_COURIER", bool, True,
-           "workers whose arrays cross TCP may hand an overlapped step's exchange to a thread of its "
-           "own, where that is measured faster; 0: never"),
+           "workers whose arrays cross TCP may hand an overlapped step's exchange to a thread of "
+           "its own, where that is measured faster; 0: never"),
     Switch("NBDIST_DASHBOARD", "choice", "auto",
-           "text: the text status line instead of the widget dashboard; auto: widgets where they can "
-           "render", choices=("auto", "text")),
+           "text: the text status line instead of the widget dashboard; auto: widgets where they "
+           "can render", choices=("auto", "text")),
     Switch("NBDIST_DATA", "path", None,
            "folder nbdist.datasets searches first for data sets such as Fashion-MNIST"),
     Switch("NBDIST_HUB_PROCESS", bool, True,
-           "each hub shard runs as its own process on its engine; 0: as a thread inside the engine"),
+           "each hub shard runs as its own process on its engine; 0: as a thread inside the "
+           "engine"),
     Switch("NBDIST_HUB_THREADS", int, None, "update threads per hub shard (1: one pass, no pool)",
            minimum=1, shown_default=_hub_threads_default),
     Switch("NBDIST_KERNELS", bool, True,
            "the hub's compiled update kernel; 0: NumPy, which gives the same numbers"),
     Switch("NBDIST_LOCAL_LINE", bool, True,
-           "same-host workers reach a hub shard over a Unix seqpacket socket; 0: over ZeroMQ's ipc"),
+           "same-host workers reach a hub shard over a Unix seqpacket socket; 0: over ZeroMQ's "
+           "ipc"),
     Switch("NBDIST_MAC_THREADS_MIN_MB", float, 64.0,
            "from this many MB of arrays in one message on, the MAC hashes on BLAKE3's threads "
            "(0: always)"),

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import importlib
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING
 
@@ -39,7 +40,7 @@ class Flag:
     flag: str | None = None  # its spelling, if not "--" + name with "-" for "_"
     short: str | None = None  # a one-letter alias ("-o")
     type: Callable | None = None  # converts the text on the line (None: kept as text)
-    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None  # callable: looked up late
+    choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None  # callable: late
     switch: bool = False  # takes no value: given means True
     negatable: bool = False  # --name and --no-name
     positional: bool = False
@@ -118,10 +119,21 @@ def option(default: object, help: str, modes: Iterable[str] | None = None, *, ch
     values); `declaration` takes `Flag`'s other fields (type, flag, shown_default, ...)."""
     if isinstance(choices, type) and issubclass(choices, enum.Enum):
         choices = tuple(str(m.value) for m in choices)
-    declaration.update(help=help, modes=None if modes is None else tuple(map(str, modes)), choices=choices)
+    modes = None if modes is None else tuple(map(str, modes))
+    declaration.update(help=help, modes=modes, choices=choices)
     if isinstance(default, dict):
-        return dataclasses.field(default_factory=lambda: dict(default), metadata={"flag": declaration})
+        return dataclasses.field(default_factory=lambda: dict(default),
+                                 metadata={"flag": declaration})
     return dataclasses.field(default=default, metadata={"flag": declaration})
+
+
+def late(module: str, name: str) -> Callable[[], object]:
+    """`module.name` (called, if a function) when a parser or docs/reference.md is built, for a
+    declaration whose value lives in a module `import nbdist` must not load (NumPy's)."""
+    def look_up() -> object:
+        value = getattr(importlib.import_module(module), name)
+        return value() if callable(value) else value
+    return look_up
 
 
 def auto_or_int(text: str) -> str | int:
@@ -133,7 +145,8 @@ def auto_or_int(text: str) -> str | int:
     try:
         return int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expects 'auto' or a whole number (Received: {text!r})") from None
+        raise argparse.ArgumentTypeError(
+            f"expects 'auto' or a whole number (Received: {text!r})") from None
 
 
 @functools.cache
@@ -150,14 +163,16 @@ def config_flags() -> tuple[Flag, ...]:
 
 # The magic's own flags: what it shows and where it puts the Run. Not options of nbdist.train.
 MAGIC_FLAGS = (
-    Flag("resume", "continue from this checkpoint folder (nbdist.resume); flags given here override "
-                   "the saved ones", ("async", "local", "sync"), option=False, metavar="FOLDER"),
+    Flag("resume", "continue from this checkpoint folder (nbdist.resume); flags given here "
+                   "override the saved ones", ("async", "local", "sync"), option=False,
+         metavar="FOLDER"),
     Flag("wait", "block until training ends", switch=True, option=False),
     Flag("no_dashboard", "do not show the live dashboard", switch=True, option=False),
     Flag("top_k", "dashboard: draw only the k slowest workers and the mean of the others", type=int,
-         shown_default="all workers; the slowest few when there are many", option=False, metavar="K"),
-    Flag("output", "variable that receives the Run", short="-o", default="_nbdist_run", option=False,
-         metavar="NAME"),
+         shown_default="all workers; the slowest few when there are many", option=False,
+         metavar="K"),
+    Flag("output", "variable that receives the Run", short="-o", default="_nbdist_run",
+         option=False, metavar="NAME"),
 )
 
 
@@ -179,8 +194,8 @@ def nbdist_flags() -> tuple[Flag, ...]:
         Flag("profile", "ipyparallel profile (e.g. one set up for Slurm)", (), option=False,
              shown_default="ipyparallel's default"),
         Flag("cluster_id", "cluster id of a running ipcluster (connect)", (), option=False),
-        Flag("encrypt", "start/connect: CurveZMQ on ipyparallel's channel and on nbdist's hub sockets "
-                        "(untrusted networks)", (), switch=True, option=False),
+        Flag("encrypt", "start/connect: CurveZMQ on ipyparallel's channel and on nbdist's hub "
+                        "sockets (untrusted networks)", (), switch=True, option=False),
         Flag("launcher", "start: how the engines are started (ipyparallel's launchers): local "
                          "processes, one Slurm job (sbatch), or MPI ranks (mpiexec)", (),
              choices=tuple(LAUNCHERS), default="local", option=False),

@@ -49,8 +49,8 @@ class NbdistMagics(Magics):
                 raise UsageError(f"A cluster is already up ({self.cluster.describe()}). "
                                  "Run %nbdist stop first to start a different one.")
             if not args.n or args.n < 1:
-                raise UsageError(f"%nbdist start needs a number of engines >= 1 (Received: {args.n}). "
-                                 "Example: %nbdist start 3 (one hub and two workers).")
+                raise UsageError(f"%nbdist start needs a number of engines >= 1 (Received: "
+                                 f"{args.n}). Example: %nbdist start 3 (one hub and two workers).")
             self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt,
                                          launcher=args.launcher)
             print(f"Started {self.cluster.describe()}")
@@ -82,10 +82,11 @@ class NbdistMagics(Magics):
         options = given_options(args)  # only the flags given: the rest keep TrainConfig's
         try:  # defaults or, resuming, the checkpoint's values
             if args.resume is not None:
-                run = resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns,
-                             **options)
+                run = resume(args.resume, source, cluster=self.cluster,
+                             namespace=self.shell.user_ns, **options)
             else:
-                run = train(source, cluster=self.cluster, namespace=self.shell.user_ns, **options)
+                run = train(source, cluster=self.cluster, namespace=self.shell.user_ns,
+                            **options)
         except (ConfigError, NoClusterError) as exc:
             if isinstance(exc, UnsupportedOptimizerError):  # the cell's, not the flags'
                 raise

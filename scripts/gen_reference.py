@@ -51,7 +51,8 @@ def render() -> str:
         "Every training flag is also a keyword of `nbdist.train(cell, ...)` and of "
         "`nbdist.resume(checkpoint, cell, ...)`, and a field of `nbdist.TrainConfig`: "
         "`--batch-size 64` is `batch_size=64`. A flag not given keeps its default (or, with "
-        "`--resume`, the checkpoint's value). The modes are those of `--mode`; \"all\" means every one.",
+        "`--resume`, the checkpoint's value). The modes are those of `--mode`; \"all\" means "
+        "every one.",
         "",
         "| flag | keyword | default | choices | modes | what it does |",
         "|---|---|---|---|---|---|",
@@ -86,7 +87,8 @@ def render() -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--check", action="store_true", help="exit 1 if docs/reference.md is stale")
     args = parser.parse_args()
     text = render()

@@ -116,8 +116,8 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
     return out
 
 
-SIM_FIELDS = {"per_step": "per_step_s", "per_sample": "per_sample_s", "jitter": "jitter",
-              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync"}  # --sim name: field
+SIM_FIELDS = {"per_step": "per_step_s", "per_sample": "per_sample_s", "jitter": "jitter",  # --sim
+              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync"}  # name: field
 
 
 def sim_options(parsed: Mapping[str, float]) -> SimOptions:
@@ -129,7 +129,8 @@ def sim_options(parsed: Mapping[str, float]) -> SimOptions:
 def sim_defaults() -> str:
     """The defaults as `--sim` is written: 'per_step=0.001,per_sample=2e-05,...'."""
     defaults = SimOptions()
-    return ",".join(f"{name}={float(getattr(defaults, field)):g}" for name, field in SIM_FIELDS.items())
+    return ",".join(f"{name}={float(getattr(defaults, field)):g}"
+                    for name, field in SIM_FIELDS.items())
 
 
 def round2(x: float) -> float:

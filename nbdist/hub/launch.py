@@ -58,7 +58,8 @@ class _ProcessHub:
         self.shard = spec.shard
         child_env = os.environ.copy()  # the child imports the same nbdist as this engine
         root = os.path.dirname(os.path.dirname(os.path.abspath(nbdist.__file__)))
-        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (root, child_env.get("PYTHONPATH")) if p)
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, child_env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"], stdin=subprocess.PIPE,
                                      stdout=subprocess.PIPE, env=child_env)
         self.proc.stdin.write(encode_spec(spec))

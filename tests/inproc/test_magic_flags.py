@@ -14,7 +14,8 @@ from tests.helpers import SYNTHETIC_CELL
 
 
 def _parse(ip, line):
-    return given_options(parse_argstring(ip.magics_manager.registry["NbdistMagics"].distribute, line))
+    magics = ip.magics_manager.registry["NbdistMagics"]
+    return given_options(parse_argstring(magics.distribute, line))
 
 
 def test_a_flag_given_at_its_default_value_reaches_resume(ip, tmp_path):
@@ -24,7 +25,8 @@ def test_a_flag_given_at_its_default_value_reaches_resume(ip, tmp_path):
                                     "--no-dashboard -o first", SYNTHETIC_CELL)
     assert ip.user_ns["first"].status == "finished"
     with pytest.raises(UsageError, match="--epochs 1 is fewer than the checkpointed run's 2"):
-        ip.run_cell_magic("distribute", f"--resume {tmp_path} --epochs 1 --no-dashboard", SYNTHETIC_CELL)
+        ip.run_cell_magic("distribute", f"--resume {tmp_path} --epochs 1 --no-dashboard",
+                          SYNTHETIC_CELL)
 
 
 def test_flags_not_given_leave_every_option_to_trainconfig(ip):
@@ -68,7 +70,8 @@ def test_misuse_is_one_line_without_a_traceback(ip, capsys, cell, message):
 
 def test_an_error_of_the_cell_itself_keeps_its_traceback(ip, capsys):
     """Not misuse of the magic: the cell's own mistake shows where it is, as Python shows it."""
-    error, shown = _shown(ip, "%%distribute --mode local --no-dashboard\nraise KeyError('mine')", capsys)
+    cell = "%%distribute --mode local --no-dashboard\nraise KeyError('mine')"
+    error, shown = _shown(ip, cell, capsys)
     assert not isinstance(error, UsageError) and "KeyError" in shown and "mine" in shown
 
 

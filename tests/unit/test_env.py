@@ -15,8 +15,9 @@ NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
 SPEC_FIELDS = {"NBDIST_RENDEZVOUS_HOST"}
 
 
-@pytest.mark.parametrize(("text", "value"), [("1", True), ("true", True), (" Yes ", True), ("ON", True),
-                                             ("0", False), ("false", False), ("No", False), ("off", False)])
+@pytest.mark.parametrize(("text", "value"), [
+    ("1", True), ("true", True), (" Yes ", True), ("ON", True),
+    ("0", False), ("false", False), ("No", False), ("off", False)])
 def test_a_boolean_reads_the_same_way_everywhere(monkeypatch, text, value):
     for name, switch in env.SWITCHES.items():
         if switch.kind is bool:
