@@ -14,6 +14,7 @@ import os
 
 from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError, ConfigError
+from nbdist.flags import check_option_names
 from nbdist.run.handle import Run
 
 
@@ -22,8 +23,11 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     """Train the model defined by `cell` (ordinary single-machine Keras code) distributed.
 
     `options` are TrainConfig's fields (mode, algorithm, workers, servers, epochs, batch_size,
-    lr, model, data, validation, ...). `namespace` is where the cell runs in the kernel (the
-    notebook's namespace from the magic; a fresh dict by default).
+    lr, model, data, validation, ...; every one is listed in docs/reference.md), each one the
+    `%%distribute` flag of the same name; an unknown one is refused, naming the close ones.
+    `config`: a TrainConfig to start from (`options` then override it). `namespace` is where
+    the cell runs in the kernel (the notebook's namespace from the magic; a fresh dict by
+    default).
 
     A cell that calls `model.fit(...)` itself is trained by that call's settings (epochs,
     batch size, validation, callbacks, ...; `options` override them): the call blocks while
@@ -36,6 +40,7 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
         >>> run = nbdist.train(CELL, cluster=cluster, workers=2, epochs=2)  # doctest: +SKIP
         >>> run.wait().history.tail()                                      # doctest: +SKIP
     """
+    check_option_names(options)
     given = dict(options)
     config = config.replace(**options) if config is not None else TrainConfig(**options)
     return _start(cell, config, cluster, namespace, wait, given=given, presenter=presenter)
@@ -62,6 +67,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     """
     from nbdist.checkpoint.store import load
 
+    check_option_names(options)
     if cell is None and not trust_cell:  # before anything is read: a shared folder is not code
         raise CheckpointError(
             f"nbdist.resume({os.fspath(checkpoint)!r}) got no cell (Received: cell=None). A "
@@ -122,10 +128,12 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
     call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
     from nbdist.engine.fit_call import fit_intercepted
+    from nbdist.env import check_all as check_switches
     from nbdist.fit.launch import FitLauncher, Presenter
     from nbdist.job import prepare_job
     from nbdist.modes import check_cluster, mode_entry, start_function
 
+    check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
     ns = {} if namespace is None else namespace
     if mode_entry(config.mode).seeds_cell:  # --seed also fixes the cell's initial weights
