@@ -72,8 +72,8 @@ class FitDriver:
 
     def tick(self) -> None:
         """Handle what the run finished since the last call (main thread, while it trains)."""
-        if self.stopped_by_callbacks:
-            return
+        if self.stopped_by_callbacks or self.run.final_weights is not None:
+            return  # training has ended: `end` reports what is left, on the final weights
         if self.batch_hooks:
             self._batch_hooks()
         while self.done_epochs < self._epochs_ended() and not self.stopped_by_callbacks:
@@ -143,8 +143,13 @@ class FitDriver:
             self._stop()
             return
         self._epoch_begin()
-        if not self.run.done and self.done_epochs < self.fit.passes:
-            self.run.release_epoch(self.done_epochs - 1)  # the workers wait for it (the epoch gate)
+        if self.done_epochs < self.fit.passes:
+            from nbdist.errors import TrainingError
+
+            try:
+                self.run.release_epoch(self.done_epochs - 1)  # the workers wait for it (the epoch gate)
+            except TrainingError:  # the run ended meanwhile (stopped, failed): nothing waits
+                pass
 
     def _train_logs(self, hub_epoch: int) -> dict:
         from nbdist.engine.step_metrics import epoch_logs

@@ -362,6 +362,9 @@ class HubControl:
     def params(self) -> tuple[np.ndarray, np.ndarray]:
         """The full flat parameter vector and the non-trainable state."""
         with self._lock:
+            if self.closed:
+                raise TrainingError("The run has ended and its hubs are gone; its final weights are "
+                                    "in the notebook's model.")
             msgs = [line.request({"op": "params"}) for line in self.lines]
         flat = np.concatenate([m.floats(0) for m in msgs])
         return flat, msgs[0].floats(1).copy()
@@ -377,6 +380,7 @@ class HubControl:
             for line in self.lines:
                 with contextlib.suppress(TrainingError):
                     line.request({"op": "shutdown"})
+            self.closed = True  # nothing is served any more: a later request fails at once
 
     def close(self) -> None:
         with self._lock:  # never under a control() from another thread (the notebook's)

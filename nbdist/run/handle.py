@@ -88,7 +88,7 @@ class Run(RunViews, RunControl, RunMonitor):
     def current_weights(self):
         """The model's flat (params, non_trainable) as the run holds them now (from the hubs,
         rank 0 or the simulation); the final ones once it has ended."""
-        if self.done and self.final_weights is not None:
+        if self.final_weights is not None:  # training ended (the hubs may be gone already)
             return self.final_weights
         return self._backend.current_weights(self._control)
 
