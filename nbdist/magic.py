@@ -142,7 +142,7 @@ class NbdistMagics(Magics):
         args = parse_argstring(self.distribute, line)
         from nbdist.api import resume, train
 
-        if self.run is not None and not self.run.done:
+        if self.run is not None and not self.run.done():
             raise ClusterError(f"The previous run is still {self.run.status}. Call "
                                "run.stop() or run.wait() before starting another.")
         if args.resume is None and args.mode in (None, Mode.ASYNC.value) and self.cluster is None:

@@ -279,6 +279,6 @@ def test_engines_started_on_one_core_are_planned_on_it_not_on_the_kernel_s_cores
                            wait=True)
         assert run.status == "finished" and run.nodes["steps"].sum() == 29
         assert [h["spin_s"] for h in run.hubs] == [0.0]
-        assert run._backend.host_cores(run._backend.roles.workers[0]) == 1  # noqa: SLF001
+        assert run.state.backend.host_cores(run.state.backend.roles.workers[0]) == 1
     finally:
         small.stop()

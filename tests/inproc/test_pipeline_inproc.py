@@ -127,7 +127,7 @@ def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
     cell = "B = 16\n" + SKIP_CELL
     ns, run = _start(cell, stages=2, micro_batches=2, batch_size=16, epochs=500, timeout=60)
     before = [w.numpy().copy() for w in ns["model"].weights]
-    wait_for(lambda: run._snapshot.get("global_step", 0) >= 5)
+    wait_for(lambda: run.state.snapshot.get("global_step", 0) >= 5)
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped" and run.error is None
