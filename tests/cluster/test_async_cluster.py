@@ -136,6 +136,27 @@ def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
     assert not np.array_equal(before, weights(ns["model"]))
 
 
+def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_when_stopped(cluster):
+    from nbdist.engine.flatmodel import read_flat
+
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
+                       batch_size=8)
+    initial = read_flat(ns["model"])[0]  # the kernel's model keeps these until the run ends
+    wait_for(lambda: global_step(run) > 20)
+    run.pause()
+    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"})
+    backend, control = run.state.backend, run.state.control
+    (params, non_trainable), (again, _) = backend.current_weights(control), backend.current_weights(control)
+    assert params.shape == initial.shape and non_trainable.size == 0
+    assert not np.array_equal(params, initial)  # trained on the hub
+    np.testing.assert_array_equal(params, again)  # every worker holds: nothing lands
+    np.testing.assert_array_equal(read_flat(ns["model"])[0], initial)  # read, not written in
+    run.stop()
+    run.wait(timeout=60)
+    np.testing.assert_array_equal(read_flat(ns["model"])[0], params)
+
+
 @pytest.mark.slow
 def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(cluster):
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()  # skip cleanly if data absent
