@@ -4,7 +4,8 @@ abrupt worker deaths and rejoins. Checks that nothing is lost or applied twice.
 What it does
     One `nbdist.hub.server.Hub` (asgd, plain SGD, metrics "minimal") serves in its own process.
     --workers processes (default 32) each drive a `nbdist.hub.client.WorkerTransport` like
-    nbdist/modes/common/worker.py does: push a gradient for the chunk the hub handed out, pull, repeat; no
+    nbdist/modes/common/worker.py does: push a gradient for the chunk the hub handed out, pull,
+    repeat; no
     TensorFlow. Each worker lives for a random time (exponential, mean --life seconds), then
     dies abruptly: it closes its sockets without saying bye, still holding a chunk. It comes
     back with the same worker id (a rejoin, `hello` again) after either a short pause (before

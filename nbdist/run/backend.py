@@ -21,7 +21,7 @@ class Backend(Protocol):
     """The hubs' and workers' side of a run, as the mode's start and the Run use it."""
 
     num_workers: int
-    cluster: object | None  # the Cluster that tracks the run (its stop() ends it); None in the kernel
+    cluster: object | None  # the Cluster that tracks the run (its stop() ends it); None: kernel
 
     # -- starting (the mode's start) ------------------------------------------------------------
 

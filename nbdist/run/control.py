@@ -78,7 +78,8 @@ class RunControl:
 
         snapshot = self.state.snapshot
         options = {**snapshot.get("rule_options", {}), name: value}
-        make_rule(self.state.config.algorithm.value, 0, max(1, len(snapshot.get("nodes", []))), options)
+        workers = max(1, len(snapshot.get("nodes", [])))
+        make_rule(self.state.config.algorithm.value, 0, workers, options)
         self._send(option=[name, float(value)])
 
     def add_workers(self, engines) -> list[int]:
@@ -116,8 +117,8 @@ class RunControl:
             raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start the "
                               "run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
         if state.control is None or state.ended.is_set():
-            raise TrainingError(f"The run is {state.status}; its hub is gone, so there is nothing to "
-                                f"checkpoint. Its last checkpoint: {state.last_checkpoint}.")
+            raise TrainingError(f"The run is {state.status}; its hub is gone, so there is nothing "
+                                f"to checkpoint. Its last checkpoint: {state.last_checkpoint}.")
         return save_checkpoint(state, str(directory))
 
     def _check_worker(self, worker: int) -> None:
@@ -128,7 +129,8 @@ class RunControl:
     def _send(self, **changes: object) -> None:
         state = self.state
         if state.control is None or state.ended.is_set():
-            raise TrainingError(f"The run is {state.status}; there is nothing to control. Start a new run.")
+            raise TrainingError(f"The run is {state.status}; there is nothing to control. "
+                                "Start a new run.")
         state.control.control(**changes)
 
 
@@ -136,7 +138,8 @@ def save_checkpoint(state: RunState, directory: str, final: bool = False) -> str
     """Write the run's checkpoint into `directory` now; returns its path."""
     from nbdist.checkpoint.store import save
 
-    with state.checkpoint_lock:  # sync mode: rank 0 holds the weights (nbdist.checkpoint.sync_state)
+    # one at a time: in sync mode rank 0 holds the weights (nbdist.checkpoint.sync_state)
+    with state.checkpoint_lock:
         shards = state.backend.checkpoint_state(state.control, final)
         state.last_checkpoint = save(directory, shards, state.checkpoint_info)
         state.checkpoint_at = time.monotonic()
@@ -153,5 +156,6 @@ def auto_checkpoint(state: RunState, final: bool = False) -> None:
         save_checkpoint(state, config.checkpoint_dir, final)
     except (NbdistError, OSError) as exc:  # e.g. NaN weights: the last good one stays
         state.checkpoint_at = time.monotonic()
-        log.warning("run %s: checkpoint into %s failed: %s", state.run_id, config.checkpoint_dir, exc)
+        log.warning("run %s: checkpoint into %s failed: %s", state.run_id, config.checkpoint_dir,
+                    exc)
         state.warnings.append(f"checkpoint not saved: {str(exc).splitlines()[0]}")

@@ -55,7 +55,8 @@ def admit_joined(run) -> list[int]:
     try:
         workers = add_workers(run, joined)
     except NbdistError as exc:  # e.g. the run is ending, or the host cannot reach the hub
-        note = f"--elastic: engine(s) {joined} joined the cluster but were not added: {str(exc).splitlines()[0]}"
+        note = (f"--elastic: engine(s) {joined} joined the cluster but were not added: "
+                f"{str(exc).splitlines()[0]}")
         log.warning("run %s: %s", run.run_id, note)
         run.warnings.append(note)
         return []

@@ -53,8 +53,9 @@ class Run(RunViews, RunControl):
     error = _shown("error", "Why the run failed (an nbdist exception), or None.")
     run_id = _shown("run_id", "The run's id (in its checkpoints, report and logs).")
     hubs = _shown("hubs", "One dict per hub shard: shard, host, engine, spin_s.")
-    warnings = _shown("warnings", "How the run trains unlike the cell, or what went wrong without failing it.")
-    last_checkpoint = _shown("last_checkpoint", "The path of the latest checkpoint written, or None.")
+    warnings = _shown("warnings", "How the run trains unlike the cell, or what went wrong "
+                                  "without failing it.")
+    last_checkpoint = _shown("last_checkpoint", "The latest checkpoint's path, or None.")
     revision = _shown("revision", "+1 per statistics poll (displays redraw only what changed).")
     timeline_revision = _shown("timeline_revision", "+1 per timeline fetch.")
 
@@ -71,8 +72,8 @@ class Run(RunViews, RunControl):
         (nbdist/modes/common/launch.py `begin_run`, the pipeline's start)."""
         state = self.state
         if state.backend is not None:
-            raise TrainingError(f"Run {state.run_id} has begun already (Received: a second begin for run "
-                              f"{run_id}). Start each job with a Run of its own.")
+            raise TrainingError(f"Run {state.run_id} has begun already (Received: a second begin "
+                                f"for run {run_id}). Start each job with a Run of its own.")
         state.backend, state.control, state.run_id = backend, control, run_id
         state.hubs = list(hubs or [])
         state.checkpoint_info = dict(checkpoint_info or {})

@@ -21,7 +21,8 @@ TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) 
 
 def start(run) -> None:
     """Watch `run` (begun: its state has a backend and a control) on a thread of its own."""
-    threading.Thread(target=watch, args=(run,), daemon=True, name=f"nbdist-run-{run.state.run_id}").start()
+    name = f"nbdist-run-{run.state.run_id}"
+    threading.Thread(target=watch, args=(run,), daemon=True, name=name).start()
 
 
 def watch(run) -> None:
@@ -64,7 +65,8 @@ def watch(run) -> None:
         write_flat(state.model, params, non_trainable)
         state.status = "stopped" if state.stop_requested else "finished"
     except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()
-        state.error = exc if isinstance(exc, NbdistError) else TrainingError(f"The run failed: {exc!r}")
+        ours = isinstance(exc, NbdistError)
+        state.error = exc if ours else TrainingError(f"The run failed: {exc!r}")
         state.status = "failed"
         _abort(state)
     finally:

@@ -53,7 +53,8 @@ class RunState:
     events_seen: int = 0  # hub events already turned into warnings
 
     # -- checkpoints -----------------------------------------------------------------------------
-    checkpoint_info: dict = field(default_factory=dict)  # what every checkpoint records (Job.checkpoint_info)
+    # what every checkpoint of the run records (nbdist.job.Job.checkpoint_info)
+    checkpoint_info: dict = field(default_factory=dict)
     last_checkpoint: str | None = None  # path of the latest checkpoint written
     checkpoint_lock: threading.Lock = field(default_factory=threading.Lock)
     checkpoint_at: float = field(default_factory=time.monotonic)

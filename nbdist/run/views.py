@@ -52,8 +52,9 @@ class RunViews:
     @property
     def delays(self) -> pd.DataFrame:
         """How often each delay (staleness, in versions) occurred, per worker."""
+        delays = self.state.snapshot.get("delays", {})
         rows = [{"worker": int(w), "delay": int(d), "count": c}
-                for w, hist in self.state.snapshot.get("delays", {}).items() for d, c in hist.items()]
+                for w, hist in delays.items() for d, c in hist.items()]
         return pd.DataFrame(rows, columns=["worker", "delay", "count"])
 
     @property
@@ -91,7 +92,8 @@ class RunViews:
 
         extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
-                            delays=self.delays, events=self.events, title=f"nbdist run {self.state.run_id}",
+                            delays=self.delays, events=self.events,
+                            title=f"nbdist run {self.state.run_id}",
                             summary=self.summary(), top_k=top_k, extra=extra,
                             hubs=self.state.hubs)
 

@@ -147,7 +147,8 @@ def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_wh
     run.pause()
     wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"})
     backend, control = run.state.backend, run.state.control
-    (params, non_trainable), (again, _) = backend.current_weights(control), backend.current_weights(control)
+    params, non_trainable = backend.current_weights(control)
+    again, _ = backend.current_weights(control)
     assert params.shape == initial.shape and non_trainable.size == 0
     assert not np.array_equal(params, initial)  # trained on the hub
     np.testing.assert_array_equal(params, again)  # every worker holds: nothing lands

@@ -46,7 +46,8 @@ def test_tf_data_trains_in_async_in_memory_or_streamed_by_shards(cluster, limit)
     run = nbdist.train(DATASET_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
                        data="train_ds", in_memory_limit=limit, wait=True)
     trained_every_sample(run)
-    passes = [task.get(10)["shard_passes"] for task in run.state.backend._tasks.values()]  # noqa: SLF001
+    tasks = run.state.backend._tasks.values()  # noqa: SLF001
+    passes = [task.get(10)["shard_passes"] for task in tasks]
     if limit == "0":  # 1800 samples from two shards of 450: at least 4 passes begun between them
         assert all(p >= 1 for p in passes) and sum(passes) >= 4
         assert any("goes through its own shard" in w for w in run.warnings)

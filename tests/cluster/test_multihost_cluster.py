@@ -90,7 +90,8 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 3]), namespace=ns, workers=2,
                        epochs=2, batch_size=16, wait=True, timeout=60)
     assert run.status == "finished" and run.error is None
-    assert run.state.backend.roles.servers == (0,) and set(run.state.backend.roles.workers) == {1, 3}
+    roles = run.state.backend.roles
+    assert roles.servers == (0,) and set(roles.workers) == {1, 3}
     assert sorted(run.nodes["host"]) == ["lab1", "lab3"]
     assert addresses(lab, run) == {0: lab.network.address("lab3")}
     assert run.stats["epoch_samples"] == [SAMPLES] * 2

@@ -80,7 +80,8 @@ def test_sync_current_weights_come_from_rank_0_while_it_trains(cluster):
     wait_for(lambda: global_step(run) >= 20, 60)
     run.pause()
     backend, control = run.state.backend, run.state.control
-    (params, non_trainable), (again, _) = backend.current_weights(control), backend.current_weights(control)
+    params, non_trainable = backend.current_weights(control)
+    again, _ = backend.current_weights(control)
     assert params.shape == initial.shape and non_trainable.size == 0
     assert not np.array_equal(params, initial)  # trained on the ranks
     np.testing.assert_array_equal(params, again)  # paused: no step since

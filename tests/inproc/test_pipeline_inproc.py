@@ -127,12 +127,12 @@ def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
 
     cell = "B = 16\n" + SKIP_CELL
     start: dict = {}
-    exec(compile(cell, "<cell>", "exec"), start)  # noqa: S102 - the weights the run starts from (seeded)
+    exec(compile(cell, "<cell>", "exec"), start)  # noqa: S102 - the weights the run starts from
     initial = read_flat(start["model"])[0]
     ns, run = _start(cell, stages=2, micro_batches=2, batch_size=16, epochs=500, timeout=60)
     before = [w.numpy().copy() for w in ns["model"].weights]
     wait_for(lambda: run.state.snapshot.get("global_step", 0) >= 5)
-    current, _ = run.state.backend.current_weights(run.state.control)  # in process: the stages' own layers
+    current, _ = run.state.backend.current_weights(run.state.control)  # the stages' own layers
     assert current.shape == initial.shape and not np.array_equal(current, initial)
     run.stop()
     run.wait(timeout=60)

@@ -12,13 +12,15 @@ from nbdist.engine.flatmodel import read_flat
 from nbdist.errors import TrainingError
 from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 
-SEEDED_CELL = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(7)\n")
+SEEDED_CELL = SYNTHETIC_CELL.replace("import keras\n",
+                                     "import keras\nkeras.utils.set_random_seed(7)\n")
 
 
 def test_cancel_stops_the_run_and_a_done_callback_runs_once_from_the_monitor_thread():
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
     seen = []
-    run.add_done_callback(lambda r: seen.append((threading.current_thread().name, r.done(), r.status)))
+    run.add_done_callback(
+        lambda r: seen.append((threading.current_thread().name, r.done(), r.status)))
     assert run.running() and not run.done() and not run.cancelled()
     assert run.cancel() is True
     assert run.result(timeout=60) is run and run.exception() is None
@@ -47,17 +49,19 @@ def paused_weights(run) -> tuple:
     wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"}, 60,
              what="every worker paused")
     state = run.state
-    return state.backend.current_weights(state.control), state.backend.current_weights(state.control)
+    first = state.backend.current_weights(state.control)
+    return first, state.backend.current_weights(state.control)
 
 
 @pytest.mark.parametrize("mode", ["local", "simulate"])
 def test_current_weights_are_the_trained_ones_while_it_trains_and_the_final_ones_when_stopped(mode):
     start = {}
-    exec(compile(SEEDED_CELL, "<cell>", "exec"), start)  # noqa: S102 - the weights the run starts from
+    exec(compile(SEEDED_CELL, "<cell>", "exec"), start)  # noqa: S102 - the weights it starts from
     initial = read_flat(start["model"])[0]
     ns = {}
-    run = nbdist.train(SEEDED_CELL, namespace=ns, mode=mode, workers=2 if mode == "simulate" else None,
-                       epochs=200, batch_size=8)
+    workers = 2 if mode == "simulate" else None
+    run = nbdist.train(SEEDED_CELL, namespace=ns, mode=mode, workers=workers, epochs=200,
+                       batch_size=8)
     (params, non_trainable), (again, _) = paused_weights(run)
     assert params.shape == initial.shape and params.dtype == np.float32 and non_trainable.size == 0
     assert not np.array_equal(params, initial)  # trained

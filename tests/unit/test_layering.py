@@ -45,7 +45,8 @@ def test_the_parser_finds_imports_at_the_top_and_inside_functions():
         def f():
             from nbdist.modes import local
     """)
-    assert {mode_package(m) for m in imported_modules(source)} == {None, "async_ps", "sync", "local"}
+    packages = {mode_package(m) for m in imported_modules(source)}
+    assert packages == {None, "async_ps", "sync", "local"}
 
 
 def test_every_mode_is_a_package_and_common_is_none_of_them():
@@ -82,8 +83,8 @@ def backends() -> dict:
     from nbdist.modes.simulate.start import SimBackend
     from nbdist.modes.sync.backend import SyncBackend
 
-    return {"async": ClusterBackend, "local": LocalBackend, "sync": SyncBackend, "simulate": SimBackend,
-            "pipeline": PipelineBackend}
+    return {"async": ClusterBackend, "local": LocalBackend, "sync": SyncBackend,
+            "simulate": SimBackend, "pipeline": PipelineBackend}
 
 
 def test_every_mode_has_a_backend_here():
@@ -128,8 +129,9 @@ def test_a_pipeline_on_engines_refuses_current_weights_saying_why_and_in_process
 
     control = SimpleNamespace(tasks_done=None)
     on_engines = PipelineBackend(object(), [1, 2], None, None, {}, control)
-    with pytest.raises(ConfigError, match=r"cannot hand out its weights while it trains \(Received: .*"
-                                          r"engines \[1, 2\]\).*run\.model.*--mode async"):
+    refusal = (r"cannot hand out its weights while it trains \(Received: .*engines \[1, 2\]\)"
+               r".*run\.model.*--mode async")
+    with pytest.raises(ConfigError, match=refusal):
         on_engines.current_weights(control)
     assert control.tasks_done == on_engines.tasks_done  # the control asks the backend's tasks
 

@@ -1,5 +1,6 @@
-"""Modes as packages: the MODES table (the Backend protocol: test_layering.py), one error for a non-finite step,
-one float64->float32 conversion, and no private names imported across nbdist's modules."""
+"""Modes as packages: the MODES table (the Backend protocol: test_layering.py), one error for a
+non-finite step, one float64->float32 conversion, and no private names imported across nbdist's
+modules."""
 
 import ast
 import pathlib

@@ -29,8 +29,8 @@ class EngineBackend:
     survives_worker_loss = False  # True: a worker whose engine died is written off, the run goes on
     cluster: Cluster  # the Run registers with it, so Cluster.stop() ends the run first
 
-    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None, pin: bool = False,
-                 spin: bool = False):
+    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None,
+                 pin: bool = False, spin: bool = False):
         self.cluster, self.pin, self.spin = cluster, pin, spin
         hosts = cluster.engine_hosts()
         self.roles = assign_roles(hosts, num_servers, num_workers)

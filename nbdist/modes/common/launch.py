@@ -36,7 +36,8 @@ def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpe
             for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
 
 
-def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[dict], object], *, wait: bool,
+def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[dict], object], *,
+                       wait: bool,
                        shards: int, hub_params: np.ndarray, extra_bytes: int = 0,
                        preloaded: tuple | None = None) -> Run:
     """Start `shards` hub shards holding `hub_params` (restored from the job's checkpoint when

@@ -143,7 +143,8 @@ class PipelineBackend(Backend):
     num_workers: int
     cluster: object | None
 
-    def __init__(self, cluster, engines: list, graph, model, namespace: dict, control: PipelineControl):
+    def __init__(self, cluster, engines: list, graph, model, namespace: dict,
+                 control: PipelineControl):
         self.cluster, self.engines, self.graph, self.model = cluster, engines, graph, model
         self.namespace, self.control = namespace, control
         self.tasks: list = []
@@ -152,7 +153,8 @@ class PipelineBackend(Backend):
 
     def start_hubs(self, specs: list) -> list[dict]:
         raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): its "
-                            "stages report to the kernel's link. Start the stages with start_workers().")
+                            "stages report to the kernel's link. Start the stages with "
+                            "start_workers().")
 
     def start_workers(self, base: list) -> None:
         """Prepare every stage of `base` (one StageSpec each: it runs the cell and binds its
@@ -167,8 +169,9 @@ class PipelineBackend(Backend):
             pending = [self.call(s, prepare_stage, spec, **extra) for s, spec in enumerate(specs)]
             endpoints = [_started(p, s, self.engines[s], spec.timeout)
                          for s, (p, spec) in enumerate(zip(pending, specs, strict=True))]
+            last = len(specs) - 1
             for s, spec in enumerate(specs):
-                neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n < len(specs)}
+                neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n <= last}
                 self.tasks.append(self.call(s, run_stage, spec.run_id, s, neighbours,
                                             link.report_endpoint, link.control_endpoint))
         except BaseException:

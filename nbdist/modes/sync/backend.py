@@ -111,8 +111,9 @@ class SyncBackend(EngineBackend, Backend):
         where = (f"nbdist.resume({self.checkpoint_dir!r}, cluster=...) (or %%distribute --resume "
                  f"{self.checkpoint_dir}) continues from the last checkpoint"
                  if self.checkpoint_dir else "start the run again (with --checkpoint-dir to be able to resume)")
+        engine = self.worker_engines[dead[0]]
         return WorkersLostError(
-            f"Rank {dead[0]}'s engine ({self.worker_engines[dead[0]]}) died during a --mode sync run. "
+            f"Rank {dead[0]}'s engine ({engine}) died during a --mode sync run. "
             "An allreduce needs every rank, so the run failed. Restart the engines "
             f"(%nbdist stop, %nbdist start N), then {where}.")
 
