@@ -136,7 +136,8 @@ def test_a_checkpoint_of_a_multihost_run_resumes_on_other_hosts(lab, tmp_path):
     again = nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=lab.subset([4, 5]), namespace=resumed, epochs=4, workers=1,
                           wait=True, timeout=60)
     assert again.status == "finished" and again.error is None
-    assert again._backend.roles.servers == (4,) and again._backend.roles.workers == (5,)  # noqa: SLF001
+    roles = again.state.backend.roles
+    assert roles.servers == (4,) and roles.workers == (5,)
     assert addresses(lab, again) == {4: lab.network.address("lab4")}
     assert again.nodes["samples"].sum() == 2 * SAMPLES  # only epochs 3 and 4 are trained
     assert accuracy(resumed) > 0.85
