@@ -222,20 +222,22 @@ def fed_run(num_workers: int, t: float = 5.0, config=None):
     from nbdist.run.handle import Run
 
     run = Run(config or TrainConfig(), model=None, model_name="model")
-    run.status = "running"
+    run.state.status = "running"
     return feed(run, snapshot(num_workers, t))
 
 
 def feed(run, snap: dict):
     """Give `run` the hub's next stats reply `snap`, by the monitor thread's own path."""
-    run._absorb(snap)  # noqa: SLF001 - the one seam for a Run without a hub
+    from nbdist.run.monitor import absorb
+
+    absorb(run, snap)
     return run
 
 
 def end(run, status: str = "finished"):
     """Make a fed run ended, as its monitor thread does when training is over."""
-    run.status = status
-    run._done.set()  # noqa: SLF001 - the one seam for a Run without a hub
+    run.state.status = status
+    run.state.ended.set()
     return run
 
 
