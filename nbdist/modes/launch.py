@@ -37,7 +37,7 @@ def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], obj
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=job.plan,
                    params=job.params, non_trainable=job.non_trainable, rule_options=job.rule_options,
-                   local_steps=config.local_steps, optimizer=job.optimizer,
+                   local_steps=config.local_steps, optimizer=job.optimizer, constraints=job.constraints,
                    idle_timeout=config.timeout, extra_bytes=extra_bytes)
     specs = hub_specs(base, hub_params, shards)
     if job.checkpoint is not None:

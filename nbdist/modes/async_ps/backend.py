@@ -27,6 +27,7 @@ from nbdist.errors import (
     RemoteCellError,
     UnreachableHostError,
 )
+from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.hub.protocol import shard_bounds
 from nbdist.hub.server import HubSpec
 from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
@@ -47,11 +48,13 @@ def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
 
 
 def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
-    """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
+    """One spec per shard, each with its slice (no constrained variable cut); non-trainable
+    state lives on shard 0."""
     empty = np.zeros(0, dtype=np.float32)
+    bounds = shard_bounds(params.size, num_shards, whole=constrained_ranges(base.constraints))
     return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
                     non_trainable=base.non_trainable if i == 0 else empty)
-            for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
+            for i, (lo, hi) in enumerate(bounds)]
 
 
 class ClusterBackend(Backend):
