@@ -151,9 +151,8 @@ class Updater:
 
     @property
     def state_nbytes(self) -> int:
-        """Bytes the rule, the optimizer and the constraints hold beyond the parameters."""
-        return (self.rule.state_nbytes + self.constraints.state_nbytes
-                + (self.optimizer.state_nbytes if self.optimizer is not None else 0))
+        """Bytes the rule and the optimizer hold beyond the parameters."""
+        return self.rule.state_nbytes + (self.optimizer.state_nbytes if self.optimizer is not None else 0)
 
 
 def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, offset: int = 0,
