@@ -13,7 +13,13 @@ import pytest
 from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 from nbdist.job import prepare_job
-from tests.helpers import MAXNORM_CELL, PIPELINE_SKIP_CELL, column_norms, train_typical, typical_fit_accuracy
+from tests.helpers import (
+    MAXNORM_CELL,
+    PIPELINE_SKIP_CELL,
+    column_norms,
+    train_typical,
+    typical_fit_accuracy,
+)
 
 BOUND = 2.0 + 1e-6
 

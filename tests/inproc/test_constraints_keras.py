@@ -19,7 +19,11 @@ from nbdist.algorithms.constraints import ShardConstraints, constrain, constrain
 from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.config import TrainConfig
 from nbdist.core.updater import Updater
-from nbdist.engine.optimizer_spec import choose_constraints, describe_constraints, describe_optimizer
+from nbdist.engine.optimizer_spec import (
+    choose_constraints,
+    describe_constraints,
+    describe_optimizer,
+)
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 from nbdist.hub.protocol import shard_bounds
 

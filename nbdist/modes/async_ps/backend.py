@@ -16,6 +16,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host, may_spin
 from nbdist.cluster.engines import Cluster, assign_roles, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
@@ -27,7 +28,6 @@ from nbdist.errors import (
     RemoteCellError,
     UnreachableHostError,
 )
-from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.hub.protocol import shard_bounds
 from nbdist.hub.server import HubSpec
 from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
