@@ -30,9 +30,13 @@ def fit_accuracy():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("options", [{"mode": "local"}, {"mode": "simulate", "workers": 2}],
-                         ids=["local", "simulate"])
+@pytest.mark.parametrize("options", [{"mode": "local"}, {"mode": "local", "servers": 2},
+                                     {"mode": "local", "local_steps": 4}, {"mode": "simulate", "workers": 2}],
+                         ids=["local", "local-2-shards", "local-steps", "simulate"])
 def test_a_maxnorm_cell_trains_like_fit_with_every_column_within_the_bound(fit_accuracy, options):
+    """(Two shards: the boundary moves to the first kernel's end; a hub whose shard cut a
+    constrained variable would refuse to start. Local steps: the worker's Keras optimizer
+    constrains each step, the hub its server update.)"""
     accuracy, run = train_typical(MAXNORM_CELL, **options)
     assert accuracy >= fit_accuracy - 0.03, (accuracy, fit_accuracy)
     norms = column_norms(run.model)
