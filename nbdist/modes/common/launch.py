@@ -29,11 +29,15 @@ def prepare_checkpoint_dir(job: Job) -> None:
 
 
 def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
-    """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
+    """One spec per shard, each with its slice (no constrained variable cut); non-trainable
+    state lives on shard 0."""
+    from nbdist.algorithms.constraints import constrained_ranges
+
     empty = np.zeros(0, dtype=np.float32)
+    bounds = shard_bounds(params.size, num_shards, whole=constrained_ranges(base.constraints))
     return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
                     non_trainable=base.non_trainable if i == 0 else empty)
-            for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
+            for i, (lo, hi) in enumerate(bounds)]
 
 
 def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[dict], object], *,
@@ -47,7 +51,7 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=job.plan,
                    params=job.params, non_trainable=job.non_trainable, rule_options=job.rule_options,
-                   local_steps=config.local_steps, optimizer=job.optimizer,
+                   local_steps=config.local_steps, optimizer=job.optimizer, constraints=job.constraints,
                    idle_timeout=config.timeout, extra_bytes=extra_bytes)
     specs = hub_specs(base, hub_params, shards)
     if job.checkpoint is not None:

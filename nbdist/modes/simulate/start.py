@@ -48,7 +48,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     options = sim_options(config.sim)
     simulation = Simulation(job.plan, job.rule_options, flat_model(job.model, job.layout), (as_float32(x), y),
                             contents.validation_arrays, job.params, job.non_trainable, options,
-                            config.seed, job.optimizer)
+                            config.seed, job.optimizer, job.constraints)
     if options.calibrate:
         from nbdist.modes.simulate.calibrate import describe
 
