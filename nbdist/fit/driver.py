@@ -72,7 +72,7 @@ class FitDriver:
 
     def tick(self) -> None:
         """Handle what the run finished since the last call (main thread, while it trains)."""
-        if self.stopped_by_callbacks or self.run.final_weights is not None:
+        if self.stopped_by_callbacks or self.run.state.final_weights is not None:
             return  # training has ended: `end` reports what is left, on the final weights
         if self.batch_hooks:
             self._batch_hooks()
@@ -85,7 +85,7 @@ class FitDriver:
         the History."""
         run = self.run
         if not self.stopped_by_callbacks:
-            final = run.final_weights
+            final = run.state.final_weights
             while self.done_epochs < self.fit.passes and not self.stopped_by_callbacks:
                 partial = self.done_epochs >= self._epochs_ended()
                 if partial and str(self.done_epochs) not in run.stats.get("epoch_metrics", {}):

@@ -35,7 +35,7 @@ def wait_ticking(run, on_tick, every_s: float = 0.1) -> None:
     """Wait for `run`, calling `on_tick()` every `every_s`; Ctrl-C stops the run and frees its
     engines before the interrupt goes on."""
     try:
-        while not run.wait_done(every_s):
+        while not run.state.ended.wait(every_s):
             on_tick()
     except KeyboardInterrupt:
         run.close(timeout=30)
@@ -92,7 +92,7 @@ class FitLauncher:
             raise run.error
         driver.tick()
         history = driver.end()
-        run.keras_history = history
+        run.state.keras_history = history
         return history
 
     def _check_model(self, call) -> None:
