@@ -90,9 +90,7 @@ def concat(parts: list):
 
 
 def nbytes(element) -> int:
-    import keras
-
-    return sum(a.nbytes for a in keras.tree.flatten(element))
+    return sum(a.nbytes for a in leaves(element))
 
 
 def load(value: object, name: str, flag: str, model, limit: int | None, count: bool = True,
@@ -206,31 +204,38 @@ def as_float32(x):
     """Inputs as Keras trains on them: float64 becomes float32 once, here, not per batch;
     other dtypes (integer token ids, float16) stay as they are. `x` may be nested (several
     inputs)."""
-    if isinstance(x, np.ndarray) or not isinstance(x, (list, tuple, dict)):
-        return x.astype(np.float32) if getattr(x, "dtype", None) == np.float64 else x
-    import keras
+    return map_nested(lambda a: a.astype(np.float32) if getattr(a, "dtype", None) == np.float64 else a, x)
 
-    return keras.tree.map_structure(as_float32, x)
+
+def map_nested(fn, data):
+    """`fn` applied to every array of a nested structure of lists, tuples and dicts (the
+    structures Keras takes for several inputs or outputs); an array alone is a leaf."""
+    if isinstance(data, dict):
+        return {k: map_nested(fn, v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_nested(fn, v) for v in data)
+    return fn(data)
+
+
+def leaves(data) -> list:
+    """The arrays of a nested structure, in order (dicts by key order, as given)."""
+    if isinstance(data, dict):
+        return [leaf for v in data.values() for leaf in leaves(v)]
+    if isinstance(data, (list, tuple)):
+        return [leaf for v in data for leaf in leaves(v)]
+    return [data]
 
 
 def take(data, index):
     """`data[index]` for an array or a nested structure of arrays (None stays None)."""
     if data is None:
         return None
-    if isinstance(data, np.ndarray):
-        return data[index]
-    import keras
-
-    return keras.tree.map_structure(lambda a: a[index], data)
+    return map_nested(lambda a: a[index], data)
 
 
 def num_rows(data) -> int:
     """The number of samples in an array or a nested structure of arrays (the first leaf's)."""
-    if isinstance(data, np.ndarray):
-        return len(data)
-    import keras
-
-    return len(keras.tree.flatten(data)[0])
+    return len(leaves(data)[0])
 
 
 class ArraySource:

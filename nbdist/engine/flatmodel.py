@@ -49,9 +49,9 @@ def ensure_built(model, x_sample, y_sample=None, sample_weight=None) -> None:
 
 def head(data, n: int):
     """The first `n` samples of an array or of a nested structure of arrays."""
-    import keras
+    from nbdist.engine.data import take
 
-    return keras.tree.map_structure(lambda a: a[:n], data)
+    return take(data, slice(0, n))
 
 
 def layout(model) -> dict:

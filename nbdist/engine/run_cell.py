@@ -159,8 +159,6 @@ def find_training(ns: dict, spec) -> tuple:
 
 def as_arrays(value):
     """An array, or a list or dict of them (several inputs or outputs), as NumPy arrays."""
-    if isinstance(value, (list, tuple, dict)):
-        import keras
+    from nbdist.engine.data import map_nested
 
-        return keras.tree.map_structure(np.asarray, value)
-    return np.asarray(value)
+    return map_nested(np.asarray, value)
