@@ -15,7 +15,7 @@ turns each epoch the hub reports finished into what `fit` would have done at tha
 Training goes on while the kernel does this (the workers do not wait for it), so a rate
 change or a stop takes effect a few steps into the next epoch; the weights kept at a stop are
 those of the epoch's end. Batch-level hooks (`on_train_batch_begin/end`) are called from
-`tick`, at most every `BATCH_HOOK_S` seconds, not at every step: `batch` is the number of
+`tick`, at most every `BATCH_HOOK_S` seconds and at each epoch's end, not at every step: `batch` is the number of
 steps of the epoch so far across all workers, `logs["loss"]` the mean loss of the steps since
 the previous call (see docs/reference.md, "Your cell").
 """
@@ -128,6 +128,8 @@ class FitDriver:
             self.callbacks.on_epoch_begin(self.keras_epoch)
 
     def _epoch_end(self, weights) -> None:
+        if self.batch_hooks:  # the steps not yet reported, before the epoch's end
+            self._batch_hooks(force=True)
         epoch = self.keras_epoch
         if weights is not None:
             self._write(weights)
@@ -188,9 +190,9 @@ class FitDriver:
         self.stopped_by_callbacks = True
         self.run.stop()
 
-    def _batch_hooks(self) -> None:
+    def _batch_hooks(self, force: bool = False) -> None:
         now = time.monotonic()
-        if now - self._batch_at < BATCH_HOOK_S:
+        if now - self._batch_at < BATCH_HOOK_S and not force:
             return
         rows = self.run.history_rows(self._rows_seen)
         if not rows:
@@ -225,17 +227,22 @@ class _RateWatch:
             rate = self.driver.run.lr
             if rate is not None:
                 optimizer.learning_rate.assign(rate)
-            self.before = float(np.asarray(optimizer.learning_rate))
+            self.before = _rate(optimizer)
         return self
 
     def __exit__(self, *exc) -> None:
-        if exc[0] is not None or not self.constant:
-            return
-        after = float(np.asarray(self.driver.model.optimizer.learning_rate))
+        driver = self.driver
+        if exc[0] is not None or not self.constant or driver.run.state.final_weights is not None:
+            return  # (nothing trains any more once the run has ended)
+        after = _rate(driver.model.optimizer)
         if not math.isclose(after, self.before, rel_tol=1e-6):
-            names = ", ".join(type(cb).__name__ for cb in self.driver.callbacks.callbacks
+            names = ", ".join(type(cb).__name__ for cb in driver.fit.call.callbacks or []
                               if _overrides(cb, "on_epoch_end") or _overrides(cb, "on_epoch_begin"))
-            self.driver.run.set_lr(after, by=f"callback ({names})")
+            driver.run.set_lr(after, by=f"callback ({names})")
+
+
+def _rate(optimizer) -> float:
+    return float(optimizer.learning_rate.numpy())
 
 
 def _overrides(callback, method: str) -> bool:
