@@ -37,6 +37,11 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from nbdist.dashboard.widget import Dashboard
+    from nbdist.run.handle import Run
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +49,9 @@ TICK_S = 0.1  # the longest one pass sleeps: how late the end of the run or Ctrl
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 
-def wait_live(run, dashboard=None, *, until: Callable[[], bool] | None = None,
-              on_tick: Callable[[], None] | None = None):
+def wait_live(run: Run, dashboard: Dashboard | None = None, *,
+              until: Callable[[], bool] | None = None,
+              on_tick: Callable[[], None] | None = None) -> Run:
     """Block this (the kernel's main) thread until `run` ends, or `until()` is true, keeping
     `dashboard` and the notebook's widgets live meanwhile. Raises the run's error if it
     failed, like `run.wait()`; returns the run.
@@ -98,6 +104,7 @@ class ShellInbox:
         self.kernel = kernel
         self.socket = socket
         self.kept: list[list] = []  # frames of the requests the loop gets back, in order
+        self.live = True  # comm messages are dispatched at once (until one fails to be)
         self._concurrent = "concurrent" in inspect.signature(kernel.dispatch_shell).parameters
 
     @classmethod
@@ -135,8 +142,13 @@ class ShellInbox:
                 frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
-            if self._msg_type(frames) in COMM_TYPES:
-                self._dispatch(frames)
+            if self.live and self._msg_type(frames) in COMM_TYPES:
+                try:
+                    self._dispatch(frames)
+                except Exception as exc:  # noqa: BLE001 - a kernel unlike 7.4 inside: stop trying
+                    self.live = False
+                    log.warning("a widget message could not be handled during the wait (%r); it "
+                                "is dropped, and the next ones wait for the end of the cell", exc)
             else:
                 self.kept.append(frames)
 

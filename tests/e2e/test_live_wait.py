@@ -7,8 +7,9 @@ clicks Stop (or interrupts), so nothing depends on how fast it trains.
 Checks, all before the cell's reply: a click on Pause reaches the run (its status comes back
 as paused); a learning rate set on the slider reaches the hub (its event is drawn on the
 throughput panel: `run.events` has it); the panels and the status are redrawn; an execute
-request sent during the wait runs after the cell, never inside it. Ctrl-C stops the run; the
-text status line (no widgets) moves during the wait. The same click in a real browser is in
+request sent during the wait runs after the cell, never inside it. Ctrl-C stops the run and
+aborts the request queued behind the cell, as after any failed cell; the text status line (no
+widgets) moves during the wait. The same click in a real browser is in
 tests/e2e/test_browser.py.
 """
 
@@ -175,9 +176,11 @@ def test_ctrl_c_stops_a_waiting_run_and_the_text_status_line_moves_meanwhile(fro
                 if m["msg_type"] == "update_display_data" and m["parent_header"].get("msg_id") == cell]
 
     fe.pump(lambda: len({t for t in lines() if ": running" in t}) >= 2, "the text status line moving")
+    queued = fe.execute("print('queued')")
     fe.km.interrupt_kernel()
     reply = fe.reply(cell)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
+    assert fe.reply(queued)["status"] == "aborted"  # as a cell queued behind a failed one is
     check = fe.execute("print(_nbdist_run.status, _nbdist_run.done)")
     assert fe.reply(check)["status"] == "ok"
     assert fe.output(check) == "stopped True\n"

@@ -2,10 +2,13 @@
 wait on a real `--mode local` run that still calls `on_tick`, stops the run on Ctrl-C or on
 `on_tick`'s error, and raises the run's own error. With a kernel: tests/e2e/test_live_wait.py."""
 
+import asyncio
+import contextvars
+
 import pytest
 
 import nbdist
-from nbdist.dashboard.live_wait import ShellInbox, wait_live
+from nbdist.dashboard.live_wait import ShellInbox, _finish, wait_live
 from nbdist.errors import TrainingError
 from tests.helpers import SYNTHETIC_CELL, global_step
 
@@ -53,3 +56,28 @@ def test_the_runs_own_error_is_raised_like_run_wait():
     with pytest.raises(TrainingError, match=r"became (nan|inf) at step \d+"):
         wait_live(run)
     assert run.status == "failed"
+
+
+def test_a_handler_that_suspends_while_stepped_by_hand_is_finished_on_the_loop():
+    """A comm dispatch that awaits (none does in ipykernel 7.4) is handed to the kernel's loop
+    with what it awaits, in its own context, and runs to its end there."""
+    where = contextvars.ContextVar("where", default="cell")
+    done = []
+
+    async def handler(ready):
+        where.set("handler")
+        done.append(await ready)
+        await asyncio.sleep(0)
+        done.append(where.get())
+
+    async def loop():
+        ready = asyncio.get_running_loop().create_future()
+        coro, context = handler(ready), contextvars.copy_context()
+        waiting = context.run(coro.send, None)  # as ShellInbox._dispatch steps it
+        assert waiting is ready and done == []
+        ready.set_result("clicked")
+        await _finish(coro, waiting, context)
+        assert where.get() == "cell"  # the handler's context stayed its own
+
+    asyncio.run(loop())
+    assert done == ["clicked", "handler"]
