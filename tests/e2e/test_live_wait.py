@@ -181,6 +181,6 @@ def test_ctrl_c_stops_a_waiting_run_and_the_text_status_line_moves_meanwhile(fro
     reply = fe.reply(cell)
     assert reply["status"] == "error" and reply["ename"] == "KeyboardInterrupt", reply
     assert fe.reply(queued)["status"] == "aborted"  # as a cell queued behind a failed one is
-    check = fe.execute("print(_nbdist_run.status, _nbdist_run.done)")
+    check = fe.execute("print(_nbdist_run.status, _nbdist_run.done())")
     assert fe.reply(check)["status"] == "ok"
     assert fe.output(check) == "stopped True\n"

@@ -25,7 +25,7 @@ def test_there_is_no_shell_inbox_outside_a_kernel():
 def test_on_tick_runs_on_every_pass_and_once_after_the_end():
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1, batch_size=32)
     seen = []
-    assert wait_live(run, on_tick=lambda: seen.append(run.done)) is run
+    assert wait_live(run, on_tick=lambda: seen.append(run.done())) is run
     assert run.status == "finished"
     assert seen[-1] is True and seen.count(False) >= 1  # called while it trained, and after
 
@@ -34,7 +34,7 @@ def test_until_returns_with_the_run_still_training():
     run = long_run()
     with run:
         wait_live(run, until=lambda: global_step(run) >= 20)
-        assert not run.done and global_step(run) >= 20
+        assert not run.done() and global_step(run) >= 20
     assert run.status == "stopped"
 
 
@@ -48,7 +48,7 @@ def test_ctrl_c_or_an_error_in_on_tick_stops_the_run_and_propagates(error):
 
     with pytest.raises(error):
         wait_live(run, on_tick=on_tick)
-    assert run.done and run.status == "stopped"
+    assert run.done() and run.status == "stopped"
 
 
 def test_the_runs_own_error_is_raised_like_run_wait():
