@@ -150,6 +150,5 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     run = start_function(config.mode)(job, cluster=cluster, wait=False)
     presenter.started(run)
     if wait:
-        presenter.wait(run, lambda: None)
-        run.wait()  # raises the run's error, if it failed
+        presenter.wait(run, lambda: None)  # raises the run's error, if it failed
     return run

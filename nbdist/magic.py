@@ -108,7 +108,11 @@ class _MagicPresenter:
 
     def __init__(self, magics: NbdistMagics, args):
         self.magics, self.args = magics, args
-        self.shows_dashboard = False  # a live dashboard (not the text status line) is under the cell
+        self.dashboard = None  # the live dashboard under the cell (None: the text status line, or none)
+
+    @property
+    def shows_dashboard(self) -> bool:
+        return self.dashboard is not None
 
     def started(self, run) -> None:
         self.magics.run = run
@@ -116,9 +120,11 @@ class _MagicPresenter:
         if not self.args.no_dashboard:
             from nbdist.dashboard.widget import show
 
-            self.shows_dashboard = show(run, top_k=self.args.top_k) is not None
+            self.dashboard = show(run, top_k=self.args.top_k)
 
     def wait(self, run, on_tick) -> None:
-        from nbdist.fit.launch import wait_ticking
+        """Block until the run ends, the dashboard and its controls live meanwhile; raises the
+        run's error if it failed."""
+        from nbdist.dashboard.live_wait import wait_live
 
-        wait_ticking(run, on_tick)
+        wait_live(run, self.dashboard, on_tick=on_tick)

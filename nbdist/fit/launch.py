@@ -27,19 +27,11 @@ class Presenter:
         """The run is up (the magic binds `-o NAME` and shows the dashboard here)."""
 
     def wait(self, run, on_tick) -> None:
-        """Block until the run ends, calling `on_tick()` often from this (the main) thread."""
-        wait_ticking(run, on_tick)
+        """Block until the run ends, calling `on_tick()` often from this (the main) thread;
+        raises the run's error if it failed."""
+        from nbdist.dashboard.live_wait import wait_live
 
-
-def wait_ticking(run, on_tick, every_s: float = 0.1) -> None:
-    """Wait for `run`, calling `on_tick()` every `every_s`; Ctrl-C stops the run and frees its
-    engines before the interrupt goes on."""
-    try:
-        while not run.state.ended.wait(every_s):
-            on_tick()
-    except KeyboardInterrupt:
-        run.close(timeout=30)
-        raise
+        wait_live(run, None, on_tick=on_tick)  # without a kernel: a plain wait that ticks
 
 
 class FitLauncher:
@@ -87,10 +79,11 @@ class FitLauncher:
         self.presenter.started(run)
         driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard)
         driver.begin()
-        self.presenter.wait(run, driver.tick)
-        if run.error is not None and not driver.terminated_on_nan(run.error):
-            raise run.error
-        driver.tick()
+        try:
+            self.presenter.wait(run, driver.tick)
+        except Exception as exc:  # the run's own error (a worker's NaN loss), or a callback's
+            if exc is not run.error or not driver.terminated_on_nan(exc):
+                raise
         history = driver.end()
         run.state.keras_history = history
         return history
