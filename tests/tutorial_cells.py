@@ -163,3 +163,12 @@ def fit_baseline(name: str) -> float:
             exec(cell, ns)  # noqa: S102 - the test's own cell
         _BASELINES[name] = float(result(ns))
     return _BASELINES[name]
+
+
+def trained_by_keras() -> bool | None:
+    """On an engine: whether the cell's `model` there ever built Keras's train function (None:
+    the engine ran no cell, e.g. a hub shard's)."""
+    from nbdist.engine.run_cell import engine_namespace
+
+    model = engine_namespace().get("model")
+    return None if model is None else model.train_function is not None

@@ -127,6 +127,11 @@ class EpochSchedule:
         return self._done / self.num_samples
 
     @property
+    def first_unfinished_epoch(self) -> int:
+        """The first epoch with samples not yet trained on (== epochs once all are)."""
+        return next((e for e, left in enumerate(self._remaining) if left), self.epochs)
+
+    @property
     def current_epoch(self) -> int:
         """The epoch that chunks are being handed out from (== epochs when all are handed out)."""
         return self._epoch

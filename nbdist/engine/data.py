@@ -100,8 +100,8 @@ def load(value: object, name: str, flag: str, model, limit: int | None, count: b
     `take_batches`: only that many batches (`fit(steps_per_epoch=...)` on a repeating dataset)."""
     import tensorflow as tf
 
-    batched = as_batched(value, name, flag, model, finite=take_batches is not None)
-    hint, came_batched = None, batched is value  # came batched: its batches are the model's
+    batched, came_batched = as_batched(value, name, flag, model, finite=take_batches is not None)
+    hint = None  # came batched: its batches are the model's
     if take_batches is not None:
         batched = batched.take(take_batches)
     parts, size, total = [], 0, 0
@@ -132,8 +132,9 @@ def load(value: object, name: str, flag: str, model, limit: int | None, count: b
 
 def as_batched(value: object, name: str, flag: str, model, finite: bool = False):
     """`value` (a dataset or a generator function) as a batched tf.data.Dataset of (x, y) or
-    (x, y, sample_weight) elements, x and y nested or not. `finite`: the caller takes a finite
-    part itself (a repeating dataset is then allowed)."""
+    (x, y, sample_weight) elements, x and y nested or not, and whether it came batched (then its
+    batches are the model's batch size, as in `fit`). `finite`: the caller takes a finite part
+    itself (a repeating dataset is then allowed)."""
     import tensorflow as tf
 
     rank = model_rank(model)
@@ -148,7 +149,7 @@ def as_batched(value: object, name: str, flag: str, model, finite: bool = False)
         signature = tf.nest.map_structure(
             lambda a: tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape), tf.as_dtype(a.dtype)), first)
         dataset = tf.data.Dataset.from_generator(value, output_signature=signature)
-        return dataset if batched else dataset.batch(READ_BATCH)
+        return (dataset, True) if batched else (dataset.batch(READ_BATCH), False)
     spec = value.element_spec
     if not (isinstance(spec, tuple) and len(spec) in (2, 3)
             and all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec))):
@@ -163,7 +164,7 @@ def as_batched(value: object, name: str, flag: str, model, finite: bool = False)
             "say how many batches make an epoch with model.fit(..., steps_per_epoch=N).")
     first = tf.nest.flatten(spec[0])[0]
     shape = tuple(first.shape.as_list()) if first.shape.rank is not None else (None,)
-    return value if is_batched(shape, rank, False) else value.batch(READ_BATCH)
+    return (value, True) if is_batched(shape, rank, False) else (value.batch(READ_BATCH), False)
 
 
 def validation_arrays(ns: dict, names: tuple[str, ...] | None, model) -> tuple | None:

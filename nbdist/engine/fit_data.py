@@ -32,6 +32,7 @@ class FitData:
     validation: tuple[str, ...]  # () when the call validates on nothing
     take_batches: int | None = None  # batches of a repeating dataset that make an epoch
     is_dataset: bool = False
+    warning: str | None = None  # how the run trains unlike the call (for run.warnings)
 
 
 def place(call: FitCall, namespace: dict) -> FitData:
@@ -46,11 +47,8 @@ def place(call: FitCall, namespace: dict) -> FitData:
                         "inputs and labels: model.fit(x_train, y_train, ...).")
     if kind in ("dataset", "generator"):
         return _place_dataset(call, namespace, kind)
-    if _is_iterator(call.x):
-        raise CellError(
-            f"model.fit() got a {type(call.x).__name__} as x: an iterator that can be read only once, "
-            "and only in this process, while every engine needs the data for every epoch. Pass arrays, "
-            "a tf.data.Dataset built in the cell, or a generator *function* with --data NAME.")
+    if _is_iterator(call.x) or _is_py_dataset(call.x):
+        return _place_batches(call, namespace)
     if call.y is None:
         raise CellError("model.fit() got inputs but no labels (Received: y=None). nbdist trains on "
                         "(inputs, labels) pairs: pass y, e.g. model.fit(x_train, y_train).")
@@ -88,6 +86,46 @@ def _place_dataset(call: FitCall, namespace: dict, kind: str) -> FitData:
         take_batches = call.steps_per_epoch  # an epoch is that many batches of the endless stream
     validation = _place_validation(call.validation_data, namespace) if call.validation_data is not None else ()
     return FitData((X,), validation, take_batches, is_dataset=True)
+
+
+MAX_ITERATOR_BYTES = 2 * 2**30  # what a generator given to fit may yield without steps_per_epoch
+
+
+def _place_batches(call: FitCall, namespace: dict) -> FitData:
+    """A Python generator, iterator or `keras.utils.PyDataset` as x: its batches are read once
+    (every engine reads its own, as the cell made it there) and replayed each epoch."""
+    from itertools import islice
+
+    from nbdist.engine.data import nbytes
+
+    if call.y is not None or call.validation_split:
+        raise CellError(f"model.fit() got a {type(call.x).__name__} as x, which yields its own labels; "
+                        "as in Keras it takes no y and no validation_split. Drop them.")
+    if _is_py_dataset(call.x):
+        count = len(call.x) if call.steps_per_epoch is None else min(len(call.x), call.steps_per_epoch)
+        source = (call.x[i] for i in range(count))
+    else:
+        source = islice(call.x, call.steps_per_epoch) if call.steps_per_epoch else call.x
+    batches, size = [], 0
+    for batch in source:
+        batches.append(tuple(batch) if isinstance(batch, (tuple, list)) else batch)
+        size += nbytes(batch)
+        if size > MAX_ITERATOR_BYTES:
+            raise CellError(f"model.fit() got a {type(call.x).__name__} that yields more than 2 GiB "
+                            "without steps_per_epoch. Say how many batches make an epoch: "
+                            "model.fit(gen, steps_per_epoch=N, ...), or pass a tf.data.Dataset.")
+    if not batches:
+        raise CellError(f"model.fit() got a {type(call.x).__name__} that yields no batch: there is "
+                        "nothing to train on.")
+
+    def replay():
+        yield from batches
+
+    namespace[X] = replay
+    validation = _place_validation(call.validation_data, namespace) if call.validation_data is not None else ()
+    return FitData((X,), validation, is_dataset=True, warning=(
+        f"model.fit got a {type(call.x).__name__}: nbdist read {len(batches)} batch(es) of it once and "
+        "trains every epoch on them (Keras would draw new batches each epoch from an endless one)."))
 
 
 def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
@@ -153,8 +191,11 @@ def class_weights(y, class_weight: dict) -> np.ndarray:
 
 
 def _is_iterator(value: object) -> bool:
-    return hasattr(value, "__next__") or type(value).__name__ == "PyDataset" or any(
-        c.__name__ == "PyDataset" for c in type(value).__mro__)
+    return hasattr(value, "__next__") and hasattr(value, "__iter__")
+
+
+def _is_py_dataset(value: object) -> bool:
+    return any(c.__name__ == "PyDataset" and c.__module__.startswith("keras") for c in type(value).__mro__)
 
 
 def _infinite(dataset) -> bool:

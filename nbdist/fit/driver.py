@@ -36,7 +36,7 @@ BATCH_HOOK_S = 0.5  # batch-level callbacks are called at most this often (see t
 class FitDriver:
     """Runs a fit call's callbacks on a running `Run` (see the module docstring)."""
 
-    def __init__(self, run, job, *, show_progress: bool):
+    def __init__(self, run, job, *, show_progress: bool, first_epoch: int = 0):
         import keras
 
         self.run, self.job, self.fit = run, job, job.fit
@@ -52,7 +52,8 @@ class FitDriver:
         self.batch_hooks = any(_overrides(cb, "on_train_batch_end") or _overrides(cb, "on_train_batch_begin")
                                or _overrides(cb, "on_batch_end") for cb in callbacks)
         self.validation = job.contents.validation_arrays
-        self.done_epochs = 0  # hub epochs handled (0-based, from the run's first epoch)
+        self.epoch = first_epoch  # the hub epoch to end next (0-based; later when resuming)
+        self.last_epoch = job.config.epochs - 1  # the hub's epochs are 0 .. epochs - 1
         self.stopped_by_callbacks = False
         self.logs: dict = {}
         self._batch_at = time.monotonic()
@@ -61,7 +62,8 @@ class FitDriver:
 
     @property
     def keras_epoch(self) -> int:
-        return self.fit.initial_epoch + self.done_epochs
+        """The epoch as the cell's fit call counts it (from its `initial_epoch`)."""
+        return self.fit.initial_epoch + self.epoch
 
     # -- the calls ----------------------------------------------------------------------------
 
@@ -76,7 +78,7 @@ class FitDriver:
             return  # training has ended: `end` reports what is left, on the final weights
         if self.batch_hooks:
             self._batch_hooks()
-        while self.done_epochs < self._epochs_ended() and not self.stopped_by_callbacks:
+        while self.epoch in self._epochs_ended() and not self.stopped_by_callbacks:
             self._epoch_end(weights=self._current_weights())
 
     def end(self):
@@ -86,9 +88,9 @@ class FitDriver:
         run = self.run
         if not self.stopped_by_callbacks:
             final = run.state.final_weights
-            while self.done_epochs < self.fit.passes and not self.stopped_by_callbacks:
-                partial = self.done_epochs >= self._epochs_ended()
-                if partial and str(self.done_epochs) not in run.stats.get("epoch_metrics", {}):
+            while self.epoch <= self.last_epoch and not self.stopped_by_callbacks:
+                partial = self.epoch not in self._epochs_ended()
+                if partial and str(self.epoch) not in run.stats.get("epoch_metrics", {}):
                     break  # stopped before this epoch trained anything
                 self._epoch_end(weights=final)
                 final = None  # written once; the epochs after it keep them
@@ -116,12 +118,12 @@ class FitDriver:
 
     # -- pieces ---------------------------------------------------------------------------------
 
-    def _epochs_ended(self) -> int:
-        events = self.run.stats.get("events", [])
-        return sum(1 for e in events if e.get("event") == "epoch_end")
+    def _epochs_ended(self) -> set[int]:
+        """The hub epochs that have ended (every sample of them trained on)."""
+        return {int(e["epoch"]) for e in self.run.stats.get("events", []) if e.get("event") == "epoch_end"}
 
     def _epoch_begin(self) -> None:
-        if self.done_epochs >= self.fit.passes:
+        if self.epoch > self.last_epoch:
             return
         self._epoch_steps = 0
         with self._rate_watch():
@@ -133,23 +135,23 @@ class FitDriver:
         epoch = self.keras_epoch
         if weights is not None:
             self._write(weights)
-        logs = self._train_logs(self.done_epochs)
+        logs = self._train_logs(self.epoch)
         if self.validation is not None and self.fit.call.should_validate(epoch):
             logs.update({f"val_{k}": v for k, v in self._evaluate().items()})
             self._record_eval(epoch, logs)
         self.logs = logs
         with self._rate_watch():
             self.callbacks.on_epoch_end(epoch, logs)
-        self.done_epochs += 1
+        ended, self.epoch = self.epoch, self.epoch + 1
         if getattr(self.model, "stop_training", False):
             self._stop()
             return
         self._epoch_begin()
-        if self.done_epochs < self.fit.passes:
+        if self.epoch <= self.last_epoch:
             from nbdist.errors import TrainingError
 
             try:
-                self.run.release_epoch(self.done_epochs - 1)  # the workers wait for it (the epoch gate)
+                self.run.release_epoch(ended)  # the workers wait for it (the epoch gate)
             except TrainingError:  # the run ended meanwhile (stopped, failed): nothing waits
                 pass
 
@@ -172,7 +174,7 @@ class FitDriver:
         """Show the kernel's validation in the run's views (dashboard, `run.history`)."""
         metrics = {k[4:]: v for k, v in logs.items() if k.startswith("val_")}
         try:
-            self.run.record_eval(epoch - self.fit.initial_epoch, metrics)
+            self.run.record_eval(self.epoch, metrics)
         except Exception as exc:  # noqa: BLE001 - the run may just have ended: the views miss one row
             log.debug("could not record the kernel's validation: %s", exc)
 

@@ -63,7 +63,8 @@ class FitLauncher:
                     "epoch. Use --mode async, sync or local for this cell, or remove the fit call and "
                     "pass --epochs and --batch-size on the magic line.")
             job = prepare_job(self.cell, config, self.ns, self.checkpoint, fit=spec, **self._found(placed))
-            job = replace(job, contents=replace(job.contents, notes=[*job.contents.notes, *notes]))
+            job = replace(job, contents=replace(job.contents, notes=[*job.contents.notes, *notes]),
+                          warnings=[*job.warnings, *([placed.warning] if placed.warning else [])])
             if config.mode.value in ("local", "simulate"):
                 job = replace(job, trainer_namespace=self._private_copy(job))
             run = self.run = start_function(config.mode)(job, cluster=self.cluster, wait=False)
@@ -77,7 +78,12 @@ class FitLauncher:
         from nbdist.fit.driver import FitDriver
 
         self.presenter.started(run)
-        driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard)
+        first = 0
+        if job.checkpoint is not None:  # resumed: the epochs go on where the checkpoint stood
+            from nbdist.core.schedule import EpochSchedule
+
+            first = EpochSchedule.from_state(job.checkpoint.meta["schedule"]).first_unfinished_epoch
+        driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard, first_epoch=first)
         driver.begin()
         try:
             self.presenter.wait(run, driver.tick)

@@ -235,7 +235,7 @@ def test_simulate_mode_takes_the_fit_call_too():
     ("model.fit(x_train, y_train, epochs=1)\nmodel.fit(x_train, y_train, epochs=1)", CellError,
      "calls model.fit\\(\\) a second time"),
     ("model.train_on_batch(x_train[:8], y_train[:8])", CellError, "train_on_batch"),
-    ("model.fit(iter([(x_train, y_train)]), epochs=1)", CellError, "an iterator that can be read only once"),
+    ("model.fit((b for b in []), epochs=1)", CellError, "yields no batch"),
     ("model.fit(x_train, epochs=1)", CellError, "got inputs but no labels"),
 ])
 def test_what_cannot_be_distributed_is_refused_before_anything_trains(fit_line, error, message):
@@ -247,3 +247,34 @@ def test_a_fit_call_in_pipeline_mode_is_refused_with_what_to_do():
     with pytest.raises(ConfigError, match="--mode pipeline does not take a cell's model.fit"):
         nbdist.train(fit_cell("model.fit(x_train, y_train, epochs=1)"), namespace={}, mode="pipeline",
                      cluster=object())
+
+
+def test_the_magic_binds_the_run_and_the_cell_goes_on_after_its_fit_call(ip, capsys):
+    import keras
+
+    keras.utils.set_random_seed(0)
+    cell = fit_cell("history = model.fit(x_train, y_train, epochs=2, verbose=2)") + "done = True\n"
+    ip.run_cell_magic("distribute", "--mode local -o r", cell)
+    ns = ip.user_ns
+    assert isinstance(ns["history"], keras.callbacks.History) and ns["history"].epoch == [0, 1]
+    assert ns["r"].status == "finished" and ns["r"].keras_history is ns["history"]
+    assert ns["done"] is True and ns["model"].train_function is None
+    out = capsys.readouterr().out
+    assert "Epoch 1/2" in out and "Epoch 2/2" in out  # no dashboard here: a line per epoch
+
+
+def test_a_generator_or_a_py_dataset_is_read_once_and_replayed_each_epoch():
+    gen = fit_cell("history = model.fit(((x_train[i:i + 30], y_train[i:i + 30]) for i in range(0, 900, 30)), "
+                   "epochs=2, steps_per_epoch=20)")
+    run, ns, _ = train_locally(gen)
+    assert ns["history"].epoch == [0, 1] and run.stats["epoch_samples"] == [600, 600]
+    assert "read 20 batch(es) of it once" in run.warnings[0]
+    py_dataset = fit_cell("history = model.fit(Batches(), epochs=1)", before="""
+class Batches(keras.utils.PyDataset):
+    def __len__(self):
+        return 9
+    def __getitem__(self, i):
+        return x_train[i * 100:(i + 1) * 100], y_train[i * 100:(i + 1) * 100]
+""")
+    run, ns, _ = train_locally(py_dataset)
+    assert run.stats["epoch_samples"] == [900] and run.config.batch_size == 100  # its own batches
