@@ -12,12 +12,13 @@ turns each epoch the hub reports finished into what `fit` would have done at tha
    `LearningRateScheduler`) as `run.set_lr` does, `model.stop_training` as `run.stop()`, after
    which the model keeps the weights the callbacks saw (or restored), as in Keras.
 
-Training goes on while the kernel does this (the workers do not wait for it), so a rate
-change or a stop takes effect a few steps into the next epoch; the weights kept at a stop are
-those of the epoch's end. Batch-level hooks (`on_train_batch_begin/end`) are called from
-`tick`, at most every `BATCH_HOOK_S` seconds and at each epoch's end, not at every step: `batch` is the number of
-steps of the epoch so far across all workers, `logs["loss"]` the mean loss of the steps since
-the previous call (see docs/reference.md, "Your cell").
+The workers wait for this at the epoch's end (the epoch gate: the coordinator hands out no
+chunk of the next epoch until `release_epoch`), so, as in `fit`, the weights are exactly the
+epoch's, and a rate change or a stop takes effect before the next epoch trains. Batch-level
+hooks (`on_train_batch_begin/end`) are called from `tick`, at most every `BATCH_HOOK_S`
+seconds and at each epoch's end, not at every step: `batch` is the number of steps of the
+epoch so far across all workers, `logs["loss"]` the mean loss of the steps since the previous
+call (the README's "Your cell").
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ class FitDriver:
         callbacks = list(call.callbacks or [])
         if show_progress and call.verbose != 0:
             callbacks.append(epoch_line(self.fit.epochs))
-        self.steps = max(1, math.ceil(job.epoch_size / max(1, job.config.batch_size)))
+        self.steps = max(1, math.ceil(job.epoch_size / self.fit.batch))  # as the call counts steps
         self.callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=self.model,
             verbose=call.verbose, epochs=self.fit.epochs, steps=self.steps)

@@ -229,7 +229,8 @@ class _SyncLoop:
                 break
             # the epoch's metrics are all in once every rank says so; with a fit call, wait there
             # for the kernel's callbacks (the epoch gate)
-            if not self._epoch_gate(self._report({"epoch_end": epoch}), epoch, steps):
+            reply = self._report({"epoch_end": epoch})
+            if epoch + 1 < spec.epochs and not self._epoch_gate(reply, epoch, steps):
                 self.control[0] = 1.0  # stopped at the gate (every rank sees the same)
                 break
             self._evaluate(epoch)
