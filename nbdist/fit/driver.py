@@ -34,6 +34,10 @@ log = logging.getLogger(__name__)
 BATCH_HOOK_S = 0.5  # batch-level callbacks are called at most this often (see the docstring)
 
 
+class _RunEnded(Exception):  # noqa: N818 - a signal inside the driver, never raised out of it
+    """The run failed while the kernel asked it for its weights."""
+
+
 class FitDriver:
     """Runs a fit call's callbacks on a running `Run` (see the module docstring)."""
 
@@ -79,8 +83,11 @@ class FitDriver:
             return  # training has ended: `end` reports what is left, on the final weights
         if self.batch_hooks:
             self._batch_hooks()
-        while self.epoch in self._epochs_ended() and not self.stopped_by_callbacks:
-            self._epoch_end(weights=self._current_weights())
+        try:
+            while self.epoch in self._epochs_ended() and not self.stopped_by_callbacks:
+                self._epoch_end(weights=self._current_weights())
+        except _RunEnded:
+            return  # the wait raises the run's error
 
     def end(self):
         """After the run ended: the epochs left (a run stopped mid-epoch ends it with what it
@@ -180,7 +187,16 @@ class FitDriver:
             log.debug("could not record the kernel's validation: %s", exc)
 
     def _current_weights(self):
-        return self.run.current_weights()
+        """The run's weights now (at the epoch gate: the epoch's). A run that fails meanwhile
+        has no hub to ask any more: its own error is what the waiting cell raises."""
+        from nbdist.errors import TrainingError
+
+        try:
+            return self.run.current_weights()
+        except TrainingError:
+            if self.run.state.error is not None:
+                raise _RunEnded from None
+            raise
 
     def _write(self, weights) -> None:
         from nbdist.engine.flatmodel import write_flat
