@@ -70,7 +70,7 @@ class HubSpec:
     """Everything one shard needs; sent to its engine by ipyparallel."""
 
     run_id: str
-    key: bytes
+    key: bytes = field(repr=False)  # the run key: signs every message, never printed
     shard: int
     num_shards: int
     plan: Plan
