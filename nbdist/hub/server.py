@@ -56,6 +56,7 @@ from nbdist.hub.wire import (
     receive,
     remove_socket_files,
     server_socket,
+    socket_folder,
 )
 
 log = logging.getLogger(__name__)
@@ -120,12 +121,13 @@ class Hub:
             self.core.restore(spec.restore)
         self._ctx = zmq.Context()
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
-        self._sock = self._auth = self._listener = None
+        self._sock = self._auth = self._listener = self._folder = None
         self.endpoints: dict = {}
         try:
             self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
-            self._listener = localline.listen(local_path(spec), MAX_LOCAL_LINES)
-            self.endpoints = bind(self._sock, spec, self._listener, params_shm=self._segment.name,
+            self._folder = socket_folder(spec)
+            self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
+            self.endpoints = bind(self._sock, spec, self._folder, self._listener, params_shm=self._segment.name,
                                   size=self.size, spin_s=spec.spin_s)
         except BaseException:  # e.g. an address it cannot bind: give back what it took
             self.close()
@@ -229,7 +231,7 @@ class Hub:
         self.links.clear()
         self.core.params = None  # the last view of the segment, which is released now
         shm.release(self._segment, unlink=True)
-        remove_socket_files(self.endpoints)  # the line's listener has removed its own already
+        remove_socket_files(self.endpoints, self._folder)  # the line's listener has removed its own already
 
     # -- worker ops -------------------------------------------------------------------------
 

@@ -226,25 +226,32 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     return sock, authenticator
 
 
-def local_path(spec) -> str:
-    """Where the shard's same-host line listens (`nbdist.hub.localline`)."""
-    import os
+def socket_folder(spec) -> str:
+    """A new folder for the shard's socket files (its ipc socket and same-host line): created
+    0700 under a random name, so no other user can connect to them, guess where they are, or
+    stop the hub by leaving something at its path."""
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.line")
+    return tempfile.mkdtemp(prefix=f"nbdist-{spec.run_id}-{spec.shard}-")
 
 
-def bind(sock, spec, listener=None, **extra) -> dict:
-    """Bind the shard's socket on TCP (spec.bind_host) and ipc; returns its endpoints, which
-    name the run, the same-host line's path if it has a `listener`, and (with --encrypt) the
-    server's public key."""
+def local_path(folder: str) -> str:
+    """Where the shard's same-host line listens (`nbdist.hub.localline`), in its `socket_folder`."""
     import os
-    import tempfile
+
+    return os.path.join(folder, "line")
+
+
+def bind(sock, spec, folder: str, listener=None, **extra) -> dict:
+    """Bind the shard's socket on TCP (spec.bind_host) and ipc (in its `socket_folder`); returns
+    its endpoints, which name the run, the same-host line's path if it has a `listener`, and
+    (with --encrypt) the server's public key."""
+    import os
 
     from nbdist.hub import shm
 
     port = sock.bind_to_random_port(f"tcp://{spec.bind_host}")
-    ipc = os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.ipc")
+    ipc = os.path.join(folder, "ipc")
     sock.bind(f"ipc://{ipc}")
     endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}", "host": shm.host_id(),
                  "run": spec.run_id, **extra}
@@ -255,9 +262,10 @@ def bind(sock, spec, listener=None, **extra) -> dict:
     return endpoints
 
 
-def remove_socket_files(endpoints: Mapping) -> None:
-    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line), where
-    they are left: by the hub when it closes, by its supervisor when it was killed."""
+def remove_socket_files(endpoints: Mapping, folder: str | None = None) -> None:
+    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line) and their
+    `socket_folder` (or `folder`, when the hub failed before it had endpoints), where they are
+    left: by the hub when it closes, by its supervisor when it was killed."""
     import contextlib
     import os
 
@@ -266,6 +274,10 @@ def remove_socket_files(endpoints: Mapping) -> None:
         if path:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            folder = folder or os.path.dirname(path)
+    if folder and os.path.basename(folder).startswith("nbdist-"):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only once empty
 
 
 class _OnlyKey:
