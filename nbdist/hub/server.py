@@ -244,6 +244,7 @@ class Hub:
         self.links[worker] = (shm.WorkerLink(shm.attach(name), h["offset"], self.size, h["total"])
                               if name else shm.WorkerLink())
         self.links[worker].compression = h.get("compression", "none")
+        self.links[worker].sender = h["from"]
         self.core.hello(worker, h.get("host", ""), h.get("engine"), h)
         return self._reply_or_hold(worker, ret, pull=True)
 

@@ -128,14 +128,15 @@ def receive(inbox: Inbox, timeout_ms: int, codec, handlers: Mapping, num_workers
             mark: Callable[[str], None] = no_mark):
     """The next message in a hub's inbox and where its reply goes, or ProtocolError: the
     limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
-    the op and every field a handler reads, then the shared-memory segment's generation."""
+    the op and every field a handler reads, then the worker's incarnation and shared-memory
+    segment (`check_link`)."""
     frames, address = inbox.next(timeout_ms)
     mark("recv")  # the phase clock (nbdist.hub.profile)
     msg = codec.decode(frames, mark)
     if msg.op not in handlers:
         raise ProtocolError(f"unknown op: {msg.op!r}")
     check_fields(msg.header, num_workers)
-    check_segment(links, msg)
+    check_link(links, msg)
     return msg, Return(address, msg.header["from"], msg.header["seq"])
 
 
@@ -167,16 +168,25 @@ def check_fields(header: Mapping, num_workers: int) -> None:
         raise ProtocolError(f"malformed header: wrong type or value of {', '.join(map(str, wrong))}")
 
 
-def check_segment(links: Mapping, msg) -> None:
-    """A step over shared memory names its segment's generation (its unique name): a step that
-    names another segment than the one its worker registered (a stale one) is dropped."""
+def check_link(links: Mapping, msg) -> None:
+    """A worker's message after its hello must come from the incarnation that said it: each
+    process signs as its own sender (`Codec.sender`, a random suffix), so a late message of an
+    earlier process with the same worker id (one that restarted and said hello again) is
+    dropped, over TCP as over shared memory. A step over shared memory also names its segment's
+    generation (its unique name): one that names another segment than the one its worker
+    registered is dropped."""
     h = msg.header
-    if h["op"] == "step" and (h.get("push") or h.get("pull")):
-        link = links.get(h["worker"])
-        segment = getattr(link, "segment", None)
-        if segment is not None and h.get("seg") != segment.name:
-            raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
-                                f"registered {segment.name!r}")
+    if h["op"] not in WORKER_OPS or h["op"] == "hello":
+        return
+    link = links.get(h["worker"])
+    sender = getattr(link, "sender", None)
+    if sender is not None and h["from"] != sender:
+        raise ProtocolError(f"stale incarnation: worker {h['worker']}'s message comes from {h['from']!r}, "
+                            f"it said hello as {sender!r}")
+    segment = getattr(link, "segment", None)
+    if h["op"] == "step" and (h.get("push") or h.get("pull")) and segment is not None and h.get("seg") != segment.name:
+        raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
+                            f"registered {segment.name!r}")
 
 
 def _is(value: object, types: tuple) -> bool:

@@ -20,6 +20,7 @@ from nbdist.errors import TrainingError
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
+from tests.helpers import wait_for
 
 
 def plan(**kw):
@@ -279,6 +280,39 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
         for t in threads:
             t.join(10)
         for t in (a, b):
+            if t is not None:
+                t.close()
+        control.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transport):
+    """Worker 0 restarts (a new process says hello with the same id) while a push of its earlier
+    incarnation is still on its way: that push is dropped, over TCP as over shared memory, and
+    the new incarnation trains every chunk once."""
+    hub, key, thread = start_hub(plan(num_workers=1, num_samples=40))
+    control = HubControl(key, [hub.endpoints])
+    old = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
+    new = None
+    try:
+        chunk = old.hello()["chunks"][0][0]
+        new = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
+        reply = new.hello()  # the restarted worker registers
+        old.grad[:] = 1000.0
+        old.send_step({"chunks": [chunk], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)  # late
+        dropped = wait_for(lambda: control.stats()["dropped"], 30, what="the late push to be dropped")
+        assert dropped == {"stale incarnation": 1}
+        assert control.stats()["global_step"] == 0 and hub.version == 0
+        np.testing.assert_array_equal(control.params()[0], np.zeros(SIZE, np.float32))
+        applied = []
+        reply = train_until_done(new, reply, applied)
+        assert sorted(applied) == list(range(10))  # the late push's chunk too, once, by the new one
+        np.testing.assert_allclose(control.params()[0], -np.float32(0.1) * sum(grad_for(c) for c in applied),
+                                   rtol=1e-5)
+    finally:
+        control.shutdown()
+        thread.join(10)
+        for t in (old, new):
             if t is not None:
                 t.close()
         control.close()
