@@ -112,9 +112,11 @@ class RunControl:
         return self._save_checkpoint(str(directory))
 
     def _save_checkpoint(self, directory: str, final: bool = False) -> str:
+        from nbdist.checkpoint.folder import claimed
         from nbdist.checkpoint.store import save
 
-        with self._checkpoint_lock:  # sync mode: rank 0 holds the weights (nbdist.checkpoint.sync_state)
+        with self._checkpoint_lock, claimed(directory, self.run_id, self._checkpoint_folder):
+            # sync mode: rank 0 holds the weights (nbdist.checkpoint.sync_state)
             shards = self._backend.checkpoint_state(self._control, final)
             self.last_checkpoint = save(directory, shards, self._checkpoint_info)
             self._checkpoint_at = time.monotonic()

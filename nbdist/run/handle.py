@@ -70,6 +70,7 @@ class Run(RunViews, RunControl, RunMonitor):
         self.last_checkpoint: str | None = None  # path of the latest checkpoint written
         self._checkpoint_info: dict = {}  # set by the mode's start (nbdist.job.Job.checkpoint_info)
         self._checkpoint_lock = threading.Lock()
+        self._checkpoint_folder = None  # its claim on --checkpoint-dir (nbdist.checkpoint.folder)
         self._checkpoint_at = time.monotonic()
 
     @property

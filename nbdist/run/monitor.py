@@ -105,6 +105,8 @@ class RunMonitor:
             log.warning("clean-up after run %s: %s", self.run_id, exc)
         finally:
             self._control.close()
+            if self._checkpoint_folder is not None:  # another run may save there now
+                self._checkpoint_folder.release()
 
     def _absorb(self, snap: dict) -> None:
         self._rows.extend(snap.pop("history", []))

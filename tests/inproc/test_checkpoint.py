@@ -347,3 +347,25 @@ def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
     with pytest.raises(CheckpointError, match="got no cell"):  # refused before the folder is read
         nbdist.resume(tmp_path / "missing")
     assert not marker.exists()
+
+
+# -- one run per folder --------------------------------------------------------------------------
+
+
+def test_a_checkpoint_folder_is_held_by_one_run_until_it_gives_it_back(tmp_path):
+    from nbdist.checkpoint.folder import FolderLock, claimed
+
+    first = FolderLock(str(tmp_path), owner="run-a")
+    with pytest.raises(CheckpointError, match=r"folder .* is in use by run run-a \(process \d+ on .*"
+                                              r"nothing in the folder was changed.*another --checkpoint-dir"):
+        FolderLock(str(tmp_path), owner="run-b")
+    with claimed(str(tmp_path), "run-a", first):  # its holder saves there
+        pass
+    with pytest.raises(CheckpointError, match="in use by run run-a"), claimed(str(tmp_path), "run-b", None):
+        pass
+    with claimed(str(tmp_path / "elsewhere"), "run-b", None):  # a folder nobody holds: taken for one save
+        with pytest.raises(CheckpointError, match="in use by run run-b"):
+            FolderLock(str(tmp_path / "elsewhere"), owner="run-c")
+    first.release()
+    assert os.listdir(tmp_path) == ["elsewhere"] and os.listdir(tmp_path / "elsewhere") == []  # no lock file left
+    FolderLock(str(tmp_path), owner="run-b").release()  # free again
