@@ -180,8 +180,8 @@ class Hub:
                 last_heard = time.monotonic()
                 try:
                     answer = handlers[msg.op](msg, ret)
-                    if answer is not None:
-                        self._send(ret, *answer)
+                    if answer is not None and not self._send(ret, *answer) and msg.op in ("hello", "step"):
+                        self._not_reading([msg.header["worker"]])
                     self.core.settle(due_only=True)  # pushes' bookkeeping, once their replies are out
                     mark("settle")
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
@@ -196,24 +196,46 @@ class Hub:
                 "dropped": dict(self.dropped),
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
-    def _send(self, ret: Return, header: dict, buffers: list) -> None:
+    def _send(self, ret: Return, header: dict, buffers: list) -> bool:
+        """Send a reply without ever waiting; False (and counted) if it could not be delivered:
+        its peer is gone, or does not read (its line or ZeroMQ queue is full)."""
         mark = self._mark
         mark("reply")
         frames = self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)
-        if type(ret.ident) is localline.Conn:
-            try:
+        try:
+            if type(ret.ident) is localline.Conn:
                 ret.ident.send(frames, block=False)
-            except (OSError, ProtocolError):  # gone, not reading, or (a bug) too large: as ZeroMQ drops it
-                self.dropped["reply not delivered"] += 1
-        else:
-            send_frames(self._sock, [ret.ident, *frames])
-        mark("send")
+            else:
+                send_frames(self._sock, [ret.ident, *frames], zmq.DONTWAIT)
+        except (OSError, ProtocolError, zmq.ZMQError):  # gone, not reading, or (a bug) too large
+            self.dropped["reply not delivered"] += 1
+            return False
+        finally:
+            mark("send")
+        return True
 
     def _release_held(self) -> None:
         """Send every held reply the core lets go."""
+        unread = []
         for worker, ret, pull, reply in self.core.release():
-            self._send(ret, *self._reply(worker, pull, reply))
+            if not self._send(ret, *self._reply(worker, pull, reply)):
+                unread.append(worker)
             self.core.heard(worker)  # its silence counts from now
+        self._not_reading(unread)
+
+    def _not_reading(self, workers: list[int]) -> None:
+        """Workers whose reply could not be delivered would wait for it until their --timeout
+        and fail the run: shard 0 writes them off at once instead (their chunks go to the
+        others). Another shard only counts the drop; its worker, waiting for that reply, goes
+        silent and shard 0 writes it off at its deadline."""
+        if self.core.coordinator is None or not self.core.plan.silence_is_loss:
+            return
+        for worker in workers:
+            if not self.core.written_off(worker):
+                log.warning("hub: the reply to worker %d could not be delivered; counting it as lost", worker)
+                self._write_off(worker, "its replies were not read (its queue was full or its socket gone)")
+        if workers:
+            self._release_held()
 
     def close(self) -> None:
         writeoff.close(self)
@@ -326,10 +348,13 @@ class Hub:
         """Workers silent past their deadline (killed, engine died) are written off."""
         for worker, deadline in self.core.overdue():
             log.warning("hub: worker %d silent for over %.1fs; counting it as lost", worker, deadline)
-            writeoff.relay(self, worker, f"silent for over {deadline:.1f}s")  # every shard first
-            self._unlink(worker)
-            self.core.lose(worker, f"silent for over {deadline:.1f}s")
+            self._write_off(worker, f"silent for over {deadline:.1f}s")
         self._release_held()  # e.g. SSP: the others no longer wait for its clock
+
+    def _write_off(self, worker: int, reason: str) -> None:
+        writeoff.relay(self, worker, reason)  # every shard first
+        self._unlink(worker)
+        self.core.lose(worker, reason)
 
     # -- kernel ops -------------------------------------------------------------------------
 

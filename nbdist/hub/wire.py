@@ -222,6 +222,7 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply it cannot queue raises, never vanishes unseen
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     authenticator = None
     if encrypt:

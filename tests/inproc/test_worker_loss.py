@@ -316,3 +316,41 @@ def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transpor
             if t is not None:
                 t.close()
         control.close()
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_finishes(transport):
+    """Worker 1 keeps asking and reads none of the answers, as a stuck process would: once the
+    hub cannot queue a reply for it (its line or its ZeroMQ queue is full), shard 0 writes it
+    off there and then, instead of leaving it to wait for that reply until --timeout and fail
+    the run. Its chunks go to worker 0, which trains every chunk once."""
+    hub, key, thread = start_hub(plan(num_samples=80))
+    control = HubControl(key, [hub.endpoints])
+    a, b = (WorkerTransport(key, w, [hub.endpoints], 0, "tcp" if transport == "tcp" else "auto", timeout=20)
+            for w in (0, 1))
+    try:
+        assert b.line_kind == transport
+        reply = a.hello()
+        b.hello()
+        sent = 0
+        while not control.stats()["lost"]:  # the queue fills after some thousands (TCP) or 512 (line)
+            assert sent < 200_000, f"{sent} requests and worker 1 is still in the run"
+            for _ in range(500):
+                b.lines[0].send({"op": "step", "worker": 1})
+            sent += 500
+        snap = control.stats()
+        assert snap["lost"] == [1] and snap["nodes"][1]["state"] == "lost"
+        (event,) = [e for e in snap["events"] if e["event"] == "worker_lost"]
+        assert "replies were not read" in event["reason"]
+        assert snap["dropped"]["reply not delivered"] >= 1
+        applied = []
+        reply = train_until_done(a, reply, applied)
+        assert sorted(applied) == list(range(20))  # worker 1's chunks too, once, by worker 0
+        np.testing.assert_allclose(control.params()[0], -np.float32(0.1) * sum(grad_for(c) for c in applied),
+                                   rtol=1e-5)
+    finally:
+        control.shutdown()
+        thread.join(10)
+        for t in (a, b):
+            t.close()
+        control.close()
