@@ -363,9 +363,9 @@ def test_a_checkpoint_folder_is_held_by_one_run_until_it_gives_it_back(tmp_path)
         pass
     with pytest.raises(CheckpointError, match="in use by run run-a"), claimed(str(tmp_path), "run-b", None):
         pass
-    with claimed(str(tmp_path / "elsewhere"), "run-b", None):  # a folder nobody holds: taken for one save
-        with pytest.raises(CheckpointError, match="in use by run run-b"):
-            FolderLock(str(tmp_path / "elsewhere"), owner="run-c")
+    elsewhere = str(tmp_path / "elsewhere")  # a folder nobody held: taken for the save alone
+    with claimed(elsewhere, "run-b", None), pytest.raises(CheckpointError, match="in use by run run-b"):
+        FolderLock(elsewhere, owner="run-c")
     first.release()
     assert os.listdir(tmp_path) == ["elsewhere"] and os.listdir(tmp_path / "elsewhere") == []  # no lock file left
     FolderLock(str(tmp_path), owner="run-b").release()  # free again

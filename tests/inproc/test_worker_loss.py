@@ -285,6 +285,21 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
         control.close()
 
 
+def assert_each_chunk_applied_once(control, applied, chunks):
+    """Every chunk pushed once, and the hub's weights are exactly the sum of their gradients."""
+    assert sorted(applied) == list(range(chunks))
+    np.testing.assert_allclose(control.params()[0], -np.float32(0.1) * sum(grad_for(c) for c in applied), rtol=1e-5)
+
+
+def stop(control, thread, transports):
+    control.shutdown()
+    thread.join(10)
+    for t in transports:
+        if t is not None:
+            t.close()
+    control.close()
+
+
 @pytest.mark.parametrize("transport", ["tcp", "shm"])
 def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transport):
     """Worker 0 restarts (a new process says hello with the same id) while a push of its earlier
@@ -305,17 +320,10 @@ def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transpor
         assert control.stats()["global_step"] == 0 and hub.version == 0
         np.testing.assert_array_equal(control.params()[0], np.zeros(SIZE, np.float32))
         applied = []
-        reply = train_until_done(new, reply, applied)
-        assert sorted(applied) == list(range(10))  # the late push's chunk too, once, by the new one
-        np.testing.assert_allclose(control.params()[0], -np.float32(0.1) * sum(grad_for(c) for c in applied),
-                                   rtol=1e-5)
+        train_until_done(new, reply, applied)
+        assert_each_chunk_applied_once(control, applied, 10)  # the late push's chunk too, by the new one
     finally:
-        control.shutdown()
-        thread.join(10)
-        for t in (old, new):
-            if t is not None:
-                t.close()
-        control.close()
+        stop(control, thread, (old, new))
 
 
 @pytest.mark.parametrize("transport", ["local", "tcp"])
@@ -344,13 +352,7 @@ def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_fi
         assert "replies were not read" in event["reason"]
         assert snap["dropped"]["reply not delivered"] >= 1
         applied = []
-        reply = train_until_done(a, reply, applied)
-        assert sorted(applied) == list(range(20))  # worker 1's chunks too, once, by worker 0
-        np.testing.assert_allclose(control.params()[0], -np.float32(0.1) * sum(grad_for(c) for c in applied),
-                                   rtol=1e-5)
+        train_until_done(a, reply, applied)
+        assert_each_chunk_applied_once(control, applied, 20)  # worker 1's chunks too, by worker 0
     finally:
-        control.shutdown()
-        thread.join(10)
-        for t in (a, b):
-            t.close()
-        control.close()
+        stop(control, thread, (a, b))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -33,6 +34,9 @@ from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
 log = logging.getLogger(__name__)
+RELEASE_GRACE_S = 2.0  # a written-off worker still running this long later is interrupted (a live one has left)
+INTERRUPT_WAIT_S = 5.0  # finish() waits this long for the tasks it interrupted to end
+JOIN_MIN_S = 1.0  # and at least this long for each hub's engine, past its deadline
 
 
 def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
@@ -83,8 +87,10 @@ class ClusterBackend(Backend):
         self._base: WorkerSpec | None = None
         self._adding = threading.Lock()
         self._run_id = ""
-        self.lost: dict[int, str] = {}  # worker -> why its engine is gone
+        self.lost: dict[int, str] = {}  # worker -> why it is out of the run (engine gone, written off)
         self._reported: set[int] = set()
+        self._written_off: dict[int, float] = {}  # worker -> when the kernel learnt the hub wrote it off
+        self._interrupted: set[int] = set()
 
     @property
     def num_workers(self) -> int:
@@ -249,6 +255,35 @@ class ClusterBackend(Backend):
             self.lost[i] = str(error)
         return None
 
+    def written_off(self, worker: int) -> None:
+        """The hub wrote `worker` off: its task's end, an error included, no longer fails the
+        run, and a task still running RELEASE_GRACE_S after the first call (hung in its step, or
+        waiting for a reply the hub could not deliver) is interrupted, so its engine is free for
+        the next run. Called on every poll while the hub lists it as lost."""
+        if worker not in self._tasks or worker in self._interrupted:
+            return
+        if worker not in self.lost:
+            self.lost[worker] = "written off by the hub"
+            self._reported.add(worker)  # the hub knows: nothing to tell it
+            self._written_off[worker] = time.monotonic()
+        since = self._written_off.get(worker)
+        if since is not None and time.monotonic() - since >= RELEASE_GRACE_S:
+            self._interrupt([worker])
+
+    def _interrupt(self, workers: list[int]) -> None:
+        """SIGINT to the engines of these workers whose task still runs (ipyparallel's nanny
+        relays it): the task ends with KeyboardInterrupt at its next Python instruction."""
+        running = [w for w in workers if not self._tasks[w].ready()]
+        self._interrupted.update(workers)
+        if not running:
+            return
+        engines = [self.worker_engines[w] for w in running]
+        log.warning("interrupting worker(s) %s on engine(s) %s: out of the run, still busy", running, engines)
+        try:
+            self.cluster.client.send_signal("SIGINT", targets=engines, block=False)
+        except Exception as exc:  # noqa: BLE001 - e.g. engines without a nanny: they stay busy
+            log.warning("could not interrupt engine(s) %s: %s", engines, exc)
+
     def engines_died(self) -> list[int]:
         """Workers whose task failed because their engine process went away."""
         return [i for i, ar in list(self._tasks.items()) if ar.ready() and _engine_died(ar)]
@@ -263,16 +298,29 @@ class ClusterBackend(Backend):
         return any(not ar.ready() for ar in list(self._tasks.values()))
 
     def finish(self, timeout: float) -> None:
-        """Wait for worker tasks, then join the hub threads."""
+        """Wait up to `timeout` for the worker tasks, interrupt those still running (stuck, or
+        waiting for a hub that is gone) so their engines take the next run, then join the hubs.
+        Takes at most `timeout` + INTERRUPT_WAIT_S + JOIN_MIN_S per hub shard."""
         from nbdist.hub.launch import join_hub
 
+        deadline = time.monotonic() + timeout
         for ar in list(self._tasks.values()):
-            ar.wait(timeout)
+            ar.wait(max(0.0, deadline - time.monotonic()))
+        stuck = [i for i, ar in list(self._tasks.items()) if not ar.ready()]
+        if stuck:
+            self._interrupt(stuck)
+            end = time.monotonic() + INTERRUPT_WAIT_S
+            for i in stuck:
+                self._tasks[i].wait(max(0.0, end - time.monotonic()))
+            busy = [self.worker_engines[i] for i in stuck if not self._tasks[i].ready()]
+            if busy:
+                log.warning("engine(s) %s still run a worker of this run after an interrupt; restart "
+                            "them (%%nbdist stop, %%nbdist start N) if the next run cannot use them", busy)
         client = self.cluster.client
         for shard, e in enumerate(self.roles.servers):
             try:
-                get_within(client[e].apply_async(join_hub, self._run_id, shard), e,
-                           f"joining hub shard {shard}", timeout=30.0)  # join_hub gives up after 15 s
+                get_within(client[e].apply_async(join_hub, self._run_id, shard), e, f"joining hub shard {shard}",
+                           timeout=max(JOIN_MIN_S, min(30.0, deadline - time.monotonic())))  # join_hub gives up after 15 s
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 
