@@ -123,7 +123,8 @@ def hub_process_pids() -> list[int]:
     """On an engine: the process ids of the hub shards it serves in processes of their own."""
     from nbdist.hub import launch
 
-    return [entry.proc.pid for entry in launch._hubs.values() if hasattr(entry, "proc")]  # noqa: SLF001
+    hubs = launch._hubs.values()  # noqa: SLF001
+    return [entry.proc.pid for entry in hubs if hasattr(entry, "proc")]
 
 
 # -- cells --------------------------------------------------------------------------------------

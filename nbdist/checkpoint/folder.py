@@ -53,8 +53,9 @@ class FolderLock:
             else:  # its holder removed it as we opened it: take the next one
                 os.close(fd)
         os.ftruncate(self._fd, 0)
-        os.write(self._fd, json.dumps({"run": owner, "pid": os.getpid(), "host": socket.gethostname(),
-                                       "since": time.strftime("%Y-%m-%d %H:%M:%S")}).encode())
+        holder = {"run": owner, "pid": os.getpid(), "host": socket.gethostname(),
+                  "since": time.strftime("%Y-%m-%d %H:%M:%S")}
+        os.write(self._fd, json.dumps(holder).encode())
 
     def holds(self, directory: str) -> bool:
         """Whether this claim covers `directory`."""
@@ -70,14 +71,14 @@ class FolderLock:
         self._fd = None
 
     def _refusal(self, holder: dict) -> CheckpointError:
-        who = (f"run {holder.get('run')} (process {holder.get('pid')} on {holder.get('host')}, since "
-               f"{holder.get('since')})" if holder else "another run")
+        who = (f"run {holder.get('run')} (process {holder.get('pid')} on {holder.get('host')}, "
+               f"since {holder.get('since')})" if holder else "another run")
         return CheckpointError(
-            f"The checkpoint folder {self.directory} is in use by {who}. Two runs saving into one "
-            "folder would delete each other's checkpoints, so nothing was saved or started here and "
-            "nothing in the folder was changed. Expected a folder no running run uses: pass another "
-            "--checkpoint-dir (checkpoint_dir=...), or wait for that run to end (run.wait(), "
-            "run.stop()).")
+            f"The checkpoint folder {self.directory} is in use by {who}. Two runs saving into "
+            "one folder would delete each other's checkpoints, so nothing was saved or started "
+            "here and nothing in the folder was changed. Expected a folder no running run uses: "
+            "pass another --checkpoint-dir (checkpoint_dir=...), or wait for that run to end "
+            "(run.wait(), run.stop()).")
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import Codec, Message, send_frames
 from nbdist.hub.wire import MAX_FRAMES, client_socket
 
-DURING_EVERY_S = 1.0  # how often a wait for a reply calls its `during` (the kernel: a failed worker?)
+DURING_EVERY_S = 1.0  # how often a wait for a reply calls its `during` (any worker failed?)
 
 
 class _Line:
@@ -67,7 +67,8 @@ class _Line:
         """One message's frames, or None if none came within `timeout_ms`."""
         return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
 
-    def recv(self, timeout: float | None = None, during: Callable[[], None] | None = None) -> Message:
+    def recv(self, timeout: float | None = None,
+             during: Callable[[], None] | None = None) -> Message:
         """The reply to the latest request; anything else that arrives first is dropped. It
         waits the line's timeout, or `timeout` seconds when given and shorter, calling
         `during()` about every second meanwhile (it may raise to give up the wait)."""
@@ -360,8 +361,8 @@ class HubControl:
         `timeout`: wait at most this long for them (the lines' own timeout if longer), calling
         `during()` about every second meanwhile (`_Line.recv`)."""
         with self._lock:
-            msg = self.lines[0].request({"op": "stats", "since": since, "timeline": timeline}, timeout=timeout,
-                                        during=during)
+            msg = self.lines[0].request({"op": "stats", "since": since, "timeline": timeline},
+                                        timeout=timeout, during=during)
         return json.loads(bytes(msg.buffers[0]))
 
     def cap_timeout(self, seconds: float) -> None:

@@ -215,7 +215,8 @@ def send_frames(sock, frames: Sequence[object], flags: int = 0) -> int:
     for i, frame in enumerate(frames):
         size = frame.nbytes if hasattr(frame, "nbytes") else len(frame)
         total += size
-        sock.send(frame, flags | 2 if i < last else flags, copy=size < ZERO_COPY_MIN_BYTES)  # 2: zmq.SNDMORE
+        more = flags | 2 if i < last else flags  # 2: zmq.SNDMORE
+        sock.send(frame, more, copy=size < ZERO_COPY_MIN_BYTES)
     return total
 
 

@@ -127,8 +127,8 @@ class Hub:
             self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
             self._folder = socket_folder(spec)
             self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
-            self.endpoints = bind(self._sock, spec, self._folder, self._listener, params_shm=self._segment.name,
-                                  size=self.size, spin_s=spec.spin_s)
+            self.endpoints = bind(self._sock, spec, self._folder, self._listener,
+                                  params_shm=self._segment.name, size=self.size, spin_s=spec.spin_s)
         except BaseException:  # e.g. an address it cannot bind: give back what it took
             self.close()
             raise
@@ -180,7 +180,8 @@ class Hub:
                 last_heard = time.monotonic()
                 try:
                     answer = handlers[msg.op](msg, ret)
-                    if answer is not None and not self._send(ret, *answer) and msg.op in ("hello", "step"):
+                    delivered = answer is None or self._send(ret, *answer)
+                    if not delivered and msg.op in ("hello", "step"):
                         self._not_reading([msg.header["worker"]])
                     self.core.settle(due_only=True)  # pushes' bookkeeping, once their replies are out
                     mark("settle")
@@ -232,8 +233,10 @@ class Hub:
             return
         for worker in workers:
             if not self.core.written_off(worker):
-                log.warning("hub: the reply to worker %d could not be delivered; counting it as lost", worker)
-                self._write_off(worker, "its replies were not read (its queue was full or its socket gone)")
+                log.warning("hub: worker %d's reply could not be delivered; counting it as lost",
+                            worker)
+                self._write_off(worker, "its replies were not read (its queue was full or its "
+                                        "socket gone)")
         if workers:
             self._release_held()
 
@@ -253,7 +256,7 @@ class Hub:
         self.links.clear()
         self.core.params = None  # the last view of the segment, which is released now
         shm.release(self._segment, unlink=True)
-        remove_socket_files(self.endpoints, self._folder)  # the line's listener has removed its own already
+        remove_socket_files(self.endpoints, self._folder)  # the line's listener removed its own
 
     # -- worker ops -------------------------------------------------------------------------
 

@@ -181,10 +181,11 @@ def check_link(links: Mapping, msg) -> None:
     link = links.get(h["worker"])
     sender = getattr(link, "sender", None)
     if sender is not None and h["from"] != sender:
-        raise ProtocolError(f"stale incarnation: worker {h['worker']}'s message comes from {h['from']!r}, "
-                            f"it said hello as {sender!r}")
+        raise ProtocolError(f"stale incarnation: worker {h['worker']}'s message comes from "
+                            f"{h['from']!r}, it said hello as {sender!r}")
     segment = getattr(link, "segment", None)
-    if h["op"] == "step" and (h.get("push") or h.get("pull")) and segment is not None and h.get("seg") != segment.name:
+    exchange = h["op"] == "step" and (h.get("push") or h.get("pull"))
+    if exchange and segment is not None and h.get("seg") != segment.name:
         raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
                             f"registered {segment.name!r}")
 
@@ -222,7 +223,7 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply it cannot queue raises, never vanishes unseen
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply it cannot queue raises, never vanishes
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     authenticator = None
     if encrypt:

@@ -44,7 +44,8 @@ def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], obj
         specs = [replace(s, restore=r) for s, r in zip(specs, job.checkpoint.shard_restores(), strict=True)]
     folder = hold_checkpoint_dir(job, run_id)  # another run's folder: refused before any hub starts
     try:
-        control, endpoints = _start_hubs_and_workers(job, backend, make_worker_spec, specs, key, preloaded)
+        control, endpoints = _start_hubs_and_workers(job, backend, make_worker_spec, specs, key,
+                                                     preloaded)
     except BaseException:
         if folder is not None:
             folder.release()
@@ -86,8 +87,8 @@ def hold_checkpoint_dir(job: Job, run_id: str):
     return FolderLock(job.config.checkpoint_dir, run_id)
 
 
-def begin_run(job: Job, backend, control, run_id: str, *, wait: bool, hubs: list[dict] | None = None,
-              folder=None) -> Run:
+def begin_run(job: Job, backend, control, run_id: str, *, wait: bool,
+              hubs: list[dict] | None = None, folder=None) -> Run:
     """The Run of a job whose hubs (or simulation) and workers have started; it waits for the
     end when `wait`. `folder`: its claim on --checkpoint-dir, given back when it ends."""
     run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)

@@ -50,9 +50,10 @@ class RunMonitor:
                     admit_joined(self)
                 try:
                     want_timeline = time.monotonic() - self._timeline_at > TIMELINE_EVERY_S
-                    left = self.config.timeout - (time.monotonic() - last_answer)  # never waits past it
-                    snap = control.stats(since=len(self._rows), timeline=want_timeline, timeout=max(0.05, left),
-                                         during=self._check_workers)  # e.g. a worker that saw the hub go
+                    left = self.config.timeout - (time.monotonic() - last_answer)  # never past it
+                    snap = control.stats(since=len(self._rows), timeline=want_timeline,
+                                         timeout=max(0.05, left),
+                                         during=self._check_workers)  # a worker saw the hub go?
                     last_answer = time.monotonic()
                 except _Failed as failed:
                     raise failed.error from None
@@ -62,7 +63,7 @@ class RunMonitor:
                         raise self._hub_lost() from None
                     continue
                 self._absorb(snap)
-                for worker in snap.get("lost", []):  # its engine must not stay busy (hung, or not reading)
+                for worker in snap.get("lost", []):  # its engine must not stay busy (hung?)
                     backend.written_off(worker)
                 if snap.get("error"):
                     raise TrainingError(f"The hub failed: {snap['error']}")
@@ -98,10 +99,11 @@ class RunMonitor:
     def _hub_lost(self) -> TrainingError:
         timeout = self.config.timeout
         return TrainingError(
-            f"The hub did not answer for {timeout:.0f}s (--timeout {timeout:g}; Received: no reply): "
-            "its process or its engine has died, or its host cannot be reached. The run failed and "
-            "its workers were stopped. Check the engines with %nbdist status, then run the cell "
-            "again (with --checkpoint-dir, nbdist.resume continues from the last checkpoint).")
+            f"The hub did not answer for {timeout:.0f}s (--timeout {timeout:g}; Received: no "
+            "reply): its process or its engine has died, or its host cannot be reached. The run "
+            "failed and its workers were stopped. Check the engines with %nbdist status, then run "
+            "the cell again (with --checkpoint-dir, nbdist.resume continues from the last "
+            "checkpoint).")
 
     def _report_lost(self, control: HubControl, worker: int, why: str) -> None:
         """A worker's engine died (or a worker added mid-run failed): the hub hands its work to

@@ -23,6 +23,7 @@ from tests.helpers import (
 )
 
 SLACK_S = 5.0  # the CPU work between the bounded waits (scheduling on a loaded 2-core machine)
+TWO_WORKERS = dict(namespace={}, workers=2, batch_size=8)
 
 
 @pytest.fixture(scope="module")
@@ -40,8 +41,7 @@ def worker_engine(cluster, worker: int, workers: int = 2) -> int:
 
 
 def next_run_takes_every_engine(cluster, busy_engine: int) -> None:
-    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, batch_size=32,
-                         wait=True)
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, **TWO_WORKERS, epochs=1, wait=True)
     assert again.status == "finished"
     assert busy_engine in [*again.nodes["engine"], *(h["engine"] for h in again.hubs)]
 
@@ -62,7 +62,7 @@ def test_a_hung_worker_is_written_off_and_its_engine_takes_the_next_run(own_clus
     EngineTimeoutError)."""
     stuck = worker_engine(own_cluster, 1)
     own_cluster.client[stuck].apply_sync(hang_worker_once, 1, 20)
-    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, namespace={}, workers=2, epochs=4, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=4)
     run.wait(timeout=240)
     finished_without(run, 1, 4, "silent for over")
     next_run_takes_every_engine(own_cluster, stuck)
@@ -75,8 +75,7 @@ def test_a_worker_that_stops_reading_its_replies_is_written_off_not_the_end_of_t
     until --timeout, then its error failed the run)."""
     reader = worker_engine(own_cluster, 1)
     own_cluster.client[reader].apply_sync(stop_reading_once, 1, 20, 2000, 2.0)
-    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, namespace={}, workers=2, epochs=500, batch_size=8,
-                       timeout=10)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=500, timeout=10)
     with run:
         own_cluster.client[reader].apply_async(os.getpid).get(120)  # worker 1's task has ended
         assert not run.done, run.error
@@ -89,7 +88,8 @@ def test_a_worker_that_stops_reading_its_replies_is_written_off_not_the_end_of_t
 
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
-def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engines(own_cluster, transport):
+def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engines(own_cluster,
+                                                                                   transport):
     """SIGKILL to the hub's process mid-run: the run fails within --timeout plus the fixed
     clean-up bound (the workers' line closes at once on one host; over TCP nothing tells them,
     and the kernel's silence deadline decides), and the next run takes every engine."""
@@ -97,7 +97,7 @@ def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engin
     from nbdist.run.monitor import ENDING_REQUEST_S, GONE_FINISH_S
 
     timeout = 10.0
-    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, namespace={}, workers=2, epochs=500, batch_size=8,
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=500,
                        timeout=timeout, transport=transport)
     with run:
         (hub_engine,) = [h["engine"] for h in run.hubs]
@@ -108,7 +108,7 @@ def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engin
         with pytest.raises(TrainingError, match="hub"):
             run.wait(timeout=300)
         failed_after = time.monotonic() - killed
-    bound = timeout + ENDING_REQUEST_S + GONE_FINISH_S + INTERRUPT_WAIT_S + JOIN_MIN_S  # one hub shard
+    bound = timeout + ENDING_REQUEST_S + GONE_FINISH_S + INTERRUPT_WAIT_S + JOIN_MIN_S  # 1 shard
     print(f"hub process killed ({transport}): the run failed {failed_after:.1f}s later "
           f"(--timeout {timeout:.0f}; bound {bound:.0f}s + {SLACK_S:.0f}s slack): {run.error}")
     assert run.status == "failed"

@@ -91,8 +91,9 @@ def test_a_second_run_given_a_folder_in_use_is_refused_and_nothing_there_is_dele
         first.pause()  # it holds the folder while it waits
         first.checkpoint()
         files = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
-        with pytest.raises(CheckpointError, match=rf"folder {tmp_path} is in use by run {first.run_id}"):
-            nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1, checkpoint_dir=folder)
+        in_use = rf"folder {tmp_path} is in use by run {first.run_id}"
+        with pytest.raises(CheckpointError, match=in_use):
+            nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", checkpoint_dir=folder)
         other = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=20, batch_size=8)
         with other:
             with pytest.raises(CheckpointError, match=f"in use by run {first.run_id}"):
@@ -102,5 +103,6 @@ def test_a_second_run_given_a_folder_in_use_is_refused_and_nothing_there_is_dele
         assert load(folder).meta["run_id"] == first.run_id
         first.stop()
     assert first.status == "stopped"
-    again = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1, checkpoint_dir=folder, wait=True)
+    again = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1,
+                         checkpoint_dir=folder, wait=True)
     assert again.status == "finished" and load(folder).meta["run_id"] == again.run_id

@@ -128,7 +128,8 @@ def test_a_killed_hub_process_leaves_no_socket_files_once_joined(monkeypatch):
 
 
 def _socket_paths(endpoints: dict) -> list[str]:
-    return [endpoints["ipc"].removeprefix("ipc://")] + ([endpoints["local"]] if "local" in endpoints else [])
+    local = [endpoints["local"]] if "local" in endpoints else []
+    return [endpoints["ipc"].removeprefix("ipc://"), *local]
 
 
 def test_the_hub_socket_files_are_owner_only_at_a_path_nobody_can_guess():
@@ -149,7 +150,7 @@ def test_the_hub_socket_files_are_owner_only_at_a_path_nobody_can_guess():
             folder = os.stat(os.path.dirname(path))
             assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid(), path
             assert os.path.dirname(path) != os.path.realpath(tempfile.gettempdir())
-        assert all(os.path.dirname(p) == os.path.dirname(group[0]) for group in paths for p in group)
+        assert all(os.path.dirname(p) == os.path.dirname(g[0]) for g in paths for p in g)
     finally:
         for h in hubs:
             h.close()
@@ -165,7 +166,8 @@ def test_a_squatted_or_stale_socket_path_does_not_stop_a_hub():
     from nbdist.hub.server import Hub
 
     spec = _spec(new_key())
-    squatted = [os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-0.{ext}") for ext in ("ipc", "line")]
+    squatted = [os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-0.{ext}")
+                for ext in ("ipc", "line")]
     for path in squatted:
         os.mkdir(path)  # what another user could leave there
     try:

@@ -288,7 +288,8 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
 def assert_each_chunk_applied_once(control, applied, chunks):
     """Every chunk pushed once, and the hub's weights are exactly the sum of their gradients."""
     assert sorted(applied) == list(range(chunks))
-    np.testing.assert_allclose(control.params()[0], -np.float32(0.1) * sum(grad_for(c) for c in applied), rtol=1e-5)
+    expected = -np.float32(0.1) * sum(grad_for(c) for c in applied)
+    np.testing.assert_allclose(control.params()[0], expected, rtol=1e-5)
 
 
 def stop(control, thread, transports):
@@ -314,14 +315,15 @@ def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transpor
         new = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
         reply = new.hello()  # the restarted worker registers
         old.grad[:] = 1000.0
-        old.send_step({"chunks": [chunk], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)  # late
-        dropped = wait_for(lambda: control.stats()["dropped"], 30, what="the late push to be dropped")
+        late = {"chunks": [chunk], "loss": 0.0, "compute_s": 0.001}
+        old.send_step(late, push=True, pull=True)
+        dropped = wait_for(lambda: control.stats()["dropped"], 30, what="the late push dropped")
         assert dropped == {"stale incarnation": 1}
         assert control.stats()["global_step"] == 0 and hub.version == 0
         np.testing.assert_array_equal(control.params()[0], np.zeros(SIZE, np.float32))
         applied = []
         train_until_done(new, reply, applied)
-        assert_each_chunk_applied_once(control, applied, 10)  # the late push's chunk too, by the new one
+        assert_each_chunk_applied_once(control, applied, 10)  # the late push's too, by the new one
     finally:
         stop(control, thread, (old, new))
 
@@ -334,14 +336,14 @@ def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_fi
     the run. Its chunks go to worker 0, which trains every chunk once."""
     hub, key, thread = start_hub(plan(num_samples=80))
     control = HubControl(key, [hub.endpoints])
-    a, b = (WorkerTransport(key, w, [hub.endpoints], 0, "tcp" if transport == "tcp" else "auto", timeout=20)
-            for w in (0, 1))
+    kind = "tcp" if transport == "tcp" else "auto"
+    a, b = (WorkerTransport(key, w, [hub.endpoints], 0, kind, timeout=20) for w in (0, 1))
     try:
         assert b.line_kind == transport
         reply = a.hello()
         b.hello()
         sent = 0
-        while not control.stats()["lost"]:  # the queue fills after some thousands (TCP) or 512 (line)
+        while not control.stats()["lost"]:  # full after thousands (TCP) or 512 (line)
             assert sent < 200_000, f"{sent} requests and worker 1 is still in the run"
             for _ in range(500):
                 b.lines[0].send({"op": "step", "worker": 1})

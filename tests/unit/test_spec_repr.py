@@ -20,7 +20,8 @@ SECRET_NAMES = ("key", "secret", "curve", "password", "token")
 
 def secret_field(name: str) -> bool:
     """A field whose name says it holds key material (`key`, `curve_secret`, `server_key`...)."""
-    return any(word in name.lower().split("_") or name.lower().endswith(word) for word in SECRET_NAMES)
+    name = name.lower()
+    return any(word in name.split("_") or name.endswith(word) for word in SECRET_NAMES)
 
 
 def dataclass_fields_in_source() -> list[tuple[str, str, str, ast.AnnAssign]]:
@@ -34,7 +35,8 @@ def dataclass_fields_in_source() -> list[tuple[str, str, str, ast.AnnAssign]]:
                 continue
             for item in node.body:
                 if isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name):
-                    found.append((str(path.relative_to(ROOT.parent)), node.name, item.target.id, item))
+                    where = str(path.relative_to(ROOT.parent))
+                    found.append((where, node.name, item.target.id, item))
     return found
 
 
@@ -42,7 +44,8 @@ def test_every_dataclass_field_holding_key_material_is_left_out_of_repr():
     fields = dataclass_fields_in_source()
     assert len(fields) > 100  # the scan sees the package's dataclasses
     secret = [(f, c, n, node) for f, c, n, node in fields if secret_field(n)]
-    assert {(c, n) for _, c, n, _ in secret} >= {("HubSpec", "key"), ("WorkerSpec", "key"), ("StageSpec", "key")}
+    expected = {("HubSpec", "key"), ("WorkerSpec", "key"), ("StageSpec", "key")}
+    assert {(c, n) for _, c, n, _ in secret} >= expected
     shown = [f"{file}: {cls}.{name}" for file, cls, name, node in secret
              if "repr=False" not in ast.unparse(node.value or ast.Constant(None)).replace(" ", "")]
     assert not shown, f"key material printed by repr (declare it with field(repr=False)): {shown}"

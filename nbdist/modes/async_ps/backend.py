@@ -34,7 +34,7 @@ from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
 log = logging.getLogger(__name__)
-RELEASE_GRACE_S = 2.0  # a written-off worker still running this long later is interrupted (a live one has left)
+RELEASE_GRACE_S = 2.0  # a written-off worker still running this long later is interrupted
 INTERRUPT_WAIT_S = 5.0  # finish() waits this long for the tasks it interrupted to end
 JOIN_MIN_S = 1.0  # and at least this long for each hub's engine, past its deadline
 
@@ -87,9 +87,9 @@ class ClusterBackend(Backend):
         self._base: WorkerSpec | None = None
         self._adding = threading.Lock()
         self._run_id = ""
-        self.lost: dict[int, str] = {}  # worker -> why it is out of the run (engine gone, written off)
+        self.lost: dict[int, str] = {}  # worker -> why it is out (engine gone, written off)
         self._reported: set[int] = set()
-        self._written_off: dict[int, float] = {}  # worker -> when the kernel learnt the hub wrote it off
+        self._written_off: dict[int, float] = {}  # worker -> when the kernel learnt of it
         self._interrupted: set[int] = set()
 
     @property
@@ -278,7 +278,8 @@ class ClusterBackend(Backend):
         if not running:
             return
         engines = [self.worker_engines[w] for w in running]
-        log.warning("interrupting worker(s) %s on engine(s) %s: out of the run, still busy", running, engines)
+        log.warning("interrupting worker(s) %s on engine(s) %s: out of the run, still busy",
+                    running, engines)
         try:
             self.cluster.client.send_signal("SIGINT", targets=engines, block=False)
         except Exception as exc:  # noqa: BLE001 - e.g. engines without a nanny: they stay busy
@@ -314,13 +315,15 @@ class ClusterBackend(Backend):
                 self._tasks[i].wait(max(0.0, end - time.monotonic()))
             busy = [self.worker_engines[i] for i in stuck if not self._tasks[i].ready()]
             if busy:
-                log.warning("engine(s) %s still run a worker of this run after an interrupt; restart "
-                            "them (%%nbdist stop, %%nbdist start N) if the next run cannot use them", busy)
+                log.warning("engine(s) %s still run a worker of this run after an interrupt; "
+                            "restart them (%%nbdist stop, %%nbdist start N) if the next run cannot "
+                            "use them", busy)
         client = self.cluster.client
         for shard, e in enumerate(self.roles.servers):
+            wait = max(JOIN_MIN_S, min(30.0, deadline - time.monotonic()))  # join_hub: 15 s at most
             try:
-                get_within(client[e].apply_async(join_hub, self._run_id, shard), e, f"joining hub shard {shard}",
-                           timeout=max(JOIN_MIN_S, min(30.0, deadline - time.monotonic())))  # join_hub gives up after 15 s
+                get_within(client[e].apply_async(join_hub, self._run_id, shard), e,
+                           f"joining hub shard {shard}", timeout=wait)
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 

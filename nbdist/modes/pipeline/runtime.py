@@ -88,7 +88,8 @@ class PipelineControl:
 
     # -- what the Run asks ------------------------------------------------------------------
 
-    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None, during=None) -> dict:
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during=None) -> dict:
         """The Run's poll, answered from what the stages reported (`timeout`, `during`:
         HubControl's; no socket is waited on here)."""
         done = self.tasks_done()

@@ -85,7 +85,8 @@ class Simulation:
 
     # -- the Run's side (same shape as HubControl) ------------------------------------------
 
-    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None, during=None) -> dict:
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during=None) -> dict:
         """The Run's poll, answered in this kernel (`timeout`, `during`: HubControl's; nothing
         to wait on)."""
         with self._lock:
