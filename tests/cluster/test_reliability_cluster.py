@@ -78,7 +78,7 @@ def test_a_worker_that_stops_reading_its_replies_is_written_off_not_the_end_of_t
     run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=500, timeout=10)
     with run:
         own_cluster.client[reader].apply_async(os.getpid).get(120)  # worker 1's task has ended
-        assert not run.done, run.error
+        assert not run.done(), run.error
         run.stop()
         run.wait(timeout=120)
     assert run.status == "stopped" and run.error is None

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from nbdist.hub.server import HubSpec
-from nbdist.modes.async_ps.worker import WorkerSpec
+from nbdist.modes.common.worker import WorkerSpec
 from nbdist.modes.pipeline.stage import StageSpec
 from nbdist.modes.sync.rank import SyncSpec
 
