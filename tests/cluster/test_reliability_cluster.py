@@ -93,7 +93,7 @@ def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engin
     """SIGKILL to the hub's process mid-run: the run fails within --timeout plus the fixed
     clean-up bound (the workers' line closes at once on one host; over TCP nothing tells them,
     and the kernel's silence deadline decides), and the next run takes every engine."""
-    from nbdist.modes.async_ps.backend import INTERRUPT_WAIT_S, JOIN_MIN_S
+    from nbdist.modes.common.engine_backend import INTERRUPT_WAIT_S, JOIN_MIN_S
     from nbdist.run.monitor import ENDING_REQUEST_S, GONE_FINISH_S
 
     timeout = 10.0
