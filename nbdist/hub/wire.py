@@ -128,14 +128,15 @@ def receive(inbox: Inbox, timeout_ms: int, codec, handlers: Mapping, num_workers
             mark: Callable[[str], None] = no_mark):
     """The next message in a hub's inbox and where its reply goes, or ProtocolError: the
     limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
-    the op and every field a handler reads, then the shared-memory segment's generation."""
+    the op and every field a handler reads, then the worker's incarnation and shared-memory
+    segment (`check_link`)."""
     frames, address = inbox.next(timeout_ms)
     mark("recv")  # the phase clock (nbdist.hub.profile)
     msg = codec.decode(frames, mark)
     if msg.op not in handlers:
         raise ProtocolError(f"unknown op: {msg.op!r}")
     check_fields(msg.header, num_workers)
-    check_segment(links, msg)
+    check_link(links, msg)
     return msg, Return(address, msg.header["from"], msg.header["seq"])
 
 
@@ -167,16 +168,26 @@ def check_fields(header: Mapping, num_workers: int) -> None:
         raise ProtocolError(f"malformed header: wrong type or value of {', '.join(map(str, wrong))}")
 
 
-def check_segment(links: Mapping, msg) -> None:
-    """A step over shared memory names its segment's generation (its unique name): a step that
-    names another segment than the one its worker registered (a stale one) is dropped."""
+def check_link(links: Mapping, msg) -> None:
+    """A worker's message after its hello must come from the incarnation that said it: each
+    process signs as its own sender (`Codec.sender`, a random suffix), so a late message of an
+    earlier process with the same worker id (one that restarted and said hello again) is
+    dropped, over TCP as over shared memory. A step over shared memory also names its segment's
+    generation (its unique name): one that names another segment than the one its worker
+    registered is dropped."""
     h = msg.header
-    if h["op"] == "step" and (h.get("push") or h.get("pull")):
-        link = links.get(h["worker"])
-        segment = getattr(link, "segment", None)
-        if segment is not None and h.get("seg") != segment.name:
-            raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
-                                f"registered {segment.name!r}")
+    if h["op"] not in WORKER_OPS or h["op"] == "hello":
+        return
+    link = links.get(h["worker"])
+    sender = getattr(link, "sender", None)
+    if sender is not None and h["from"] != sender:
+        raise ProtocolError(f"stale incarnation: worker {h['worker']}'s message comes from "
+                            f"{h['from']!r}, it said hello as {sender!r}")
+    segment = getattr(link, "segment", None)
+    exchange = h["op"] == "step" and (h.get("push") or h.get("pull"))
+    if exchange and segment is not None and h.get("seg") != segment.name:
+        raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
+                            f"registered {segment.name!r}")
 
 
 def _is(value: object, types: tuple) -> bool:
@@ -212,6 +223,7 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     sock = ctx.socket(zmq.ROUTER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
+    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply it cannot queue raises, never vanishes
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
     authenticator = None
     if encrypt:
@@ -226,25 +238,32 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     return sock, authenticator
 
 
-def local_path(spec) -> str:
-    """Where the shard's same-host line listens (`nbdist.hub.localline`)."""
-    import os
+def socket_folder(spec) -> str:
+    """A new folder for the shard's socket files (its ipc socket and same-host line): created
+    0700 under a random name, so no other user can connect to them, guess where they are, or
+    stop the hub by leaving something at its path."""
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.line")
+    return tempfile.mkdtemp(prefix=f"nbdist-{spec.run_id}-{spec.shard}-")
 
 
-def bind(sock, spec, listener=None, **extra) -> dict:
-    """Bind the shard's socket on TCP (spec.bind_host) and ipc; returns its endpoints, which
-    name the run, the same-host line's path if it has a `listener`, and (with --encrypt) the
-    server's public key."""
+def local_path(folder: str) -> str:
+    """Where the shard's same-host line listens (`nbdist.hub.localline`), in its `socket_folder`."""
     import os
-    import tempfile
+
+    return os.path.join(folder, "line")
+
+
+def bind(sock, spec, folder: str, listener=None, **extra) -> dict:
+    """Bind the shard's socket on TCP (spec.bind_host) and ipc (in its `socket_folder`); returns
+    its endpoints, which name the run, the same-host line's path if it has a `listener`, and
+    (with --encrypt) the server's public key."""
+    import os
 
     from nbdist.hub import shm
 
     port = sock.bind_to_random_port(f"tcp://{spec.bind_host}")
-    ipc = os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.ipc")
+    ipc = os.path.join(folder, "ipc")
     sock.bind(f"ipc://{ipc}")
     endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}", "host": shm.host_id(),
                  "run": spec.run_id, **extra}
@@ -255,9 +274,10 @@ def bind(sock, spec, listener=None, **extra) -> dict:
     return endpoints
 
 
-def remove_socket_files(endpoints: Mapping) -> None:
-    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line), where
-    they are left: by the hub when it closes, by its supervisor when it was killed."""
+def remove_socket_files(endpoints: Mapping, folder: str | None = None) -> None:
+    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line) and their
+    `socket_folder` (or `folder`, when the hub failed before it had endpoints), where they are
+    left: by the hub when it closes, by its supervisor when it was killed."""
     import contextlib
     import os
 
@@ -266,6 +286,10 @@ def remove_socket_files(endpoints: Mapping) -> None:
         if path:
             with contextlib.suppress(OSError):
                 os.unlink(path)
+            folder = folder or os.path.dirname(path)
+    if folder and os.path.basename(folder).startswith("nbdist-"):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only once empty
 
 
 class _OnlyKey:

@@ -91,7 +91,10 @@ class PipelineControl:
 
     # -- what the Run asks ------------------------------------------------------------------
 
-    def stats(self, since: int = 0, timeline: bool = False) -> dict:
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during=None) -> dict:
+        """The Run's poll, answered from what the stages reported (`timeout`, `during`:
+        HubControl's; no socket is waited on here)."""
         done = self.tasks_done()
         if done:  # the last reports are sent before a stage returns: let them land
             deadline = time.monotonic() + 5.0
@@ -125,6 +128,9 @@ class PipelineControl:
         if not self.tasks_done():
             self.failed = True
             self.link.broadcast("abort", reason="the run is over")
+
+    def cap_timeout(self, seconds: float) -> None:
+        """Nothing to cap: no request here waits for an answer (HubControl's has)."""
 
     @property
     def closed(self) -> bool:
@@ -219,6 +225,9 @@ class PipelineBackend(Backend):
 
     def newly_lost(self) -> list:
         return []  # a pipeline needs every stage: a lost stage is a failure
+
+    def written_off(self, worker: int) -> None:
+        """Never called: stages are never written off (a lost stage is a failure)."""
 
     def workers_running(self) -> bool:
         return any(not t.ready() for t in self.tasks)

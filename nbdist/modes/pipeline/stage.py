@@ -25,7 +25,7 @@ _STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, 
 @dataclass
 class StageSpec:
     run_id: str
-    key: bytes
+    key: bytes = field(repr=False)  # the run key: signs every message, never printed
     stage: int
     stages: int
     bounds: tuple[int, int]
