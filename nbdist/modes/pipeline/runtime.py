@@ -37,6 +37,7 @@ class PipelineControl:
         self.measured_steps = 0
         self.sent = [0] * stages
         self.messages = [{"shm": 0, "tcp": 0} for _ in range(stages)]  # sent to neighbours, by transport
+        self.dropped: list[dict] = [{} for _ in range(stages)]  # what each stage refused, by reason
         self.global_step, self.epoch = 0, 0
         self.failed = False
         self._last_report = time.monotonic()
@@ -51,7 +52,10 @@ class PipelineControl:
             header = self.link.receive(100)
             if header is not None:
                 with self._lock:
-                    self._absorb(header)
+                    try:
+                        self._absorb(header)
+                    except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # signed, yet malformed
+                        self.link.dropped["malformed report"] += 1
                     self._last_report = time.monotonic()
 
     def _absorb(self, h: dict) -> None:
@@ -68,10 +72,14 @@ class PipelineControl:
             row.update({k: float(v) for k, v in h.get("train", {}).items()})
             self.evals.append(row)
             self.events.append({"time": now, "step": int(h["step"]), "event": "epoch_end", "epoch": self.epoch})
-        elif h["op"] == "ops":
-            stage, step = int(h["stage"]), int(h["step"])
+        elif h["op"] in ("ops", "totals"):
+            stage = int(h["stage"])
             self.sent[stage] = int(h.get("sent", 0))
-            self.messages[stage] = {k: int(v) for k, v in h.get("messages", {}).items()}
+            self.messages[stage] = {str(k): int(v) for k, v in h.get("messages", {}).items()}
+            self.dropped[stage] = {str(k): int(v) for k, v in h.get("dropped", {}).items()}
+            if h["op"] == "totals":
+                return
+            step = int(h["step"])
             by_stage = self.ops.setdefault(step, {})
             by_stage[stage] = h["ops"]
             if len(by_stage) == self.stages:
@@ -107,7 +115,8 @@ class PipelineControl:
         """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
         with self._lock:
             return {"steps": list(self.steps), "busy": list(self.busy), "wall": self.wall,
-                    "measured_steps": self.measured_steps, "messages": [dict(m) for m in self.messages]}
+                    "measured_steps": self.measured_steps, "messages": [dict(m) for m in self.messages],
+                    "dropped": [dict(d) for d in self.dropped], "kernel_dropped": self.link.drops()}
 
     def control(self, **h: object) -> None:
         if h.get("stop"):
