@@ -151,6 +151,7 @@ class PipelineBackend(Backend):
     def __init__(self, cluster, engines: list, graph, model):
         self.cluster, self.engines, self.graph, self.model = cluster, engines, graph, model
         self.tasks: list = []
+        self.endpoints: list[dict] = []  # where each stage is reached (link.StageLink.info)
         self.control: PipelineControl | None = None
         self.num_workers = len(engines)
 

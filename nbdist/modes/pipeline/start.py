@@ -115,7 +115,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                  for s in range(stages)]
         pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
                    for s in range(stages)]
-        endpoints = [_get(p, s, engines[s], config.timeout) for s, p in enumerate(pending)]
+        endpoints = backend.endpoints = [_get(p, s, engines[s], config.timeout) for s, p in enumerate(pending)]
         for s in range(stages):
             neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n < stages}
             backend.tasks.append(backend.call(s, run_stage, run_id, s, neighbours,
