@@ -9,8 +9,8 @@ What it measures
       keyless     128 ZeroMQ peers without credentials, each queuing 8 messages of 6 x 1 MB
                   frames, and 700 connections sending random bytes (issue 29's flood);
       pending     512 raw peers, each sending all but the last KB of one handshake command of
-                  8 bytes per parameter (just under the hub's frame limit), then waiting
-                  (reconnecting at once when cut);
+                  `--pending-mb` (default 8 bytes per parameter, just under the hub's frame
+                  limit), then waiting (reconnecting at once when cut);
       multipart   one raw peer that finishes the handshake if it can and then sends frames
                   flagged "more" without end (stopped at `--multipart-gb`).
     steps       the worker's steps during the attack (it must keep training);
@@ -83,7 +83,7 @@ class Worker(threading.Thread):
         self.transport.close()
 
 
-def measure(attack: str, params: int, seconds: float, multipart_bytes: int) -> dict:
+def measure(attack: str, params: int, seconds: float, multipart_bytes: int, pending_bytes: int) -> dict:
     from nbdist.hub.client import HubControl
 
     key, hub = start_hub(params)
@@ -94,7 +94,7 @@ def measure(attack: str, params: int, seconds: float, multipart_bytes: int) -> d
         time.sleep(0.05)
     base = peak = proc.memory_info().rss
     steps0 = worker.steps
-    sizes = {"multipart": {"limit": multipart_bytes}, "pending": {"frame_bytes": 8 * params}}  # under the frame limit
+    sizes = {"multipart": {"limit": multipart_bytes}, "pending": {"frame_bytes": pending_bytes}}
     floods = [Flood(kind, hub.endpoints["tcp"], **sizes.get(kind, {}), **options) for kind, options in ATTACKS[attack]]
     for flood in floods:
         flood.__enter__()
@@ -123,12 +123,16 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each attack runs")
     parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}")
     parser.add_argument("--multipart-gb", type=float, default=1.5, help="the endless multipart peer stops here")
+    parser.add_argument("--pending-mb", type=float, default=None,
+                        help="each pending peer's handshake command (default 8 bytes per parameter, just under "
+                             "the hub's frame limit of 8 bytes per parameter + 1.06 MiB)")
     args = parser.parse_args()
     print(f"flood: hub of {args.params:,} float32 in its own process, one TCP worker, "
           f"{args.seconds:g} s per attack", flush=True)
     rows = []
     for attack in args.attacks.split(","):
-        r = measure(attack, args.params, args.seconds, int(args.multipart_gb * 2**30))
+        pending = int(args.pending_mb * 2**20) if args.pending_mb else 8 * args.params
+        r = measure(attack, args.params, args.seconds, int(args.multipart_gb * 2**30), pending)
         print(f"  {attack:<10} RSS +{r['growth']:7.1f} MB over {r['base']:.0f} MB, worker steps {r['steps']}"
               f"{' (' + r['worker_error'] + ')' if r['worker_error'] else ''}, hub counted {r['dropped']}, "
               f"attackers {r['attack']}", flush=True)
