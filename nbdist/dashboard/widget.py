@@ -12,8 +12,9 @@ Responsible for:
   learning rate, batch policy, regroup, per-worker slow-down, top-k), the slow-down sliders
   following the workers (one more for each worker added mid-run);
 - refreshing them from the kernel's own asyncio loop (a `call_later` chain on the main
-  thread): widgets are only touched by the thread that also handles the clicks, and while a
-  cell blocks the kernel nothing is drawn, so the refresh never competes with user code;
+  thread): widgets are only touched by the thread that also handles the clicks. While a cell
+  blocks that loop waiting for the run (`%%distribute --wait`), `live_wait.wait_live` calls
+  `step` at the same cadence, from the same thread, and passes the clicks on;
 - redrawing only what changed: the node table on every poll, the per-worker series when a
   new timeline arrived (every 2 s), the loss curves at most every `LOSS_EVERY_S`;
 - falling back to a one-line text status where widgets cannot render (plain IPython, a
@@ -29,10 +30,10 @@ import asyncio
 import html
 import logging
 import math
-import os
 import time
 
 from nbdist.dashboard import figures
+from nbdist.env import switch
 from nbdist.errors import NbdistError
 
 log = logging.getLogger(__name__)
@@ -52,7 +53,7 @@ PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_
 def widgets_available() -> bool:
     """True in a Jupyter kernel whose event loop runs here, with the widget packages installed.
     `NBDIST_DASHBOARD=text` forces the text status line."""
-    if os.environ.get("NBDIST_DASHBOARD", "").lower() == "text":
+    if switch("NBDIST_DASHBOARD") == "text":
         return False
     try:
         from IPython import get_ipython
@@ -90,11 +91,11 @@ def show_status_line(run) -> None:
 
     def refresh(r) -> None:
         now = time.monotonic()
-        if now - last[0] >= STATUS_EVERY_S or r.done:
+        if now - last[0] >= STATUS_EVERY_S or r.done():
             last[0] = now
             handle.update(Pretty(r.summary()))
 
-    run._listeners.append(refresh)  # noqa: SLF001
+    run.state.listeners.append(refresh)
 
 
 def _warnings_html(warnings: list[str]) -> str:
@@ -114,7 +115,8 @@ def _status_html(run) -> str:
 
 
 class Dashboard:
-    """Plots and controls of one Run, refreshed by the kernel while it is idle.
+    """Plots and controls of one Run, refreshed by the kernel's loop (or by `wait_live` while a
+    cell waits for the run).
 
     Example:
         >>> run = nbdist.train(cell, cluster=cluster, epochs=5)   # doctest: +SKIP
@@ -133,6 +135,7 @@ class Dashboard:
         self._loss_at = -math.inf
         self._handle = None
         self._running = False
+        self._finished = False  # the last redraw after the run's end is done
         self._syncing = False  # True while the dashboard itself sets a control's value
         self.plots = {name: PlotPanel(name=name, height=FIGURE_HEIGHT,
                                        layout={"min_height": f"{FIGURE_HEIGHT}px"})
@@ -197,11 +200,11 @@ class Dashboard:
         from IPython.display import display
 
         self._handle = display(self, display_id=True)
-        self.run._listeners.append(self._on_run_event)  # noqa: SLF001
+        self.run.state.listeners.append(self._on_run_event)
         self.start()
 
     def _on_run_event(self, run) -> None:
-        if run.done and self._handle is not None:
+        if run.done() and self._handle is not None:
             self._handle.update(self)
 
     def start(self) -> None:
@@ -211,15 +214,22 @@ class Dashboard:
             asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
 
     def _tick(self) -> None:
+        self.step()
+        if self._running:
+            asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
+
+    def step(self) -> None:
+        """One refresh at the cadence (from the loop's chain, or from `wait_live` while a cell
+        blocks the loop); after the run's end, the last redraw once, then nothing."""
+        if self._finished:
+            return
         try:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - a drawing problem must not stop the refresh
             log.warning("dashboard refresh failed: %s", exc)
-        if self.run.done:
-            self._running = False
+        if self.run.done():
+            self._running, self._finished = False, True
             self._finish()
-        else:
-            asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
 
     def _finish(self) -> None:
         """The last redraw, forced: the run's final status is set after its last poll."""
@@ -243,7 +253,7 @@ class Dashboard:
             self.pause_button.icon = "play" if run.status == "paused" else "pause"
             nodes = run.nodes
             self.table.value = figures.node_table_html(nodes)
-            self._sync_controls(run._snapshot, nodes)  # noqa: SLF001
+            self._sync_controls(run.state.snapshot, nodes)
             if "pipeline" in self.plots:
                 self._draw("pipeline", run.pipeline_figure())
         events = run.events
@@ -276,7 +286,7 @@ class Dashboard:
         self._syncing = True
         try:
             lr = snap.get("lr")
-            if lr and self.lr_slider.disabled and not self.run.done:
+            if lr and self.lr_slider.disabled and not self.run.done():
                 exponent = math.log10(lr)
                 self.lr_slider.min, self.lr_slider.max = math.floor(exponent) - 2, math.ceil(exponent) + 1
                 self.lr_slider.disabled = False
@@ -302,7 +312,7 @@ class Dashboard:
                                    description=f"worker {int(worker)}", continuous_update=False,
                                    style={"description_width": "initial"})
             slider.observe(lambda change, k=int(worker): self._on_slowdown(k, change), names="value")
-            slider.disabled = self.run.done
+            slider.disabled = self.run.done()
             self.slowdown_sliders.append(slider)
         self.slowdown_box.children = tuple(self.slowdown_sliders)
         if first and not self._top_k_given and len(nodes) > MANY_WORKERS:

@@ -42,6 +42,21 @@ def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
     assert 'data-status="running"' in dash.status.value
 
 
+def test_a_step_after_the_end_draws_the_final_state_once_and_disables_the_controls():
+    """`step` is what the kernel's loop and `wait_live` call at the refresh cadence."""
+    run = fed_run(2)
+    dash = Dashboard(run)
+    dash.step()
+    assert not dash.stop_button.disabled and 'data-status="running"' in dash.status.value
+    end(run, "stopped")
+    dash.step()
+    assert dash.stop_button.disabled and dash.lr_slider.disabled
+    assert 'data-status="stopped"' in dash.status.value
+    dash.status.value = "drawn once"
+    dash.step()  # the loop's chain and a wait may both call it: the last redraw happens once
+    assert dash.status.value == "drawn once"
+
+
 def test_every_warning_of_the_run_is_listed_under_the_status_line():
     run = fed_run(2)
     run.warnings.append("--server-optimizer sgd: the hub trains with SGD (lr 0.001), not with the cell's Adam.")
@@ -111,7 +126,7 @@ def test_outside_a_kernel_the_magic_falls_back_to_the_text_status_line(ip):
     assert not widgets_available()  # an InteractiveShell, not a kernel
     run = fed_run(2)
     assert show(run) is None
-    assert len(run._listeners) == 1  # noqa: SLF001 - the text status line listens
+    assert len(run.state.listeners) == 1  # the text status line listens
 
 
 def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
@@ -133,8 +148,8 @@ def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
 
 def test_hosts_panel_groups_workers_by_host_and_marks_the_hub_shards_host():
     run = fed_run(2)
-    run.hubs = [{"shard": 0, "host": "localhost", "engine": 0}]
-    run._traffic = TrafficRates(window_s=0.0)  # a rate from every poll (the default waits 1 s)
+    run.state.hubs = [{"shard": 0, "host": "localhost", "engine": 0}]
+    run.state.traffic = TrafficRates(window_s=0.0)  # a rate from every poll (the default waits 1 s)
     dash = Dashboard(run)
     snap = snapshot(2, 6.0)
     for n in snap["nodes"]:

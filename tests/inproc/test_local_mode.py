@@ -64,7 +64,7 @@ def test_leaving_a_with_block_on_an_error_stops_the_run():
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt  # e.g. Ctrl-C while a script waits
-    assert run.done and run.status == "stopped"
+    assert run.done() and run.status == "stopped"
 
 
 SCHEDULED_CELL = SYNTHETIC_CELL.replace(
@@ -77,8 +77,8 @@ def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     """On the hub (local_steps 1) and on the workers' own optimizer (local_steps 2)."""
     run = nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
                        local_steps=local_steps)
-    wait_for(lambda: len(run.history) >= 5 or run.done, 60, what="five pushes")
-    assert not run.done, "the run ended before five pushes were seen: make it longer"
+    wait_for(lambda: len(run.history) >= 5 or run.done(), 60, what="five pushes")
+    assert not run.done(), "the run ended before five pushes were seen: make it longer"
     if local_steps == 1:
         assert 0.0 < run.lr <= 0.01  # the schedule's value at the hub's step
     run.set_lr(0.0123)
@@ -95,7 +95,7 @@ def test_overlap_over_tcp_ends_at_the_same_weights_by_courier_or_not(monkeypatch
     """Over TCP an overlapped exchange may go on the courier's thread (nbdist.modes.async_ps.
     courier) or the worker's, step by step: one deterministic worker must end at the same
     weights whichever way each exchange went."""
-    from nbdist.modes.async_ps.courier import Courier, WayChooser
+    from nbdist.modes.common.courier import Courier, WayChooser
 
     taken = []
     alternate = iter(range(10**6))

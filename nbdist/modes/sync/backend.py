@@ -2,9 +2,10 @@
 
 `SyncBackend` runs Horovod's own rendezvous HTTP server (bound to loopback for a local
 cluster), assigns ranks with Horovod's `get_host_assignments`, gives every worker engine its
-`HOROVOD_*` variables, and starts one rank per engine (`nbdist.modes.sync.rank`). A hub in its
-metrics-and-control role (no parameters) runs as a thread in this kernel. Only this module and
-the rank's import Horovod.
+`HOROVOD_*` variables, and starts one rank per engine (`nbdist.modes.sync.rank`), placed and
+watched as every engine backend's workers are (nbdist/modes/common/engine_backend.py). A hub in
+its metrics-and-control role (no parameters) runs as a thread in this kernel
+(nbdist/modes/common/kernel_hub.py). Only this module and the rank's import Horovod.
 """
 
 from __future__ import annotations
@@ -16,8 +17,11 @@ import numpy as np
 
 from nbdist.cluster.netaddr import kernel_address
 from nbdist.errors import ConfigError, DependencyError, WorkersLostError
-from nbdist.modes.async_ps.backend import ClusterBackend
+from nbdist.hub.server import HubSpec
+from nbdist.modes.common.engine_backend import EngineBackend
+from nbdist.modes.common.kernel_hub import KernelHubs
 from nbdist.modes.sync.rank import SyncSpec, run_sync_worker
+from nbdist.run.backend import Backend
 
 GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
 
@@ -33,8 +37,9 @@ def require_horovod() -> None:
         ) from None
 
 
-class SyncBackend(ClusterBackend):
-    """Horovod ranks on worker engines; rendezvous and the metrics hub in this kernel."""
+class SyncBackend(EngineBackend, Backend):
+    """Horovod ranks on worker engines (no engine holds a hub); rendezvous and the metrics hub
+    in this kernel. Rank r is worker r, on `worker_engines[r]`."""
 
     survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
 
@@ -45,15 +50,13 @@ class SyncBackend(ClusterBackend):
         # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
         # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
         self._rendezvous = None
-        self._local_hub = None
+        self._hubs = KernelHubs()
         self.checkpoint_dir = checkpoint_dir
         self.results: dict[int, dict] = {}
 
-    def start_hubs(self, specs):
-        from nbdist.modes.local.backend import LocalBackend
-
-        self._local_hub = LocalBackend({})
-        return self._local_hub.start_hubs([replace(s, bind_host=self._kernel_bind_host()) for s in specs])
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        """The metrics hub (one shard, no parameters) on a thread of this kernel."""
+        return self._hubs.start([replace(s, bind_host=self._kernel_bind_host()) for s in specs])
 
     def _kernel_bind_host(self) -> str:
         """This kernel's address towards the ranks (from routes; loopback if all are local)."""
@@ -77,8 +80,8 @@ class SyncBackend(ClusterBackend):
                          name="nbdist-horovod-rendezvous").start()
         port = self._rendezvous.server_address[1]
         next_on_host = {h: iter(es) for h, es in hosts.items()}
-        for slot in plan:  # rank order
-            engine = next(next_on_host[slot.hostname])
+        self.worker_engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
+        for slot, engine in zip(plan, self.worker_engines, strict=True):
             env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
                    "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
                    "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
@@ -91,7 +94,7 @@ class SyncBackend(ClusterBackend):
             spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
                            threads=max(1, self.host_cores(engine) // slot.local_size),
                            pin=(slot.local_rank, 0, slot.local_size) if self.pin else None)
-            self._tasks[slot.rank] = self.cluster.client[engine].apply_async(run_sync_worker, spec)
+            self._launch(slot.rank, engine, run_sync_worker, spec)
 
     def checkpoint_state(self, control, final: bool) -> list:
         """Rank 0's weights, optimizer slots and data position (see nbdist.checkpoint.sync_state)."""
@@ -108,8 +111,9 @@ class SyncBackend(ClusterBackend):
         where = (f"nbdist.resume({self.checkpoint_dir!r}, cluster=...) (or %%distribute --resume "
                  f"{self.checkpoint_dir}) continues from the last checkpoint"
                  if self.checkpoint_dir else "start the run again (with --checkpoint-dir to be able to resume)")
+        engine = self.worker_engines[dead[0]]
         return WorkersLostError(
-            f"Rank {dead[0]}'s engine ({self.roles.workers[dead[0]]}) died during a --mode sync run. "
+            f"Rank {dead[0]}'s engine ({engine}) died during a --mode sync run. "
             "An allreduce needs every rank, so the run failed. Restart the engines "
             f"(%nbdist stop, %nbdist start N), then {where}.")
 
@@ -122,17 +126,29 @@ class SyncBackend(ClusterBackend):
                           f"run.add_workers({list(engines)})). Start the run with more --workers, or "
                           "use --mode async to add workers while it trains.")
 
+    def joined_engines(self) -> list[int]:
+        return []  # the ranks are fixed: engines that join are not taken in
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # a lost rank fails the run (`failure`), it is never written off
+
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights (every rank holds the same)."""
         result = self._tasks[0].get(60)
         self.results = {i: ar.get(60) for i, ar in self._tasks.items()}
         return result["params"], result["non_trainable"]
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """Rank 0's weights now: it sends its state between two steps when asked, as for a
+        checkpoint (nbdist.checkpoint.sync_state)."""
+        from nbdist.checkpoint.sync_state import fresh_state
+
+        (_header, (params, non_trainable, _slots)), = fresh_state(control, final=False)
+        return params, non_trainable
+
     def finish(self, timeout: float) -> None:
-        for ar in self._tasks.values():
-            ar.wait(timeout)
-        if self._local_hub is not None:
-            self._local_hub.finish(timeout)
+        self._wait_workers(timeout)
+        self._hubs.join(timeout)
         if self._rendezvous is not None:
             self._rendezvous.shutdown()
             self._rendezvous.server_close()
