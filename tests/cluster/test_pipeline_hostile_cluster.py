@@ -87,7 +87,7 @@ def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_a
     ctx = zmq.Context()
     try:
         wait_for(lambda: global_step(run) > 5, 240, what="the first steps")
-        kernel, endpoints = run._control.link, run._backend.endpoints
+        kernel, endpoints = run.state.control.link, run.state.backend.endpoints
         key, run_id = kernel.codec._key, run.run_id
         senders = {name.split("/")[0]: name for name in kernel.codec._last_seen}  # from their reports
         held = [sock for stage, info in enumerate(endpoints)
@@ -96,7 +96,7 @@ def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_a
         report.connect(kernel.report_endpoint["endpoint"])
         report.send(b"\0" * 32 + b'{"op":"step"}')
         wait_for(lambda: _refused_all(run), 120, what=lambda: f"the refusals (so far {run.pipeline['dropped']})")
-        stage1 = psutil.Process(pids[run._backend.engines[1]])
+        stage1 = psutil.Process(pids[run.state.backend.engines[1]])
         base = peak = stage1.memory_info().rss
         with Flood("multipart", endpoints[1]["endpoint"], socket_type="PUSH", limit=1 << 30) as multipart, \
                 Flood("pending", endpoints[1]["endpoint"], peers=512, frame_bytes=90_000):
