@@ -96,16 +96,6 @@ class StageLink:
         self.codec, self._key = Codec(key, self.name, run_id), key
         self.max_frames, self.max_bytes = limits
         self.dropped: Counter[str] = Counter()  # messages refused, by reason
-        self.ctx = zmq.Context()
-        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, False, kind=zmq.PULL, peers=2)
-        try:
-            port = self.pull.bind_to_random_port(f"tcp://{bind_host}")
-        except BaseException:  # e.g. an address it cannot bind: give back the socket and the gate
-            self.pull.close(0)
-            self.gate.stop()
-            self.ctx.term()
-            raise
-        self.endpoint = f"tcp://{bind_host}:{port}"
         self.host = shm.host_id()
         self.peers: dict[str, object] = {}
         self.sub = None
@@ -117,6 +107,13 @@ class StageLink:
         self.outboxes: dict[str, _Outbox] = {}  # neighbour -> this stage's segment towards it
         self.inboxes: dict[str, tuple[str, int, object]] = {}  # neighbour -> (name, generation, segment)
         self._generation = 0
+        self.ctx = zmq.Context()
+        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, False, kind=zmq.PULL, peers=2)
+        try:
+            self.endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
+        except BaseException:  # e.g. an address it cannot bind: give back the socket and the gate
+            self.close()
+            raise
 
     @property
     def info(self) -> dict:
@@ -333,11 +330,16 @@ class KernelLink:
         self.ctx = zmq.Context()
         self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], False, kind=zmq.PULL, peers=2 * stages)
         self.pub, _ = server_socket(self.ctx, key, 1024, False, kind=zmq.PUB, gate=self.gate)  # reads subscriptions only
-        self.report_endpoint, self.control_endpoint = (
-            {"endpoint": f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}", "gate": self.gate.id}
-            for sock in (self.pull, self.pub))
+        try:
+            self.report_endpoint, self.control_endpoint = (
+                {"endpoint": f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}",
+                 "gate": self.gate.id} for sock in (self.pull, self.pub))
+        except BaseException:  # e.g. an address it cannot bind: give back the sockets and the gate
+            self.close()
+            raise
 
     def drops(self) -> dict[str, int]:
+        """Reports refused, and connections refused or cut at the gate, by reason."""
         return {**self.dropped, **self.gate.counts()}
 
     def receive(self, timeout_ms: int) -> dict | None:
