@@ -15,9 +15,7 @@ stage's engine grew by less than 256 MB."""
 from __future__ import annotations
 
 import os
-import sys
 import time
-from pathlib import Path
 
 import psutil
 import zmq
@@ -27,9 +25,7 @@ from nbdist.hub.gate import CUT, REFUSED
 from nbdist.hub.protocol import Codec, send_frames
 from nbdist.hub.wire import client_socket
 from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.hostile import Flood  # noqa: E402
+from tests.hostile import Flood
 
 CELL = "import keras\nkeras.utils.set_random_seed(3)\n" + SYNTHETIC_CELL  # the same initial weights here and there
 EPOCHS, BATCH = 1000, 32  # stopped once the attacks are over

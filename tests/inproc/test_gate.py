@@ -5,9 +5,7 @@ ends a multipart message and ZeroMQ peers without credentials stays under 256 MB
 while a real worker trains."""
 
 import socket
-import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import psutil
@@ -17,9 +15,7 @@ from nbdist.hub.gate import CUT, HANDSHAKE_S, REFUSED, YOUNG_MARGIN, credentials
 from nbdist.hub.protocol import new_key
 from nbdist.hub.wire import client_socket, server_socket
 from tests.helpers import wait_for
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from tests.hostile import Flood  # noqa: E402
+from tests.hostile import Flood
 
 FLOOD_LIMIT_BYTES = 256 * 2**20
 
