@@ -126,11 +126,13 @@ class Hub:
         self._sock = self._auth = self._listener = self._folder = None
         self.endpoints: dict = {}
         try:
-            self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
+            self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt,
+                                                   peers=spec.plan.num_workers + spec.num_shards)
             self._folder = socket_folder(spec)
             self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
             self.endpoints = bind(self._sock, spec, self._folder, self._listener,
-                                  params_shm=self._segment.name, size=self.size, spin_s=spec.spin_s)
+                                  params_shm=self._segment.name, size=self.size, spin_s=spec.spin_s,
+                                  gate=self._auth.id)
         except BaseException:  # e.g. an address it cannot bind: give back what it took
             self.close()
             raise
@@ -196,8 +198,12 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": dict(self.dropped),
+                "dropped": self._dropped(),
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
+
+    def _dropped(self) -> dict[str, int]:
+        """Messages dropped, by reason, and connections the gate refused or cut."""
+        return {**self.dropped, **(self._auth.counts() if self._auth is not None else {})}
 
     def _send(self, ret: Return, header: dict, buffers: list) -> bool:
         """Send a reply without ever waiting; False (and counted) if it could not be delivered:
@@ -365,7 +371,7 @@ class Hub:
 
     def _stats(self, msg: Message, ret: Return) -> tuple[dict, list]:
         snap = self.core.stats(int(msg.header.get("since", 0)), bool(msg.header.get("timeline")))
-        snap.update(error=self.error, dropped=dict(self.dropped))
+        snap.update(error=self.error, dropped=self._dropped())
         return {"op": "stats"}, [json.dumps(snap).encode()]
 
     def _control(self, msg: Message, ret: Return) -> tuple[dict, list]:

@@ -1,12 +1,14 @@
 """The hub's side of the wire: socket set-up, bounded receiving, op field checks, CurveZMQ.
 
-- `server_socket` binds the shard's ROUTER with a low receive high-water mark and a per-frame
-  size limit, and (with `--encrypt`) as a CurveZMQ server that admits only this run's clients.
+- `server_socket` sets up the shard's ROUTER (or a pipeline socket) with a low receive
+  high-water mark and a per-frame size limit, behind its context's gate (`nbdist.hub.gate`):
+  only clients holding the run key finish the handshake (a one-time token, or CurveZMQ with
+  `--encrypt`), and connections still in the handshake are capped, so peers without the key
+  can make it hold only a bounded amount (docs/security.md). `client_socket` is the other end.
 - `recv_bounded` reads one message a frame at a time and refuses it as soon as it has too
   many frames or bytes, dropping the rest without holding it. (libzmq assembles a multipart
   message before delivering it, so `ZMQ_MAXMSGSIZE` bounds each frame and the high-water mark
-  the number of queued messages per peer; only CurveZMQ keeps a peer without the key from
-  queuing anything at all, see README "Untrusted networks".)
+  the number of queued messages per authenticated peer.)
 - `check_fields` type-checks the op fields a hub reads, so a signed but malformed header is
   dropped and counted like any other bad message instead of failing a handler.
 - `Return`: where a reply goes (routing id, the requester's name, the request's `seq`).
@@ -215,27 +217,25 @@ def curve_keys(key: bytes) -> dict[str, bytes]:
     return keys
 
 
-def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
-    """The shard's ROUTER socket, set up before it binds; with `encrypt`, a CurveZMQ server
-    whose authenticator admits only clients holding the run's client key."""
+def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: int | None = None,
+                  peers: int = 1, gate=None):
+    """A socket to bind (a shard's ROUTER by default), set up before it binds: the receive
+    high-water mark, frames of at most `max_frame_bytes`, and behind this context's gate
+    (`nbdist.hub.gate`: one-time tokens, or with `encrypt` CurveZMQ admitting only the run's
+    client key; young connections capped from the `peers` expected). Returns (socket, gate);
+    pass `gate` to put a second socket of the same context behind it."""
     import zmq
 
-    sock = ctx.socket(zmq.ROUTER)
+    from nbdist.hub.gate import YOUNG_MARGIN, Gate
+
+    sock = ctx.socket(zmq.ROUTER if kind is None else kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
-    sock.setsockopt(zmq.ROUTER_MANDATORY, 1)  # a reply it cannot queue raises, never vanishes
-    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    authenticator = None
-    if encrypt:
-        from zmq.auth.thread import ThreadAuthenticator
-
-        keys = curve_keys(key)
-        authenticator = ThreadAuthenticator(ctx)
-        authenticator.start()
-        authenticator.configure_curve_callback("*", _OnlyKey(keys["client_public"]))
-        sock.setsockopt(zmq.CURVE_SERVER, 1)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, keys["server_secret"])
-    return sock, authenticator
+    if sock.type == zmq.ROUTER:  # a reply it cannot queue raises, never vanishes
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    gate = gate or Gate(ctx, key, limit=peers + YOUNG_MARGIN, encrypt=encrypt)
+    gate.guard(sock, max_frame_bytes)
+    return sock, gate
 
 
 def socket_folder(spec) -> str:
@@ -292,19 +292,12 @@ def remove_socket_files(endpoints: Mapping, folder: str | None = None) -> None:
             os.rmdir(folder)  # only once empty
 
 
-class _OnlyKey:
-    """ZAP credentials provider: admit exactly one client public key."""
-
-    def __init__(self, public: bytes):
-        self.public = public
-
-    def callback(self, domain: str, key: bytes) -> bool:  # pyzmq passes the z85 form
-        return key == self.public
-
-
 def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
-    """A client socket for a hub `endpoint` dict (CurveZMQ when it names a server key)."""
+    """A client socket for a bound socket's `endpoint` dict: CurveZMQ when it names a server
+    key, else a one-time token for its gate (`nbdist.hub.gate.credentials`)."""
     import zmq
+
+    from nbdist.hub.gate import credentials
 
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -313,4 +306,8 @@ def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
         sock.setsockopt(zmq.CURVE_SERVERKEY, endpoint["curve"].encode())
         sock.setsockopt(zmq.CURVE_SECRETKEY, keys["client_secret"])
         sock.setsockopt(zmq.CURVE_PUBLICKEY, keys["client_public"])
+    elif isinstance(endpoint, dict) and endpoint.get("gate"):
+        username, password = credentials(key, endpoint["gate"])
+        sock.setsockopt(zmq.PLAIN_USERNAME, username)
+        sock.setsockopt(zmq.PLAIN_PASSWORD, password)
     return sock

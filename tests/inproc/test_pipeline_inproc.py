@@ -167,7 +167,7 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
 
     key = new_key()
     kernel = KernelLink(key, "r", "127.0.0.1", 2)
-    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, slots=2) for s in (0, 1))
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, (3, 1 << 20), slots=2) for s in (0, 1))
     a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
     b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
     try:

@@ -30,6 +30,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     from nbdist.core.partition import METHODS, check_stages, partition
     from nbdist.engine.flatmodel import ensure_built, read_flat, write_flat
     from nbdist.hub.protocol import new_key
+    from nbdist.modes.pipeline.checks import message_limits
     from nbdist.modes.pipeline.graph import Graph
     from nbdist.modes.pipeline.link import KernelLink
     from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
@@ -90,6 +91,9 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     alternatives = {m: partition(costs, measured["cut_bytes"], stages, m, **options)
                     for m in METHODS}
 
+    limits = message_limits(measured["cut_bytes"], measured["cut_items"], [r["cut_tensors"] for r in layers],
+                            chosen.bounds, measured["micro_batch"],
+                            _message_samples(config.batch_size, x, contents.validation_arrays))
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
     kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages)
@@ -104,7 +108,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
-                           own_optimizer=cluster is not None, transport=str(config.transport))
+                           own_optimizer=cluster is not None, transport=str(config.transport),
+                           limits=limits[s])
                  for s in range(stages)]
         backend.start_workers(specs)
     except BaseException:
@@ -124,6 +129,18 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     if wait:
         run.wait()
     return run
+
+
+def _message_samples(batch_size: int, x, validation_arrays) -> float:
+    """Samples in the largest message between stages (a validation batch), counted in training
+    samples: scaled up where a validation sample is larger than a training one."""
+    from nbdist.modes.pipeline.stage import VALIDATION_BATCH
+
+    samples = max(VALIDATION_BATCH, batch_size)
+    xv = validation_arrays[0] if validation_arrays else None
+    if getattr(xv, "shape", None) is not None and getattr(x, "shape", None) is not None:
+        samples *= max(1.0, math.prod(xv.shape[1:]) / max(1, math.prod(x.shape[1:])))
+    return samples
 
 
 def _portable(pushed: dict) -> dict:
