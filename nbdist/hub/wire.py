@@ -213,17 +213,34 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
     sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    authenticator = None
-    if encrypt:
-        from zmq.auth.thread import ThreadAuthenticator
+    return sock, curve_server(ctx, [sock], key) if encrypt else None
 
-        keys = curve_keys(key)
-        authenticator = ThreadAuthenticator(ctx)
-        authenticator.start()
-        authenticator.configure_curve_callback("*", _OnlyKey(keys["client_public"]))
+
+def curve_server(ctx, sockets, key: bytes):
+    """Make `sockets` (of `ctx`, before they bind) CurveZMQ servers that admit only clients
+    holding the run's client key; returns the context's authenticator (`stop()` it before the
+    context ends). One per context: ZeroMQ has one authentication handler per context."""
+    import zmq
+    from zmq.auth.thread import ThreadAuthenticator
+
+    keys = curve_keys(key)
+    authenticator = ThreadAuthenticator(ctx)
+    authenticator.start()
+    authenticator.configure_curve_callback("*", _OnlyKey(keys["client_public"]))
+    for sock in sockets:
         sock.setsockopt(zmq.CURVE_SERVER, 1)
         sock.setsockopt(zmq.CURVE_SECRETKEY, keys["server_secret"])
-    return sock, authenticator
+    return authenticator
+
+
+def curve_client(sock, key: bytes) -> None:
+    """Make `sock` (before it connects) a CurveZMQ client of the run's servers."""
+    import zmq
+
+    keys = curve_keys(key)
+    sock.setsockopt(zmq.CURVE_SERVERKEY, keys["server_public"])
+    sock.setsockopt(zmq.CURVE_SECRETKEY, keys["client_secret"])
+    sock.setsockopt(zmq.CURVE_PUBLICKEY, keys["client_public"])
 
 
 def local_path(spec) -> str:
@@ -285,8 +302,5 @@ def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if isinstance(endpoint, dict) and endpoint.get("curve"):
-        keys = curve_keys(key)
-        sock.setsockopt(zmq.CURVE_SERVERKEY, endpoint["curve"].encode())
-        sock.setsockopt(zmq.CURVE_SECRETKEY, keys["client_secret"])
-        sock.setsockopt(zmq.CURVE_PUBLICKEY, keys["client_public"])
+        curve_client(sock, key)  # the endpoint's key is the run's server key, derived the same way
     return sock

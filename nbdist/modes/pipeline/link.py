@@ -24,6 +24,8 @@ Transport, per neighbour (`--transport`, default auto):
   the slots grow to the largest message at the cut (validation batches are the largest).
 - **Other hosts**, `--transport tcp`, and the fallback above: the arrays travel as raw frames
   after the header over TCP, all of it under the MAC.
+With `--encrypt` (`encrypt`), every TCP socket here is CurveZMQ (`nbdist.hub.wire.curve_server`,
+`curve_client`): a stage's PULL and the kernel's PULL and PUB admit only the run's clients.
 `messages` counts the messages with arrays sent to neighbours, by transport. The creator unlinks its
 segments in `close` (end of run, failure, abort); a stage engine that is killed leaves them to
 Python's resource tracker, which unlinks what the dead process created (as for the hub's).
@@ -39,6 +41,7 @@ import numpy as np
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
 from nbdist.hub.protocol import Codec, send_frames
+from nbdist.hub.wire import curve_client, curve_server
 
 POLL_MS = 200
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
@@ -74,18 +77,20 @@ def _layout(arrays: list) -> tuple[list[int], int]:
 class StageLink:
     """One stage's endpoint; `bind_host` is where its neighbours reach it. `transport`: auto
     (shared memory with same-host neighbours), tcp, or shm (refuses a neighbour elsewhere);
-    `slots`: shared-memory slots per neighbour."""
+    `slots`: shared-memory slots per neighbour; `encrypt`: CurveZMQ on every socket."""
 
     def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float,
-                 transport: str = "auto", slots: int = 8):
+                 transport: str = "auto", slots: int = 8, encrypt: bool = False):
         import zmq
 
         self.stage, self.timeout = stage, timeout
         self.name = f"stage-{stage}"
         self.transport, self.slots = str(transport), max(1, slots)
         self.codec = Codec(key, self.name, run_id)
+        self.key, self.encrypt = key, encrypt
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
+        self._auth = curve_server(self.ctx, [self.pull], key) if encrypt else None
         port = self.pull.bind_to_random_port(f"tcp://{bind_host}")
         self.endpoint = f"tcp://{bind_host}:{port}"
         self.host = shm.host_id()
@@ -125,10 +130,14 @@ class StageLink:
             sock = self.ctx.socket(zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.setsockopt(zmq.SNDHWM, 0)
+            if self.encrypt:
+                curve_client(sock, self.key)
             sock.connect(endpoint)
             self.peers[name] = sock
         self.sub = self.ctx.socket(zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
+        if self.encrypt:
+            curve_client(self.sub, self.key)
         self.sub.connect(control)
 
     def send(self, to: str, header: dict, arrays=()) -> None:
@@ -276,6 +285,8 @@ class StageLink:
         for sock in [self.pull, self.sub, *self.peers.values()]:
             if sock is not None:
                 sock.close(linger=500)
+        if self._auth is not None:
+            self._auth.stop()
         self.ctx.term()
         for _, _, segment in self.inboxes.values():
             shm.release(segment)
@@ -286,9 +297,9 @@ class StageLink:
 
 class KernelLink:
     """The kernel's side: a PULL socket for the stages' reports and a PUB socket for stop and
-    abort, both bound on `bind_host`."""
+    abort, both bound on `bind_host` (CurveZMQ servers with `encrypt`)."""
 
-    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int):
+    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
         import zmq
 
         self.codec = Codec(key, "kernel", run_id)
@@ -296,6 +307,7 @@ class KernelLink:
         self.ctx = zmq.Context()
         self.pull = self.ctx.socket(zmq.PULL)
         self.pub = self.ctx.socket(zmq.PUB)
+        self._auth = curve_server(self.ctx, [self.pull, self.pub], key) if encrypt else None
         self.report_endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
         self.control_endpoint = f"tcp://{bind_host}:{self.pub.bind_to_random_port(f'tcp://{bind_host}')}"
 
@@ -316,4 +328,6 @@ class KernelLink:
     def close(self) -> None:
         self.pull.close(linger=0)
         self.pub.close(linger=500)
+        if self._auth is not None:
+            self._auth.stop()
         self.ctx.term()

@@ -48,6 +48,7 @@ class StageSpec:
     lr: float | None = None  # --lr: overrides the cell's optimizer's rate
     own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
     transport: str = "auto"  # --transport: shared memory with same-host neighbours (auto), tcp, shm
+    encrypt: bool = False  # --encrypt (the cluster's): CurveZMQ on the stage's sockets
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
@@ -128,7 +129,7 @@ class Stage:
         # slots: at most M messages are sent towards a neighbour before the sender next waits
         # (and reads the acks); twice that spares the TCP fallback (see link.py)
         self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout,
-                              transport=spec.transport, slots=2 * spec.micro_batches + 2)
+                              transport=spec.transport, slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
 
     def _build_functions(self) -> None:
         import tensorflow as tf

@@ -92,7 +92,9 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
 
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
-    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages)
+    encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages,
+                        encrypt=encrypt)
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
     backend = PipelineBackend(cluster, engines, graph, model)
@@ -106,7 +108,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
-                           own_optimizer=cluster is not None, transport=str(config.transport))
+                           own_optimizer=cluster is not None, transport=str(config.transport), encrypt=encrypt)
                  for s in range(stages)]
         pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
                    for s in range(stages)]
