@@ -51,3 +51,16 @@ def test_encrypt_warns_of_plaintext_gloo_only_when_the_ranks_span_hosts():
     note = plaintext_note(True, ["lab2", "lab1", "lab2"])
     assert note.startswith("--encrypt: the ranks on 2 hosts (lab1, lab2)")
     assert "plaintext" in note and "--mode async" in note
+
+
+@pytest.mark.parametrize(("metadata", "build"), [
+    ('{"tensorflow": "2.21.0", "nbdist_build": "p1-gloo", "dummy": "none"}', "p1-gloo"),
+    ('{"tensorflow": "2.21.0", "dummy": "none"}', ""),  # built by anyone else
+    ("not json", ""), ("[1, 2]", ""), (None, ""),
+])
+def test_the_build_mark_is_read_from_horovods_metadata_json(tmp_path, metadata, build):
+    from nbdist.modes.sync.network import horovod_build
+
+    if metadata is not None:
+        (tmp_path / "metadata.json").write_text(metadata)
+    assert horovod_build(str(tmp_path)) == build

@@ -49,17 +49,19 @@ def preflight(env: dict) -> dict | None:
     return None
 
 
-def horovod_build() -> str:
-    """nbdist's mark on the installed Horovod ("p1-gloo": patch level p1, Gloo collectives),
-    from the metadata.json scripts/build_horovod.sh writes; "" for any other build."""
-    import importlib.util
+def horovod_build(folder: str | None = None) -> str:
+    """nbdist's mark on the Horovod package in `folder` (default: the installed one): "p1-gloo"
+    is patch level p1 with Gloo collectives, from the metadata.json scripts/build_horovod.sh
+    writes; "" for any other build, or none."""
+    if folder is None:
+        import importlib.util
 
-    spec = importlib.util.find_spec("horovod")  # the bare package: no TensorFlow imported
-    folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        spec = importlib.util.find_spec("horovod")  # the bare package: no TensorFlow imported
+        folder = next(iter(spec.submodule_search_locations or []), None) if spec is not None else None
     try:
-        with open(os.path.join(folders[0], "metadata.json")) as f:
+        with open(os.path.join(folder or "", "metadata.json")) as f:
             return str(json.load(f).get("nbdist_build", ""))
-    except (IndexError, OSError, ValueError, AttributeError):  # not installed, not nbdist's build
+    except (OSError, ValueError, AttributeError):  # no metadata, not JSON, not an object
         return ""
 
 
