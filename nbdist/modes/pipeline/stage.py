@@ -49,6 +49,7 @@ class StageSpec:
     own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
     transport: str = "auto"  # --transport: shared memory with same-host neighbours (auto), tcp, shm
     encrypt: bool = False  # --encrypt (the cluster's): CurveZMQ on the stage's sockets
+    local_rank: int = 0  # this stage's index among the run's stages on its host: its own GPU
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
@@ -56,7 +57,7 @@ def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
     endpoint, and the host, for shared memory between stages on one host)."""
     from nbdist.engine.run_cell import execute_cell
 
-    ns = execute_cell(spec.source, spec.pushed, spec.threads, 0, namespace)
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
     return stage.link.info

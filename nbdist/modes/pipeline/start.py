@@ -65,6 +65,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     micro_size = config.batch_size // micro
     nets = cluster.engine_networks(engines) if cluster is not None else None
     threads = _stage_threads(nets, engines)
+    local_ranks = _local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
     if cluster is not None:
         from nbdist.cluster.engines import get_within
@@ -108,7 +109,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
-                           own_optimizer=cluster is not None, transport=str(config.transport), encrypt=encrypt)
+                           own_optimizer=cluster is not None, transport=str(config.transport), encrypt=encrypt,
+                           local_rank=local_ranks[s])
                  for s in range(stages)]
         pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
                    for s in range(stages)]
@@ -170,6 +172,13 @@ def _stage_threads(nets: dict | None, engines: list) -> list[int]:
     hosts = [nets[e].hostname for e in engines]
     cores, here = cores_per_host((nets[e].hostname, nets[e].cores) for e in engines), Counter(hosts)
     return [max(1, (cores.get(h) or os.cpu_count() or 1) // here[h]) for h in hosts]
+
+
+def _local_ranks(nets: dict | None, engines: list) -> list[int]:
+    """Each stage's index among the stages on its host (so each uses its own GPU there); stages
+    that are threads of this kernel are all on one host."""
+    hosts = [nets[e].hostname for e in engines] if nets is not None else ["kernel"] * len(engines)
+    return [hosts[:s].count(h) for s, h in enumerate(hosts)]
 
 
 def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:
