@@ -14,6 +14,7 @@ import os
 
 from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError, ConfigError
+from nbdist.flags import check_option_names
 from nbdist.run.handle import Run
 
 
@@ -22,14 +23,18 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     """Train the model defined by `cell` (ordinary single-machine Keras code) distributed.
 
     `options` are TrainConfig's fields (mode, algorithm, workers, servers, epochs, batch_size,
-    lr, model, data, validation, ...). `namespace` is where the cell runs in the kernel (the
-    notebook's namespace from the magic; a fresh dict by default).
+    lr, model, data, validation, ...; every one is listed in docs/reference.md), each one the
+    `%%distribute` flag of the same name; an unknown one is refused, naming the close ones.
+    `config`: a TrainConfig to start from (`options` then override it). `namespace` is where
+    the cell runs in the kernel (the notebook's namespace from the magic; a fresh dict by
+    default).
 
     Example:
         >>> cluster = nbdist.Cluster.start(3)                              # doctest: +SKIP
         >>> run = nbdist.train(CELL, cluster=cluster, workers=2, epochs=2)  # doctest: +SKIP
         >>> run.wait().history.tail()                                      # doctest: +SKIP
     """
+    check_option_names(options)
     config = config.replace(**options) if config is not None else TrainConfig(**options)
     return _start(cell, config, cluster, namespace, wait)
 
@@ -55,6 +60,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     """
     from nbdist.checkpoint.store import load
 
+    check_option_names(options)
     if cell is None and not trust_cell:  # before anything is read: a shared folder is not code
         raise CheckpointError(
             f"nbdist.resume({os.fspath(checkpoint)!r}) got no cell (Received: cell=None). A "
@@ -111,9 +117,11 @@ def _shown(value: object) -> str:
 
 def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait: bool, ckpt=None) -> Run:
     """The mode's start (`nbdist.modes.MODES`) on the job the cell describes."""
+    from nbdist.env import check_all as check_switches
     from nbdist.job import prepare_job
     from nbdist.modes import check_cluster, mode_entry, start_function
 
+    check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
     job = prepare_job(cell, config, namespace, ckpt, seed_cell=mode_entry(config.mode).seeds_cell)
     return start_function(config.mode)(job, cluster=cluster, wait=wait)

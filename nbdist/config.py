@@ -14,6 +14,7 @@ import os
 
 from nbdist.errors import ConfigError
 from nbdist.flag_values import parse_names, parse_options, parse_size, parse_slowdown
+from nbdist.flags import auto_or_int, late, option
 
 
 class Mode(enum.StrEnum):
@@ -61,13 +62,7 @@ class Metrics(enum.StrEnum):
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
-# Off: on a BatchNorm CNN (benchmarks/sync_batchnorm.py, 4 seeds, 1 epoch) sync at 2 x 64 against
-# fit at 128 was -0.000 without it at 12,000 images and -0.010 at 30,000 (-0.004 with it): within
-# the seeds' spread (+-0.02), while it added 30-40% to the time per step (one allreduce per
-# BatchNorm layer forward and one backward).
-SYNC_BATCHNORM_DEFAULT = False
-# --pin: off until measured faster (benchmarks/overhead.py --pin both; see the README's --pin line)
-PIN_DEFAULT = "off"
+CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 
 
 class Transport(enum.StrEnum):
@@ -99,6 +94,14 @@ class Compression(enum.StrEnum):
     FP16 = "fp16"  # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
 
 
+# The modes a flag applies to (nbdist.flags.Flag.modes)
+ASYNC, SYNC, LOCAL, SIMULATE, PIPELINE = (m.value for m in Mode)
+HUBS = (ASYNC, LOCAL)  # parameter-server shards and workers that exchange with them
+RULED = (ASYNC, LOCAL, SIMULATE)  # an update rule applies each push
+COORDINATED = (ASYNC, SYNC, LOCAL, SIMULATE)  # the coordinator sizes batches and records pushes
+CHECKPOINTED = (ASYNC, SYNC, LOCAL)
+
+
 def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
     try:
         return enum_type(value.value if isinstance(value, enum.Enum) else str(value).lower())
@@ -119,50 +122,96 @@ class TrainConfig:
         <Algorithm.ASGD: 'asgd'>
     """
 
-    mode: Mode = Mode.ASYNC
-    algorithm: Algorithm = Algorithm.ASGD
-    workers: int | None = None  # None: every engine that is not a parameter shard
-    servers: int = 1
-    epochs: int = 1
-    batch_size: int = 32
-    lr: float | None = None  # None: the learning rate of the cell's optimizer
-    model: str | None = None  # None: the one compiled keras.Model the cell defines
-    data: tuple[str, ...] = ("x_train", "y_train")  # or one name: a tf.data.Dataset, a generator function
-    validation: tuple[str, ...] | None = None  # None: ("x_test", "y_test") if the cell has them
-    in_memory_limit: int | str = "2GiB"  # a dataset larger than this (decoded) is streamed
-    no_validation: bool = False
-    seed: int = 0
-    transport: Transport = Transport.AUTO
-    compression: Compression = Compression.NONE
-    timeout: float = 120.0  # seconds a hub or worker may stay silent before the run fails
-    algo_options: dict = dataclasses.field(default_factory=dict)  # e.g. {"lambda0": 2.0}
-    staleness_lr: bool = False  # lr / max(1, delay) on every push
-    staleness: int | None = None  # ssp: how many clocks a worker may run ahead
-    n: int | None = None  # softsync: apply the mean of every max(1, M // n) pushes
-    groups: int | str = "auto"  # group: "auto" from speeds, or a number of groups
-    local_steps: int = 1
-    server_optimizer: ServerOptimizer | None = None  # None: the cell's (see ServerOptimizer)
-    overlap: bool = False
-    pin: Pin = PIN_DEFAULT  # cores per role on each host (nbdist.cluster.affinity); async and sync modes
-    spin: Spin = Spin.AUTO  # async: hubs with a core of their own poll instead of sleeping
-    dbs: bool = False
-    batch_min: int | None = None
-    batch_max: int | None = None
-    slowdown: tuple[float, ...] | None = None
-    metrics: Metrics = Metrics.FULL
-    elastic: bool = False  # async: engines that join the cluster mid-run become workers
-    checkpoint_dir: str | None = None  # where the hub state is saved (see nbdist.checkpoint.store)
-    checkpoint_every: float | None = None  # seconds between checkpoints; None: 60 with a dir
-    sim: dict = dataclasses.field(default_factory=dict)  # --mode simulate: cost model etc. (simclock)
-    # --mode sync: BatchNorm statistics over the global batch, allreduced in the forward pass
-    # (nbdist.modes.sync.batchnorm). None: SYNC_BATCHNORM_DEFAULT (off, see there): each rank
-    # normalises over its own share of the batch, as with --no-sync-batchnorm.
-    sync_batchnorm: bool | None = None
-    # --mode pipeline: stages (one engine each), micro-batches per mini-batch, how to cut, schedule
-    stages: int = 2
-    micro_batches: int = 4
-    partition: str = "optimal"  # optimal | greedy | uniform | random (nbdist.core.partition)
-    schedule: str = "gpipe"  # gpipe | 1f1b
+    mode: Mode = option(
+        Mode.ASYNC, "where the run trains: async, nbdist's parameter server on the cluster; sync, "
+        "Horovod allreduce between the cluster's engines; local, in this kernel; simulate, "
+        "virtual workers on a virtual clock, in this kernel; pipeline, the model cut into stages, "
+        "one engine each", choices=Mode)
+    algorithm: Algorithm = option(Algorithm.ASGD, "update rule the hub applies to each push", RULED,
+                                  choices=Algorithm)
+    workers: int | None = option(None, "number of workers", (ASYNC, SYNC, SIMULATE), type=int,
+                                 shown_default="every free engine; simulate: one per --slowdown")
+    servers: int = option(1, "parameter shards, one hub engine each", HUBS, type=int)
+    epochs: int = option(1, "passes over the data", type=int)
+    batch_size: int = option(32, "samples per worker step (pipeline: per mini-batch)", type=int)
+    lr: float | None = option(None, "learning rate", type=float,
+                              shown_default="the cell's optimizer's")
+    model: str | None = option(None, "variable holding the model",
+                               shown_default="the one compiled model the cell defines")
+    data: tuple[str, ...] = option(("x_train", "y_train"), "training arrays X,Y, or one "
+                                   "tf.data.Dataset or generator function NAME")
+    validation: tuple[str, ...] | None = option(
+        None, "validation arrays X,Y, or one dataset NAME",
+        shown_default="x_test,y_test if the cell defines them")
+    in_memory_limit: int | str = option("2GiB", "a dataset larger than this (decoded) is streamed "
+                                        "by shards, e.g. 500MB")
+    no_validation: bool = option(False, "skip validation", switch=True)
+    seed: int = option(0, "seed of the epoch permutations (simulate: of the cell's weights too)",
+                       type=int)
+    transport: Transport = option(
+        Transport.AUTO, "how parameters and gradients travel: auto, shared memory on the same "
+        "host and TCP across hosts; tcp; shm, same host only", (ASYNC, LOCAL, PIPELINE),
+        choices=Transport)
+    compression: Compression = option(
+        Compression.NONE, "fp16: parameters and gradients cross the network as float16, half "
+        "the bytes (the hub keeps float32)", (ASYNC, SYNC), choices=Compression)
+    timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run "
+                            "fails", (ASYNC, SYNC, LOCAL, PIPELINE), type=float)
+    algo_options: dict = option({}, "the rule's hyper-parameters, e.g. lambda0=2,momentum=0.9",
+                                RULED, flag="--algo-opt", metavar="NAME=X",
+                                shown_default="the rule's own")
+    staleness_lr: bool = option(False, "divide the learning rate by each push's delay", RULED,
+                                switch=True)
+    staleness: int | None = option(None, "ssp: clocks a worker may run ahead", RULED, type=int,
+                                   shown_default="the rule's own")
+    n: int | None = option(None, "softsync: apply the mean of every M//n pushes", RULED, type=int,
+                           shown_default="the rule's own")
+    groups: int | str = option("auto", "group: a number of groups, or auto (from measured "
+                               "speeds)", RULED, type=auto_or_int, metavar="auto|N")
+    local_steps: int = option(1, "steps with the cell's optimizer per exchange", HUBS, type=int)
+    server_optimizer: ServerOptimizer | None = option(
+        None, "the hub's optimizer instead of the cell's (with --local-steps, SGD at rate 1 on "
+        "the deltas unless given)", RULED, choices=ServerOptimizer, shown_default="the cell's")
+    overlap: bool = option(False, "push step t while computing step t+1", HUBS, switch=True)
+    # pin: off until measured faster (benchmarks/overhead.py --pin both)
+    pin: Pin = option(Pin.OFF, "auto: one core per hub shard, the rest split between the "
+                      "workers on each host; off: the OS places every thread", (ASYNC, SYNC),
+                      choices=Pin)
+    spin: Spin = option(Spin.AUTO, "auto: a hub shard with a core of its own, and its workers "
+                        "on the same host, poll for messages instead of sleeping; off: they "
+                        "sleep", (ASYNC,), choices=Spin)
+    dbs: bool = option(False, "batch sizes in proportion to measured speed", COORDINATED,
+                       switch=True)
+    batch_min: int | None = option(None, "DBS floor", COORDINATED, type=int,
+                                   shown_default="batch-size // 4")
+    batch_max: int | None = option(None, "DBS ceiling", COORDINATED, type=int,
+                                   shown_default="workers x batch-size")
+    slowdown: tuple[float, ...] | None = option(None, "per-worker slow-down factors, e.g. 1,2,4",
+                                                COORDINATED, shown_default="none")
+    metrics: Metrics = option(Metrics.FULL, "full: history row, timeline row and delay "
+                              "statistics per push; minimal: counters only", COORDINATED,
+                              choices=Metrics)
+    elastic: bool = option(False, "engines that join the cluster while the run trains become "
+                           "workers", (ASYNC,), switch=True)
+    checkpoint_dir: str | None = option(None, "folder for checkpoints of the run's state",
+                                        CHECKPOINTED, metavar="FOLDER")
+    checkpoint_every: float | None = option(
+        None, "seconds between checkpoints", CHECKPOINTED, type=float,
+        shown_default=f"{CHECKPOINT_EVERY_S:g} with --checkpoint-dir")
+    sim: dict = option({}, "the virtual clock: name=number pairs", (SIMULATE,), metavar="NAME=X",
+                       shown_default=late("nbdist.core.simclock", "sim_defaults"))
+    # off: with it, no gain beyond the seeds' spread in accuracy on a BatchNorm CNN, and 30-40%
+    # more time per step (an allreduce per BatchNorm layer each way; benchmarks/sync_batchnorm.py)
+    sync_batchnorm: bool = option(False, "BatchNorm statistics over the global batch, allreduced "
+                                  "in the forward pass", (SYNC,), negatable=True)
+    stages: int = option(2, "stages, one engine each", (PIPELINE,), type=int)
+    micro_batches: int = option(4, "micro-batches per mini-batch; must divide --batch-size",
+                                (PIPELINE,), type=int)
+    partition: str = option("optimal", "how layers are cut into stages, from their measured "
+                            "costs", (PIPELINE,), choices=late("nbdist.core.partition", "METHODS"))
+    schedule: str = option("gpipe", "gpipe: all forwards, then all backwards; 1f1b: one forward "
+                           "and one backward in turn", (PIPELINE,),
+                           choices=late("nbdist.core.partition", "SCHEDULES"))
 
     def __post_init__(self) -> None:
         set_ = object.__setattr__
@@ -210,8 +259,11 @@ class TrainConfig:
                 f"--servers {self.servers}, --algorithm {self.algorithm.value}, --local-steps "
                 f"{self.local_steps}, --overlap {self.overlap}). Drop them, or use --mode async."
             )
-        if self.sync_batchnorm is not None and not isinstance(self.sync_batchnorm, bool):
-            raise ConfigError(f"sync_batchnorm must be True, False or None (Received: {self.sync_batchnorm!r}).")
+        if self.sync_batchnorm is None:  # as checkpoints before 0.1.0's declarations saved "off"
+            set_(self, "sync_batchnorm", False)
+        if not isinstance(self.sync_batchnorm, bool):
+            raise ConfigError(f"sync_batchnorm must be True or False (Received: "
+                              f"{self.sync_batchnorm!r}).")
         if self.sync_batchnorm and self.mode is not Mode.SYNC:
             raise ConfigError(
                 f"--sync-batchnorm allreduces BatchNorm statistics between Horovod ranks, so it "
@@ -302,16 +354,15 @@ class TrainConfig:
     @property
     def batchnorm_synced(self) -> bool:
         """Whether BatchNorm statistics are taken over the global batch (--mode sync only)."""
-        if self.mode is not Mode.SYNC:
-            return False
-        return SYNC_BATCHNORM_DEFAULT if self.sync_batchnorm is None else self.sync_batchnorm
+        return self.mode is Mode.SYNC and self.sync_batchnorm
 
     @property
     def checkpoint_interval(self) -> float | None:
         """Seconds between periodic checkpoints (None: no checkpoint folder, none taken)."""
         if self.checkpoint_dir is None:
             return None
-        return float(self.checkpoint_every) if self.checkpoint_every is not None else 60.0
+        every = self.checkpoint_every
+        return float(every) if every is not None else CHECKPOINT_EVERY_S
 
     def rule_options(self) -> dict:
         """The hub rule's hyper-parameters: --algo-opt plus the dedicated flags."""

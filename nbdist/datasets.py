@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from nbdist.env import switch
 from nbdist.errors import ConfigError, DatasetFormatError, DatasetNotFoundError, DependencyError
 
 __all__ = [
@@ -87,7 +88,7 @@ def load_fashion_mnist(path: str | os.PathLike[str] | None = None) -> Splits:
         >>> x_train.shape, x_test.shape
         ((60000, 28, 28), (10000, 28, 28))
     """
-    user_root = path if path is not None else os.environ.get("NBDIST_DATA") or None
+    user_root = path if path is not None else switch("NBDIST_DATA")
     folders: list[Path] = []
     if user_root is not None:
         root = Path(user_root).expanduser()

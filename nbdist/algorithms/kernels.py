@@ -12,12 +12,12 @@ NumPy functions below, which give the same numbers bit for bit (tests/unit/test_
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
 import numpy as np
 
 from nbdist.algorithms.blocks import BLOCK
+from nbdist.env import switch
 
 __all__ = ["COMPILED", "IMPLEMENTATION", "STREAM_MIN", "adam_step", "copy_out", "momentum_step",
            "sgd_step", "sgd_step_and_copy"]
@@ -31,7 +31,7 @@ STREAM_MIN = 1 << 21
 
 
 def _load() -> tuple[ModuleType | None, str]:
-    if os.environ.get("NBDIST_KERNELS", "").strip() == "0":
+    if not switch("NBDIST_KERNELS"):
         return None, "numpy (NBDIST_KERNELS=0)"
     try:
         import nbdist._kernels as _kernels

@@ -44,7 +44,6 @@ from nbdist.core.schedule import EpochSchedule
 from nbdist.errors import CheckpointError, CheckpointNotFoundError
 
 FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"  # 2: the cell's optimizer on the hub
-DEFAULT_EVERY_S = 60.0
 KEEP = 2  # checkpoints kept in a folder: the newest (meta.json) and the one before (meta.1.json)
 _FIX = "Resume from another checkpoint, or start the run afresh with nbdist.train / %%distribute."
 

@@ -19,8 +19,6 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-PIN_CHOICES = ("auto", "off")
-
 
 @dataclass(frozen=True)
 class Placement:

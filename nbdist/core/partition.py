@@ -29,6 +29,7 @@ import numpy as np
 from nbdist.errors import ConfigError
 
 METHODS = ("optimal", "greedy", "uniform", "random")
+SCHEDULES = ("gpipe", "1f1b")
 
 
 @dataclass(frozen=True)
@@ -243,8 +244,8 @@ def check_pipeline_options(*, stages: object, micro_batches: object, method: obj
             raise ConfigError(f"{flag} must be a whole number >= 1 (Received: {value!r}). Example: {flag} 2.")
     if method not in METHODS:
         raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: {method!r}).")
-    if kind not in ("gpipe", "1f1b"):
-        raise ConfigError(f"--schedule must be gpipe or 1f1b (Received: {kind!r}).")
+    if kind not in SCHEDULES:
+        raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)} (Received: {kind!r}).")
     if batch_size % micro_batches:
         raise ConfigError(
             f"--batch-size {batch_size} does not split into --micro-batches {micro_batches} equal "

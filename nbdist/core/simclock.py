@@ -116,12 +116,21 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
     return out
 
 
+SIM_FIELDS = {"per_step": "per_step_s", "per_sample": "per_sample_s", "jitter": "jitter",  # --sim
+              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync"}  # name: field
+
+
 def sim_options(parsed: Mapping[str, float]) -> SimOptions:
-    """The `SimOptions` of a `parse_sim` result."""
-    return SimOptions(per_step_s=float(parsed.get("per_step", DEFAULT_PER_STEP_S)),
-                      per_sample_s=float(parsed.get("per_sample", DEFAULT_PER_SAMPLE_S)),
-                      jitter=float(parsed.get("jitter", 0.0)), calibrate=bool(parsed.get("calibrate", 0)),
-                      eval_every=float(parsed.get("eval_every", 0.0)), sync=bool(parsed.get("sync", 0)))
+    """The `SimOptions` of a `parse_sim` result (what it leaves out keeps SimOptions' default)."""
+    return SimOptions(**{SIM_FIELDS[name]: bool(value) if name in _BOOLEAN else float(value)
+                         for name, value in parsed.items()})
+
+
+def sim_defaults() -> str:
+    """The defaults as `--sim` is written: 'per_step=0.001,per_sample=2e-05,...'."""
+    defaults = SimOptions()
+    return ",".join(f"{name}={float(getattr(defaults, field)):g}"
+                    for name, field in SIM_FIELDS.items())
 
 
 def round2(x: float) -> float:

@@ -29,10 +29,10 @@ import asyncio
 import html
 import logging
 import math
-import os
 import time
 
 from nbdist.dashboard import figures
+from nbdist.env import switch
 from nbdist.errors import NbdistError
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_
 def widgets_available() -> bool:
     """True in a Jupyter kernel whose event loop runs here, with the widget packages installed.
     `NBDIST_DASHBOARD=text` forces the text status line."""
-    if os.environ.get("NBDIST_DASHBOARD", "").lower() == "text":
+    if switch("NBDIST_DASHBOARD") == "text":
         return False
     try:
         from IPython import get_ipython

@@ -25,7 +25,6 @@ import numpy as np
 
 from nbdist.errors import DataError
 
-DEFAULT_IN_MEMORY_LIMIT = 2 * 2**30  # bytes of decoded tensors
 READ_BATCH = 256  # samples per read when a dataset is unbatched or streamed
 
 

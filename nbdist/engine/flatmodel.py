@@ -174,10 +174,10 @@ class FlatModel:
     def _make_stateless(self, tf, sizes: list[int], nt_sizes: list[int], flatten):
         """The stateless gradient function (see the module docstring), or None when the model
         has no `stateless_call` (not a Keras 3 layer) or nbdist's NBDIST_STATELESS=0 says so."""
-        import os
+        from nbdist.env import switch
 
         model = self.model
-        if os.environ.get("NBDIST_STATELESS", "1") == "0" or not hasattr(model, "stateless_call") \
+        if not switch("NBDIST_STATELESS") or not hasattr(model, "stateless_call") \
                 or not hasattr(model, "stateless_compute_loss"):
             return None
         trainable, all_nt = self.trainable, list(model.non_trainable_variables)

@@ -18,6 +18,7 @@ import threading
 from dataclasses import replace
 
 import nbdist
+from nbdist.env import switch
 from nbdist.hub.process import encode_spec
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.hub.wire import remove_socket_files
@@ -28,7 +29,7 @@ _hubs: dict[tuple[str, int], object] = {}
 
 def hub_in_process() -> bool:
     """Whether hubs on this engine run as their own process (the default)."""
-    return os.environ.get("NBDIST_HUB_PROCESS", "1").strip() not in ("0", "false", "no")
+    return switch("NBDIST_HUB_PROCESS")
 
 
 class _ThreadHub:
@@ -55,11 +56,12 @@ class _ProcessHub:
 
     def __init__(self, spec: HubSpec):
         self.shard = spec.shard
-        env = os.environ.copy()  # the child imports the same nbdist as this engine
+        child_env = os.environ.copy()  # the child imports the same nbdist as this engine
         root = os.path.dirname(os.path.dirname(os.path.abspath(nbdist.__file__)))
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
+        child_env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (root, child_env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=env)
+                                     stdout=subprocess.PIPE, env=child_env)
         self.proc.stdin.write(encode_spec(spec))
         self.proc.stdin.close()
         self.lines: list[dict] = []

@@ -21,6 +21,7 @@ import os
 import socket
 import struct
 
+from nbdist.env import switch
 from nbdist.errors import ProtocolError
 
 MAX_PACKET_BYTES = 160 * 1024  # a worker whose messages may be larger uses ZeroMQ's ipc
@@ -30,7 +31,7 @@ _U32 = struct.Struct("<I")
 
 def enabled() -> bool:
     """Whether this platform has the line and the user has not turned it off."""
-    return (os.environ.get("NBDIST_LOCAL_LINE", "1") != "0" and hasattr(socket, "AF_UNIX")
+    return (switch("NBDIST_LOCAL_LINE") and hasattr(socket, "AF_UNIX")
             and hasattr(socket, "SOCK_SEQPACKET"))
 
 

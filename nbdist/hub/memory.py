@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
-import os
+
+from nbdist.env import switch
 
 LARGE_FRAME_BYTES = 16 << 20  # below this glibc's adaptive threshold already reuses buffers
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3  # glibc's mallopt parameters
@@ -25,7 +26,7 @@ _done = 0
 def reuse_large_buffers(frame_bytes: int) -> bool:
     """Let malloc reuse freed buffers of `frame_bytes` (glibc only); True if it was set."""
     global _done
-    if frame_bytes < LARGE_FRAME_BYTES or frame_bytes <= _done or os.environ.get("NBDIST_MALLOPT") == "0":
+    if frame_bytes < LARGE_FRAME_BYTES or frame_bytes <= _done or not switch("NBDIST_MALLOPT"):
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")

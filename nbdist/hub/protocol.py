@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hmac
 import json
-import os
 import secrets
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -27,6 +26,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from blake3 import blake3 as _blake3
 
+from nbdist.env import switch
 from nbdist.errors import ProtocolError
 
 _json_out = json.JSONEncoder(separators=(",", ":"))
@@ -37,7 +37,7 @@ ZERO_COPY_MIN_BYTES = 64 * 1024  # below this pyzmq's copying send is faster tha
 # From this many buffer bytes in one message on, the MAC hashes on blake3's own threads
 # (benchmarks/mac_threads.py, 2 cores, load ~2.4: no gain up to 40 MB, and 0.71x next to a busy
 # process; at 80 MB 1.9x idle, 1.0x busy). NBDIST_MAC_THREADS_MIN_MB overrides (0: always).
-MAC_THREADS_MIN_BYTES = int(float(os.environ.get("NBDIST_MAC_THREADS_MIN_MB", "") or 64) * 1e6)
+MAC_THREADS_MIN_BYTES = int(switch("NBDIST_MAC_THREADS_MIN_MB") * 1e6)
 SIGNATURE_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024
 KEY_BYTES = 32

@@ -12,6 +12,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 from nbdist.algorithms.blocks import BlockFn, Ranges
+from nbdist.env import switch
 
 MAX_THREADS = 4  # past 4 threads one shard's update is bound by memory, not by cores
 
@@ -21,9 +22,9 @@ def update_threads() -> int:
     most `MAX_THREADS`; `NBDIST_HUB_THREADS` overrides (1: one pass, no pool). On a 2-core
     machine that is 1: with the workers computing, there is no idle core for a second thread
     (measured: benchmarks/large_model.py, 2 threads 17.5 ms vs 1 thread 11.5 ms per 20M push)."""
-    given = os.environ.get("NBDIST_HUB_THREADS", "")
-    if given.strip():
-        return max(1, int(given))
+    given = switch("NBDIST_HUB_THREADS")
+    if given is not None:
+        return given
     return max(1, min(MAX_THREADS, (os.cpu_count() or 1) // 2))
 
 

@@ -103,14 +103,15 @@ def test_elastic_is_an_async_option():
         TrainConfig(elastic="yes")
 
 
-def test_magic_flag_elastic_reaches_train(ip):
-    from IPython.core.magic_arguments import parse_argstring
+def test_magic_flag_elastic_reaches_train():
+    import argparse
 
-    from nbdist.magic import _options
+    from nbdist.flags import add_to_parser, distribute_flags, given_options
 
-    magics = ip.magics_manager.registry["NbdistMagics"]
-    assert _options(parse_argstring(magics.distribute, "--elastic"))["elastic"] is True
-    assert "elastic" not in _options(parse_argstring(magics.distribute, ""))  # TrainConfig: off
+    parser = argparse.ArgumentParser()
+    add_to_parser(parser, distribute_flags())  # as the magic's parser is built
+    assert given_options(parser.parse_args(["--elastic"]))["elastic"] is True
+    assert "elastic" not in given_options(parser.parse_args([]))  # TrainConfig: off
 
 
 class _Task:

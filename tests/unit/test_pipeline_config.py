@@ -20,7 +20,7 @@ def test_defaults_and_flags():
     (dict(stages=0), r"--stages must be a whole number >= 1 \(Received: 0\)"),
     (dict(micro_batches=True), r"--micro-batches must be a whole number"),
     (dict(partition="best"), r"--partition must be one of optimal, greedy, uniform, random \(Received: 'best'\)"),
-    (dict(schedule="pipedream"), r"--schedule must be gpipe or 1f1b"),
+    (dict(schedule="pipedream"), r"--schedule must be one of gpipe, 1f1b \(Received: 'pipedream'\)"),
     (dict(batch_size=30, micro_batches=4), r"--batch-size 30 does not split into --micro-batches 4 .*e\.g\. 28"),
     (dict(algorithm="dc-asgd"), r"--algorithm does not apply to it. Drop it, or use --mode async"),
     (dict(servers=2, overlap=True), r"--servers, --overlap does not apply"),

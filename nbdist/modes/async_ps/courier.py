@@ -18,15 +18,16 @@ worker's steps both ways, and keeps the faster.
 
 from __future__ import annotations
 
-import os
 import statistics
 import threading
 import time
 
+from nbdist.env import switch
+
 
 def wanted(link: str) -> bool:
     """True where the courier pays: arrays in the messages (TCP). NBDIST_COURIER=0 turns it off."""
-    return link == "tcp" and os.environ.get("NBDIST_COURIER", "1") != "0"
+    return link == "tcp" and switch("NBDIST_COURIER")
 
 
 class Courier:

@@ -27,7 +27,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                  in_process: bool = False):
     """Start a pipeline run of the cell's model (already run in the kernel: `contents`);
     `in_process`: the stages as threads of this kernel (tests), no cluster."""
-    from nbdist.core.partition import check_stages, partition
+    from nbdist.core.partition import METHODS, check_stages, partition
     from nbdist.engine.flatmodel import ensure_built, read_flat, write_flat
     from nbdist.hub.protocol import new_key
     from nbdist.modes.pipeline.graph import Graph
@@ -89,7 +89,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     chosen = partition(costs, measured["cut_bytes"], stages, config.partition, **options)
     graph.check_bounds(chosen.bounds)
     alternatives = {m: partition(costs, measured["cut_bytes"], stages, m, **options)
-                    for m in ("optimal", "greedy", "uniform", "random")}
+                    for m in METHODS}
 
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
