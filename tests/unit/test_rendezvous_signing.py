@@ -75,3 +75,8 @@ def test_the_owner_of_a_relay_client_is_read_from_proc_net_tcp():
     assert socket_owner(TCP, relay, ("127.0.0.1", 0xC26A)) == 0
     assert socket_owner(TCP, ("198.18.18.11", 0xD000), ("198.198.18.1", 0x50)) == 33
     assert socket_owner(TCP, ("127.0.0.1", 1), relay) is None
+
+
+def test_a_reply_header_with_any_characters_is_refused_not_raised():
+    with pytest.raises(ProtocolError, match="^unsigned"):
+        check_reply(KEY, "run1", "0", 7, 200, b"", "é" * 64)

@@ -23,6 +23,7 @@ The rendezvous is authenticated, not encrypted: it carries the ranks' Gloo addre
 from __future__ import annotations
 
 import collections
+import hmac
 import http.client
 import http.server
 import logging
@@ -32,7 +33,7 @@ import socket
 import threading
 
 from nbdist.errors import ProtocolError
-from nbdist.hub.protocol import _equal, mac
+from nbdist.hub.protocol import mac
 
 log = logging.getLogger(__name__)
 __all__ = ["AUTH_HEADER", "RendezvousRelay", "check_reply", "check_request", "rendezvous_key",
@@ -73,7 +74,7 @@ def check_request(key: bytes, run_id: str, value: str, method: str, path: str, b
         raise ProtocolError(f"unsigned: rendezvous request without a valid {AUTH_HEADER} (Received: {value[:80]!r})")
     sender, counter = parts[0], int(parts[1])
     expected = mac(key, _request_bytes(run_id, sender, counter, method, path), [body])
-    if not _equal(expected, bytes.fromhex(parts[2])):
+    if not hmac.compare_digest(expected, bytes.fromhex(parts[2])):
         raise ProtocolError(f"bad signature: rendezvous {method} {path[:80]} from {sender[:20]!r}")
     if counter <= last.get(sender, 0):
         raise ProtocolError(f"replayed: rendezvous request {counter} from {sender[:20]!r}, "
@@ -90,7 +91,7 @@ def sign_reply(key: bytes, run_id: str, sender: str, counter: int, status: int, 
 def check_reply(key: bytes, run_id: str, sender: str, counter: int, status: int, body: bytes,
                 value: str | None) -> None:
     """Raise ProtocolError unless `value` signs this reply to request (sender, counter)."""
-    if not value or not _equal(sign_reply(key, run_id, sender, counter, status, body).encode(), value.encode()):
+    if not value or not hmac.compare_digest(sign_reply(key, run_id, sender, counter, status, body).encode(), value.encode()):
         raise ProtocolError(f"unsigned: the rendezvous's reply to request {counter} is not signed "
                             f"with the run's key (Received: status {status}, {AUTH_HEADER} {value!r:.80})")
 
