@@ -42,11 +42,11 @@ class Sampler:
         self.first_push: float | None = None
         self._lock = threading.Lock()
         self._seen_first = threading.Event()
-        run._listeners.append(self._on_poll)  # noqa: SLF001 - the Run's own poll hook
+        run.state.listeners.append(self._on_poll)  # the Run's own poll hook
         self._on_poll(run)
 
     def _on_poll(self, run) -> None:
-        nodes = run._snapshot.get("nodes", [])  # noqa: SLF001 - cheaper than building a DataFrame
+        nodes = run.state.snapshot.get("nodes", [])  # cheaper than building a DataFrame
         if not nodes:
             return
         now = time.monotonic()
@@ -62,7 +62,7 @@ class Sampler:
         """Block until the first push was counted; returns its (kernel) time."""
         deadline = time.monotonic() + timeout
         while not self._seen_first.wait(0.05):
-            if run.done or time.monotonic() > deadline:
+            if run.done() or time.monotonic() > deadline:
                 run.wait(0)  # raises the run's error if it failed
                 raise RuntimeError("the run ended or stalled before its first push")
         return self.first_push
@@ -105,7 +105,7 @@ def run_for(run, seconds: float, warm: float = 0.0) -> dict:
         first = sampler.wait_first_push(run)
         time.sleep(warm + seconds)
         t_stop = time.monotonic()
-        if run.done:
+        if run.done():
             raise RuntimeError(f"the run ended before its {warm + seconds:g} s budget; "
                                "raise FOREVER_EPOCHS in benchmarks/_training.py")
         run.stop()

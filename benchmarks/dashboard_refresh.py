@@ -35,7 +35,7 @@ from _common import table
 from nbdist.config import TrainConfig
 from nbdist.dashboard.widget import REFRESH_S, Dashboard
 from nbdist.run.handle import Run
-from nbdist.run.monitor import POLL_S, TIMELINE_EVERY_S
+from nbdist.run.monitor import POLL_S, TIMELINE_EVERY_S, absorb
 
 TIMELINE_ROWS = 256  # per worker, the hub's bound
 
@@ -73,12 +73,12 @@ def stats_stream(workers: int, seconds: float, pushes_per_s: float, seed: int = 
 def measure(workers: int, seconds: float, pushes_per_s: float, dashboard: bool) -> float:
     """CPU seconds the display spent over the simulated run."""
     run = Run(TrainConfig(), model=None, model_name="model")
-    run.status = "running"
+    run.state.status = "running"
     view = Dashboard(run) if dashboard else None
     spent, next_refresh = 0.0, 0.0
     every = REFRESH_S if dashboard else 1.0
     for t, reply in stats_stream(workers, seconds, pushes_per_s):
-        run._absorb(reply)
+        absorb(run, reply)
         if t >= next_refresh:
             next_refresh = t + every
             start = time.process_time()

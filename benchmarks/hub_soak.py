@@ -4,7 +4,8 @@ abrupt worker deaths and rejoins. Checks that nothing is lost or applied twice.
 What it does
     One `nbdist.hub.server.Hub` (asgd, plain SGD, metrics "minimal") serves in its own process.
     --workers processes (default 32) each drive a `nbdist.hub.client.WorkerTransport` like
-    nbdist/modes/async_ps/worker.py does: push a gradient for the chunk the hub handed out, pull, repeat; no
+    nbdist/modes/common/worker.py does: push a gradient for the chunk the hub handed out, pull,
+    repeat; no
     TensorFlow. Each worker lives for a random time (exponential, mean --life seconds), then
     dies abruptly: it closes its sockets without saying bye, still holding a chunk. It comes
     back with the same worker id (a rejoin, `hello` again) after either a short pause (before
@@ -48,7 +49,7 @@ from nbdist.core.coordinator import LOST_FLOOR_S, Plan
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
-from nbdist.modes.async_ps.worker import IDLE_POLL_S
+from nbdist.modes.common.worker import IDLE_POLL_S
 
 MP = mp.get_context("fork")  # the parent opens no zmq context until every child is forked
 LR = 0.125  # a power of two: lr * k / 1024 is exact in float32

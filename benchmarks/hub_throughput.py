@@ -4,7 +4,8 @@ What it measures
     N worker processes (N = 1, 2, 4, 8, 16) each push a gradient and pull the parameters of a
     1M-parameter float32 model (4 MB each way) as fast as they can, against 1 and 2 hub shards,
     each `nbdist.hub.server.Hub` serving in its own process. Workers are
-    `nbdist.hub.client.WorkerTransport` driven exactly like nbdist/modes/async_ps/worker.py's training loop
+    `nbdist.hub.client.WorkerTransport` driven exactly like nbdist/modes/common/worker.py's
+    training loop
     (push with header {"chunk", "loss", "compute_s", "comm_s"} using the chunk of the last
     reply, pull in the same round trip; hubs that hand out "chunks" get {"chunks": [id], ...}),
     with no TensorFlow and no compute between steps. The
@@ -63,8 +64,8 @@ from _common import median, table
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import Hub, HubSpec
-from nbdist.modes.async_ps.backend import hub_specs
-from nbdist.modes.async_ps.worker import IDLE_POLL_S
+from nbdist.modes.common.launch import hub_specs
+from nbdist.modes.common.worker import IDLE_POLL_S
 
 # -- processes ------------------------------------------------------------------------------
 
@@ -87,7 +88,7 @@ def _nbdist_worker(key, worker, shards, transport, win, conn) -> None:
         tr.grad[:] = 0.0  # the hub's SGD does the same work for any values
         started: set[int] = set()
 
-        def step(reply):  # the push+pull round trip of nbdist/modes/async_ps/worker.py's training loop
+        def step(reply):  # the push+pull round trip of nbdist/modes/common/worker.py's loop
             todo = _todo(reply, started)
             if not todo:  # no work yet (e.g. until every worker said hello): wait cheaply,
                 while not todo:  # then pull, as the worker loop does

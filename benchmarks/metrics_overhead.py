@@ -90,7 +90,7 @@ def measure(cluster, pids: list[int], metrics: str, batch: int, warm: float, sec
 
 
 def _steps(run) -> int:
-    return int(sum(n["steps"] for n in run._snapshot.get("nodes", [])))  # noqa: SLF001
+    return int(sum(n["steps"] for n in run.state.snapshot.get("nodes", [])))
 
 
 def main() -> None:

@@ -60,7 +60,7 @@ def measure(cluster, lab, engines, hosts, mode, compression, seconds, batch):
         before, t0 = {h: link_bytes(lab, h) for h in watched}, time.monotonic()
         time.sleep(seconds)
         after, t1 = {h: link_bytes(lab, h) for h in watched}, time.monotonic()
-        if run.done:
+        if run.done():
             raise RuntimeError("the run ended inside its window; raise FOREVER_EPOCHS")
         run.stop()
         run.wait(120)

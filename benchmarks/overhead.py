@@ -98,7 +98,7 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     first_push = None
     a = b = None  # node rows at the start and end of the steady-state window
     with run:  # an error or Ctrl-C stops the run on the way out
-        while not run.done:
+        while not run.done():
             nodes = run.nodes
             if len(nodes):
                 row = nodes.iloc[0].to_dict()
@@ -141,7 +141,7 @@ def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto", cou
     """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch);
     the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel); same-host
     headers over the local line or ZeroMQ ipc (nbdist.hub.localline); an overlapped TCP
-    exchange on a thread of its own or the worker's (nbdist.modes.async_ps.courier)."""
+    exchange on a thread of its own or the worker's (nbdist.modes.common.courier)."""
     import os
 
     os.environ["NBDIST_COURIER"] = "1" if courier else "0"

@@ -75,7 +75,7 @@ def profile(pin: str, batch: int, steps: int, overlap: bool) -> tuple[list, dict
                            overlap=overlap)
         a = b = None
         with run:
-            while not run.done:
+            while not run.done():
                 nodes = run.nodes
                 done = int(nodes.iloc[0]["steps"]) if len(nodes) else 0
                 if a is None and done >= WINDOW[0] * total:

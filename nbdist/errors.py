@@ -7,7 +7,7 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
 
     NbdistError
     ├── ConfigError (ValueError)            a flag or option is invalid
-    │   └── UnsupportedOptimizerError       the hub cannot reproduce the cell's optimizer/schedule
+    │   └── UnsupportedOptimizerError       the hub cannot reproduce the cell's optimizer/schedule/constraint
     ├── CellError (ValueError)              the cell does not give what training needs
     │   ├── ModelNotFoundError              no compiled keras.Model in the cell
     │   ├── AmbiguousModelError             several models and no --model
@@ -66,7 +66,8 @@ class ConfigError(NbdistError, ValueError):
 
 
 class UnsupportedOptimizerError(ConfigError):
-    """The hub cannot reproduce the cell's optimizer or learning-rate schedule exactly.
+    """The hub cannot reproduce the cell's optimizer, learning-rate schedule or a variable's
+    weight constraint exactly.
 
     Raised before a run starts, so nothing trains silently with another optimizer.
     """

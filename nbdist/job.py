@@ -2,7 +2,8 @@
 
 `prepare_job` runs the cell in the kernel (so mistakes show at once and the notebook's own
 model exists), finds what it provides (`nbdist.engine.cell`), reads the model's flat layout and
-weights once, chooses the optimizer the hubs apply and who owns the learning rate, and checks
+weights once, chooses the optimizer and the weight constraints the hubs apply (refusing shard
+counts that would cut a constrained variable) and who owns the learning rate, and checks
 a checkpoint against all that. The result, a `Job`, is handed down to the mode's `start`
 (`nbdist.modes.MODES`); once the mode's backend knows how many workers it has,
 `Job.for_workers` adds the coordinator's `Plan`. Nothing below calls back up here.
@@ -37,6 +38,7 @@ class Job:
     params: np.ndarray  # the weights to start from: the cell's model's, or the checkpoint's
     non_trainable: np.ndarray
     optimizer: dict | None  # what the hubs apply; None where the workers keep the cell's
+    constraints: list[dict]  # the Keras constraints the hubs apply after each update (nbdist.algorithms.constraints)
     lr_owner: str  # "hub" or "workers" (see `lr_owner`)
     workers_rate: float | None  # the rate the workers are told when they own it; None: their schedule
     warnings: list[str]  # for run.warnings: how this run trains unlike the cell
@@ -80,22 +82,26 @@ def prepare_job(cell: str, config: TrainConfig, namespace: dict | None, checkpoi
         keras.utils.set_random_seed(config.seed)
     exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     contents = inspect_cell(cell, ns, config)
+    from nbdist.algorithms.constraints import constrained_ranges
     from nbdist.engine.flatmodel import layout, read_flat
     from nbdist.engine.learning_rate import check_lr
-    from nbdist.engine.optimizer_spec import choose_optimizer
+    from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
+    from nbdist.hub.protocol import shard_bounds
 
     model = contents.model
     shape = layout(model)
     check_lr(config.lr if checkpoint is None else None, model.optimizer)  # a resume keeps the saved rate
     segments = [math.prod(s) for s in shape["trainable"]]
     optimizer, warnings = choose_optimizer(config, model.optimizer, segments, list(model.trainable_variables))
+    constraints = choose_constraints(config, list(model.trainable_variables))
+    shard_bounds(sum(segments), config.servers, whole=constrained_ranges(constraints))  # refuses now what cannot be split
     params, non_trainable = read_flat(model)
     if checkpoint is not None:
         checkpoint.check_fits(shape, contents.num_samples, config.servers)
         checkpoint.check_optimizer(optimizer)
         params, non_trainable = checkpoint.params, checkpoint.non_trainable
     return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape, params=params,
-               non_trainable=non_trainable, optimizer=optimizer, lr_owner=lr_owner(config),
+               non_trainable=non_trainable, optimizer=optimizer, constraints=constraints, lr_owner=lr_owner(config),
                workers_rate=workers_rate(config, model.optimizer),
                warnings=contents.warnings + warnings, checkpoint=checkpoint)
 

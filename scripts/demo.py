@@ -43,7 +43,7 @@ def main() -> int:
     try:
         start = time.time()
         run = nbdist.train(CELL, cluster=cluster, workers=2, epochs=2, batch_size=64)
-        while not run.done:
+        while not run.done():
             print(run.summary(), flush=True)
             time.sleep(3)
         run.wait()

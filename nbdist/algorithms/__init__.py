@@ -10,7 +10,8 @@ buffers: no allocation proportional to the model.
 Modules: `sgd` (asgd, hogwild), `dc` (dc-asgd, dc-asgd-a, ddc-asgd), `snapshots` (shared
 backups), `softsync`, `ssp` (with `StalenessClock`), `group` (speed groups), `easgd`,
 `optimizers` and `schedules` (Keras's optimizers and learning-rate schedules in NumPy, which
-the hub applies to what the rule decides: see `nbdist.core.updater`).
+the hub applies to what the rule decides: see `nbdist.core.updater`), `constraints` (Keras's
+weight constraints, applied after each update).
 """
 
 from __future__ import annotations

@@ -81,7 +81,9 @@ def hub_state(core, snapshot: tuple) -> tuple[dict, list[np.ndarray]]:
     (`core`: shard 0's `ShardCore`, for the plan and the rule's name)."""
     s, (params, non_trainable, slots) = snapshot
     plan = core.plan
-    header = {"op": "state", "shard": 0, "seq": s["seq"], "final": s["final"], "version": s["steps"], "lr": s["lr"],
+    # "state_seq", not "seq": the wire's envelope sets a message's own "seq" (hub.protocol.ENVELOPE)
+    header = {"op": "state", "shard": 0, "state_seq": s["seq"], "final": s["final"],
+              "version": s["steps"], "lr": s["lr"],
               "rule": core.updater.rule.name, "rule_options": core.updater.rule.options, "optimizer": None,
               "numbers": {}, "names": ["params", "non_trainable", "optimizer_slots"],
               "schedule": schedule_state(plan.num_samples, plan.epochs, s["epoch"], s["offset"]),
@@ -112,17 +114,17 @@ def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S) -> list[tup
     """Rank 0's state, taken after this call (`final`: the one it sent when training ended)."""
     (header, buffers), = control.state()
     if final or header.get("final"):  # training ended: no newer state will come
-        if "seq" not in header:
+        if "state_seq" not in header:
             raise TrainingError("Rank 0 sent no state at the end of training, so there is nothing "
                                 "to checkpoint. Its last checkpoint is the one to resume from.")
         return [(header, buffers)]
-    seen = int(header.get("seq", 0))
+    seen = int(header.get("state_seq", 0))  # 0: the hub holds none of rank 0's yet
     control.control(send_state=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.05)
         (header, buffers), = control.state()
-        if int(header.get("seq", 0)) > seen or header.get("final"):
+        if int(header.get("state_seq", 0)) > seen or "state_seq" in header and header.get("final"):
             return [(header, buffers)]
     raise TrainingError(
         f"Rank 0 did not send its weights for the checkpoint within {timeout:.0f}s (it is stuck "

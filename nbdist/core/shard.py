@@ -67,13 +67,14 @@ class ShardCore:
     def __init__(self, plan: Plan, params: np.ndarray, non_trainable: np.ndarray, *,
                  now: Callable[[], float], shard: int = 0, num_shards: int = 1,
                  rule_options: dict | None = None, optimizer: dict | None = None, offset: int = 0,
-                 sync: bool = False, start_time: float = 0.0, settle_every: int = 1):
+                 constraints: list[dict] | tuple = (), sync: bool = False, start_time: float = 0.0,
+                 settle_every: int = 1):
         self.plan, self.shard, self.num_shards, self.sync, self.now = plan, shard, num_shards, sync, now
         self.size = int(params.size)
         self.params = params
         self.non_trainable = np.array(non_trainable, dtype=np.float32, copy=True)
         self.updater = make_updater(replace(plan, algorithm="asgd") if sync else plan, rule_options or {},
-                                    optimizer, self.size, offset)
+                                    optimizer, self.size, offset, constraints)
         self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
         self.coordinator = Coordinator(plan, start_time) if shard == 0 else None
         self.version = 0

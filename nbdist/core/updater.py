@@ -10,9 +10,13 @@ per shard and its learning-rate schedule evaluated at the shard's number of appl
     w ← optimizer.apply(w, g', lr(step) · s)           # clipping and weight decay as Keras does
 
 `scale` is `1 / max(1, τ)` with `--staleness-lr`, and `B_g / B_ref` for a group's step.
+After every update that changed `w` (the optimizer's step, a group step, a local-steps delta,
+an EASGD elastic sum), the model's Keras constraints (`nbdist.algorithms.constraints`: MaxNorm,
+NonNeg, ...) are applied to the variables they constrain, as `optimizer.apply` ends.
 
 Plain SGD (no momentum, clipping or weight decay) takes the rule's own fused pass instead: one
-pass over memory for the update and the reply copy, the same numbers. Two rules are defined on
+pass over memory for the update and the reply copy, the same numbers (with constraints, the constrained
+variables are then constrained and copied again: the rest keeps its one pass). Two rules are defined on
 SGD only: `ddc-asgd` (its delay-weighted momentum is the optimizer) and `easgd` (a push is an
 elastic difference, not a gradient; the cell's optimizer runs on the workers, the hub only adds
 the difference). `check_composition` refuses ddc-asgd with anything but plain SGD.
@@ -28,6 +32,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from nbdist.algorithms.blocks import Runner, block_ranges, run_serial
+from nbdist.algorithms.constraints import ShardConstraints
 from nbdist.algorithms.kernels import STREAM_MIN, copy_out
 from nbdist.errors import ConfigError
 
@@ -64,8 +69,9 @@ def check_composition(algorithm: str, spec: dict | None) -> None:
 
 
 class Updater:
-    """One shard's update: `rule` + the optimizer `spec` describes (None: none, for easgd).
-    The shard holds floats [offset, offset + rule.size) of the flat vector.
+    """One shard's update: `rule` + the optimizer `spec` describes (None: none, for easgd),
+    then the `constraints` (entries as `nbdist.algorithms.constraints` describes them) on the
+    variables of this shard, which holds floats [offset, offset + rule.size) of the flat vector.
 
     Example:
         >>> from nbdist.algorithms import make_rule
@@ -77,11 +83,13 @@ class Updater:
         [2.0, 3.0]
     """
 
-    def __init__(self, rule: Rule, spec: dict | None, offset: int = 0, staleness_lr: bool = False):
+    def __init__(self, rule: Rule, spec: dict | None, offset: int = 0, staleness_lr: bool = False,
+                 constraints: list[dict] | tuple = ()):
         from nbdist.algorithms.optimizers import HubOptimizer
 
         self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
         self.optimizer = HubOptimizer(spec, rule.size, offset) if spec is not None else None
+        self.constraints = ShardConstraints(constraints, offset, rule.size)
         self.fused = spec is None or plain_sgd(spec)
         self._run: Runner = run_serial
         self._ranges: list[tuple[int, int]] = [(0, rule.size)]
@@ -113,6 +121,18 @@ class Updater:
         """Apply one push read `delay` versions ago; returns (w changed, `into` holds the new w)."""
         if self.staleness_lr:
             scale /= max(1, delay)
+        changed, copied = self._update(worker, w, g, delay, scale, into, global_norm)
+        if changed and self.constraints:  # as Keras's apply ends; `into` then gets those parts again
+            self.constraints.apply(w, into if copied else None)
+        if into is not None and changed and not copied:
+            stream = into.size >= STREAM_MIN  # a reply past the cache: streaming stores
+            self._run(lambda lo, hi: copy_out(into[lo:hi], w[lo:hi], stream), self._ranges)
+            copied = True
+        return changed, copied
+
+    def _update(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int, scale: float,
+                into: np.ndarray | None, global_norm: float | None) -> tuple[bool, bool]:
+        """The rule and the optimizer: (w changed, `into` already holds the new w)."""
         opt = self.optimizer
         if self.fused:  # one pass: the rule's SGD (or easgd's sum), and the reply copy
             lr = opt.learning_rate() * scale if opt is not None else 0.0
@@ -127,11 +147,7 @@ class Updater:
         if decided is None:
             return False, False
         gradient, scale = decided
-        copied = opt.apply(w, gradient, scale, global_norm, into)  # large shards: fused copy-out
-        if into is not None and not copied:
-            stream = into.size >= STREAM_MIN  # a reply past the cache: streaming stores
-            self._run(lambda lo, hi: copy_out(into[lo:hi], w[lo:hi], stream), self._ranges)
-        return True, into is not None
+        return True, opt.apply(w, gradient, scale, global_norm, into)  # large shards: fused copy-out
 
     @property
     def state_nbytes(self) -> int:
@@ -139,9 +155,10 @@ class Updater:
         return self.rule.state_nbytes + (self.optimizer.state_nbytes if self.optimizer is not None else 0)
 
 
-def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, offset: int = 0) -> Updater:
-    """A shard's rule and optimizer for `plan` (a `Plan`), as the hub and the simulator build
-    them. No `optimizer` (easgd, or a hub built by hand): plain SGD at `plan.lr`."""
+def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, offset: int = 0,
+                 constraints: list[dict] | tuple = ()) -> Updater:
+    """A shard's rule, optimizer and constraints for `plan` (a `Plan`), as the hub and the
+    simulator build them. No `optimizer` (easgd, or a hub built by hand): plain SGD at `plan.lr`."""
     from nbdist.algorithms import make_rule
     from nbdist.algorithms.optimizers import server_optimizer_spec
 
@@ -149,4 +166,4 @@ def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, of
     rule.reads_kept = 2 if getattr(plan, "overlap", False) else 1  # an overlapped push is one read behind
     if optimizer is None:
         optimizer = server_optimizer_spec("sgd", plan.lr, [offset + size])
-    return Updater(rule, optimizer, offset, plan.staleness_lr)
+    return Updater(rule, optimizer, offset, plan.staleness_lr, constraints)

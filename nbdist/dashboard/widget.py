@@ -90,11 +90,11 @@ def show_status_line(run) -> None:
 
     def refresh(r) -> None:
         now = time.monotonic()
-        if now - last[0] >= STATUS_EVERY_S or r.done:
+        if now - last[0] >= STATUS_EVERY_S or r.done():
             last[0] = now
             handle.update(Pretty(r.summary()))
 
-    run._listeners.append(refresh)  # noqa: SLF001
+    run.state.listeners.append(refresh)
 
 
 def _warnings_html(warnings: list[str]) -> str:
@@ -197,11 +197,11 @@ class Dashboard:
         from IPython.display import display
 
         self._handle = display(self, display_id=True)
-        self.run._listeners.append(self._on_run_event)  # noqa: SLF001
+        self.run.state.listeners.append(self._on_run_event)
         self.start()
 
     def _on_run_event(self, run) -> None:
-        if run.done and self._handle is not None:
+        if run.done() and self._handle is not None:
             self._handle.update(self)
 
     def start(self) -> None:
@@ -215,7 +215,7 @@ class Dashboard:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - a drawing problem must not stop the refresh
             log.warning("dashboard refresh failed: %s", exc)
-        if self.run.done:
+        if self.run.done():
             self._running = False
             self._finish()
         else:
@@ -243,7 +243,7 @@ class Dashboard:
             self.pause_button.icon = "play" if run.status == "paused" else "pause"
             nodes = run.nodes
             self.table.value = figures.node_table_html(nodes)
-            self._sync_controls(run._snapshot, nodes)  # noqa: SLF001
+            self._sync_controls(run.state.snapshot, nodes)
             if "pipeline" in self.plots:
                 self._draw("pipeline", run.pipeline_figure())
         events = run.events
@@ -276,7 +276,7 @@ class Dashboard:
         self._syncing = True
         try:
             lr = snap.get("lr")
-            if lr and self.lr_slider.disabled and not self.run.done:
+            if lr and self.lr_slider.disabled and not self.run.done():
                 exponent = math.log10(lr)
                 self.lr_slider.min, self.lr_slider.max = math.floor(exponent) - 2, math.ceil(exponent) + 1
                 self.lr_slider.disabled = False
@@ -302,7 +302,7 @@ class Dashboard:
                                    description=f"worker {int(worker)}", continuous_update=False,
                                    style={"description_width": "initial"})
             slider.observe(lambda change, k=int(worker): self._on_slowdown(k, change), names="value")
-            slider.disabled = self.run.done
+            slider.disabled = self.run.done()
             self.slowdown_sliders.append(slider)
         self.slowdown_box.children = tuple(self.slowdown_sliders)
         if first and not self._top_k_given and len(nodes) > MANY_WORKERS:

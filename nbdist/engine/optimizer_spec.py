@@ -3,7 +3,9 @@
 `describe_optimizer` turns the optimizer into a JSON-able spec that `HubOptimizer`
 (`nbdist.algorithms.optimizers`) reproduces exactly, and refuses, before the run starts, what
 the hub cannot reproduce: another class (a subclass included), mixed-precision wrappers,
-`use_ema`, gradient accumulation, a loss scale, custom schedules, constrained variables.
+`use_ema`, gradient accumulation, a loss scale, custom schedules. `describe_constraints` reads
+the variables' Keras constraints, which `optimizer.apply` enforces after each update, for the
+hub to apply too (`nbdist.algorithms.constraints`), and refuses custom ones.
 Keras is imported lazily, inside the functions.
 """
 
@@ -13,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from nbdist.algorithms.constraints import SUPPORTED_CONSTRAINTS, checked_constraint
 from nbdist.algorithms.optimizer_rules import FORMULAS
 from nbdist.algorithms.optimizers import (
     BASE_DEFAULTS,
@@ -33,7 +36,8 @@ from nbdist.config import Mode, TrainConfig
 from nbdist.core.updater import check_composition, describe_spec
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
 
-__all__ = ["choose_optimizer", "describe_optimizer", "describe_schedule"]
+__all__ = ["choose_constraints", "choose_optimizer", "describe_constraints", "describe_optimizer",
+           "describe_schedule"]
 
 
 def describe_optimizer(optimizer: Any, segments: list[int], variables: list | None = None) -> dict:
@@ -41,9 +45,8 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
 
     `segments` are the sizes of the model's trainable variables in flat order. `variables`,
     those variables (`model.trainable_variables`), are optional but let it check more: which
-    ones `exclude_from_weight_decay(...)` excludes (needed if the cell called it), and that none
-    has a `constraint`, which Keras's `optimizer.apply` enforces after each update and the hub
-    does not.
+    ones `exclude_from_weight_decay(...)` excludes (needed if the cell called it), and that they
+    match the segments. (Their constraints are `describe_constraints`'s.)
 
     The spec's keys: `class_name`; `config`, the class's hyper-parameters with `weight_decay`,
     `clipnorm`, `clipvalue` and `global_clipnorm`; `learning_rate`, a float or a schedule spec
@@ -54,7 +57,7 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     exactly: another class (a subclass of a supported class included, since nbdist cannot see
     what it changes), a `LossScaleOptimizer` (mixed precision), `use_ema`,
     `gradient_accumulation_steps`, `loss_scale_factor`, a learning rate given as a function or a
-    custom schedule, a constrained variable.
+    custom schedule.
 
     Example:
         >>> import keras
@@ -138,25 +141,88 @@ def _decay_mask(optimizer: Any, segments: list[int], variables: list | None) -> 
 
 def _check_variables(variables: list, segments: list[int]) -> None:
     """The variables match the segments, and Keras's `apply` would do nothing to them beyond
-    the optimizer's update (no constraint, no float8 `overwrite_with_gradient`)."""
+    the optimizer's update and their constraints (no float8 `overwrite_with_gradient`)."""
     sizes = [int(np.prod(v.shape)) for v in variables]
     if sizes != segments:
         raise ConfigError(f"The variables given to describe_optimizer do not match the segments. "
                           f"Received: sizes {sizes} vs segments {segments}. Expected the model's "
                           f"trainable variables in flat order.")
     for v in variables:
-        name = getattr(v, "path", None) or v.name
-        if getattr(v, "constraint", None) is not None:
-            raise UnsupportedOptimizerError(
-                f"The hub does not apply Keras's variable constraints, which optimizer.apply "
-                f"enforces after each update. Received: variable {name!r} with constraint "
-                f"{type(v.constraint).__name__}. Remove the constraint from the layer (for "
-                f"example kernel_constraint=...) to train this model with nbdist's async modes.")
+        name = _name(v)
         if getattr(v, "overwrite_with_gradient", False):
             raise UnsupportedOptimizerError(
                 f"The hub cannot train a variable that Keras overwrites with its gradient "
                 f"(float8 training). Received: variable {name!r} with "
                 f"overwrite_with_gradient=True. Train this model without float8 layers.")
+
+
+def _name(variable: Any) -> str:
+    return getattr(variable, "path", None) or variable.name
+
+
+def describe_constraints(variables: list) -> list[dict]:
+    """The Keras constraints on `variables` (the model's trainable variables, in flat order),
+    as JSON-able entries the hub applies after each update (`nbdist.algorithms.constraints`);
+    [] when none has one.
+
+    Each entry: `variable` (its path), `start` (where its floats begin in the flat vector),
+    `shape`, `class_name`, `config` (the constraint's `get_config()`) and `epsilon` (Keras's
+    `backend.epsilon()` now, which the formulas use). Raises `UnsupportedOptimizerError` for
+    a constraint that is not exactly one of Keras's built-in classes: a subclass or a plain
+    function could compute anything, which nbdist cannot see. Keras's base `Constraint` does
+    nothing and needs no entry.
+
+    Example:
+        >>> import keras
+        >>> v = keras.Variable(np.ones((3, 2), "float32"), name="kernel")
+        >>> v.constraint = keras.constraints.MaxNorm(2.0)
+        >>> entry = describe_constraints([v])[0]
+        >>> entry["class_name"], entry["config"], entry["start"], entry["shape"]
+        ('MaxNorm', {'max_value': 2.0, 'axis': 0}, 0, [3, 2])
+    """
+    import keras
+
+    entries, start = [], 0
+    for v in variables:
+        constraint, shape = getattr(v, "constraint", None), [int(d) for d in v.shape]
+        cls = type(constraint)
+        if constraint is not None and cls is not keras.constraints.Constraint:
+            if cls.__name__ not in SUPPORTED_CONSTRAINTS or getattr(keras.constraints, cls.__name__) is not cls:
+                raise _custom_constraint(v, constraint)
+            config = {k: jsonable(value) for k, value in constraint.get_config().items()}
+            entries.append(checked_constraint({
+                "variable": _name(v), "start": start, "shape": shape, "class_name": cls.__name__,
+                "config": config, "epsilon": float(keras.config.epsilon())}))
+        start += int(np.prod(shape))
+    return entries
+
+
+def _custom_constraint(variable: Any, constraint: Any) -> UnsupportedOptimizerError:
+    import keras
+
+    cls = type(constraint)
+    base = next((c for c in cls.__mro__[1:] if c.__name__ in SUPPORTED_CONSTRAINTS
+                 and getattr(keras.constraints, c.__name__, None) is c), None)
+    what = (f"a subclass of keras.constraints.{base.__name__}, which may change what it computes"
+            if base is not None else "a custom keras.constraints.Constraint"
+            if isinstance(constraint, keras.constraints.Constraint) else "a function")
+    shown = getattr(constraint, "__qualname__", cls.__qualname__)  # a function's own name
+    return UnsupportedOptimizerError(
+        f"The hub cannot apply this weight constraint: it applies Keras's built-in constraints "
+        f"keras.constraints.{', '.join(SUPPORTED_CONSTRAINTS)} (exactly these classes) after each "
+        f"update, and cannot see what another one computes. Received: variable {_name(variable)!r} "
+        f"with the constraint {shown} ({what}). Use one of the built-in constraints, or train "
+        f"with --mode sync (or --mode pipeline), where the cell's own Keras optimizer applies "
+        f"any constraint after each step.")
+
+
+def choose_constraints(config: TrainConfig, variables: list) -> list[dict]:
+    """The constraints the hubs apply for this run: the model's (`describe_constraints`), or []
+    in `--mode sync` and `pipeline`, where each rank or stage applies the cell's own optimizer,
+    which enforces every constraint itself, a custom one included."""
+    if config.mode in (Mode.SYNC, Mode.PIPELINE):
+        return []
+    return describe_constraints(variables)
 
 
 def describe_schedule(schedule: Any) -> dict:

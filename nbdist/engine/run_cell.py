@@ -7,7 +7,7 @@ sent, find the model and the data by the names the kernel found, and build the m
 variables as the kernel did. `portable` is the kernel's half: values from the notebook's
 `__main__` travel by value, and `unpack` restores them on the engine.
 
-`spec` is a worker spec (`nbdist.modes.async_ps.worker.WorkerSpec` or a sync rank's): this
+`spec` is a worker spec (`nbdist.modes.common.worker.WorkerSpec` or a sync rank's): this
 module reads only its cell fields (source, pushed, model_name, data, validation, stream,
 preloaded, seed, num_samples, num_workers, worker, engine, threads, local_rank).
 """

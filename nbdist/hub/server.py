@@ -80,6 +80,7 @@ class HubSpec:
     local_steps: int = 1
     optimizer: dict | None = None  # what applies the rule's gradient (nbdist.core.updater); None: easgd
     offset: int = 0  # where this shard's slice starts in the flat vector (for per-variable clipping)
+    constraints: list = field(default_factory=list)  # the model's Keras constraints (nbdist.algorithms.constraints)
     bind_host: str = "127.0.0.1"
     idle_timeout: float = 120.0
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
@@ -107,7 +108,8 @@ class Hub:
         params[:] = spec.params
         self.core = ShardCore(spec.plan, params, spec.non_trainable, now=self.now, shard=spec.shard,
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
-                              optimizer=spec.optimizer, offset=spec.offset, start_time=self.start_time,
+                              optimizer=spec.optimizer, offset=spec.offset, constraints=spec.constraints,
+                              start_time=self.start_time,
                               settle_every=SETTLE_EVERY)
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
         reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message

@@ -6,6 +6,9 @@
 - `simulate`: a virtual cluster on a virtual clock, in this kernel;
 - `pipeline`: the model cut into stages, one per engine, micro-batches in flight.
 
+What they share lives below them in `common/`, which is no mode; no mode package imports
+another (tests/unit/test_layering.py).
+
 `MODES` is the table `nbdist.train` looks a mode up in. A new mode is one entry here (and its
 `--mode` value in `nbdist.config.Mode`) plus its package; the package is imported only when a
 run uses it, so `import nbdist` stays light.

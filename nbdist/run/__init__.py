@@ -1,6 +1,7 @@
-"""The Run handle returned by `nbdist.train`: the handle (`handle.py`), its result views
-(`views.py`), the control methods (`control.py`), the monitor thread (`monitor.py`) and the
-`Backend` protocol every mode's backend implements for it (`backend.py`)."""
+"""The Run handle returned by `nbdist.train`: the handle (`handle.py`) over one explicit state
+(`state.py`), its result views (`views.py`), the control methods (`control.py`), the monitor
+thread (`monitor.py`), workers added mid-run (`elastic.py`) and the `Backend` protocol every
+mode's backend implements for it (`backend.py`). It imports no mode: the modes import it."""
 
 from nbdist.run.handle import Run
 

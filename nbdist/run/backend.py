@@ -1,9 +1,11 @@
-"""What a Run needs from the place its workers run: the `Backend` protocol.
+"""What a run needs from the place its hubs and workers run: the `Backend` protocol.
 
-Every mode's backend implements all of it, explicitly (the cluster's and the sync ranks' in
-nbdist/modes/async_ps and sync, the kernel threads' in nbdist/modes/local, the virtual
-cluster's in nbdist/modes/simulate), so the Run (handle, control, monitor) never asks a
-backend what it can do. What a backend cannot do it refuses with an error that says so.
+Every mode's backend implements all of it, explicitly (the cluster's in nbdist/modes/async_ps,
+the sync ranks' in nbdist/modes/sync, the kernel threads' in nbdist/modes/local, the virtual
+cluster's in nbdist/modes/simulate, the stages' in nbdist/modes/pipeline), so neither the
+mode's start (nbdist/modes/common/launch.py) nor the Run (handle, control, monitor) asks a
+backend what it can do; tests/unit/test_layering.py checks each. What a backend cannot do it
+refuses with an error that says so.
 """
 
 from __future__ import annotations
@@ -16,10 +18,27 @@ import numpy as np
 
 @runtime_checkable
 class Backend(Protocol):
-    """The hubs' and workers' side of a run, as the Run's monitor thread and controls use it."""
+    """The hubs' and workers' side of a run, as the mode's start and the Run use it."""
 
     num_workers: int
-    cluster: object | None  # the Cluster that tracks the run (its stop() ends it); None in the kernel
+    cluster: object | None  # the Cluster that tracks the run (its stop() ends it); None: kernel
+
+    # -- starting (the mode's start) ------------------------------------------------------------
+
+    def start_hubs(self, specs: list) -> list[dict]:
+        """Serve one hub shard per `nbdist.hub.server.HubSpec`; returns their endpoints."""
+        ...
+
+    def start_workers(self, base) -> None:
+        """Start the workers from `base`, the mode's spec: a worker spec with the run's fields
+        (a pipeline: one StageSpec per stage; a simulation: None)."""
+        ...
+
+    def hub_places(self, endpoints: list[dict]) -> list[dict]:
+        """Where each hub shard runs (`run.hubs`): shard, host, engine (none: no hub process)."""
+        ...
+
+    # -- while it trains (the Run) --------------------------------------------------------------
 
     def failure(self) -> BaseException | None:
         """The error that ends the run (a worker or rank that raised), or None."""
@@ -33,8 +52,8 @@ class Backend(Protocol):
         """Whether any worker is still training (or leaving)."""
         ...
 
-    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
-        """The trained flat parameters and non-trainable state, once training ended."""
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The model's flat parameters and non-trainable state now, while the run trains."""
         ...
 
     def checkpoint_state(self, control, final: bool) -> list:
@@ -47,6 +66,12 @@ class Backend(Protocol):
 
     def joined_engines(self) -> list[int]:
         """Engines that joined the cluster since the last call (--elastic)."""
+        ...
+
+    # -- at the end (the Run's monitor) ---------------------------------------------------------
+
+    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The trained flat parameters and non-trainable state, once training ended."""
         ...
 
     def finish(self, timeout: float) -> None:

@@ -1,6 +1,7 @@
 """What a Run lets the notebook change while it trains: pause, resume, stop, the learning
 rate, slow-downs, the batch policy, rule options, groups, workers and checkpoints. Each sends
-one control message to the hub, which passes it to every worker on its next reply."""
+one control message to the hub, which passes it to every worker on its next reply. Also the
+checkpoints the monitor takes (`auto_checkpoint`), which are written as `run.checkpoint()`'s."""
 
 from __future__ import annotations
 
@@ -8,12 +9,15 @@ import logging
 import time
 
 from nbdist.errors import ConfigError, NbdistError, TrainingError
+from nbdist.run.state import RunState
 
 log = logging.getLogger("nbdist.run.handle")
 
 
 class RunControl:
-    """The control methods of a `Run` (see `nbdist.run.handle`)."""
+    """The control methods of a `Run` (see `nbdist.run.handle`), over its `state`."""
+
+    state: RunState
 
     # -- control ----------------------------------------------------------------------------
 
@@ -27,13 +31,14 @@ class RunControl:
     def stop(self) -> None:
         """End training early; the kernel's model still receives the weights reached so far.
         A run that has already ended is left as it is (stopping twice is not an error)."""
-        if self.done:
+        state = self.state
+        if state.ended.is_set():
             return
-        self._stop_requested = True
+        state.stop_requested = True
         try:
             self._send(stop=True)
         except TrainingError:
-            if not (self.done or self._control.closed):  # else it ended meanwhile: nothing to stop
+            if not (state.ended.is_set() or state.control.closed):  # else it ended meanwhile
                 raise
 
     def set_lr(self, lr: float) -> None:
@@ -44,11 +49,12 @@ class RunControl:
 
         # read before sending: in --mode local the worker shares this optimizer and may replace
         # the schedule as soon as the new rate reaches it
-        note = schedule_replaced(getattr(self.model, "optimizer", None), lr, self.warnings)
+        state = self.state
+        note = schedule_replaced(getattr(state.model, "optimizer", None), lr, state.warnings)
         self._send(lr=float(lr))
         if note:
-            self.warnings.append(note)
-            log.warning("run %s: %s", self.run_id, note)
+            state.warnings.append(note)
+            log.warning("run %s: %s", state.run_id, note)
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""
@@ -70,27 +76,30 @@ class RunControl:
         """Change one of the update rule's hyper-parameters live (e.g. 'lambda0')."""
         from nbdist.algorithms import make_rule
 
-        options = {**self._snapshot.get("rule_options", {}), name: value}
-        make_rule(self.config.algorithm.value, 0, max(1, len(self._snapshot.get("nodes", []))), options)
+        snapshot = self.state.snapshot
+        options = {**snapshot.get("rule_options", {}), name: value}
+        workers = max(1, len(snapshot.get("nodes", [])))
+        make_rule(self.state.config.algorithm.value, 0, workers, options)
         self._send(option=[name, float(value)])
 
     def add_workers(self, engines) -> list[int]:
         """Start workers on more engines of the cluster while this async run trains; each pulls
         the current weights, takes chunks of what is left of the epochs, and shows up in `nodes`
-        and on the dashboard. Returns their worker ids (M, M+1, ...). See nbdist/modes/async_ps/elastic.py.
+        and on the dashboard. Returns their worker ids (M, M+1, ...). See nbdist/run/elastic.py.
 
         Example:
             >>> run.add_workers([3])                                  # doctest: +SKIP
             [2]
         """
-        from nbdist.modes.async_ps.elastic import add_workers
+        from nbdist.run.elastic import add_workers
 
         return add_workers(self, engines)
 
     def regroup(self) -> None:
         """Re-form the speed groups of `--algorithm group` from the current throughput."""
-        if self.config.algorithm.value != "group":
-            raise ConfigError(f"regroup() needs --algorithm group (this run uses {self.config.algorithm.value}).")
+        algorithm = self.state.config.algorithm.value
+        if algorithm != "group":
+            raise ConfigError(f"regroup() needs --algorithm group (this run uses {algorithm}).")
         self._send(regroup=True)
 
     def checkpoint(self, directory: str | None = None) -> str:
@@ -102,43 +111,51 @@ class RunControl:
             >>> path = run.checkpoint("ckpt")                        # doctest: +SKIP
             >>> run2 = nbdist.resume(path, cluster=cluster)          # doctest: +SKIP
         """
-        directory = directory if directory is not None else self.config.checkpoint_dir
+        state = self.state
+        directory = directory if directory is not None else state.config.checkpoint_dir
         if directory is None:
             raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start the "
                               "run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
-        if self._control is None or self.done:
-            raise TrainingError(f"The run is {self.status}; its hub is gone, so there is nothing to "
-                                f"checkpoint. Its last checkpoint: {self.last_checkpoint}.")
-        return self._save_checkpoint(str(directory))
-
-    def _save_checkpoint(self, directory: str, final: bool = False) -> str:
-        from nbdist.checkpoint.store import save
-
-        with self._checkpoint_lock:  # sync mode: rank 0 holds the weights (nbdist.checkpoint.sync_state)
-            shards = self._backend.checkpoint_state(self._control, final)
-            self.last_checkpoint = save(directory, shards, self._checkpoint_info)
-            self._checkpoint_at = time.monotonic()
-        return self.last_checkpoint
-
-    def _auto_checkpoint(self, final: bool = False) -> None:
-        """Every --checkpoint-every seconds, and at the end; a failure warns, never kills training."""
-        every = self.config.checkpoint_interval
-        if every is None or not (final or time.monotonic() - self._checkpoint_at >= every):
-            return
-        try:
-            self._save_checkpoint(self.config.checkpoint_dir, final)
-        except (NbdistError, OSError) as exc:  # e.g. NaN weights: the last good one stays
-            self._checkpoint_at = time.monotonic()
-            log.warning("run %s: checkpoint into %s failed: %s", self.run_id, self.config.checkpoint_dir, exc)
-            self.warnings.append(f"checkpoint not saved: {str(exc).splitlines()[0]}")
+        if state.control is None or state.ended.is_set():
+            raise TrainingError(f"The run is {state.status}; its hub is gone, so there is nothing "
+                                f"to checkpoint. Its last checkpoint: {state.last_checkpoint}.")
+        return save_checkpoint(state, str(directory))
 
     def _check_worker(self, worker: int) -> None:
-        count = len(self._snapshot.get("nodes", []))
+        count = len(self.state.snapshot.get("nodes", []))
         if not (isinstance(worker, int) and 0 <= worker < max(count, 1)):
             raise ConfigError(f"No worker {worker!r}: this run has workers 0..{count - 1}.")
 
     def _send(self, **changes: object) -> None:
-        if self._control is None or self.done:
-            raise TrainingError(f"The run is {self.status}; there is nothing to control. Start a new run.")
-        self._control.control(**changes)
+        state = self.state
+        if state.control is None or state.ended.is_set():
+            raise TrainingError(f"The run is {state.status}; there is nothing to control. "
+                                "Start a new run.")
+        state.control.control(**changes)
 
+
+def save_checkpoint(state: RunState, directory: str, final: bool = False) -> str:
+    """Write the run's checkpoint into `directory` now; returns its path."""
+    from nbdist.checkpoint.store import save
+
+    # one at a time: in sync mode rank 0 holds the weights (nbdist.checkpoint.sync_state)
+    with state.checkpoint_lock:
+        shards = state.backend.checkpoint_state(state.control, final)
+        state.last_checkpoint = save(directory, shards, state.checkpoint_info)
+        state.checkpoint_at = time.monotonic()
+    return state.last_checkpoint
+
+
+def auto_checkpoint(state: RunState, final: bool = False) -> None:
+    """Every --checkpoint-every seconds, and at the end; a failure warns, never kills training."""
+    config = state.config
+    every = config.checkpoint_interval
+    if every is None or not (final or time.monotonic() - state.checkpoint_at >= every):
+        return
+    try:
+        save_checkpoint(state, config.checkpoint_dir, final)
+    except (NbdistError, OSError) as exc:  # e.g. NaN weights: the last good one stays
+        state.checkpoint_at = time.monotonic()
+        log.warning("run %s: checkpoint into %s failed: %s", state.run_id, config.checkpoint_dir,
+                    exc)
+        state.warnings.append(f"checkpoint not saved: {str(exc).splitlines()[0]}")

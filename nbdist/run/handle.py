@@ -3,27 +3,28 @@
 `nbdist.train` returns a Run at once; a monitor thread in the kernel polls the coordinating
 hub, watches the workers, and at the end writes the trained weights into the notebook's own
 model. Control methods (pause, resume, stop, set_lr) go straight to the hub, which passes
-them to every worker on its next reply.
+them to every worker on its next reply. A Run is also a `concurrent.futures.Future` in its
+methods: `done()`, `result()`, `exception()`, `add_done_callback()`, `running()`,
+`cancelled()`, `cancel()`.
 
 Lifecycle of `status`: starting -> running <-> paused -> finished | stopped | failed.
 
-The handle is built from three parts, one module each: `nbdist.run.views` (history, nodes,
-events, report, summary), `nbdist.run.control` (pause, set_lr, checkpoint, add_workers, ...)
-and `nbdist.run.monitor` (the thread that polls the hub and ends the run).
+The handle holds one `RunState` (`nbdist.run.state`), which its parts share: the views
+(`nbdist.run.views`: history, nodes, events, report, summary), the controls
+(`nbdist.run.control`: pause, set_lr, checkpoint, add_workers, ...) and the monitor thread
+(`nbdist.run.monitor`, which polls the hub and ends the run).
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 import time
 
-from nbdist.core.traffic import TrafficRates
-from nbdist.errors import NbdistError
-from nbdist.hub.client import HubControl
+from nbdist.errors import NbdistError, TrainingError
+from nbdist.run import monitor
 from nbdist.run.backend import Backend
 from nbdist.run.control import RunControl
-from nbdist.run.monitor import RunMonitor
+from nbdist.run.state import RunState
 from nbdist.run.views import NODE_COLUMNS, RunViews  # noqa: F401 - NODE_COLUMNS: the public name
 
 log = logging.getLogger(__name__)
@@ -31,7 +32,12 @@ log = logging.getLogger(__name__)
 WAIT_SLICE_S = 0.2  # wait() checks for Ctrl-C at least this often
 
 
-class Run(RunViews, RunControl, RunMonitor):
+def _shown(name: str, doc: str) -> property:
+    """A read-only attribute of the Run: its state's field `name`."""
+    return property(lambda run: getattr(run.state, name), doc=doc)
+
+
+class Run(RunViews, RunControl):
     """A training run started by `%%distribute` or `nbdist.train`.
 
     Example:
@@ -40,57 +46,105 @@ class Run(RunViews, RunControl, RunMonitor):
         >>> run.wait().history.tail()                             # doctest: +SKIP
     """
 
+    config = _shown("config", "The run's options (a `TrainConfig`).")
+    model = _shown("model", "The notebook's model; it holds the trained weights at the end.")
+    model_name = _shown("model_name", "The name of the model in the cell.")
+    status = _shown("status", "starting -> running <-> paused -> finished | stopped | failed.")
+    error = _shown("error", "Why the run failed (an nbdist exception), or None.")
+    run_id = _shown("run_id", "The run's id (in its checkpoints, report and logs).")
+    hubs = _shown("hubs", "One dict per hub shard: shard, host, engine, spin_s.")
+    warnings = _shown("warnings", "How the run trains unlike the cell, or what went wrong "
+                                  "without failing it.")
+    last_checkpoint = _shown("last_checkpoint", "The latest checkpoint's path, or None.")
+    revision = _shown("revision", "+1 per statistics poll (displays redraw only what changed).")
+    timeline_revision = _shown("timeline_revision", "+1 per timeline fetch.")
+
     def __init__(self, config, model, model_name: str, warnings: list[str] | None = None,
                  notes: list[str] | None = None):
-        self.config = config
-        self.model = model  # the kernel's model; holds the trained weights at the end
-        self.model_name = model_name
-        self.status = "starting"
-        self.error: BaseException | None = None
-        self.run_id = ""
-        self._rows: list[list] = []
-        self._timeline: list[dict] = []
-        self._timeline_at = 0.0
-        self._snapshot: dict = {}
-        self._traffic = TrafficRates()  # each worker's bytes/s, from the totals it reports
-        self.hubs: list[dict] = []  # one per hub shard: shard, host, engine, spin_s (set by the mode's start)
-        self._done = threading.Event()
-        self._control: HubControl | None = None
-        self._backend: Backend | None = None
-        self._stop_requested = False
-        self._listeners: list = []  # callables(run) called after each poll (status display)
-        self.revision = 0  # +1 per stats poll: displays redraw only what changed
-        self.timeline_revision = 0  # +1 per timeline fetch (every TIMELINE_EVERY_S)
-        # how the run trains unlike the cell, or what went wrong without failing it
-        self.warnings: list[str] = list(warnings or [])
-        self._notes: list[dict] = []  # choices made before the start (see `note`)
+        self.state = RunState(config, model, model_name, warnings=list(warnings or []))
         for text in notes or []:
             self.note(text)
-        self._events_seen = 0
-        self.last_checkpoint: str | None = None  # path of the latest checkpoint written
-        self._checkpoint_info: dict = {}  # set by the mode's start (nbdist.job.Job.checkpoint_info)
-        self._checkpoint_lock = threading.Lock()
-        self._checkpoint_at = time.monotonic()
 
-    @property
+    def begin(self, backend: Backend, control, run_id: str, *, hubs: list[dict] | None = None,
+              checkpoint_info: dict | None = None) -> Run:
+        """Take over a job whose hubs (or simulation, or stages) and workers a mode's start
+        has started, and start watching it. Called once, by the mode's start
+        (nbdist/modes/common/launch.py `begin_run`, the pipeline's start)."""
+        state = self.state
+        if state.backend is not None:
+            raise TrainingError(f"Run {state.run_id} has begun already (Received: a second begin "
+                                f"for run {run_id}). Start each job with a Run of its own.")
+        state.backend, state.control, state.run_id = backend, control, run_id
+        state.hubs = list(hubs or [])
+        state.checkpoint_info = dict(checkpoint_info or {})
+        state.status = "running"
+        if backend.cluster is not None:
+            backend.cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
+        monitor.start(self)
+        return self
+
+    # -- waiting (and the Future's methods) -----------------------------------------------------
+
     def done(self) -> bool:
-        return self._done.is_set()
+        """Whether the run has ended (finished, stopped or failed)."""
+        return self.state.ended.is_set()
+
+    def running(self) -> bool:
+        """Whether the run is training now (running or paused)."""
+        return not self.done() and self.state.status in ("running", "paused")
+
+    def cancelled(self) -> bool:
+        """Whether the run ended because it was stopped (`stop()` or `cancel()`)."""
+        return self.done() and self.state.status == "stopped"
+
+    def cancel(self) -> bool:
+        """Stop the run (see `stop`); True if it had not ended, False if it had. Unlike a
+        Future's, a stopped run has a result: the weights reached so far, in `model`."""
+        if self.done():
+            return False
+        self._stop_quietly()
+        return True
 
     def wait(self, timeout: float | None = None) -> Run:
         """Block until the run ends; raise its error if it failed. Returns the run."""
+        self._wait_end(timeout)
+        if self.state.error is not None:
+            raise self.state.error
+        return self
+
+    def result(self, timeout: float | None = None) -> Run:
+        """The run once it has ended (as `wait`): raises its error if it failed, TimeoutError
+        if it is still going after `timeout` seconds."""
+        return self.wait(timeout)
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        """The run's error once it has ended (None if it finished or was stopped); TimeoutError
+        if it is still going after `timeout` seconds."""
+        self._wait_end(timeout)
+        return self.state.error
+
+    def add_done_callback(self, fn) -> None:
+        """Call `fn(run)` once the run has ended, from the monitor thread after the weights
+        are in the model and the engines are free; at once (here) if it has ended already.
+        An exception in `fn` is logged, not raised."""
+        state = self.state
+        with state.end_lock:
+            if not state.ended.is_set():
+                state.done_callbacks.append(fn)
+                return
+        monitor.call_back(self, fn)
+
+    def _wait_end(self, timeout: float | None) -> None:
         end = None if timeout is None else time.monotonic() + timeout
         try:
             # short slices: an interrupt that arrives as a flag rather than a signal (Jupyter's
             # interrupt on some platforms, _thread.interrupt_main) is seen within WAIT_SLICE_S
-            while not self._done.wait(WAIT_SLICE_S):
+            while not self.state.ended.wait(WAIT_SLICE_S):
                 if end is not None and time.monotonic() >= end:
                     raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
         except KeyboardInterrupt:  # Ctrl-C: stop the workers and hub, free the engines
             self.close(timeout=30)
             raise
-        if self.error is not None:
-            raise self.error
-        return self
 
     def __enter__(self) -> Run:
         return self
@@ -109,22 +163,12 @@ class Run(RunViews, RunControl, RunMonitor):
     def close(self, timeout: float = 30.0) -> None:
         """Stop the run if it is still going and wait (up to `timeout`) until its workers and
         hub have left the engines. Never raises: for clean-up paths (Ctrl-C, cluster stop)."""
-        if not self.done:
+        if not self.done():
             self._stop_quietly()
-            self._done.wait(timeout)
+            self.state.ended.wait(timeout)
 
     def _stop_quietly(self) -> None:
         try:
             self.stop()
         except NbdistError:  # it ended meanwhile, or the hub is gone: the monitor cleans up
             pass
-
-    # -- lifecycle (called by the mode's start, nbdist.modes.launch) --------------------------
-
-    def _begin(self, backend: Backend, control: HubControl, run_id: str) -> None:
-        self._backend, self._control, self.run_id = backend, control, run_id
-        self.status = "running"
-        if backend.cluster is not None:
-            backend.cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
-        threading.Thread(target=self._monitor, daemon=True, name=f"nbdist-run-{run_id}").start()
-

@@ -1,12 +1,14 @@
 """What a Run shows: its history, nodes, timeline, delays and events as DataFrames, its
-one-line summary, its report and its dashboard. Read-only views of the latest hub snapshot
-that `nbdist.run.monitor` keeps; the `Run` handle (`nbdist.run.handle`) is built from these parts."""
+one-line summary, its report and its dashboard. Read-only views of what the monitor thread
+(`nbdist.run.monitor`) fetched into the run's state (`nbdist.run.state`); the `Run` handle
+(`nbdist.run.handle`) has these methods."""
 
 from __future__ import annotations
 
 import pandas as pd
 
 from nbdist.core.stats import HISTORY_COLUMNS
+from nbdist.run.state import RunState
 
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
                 "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
@@ -15,7 +17,9 @@ NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s",
 
 
 class RunViews:
-    """The result views of a `Run` (see `nbdist.run.handle`)."""
+    """The result views of a `Run` (see `nbdist.run.handle`), over its `state`."""
+
+    state: RunState
 
     # -- results ----------------------------------------------------------------------------
 
@@ -23,8 +27,8 @@ class RunViews:
     def history(self) -> pd.DataFrame:
         """One row per applied push (time, step, epoch, worker, loss, delay, batch_size),
         plus one row per validation result (`val_*` columns)."""
-        train = pd.DataFrame(self._rows, columns=list(HISTORY_COLUMNS))
-        evals = pd.DataFrame(self._snapshot.get("evals", []))
+        train = pd.DataFrame(self.state.rows, columns=list(HISTORY_COLUMNS))
+        evals = pd.DataFrame(self.state.snapshot.get("evals", []))
         if evals.empty:
             return train
         evals = evals.drop(columns=["version"], errors="ignore")
@@ -37,41 +41,42 @@ class RunViews:
         over TCP and over the shared-memory link's sockets, which carry headers only), its
         traffic in bytes/s, and its GPU (name, utilisation %, memory used and total, in bytes;
         empty without one)."""
-        return pd.DataFrame(self._snapshot.get("nodes", []), columns=NODE_COLUMNS)
+        return pd.DataFrame(self.state.snapshot.get("nodes", []), columns=NODE_COLUMNS)
 
     @property
     def timeline(self) -> pd.DataFrame:
         """Per-worker time series (samples/s, compute, comm, wait, batch, delay, loss,
         slow-down, group), down-sampled on the hub so long runs stay bounded."""
-        return pd.DataFrame(self._timeline)
+        return pd.DataFrame(self.state.timeline)
 
     @property
     def delays(self) -> pd.DataFrame:
         """How often each delay (staleness, in versions) occurred, per worker."""
+        delays = self.state.snapshot.get("delays", {})
         rows = [{"worker": int(w), "delay": int(d), "count": c}
-                for w, hist in self._snapshot.get("delays", {}).items() for d, c in hist.items()]
+                for w, hist in delays.items() for d, c in hist.items()]
         return pd.DataFrame(rows, columns=["worker", "delay", "count"])
 
     @property
     def events(self) -> pd.DataFrame:
         """What nbdist chose before the start (e.g. which model), then control actions and
         epoch ends, with time and global step."""
-        return pd.DataFrame(self._notes + self._snapshot.get("events", []))
+        return pd.DataFrame(self.state.notes + self.state.snapshot.get("events", []))
 
     @property
     def lr(self) -> float | None:
         """The learning rate now: a schedule's value at the hub's step, or a set_lr override."""
-        return self._snapshot.get("lr")
+        return self.state.snapshot.get("lr")
 
     @property
     def stats(self) -> dict:
         """The hub's latest statistics as the kernel last polled them (a copy): global_step,
         epochs_done, epoch_samples, lr, batch_policy, rule_options, hub_bytes, dropped, ..."""
-        return dict(self._snapshot)
+        return dict(self.state.snapshot)
 
     def note(self, text: str) -> None:
         """Record a choice nbdist made for this run before it started (time 0, step 0)."""
-        self._notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
+        self.state.notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})
 
     def report(self, path: str = "nbdist-report.html", top_k: int | None = None,
                compare: list | None = None):
@@ -87,9 +92,10 @@ class RunViews:
 
         extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
-                            delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
+                            delays=self.delays, events=self.events,
+                            title=f"nbdist run {self.state.run_id}",
                             summary=self.summary(), top_k=top_k, extra=extra,
-                            hubs=self.hubs)
+                            hubs=self.state.hubs)
 
     def compare(self, *others, metric: str = "accuracy", x: str = "time", **kwargs):
         """This run and `others` (Runs) on the same axes: `nbdist.compare(self, *others, ...)`.
@@ -117,20 +123,21 @@ class RunViews:
 
     def summary(self) -> str:
         """One line: status, progress, step, loss, validation accuracy."""
-        s = self._snapshot
-        parts = [f"nbdist run {self.run_id}: {self.status}",
-                 f"epoch {s.get('epochs_done', 0):.2f}/{self.config.epochs}",
+        state = self.state
+        s = state.snapshot
+        parts = [f"nbdist run {state.run_id}: {state.status}",
+                 f"epoch {s.get('epochs_done', 0):.2f}/{state.config.epochs}",
                  f"step {s.get('global_step', 0)}"]
-        if self._rows:
-            parts.append(f"loss {self._rows[-1][4]:.4f}")
+        if state.rows:
+            parts.append(f"loss {state.rows[-1][4]:.4f}")
         evals = s.get("evals") or []
         if evals:
             last = evals[-1]
             parts += [f"{k} {v:.4f}" for k, v in last.items() if k.startswith("val_")]
-        if self.warnings:
-            parts.append(f"{len(self.warnings)} warning(s): {self.warnings[-1]}")
-        if self.error is not None:
-            parts.append(f"error: {str(self.error).splitlines()[0]}")
+        if state.warnings:
+            parts.append(f"{len(state.warnings)} warning(s): {state.warnings[-1]}")
+        if state.error is not None:
+            parts.append(f"error: {str(state.error).splitlines()[0]}")
         return " | ".join(parts)
 
     def __repr__(self) -> str:

@@ -136,6 +136,28 @@ def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
     assert not np.array_equal(before, weights(ns["model"]))
 
 
+def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_when_stopped(cluster):
+    from nbdist.engine.flatmodel import read_flat
+
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
+                       batch_size=8)
+    initial = read_flat(ns["model"])[0]  # the kernel's model keeps these until the run ends
+    wait_for(lambda: global_step(run) > 20)
+    run.pause()
+    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"})
+    backend, control = run.state.backend, run.state.control
+    params, non_trainable = backend.current_weights(control)
+    again, _ = backend.current_weights(control)
+    assert params.shape == initial.shape and non_trainable.size == 0
+    assert not np.array_equal(params, initial)  # trained on the hub
+    np.testing.assert_array_equal(params, again)  # every worker holds: nothing lands
+    np.testing.assert_array_equal(read_flat(ns["model"])[0], initial)  # read, not written in
+    run.stop()
+    run.wait(timeout=60)
+    np.testing.assert_array_equal(read_flat(ns["model"])[0], params)
+
+
 @pytest.mark.slow
 def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(cluster):
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()  # skip cleanly if data absent
@@ -279,6 +301,6 @@ def test_engines_started_on_one_core_are_planned_on_it_not_on_the_kernel_s_cores
                            wait=True)
         assert run.status == "finished" and run.nodes["steps"].sum() == 29
         assert [h["spin_s"] for h in run.hubs] == [0.0]
-        assert run._backend.host_cores(run._backend.roles.workers[0]) == 1  # noqa: SLF001
+        assert run.state.backend.host_cores(run.state.backend.roles.workers[0]) == 1
     finally:
         small.stop()

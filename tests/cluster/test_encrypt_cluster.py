@@ -56,17 +56,17 @@ def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(e
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=encrypted, namespace=ns, mode="sync", workers=2,
                        epochs=40, batch_size=32, timeout=60)
-    wait_for(lambda: global_step(run) > 3 or run.done)
-    assert not run.done, "the run ended before the strangers came: make it longer"
-    line = run._control.lines[0]  # noqa: SLF001 - the kernel's line to the metrics hub
+    wait_for(lambda: global_step(run) > 3 or run.done())
+    assert not run.done(), "the run ended before the strangers came: make it longer"
+    line = run.state.control.lines[0]  # the kernel's line to the metrics hub
     assert line.endpoint["curve"]  # the hub is a CurveZMQ server
     # a plaintext client, even one that signs with the run's key, gets no answer
     stranger = zmq.Context.instance().socket(zmq.DEALER)
     stranger.setsockopt(zmq.LINGER, 0)
     stranger.connect(line.endpoint["tcp"])
-    stranger.send_multipart(Codec(line._key, "kernel", run.run_id).encode({"op": "stats"}, to="hub-0"))  # noqa: SLF001
+    stranger.send_multipart(Codec(line._key, "kernel", run.run_id).encode({"op": "stats"}, to="hub-0"))
     # and the rendezvous takes nothing unsigned
-    rendezvous = run._backend._rendezvous  # noqa: SLF001
+    rendezvous = run.state.backend._rendezvous
     conn = http.client.HTTPConnection(*rendezvous.server_address[:2], timeout=10)
     conn.request("PUT", "/global/0", body=b"6.6.6.6:1", headers={"Content-Length": "9"})
     assert conn.getresponse().status == 403
@@ -79,7 +79,7 @@ def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(e
     run.stop()
     run.wait(timeout=120)
     assert run.status in ("finished", "stopped") and run.error is None
-    results = run._backend.results  # noqa: SLF001
+    results = run.state.backend.results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert run.stats["dropped"] == {}
     assert not [w for w in run.warnings if "plaintext" in w]  # every rank on this host: Gloo over loopback
@@ -93,7 +93,7 @@ def test_pipeline_on_an_encrypted_cluster_trains_exactly_over_curve_links(encryp
     ns = {}
     run = nbdist.train(cell, cluster=encrypted, namespace=ns, mode="pipeline", stages=2, micro_batches=4,
                        batch_size=16, partition="uniform", transport="tcp")
-    kernel = run._control.link  # noqa: SLF001 - the kernel's report and control sockets
+    kernel = run.state.control.link  # the kernel's report and control sockets
     assert kernel.pull.getsockopt(zmq.MECHANISM) == kernel.pub.getsockopt(zmq.MECHANISM) == zmq.CURVE
     run.wait(timeout=240)
     assert run.status == "finished"

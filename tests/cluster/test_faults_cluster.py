@@ -48,7 +48,7 @@ def own_cluster():
 
 def kill_worker_engine(cluster, run, worker, after_step):
     wait_for(lambda: global_step(run) > after_step)
-    assert not run.done, "the run ended before the kill: make it longer"
+    assert not run.done(), "the run ended before the kill: make it longer"
     os.kill(cluster.pids[run.nodes.set_index("worker")["engine"][worker]], signal.SIGKILL)
 
 
@@ -109,7 +109,7 @@ def test_ctrl_c_in_wait_stops_the_run_within_seconds_and_the_engines_take_a_new_
             assert time.monotonic() - t0 < 20
     finally:
         signal.signal(signal.SIGINT, previous)
-    assert run.done and run.status == "stopped" and run.error is None
+    assert run.done() and run.status == "stopped" and run.error is None
     assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3  # hub and workers left
     again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, wait=True)
     assert again.status == "finished"
@@ -133,7 +133,7 @@ def test_stopping_the_cluster_during_a_run_leaves_no_process_behind(ip, how):
     else:
         magics.cluster.stop()
         magics.cluster = None
-    assert run.done and run.status == "stopped"
+    assert run.done() and run.status == "stopped"
     assert_all_exit(started)
 
 

@@ -66,7 +66,7 @@ def _lab_processes(workdir) -> list[int]:
 
 def addresses(lab, run) -> dict[int, str]:
     """Hub engine -> the address its hub bound."""
-    return dict(run._backend.bind_hosts)  # noqa: SLF001
+    return dict(run.state.backend.bind_hosts)
 
 
 def accuracy(ns) -> float:
@@ -78,7 +78,7 @@ def test_async_workers_on_two_hosts_and_the_hub_on_a_third(lab):
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 2]), namespace=ns, workers=2,
                        epochs=3, batch_size=16, wait=True, timeout=60)
     assert run.status == "finished" and run.error is None
-    assert run._backend.roles.servers == (0,)  # noqa: SLF001
+    assert run.state.backend.roles.servers == (0,)
     assert addresses(lab, run) == {0: lab.network.address("lab3")}  # not 127.0.0.1 behind --ip='*'
     assert sorted(run.nodes["host"]) == ["lab1", "lab2"]
     assert run.stats["epoch_samples"] == [SAMPLES] * 3
@@ -90,7 +90,8 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 3]), namespace=ns, workers=2,
                        epochs=2, batch_size=16, wait=True, timeout=60)
     assert run.status == "finished" and run.error is None
-    assert run._backend.roles.servers == (0,) and set(run._backend.roles.workers) == {1, 3}  # noqa: SLF001
+    roles = run.state.backend.roles
+    assert roles.servers == (0,) and set(roles.workers) == {1, 3}
     assert sorted(run.nodes["host"]) == ["lab1", "lab3"]
     assert addresses(lab, run) == {0: lab.network.address("lab3")}
     assert run.stats["epoch_samples"] == [SAMPLES] * 2
@@ -119,7 +120,7 @@ def test_sync_ranks_on_two_hosts_end_with_identical_weights(lab):
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([1, 2]), namespace=ns, mode="sync", workers=2,
                        epochs=2, batch_size=32, wait=True, timeout=60)
-    results = run._backend.results  # noqa: SLF001
+    results = run.state.backend.results
     assert sorted(r["host"] for r in results.values()) == ["lab1", "lab2"]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
@@ -135,7 +136,8 @@ def test_a_checkpoint_of_a_multihost_run_resumes_on_other_hosts(lab, tmp_path):
     again = nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=lab.subset([4, 5]), namespace=resumed, epochs=4, workers=1,
                           wait=True, timeout=60)
     assert again.status == "finished" and again.error is None
-    assert again._backend.roles.servers == (4,) and again._backend.roles.workers == (5,)  # noqa: SLF001
+    roles = again.state.backend.roles
+    assert roles.servers == (4,) and roles.workers == (5,)
     assert addresses(lab, again) == {4: lab.network.address("lab4")}
     assert again.nodes["samples"].sum() == 2 * SAMPLES  # only epochs 3 and 4 are trained
     assert accuracy(resumed) > 0.85
@@ -165,7 +167,7 @@ def test_a_link_down_for_three_seconds_applies_nothing_twice_and_the_run_finishe
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 2]), namespace=ns, workers=2,
                        epochs=epochs, batch_size=8, timeout=60)
     wait_for(lambda: global_step(run) > 30)
-    assert not run.done, "the run ended before the cut: make it longer"
+    assert not run.done(), "the run ended before the cut: make it longer"
     lab.network.set_link("lab2", up=False)
     try:
         time.sleep(3)  # deliberate: the link stays down for three seconds
@@ -184,7 +186,7 @@ def test_a_worker_host_dropped_for_good_is_written_off_and_every_sample_trained_
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 4]), namespace=ns, workers=2,
                        epochs=epochs, batch_size=8, timeout=60)
     wait_for(lambda: global_step(run) > 30)
-    assert not run.done, "the run ended before the cut: make it longer"
+    assert not run.done(), "the run ended before the cut: make it longer"
     lab.network.set_link("lab4", up=False)  # for good: engine 4 is not used after this test
     run.wait(timeout=300)
     assert run.status == "finished" and run.error is None

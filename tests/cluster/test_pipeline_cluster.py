@@ -52,7 +52,7 @@ def test_pipeline_weights_equal_single_machine_training_after_20_steps(cluster, 
     for a, b in zip(got, want, strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)
     assert run.history["step"].max() == 20
-    engines = run._backend.engines
+    engines = run.state.backend.engines
     assert len(set(engines)) == stages  # one engine per stage
     # every engine is on this host: activations and gradients went through shared memory
     assert all(m["shm"] > 0 and m["tcp"] == 0 for m in run.pipeline["messages"])
@@ -117,8 +117,8 @@ def test_a_killed_stage_engine_fails_the_run_within_60s_and_the_others_take_the_
     long_cell = "B = 200\n" + PIPELINE_SKIP_CELL  # 4000 samples
     run = nbdist.train(long_cell, cluster=own_cluster, namespace={}, mode="pipeline", stages=3,
                        micro_batches=2, batch_size=8, epochs=50, partition="uniform")
-    wait_for(lambda: run._snapshot.get("global_step", 0) > 10)
-    victim = run._backend.engines[1]
+    wait_for(lambda: run.state.snapshot.get("global_step", 0) > 10)
+    victim = run.state.backend.engines[1]
     os.kill(own_cluster.pids[victim], signal.SIGKILL)
     t0 = time.monotonic()
     with pytest.raises(TrainingError, match=rf"Pipeline stage 1 \(on engine {victim}\)"):

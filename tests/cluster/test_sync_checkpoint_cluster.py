@@ -65,7 +65,7 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True)
     assert again.status == "finished" and again.config.mode.value == "sync"
     assert again.nodes["samples"].sum() == 4 * 900 - done  # nothing skipped, nothing twice
-    results = again._backend.results  # noqa: SLF001
+    results = again.state.backend.results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert meta(tmp_path)["epochs_done"] == 4
     acc_straight, acc_resumed = accuracy(straight), accuracy(resumed)
@@ -102,7 +102,7 @@ def test_killing_a_sync_worker_fails_the_run_within_60s_and_resume_completes(clu
         run = nbdist.train(SYNTHETIC_CELL, cluster=own, namespace={}, epochs=8, timeout=20,
                            checkpoint_dir=str(tmp_path), checkpoint_every=0.5, **OPTIONS)
         wait_for(lambda: run.last_checkpoint is not None and meta(tmp_path)["epochs_done"] >= 1)
-        victim = pids[run._backend.roles.workers[1]]  # noqa: SLF001 - rank 1's engine
+        victim = pids[run.state.backend.worker_engines[1]]  # rank 1's engine
         os.kill(victim, signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(WorkersLostError, match=r"Rank 1's engine \(\d\) died during a --mode sync "

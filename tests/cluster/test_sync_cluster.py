@@ -15,7 +15,7 @@ def test_sync_ranks_end_with_identical_weights_equal_to_the_kernel_model(cluster
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
                        epochs=2, batch_size=32, wait=True)
-    results = run._backend.results
+    results = run.state.backend.results
     assert sorted(results) == [0, 1]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
@@ -63,9 +63,33 @@ def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped"
-    results = run._backend.results
+    results = run.state.backend.results
     assert results[0]["steps"] == results[1]["steps"]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
+
+
+def test_sync_current_weights_come_from_rank_0_while_it_trains(cluster):
+    """Paused first: rank 0 learns of the pause with the request for its weights at the latest,
+    so what it sends comes after its last step."""
+    from nbdist.engine.flatmodel import read_flat
+
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
+                       epochs=100, batch_size=8)
+    initial = read_flat(ns["model"])[0]  # the kernel's model keeps these until the run ends
+    wait_for(lambda: global_step(run) >= 20, 60)
+    run.pause()
+    backend, control = run.state.backend, run.state.control
+    params, non_trainable = backend.current_weights(control)
+    again, _ = backend.current_weights(control)
+    assert params.shape == initial.shape and non_trainable.size == 0
+    assert not np.array_equal(params, initial)  # trained on the ranks
+    np.testing.assert_array_equal(params, again)  # paused: no step since
+    run.stop()
+    run.wait(timeout=60)
+    results = run.state.backend.results
+    np.testing.assert_array_equal(results[0]["params"], params)
+    np.testing.assert_array_equal(read_flat(ns["model"])[0], params)
 
 
 @pytest.mark.slow

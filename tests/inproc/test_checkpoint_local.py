@@ -48,8 +48,8 @@ def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(t
 def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path):
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=4, batch_size=8,
                        checkpoint_dir=str(tmp_path), checkpoint_every=0.5)
-    wait_for(lambda: run.last_checkpoint is not None or run.done)
-    assert not run.done  # the first checkpoint came from the timer, not the end of the run
+    wait_for(lambda: run.last_checkpoint is not None or run.done())
+    assert not run.done()  # the first checkpoint came from the timer, not the end of the run
     mid = json.loads((tmp_path / "meta.json").read_text())
     assert mid["epochs_done"] < 4
     path = run.checkpoint(str(tmp_path / "by-hand"))

@@ -111,7 +111,7 @@ def test_outside_a_kernel_the_magic_falls_back_to_the_text_status_line(ip):
     assert not widgets_available()  # an InteractiveShell, not a kernel
     run = fed_run(2)
     assert show(run) is None
-    assert len(run._listeners) == 1  # noqa: SLF001 - the text status line listens
+    assert len(run.state.listeners) == 1  # the text status line listens
 
 
 def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
@@ -133,8 +133,8 @@ def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
 
 def test_hosts_panel_groups_workers_by_host_and_marks_the_hub_shards_host():
     run = fed_run(2)
-    run.hubs = [{"shard": 0, "host": "localhost", "engine": 0}]
-    run._traffic = TrafficRates(window_s=0.0)  # a rate from every poll (the default waits 1 s)
+    run.state.hubs = [{"shard": 0, "host": "localhost", "engine": 0}]
+    run.state.traffic = TrafficRates(window_s=0.0)  # a rate from every poll (the default waits 1 s)
     dash = Dashboard(run)
     snap = snapshot(2, 6.0)
     for n in snap["nodes"]:

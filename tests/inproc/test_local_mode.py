@@ -36,7 +36,7 @@ def test_a_local_run_listens_on_loopback_only():
     """docs/security.md: nothing of a --mode local run leaves this host (so --encrypt has
     nothing to encrypt there)."""
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", servers=2, epochs=1, wait=True)
-    endpoints = [line.endpoint for line in run._control.lines]  # noqa: SLF001 - the hub shards' sockets
+    endpoints = [line.endpoint for line in run.state.control.lines]  # the hub shards' sockets
     assert len(endpoints) == 2 and all(ep["tcp"].startswith("tcp://127.0.0.1:") for ep in endpoints)
     assert all(ep["ipc"].startswith("ipc://") for ep in endpoints)
 
@@ -73,7 +73,7 @@ def test_leaving_a_with_block_on_an_error_stops_the_run():
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt  # e.g. Ctrl-C while a script waits
-    assert run.done and run.status == "stopped"
+    assert run.done() and run.status == "stopped"
 
 
 SCHEDULED_CELL = SYNTHETIC_CELL.replace(
@@ -86,8 +86,8 @@ def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     """On the hub (local_steps 1) and on the workers' own optimizer (local_steps 2)."""
     run = nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
                        local_steps=local_steps)
-    wait_for(lambda: len(run.history) >= 5 or run.done, 60, what="five pushes")
-    assert not run.done, "the run ended before five pushes were seen: make it longer"
+    wait_for(lambda: len(run.history) >= 5 or run.done(), 60, what="five pushes")
+    assert not run.done(), "the run ended before five pushes were seen: make it longer"
     if local_steps == 1:
         assert 0.0 < run.lr <= 0.01  # the schedule's value at the hub's step
     run.set_lr(0.0123)
@@ -104,7 +104,7 @@ def test_overlap_over_tcp_ends_at_the_same_weights_by_courier_or_not(monkeypatch
     """Over TCP an overlapped exchange may go on the courier's thread (nbdist.modes.async_ps.
     courier) or the worker's, step by step: one deterministic worker must end at the same
     weights whichever way each exchange went."""
-    from nbdist.modes.async_ps.courier import Courier, WayChooser
+    from nbdist.modes.common.courier import Courier, WayChooser
 
     taken = []
     alternate = iter(range(10**6))

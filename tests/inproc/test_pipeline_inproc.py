@@ -122,12 +122,18 @@ def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
 
 
 def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
+    from nbdist.engine.flatmodel import read_flat
     from tests.helpers import wait_for
 
     cell = "B = 16\n" + SKIP_CELL
+    start: dict = {}
+    exec(compile(cell, "<cell>", "exec"), start)  # noqa: S102 - the weights the run starts from
+    initial = read_flat(start["model"])[0]
     ns, run = _start(cell, stages=2, micro_batches=2, batch_size=16, epochs=500, timeout=60)
     before = [w.numpy().copy() for w in ns["model"].weights]
-    wait_for(lambda: run._snapshot.get("global_step", 0) >= 5)
+    wait_for(lambda: run.state.snapshot.get("global_step", 0) >= 5)
+    current, _ = run.state.backend.current_weights(run.state.control)  # the stages' own layers
+    assert current.shape == initial.shape and not np.array_equal(current, initial)
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped" and run.error is None

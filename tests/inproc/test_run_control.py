@@ -14,7 +14,8 @@ def test_a_control_after_the_line_closed_says_the_run_ended_and_stop_is_a_no_op(
     with pytest.raises(TrainingError, match="The run has ended"):
         control.control(paused=True)
     run = Run(TrainConfig(), model=None, model_name="model")
-    run._control, run.status = control, "running"  # the monitor closed it, done not yet set
+    # the monitor closed the line, the run has not ended yet
+    run.state.control, run.state.status = control, "running"
     run.stop()  # nothing left to stop: not an error
     with pytest.raises(TrainingError, match="The run has ended"):
         run.pause()

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from nbdist.errors import TrainingError
-from nbdist.modes.async_ps.courier import Courier, WayChooser, wanted
+from nbdist.modes.common.courier import Courier, WayChooser, wanted
 
 
 class RecordingTransport:

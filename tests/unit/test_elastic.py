@@ -13,7 +13,7 @@ from nbdist.errors import ClusterError, ConfigError, TrainingError, UnreachableH
 from nbdist.hub.client import PER_SHARD
 from nbdist.hub.wire import check_fields
 from nbdist.modes.async_ps.backend import ClusterBackend
-from nbdist.modes.async_ps.elastic import add_workers
+from nbdist.run.elastic import add_workers
 from nbdist.run.handle import Run
 from tests.helpers import end
 

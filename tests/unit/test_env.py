@@ -79,7 +79,7 @@ def test_every_switch_nbdist_names_is_declared_and_only_env_reads_the_environmen
 
 def test_the_readers_follow_their_switch(monkeypatch):
     from nbdist.hub import launch, localline, memory, threads
-    from nbdist.modes.async_ps import courier
+    from nbdist.modes.common import courier
 
     monkeypatch.setenv("NBDIST_HUB_PROCESS", "false")  # "false" used to mean on for some readers
     monkeypatch.setenv("NBDIST_LOCAL_LINE", "no")

@@ -1,5 +1,6 @@
-"""Modes as packages: the MODES table, the Backend protocol, one error for a non-finite step,
-one float64->float32 conversion, and no private names imported across nbdist's modules."""
+"""Modes as packages: the MODES table (the Backend protocol: test_layering.py), one error for a
+non-finite step, one float64->float32 conversion, and no private names imported across nbdist's
+modules."""
 
 import ast
 import pathlib
@@ -31,27 +32,6 @@ def test_a_mode_that_needs_a_cluster_is_refused_before_the_cell_runs():
             nbdist.train(cell, mode=mode)
     with pytest.raises(RuntimeError, match="the cell ran"):  # no cluster needed: the cell runs
         nbdist.train(cell, mode="local")
-
-
-def _backends():
-    from nbdist.modes.async_ps.backend import ClusterBackend
-    from nbdist.modes.local.backend import LocalBackend
-    from nbdist.modes.simulate.start import SimBackend
-    from nbdist.modes.sync.backend import SyncBackend
-
-    return [ClusterBackend, LocalBackend, SyncBackend, SimBackend]
-
-
-@pytest.mark.parametrize("backend", _backends(), ids=lambda c: c.__name__)
-def test_every_backend_implements_the_whole_protocol_itself(backend):
-    """Not inherited from the protocol's empty stubs, which would return None silently."""
-    from nbdist.run.backend import Backend
-
-    members = [n for n in vars(Backend) if not n.startswith("_")] + ["num_workers", "cluster"]
-    for name in members:
-        owner = next((c for c in backend.__mro__ if name in vars(c) or name in getattr(c, "__annotations__", {})), None)
-        assert owner is not None and owner is not Backend, f"{backend.__name__} lacks {name}"
-    assert Backend in backend.__mro__  # says so explicitly
 
 
 def test_backends_that_cannot_grow_refuse_new_workers_saying_why():

@@ -71,3 +71,33 @@ def test_a_sync_checkpoint_with_a_damaged_optimizer_entry_is_refused(tmp_path):
         json.dump(meta, f)
     with pytest.raises(CheckpointError, match="its mode and its 'sync' entry disagree"):
         checkpoint.load(path)
+
+
+class _Hub:
+    """The kernel's control line to a sync run's hub, as `fresh_state` uses it: every `state`
+    reply carries the wire's own (ever larger) `seq`, and rank 0's state only after it sent one."""
+
+    def __init__(self, sent_after: int):
+        self.sent_after, self.asked, self.replies = sent_after, 0, 0
+
+    def control(self, send_state):
+        self.asked += 1
+
+    def state(self):
+        self.replies += 1
+        fresh = self.asked and self.replies > self.sent_after
+        hub = _sync_hub(0, 2)
+        header, buffers = hub_state(hub, hub.sync_snapshot)
+        header = {**header, "seq": self.replies, "state_seq": 2 if fresh else 1}
+        return [(header, buffers)]
+
+
+def test_fresh_state_waits_for_rank_0_s_next_state_not_for_the_wire_s_next_message():
+    from nbdist.checkpoint.sync_state import fresh_state
+    from nbdist.errors import TrainingError
+
+    hub = _Hub(sent_after=4)
+    ((header, _),) = fresh_state(hub, final=False, timeout=5)
+    assert header["state_seq"] == 2 and hub.replies == 5 and hub.asked == 1
+    with pytest.raises(TrainingError, match="did not send its weights for the checkpoint within 0s"):
+        fresh_state(_Hub(sent_after=10**6), final=False, timeout=0.2)

@@ -1,3 +1,4 @@
-"""Asynchronous training through the hub (`--mode async`): its start (`start.py`), the backend
-that places hubs and workers on engines (`backend.py`), the worker loop (`worker.py`, also the
-worker of `--mode local`) and workers added mid-run (`elastic.py`)."""
+"""Asynchronous training through the hub (`--mode async`): its start (`start.py`) and the
+backend that places hub shards and workers on a cluster's engines (`backend.py`). The worker
+loop it sends to the engines is the shared one (nbdist/modes/common/worker.py), and workers
+added mid-run go through the Run (nbdist/run/elastic.py)."""

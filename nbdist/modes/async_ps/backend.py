@@ -1,35 +1,27 @@
 """Where an async run's hubs and workers live: engines of a cluster.
 
-`ClusterBackend` starts the hub shards (threads on dedicated engines) and one worker task per
-worker engine, reports a worker failure, and cleans up; the Run (nbdist/run/handle.py) drives
-it through the `Backend` protocol (nbdist/run/backend.py), like every mode's backend. It can
-also start workers on more engines while the run trains (`add_workers`, see
-nbdist/modes/async_ps/elastic.py).
+`ClusterBackend` starts the hub shards (processes supervised by dedicated engines) and one
+worker task per worker engine, placed and watched as every engine backend's are
+(nbdist/modes/common/engine_backend.py); the Run (nbdist/run/handle.py) drives it through the
+`Backend` protocol (nbdist/run/backend.py), like every mode's backend. It can also start
+workers on more engines while the run trains (`add_workers`, see nbdist/run/elastic.py).
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from dataclasses import replace
 
 import numpy as np
 
-from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host, may_spin
-from nbdist.cluster.engines import Cluster, assign_roles, get_within
+from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host
+from nbdist.cluster.engines import Cluster, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
-from nbdist.errors import (
-    ClusterError,
-    ConfigError,
-    EngineTimeoutError,
-    NbdistError,
-    RemoteCellError,
-    UnreachableHostError,
-)
-from nbdist.hub.protocol import shard_bounds
+from nbdist.errors import ClusterError, ConfigError, UnreachableHostError
 from nbdist.hub.server import HubSpec
-from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
+from nbdist.modes.common.engine_backend import EngineBackend, get_started
+from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
 log = logging.getLogger(__name__)
@@ -46,49 +38,25 @@ def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
         affinity.apply("hub", *place)
 
 
-def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
-    """One spec per shard, each with its slice; non-trainable state lives on shard 0."""
-    empty = np.zeros(0, dtype=np.float32)
-    return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
-                    non_trainable=base.non_trainable if i == 0 else empty)
-            for i, (lo, hi) in enumerate(shard_bounds(params.size, num_shards))]
-
-
-class ClusterBackend(Backend):
-    """Hubs as threads on dedicated engines; one worker task per worker engine.
+class ClusterBackend(EngineBackend, Backend):
+    """Hub shards on dedicated engines; one worker task per worker engine.
 
     An async run survives a worker engine that dies: `failure()` skips it and `newly_lost()`
     reports it once, so the Run can tell the hub and go on with the others. A worker added
-    mid-run (`add_workers`) that fails is written off the same way, whatever the cause: an
-    engine that joined must not end a run that was going well without it."""
+    mid-run (`add_workers`) that fails is written off the same way, whatever the cause."""
 
     survives_worker_loss = True
-    cluster: Cluster  # the Run registers with it, so Cluster.stop() ends the run first
 
     def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None, pin: bool = False,
                  spin: bool = False):
-        self.cluster, self.pin, self.spin = cluster, pin, spin
-        hosts = cluster.engine_hosts()
-        self.roles = assign_roles(hosts, num_servers, num_workers)
-        self.hosts = hosts
-        self.nets = cluster.engine_networks((*self.roles.servers, *self.roles.workers))
-        self.cores = cores_per_host((hosts[e], net.cores) for e, net in self.nets.items())
-        self.kernel_net = cluster.kernel_network()
+        super().__init__(cluster, num_servers, num_workers, pin, spin)
         # each hub binds its own engine's interface towards the workers and this kernel
         peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
         self.bind_hosts = {s: hub_address(self.nets[s], peers) for s in self.roles.servers}
-        self._tasks: dict[int, object] = {}
-        self.worker_engines = list(self.roles.workers)  # worker id -> engine; add_workers appends
         self.seen_engines = set(cluster.client.ids)  # --elastic adds only engines that join later
         self._base: WorkerSpec | None = None
         self._adding = threading.Lock()
         self._run_id = ""
-        self.lost: dict[int, str] = {}  # worker -> why its engine is gone
-        self._reported: set[int] = set()
-
-    @property
-    def num_workers(self) -> int:
-        return len(self.roles.workers)
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
         from nbdist.hub.launch import start_hub
@@ -101,7 +69,8 @@ class ClusterBackend(Backend):
         pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt,
                                                             spin_s=self._spin(e, HUB_SPIN_S)))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
-        endpoints = [_get(ar, e) for e, ar in zip(self.roles.servers, pending, strict=True)]
+        endpoints = [get_started(ar, e, "starting a hub shard")
+                     for e, ar in zip(self.roles.servers, pending, strict=True)]
         for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
             address, port = ep["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
             check_reachable(address, int(port), f"hub shard {shard} (engine {e})", self.hosts[e])
@@ -116,7 +85,7 @@ class ClusterBackend(Backend):
             spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
                            threads=self._threads(e, per_host[self.hosts[e]]),
                            pin=self._place(e, self.roles.workers), spin_s=self._spin(e, WORKER_SPIN_S))
-            self._tasks[i] = self.cluster.client[e].apply_async(run_worker, spec)
+            self._launch(i, e, run_worker, spec)
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
         """Start workers on `engines` while the run trains, with the next worker ids (M, M+1,
@@ -140,41 +109,9 @@ class ClusterBackend(Backend):
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
                 spec = replace(self._base, worker=worker, engine=e, local_rank=here - 1,
                                threads=self._threads(e, here), spin_s=self._spin(e, WORKER_SPIN_S))
-                self._tasks[worker] = self.cluster.client[e].apply_async(run_worker, spec)
+                self._launch(worker, e, run_worker, spec)
                 added.append(worker)
             return added
-
-    def _threads(self, engine: int, workers_here: int) -> int:
-        """TensorFlow threads for a worker: the cores its host's hub shards leave, shared."""
-        from nbdist.cluster.affinity import worker_threads
-
-        hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
-        return worker_threads(self.host_cores(engine), hubs, workers_here)
-
-    def host_cores(self, engine: int) -> int:
-        """How many cores the engines on `engine`'s host may use (affinity.cores_per_host); this
-        kernel's count where the engine could not tell."""
-        return self.cores.get(self.hosts[engine]) or os.cpu_count() or 1
-
-    def _spin(self, engine: int, budget_s: float) -> float:
-        """How long a hub or worker on `engine` polls before it sleeps: `budget_s` under --spin
-        auto where the host has hubs and workers and leaves each hub a core
-        (nbdist.cluster.affinity.may_spin, on the host's cores as `_threads`), else 0. A worker
-        added mid-run counts with the others, but the hubs keep what they were started with."""
-        host = self.hosts[engine]
-        hubs = sum(self.hosts[s] == host for s in self.roles.servers)
-        workers = sum(self.hosts[w] == host for w in self.worker_engines)
-        return budget_s if self.spin and may_spin(self.host_cores(engine), hubs, workers) else 0.0
-
-    def _place(self, engine: int, same_role: list[int]) -> tuple[int, int, int] | None:
-        """(index among `same_role` on its host, hubs there, workers there) for --pin auto."""
-        if not self.pin:
-            return None
-        host = self.hosts[engine]
-        on_host = [e for e in same_role if self.hosts[e] == host]
-        hubs = sum(self.hosts[e] == host for e in self.roles.servers)
-        workers = sum(self.hosts[e] == host for e in self.roles.workers)
-        return on_host.index(engine), hubs, workers
 
     def joined_engines(self) -> list[int]:
         """Engines that joined the cluster since the run started (or since the last call)."""
@@ -227,6 +164,10 @@ class ClusterBackend(Backend):
         """The trained flat parameters and non-trainable state (from the hub shards)."""
         return control.params()
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The hub shards' weights now, while the workers train."""
+        return control.params()
+
     def checkpoint_state(self, control, final: bool) -> list:
         """Every hub shard's state, for a checkpoint (nbdist.checkpoint.store)."""
         return control.state()
@@ -237,37 +178,11 @@ class ClusterBackend(Backend):
         return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e, "spin_s": ep.get("spin_s", 0.0)}
                 for i, (ep, e) in enumerate(zip(endpoints, self.roles.servers, strict=True))]
 
-    def failure(self) -> Exception | None:
-        """The first worker that raised, as an nbdist exception naming its engine."""
-        for i, ar in list(self._tasks.items()):
-            if i in self.lost or not ar.ready() or ar.successful():
-                continue
-            error = _get_error(ar, self.worker_engines[i])
-            added = i >= len(self.roles.workers)
-            if not (added or self.survives_worker_loss and _engine_died(ar)):
-                return error
-            self.lost[i] = str(error)
-        return None
-
-    def engines_died(self) -> list[int]:
-        """Workers whose task failed because their engine process went away."""
-        return [i for i, ar in list(self._tasks.items()) if ar.ready() and _engine_died(ar)]
-
-    def newly_lost(self) -> list[tuple[int, str]]:
-        """Workers whose engine died since the last call (found by `failure()`)."""
-        new = [(i, why) for i, why in self.lost.items() if i not in self._reported]
-        self._reported.update(i for i, _ in new)
-        return new
-
-    def workers_running(self) -> bool:
-        return any(not ar.ready() for ar in list(self._tasks.values()))
-
     def finish(self, timeout: float) -> None:
-        """Wait for worker tasks, then join the hub threads."""
+        """Wait for the worker tasks, then join the hub shards."""
         from nbdist.hub.launch import join_hub
 
-        for ar in list(self._tasks.values()):
-            ar.wait(timeout)
+        self._wait_workers(timeout)
         client = self.cluster.client
         for shard, e in enumerate(self.roles.servers):
             try:
@@ -276,45 +191,3 @@ class ClusterBackend(Backend):
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 
-
-def _get(ar, engine: int):
-    try:
-        return get_within(ar, engine, "starting a hub shard")
-    except EngineTimeoutError:
-        raise
-    except Exception as exc:
-        raise _as_nbdist(exc, engine) from None
-
-
-def _get_error(ar, engine: int) -> Exception:
-    try:
-        ar.get(0)
-    except Exception as exc:  # noqa: BLE001
-        return _as_nbdist(exc, engine)
-    return RemoteCellError(f"engine {engine} failed without an error")
-
-
-def _engine_died(ar) -> bool:
-    """Whether a failed task failed because its engine process went away (killed, crashed),
-    as ipyparallel reports it, rather than because the code raised."""
-    try:
-        ar.get(0)
-    except Exception as exc:  # noqa: BLE001
-        return getattr(exc, "ename", type(exc).__name__) == "EngineError"
-    return False
-
-
-def _as_nbdist(exc: Exception, engine: int) -> Exception:
-    """An ipyparallel RemoteError -> the nbdist exception raised there, or RemoteCellError."""
-    import nbdist.errors as errors
-
-    ename = getattr(exc, "ename", type(exc).__name__)
-    evalue = getattr(exc, "evalue", str(exc))
-    remote_tb = getattr(exc, "traceback", "") or ""
-    if isinstance(exc, NbdistError):
-        return exc
-    cls = getattr(errors, ename, None)
-    if isinstance(cls, type) and issubclass(cls, NbdistError) and cls is not RemoteCellError:
-        return cls(f"[engine {engine}] {evalue}")
-    return RemoteCellError(f"The cell raised {ename} on engine {engine}: {evalue}",
-                           engine_id=engine, remote_traceback=remote_tb)

@@ -1,5 +1,4 @@
-"""Hub shards and one worker as threads in this kernel (`--mode local`); sync mode also
-runs its metrics hub this way."""
+"""Hub shards and one worker as threads in this kernel (`--mode local`)."""
 
 from __future__ import annotations
 
@@ -9,8 +8,9 @@ from dataclasses import replace
 import numpy as np
 
 from nbdist.errors import ConfigError
-from nbdist.hub.server import Hub, HubSpec
-from nbdist.modes.async_ps.worker import WorkerSpec, run_worker
+from nbdist.hub.server import HubSpec
+from nbdist.modes.common.kernel_hub import KernelHubs
+from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
 
@@ -23,17 +23,12 @@ class LocalBackend(Backend):
 
     def __init__(self, namespace: dict):
         self.namespace = namespace
-        self._threads: list[threading.Thread] = []
+        self._hubs = KernelHubs()
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
-        hubs = [Hub(s) for s in specs]
-        for hub in hubs:
-            t = threading.Thread(target=hub.serve, daemon=True, name=f"nbdist-hub-{hub.spec.shard}")
-            t.start()
-            self._threads.append(t)
-        return [h.endpoints for h in hubs]
+        return self._hubs.start(specs)
 
     def start_workers(self, base: WorkerSpec) -> None:
         def work() -> None:
@@ -51,6 +46,10 @@ class LocalBackend(Backend):
                 for i, ep in enumerate(endpoints)]
 
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return control.params()
+
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The hub shards' weights now, while the worker trains."""
         return control.params()
 
     def checkpoint_state(self, control, final: bool) -> list:
@@ -76,5 +75,4 @@ class LocalBackend(Backend):
     def finish(self, timeout: float) -> None:
         if self._worker is not None:
             self._worker.join(timeout)
-        for t in self._threads:
-            t.join(timeout)
+        self._hubs.join(timeout)

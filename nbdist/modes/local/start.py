@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from nbdist.job import Job
-from nbdist.modes.async_ps.worker import WorkerSpec
-from nbdist.modes.launch import prepare_checkpoint_dir, start_through_hubs
+from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
+from nbdist.modes.common.worker import WorkerSpec
 from nbdist.modes.local.backend import LocalBackend
 from nbdist.run.handle import Run
 

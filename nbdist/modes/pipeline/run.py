@@ -43,7 +43,7 @@ class PipelineRun(Run):
         self._partition = frame
 
     def _pipeline_info(self) -> dict:
-        control = self._control
+        control = self.state.control
         return control.pipeline() if control is not None and hasattr(control, "pipeline") else {}
 
     @property

@@ -3,8 +3,9 @@ in-process tests), and a control that collects their signed reports into the sna
 `Run` polls (history, validation, per-stage nodes, the micro-batch timings of each step).
 
 It stands where the hub's HubControl and the async backends stand, so the Run's monitor
-drives a pipeline run the same way: `failure()` names a failed stage and its engine, a stop
-lets stage 0 finish its mini-batch and tell the others, an abort ends every stage at once.
+drives a pipeline run the same way: `start_workers` prepares and starts the stages,
+`failure()` names a failed stage and its engine, a stop lets stage 0 finish its mini-batch and
+tell the others, an abort ends every stage at once.
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ import threading
 import time
 from collections import deque
 
-from nbdist.errors import ConfigError, TrainingError
+import numpy as np
+
+from nbdist.errors import ConfigError, NbdistError, TrainingError
 from nbdist.run.backend import Backend
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
@@ -134,16 +137,51 @@ class PipelineControl:
 
 
 class PipelineBackend(Backend):
-    """The stage tasks of one run: on engines (`cluster` given) or as threads of this kernel."""
+    """The stage tasks of one run: on engines (`cluster` given) or as threads of this kernel
+    (`namespace`: the kernel's, where the cell already ran)."""
 
     num_workers: int
     cluster: object | None
 
-    def __init__(self, cluster, engines: list, graph, model):
+    def __init__(self, cluster, engines: list, graph, model, namespace: dict,
+                 control: PipelineControl):
         self.cluster, self.engines, self.graph, self.model = cluster, engines, graph, model
+        self.namespace, self.control = namespace, control
         self.tasks: list = []
-        self.control: PipelineControl | None = None
         self.num_workers = len(engines)
+        control.tasks_done = self.tasks_done
+
+    def start_hubs(self, specs: list) -> list[dict]:
+        raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): its "
+                            "stages report to the kernel's link. Start the stages with "
+                            "start_workers().")
+
+    def start_workers(self, base: list) -> None:
+        """Prepare every stage of `base` (one StageSpec each: it runs the cell and binds its
+        socket), then start each one connected to its neighbours. A failed start discards the
+        stages it prepared."""
+        specs = base
+        from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
+
+        extra = {} if self.cluster is not None else {"namespace": self.namespace}
+        link = self.control.link
+        try:
+            pending = [self.call(s, prepare_stage, spec, **extra) for s, spec in enumerate(specs)]
+            endpoints = [_started(p, s, self.engines[s], spec.timeout)
+                         for s, (p, spec) in enumerate(zip(pending, specs, strict=True))]
+            last = len(specs) - 1
+            for s, spec in enumerate(specs):
+                neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n <= last}
+                self.tasks.append(self.call(s, run_stage, spec.run_id, s, neighbours,
+                                            link.report_endpoint, link.control_endpoint))
+        except BaseException:
+            if not self.tasks:  # prepared stages hold bound sockets: free them
+                for s, spec in enumerate(specs):
+                    self.call(s, discard_stage, spec.run_id, s)
+            raise
+
+    def hub_places(self, endpoints: list[dict]) -> list[dict]:
+        return []  # no hub: the stages report to the kernel
 
     def call(self, stage: int, fn, *args, **kwargs):
         """Run `fn` for `stage`: an ipyparallel AsyncResult, or a thread's future."""
@@ -185,6 +223,19 @@ class PipelineBackend(Backend):
     def workers_running(self) -> bool:
         return any(not t.ready() for t in self.tasks)
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The stages' weights now: in this kernel they train the kernel's own layers; on
+        engines they cannot be asked while they train, so this refuses, saying so."""
+        from nbdist.engine.flatmodel import read_flat
+
+        if self.cluster is None:
+            return read_flat(self.model)
+        raise ConfigError(
+            f"--mode pipeline cannot hand out its weights while it trains (Received: a request for "
+            f"the current weights of stages on engines {self.engines}): each stage holds its own "
+            "part of the model on its engine, which runs nothing else until the stage ends. Read "
+            "them when the run has ended (run.model), or train with --mode async, local or sync.")
+
     def final_params(self, control):
         from nbdist.engine.flatmodel import read_flat
 
@@ -215,6 +266,17 @@ class PipelineBackend(Backend):
                 task.wait(max(0.0, deadline - time.monotonic()))
             except Exception:  # noqa: BLE001, S110 - clean-up: a dead engine's task is already failed
                 pass
+
+
+def _started(pending, stage: int, engine: int, timeout: float):
+    """The endpoint a prepared stage returned, or a TrainingError naming the stage."""
+    try:
+        return pending.get(max(60.0, timeout))
+    except Exception as exc:
+        if isinstance(exc, NbdistError):
+            raise
+        raise TrainingError(f"Pipeline stage {stage} could not start on engine {engine}: "
+                            f"{type(exc).__name__}: {exc}") from None
 
 
 class _Future:

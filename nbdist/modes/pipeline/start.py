@@ -35,7 +35,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
     from nbdist.modes.pipeline.run import PipelineRun, partition_frame
     from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
-    from nbdist.modes.pipeline.stage import StageSpec, discard_stage, prepare_stage, run_stage
+    from nbdist.modes.pipeline.stage import StageSpec
 
     if cluster is None and not in_process:
         raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no cluster. "
@@ -98,9 +98,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                         encrypt=encrypt)
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
-    backend = PipelineBackend(cluster, engines, graph, model)
-    backend.control = control
-    control.tasks_done = backend.tasks_done
+    backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
     try:
         specs = [StageSpec(run_id=run_id, key=key, stage=s, stages=stages, bounds=chosen.bounds[s],
                            micro_batches=micro, schedule=config.schedule, batch_size=config.batch_size,
@@ -112,19 +110,10 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            own_optimizer=cluster is not None, transport=str(config.transport), encrypt=encrypt,
                            local_rank=local_ranks[s])
                  for s in range(stages)]
-        pending = [backend.call(s, prepare_stage, specs[s], **({} if cluster else {"namespace": namespace}))
-                   for s in range(stages)]
-        endpoints = [_get(p, s, engines[s], config.timeout) for s, p in enumerate(pending)]
-        for s in range(stages):
-            neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n < stages}
-            backend.tasks.append(backend.call(s, run_stage, run_id, s, neighbours,
-                                              kernel.report_endpoint, kernel.control_endpoint))
+        backend.start_workers(specs)
     except BaseException:
         control.failed = True
         control.close()
-        if not backend.tasks:  # prepared stages hold bound sockets: free them
-            for s in range(stages):
-                backend.call(s, discard_stage, run_id, s)
         raise
     run = PipelineRun(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
     run.profile = pd.DataFrame(layers)
@@ -135,7 +124,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
              f"(predicted slowest stage {chosen.slowest * 1e3:.2f} ms per micro-batch; optimal "
              f"{alternatives['optimal'].slowest * 1e3:.2f} ms), --schedule {config.schedule}, "
              f"{micro} micro-batches of {micro_size}")
-    run._begin(backend, control, run_id)  # noqa: SLF001
+    run.begin(backend, control, run_id)
     if wait:
         run.wait()
     return run
@@ -145,18 +134,6 @@ def _portable(pushed: dict) -> dict:
     from nbdist.engine.run_cell import portable
 
     return portable(pushed)
-
-
-def _get(pending, stage: int, engine: int, timeout: float):
-    try:
-        return pending.get(max(60.0, timeout))
-    except Exception as exc:
-        from nbdist.errors import NbdistError, TrainingError
-
-        if isinstance(exc, NbdistError):
-            raise
-        raise TrainingError(f"Pipeline stage {stage} could not start on engine {engine}: "
-                            f"{type(exc).__name__}: {exc}") from None
 
 
 def _stage_threads(nets: dict | None, engines: list) -> list[int]:

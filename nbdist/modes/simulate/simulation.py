@@ -56,7 +56,8 @@ class Simulation:
     """One simulated run. `run()` (in a thread) plays it; the Run polls it like a hub."""
 
     def __init__(self, plan: Plan, rule_options: dict, flat, data, validation, params: np.ndarray,
-                 non_trainable: np.ndarray, options: SimOptions, seed: int, optimizer: dict | None = None):
+                 non_trainable: np.ndarray, options: SimOptions, seed: int, optimizer: dict | None = None,
+                 constraints: list[dict] | tuple = ()):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
@@ -66,10 +67,11 @@ class Simulation:
         self.flat, (self.x, self.y), self.validation = flat, data, validation
         n = plan.num_workers
         self.now = 0.0
-        # the hub's own shard (`optimizer`: the cell's, as `choose_optimizer` gives it), on virtual time
+        # the hub's own shard (`optimizer` and `constraints`: the cell's, as `choose_optimizer`
+        # and `choose_constraints` give them), on virtual time
         self.core = ShardCore(plan, np.array(params, dtype=np.float32, copy=True), non_trainable,
                               now=lambda: self.now, rule_options=rule_options, optimizer=optimizer,
-                              sync=self.sync)
+                              constraints=constraints, sync=self.sync)
         self.coordinator = self.core.coordinator
         self.cost = options.cost
         self.jitter = Jitter(options.jitter, seed, n)

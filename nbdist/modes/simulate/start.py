@@ -12,9 +12,9 @@ import numpy as np
 
 from nbdist.core.simclock import sim_options
 from nbdist.engine.data import as_float32
-from nbdist.errors import CheckpointError, ConfigError, DataError
+from nbdist.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nbdist.job import Job
-from nbdist.modes.launch import begin_run
+from nbdist.modes.common.launch import begin_run
 from nbdist.modes.simulate.simulation import Simulation
 from nbdist.run.backend import Backend
 from nbdist.run.handle import Run
@@ -48,14 +48,14 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     options = sim_options(config.sim)
     simulation = Simulation(job.plan, job.rule_options, flat_model(job.model, job.layout), (as_float32(x), y),
                             contents.validation_arrays, job.params, job.non_trainable, options,
-                            config.seed, job.optimizer)
+                            config.seed, job.optimizer, job.constraints)
     if options.calibrate:
         from nbdist.modes.simulate.calibrate import describe
 
         simulation.calibrate(config.batch_size, cluster)
         job = replace(job, contents=replace(contents, notes=[*contents.notes, describe(simulation.calibration)]))
     backend = SimBackend(simulation)
-    backend.start()
+    backend.start_workers(None)
     return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
 
 
@@ -70,10 +70,23 @@ class SimBackend(Backend):
         self.num_workers = simulation.plan.num_workers
         self._thread = threading.Thread(target=simulation.run, daemon=True, name="nbdist-simulation")
 
-    def start(self) -> None:
+    def start_hubs(self, specs: list) -> list[dict]:
+        raise TrainingError(f"A simulated run has no hub process to start (Received: "
+                            f"{len(specs)} hub spec(s)): the simulation drives the shards' logic "
+                            "itself. Start it with start_workers().")
+
+    def start_workers(self, base=None) -> None:
+        """Start the simulation (its virtual workers and hub) on a thread of this kernel."""
         self._thread.start()
 
+    def hub_places(self, endpoints: list[dict]) -> list[dict]:
+        return []  # the virtual hub is no process
+
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
+        return self.simulation.params_now()
+
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """The simulation's weights now (at its virtual clock's latest step)."""
         return self.simulation.params_now()
 
     def checkpoint_state(self, control, final: bool) -> list:

@@ -4,9 +4,11 @@
 the run's key (`nbdist.modes.sync.rendezvous`; bound to loopback for a local cluster), assigns
 ranks with Horovod's `get_host_assignments`, gives every worker engine its `HOROVOD_*`
 variables, checks every rank's network before any starts (`nbdist.modes.sync.network`), and
-starts one rank per engine (`nbdist.modes.sync.rank`). A hub in its metrics-and-control role
-(no parameters) runs as a thread in this kernel, CurveZMQ with the cluster's --encrypt. Only
-this module and the rank's import Horovod.
+starts one rank per engine (`nbdist.modes.sync.rank`), placed and watched as every engine
+backend's workers are (nbdist/modes/common/engine_backend.py). A hub in its
+metrics-and-control role (no parameters) runs as a thread in this kernel
+(nbdist/modes/common/kernel_hub.py), CurveZMQ with the cluster's --encrypt. Only this module
+and the rank's import Horovod.
 """
 
 from __future__ import annotations
@@ -19,8 +21,11 @@ import numpy as np
 from nbdist.cluster.engines import get_within
 from nbdist.cluster.netaddr import kernel_address
 from nbdist.errors import ConfigError, DependencyError, UnreachableHostError, WorkersLostError
-from nbdist.modes.async_ps.backend import ClusterBackend
+from nbdist.hub.server import HubSpec
+from nbdist.modes.common.engine_backend import EngineBackend
+from nbdist.modes.common.kernel_hub import KernelHubs
 from nbdist.modes.sync.rank import SyncSpec, run_sync_worker
+from nbdist.run.backend import Backend
 
 GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
 
@@ -68,8 +73,9 @@ def plaintext_note(encrypt: bool, rank_hosts: list[str]) -> str | None:
             "sync runs on a trusted network (or one encrypted below nbdist, e.g. WireGuard).")
 
 
-class SyncBackend(ClusterBackend):
-    """Horovod ranks on worker engines; rendezvous and the metrics hub in this kernel."""
+class SyncBackend(EngineBackend, Backend):
+    """Horovod ranks on worker engines (no engine holds a hub); rendezvous and the metrics hub
+    in this kernel. Rank r is worker r, on `worker_engines[r]`."""
 
     survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
 
@@ -80,17 +86,15 @@ class SyncBackend(ClusterBackend):
         # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
         # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
         self._rendezvous = None
-        self._local_hub = None
+        self._hubs = KernelHubs()
         self.checkpoint_dir = checkpoint_dir
         self.results: dict[int, dict] = {}
 
-    def start_hubs(self, specs):
-        from nbdist.modes.local.backend import LocalBackend
-
-        self._local_hub = LocalBackend({})
-        encrypt = bool(getattr(self.cluster, "encrypt", False))  # %nbdist start/connect --encrypt
-        return self._local_hub.start_hubs([replace(s, bind_host=self._kernel_bind_host(), encrypt=encrypt)
-                                           for s in specs])
+    def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
+        """The metrics hub (one shard, no parameters) on a thread of this kernel; CurveZMQ with
+        the cluster's --encrypt (%nbdist start/connect)."""
+        encrypt = bool(getattr(self.cluster, "encrypt", False))
+        return self._hubs.start([replace(s, bind_host=self._kernel_bind_host(), encrypt=encrypt) for s in specs])
 
     def _kernel_bind_host(self) -> str:
         """This kernel's address towards the ranks (from routes; loopback if all are local)."""
@@ -115,9 +119,9 @@ class SyncBackend(ClusterBackend):
                          name="nbdist-horovod-rendezvous").start()
         port = self._rendezvous.server_address[1]
         next_on_host = {h: iter(es) for h, es in hosts.items()}
+        self.worker_engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
         specs = []
-        for slot in plan:  # rank order
-            engine = next(next_on_host[slot.hostname])
+        for slot, engine in zip(plan, self.worker_engines, strict=True):
             env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
                    "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
                    "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
@@ -136,7 +140,7 @@ class SyncBackend(ClusterBackend):
             self._close_rendezvous()
             raise
         for spec in specs:
-            self._tasks[spec.worker] = self.cluster.client[spec.engine].apply_async(run_sync_worker, spec)
+            self._launch(spec.worker, spec.engine, run_sync_worker, spec)
 
     def _close_rendezvous(self) -> None:
         if self._rendezvous is not None:
@@ -159,8 +163,9 @@ class SyncBackend(ClusterBackend):
         where = (f"nbdist.resume({self.checkpoint_dir!r}, cluster=...) (or %%distribute --resume "
                  f"{self.checkpoint_dir}) continues from the last checkpoint"
                  if self.checkpoint_dir else "start the run again (with --checkpoint-dir to be able to resume)")
+        engine = self.worker_engines[dead[0]]
         return WorkersLostError(
-            f"Rank {dead[0]}'s engine ({self.roles.workers[dead[0]]}) died during a --mode sync run. "
+            f"Rank {dead[0]}'s engine ({engine}) died during a --mode sync run. "
             "An allreduce needs every rank, so the run failed. Restart the engines "
             f"(%nbdist stop, %nbdist start N), then {where}.")
 
@@ -173,15 +178,27 @@ class SyncBackend(ClusterBackend):
                           f"run.add_workers({list(engines)})). Start the run with more --workers, or "
                           "use --mode async to add workers while it trains.")
 
+    def joined_engines(self) -> list[int]:
+        return []  # the ranks are fixed: engines that join are not taken in
+
+    def newly_lost(self) -> list[tuple[int, str]]:
+        return []  # a lost rank fails the run (`failure`), it is never written off
+
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights (every rank holds the same)."""
         result = self._tasks[0].get(60)
         self.results = {i: ar.get(60) for i, ar in self._tasks.items()}
         return result["params"], result["non_trainable"]
 
+    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
+        """Rank 0's weights now: it sends its state between two steps when asked, as for a
+        checkpoint (nbdist.checkpoint.sync_state)."""
+        from nbdist.checkpoint.sync_state import fresh_state
+
+        (_header, (params, non_trainable, _slots)), = fresh_state(control, final=False)
+        return params, non_trainable
+
     def finish(self, timeout: float) -> None:
-        for ar in self._tasks.values():
-            ar.wait(timeout)
-        if self._local_hub is not None:
-            self._local_hub.finish(timeout)
+        self._wait_workers(timeout)
+        self._hubs.join(timeout)
         self._close_rendezvous()

@@ -25,7 +25,7 @@ import numpy as np
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
-from nbdist.modes.async_ps.worker import WorkerSpec, pin_worker
+from nbdist.modes.common.worker import WorkerSpec, pin_worker
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
 

@@ -4,7 +4,7 @@ in this kernel."""
 from __future__ import annotations
 
 from nbdist.job import Job, cell_rate
-from nbdist.modes.launch import prepare_checkpoint_dir, start_through_hubs
+from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
 from nbdist.modes.sync.backend import SyncBackend, plaintext_note
 from nbdist.modes.sync.rank import SyncSpec
 from nbdist.run.handle import Run

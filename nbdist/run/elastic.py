@@ -14,7 +14,9 @@ Responsible for:
 - `--elastic`: the run's monitor thread adds engines that register with the cluster while the
   run trains (`client.ids` grew). A failure there becomes a warning, never a failed run.
 
-Kernel side only; the hub's part is in nbdist/hub/server.py (`_control`) and nbdist/core/coordinator.py.
+Kernel side only, through the `Backend` protocol (the async backend starts the workers:
+nbdist/modes/async_ps/backend.py); the hub's part is in nbdist/hub/server.py (`_control`) and
+nbdist/core/coordinator.py.
 """
 
 from __future__ import annotations
@@ -35,8 +37,8 @@ def add_workers(run, engines) -> list[int]:
             f"--mode {mode} run). A sync run's Horovod ranks, a local run's thread and a simulated "
             "run's virtual workers are fixed when it starts. Start the run with --mode async to "
             "add workers while it trains, or start it with more --workers.")
-    backend, control = run._backend, run._control  # noqa: SLF001
-    if run.done or control is None or backend is None:
+    backend, control = run.state.backend, run.state.control
+    if run.done() or control is None or backend is None:
         raise TrainingError(f"The run is {run.status}, so it takes no new workers (Received: "
                             f"run.add_workers({list(engines)})). Start a new run with more "
                             "--workers, or with --elastic to take in engines as they join.")
@@ -47,13 +49,14 @@ def add_workers(run, engines) -> list[int]:
 def admit_joined(run) -> list[int]:
     """--elastic: add the engines that joined the cluster since the last look (called by the
     run's monitor thread on every poll). Returns the new worker ids."""
-    joined = run._backend.joined_engines()  # noqa: SLF001
+    joined = run.state.backend.joined_engines()
     if not joined:
         return []
     try:
         workers = add_workers(run, joined)
     except NbdistError as exc:  # e.g. the run is ending, or the host cannot reach the hub
-        note = f"--elastic: engine(s) {joined} joined the cluster but were not added: {str(exc).splitlines()[0]}"
+        note = (f"--elastic: engine(s) {joined} joined the cluster but were not added: "
+                f"{str(exc).splitlines()[0]}")
         log.warning("run %s: %s", run.run_id, note)
         run.warnings.append(note)
         return []

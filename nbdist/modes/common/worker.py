@@ -1,6 +1,7 @@
-"""The engine side of an asynchronous run: execute the cell, then pull -> compute -> push.
+"""The worker of a run through the hub: execute the cell, then pull -> compute -> push.
 
-`run_worker(spec)` is what the kernel sends to each worker engine. It runs the user's cell
+`run_worker(spec)` is what the kernel sends to each worker engine (`--mode async`), or runs
+on a thread of its own (`--mode local`, on the kernel's namespace). It runs the user's cell
 (`nbdist.engine.run_cell`, as every mode does), checks that the model has the same variables
 as the kernel's, and trains on the chunks the hub hands out
 until the hub says it is done. Control (pause, stop, learning rate) arrives on every reply.
@@ -19,8 +20,8 @@ from nbdist.core.schedule import Chunk
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
 from nbdist.errors import CellError
-from nbdist.modes.async_ps.courier import Courier, WayChooser
-from nbdist.modes.async_ps.courier import wanted as courier_wanted
+from nbdist.modes.common.courier import Courier, WayChooser
+from nbdist.modes.common.courier import wanted as courier_wanted
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again

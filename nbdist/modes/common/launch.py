@@ -1,6 +1,7 @@
-"""What every mode's `start` shares once its backend exists: start the hub shards and the
+"""What the modes' `start`s share once their backend exists: start the hub shards and the
 workers from a `Job` (async, local and sync modes), and hand the running job to a `Run`
-(all modes). Kernel side; it only reads the job."""
+(`begin_run`; pipeline builds its own Run and calls `Run.begin`). Kernel side; it only reads
+the job."""
 
 from __future__ import annotations
 
@@ -12,10 +13,10 @@ import numpy as np
 
 from nbdist.engine.run_cell import portable
 from nbdist.hub.client import HubControl
-from nbdist.hub.protocol import new_key
+from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import HubSpec
 from nbdist.job import Job
-from nbdist.modes.async_ps.backend import hub_specs
+from nbdist.run.backend import Backend
 from nbdist.run.handle import Run
 
 
@@ -27,7 +28,20 @@ def prepare_checkpoint_dir(job: Job) -> None:
         prepare_dir(job.config.checkpoint_dir)
 
 
-def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], object], *, wait: bool,
+def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
+    """One spec per shard, each with its slice (no constrained variable cut); non-trainable
+    state lives on shard 0."""
+    from nbdist.algorithms.constraints import constrained_ranges
+
+    empty = np.zeros(0, dtype=np.float32)
+    bounds = shard_bounds(params.size, num_shards, whole=constrained_ranges(base.constraints))
+    return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
+                    non_trainable=base.non_trainable if i == 0 else empty)
+            for i, (lo, hi) in enumerate(bounds)]
+
+
+def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[dict], object], *,
+                       wait: bool,
                        shards: int, hub_params: np.ndarray, extra_bytes: int = 0,
                        preloaded: tuple | None = None) -> Run:
     """Start `shards` hub shards holding `hub_params` (restored from the job's checkpoint when
@@ -37,7 +51,7 @@ def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], obj
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=job.plan,
                    params=job.params, non_trainable=job.non_trainable, rule_options=job.rule_options,
-                   local_steps=config.local_steps, optimizer=job.optimizer,
+                   local_steps=config.local_steps, optimizer=job.optimizer, constraints=job.constraints,
                    idle_timeout=config.timeout, extra_bytes=extra_bytes)
     specs = hub_specs(base, hub_params, shards)
     if job.checkpoint is not None:
@@ -62,13 +76,12 @@ def start_through_hubs(job: Job, backend, make_worker_spec: Callable[[dict], obj
     return begin_run(job, backend, control, run_id, wait=wait, hubs=backend.hub_places(endpoints))
 
 
-def begin_run(job: Job, backend, control, run_id: str, *, wait: bool, hubs: list[dict] | None = None) -> Run:
+def begin_run(job: Job, backend: Backend, control, run_id: str, *, wait: bool,
+              hubs: list[dict] | None = None) -> Run:
     """The Run of a job whose hubs (or simulation) and workers have started; it waits for the
     end when `wait`."""
     run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)
-    run._checkpoint_info = job.checkpoint_info(run_id)  # noqa: SLF001 - what every checkpoint of this run records
-    run.hubs = list(hubs or [])
-    run._begin(backend, control, run_id)  # noqa: SLF001
+    run.begin(backend, control, run_id, hubs=hubs, checkpoint_info=job.checkpoint_info(run_id))
     if wait:
         run.wait()
     return run

@@ -1,0 +1,60 @@
+"""Everything one run knows, in one object: `RunState`.
+
+The Run's parts share it: the handle (`handle.py`) owns it and shows parts of it as public
+attributes, the views (`views.py`) read what the monitor fetched, the controls (`control.py`)
+use the backend and the control line, and the monitor thread (`monitor.py`) fills it in.
+A mode's start hands its running job over with `Run.begin`; nothing else sets it from outside.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from nbdist.core.traffic import TrafficRates
+from nbdist.run.backend import Backend
+
+
+@dataclass(eq=False)
+class RunState:
+    """One run's state. `control` is what the monitor polls and the controls send to: the hub's
+    `HubControl`, a `Simulation`, or a pipeline's `PipelineControl`."""
+
+    config: object  # nbdist.config.TrainConfig
+    model: object  # the kernel's model; holds the trained weights at the end
+    model_name: str
+    # how the run trains unlike the cell, or what went wrong without failing it
+    warnings: list[str] = field(default_factory=list)
+    notes: list[dict] = field(default_factory=list)  # choices made before the start (Run.note)
+
+    # -- lifecycle: starting -> running <-> paused -> finished | stopped | failed --------------
+    status: str = "starting"
+    error: BaseException | None = None
+    run_id: str = ""
+    backend: Backend | None = None  # set once, by Run.begin
+    control: object | None = None  # set once, by Run.begin
+    hubs: list[dict] = field(default_factory=list)  # one per hub shard: shard, host, engine, spin_s
+    stop_requested: bool = False
+    ended: threading.Event = field(default_factory=threading.Event)
+    end_lock: threading.Lock = field(default_factory=threading.Lock)  # ended + done_callbacks
+    done_callbacks: list[Callable] = field(default_factory=list)  # called once, after the end
+    listeners: list[Callable] = field(default_factory=list)  # called after each poll (displays)
+
+    # -- what the monitor fetched from the hub ----------------------------------------------------
+    rows: list[list] = field(default_factory=list)  # history rows (HISTORY_COLUMNS)
+    snapshot: dict = field(default_factory=dict)  # the hub's latest statistics
+    timeline: list[dict] = field(default_factory=list)
+    timeline_at: float = 0.0  # monotonic time of the last timeline fetch
+    traffic: TrafficRates = field(default_factory=TrafficRates)  # each worker's bytes/s
+    revision: int = 0  # +1 per stats poll: displays redraw only what changed
+    timeline_revision: int = 0  # +1 per timeline fetch
+    events_seen: int = 0  # hub events already turned into warnings
+
+    # -- checkpoints -----------------------------------------------------------------------------
+    # what every checkpoint of the run records (nbdist.job.Job.checkpoint_info)
+    checkpoint_info: dict = field(default_factory=dict)
+    last_checkpoint: str | None = None  # path of the latest checkpoint written
+    checkpoint_lock: threading.Lock = field(default_factory=threading.Lock)
+    checkpoint_at: float = field(default_factory=time.monotonic)

@@ -1,0 +1,71 @@
+"""Real runs in this process (--mode local and simulate): the Run's Future methods, and the
+backends' `current_weights` while a run trains. The same on a cluster: test_async_cluster.py
+and test_sync_cluster.py; a Run without a hub: tests/unit/test_run_future.py."""
+
+import threading
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.engine.flatmodel import read_flat
+from nbdist.errors import TrainingError
+from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
+
+SEEDED_CELL = SYNTHETIC_CELL.replace("import keras\n",
+                                     "import keras\nkeras.utils.set_random_seed(7)\n")
+
+
+def test_cancel_stops_the_run_and_a_done_callback_runs_once_from_the_monitor_thread():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
+    seen = []
+    run.add_done_callback(
+        lambda r: seen.append((threading.current_thread().name, r.done(), r.status)))
+    assert run.running() and not run.done() and not run.cancelled()
+    assert run.cancel() is True
+    assert run.result(timeout=60) is run and run.exception() is None
+    assert run.cancelled() and not run.running() and run.cancel() is False
+    wait_for(lambda: seen, 30, what="the done callback")  # it runs just after the end is set
+    late = []
+    run.add_done_callback(lambda r: late.append(threading.current_thread().name))
+    assert seen == [(f"nbdist-run-{run.run_id}", True, "stopped")]  # once, after the end
+    assert late == [threading.current_thread().name]  # ended already: at once, here
+
+
+def test_a_failed_run_gives_its_error_to_result_and_exception():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=3, lr=1e30)
+    error = run.exception(timeout=120)
+    assert isinstance(error, TrainingError) and error is run.error
+    with pytest.raises(TrainingError, match=r"became (nan|inf) at step"):
+        run.result()
+    assert run.done() and not run.running() and not run.cancelled()
+
+
+def paused_weights(run) -> tuple:
+    """Pause `run` once it has trained, wait until every worker holds (its step in flight has
+    landed: nothing changes the weights from then on), and read the current weights twice."""
+    wait_for(lambda: global_step(run) >= 20, 120, what="20 steps")
+    run.pause()
+    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"}, 60,
+             what="every worker paused")
+    state = run.state
+    first = state.backend.current_weights(state.control)
+    return first, state.backend.current_weights(state.control)
+
+
+@pytest.mark.parametrize("mode", ["local", "simulate"])
+def test_current_weights_are_the_trained_ones_while_it_trains_and_the_final_ones_when_stopped(mode):
+    start = {}
+    exec(compile(SEEDED_CELL, "<cell>", "exec"), start)  # noqa: S102 - the weights it starts from
+    initial = read_flat(start["model"])[0]
+    ns = {}
+    workers = 2 if mode == "simulate" else None
+    run = nbdist.train(SEEDED_CELL, namespace=ns, mode=mode, workers=workers, epochs=200,
+                       batch_size=8)
+    (params, non_trainable), (again, _) = paused_weights(run)
+    assert params.shape == initial.shape and params.dtype == np.float32 and non_trainable.size == 0
+    assert not np.array_equal(params, initial)  # trained
+    np.testing.assert_array_equal(params, again)  # paused: the same weights
+    run.stop()
+    run.wait(timeout=60)
+    np.testing.assert_array_equal(read_flat(ns["model"])[0], params)  # nothing trained since

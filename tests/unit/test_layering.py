@@ -1,0 +1,161 @@
+"""The layering reads top-down: the modes share only what lies below them, the Run never
+reaches up into a mode, and every mode's backend implements the whole `Backend` protocol."""
+
+import ast
+import inspect
+import pathlib
+
+import numpy as np
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2] / "nbdist"
+MODES_DIR = ROOT / "modes"
+
+
+def imported_modules(source: str) -> set[str]:
+    """Every module `source` imports, at its top or inside a function, as a dotted name."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            found.add(node.module)
+            found.update(f"{node.module}.{a.name}" for a in node.names)
+    return found
+
+
+def mode_package(module: str) -> str | None:
+    """The package under nbdist.modes that `module` is in (`nbdist.modes.sync.rank` -> `sync`)."""
+    parts = module.split(".")
+    return parts[2] if len(parts) > 2 and parts[:2] == ["nbdist", "modes"] else None
+
+
+def mode_packages() -> set[str]:
+    from nbdist.modes import MODES
+
+    return {mode_package(entry.module) for entry in MODES.values()}
+
+
+def test_the_parser_finds_imports_at_the_top_and_inside_functions():
+    import textwrap
+
+    source = textwrap.dedent("""
+        from nbdist.modes.async_ps.backend import ClusterBackend
+        import nbdist.modes.sync.rank
+        def f():
+            from nbdist.modes import local
+    """)
+    packages = {mode_package(m) for m in imported_modules(source)}
+    assert packages == {None, "async_ps", "sync", "local"}
+
+
+def test_every_mode_is_a_package_and_common_is_none_of_them():
+    packages = mode_packages()
+    assert packages == {"async_ps", "local", "sync", "simulate", "pipeline"}
+    assert all((MODES_DIR / p / "__init__.py").is_file() for p in packages)
+    assert "common" not in packages and (MODES_DIR / "common" / "__init__.py").is_file()
+
+
+@pytest.mark.parametrize("package", sorted(mode_packages()) + ["common"])
+def test_no_mode_package_imports_another_and_common_imports_none(package):
+    crossing = {f"{path.relative_to(ROOT.parent)} imports {module}"
+                for path in (MODES_DIR / package).rglob("*.py")
+                for module in imported_modules(path.read_text())
+                if mode_package(module) not in (None, package, "common")}
+    assert crossing == set()
+
+
+def test_nothing_below_the_modes_imports_them_only_the_api_picks_one():
+    """The Run, the hub, the engine side, the core: none imports nbdist.modes (the modes import
+    them). `nbdist.api` looks the mode up in the MODES table."""
+    upward = {f"{path.relative_to(ROOT.parent)} imports {module}"
+              for path in ROOT.rglob("*.py") if MODES_DIR not in path.parents
+              and path != ROOT / "api.py"
+              for module in imported_modules(path.read_text()) if module.startswith("nbdist.modes")}
+    assert upward == set()
+
+
+def backends() -> dict:
+    """Each mode's backend class, by mode."""
+    from nbdist.modes.async_ps.backend import ClusterBackend
+    from nbdist.modes.local.backend import LocalBackend
+    from nbdist.modes.pipeline.runtime import PipelineBackend
+    from nbdist.modes.simulate.start import SimBackend
+    from nbdist.modes.sync.backend import SyncBackend
+
+    return {"async": ClusterBackend, "local": LocalBackend, "sync": SyncBackend,
+            "simulate": SimBackend, "pipeline": PipelineBackend}
+
+
+def test_every_mode_has_a_backend_here():
+    from nbdist.modes import MODES
+
+    assert set(backends()) == set(MODES)
+
+
+def test_the_protocol_lists_what_the_starts_and_the_run_use():
+    from nbdist.run.backend import Backend
+
+    methods = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
+    assert methods >= {"start_hubs", "start_workers", "hub_places", "current_weights", "failure",
+                       "newly_lost", "workers_running", "final_params", "checkpoint_state",
+                       "add_workers", "joined_engines", "finish"}
+    assert set(Backend.__annotations__) == {"num_workers", "cluster"}
+
+
+@pytest.mark.parametrize("mode", sorted(backends()))
+def test_every_backend_implements_the_whole_protocol_itself_with_its_signatures(mode):
+    """Not inherited from the protocol's empty stubs, which would return None silently."""
+    from nbdist.run.backend import Backend
+
+    backend = backends()[mode]
+    assert Backend in backend.__mro__  # says so explicitly
+    methods = [n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")]
+    for name in [*methods, "num_workers", "cluster"]:
+        owner = next((c for c in backend.__mro__
+                      if name in vars(c) or name in getattr(c, "__annotations__", {})), None)
+        assert owner is not None and owner is not Backend, f"{backend.__name__} lacks {name}"
+    for name in methods:
+        want = list(inspect.signature(getattr(Backend, name)).parameters)
+        got = list(inspect.signature(getattr(backend, name)).parameters)
+        assert got == want, f"{backend.__name__}.{name}{got} differs from the protocol's {want}"
+
+
+def test_a_pipeline_on_engines_refuses_current_weights_saying_why_and_in_process_reads_them():
+    from types import SimpleNamespace
+
+    from nbdist.errors import ConfigError
+    from nbdist.modes.pipeline.runtime import PipelineBackend
+
+    control = SimpleNamespace(tasks_done=None)
+    on_engines = PipelineBackend(object(), [1, 2], None, None, {}, control)
+    refusal = (r"cannot hand out its weights while it trains \(Received: .*engines \[1, 2\]\)"
+               r".*run\.model.*--mode async")
+    with pytest.raises(ConfigError, match=refusal):
+        on_engines.current_weights(control)
+    assert control.tasks_done == on_engines.tasks_done  # the control asks the backend's tasks
+
+
+def test_the_hubless_backends_refuse_to_start_hubs_and_place_none():
+    from nbdist.errors import TrainingError
+    from nbdist.modes.pipeline.runtime import PipelineBackend
+    from nbdist.modes.simulate.start import SimBackend
+
+    pipeline = PipelineBackend(None, [0], None, None, {}, type("C", (), {})())
+    simulated = SimBackend.__new__(SimBackend)
+    for backend in (pipeline, simulated):
+        with pytest.raises(TrainingError, match=r"Received: 2 hub spec\(s\).*start_workers\(\)"):
+            backend.start_hubs([object(), object()])
+        assert backend.hub_places([{"tcp": "tcp://127.0.0.1:1"}]) == []
+
+
+def test_the_shared_hub_specs_slice_the_parameters_and_keep_state_on_shard_0():
+    from nbdist.hub.server import HubSpec
+    from nbdist.modes.common.launch import hub_specs
+
+    base = HubSpec(run_id="r", key=b"k" * 32, shard=0, num_shards=1, plan=None,
+                   params=np.zeros(0, np.float32), non_trainable=np.ones(3, np.float32))
+    specs = hub_specs(base, np.arange(5, dtype=np.float32), 2)
+    assert [s.params.tolist() for s in specs] == [[0.0, 1.0], [2.0, 3.0, 4.0]]
+    assert [s.offset for s in specs] == [0, 2] and [s.shard for s in specs] == [0, 1]
+    assert specs[0].non_trainable.tolist() == [1.0, 1.0, 1.0] and specs[1].non_trainable.size == 0
