@@ -93,12 +93,15 @@ class NbdistMagics(Magics):
             raise UsageError(str(exc)) from None
         self.run = run
         self.shell.user_ns[args.output] = run
+        dashboard = None
         if not args.no_dashboard:
             from nbdist.dashboard.widget import show
 
-            show(run, top_k=args.top_k)
-        if args.wait:
-            run.wait()
+            dashboard = show(run, top_k=args.top_k)
+        if args.wait:  # the dashboard and its controls stay live while the cell waits
+            from nbdist.dashboard.live_wait import wait_live
+
+            wait_live(run, dashboard)
 
     def close(self) -> None:
         """Stop the latest run and the cluster we started (a connected one is only released)."""

@@ -12,8 +12,9 @@ Responsible for:
   learning rate, batch policy, regroup, per-worker slow-down, top-k), the slow-down sliders
   following the workers (one more for each worker added mid-run);
 - refreshing them from the kernel's own asyncio loop (a `call_later` chain on the main
-  thread): widgets are only touched by the thread that also handles the clicks, and while a
-  cell blocks the kernel nothing is drawn, so the refresh never competes with user code;
+  thread): widgets are only touched by the thread that also handles the clicks. While a cell
+  blocks that loop waiting for the run (`%%distribute --wait`), `live_wait.wait_live` calls
+  `step` at the same cadence, from the same thread, and passes the clicks on;
 - redrawing only what changed: the node table on every poll, the per-worker series when a
   new timeline arrived (every 2 s), the loss curves at most every `LOSS_EVERY_S`;
 - falling back to a one-line text status where widgets cannot render (plain IPython, a
@@ -114,7 +115,8 @@ def _status_html(run) -> str:
 
 
 class Dashboard:
-    """Plots and controls of one Run, refreshed by the kernel while it is idle.
+    """Plots and controls of one Run, refreshed by the kernel's loop (or by `wait_live` while a
+    cell waits for the run).
 
     Example:
         >>> run = nbdist.train(cell, cluster=cluster, epochs=5)   # doctest: +SKIP
@@ -133,6 +135,7 @@ class Dashboard:
         self._loss_at = -math.inf
         self._handle = None
         self._running = False
+        self._finished = False  # the last redraw after the run's end is done
         self._syncing = False  # True while the dashboard itself sets a control's value
         self.plots = {name: PlotPanel(name=name, height=FIGURE_HEIGHT,
                                        layout={"min_height": f"{FIGURE_HEIGHT}px"})
@@ -211,15 +214,22 @@ class Dashboard:
             asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
 
     def _tick(self) -> None:
+        self.step()
+        if self._running:
+            asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
+
+    def step(self) -> None:
+        """One refresh at the cadence (from the loop's chain, or from `wait_live` while a cell
+        blocks the loop); after the run's end, the last redraw once, then nothing."""
+        if self._finished:
+            return
         try:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - a drawing problem must not stop the refresh
             log.warning("dashboard refresh failed: %s", exc)
         if self.run.done():
-            self._running = False
+            self._running, self._finished = False, True
             self._finish()
-        else:
-            asyncio.get_running_loop().call_later(self.refresh_s, self._tick)
 
     def _finish(self) -> None:
         """The last redraw, forced: the run's final status is set after its last poll."""

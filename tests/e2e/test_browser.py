@@ -4,7 +4,8 @@ driven by Playwright (never a downloaded browser), the quickstart notebook run a
 Checks, in the page: every panel is drawn and has data; no legend covers an axis's tick labels,
 an axis title or its panel's plot area; a zoom box dragged on a plot survives two refreshes;
 the node table lists each worker; clicking Pause makes the run paused (click -> widget comm ->
-kernel -> hub -> status poll -> widget -> page). Saves screenshots into `out/`.
+kernel -> hub -> status poll -> widget -> page), also while a `--wait` cell blocks the kernel.
+Saves screenshots into `out/`.
 """
 
 import json
@@ -20,7 +21,7 @@ from pathlib import Path
 import nbformat
 import pytest
 
-from tests.helpers import fed_run
+from tests.helpers import SYNTHETIC_CELL, fed_run
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -174,8 +175,8 @@ def wait_for_revision(page, name: str, revision: int, timeout_ms: int = 60_000) 
         arg=[name, revision], timeout=timeout_ms)
 
 
-def run_all_cells(page, jupyter) -> None:
-    page.goto(jupyter["url"]("quickstart.ipynb"))
+def run_all_cells(page, jupyter, name: str = "quickstart.ipynb") -> None:
+    page.goto(jupyter["url"](name))
     page.locator(".jp-Notebook").wait_for(timeout=60_000)
     from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
@@ -261,6 +262,42 @@ def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(j
             page.screenshot(path=shot("stopped"), full_page=True)
         except Exception:
             page.screenshot(path=shot("failure"), full_page=True)
+            raise
+        finally:
+            browser.close()
+
+
+def test_pause_and_stop_act_while_a_wait_cell_blocks_and_the_next_cell_runs_after(jupyter):
+    """`%%distribute --wait` blocks its cell (10^5 epochs: it ends when Stop is clicked); the
+    dashboard is drawn and its clicks act meanwhile; the cell queued after it runs after it."""
+    from playwright.sync_api import expect, sync_playwright
+
+    cells = ["%load_ext nbdist",
+             "%%distribute --mode local --epochs 100000 --batch-size 8 --wait\n" + SYNTHETIC_CELL,
+             "print('after the wait:', _nbdist_run.status)"]
+    nbformat.write(nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells]),
+                   jupyter["root"] / "wait.ipynb")
+    OUT.mkdir(exist_ok=True)
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium(), args=["--no-sandbox"])
+        page = browser.new_page(viewport={"width": 1400, "height": 2200})
+        try:
+            run_all_cells(page, jupyter, "wait.ipynb")
+            dashboard = page.locator(".nbdist-dashboard")
+            dashboard.wait_for(timeout=180_000)
+            expect(dashboard.locator(".nbdist-status[data-status='running']")).to_have_count(1, timeout=60_000)
+            wait_for_revision(page, "throughput", 2)  # redrawn during the wait
+            dashboard.locator("button", has_text="Pause").click()
+            expect(dashboard.locator(".nbdist-status[data-status='paused']")).to_have_count(1, timeout=30_000)
+            expect(dashboard.locator("button", has_text="Resume")).to_have_count(1)
+            after = page.locator(".jp-OutputArea-output", has_text="after the wait:")
+            expect(after).to_have_count(0)  # the next cell waits for this one
+            dashboard.locator("button", has_text="Stop").click()
+            expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(1, timeout=60_000)
+            expect(after).to_have_text("after the wait: stopped", timeout=60_000)
+            page.screenshot(path=str(OUT / f"browser-{jupyter['app']}-wait.png"), full_page=True)
+        except Exception:
+            page.screenshot(path=str(OUT / f"browser-{jupyter['app']}-wait-failure.png"), full_page=True)
             raise
         finally:
             browser.close()

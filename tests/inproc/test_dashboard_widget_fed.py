@@ -42,6 +42,21 @@ def test_dashboard_draws_each_worker_and_lists_it_in_the_table():
     assert 'data-status="running"' in dash.status.value
 
 
+def test_a_step_after_the_end_draws_the_final_state_once_and_disables_the_controls():
+    """`step` is what the kernel's loop and `wait_live` call at the refresh cadence."""
+    run = fed_run(2)
+    dash = Dashboard(run)
+    dash.step()
+    assert not dash.stop_button.disabled and 'data-status="running"' in dash.status.value
+    end(run, "stopped")
+    dash.step()
+    assert dash.stop_button.disabled and dash.lr_slider.disabled
+    assert 'data-status="stopped"' in dash.status.value
+    dash.status.value = "drawn once"
+    dash.step()  # the loop's chain and a wait may both call it: the last redraw happens once
+    assert dash.status.value == "drawn once"
+
+
 def test_every_warning_of_the_run_is_listed_under_the_status_line():
     run = fed_run(2)
     run.warnings.append("--server-optimizer sgd: the hub trains with SGD (lr 0.001), not with the cell's Adam.")

@@ -1,0 +1,83 @@
+"""`wait_live` where there is no kernel (a script, plain IPython, this test process): a plain
+wait on a real `--mode local` run that still calls `on_tick`, stops the run on Ctrl-C or on
+`on_tick`'s error, and raises the run's own error. With a kernel: tests/e2e/test_live_wait.py."""
+
+import asyncio
+import contextvars
+
+import pytest
+
+import nbdist
+from nbdist.dashboard.live_wait import ShellInbox, _finish, wait_live
+from nbdist.errors import TrainingError
+from tests.helpers import SYNTHETIC_CELL, global_step
+
+
+def long_run():
+    """Ends only when stopped: the test decides when, not the machine's speed."""
+    return nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=100_000, batch_size=8)
+
+
+def test_there_is_no_shell_inbox_outside_a_kernel():
+    assert ShellInbox.attach() is None
+
+
+def test_on_tick_runs_on_every_pass_and_once_after_the_end():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1, batch_size=32)
+    seen = []
+    assert wait_live(run, on_tick=lambda: seen.append(run.done())) is run
+    assert run.status == "finished"
+    assert seen[-1] is True and seen.count(False) >= 1  # called while it trained, and after
+
+
+def test_until_returns_with_the_run_still_training():
+    run = long_run()
+    with run:
+        wait_live(run, until=lambda: global_step(run) >= 20)
+        assert not run.done() and global_step(run) >= 20
+    assert run.status == "stopped"
+
+
+@pytest.mark.parametrize("error", [KeyboardInterrupt, ZeroDivisionError])
+def test_ctrl_c_or_an_error_in_on_tick_stops_the_run_and_propagates(error):
+    run = long_run()
+
+    def on_tick():
+        if global_step(run) >= 10:
+            raise error
+
+    with pytest.raises(error):
+        wait_live(run, on_tick=on_tick)
+    assert run.done() and run.status == "stopped"
+
+
+def test_the_runs_own_error_is_raised_like_run_wait():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=3, lr=1e30)
+    with pytest.raises(TrainingError, match=r"became (nan|inf) at step \d+"):
+        wait_live(run)
+    assert run.status == "failed"
+
+
+def test_a_handler_that_suspends_while_stepped_by_hand_is_finished_on_the_loop():
+    """A comm dispatch that awaits (none does in ipykernel 7.4) is handed to the kernel's loop
+    with what it awaits, in its own context, and runs to its end there."""
+    where = contextvars.ContextVar("where", default="cell")
+    done = []
+
+    async def handler(ready):
+        where.set("handler")
+        done.append(await ready)
+        await asyncio.sleep(0)
+        done.append(where.get())
+
+    async def loop():
+        ready = asyncio.get_running_loop().create_future()
+        coro, context = handler(ready), contextvars.copy_context()
+        waiting = context.run(coro.send, None)  # as ShellInbox._dispatch steps it
+        assert waiting is ready and done == []
+        ready.set_result("clicked")
+        await _finish(coro, waiting, context)
+        assert where.get() == "cell"  # the handler's context stayed its own
+
+    asyncio.run(loop())
+    assert done == ["clicked", "handler"]
