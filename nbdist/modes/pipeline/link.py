@@ -34,6 +34,8 @@ are capped), with the hub's receive high-water mark and a frame limit; a message
 frame by frame within the stage's limits (`checks.message_limits`), then its MAC, run,
 recipient and sequence number (replays) are checked, then its op fields and frame table
 (`checks`). Whatever fails is dropped and counted by reason in `dropped`, never raised.
+With `--encrypt` (`encrypt`) every TCP socket here is CurveZMQ: the gate admits only the run's
+client key, and the endpoints the stages and the kernel hand out carry the server key.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ import numpy as np
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
 from nbdist.hub.protocol import Codec, send_frames
-from nbdist.hub.wire import client_socket, recv_bounded, server_socket
+from nbdist.hub.wire import client_socket, curve_keys, recv_bounded, server_socket
 from nbdist.modes.pipeline.checks import REPORT_LIMITS, arrays_of, check_header, slot_table
 
 POLL_MS = 200
@@ -84,10 +86,11 @@ class StageLink:
     """One stage's endpoint; `bind_host` is where its neighbours reach it. `limits`: (frames,
     bytes) at most per message it receives (`checks.message_limits`). `transport`: auto
     (shared memory with same-host neighbours), tcp, or shm (refuses a neighbour elsewhere);
-    `slots`: shared-memory slots per neighbour."""
+    `slots`: shared-memory slots per neighbour; `encrypt`: CurveZMQ on every socket (the gate
+    admits only the run's client key)."""
 
     def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float,
-                 limits: tuple[int, int], transport: str = "auto", slots: int = 8):
+                 limits: tuple[int, int], transport: str = "auto", slots: int = 8, encrypt: bool = False):
         import zmq
 
         self.stage, self.timeout = stage, timeout
@@ -108,7 +111,8 @@ class StageLink:
         self.inboxes: dict[str, tuple[str, int, object]] = {}  # neighbour -> (name, generation, segment)
         self._generation = 0
         self.ctx = zmq.Context()
-        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, False, kind=zmq.PULL, peers=2)
+        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, encrypt, kind=zmq.PULL, peers=2)
+        self.curve = curve_keys(key)["server_public"].decode() if encrypt else None
         try:
             self.endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
         except BaseException:  # e.g. an address it cannot bind: give back the socket and the gate
@@ -119,7 +123,8 @@ class StageLink:
     def info(self) -> dict:
         """What the neighbours need: where to connect, the gate to pass, and the host (to
         choose shared memory)."""
-        return {"endpoint": self.endpoint, "gate": self.gate.id, "host": self.host}
+        return {"endpoint": self.endpoint, "gate": self.gate.id, "host": self.host,
+                **({"curve": self.curve} if self.curve else {})}
 
     def drops(self) -> dict[str, int]:
         """Messages refused, and connections refused or cut at the gate, by reason."""
@@ -321,19 +326,21 @@ class KernelLink:
     abort, both bound on `bind_host` behind one gate; `report_endpoint` and `control_endpoint`
     are what the stages connect to."""
 
-    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int):
+    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
         import zmq
 
         self.codec = Codec(key, "kernel", run_id)
         self.stages = stages
         self.dropped: Counter[str] = Counter()  # reports refused, by reason
         self.ctx = zmq.Context()
-        self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], False, kind=zmq.PULL, peers=2 * stages)
-        self.pub, _ = server_socket(self.ctx, key, 1024, False, kind=zmq.PUB, gate=self.gate)  # reads subscriptions only
+        self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], encrypt, kind=zmq.PULL,
+                                             peers=2 * stages)
+        self.pub, _ = server_socket(self.ctx, key, 1024, encrypt, kind=zmq.PUB, gate=self.gate)  # reads subscriptions only
+        curve = {"curve": curve_keys(key)["server_public"].decode()} if encrypt else {}
         try:
             self.report_endpoint, self.control_endpoint = (
                 {"endpoint": f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}",
-                 "gate": self.gate.id} for sock in (self.pull, self.pub))
+                 "gate": self.gate.id, **curve} for sock in (self.pull, self.pub))
         except BaseException:  # e.g. an address it cannot bind: give back the sockets and the gate
             self.close()
             raise

@@ -50,6 +50,8 @@ class StageSpec:
     own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
     transport: str = "auto"  # --transport: shared memory with same-host neighbours (auto), tcp, shm
     limits: tuple[int, int] | None = None  # (frames, bytes) at most per message it receives (checks.message_limits)
+    encrypt: bool = False  # --encrypt (the cluster's): CurveZMQ on the stage's sockets
+    local_rank: int = 0  # this stage's index among the run's stages on its host: its own GPU
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
@@ -57,7 +59,7 @@ def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
     endpoint, and the host, for shared memory between stages on one host)."""
     from nbdist.engine.run_cell import execute_cell
 
-    ns = execute_cell(spec.source, spec.pushed, spec.threads, 0, namespace)
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
     return stage.link.info
@@ -130,7 +132,7 @@ class Stage:
         # slots: at most M messages are sent towards a neighbour before the sender next waits
         # (and reads the acks); twice that spares the TCP fallback (see link.py)
         self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout, spec.limits,
-                              transport=spec.transport, slots=2 * spec.micro_batches + 2)
+                              transport=spec.transport, slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
 
     def _build_functions(self) -> None:
         import tensorflow as tf

@@ -66,6 +66,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     micro_size = config.batch_size // micro
     nets = cluster.engine_networks(engines) if cluster is not None else None
     threads = _stage_threads(nets, engines)
+    local_ranks = _local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
     if cluster is not None:
         from nbdist.cluster.engines import get_within
@@ -96,7 +97,9 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                             _message_samples(config.batch_size, x, contents.validation_arrays))
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
-    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages)
+    encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages,
+                        encrypt=encrypt)
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
     backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
@@ -109,7 +112,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
                            own_optimizer=cluster is not None, transport=str(config.transport),
-                           limits=limits[s])
+                           limits=limits[s], encrypt=encrypt, local_rank=local_ranks[s])
                  for s in range(stages)]
         backend.start_workers(specs)
     except BaseException:
@@ -162,6 +165,13 @@ def _stage_threads(nets: dict | None, engines: list) -> list[int]:
     hosts = [nets[e].hostname for e in engines]
     cores, here = cores_per_host((nets[e].hostname, nets[e].cores) for e in engines), Counter(hosts)
     return [max(1, (cores.get(h) or os.cpu_count() or 1) // here[h]) for h in hosts]
+
+
+def _local_ranks(nets: dict | None, engines: list) -> list[int]:
+    """Each stage's index among the stages on its host (so each uses its own GPU there); stages
+    that are threads of this kernel are all on one host."""
+    hosts = [nets[e].hostname for e in engines] if nets is not None else ["kernel"] * len(engines)
+    return [hosts[:s].count(h) for s, h in enumerate(hosts)]
 
 
 def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:
