@@ -214,7 +214,7 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
 
     key = new_key()
     kernel = KernelLink(key, "r", "127.0.0.1", 2, encrypt=True)
-    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, transport="tcp", encrypt=True) for s in (0, 1))
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, (3, 1 << 20), transport="tcp", encrypt=True) for s in (0, 1))
     a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
     b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
     forged = Codec(key, "stage-0", "r").encode(
