@@ -54,6 +54,7 @@ bench: install horovod
 	$(BIN)/python benchmarks/metrics_overhead.py
 	$(BIN)/python benchmarks/sync_vs_async.py
 	$(BIN)/python benchmarks/sync_batchnorm.py
+	$(BIN)/python benchmarks/augment_gap.py
 	$(BIN)/python benchmarks/network.py
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/hub_soak.py
