@@ -4,7 +4,9 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.nbdist-installed
+EXTRAS ?= dev
+comma  := ,
+STAMP  := $(VENV)/.nbdist-installed-$(subst $(comma),-,$(EXTRAS))
 WHEELS ?= $(HOME)/.cache/nbdist/wheels
 PYTEST_ARGS ?=
 
@@ -15,8 +17,13 @@ install: $(STAMP)
 $(STAMP): pyproject.toml nbdist/_kernels.c
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -e '.[dev]'
+	@# nbdist used to depend on tensorflow-cpu: it shares its folder with `tensorflow`, so go first
+	$(BIN)/python -m pip uninstall -q -y tensorflow-cpu 2>/dev/null || true
+	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
 	touch $@
+
+# GPU nodes: make test EXTRAS=dev,gpu (or demo, install): TensorFlow's CUDA libraries and NVIDIA's
+# management library too; `make horovod` builds NCCL in where the node has a GPU, nvcc and NCCL.
 
 # Debian packages: the Fashion-MNIST files (read offline by nbdist.datasets) and the Horovod
 # build's toolchain. Skipped with a message when we are not root and cannot use apt-get.
@@ -47,6 +54,7 @@ bench: install horovod
 	$(BIN)/python benchmarks/metrics_overhead.py
 	$(BIN)/python benchmarks/sync_vs_async.py
 	$(BIN)/python benchmarks/sync_batchnorm.py
+	$(BIN)/python benchmarks/augment_gap.py
 	$(BIN)/python benchmarks/network.py
 	$(BIN)/python benchmarks/peers.py
 	$(BIN)/python benchmarks/hub_soak.py

@@ -67,6 +67,66 @@ def event_names(run) -> list[str]:
     return events["event"].tolist() if "event" in events else []
 
 
+# -- faults injected on an engine (sent there with apply_sync; imported there from this module) --
+
+
+def hang_worker_once(worker: int, after_steps: int) -> None:
+    """On an engine: the next run's worker `worker` there stops inside its step after
+    `after_steps` steps and stays there, silent with its engine busy, until it is interrupted:
+    a worker stuck in its own code. Once; steps are normal again afterwards."""
+    import time
+
+    from nbdist.modes.common import worker as module
+
+    original = module._AsyncLoop._slow_down  # noqa: SLF001 - the fault goes where a step sleeps
+
+    def slow_down(self, compute_s, reply):
+        if self.spec.worker == worker and self.steps > after_steps:
+            module._AsyncLoop._slow_down = original  # noqa: SLF001
+            time.sleep(3600)
+        return original(self, compute_s, reply)
+
+    module._AsyncLoop._slow_down = slow_down  # noqa: SLF001
+
+
+def stop_reading_once(worker: int, after_steps: int, requests: int, pause_s: float) -> None:
+    """On an engine: the next run's worker `worker` there, after `after_steps` steps, stops
+    reading for a while: it sends `requests` bare steps and reads none of their replies (its
+    line fills), pauses `pause_s`, sends its next step and pauses again (so the hub answers it
+    into a full line), then waits for that step's reply as usual. Once."""
+    import time
+
+    from nbdist.modes.common import worker as module
+
+    original = module._AsyncLoop._slow_down  # noqa: SLF001
+
+    def slow_down(self, compute_s, reply):
+        if self.spec.worker == worker and self.steps > after_steps:
+            module._AsyncLoop._slow_down = original  # noqa: SLF001
+            transport, send_step = self.transport, self.transport.send_step
+
+            def not_reading(*args, **kwargs):
+                transport.send_step = send_step
+                for _ in range(requests):
+                    transport.lines[0].send({"op": "step", "worker": worker})
+                time.sleep(pause_s)
+                send_step(*args, **kwargs)
+                time.sleep(pause_s)
+
+            transport.send_step = not_reading
+        return original(self, compute_s, reply)
+
+    module._AsyncLoop._slow_down = slow_down  # noqa: SLF001
+
+
+def hub_process_pids() -> list[int]:
+    """On an engine: the process ids of the hub shards it serves in processes of their own."""
+    from nbdist.hub import launch
+
+    hubs = launch._hubs.values()  # noqa: SLF001
+    return [entry.proc.pid for entry in hubs if hasattr(entry, "proc")]
+
+
 # -- cells --------------------------------------------------------------------------------------
 
 # A small learnable problem: trains in seconds, reaches high accuracy (900 train, 300 test).

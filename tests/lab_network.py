@@ -11,6 +11,12 @@
   traffic only goes between the lab's hosts and to loopback.
 - Each host's link is shaped in both directions: `tc netem rate R delay D` when the kernel has
   netem, otherwise `tc tbf rate R` (the rate without the delay; `LabNetwork.shaping` says which).
+- `names` sets the lab's name service: "lab" (above); "none", where no name but localhost
+  resolves on any host; "head-loopback", where the lab hosts also resolve the head's name to
+  its lab address but the head resolves its own name to 127.0.0.1 (as a default Debian
+  /etc/hosts does). With the last two, processes spawned on the head see that hosts file
+  through a mount namespace of their own (`unshare --mount`, a bind mount on /etc/hosts), so
+  the machine's real /etc/hosts is never touched.
 - `spawn()` starts a process on a host in its own session; `close()` kills every such process
   group (an ipyparallel controller and engines leave children otherwise), then deletes every
   namespace and link. `LabCluster` adds a hand-started controller and `ipengine`s, the way a lab
@@ -26,13 +32,16 @@ import json
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
 
 SUBNET_PREFIX = "198.18"
+NAMES = ("lab", "none", "head-loopback")  # what each host's /etc/hosts resolves (see the docstring)
 
 
 def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -75,7 +84,10 @@ class LabNetwork:
         ...     lab.run("lab1", ["ping", "-c1", lab.head_address])
     """
 
-    def __init__(self, hosts: int = 2, rate: str = "1gbit", delay_ms: float = 0.2):
+    def __init__(self, hosts: int = 2, rate: str = "1gbit", delay_ms: float = 0.2, names: str = "lab"):
+        if names not in NAMES:
+            raise ValueError(f"names must be one of {NAMES} (Received: {names!r})")
+        self.names = names
         self.tag = uuid.uuid4().hex[:5]
         self.subnet = 1 + int(self.tag, 16) % 250  # one /24 of 198.18.0.0/15 per lab
         self.hostnames = [f"lab{i}" for i in range(1, hosts + 1)]
@@ -86,6 +98,7 @@ class LabNetwork:
         self.shaping = ""
         self._procs: list[subprocess.Popen] = []
         self._built: list[str] = []
+        self._head_etc: Path | None = None  # the head's hosts file, where `names` is not "lab"
 
     def _addr(self, last: int) -> str:
         return f"{SUBNET_PREFIX}.{self.subnet}.{last}"
@@ -124,19 +137,34 @@ class LabNetwork:
         _ip("addr", "add", f"{self.head_address}/24", "dev", self.head_link)
         _ip("link", "set", self.head_link, "up")
         self._port("p0", None, self.head_link, netem)
-        hosts = "127.0.0.1 localhost\n" + "".join(f"{self.address(h)} {h}\n" for h in self.hostnames)
+        lab_hosts, head_hosts = self.hosts_files()
+        if head_hosts is not None:
+            self._head_etc = Path(tempfile.mkdtemp(prefix=f"nbd{self.tag}head-"))
+            (self._head_etc / "hosts").write_text(head_hosts)
+            (self._head_etc / "resolv.conf").write_text("# the lab's head: no DNS, only its hosts file\n")
         for i, host in enumerate(self.hostnames, start=1):
             ns = self.netns(host)
             _ip("netns", "add", ns)
             self._built.append(ns)
             # the lab's name service: `ip netns exec` mounts /etc/netns/<ns>/hosts on /etc/hosts
             Path("/etc/netns", ns).mkdir(parents=True, exist_ok=True)
-            Path("/etc/netns", ns, "hosts").write_text(hosts)
+            Path("/etc/netns", ns, "hosts").write_text(lab_hosts)
             _ip("-n", ns, "link", "set", "lo", "up")
             _ip("-n", self.switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
             _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             self._port(f"p{i}", ns, "eth0", netem)
+
+    def hosts_files(self) -> tuple[str, str | None]:
+        """(the lab hosts' /etc/hosts, the head's or None to leave the machine's), by `names`."""
+        local = "127.0.0.1 localhost\n"
+        if self.names == "none":
+            return local, local
+        lab = "".join(f"{self.address(h)} {h}\n" for h in self.hostnames)
+        if self.names == "lab":
+            return local + lab, None
+        head = socket.gethostname()
+        return local + lab + f"{self.head_address} {head}\n", local + f"127.0.0.1 {head}\n" + lab
 
     def _port(self, port: str, ns: str | None, iface: str, netem: bool) -> None:
         _ip("-n", self.switch, "link", "set", port, "master", "br0")
@@ -176,12 +204,19 @@ class LabNetwork:
                 _ip("netns", "del", name, check=False)
                 shutil.rmtree(Path("/etc/netns", name), ignore_errors=True)
         self._built.clear()
+        if self._head_etc is not None:
+            shutil.rmtree(self._head_etc, ignore_errors=True)
+            self._head_etc = None
 
     # -- using it ------------------------------------------------------------------------------
 
     def _wrap(self, host: str, argv: list[str]) -> list[str]:
-        if host == "head":
+        if host == "head" and self._head_etc is None:
             return list(argv)
+        if host == "head":  # the head's own name service, in a mount namespace of this process's
+            mounts = " && ".join(f"mount --bind {self._head_etc / f} /etc/{f}" for f in ("hosts", "resolv.conf"))
+            return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
+                    f'{mounts} && exec "$@"', "head", *argv]
         return ["ip", "netns", "exec", self.netns(host), "unshare", "--uts", "--",
                 "sh", "-c", 'hostname "$0" && exec "$@"', host, *argv]
 

@@ -13,6 +13,7 @@ with its size and SHA-256 and lists every array's shape and dtype. A save writes
 file under a new name, copies `meta.json` to `meta.1.json` (the previous checkpoint: KEEP=2
 are kept), writes the new `meta.json` through a temporary file, fsync and `os.replace`, and
 removes array files no kept meta names: a crash at any moment leaves a complete checkpoint.
+(So one folder takes one run at a time: `nbdist.checkpoint.folder`.)
 Weights that are not finite are never saved over a good checkpoint. Loading hashes and parses
 the same bytes and checks everything before anything is used, so a corrupt or mismatched
 checkpoint is refused whole, never half-loaded.

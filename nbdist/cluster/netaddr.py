@@ -221,8 +221,21 @@ def primary_address(net: HostNet) -> str:
 
 
 def interface_for(dest: str, net: HostNet | None = None) -> str:
-    """The name of the interface this host uses towards `dest` (e.g. for HOROVOD_GLOO_IFACE)."""
+    """The interface a server on this host binds to be reached from where `dest` is (e.g.
+    HOROVOD_GLOO_IFACE): the route's towards `dest`, except that an address of this host itself
+    (the kernel beside a rank whose peers are elsewhere) means the interface that holds it, not
+    loopback, which the other hosts cannot reach.
+
+    Example:
+        >>> net = HostNet("head", "head:b", "198.18.0.1", (Route("198.18.0.0", 24, "eth0"),),
+        ...               {"lo": [("127.0.0.1", 8)], "eth0": [("198.18.0.1", 24)]})
+        >>> interface_for("198.18.0.1", net), interface_for("198.18.0.12", net), interface_for("127.0.0.1", net)
+        ('eth0', 'eth0', 'lo')
+    """
     net = net or host_network(LOOPBACK)
+    for iface, pairs in net.addrs.items():
+        if iface != "lo" and any(a == dest for a, _ in pairs):
+            return iface
     return route_to(net.routes, net.addrs, dest)[0]
 
 

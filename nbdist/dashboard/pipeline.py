@@ -18,7 +18,8 @@ TITLE = "pipeline timeline"
 
 def pipeline_summary(info: dict, stages: int, micro_batches: int) -> dict:
     """Bubble fraction measured over the complete steps (1 - busy / (S x wall)), its ideal, and
-    each stage's utilisation (busy / wall).
+    each stage's utilisation (busy / wall); with the messages each stage sent, and what each
+    stage and the kernel refused (by reason: see nbdist.modes.pipeline.link).
 
     Example:
         >>> s = pipeline_summary({"busy": [3.0, 1.0], "wall": 4.0, "measured_steps": 2}, 2, 2)
@@ -32,7 +33,8 @@ def pipeline_summary(info: dict, stages: int, micro_batches: int) -> dict:
             "bubble": 1.0 - sum(busy) / (stages * wall) if measured else None,
             "utilisation": [b / wall for b in busy] if measured else [None] * stages,
             "measured_steps": info.get("measured_steps", 0), "steps": info.get("steps", []),
-            "messages": info.get("messages", [])}
+            "messages": info.get("messages", []), "dropped": info.get("dropped", [{}] * stages),
+            "kernel_dropped": info.get("kernel_dropped", {})}
 
 
 def step_bubble(ops_by_stage: dict) -> float:

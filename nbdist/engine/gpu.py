@@ -11,10 +11,22 @@ from __future__ import annotations
 import os
 import time
 
-__all__ = ["GPU_EVERY_S", "GpuMonitor", "device_for", "probe", "use_device"]
+__all__ = ["GPU_EVERY_S", "GpuMonitor", "device_for", "gpu_index", "probe", "use_device"]
 
 GPU_EVERY_S = 5.0  # how often a worker reports its GPU's utilisation and memory used
 _chosen: int | None = None  # the device (NVML index) this engine's TensorFlow was given
+
+
+def gpu_index(local_rank: int, count: int) -> int | None:
+    """Which of the `count` GPUs TensorFlow lists an engine of `local_rank` (its index among the
+    run's engines on its host) trains on, or None without a GPU: its own while there are enough
+    (local ranks 0..count-1 on GPUs 0..count-1), shared round-robin beyond that.
+
+    Example:
+        >>> [gpu_index(r, 2) for r in range(4)], gpu_index(0, 0)
+        ([0, 1, 0, 1], None)
+    """
+    return local_rank % count if count > 0 else None
 
 
 def device_for(local_rank: int, count: int, visible: str | None) -> int:
@@ -26,7 +38,7 @@ def device_for(local_rank: int, count: int, visible: str | None) -> int:
         >>> device_for(1, 2, "2,3"), device_for(3, 4, None), device_for(2, 2, "5,7")
         (3, 3, 5)
     """
-    position = local_rank % max(1, count)
+    position = gpu_index(local_rank, count) or 0
     entries = [e.strip() for e in (visible or "").split(",") if e.strip()]
     if not entries:
         return position

@@ -70,10 +70,10 @@ def configure_tensorflow(threads: int | None, local_rank: int) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
-            from nbdist.engine.gpu import use_device
+            from nbdist.engine.gpu import gpu_index, use_device
 
             use_device(local_rank, len(gpus))  # the GPU monitor reads this device, not the first
-            tf.config.set_visible_devices(gpus[local_rank % len(gpus)], "GPU")
+            tf.config.set_visible_devices(gpus[gpu_index(local_rank, len(gpus))], "GPU")
     except RuntimeError:  # already initialised by an earlier run in this engine: keep it
         pass
 

@@ -15,6 +15,7 @@ import select
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 
 import numpy as np
 import zmq
@@ -27,6 +28,8 @@ from nbdist.hub import localline, shm
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.protocol import Codec, Message, send_frames
 from nbdist.hub.wire import MAX_FRAMES, client_socket
+
+DURING_EVERY_S = 1.0  # how often a wait for a reply calls its `during` (any worker failed?)
 
 
 class _Line:
@@ -64,17 +67,25 @@ class _Line:
         """One message's frames, or None if none came within `timeout_ms`."""
         return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
 
-    def recv(self) -> Message:
-        """The reply to the latest request; anything else that arrives first is dropped."""
+    def recv(self, timeout: float | None = None,
+             during: Callable[[], None] | None = None) -> Message:
+        """The reply to the latest request; anything else that arrives first is dropped. It
+        waits the line's timeout, or `timeout` seconds when given and shorter, calling
+        `during()` about every second meanwhile (it may raise to give up the wait)."""
         expected = self.codec.last_sent(self.peer)
-        deadline = time.monotonic() + self.timeout_ms / 1000
+        wait_ms = self.timeout_ms if timeout is None else min(self.timeout_ms, int(timeout * 1000))
+        deadline = time.monotonic() + wait_ms / 1000
         while True:
             left = deadline - time.monotonic()
-            frames = self._receive_frames(max(1, int(left * 1000))) if left > 0 else None
+            step = left if during is None else min(left, DURING_EVERY_S)
+            frames = self._receive_frames(max(1, int(step * 1000))) if left > 0 else None
+            if frames is None and during is not None and time.monotonic() < deadline:
+                during()
+                continue
             if frames is None:
                 self.reopen()
                 raise TrainingError(
-                    f"{self.name} did not answer within {self.timeout_ms / 1000:.0f}s. Its engine may "
+                    f"{self.name} did not answer within {wait_ms / 1000:.0f}s. Its engine may "
                     "have died or be overloaded; check `%nbdist status`, then run the cell again."
                 )
             self.received += sum(len(f) for f in frames)
@@ -93,9 +104,10 @@ class _Line:
             raise TrainingError(f"{self.name} refused the request: {msg.header.get('message')}")
         return msg
 
-    def request(self, header: dict, buffers: list | tuple = ()) -> Message:
+    def request(self, header: dict, buffers: list | tuple = (), timeout: float | None = None,
+                during: Callable[[], None] | None = None) -> Message:
         self.send(header, buffers)
-        return self.recv()
+        return self.recv(timeout, during)
 
     def close(self) -> None:
         self.sock.close(0)
@@ -343,11 +355,21 @@ class HubControl:
         """Replies dropped on this side (forged, replayed, late, from the wrong endpoint)."""
         return sum((line.dropped for line in self.lines), Counter())
 
-    def stats(self, since: int = 0, timeline: bool = False) -> dict:
-        """Statistics with history rows from `since` on (and the whole timeline if asked)."""
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during: Callable[[], None] | None = None) -> dict:
+        """Statistics with history rows from `since` on (and the whole timeline if asked);
+        `timeout`: wait at most this long for them (the lines' own timeout if longer), calling
+        `during()` about every second meanwhile (`_Line.recv`)."""
         with self._lock:
-            msg = self.lines[0].request({"op": "stats", "since": since, "timeline": timeline})
+            msg = self.lines[0].request({"op": "stats", "since": since, "timeline": timeline},
+                                        timeout=timeout, during=during)
         return json.loads(bytes(msg.buffers[0]))
+
+    def cap_timeout(self, seconds: float) -> None:
+        """From now on no request waits longer than `seconds` (a run that is ending in failure
+        may be talking to a hub that is gone)."""
+        for line in self.lines:
+            line.timeout_ms = min(line.timeout_ms, int(seconds * 1000))
 
     def control(self, **changes: object) -> None:
         """What every shard applies (lr, rule options, stop) goes to all; the rest to shard 0."""

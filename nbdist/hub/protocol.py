@@ -206,14 +206,17 @@ def _equal(a: bytes, b: bytes) -> bool:
     return hmac.compare_digest(a, b)
 
 
-def send_frames(sock, frames: Sequence[object]) -> int:
+def send_frames(sock, frames: Sequence[object], flags: int = 0) -> int:
     """Send a multipart message: big buffers without a copy, small frames copied (cheaper).
-    Returns the bytes sent (the frames' lengths)."""
+    Returns the bytes sent (the frames' lengths). `flags`: zmq.DONTWAIT (1) raises zmq.Again
+    instead of waiting when the peer's queue is full (checked on the first frame only: the
+    rest of a message always follows it)."""
     last, total = len(frames) - 1, 0
     for i, frame in enumerate(frames):
         size = frame.nbytes if hasattr(frame, "nbytes") else len(frame)
         total += size
-        sock.send(frame, 2 if i < last else 0, copy=size < ZERO_COPY_MIN_BYTES)  # 2: zmq.SNDMORE
+        more = flags | 2 if i < last else flags  # 2: zmq.SNDMORE
+        sock.send(frame, more, copy=size < ZERO_COPY_MIN_BYTES)
     return total
 
 

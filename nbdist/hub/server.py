@@ -56,6 +56,7 @@ from nbdist.hub.wire import (
     receive,
     remove_socket_files,
     server_socket,
+    socket_folder,
 )
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,7 @@ class HubSpec:
     """Everything one shard needs; sent to its engine by ipyparallel."""
 
     run_id: str
-    key: bytes
+    key: bytes = field(repr=False)  # the run key: signs every message, never printed
     shard: int
     num_shards: int
     plan: Plan
@@ -122,13 +123,16 @@ class Hub:
             self.core.restore(spec.restore)
         self._ctx = zmq.Context()
         self._max_bytes = self.codec.max_buffer_bytes + MAX_HEADER_BYTES + SIGNATURE_BYTES + 256
-        self._sock = self._auth = self._listener = None
+        self._sock = self._auth = self._listener = self._folder = None
         self.endpoints: dict = {}
         try:
-            self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt)
-            self._listener = localline.listen(local_path(spec), MAX_LOCAL_LINES)
-            self.endpoints = bind(self._sock, spec, self._listener, params_shm=self._segment.name,
-                                  size=self.size, spin_s=spec.spin_s)
+            self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt,
+                                                   peers=spec.plan.num_workers + spec.num_shards)
+            self._folder = socket_folder(spec)
+            self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
+            self.endpoints = bind(self._sock, spec, self._folder, self._listener,
+                                  params_shm=self._segment.name, size=self.size, spin_s=spec.spin_s,
+                                  gate=self._auth.id)
         except BaseException:  # e.g. an address it cannot bind: give back what it took
             self.close()
             raise
@@ -180,8 +184,9 @@ class Hub:
                 last_heard = time.monotonic()
                 try:
                     answer = handlers[msg.op](msg, ret)
-                    if answer is not None:
-                        self._send(ret, *answer)
+                    delivered = answer is None or self._send(ret, *answer)
+                    if not delivered and msg.op in ("hello", "step"):
+                        self._not_reading([msg.header["worker"]])
                     self.core.settle(due_only=True)  # pushes' bookkeeping, once their replies are out
                     mark("settle")
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
@@ -193,27 +198,55 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": dict(self.dropped),
+                "dropped": self._dropped(),
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
-    def _send(self, ret: Return, header: dict, buffers: list) -> None:
+    def _dropped(self) -> dict[str, int]:
+        """Messages dropped, by reason, and connections the gate refused or cut."""
+        return {**self.dropped, **(self._auth.counts() if self._auth is not None else {})}
+
+    def _send(self, ret: Return, header: dict, buffers: list) -> bool:
+        """Send a reply without ever waiting; False (and counted) if it could not be delivered:
+        its peer is gone, or does not read (its line or ZeroMQ queue is full)."""
         mark = self._mark
         mark("reply")
         frames = self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)
-        if type(ret.ident) is localline.Conn:
-            try:
+        try:
+            if type(ret.ident) is localline.Conn:
                 ret.ident.send(frames, block=False)
-            except (OSError, ProtocolError):  # gone, not reading, or (a bug) too large: as ZeroMQ drops it
-                self.dropped["reply not delivered"] += 1
-        else:
-            send_frames(self._sock, [ret.ident, *frames])
-        mark("send")
+            else:
+                send_frames(self._sock, [ret.ident, *frames], zmq.DONTWAIT)
+        except (OSError, ProtocolError, zmq.ZMQError):  # gone, not reading, or (a bug) too large
+            self.dropped["reply not delivered"] += 1
+            return False
+        finally:
+            mark("send")
+        return True
 
     def _release_held(self) -> None:
         """Send every held reply the core lets go."""
+        unread = []
         for worker, ret, pull, reply in self.core.release():
-            self._send(ret, *self._reply(worker, pull, reply))
+            if not self._send(ret, *self._reply(worker, pull, reply)):
+                unread.append(worker)
             self.core.heard(worker)  # its silence counts from now
+        self._not_reading(unread)
+
+    def _not_reading(self, workers: list[int]) -> None:
+        """Workers whose reply could not be delivered would wait for it until their --timeout
+        and fail the run: shard 0 writes them off at once instead (their chunks go to the
+        others). Another shard only counts the drop; its worker, waiting for that reply, goes
+        silent and shard 0 writes it off at its deadline."""
+        if self.core.coordinator is None or not self.core.plan.silence_is_loss:
+            return
+        for worker in workers:
+            if not self.core.written_off(worker):
+                log.warning("hub: worker %d's reply could not be delivered; counting it as lost",
+                            worker)
+                self._write_off(worker, "its replies were not read (its queue was full or its "
+                                        "socket gone)")
+        if workers:
+            self._release_held()
 
     def close(self) -> None:
         writeoff.close(self)
@@ -231,7 +264,7 @@ class Hub:
         self.links.clear()
         self.core.params = None  # the last view of the segment, which is released now
         shm.release(self._segment, unlink=True)
-        remove_socket_files(self.endpoints)  # the line's listener has removed its own already
+        remove_socket_files(self.endpoints, self._folder)  # the line's listener removed its own
 
     # -- worker ops -------------------------------------------------------------------------
 
@@ -244,6 +277,7 @@ class Hub:
         self.links[worker] = (shm.WorkerLink(shm.attach(name), h["offset"], self.size, h["total"])
                               if name else shm.WorkerLink())
         self.links[worker].compression = h.get("compression", "none")
+        self.links[worker].sender = h["from"]
         self.core.hello(worker, h.get("host", ""), h.get("engine"), h)
         return self._reply_or_hold(worker, ret, pull=True)
 
@@ -325,16 +359,19 @@ class Hub:
         """Workers silent past their deadline (killed, engine died) are written off."""
         for worker, deadline in self.core.overdue():
             log.warning("hub: worker %d silent for over %.1fs; counting it as lost", worker, deadline)
-            writeoff.relay(self, worker, f"silent for over {deadline:.1f}s")  # every shard first
-            self._unlink(worker)
-            self.core.lose(worker, f"silent for over {deadline:.1f}s")
+            self._write_off(worker, f"silent for over {deadline:.1f}s")
         self._release_held()  # e.g. SSP: the others no longer wait for its clock
+
+    def _write_off(self, worker: int, reason: str) -> None:
+        writeoff.relay(self, worker, reason)  # every shard first
+        self._unlink(worker)
+        self.core.lose(worker, reason)
 
     # -- kernel ops -------------------------------------------------------------------------
 
     def _stats(self, msg: Message, ret: Return) -> tuple[dict, list]:
         snap = self.core.stats(int(msg.header.get("since", 0)), bool(msg.header.get("timeline")))
-        snap.update(error=self.error, dropped=dict(self.dropped))
+        snap.update(error=self.error, dropped=self._dropped())
         return {"op": "stats"}, [json.dumps(snap).encode()]
 
     def _control(self, msg: Message, ret: Return) -> tuple[dict, list]:

@@ -85,3 +85,4 @@ class WorkerLink:
         self.params = floats(segment, total + offset, size) if segment else None
         self.send_buffer: np.ndarray | None = None  # TCP: reused buffer for pull replies
         self.compression = "none"  # "fp16": this worker's pushes and pulls travel as float16
+        self.sender: str | None = None  # who said hello: the process that counts (wire.check_link)

@@ -1,12 +1,14 @@
 """The hub's side of the wire: socket set-up, bounded receiving, op field checks, CurveZMQ.
 
-- `server_socket` binds the shard's ROUTER with a low receive high-water mark and a per-frame
-  size limit, and (with `--encrypt`) as a CurveZMQ server that admits only this run's clients.
+- `server_socket` sets up the shard's ROUTER (or a pipeline socket) with a low receive
+  high-water mark and a per-frame size limit, behind its context's gate (`nbdist.hub.gate`):
+  only clients holding the run key finish the handshake (a one-time token, or CurveZMQ with
+  `--encrypt`), and connections still in the handshake are capped, so peers without the key
+  can make it hold only a bounded amount (docs/security.md). `client_socket` is the other end.
 - `recv_bounded` reads one message a frame at a time and refuses it as soon as it has too
   many frames or bytes, dropping the rest without holding it. (libzmq assembles a multipart
   message before delivering it, so `ZMQ_MAXMSGSIZE` bounds each frame and the high-water mark
-  the number of queued messages per peer; only CurveZMQ keeps a peer without the key from
-  queuing anything at all, see README "Untrusted networks".)
+  the number of queued messages per authenticated peer.)
 - `check_fields` type-checks the op fields a hub reads, so a signed but malformed header is
   dropped and counted like any other bad message instead of failing a handler.
 - `Return`: where a reply goes (routing id, the requester's name, the request's `seq`).
@@ -128,14 +130,15 @@ def receive(inbox: Inbox, timeout_ms: int, codec, handlers: Mapping, num_workers
             mark: Callable[[str], None] = no_mark):
     """The next message in a hub's inbox and where its reply goes, or ProtocolError: the
     limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
-    the op and every field a handler reads, then the shared-memory segment's generation."""
+    the op and every field a handler reads, then the worker's incarnation and shared-memory
+    segment (`check_link`)."""
     frames, address = inbox.next(timeout_ms)
     mark("recv")  # the phase clock (nbdist.hub.profile)
     msg = codec.decode(frames, mark)
     if msg.op not in handlers:
         raise ProtocolError(f"unknown op: {msg.op!r}")
     check_fields(msg.header, num_workers)
-    check_segment(links, msg)
+    check_link(links, msg)
     return msg, Return(address, msg.header["from"], msg.header["seq"])
 
 
@@ -172,16 +175,26 @@ def check_fields(header: Mapping, num_workers: int) -> None:
         raise ProtocolError(f"malformed header: wrong type or value of {', '.join(map(str, wrong))}")
 
 
-def check_segment(links: Mapping, msg) -> None:
-    """A step over shared memory names its segment's generation (its unique name): a step that
-    names another segment than the one its worker registered (a stale one) is dropped."""
+def check_link(links: Mapping, msg) -> None:
+    """A worker's message after its hello must come from the incarnation that said it: each
+    process signs as its own sender (`Codec.sender`, a random suffix), so a late message of an
+    earlier process with the same worker id (one that restarted and said hello again) is
+    dropped, over TCP as over shared memory. A step over shared memory also names its segment's
+    generation (its unique name): one that names another segment than the one its worker
+    registered is dropped."""
     h = msg.header
-    if h["op"] == "step" and (h.get("push") or h.get("pull")):
-        link = links.get(h["worker"])
-        segment = getattr(link, "segment", None)
-        if segment is not None and h.get("seg") != segment.name:
-            raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
-                                f"registered {segment.name!r}")
+    if h["op"] not in WORKER_OPS or h["op"] == "hello":
+        return
+    link = links.get(h["worker"])
+    sender = getattr(link, "sender", None)
+    if sender is not None and h["from"] != sender:
+        raise ProtocolError(f"stale incarnation: worker {h['worker']}'s message comes from "
+                            f"{h['from']!r}, it said hello as {sender!r}")
+    segment = getattr(link, "segment", None)
+    exchange = h["op"] == "step" and (h.get("push") or h.get("pull"))
+    if exchange and segment is not None and h.get("seg") != segment.name:
+        raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
+                            f"registered {segment.name!r}")
 
 
 def _is(value: object, types: tuple) -> bool:
@@ -209,47 +222,53 @@ def curve_keys(key: bytes) -> dict[str, bytes]:
     return keys
 
 
-def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool):
-    """The shard's ROUTER socket, set up before it binds; with `encrypt`, a CurveZMQ server
-    whose authenticator admits only clients holding the run's client key."""
+def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: int | None = None,
+                  peers: int = 1, gate=None):
+    """A socket to bind (a shard's ROUTER by default), set up before it binds: the receive
+    high-water mark, frames of at most `max_frame_bytes`, and behind this context's gate
+    (`nbdist.hub.gate`: one-time tokens, or with `encrypt` CurveZMQ admitting only the run's
+    client key; young connections capped from the `peers` expected). Returns (socket, gate);
+    pass `gate` to put a second socket of the same context behind it."""
     import zmq
 
-    sock = ctx.socket(zmq.ROUTER)
+    from nbdist.hub.gate import YOUNG_MARGIN, Gate
+
+    sock = ctx.socket(zmq.ROUTER if kind is None else kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
-    sock.setsockopt(zmq.MAXMSGSIZE, max_frame_bytes)
-    authenticator = None
-    if encrypt:
-        from zmq.auth.thread import ThreadAuthenticator
-
-        keys = curve_keys(key)
-        authenticator = ThreadAuthenticator(ctx)
-        authenticator.start()
-        authenticator.configure_curve_callback("*", _OnlyKey(keys["client_public"]))
-        sock.setsockopt(zmq.CURVE_SERVER, 1)
-        sock.setsockopt(zmq.CURVE_SECRETKEY, keys["server_secret"])
-    return sock, authenticator
+    if sock.type == zmq.ROUTER:  # a reply it cannot queue raises, never vanishes
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+    gate = gate or Gate(ctx, key, limit=peers + YOUNG_MARGIN, encrypt=encrypt)
+    gate.guard(sock, max_frame_bytes)
+    return sock, gate
 
 
-def local_path(spec) -> str:
-    """Where the shard's same-host line listens (`nbdist.hub.localline`)."""
-    import os
+def socket_folder(spec) -> str:
+    """A new folder for the shard's socket files (its ipc socket and same-host line): created
+    0700 under a random name, so no other user can connect to them, guess where they are, or
+    stop the hub by leaving something at its path."""
     import tempfile
 
-    return os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.line")
+    return tempfile.mkdtemp(prefix=f"nbdist-{spec.run_id}-{spec.shard}-")
 
 
-def bind(sock, spec, listener=None, **extra) -> dict:
-    """Bind the shard's socket on TCP (spec.bind_host) and ipc; returns its endpoints, which
-    name the run, the same-host line's path if it has a `listener`, and (with --encrypt) the
-    server's public key."""
+def local_path(folder: str) -> str:
+    """Where the shard's same-host line listens (`nbdist.hub.localline`), in its `socket_folder`."""
     import os
-    import tempfile
+
+    return os.path.join(folder, "line")
+
+
+def bind(sock, spec, folder: str, listener=None, **extra) -> dict:
+    """Bind the shard's socket on TCP (spec.bind_host) and ipc (in its `socket_folder`); returns
+    its endpoints, which name the run, the same-host line's path if it has a `listener`, and
+    (with --encrypt) the server's public key."""
+    import os
 
     from nbdist.hub import shm
 
     port = sock.bind_to_random_port(f"tcp://{spec.bind_host}")
-    ipc = os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-{spec.shard}.ipc")
+    ipc = os.path.join(folder, "ipc")
     sock.bind(f"ipc://{ipc}")
     endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}", "host": shm.host_id(),
                  "run": spec.run_id, **extra}
@@ -260,9 +279,10 @@ def bind(sock, spec, listener=None, **extra) -> dict:
     return endpoints
 
 
-def remove_socket_files(endpoints: Mapping) -> None:
-    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line), where
-    they are left: by the hub when it closes, by its supervisor when it was killed."""
+def remove_socket_files(endpoints: Mapping, folder: str | None = None) -> None:
+    """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line) and their
+    `socket_folder` (or `folder`, when the hub failed before it had endpoints), where they are
+    left: by the hub when it closes, by its supervisor when it was killed."""
     import contextlib
     import os
 
@@ -271,21 +291,18 @@ def remove_socket_files(endpoints: Mapping) -> None:
         if path:
             with contextlib.suppress(OSError):
                 os.unlink(path)
-
-
-class _OnlyKey:
-    """ZAP credentials provider: admit exactly one client public key."""
-
-    def __init__(self, public: bytes):
-        self.public = public
-
-    def callback(self, domain: str, key: bytes) -> bool:  # pyzmq passes the z85 form
-        return key == self.public
+            folder = folder or os.path.dirname(path)
+    if folder and os.path.basename(folder).startswith("nbdist-"):
+        with contextlib.suppress(OSError):
+            os.rmdir(folder)  # only once empty
 
 
 def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
-    """A client socket for a hub `endpoint` dict (CurveZMQ when it names a server key)."""
+    """A client socket for a bound socket's `endpoint` dict: CurveZMQ when it names a server
+    key, else a one-time token for its gate (`nbdist.hub.gate.credentials`)."""
     import zmq
+
+    from nbdist.hub.gate import credentials
 
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -294,4 +311,8 @@ def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
         sock.setsockopt(zmq.CURVE_SERVERKEY, endpoint["curve"].encode())
         sock.setsockopt(zmq.CURVE_SECRETKEY, keys["client_secret"])
         sock.setsockopt(zmq.CURVE_PUBLICKEY, keys["client_public"])
+    elif isinstance(endpoint, dict) and endpoint.get("gate"):
+        username, password = credentials(key, endpoint["gate"])
+        sock.setsockopt(zmq.PLAIN_USERNAME, username)
+        sock.setsockopt(zmq.PLAIN_PASSWORD, password)
     return sock

@@ -48,6 +48,11 @@ class Backend(Protocol):
         """(worker, why) for each worker lost since the last call, while the run goes on."""
         ...
 
+    def written_off(self, worker: int) -> None:
+        """The hub wrote `worker` off (silent, or not reading its replies): its end is not the
+        run's failure, and a task of it that still runs is stopped, freeing its engine."""
+        ...
+
     def workers_running(self) -> bool:
         """Whether any worker is still training (or leaving)."""
         ...

@@ -146,11 +146,13 @@ class RunControl:
 
 
 def save_checkpoint(state: RunState, directory: str, final: bool = False) -> str:
-    """Write the run's checkpoint into `directory` now; returns its path."""
+    """Write the run's checkpoint into `directory` now; returns its path. A folder another run
+    holds is refused (nbdist.checkpoint.folder)."""
+    from nbdist.checkpoint.folder import claimed
     from nbdist.checkpoint.store import save
 
     # one at a time: in sync mode rank 0 holds the weights (nbdist.checkpoint.sync_state)
-    with state.checkpoint_lock:
+    with state.checkpoint_lock, claimed(directory, state.run_id, state.checkpoint_folder):
         shards = state.backend.checkpoint_state(state.control, final)
         state.last_checkpoint = save(directory, shards, state.checkpoint_info)
         state.checkpoint_at = time.monotonic()

@@ -68,10 +68,11 @@ class Run(RunViews, RunControl):
             self.note(text)
 
     def begin(self, backend: Backend, control, run_id: str, *, hubs: list[dict] | None = None,
-              checkpoint_info: dict | None = None) -> Run:
+              checkpoint_info: dict | None = None, checkpoint_folder=None) -> Run:
         """Take over a job whose hubs (or simulation, or stages) and workers a mode's start
         has started, and start watching it. Called once, by the mode's start
-        (nbdist/modes/common/launch.py `begin_run`, the pipeline's start)."""
+        (nbdist/modes/common/launch.py `begin_run`, the pipeline's start). `checkpoint_folder`:
+        its claim on --checkpoint-dir (nbdist.checkpoint.folder), given back when it ends."""
         state = self.state
         if state.backend is not None:
             raise TrainingError(f"Run {state.run_id} has begun already (Received: a second begin "
@@ -79,6 +80,7 @@ class Run(RunViews, RunControl):
         state.backend, state.control, state.run_id = backend, control, run_id
         state.hubs = list(hubs or [])
         state.checkpoint_info = dict(checkpoint_info or {})
+        state.checkpoint_folder = checkpoint_folder
         state.status = "running"
         if backend.cluster is not None:
             backend.cluster.track(self)  # Cluster.stop() ends this run before stopping the engines

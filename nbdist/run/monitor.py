@@ -17,6 +17,20 @@ log = logging.getLogger("nbdist.run.handle")
 
 POLL_S = 0.25  # how often the kernel asks the hub for statistics
 TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) timeline
+# A run whose hub is gone fails within --timeout plus the bounded waits of its ending
+# (docs/architecture.md, "Faults"): it asks the hub to stop once (ENDING_REQUEST_S) unless its
+# silence said it already, gives the workers GONE_FINISH_S to leave, then interrupts them (the
+# engine backends' finish: INTERRUPT_WAIT_S, JOIN_MIN_S per hub shard). Sooner when a worker saw
+# the hub go (on one host its line closes at once): the kernel checks the workers every second.
+ENDING_REQUEST_S = 5.0  # how long a failed run's stop and shutdown wait for the hub's answer
+GONE_FINISH_S = 2.0  # with the hub gone, how long the workers get before they are interrupted
+FINISH_S = 30.0  # otherwise
+
+
+class _Failed(Exception):  # noqa: N818 - carries a worker's error out of the wait for the hub
+    def __init__(self, error: BaseException):
+        super().__init__(str(error))
+        self.error = error
 
 
 def start(run) -> None:
@@ -30,6 +44,7 @@ def watch(run) -> None:
     state = run.state
     control, backend = state.control, state.backend
     last_answer = time.monotonic()
+    hub_gone = False  # nothing more to ask it: the ending does not wait for its answers
     try:
         while True:
             failure = backend.failure()
@@ -43,13 +58,21 @@ def watch(run) -> None:
                 admit_joined(run)
             try:
                 want_timeline = time.monotonic() - state.timeline_at > TIMELINE_EVERY_S
-                snap = control.stats(since=len(state.rows), timeline=want_timeline)
+                left = state.config.timeout - (time.monotonic() - last_answer)  # never past it
+                snap = control.stats(since=len(state.rows), timeline=want_timeline,
+                                     timeout=max(0.05, left),
+                                     during=lambda: _check_workers(backend))  # saw the hub go?
                 last_answer = time.monotonic()
+            except _Failed as failed:
+                raise failed.error from None
             except TrainingError:
-                if time.monotonic() - last_answer > state.config.timeout:
-                    raise
+                if time.monotonic() - last_answer >= state.config.timeout:
+                    hub_gone = True
+                    raise _hub_lost(state.config.timeout) from None
                 continue
             absorb(run, snap)
+            for worker in snap.get("lost", []):  # its engine must not stay busy (hung?)
+                backend.written_off(worker)
             if snap.get("error"):
                 raise TrainingError(f"The hub failed: {snap['error']}")
             if snap.get("finished"):
@@ -70,9 +93,10 @@ def watch(run) -> None:
         ours = isinstance(exc, NbdistError)
         state.error = exc if ours else TrainingError(f"The run failed: {exc!r}")
         state.status = "failed"
-        _abort(state)
+        control.cap_timeout(ENDING_REQUEST_S)
+        hub_gone = hub_gone or not _abort(state)
     finally:
-        _cleanup(state)
+        _cleanup(state, hub_gone)
         with state.end_lock:
             state.ended.set()
             callbacks, state.done_callbacks = state.done_callbacks, []
@@ -144,22 +168,44 @@ def _check_survivors(state: RunState) -> None:
             "cell again.")
 
 
-def _abort(state: RunState) -> None:
-    """Tell the surviving workers to stop and give them a moment to leave."""
+def _check_workers(backend) -> None:
+    """While the kernel waits for the hub: a worker (or rank, or stage) that raised ends the
+    run now (on one host the workers see a dead hub's line close at once)."""
+    failure = backend.failure()
+    if failure is not None:
+        raise _Failed(failure)
+
+
+def _hub_lost(timeout: float) -> TrainingError:
+    return TrainingError(
+        f"The hub did not answer for {timeout:.0f}s (--timeout {timeout:g}; Received: no "
+        "reply): its process or its engine has died, or its host cannot be reached. The run "
+        "failed and its workers were stopped. Check the engines with %nbdist status, then run "
+        "the cell again (with --checkpoint-dir, nbdist.resume continues from the last "
+        "checkpoint).")
+
+
+def _abort(state: RunState) -> bool:
+    """Tell the surviving workers to stop and give them a moment to leave; False if the hub
+    did not answer (it is gone: the workers are stopped by the backend's finish)."""
     try:
         state.control.control(stop=True)
     except NbdistError:
-        return
+        return False
     deadline = time.monotonic() + 15
     while state.backend.workers_running() and time.monotonic() < deadline:
         time.sleep(0.1)
+    return True
 
 
-def _cleanup(state: RunState) -> None:
+def _cleanup(state: RunState, hub_gone: bool = False) -> None:
     try:
-        state.control.shutdown()
-        state.backend.finish(timeout=30)
+        if not hub_gone:
+            state.control.shutdown()
+        state.backend.finish(timeout=GONE_FINISH_S if hub_gone else FINISH_S)
     except Exception as exc:  # noqa: BLE001 - never mask the run's own outcome
         log.warning("clean-up after run %s: %s", state.run_id, exc)
     finally:
         state.control.close()
+        if state.checkpoint_folder is not None:  # another run may save there now
+            state.checkpoint_folder.release()

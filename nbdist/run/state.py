@@ -62,4 +62,5 @@ class RunState:
     checkpoint_info: dict = field(default_factory=dict)
     last_checkpoint: str | None = None  # path of the latest checkpoint written
     checkpoint_lock: threading.Lock = field(default_factory=threading.Lock)
+    checkpoint_folder: object | None = None  # its claim on --checkpoint-dir (checkpoint.folder)
     checkpoint_at: float = field(default_factory=time.monotonic)

@@ -1,9 +1,24 @@
-"""`%nbdist start --encrypt`: ipyparallel's channel and nbdist's hub sockets use CurveZMQ,
-and a run trains as usual."""
+"""`%nbdist start --encrypt` (kept as `cluster.encrypt`) in every mode that trains on engines:
+ipyparallel's channel and nbdist's sockets use CurveZMQ, and a run trains as usual.
 
+- async: the hub shards' sockets;
+- sync: the kernel's metrics hub; the Horovod rendezvous answers only requests signed with the
+  run's key (with or without --encrypt); Gloo's tensors between hosts stay plaintext and
+  run.warnings says so (tests/unit/test_sync_network.py: here every rank is on one host);
+- pipeline: every stage's socket and the kernel's report and control sockets.
+local and simulate send nothing off this host (docs/security.md).
+"""
+
+import http.client
+import importlib.util
+
+import numpy as np
 import pytest
+import zmq
 
-from tests.helpers import SYNTHETIC_CELL
+import nbdist
+from nbdist.hub.protocol import Codec
+from tests.helpers import PIPELINE_SKIP_CELL, SYNTHETIC_CELL, global_step, wait_for
 
 
 @pytest.mark.slow
@@ -21,3 +36,68 @@ def test_an_encrypted_cluster_trains_with_curve_on_every_socket(ip):
         assert run.stats["dropped"] == {}
     finally:
         ip.run_line_magic("nbdist", "stop")
+
+
+@pytest.fixture(scope="module")
+def encrypted():
+    from nbdist.cluster.engines import Cluster
+
+    cluster = Cluster.start(2, encrypt=True)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.slow
+@pytest.mark.horovod
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="Horovod is built by `make horovod`")
+def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(encrypted):
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=encrypted, namespace=ns, mode="sync", workers=2,
+                       epochs=40, batch_size=32, timeout=60)
+    wait_for(lambda: global_step(run) > 3 or run.done())
+    assert not run.done(), "the run ended before the strangers came: make it longer"
+    line = run.state.control.lines[0]  # the kernel's line to the metrics hub
+    assert line.endpoint["curve"]  # the hub is a CurveZMQ server
+    # a plaintext client, even one that signs with the run's key, gets no answer
+    stranger = zmq.Context.instance().socket(zmq.DEALER)
+    stranger.setsockopt(zmq.LINGER, 0)
+    stranger.connect(line.endpoint["tcp"])
+    stranger.send_multipart(Codec(line._key, "kernel", run.run_id).encode({"op": "stats"}, to="hub-0"))
+    # and the rendezvous takes nothing unsigned
+    rendezvous = run.state.backend._rendezvous
+    conn = http.client.HTTPConnection(*rendezvous.server_address[:2], timeout=10)
+    conn.request("PUT", "/global/0", body=b"6.6.6.6:1", headers={"Content-Length": "9"})
+    assert conn.getresponse().status == 403
+    conn.close()
+    assert dict(rendezvous.rejected) == {"unsigned": 1}
+    try:
+        assert not stranger.poll(1000)
+    finally:
+        stranger.close()
+    run.stop()
+    run.wait(timeout=120)
+    assert run.status in ("finished", "stopped") and run.error is None
+    results = run.state.backend.results
+    np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
+    assert run.stats["dropped"] == {}
+    assert not [w for w in run.warnings if "plaintext" in w]  # every rank on this host: Gloo over loopback
+
+
+@pytest.mark.slow
+def test_pipeline_on_an_encrypted_cluster_trains_exactly_over_curve_links(encrypted):
+    from tests.cluster.test_pipeline_cluster import _single_machine
+
+    cell = "B = 16\n" + PIPELINE_SKIP_CELL
+    ns = {}
+    run = nbdist.train(cell, cluster=encrypted, namespace=ns, mode="pipeline", stages=2, micro_batches=4,
+                       batch_size=16, partition="uniform", transport="tcp")
+    kernel = run.state.control.link  # the kernel's report and control sockets
+    assert kernel.pull.getsockopt(zmq.MECHANISM) == kernel.pub.getsockopt(zmq.MECHANISM) == zmq.CURVE
+    run.wait(timeout=240)
+    assert run.status == "finished"
+    # every stage's arrays went over its CurveZMQ socket (a plaintext end could not have talked)
+    assert all(m["tcp"] > 0 and m["shm"] == 0 for m in run.pipeline["messages"])
+    for a, b in zip([w.numpy() for w in ns["model"].weights], _single_machine(cell, 16), strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)

@@ -101,3 +101,19 @@ def test_two_process_gloo_allreduce_and_broadcast(tmp_path):
         np.testing.assert_allclose(res["grouped"][1], np.full((2, 3), 100.5))
         np.testing.assert_array_equal(res["before"], np.full((2, 3), 100.0 + r))
         np.testing.assert_array_equal(res["after"], np.full((2, 3), 100.0))  # rank 0's value
+
+
+def test_the_build_carries_nbdists_patch_mark_and_its_key():
+    """`make horovod` patches the process-set Gloo set-up (HOROVOD_GLOO_IFACE honoured) and
+    marks the build; an unmarked Horovod here means a wheel built before that patch."""
+    from pathlib import Path
+
+    from nbdist.modes.sync.network import horovod_build, iface_honoured
+
+    build = horovod_build()
+    assert iface_honoured(build), f"Horovod here is not nbdist's patched build (mark {build!r}): run `make horovod`"
+    script = Path(__file__).resolve().parents[2] / "scripts" / "build_horovod.sh"
+    plan = subprocess.run(["bash", str(script), "--plan", sys.executable], capture_output=True, text=True,
+                          timeout=120, env={**_clean_env(), "NBDIST_HOROVOD_OPS": build.split("-")[1]})
+    assert plan.returncode == 0, plan.stderr
+    assert f"-nbdist{build}-" in plan.stdout  # the key of this build: a rerun has nothing to do

@@ -347,3 +347,28 @@ def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
     with pytest.raises(CheckpointError, match="got no cell"):  # refused before the folder is read
         nbdist.resume(tmp_path / "missing")
     assert not marker.exists()
+
+
+# -- one run per folder --------------------------------------------------------------------------
+
+
+def test_a_checkpoint_folder_is_held_by_one_run_until_it_gives_it_back(tmp_path):
+    from nbdist.checkpoint.folder import FolderLock, claimed
+
+    first = FolderLock(str(tmp_path), owner="run-a")
+    with pytest.raises(CheckpointError, match=r"folder .* is in use by run run-a \(process \d+ "
+                                              r"on .*nothing in the folder was changed.*another "
+                                              r"--checkpoint-dir"):
+        FolderLock(str(tmp_path), owner="run-b")
+    with claimed(str(tmp_path), "run-a", first):  # its holder saves there
+        pass
+    with pytest.raises(CheckpointError, match="in use by run run-a"):  # noqa: SIM117 - it raises
+        with claimed(str(tmp_path), "run-b", None):
+            pass
+    elsewhere = str(tmp_path / "elsewhere")  # a folder nobody held: taken for the save alone
+    with claimed(elsewhere, "run-b", None), pytest.raises(CheckpointError, match="by run run-b"):
+        FolderLock(elsewhere, owner="run-c")
+    first.release()
+    assert os.listdir(tmp_path) == ["elsewhere"]  # no lock file left, here...
+    assert os.listdir(tmp_path / "elsewhere") == []  # ...nor there
+    FolderLock(str(tmp_path), owner="run-b").release()  # free again

@@ -75,3 +75,34 @@ def test_checkpoint_without_a_folder_says_how_to_give_one():
         with pytest.raises(ConfigError, match="No checkpoint folder.*--checkpoint-dir"):
             run.checkpoint()
         run.stop()
+
+
+def test_a_second_run_given_a_folder_in_use_is_refused_and_nothing_there_is_deleted(tmp_path):
+    """Two runs saving into one folder would delete each other's array files: the second is
+    refused before it starts, the first's checkpoints stay whole, and once the first has ended
+    the folder takes the next run."""
+    from nbdist.checkpoint.store import load
+    from nbdist.errors import CheckpointError
+
+    folder = str(tmp_path)
+    first = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
+                         checkpoint_dir=folder)
+    with first:
+        first.pause()  # it holds the folder while it waits
+        first.checkpoint()
+        files = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+        in_use = rf"folder {tmp_path} is in use by run {first.run_id}"
+        with pytest.raises(CheckpointError, match=in_use):
+            nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", checkpoint_dir=folder)
+        other = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=20, batch_size=8)
+        with other:
+            with pytest.raises(CheckpointError, match=f"in use by run {first.run_id}"):
+                other.checkpoint(folder)  # nor may another run save into it by hand
+            other.stop()
+        assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == files
+        assert load(folder).meta["run_id"] == first.run_id
+        first.stop()
+    assert first.status == "stopped"
+    again = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1,
+                         checkpoint_dir=folder, wait=True)
+    assert again.status == "finished" and load(folder).meta["run_id"] == again.run_id

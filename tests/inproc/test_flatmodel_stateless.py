@@ -42,7 +42,16 @@ def _cnn():
                              keras.layers.Dropout(0.2), keras.layers.Flatten(), keras.layers.Dense(3)])
 
 
-MODELS = {"sequential": _sequential, "functional": _functional, "subclassed": SubclassedNet, "cnn": _cnn}
+def _augmented():
+    """Keras's augmentation layers keep their random state in integer variables (SeedGenerator)."""
+    return keras.Sequential([keras.Input((6,)), keras.layers.Reshape((2, 3, 1)),
+                             keras.layers.RandomFlip("horizontal"), keras.layers.RandomTranslation(0.3, 0.3),
+                             keras.layers.Conv2D(4, 2, activation="relu"), keras.layers.Flatten(),
+                             keras.layers.Dense(3)])
+
+
+MODELS = {"sequential": _sequential, "functional": _functional, "subclassed": SubclassedNet, "cnn": _cnn,
+          "augmented": _augmented}
 
 
 def _flat(build):

@@ -1,5 +1,6 @@
 """A hub shard in its own process: it serves the same protocol, and it always leaves."""
 
+import tempfile
 import uuid
 
 import numpy as np
@@ -123,3 +124,56 @@ def test_a_killed_hub_process_leaves_no_socket_files_once_joined(monkeypatch):
     summary = launch.join_hub(spec.run_id, 0, timeout=0.5)
     assert "without a summary" in summary["error"]
     assert not any(os.path.exists(f) for f in files)
+    assert not os.path.exists(os.path.dirname(files[0]))  # nor their folder
+
+
+def _socket_paths(endpoints: dict) -> list[str]:
+    local = [endpoints["local"]] if "local" in endpoints else []
+    return [endpoints["ipc"].removeprefix("ipc://"), *local]
+
+
+def test_the_hub_socket_files_are_owner_only_at_a_path_nobody_can_guess():
+    """Its ipc socket and same-host line sit in a new 0700 folder with a random name: no other
+    user can connect to them, and the run id and shard (which the dashboard shows) do not give
+    the path away."""
+    import os
+    import stat
+
+    from nbdist.hub.server import Hub
+
+    spec = _spec(new_key())
+    hubs = [Hub(spec), Hub(spec)]  # the same run and shard twice: two different places
+    try:
+        paths = [_socket_paths(h.endpoints) for h in hubs]
+        assert paths[0][0] != paths[1][0]
+        for path in (p for group in paths for p in group):
+            folder = os.stat(os.path.dirname(path))
+            assert stat.S_IMODE(folder.st_mode) == 0o700 and folder.st_uid == os.getuid(), path
+            assert os.path.dirname(path) != os.path.realpath(tempfile.gettempdir())
+        assert all(os.path.dirname(p) == os.path.dirname(g[0]) for g in paths for p in g)
+    finally:
+        for h in hubs:
+            h.close()
+    for path in (p for group in paths for p in group):
+        assert not os.path.exists(os.path.dirname(path))  # the folder goes with the hub
+
+
+def test_a_squatted_or_stale_socket_path_does_not_stop_a_hub():
+    """Whatever sits in the temporary folder under the names a hub of this run used to take
+    (a folder someone made there, a stale socket file) does not stop it from binding."""
+    import os
+
+    from nbdist.hub.server import Hub
+
+    spec = _spec(new_key())
+    squatted = [os.path.join(tempfile.gettempdir(), f"nbdist-{spec.run_id}-0.{ext}")
+                for ext in ("ipc", "line")]
+    for path in squatted:
+        os.mkdir(path)  # what another user could leave there
+    try:
+        hub = Hub(spec)
+        assert hub.endpoints["ipc"] and hub.endpoints["tcp"]
+        hub.close()
+    finally:
+        for path in squatted:
+            os.rmdir(path)

@@ -18,6 +18,7 @@ from nbdist.errors import TrainingError
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import Codec, new_key
 from nbdist.hub.server import Hub, HubSpec
+from nbdist.hub.wire import client_socket
 from tests.helpers import wait_for
 
 SIZE = 1000
@@ -50,10 +51,19 @@ def hub():
     assert hubs[0].error is None  # nothing an attacker sent failed a handler
 
 
-def raw_socket(endpoint):
+def keyless_socket(endpoint):
+    """A ZeroMQ peer without the run key: it cannot finish the handshake."""
     sock = zmq.Context.instance().socket(zmq.DEALER)
     sock.setsockopt(zmq.LINGER, 0)
     sock.connect(endpoint)
+    return sock
+
+
+def raw_socket(endpoints, key):
+    """A peer past the hub's gate (it holds a handshake token, as if the gate had been
+    passed): what it sends meets the limits and the MAC."""
+    sock = client_socket(zmq.Context.instance(), endpoints, key, zmq.DEALER)
+    sock.connect(endpoints["tcp"])
     return sock
 
 
@@ -71,7 +81,7 @@ def assert_untouched(control, size=SIZE):
 
 def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
     server, key = hub
-    attacker = raw_socket(server.endpoints["tcp"])
+    attacker = raw_socket(server.endpoints, key)
     grad = np.full(SIZE, 100.0, np.float32)
     attacker.send_multipart([b"\0" * 32 + b'{"op":"step"}'])  # unsigned
     attacker.send_multipart(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0"))  # wrong key
@@ -95,7 +105,7 @@ def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
 
 def test_a_flipped_byte_in_a_pushed_float_frame_is_dropped(hub):
     server, key = hub
-    attacker = raw_socket(server.endpoints["tcp"])
+    attacker = raw_socket(server.endpoints, key)
     worker = Codec(key, "worker-0", "sec")
     attacker.send_multipart(worker.encode({"op": "hello", "worker": 0}, to="hub-0"))
     assert attacker.poll(5000)
@@ -113,17 +123,18 @@ def test_a_flipped_byte_in_a_pushed_float_frame_is_dropped(hub):
 
 class Tamper:
     """A man in the middle between the kernel and a hub: forwards requests, and replies
-    after `alter(reply_frames, request_number)` (None: swallow the reply)."""
+    after `alter(reply_frames, request_number)` (None: swallow the reply). It passes the
+    hub's gate with a token of its own; `endpoints` is what the kernel is given instead."""
 
-    def __init__(self, target: str, alter):
+    def __init__(self, target: dict, key: bytes, alter):
         self.ctx = zmq.Context()
         self.front = self.ctx.socket(zmq.ROUTER)
         self.front.setsockopt(zmq.LINGER, 0)
         port = self.front.bind_to_random_port("tcp://127.0.0.1")
         self.endpoint = f"tcp://127.0.0.1:{port}"
-        self.back = self.ctx.socket(zmq.DEALER)
-        self.back.setsockopt(zmq.LINGER, 0)
-        self.back.connect(target)
+        self.back = client_socket(self.ctx, target, key, zmq.DEALER)
+        self.back.connect(target["tcp"])
+        self.endpoints = {**target, "tcp": self.endpoint, "gate": None}
         self.alter, self.count, self.stop = alter, 0, threading.Event()
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.thread.start()
@@ -154,8 +165,8 @@ def test_a_flipped_byte_in_the_stats_json_is_dropped_by_the_kernel(hub):
         signed, stats = reply
         yield [signed, stats.replace(b'"finished": false', b'"finished": true ')]
 
-    mitm = Tamper(server.endpoints["tcp"], finish_early)
-    control = HubControl(key, [{**server.endpoints, "tcp": mitm.endpoint}], timeout=1.0)
+    mitm = Tamper(server.endpoints, key, finish_early)
+    control = HubControl(key, [mitm.endpoints], timeout=1.0)
     with pytest.raises(TrainingError, match="did not answer"):
         control.stats()  # the only reply was forged: none is accepted
     assert control.dropped == {"bad signature": 1}
@@ -178,8 +189,8 @@ def test_a_late_reply_is_never_taken_for_the_answer_to_a_later_request(hub):
         yield held[0]  # ... and hand it over before the params reply
         yield reply
 
-    mitm = Tamper(server.endpoints["tcp"], late)
-    control = HubControl(key, [{**server.endpoints, "tcp": mitm.endpoint}], timeout=1.0)
+    mitm = Tamper(server.endpoints, key, late)
+    control = HubControl(key, [mitm.endpoints], timeout=1.0)
     with pytest.raises(TrainingError, match="did not answer"):
         control.stats()
     params, _ = control.params()  # the stale stats reply comes first and is dropped
@@ -195,7 +206,7 @@ def test_a_message_replayed_to_another_shard_is_dropped():
     try:
         worker = Codec(key, "worker-0", "sec")
         frames = worker.encode({"op": "hello", "worker": 0}, to="hub-0")
-        attacker = raw_socket(hubs[1].endpoints["tcp"])
+        attacker = raw_socket(hubs[1].endpoints, key)
         attacker.send_multipart(frames)  # meant for shard 0, replayed to shard 1
         attacker.send_multipart(worker.encode(PUSH, [np.zeros(hubs[1].size, np.float32)], to="hub-0"))
         control = HubControl(key, [hubs[1].endpoints], name="probe")  # shard 1 answers as hub-0? no:
@@ -216,7 +227,7 @@ def test_a_message_replayed_to_another_run_is_dropped():
     key = new_key()  # even a run that (wrongly) shared the key refuses it
     other, threads = start_hubs(key, run="other")
     try:
-        attacker = raw_socket(other[0].endpoints["tcp"])
+        attacker = raw_socket(other[0].endpoints, key)
         attacker.send_multipart(Codec(key, "worker-0", "sec").encode({"op": "hello", "worker": 0}, to="hub-0"))
         attacker.send_multipart(Codec(new_key(), "worker-0", "sec").encode({"op": "hello", "worker": 0}, to="hub-0"))
         control = HubControl(key, [other[0].endpoints])
@@ -237,7 +248,7 @@ def test_a_signed_but_malformed_header_is_dropped_and_the_hub_keeps_serving(hub,
     from nbdist.hub.protocol import mac
 
     header_bytes = json.dumps(header).encode()
-    attacker = raw_socket(server.endpoints["tcp"])
+    attacker = raw_socket(server.endpoints, key)
     attacker.send_multipart([mac(key, header_bytes) + header_bytes])
     control = HubControl(key, [server.endpoints])
     assert dropped_after(control, 1) == {"malformed header": 1}
@@ -247,12 +258,11 @@ def test_a_signed_but_malformed_header_is_dropped_and_the_hub_keeps_serving(hub,
     attacker.close()
 
 
-def _flood(endpoint, seconds, frames, frame_bytes, ready):
+def _flood(endpoints, key, seconds, frames, frame_bytes, ready):
     ctx = zmq.Context()
-    sock = ctx.socket(zmq.DEALER)
-    sock.setsockopt(zmq.LINGER, 0)
+    sock = client_socket(ctx, endpoints, key, zmq.DEALER)  # past the gate: the frame limits alone
     sock.setsockopt(zmq.SNDHWM, 4)
-    sock.connect(endpoint)
+    sock.connect(endpoints["tcp"])
     blob = np.ones(frame_bytes // 4, np.float32)
     ready.set()
     end, sent = time.monotonic() + seconds, 0
@@ -270,7 +280,7 @@ def test_a_frame_flood_keeps_memory_bounded_and_a_real_worker_training(hub):
     base = me.memory_info().rss
     ready = mp.get_context("fork").Event()
     # each message: 64 frames x 64 KB = 4 MB, 8 times the hub's 12 KB of buffers, >> 8 frames
-    flood = mp.get_context("fork").Process(target=_flood, args=(server.endpoints["tcp"], 6.0, 64, 65536, ready))
+    flood = mp.get_context("fork").Process(target=_flood, args=(server.endpoints, key, 6.0, 64, 65536, ready))
     flood.start()
     ready.wait(10)
     transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp", timeout=30)
@@ -351,7 +361,7 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
     thread.start()
     endpoint = server.endpoints["tcp"]
     assert server.endpoints["curve"]
-    plain = raw_socket(endpoint)  # no CurveZMQ at all: the handshake fails
+    plain = keyless_socket(endpoint)  # no CurveZMQ at all: the handshake fails
     plain.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
     stranger = zmq.Context.instance().socket(zmq.DEALER)  # CurveZMQ, but not the run's client key
     stranger.setsockopt(zmq.LINGER, 0)
@@ -370,7 +380,8 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
         assert not plain.poll(200) and not stranger.poll(200)  # neither got an answer
         control = HubControl(key, [server.endpoints])
         stats = control.stats()
-        assert stats["global_step"] == 1 and stats["dropped"] == {}  # they never got in
+        assert stats["global_step"] == 1  # they never got in: refused at the handshake, no message read
+        assert set(stats["dropped"]) == {"refused at the handshake"} and stats["dropped"]["refused at the handshake"] >= 2
         control.shutdown()
         control.close()
     finally:

@@ -32,6 +32,15 @@ def test_two_shards_give_the_same_weights_as_one():
     np.testing.assert_array_equal(results[0], results[1])
 
 
+def test_a_local_run_listens_on_loopback_only():
+    """docs/security.md: nothing of a --mode local run leaves this host (so --encrypt has
+    nothing to encrypt there)."""
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", servers=2, epochs=1, wait=True)
+    endpoints = [line.endpoint for line in run.state.control.lines]  # the hub shards' sockets
+    assert len(endpoints) == 2 and all(ep["tcp"].startswith("tcp://127.0.0.1:") for ep in endpoints)
+    assert all(ep["ipc"].startswith("ipc://") for ep in endpoints)
+
+
 def test_async_without_a_cluster_says_how_to_start_one():
     with pytest.raises(NoClusterError, match="%nbdist start"):
         nbdist.train(SYNTHETIC_CELL, namespace={}, mode="async")

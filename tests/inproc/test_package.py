@@ -28,19 +28,39 @@ def _names(requirements):
     return {re.split(r"[<>=!\[ ]", r.strip(), maxsplit=1)[0].lower(): r.replace(" ", "") for r in requirements}
 
 
-def test_environment_yml_mirrors_pyproject_dependencies():
-    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+def _conda_pip_section(name: str) -> dict[str, str]:
     pip_section = []
     in_pip = False
-    for line in (ROOT / "environment.yml").read_text().splitlines():
+    for line in (ROOT / name).read_text().splitlines():
         if line.strip() == "- pip:":
             in_pip = True
         elif in_pip and line.strip().startswith("- "):
-            pip_section.append(line.strip()[2:])
-    conda = {k: v for k, v in _names(pip_section).items() if not k.startswith("-e")}
-    assert conda == _names(project["dependencies"])
-    assert "python=3.11" in (ROOT / "environment.yml").read_text()
+            pip_section.append(line.split("#")[0].strip()[2:])
+    return {k: v for k, v in _names(pip_section).items() if not k.startswith("-e")}
+
+
+def test_environment_yml_mirrors_pyproject_dependencies():
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    assert _conda_pip_section("environment.yml") == _names(project["dependencies"])
+    # GPU nodes: the same, with the gpu extra (TensorFlow with CUDA replaces TensorFlow)
+    gpu = {**_names(project["dependencies"]), **_names(project["optional-dependencies"]["gpu"])}
+    assert _conda_pip_section("environment-gpu.yml") == gpu
+    for name in ("environment.yml", "environment-gpu.yml"):
+        assert "python=3.11" in (ROOT / name).read_text()
     assert project["requires-python"] == ">=3.11"
+
+
+def test_the_gpu_extra_upgrades_the_one_tensorflow_and_nothing_can_shadow_it():
+    """`pip install "nbdist[gpu]"` must end with one TensorFlow distribution, CUDA-enabled: the
+    gpu extra names the base dependency's distribution (`tensorflow`) with its CUDA extra and
+    the same versions, and no requirement anywhere names `tensorflow-cpu`, which pip would
+    install beside it into the same `tensorflow` folder."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    base = _names(project["dependencies"])["tensorflow"]
+    gpu = _names(project["optional-dependencies"]["gpu"])["tensorflow"]
+    assert gpu == base.replace("tensorflow", "tensorflow[and-cuda]", 1)
+    everything = [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
+    assert not [r for r in everything if r.lower().startswith("tensorflow-cpu")]  # the yml files mirror these
 
 
 def test_every_error_class_says_what_it_is_for():

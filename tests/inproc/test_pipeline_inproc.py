@@ -167,7 +167,7 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
 
     key = new_key()
     kernel = KernelLink(key, "r", "127.0.0.1", 2)
-    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, slots=2) for s in (0, 1))
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, (3, 1 << 20), slots=2) for s in (0, 1))
     a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
     b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
     try:
@@ -197,3 +197,54 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
         b.close()
         kernel.close()
     assert not os.path.exists(path)  # the sender unlinks its segments when the stage ends
+
+
+def test_with_encrypt_stage_links_admit_only_the_runs_clients():
+    """--encrypt: a stage's PULL and the kernel's PULL and PUB are CurveZMQ servers. A peer
+    without CurveZMQ, or with a client key of its own, delivers nothing, not even a message
+    signed with the run's key; the run's own stages exchange arrays, reports and control."""
+    import time
+
+    import zmq
+
+    from nbdist.hub.protocol import Codec, new_key
+    from nbdist.hub.wire import curve_keys
+    from nbdist.modes.pipeline.link import KernelLink, StageLink
+    from tests.helpers import wait_for
+
+    key = new_key()
+    kernel = KernelLink(key, "r", "127.0.0.1", 2, encrypt=True)
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, (3, 1 << 20), transport="tcp", encrypt=True) for s in (0, 1))
+    a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
+    b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
+    forged = Codec(key, "stage-0", "r").encode(
+        {"op": "F", "step": 9, "mb": 0, "src": "stage-0", "shapes": [], "dtypes": []}, to="stage-1")
+    ctx = zmq.Context()
+    intruders = [ctx.socket(zmq.PUSH), ctx.socket(zmq.PUSH)]  # plaintext; CurveZMQ, its own key
+    public, secret = zmq.curve_keypair()
+    intruders[1].setsockopt(zmq.CURVE_SERVERKEY, curve_keys(key)["server_public"])
+    intruders[1].setsockopt(zmq.CURVE_PUBLICKEY, public)
+    intruders[1].setsockopt(zmq.CURVE_SECRETKEY, secret)
+    for sock in intruders:
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(b.info["endpoint"])
+        sock.send_multipart(forged)  # queued until the handshake, which fails
+    try:
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        a.send("stage-1", {"op": "F", "step": 1, "mb": 0}, [x])
+        np.testing.assert_array_equal(b.wait(("F", 1, 0))[2][0], x)
+        b.report({"op": "report", "step": 1})
+        assert kernel.receive(5000)["step"] == 1
+        time.sleep(0.5)  # a SUB socket joins its PUB a moment after connecting
+        kernel.broadcast("stop")
+        wait_for(lambda: (b.check_control(), b.stop_requested)[1], timeout=10)
+        time.sleep(0.5)  # every chance for the intruders' message to arrive
+        b._drain()  # noqa: SLF001
+        assert b.buffer == {}  # step 9 never came in
+    finally:
+        for sock in intruders:
+            sock.close()
+        ctx.term()
+        a.close()
+        b.close()
+        kernel.close()

@@ -20,6 +20,7 @@ from nbdist.errors import TrainingError
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
+from tests.helpers import wait_for
 
 
 def plan(**kw):
@@ -282,3 +283,78 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
             if t is not None:
                 t.close()
         control.close()
+
+
+def assert_each_chunk_applied_once(control, applied, chunks):
+    """Every chunk pushed once, and the hub's weights are exactly the sum of their gradients."""
+    assert sorted(applied) == list(range(chunks))
+    expected = -np.float32(0.1) * sum(grad_for(c) for c in applied)
+    np.testing.assert_allclose(control.params()[0], expected, rtol=1e-5)
+
+
+def stop(control, thread, transports):
+    control.shutdown()
+    thread.join(10)
+    for t in transports:
+        if t is not None:
+            t.close()
+    control.close()
+
+
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transport):
+    """Worker 0 restarts (a new process says hello with the same id) while a push of its earlier
+    incarnation is still on its way: that push is dropped, over TCP as over shared memory, and
+    the new incarnation trains every chunk once."""
+    hub, key, thread = start_hub(plan(num_workers=1, num_samples=40))
+    control = HubControl(key, [hub.endpoints])
+    old = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
+    new = None
+    try:
+        chunk = old.hello()["chunks"][0][0]
+        new = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
+        reply = new.hello()  # the restarted worker registers
+        old.grad[:] = 1000.0
+        late = {"chunks": [chunk], "loss": 0.0, "compute_s": 0.001}
+        old.send_step(late, push=True, pull=True)
+        dropped = wait_for(lambda: control.stats()["dropped"], 30, what="the late push dropped")
+        assert dropped == {"stale incarnation": 1}
+        assert control.stats()["global_step"] == 0 and hub.version == 0
+        np.testing.assert_array_equal(control.params()[0], np.zeros(SIZE, np.float32))
+        applied = []
+        train_until_done(new, reply, applied)
+        assert_each_chunk_applied_once(control, applied, 10)  # the late push's too, by the new one
+    finally:
+        stop(control, thread, (old, new))
+
+
+@pytest.mark.parametrize("transport", ["local", "tcp"])
+def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_finishes(transport):
+    """Worker 1 keeps asking and reads none of the answers, as a stuck process would: once the
+    hub cannot queue a reply for it (its line or its ZeroMQ queue is full), shard 0 writes it
+    off there and then, instead of leaving it to wait for that reply until --timeout and fail
+    the run. Its chunks go to worker 0, which trains every chunk once."""
+    hub, key, thread = start_hub(plan(num_samples=80))
+    control = HubControl(key, [hub.endpoints])
+    kind = "tcp" if transport == "tcp" else "auto"
+    a, b = (WorkerTransport(key, w, [hub.endpoints], 0, kind, timeout=20) for w in (0, 1))
+    try:
+        assert b.line_kind == transport
+        reply = a.hello()
+        b.hello()
+        sent = 0
+        while not control.stats()["lost"]:  # full after thousands (TCP) or 512 (line)
+            assert sent < 200_000, f"{sent} requests and worker 1 is still in the run"
+            for _ in range(500):
+                b.lines[0].send({"op": "step", "worker": 1})
+            sent += 500
+        snap = control.stats()
+        assert snap["lost"] == [1] and snap["nodes"][1]["state"] == "lost"
+        (event,) = [e for e in snap["events"] if e["event"] == "worker_lost"]
+        assert "replies were not read" in event["reason"]
+        assert snap["dropped"]["reply not delivered"] >= 1
+        applied = []
+        train_until_done(a, reply, applied)
+        assert_each_chunk_applied_once(control, applied, 20)  # worker 1's chunks too, by worker 0
+    finally:
+        stop(control, thread, (a, b))

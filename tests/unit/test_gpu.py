@@ -75,3 +75,39 @@ def test_the_monitor_reads_the_gpu_tensorflow_was_given(monkeypatch):
 
     GpuMonitor(nvml=Recording(count=8))
     assert seen == [6]
+
+
+@pytest.mark.parametrize("gpus", [1, 2, 4, 8])
+def test_engines_on_one_host_each_train_on_their_own_gpu_while_there_are_enough(gpus):
+    from nbdist.engine.gpu import gpu_index
+
+    assert [gpu_index(r, gpus) for r in range(gpus)] == list(range(gpus))
+    assert [gpu_index(r, gpus) for r in range(gpus, 2 * gpus)] == list(range(gpus))  # then shared in turn
+
+
+def test_without_a_gpu_no_device_is_chosen():
+    from nbdist.engine.gpu import gpu_index
+
+    assert gpu_index(0, 0) is None and gpu_index(3, 0) is None
+
+
+def test_the_monitor_and_tensorflow_agree_on_the_device_by_local_rank():
+    """TensorFlow takes entry gpu_index(r, n) of the GPUs it lists (CUDA_VISIBLE_DEVICES order);
+    the NVML index the monitor reads is that entry of CUDA_VISIBLE_DEVICES."""
+    from nbdist.engine.gpu import device_for, gpu_index
+
+    visible = "3,5,7"
+    for r in range(6):
+        assert device_for(r, 3, visible) == [3, 5, 7][gpu_index(r, 3)]
+        assert device_for(r, 3, None) == gpu_index(r, 3)
+
+
+def test_pipeline_stages_count_their_local_rank_per_host():
+    from types import SimpleNamespace
+
+    from nbdist.modes.pipeline.start import _local_ranks
+
+    nets = {e: SimpleNamespace(hostname=h) for e, h in enumerate(["gpu1", "gpu2", "gpu1", "gpu1"])}
+    assert _local_ranks(nets, [0, 1, 2, 3]) == [0, 0, 1, 2]
+    assert _local_ranks(nets, [2, 0]) == [0, 1]  # the run's stages only, in stage order
+    assert _local_ranks(None, [0, 1, 2]) == [0, 1, 2]  # threads of this kernel: one host

@@ -99,7 +99,7 @@ def test_the_protocol_lists_what_the_starts_and_the_run_use():
     methods = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
     assert methods >= {"start_hubs", "start_workers", "hub_places", "current_weights", "failure",
                        "newly_lost", "workers_running", "final_params", "checkpoint_state",
-                       "add_workers", "joined_engines", "finish"}
+                       "add_workers", "joined_engines", "finish", "written_off"}
     assert set(Backend.__annotations__) == {"num_workers", "cluster"}
 
 

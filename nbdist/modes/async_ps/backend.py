@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from dataclasses import replace
 
 import numpy as np
@@ -20,7 +21,7 @@ from nbdist.cluster.engines import Cluster, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
 from nbdist.errors import ClusterError, ConfigError, UnreachableHostError
 from nbdist.hub.server import HubSpec
-from nbdist.modes.common.engine_backend import EngineBackend, get_started
+from nbdist.modes.common.engine_backend import JOIN_MIN_S, EngineBackend, get_started
 from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
@@ -179,15 +180,18 @@ class ClusterBackend(EngineBackend, Backend):
                 for i, (ep, e) in enumerate(zip(endpoints, self.roles.servers, strict=True))]
 
     def finish(self, timeout: float) -> None:
-        """Wait for the worker tasks, then join the hub shards."""
+        """Wait for the worker tasks (interrupting those still running at `timeout`), then join
+        the hub shards, each within what is left of `timeout` (JOIN_MIN_S at least)."""
         from nbdist.hub.launch import join_hub
 
+        deadline = time.monotonic() + timeout
         self._wait_workers(timeout)
         client = self.cluster.client
         for shard, e in enumerate(self.roles.servers):
+            wait = max(JOIN_MIN_S, min(30.0, deadline - time.monotonic()))  # join_hub: 15 s at most
             try:
                 get_within(client[e].apply_async(join_hub, self._run_id, shard), e,
-                           f"joining hub shard {shard}", timeout=30.0)  # join_hub gives up after 15 s
+                           f"joining hub shard {shard}", timeout=wait)
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 

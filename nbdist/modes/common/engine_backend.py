@@ -11,11 +11,18 @@ the worker loop are each mode's own.
 
 from __future__ import annotations
 
+import logging
 import os
+import time
 
 from nbdist.cluster.affinity import cores_per_host, may_spin
 from nbdist.cluster.engines import Cluster, assign_roles, get_within
 from nbdist.errors import EngineTimeoutError, NbdistError, RemoteCellError
+
+log = logging.getLogger(__name__)
+RELEASE_GRACE_S = 2.0  # a written-off worker still running this long later is interrupted
+INTERRUPT_WAIT_S = 5.0  # how long the end of a run waits for the tasks it interrupted
+JOIN_MIN_S = 1.0  # and at least how long for each hub shard's engine, past its deadline
 
 
 class EngineBackend:
@@ -40,8 +47,10 @@ class EngineBackend:
         self.kernel_net = cluster.kernel_network()
         self._tasks: dict[int, object] = {}
         self.worker_engines = list(self.roles.workers)  # worker id -> engine (sync: in rank order)
-        self.lost: dict[int, str] = {}  # worker -> why its engine is gone
+        self.lost: dict[int, str] = {}  # worker -> why it is out (engine gone, written off)
         self._reported: set[int] = set()
+        self._written_off: dict[int, float] = {}  # worker -> when the kernel learnt of it
+        self._interrupted: set[int] = set()
 
     @property
     def num_workers(self) -> int:
@@ -113,9 +122,55 @@ class EngineBackend:
     def workers_running(self) -> bool:
         return any(not ar.ready() for ar in list(self._tasks.values()))
 
+    def written_off(self, worker: int) -> None:
+        """The hub wrote `worker` off: its task's end, an error included, no longer fails the
+        run, and a task still running RELEASE_GRACE_S after the first call (hung in its step, or
+        waiting for a reply the hub could not deliver) is interrupted, so its engine is free for
+        the next run. Called on every poll while the hub lists it as lost."""
+        if worker not in self._tasks or worker in self._interrupted:
+            return
+        if worker not in self.lost:
+            self.lost[worker] = "written off by the hub"
+            self._reported.add(worker)  # the hub knows: nothing to tell it
+            self._written_off[worker] = time.monotonic()
+        since = self._written_off.get(worker)
+        if since is not None and time.monotonic() - since >= RELEASE_GRACE_S:
+            self._interrupt([worker])
+
+    def _interrupt(self, workers: list[int]) -> None:
+        """SIGINT to the engines of these workers whose task still runs (ipyparallel's nanny
+        relays it): the task ends with KeyboardInterrupt at its next Python instruction."""
+        running = [w for w in workers if not self._tasks[w].ready()]
+        self._interrupted.update(workers)
+        if not running:
+            return
+        engines = [self.worker_engines[w] for w in running]
+        log.warning("interrupting worker(s) %s on engine(s) %s: out of the run, still busy",
+                    running, engines)
+        try:
+            self.cluster.client.send_signal("SIGINT", targets=engines, block=False)
+        except Exception as exc:  # noqa: BLE001 - e.g. engines without a nanny: they stay busy
+            log.warning("could not interrupt engine(s) %s: %s", engines, exc)
+
     def _wait_workers(self, timeout: float) -> None:
+        """Wait up to `timeout` for the worker tasks, then interrupt those still running (stuck,
+        or waiting for a hub that is gone) and wait INTERRUPT_WAIT_S more, so their engines
+        take the next run; one that ignores the interrupt (native code) is named in the log."""
+        deadline = time.monotonic() + timeout
         for ar in list(self._tasks.values()):
-            ar.wait(timeout)
+            ar.wait(max(0.0, deadline - time.monotonic()))
+        stuck = [i for i, ar in list(self._tasks.items()) if not ar.ready()]
+        if not stuck:
+            return
+        self._interrupt(stuck)
+        end = time.monotonic() + INTERRUPT_WAIT_S
+        for i in stuck:
+            self._tasks[i].wait(max(0.0, end - time.monotonic()))
+        busy = [self.worker_engines[i] for i in stuck if not self._tasks[i].ready()]
+        if busy:
+            log.warning("engine(s) %s still run a worker of this run after an interrupt; restart "
+                        "them (%%nbdist stop, %%nbdist start N) if the next run cannot use them",
+                        busy)
 
 
 def get_started(ar, engine: int, what: str):

@@ -56,6 +56,21 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
     specs = hub_specs(base, hub_params, shards)
     if job.checkpoint is not None:
         specs = [replace(s, restore=r) for s, r in zip(specs, job.checkpoint.shard_restores(), strict=True)]
+    folder = hold_checkpoint_dir(job, run_id)  # another run's folder: refused before any hub starts
+    try:
+        control, endpoints = _start_hubs_and_workers(job, backend, make_worker_spec, specs, key,
+                                                     preloaded)
+    except BaseException:
+        if folder is not None:
+            folder.release()
+        raise
+    return begin_run(job, backend, control, run_id, wait=wait, hubs=backend.hub_places(endpoints),
+                     folder=folder)
+
+
+def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[HubSpec], key: bytes,
+                            preloaded) -> tuple[HubControl, list[dict]]:
+    config, run_id = job.config, specs[0].run_id
     endpoints = backend.start_hubs(specs)
     control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
     fields = dict(
@@ -70,16 +85,27 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
         control.shutdown()  # nothing may be left serving
         control.close()
         raise
-    return begin_run(job, backend, control, run_id, wait=wait, hubs=backend.hub_places(endpoints))
+    return control, endpoints
+
+
+def hold_checkpoint_dir(job: Job, run_id: str):
+    """This run's claim on --checkpoint-dir (`nbdist.checkpoint.folder`), or None without one;
+    CheckpointError if another run holds it."""
+    if job.config.checkpoint_dir is None:
+        return None
+    from nbdist.checkpoint.folder import FolderLock
+
+    return FolderLock(job.config.checkpoint_dir, run_id)
 
 
 def begin_run(job: Job, backend: Backend, control, run_id: str, *, wait: bool,
-              hubs: list[dict] | None = None) -> Run:
+              hubs: list[dict] | None = None, folder=None) -> Run:
     """The Run of a job whose hubs (or simulation) and workers have started; it waits for the
-    end when `wait`."""
+    end when `wait`. `folder`: its claim on --checkpoint-dir, given back when it ends."""
     run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)
     run.state.write_model = job.fit is None  # a fit call: the kernel writes each epoch's weights
-    run.begin(backend, control, run_id, hubs=hubs, checkpoint_info=job.checkpoint_info(run_id))
+    run.begin(backend, control, run_id, hubs=hubs, checkpoint_info=job.checkpoint_info(run_id),
+              checkpoint_folder=folder)
     if wait:
         run.wait()
     return run

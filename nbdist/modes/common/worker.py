@@ -38,7 +38,7 @@ class WorkerSpec:
     """What one worker needs; sent to its engine by ipyparallel."""
 
     run_id: str
-    key: bytes
+    key: bytes = field(repr=False)  # the run key: signs every message, never printed
     worker: int
     shards: list[dict]
     layout: dict

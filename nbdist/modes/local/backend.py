@@ -61,6 +61,9 @@ class LocalBackend(Backend):
     def newly_lost(self) -> list[tuple[int, str]]:
         return []  # the worker is a thread of this kernel: it cannot die alone
 
+    def written_off(self, worker: int) -> None:
+        """Nothing to free: the worker is a thread of this kernel, which stays free."""
+
     def workers_running(self) -> bool:
         return self._worker is not None and self._worker.is_alive()
 

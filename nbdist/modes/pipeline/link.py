@@ -27,18 +27,29 @@ Transport, per neighbour (`--transport`, default auto):
 `messages` counts the messages with arrays sent to neighbours, by transport. The creator unlinks its
 segments in `close` (end of run, failure, abort); a stage engine that is killed leaves them to
 Python's resource tracker, which unlinks what the dead process created (as for the hub's).
+
+Received as strictly as the hub receives: the bound sockets sit behind a gate
+(`nbdist.hub.gate`: only holders of the run key finish the handshake, connections still in it
+are capped), with the hub's receive high-water mark and a frame limit; a message is read
+frame by frame within the stage's limits (`checks.message_limits`), then its MAC, run,
+recipient and sequence number (replays) are checked, then its op fields and frame table
+(`checks`). Whatever fails is dropped and counted by reason in `dropped`, never raised.
+With `--encrypt` (`encrypt`) every TCP socket here is CurveZMQ: the gate admits only the run's
+client key, and the endpoints the stages and the kernel hand out carry the server key.
 """
 
 from __future__ import annotations
 
-import math
 import time
+from collections import Counter
 
 import numpy as np
 
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
 from nbdist.hub.protocol import Codec, send_frames
+from nbdist.hub.wire import client_socket, curve_keys, recv_bounded, server_socket
+from nbdist.modes.pipeline.checks import REPORT_LIMITS, arrays_of, check_header, slot_table
 
 POLL_MS = 200
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
@@ -72,22 +83,22 @@ def _layout(arrays: list) -> tuple[list[int], int]:
 
 
 class StageLink:
-    """One stage's endpoint; `bind_host` is where its neighbours reach it. `transport`: auto
+    """One stage's endpoint; `bind_host` is where its neighbours reach it. `limits`: (frames,
+    bytes) at most per message it receives (`checks.message_limits`). `transport`: auto
     (shared memory with same-host neighbours), tcp, or shm (refuses a neighbour elsewhere);
-    `slots`: shared-memory slots per neighbour."""
+    `slots`: shared-memory slots per neighbour; `encrypt`: CurveZMQ on every socket (the gate
+    admits only the run's client key)."""
 
     def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float,
-                 transport: str = "auto", slots: int = 8):
+                 limits: tuple[int, int], transport: str = "auto", slots: int = 8, encrypt: bool = False):
         import zmq
 
         self.stage, self.timeout = stage, timeout
         self.name = f"stage-{stage}"
         self.transport, self.slots = str(transport), max(1, slots)
-        self.codec = Codec(key, self.name, run_id)
-        self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        port = self.pull.bind_to_random_port(f"tcp://{bind_host}")
-        self.endpoint = f"tcp://{bind_host}:{port}"
+        self.codec, self._key = Codec(key, self.name, run_id), key
+        self.max_frames, self.max_bytes = limits
+        self.dropped: Counter[str] = Counter()  # messages refused, by reason
         self.host = shm.host_id()
         self.peers: dict[str, object] = {}
         self.sub = None
@@ -99,37 +110,49 @@ class StageLink:
         self.outboxes: dict[str, _Outbox] = {}  # neighbour -> this stage's segment towards it
         self.inboxes: dict[str, tuple[str, int, object]] = {}  # neighbour -> (name, generation, segment)
         self._generation = 0
+        self.ctx = zmq.Context()
+        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, encrypt, kind=zmq.PULL, peers=2)
+        self.curve = curve_keys(key)["server_public"].decode() if encrypt else None
+        try:
+            self.endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
+        except BaseException:  # e.g. an address it cannot bind: give back the socket and the gate
+            self.close()
+            raise
 
     @property
     def info(self) -> dict:
-        """What the neighbours need: where to connect, and the host (to choose shared memory)."""
-        return {"endpoint": self.endpoint, "host": self.host}
+        """What the neighbours need: where to connect, the gate to pass, and the host (to
+        choose shared memory)."""
+        return {"endpoint": self.endpoint, "gate": self.gate.id, "host": self.host,
+                **({"curve": self.curve} if self.curve else {})}
 
-    def connect(self, neighbours: dict, report: str, control: str) -> None:
+    def drops(self) -> dict[str, int]:
+        """Messages refused, and connections refused or cut at the gate, by reason."""
+        return {**self.dropped, **self.gate.counts()}
+
+    def connect(self, neighbours: dict, report: dict, control: dict) -> None:
         """PUSH sockets to the neighbours (`{"stage-1": info, ...}`, each `info` as `self.info`
-        gives it, or a bare endpoint: TCP) and the kernel's report socket; a SUB socket on the
-        kernel's control socket."""
+        gives it) and to the kernel's report socket; a SUB socket on the kernel's control socket
+        (`report` and `control` as `KernelLink` gives them)."""
         import zmq
 
-        endpoints = {}
         for name, info in neighbours.items():
-            endpoint, host = (info, None) if isinstance(info, str) else (info["endpoint"], info.get("host"))
-            endpoints[name] = endpoint
+            host = info.get("host")
             if self.transport != "tcp" and host == self.host:
                 self.shm_peers.add(name)
             elif self.transport == "shm":
                 raise ConfigError(f"--transport shm needs every pipeline stage on one host, but {name} "
                                   f"is on {str(host).split(':')[0]} and {self.name} on "
                                   f"{self.host.split(':')[0]}. Use --transport auto.")
-        for name, endpoint in {**endpoints, "kernel": report}.items():
-            sock = self.ctx.socket(zmq.PUSH)
+        for name, info in {**neighbours, "kernel": report}.items():
+            sock = client_socket(self.ctx, info, self._key, zmq.PUSH)
             sock.setsockopt(zmq.LINGER, 2000)
             sock.setsockopt(zmq.SNDHWM, 0)
-            sock.connect(endpoint)
+            sock.connect(info["endpoint"])
             self.peers[name] = sock
-        self.sub = self.ctx.socket(zmq.SUB)
+        self.sub = client_socket(self.ctx, control, self._key, zmq.SUB)
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(control)
+        self.sub.connect(control["endpoint"])
 
     def send(self, to: str, header: dict, arrays=()) -> None:
         arrays = [np.ascontiguousarray(a) for a in arrays]
@@ -193,9 +216,11 @@ class StageLink:
                 if key in self.buffer:
                     return (key, *self.buffer.pop(key))
             if time.monotonic() > deadline:
+                drops = self.drops()
                 raise TrainingError(
                     f"Stage {self.stage} waited {self.timeout:.0f}s for {keys[0][0]} of step "
-                    f"{keys[0][1]} from its neighbour and got nothing (Received: no message). The "
+                    f"{keys[0][1]} from its neighbour and got nothing (Received: no message"
+                    f"{f'; refused {drops}' if drops else ''}). The "
                     "neighbouring stage's engine may have died or stalled; see run.error and "
                     "%nbdist status, then run the cell again (raise --timeout for very slow stages).")
             ready = dict(poller.poll(POLL_MS))
@@ -225,57 +250,69 @@ class StageLink:
                 self.stop_requested = True
 
     def _receive(self) -> None:
-        msg = self.codec.decode(self.pull.recv_multipart(copy=False))
-        h = msg.header
-        if h["op"] == "ack":
-            box = self.outboxes.get(h.get("src"))
-            if box is not None and h.get("seg") == box.segment.name and h.get("gen") == box.generation \
-                    and 0 <= h.get("slot", -1) < box.slots and h["slot"] not in box.free:
-                box.free.append(h["slot"])
+        """Read one message into the buffer (or, an ack, free its slot). What fails the limits,
+        the MAC, the envelope (run, recipient, replay) or the checks is dropped and counted."""
+        try:
+            msg = self.codec.decode(recv_bounded(self.pull, self.max_frames, self.max_bytes))
+            h = msg.header
+            key = check_header(h, self.peers.keys() - {"kernel"})
+            if key[0] == "ack":
+                self._freed(h)
+                return
+            if "shm" in h and msg.buffers:
+                raise ProtocolError("malformed header: arrays both in shared memory and in frames")
+            arrays = self._copy_out(h) if "shm" in h else arrays_of(h, msg.buffers)
+        except ProtocolError as exc:
+            self.dropped[str(exc).split(":")[0]] += 1
             return
-        if "shm" in h:
-            arrays = self._copy_out(h)
-        else:
-            arrays = [np.frombuffer(b, dtype=np.dtype(d)).reshape(s)
-                      for b, d, s in zip(msg.buffers, h["dtypes"], h["shapes"], strict=True)]
-        key = (h["op"], h.get("step", 0), h.get("mb", 0))
         self.buffer[key] = (h, arrays)
+
+    def _freed(self, h: dict) -> None:
+        """An ack: the slot it names, of this stage's current segment towards its sender, is free."""
+        box, slot = self.outboxes.get(h["src"]), h.get("slot")
+        if box is None or h.get("seg") != box.segment.name or h.get("gen") != box.generation \
+                or type(slot) is not int or not 0 <= slot < box.slots or slot in box.free:
+            raise ProtocolError(f"stale ack: slot {slot!r} of {h.get('seg')!r} from {h['src']}")
+        box.free.append(slot)
 
     def _copy_out(self, h: dict) -> list:
         """The arrays of a verified shared-memory header, copied out of the sender's slot, which
         is then acknowledged (freed)."""
-        src, where = h.get("src"), h["shm"]
-        if src not in self.peers or src == "kernel":
-            raise ProtocolError(f"unknown sender: shared memory from {src!r}, not a neighbour of {self.name}")
-        name, gen = where["seg"], where["gen"]
-        if not (isinstance(name, str) and name.startswith("nbdist-") and isinstance(gen, int)):
-            raise ProtocolError(f"malformed header: segment {name!r}, generation {gen!r}")
-        known = self.inboxes.get(src)
-        if known is None or known[0] != name:
-            if known is not None and gen <= known[1]:
-                raise ProtocolError(f"stale segment: {name!r} generation {gen} from {src}, "
-                                    f"already at generation {known[1]}")
-            if known is not None:
-                shm.release(known[2])
-            known = self.inboxes[src] = (name, gen, shm.attach(name))
-        elif gen != known[1]:
-            raise ProtocolError(f"stale segment: {name!r} generation {gen}, registered as {known[1]}")
-        segment = known[2]
-        arrays = []
-        for d, s, off in zip(h["dtypes"], h["shapes"], where["offsets"], strict=True):
-            dtype = np.dtype(d)
-            nbytes = dtype.itemsize * math.prod(s)
-            if dtype.hasobject or off < 0 or off + nbytes > segment.size:
-                raise ProtocolError(f"malformed header: {d} {s} at byte {off} of a {segment.size}-byte segment")
-            arrays.append(np.ndarray(s, dtype, buffer=segment.buf, offset=off).copy())
-        ack = {"op": "ack", "src": self.name, "seg": name, "gen": gen, "slot": where["slot"]}
+        src, where = h["src"], h["shm"]
+        name, gen, slot = (where.get(k) for k in ("seg", "gen", "slot")) if type(where) is dict else [None] * 3
+        if not (isinstance(name, str) and name.startswith("nbdist-") and type(gen) is int and type(slot) is int):
+            raise ProtocolError(f"malformed header: segment {name!r}, generation {gen!r}, slot {slot!r}")
+        segment = self._segment(src, name, gen)
+        arrays = [np.ndarray(shape, dtype, buffer=segment.buf, offset=off).copy()
+                  for dtype, shape, off in slot_table(h, segment.size)]
+        ack = {"op": "ack", "src": self.name, "seg": name, "gen": gen, "slot": slot}
         send_frames(self.peers[src], self.codec.encode(ack, to=src))
         return arrays
+
+    def _segment(self, src: str, name: str, gen: int):
+        """`src`'s segment `name`: the one registered, or a newer generation (which replaces it)."""
+        known = self.inboxes.get(src)
+        if known is not None and known[0] == name:
+            if gen != known[1]:
+                raise ProtocolError(f"stale segment: {name!r} generation {gen}, registered as {known[1]}")
+            return known[2]
+        if known is not None and gen <= known[1]:
+            raise ProtocolError(f"stale segment: {name!r} generation {gen} from {src}, "
+                                f"already at generation {known[1]}")
+        try:
+            segment = shm.attach(name)
+        except (OSError, ValueError) as exc:
+            raise ProtocolError(f"bad segment: {name!r} cannot be opened ({exc})") from None
+        if known is not None:
+            shm.release(known[2])
+        self.inboxes[src] = (name, gen, segment)
+        return segment
 
     def close(self) -> None:
         for sock in [self.pull, self.sub, *self.peers.values()]:
             if sock is not None:
                 sock.close(linger=500)
+        self.gate.stop()
         self.ctx.term()
         for _, _, segment in self.inboxes.values():
             shm.release(segment)
@@ -286,27 +323,41 @@ class StageLink:
 
 class KernelLink:
     """The kernel's side: a PULL socket for the stages' reports and a PUB socket for stop and
-    abort, both bound on `bind_host`."""
+    abort, both bound on `bind_host` behind one gate; `report_endpoint` and `control_endpoint`
+    are what the stages connect to."""
 
-    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int):
+    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
         import zmq
 
         self.codec = Codec(key, "kernel", run_id)
         self.stages = stages
+        self.dropped: Counter[str] = Counter()  # reports refused, by reason
         self.ctx = zmq.Context()
-        self.pull = self.ctx.socket(zmq.PULL)
-        self.pub = self.ctx.socket(zmq.PUB)
-        self.report_endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
-        self.control_endpoint = f"tcp://{bind_host}:{self.pub.bind_to_random_port(f'tcp://{bind_host}')}"
+        self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], encrypt, kind=zmq.PULL,
+                                             peers=2 * stages)
+        self.pub, _ = server_socket(self.ctx, key, 1024, encrypt, kind=zmq.PUB, gate=self.gate)  # reads subscriptions only
+        curve = {"curve": curve_keys(key)["server_public"].decode()} if encrypt else {}
+        try:
+            self.report_endpoint, self.control_endpoint = (
+                {"endpoint": f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}",
+                 "gate": self.gate.id, **curve} for sock in (self.pull, self.pub))
+        except BaseException:  # e.g. an address it cannot bind: give back the sockets and the gate
+            self.close()
+            raise
+
+    def drops(self) -> dict[str, int]:
+        """Reports refused, and connections refused or cut at the gate, by reason."""
+        return {**self.dropped, **self.gate.counts()}
 
     def receive(self, timeout_ms: int) -> dict | None:
         """The next verified report's header, or None (nothing within `timeout_ms`, or a
-        message that is not valid: counted by nobody, dropped)."""
+        message that fails the limits or the MAC: dropped and counted in `dropped`)."""
         if not self.pull.poll(timeout_ms):
             return None
         try:
-            return self.codec.decode(self.pull.recv_multipart(copy=False)).header
-        except ProtocolError:
+            return self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header
+        except ProtocolError as exc:
+            self.dropped[str(exc).split(":")[0]] += 1
             return None
 
     def broadcast(self, op: str, **fields: object) -> None:
@@ -316,4 +367,5 @@ class KernelLink:
     def close(self) -> None:
         self.pull.close(linger=0)
         self.pub.close(linger=500)
+        self.gate.stop()
         self.ctx.term()

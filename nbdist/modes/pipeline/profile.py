@@ -17,7 +17,8 @@ REPEATS = 5
 
 
 def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
-    """Per step: name, forward_s, backward_s, params; per cut: the live bytes after each step."""
+    """Per step: name, forward_s, backward_s, params; per cut: the live bytes and elements after
+    each step (the elements bound a gradient message, float32 where a tensor is not a float)."""
     import tensorflow as tf
 
     from nbdist.modes.pipeline.graph import call_step
@@ -50,10 +51,11 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
         rows.append({"layer": step.name, "kind": type(step.op).__name__, "forward_s": float(min(fwd)),
                      "backward_s": float(min(bwd)), "params": params})
     cut_bytes = [int(sum(_nbytes(values[t]) for t in graph.live(k))) for k in range(len(graph.steps) - 1)]
+    cut_items = [int(sum(np.prod(values[t].shape) for t in graph.live(k))) for k in range(len(graph.steps) - 1)]
     for k, row in enumerate(rows):
         row["cut_bytes"] = cut_bytes[k] if k < len(cut_bytes) else 0
         row["cut_tensors"] = len(graph.live(k)) if k < len(cut_bytes) else 0
-    return {"layers": rows, "cut_bytes": cut_bytes}
+    return {"layers": rows, "cut_bytes": cut_bytes, "cut_items": cut_items}
 
 
 def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1") -> dict:

@@ -48,8 +48,11 @@ class PipelineRun(Run):
 
     @property
     def pipeline(self) -> dict:
-        """The measured bubble fraction, its ideal (S-1)/(M+S-1), each stage's utilisation, and
-        the micro-batch timings of the latest steps (for `pipeline_figure`)."""
+        """The measured bubble fraction, its ideal (S-1)/(M+S-1), each stage's utilisation, the
+        micro-batch timings of the latest steps (for `pipeline_figure`), the messages each
+        stage sent (`messages`), and what each stage refused (`dropped`, per stage, by reason:
+        messages that failed the limits, the MAC, a replay or the checks, and connections refused
+        or cut at its gate) and what the kernel refused (`kernel_dropped`)."""
         from nbdist.dashboard.pipeline import pipeline_summary
 
         info = self._pipeline_info()

@@ -40,6 +40,7 @@ class PipelineControl:
         self.measured_steps = 0
         self.sent = [0] * stages
         self.messages = [{"shm": 0, "tcp": 0} for _ in range(stages)]  # sent to neighbours, by transport
+        self.dropped: list[dict] = [{} for _ in range(stages)]  # what each stage refused, by reason
         self.global_step, self.epoch = 0, 0
         self.failed = False
         self._last_report = time.monotonic()
@@ -54,7 +55,10 @@ class PipelineControl:
             header = self.link.receive(100)
             if header is not None:
                 with self._lock:
-                    self._absorb(header)
+                    try:
+                        self._absorb(header)
+                    except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # signed, yet malformed
+                        self.link.dropped["malformed report"] += 1
                     self._last_report = time.monotonic()
 
     def _absorb(self, h: dict) -> None:
@@ -71,10 +75,14 @@ class PipelineControl:
             row.update({k: float(v) for k, v in h.get("train", {}).items()})
             self.evals.append(row)
             self.events.append({"time": now, "step": int(h["step"]), "event": "epoch_end", "epoch": self.epoch})
-        elif h["op"] == "ops":
-            stage, step = int(h["stage"]), int(h["step"])
+        elif h["op"] in ("ops", "totals"):
+            stage = int(h["stage"])
             self.sent[stage] = int(h.get("sent", 0))
-            self.messages[stage] = {k: int(v) for k, v in h.get("messages", {}).items()}
+            self.messages[stage] = {str(k): int(v) for k, v in h.get("messages", {}).items()}
+            self.dropped[stage] = {str(k): int(v) for k, v in h.get("dropped", {}).items()}
+            if h["op"] == "totals":
+                return
+            step = int(h["step"])
             by_stage = self.ops.setdefault(step, {})
             by_stage[stage] = h["ops"]
             if len(by_stage) == self.stages:
@@ -91,7 +99,10 @@ class PipelineControl:
 
     # -- what the Run asks ------------------------------------------------------------------
 
-    def stats(self, since: int = 0, timeline: bool = False) -> dict:
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during=None) -> dict:
+        """The Run's poll, answered from what the stages reported (`timeout`, `during`:
+        HubControl's; no socket is waited on here)."""
         done = self.tasks_done()
         if done:  # the last reports are sent before a stage returns: let them land
             deadline = time.monotonic() + 5.0
@@ -110,7 +121,8 @@ class PipelineControl:
         """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
         with self._lock:
             return {"steps": list(self.steps), "busy": list(self.busy), "wall": self.wall,
-                    "measured_steps": self.measured_steps, "messages": [dict(m) for m in self.messages]}
+                    "measured_steps": self.measured_steps, "messages": [dict(m) for m in self.messages],
+                    "dropped": [dict(d) for d in self.dropped], "kernel_dropped": self.link.drops()}
 
     def control(self, **h: object) -> None:
         if h.get("stop"):
@@ -125,6 +137,9 @@ class PipelineControl:
         if not self.tasks_done():
             self.failed = True
             self.link.broadcast("abort", reason="the run is over")
+
+    def cap_timeout(self, seconds: float) -> None:
+        """Nothing to cap: no request here waits for an answer (HubControl's has)."""
 
     @property
     def closed(self) -> bool:
@@ -148,6 +163,7 @@ class PipelineBackend(Backend):
         self.cluster, self.engines, self.graph, self.model = cluster, engines, graph, model
         self.namespace, self.control = namespace, control
         self.tasks: list = []
+        self.endpoints: list[dict] = []  # where each stage is reached (link.StageLink.info)
         self.num_workers = len(engines)
         control.tasks_done = self.tasks_done
 
@@ -167,8 +183,8 @@ class PipelineBackend(Backend):
         link = self.control.link
         try:
             pending = [self.call(s, prepare_stage, spec, **extra) for s, spec in enumerate(specs)]
-            endpoints = [_started(p, s, self.engines[s], spec.timeout)
-                         for s, (p, spec) in enumerate(zip(pending, specs, strict=True))]
+            endpoints = self.endpoints = [_started(p, s, self.engines[s], spec.timeout)
+                                          for s, (p, spec) in enumerate(zip(pending, specs, strict=True))]
             last = len(specs) - 1
             for s, spec in enumerate(specs):
                 neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n <= last}
@@ -219,6 +235,9 @@ class PipelineBackend(Backend):
 
     def newly_lost(self) -> list:
         return []  # a pipeline needs every stage: a lost stage is a failure
+
+    def written_off(self, worker: int) -> None:
+        """Never called: stages are never written off (a lost stage is a failure)."""
 
     def workers_running(self) -> bool:
         return any(not t.ready() for t in self.tasks)

@@ -20,12 +20,13 @@ from nbdist.core.partition import schedule
 from nbdist.errors import CellError, DataError
 
 _STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, by (run, stage)
+VALIDATION_BATCH = 256  # samples per validation message, at least (or the batch size)
 
 
 @dataclass
 class StageSpec:
     run_id: str
-    key: bytes
+    key: bytes = field(repr=False)  # the run key: signs every message, never printed
     stage: int
     stages: int
     bounds: tuple[int, int]
@@ -48,6 +49,9 @@ class StageSpec:
     lr: float | None = None  # --lr: overrides the cell's optimizer's rate
     own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
     transport: str = "auto"  # --transport: shared memory with same-host neighbours (auto), tcp, shm
+    limits: tuple[int, int] | None = None  # (frames, bytes) at most per message it receives (checks.message_limits)
+    encrypt: bool = False  # --encrypt (the cluster's): CurveZMQ on the stage's sockets
+    local_rank: int = 0  # this stage's index among the run's stages on its host: its own GPU
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
@@ -55,13 +59,13 @@ def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
     endpoint, and the host, for shared memory between stages on one host)."""
     from nbdist.engine.run_cell import execute_cell
 
-    ns = execute_cell(spec.source, spec.pushed, spec.threads, 0, namespace)
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
     return stage.link.info
 
 
-def run_stage(run_id: str, stage: int, neighbours: dict, report: str, control: str) -> dict:
+def run_stage(run_id: str, stage: int, neighbours: dict, report: dict, control: dict) -> dict:
     """Train this prepared stage to the end; returns its weights and totals."""
     worker = _STAGES.pop((run_id, stage))
     try:
@@ -127,8 +131,8 @@ class Stage:
         self._build_functions()
         # slots: at most M messages are sent towards a neighbour before the sender next waits
         # (and reads the acks); twice that spares the TCP fallback (see link.py)
-        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout,
-                              transport=spec.transport, slots=2 * spec.micro_batches + 2)
+        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout, spec.limits,
+                              transport=spec.transport, slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
 
     def _build_functions(self) -> None:
         import tensorflow as tf
@@ -243,7 +247,7 @@ class Stage:
             self.optimizer.apply(grads, self.sub.trainable)
         ops.append(["U", -1, t0, time.time()])
         link.report({"op": "ops", "stage": s, "step": step, "epoch": epoch, "ops": ops,
-                     "sent": link.sent_bytes, "messages": link.messages})
+                     "sent": link.sent_bytes, "messages": link.messages, "dropped": link.drops()})
         if self.last:
             link.report({"op": "step", "step": step, "epoch": epoch, "loss": loss_sum, "samples": total,
                          "time": time.time()})
@@ -263,7 +267,7 @@ class Stage:
                              "train": train_metrics, "time": time.time()})
             return
         xv, yv = self.validation
-        size = max(256, spec.batch_size)
+        size = max(VALIDATION_BATCH, spec.batch_size)
         if self.last:
             self.model.reset_metrics()
         loss, seen = 0.0, 0
@@ -289,9 +293,13 @@ class Stage:
                          "train": train_metrics, "time": time.time()})
 
     def _result(self, steps: int, started: float) -> dict:
+        """The stage's totals, also reported to the kernel (what it refused after its last step)."""
+        link = self.link
+        link.report({"op": "totals", "stage": self.spec.stage, "sent": link.sent_bytes,
+                     "messages": link.messages, "dropped": link.drops()})
         return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
-                "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": self.link.sent_bytes,
-                "messages": dict(self.link.messages)}
+                "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": link.sent_bytes,
+                "messages": dict(link.messages), "dropped": link.drops()}
 
 
 def _prediction(model, outs: list):

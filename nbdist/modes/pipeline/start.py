@@ -30,6 +30,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     from nbdist.core.partition import METHODS, check_stages, partition
     from nbdist.engine.flatmodel import ensure_built, read_flat, write_flat
     from nbdist.hub.protocol import new_key
+    from nbdist.modes.pipeline.checks import message_limits
     from nbdist.modes.pipeline.graph import Graph
     from nbdist.modes.pipeline.link import KernelLink
     from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
@@ -65,6 +66,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     micro_size = config.batch_size // micro
     nets = cluster.engine_networks(engines) if cluster is not None else None
     threads = _stage_threads(nets, engines)
+    local_ranks = _local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
     if cluster is not None:
         from nbdist.cluster.engines import get_within
@@ -90,9 +92,14 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     alternatives = {m: partition(costs, measured["cut_bytes"], stages, m, **options)
                     for m in METHODS}
 
+    limits = message_limits(measured["cut_bytes"], measured["cut_items"], [r["cut_tensors"] for r in layers],
+                            chosen.bounds, measured["micro_batch"],
+                            _message_samples(config.batch_size, x, contents.validation_arrays))
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
-    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages)
+    encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages,
+                        encrypt=encrypt)
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
     backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
@@ -104,7 +111,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
-                           own_optimizer=cluster is not None, transport=str(config.transport))
+                           own_optimizer=cluster is not None, transport=str(config.transport),
+                           limits=limits[s], encrypt=encrypt, local_rank=local_ranks[s])
                  for s in range(stages)]
         backend.start_workers(specs)
     except BaseException:
@@ -126,6 +134,18 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     return run
 
 
+def _message_samples(batch_size: int, x, validation_arrays) -> float:
+    """Samples in the largest message between stages (a validation batch), counted in training
+    samples: scaled up where a validation sample is larger than a training one."""
+    from nbdist.modes.pipeline.stage import VALIDATION_BATCH
+
+    samples = max(VALIDATION_BATCH, batch_size)
+    xv = validation_arrays[0] if validation_arrays else None
+    if getattr(xv, "shape", None) is not None and getattr(x, "shape", None) is not None:
+        samples *= max(1.0, math.prod(xv.shape[1:]) / max(1, math.prod(x.shape[1:])))
+    return samples
+
+
 def _portable(pushed: dict) -> dict:
     from nbdist.engine.run_cell import portable
 
@@ -145,6 +165,13 @@ def _stage_threads(nets: dict | None, engines: list) -> list[int]:
     hosts = [nets[e].hostname for e in engines]
     cores, here = cores_per_host((nets[e].hostname, nets[e].cores) for e in engines), Counter(hosts)
     return [max(1, (cores.get(h) or os.cpu_count() or 1) // here[h]) for h in hosts]
+
+
+def _local_ranks(nets: dict | None, engines: list) -> list[int]:
+    """Each stage's index among the stages on its host (so each uses its own GPU there); stages
+    that are threads of this kernel are all on one host."""
+    hosts = [nets[e].hostname for e in engines] if nets is not None else ["kernel"] * len(engines)
+    return [hosts[:s].count(h) for s, h in enumerate(hosts)]
 
 
 def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:

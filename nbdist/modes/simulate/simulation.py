@@ -87,7 +87,10 @@ class Simulation:
 
     # -- the Run's side (same shape as HubControl) ------------------------------------------
 
-    def stats(self, since: int = 0, timeline: bool = False) -> dict:
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during=None) -> dict:
+        """The Run's poll, answered in this kernel (`timeout`, `during`: HubControl's; nothing
+        to wait on)."""
         with self._lock:
             snap = self.core.stats(since, timeline)
             snap.update(error=None, dropped={}, finished=self.ended and self.error is None, virtual=True)
@@ -105,6 +108,9 @@ class Simulation:
     def shutdown(self) -> None:
         if not self.ended:
             self.control(stop=True)
+
+    def cap_timeout(self, seconds: float) -> None:
+        """Nothing to cap: no request here waits for an answer (HubControl's has)."""
 
     def close(self) -> None:
         pass

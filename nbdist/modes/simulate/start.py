@@ -103,6 +103,9 @@ class SimBackend(Backend):
     def newly_lost(self) -> list[tuple[int, str]]:
         return []  # virtual workers cannot die
 
+    def written_off(self, worker: int) -> None:
+        """Never called: virtual workers are never written off."""
+
     def workers_running(self) -> bool:
         return self._thread.is_alive()
 

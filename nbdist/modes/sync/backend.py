@@ -1,11 +1,14 @@
 """The kernel side of `--mode sync` (synchronous training through Horovod allreduce).
 
-`SyncBackend` runs Horovod's own rendezvous HTTP server (bound to loopback for a local
-cluster), assigns ranks with Horovod's `get_host_assignments`, gives every worker engine its
-`HOROVOD_*` variables, and starts one rank per engine (`nbdist.modes.sync.rank`), placed and
-watched as every engine backend's workers are (nbdist/modes/common/engine_backend.py). A hub in
-its metrics-and-control role (no parameters) runs as a thread in this kernel
-(nbdist/modes/common/kernel_hub.py). Only this module and the rank's import Horovod.
+`SyncBackend` runs Horovod's own rendezvous HTTP server, answering only requests signed with
+the run's key (`nbdist.modes.sync.rendezvous`; bound to loopback for a local cluster), assigns
+ranks with Horovod's `get_host_assignments`, gives every worker engine its `HOROVOD_*`
+variables, checks every rank's network before any starts (`nbdist.modes.sync.network`), and
+starts one rank per engine (`nbdist.modes.sync.rank`), placed and watched as every engine
+backend's workers are (nbdist/modes/common/engine_backend.py). A hub in its
+metrics-and-control role (no parameters) runs as a thread in this kernel
+(nbdist/modes/common/kernel_hub.py), CurveZMQ with the cluster's --encrypt. Only this module
+and the rank's import Horovod.
 """
 
 from __future__ import annotations
@@ -15,8 +18,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.cluster.engines import get_within
 from nbdist.cluster.netaddr import kernel_address
-from nbdist.errors import ConfigError, DependencyError, WorkersLostError
+from nbdist.errors import ConfigError, DependencyError, UnreachableHostError, WorkersLostError
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import EngineBackend
 from nbdist.modes.common.kernel_hub import KernelHubs
@@ -37,6 +41,38 @@ def require_horovod() -> None:
         ) from None
 
 
+def check_ranks(client, specs: list) -> None:
+    """Every rank's network checks (`nbdist.modes.sync.network.preflight`) on its engine, before
+    any rank starts: a refusal is raised here, in the kernel, and no engine is left waiting in
+    Gloo's rendezvous for a rank that will not come (it would abort them)."""
+    from nbdist.modes.sync.network import preflight
+
+    pending = [(s.engine, client[s.engine].apply_async(preflight, s.env)) for s in specs]
+    for engine, ar in pending:
+        refused = get_within(ar, engine, "the --mode sync check of its network")
+        if refused is not None:
+            raise UnreachableHostError(f"[engine {engine}] {refused['message']}", host=refused["host"],
+                                       address=refused["address"])
+
+
+def plaintext_note(encrypt: bool, rank_hosts: list[str]) -> str | None:
+    """The `run.warnings` line for --encrypt when the ranks span hosts: Gloo sends gradients and
+    weights between them unencrypted (Horovod has no encryption); None otherwise.
+
+    Example:
+        >>> plaintext_note(True, ["a", "a"]) is None, plaintext_note(True, ["a", "b"])[:30]
+        (True, '--encrypt: the ranks on 2 host')
+    """
+    hosts = sorted(set(rank_hosts))
+    if not encrypt or len(hosts) < 2:
+        return None
+    return (f"--encrypt: the ranks on {len(hosts)} hosts ({', '.join(hosts)}) exchange gradients and "
+            "weights through Horovod's Gloo, which has no encryption: those tensors cross the network in "
+            "plaintext. The metrics hub uses CurveZMQ and the rendezvous is signed with the run's key. "
+            "For encrypted training across hosts use --mode async (or --mode pipeline); otherwise keep "
+            "sync runs on a trusted network (or one encrypted below nbdist, e.g. WireGuard).")
+
+
 class SyncBackend(EngineBackend, Backend):
     """Horovod ranks on worker engines (no engine holds a hub); rendezvous and the metrics hub
     in this kernel. Rank r is worker r, on `worker_engines[r]`."""
@@ -55,8 +91,10 @@ class SyncBackend(EngineBackend, Backend):
         self.results: dict[int, dict] = {}
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
-        """The metrics hub (one shard, no parameters) on a thread of this kernel."""
-        return self._hubs.start([replace(s, bind_host=self._kernel_bind_host()) for s in specs])
+        """The metrics hub (one shard, no parameters) on a thread of this kernel; CurveZMQ with
+        the cluster's --encrypt (%nbdist start/connect)."""
+        encrypt = bool(getattr(self.cluster, "encrypt", False))
+        return self._hubs.start([replace(s, bind_host=self._kernel_bind_host(), encrypt=encrypt) for s in specs])
 
     def _kernel_bind_host(self) -> str:
         """This kernel's address towards the ranks (from routes; loopback if all are local)."""
@@ -64,7 +102,8 @@ class SyncBackend(EngineBackend, Backend):
 
     def start_workers(self, base: SyncSpec) -> None:
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-        from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
+
+        from nbdist.modes.sync.rendezvous import signed_rendezvous
 
         engines = list(self.roles.workers)
         hosts: dict[str, list[int]] = {}
@@ -73,14 +112,15 @@ class SyncBackend(EngineBackend, Backend):
         plan = get_host_assignments(parse_hosts(",".join(f"{h}:{len(es)}" for h, es in hosts.items())),
                                     len(engines))
         address = self._kernel_bind_host()
-        # Horovod's own server and handler, bound to one address instead of all interfaces
-        self._rendezvous = RendezvousHTTPServer((address, 0), RendezvousHandler, 0)
+        # Horovod's own server, bound to one address instead of all interfaces, signed requests only
+        self._rendezvous = signed_rendezvous((address, 0), base.key, base.run_id)
         self._rendezvous.init(plan)
         threading.Thread(target=self._rendezvous.serve_forever, daemon=True,
                          name="nbdist-horovod-rendezvous").start()
         port = self._rendezvous.server_address[1]
         next_on_host = {h: iter(es) for h, es in hosts.items()}
         self.worker_engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
+        specs = []
         for slot, engine in zip(plan, self.worker_engines, strict=True):
             env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
                    "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
@@ -91,10 +131,22 @@ class SyncBackend(EngineBackend, Backend):
                    "HOROVOD_GLOO_IFACE": f"route:{address}",  # resolved on the rank (rank_network)
                    "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
-            spec = replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
-                           threads=max(1, self.host_cores(engine) // slot.local_size),
-                           pin=(slot.local_rank, 0, slot.local_size) if self.pin else None)
-            self._launch(slot.rank, engine, run_sync_worker, spec)
+            specs.append(replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
+                                 threads=max(1, self.host_cores(engine) // slot.local_size),
+                                 pin=(slot.local_rank, 0, slot.local_size) if self.pin else None))
+        try:
+            check_ranks(self.cluster.client, specs)
+        except BaseException:
+            self._close_rendezvous()
+            raise
+        for spec in specs:
+            self._launch(spec.worker, spec.engine, run_sync_worker, spec)
+
+    def _close_rendezvous(self) -> None:
+        if self._rendezvous is not None:
+            self._rendezvous.shutdown()
+            self._rendezvous.server_close()
+            self._rendezvous = None
 
     def checkpoint_state(self, control, final: bool) -> list:
         """Rank 0's weights, optimizer slots and data position (see nbdist.checkpoint.sync_state)."""
@@ -149,6 +201,4 @@ class SyncBackend(EngineBackend, Backend):
     def finish(self, timeout: float) -> None:
         self._wait_workers(timeout)
         self._hubs.join(timeout)
-        if self._rendezvous is not None:
-            self._rendezvous.shutdown()
-            self._rendezvous.server_close()
+        self._close_rendezvous()

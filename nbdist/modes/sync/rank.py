@@ -48,55 +48,22 @@ class SyncSpec(WorkerSpec):
 
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     """One Horovod rank: train in lockstep with the others; returns the final weights."""
-    os.environ.update(rank_network(spec.env or {}))
+    from nbdist.modes.sync.network import rank_network
+    from nbdist.modes.sync.rendezvous import RendezvousRelay
+
+    env = rank_network(spec.env or {})
+    os.environ.update(env)
     spec = pin_worker(spec)  # --pin auto: each rank on its own cores of the host
     model, data, validation = run_cell(spec, namespace)
     import horovod.tensorflow as hvd
 
-    hvd.init()
-    try:
-        return _SyncLoop(spec, hvd, model, data, validation).run()
-    finally:
-        hvd.shutdown()
-
-
-def rank_network(env: dict) -> dict:
-    """Resolve `HOROVOD_GLOO_IFACE=route:ADDRESS` to this host's interface towards the
-    rendezvous (Gloo binds that interface's address), after checking the rendezvous answers."""
-    from nbdist.cluster.netaddr import check_reachable, interface_for
-
-    env = dict(env)
-    iface = env.get("HOROVOD_GLOO_IFACE", "")
-    if iface.startswith("route:"):
-        address = iface.split(":", 1)[1]
-        check_reachable(address, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
-                        "the Horovod rendezvous (in the notebook kernel)", env.get("NBDIST_RENDEZVOUS_HOST", "?"))
-        env["HOROVOD_GLOO_IFACE"] = interface_for(address)
-        if int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1:
-            check_hostname_address(env["HOROVOD_GLOO_IFACE"])
-    return env
-
-
-def check_hostname_address(iface: str) -> None:
-    """Horovod 0.28.1 connects its process-set contexts on the address of this host's *name*,
-    not on HOROVOD_GLOO_IFACE: across hosts that name must resolve to an address of `iface`,
-    or Gloo aborts the engine ("Unable to find address for", or loopback peers). Say so first."""
-    from nbdist.cluster.netaddr import host_network
-    from nbdist.errors import UnreachableHostError
-
-    name = socket.gethostname()
-    try:
-        resolved = socket.gethostbyname(name)
-    except OSError:
-        resolved = None
-    own = [a for a, _ in host_network("127.0.0.1").addrs.get(iface, [])]
-    if resolved not in own:
-        raise UnreachableHostError(
-            f"Host {name}'s name resolves to {resolved or 'nothing'}, but its ranks talk to the other "
-            f"hosts on {iface} ({', '.join(own) or 'no address'}). Horovod's Gloo binds the address of "
-            "the host's name for part of its set-up, so ranks on other hosts could not reach it. "
-            f"Make {name} resolve to {own[0] if own else 'that address'} (a line in /etc/hosts or DNS), "
-            "or use --mode async.", host=name, address=resolved)
+    with RendezvousRelay(spec.key, spec.run_id, str(spec.worker), env) as relay:
+        os.environ.update(relay.horovod_env())  # Horovod's client signs nothing: the relay does
+        hvd.init()
+        try:
+            return _SyncLoop(spec, hvd, model, data, validation).run()
+        finally:
+            hvd.shutdown()
 
 
 class _SyncLoop:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 from nbdist.job import Job, cell_rate
 from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
-from nbdist.modes.sync.backend import SyncBackend
+from nbdist.modes.sync.backend import SyncBackend, plaintext_note
 from nbdist.modes.sync.rank import SyncSpec
 from nbdist.run.handle import Run
 
@@ -28,6 +28,9 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
         config = config.replace(batch_size=each)
         job = replace(job, config=config, warnings=[*job.warnings, *([warning] if warning else [])])
     job = job.for_workers(backend.num_workers)
+    note = plaintext_note(bool(getattr(cluster, "encrypt", False)), [backend.hosts[e] for e in backend.roles.workers])
+    if note is not None:
+        job.warnings.append(note)
     params, non_trainable = job.params, job.non_trainable
     lr = config.lr if config.lr is not None else cell_rate(job.model.optimizer)
     rank = dict(epochs=config.epochs, lr=lr, initial_params=params, initial_non_trainable=non_trainable,

@@ -1,0 +1,241 @@
+"""The gate of every ZeroMQ socket nbdist binds (hub shards, pipeline stages, the kernel's
+pipeline sockets): who may finish ZeroMQ's handshake, and how many connections may still be
+in it, so that peers without the run's key can make a process hold only a bounded amount.
+
+Why it is needed: libzmq reads a peer's bytes before nbdist sees any of them. Its receive
+high-water mark counts whole messages per connection, so a message that never ends (frames
+flagged "more", without end) is held whole, however large, and a handshake command may be as
+large as a frame (`ZMQ_MAXMSGSIZE`). Neither the MAC nor the number of connections bounded it.
+
+- **Authenticated handshake.** A client finishes the handshake only with a one-time token:
+  ZeroMQ's PLAIN mechanism with username `<gate id>:<random nonce>` and password the keyed
+  BLAKE3 of the username under the run key (`credentials`). This gate's ZAP handler admits
+  each token once, on this gate only, so a token read off the network cannot be used again.
+  With `--encrypt`: CurveZMQ, admitting only the run's client key. Until a connection has
+  finished its handshake, libzmq hands nothing of it on and holds at most one handshake
+  command (up to the socket's frame limit) and its buffers (`CONNECTION_BYTES`).
+- **Young connections capped.** libzmq closes a connection that has not finished its
+  handshake within `HANDSHAKE_S` (`ZMQ_HANDSHAKE_IVL`), so every older connection holds the
+  key. The gate watches accepts and closes (a socket monitor) and cuts a new connection at
+  once when `limit` connections younger than `HANDSHAKE_S` are already open.
+
+So the connections that never authenticate hold at most `limit x (frame limit +
+CONNECTION_BYTES)` at any time (docs/security.md gives the figures). The caller sizes
+`limit` from the peers it expects (its workers or neighbours) plus `YOUNG_MARGIN`. Under a
+flood of new connections a peer connecting for the first time may be cut too (it then waits
+for its own timeout): the cap protects memory, not availability.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+import queue
+import secrets
+import socket
+import struct
+import threading
+import time
+from collections import Counter
+
+from nbdist.hub.protocol import mac
+
+HANDSHAKE_S = 3.0  # ZMQ_HANDSHAKE_IVL: a connection that has not authenticated by then is closed
+YOUNG_MARGIN = 8  # young connections allowed beyond the expected peers (reopened lines, the kernel)
+CONNECTION_BYTES = 16 * 1024  # what libzmq holds per connection beside a handshake command (measured ~15 KB)
+POLL_MS = 100
+ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27), one handler per context
+CUT = "cut: too many new connections"
+REFUSED = "refused at the handshake"
+
+
+def credentials(key: bytes, gate: str) -> tuple[bytes, bytes]:
+    """A fresh one-time (username, password) for the gate named `gate` of this run.
+
+    Example:
+        >>> user, password = credentials(bytes(32), "g1")
+        >>> user.startswith(b"g1:"), len(password)
+        (True, 64)
+    """
+    username = f"{gate}:{secrets.token_hex(16)}".encode()
+    return username, _token(key, username)
+
+
+def _token(key: bytes, username: bytes) -> bytes:
+    return mac(key, b"gate " + username).hex().encode()  # never a JSON header: those start with {
+
+
+class Young:
+    """The open connections accepted less than `window_s` ago, at most `limit` of them. Pure
+    bookkeeping by file descriptor; the clock is the caller's.
+
+    Example:
+        >>> young = Young(limit=1, window_s=3.0)
+        >>> young.admit(7, now=0.0), young.admit(8, now=1.0), young.admit(9, now=3.5)
+        (True, False, True)
+    """
+
+    def __init__(self, limit: int, window_s: float = HANDSHAKE_S):
+        self.limit, self.window_s = limit, window_s
+        self.open: dict[int, float] = {}  # descriptor -> when it was accepted
+
+    def admit(self, fd: int, now: float) -> bool:
+        """Whether a connection accepted now may stay (if so it is counted until `gone`)."""
+        if self.count(now) >= self.limit:
+            return False
+        self.open[fd] = now
+        return True
+
+    def count(self, now: float) -> int:
+        return sum(1 for t in self.open.values() if now - t < self.window_s)
+
+    def gone(self, fd: int) -> None:
+        self.open.pop(fd, None)
+
+
+class Gate:
+    """The ZAP handler and connection monitor of one ZeroMQ context, on a thread of its own.
+    `guard(sock, frame_bytes)` before binding a socket; `counts()`: connections refused at the
+    handshake and cut; `stop()` before the context is terminated. `id` goes into the
+    endpoints that clients are given, for their tokens."""
+
+    def __init__(self, ctx, key: bytes, limit: int, encrypt: bool = False):
+        import zmq
+
+        self.ctx, self.encrypt, self.id = ctx, encrypt, secrets.token_hex(8)
+        self._key, self._spent = key, set()
+        self.young = Young(limit)
+        self._counts: Counter[str] = Counter()
+        self._client_key = b""
+        if encrypt:
+            from zmq.utils import z85
+
+            from nbdist.hub.wire import curve_keys
+
+            keys = curve_keys(key)
+            self._secret, self._client_key = keys["server_secret"], z85.decode(keys["client_public"])
+        self._zap = ctx.socket(zmq.REP)
+        self._zap.setsockopt(zmq.LINGER, 0)
+        self._zap.bind(ZAP_ENDPOINT)
+        self._new: queue.Queue = queue.Queue()
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"nbdist-gate-{self.id}")
+        self._thread.start()
+
+    def __repr__(self) -> str:
+        return f"Gate(id={self.id!r}, limit={self.young.limit}, encrypt={self.encrypt})"  # never the key
+
+    def guard(self, sock, frame_bytes: int) -> None:
+        """Set up `sock` (not yet bound): frames of at most `frame_bytes`, the handshake deadline,
+        PLAIN tokens or CurveZMQ checked here, and its accepts and closes watched."""
+        import zmq
+
+        sock.setsockopt(zmq.MAXMSGSIZE, int(frame_bytes))
+        sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
+        sock.setsockopt(zmq.ZAP_DOMAIN, b"nbdist")
+        if self.encrypt:
+            sock.setsockopt(zmq.CURVE_SERVER, 1)
+            sock.setsockopt(zmq.CURVE_SECRETKEY, self._secret)
+        else:
+            sock.setsockopt(zmq.PLAIN_SERVER, 1)
+        events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
+                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        self._new.put(sock.get_monitor_socket(events))  # the gate's thread takes it over
+
+    def counts(self) -> dict[str, int]:
+        return dict(self._counts)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(10)
+
+    # -- the gate's thread ------------------------------------------------------------------
+
+    def _run(self) -> None:
+        import zmq
+
+        poller, monitors = zmq.Poller(), []
+        poller.register(self._zap, zmq.POLLIN)
+        try:
+            while not self._stopping.is_set():
+                while not self._new.empty():
+                    monitors.append(self._new.get())
+                    poller.register(monitors[-1], zmq.POLLIN)
+                ready = dict(poller.poll(POLL_MS))
+                for monitor in monitors:  # accepts before the requests they lead to
+                    if monitor in ready:
+                        self._events(monitor)
+                if self._zap in ready:
+                    self._requests()
+        finally:
+            while not self._new.empty():
+                monitors.append(self._new.get())
+            for sock in [*monitors, self._zap]:
+                sock.close(0)
+
+    def _events(self, monitor) -> None:
+        import zmq
+
+        while True:
+            try:
+                head, endpoint = monitor.recv_multipart(zmq.NOBLOCK)[:2]
+            except zmq.Again:
+                return
+            event, value = struct.unpack("=Hi", head)
+            if event == zmq.EVENT_ACCEPTED and not self.young.admit(value, time.monotonic()):
+                _cut(value, endpoint.decode())
+                self._counts[CUT] += 1
+            elif event == zmq.EVENT_DISCONNECTED:
+                self.young.gone(value)
+            elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH):
+                self._counts[REFUSED] += 1  # a wrong token or mechanism (not a probe that just left)
+
+    def _requests(self) -> None:
+        import zmq
+
+        while True:
+            try:
+                request = self._zap.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            ok = len(request) >= 6 and self._admits(request[5], request[6:])
+            self._zap.send_multipart([b"1.0", request[1] if len(request) > 1 else b"",
+                                      b"200" if ok else b"400", b"OK" if ok else b"refused",
+                                      b"nbdist" if ok else b"", b""])
+
+    def _admits(self, mechanism: bytes, credentials: list) -> bool:
+        if mechanism == b"CURVE" and self.encrypt:
+            return len(credentials) == 1 and hmac.compare_digest(credentials[0], self._client_key)
+        if mechanism != b"PLAIN" or self.encrypt or len(credentials) != 2:
+            return False
+        username, password = credentials
+        if not username.startswith(self.id.encode() + b":") or username in self._spent:
+            return False
+        if not hmac.compare_digest(password, _token(self._key, username)):
+            return False
+        self._spent.add(username)
+        return True
+
+
+def _cut(fd: int, endpoint: str) -> None:
+    """Close the connection libzmq accepted as `fd` on `endpoint`: shut it down through a
+    duplicate of the descriptor (libzmq then sees it end and closes it itself), after checking
+    that the descriptor still is a connection on that endpoint."""
+    try:
+        dup = os.dup(fd)
+    except OSError:  # already closed by libzmq
+        return
+    try:
+        conn = socket.socket(fileno=dup)
+    except OSError:  # reused for something else than a socket
+        os.close(dup)
+        return
+    with conn:
+        try:
+            local = conn.getsockname()
+            ours = (endpoint == f"ipc://{local}" if conn.family == socket.AF_UNIX
+                    else endpoint.rsplit(":", 1)[-1] == str(local[1]))
+            if ours:
+                conn.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass

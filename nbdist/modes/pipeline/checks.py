@@ -1,0 +1,103 @@
+"""What a pipeline stage accepts from its neighbours, checked like the hub checks its messages:
+pure functions, no sockets.
+
+- `message_limits`: the most frames and bytes a message to each stage can have, from the
+  profile's live tensors at its cuts (the hub's frame limit, `ZMQ_MAXMSGSIZE` and
+  `recv_bounded`, are set from these, so an oversized message is refused before its MAC);
+- `check_header`: the op fields of a signed message (a signed but malformed header is dropped
+  and counted, never raised);
+- `arrays_of`: the arrays of a message, after checking its frame table (shapes, dtypes and
+  the buffers' sizes agree, and no dtype holds Python objects).
+Each raises `ProtocolError` whose first word names the reason it is counted under.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from nbdist.errors import ProtocolError
+from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES
+
+OPS = ("F", "B", "E", "end", "ack")  # forward, backward, validation forward, stop, slot freed
+MARGIN = 2  # on the measured bytes per sample (a legit message refused would stall the run)
+HEADER_BYTES = SIGNATURE_BYTES + MAX_HEADER_BYTES
+REPORT_LIMITS = (1, HEADER_BYTES)  # the kernel's reports: a signed header, no arrays
+
+
+def message_limits(cut_bytes: list[int], cut_items: list[int], cut_tensors: list[int], bounds: list,
+                   micro_batch: int, samples: int) -> list[tuple[int, int]]:
+    """(frames, bytes) at most per message to each stage. A stage receives the live tensors at
+    the cut before it (forward, validation) and their gradients at the cut after it
+    (backward, float32 where a tensor is not a float); `cut_*[k]` describe the cut after step
+    k for `micro_batch` samples; a message carries at most `samples` (a validation batch).
+
+    Example:
+        >>> message_limits([64, 32], [16, 8], [1, 2], [(0, 1), (1, 3)], micro_batch=2, samples=4)[1]
+        (2, 65824)
+    """
+    limits = []
+    for start, end in bounds:
+        cuts = [k for k in (start - 1, end - 1) if 0 <= k < len(cut_bytes)]
+        per_sample = max((max(cut_bytes[k], 4 * cut_items[k]) / max(1, micro_batch) for k in cuts), default=0)
+        frames = 1 + max((cut_tensors[k] for k in cuts), default=0)
+        limits.append((frames, HEADER_BYTES + math.ceil(MARGIN * per_sample * samples)))
+    return limits
+
+
+def check_header(h: dict, neighbours) -> tuple:
+    """The buffer key (op, step, micro-batch) of a verified stage message, or ProtocolError
+    ("malformed header") if its op, step, micro-batch or sender is not one a stage sends."""
+    step, mb = h.get("step", 0), h.get("mb", 0)
+    if h["op"] not in OPS or type(step) is not int or type(mb) is not int or h.get("src") not in neighbours:
+        raise ProtocolError(f"malformed header: op {h['op']!r}, step {step!r}, micro-batch {mb!r} "
+                            f"from {h.get('src')!r}")
+    return h["op"], step, mb
+
+
+def arrays_of(h: dict, buffers: list) -> list[np.ndarray]:
+    """The arrays a verified message carries in its frames (zero-copy views), once its frame
+    table is checked: as many shapes and dtypes as buffers, each a number dtype whose size
+    times the shape's elements is the buffer's length.
+
+    Example:
+        >>> arrays_of({"shapes": [[2]], "dtypes": ["<f4"]}, [bytes(8)])[0].tolist()
+        [0.0, 0.0]
+    """
+    shapes, dtypes = _table(h, len(buffers))
+    arrays = []
+    for b, d, s in zip(buffers, dtypes, shapes, strict=True):
+        if d.itemsize * math.prod(s) != memoryview(b).nbytes:
+            raise ProtocolError(f"malformed header: {d} {list(s)} is not {memoryview(b).nbytes} bytes")
+        arrays.append(np.frombuffer(b, dtype=d).reshape(s))
+    return arrays
+
+
+def slot_table(h: dict, segment_bytes: int) -> list[tuple[np.dtype, tuple, int]]:
+    """(dtype, shape, offset) of each array a shared-memory header names, once checked to lie
+    inside the sender's segment of `segment_bytes`."""
+    offsets = h["shm"].get("offsets") if isinstance(h.get("shm"), dict) else None
+    if type(offsets) is not list or not all(type(o) is int for o in offsets):
+        raise ProtocolError(f"malformed header: offsets {offsets!r}")
+    shapes, dtypes = _table(h, len(offsets))
+    for d, s, off in zip(dtypes, shapes, offsets, strict=True):
+        if off < 0 or off + d.itemsize * math.prod(s) > segment_bytes:
+            raise ProtocolError(f"malformed header: {d} {s} at byte {off} of a {segment_bytes}-byte segment")
+    return list(zip(dtypes, shapes, offsets, strict=True))
+
+
+def _table(h: dict, count: int) -> tuple[list[tuple], list[np.dtype]]:
+    shapes, dtypes = h.get("shapes"), h.get("dtypes")
+    if not (type(shapes) is list and type(dtypes) is list and len(shapes) == len(dtypes) == count
+            and all(type(s) is list and all(type(n) is int and n >= 0 for n in s) for s in shapes)
+            and all(type(d) is str for d in dtypes)):
+        raise ProtocolError(f"malformed header: a frame table of {count} array(s) expected, got "
+                            f"shapes {str(shapes)[:80]}, dtypes {str(dtypes)[:80]}")
+    try:
+        parsed = [np.dtype(d) for d in dtypes]
+    except TypeError:
+        raise ProtocolError(f"malformed header: dtypes {str(dtypes)[:80]}") from None
+    if any(d.kind not in "biufc" or d.fields is not None or d.subdtype is not None for d in parsed):
+        raise ProtocolError(f"malformed header: dtypes {str(dtypes)[:80]}, expected numbers")
+    return [tuple(s) for s in shapes], parsed

@@ -1,0 +1,116 @@
+"""Reliability edges on real engines: a worker stuck in its step, a worker that stops reading its
+replies, and a hub process that dies. Each ends the way the docs say (the worker written off and
+the run finished, or the run failed within its bound), and the same engines take the next run.
+Faults are injected into the engines (tests/helpers.py), so these tests start a cluster of their
+own and stop it at the end."""
+
+import os
+import signal
+import time
+
+import pytest
+
+import nbdist
+from nbdist.cluster.engines import assign_roles
+from nbdist.errors import TrainingError
+from tests.helpers import (
+    SYNTHETIC_CELL,
+    global_step,
+    hang_worker_once,
+    hub_process_pids,
+    stop_reading_once,
+    wait_for,
+)
+
+SLACK_S = 5.0  # the CPU work between the bounded waits (scheduling on a loaded 2-core machine)
+TWO_WORKERS = dict(namespace={}, workers=2, batch_size=8)
+
+
+@pytest.fixture(scope="module")
+def own_cluster():
+    from nbdist.cluster.engines import Cluster
+
+    handle = Cluster.start(3)  # one hub shard and two workers
+    yield handle
+    handle.stop()
+
+
+def worker_engine(cluster, worker: int, workers: int = 2) -> int:
+    """The engine a run with one hub shard and `workers` workers gives worker `worker`."""
+    return assign_roles(cluster.engine_hosts(), 1, workers).workers[worker]
+
+
+def next_run_takes_every_engine(cluster, busy_engine: int) -> None:
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, **TWO_WORKERS, epochs=1, wait=True)
+    assert again.status == "finished"
+    assert busy_engine in [*again.nodes["engine"], *(h["engine"] for h in again.hubs)]
+
+
+def finished_without(run, worker: int, epochs: int, reason: str) -> None:
+    """`run` finished with every sample trained once by the others, `worker` written off."""
+    assert run.status == "finished" and run.error is None, run.error
+    assert run.nodes.set_index("worker")["state"][worker] == "lost"
+    lost = run.events[run.events["event"] == "worker_lost"]
+    assert list(lost["worker"]) == [worker] and reason in lost["reason"].iloc[0]
+    assert run.stats["epoch_samples"] == [900] * epochs
+
+
+def test_a_hung_worker_is_written_off_and_its_engine_takes_the_next_run(own_cluster):
+    """Worker 1 stops in its step and never returns: the hub writes it off after its silence,
+    the kernel interrupts its task, the other finishes the run, and the next run starts on
+    every engine (before: its engine stayed busy, and the next run failed with
+    EngineTimeoutError)."""
+    stuck = worker_engine(own_cluster, 1)
+    own_cluster.client[stuck].apply_sync(hang_worker_once, 1, 20)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=4)
+    run.wait(timeout=240)
+    finished_without(run, 1, 4, "silent for over")
+    next_run_takes_every_engine(own_cluster, stuck)
+
+
+def test_a_worker_that_stops_reading_its_replies_is_written_off_not_the_end_of_the_run(own_cluster):
+    """Worker 1 stops reading its line while it fills, so the hub cannot queue the reply it
+    then waits for: the hub writes it off there and then and the kernel interrupts its task;
+    the run goes on and is stopped by hand, not failed (before: worker 1 waited for that reply
+    until --timeout, then its error failed the run)."""
+    reader = worker_engine(own_cluster, 1)
+    own_cluster.client[reader].apply_sync(stop_reading_once, 1, 20, 2000, 2.0)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=500, timeout=10)
+    with run:
+        own_cluster.client[reader].apply_async(os.getpid).get(120)  # worker 1's task has ended
+        assert not run.done(), run.error
+        run.stop()
+        run.wait(timeout=120)
+    assert run.status == "stopped" and run.error is None
+    lost = run.events[run.events["event"] == "worker_lost"]
+    assert list(lost["worker"]) == [1] and "replies were not read" in lost["reason"].iloc[0]
+    next_run_takes_every_engine(own_cluster, reader)
+
+
+@pytest.mark.parametrize("transport", ["auto", "tcp"])
+def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engines(own_cluster,
+                                                                                   transport):
+    """SIGKILL to the hub's process mid-run: the run fails within --timeout plus the fixed
+    clean-up bound (the workers' line closes at once on one host; over TCP nothing tells them,
+    and the kernel's silence deadline decides), and the next run takes every engine."""
+    from nbdist.modes.common.engine_backend import INTERRUPT_WAIT_S, JOIN_MIN_S
+    from nbdist.run.monitor import ENDING_REQUEST_S, GONE_FINISH_S
+
+    timeout = 10.0
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, epochs=500,
+                       timeout=timeout, transport=transport)
+    with run:
+        (hub_engine,) = [h["engine"] for h in run.hubs]
+        wait_for(lambda: global_step(run) > 20)
+        (pid,) = own_cluster.client[hub_engine].apply_sync(hub_process_pids)
+        os.kill(pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(TrainingError, match="hub"):
+            run.wait(timeout=300)
+        failed_after = time.monotonic() - killed
+    bound = timeout + ENDING_REQUEST_S + GONE_FINISH_S + INTERRUPT_WAIT_S + JOIN_MIN_S  # 1 shard
+    print(f"hub process killed ({transport}): the run failed {failed_after:.1f}s later "
+          f"(--timeout {timeout:.0f}; bound {bound:.0f}s + {SLACK_S:.0f}s slack): {run.error}")
+    assert run.status == "failed"
+    assert failed_after <= bound + SLACK_S
+    next_run_takes_every_engine(own_cluster, hub_engine)

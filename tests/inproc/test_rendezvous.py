@@ -1,0 +1,114 @@
+"""The sync rendezvous as the ranks and an attacker meet it: Horovod's own server in this
+process behind nbdist's signed handler, a rank's relay, and raw HTTP from someone without the
+run's key (nbdist.modes.sync.rendezvous)."""
+
+import http.client
+import importlib.util
+import os
+import subprocess
+import threading
+
+import pytest
+
+from nbdist.hub.protocol import new_key
+from nbdist.modes.sync.rendezvous import AUTH_HEADER, RendezvousRelay, signed_rendezvous
+
+pytestmark = pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                                reason="horovod is not installed; build it with `make horovod`")
+
+
+@pytest.fixture
+def rendezvous():
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+    key = new_key()
+    server = signed_rendezvous(("127.0.0.1", 0), key, "run1")
+    server.init(get_host_assignments(parse_hosts("hostA:2"), 2))
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1])}
+    relays = [RendezvousRelay(key, "run1", str(rank), env) for rank in (0, 1)]
+    try:
+        yield server, relays
+    finally:
+        for relay in relays:
+            relay.close()
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def request(port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, bytes]:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request(method, path, body=body or None, headers={"Content-Length": str(len(body)), **(headers or {})})
+        response = conn.getresponse()
+        return response.status, response.read()
+    finally:
+        conn.close()
+
+
+def port(relay) -> int:
+    return int(relay.horovod_env()["HOROVOD_GLOO_RENDEZVOUS_PORT"])
+
+
+def test_ranks_store_and_read_through_their_relays_and_strangers_change_nothing(rendezvous):
+    server, (rank0, rank1) = rendezvous
+    kernel = server.server_address[1]
+    assert request(port(rank0), "PUT", "/global/rank0", b"198.18.0.11:4000") == (200, b"")
+    assert request(port(rank1), "GET", "/global/rank0") == (200, b"198.18.0.11:4000")
+    assert request(port(rank1), "GET", "/global/rank1")[0] == 404
+    # without the key, straight to the kernel's server: refused, counted, nothing changes
+    assert request(kernel, "PUT", "/global/rank0", b"6.6.6.6:4000")[0] == 403
+    assert request(kernel, "GET", "/global/rank0")[0] == 403
+    assert request(kernel, "PUT", "/global/rank0", b"6.6.6.6:4000", {AUTH_HEADER: "0:99:" + "ab" * 32})[0] == 403
+    assert request(kernel, "DELETE", "/global/0")[0] == 403
+    assert request(port(rank1), "GET", "/global/rank0") == (200, b"198.18.0.11:4000")
+    assert server.rejected == {"unsigned": 3, "bad signature": 1}
+    assert server.finished_list == {}  # the stranger's DELETE did not count as rank 0 finishing
+
+
+def test_a_captured_delete_replayed_does_not_finish_a_scope_early(rendezvous):
+    """Horovod clears a scope once each of its ranks has sent DELETE: a replayed DELETE would
+    clear it while the others still read it."""
+    server, (rank0, rank1) = rendezvous
+    captured = []
+    original = http.client.HTTPConnection.request
+
+    def spy(self, method, url, body=None, headers=None, **kw):
+        if method == "DELETE":
+            captured.append((method, url, dict(headers or {})))
+        return original(self, method, url, body=body, headers=headers, **kw)
+
+    http.client.HTTPConnection.request = spy
+    try:
+        assert request(port(rank0), "PUT", "/global/rank0", b"a")[0] == 200
+        assert request(port(rank0), "DELETE", "/global/0")[0] == 200
+    finally:
+        http.client.HTTPConnection.request = original
+    (method, url, headers), = [c for c in captured if AUTH_HEADER in c[2]]
+    assert request(server.server_address[1], method, url, b"", headers)[0] == 403  # the replay
+    assert server.rejected == {"replayed": 1}
+    assert request(port(rank1), "GET", "/global/rank0") == (200, b"a")  # the scope is still there
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user (setuid)")
+def test_another_user_on_the_ranks_host_cannot_use_its_relay(rendezvous):
+    server, (rank0, _) = rendezvous
+    code = ("import http.client, sys\n"
+            f"c = http.client.HTTPConnection('127.0.0.1', {port(rank0)}, timeout=10)\n"
+            "try:\n"
+            "    c.request('PUT', '/global/rank0', body=b'6.6.6.6:1', headers={'Content-Length': '9'})\n"
+            "    print(c.getresponse().status)\n"
+            "except Exception as exc:\n"
+            "    print(type(exc).__name__)\n")
+    # a Python the other user may run (this one may live in a folder only we can enter)
+    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
+    if python is None:
+        pytest.skip("no system python3 for another user to run")
+    out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
+                         user=65534, group=65534, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() in ("RemoteDisconnected", "ConnectionResetError", "BrokenPipeError"), out.stdout
+    assert request(port(rank0), "GET", "/global/rank0")[0] == 404  # nothing was stored
+    assert request(port(rank0), "PUT", "/global/rank0", b"mine")[0] == 200  # its own user still can
