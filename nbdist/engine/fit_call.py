@@ -212,14 +212,16 @@ def stop_at_fit(namespace: dict, key: str) -> Callable[[FitCall], object]:
 
 # Names under which a fit call's data and model are kept in a namespace (kernel and engines
 # alike), so the rest of nbdist finds them by name as it finds `x_train`; how messages show them.
+MODEL, X, Y, SW = "_nbdist_model", "_nbdist_x", "_nbdist_y", "_nbdist_sw"
+VAL_X, VAL_Y, VAL_SW = "_nbdist_val_x", "_nbdist_val_y", "_nbdist_val_sw"
 RESERVED = {
-    "_nbdist_model": "the model model.fit() was called on",
-    "_nbdist_x": "model.fit's x",
-    "_nbdist_y": "model.fit's y",
-    "_nbdist_sw": "model.fit's sample weights",
-    "_nbdist_val_x": "the validation inputs",
-    "_nbdist_val_y": "the validation labels",
-    "_nbdist_val_sw": "the validation sample weights",
+    MODEL: "the model model.fit() was called on",
+    X: "model.fit's x",
+    Y: "model.fit's y",
+    SW: "model.fit's sample weights",
+    VAL_X: "the validation inputs",
+    VAL_Y: "the validation labels",
+    VAL_SW: "the validation sample weights",
 }
 
 

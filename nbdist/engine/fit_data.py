@@ -17,11 +17,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbdist.engine.fit_call import FitCall
+from nbdist.engine.fit_call import MODEL, SW, VAL_SW, VAL_X, VAL_Y, X, Y, FitCall
 from nbdist.errors import CellError
-
-MODEL, X, Y, SW = "_nbdist_model", "_nbdist_x", "_nbdist_y", "_nbdist_sw"
-VAL_X, VAL_Y, VAL_SW = "_nbdist_val_x", "_nbdist_val_y", "_nbdist_val_sw"
 
 
 @dataclass(frozen=True)

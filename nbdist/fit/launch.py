@@ -14,6 +14,7 @@ import contextlib
 import io
 from dataclasses import replace
 
+from nbdist.engine.fit_call import MODEL, RESERVED
 from nbdist.errors import ConfigError, TrainingError
 
 
@@ -70,8 +71,7 @@ class FitLauncher:
             run = self.run = start_function(config.mode)(job, cluster=self.cluster, wait=False)
             return self._drive(run, job)
         finally:
-            for name in ("_nbdist_x", "_nbdist_y", "_nbdist_sw", "_nbdist_val_x", "_nbdist_val_y",
-                         "_nbdist_val_sw", "_nbdist_model"):
+            for name in RESERVED:
                 self.ns.pop(name, None)  # the cell's own names stay; nbdist's go
 
     def _drive(self, run, job):
@@ -104,9 +104,9 @@ class FitLauncher:
 
     def _found(self, placed) -> dict:
         """What the fit call names, where no flag says otherwise (`inspect_cell`'s overrides)."""
-        model = self.ns["_nbdist_model"]
+        model = self.ns[MODEL]
         names = [k for k, v in self.ns.items() if v is model and not k.startswith("_")]
-        found = {"model_name": names[0] if names else "_nbdist_model", "take_batches": placed.take_batches}
+        found = {"model_name": names[0] if names else MODEL, "take_batches": placed.take_batches}
         if "data" not in self.given:
             found["data"] = placed.data
         if "validation" not in self.given and "no_validation" not in self.given:
