@@ -108,7 +108,7 @@ model = keras.Sequential([
     layers.Dropout(0.5),
     layers.Dense(10, activation="softmax"),
 ])
-model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.1, momentum=0.9),
+model.compile(optimizer=keras.optimizers.SGD(learning_rate=0.01, momentum=0.9),
               loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 model.fit(x_train, y_train, epochs=3, batch_size=64, validation_data=(x_test, y_test))
 score = model.evaluate(x_test, y_test, verbose=0)

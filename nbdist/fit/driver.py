@@ -83,8 +83,9 @@ class FitDriver:
             return  # training has ended: `end` reports what is left, on the final weights
         if self.batch_hooks:
             self._batch_hooks()
-        try:
-            while self.epoch in self._epochs_ended() and not self.stopped_by_callbacks:
+        try:  # (the last epoch's end is the run's: `end` reports it on the final weights)
+            while (self.epoch < self.last_epoch and self.epoch in self._epochs_ended()
+                   and not self.stopped_by_callbacks):
                 self._epoch_end(weights=self._current_weights())
         except _RunEnded:
             return  # the wait raises the run's error
