@@ -141,13 +141,14 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
 
         keras.utils.set_random_seed(config.seed)
     presenter = presenter or Presenter()
-    launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter)
+    launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter,
+                           start_function(config.mode))
     with fit_intercepted(launcher.on_fit):
         exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
     if launcher.run is not None:  # trained inside the cell's fit call, and the cell has finished
         return launcher.run
     job = prepare_job(cell, config, ns, ckpt)
-    run = start_function(config.mode)(job, cluster=cluster, wait=False)
+    run = launcher.start(job, cluster=cluster, wait=False)
     presenter.started(run)
     if wait:
         presenter.wait(run, lambda: None)  # raises the run's error, if it failed

@@ -39,9 +39,10 @@ class FitLauncher:
     """`on_fit` for one cell in the kernel (see the module docstring)."""
 
     def __init__(self, cell: str, config, namespace: dict, cluster, checkpoint, given: dict,
-                 presenter: Presenter | None):
+                 presenter: Presenter | None, start):
         self.cell, self.config, self.ns, self.cluster = cell, config, namespace, cluster
         self.checkpoint, self.given = checkpoint, given
+        self.start = start  # the mode's start(job, cluster=, wait=) -> Run (nbdist.modes, via the api)
         self.presenter = presenter or Presenter()
         self.run = None
 
@@ -49,7 +50,6 @@ class FitLauncher:
         from nbdist.engine.fit_data import place
         from nbdist.fit.plan import plan_fit
         from nbdist.job import prepare_job
-        from nbdist.modes import start_function
 
         config = self.config
         self._check_model(call)
@@ -68,7 +68,7 @@ class FitLauncher:
                           warnings=[*job.warnings, *([placed.warning] if placed.warning else [])])
             if config.mode.value in ("local", "simulate"):
                 job = replace(job, trainer_namespace=self._private_copy(job))
-            run = self.run = start_function(config.mode)(job, cluster=self.cluster, wait=False)
+            run = self.run = self.start(job, cluster=self.cluster, wait=False)
             return self._drive(run, job)
         finally:
             for name in RESERVED:
