@@ -34,3 +34,4 @@ class Plan:
     # coordinator tells the rate on every reply)
     lr_owner: str = "hub"
     silence_is_loss: bool = True  # write off the silent (not in sync: Horovod fails a hung rank)
+    epoch_gate: bool = False  # a cell's fit call: each epoch starts once the kernel ran its callbacks
