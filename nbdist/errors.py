@@ -155,7 +155,23 @@ class NonFiniteLossError(TrainingError):
 
 
 class ProtocolError(NbdistError, ValueError):
-    """A message on a hub socket was unsigned, wrongly signed, replayed or malformed."""
+    """A message on a hub socket was unsigned, wrongly signed, replayed or malformed.
+
+    `reason` names what it is counted under where it is dropped ("bad signature", "malformed
+    header", ...); `detail` what was received. The message is both: "reason: detail".
+
+    Example:
+        >>> exc = ProtocolError("replayed message", "seq 3 from 'worker-0/ab' already seen")
+        >>> exc.reason, str(exc)
+        ('replayed message', "replayed message: seq 3 from 'worker-0/ab' already seen")
+    """
+
+    def __init__(self, reason: str, detail: str = ""):
+        super().__init__(reason, detail)  # both in args: a pickled copy keeps them apart
+        self.reason, self.detail = reason, detail
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.detail}" if self.detail else self.reason
 
 
 class CheckpointError(NbdistError, ValueError):

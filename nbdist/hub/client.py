@@ -92,7 +92,7 @@ class _Line:
             try:
                 msg = self.codec.decode(frames)
             except ProtocolError as exc:
-                self.dropped[str(exc).split(":")[0]] += 1
+                self.dropped[exc.reason] += 1
                 continue
             if not msg.header["from"].startswith(self.peer + "/"):
                 self.dropped["wrong sender"] += 1
@@ -151,7 +151,7 @@ class _LocalLine(_Line):
             except TimeoutError:
                 return None
             except ProtocolError as exc:
-                self.dropped[str(exc).split(":")[0]] += 1
+                self.dropped[exc.reason] += 1
                 if time.monotonic() < deadline:
                     continue
                 return None

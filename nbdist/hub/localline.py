@@ -55,14 +55,14 @@ def split(packet: memoryview, max_frames: int) -> list[memoryview]:
         [b'ab', b'c']
     """
     if len(packet) < 4:
-        raise ProtocolError(f"malformed packet: {len(packet)} bytes, too short for its frame count")
+        raise ProtocolError("malformed packet", f"{len(packet)} bytes, too short for its frame count")
     count = _U32.unpack_from(packet)[0]
     if not 1 <= count <= max_frames or len(packet) < 4 + 4 * count:
-        raise ProtocolError(f"malformed packet: {count} frames in {len(packet)} bytes (1..{max_frames})")
+        raise ProtocolError("malformed packet", f"{count} frames in {len(packet)} bytes (1..{max_frames})")
     sizes = struct.unpack_from(f"<{count}I", packet, 4)
     start = 4 + 4 * count
     if start + sum(sizes) != len(packet):
-        raise ProtocolError(f"malformed packet: its table names {sum(sizes)} bytes of frames, "
+        raise ProtocolError("malformed packet", f"its table names {sum(sizes)} bytes of frames, "
                             f"it carries {len(packet) - start}")
     frames = []
     for size in sizes:
@@ -91,7 +91,7 @@ class Conn:
         head = table(frames)
         size = len(head) + sum(memoryview(f).nbytes for f in frames)
         if size > MAX_PACKET_BYTES:
-            raise ProtocolError(f"oversized packet: {size} bytes, at most {MAX_PACKET_BYTES} on a local line")
+            raise ProtocolError("oversized packet", f"{size} bytes, at most {MAX_PACKET_BYTES} on a local line")
         self.sock.sendmsg([head, *frames], [], 0 if block else socket.MSG_DONTWAIT)
         return size - len(head)
 
@@ -110,7 +110,7 @@ class Conn:
         if size == 0:
             return None
         if size > MAX_PACKET_BYTES or flags & socket.MSG_TRUNC:
-            raise ProtocolError(f"oversized packet: more than {MAX_PACKET_BYTES} bytes on a local line")
+            raise ProtocolError("oversized packet", f"more than {MAX_PACKET_BYTES} bytes on a local line")
         return split(memoryview(bytes(memoryview(self._buffer)[:size])), max_frames)  # one copy
 
     def close(self) -> None:

@@ -135,32 +135,32 @@ class Codec:
 
     def decode(self, frames: Sequence[object], mark: Callable[[str], None] = no_mark) -> Message:
         """Verify and parse `frames` (bytes or zmq.Frame); raise ProtocolError if not valid.
-        The first word of the error names the reason it is counted under."""
+        Its `reason` is what the drop is counted under."""
         first = _bytes(frames[0]) if frames else b""
         if len(first) <= SIGNATURE_BYTES:
-            raise ProtocolError(f"truncated message: its first frame has {len(first)} bytes, expected a "
+            raise ProtocolError("truncated message", f"its first frame has {len(first)} bytes, expected a "
                                 f"{SIGNATURE_BYTES}-byte signature and a header")
         signature, header_bytes = first[:SIGNATURE_BYTES], first[SIGNATURE_BYTES:]
         if len(header_bytes) > MAX_HEADER_BYTES:
-            raise ProtocolError(f"oversized header: {len(header_bytes)} bytes, at most {MAX_HEADER_BYTES}")
+            raise ProtocolError("oversized header", f"{len(header_bytes)} bytes, at most {MAX_HEADER_BYTES}")
         buffers = [_view(f) for f in frames[1:]]
         total = sum(b.nbytes for b in buffers)
         if total > self.max_buffer_bytes:
-            raise ProtocolError(f"oversized message: {total} buffer bytes, at most {self.max_buffer_bytes}")
+            raise ProtocolError("oversized message", f"{total} buffer bytes, at most {self.max_buffer_bytes}")
         if not _equal(signature, mac(self._key, header_bytes, buffers)):
-            raise ProtocolError("bad signature: not signed with this run's key, or altered")
+            raise ProtocolError("bad signature", "not signed with this run's key, or altered")
         mark("mac_in")
         header = parse_header(header_bytes)
         if header["nbytes"] != [b.nbytes for b in buffers]:
-            raise ProtocolError(f"malformed header: buffer sizes {[b.nbytes for b in buffers]} "
+            raise ProtocolError("malformed header", f"buffer sizes {[b.nbytes for b in buffers]} "
                                 f"differ from the signed {header['nbytes']}")
         if header["run"] != self.run_id:
-            raise ProtocolError(f"wrong run: for run {header['run']!r}, this is {self.run_id!r}")
+            raise ProtocolError("wrong run", f"for run {header['run']!r}, this is {self.run_id!r}")
         if header["to"] not in (self.name, self.sender):
-            raise ProtocolError(f"wrong recipient: for {header['to']!r}, this is {self.sender!r}")
+            raise ProtocolError("wrong recipient", f"for {header['to']!r}, this is {self.sender!r}")
         sender, seq = header["from"], header["seq"]
         if seq <= self._last_seen.get(sender, 0):
-            raise ProtocolError(f"replayed message: seq {seq} from {sender!r} already seen")
+            raise ProtocolError("replayed message", f"seq {seq} from {sender!r} already seen")
         self._last_seen[sender] = seq
         return Message(header, buffers)
 
@@ -171,9 +171,9 @@ def parse_header(header_bytes: bytes) -> dict:
     try:  # the bytes were signed by this run's own encoder: UTF-8 JSON
         header = _json_in.decode(str(header_bytes, "utf-8"))
     except ValueError as exc:  # UnicodeDecodeError is one too
-        raise ProtocolError(f"malformed header: not JSON ({exc})") from None
+        raise ProtocolError("malformed header", f"not JSON ({exc})") from None
     if type(header) is not dict:
-        raise ProtocolError(f"malformed header: a JSON {type(header).__name__}, expected an object")
+        raise ProtocolError("malformed header", f"a JSON {type(header).__name__}, expected an object")
     try:  # the common case in one pass; any doubt goes to the itemised check below
         ok = (all(type(header[k]) is str for k in _STRINGS) and type(header["seq"]) is int
               and header["seq"] >= 1 and type(header["nbytes"]) is list
@@ -190,12 +190,12 @@ def _refuse_envelope(header: dict) -> None:
     """Raise the ProtocolError that says which envelope field is missing or wrong."""
     missing = [k for k in ENVELOPE if k not in header]
     if missing:
-        raise ProtocolError(f"malformed header: lacks {', '.join(missing)}")
+        raise ProtocolError("malformed header", f"lacks {', '.join(missing)}")
     wrong = [k for k in _STRINGS if not isinstance(header[k], str)]
     wrong += [k for k in ("seq", *(("re",) if "re" in header else ())) if not _is_int(header[k]) or header[k] < 1]
     if not (isinstance(header["nbytes"], list) and all(_is_int(n) and n >= 0 for n in header["nbytes"])):
         wrong.append("nbytes")
-    raise ProtocolError(f"malformed header: wrong type or value of {', '.join(wrong) or 'the envelope'}")
+    raise ProtocolError("malformed header", f"wrong type or value of {', '.join(wrong) or 'the envelope'}")
 
 
 def _is_int(value: object) -> bool:

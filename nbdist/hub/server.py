@@ -179,7 +179,7 @@ class Hub:
                         break
                     continue
                 except ProtocolError as exc:
-                    self.dropped[str(exc).split(":")[0]] += 1
+                    self.dropped[exc.reason] += 1
                     continue
                 last_heard = time.monotonic()
                 try:

@@ -54,7 +54,7 @@ def recv_bounded(sock, max_frames: int, max_bytes: int) -> list:
             while frame.more:
                 frame = sock.recv(copy=False)
                 count += 1
-            raise ProtocolError(f"oversized message: more than {max_frames} frames or {max_bytes} "
+            raise ProtocolError("oversized message", f"more than {max_frames} frames or {max_bytes} "
                                 f"bytes ({count} more frame(s) dropped unread)")
         frames.append(frame)
     return frames
@@ -136,7 +136,7 @@ def receive(inbox: Inbox, timeout_ms: int, codec, handlers: Mapping, num_workers
     mark("recv")  # the phase clock (nbdist.hub.profile)
     msg = codec.decode(frames, mark)
     if msg.op not in handlers:
-        raise ProtocolError(f"unknown op: {msg.op!r}")
+        raise ProtocolError("unknown op", f"{msg.op!r}")
     check_fields(msg.header, num_workers)
     check_link(links, msg)
     return msg, Return(address, msg.header["from"], msg.header["seq"])
@@ -172,7 +172,7 @@ def check_fields(header: Mapping, num_workers: int) -> None:
                                            and 0 <= header["worker"] < num_workers):
         wrong.append(f"worker={header.get('worker')!r} (0..{num_workers - 1})")
     if wrong:
-        raise ProtocolError(f"malformed header: wrong type or value of {', '.join(map(str, wrong))}")
+        raise ProtocolError("malformed header", f"wrong type or value of {', '.join(map(str, wrong))}")
 
 
 def check_link(links: Mapping, msg) -> None:
@@ -188,12 +188,12 @@ def check_link(links: Mapping, msg) -> None:
     link = links.get(h["worker"])
     sender = getattr(link, "sender", None)
     if sender is not None and h["from"] != sender:
-        raise ProtocolError(f"stale incarnation: worker {h['worker']}'s message comes from "
+        raise ProtocolError("stale incarnation", f"worker {h['worker']}'s message comes from "
                             f"{h['from']!r}, it said hello as {sender!r}")
     segment = getattr(link, "segment", None)
     exchange = h["op"] == "step" and (h.get("push") or h.get("pull"))
     if exchange and segment is not None and h.get("seg") != segment.name:
-        raise ProtocolError(f"stale segment: the step names {h.get('seg')!r}, the worker "
+        raise ProtocolError("stale segment", f"the step names {h.get('seg')!r}, the worker "
                             f"registered {segment.name!r}")
 
 

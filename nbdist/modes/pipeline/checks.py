@@ -8,7 +8,7 @@ pure functions, no sockets.
   and counted, never raised);
 - `arrays_of`: the arrays of a message, after checking its frame table (shapes, dtypes and
   the buffers' sizes agree, and no dtype holds Python objects).
-Each raises `ProtocolError` whose first word names the reason it is counted under.
+Each raises `ProtocolError`, whose `reason` is what the drop is counted under.
 """
 
 from __future__ import annotations
@@ -51,7 +51,7 @@ def check_header(h: dict, neighbours) -> tuple:
     ("malformed header") if its op, step, micro-batch or sender is not one a stage sends."""
     step, mb = h.get("step", 0), h.get("mb", 0)
     if h["op"] not in OPS or type(step) is not int or type(mb) is not int or h.get("src") not in neighbours:
-        raise ProtocolError(f"malformed header: op {h['op']!r}, step {step!r}, micro-batch {mb!r} "
+        raise ProtocolError("malformed header", f"op {h['op']!r}, step {step!r}, micro-batch {mb!r} "
                             f"from {h.get('src')!r}")
     return h["op"], step, mb
 
@@ -69,7 +69,7 @@ def arrays_of(h: dict, buffers: list) -> list[np.ndarray]:
     arrays = []
     for b, d, s in zip(buffers, dtypes, shapes, strict=True):
         if d.itemsize * math.prod(s) != memoryview(b).nbytes:
-            raise ProtocolError(f"malformed header: {d} {list(s)} is not {memoryview(b).nbytes} bytes")
+            raise ProtocolError("malformed header", f"{d} {list(s)} is not {memoryview(b).nbytes} bytes")
         arrays.append(np.frombuffer(b, dtype=d).reshape(s))
     return arrays
 
@@ -79,11 +79,11 @@ def slot_table(h: dict, segment_bytes: int) -> list[tuple[np.dtype, tuple, int]]
     inside the sender's segment of `segment_bytes`."""
     offsets = h["shm"].get("offsets") if isinstance(h.get("shm"), dict) else None
     if type(offsets) is not list or not all(type(o) is int for o in offsets):
-        raise ProtocolError(f"malformed header: offsets {offsets!r}")
+        raise ProtocolError("malformed header", f"offsets {offsets!r}")
     shapes, dtypes = _table(h, len(offsets))
     for d, s, off in zip(dtypes, shapes, offsets, strict=True):
         if off < 0 or off + d.itemsize * math.prod(s) > segment_bytes:
-            raise ProtocolError(f"malformed header: {d} {s} at byte {off} of a {segment_bytes}-byte segment")
+            raise ProtocolError("malformed header", f"{d} {s} at byte {off} of a {segment_bytes}-byte segment")
     return list(zip(dtypes, shapes, offsets, strict=True))
 
 
@@ -92,12 +92,12 @@ def _table(h: dict, count: int) -> tuple[list[tuple], list[np.dtype]]:
     if not (type(shapes) is list and type(dtypes) is list and len(shapes) == len(dtypes) == count
             and all(type(s) is list and all(type(n) is int and n >= 0 for n in s) for s in shapes)
             and all(type(d) is str for d in dtypes)):
-        raise ProtocolError(f"malformed header: a frame table of {count} array(s) expected, got "
+        raise ProtocolError("malformed header", f"a frame table of {count} array(s) expected, got "
                             f"shapes {str(shapes)[:80]}, dtypes {str(dtypes)[:80]}")
     try:
         parsed = [np.dtype(d) for d in dtypes]
     except TypeError:
-        raise ProtocolError(f"malformed header: dtypes {str(dtypes)[:80]}") from None
+        raise ProtocolError("malformed header", f"dtypes {str(dtypes)[:80]}") from None
     if any(d.kind not in "biufc" or d.fields is not None or d.subdtype is not None for d in parsed):
-        raise ProtocolError(f"malformed header: dtypes {str(dtypes)[:80]}, expected numbers")
+        raise ProtocolError("malformed header", f"dtypes {str(dtypes)[:80]}, expected numbers")
     return [tuple(s) for s in shapes], parsed

@@ -260,10 +260,10 @@ class StageLink:
                 self._freed(h)
                 return
             if "shm" in h and msg.buffers:
-                raise ProtocolError("malformed header: arrays both in shared memory and in frames")
+                raise ProtocolError("malformed header", "arrays both in shared memory and in frames")
             arrays = self._copy_out(h) if "shm" in h else arrays_of(h, msg.buffers)
         except ProtocolError as exc:
-            self.dropped[str(exc).split(":")[0]] += 1
+            self.dropped[exc.reason] += 1
             return
         self.buffer[key] = (h, arrays)
 
@@ -272,7 +272,7 @@ class StageLink:
         box, slot = self.outboxes.get(h["src"]), h.get("slot")
         if box is None or h.get("seg") != box.segment.name or h.get("gen") != box.generation \
                 or type(slot) is not int or not 0 <= slot < box.slots or slot in box.free:
-            raise ProtocolError(f"stale ack: slot {slot!r} of {h.get('seg')!r} from {h['src']}")
+            raise ProtocolError("stale ack", f"slot {slot!r} of {h.get('seg')!r} from {h['src']}")
         box.free.append(slot)
 
     def _copy_out(self, h: dict) -> list:
@@ -281,7 +281,7 @@ class StageLink:
         src, where = h["src"], h["shm"]
         name, gen, slot = (where.get(k) for k in ("seg", "gen", "slot")) if type(where) is dict else [None] * 3
         if not (isinstance(name, str) and name.startswith("nbdist-") and type(gen) is int and type(slot) is int):
-            raise ProtocolError(f"malformed header: segment {name!r}, generation {gen!r}, slot {slot!r}")
+            raise ProtocolError("malformed header", f"segment {name!r}, generation {gen!r}, slot {slot!r}")
         segment = self._segment(src, name, gen)
         arrays = [np.ndarray(shape, dtype, buffer=segment.buf, offset=off).copy()
                   for dtype, shape, off in slot_table(h, segment.size)]
@@ -294,15 +294,15 @@ class StageLink:
         known = self.inboxes.get(src)
         if known is not None and known[0] == name:
             if gen != known[1]:
-                raise ProtocolError(f"stale segment: {name!r} generation {gen}, registered as {known[1]}")
+                raise ProtocolError("stale segment", f"{name!r} generation {gen}, registered as {known[1]}")
             return known[2]
         if known is not None and gen <= known[1]:
-            raise ProtocolError(f"stale segment: {name!r} generation {gen} from {src}, "
+            raise ProtocolError("stale segment", f"{name!r} generation {gen} from {src}, "
                                 f"already at generation {known[1]}")
         try:
             segment = shm.attach(name)
         except (OSError, ValueError) as exc:
-            raise ProtocolError(f"bad segment: {name!r} cannot be opened ({exc})") from None
+            raise ProtocolError("bad segment", f"{name!r} cannot be opened ({exc})") from None
         if known is not None:
             shm.release(known[2])
         self.inboxes[src] = (name, gen, segment)
@@ -357,7 +357,7 @@ class KernelLink:
         try:
             return self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header
         except ProtocolError as exc:
-            self.dropped[str(exc).split(":")[0]] += 1
+            self.dropped[exc.reason] += 1
             return None
 
     def broadcast(self, op: str, **fields: object) -> None:

@@ -71,13 +71,13 @@ def check_request(key: bytes, run_id: str, value: str, method: str, path: str, b
     and that its counter is above `last[sender]` (then recorded there); else ProtocolError."""
     parts = (value or "").split(":")
     if len(parts) != 3 or not parts[1].isdigit() or not re.fullmatch(r"[0-9a-f]{64}", parts[2]):
-        raise ProtocolError(f"unsigned: rendezvous request without a valid {AUTH_HEADER} (Received: {value[:80]!r})")
+        raise ProtocolError("unsigned", f"rendezvous request without a valid {AUTH_HEADER} (Received: {value[:80]!r})")
     sender, counter = parts[0], int(parts[1])
     expected = mac(key, _request_bytes(run_id, sender, counter, method, path), [body])
     if not hmac.compare_digest(expected, bytes.fromhex(parts[2])):
-        raise ProtocolError(f"bad signature: rendezvous {method} {path[:80]} from {sender[:20]!r}")
+        raise ProtocolError("bad signature", f"rendezvous {method} {path[:80]} from {sender[:20]!r}")
     if counter <= last.get(sender, 0):
-        raise ProtocolError(f"replayed: rendezvous request {counter} from {sender[:20]!r}, "
+        raise ProtocolError("replayed", f"rendezvous request {counter} from {sender[:20]!r}, "
                             f"which already sent {last[sender]}")
     last[sender] = counter
     return sender, counter
@@ -92,7 +92,7 @@ def check_reply(key: bytes, run_id: str, sender: str, counter: int, status: int,
                 value: str | None) -> None:
     """Raise ProtocolError unless `value` signs this reply to request (sender, counter)."""
     if not value or not hmac.compare_digest(sign_reply(key, run_id, sender, counter, status, body).encode(), value.encode()):
-        raise ProtocolError(f"unsigned: the rendezvous's reply to request {counter} is not signed "
+        raise ProtocolError("unsigned", f"the rendezvous's reply to request {counter} is not signed "
                             f"with the run's key (Received: status {status}, {AUTH_HEADER} {value!r:.80})")
 
 
@@ -144,13 +144,13 @@ class SignedHandlerMixin:
         try:
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 <= length <= MAX_BODY:
-                raise ProtocolError(f"oversized: rendezvous body of {length} bytes (at most {MAX_BODY})")
+                raise ProtocolError("oversized", f"rendezvous body of {length} bytes (at most {MAX_BODY})")
             body = self.rfile.read(length) if length else b""
             with server.last_lock:
                 self._auth = check_request(server.mac_key, server.run_id, self.headers.get(AUTH_HEADER, ""),
                                            method, self.path, body, server.last)
         except (ProtocolError, ValueError, OSError) as exc:
-            server.rejected[str(exc).split(":")[0]] += 1
+            server.rejected[exc.reason if isinstance(exc, ProtocolError) else "malformed request"] += 1
             log.warning("rendezvous: refused a request from %s: %s", self.client_address[0], exc)
             self._auth = None
             self._reply(403, b"")
@@ -275,7 +275,7 @@ class RendezvousRelay:
             finally:
                 conn.close()
         if len(data) > MAX_BODY:
-            raise ProtocolError(f"oversized: the rendezvous's reply has more than {MAX_BODY} bytes")
+            raise ProtocolError("oversized", f"the rendezvous's reply has more than {MAX_BODY} bytes")
         check_reply(self.mac_key, self.run_id, self.sender, counter, response.status, data,
                     response.getheader(AUTH_HEADER))
         return response.status, data
