@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbdist.hub.messages import ShardState
+
 
 def split_state(state: dict) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     """A state dict split into float32 arrays (sent as frames) and numbers (JSON)."""
@@ -23,8 +25,8 @@ def split_state(state: dict) -> tuple[dict[str, np.ndarray], dict[str, float]]:
     return arrays, numbers
 
 
-def shard_state(core) -> tuple[dict, list[np.ndarray]]:
-    """The `state` reply of one shard (a `ShardCore`): header (numbers, data position) and arrays."""
+def shard_state(core) -> tuple[ShardState, list[np.ndarray]]:
+    """The `state` reply of one shard (a `ShardCore`): numbers, data position, and arrays."""
     state = core.export()
     arrays = {"params": state["params"]}
     if "non_trainable" in state:
@@ -34,12 +36,10 @@ def shard_state(core) -> tuple[dict, list[np.ndarray]]:
         a, n = split_state(part)
         arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
         numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
-    header = {"op": "state", "numbers": numbers, "names": list(arrays),
-              **{k: state[k] for k in ("shard", "version", "lr", "rule", "rule_options", "optimizer")}}
-    for key in ("schedule", "evals_pending"):
-        if key in state:
-            header[key] = state[key]
-    return header, list(arrays.values())
+    reply = ShardState(numbers=numbers, names=list(arrays), schedule=state.get("schedule"),
+                       evals_pending=state.get("evals_pending", []),
+                       **{k: state[k] for k in ("shard", "version", "lr", "rule", "rule_options", "optimizer")})
+    return reply, list(arrays.values())
 
 
 def restore_shard(core, state: dict) -> None:

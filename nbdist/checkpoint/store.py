@@ -38,11 +38,15 @@ import tempfile
 import time
 import zipfile
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from nbdist.core.schedule import EpochSchedule
 from nbdist.errors import CheckpointError, CheckpointNotFoundError
+
+if TYPE_CHECKING:
+    from nbdist.hub.messages import ShardState
 
 FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"  # 2: the cell's optimizer on the hub
 KEEP = 2  # checkpoints kept in a folder: the newest (meta.json) and the one before (meta.1.json)
@@ -65,7 +69,7 @@ def prepare_dir(directory: str) -> str:
     return os.path.abspath(directory)
 
 
-def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict, keep: int = KEEP) -> str:
+def save(directory: str, shards: list[tuple[ShardState, list[np.ndarray]]], info: dict, keep: int = KEEP) -> str:
     """Write one checkpoint of `shards` (their `state` replies) and `info` (config, cell,
     layout, ...) into `directory`, atomically; returns the path of its `meta.json`. The
     `keep - 1` checkpoints before it stay as `meta.1.json`, ... (newest first). Weights or
@@ -73,12 +77,12 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
     last good checkpoint stays."""
     directory = prepare_dir(directory)
     arrays, shard_meta = {}, []
-    for header, buffers in sorted(shards, key=lambda s: s[0]["shard"]):
-        i = int(header["shard"])
-        for name, buf in zip(header["names"], buffers, strict=True):
+    for state, buffers in sorted(shards, key=lambda s: s[0].shard):
+        i = state.shard
+        for name, buf in zip(state.names, buffers, strict=True):
             arrays[f"shard{i}.{name}"] = np.asarray(buf, dtype=np.float32)
-        shard_meta.append({k: header[k] for k in ("version", "lr", "rule", "rule_options",
-                                                  "optimizer", "numbers")})
+        shard_meta.append({k: getattr(state, k) for k in ("version", "lr", "rule", "rule_options",
+                                                          "optimizer", "numbers")})
         shard_meta[-1]["size"] = int(arrays[f"shard{i}.params"].size)
     bad = [k for k, v in arrays.items() if not np.isfinite(v).all()]
     if bad:
@@ -86,8 +90,8 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
             f"Not saving a checkpoint into {directory}: {', '.join(bad)} hold NaN or infinite values "
             "(Received: a diverged run). The last good checkpoint there is kept. Lower the learning "
             "rate (run.set_lr) or resume from that checkpoint.")
-    first = next(h for h, _ in shards if h["shard"] == 0)  # the coordinator's shard
-    schedule = first["schedule"]
+    first = next(s for s, _ in shards if s.shard == 0)  # the coordinator's shard
+    schedule = first.schedule
     meta_path = os.path.join(directory, META)
     name = f"arrays-{info.get('run_id', 'run')}-{time.time_ns()}.npz"
     digest, nbytes = _write_atomic(os.path.join(directory, name), lambda f: np.savez(f, **arrays))
@@ -95,8 +99,8 @@ def save(directory: str, shards: list[tuple[dict, list[np.ndarray]]], info: dict
         "format": FORMAT, "format_version": FORMAT_VERSION, "created": time.time(), **info,
         "arrays_file": name, "sha256": digest, "bytes": nbytes,
         "arrays": {k: {"shape": list(v.shape), "dtype": v.dtype.str} for k, v in arrays.items()},
-        "shards": shard_meta, "schedule": schedule, "evals_pending": first.get("evals_pending", []),
-        "epochs_done": schedule["done"] / schedule["num_samples"], "sync": first.get("sync"),
+        "shards": shard_meta, "schedule": schedule, "evals_pending": first.evals_pending,
+        "epochs_done": schedule["done"] / schedule["num_samples"], "sync": first.sync,
     }
     _rotate(directory, keep)  # meta.json stays in place until the new one replaces it
     text = json.dumps(meta, indent=1).encode()

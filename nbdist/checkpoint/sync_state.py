@@ -23,6 +23,7 @@ import time
 import numpy as np
 
 from nbdist.errors import CheckpointError, TrainingError
+from nbdist.hub.messages import Report, ShardState, SyncState
 
 NOT_SLOTS = ("iteration", "learning_rate")  # Keras optimizer variables saved as numbers instead
 STATE_WAIT_S = 30.0
@@ -62,34 +63,33 @@ def check_slots(optimizer, shapes: list, engine: int) -> None:
 
 
 def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
-             final: bool = False) -> tuple[dict, list[np.ndarray]]:
+             final: bool = False) -> tuple[Report, list[np.ndarray]]:
     """Rank 0's `report` carrying its state: weights, optimizer slots, data position."""
     optimizer = loop.model.optimizer
     params, non_trainable = loop.flat.read()
-    state = {"seq": int(seq), "epoch": int(epoch), "offset": int(offset), "steps": int(steps),
-             "final": final, "lr": float(loop.lr), "iterations": int(optimizer.iterations.numpy()),
-             "optimizer": type(optimizer).__name__,
-             "slots": [list(v.shape) for v in optimizer_slots(optimizer)]}
-    return {"op": "report", "worker": 0, "state": state}, [params, non_trainable, read_slots(optimizer)]
+    state = SyncState(seq=int(seq), epoch=int(epoch), offset=int(offset), steps=int(steps), final=final,
+                      lr=float(loop.lr), iterations=int(optimizer.iterations.numpy()),
+                      optimizer=type(optimizer).__name__,
+                      slots=[[int(n) for n in v.shape] for v in optimizer_slots(optimizer)])
+    return Report(0, state=state), [params, non_trainable, read_slots(optimizer)]
 
 
 # -- on the hub -------------------------------------------------------------------------------
 
 
-def hub_state(core, snapshot: tuple) -> tuple[dict, list[np.ndarray]]:
+def hub_state(core, snapshot: tuple[SyncState, list]) -> tuple[ShardState, list[np.ndarray]]:
     """The hub's `state` reply in a sync run: rank 0's latest `snapshot` as shard 0's state
     (`core`: shard 0's `ShardCore`, for the plan and the rule's name)."""
     s, (params, non_trainable, slots) = snapshot
     plan = core.plan
-    # "state_seq", not "seq": the wire's envelope sets a message's own "seq" (hub.protocol.ENVELOPE)
-    header = {"op": "state", "shard": 0, "state_seq": s["seq"], "final": s["final"],
-              "version": s["steps"], "lr": s["lr"],
-              "rule": core.updater.rule.name, "rule_options": core.updater.rule.options, "optimizer": None,
-              "numbers": {}, "names": ["params", "non_trainable", "optimizer_slots"],
-              "schedule": schedule_state(plan.num_samples, plan.epochs, s["epoch"], s["offset"]),
-              "evals_pending": [],
-              "sync": {k: s[k] for k in ("optimizer", "slots", "iterations", "steps")}}
-    return header, [params, non_trainable, slots]
+    # "state_seq", not "seq": the wire's envelope sets a message's own "seq" (hub.schema.ENVELOPE)
+    reply = ShardState(shard=0, state_seq=s.seq, final=s.final, version=s.steps, lr=s.lr,
+                       rule=core.updater.rule.name, rule_options=core.updater.rule.options,
+                       names=["params", "non_trainable", "optimizer_slots"],
+                       schedule=schedule_state(plan.num_samples, plan.epochs, s.epoch, s.offset),
+                       sync={"optimizer": s.optimizer, "slots": s.slots, "iterations": s.iterations,
+                             "steps": s.steps})
+    return reply, [params, non_trainable, slots]
 
 
 def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> dict:
@@ -110,22 +110,22 @@ def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> di
 # -- in the kernel ----------------------------------------------------------------------------
 
 
-def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S) -> list[tuple[dict, list]]:
+def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S) -> list[tuple[ShardState, list]]:
     """Rank 0's state, taken after this call (`final`: the one it sent when training ended)."""
-    (header, buffers), = control.state()
-    if final or header.get("final"):  # training ended: no newer state will come
-        if "state_seq" not in header:
+    (state, buffers), = control.state()
+    if final or state.final:  # training ended: no newer state will come
+        if state.state_seq is None:
             raise TrainingError("Rank 0 sent no state at the end of training, so there is nothing "
                                 "to checkpoint. Its last checkpoint is the one to resume from.")
-        return [(header, buffers)]
-    seen = int(header.get("state_seq", 0))  # 0: the hub holds none of rank 0's yet
+        return [(state, buffers)]
+    seen = state.state_seq or 0  # 0: the hub holds none of rank 0's yet
     control.control(send_state=True)
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         time.sleep(0.05)
-        (header, buffers), = control.state()
-        if int(header.get("state_seq", 0)) > seen or "state_seq" in header and header.get("final"):
-            return [(header, buffers)]
+        (state, buffers), = control.state()
+        if (state.state_seq or 0) > seen or state.state_seq is not None and state.final:
+            return [(state, buffers)]
     raise TrainingError(
         f"Rank 0 did not send its weights for the checkpoint within {timeout:.0f}s (it is stuck "
         "in a step, or its engine died). Check `run.nodes` and the engines; the previous "

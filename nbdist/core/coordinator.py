@@ -16,25 +16,26 @@ learn a worker's group from its push header: shard 0 tells the worker in every r
 
 from __future__ import annotations
 
-import math
 from collections import deque
+from typing import TYPE_CHECKING
 
 from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
 from nbdist.core.epoch_metrics import EpochSums
+from nbdist.core.liveness import Liveness
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.schedule import Chunk, EpochSchedule
 from nbdist.core.stats import Completed, RunStats
 from nbdist.core.timeline import DelayWindow, Timeline
+from nbdist.hub.messages import EvalJob, Reply, ReportReply
+
+if TYPE_CHECKING:
+    from nbdist.hub.messages import Control, EvalResult, Hello, Report, Step
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
 DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (cost)
-LOST_FLOOR_S = 5.0  # a silent worker is never declared lost sooner than this ...
-LOST_STEPS = 20  # ... nor sooner than this many of its own (slowed-down) step times
-LOST_FIRST_S = 30.0  # silence allowed before its first push is measured (first local round)
-LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take long)
 
 
 class Coordinator:
@@ -60,7 +61,7 @@ class Coordinator:
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
         self.assigned: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}  # chunks a worker holds
-        self._eval_job: dict[int, dict] = {}  # the evaluation job `assign` gave a worker last
+        self._eval_job: dict[int, EvalJob] = {}  # the evaluation job `assign` gave a worker last
         self.eval_queue: deque[int] = deque()
         self.evaluating: dict[int, int] = {}
         self.arrived: set[int] = set()
@@ -68,9 +69,7 @@ class Coordinator:
         self.joining: set[int] = set()  # added mid-run, not yet said hello
         self.gone: set[int] = set()
         self.lost: set[int] = set()
-        self._heard: dict[int, float] = {}  # worker -> hub time of its last message
-        self._last_push: dict[int, float] = {}
-        self._step_s: dict[int, float] = {}  # worker -> moving average of its push interval / slowdown
+        self.liveness = Liveness()  # who is silent past their deadline
         self.reported_epochs = 0.0
         # epoch gate (a cell's fit call): chunks of an epoch are handed out only once the kernel
         # has run the callbacks of the one before (`epoch_done`); None: no gate
@@ -119,10 +118,9 @@ class Coordinator:
         self.stats.record_event("worker_added", now, worker=worker, engine=engine,
                                 batch_size=self.sizer.batch_for(worker))
 
-    def hello(self, worker: int, host: str, engine: int | None, h: dict | None = None) -> None:
-        w = self.stats.workers[worker]
-        w.state, w.host, w.engine = "starting", host, engine
-        w.hello(h or {})
+    def hello(self, hello: Hello) -> None:
+        worker = hello.worker
+        self.stats.workers[worker].hello(hello)
         self.gone.discard(worker)
         self.arrived.add(worker)
         if worker in self.joining:  # added mid-run and here now: SSP counts it from the slowest
@@ -131,7 +129,7 @@ class Coordinator:
                 self.clock.join(worker)
         if worker in self.lost:  # it came back (rejoin): train on from the slowest clock
             self.lost.discard(worker)
-            self._step_s.pop(worker, None)
+            self.liveness.rejoined(worker)
             if self.clock is not None:
                 self.clock.join(worker)
 
@@ -148,19 +146,19 @@ class Coordinator:
         if self.clock is not None:
             self.clock.drop(worker)
 
-    def push(self, worker: int, h: dict, delay: int, now: float) -> None:
+    def push(self, step: Step, delay: int, now: float) -> None:
         """Count one applied push: `complete` (what the next reply depends on), then `account`."""
-        self.account(worker, self.complete(worker, h, now), h, delay, now)
+        self.account(step, self.complete(step, now), delay, now)
 
-    def complete(self, worker: int, h: dict, now: float) -> Completed:
+    def complete(self, step: Step, now: float) -> Completed:
         """The part of a push the next reply depends on: its chunks done (epoch ends, eval
         jobs), its speed (DBS, loss deadline), its SSP clock. Returns what `account` takes,
         read now so that accounting later (in a batch) records the same numbers."""
-        done = h.get("chunks", [])
+        worker = step.worker
         assigned = self.assigned[worker]
         samples = 0
         ended = []
-        for chunk_id in done:
+        for chunk_id in step.chunks:
             chunk = next((c for c in assigned if c.id == chunk_id), None)
             if chunk is None:
                 raise ValueError(f"worker {worker} pushed chunk {chunk_id}, which it does not hold")
@@ -171,74 +169,73 @@ class Coordinator:
                 ended.append(finished_epoch)
                 if self.plan.has_validation:
                     self.eval_queue.append(finished_epoch)
-        self._time_step(worker, now)
-        self.sizer.observe(worker, samples, float(h.get("compute_s", 0.0)))
+        self.liveness.pushed(worker, now, self.slowdown[worker])
+        self.sizer.observe(worker, samples, float(step.compute_s))
         if self.clock is not None:
             self.clock.tick(worker)
         batch_size = self.sizer.batch_for(worker)  # before a rebalance: what this push trained with
         rebalanced = list(self.sizer.batches) if self.sizer.maybe_rebalance() else None
         return Completed(samples, batch_size, rebalanced, self.epochs_done, ended)
 
-    def account(self, worker: int, done: Completed, h: dict, delay: int, now: float) -> None:
+    def account(self, step: Step, done: Completed, delay: int, now: float) -> None:
         """The bookkeeping of a push (statistics, timeline, delays; speed groups once measured),
         which a reply does not wait for, except under group sync (groups form from it)."""
-        if "metrics" in h:  # before the epoch end it may complete: the epoch's sums are whole
-            self.epoch_metrics.add(h["metrics"])
+        if step.metrics is not None:  # before the epoch end it may complete: the epoch's sums are whole
+            self.epoch_metrics.add(step.metrics)
         for epoch in done.ended:
             self.stats.record_event("epoch_end", now, epoch=epoch)
-        self._count(worker, done.samples, done.batch_size, h, delay, now, done.epoch)
+        self._count(step, done.samples, done.batch_size, delay, now, done.epoch)
         if done.rebalanced is not None:
             self.stats.record_event("rebalance", now, batches=done.rebalanced)
         if not self.grouped and self.plan.algorithm == "group" and all(
                 self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES for w in self.arrived - self.gone):
             self.regroup(now)
 
-    def report(self, worker: int, h: dict, now: float) -> dict:
+    def report(self, report: Report, now: float) -> ReportReply:
         """A synchronous rank's step (metrics only); returns the control for rank 0 to share."""
+        worker = report.worker
         self.heard(worker, now)  # a rank that reports is alive (without this, lost after 30 s)
-        if "metrics" in h:
-            self.epoch_metrics.add(h["metrics"])
-        if "epoch_end" in h and self.epoch_metrics.rank_ended(h["epoch_end"], worker, self.plan.num_workers):
-            self.stats.record_event("epoch_end", now, epoch=int(h["epoch_end"]))
-        if h.get("batch"):
-            self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
-            self.sizer.observe(worker, int(h.get("samples", 0)), float(h.get("compute_s", 0.0)))
-            self._count(worker, int(h.get("samples", 0)), self.sizer.batch_for(worker), h, 0, now,
-                        self.epochs_done)
+        if report.metrics is not None:
+            self.epoch_metrics.add(report.metrics)
+        if report.epoch_end is not None and self.epoch_metrics.rank_ended(report.epoch_end, worker,
+                                                                          self.plan.num_workers):
+            self.stats.record_event("epoch_end", now, epoch=report.epoch_end)
+        if report.batch:
+            self.reported_epochs = max(self.reported_epochs, float(report.epoch))
+            self.sizer.observe(worker, report.samples, float(report.compute_s))
+            self._count(report, report.samples, self.sizer.batch_for(worker), 0, now, self.epochs_done)
             if worker == 0 and self.sizer.maybe_rebalance():
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
-        self.eval_result(worker, h, now)
+        self.eval_result(worker, report.eval, now)
         self.stats.workers[worker].state = "paused" if self.paused else "running"
-        reply = {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
-                 "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
-        if self.open_epoch is not None:
-            reply["open_epoch"] = self.open_epoch
-        return reply
+        return ReportReply(lr=self.lr, paused=self.paused, stop=self.stopping, send_state=self.state_wanted,
+                           batches=list(self.sizer.batches), slowdown=self.slowdown[worker],
+                           open_epoch=self.open_epoch)
 
-    def _count(self, worker: int, samples: int, batch_size: int, h: dict, delay: int, now: float,
+    def _count(self, step: Step | Report, samples: int, batch_size: int, delay: int, now: float,
                epoch: float) -> None:
+        worker = step.worker
         w = self.stats.workers[worker]
-        w.take(h)
-        loss = float(h.get("loss", math.nan))
+        w.take(step)
+        loss = float(step.loss)
         if self.plan.metrics == "minimal":
             w.steps, w.samples, w.loss = w.steps + 1, w.samples + samples, loss
             self.stats.global_step += 1
             return
-        compute_s, comm_s = float(h.get("compute_s", 0.0)), float(h.get("comm_s", 0.0))
+        compute_s, comm_s = float(step.compute_s), float(step.comm_s)
         self.stats.record_push(worker, samples=samples, loss=loss, compute_s=compute_s, comm_s=comm_s,
                                delay=delay, epoch=epoch, now=now, batch_size=batch_size)
         self.delays.add(worker, delay)
         if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
             self._delay_stats[worker] = tuple(self.delays.stats(worker).values())  # mean, p95, max
         self.timeline.append_floats(worker, [  # in the order of timeline.DEFAULT_COLUMNS
-            now, w.samples_per_s, compute_s, comm_s, float(h.get("wait_s", 0.0)), float(w.batch_size),
+            now, w.samples_per_s, compute_s, comm_s, float(step.wait_s), float(w.batch_size),
             *self._delay_stats[worker], loss, float(self.slowdown[worker]), float(self._group_index(worker))])
 
-    def eval_result(self, worker: int, h: dict, now: float) -> None:
-        if "eval" in h:
-            ev = h["eval"]
+    def eval_result(self, worker: int, result: EvalResult | None, now: float) -> None:
+        if result is not None:
             self.evaluating.pop(worker, None)
-            self.stats.record_eval(ev["metrics"], epoch=ev["epoch"], version=ev["version"], now=now)
+            self.stats.record_eval(result.metrics, epoch=result.epoch, version=result.version, now=now)
 
     def blocked(self, worker: int) -> bool:
         """Whether `worker`'s reply must wait (SSP: too far ahead of the slowest). Pure."""
@@ -262,51 +259,38 @@ class Coordinator:
         if pulled and self.eval_queue and worker not in self.evaluating and not self.stopping:
             epoch = self.eval_queue.popleft()
             self.evaluating[worker] = epoch
-            self._eval_job[worker] = {"epoch": epoch, "version": version}
+            self._eval_job[worker] = EvalJob(epoch, version)
         state = "paused" if self.paused else ("running" if assigned else "waiting")
         self.stats.workers[worker].state = state if self._all_here else "starting"
         return True
 
-    def reply_for(self, worker: int, pulled: bool) -> dict:
-        """Control, chunks (wire form, `Chunk.to_list`), eval job and done-flag for `worker`,
-        read off the state `assign` left. Pure: asking twice gives the same reply."""
-        work: dict = {"lr": self.lr, "paused": self.paused, "stop": self.stopping,
-                      "slowdown": self.slowdown[worker], "group": self._group_now(worker),
-                      # a paused worker keeps its chunks but must not train on them until resumed
-                      "chunks": [] if self.paused else [c.to_list() for c in self.assigned[worker]]}
-        if worker in self._eval_job:
-            work["eval"] = dict(self._eval_job[worker])
-        elif not pulled and self.eval_queue and worker not in self.evaluating and not self.stopping:
-            work["eval_pending"] = True  # pull first, then evaluate those weights
-        work["done"] = self.stopping or (
-            self.schedule.finished and not self.eval_queue and not self.evaluating)
-        return work
+    def reply_for(self, worker: int, pulled: bool, version: int) -> Reply:
+        """Control, chunks, eval job and done-flag for `worker` at the shard's `version`, read
+        off the state `assign` left. Pure: asking twice gives the same reply."""
+        job = self._eval_job.get(worker)
+        return Reply(version, lr=self.lr, paused=self.paused, stop=self.stopping,
+                     slowdown=self.slowdown[worker], group=self._group_now(worker),
+                     # a paused worker keeps its chunks but must not train on them until resumed
+                     chunks=[] if self.paused else list(self.assigned[worker]), eval=job,
+                     # pull first, then evaluate those weights
+                     eval_pending=job is None and not pulled and bool(self.eval_queue)
+                     and worker not in self.evaluating and not self.stopping,
+                     done=self.stopping or (self.schedule.finished and not self.eval_queue
+                                            and not self.evaluating))
 
-    def work_for(self, worker: int, pulled: bool, version: int) -> dict | None:
+    def work_for(self, worker: int, pulled: bool, version: int) -> Reply | None:
         """`assign`, then `reply_for`, in one call; None: hold the reply."""
-        return self.reply_for(worker, pulled) if self.assign(worker, pulled, version) else None
+        return self.reply_for(worker, pulled, version) if self.assign(worker, pulled, version) else None
 
-    # -- lost workers ---------------------------------------------------------------------
+    # -- lost workers (nbdist.core.liveness) -------------------------------------------------
 
     def heard(self, worker: int, now: float) -> None:
         """`worker` spoke (or its held reply was just sent): its silence starts now."""
-        self._heard[worker] = now
-
-    def _time_step(self, worker: int, now: float) -> None:
-        last = self._last_push.get(worker)
-        self._last_push[worker] = now
-        if last is not None:
-            step = (now - last) / max(1.0, self.slowdown[worker])
-            old = self._step_s.get(worker)
-            self._step_s[worker] = step if old is None else 0.8 * old + 0.2 * step
+        self.liveness.heard(worker, now)
 
     def deadline(self, worker: int) -> float:
-        """Seconds of silence after which `worker` counts as lost: many of its own step times,
-        scaled by its current slow-down, never less than a few seconds."""
-        step = self._step_s.get(worker)
-        limit = LOST_FIRST_S if step is None else max(
-            LOST_FLOOR_S, LOST_STEPS * step * max(1.0, self.slowdown[worker]))
-        return max(limit, LOST_EVAL_S) if worker in self.evaluating else limit
+        """Seconds of silence after which `worker` counts as lost (`Liveness.deadline`)."""
+        return self.liveness.deadline(worker, self.slowdown[worker], worker in self.evaluating)
 
     def overdue(self, now: float, exempt=()) -> list[int]:
         """Workers silent past their deadline. Nobody is overdue while the run is paused, nor
@@ -314,7 +298,7 @@ class Coordinator:
         in sync mode (`silence_is_loss`)."""
         if self.paused or not self.plan.silence_is_loss:
             return []
-        return [w for w, t in self._heard.items()
+        return [w for w, t in self.liveness.last_heard.items()
                 if w not in self.gone and w not in exempt and now - t > self.deadline(w)]
 
     def lose(self, worker: int, now: float, reason: str) -> None:
@@ -322,7 +306,7 @@ class Coordinator:
         it (SSP clock), and show it as lost."""
         if worker in self.lost:
             return
-        silent = now - self._heard.get(worker, now)
+        silent = self.liveness.silent(worker, now)
         self.arrived.add(worker)  # died before hello: the others must not wait for it either
         self.bye(worker, now)
         self.lost.add(worker)
@@ -359,26 +343,26 @@ class Coordinator:
 
     # -- control from the kernel ------------------------------------------------------------
 
-    def control(self, h: dict, now: float) -> None:
-        if "lr" in h:
+    def control(self, c: Control, now: float) -> None:
+        if c.lr is not None:
             if self.plan.lr_owner == "workers":
-                self.lr = float(h["lr"])
-            self.stats.record_event("set_lr", now, lr=float(h["lr"]), **({"by": h["by"]} if "by" in h else {}))
-        if "paused" in h and bool(h["paused"]) != self.paused:
-            self.paused = bool(h["paused"])
+                self.lr = float(c.lr)
+            self.stats.record_event("set_lr", now, lr=float(c.lr), **({"by": c.by} if c.by is not None else {}))
+        if c.paused is not None and c.paused != self.paused:
+            self.paused = c.paused
             self.stats.record_event("pause" if self.paused else "resume", now)
-        if h.get("stop") and not self.stopping:
+        if c.stop and not self.stopping:
             self.stopping = True
             self.stats.record_event("stop", now)
-        if "slowdown" in h:
-            worker, factor = int(h["slowdown"][0]), float(h["slowdown"][1])
+        if c.slowdown is not None:
+            worker, factor = c.slowdown[0], float(c.slowdown[1])
             self.slowdown[worker] = factor
             self.stats.record_event("set_slowdown", now, worker=worker, factor=factor)
-        if "batch_policy" in h:
-            self.sizer.set_policy(h["batch_policy"])
-            self.stats.record_event("set_batch_policy", now, policy=h["batch_policy"])
-        if "option" in h:  # validated by the rule first (the hub asks it)
-            name, value = h["option"]
+        if c.batch_policy is not None:
+            self.sizer.set_policy(c.batch_policy)
+            self.stats.record_event("set_batch_policy", now, policy=c.batch_policy)
+        if c.option is not None:  # validated by the rule first (the hub asks it)
+            name, value = c.option
             if name == "staleness" and self.clock is not None:
                 self.clock.staleness = int(value)
             elif name == "max_ratio":
@@ -386,14 +370,14 @@ class Coordinator:
             elif name == "num_groups":
                 self.num_groups = int(value)
             self.stats.record_event("set_option", now, name=name, value=value)
-        if h.get("regroup"):
+        if c.regroup:
             self.regroup(now)
-        if h.get("send_state"):
+        if c.send_state:
             self.state_wanted += 1
-        if "epoch_done" in h and self.open_epoch is not None:  # the kernel ran the epoch's callbacks
-            self.open_epoch = max(self.open_epoch, int(h["epoch_done"]) + 1)
-        if "eval" in h:  # a validation the kernel ran itself (a cell's fit call), for the views
-            self.stats.record_eval(h["eval"]["metrics"], epoch=int(h["eval"]["epoch"]), version=-1, now=now)
+        if c.epoch_done is not None and self.open_epoch is not None:  # the kernel ran the epoch's callbacks
+            self.open_epoch = max(self.open_epoch, c.epoch_done + 1)
+        if c.eval is not None:  # a validation the kernel ran itself (a cell's fit call), for the views
+            self.eval_result(-1, c.eval, now)
 
     # -- what the kernel reads --------------------------------------------------------------
 

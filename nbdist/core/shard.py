@@ -22,6 +22,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -30,6 +31,10 @@ from nbdist.core.coordinator import Coordinator
 from nbdist.core.plan import Plan
 from nbdist.core.schedule import EpochSchedule
 from nbdist.core.updater import make_updater
+from nbdist.hub.messages import Reply
+
+if TYPE_CHECKING:
+    from nbdist.hub.messages import Control, EvalResult, Hello, Step
 
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
 
@@ -54,11 +59,12 @@ class ShardCore:
     mode, one group of everyone applied with plain ASGD at the plain rate.
 
     Example:
+        >>> from nbdist.hub.messages import Hello, Step
         >>> plan = Plan(num_workers=1, num_samples=4, epochs=1, batch_size=4, lr=0.5, has_validation=False)
         >>> core = ShardCore(plan, np.zeros(2, np.float32), np.zeros(0, np.float32), now=lambda: 0.0)
-        >>> core.hello(0, "h", None); reply = core.reply(0, pull=True); reply["chunks"]
-        [[0, 0, 0, 4]]
-        >>> core.push(0, np.ones(2, np.float32), {"chunks": [0]}, batch=4); core.settle()
+        >>> core.hello(Hello(0)); reply = core.reply(0, pull=True); reply.chunks
+        [Chunk(id=0, epoch=0, start=0, stop=4)]
+        >>> core.push(Step(0, push=True, chunks=[0], batch=4), np.ones(2, np.float32)); core.settle()
         False
         >>> core.params.tolist(), core.version
         ([-0.5, -0.5], 1)
@@ -87,10 +93,11 @@ class ShardCore:
 
     # -- workers -----------------------------------------------------------------------------
 
-    def hello(self, worker: int, host: str, engine: int | None, header: dict | None = None) -> None:
+    def hello(self, hello: Hello) -> None:
+        worker = hello.worker
         self.settle()
         if self.coordinator is not None:
-            self.coordinator.hello(worker, host, engine, header)
+            self.coordinator.hello(hello)
         self.reads.pop(worker, None)  # a fresh start (or a rejoin): it reads on its reply
         self.heard(worker)
 
@@ -103,31 +110,32 @@ class ShardCore:
         """Counted as lost (its chunks went to others), so nothing it pushes may be applied."""
         return self.coordinator is not None and worker in self.coordinator.lost
 
-    def push(self, worker: int, grad: np.ndarray, header: dict, *, batch: int, group=None,
-             into: np.ndarray | None = None, norm: float | None = None,
+    def push(self, step: Step, grad: np.ndarray, *, into: np.ndarray | None = None,
              non_trainable_delta: np.ndarray | None = None) -> bool:
         """Apply one push (or add it to its group's step). `into`: where the new weights are
         also written; returns whether they were. Call `settle()` once the reply is out.
-        `group`: the members of its group step, as shard 0's coordinator told the worker (every
-        shard's barrier must group the same pushes, and shards 1..S-1 hold no coordinator)."""
+        `step.group`: the members of its group step, as shard 0's coordinator told the worker
+        (every shard's barrier must group the same pushes, and shards 1..S-1 hold no
+        coordinator); `step.norm`: the whole gradient's norm (global clipping)."""
+        worker = step.worker
         self.settle(due_only=True)  # a driver that did not settle after the last reply
         if grad.size != self.size:
             raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
         if self.coordinator is not None and non_trainable_delta is not None and self.non_trainable.size:
             self.non_trainable += non_trainable_delta
-        lag = 1 if header.get("lag") == 1 else 0
+        lag = 1 if step.lag == 1 else 0
         read = self.read_of(worker, lag)
         self.updater.rule.computed_at(worker, lag)
         if self.barrier is not None:  # a singleton completes at once and flushes old groups
-            for step in self.barrier.add(tuple(group or (worker,)), worker, grad, batch, read, header,
+            for done in self.barrier.add(tuple(step.group or (worker,)), worker, grad, step.batch, read, step,
                                          now=self.now()):
-                self.apply_group(step)
+                self.apply_group(done)
             return False
         delay = self.version - read
-        copied = self._apply(worker, grad, delay, into=into, norm=norm)
+        copied = self._apply(worker, grad, delay, into=into, norm=step.norm)
         if self.coordinator is not None:
             now = self.now()
-            self._unsettled.append((worker, self.coordinator.complete(worker, header, now), header, delay, now))
+            self._unsettled.append((step, self.coordinator.complete(step, now), delay, now))
         return copied
 
     def read_of(self, worker: int, lag: int = 0) -> int:
@@ -165,8 +173,8 @@ class ShardCore:
         scale = 1.0 if self.sync else step.batch / self.plan.batch_size
         self._apply(min(step.members), step.mean, delay, scale=scale)
         if self.coordinator is not None:
-            for member, header in step.headers.items():
-                self.coordinator.push(member, header, self.version - 1 - step.read_versions[member], self.now())
+            for member, push in step.headers.items():
+                self.coordinator.push(push, self.version - 1 - step.read_versions[member], self.now())
 
     def expire_groups(self, limit_s: float = GROUP_WAIT_LIMIT_S) -> bool:
         """A member that never pushes (it died, a regroup crossed its push, the data ended) must
@@ -179,14 +187,14 @@ class ShardCore:
                                                     pushed=sorted(step.headers))
         return bool(steps)
 
-    def eval_result(self, worker: int, header: dict) -> None:
-        if self.coordinator is not None and "eval" in header:
+    def eval_result(self, worker: int, result: EvalResult | None) -> None:
+        if self.coordinator is not None and result is not None:
             self.settle()  # the evaluation is recorded at the step count so far
-            self.coordinator.eval_result(worker, header, self.now())
+            self.coordinator.eval_result(worker, result, self.now())
 
     # -- replies -----------------------------------------------------------------------------
 
-    def reply(self, worker: int, pull: bool, token: object = None) -> dict | None:
+    def reply(self, worker: int, pull: bool, token: object = None) -> Reply | None:
         """The reply to `worker`'s request, or None: held (kept with `token`) until it may go
         on (SSP: too far ahead; group sync: its group's step is incomplete)."""
         if (self.barrier is not None and self.barrier.waiting(worker)) or (
@@ -194,7 +202,7 @@ class ShardCore:
             self.held[worker] = (token, pull)
             return None
         self.held.pop(worker, None)
-        reply = {"version": self.version, **(self.coordinator.reply_for(worker, pull) if self.coordinator else {})}
+        reply = self.coordinator.reply_for(worker, pull, self.version) if self.coordinator else Reply(self.version)
         if pull:
             reads = self.reads.setdefault(worker, [])
             reads.append(self.version)
@@ -202,7 +210,7 @@ class ShardCore:
             self.updater.rule.on_pull(worker, self.params, self.version)
         return reply
 
-    def release(self) -> Iterator[tuple[int, object, bool, dict]]:
+    def release(self) -> Iterator[tuple[int, object, bool, Reply]]:
         """Held replies that may go now, as (worker, token, pull, reply), by worker id; the
         driver acts on each (which may change what the next can have) before the next."""
         for worker in sorted(self.held):
@@ -252,30 +260,29 @@ class ShardCore:
             return self.updater.learning_rate()
         return self.coordinator.lr if self.coordinator is not None else None
 
-    def control(self, h: dict) -> None:
+    def control(self, c: Control) -> None:
         """The kernel's control: lr, rule options, add_worker, lost, stop; the coordinator's part
         (pause, slow-down, batch policy, regroup, ...) after the shard's."""
         self.settle()  # the pushes before it are counted before the event it records
-        if "lr" in h:
-            lr = float(h["lr"])
+        if c.lr is not None:
+            lr = float(c.lr)
             if not (math.isfinite(lr) and lr > 0):
                 raise ValueError(f"learning rate must be positive and finite, got {lr}")
             if self.plan.lr_owner == "hub":  # else the coordinator owns it and tells the workers
                 self.updater.set_learning_rate(lr)
-        if "option" in h:
-            self.updater.rule.set_option(str(h["option"][0]), float(h["option"][1]))
-        if "add_worker" in h:  # a worker joins mid-run: shard 0 (asked first) may refuse, then all admit
-            worker = int(h["add_worker"])
+        if c.option is not None:
+            self.updater.rule.set_option(c.option[0], float(c.option[1]))
+        if c.add_worker is not None:  # a worker joins mid-run: shard 0 (asked first) may refuse, then all admit
             if self.coordinator is not None:
-                self.coordinator.add_worker(worker, self.now(), h.get("engine"))
-            self.num_workers = admit(self.num_workers, worker)
-        if "lost" in h:  # the kernel saw the worker's engine die, or shard 0 wrote it off
-            self.lose(int(h["lost"]), str(h.get("reason", "engine died")))
-        if h.get("stop") and self.barrier is not None:
+                self.coordinator.add_worker(c.add_worker, self.now(), c.engine)
+            self.num_workers = admit(self.num_workers, c.add_worker)
+        if c.lost is not None:  # the kernel saw the worker's engine die, or shard 0 wrote it off
+            self.lose(c.lost, c.reason or "engine died")
+        if c.stop and self.barrier is not None:
             for step in self.barrier.flush_all():
                 self.apply_group(step)
         if self.coordinator is not None:
-            self.coordinator.control(h, self.now())
+            self.coordinator.control(c, self.now())
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         """Shard 0's statistics for the kernel (the driver adds its own error and drop counts)."""

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
+
+if TYPE_CHECKING:
+    from nbdist.hub.messages import Hello, Report, Step
 
 HISTORY_COLUMNS = ("time", "step", "epoch", "worker", "loss", "delay", "batch_size")
 EMA_WEIGHT = 0.2  # weight of the newest step in the samples/s moving average
@@ -42,15 +45,17 @@ class WorkerStats:
     def delay_mean(self) -> float:
         return self.delay_sum / self.steps if self.steps else 0.0
 
-    def hello(self, h: dict) -> None:
-        """What a worker says of itself at hello: its link and GPU."""
-        self.link, self.gpu, self.gpu_mem_total = h.get("link", ""), h.get("gpu"), h.get("gpu_mem_total")
+    def hello(self, hello: Hello) -> None:
+        """What a worker says of itself at hello: where it runs, its link and GPU."""
+        self.state, self.host, self.engine = "starting", hello.host, hello.engine
+        self.link, self.gpu, self.gpu_mem_total = hello.link, hello.gpu, hello.gpu_mem_total
 
-    def take(self, h: dict) -> None:
-        """A push header's running byte totals (every push) and GPU reading (every few s)."""
-        self.traffic = h.get("traffic", self.traffic)
-        if "gpu_util" in h:
-            self.gpu_util, self.gpu_mem = h["gpu_util"], h["gpu_mem"]
+    def take(self, step: Step | Report) -> None:
+        """A push's running byte totals (every push) and GPU reading (every few s)."""
+        if step.traffic is not None:
+            self.traffic = step.traffic
+        if step.gpu_util is not None:
+            self.gpu_util, self.gpu_mem = step.gpu_util, step.gpu_mem
 
     def to_row(self) -> dict:
         row = asdict(self)

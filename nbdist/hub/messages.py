@@ -1,79 +1,83 @@
-"""The messages a worker and a hub shard exchange, typed: what each carries, encoded to and
-decoded from the signed JSON header of `nbdist.hub.protocol`.
+"""Every message on the hub's sockets, typed: one dataclass each, the one statement of its
+fields and their types. From the annotations `nbdist.hub.schema` derives the checks on
+receipt and the header written; `nbdist.hub.protocol` frames and signs that header;
+`nbdist.hub.wire` receives a hub's messages within limits and decodes each by its op
+(`HUB_REQUESTS`).
 
-The wire stays as it is (JSON header + raw float32 frames + MAC); these classes only name the
-fields, so no module spells header keys or indexes a chunk list by position. Unknown fields a
-worker adds for the statistics (traffic, GPU readings) ride along in `Step.stats`. Field types
-are checked before any decode (`nbdist.hub.wire.check_fields`).
+    worker -> every shard   Hello -> Reply (with the weights), Step -> Reply, Bye -> Ok
+    sync rank -> shard 0    Report -> ReportReply
+    kernel -> every shard   Stats -> StatsReply (shard 0), Control -> Ok, Params -> ParamsReply,
+                            State -> ShardState, Peers -> Ok (shard 0), Shutdown -> Ok
+    a request that failed   -> Error
+
+Arrays travel in the buffers after the header, never in it: a push's gradient, a pull's
+weights, a `Report`'s `SyncState` arrays, `ShardState`'s arrays, `StatsReply`'s JSON.
+
+Example:
+    >>> header = Step(1, push=True, chunks=[7], loss=0.5).encode()
+    >>> header
+    {'op': 'step', 'worker': 1, 'loss': 0.5, 'push': True, 'chunks': [7]}
+    >>> Step.decode(header) == Step(1, push=True, chunks=[7], loss=0.5)
+    True
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 from nbdist.core.schedule import Chunk
+from nbdist.hub.schema import EpochKey, Wire, message
 
-_STEP_FIELDS = ("worker", "push", "pull", "chunks", "loss", "compute_s", "comm_s", "wait_s", "batch",
-                "group", "norm", "eval", "seg", "lag")
-_ENVELOPE = ("op", "run", "from", "to", "seq", "nbytes", "re")
-_NOT_STATS = frozenset(_STEP_FIELDS + _ENVELOPE)
+# -- parts nested in messages ------------------------------------------------------------------
 
 
-@dataclass
-class Step:
-    """A worker's `step`: a push (gradient, or a local-steps delta) and/or a pull.
+@message()
+class EvalJob(Wire):
+    """A validation job a reply hands out: evaluate the weights of `version` for `epoch`."""
 
-    Example:
-        >>> s = Step.decode({"op": "step", "worker": 1, "push": True, "chunks": [7], "traffic": [1, 2, 0, 0]})
-        >>> (s.worker, s.push, s.pull, s.chunks, s.stats)
-        (1, True, False, [7], {'traffic': [1, 2, 0, 0]})
-    """
-
-    worker: int
-    push: bool = False
-    pull: bool = False
-    chunks: list[int] = field(default_factory=list)  # ids of the chunks this push completes
-    loss: float = math.nan
-    compute_s: float = 0.0
-    comm_s: float = 0.0
-    wait_s: float = 0.0
-    batch: int = 1  # samples behind the push (group sync weighs by it)
-    group: list[int] | None = None  # the members of its group step (group sync)
-    norm: float | None = None  # the whole gradient's norm (global clipping across shards)
-    eval: dict | None = None  # an evaluation job's result
-    seg: str | None = None  # the shared-memory segment it names
-    lag: int = 0  # the gradient was computed on the pull before the last (1: an overlapped step)
-    stats: dict = field(default_factory=dict)  # anything else: statistics the coordinator keeps
-
-    @classmethod
-    def decode(cls, header: dict) -> Step:
-        known = {k: header[k] for k in _STEP_FIELDS if k in header}
-        return cls(**known, stats={k: v for k, v in header.items() if k not in _NOT_STATS})
-
-    def encode(self) -> dict:
-        header = {"op": "step", **self.stats}
-        for name in _STEP_FIELDS:
-            value = getattr(self, name)
-            if value is not None and not (name == "loss" and math.isnan(value)):
-                header[name] = value
-        return header
-
-    def counted(self) -> dict:
-        """What the coordinator counts of this push (its header, as the coordinator reads it)."""
-        return {**self.stats, "chunks": self.chunks, "loss": self.loss, "compute_s": self.compute_s,
-                "comm_s": self.comm_s, "wait_s": self.wait_s,
-                **({"eval": self.eval} if self.eval is not None else {})}
+    epoch: int
+    version: int
 
 
-@dataclass
-class Reply:
-    """A shard's answer to `hello` or `step`: the version, and from shard 0 the work and control.
+@message()
+class EvalResult(Wire):
+    """A validation's result, in a step or report (`version`: of the weights evaluated), or
+    one the kernel ran itself (a cell's fit call; version -1)."""
+
+    epoch: int
+    metrics: dict[str, float]
+    version: int = -1
+
+
+@message()
+class SyncState(Wire):
+    """Rank 0's data position and optimizer (`nbdist.checkpoint.sync_state`); its weights and
+    slots travel in the `Report`'s buffers."""
+
+    seq: int
+    epoch: int
+    offset: int
+    steps: int
+    final: bool
+    lr: float
+    iterations: int
+    optimizer: str
+    slots: list[list[int]]  # the optimizer slots' shapes
+
+
+# -- replies ---------------------------------------------------------------------------------
+
+
+@message("reply")
+class Reply(Wire):
+    """A shard's answer to `Hello` or `Step`: the version, and from shard 0 the work and control.
 
     Example:
-        >>> r = Reply.decode({"op": "reply", "version": 3, "chunks": [[0, 1, 8, 12]], "done": False})
-        >>> r.chunks[0].size, r.encode()["chunks"]
-        (4, [[0, 1, 8, 12]])
+        >>> r = Reply.decode({"op": "reply", "version": 3, "chunks": [[0, 1, 8, 12]]})
+        >>> r.chunks[0].size, r.encode()
+        (4, {'op': 'reply', 'version': 3, 'chunks': [[0, 1, 8, 12]]})
     """
 
     version: int
@@ -84,63 +88,224 @@ class Reply:
     done: bool = False
     slowdown: float = 1.0
     group: list[int] = field(default_factory=list)
-    eval: dict | None = None  # an evaluation job: {"epoch", "version"}
+    eval: EvalJob | None = None
     eval_pending: bool = False  # pull first, then evaluate
     lost: bool = False  # written off: leave
-    params: str | None = None  # "shm" or "live": the weights are in shared memory
-    seg: str | None = None
-    control: bool = True  # from shard 0 (work and control); other shards send the version only
-
-    @classmethod
-    def decode(cls, header: dict) -> Reply:
-        fields = {k: header[k] for k in ("version", "lr", "paused", "stop", "done", "slowdown", "group",
-                                         "eval", "eval_pending", "lost", "params", "seg") if k in header}
-        return cls(chunks=[Chunk.from_list(c) for c in header.get("chunks", [])],
-                   control="chunks" in header, **fields)
-
-    def encode(self) -> dict:
-        header: dict = {"op": "reply", "version": self.version}
-        if self.control:
-            header.update(lr=self.lr, paused=self.paused, stop=self.stop, slowdown=self.slowdown,
-                          group=self.group, chunks=[c.to_list() for c in self.chunks])
-            if self.eval is not None:
-                header["eval"] = self.eval
-            if self.eval_pending:
-                header["eval_pending"] = True
-            header["done"] = self.done
-        else:  # the version only, or a written-off worker's marching orders
-            header.update({name: True for name in ("lost", "stop", "done") if getattr(self, name)})
-        for name in ("params", "seg"):
-            if getattr(self, name):
-                header[name] = getattr(self, name)
-        return header
-
-    @staticmethod
-    def wire(work: dict, params: str | None = None, seg: str | None = None) -> dict:
-        """The header `Reply.decode(work)` (with `params` and `seg` set) encodes to, without
-        building the `Chunk`s: `work` is `ShardCore.reply`'s dict, whose chunks are already in
-        wire form (the hub's per-push path).
-
-        Example:
-            >>> work = {"version": 3, "lr": None, "paused": False, "stop": False, "slowdown": 1.0,
-            ...         "group": [], "chunks": [[0, 1, 8, 12]], "done": False}
-            >>> Reply.wire(work, "shm", "s") == {**Reply.decode(work).encode(), "params": "shm", "seg": "s"}
-            True
-        """
-        header = {"op": "reply", **work}
-        if "chunks" not in work:  # a shard other than 0: the version only
-            header = {"op": "reply", "version": work["version"]}
-        if header.get("eval") is None:
-            header.pop("eval", None)
-        if not header.get("eval_pending", True):
-            del header["eval_pending"]
-        if params:
-            header["params"] = params
-        if seg:
-            header["seg"] = seg
-        return header
+    params: str | None = None  # "shm" or "live": the weights are in shared memory, not a buffer
+    seg: str | None = None  # the segment they were written into ("shm")
 
     @classmethod
     def written_off(cls, version: int) -> Reply:
         """To a worker counted as lost that still pushes: leave, nothing was applied."""
-        return cls(version, lost=True, stop=True, done=True, control=False)
+        return cls(version, lost=True, stop=True, done=True)
+
+
+@message("reply")
+class ReportReply(Wire):
+    """Shard 0's answer to a sync rank's `Report`: the control rank 0 shares in the allreduce."""
+
+    lr: float | None = None  # None: the ranks keep their optimizer's schedule
+    paused: bool = False
+    stop: bool = False
+    slowdown: float = 1.0
+    batches: list[int] = field(default_factory=list)  # every rank's batch size (DBS)
+    send_state: int = 0  # checkpoints asked for so far: rank 0 sends its state when it grows
+    open_epoch: int | None = None  # a cell's fit call: the epochs before this may start (the gate)
+
+
+@message("params")
+class ParamsReply(Wire):
+    """A shard's parameters (buffer 0) and non-trainable state (buffer 1), at `version`."""
+
+    version: int
+
+
+@message("state")
+class ShardState(Wire):
+    """Everything a checkpoint saves of one shard (`nbdist.checkpoint.shard_state`, or in sync
+    mode rank 0's latest state, `nbdist.checkpoint.sync_state`); the arrays `names` lists are
+    its buffers."""
+
+    shard: int
+    version: int
+    names: list[str]
+    lr: float | None = None
+    rule: str = ""
+    rule_options: dict = field(default_factory=dict)
+    optimizer: dict | None = None
+    numbers: dict = field(default_factory=dict)  # rule and optimizer state that is not an array
+    schedule: dict | None = None  # shard 0: the data position (EpochSchedule.state)
+    evals_pending: list[int] = field(default_factory=list)
+    state_seq: int | None = None  # sync mode: rank 0's state number (None: none yet)
+    final: bool = False  # sync mode: the state rank 0 sent when training ended
+    sync: dict | None = None  # sync mode: optimizer class, slot shapes, iterations, steps
+
+
+@message("stats")
+class StatsReply(Wire):
+    """Shard 0's statistics, as JSON in buffer 0 (`nbdist.core.shard.ShardCore.stats`)."""
+
+
+@message("ok")
+class Ok(Wire):
+    """Done (control, peers, bye, shutdown)."""
+
+
+@message("error")
+class Error(Wire):
+    """The hub failed on the request; `message` says why."""
+
+    message: str
+
+
+# -- requests --------------------------------------------------------------------------------
+
+
+@dataclass
+class _FromWorker(Wire):
+    worker: int
+
+
+@message("hello")
+class Hello(_FromWorker):
+    """A worker registers with a shard (again, after a restart); the reply carries the weights."""
+
+    REPLY: ClassVar[type[Wire]] = Reply
+    engine: int | None = None
+    host: str = ""
+    link: str = ""  # "shm" or "tcp"
+    compression: str = "none"  # of its arrays across hosts (nbdist.core.compression)
+    gpu: str | None = None
+    gpu_mem_total: int | None = None
+    shm: str | None = None  # same host: its segment [gradient | parameters]
+    offset: int = 0  # where this shard's slice starts in each half of it
+    total: int = 0  # floats in each half
+
+
+@dataclass
+class _Measured(_FromWorker):
+    """What the coordinator counts of a worker's step or a rank's report."""
+
+    loss: float = math.nan
+    compute_s: float = 0.0
+    comm_s: float = 0.0
+    wait_s: float = 0.0
+    metrics: dict[EpochKey, list[float]] | None = None  # the metric increments per epoch (engine.step_metrics)
+    eval: EvalResult | None = None
+    traffic: list[int] | None = None  # bytes [sent, received] over TCP, then over shared memory
+    gpu_util: int | None = None
+    gpu_mem: int | None = None
+
+
+@message("step")
+class Step(_Measured):
+    """A worker's push (a gradient, or a local-steps delta) and/or pull; neither: it waits for
+    work (shard 0 only). Shard 0 gets all of it, the other shards `for_other_shard()`."""
+
+    REPLY: ClassVar[type[Wire]] = Reply
+    SHARED: ClassVar[tuple[str, ...]] = ("push", "pull", "batch", "group", "norm", "seg", "lag")
+    push: bool = False
+    pull: bool = False
+    chunks: list[int] = field(default_factory=list)  # ids of the chunks this push completes
+    batch: int = 1  # samples behind the push (group sync weighs by it)
+    group: list[int] | None = None  # the members of its group step (group sync)
+    norm: float | None = None  # the whole gradient's norm (global clipping across shards)
+    seg: str | None = None  # the shared-memory segment it names (its generation)
+    lag: int = 0  # computed on the pull before the last (1: an overlapped step)
+
+    def for_other_shard(self) -> Step:
+        """What a shard other than 0 applies the push with (no statistics: shard 0 counts)."""
+        return Step(self.worker, **{name: getattr(self, name) for name in self.SHARED})
+
+
+@message("report")
+class Report(_Measured):
+    """A sync rank's step (metrics only: the weights move in Horovod's allreduce), its end of
+    an epoch, or rank 0's state for a checkpoint (the arrays in its buffers)."""
+
+    REPLY: ClassVar[type[Wire]] = ReportReply
+    samples: int = 0
+    batch: int = 0  # this rank's batch size (0: the report of no step)
+    epoch: float = 0.0  # epochs done, with the fraction of the current one
+    epoch_end: int | None = None  # this rank finished that epoch
+    state: SyncState | None = None
+
+
+@message("bye")
+class Bye(_FromWorker):
+    """A worker leaves."""
+
+    REPLY: ClassVar[type[Wire]] = Ok
+
+
+@message("stats")
+class Stats(Wire):
+    """The kernel asks shard 0 for its statistics: history rows from `since` on."""
+
+    REPLY: ClassVar[type[Wire]] = StatsReply
+    since: int = 0
+    timeline: bool = False
+
+
+@message("control")
+class Control(Wire):
+    """The kernel's control: each field set is one change (None: unchanged). Every shard
+    applies `ALL_SHARDS` (`for_other_shards`), shard 0 the rest too."""
+
+    REPLY: ClassVar[type[Wire]] = Ok
+    ALL_SHARDS: ClassVar[tuple[str, ...]] = ("lr", "option", "stop", "lost", "reason", "add_worker")
+    lr: float | None = None
+    by: str | None = None  # who set the rate (a callback's name), for the event
+    paused: bool | None = None
+    stop: bool = False
+    slowdown: tuple[int, float] | None = None  # (worker, factor)
+    batch_policy: str | None = None
+    option: tuple[str, float] | None = None  # (name, value) of the update rule's options
+    regroup: bool = False
+    add_worker: int | None = None  # a worker joins mid-run, on engine `engine`
+    engine: int | None = None
+    lost: int | None = None  # a worker died (its engine), or shard 0 wrote it off
+    reason: str | None = None
+    send_state: bool = False  # sync mode: rank 0, send your state (a checkpoint)
+    epoch_done: int | None = None  # a cell's fit call ran that epoch's callbacks: open the next
+    eval: EvalResult | None = None  # a validation the kernel ran itself
+
+    def for_other_shards(self) -> Control | None:
+        """The part of this control that shards 1..S-1 apply (None: nothing)."""
+        fields = {name: getattr(self, name) for name in self.ALL_SHARDS}
+        changes = Control(**fields)
+        return changes if changes != Control() else None
+
+
+@message("params")
+class Params(Wire):
+    """The kernel asks a shard for its parameters."""
+
+    REPLY: ClassVar[type[Wire]] = ParamsReply
+
+
+@message("state")
+class State(Wire):
+    """The kernel asks a shard for its checkpoint state."""
+
+    REPLY: ClassVar[type[Wire]] = ShardState
+
+
+@message("peers")
+class Peers(Wire):
+    """The kernel tells shard 0 the other shards' endpoints (it relays write-offs to them)."""
+
+    REPLY: ClassVar[type[Wire]] = Ok
+    shards: list[dict]
+
+
+@message("shutdown")
+class Shutdown(Wire):
+    """The kernel ends a shard's serve loop."""
+
+    REPLY: ClassVar[type[Wire]] = Ok
+
+
+HUB_REQUESTS: dict[str, type[Wire]] = {m.OP: m for m in (Hello, Step, Report, Bye, Stats, Control, Params,
+                                                         State, Peers, Shutdown)}
+WORKER_REQUESTS = (Hello, Step, Report, Bye)  # from a worker, named by its `worker` id

@@ -28,6 +28,7 @@ from blake3 import blake3 as _blake3
 
 from nbdist.env import switch
 from nbdist.errors import ConfigError, ProtocolError
+from nbdist.hub.schema import ENVELOPE  # set by encode, checked by decode
 
 _json_out = json.JSONEncoder(separators=(",", ":"))
 _json_in = json.JSONDecoder()
@@ -41,7 +42,6 @@ MAC_THREADS_MIN_BYTES = int(switch("NBDIST_MAC_THREADS_MIN_MB") * 1e6)
 SIGNATURE_BYTES = 32
 MAX_HEADER_BYTES = 64 * 1024
 KEY_BYTES = 32
-ENVELOPE = ("run", "from", "to", "seq", "nbytes", "op")  # set by encode, checked by decode
 
 
 def no_mark(phase: str) -> None:

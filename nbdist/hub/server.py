@@ -9,18 +9,10 @@ worker too far ahead; group sync: a group still incomplete) is sent as soon as t
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
-Ops it answers (all signed, see `nbdist.hub.protocol`):
-    hello    worker registers (optionally with its shared-memory segment); gets parameters
-    step     worker pushes a gradient (or a local-steps delta) and/or pulls parameters; shard 0
-             also answers a bare `step` (no push, no pull), so idle workers can wait cheaply
-    report   sync-mode rank: one step's metrics (no parameters); gets control back
-    bye      worker leaves
-    stats    kernel: statistics (shard 0)
-    control  kernel: lr, pause, stop, slow-down, batch policy, rule options, regroup, add_worker
-    params   kernel: this shard's parameters (and non-trainable state on shard 0)
-    state    kernel: everything a checkpoint saves of this shard (see `nbdist.checkpoint.store`)
-    peers    kernel: the other shards' endpoints (shard 0 tells them of write-offs)
-    shutdown kernel: leave the serve loop
+The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step,
+bye from workers; report from a sync rank; stats, control, params, state, peers and shutdown
+from the kernel), all signed (`nbdist.hub.protocol`). Shard 0 also answers a bare `step` (no
+push, no pull), so idle workers can wait cheaply.
 """
 
 from __future__ import annotations
@@ -44,9 +36,28 @@ from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
 from nbdist.hub import localline, shm, writeoff
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.messages import Reply, Step
+from nbdist.hub.messages import (
+    Bye,
+    Control,
+    Error,
+    Hello,
+    Ok,
+    Params,
+    ParamsReply,
+    Peers,
+    Reply,
+    Report,
+    ReportReply,
+    ShardState,
+    Shutdown,
+    State,
+    Stats,
+    StatsReply,
+    Step,
+)
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
+from nbdist.hub.schema import Wire
 from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import (
     Inbox,
@@ -151,9 +162,9 @@ class Hub:
 
     def serve(self) -> dict:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
-        handlers = {"hello": self._hello, "step": self._step, "report": self._report, "bye": self._bye,
-                    "stats": self._stats, "control": self._control, "params": self._params,
-                    "state": self._state, "peers": self._peers, "shutdown": self._shutdown}
+        handlers = {Hello: self._hello, Step: self._step, Report: self._report, Bye: self._bye,
+                    Stats: self._stats, Control: self._control, Params: self._params,
+                    State: self._state, Peers: self._peers, Shutdown: self._shutdown}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = time.monotonic()
         last_check = self.now()
@@ -168,8 +179,8 @@ class Hub:
                     self._find_lost()
                 mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
-                    msg, ret = receive(self._inbox, timeout_ms, self.codec, handlers,
-                                       self.core.num_workers, self.links, mark)
+                    request, msg, ret = receive(self._inbox, timeout_ms, self.codec, self.core.num_workers,
+                                                self.links, mark)
                 except zmq.Again:  # nothing came within the timeout
                     self.core.settle()
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
@@ -183,16 +194,16 @@ class Hub:
                     continue
                 last_heard = time.monotonic()
                 try:
-                    answer = handlers[msg.op](msg, ret)
+                    answer = handlers[type(request)](request, msg, ret)
                     delivered = answer is None or self._send(ret, *answer)
-                    if not delivered and msg.op in ("hello", "step"):
-                        self._not_reading([msg.header["worker"]])
+                    if not delivered and type(request) in (Hello, Step):
+                        self._not_reading([request.worker])
                     self.core.settle(due_only=True)  # pushes' bookkeeping, once their replies are out
                     mark("settle")
                 except Exception as exc:  # a bug or bad request: tell the sender, keep serving
                     self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
                     log.error("%s", self.error)
-                    self._send(ret, {"op": "error", "message": str(exc)}, [])
+                    self._send(ret, Error(str(exc)), [])
                 if self.core.held:
                     self._release_held()
         finally:
@@ -205,12 +216,12 @@ class Hub:
         """Messages dropped, by reason, and connections the gate refused or cut."""
         return {**self.dropped, **(self._auth.counts() if self._auth is not None else {})}
 
-    def _send(self, ret: Return, header: dict, buffers: list) -> bool:
+    def _send(self, ret: Return, reply: Wire, buffers: list) -> bool:
         """Send a reply without ever waiting; False (and counted) if it could not be delivered:
         its peer is gone, or does not read (its line or ZeroMQ queue is full)."""
         mark = self._mark
         mark("reply")
-        frames = self.codec.encode(header, buffers, to=ret.to, re=ret.re, mark=mark)
+        frames = self.codec.encode(reply.encode(), buffers, to=ret.to, re=ret.re, mark=mark)
         try:
             if type(ret.ident) is localline.Conn:
                 ret.ident.send(frames, block=False)
@@ -268,26 +279,24 @@ class Hub:
 
     # -- worker ops -------------------------------------------------------------------------
 
-    def _hello(self, msg: Message, ret: Return) -> tuple[dict, list] | None:
-        worker, h = int(msg.header["worker"]), msg.header
+    def _hello(self, hello: Hello, msg: Message, ret: Return) -> tuple[Reply, list] | None:
+        worker = hello.worker
         old = self.links.pop(worker, None)
         if old:
             shm.release(old.segment)
-        name = h.get("shm")
-        self.links[worker] = (shm.WorkerLink(shm.attach(name), h["offset"], self.size, h["total"])
-                              if name else shm.WorkerLink())
-        self.links[worker].compression = h.get("compression", "none")
-        self.links[worker].sender = h["from"]
-        self.core.hello(worker, h.get("host", ""), h.get("engine"), h)
+        self.links[worker] = (shm.WorkerLink(shm.attach(hello.shm), hello.offset, self.size, hello.total)
+                              if hello.shm else shm.WorkerLink())
+        self.links[worker].compression = hello.compression
+        self.links[worker].sender = ret.to
+        self.core.hello(hello)
         return self._reply_or_hold(worker, ret, pull=True)
 
-    def _step(self, msg: Message, ret: Return) -> tuple[dict, list] | None:
-        step = Step.decode(msg.header)
+    def _step(self, step: Step, msg: Message, ret: Return) -> tuple[Reply, list] | None:
         worker = step.worker
         if worker not in self.links or self.core.written_off(worker):
             # written off as lost, yet alive: its chunks went to others, so it must leave
             self.dropped["written-off worker"] += 1
-            return Reply.written_off(self.core.version).encode(), []
+            return Reply.written_off(self.core.version), []
         self.core.heard(worker)
         link = self.links[worker]
         copied = False  # whether the pull buffer already holds the new weights
@@ -297,11 +306,10 @@ class Hub:
             self._mark("parse")
             if self.profile is not None:
                 self.profile.pushes += 1
-            copied = self.core.push(worker, grad, msg.header, batch=step.batch, group=step.group,
-                                    into=self._reply_buffer(link) if step.pull else None, norm=step.norm,
+            copied = self.core.push(step, grad, into=self._reply_buffer(link) if step.pull else None,
                                     non_trainable_delta=delta)
             self._mark("update")
-        self.core.eval_result(worker, msg.header)
+        self.core.eval_result(worker, step.eval)
         return self._reply_or_hold(worker, ret, pull=step.pull, copied=copied)
 
     def _reply_buffer(self, link: shm.WorkerLink) -> np.ndarray | None:
@@ -315,14 +323,13 @@ class Hub:
             link.send_buffer = np.empty(self.size, dtype=np.float32)
         return link.send_buffer
 
-    def _reply_or_hold(self, worker: int, ret: Return, pull: bool, copied: bool = False) -> tuple[dict, list] | None:
+    def _reply_or_hold(self, worker: int, ret: Return, pull: bool, copied: bool = False) -> tuple[Reply, list] | None:
         reply = self.core.reply(worker, pull, ret)
         return None if reply is None else self._reply(worker, pull, reply, copied)
 
-    def _reply(self, worker: int, pull: bool, work: dict, copied: bool = False) -> tuple[dict, list]:
-        """The core's reply on the wire, with the weights on a pull (`copied`: the worker's
-        pull buffer already holds them)."""
-        where = seg = None
+    def _reply(self, worker: int, pull: bool, reply: Reply, copied: bool = False) -> tuple[Reply, list]:
+        """The core's reply, with the weights on a pull (`copied`: the worker's pull buffer
+        already holds them)."""
         buffers = []
         if pull:
             link, params = self.links[worker], self.core.params
@@ -330,25 +337,23 @@ class Hub:
             if target is not None and not copied:
                 np.copyto(target, params)
             if link.params is not None:  # same host: parameters go through shared memory
-                where = "shm" if target is not None else "live"  # live: no lock
-                seg = link.segment.name
+                reply.params = "shm" if target is not None else "live"  # live: no lock
+                reply.seg = link.segment.name
             else:
                 buffers.append(compression.encode(target if target is not None else params, link.compression))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
-        return Reply.wire(work, where, seg), buffers
+        return reply, buffers
 
-    def _report(self, msg: Message, ret: Return) -> tuple[dict, list]:
-        worker = int(msg.header["worker"])
-        if worker == 0 and "state" in msg.header:
-            self.sync_snapshot = (msg.header["state"], [msg.floats(i).copy() for i in range(3)])
-        return {"op": "reply", **self.core.coordinator.report(worker, msg.header, self.now())}, []
+    def _report(self, report: Report, msg: Message, ret: Return) -> tuple[ReportReply, list]:
+        if report.worker == 0 and report.state is not None:
+            self.sync_snapshot = (report.state, [msg.floats(i).copy() for i in range(3)])
+        return self.core.coordinator.report(report, self.now()), []
 
-    def _bye(self, msg: Message, ret: Return) -> tuple[dict, list]:
-        worker = int(msg.header["worker"])
-        self._unlink(worker)
-        self.core.bye(worker)
-        return {"op": "bye"}, []
+    def _bye(self, bye: Bye, msg: Message, ret: Return) -> tuple[Ok, list]:
+        self._unlink(bye.worker)
+        self.core.bye(bye.worker)
+        return Ok(), []
 
     def _unlink(self, worker: int) -> None:
         link = self.links.pop(worker, None)
@@ -369,31 +374,30 @@ class Hub:
 
     # -- kernel ops -------------------------------------------------------------------------
 
-    def _stats(self, msg: Message, ret: Return) -> tuple[dict, list]:
-        snap = self.core.stats(int(msg.header.get("since", 0)), bool(msg.header.get("timeline")))
+    def _stats(self, stats: Stats, msg: Message, ret: Return) -> tuple[StatsReply, list]:
+        snap = self.core.stats(stats.since, stats.timeline)
         snap.update(error=self.error, dropped=self._dropped())
-        return {"op": "stats"}, [json.dumps(snap).encode()]
+        return StatsReply(), [json.dumps(snap).encode()]
 
-    def _control(self, msg: Message, ret: Return) -> tuple[dict, list]:
-        if "lost" in msg.header:
-            self._unlink(int(msg.header["lost"]))
-        self.core.control(msg.header)
-        return {"op": "ok"}, []
+    def _control(self, control: Control, msg: Message, ret: Return) -> tuple[Ok, list]:
+        if control.lost is not None:
+            self._unlink(control.lost)
+        self.core.control(control)
+        return Ok(), []
 
-    def _params(self, msg: Message, ret: Return) -> tuple[dict, list]:
-        return {"op": "params", "version": self.core.version}, [self.core.params.copy(),
-                                                                 self.core.non_trainable.copy()]
+    def _params(self, params: Params, msg: Message, ret: Return) -> tuple[ParamsReply, list]:
+        return ParamsReply(self.core.version), [self.core.params.copy(), self.core.non_trainable.copy()]
 
-    def _state(self, msg: Message, ret: Return) -> tuple[dict, list]:
+    def _state(self, state: State, msg: Message, ret: Return) -> tuple[ShardState, list]:
         if self.sync_snapshot is not None:  # sync mode: the weights rank 0 sent
             return hub_state(self.core, self.sync_snapshot)
         return shard_state(self.core)
 
-    def _peers(self, msg: Message, ret: Return) -> tuple[dict, list]:
-        writeoff.link(self, msg.header["shards"])
-        return {"op": "ok"}, []
+    def _peers(self, peers: Peers, msg: Message, ret: Return) -> tuple[Ok, list]:
+        writeoff.link(self, peers.shards)
+        return Ok(), []
 
-    def _shutdown(self, msg: Message, ret: Return) -> tuple[dict, list]:
+    def _shutdown(self, shutdown: Shutdown, msg: Message, ret: Return) -> tuple[Ok, list]:
         self.core.settle()
         self.closing = True
-        return {"op": "ok"}, []
+        return Ok(), []

@@ -1,4 +1,4 @@
-"""The hub's side of the wire: socket set-up, bounded receiving, op field checks, CurveZMQ.
+"""The hub's side of the wire: socket set-up, bounded receiving, typed requests, CurveZMQ.
 
 - `server_socket` sets up the shard's ROUTER (or a pipeline socket) with a low receive
   high-water mark and a per-frame size limit, behind its context's gate (`nbdist.hub.gate`):
@@ -9,8 +9,9 @@
   many frames or bytes, dropping the rest without holding it. (libzmq assembles a multipart
   message before delivering it, so `ZMQ_MAXMSGSIZE` bounds each frame and the high-water mark
   the number of queued messages per authenticated peer.)
-- `check_fields` type-checks the op fields a hub reads, so a signed but malformed header is
-  dropped and counted like any other bad message instead of failing a handler.
+- `receive` decodes each request as its typed message (`nbdist.hub.messages`), so a signed
+  but malformed header is dropped and counted like any other bad message instead of failing
+  a handler.
 - `Return`: where a reply goes (routing id, the requester's name, the request's `seq`).
 """
 
@@ -22,11 +23,12 @@ from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
 from nbdist.errors import ProtocolError
-from nbdist.hub.protocol import no_mark
+from nbdist.hub.messages import HUB_REQUESTS, WORKER_REQUESTS, Hello, Step
+from nbdist.hub.protocol import Message, no_mark
+from nbdist.hub.schema import Wire
 
 RCVHWM = 8  # messages queued per peer: a worker has at most 2 in flight, the kernel 1
 MAX_FRAMES = 7  # routing id, signature + header, at most 5 buffers (a sync report has 3)
-NUMBER = (int, float)
 
 
 class Return(NamedTuple):
@@ -126,83 +128,46 @@ class Inbox:
         self.listener.drop(line)
 
 
-def receive(inbox: Inbox, timeout_ms: int, codec, handlers: Mapping, num_workers: int, links: Mapping,
-            mark: Callable[[str], None] = no_mark):
-    """The next message in a hub's inbox and where its reply goes, or ProtocolError: the
-    limits first, then the MAC, run, recipient and sequence number (`codec.decode`), then
-    the op and every field a handler reads, then the worker's incarnation and shared-memory
-    segment (`check_link`)."""
+def receive(inbox: Inbox, timeout_ms: int, codec, num_workers: int, links: Mapping,
+            mark: Callable[[str], None] = no_mark) -> tuple[Wire, Message, Return]:
+    """The next request in a hub's inbox, typed, with its frames and where its reply goes; or
+    ProtocolError: the limits first, then the MAC, run, recipient and sequence number
+    (`codec.decode`), then the op and every field (`nbdist.hub.messages`), then the worker's
+    id, incarnation and shared-memory segment (`check_link`)."""
     frames, address = inbox.next(timeout_ms)
     mark("recv")  # the phase clock (nbdist.hub.profile)
     msg = codec.decode(frames, mark)
-    if msg.op not in handlers:
+    kind = HUB_REQUESTS.get(msg.op)
+    if kind is None:
         raise ProtocolError("unknown op", f"{msg.op!r}")
-    check_fields(msg.header, num_workers)
-    check_link(links, msg)
-    return msg, Return(address, msg.header["from"], msg.header["seq"])
+    request = kind.decode(msg.header)
+    if isinstance(request, WORKER_REQUESTS):
+        check_link(links, request, msg.header["from"], num_workers)
+    return request, msg, Return(address, msg.header["from"], msg.header["seq"])
 
 
-# -- op fields -------------------------------------------------------------------------------
-
-_TYPES: dict[str, tuple] = {
-    "engine": (int, type(None)), "push": (bool,), "pull": (bool,), "batch": (int,),
-    "chunks": (list,), "group": (list,), "loss": NUMBER, "compute_s": NUMBER, "comm_s": NUMBER,
-    "wait_s": NUMBER, "since": (int,), "timeline": (bool,), "lr": NUMBER, "lost": (int,),
-    "reason": (str,), "stop": (bool,), "paused": (bool,), "offset": (int,), "total": (int,),
-    "shm": (str,), "seg": (str,), "host": (str,), "eval": (dict,), "samples": (int,),
-    "epoch": NUMBER, "option": (list,), "slowdown": (list,), "batch_policy": (str,),
-    "regroup": (bool,), "shards": (list,), "add_worker": (int,), "lag": (int,),
-    "metrics": (dict,), "epoch_end": (int,), "by": (str,), "epoch_done": (int,),
-}
-_INT_LISTS = ("chunks", "group")
-WORKER_OPS = ("hello", "step", "report", "bye")
-
-
-def check_fields(header: Mapping, num_workers: int) -> None:
-    """Raise ProtocolError("malformed header: ...") if an op field a hub reads has the wrong
-    type, or a worker op names a worker outside 0..num_workers-1."""
-    wrong = [k for k, v in header.items() if k in _TYPES and not _is(v, _TYPES[k])]
-    wrong += [k for k in _INT_LISTS if type(header.get(k)) is list
-              and not all(type(v) is int for v in header[k])]
-    if type(header.get("metrics")) is dict and not all(
-            type(v) is list and all(_is(f, NUMBER) for f in v) and k.isdigit()
-            for k, v in header["metrics"].items()):
-        wrong.append("metrics")
-    if header["op"] in WORKER_OPS and not (_is(header.get("worker"), (int,))
-                                           and 0 <= header["worker"] < num_workers):
-        wrong.append(f"worker={header.get('worker')!r} (0..{num_workers - 1})")
-    if wrong:
-        raise ProtocolError("malformed header", f"wrong type or value of {', '.join(map(str, wrong))}")
-
-
-def check_link(links: Mapping, msg) -> None:
-    """A worker's message after its hello must come from the incarnation that said it: each
-    process signs as its own sender (`Codec.sender`, a random suffix), so a late message of an
-    earlier process with the same worker id (one that restarted and said hello again) is
-    dropped, over TCP as over shared memory. A step over shared memory also names its segment's
-    generation (its unique name): one that names another segment than the one its worker
-    registered is dropped."""
-    h = msg.header
-    if h["op"] not in WORKER_OPS or h["op"] == "hello":
+def check_link(links: Mapping, request, sender: str, num_workers: int) -> None:
+    """A worker's message names a worker of the run, and after its hello comes from the
+    incarnation that said it: each process signs as its own sender (`Codec.sender`, a random
+    suffix), so a late message of an earlier process with the same worker id (one that
+    restarted and said hello again) is dropped, over TCP as over shared memory. A step over
+    shared memory also names its segment's generation (its unique name): one that names
+    another segment than the one its worker registered is dropped."""
+    worker = request.worker
+    if not 0 <= worker < num_workers:
+        raise ProtocolError("malformed header", f"wrong type or value of worker={worker} (0..{num_workers - 1})")
+    if type(request) is Hello:
         return
-    link = links.get(h["worker"])
-    sender = getattr(link, "sender", None)
-    if sender is not None and h["from"] != sender:
-        raise ProtocolError("stale incarnation", f"worker {h['worker']}'s message comes from "
-                            f"{h['from']!r}, it said hello as {sender!r}")
+    link = links.get(worker)
+    known = getattr(link, "sender", None)
+    if known is not None and sender != known:
+        raise ProtocolError("stale incarnation", f"worker {worker}'s message comes from "
+                            f"{sender!r}, it said hello as {known!r}")
     segment = getattr(link, "segment", None)
-    exchange = h["op"] == "step" and (h.get("push") or h.get("pull"))
-    if exchange and segment is not None and h.get("seg") != segment.name:
-        raise ProtocolError("stale segment", f"the step names {h.get('seg')!r}, the worker "
+    exchange = type(request) is Step and (request.push or request.pull)
+    if exchange and segment is not None and request.seg != segment.name:
+        raise ProtocolError("stale segment", f"the step names {request.seg!r}, the worker "
                             f"registered {segment.name!r}")
-
-
-def _is(value: object, types: tuple) -> bool:
-    """Type check where a JSON bool is not a number (a NaN loss is a number: the worker and
-    coordinator report it, it is not a framing error)."""
-    if isinstance(value, bool):
-        return bool in types
-    return isinstance(value, types)
 
 
 # -- sockets and CurveZMQ ----------------------------------------------------------------------

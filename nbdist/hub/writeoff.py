@@ -19,6 +19,7 @@ import logging
 import zmq
 
 from nbdist.errors import TrainingError
+from nbdist.hub.messages import Control
 
 log = logging.getLogger(__name__)
 RELAY_TIMEOUT_S = 5.0
@@ -28,7 +29,7 @@ class Peers:
     """Shard 0's lines to shards 1..S-1."""
 
     def __init__(self, key: bytes, shards: list[dict], shard_name: str):
-        from nbdist.hub.client import open_lines
+        from nbdist.hub.lines import open_lines
 
         self._ctx = zmq.Context()
         lines = open_lines(self._ctx, key, shards, f"{shard_name}-relay", RELAY_TIMEOUT_S)
@@ -52,7 +53,7 @@ def relay(hub, worker: int, reason: str) -> None:
     """Tell every other shard that `worker` is written off, and wait for each to answer."""
     for line in getattr(hub.peers, "lines", ()):
         try:
-            line.request({"op": "control", "lost": int(worker), "reason": reason})
+            line.request(Control(lost=int(worker), reason=reason))
         except TrainingError as exc:
             log.warning("hub: could not tell %s that worker %d is lost: %s", line.name, worker, exc)
 

@@ -3,6 +3,12 @@
 import pytest
 
 from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.hub.messages import Control, EvalJob, EvalResult, Hello, Step
+
+
+def chunk_lists(reply):
+    """A reply's chunks in their wire form, [id, epoch, start, stop]."""
+    return [c.to_list() for c in reply.chunks]
 
 
 def plan(**kw):
@@ -12,45 +18,45 @@ def plan(**kw):
 
 def test_no_chunks_until_every_worker_has_said_hello():
     c = Coordinator(plan())
-    c.hello(0, "h", 0)
-    assert c.work_for(0, pulled=True, version=0)["chunks"] == []
-    c.hello(1, "h", 1)
-    assert c.work_for(0, pulled=True, version=0)["chunks"] == [[0, 0, 0, 4]]
+    c.hello(Hello(0, host="h", engine=0))
+    assert chunk_lists(c.work_for(0, pulled=True, version=0)) == []
+    c.hello(Hello(1, host="h", engine=1))
+    assert chunk_lists(c.work_for(0, pulled=True, version=0)) == [[0, 0, 0, 4]]
 
 
 def test_paused_worker_keeps_its_chunk_but_is_not_shown_it():
     c = Coordinator(plan())
-    c.hello(0, "h", 0), c.hello(1, "h", 1)
+    c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
     c.work_for(0, True, 0)
-    c.control({"paused": True}, now=1.0)
-    assert c.work_for(0, True, 0)["chunks"] == []
-    c.control({"paused": False}, now=2.0)
-    assert c.work_for(0, True, 0)["chunks"] == [[0, 0, 0, 4]]
+    c.control(Control(paused=True), now=1.0)
+    assert chunk_lists(c.work_for(0, True, 0)) == []
+    c.control(Control(paused=False), now=2.0)
+    assert chunk_lists(c.work_for(0, True, 0)) == [[0, 0, 0, 4]]
 
 
 def test_epoch_end_queues_an_eval_that_goes_back_if_its_worker_leaves():
     c = Coordinator(plan())
-    c.hello(0, "h", 0), c.hello(1, "h", 1)
+    c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
     for w in (0, 1):
-        (cid, *_), = c.work_for(w, True, 0)["chunks"]
-        c.push(w, {"chunks": [cid], "compute_s": 0.01}, delay=0, now=1.0)
+        (cid, *_), = chunk_lists(c.work_for(w, True, 0))
+        c.push(Step(w, chunks=[cid], compute_s=0.01), delay=0, now=1.0)
     job = c.work_for(0, pulled=True, version=2)
-    assert job["eval"] == {"epoch": 0, "version": 2} and not job["done"]
+    assert job.eval == EvalJob(epoch=0, version=2) and not job.done
     c.bye(0, now=2.0)  # left without reporting
-    assert c.work_for(1, pulled=True, version=2)["eval"]["epoch"] == 0
-    c.eval_result(1, {"eval": {"epoch": 0, "version": 2, "metrics": {"accuracy": 1.0}}}, now=3.0)
-    assert c.work_for(1, pulled=True, version=2)["done"]
+    assert c.work_for(1, pulled=True, version=2).eval.epoch == 0
+    c.eval_result(1, EvalResult(epoch=0, metrics={"accuracy": 1.0}, version=2), now=3.0)
+    assert c.work_for(1, pulled=True, version=2).done
 
 
 def test_ssp_holds_a_worker_too_far_ahead_until_the_slowest_catches_up():
     c = Coordinator(plan(num_samples=100, staleness=1, has_validation=False))
-    c.hello(0, "h", 0), c.hello(1, "h", 1)
+    c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
     for _ in range(2):
-        (cid, *_), = c.work_for(0, True, 0)["chunks"]
-        c.push(0, {"chunks": [cid]}, delay=0, now=1.0)
+        (cid, *_), = chunk_lists(c.work_for(0, True, 0))
+        c.push(Step(0, chunks=[cid]), delay=0, now=1.0)
     assert c.work_for(0, True, 0) is None  # 2 clocks ahead of worker 1 with S = 1: hold
-    (cid, *_), = c.work_for(1, True, 0)["chunks"]
-    c.push(1, {"chunks": [cid]}, delay=0, now=1.0)
+    (cid, *_), = chunk_lists(c.work_for(1, True, 0))
+    c.push(Step(1, chunks=[cid]), delay=0, now=1.0)
     assert c.work_for(0, True, 0) is not None
 
 
@@ -60,13 +66,13 @@ def test_ssp_holds_a_worker_too_far_ahead_until_the_slowest_catches_up():
 def running(p):
     c = Coordinator(p)
     for w in range(p.num_workers):
-        c.hello(w, "h", w)
+        c.hello(Hello(w, host="h", engine=w))
     return c
 
 
 def train_one(c, worker, now=1.0, compute_s=0.01):
-    (cid, *_), = c.work_for(worker, True, 0)["chunks"]
-    c.push(worker, {"chunks": [cid], "compute_s": compute_s}, delay=0, now=now)
+    (cid, *_), = chunk_lists(c.work_for(worker, True, 0))
+    c.push(Step(worker, chunks=[cid], compute_s=compute_s), delay=0, now=now)
     return cid
 
 
@@ -90,20 +96,20 @@ def test_added_worker_trains_once_it_said_hello_and_every_sample_is_trained_once
     train_one(c, 0), train_one(c, 1)  # chunks [0,4) and [4,8)
     c.add_worker(2, now=2.0)
     train_one(c, 0)  # the others do not wait for the newcomer
-    c.hello(2, "h", 5)
-    assert c.work_for(2, True, 0)["chunks"] == [[3, 0, 12, 16]]  # after 0 took [8,12)
+    c.hello(Hello(2, host="h", engine=5))
+    assert chunk_lists(c.work_for(2, True, 0)) == [[3, 0, 12, 16]]  # after 0 took [8,12)
     done = {0: 0, 1: 0, 2: 0}
     w = 2
     while not c.schedule.finished:
         work = c.work_for(w, True, 0)
-        for cid, _, start, stop in work["chunks"]:
-            c.push(w, {"chunks": [cid]}, delay=0, now=3.0)
+        for cid, _, start, stop in chunk_lists(work):
+            c.push(Step(w, chunks=[cid]), delay=0, now=3.0)
             done[w] += stop - start
         w = (w + 1) % 3
     assert c.schedule.samples_per_epoch == [40]
     assert sum(n.samples for n in c.stats.workers) == 40 and c.stats.workers[2].samples == done[2] > 0
     for worker in range(3):
-        assert c.work_for(worker, True, 0)["done"]
+        assert c.work_for(worker, True, 0).done
         c.bye(worker, now=9.0)
     assert c.finished
 
@@ -114,8 +120,9 @@ def test_run_waits_for_an_added_worker_that_has_not_said_hello_yet():
     train_one(c, 0), train_one(c, 1)
     c.bye(0, now=2.0), c.bye(1, now=2.0)
     assert not c.finished  # it was promised work: it is told "done" on hello, then leaves
-    c.hello(2, "h", 2)
-    assert c.work_for(2, True, 0) == {**c.work_for(2, True, 0), "chunks": [], "done": True}
+    c.hello(Hello(2, host="h", engine=2))
+    reply = c.work_for(2, True, 0)
+    assert reply.chunks == [] and reply.done
     c.bye(2, now=3.0)
     assert c.finished
 
@@ -129,7 +136,7 @@ def test_dbs_sums_stay_the_global_batch_after_an_add_and_the_newcomer_is_measure
     assert sum(before) == 20 and before[0] > before[1]
     c.add_worker(2, now=5.0)
     assert c.sizer.batches == [*before, 10] and sum(c.sizer.batches) == c.sizer.total == 30
-    c.hello(2, "h", 2)
+    c.hello(Hello(2, host="h", engine=2))
     train_one(c, 0), train_one(c, 1)
     assert c.sizer.batches[:2] == before  # no rebalance until the newcomer is measured
     for _ in range(4):
@@ -145,7 +152,7 @@ def test_ssp_does_not_hold_the_others_back_for_a_newcomer_and_counts_it_from_the
     for _ in range(3):  # worker 2 is still starting: 0 and 1 run on, one clock apart at most
         train_one(c, 0), train_one(c, 1)
     assert c.work_for(0, True, 0) is not None and c.clock.clocks == (3, 3, 0)
-    c.hello(2, "h", 2)
+    c.hello(Hello(2, host="h", engine=2))
     assert c.clock.clocks == (3, 3, 3) and c.work_for(2, True, 0) is not None
     train_one(c, 0), train_one(c, 0)
     assert c.work_for(0, True, 0) is None  # two ahead of the others, the newcomer included
@@ -155,7 +162,7 @@ def test_an_added_worker_is_alone_in_its_group_until_the_next_regroup():
     c = running(plan(algorithm="group", groups=1, num_samples=400, has_validation=False))
     assert c._group_now(0) == [0, 1]
     c.add_worker(2, now=1.0)
-    c.hello(2, "h", 2)
+    c.hello(Hello(2, host="h", engine=2))
     assert c._group_now(2) == [2] and c._group_now(0) == [0, 1]
     for w in range(3):
         train_one(c, w)
@@ -167,7 +174,7 @@ def test_adding_out_of_order_or_to_a_run_that_ends_is_refused():
     c = running(plan(num_samples=8, has_validation=False))
     with pytest.raises(ValueError, match=r"next id, 2 \(Received: 3\)"):
         c.add_worker(3, now=1.0)
-    c.control({"stop": True}, now=1.0)
+    c.control(Control(stop=True), now=1.0)
     with pytest.raises(ValueError, match="the run is ending"):
         c.add_worker(2, now=2.0)
     assert c.num_workers == 2
@@ -175,12 +182,12 @@ def test_a_live_staleness_change_decides_who_waits():
     """run.set_option("staleness", S) used to change only the rule's own copy of the clock,
     while the coordinator's clock (the one that holds replies) kept the old S."""
     c = Coordinator(plan(algorithm="ssp", staleness=0, num_samples=40))
-    c.hello(0, "h", 0), c.hello(1, "h", 1)
-    (cid, *_), = c.work_for(0, True, 0)["chunks"]
+    c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
+    (cid, *_), = chunk_lists(c.work_for(0, True, 0))
     c.work_for(1, True, 0)
-    c.push(0, {"chunks": [cid], "compute_s": 0.01}, delay=0, now=1.0)
+    c.push(Step(0, chunks=[cid], compute_s=0.01), delay=0, now=1.0)
     assert c.work_for(0, True, 1) is None  # one push ahead of worker 1, S = 0: waits
-    c.control({"option": ["staleness", 2]}, now=2.0)
+    c.control(Control(option=("staleness", 2)), now=2.0)
     assert c.work_for(0, True, 1) is not None
 
 
@@ -188,14 +195,14 @@ def test_group_options_given_and_changed_live_shape_the_groups():
     """--algo-opt max_ratio and a live num_groups used to be checked, then ignored."""
     c = Coordinator(plan(algorithm="group", num_workers=3, num_samples=60, max_group_ratio=10.0))
     for w in range(3):
-        c.hello(w, "h", w)
+        c.hello(Hello(w, host="h", engine=w))
         c.stats.workers[w].samples_per_s = (100.0, 200.0, 900.0)[w]
     c.regroup(now=1.0)
     assert c.group_of == [[0, 1, 2]] * 3  # 9x apart, within max_ratio 10
-    c.control({"option": ["max_ratio", 1.5]}, now=2.0)
+    c.control(Control(option=("max_ratio", 1.5)), now=2.0)
     c.regroup(now=2.0)
     assert c.group_of == [[0], [1], [2]]
-    c.control({"option": ["num_groups", 2]}, now=3.0)
+    c.control(Control(option=("num_groups", 2)), now=3.0)
     c.regroup(now=3.0)
     assert c.group_of == [[0, 1], [0, 1], [2]]
 
@@ -229,9 +236,9 @@ def test_options_bounded_by_the_workers_wait_until_their_number_is_known():
 def test_the_learning_rate_has_one_owner():
     """The hub's optimizer and the coordinator each used to keep (and change) a copy."""
     hub_owned = Coordinator(plan(lr=0.1))
-    hub_owned.control({"lr": 0.5}, now=1.0)
-    assert hub_owned.lr is None and hub_owned.work_for(0, True, 0)["lr"] is None
+    hub_owned.control(Control(lr=0.5), now=1.0)
+    assert hub_owned.lr is None and hub_owned.work_for(0, True, 0).lr is None
     assert hub_owned.stats.events[-1]["event"] == "set_lr"  # still recorded
     workers_owned = Coordinator(plan(lr=0.1, lr_owner="workers"))
-    workers_owned.control({"lr": 0.5}, now=1.0)
-    assert workers_owned.work_for(0, True, 0)["lr"] == 0.5
+    workers_owned.control(Control(lr=0.5), now=1.0)
+    assert workers_owned.work_for(0, True, 0).lr == 0.5

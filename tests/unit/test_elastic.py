@@ -9,9 +9,9 @@ from nbdist.cluster.engines import Roles
 from nbdist.cluster.netaddr import HostNet, Route
 from nbdist.config import TrainConfig
 from nbdist.core.shard import admit
-from nbdist.errors import ClusterError, ConfigError, TrainingError, UnreachableHostError
-from nbdist.hub.client import PER_SHARD
-from nbdist.hub.wire import check_fields
+from nbdist.errors import ClusterError, ConfigError, ProtocolError, TrainingError, UnreachableHostError
+from nbdist.hub.messages import Control, Hello
+from nbdist.hub.wire import check_link
 from nbdist.modes.async_ps.backend import ClusterBackend
 from nbdist.run.elastic import add_workers
 from nbdist.run.handle import Run
@@ -74,12 +74,12 @@ def test_joined_engines_are_those_not_seen_and_each_is_reported_once():
 
 
 def test_every_shard_admits_just_the_next_worker_id_and_checks_ids_against_it():
-    assert "add_worker" in PER_SHARD and admit(2, 2) == 3
+    assert "add_worker" in Control.ALL_SHARDS and admit(2, 2) == 3
     with pytest.raises(ValueError, match=r"next id, 2 \(Received: 5\)"):
         admit(2, 5)
-    check_fields({"op": "hello", "worker": 2}, 3)
-    with pytest.raises(Exception, match=r"worker=2 \(0..1\)"):
-        check_fields({"op": "hello", "worker": 2}, 2)
+    check_link({}, Hello(2), "worker-2/ab", num_workers=3)
+    with pytest.raises(ProtocolError, match=r"worker=2 \(0..1\)"):
+        check_link({}, Hello(2), "worker-2/ab", num_workers=2)
 
 
 @pytest.mark.parametrize("mode", ["sync", "local", "simulate"])

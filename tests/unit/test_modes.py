@@ -95,7 +95,8 @@ def test_a_sync_rank_is_never_written_off_for_silence_but_an_async_worker_is():
     from types import SimpleNamespace
 
     from nbdist.config import TrainConfig
-    from nbdist.core.coordinator import LOST_FIRST_S, Coordinator
+    from nbdist.core.coordinator import Coordinator
+    from nbdist.core.liveness import LOST_FIRST_S
     from nbdist.job import coordinator_plan
 
     contents = SimpleNamespace(num_samples=100, validation=None)

@@ -1,6 +1,7 @@
 """The sync-mode checkpoint format without processes: rank 0's state through the hub, save,
 load and back to a resume position; a sync checkpoint's own checks."""
 
+import dataclasses
 import json
 from types import SimpleNamespace
 
@@ -14,6 +15,7 @@ from nbdist.config import TrainConfig
 from nbdist.core.coordinator import Plan
 from nbdist.core.updater import Updater
 from nbdist.errors import CheckpointError
+from nbdist.hub.messages import SyncState
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 
@@ -22,8 +24,8 @@ def _sync_hub(epoch, offset, steps=7, final=False):
     """A sync run's hub (no parameters) holding a snapshot rank 0 sent."""
     plan = Plan(num_workers=2, num_samples=10, epochs=3, batch_size=2, lr=0.1, has_validation=False,
                 algorithm="asgd")
-    state = {"seq": 1, "final": final, "epoch": epoch, "offset": offset, "steps": steps, "lr": 0.05,
-             "iterations": steps, "optimizer": "SGD", "slots": LAYOUT["trainable"]}
+    state = SyncState(seq=1, final=final, epoch=epoch, offset=offset, steps=steps, lr=0.05,
+                      iterations=steps, optimizer="SGD", slots=LAYOUT["trainable"])
     arrays = [np.arange(9, dtype=np.float32), np.array([1, 2], np.float32), np.full(9, 0.5, np.float32)]
     return SimpleNamespace(plan=plan, updater=Updater(make_rule("asgd", 0, 2, None), None),
                            sync_snapshot=(state, arrays))
@@ -75,7 +77,7 @@ def test_a_sync_checkpoint_with_a_damaged_optimizer_entry_is_refused(tmp_path):
 
 class _Hub:
     """The kernel's control line to a sync run's hub, as `fresh_state` uses it: every `state`
-    reply carries the wire's own (ever larger) `seq`, and rank 0's state only after it sent one."""
+    request is answered, with rank 0's new state only after it sent one."""
 
     def __init__(self, sent_after: int):
         self.sent_after, self.asked, self.replies = sent_after, 0, 0
@@ -87,9 +89,8 @@ class _Hub:
         self.replies += 1
         fresh = self.asked and self.replies > self.sent_after
         hub = _sync_hub(0, 2)
-        header, buffers = hub_state(hub, hub.sync_snapshot)
-        header = {**header, "seq": self.replies, "state_seq": 2 if fresh else 1}
-        return [(header, buffers)]
+        state, buffers = hub_state(hub, hub.sync_snapshot)
+        return [(dataclasses.replace(state, state_seq=2 if fresh else 1), buffers)]
 
 
 def test_fresh_state_waits_for_rank_0_s_next_state_not_for_the_wire_s_next_message():
@@ -97,7 +98,7 @@ def test_fresh_state_waits_for_rank_0_s_next_state_not_for_the_wire_s_next_messa
     from nbdist.errors import TrainingError
 
     hub = _Hub(sent_after=4)
-    ((header, _),) = fresh_state(hub, final=False, timeout=5)
-    assert header["state_seq"] == 2 and hub.replies == 5 and hub.asked == 1
+    ((state, _),) = fresh_state(hub, final=False, timeout=5)
+    assert state.state_seq == 2 and hub.replies == 5 and hub.asked == 1
     with pytest.raises(TrainingError, match="did not send its weights for the checkpoint within 0s"):
         fresh_state(_Hub(sent_after=10**6), final=False, timeout=0.2)

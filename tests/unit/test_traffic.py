@@ -4,31 +4,32 @@ by the coordinator, turned into bytes/s by the kernel."""
 from nbdist.core.coordinator import Coordinator, Plan
 from nbdist.core.stats import WorkerStats
 from nbdist.core.traffic import TrafficRates
+from nbdist.hub.messages import Hello, Report, Step
 
 
 def test_node_row_splits_tcp_and_shared_memory_bytes():
     w = WorkerStats(worker=0)
-    w.hello({"link": "tcp"})
-    w.take({"traffic": [1000, 4000, 0, 0]})
-    w.take({"traffic": [2000, 8000, 10, 20]})
+    w.hello(Hello(0, link="tcp"))
+    w.take(Step(0, traffic=[1000, 4000, 0, 0]))
+    w.take(Step(0, traffic=[2000, 8000, 10, 20]))
     row = w.to_row()
     assert (row["link"], row["bytes_sent"], row["bytes_received"]) == ("tcp", 2010, 8020)
     assert (row["tcp_bytes"], row["shm_bytes"]) == (10_000, 30)
     assert "traffic" not in row
 
 
-def test_a_header_without_totals_keeps_the_last_ones():
+def test_a_step_without_totals_keeps_the_last_ones():
     w = WorkerStats(worker=0)
-    w.take({"traffic": [5, 6, 0, 0]})
-    w.take({"loss": 0.5})  # a synchronous rank's report, or a worker of an older version
+    w.take(Step(0, traffic=[5, 6, 0, 0]))
+    w.take(Report(0, loss=0.5))  # a synchronous rank's report
     assert (w.to_row()["bytes_sent"], w.to_row()["bytes_received"]) == (5, 6)
 
 
 def test_coordinator_shows_each_workers_link_and_latest_totals():
     c = Coordinator(Plan(num_workers=2, num_samples=8, epochs=1, batch_size=4, lr=0.1, has_validation=False))
-    c.hello(0, "a", 0, {"link": "shm"}), c.hello(1, "b", 1, {"link": "tcp"})
-    chunk = c.work_for(1, pulled=True, version=0)["chunks"][0]
-    c.push(1, {"chunks": [chunk[0]], "loss": 1.0, "traffic": [300, 700, 0, 0]}, delay=0, now=1.0)
+    c.hello(Hello(0, host="a", engine=0, link="shm")), c.hello(Hello(1, host="b", engine=1, link="tcp"))
+    chunk = c.work_for(1, pulled=True, version=0).chunks[0]
+    c.push(Step(1, chunks=[chunk.id], loss=1.0, traffic=[300, 700, 0, 0]), delay=0, now=1.0)
     nodes = c.snapshot(since=0)["nodes"]
     assert [(n["host"], n["link"], n["tcp_bytes"]) for n in nodes] == [("a", "shm", 0), ("b", "tcp", 1000)]
 

@@ -21,8 +21,12 @@ from __future__ import annotations
 import statistics
 import threading
 import time
+from typing import TYPE_CHECKING
 
 from nbdist.env import switch
+
+if TYPE_CHECKING:
+    from nbdist.hub.messages import Reply, Step
 
 
 def wanted(link: str) -> bool:
@@ -41,23 +45,23 @@ class Courier:
         self._transport = transport
         self._go = threading.Event()
         self._done = threading.Event()
-        self._job: tuple[dict, dict] | None = None
-        self._result: tuple[dict, float] | None = None
+        self._job: Step | None = None
+        self._result: tuple[Reply, float] | None = None
         self._error: BaseException | None = None
         self._closed = False
         self.in_flight = False
         self._thread = threading.Thread(target=self._loop, name="nbdist-courier", daemon=True)
         self._thread.start()
 
-    def send(self, header: dict, shared: dict) -> None:
-        """Start pushing `grad` and pulling the parameters; returns at once."""
+    def send(self, step: Step) -> None:
+        """Start pushing `grad` and pulling the parameters (`step`); returns at once."""
         assert not self.in_flight, "one exchange at a time: receive() the last one first"
-        self._job, self.in_flight = (header, shared), True
+        self._job, self.in_flight = step, True
         self._done.clear()
         self._go.set()
 
-    def receive(self) -> tuple[dict, float]:
-        """Shard 0's reply header and the `perf_counter` time it was in; re-raises what the
+    def receive(self) -> tuple[Reply, float]:
+        """Shard 0's reply and the `perf_counter` time it was in; re-raises what the
         exchange raised (a timeout, a refused request) here, on the worker's thread."""
         self._done.wait()
         self.in_flight = False
@@ -84,10 +88,10 @@ class Courier:
             self._go.clear()
             if self._closed:
                 return
-            header, shared = self._job
+            step = self._job
             try:
-                self._transport.send_step(header, push=True, pull=True, shared=shared)
-                self._result = self._transport.receive_step(True, True), time.perf_counter()
+                self._transport.send_step(step)
+                self._result = self._transport.receive_step(step), time.perf_counter()
             except BaseException as exc:  # noqa: BLE001 - handed to the worker's thread
                 self._error = exc
             self._done.set()

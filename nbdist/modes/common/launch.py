@@ -12,7 +12,7 @@ from dataclasses import replace
 import numpy as np
 
 from nbdist.engine.run_cell import portable
-from nbdist.hub.client import HubControl
+from nbdist.hub.control import HubControl
 from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import HubSpec
 from nbdist.job import Job

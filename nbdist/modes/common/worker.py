@@ -20,6 +20,7 @@ from nbdist.core.schedule import Chunk
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
 from nbdist.errors import CellError
+from nbdist.hub.messages import EvalJob, EvalResult, Reply, Step
 from nbdist.modes.common.courier import Courier, WayChooser
 from nbdist.modes.common.courier import wanted as courier_wanted
 
@@ -27,10 +28,10 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again
 
 
-def step_metrics(per_epoch: dict[str, list[float]]) -> dict:
-    """The header field with a push's metric increments per epoch (`nbdist.engine.step_metrics`);
-    nothing when the model keeps no metric state."""
-    return {"metrics": per_epoch} if any(per_epoch.values()) else {}
+def step_metrics(per_epoch: dict[str, list[float]]) -> dict[str, list[float]] | None:
+    """A push's metric increments per epoch (`nbdist.engine.step_metrics`), for its `metrics`;
+    None when the model keeps no metric state."""
+    return per_epoch if any(per_epoch.values()) else None
 
 
 @dataclass
@@ -131,7 +132,7 @@ class _AsyncLoop:
         self.spec, self.flat, self.transport = spec, flat, transport
         self.data, self.validation = data, validation
         self.started: set[int] = set()
-        self.extra: dict = {}  # fields for the next message to the coordinator
+        self.eval_result: EvalResult | None = None  # for the next message to the coordinator
         self.comm_s = self.wait_s = 0.0
         self.steps = 0
         self.lr = None
@@ -160,33 +161,33 @@ class _AsyncLoop:
         fresh = True  # the model holds the parameters of the last pull
         in_flight = False
         while True:
-            if reply.get("eval"):
+            if reply.eval is not None:
                 self._sync_model()
-                self.extra["eval"] = {**reply["eval"], "metrics": evaluate(self.flat.model, self.validation, self.spec.batch_size)}
+                self.eval_result = self._evaluate(reply.eval)
                 if not in_flight:
                     fresh = False  # others pushed while we evaluated: pull before computing
-            if reply.get("done"):
+            if reply.done:
                 if in_flight:
                     self._await_reply()
-                if self.extra:
-                    t.step(self._take_extra(), push=False, pull=False)
+                if self.eval_result is not None:
+                    t.step(self._new_step(push=False, pull=False))
                 break
             self._follow_lr(reply)
-            todo = [c for c in map(Chunk.from_list, reply.get("chunks", [])) if c.id not in self.started]
+            todo = [c for c in reply.chunks if c.id not in self.started]
             if in_flight and (not todo or not self.spec.overlap):
                 reply, in_flight, fresh = self._receive(), False, True
                 continue
             if not todo or not fresh:
-                pull = not fresh or bool(reply.get("eval_pending"))
+                pull = not fresh or reply.eval_pending
                 t0 = time.perf_counter()
                 if not pull:
                     time.sleep(IDLE_POLL_S)
-                reply = t.step(self._take_extra(), push=False, pull=pull)
+                reply = t.step(self._new_step(push=False, pull=pull))
                 self.wait_s += time.perf_counter() - t0
                 if pull:
                     self._assign()
                     fresh = True
-                elif reply.get("chunks"):
+                elif reply.chunks:
                     fresh = False  # work after waiting: pull the current weights first
                 continue
             if self.spec.local_steps > 1 or self.spec.easgd_alpha:
@@ -201,40 +202,41 @@ class _AsyncLoop:
 
     # -- the three step shapes --------------------------------------------------------------
 
-    def _plain_step(self, chunk: Chunk, reply: dict) -> dict:
-        header, t1 = self._compute(chunk, reply)
-        reply = self.transport.step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+    def _plain_step(self, chunk: Chunk, reply: Reply) -> Reply:
+        step, t1 = self._compute(chunk, reply)
+        reply = self.transport.step(self._share(step, reply, chunk))
         self._assign()
         self.comm_s = time.perf_counter() - t1
         return reply
 
-    def _overlapped_step(self, chunk: Chunk, reply: dict, in_flight: bool) -> tuple[dict, bool]:
-        header, _ = self._compute(chunk, reply, write_grad=False)
+    def _overlapped_step(self, chunk: Chunk, reply: Reply, in_flight: bool) -> tuple[Reply, bool]:
+        step, _ = self._compute(chunk, reply, write_grad=False)
         if in_flight:  # step t-1's reply: its weights arrive after step t was computed
             reply = self._receive()
-            header["lag"] = 1  # so the hub counts the delay from the read before (and DC uses it)
+            step.lag = 1  # so the hub counts the delay from the read before (and DC uses it)
         self._write_grad()
         self._sent_at = time.perf_counter()
         self._by_courier = self._courier is not None and self._ways.next(self._sent_at)
+        self._sent = self._share(step, reply, chunk)
         if self._by_courier:  # across hosts: signing, sending and checking leave this thread
-            self._courier.send(header, self._shared(reply, chunk))
+            self._courier.send(self._sent)
         else:
-            self.transport.send_step(header, push=True, pull=True, shared=self._shared(reply, chunk))
+            self.transport.send_step(self._sent)
         return reply, True
 
-    def _receive(self) -> dict:
+    def _receive(self) -> Reply:
         reply, replied_at = self._await_reply()
         self._assign()
         self.comm_s = replied_at - self._sent_at
         return reply
 
-    def _await_reply(self) -> tuple[dict, float]:
+    def _await_reply(self) -> tuple[Reply, float]:
         """The overlapped push's reply, and when it was in."""
         if self._by_courier:
             return self._courier.receive()
-        return self.transport.receive_step(True, True), time.perf_counter()
+        return self.transport.receive_step(self._sent), time.perf_counter()
 
-    def _local_round(self, chunks: list[Chunk], reply: dict) -> dict:
+    def _local_round(self, chunks: list[Chunk], reply: Reply) -> Reply:
         """K local steps with the cell's optimizer, then one exchange with the hub."""
         t, flat = self.transport, self.flat
         self._sync_model()
@@ -250,26 +252,26 @@ class _AsyncLoop:
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
         self._check(loss, 0.0, chunk)
         w_local, nt_local = flat.read()
-        header = {"chunks": [c.id for c in chunks], "loss": loss, "compute_s": compute_s,
-                  "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra(),
-                  **step_metrics({k: v.tolist() for k, v in metrics.items()})}
+        step = self._new_step(push=True, pull=not self.spec.easgd_alpha, chunks=[c.id for c in chunks],
+                              loss=loss, compute_s=compute_s, comm_s=self.comm_s, wait_s=self._take_wait(),
+                              metrics=step_metrics({k: v.tolist() for k, v in metrics.items()}))
         np.subtract(nt_local, self._nt_model, out=t.nt_delta)
         t1 = time.perf_counter()
         if self.spec.easgd_alpha:
             from nbdist.algorithms.easgd import elastic_exchange
 
-            pulled = t.step({}, push=False, pull=True)  # read the center x~ (not into the model)
-            if pulled.get("eval"):  # a validation job is for the hub's weights: the center
+            pulled = t.step(Step(self.spec.worker, pull=True))  # read the center x~ (not into the model)
+            if pulled.eval is not None:  # a validation job is for the hub's weights: the center
                 flat.assign(t.params, t.non_trainable)
-                header["eval"] = {**pulled["eval"], "metrics": evaluate(flat.model, self.validation, self.spec.batch_size)}
+                step.eval = self._evaluate(pulled.eval)
             center = t.params.copy()
             np.copyto(t.grad, elastic_exchange(w_local, center, self.spec.easgd_alpha))
-            reply = t.step(header, push=True, pull=False, shared=self._shared(reply, *chunks))
+            reply = t.step(self._share(step, reply, *chunks))
             flat.assign(w_local, nt_local)  # x_i after the exchange
             self._nt_model = nt_local
         else:
             np.subtract(w_read, w_local, out=t.grad)
-            reply = t.step(header, push=True, pull=True, shared=self._shared(reply, *chunks))
+            reply = t.step(self._share(step, reply, *chunks))
             self._assign()
         self.comm_s = time.perf_counter() - t1
         self.steps += 1
@@ -277,7 +279,7 @@ class _AsyncLoop:
 
     # -- pieces -----------------------------------------------------------------------------
 
-    def _compute(self, chunk: Chunk, reply: dict, write_grad: bool = True) -> tuple[dict, float]:
+    def _compute(self, chunk: Chunk, reply: Reply, write_grad: bool = True) -> tuple[Step, float]:
         self.started.add(chunk.id)
         t0 = time.perf_counter()
         flat = self.flat
@@ -304,11 +306,11 @@ class _AsyncLoop:
         if write_grad:
             self._write_grad()
         self.steps += 1
-        header = {"chunks": [chunk.id], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
-                  "norm": grad_norm,  # several shards: global clipping needs the whole norm
-                  "wait_s": self._take_wait(), **self._take_extra(),
-                  **step_metrics({str(chunk.epoch): flat.last_metrics.tolist()})}
-        return header, time.perf_counter()
+        step = self._new_step(push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=compute_s,
+                              comm_s=self.comm_s, wait_s=self._take_wait(),
+                              norm=grad_norm,  # several shards: global clipping needs the whole norm
+                              metrics=step_metrics({str(chunk.epoch): flat.last_metrics.tolist()}))
+        return step, time.perf_counter()
 
     def _write_grad(self) -> None:
         np.copyto(self.transport.grad, self._grad)
@@ -320,9 +322,9 @@ class _AsyncLoop:
         many samples as it holds from this worker's shard."""
         return self.data.batch(chunk.epoch, chunk.start, chunk.stop)
 
-    def _slow_down(self, compute_s: float, reply: dict) -> float:
+    def _slow_down(self, compute_s: float, reply: Reply) -> float:
         """Simulate a node `slowdown` times slower: sleep (factor - 1) x the compute time."""
-        factor = float(reply.get("slowdown", 1.0))
+        factor = float(reply.slowdown)
         if factor > 1.0:
             time.sleep((factor - 1.0) * compute_s)
             return compute_s * factor
@@ -352,22 +354,27 @@ class _AsyncLoop:
             self.flat.assign(self._in_use, self._nt_model)
         self._model_current = True
 
-    def _shared(self, reply: dict, *chunks: Chunk) -> dict:
-        """Fields every shard needs: the group (for its barrier) and the samples pushed."""
-        group = reply.get("group")
-        if not group:
-            return {}
-        return {"group": group, "batch": sum(c.size for c in chunks)}
+    def _share(self, step: Step, reply: Reply, *chunks: Chunk) -> Step:
+        """`step` with what every shard's barrier needs under group sync: the group (from the
+        last reply) and the samples pushed."""
+        if reply.group:
+            step.group, step.batch = reply.group, sum(c.size for c in chunks)
+        return step
 
-    def _follow_lr(self, reply: dict) -> None:
-        lr = reply.get("lr")
+    def _follow_lr(self, reply: Reply) -> None:
+        lr = reply.lr
         if lr is not None and lr != self.lr and (self.spec.local_steps > 1 or self.spec.easgd_alpha):
             self.flat.set_learning_rate(lr)
         self.lr = lr
 
-    def _take_extra(self) -> dict:
-        extra, self.extra = self.extra, {}
-        return extra
+    def _new_step(self, **fields) -> Step:
+        """This worker's next message to the coordinator, with the validation result it owes."""
+        result, self.eval_result = self.eval_result, None
+        return Step(self.spec.worker, eval=result, **fields)
+
+    def _evaluate(self, job: EvalJob) -> EvalResult:
+        """The validation job `job` on the weights in the model now."""
+        return EvalResult(job.epoch, evaluate(self.flat.model, self.validation, self.spec.batch_size), job.version)
 
     def _take_wait(self) -> float:
         wait, self.wait_s = self.wait_s, 0.0

@@ -84,8 +84,10 @@ def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
     import uuid
 
     from nbdist.core.coordinator import Plan
-    from nbdist.hub.client import HubControl, WorkerTransport
+    from nbdist.hub.client import WorkerTransport
+    from nbdist.hub.control import HubControl
     from nbdist.hub.launch import join_hub, start_hub
+    from nbdist.hub.messages import Step
     from nbdist.hub.protocol import new_key
     from nbdist.hub.server import HubSpec
 
@@ -100,14 +102,13 @@ def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
         worker = WorkerTransport(key, 0, endpoints, 0, "tcp", timeout=30.0)
         reply, started, times = worker.hello(), set(), []
         for i in range(trips + 3):  # the first three warm the sockets
-            chunks = [c for c in reply.get("chunks") or [] if c[0] not in started]
+            chunks = [c for c in reply.chunks if c.id not in started]
             if not chunks:
-                reply = worker.step({}, push=False, pull=True)
+                reply = worker.step(Step(0, pull=True))
                 continue
-            started.add(chunks[0][0])
-            header = {"chunks": [chunks[0][0]], "loss": 0.0, "compute_s": 0.0, "comm_s": 0.0, "wait_s": 0.0}
+            started.add(chunks[0].id)
             t0 = time.perf_counter()
-            reply = worker.step(header, push=True, pull=True)
+            reply = worker.step(Step(0, push=True, pull=True, chunks=[chunks[0].id], loss=0.0))
             if i >= 3:
                 times.append(time.perf_counter() - t0)
         worker.bye()

@@ -34,7 +34,7 @@ from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
-from nbdist.hub.messages import Reply, Step
+from nbdist.hub.messages import Control, EvalResult, Hello, Reply, Step
 from nbdist.modes.common.worker import step_metrics
 
 ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
@@ -96,9 +96,9 @@ class Simulation:
             snap.update(error=None, dropped={}, finished=self.ended and self.error is None, virtual=True)
             return json.loads(json.dumps(snap))  # a copy, as the hub's reply would be
 
-    def control(self, **h: object) -> None:
+    def control(self, **changes: object) -> None:
         with self._lock:
-            self.core.control(h)
+            self.core.control(Control(**changes))
             self._lock.notify_all()
 
     def params_now(self) -> tuple[np.ndarray, np.ndarray]:
@@ -135,7 +135,7 @@ class Simulation:
                 self.coordinator.stats.record_event("sim_cost", 0.0, per_step_s=c.per_step_s,
                                                     per_sample_s=c.per_sample_s, jitter=c.jitter)
                 for w in range(self.plan.num_workers):
-                    self.core.hello(w, "virtual", None)
+                    self.core.hello(Hello(w, host="virtual"))
                 for w in range(self.plan.num_workers):
                     self._answer(w, pull=True)
             while True:
@@ -183,7 +183,7 @@ class Simulation:
         """The shard's reply to `w` (unless it holds it), and what the worker does with it."""
         reply = self.core.reply(w, pull)
         if reply is not None:
-            self._take(w, pull, Reply.decode(reply))
+            self._take(w, pull, reply)
 
     def _take(self, w: int, pull: bool, work: Reply) -> None:
         """Virtual worker `w` acts on its reply: copy the weights, evaluate, leave, or start a step."""
@@ -194,7 +194,7 @@ class Simulation:
             np.copyto(v.nt, self.core.non_trainable)
         if work.eval:
             metrics = self._evaluate_on(v.params, v.nt)
-            self.core.eval_result(w, {"eval": {**work.eval, "metrics": metrics}})
+            self.core.eval_result(w, EvalResult(work.eval.epoch, metrics, work.eval.version))
         if work.done:
             self._leave(w)
             return
@@ -221,18 +221,18 @@ class Simulation:
             v.params, v.nt, *self.data.batch(chunk.epoch, chunk.start, chunk.stop))
         check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
                      where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
-        header = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
-                      wait_s=max(0.0, self.now - v.compute_s - v.last_push),
-                      stats=step_metrics({str(chunk.epoch): self.flat.last_metrics.tolist()})).counted()
+        step = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
+                    wait_s=max(0.0, self.now - v.compute_s - v.last_push), batch=chunk.size, group=list(v.group),
+                    metrics=step_metrics({str(chunk.epoch): self.flat.last_metrics.tolist()}))
         v.last_push = self.now
-        self.core.push(w, grad, header, batch=chunk.size, group=v.group, non_trainable_delta=nt_after - v.nt)
+        self.core.push(step, grad, non_trainable_delta=nt_after - v.nt)
         self.core.settle()
         self._answer(w, pull=True)
 
     def _wake(self) -> None:
         """Held replies that may now go out, and idle workers asking again for work."""
         for w, _, pull, reply in self.core.release():
-            self._take(w, pull, Reply.decode(reply))
+            self._take(w, pull, reply)
         for w in sorted(self.idle):
             if w in self.idle and not self.queue.pending(w):
                 self._answer(w, pull=False)

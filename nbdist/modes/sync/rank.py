@@ -25,6 +25,7 @@ import numpy as np
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
+from nbdist.hub.messages import EvalResult, Report, ReportReply
 from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
@@ -147,7 +148,7 @@ class _SyncLoop:
         self.transport.hello()
         global_batch = spec.batch_size * self.size
         epoch_size = spec.epoch_size or spec.num_samples  # fewer than a pass: fit(steps_per_epoch=...)
-        reply = {}
+        reply: ReportReply | None = None  # shard 0's control, once a report was answered
         steps = 0
         for epoch in range(self.start[0], spec.epochs):
             offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
@@ -158,7 +159,7 @@ class _SyncLoop:
                     break
                 if self.control[1]:  # paused: keep the ranks in lockstep on control only
                     time.sleep(0.05)
-                    reply = self._send_state(self._report({}), steps)
+                    reply = self._send_state(self._report(Report(self.rank)), steps)
                     self._exchange_control(reply)
                     continue
                 batches = self.control[CONTROL_FIELDS:].astype(np.int64)
@@ -173,7 +174,7 @@ class _SyncLoop:
                 loss, grad, grad_norm = self.flat.gradients_tensor(*batch)  # grad stays a tensor
                 t1 = time.perf_counter()
                 reply = self._take_report(reply)  # the last step's report: its round trip hid behind compute
-                factor = float(reply.get("slowdown", 1.0))
+                factor = reply.slowdown if reply is not None else 1.0
                 if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
                     time.sleep((factor - 1.0) * (t1 - t0))
                     t1 = time.perf_counter()
@@ -187,43 +188,43 @@ class _SyncLoop:
                 step += 1
                 steps += 1
                 reply = self._send_state(reply, steps)
-                self._send_report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
-                                   "comm_s": t2 - t1, "batch": int(batches[self.rank]),
-                                   "epoch": epoch + self.position[1] / epoch_size,
-                                   **step_metrics({str(epoch): self.flat.last_metrics.tolist()}
-                                                  if stop > start else {})})
+                self._send_report(Report(self.rank, samples=stop - start, loss=loss, compute_s=t1 - t0,
+                                         comm_s=t2 - t1, batch=int(batches[self.rank]),
+                                         epoch=epoch + self.position[1] / epoch_size,
+                                         metrics=step_metrics({str(epoch): self.flat.last_metrics.tolist()}
+                                                              if stop > start else {})))
             if self.control[0]:
                 break
             # the epoch's metrics are all in once every rank says so; with a fit call, wait there
             # for the kernel's callbacks (the epoch gate)
-            reply = self._report({"epoch_end": epoch})
+            reply = self._report(Report(self.rank, epoch_end=epoch))
             if epoch + 1 < spec.epochs and not self._epoch_gate(reply, epoch, steps):
                 self.control[0] = 1.0  # stopped at the gate (every rank sees the same)
                 break
             self._evaluate(epoch)
         return self._finish(steps)
 
-    def _epoch_gate(self, reply: dict, epoch: int, steps: int) -> bool:
+    def _epoch_gate(self, reply: ReportReply, epoch: int, steps: int) -> bool:
         """Wait until the kernel opens the next epoch (a cell's fit call ran its callbacks);
         False if it stopped the run instead. Every rank asks the hub itself, so none waits in
         a collective (Gloo's timeout) while the kernel validates. Rank 0 sends its weights
         meanwhile if the kernel asks (`_send_state`)."""
-        while reply.get("open_epoch", epoch + 1) <= epoch:
-            if reply.get("stop"):
+        while reply.open_epoch is not None and reply.open_epoch <= epoch:
+            if reply.stop:
                 return False
             time.sleep(0.05)
-            reply = self._send_state(self._report({}), steps)
+            reply = self._send_state(self._report(Report(self.rank)), steps)
         return True
 
-    def _send_state(self, reply: dict, steps: int, final: bool = False) -> dict:
+    def _send_state(self, reply: ReportReply | None, steps: int, final: bool = False) -> ReportReply | None:
         """Rank 0, between two steps: send its state to the hub if the kernel asked for it."""
-        wanted = int(reply.get("send_state", 0))
+        wanted = reply.send_state if reply is not None else 0
         if self.rank != 0 or not (final or wanted > self.sent):
             return reply
-        self._take_report({})
+        self._take_report(None)
         self.sent = max(self.sent, wanted)
-        header, buffers = snapshot(self, self.sent, *self.position, self.start[2] + steps, final)
-        return self.transport.lines[0].request(header, buffers).header
+        report, buffers = snapshot(self, self.sent, *self.position, self.start[2] + steps, final)
+        return self.transport.lines[0].request(report, buffers)[0]
 
     def _follow_lr(self) -> None:
         """Every rank switches rate at the same step: the new rate came in the allreduce."""
@@ -234,46 +235,46 @@ class _SyncLoop:
             if set_constant_lr(self.model.optimizer, self.lr) is not None:  # the schedule is gone
                 self._allreduce_apply = self._compile_allreduce_apply()
 
-    def _control_out(self, reply: dict) -> np.ndarray:
+    def _control_out(self, reply: ReportReply | None) -> np.ndarray:
         """Rank 0 contributes the hub's control; the others zeros (the allreduce sums them)."""
         out = np.zeros_like(self.control)
         if self.rank == 0:
             out[:] = self.control
-            if reply:
-                out[0], out[1] = float(reply.get("stop", 0)), float(reply.get("paused", 0))
-                if reply.get("lr") is not None:  # None: the ranks keep their optimizer's schedule
-                    out[2] = reply["lr"]
-                if reply.get("batches"):
-                    out[CONTROL_FIELDS:] = reply["batches"]
+            if reply is not None:
+                out[0], out[1] = float(reply.stop), float(reply.paused)
+                if reply.lr is not None:  # None: the ranks keep their optimizer's schedule
+                    out[2] = reply.lr
+                if reply.batches:
+                    out[CONTROL_FIELDS:] = reply.batches
         return out
 
-    def _exchange_control(self, reply: dict) -> None:
+    def _exchange_control(self, reply: ReportReply | None) -> None:
         self.control[:] = self.hvd.allreduce(self._control_out(reply), op=self.hvd.Sum,
                                              name="nbdist_control").numpy()
 
-    def _report(self, fields: dict) -> dict:
-        self._take_report({})
-        return self.transport.lines[0].request({"op": "report", "worker": self.rank, **fields}).header
+    def _report(self, report: Report) -> ReportReply:
+        self._take_report(None)
+        return self.transport.lines[0].request(report)[0]
 
-    def _send_report(self, fields: dict) -> None:
+    def _send_report(self, report: Report) -> None:
         """A step's metrics, sent without waiting: the reply is taken after the next step's
         gradient (`_take_report`), so the round trip to the hub overlaps that compute and the
         ranks meet in the allreduce without one of them waiting on the hub."""
-        self.transport.lines[0].send({"op": "report", "worker": self.rank, **fields})
+        self.transport.lines[0].send(report)
         self._report_pending = True
 
-    def _take_report(self, reply: dict) -> dict:
+    def _take_report(self, reply: ReportReply | None) -> ReportReply | None:
         """The reply to the report in flight, if any (else `reply`)."""
         if not self._report_pending:
             return reply
         self._report_pending = False
-        return self.transport.lines[0].recv().header
+        return self.transport.lines[0].recv(ReportReply)[0]
 
     def _evaluate(self, epoch: int) -> None:
         if self.rank != 0 or self.validation is None:
             return
         metrics = evaluate(self.model, self.validation, self.spec.batch_size)
-        self._report({"eval": {"epoch": epoch, "version": 0, "metrics": metrics}})
+        self._report(Report(self.rank, eval=EvalResult(epoch, metrics, version=0)))
 
     def _finish(self, steps: int) -> dict:
         """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
@@ -284,8 +285,8 @@ class _SyncLoop:
                                                name="nbdist_final_state").numpy()
             self.flat.assign(params, non_trainable)
         if self.spec.checkpoint:  # the final checkpoint's weights
-            self._send_state({}, steps, final=True)
-        self._take_report({})
+            self._send_state(None, steps, final=True)
+        self._take_report(None)
         self.transport.bye()
         self.transport.close()
         optimizer = self.model.optimizer

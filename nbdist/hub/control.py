@@ -1,0 +1,97 @@
+"""The kernel's line to a run's hub shards (`HubControl`): statistics, control, the final
+parameters, checkpoint state and shutdown, as typed requests (`nbdist.hub.messages`) over one
+signed line per shard (`nbdist.hub.lines`)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import threading
+from collections import Counter
+from collections.abc import Callable
+
+import numpy as np
+import zmq
+
+from nbdist.errors import TrainingError
+from nbdist.hub.lines import open_lines
+from nbdist.hub.messages import Control, Params, Peers, ShardState, Shutdown, State, Stats
+
+
+class HubControl:
+    """The kernel's line to every shard: statistics, control, final parameters. Thread-safe."""
+
+    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel"):
+        self._ctx = zmq.Context()
+        self.lines = open_lines(self._ctx, key, shards, name, timeout)
+        self._lock = threading.Lock()
+        self.closed = False
+        if len(shards) > 1 and name == "kernel":  # shard 0 tells the others of write-offs
+            self.lines[0].request(Peers(shards[1:]))
+
+    @property
+    def dropped(self) -> Counter[str]:
+        """Replies dropped on this side (forged, replayed, late, from the wrong endpoint)."""
+        return sum((line.dropped for line in self.lines), Counter())
+
+    def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
+              during: Callable[[], None] | None = None) -> dict:
+        """Statistics with history rows from `since` on (and the whole timeline if asked);
+        `timeout`: wait at most this long for them (the lines' own timeout if longer), calling
+        `during()` about every second meanwhile (`Line.recv`)."""
+        with self._lock:
+            _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during)
+        return json.loads(bytes(msg.buffers[0]))
+
+    def cap_timeout(self, seconds: float) -> None:
+        """From now on no request waits longer than `seconds` (a run that is ending in failure
+        may be talking to a hub that is gone)."""
+        for line in self.lines:
+            line.timeout_ms = min(line.timeout_ms, int(seconds * 1000))
+
+    def control(self, **changes: object) -> None:
+        """One `Control` of these changes: what every shard applies (lr, rule options, stop,
+        ...) goes to all, the rest to shard 0 only."""
+        control = Control(**changes)
+        others = control.for_other_shards()
+        with self._lock:
+            if self.closed:  # the run ended between the caller's check and this call
+                raise TrainingError("The run has ended; there is nothing to control. Start a new run.")
+            for i, line in enumerate(self.lines):
+                if i == 0 or others is not None:
+                    line.request(control if i == 0 else others)
+
+    def params(self) -> tuple[np.ndarray, np.ndarray]:
+        """The full flat parameter vector and the non-trainable state."""
+        with self._lock:
+            self._check_open()
+            msgs = [line.request(Params())[1] for line in self.lines]
+        flat = np.concatenate([m.floats(0) for m in msgs])
+        return flat, msgs[0].floats(1).copy()
+
+    def state(self) -> list[tuple[ShardState, list[np.ndarray]]]:
+        """Every shard's checkpoint state, with the arrays its `names` lists."""
+        with self._lock:
+            self._check_open()
+            replies = [line.request(State()) for line in self.lines]
+        return [(state, [msg.floats(i).copy() for i in range(len(msg.buffers))]) for state, msg in replies]
+
+    def _check_open(self) -> None:
+        """Fail at once after `shutdown`: no hub answers any more (instead of after a timeout)."""
+        if self.closed:
+            raise TrainingError("The run has ended and its hubs are gone; its final weights are in "
+                                "the notebook's model.")
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for line in self.lines:
+                with contextlib.suppress(TrainingError):
+                    line.request(Shutdown())
+            self.closed = True  # nothing is served any more: a later request fails at once
+
+    def close(self) -> None:
+        with self._lock:  # never under a control() from another thread (the notebook's)
+            self.closed = True
+            for line in self.lines:
+                line.close()
+        self._ctx.term()
