@@ -45,7 +45,8 @@ import numpy as np
 import psutil
 from _common import table
 
-from nbdist.core.coordinator import LOST_FLOOR_S, Plan
+from nbdist.core.coordinator import Plan
+from nbdist.core.liveness import LOST_FLOOR_S
 from nbdist.hub.client import HubControl, WorkerTransport
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec

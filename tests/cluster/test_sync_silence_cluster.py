@@ -29,9 +29,9 @@ model = keras''', 1)
 
 
 def test_ranks_silent_while_rank_0_evaluates_are_not_written_off(cluster, monkeypatch):
-    import nbdist.core.coordinator as coordinator
+    import nbdist.core.liveness as liveness
 
-    monkeypatch.setattr(coordinator, "LOST_FIRST_S", 1.0)  # the sync hub runs in this kernel
+    monkeypatch.setattr(liveness, "LOST_FIRST_S", 1.0)  # the sync hub runs in this kernel
     run = nbdist.train(SLOW_EVAL_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
                        epochs=2, batch_size=32, wait=True)
     assert run.status == "finished" and list(run.history["val_slow"].dropna()) == [2.0, 2.0]

@@ -15,6 +15,7 @@ from nbdist.core.coordinator import Plan
 from nbdist.core.schedule import EpochSchedule
 from nbdist.core.shard import ShardCore
 from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
+from nbdist.hub.messages import Hello, Step
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 
@@ -123,11 +124,11 @@ def test_hub_optimizer_slots_and_step_are_saved(tmp_path):
 def test_data_position_and_pending_evaluations_are_restored(tmp_path):
     hub = _hub("asgd")
     c = hub.coordinator
-    c.hello(0, "h", 1)
-    c.hello(1, "h", 2)
+    c.hello(Hello(0, host="h", engine=1))
+    c.hello(Hello(1, host="h", engine=2))
     c.work_for(0, True, 0)
     c.work_for(1, True, 0)
-    c.push(0, {"chunks": [c.assigned[0][0].id]}, 0, 1.0)  # worker 1's chunk stays in flight
+    c.push(Step(0, chunks=[c.assigned[0][0].id]), 0, 1.0)  # worker 1's chunk stays in flight
     c.eval_queue.append(0)
     ckpt = checkpoint.load(_save(tmp_path, [hub]))
     assert ckpt.meta["epochs_done"] == 0.4 and ckpt.meta["schedule"]["pending"] == [[0, 4, 8]]

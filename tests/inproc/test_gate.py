@@ -110,7 +110,9 @@ def _hub_process(key: bytes, size: int):
 
 
 def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_while_a_worker_trains():
-    from nbdist.hub.client import HubControl, WorkerTransport
+    from nbdist.hub.client import WorkerTransport
+    from nbdist.hub.control import HubControl
+    from nbdist.hub.messages import Step
 
     key, size = new_key(), 250_000  # a 1 MB slice: frames up to ~3 MB are accepted
     hub = _hub_process(key, size)
@@ -118,11 +120,12 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
     transport = WorkerTransport(key, 0, [hub.endpoints], 0, transport="tcp", timeout=120)
     tcp = hub.endpoints["tcp"]
     try:
-        chunk = transport.hello()["chunks"][0][0]
+        chunk = transport.hello().chunks[0].id
         transport.grad[:] = np.float32(1e-3)
         expected = np.ones(size, np.float32)
         for _ in range(5):  # the hub's buffers for this worker are in place before the baseline
-            transport.step({"chunks": [chunk] if expected[0] == 1 else [], "loss": 0.5}, push=True, pull=True)
+            first = expected[0] == 1
+            transport.step(Step(0, push=True, pull=True, chunks=[chunk] if first else [], loss=0.5))
             expected -= np.float32(0.1) * transport.grad
         base = peak = proc.memory_info().rss
         steps = 0
@@ -133,7 +136,7 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
             flood.__enter__()
         end = time.monotonic() + 10
         while time.monotonic() < end:
-            transport.step({"chunks": [], "loss": 0.5}, push=True, pull=True)
+            transport.step(Step(0, push=True, pull=True, loss=0.5))
             expected -= np.float32(0.1) * transport.grad
             steps += 1
             peak = max(peak, proc.memory_info().rss)

@@ -12,7 +12,9 @@ import pytest
 
 from nbdist.errors import TrainingError
 from nbdist.hub import localline
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.messages import Step
 from nbdist.hub.protocol import Codec, new_key
 from tests.helpers import wait_for
 from tests.inproc.test_hub_security import (
@@ -80,8 +82,8 @@ def train_three_steps(transport) -> None:
     reply = transport.hello()
     transport.grad[:] = 1.0
     for step in range(3):
-        transport.step({"chunks": [reply["chunks"][0][0]] if step == 0 else [], "loss": 0.5},
-                       push=True, pull=True)
+        chunks = [reply.chunks[0].id] if step == 0 else []
+        transport.step(Step(0, push=True, pull=True, chunks=chunks, loss=0.5))
     np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
 
 
@@ -119,7 +121,7 @@ def test_a_worker_whose_hub_has_gone_gets_a_training_error_not_an_os_error():
         reply = transport.hello()
         stop_hubs(key, hubs, threads)
         with pytest.raises(TrainingError, match="hub shard 0 (closed its line|cannot be reached)"):
-            transport.step({"chunks": [reply["chunks"][0][0]], "loss": 0.5}, push=True, pull=True)
+            transport.step(Step(0, push=True, pull=True, chunks=[reply.chunks[0].id], loss=0.5))
         with pytest.raises(TrainingError, match="hub shard 0 cannot be reached on its local line"):
             transport.lines[0].reopen()  # nobody listens there any more
     finally:

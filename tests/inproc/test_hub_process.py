@@ -8,7 +8,7 @@ import pytest
 
 from nbdist.core.coordinator import Plan
 from nbdist.hub import launch
-from nbdist.hub.client import HubControl
+from nbdist.hub.control import HubControl
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import HubSpec
 

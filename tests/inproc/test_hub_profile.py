@@ -6,7 +6,9 @@ import threading
 import numpy as np
 
 from nbdist.core.coordinator import Plan
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.messages import Step
 from nbdist.hub.profile import PHASES
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
@@ -24,8 +26,8 @@ def _serve_pushes(profile: bool, transport: str, pushes: int = 20) -> dict:
     try:
         reply = tr.hello()
         for _ in range(pushes):
-            chunk = reply["chunks"][0][0]
-            reply = tr.step({"chunks": [chunk], "loss": 0.0, "compute_s": 0.01}, push=True, pull=True)
+            chunk = reply.chunks[0].id
+            reply = tr.step(Step(0, push=True, pull=True, chunks=[chunk], loss=0.0, compute_s=0.01))
         tr.bye()
     finally:
         tr.close()

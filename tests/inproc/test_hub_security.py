@@ -12,10 +12,12 @@ import psutil
 import pytest
 import zmq
 
-from nbdist.core import coordinator as coordinator_module
+from nbdist.core import liveness
 from nbdist.core.coordinator import Plan
 from nbdist.errors import TrainingError
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.messages import Params, Step
 from nbdist.hub.protocol import Codec, new_key
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.hub.wire import client_socket
@@ -214,7 +216,7 @@ def test_a_message_replayed_to_another_shard_is_dropped():
         line.peer = "hub-1"
         wait_for(lambda: sum(hubs[1].dropped.values()) >= 2, 30, poll_s=0.02)
         assert dict(hubs[1].dropped) == {"wrong recipient": 2}
-        params = line.request({"op": "params"}).floats(0)
+        params = line.request(Params())[1].floats(0)
         np.testing.assert_array_equal(params, np.ones(hubs[1].size, np.float32))
         assert 0 not in hubs[1].links  # the replayed hello registered nobody
         control.close()
@@ -287,11 +289,12 @@ def test_a_frame_flood_keeps_memory_bounded_and_a_real_worker_training(hub):
     peak, steps = base, 0
     try:
         reply = transport.hello()
-        chunk = reply["chunks"][0][0]
+        chunk = reply.chunks[0].id
         expected = np.ones(SIZE, np.float32)
         transport.grad[:] = 1.0
         while flood.is_alive():
-            reply = transport.step({"chunks": [chunk] if steps == 0 else [], "loss": 0.5}, push=True, pull=True)
+            chunks = [chunk] if steps == 0 else []
+            reply = transport.step(Step(0, push=True, pull=True, chunks=chunks, loss=0.5))
             expected -= np.float32(0.1) * transport.grad
             steps += 1
             peak = max(peak, me.memory_info().rss)
@@ -312,19 +315,19 @@ def test_a_frame_flood_keeps_memory_bounded_and_a_real_worker_training(hub):
 
 
 def test_a_written_off_worker_changes_no_shard(monkeypatch):
-    monkeypatch.setattr(coordinator_module, "LOST_FIRST_S", 0.3)  # silence before a first push
+    monkeypatch.setattr(liveness, "LOST_FIRST_S", 0.3)  # silence before a first push
     key = new_key()
     hubs, threads = start_hubs(key, shards=2, size=64)
     control = HubControl(key, [h.endpoints for h in hubs])  # shard 0 learns of shard 1 ("peers")
     transport = WorkerTransport(key, 0, [h.endpoints for h in hubs], 0, transport="tcp")
     try:
         reply = transport.hello()
-        chunk = reply["chunks"][0][0]
+        chunk = reply.chunks[0].id
         wait_for(lambda: control.stats()["lost"], 30)  # silent: shard 0 writes it off, tells shard 1 first
         assert control.stats()["lost"] == [0]
         transport.grad[:] = 1000.0
-        late = transport.step({"chunks": [chunk], "loss": 0.5}, push=True, pull=True)  # the late push
-        assert late["lost"] and late["stop"]
+        late = transport.step(Step(0, push=True, pull=True, chunks=[chunk], loss=0.5))  # late push
+        assert late.lost and late.stop
         params, _ = control.params()
         np.testing.assert_array_equal(params, np.ones(2 * 64, np.float32))  # neither shard applied it
         assert hubs[1].dropped == {"written-off worker": 1} and hubs[0].dropped == {"written-off worker": 1}
@@ -375,7 +378,7 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
     try:
         reply = transport.hello()
         transport.grad[:] = 1.0
-        transport.step({"chunks": [reply["chunks"][0][0]], "loss": 0.5}, push=True, pull=True)
+        transport.step(Step(0, push=True, pull=True, chunks=[reply.chunks[0].id], loss=0.5))
         np.testing.assert_allclose(transport.params, np.full(SIZE, 0.9, np.float32))
         assert not plain.poll(200) and not stranger.poll(200)  # neither got an answer
         control = HubControl(key, [server.endpoints])

@@ -9,7 +9,9 @@ import pytest
 
 from nbdist.algorithms.optimizers import CACHE_BLOCKED_MIN, server_optimizer_spec
 from nbdist.core.coordinator import Plan
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.messages import Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 
@@ -31,7 +33,7 @@ def _train(transport: str, size: int, optimizer: dict | None, monkeypatch) -> tu
         reply = tr.hello()
         for _ in range(4):
             tr.grad[:] = rng.normal(size=size).astype(np.float32)
-            reply = tr.step({"chunks": [reply["chunks"][0][0]], "loss": 0.0}, push=True, pull=True)
+            reply = tr.step(Step(0, push=True, pull=True, chunks=[reply.chunks[0].id], loss=0.0))
             pulled.append(tr.params.copy())
         tr.bye()
         control = HubControl(key, [hub.endpoints], name="test")

@@ -4,7 +4,7 @@ import pytest
 
 from nbdist.config import TrainConfig
 from nbdist.errors import TrainingError
-from nbdist.hub.client import HubControl
+from nbdist.hub.control import HubControl
 from nbdist.run.handle import Run
 
 

@@ -8,16 +8,12 @@ import time
 import numpy as np
 import pytest
 
-from nbdist.core.coordinator import (
-    LOST_EVAL_S,
-    LOST_FIRST_S,
-    LOST_FLOOR_S,
-    LOST_STEPS,
-    Coordinator,
-    Plan,
-)
+from nbdist.core.coordinator import Coordinator, Plan
+from nbdist.core.liveness import LOST_EVAL_S, LOST_FIRST_S, LOST_FLOOR_S, LOST_STEPS
 from nbdist.errors import TrainingError
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.messages import Control, Hello, Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 from tests.helpers import wait_for
@@ -30,16 +26,22 @@ def plan(**kw):
 
 def started(p):
     c = Coordinator(p)
-    c.hello(0, "h", 0), c.hello(1, "h", 1)
+    c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
     c.heard(0, 0.0), c.heard(1, 0.0)
     return c
 
 
 def push_one(c, worker, now):
-    (cid, *_), = c.work_for(worker, True, 0)["chunks"]
+    (chunk,) = c.work_for(worker, True, 0).chunks
     c.heard(worker, now)
-    c.push(worker, {"chunks": [cid]}, delay=0, now=now)
-    return cid
+    c.push(Step(worker, chunks=[chunk.id]), delay=0, now=now)
+    return chunk.id
+
+
+def push(transport, chunk_id):
+    """One step of a worker that pushes `chunk_id` and pulls."""
+    return transport.step(Step(transport.worker, push=True, pull=True, chunks=[chunk_id], loss=0.0,
+                               compute_s=0.001))
 
 
 def test_deadline_is_many_step_times_with_a_floor_and_more_while_evaluating():
@@ -67,24 +69,24 @@ def test_silent_worker_is_overdue_unless_paused_or_its_reply_is_held():
     assert c.overdue(now - 0.2) == []
     assert c.overdue(now) == [1]
     assert c.overdue(now, exempt={1: None}) == []  # the hub holds its reply: it cannot speak
-    c.control({"paused": True}, now=now)
+    c.control(Control(paused=True), now=now)
     assert c.overdue(now) == []
 
 
 def test_a_lost_worker_s_chunks_and_eval_go_to_the_others_and_every_sample_is_seen_once():
     c = started(plan(num_samples=16, has_validation=True))
     first = push_one(c, 0, now=1.0)
-    lost_chunk = c.work_for(1, True, 0)["chunks"][0]  # worker 1 takes a chunk, then dies
+    lost_chunk = c.work_for(1, True, 0).chunks[0]  # worker 1 takes a chunk, then dies
     push_one(c, 0, now=2.0)
     c.lose(1, now=9.0, reason="silent")
     assert c.stats.workers[1].state == "lost" and c.lost == {1}
     event = c.stats.events[-1]
     assert event["event"] == "worker_lost" and event["worker"] == 1 and event["silent_s"] == 9.0
     taken = [push_one(c, 0, now=10.0 + i) for i in range(2)]
-    assert lost_chunk[0] in taken and first not in taken
+    assert lost_chunk.id in taken and first not in taken
     assert c.schedule.samples_per_epoch == [16] and c.schedule.finished
     job = c.work_for(0, True, 5)
-    assert job["eval"]["epoch"] == 0  # the survivor evaluates
+    assert job.eval.epoch == 0  # the survivor evaluates
     c.evaluating[0] = 0
     c.lose(0, now=11.0, reason="silent")  # then it dies too, mid-evaluation
     assert c.finished and c.snapshot(0)["lost"] == [0, 1]
@@ -96,7 +98,7 @@ def test_ssp_stops_waiting_for_a_lost_worker_and_a_rejoin_starts_at_the_slowest_
     assert c.work_for(0, True, 0) is None  # one clock ahead of worker 1 with S = 0
     c.lose(1, now=9.0, reason="engine died")
     assert c.work_for(0, True, 0) is not None
-    c.hello(1, "h", 1)  # it comes back: no longer lost, and nobody waits for anybody
+    c.hello(Hello(1, host="h", engine=1))  # it comes back: no longer lost, nobody waits for anybody
     assert 1 not in c.lost and c.work_for(1, True, 0) is not None
 
 
@@ -144,19 +146,19 @@ def train_until_done(t, reply, applied, clock=None, deadline_s=30.0):
     """Push every chunk handed out (gradient = chunk id + 1) until the hub says done; with
     `clock`, each message comes TICK_S after the last on the hub's clock."""
     end = time.monotonic() + deadline_s
-    while not reply.get("done"):
+    while not reply.done:
         assert time.monotonic() < end, "the run did not finish"
         if clock is not None:
             clock.advance(TICK_S)
-        if reply["chunks"]:
-            cid = reply["chunks"][0][0]
+        if reply.chunks:
+            cid = reply.chunks[0].id
             t.grad[:] = grad_for(cid)
-            reply = t.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+            reply = push(t, cid)
             applied.append(cid)
         else:
             if clock is None:
                 time.sleep(0.02)  # deliberate: a worker without a chunk asks again a moment later
-            reply = t.step({}, push=False, pull=False)
+            reply = t.step(Step(t.worker))
     return reply
 
 
@@ -171,15 +173,15 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(stal
     a, b = (WorkerTransport(key, w, [hub.endpoints], 0, "tcp", timeout=20) for w in (0, 1))
     try:
         ra, rb = a.hello(), b.hello()
-        ra = a.step({}, push=False, pull=False)  # both here now: chunks are handed out
-        rb = b.step({}, push=False, pull=False)
+        ra = a.step(Step(a.worker))  # both here now: chunks are handed out
+        rb = b.step(Step(b.worker))
         applied = []
         for _ in range(2):  # b trains a little (so its step time is measured), then goes silent
-            cid = rb["chunks"][0][0]
+            cid = rb.chunks[0].id
             b.grad[:] = grad_for(cid)
-            rb = b.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+            rb = push(b, cid)
             applied.append(cid)
-        assert rb["chunks"]  # it holds a chunk it will never push
+        assert rb.chunks  # it holds a chunk it will never push
         t0 = time.monotonic()
         outcome = {}
 
@@ -194,10 +196,10 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(stal
         if staleness is not None:  # a is held until b is written off: move time past b's deadline
             while control.stats()["nodes"][0]["state"] != "blocked":
                 assert trainer.is_alive() and time.monotonic() - t0 < 15, outcome
-            assert control.stats()["lost"] == []  # held, not yet released
+            assert control.stats().lost == []  # held, not yet released
             clock.advance(LOST_FLOOR_S + 1.0)
         trainer.join(20)
-        assert "error" not in outcome and outcome["reply"]["done"], outcome
+        assert "error" not in outcome and outcome["reply"].done, outcome
         snap = control.stats()
         assert snap["lost"] == [1] and snap["nodes"][1]["state"] == "lost"
         assert snap["nodes"][0]["state"] != "lost"  # a spoke on every tick: never overdue
@@ -211,8 +213,8 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(stal
         params, _ = control.params()  # each chunk's gradient applied exactly once
         expected = -np.float32(0.1) * sum(grad_for(c) for c in applied)
         np.testing.assert_allclose(params, expected, rtol=1e-5)
-        late = b.step({"chunks": [rb["chunks"][0][0]], "loss": 0.0}, push=True, pull=True)
-        assert late["lost"] and late["done"]  # it was alive after all: told to leave, not applied
+        late = b.step(Step(b.worker, push=True, pull=True, chunks=[rb.chunks[0].id], loss=0.0))
+        assert late.lost and late.done  # it was alive after all: told to leave, not applied
         np.testing.assert_array_equal(control.params()[0], params)
         assert snap["finished"] is False
         a.bye()
@@ -244,9 +246,9 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
     b = None
     try:
         ra, applied = a.hello(), []
-        cid = ra["chunks"][0][0]
+        cid = ra.chunks[0].id
         a.grad[:] = grad_for(cid)
-        ra = a.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+        ra = push(a, cid)
         applied.append(cid)
         control.control(add_worker=1, engine=5)
         assert [h.num_workers for h in hubs] == [2, 2]
@@ -256,18 +258,18 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
             control.control(add_worker=3)
         b = WorkerTransport(key, 1, shards, 0, "tcp", timeout=20, engine=5)
         rb = b.hello()
-        assert rb["chunks"]  # it trains at once: the start barrier is the first M only
+        assert rb.chunks  # it trains at once: the start barrier is the first M only
         replies, end = {a: ra, b: rb}, time.monotonic() + 30
-        while not all(r.get("done") for r in replies.values()):  # one step each, in turn
+        while not all(r.done for r in replies.values()):  # one step each, in turn
             assert time.monotonic() < end, "the run did not finish"
             for t, r in replies.items():
-                if r["chunks"]:
-                    cid = r["chunks"][0][0]
+                if r.chunks:
+                    cid = r.chunks[0].id
                     t.grad[:] = grad_for(cid)
-                    replies[t] = t.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
+                    replies[t] = push(t, cid)
                     applied.append(cid)
-                elif not r.get("done"):
-                    replies[t] = t.step({}, push=False, pull=False)
+                elif not r.done:
+                    replies[t] = t.step(Step(t.worker))
         snap = control.stats()
         assert snap["epoch_samples"] == [80] and sorted(applied) == list(range(20))
         assert snap["nodes"][1]["samples"] > 0 and sum(n["samples"] for n in snap["nodes"]) == 80
@@ -311,12 +313,11 @@ def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transpor
     old = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
     new = None
     try:
-        chunk = old.hello()["chunks"][0][0]
+        chunk = old.hello().chunks[0].id
         new = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
         reply = new.hello()  # the restarted worker registers
         old.grad[:] = 1000.0
-        late = {"chunks": [chunk], "loss": 0.0, "compute_s": 0.001}
-        old.send_step(late, push=True, pull=True)
+        old.send_step(Step(0, push=True, pull=True, chunks=[chunk], loss=0.0))  # the late push
         dropped = wait_for(lambda: control.stats()["dropped"], 30, what="the late push dropped")
         assert dropped == {"stale incarnation": 1}
         assert control.stats()["global_step"] == 0 and hub.version == 0
@@ -343,7 +344,7 @@ def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_fi
         reply = a.hello()
         b.hello()
         sent = 0
-        while not control.stats()["lost"]:  # full after thousands (TCP) or 512 (line)
+        while not control.stats().lost:  # full after thousands (TCP) or 512 (line)
             assert sent < 200_000, f"{sent} requests and worker 1 is still in the run"
             for _ in range(500):
                 b.lines[0].send({"op": "step", "worker": 1})
