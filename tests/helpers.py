@@ -27,6 +27,19 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0, poll_s: fl
     return value
 
 
+def wait_paused(run, timeout: float = 120.0):
+    """Wait until `run`, started with `pause_at=N` (--pause-at), has paused itself and every
+    worker holds; return it. The run cannot end before then (N is below its last step), so a
+    test acts on a run that is surely still going: no race with its end."""
+    wait_for(lambda: run.done() or (run.status == "paused" and set(run.nodes["state"]) <= HOLDING),
+             timeout, what=lambda: f"run {run.run_id} paused (status {run.status})")
+    assert not run.done(), f"the run ended ({run.status}) before it paused: pause_at is too late"
+    return run
+
+
+HOLDING = {"paused", "done", "lost"}  # node states of a paused run's workers
+
+
 def refuse_network(monkeypatch, who: str) -> None:
     """Make any outgoing connection fail the test: `who` must work offline."""
 

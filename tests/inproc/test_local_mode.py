@@ -5,7 +5,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import NoClusterError, TrainingError
-from tests.helpers import SYNTHETIC_CELL, wait_for
+from tests.helpers import SYNTHETIC_CELL, event_names, global_step, wait_paused
 
 
 @pytest.mark.slow  # three epochs
@@ -70,10 +70,23 @@ def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
 
 
 def test_leaving_a_with_block_on_an_error_stops_the_run():
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", pause_at=0)  # cannot end alone
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt  # e.g. Ctrl-C while a script waits
     assert run.done() and run.status == "stopped"
+
+
+def test_pause_at_holds_the_run_at_that_step_until_it_is_resumed():
+    """--pause-at 10 with one worker: the reply to its tenth push pauses it, so exactly ten
+    steps are trained however fast the machine is; resume() trains the rest of the epoch."""
+    run = wait_paused(nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", batch_size=32,
+                                   pause_at=10, no_validation=True))
+    assert global_step(run) == 10 and run.nodes.loc[0, "samples"] == 10 * 32
+    assert event_names(run) == ["pause"] and run.events["reason"].iloc[0] == "--pause-at"
+    run.resume()
+    run.wait(timeout=120)
+    assert run.status == "finished" and run.nodes.loc[0, "samples"] == 900
+    assert event_names(run) == ["pause", "resume", "epoch_end"]
 
 
 SCHEDULED_CELL = SYNTHETIC_CELL.replace(
@@ -84,10 +97,9 @@ SCHEDULED_CELL = SYNTHETIC_CELL.replace(
 @pytest.mark.parametrize("local_steps", [1, 2])
 def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     """On the hub (local_steps 1) and on the workers' own optimizer (local_steps 2)."""
-    run = nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
-                       local_steps=local_steps)
-    wait_for(lambda: len(run.history) >= 5 or run.done(), 60, what="five pushes")
-    assert not run.done(), "the run ended before five pushes were seen: make it longer"
+    run = wait_paused(nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", batch_size=8,
+                                   local_steps=local_steps, pause_at=5))
+    assert len(run.history) == 5
     if local_steps == 1:
         assert 0.0 < run.lr <= 0.01  # the schedule's value at the hub's step
     run.set_lr(0.0123)
