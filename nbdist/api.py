@@ -41,6 +41,8 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
 
 # Options a resumed run must keep: they decide what the saved state means.
 RESUME_FIXED = ("mode", "algorithm", "servers", "seed", "local_steps", "server_optimizer")
+# Options of the run that took the checkpoint alone: a resumed run gets them only if given again.
+RESUME_DROPPED = ("pause_at",)
 
 
 def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=None,
@@ -78,7 +80,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
 
 def _resumed_config(ckpt, options: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    saved = {k: v for k, v in ckpt.meta["config"].items() if k in known}
+    saved = {k: v for k, v in ckpt.meta["config"].items() if k in known and k not in RESUME_DROPPED}
     shard0 = ckpt.meta["shards"][0]
     if saved.get("mode") == "sync" or int(saved.get("local_steps", 1)) > 1:
         saved["lr"] = shard0["lr"]  # the live rate of the ranks or the local-step workers
