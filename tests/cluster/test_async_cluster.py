@@ -16,7 +16,15 @@ from nbdist.errors import (
     NotEnoughEnginesError,
     RemoteCellError,
 )
-from tests.helpers import FASHION_CELL, SYNTHETIC_CELL, event_names, global_step, running, wait_for
+from tests.helpers import (
+    FASHION_CELL,
+    SYNTHETIC_CELL,
+    event_names,
+    global_step,
+    running,
+    wait_for,
+    wait_paused,
+)
 
 
 def weights(model):
@@ -140,12 +148,10 @@ def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_wh
     from nbdist.engine.flatmodel import read_flat
 
     ns = {}
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
-                       batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, batch_size=8,
+                       pause_at=20)
     initial = read_flat(ns["model"])[0]  # the kernel's model keeps these until the run ends
-    wait_for(lambda: global_step(run) > 20)
-    run.pause()
-    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"})
+    wait_paused(run)  # every worker holds: its step in flight has landed
     backend, control = run.state.backend, run.state.control
     params, non_trainable = backend.current_weights(control)
     again, _ = backend.current_weights(control)

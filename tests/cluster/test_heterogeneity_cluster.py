@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from tests.helpers import SYNTHETIC_CELL, event_names, wait_for
+from tests.helpers import SYNTHETIC_CELL, event_names, wait_for, wait_paused
 
 # Big enough that compute grows with the batch (on a tiny model the fixed cost per step dominates).
 WIDE_CELL = '''
@@ -93,9 +93,9 @@ def test_every_control_call_is_recorded_in_the_events_and_timeline_has_series(cl
 def test_bad_live_control_values_are_refused(cluster):
     from nbdist.errors import ConfigError
 
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, pause_at=0)
     try:
-        wait_for(lambda: min(_steps(run)) >= 2)
+        wait_paused(run)  # both workers known, and the run cannot end under the refusals
         with pytest.raises(ConfigError, match="between 1"):
             run.set_slowdown(0, 0.5)
         with pytest.raises(ConfigError, match="No worker 7"):

