@@ -63,17 +63,18 @@ class EngineBackend:
         kernel's count where the engine could not tell."""
         return self.cores.get(self.hosts[engine]) or os.cpu_count() or 1
 
-    def _threads(self, engine: int, workers_here: int) -> int:
-        """TensorFlow threads for a worker: the cores its host's hub shards leave, shared."""
+    def threads_for(self, engine: int, workers_here: int) -> int:
+        """TensorFlow threads for a worker on `engine` beside `workers_here` workers (itself
+        included): the cores its host's hub shards leave, shared."""
         from nbdist.cluster.affinity import worker_threads
 
         hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
         return worker_threads(self.host_cores(engine), hubs, workers_here)
 
-    def _spin(self, engine: int, budget_s: float) -> float:
+    def spin_for(self, engine: int, budget_s: float) -> float:
         """How long a hub or worker on `engine` polls before it sleeps: `budget_s` under --spin
         auto where the host has hubs and workers and leaves each hub a core
-        (nbdist.cluster.affinity.may_spin, on the host's cores as `_threads`), else 0. A worker
+        (nbdist.cluster.affinity.may_spin, on the host's cores as `threads_for`), else 0. A worker
         added mid-run counts with the others, but the hubs keep what they were started with."""
         host = self.hosts[engine]
         hubs = sum(self.hosts[s] == host for s in self.roles.servers)
