@@ -225,11 +225,10 @@ def test_hogwild_and_tcp_transport_learn(cluster):
 def test_connect_attaches_to_a_running_cluster(cluster, ip):
     from nbdist.cluster.engines import Cluster
 
-    ipp_cluster = cluster._ipp_cluster
-    other = Cluster.connect(profile=ipp_cluster.profile, cluster_id=ipp_cluster.cluster_id)
+    other = Cluster.connect(**cluster.connect_args)
     try:
         assert other.engine_ids == cluster.engine_ids
-        assert other.describe().startswith("connected")
+        assert other.describe().startswith("connected") and other.connect_args is None
     finally:
         other.stop()  # only disconnects: the engines belong to the session fixture
     assert len(cluster.client[:].apply_sync(os.getpid)) == 3

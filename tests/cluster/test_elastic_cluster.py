@@ -69,10 +69,7 @@ def test_elastic_run_takes_in_an_engine_started_into_the_cluster():
                            batch_size=16, elastic=True, pause_at=5)
         with run:
             wait_paused(run)  # held at step 5 while an engine is started into the cluster
-            before = set(own.client.ids)
-            own._ipp_cluster.start_engines_sync(1)
-            wait_for(lambda: len(own.client.ids) == 3)
-            (joined,) = set(own.client.ids) - before
+            (joined,) = own.start_engines(1)
             wait_for(lambda: _said_hello(run, 1))
             assert run.nodes["engine"].tolist()[1] == joined
             run.resume()

@@ -58,17 +58,6 @@ def stays_in_its_tier(request, monkeypatch):
         yield
     finally:
         breaches, _breaches = _breaches, None
-    call = request.node.stash.get(CALL_REPORT, None)
+    call = getattr(request.node, "rep_call", None)  # (tests/conftest.py keeps it)
     if breaches and not (call is not None and call.failed):  # else its failure says it already
         pytest.fail(f"this unit test {', '.join(dict.fromkeys(breaches))} (see tests/unit/conftest.py)")
-
-
-CALL_REPORT = pytest.StashKey()
-
-
-@pytest.hookimpl(wrapper=True)
-def pytest_runtest_makereport(item, call):
-    report = yield
-    if report.when == "call":
-        item.stash[CALL_REPORT] = report
-    return report
