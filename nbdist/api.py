@@ -19,7 +19,7 @@ from nbdist.run.handle import Run
 
 
 def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool = False,
-          config: TrainConfig | None = None, **options) -> Run:
+          config: TrainConfig | None = None, presenter=None, **options) -> Run:
     """Train the model defined by `cell` (ordinary single-machine Keras code) distributed.
 
     `options` are TrainConfig's fields (mode, algorithm, workers, servers, epochs, batch_size,
@@ -29,14 +29,21 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     the cell runs in the kernel (the notebook's namespace from the magic; a fresh dict by
     default).
 
+    A cell that calls `model.fit(...)` itself is trained by that call's settings (epochs,
+    batch size, validation, callbacks, ...; `options` override them): the call blocks while
+    the run trains and returns Keras's `History`, then the rest of the cell runs on the
+    trained model, so `train` returns the finished Run. `presenter` (`nbdist.fit.launch.Presenter`)
+    is how the magic shows the run and keeps its dashboard live while the call waits.
+
     Example:
         >>> cluster = nbdist.Cluster.start(3)                              # doctest: +SKIP
         >>> run = nbdist.train(CELL, cluster=cluster, workers=2, epochs=2)  # doctest: +SKIP
         >>> run.wait().history.tail()                                      # doctest: +SKIP
     """
     check_option_names(options)
+    given = dict(options)
     config = config.replace(**options) if config is not None else TrainConfig(**options)
-    return _start(cell, config, cluster, namespace, wait)
+    return _start(cell, config, cluster, namespace, wait, given=given, presenter=presenter)
 
 
 # Options a resumed run must keep: they decide what the saved state means.
@@ -47,7 +54,7 @@ RESUME_DROPPED = ("pause_at",)
 
 def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=None,
            namespace: dict | None = None, wait: bool = False, trust_cell: bool = False,
-           **options) -> Run:
+           presenter=None, **options) -> Run:
     """Continue a run from a checkpoint: weights, update-rule state, versions, learning rate
     and data position are restored, and only the samples not yet trained on are trained on.
 
@@ -75,7 +82,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     if not isinstance(source, str):
         raise CheckpointError(f"The checkpoint {ckpt.path} holds no cell source; pass the cell "
                               "that builds the model: nbdist.resume(path, cell, ...).")
-    return _start(source, config, cluster, namespace, wait, ckpt)
+    return _start(source, config, cluster, namespace, wait, ckpt, given=dict(options), presenter=presenter)
 
 
 def _resumed_config(ckpt, options: dict) -> TrainConfig:
@@ -117,13 +124,34 @@ def _shown(value: object) -> str:
     return str(getattr(value, "value", value))
 
 
-def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait: bool, ckpt=None) -> Run:
-    """The mode's start (`nbdist.modes.MODES`) on the job the cell describes."""
+def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait: bool, ckpt=None, *,
+           given: dict | None = None, presenter=None) -> Run:
+    """Run the cell in the kernel, then the mode's start (`nbdist.modes.MODES`) on the job it
+    describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
+    call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
+    from nbdist.engine.fit_call import fit_intercepted
     from nbdist.env import check_all as check_switches
+    from nbdist.fit.launch import FitLauncher, Presenter
     from nbdist.job import prepare_job
     from nbdist.modes import check_cluster, mode_entry, start_function
 
     check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
-    job = prepare_job(cell, config, namespace, ckpt, seed_cell=mode_entry(config.mode).seeds_cell)
-    return start_function(config.mode)(job, cluster=cluster, wait=wait)
+    ns = {} if namespace is None else namespace
+    if mode_entry(config.mode).seeds_cell:  # --seed also fixes the cell's initial weights
+        import keras
+
+        keras.utils.set_random_seed(config.seed)
+    presenter = presenter or Presenter()
+    launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter,
+                           start_function(config.mode))
+    with fit_intercepted(launcher.on_fit):
+        exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+    if launcher.run is not None:  # trained inside the cell's fit call, and the cell has finished
+        return launcher.run
+    job = prepare_job(cell, config, ns, ckpt)
+    run = launcher.start(job, cluster=cluster, wait=False)
+    presenter.started(run)
+    if wait:
+        presenter.wait(run, lambda: None)  # raises the run's error, if it failed
+    return run

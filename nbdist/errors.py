@@ -20,7 +20,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     │   └── UnreachableHostError            a host of the cluster does not answer on its address
     ├── RemoteCellError (RuntimeError)      the cell (or training) raised on an engine
     ├── TrainingError (RuntimeError)        the run failed while training (hub lost, ...)
-    │   └── WorkersLostError                every worker (or, in sync mode, a rank) was lost
+    │   ├── WorkersLostError                every worker (or, in sync mode, a rank) was lost
+    │   └── NonFiniteLossError              a step's loss or gradient norm became NaN or inf
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
     ├── CheckpointError (ValueError)        a checkpoint is corrupt or does not fit this run
     │   └── CheckpointNotFoundError (FileNotFoundError)  no checkpoint at that path
@@ -47,6 +48,7 @@ __all__ = [
     "ModelNotFoundError",
     "NbdistError",
     "NoClusterError",
+    "NonFiniteLossError",
     "NotEnoughEnginesError",
     "ProtocolError",
     "RemoteCellError",
@@ -145,6 +147,11 @@ class TrainingError(NbdistError, RuntimeError):
 
 class WorkersLostError(TrainingError):
     """Every worker of an async run died (engines killed or crashed); nobody is left to train."""
+
+
+class NonFiniteLossError(TrainingError):
+    """A step's loss or gradient norm became NaN or infinite (a cell's `TerminateOnNaN` callback
+    turns it into the end of its fit, as in Keras)."""
 
 
 class ProtocolError(NbdistError, ValueError):

@@ -24,6 +24,7 @@ from nbdist.errors import ConfigError
 
 if TYPE_CHECKING:
     from nbdist.checkpoint.store import Checkpoint
+    from nbdist.fit.plan import FitSpec
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,10 @@ class Job:
     workers_rate: float | None  # the rate the workers are told when they own it; None: their schedule
     warnings: list[str]  # for run.warnings: how this run trains unlike the cell
     checkpoint: Checkpoint | None = None  # when resuming: verified, before anything started
+    fit: FitSpec | None = None  # the cell's own model.fit(...) call, when it made one
+    # --mode local and simulate with a fit call: the cell run again in a namespace of its own,
+    # so the workers train their own model while the kernel's holds each epoch's weights
+    trainer_namespace: dict | None = None
     # known once the mode's backend has counted its workers (`for_workers`)
     num_workers: int = 0
     plan: Plan | None = None
@@ -57,9 +62,35 @@ class Job:
     def model_name(self) -> str:
         return self.contents.model_name
 
+    @property
+    def trainer_model(self):
+        """The model the in-kernel workers train (--mode local, simulate): the kernel's own, or
+        with a fit call the private copy (`trainer_namespace`)."""
+        if self.trainer_namespace is None:
+            return self.model
+        return self.trainer_namespace[self.model_name]
+
+    @property
+    def epoch_size(self) -> int:
+        """Samples per epoch: a pass over the data, or fewer (`fit(steps_per_epoch=...)`)."""
+        size = self.fit.epoch_size if self.fit is not None else None
+        return min(size, self.contents.num_samples) if size else self.contents.num_samples
+
+    def worker_fields(self) -> dict:
+        """What every worker spec (async, local, sync) takes from the job about its data."""
+        contents, fit = self.contents, self.fit
+        return dict(
+            model_name=contents.model_name, data=contents.data,
+            validation=contents.validation if fit is None else None,  # with a fit call: the kernel
+            seed=self.config.seed, num_samples=contents.num_samples, stream=contents.streamed,
+            shuffle=fit.shuffle if fit is not None else True,
+            epoch_size=self.epoch_size if self.epoch_size != contents.num_samples else None,
+            take_batches=fit.placed.take_batches if fit is not None else None)
+
     def for_workers(self, num_workers: int) -> Job:
         """This job for `num_workers` workers: the coordinator's plan and the rule's options."""
-        plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate, num_workers)
+        plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate, num_workers,
+                                                epoch_size=self.epoch_size, kernel_validates=self.fit is not None)
         return replace(self, num_workers=num_workers, plan=plan, rule_options=options, easgd_alpha=alpha)
 
     def checkpoint_info(self, run_id: str) -> dict:
@@ -70,18 +101,18 @@ class Job:
                 "resumed_from": self.checkpoint.path if self.checkpoint is not None else None}
 
 
-def prepare_job(cell: str, config: TrainConfig, namespace: dict | None, checkpoint: Checkpoint | None = None,
-                seed_cell: bool = False) -> Job:
-    """Run `cell` in `namespace` and decide everything about the job; raises before any engine
-    is touched (a CellError, ConfigError, CheckpointError, ... that says what to fix).
-    `seed_cell`: seed Keras with --seed first, so the cell's initial weights are fixed too."""
-    ns = {} if namespace is None else namespace
-    if seed_cell:
-        import keras
-
-        keras.utils.set_random_seed(config.seed)
-    exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
-    contents = inspect_cell(cell, ns, config)
+def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint | None = None, *,
+                fit: FitSpec | None = None, **found) -> Job:
+    """Decide everything about the job of `cell`, which has run in `ns` (up to its fit call,
+    if it makes one: `fit`); raises before any engine is touched (a CellError, ConfigError,
+    CheckpointError, ... that says what to fix). `found`: what the fit call named where no
+    flag overrides it (`inspect_cell`'s data, validation, model_name, take_batches)."""
+    contents = inspect_cell(cell, ns, config, **found)
+    if fit is not None and contents.batch_hint and "batch_size" not in fit.call.given \
+            and fit.batch == fit.call.batch and config.batch_size == fit.batch:
+        # fit(dataset): the dataset's own batches are the model's batch, as in Keras
+        fit = replace(fit, batch=contents.batch_hint)
+        config = config.replace(batch_size=contents.batch_hint)
     from nbdist.algorithms.constraints import constrained_ranges
     from nbdist.engine.flatmodel import layout, read_flat
     from nbdist.engine.learning_rate import check_lr
@@ -103,7 +134,7 @@ def prepare_job(cell: str, config: TrainConfig, namespace: dict | None, checkpoi
     return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape, params=params,
                non_trainable=non_trainable, optimizer=optimizer, constraints=constraints, lr_owner=lr_owner(config),
                workers_rate=workers_rate(config, model.optimizer),
-               warnings=contents.warnings + warnings, checkpoint=checkpoint)
+               warnings=contents.warnings + warnings, checkpoint=checkpoint, fit=fit)
 
 
 def lr_owner(config: TrainConfig) -> str:
@@ -129,9 +160,11 @@ def workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
     return config.lr if config.lr is not None else cell_rate(cell_optimizer)
 
 
-def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | None,
-                     num_workers: int) -> tuple[Plan, dict, float]:
-    """The coordinator's plan, the rule's options and EASGD's alpha for this run."""
+def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | None, num_workers: int, *,
+                     epoch_size: int | None = None, kernel_validates: bool = False) -> tuple[Plan, dict, float]:
+    """The coordinator's plan, the rule's options and EASGD's alpha for this run. `epoch_size`:
+    samples per epoch when not a whole pass; `kernel_validates`: the kernel evaluates each
+    epoch itself (a cell's fit call), so no worker is asked to."""
     if config.slowdown is not None and len(config.slowdown) != num_workers:
         raise ConfigError(
             f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
@@ -144,8 +177,8 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
     rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
     easgd_alpha = float(rule.options["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
     plan = Plan(
-        num_workers=num_workers, num_samples=contents.num_samples, epochs=config.epochs,
-        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None,
+        num_workers=num_workers, num_samples=epoch_size or contents.num_samples, epochs=config.epochs,
+        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None and not kernel_validates,
         algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
         groups=int(options.get("num_groups", 0)), max_group_ratio=float(options.get("max_ratio", 1.5)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
@@ -159,5 +192,5 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         metrics=config.metrics.value, lr_owner=lr_owner(config), pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs
-        silence_is_loss=config.mode is not Mode.SYNC)
+        silence_is_loss=config.mode is not Mode.SYNC, epoch_gate=kernel_validates)
     return plan, options, easgd_alpha

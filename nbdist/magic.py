@@ -80,28 +80,18 @@ class NbdistMagics(Magics):
                              "run.stop() or run.wait() before starting another.")
         source = self.shell.transform_cell(cell)
         options = given_options(args)  # only the flags given: the rest keep TrainConfig's
-        try:  # defaults or, resuming, the checkpoint's values
+        presenter = _MagicPresenter(self, args)  # defaults or, resuming, the checkpoint's values
+        try:
             if args.resume is not None:
-                run = resume(args.resume, source, cluster=self.cluster,
-                             namespace=self.shell.user_ns, **options)
+                resume(args.resume, source, cluster=self.cluster, namespace=self.shell.user_ns,
+                       presenter=presenter, wait=args.wait, **options)
             else:
-                run = train(source, cluster=self.cluster, namespace=self.shell.user_ns,
-                            **options)
+                train(source, cluster=self.cluster, namespace=self.shell.user_ns,
+                      presenter=presenter, wait=args.wait, **options)
         except (ConfigError, NoClusterError) as exc:
             if isinstance(exc, UnsupportedOptimizerError):  # the cell's, not the flags'
                 raise
             raise UsageError(str(exc)) from None
-        self.run = run
-        self.shell.user_ns[args.output] = run
-        dashboard = None
-        if not args.no_dashboard:
-            from nbdist.dashboard.widget import show
-
-            dashboard = show(run, top_k=args.top_k)
-        if args.wait:  # the dashboard and its controls stay live while the cell waits
-            from nbdist.dashboard.live_wait import wait_live
-
-            wait_live(run, dashboard)
 
     def close(self) -> None:
         """Stop the latest run and the cluster we started (a connected one is only released)."""
@@ -110,3 +100,31 @@ class NbdistMagics(Magics):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+class _MagicPresenter:
+    """Shows a run under the cell (binds `-o NAME`, the dashboard or the status line) and waits
+    for it when the cell must (`--wait`, or a cell's own model.fit call)."""
+
+    def __init__(self, magics: NbdistMagics, args):
+        self.magics, self.args = magics, args
+        self.dashboard = None  # the live dashboard under the cell (None: the text status line, or none)
+
+    @property
+    def shows_dashboard(self) -> bool:
+        return self.dashboard is not None
+
+    def started(self, run) -> None:
+        self.magics.run = run
+        self.magics.shell.user_ns[self.args.output] = run
+        if not self.args.no_dashboard:
+            from nbdist.dashboard.widget import show
+
+            self.dashboard = show(run, top_k=self.args.top_k)
+
+    def wait(self, run, on_tick) -> None:
+        """Block until the run ends, the dashboard and its controls live meanwhile; raises the
+        run's error if it failed."""
+        from nbdist.dashboard.live_wait import wait_live
+
+        wait_live(run, self.dashboard, on_tick=on_tick)

@@ -295,6 +295,16 @@ def train_typical(cell: str, **options) -> tuple[float, object]:
     return typical_accuracy(ns), run
 
 
+def prepared(cell: str, config):
+    """The job `nbdist.job.prepare_job` decides for `cell` once it has run (as `nbdist.train`
+    runs it first), for tests of what the kernel decides."""
+    from nbdist.job import prepare_job
+
+    ns: dict = {}
+    exec(cell, ns)  # noqa: S102 - the test's own cell
+    return prepare_job(cell, config, ns)
+
+
 # -- a Run fed by hand --------------------------------------------------------------------------
 
 

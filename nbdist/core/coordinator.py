@@ -22,6 +22,7 @@ from collections import deque
 from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
+from nbdist.core.epoch_metrics import EpochSums
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.schedule import Chunk, EpochSchedule
 from nbdist.core.stats import Completed, RunStats
@@ -45,6 +46,7 @@ class Coordinator:
         self.schedule = EpochSchedule(plan.num_samples, plan.epochs)
         self.stats = RunStats(n, start_time=start_time)
         self.timeline = Timeline()
+        self.epoch_metrics = EpochSums()  # the pushes' metric increments, per epoch
         self.delays = DelayWindow()
         self._delay_stats: dict[int, tuple[float, float, float]] = {}
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
@@ -73,6 +75,9 @@ class Coordinator:
         self._last_push: dict[int, float] = {}
         self._step_s: dict[int, float] = {}  # worker -> moving average of its push interval / slowdown
         self.reported_epochs = 0.0
+        # epoch gate (a cell's fit call): chunks of an epoch are handed out only once the kernel
+        # has run the callbacks of the one before (`epoch_done`); None: no gate
+        self.open_epoch: int | None = 0 if plan.epoch_gate else None
         self.state_wanted = 0  # sync mode: +1 per checkpoint request, passed on to rank 0
         self.group_of: list[list[int]] = [[w] for w in range(n)]
         self.grouped = False
@@ -181,6 +186,8 @@ class Coordinator:
     def account(self, worker: int, done: Completed, h: dict, delay: int, now: float) -> None:
         """The bookkeeping of a push (statistics, timeline, delays; speed groups once measured),
         which a reply does not wait for, except under group sync (groups form from it)."""
+        if "metrics" in h:  # before the epoch end it may complete: the epoch's sums are whole
+            self.epoch_metrics.add(h["metrics"])
         for epoch in done.ended:
             self.stats.record_event("epoch_end", now, epoch=epoch)
         self._count(worker, done.samples, done.batch_size, h, delay, now, done.epoch)
@@ -193,6 +200,10 @@ class Coordinator:
     def report(self, worker: int, h: dict, now: float) -> dict:
         """A synchronous rank's step (metrics only); returns the control for rank 0 to share."""
         self.heard(worker, now)  # a rank that reports is alive (without this, lost after 30 s)
+        if "metrics" in h:
+            self.epoch_metrics.add(h["metrics"])
+        if "epoch_end" in h and self.epoch_metrics.rank_ended(h["epoch_end"], worker, self.plan.num_workers):
+            self.stats.record_event("epoch_end", now, epoch=int(h["epoch_end"]))
         if h.get("batch"):
             self.reported_epochs = max(self.reported_epochs, float(h.get("epoch", 0.0)))
             self.sizer.observe(worker, int(h.get("samples", 0)), float(h.get("compute_s", 0.0)))
@@ -203,8 +214,11 @@ class Coordinator:
             self._count_step(now)
         self.eval_result(worker, h, now)
         self.stats.workers[worker].state = "paused" if self.paused else "running"
-        return {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
-                "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
+        reply = {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
+                 "batches": list(self.sizer.batches), "slowdown": self.slowdown[worker]}
+        if self.open_epoch is not None:
+            reply["open_epoch"] = self.open_epoch
+        return reply
 
     def _count(self, worker: int, samples: int, batch_size: int, h: dict, delay: int, now: float,
                epoch: float) -> None:
@@ -246,7 +260,7 @@ class Coordinator:
         if not self._all_here:  # the configured workers start together; added ones need not wait
             self._all_here = self.arrived.issuperset(range(plan.num_workers))
         while self._all_here and len(assigned) < plan.chunks_ahead and not (self.paused or self.stopping):
-            chunk = self.schedule.next_chunk(self.sizer.batch_for(worker))
+            chunk = self.schedule.next_chunk(self.sizer.batch_for(worker), self.open_epoch)
             if chunk is None:
                 break
             assigned.append(chunk)
@@ -340,7 +354,8 @@ class Coordinator:
         """The worker's group for its next push; alone when the data left cannot give every
         member a chunk (the end of the run), so no barrier waits for a push that won't come."""
         members = [m for m in self.group_of[worker] if m not in self.gone]  # nobody waits for the lost
-        if len(members) > 1 and self.schedule.samples_left < sum(self.sizer.batch_for(m) for m in members):
+        if len(members) > 1 and self.schedule.samples_left(self.open_epoch) < sum(
+                self.sizer.batch_for(m) for m in members):
             return [worker]
         return members
 
@@ -367,7 +382,7 @@ class Coordinator:
         if "lr" in h:
             if self.plan.lr_owner == "workers":
                 self.lr = float(h["lr"])
-            self.stats.record_event("set_lr", now, lr=float(h["lr"]))
+            self.stats.record_event("set_lr", now, lr=float(h["lr"]), **({"by": h["by"]} if "by" in h else {}))
         if "paused" in h and bool(h["paused"]) != self.paused:
             self.paused = bool(h["paused"])
             self.stats.record_event("pause" if self.paused else "resume", now)
@@ -394,6 +409,10 @@ class Coordinator:
             self.regroup(now)
         if h.get("send_state"):
             self.state_wanted += 1
+        if "epoch_done" in h and self.open_epoch is not None:  # the kernel ran the epoch's callbacks
+            self.open_epoch = max(self.open_epoch, int(h["epoch_done"]) + 1)
+        if "eval" in h:  # a validation the kernel ran itself (a cell's fit call), for the views
+            self.stats.record_eval(h["eval"]["metrics"], epoch=int(h["eval"]["epoch"]), version=-1, now=now)
 
     # -- what the kernel reads --------------------------------------------------------------
 
@@ -405,6 +424,13 @@ class Coordinator:
     def finished(self) -> bool:
         return len(self.gone) == self.num_workers
 
+    @property
+    def at_gate(self) -> bool:
+        """Every chunk up to the open epoch is handed out, and the kernel has not opened the
+        next (the epoch gate; never without one, nor once stopping)."""
+        return (self.open_epoch is not None and not self.stopping and not self.schedule.finished
+                and self.schedule.current_epoch > self.open_epoch)
+
     def snapshot(self, since: int, with_timeline: bool = False) -> dict:
         snap = self.stats.snapshot(since=since)
         for w in snap["nodes"]:
@@ -413,9 +439,9 @@ class Coordinator:
             w.update(slowdown=self.slowdown[i],
                      group=self._group_index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
-        snap.update(finished=self.finished, lost=sorted(self.lost), epoch_samples=self.schedule.samples_per_epoch,
+        snap.update(finished=self.finished, lost=sorted(self.lost), open_epoch=self.open_epoch, epoch_samples=self.schedule.samples_per_epoch,
                     paused=self.paused, stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
-                    batch_policy=self.sizer.policy,
+                    batch_policy=self.sizer.policy, epoch_metrics=self.epoch_metrics.to_wire(),
                     delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)})
         if with_timeline:
             snap["timeline"] = self.timeline.to_records(include_open=True)

@@ -69,13 +69,14 @@ class EpochSchedule:
         self._remaining = [num_samples] * epochs  # samples not yet trained on, per epoch
         self._done = 0  # samples trained on over all epochs (a running count: read every push)
 
-    def next_chunk(self, size: int) -> Chunk | None:
-        """The next slice of at most `size` samples, or None when every slice is handed out."""
+    def next_chunk(self, size: int, max_epoch: int | None = None) -> Chunk | None:
+        """The next slice of at most `size` samples, or None when every slice is handed out (or,
+        with `max_epoch`, every slice of the epochs up to it: an epoch gate)."""
         if size < 1:
             raise ValueError(f"chunk size must be >= 1 (Received: {size})")
         if self._requeued:
             chunk = self._requeued.popleft()
-        elif self._epoch >= self.epochs:
+        elif self._epoch >= self.epochs or (max_epoch is not None and self._epoch > max_epoch):
             return None
         else:
             stop = min(self._cursor + size, self.num_samples)
@@ -107,13 +108,13 @@ class EpochSchedule:
         """True once every sample of every epoch has been trained on."""
         return not any(self._remaining) and not self._outstanding and not self._requeued
 
-    @property
-    def samples_left(self) -> int:
-        """Samples not yet handed out, over all remaining epochs."""
-        if self._epoch >= self.epochs:
-            return sum(c.size for c in self._requeued)
-        later = (self.epochs - self._epoch - 1) * self.num_samples
-        return later + self.num_samples - self._cursor + sum(c.size for c in self._requeued)
+    def samples_left(self, max_epoch: int | None = None) -> int:
+        """Samples not yet handed out, over the remaining epochs (up to `max_epoch`, if given)."""
+        last = self.epochs - 1 if max_epoch is None else min(self.epochs - 1, max_epoch)
+        requeued = sum(c.size for c in self._requeued)
+        if self._epoch > last:
+            return requeued
+        return (last - self._epoch) * self.num_samples + self.num_samples - self._cursor + requeued
 
     @property
     def samples_per_epoch(self) -> list[int]:
@@ -124,6 +125,11 @@ class EpochSchedule:
     def epochs_done(self) -> float:
         """Progress in epochs, counting only completed samples (e.g. 1.5)."""
         return self._done / self.num_samples
+
+    @property
+    def first_unfinished_epoch(self) -> int:
+        """The first epoch with samples not yet trained on (== epochs once all are)."""
+        return next((e for e, left in enumerate(self._remaining) if left), self.epochs)
 
     @property
     def current_epoch(self) -> int:

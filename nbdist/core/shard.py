@@ -316,6 +316,8 @@ class ShardCore:
         c = self.coordinator
         if c is not None and "schedule" in state:
             c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)
+            if c.open_epoch is not None:  # the epoch gate opens where the saved run stood
+                c.open_epoch = c.schedule.first_unfinished_epoch
             if c.plan.has_validation:
                 c.eval_queue.extend(state.get("evals_pending", []))
 

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nbdist.config import Mode, TrainConfig
+from nbdist.engine.fit_call import RESERVED, shown_name
 from nbdist.errors import (
     AmbiguousModelError,
     CellError,
@@ -78,7 +79,7 @@ class CellContents:
 
     model_name: str
     model: object
-    data: tuple[str, ...]  # arrays: (inputs, labels); one name: a tf.data.Dataset or generator
+    data: tuple[str, ...]  # arrays: (inputs, labels[, weights]); one name: a tf.data.Dataset or generator
     validation: tuple[str, ...] | None
     num_samples: int
     pushed: dict  # name -> value: read by the cell, defined by an earlier cell
@@ -87,13 +88,21 @@ class CellContents:
     streamed: bool = False  # the dataset is larger than --in-memory-limit: workers read shards
     notes: list[str] = field(default_factory=list)  # what nbdist chose (run.events)
     warnings: list[str] = field(default_factory=list)  # how it trains unlike the cell (run.warnings)
+    batch_hint: int | None = None  # a batched dataset's own batch size (its first batch)
 
 
-def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellContents:
-    """Find the model and data the run needs, or raise a CellError saying what to fix."""
+def inspect_cell(source: str, namespace: dict, config: TrainConfig, *, data: tuple[str, ...] | None = None,
+                 validation: tuple[str, ...] | None = None, model_name: str | None = None,
+                 take_batches: int | None = None) -> CellContents:
+    """Find the model and data the run needs, or raise a CellError saying what to fix.
+
+    `data`, `validation` and `model_name` name what the cell's own `model.fit(...)` call gave
+    (`nbdist.engine.fit_data`), where no flag overrides it: `data` is (inputs, labels[, sample
+    weights]) or one dataset; `validation` () means none. `take_batches`: how many batches of a
+    repeating dataset make the training data (`fit(steps_per_epoch=...)`)."""
     defined = assigned_names(source)
     notes: list[str] = []
-    model_name = config.model or _the_model(namespace, defined, notes)
+    model_name = config.model or model_name or _the_model(namespace, defined, notes)
     model = namespace.get(model_name)
     if model is None or not _is_keras_model(model):
         raise ModelNotFoundError(
@@ -101,48 +110,70 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig) -> CellConte
             f"{type(model).__name__ if model is not None else 'nothing'}). "
             "Pass the name of the variable that holds your model."
         )
+    shown = shown_name(model_name)
     if getattr(model, "optimizer", None) is None or not getattr(model, "compiled", False):
         raise ModelNotCompiledError(
-            f"The model {model_name!r} is not compiled, so there is no optimizer or loss to train "
-            f"with. Add e.g. {model_name}.compile(optimizer=keras.optimizers.SGD(0.05), "
+            f"The model {shown!r} is not compiled, so there is no optimizer or loss to train "
+            f"with. Add e.g. {shown}.compile(optimizer=keras.optimizers.SGD(0.05), "
             "loss='sparse_categorical_crossentropy', metrics=['accuracy']) to the cell."
         )
-    _check_shippable(namespace, config, defined)
-    train = _training_data(namespace, config, model)
-    _check_fit(model, *train.head, config.data, whole=(train.x, train.y) if train.x is not None else None)
+    _check_train_step(model, shown)
+    data = config.data if data is None else data
+    _check_shippable(namespace, config, defined, data, validation)
+    train = _training_data(namespace, config, model, data, take_batches)
+    _check_fit(model, train.head, data, whole=(train.x, train.y) if train.x is not None else None)
     warnings: list[str] = []
     if train.streamed:
         from nbdist.engine.data import streaming_note
 
-        warnings.append(streaming_note(config.data[0], train.num_samples, config.in_memory_limit))
-    validation, validation_arrays = _validation(namespace, config, model)
+        warnings.append(streaming_note(shown_name(data[0]), train.num_samples, config.in_memory_limit))
+    validation, validation_arrays = _validation(namespace, config, model, validation)
     pushed = outside_values(source, namespace, defined)
-    pushed.update({n: namespace[n] for n in (*config.data, *(validation or ())) if n not in defined})
-    return CellContents(model_name, model, config.data, validation, train.num_samples, pushed,
-                        arrays=None if train.streamed else (train.x, train.y),
-                        validation_arrays=validation_arrays, streamed=train.streamed, notes=notes,
-                        warnings=warnings)
+    pushed.update({n: namespace[n] for n in (*data, *(validation or ())) if n not in defined
+                   and n not in RESERVED})
+    if train.streamed:
+        arrays = None
+    else:
+        arrays = (train.x, train.y) if train.sample_weight is None else (train.x, train.y, train.sample_weight)
+    return CellContents(model_name, model, data, validation, train.num_samples, pushed,
+                        arrays=arrays, validation_arrays=validation_arrays, streamed=train.streamed,
+                        notes=notes, warnings=warnings, batch_hint=train.batch_hint)
 
 
-def _training_data(namespace: dict, config: TrainConfig, model):
+def _check_train_step(model, name: str) -> None:
+    """A model whose class overrides `train_step` trains differently from what nbdist computes
+    (the gradient of `compute_loss`): refuse it rather than train it another way."""
+    import keras
+
+    own = type(model).train_step
+    if own is not keras.Model.train_step and getattr(own, "__module__", "").split(".")[0] != "keras":
+        raise CellError(
+            f"The model {name!r} ({type(model).__name__}) overrides train_step, a training step of its "
+            "own, and nbdist computes each step's gradient from compute_loss instead, so it would "
+            "train differently from model.fit. Move the custom loss into compute_loss (nbdist "
+            "calls it), or run the cell without %%distribute.")
+
+
+def _training_data(namespace: dict, config: TrainConfig, model, data: tuple[str, ...],
+                   take_batches: int | None = None):
     """The training data as `nbdist.engine.data.Loaded`: arrays checked, a dataset materialised or
     (beyond --in-memory-limit) counted and left to stream."""
-    from nbdist.engine.data import Loaded
+    from nbdist.engine.data import Loaded, num_rows, take
 
-    if len(config.data) == 2:
-        x, y = _arrays(namespace, config.data, "--data")
-        if len(x) != len(y):
-            raise DataError(
-                f"{config.data[0]} has {len(x)} samples but {config.data[1]} has {len(y)}. "
-                "Inputs and labels must have the same length."
-            )
-        if len(x) == 0:
-            raise DataError(f"{config.data[0]} is empty: there is nothing to train on.")
-        return Loaded(x, y, len(x), head=(x[:2], y[:2]))
-    return _dataset(namespace, config.data[0], "--data", model, config.in_memory_limit)
+    if len(data) > 1:
+        arrays = _arrays(namespace, data, "--data")
+        n = num_rows(arrays[0])
+        if n == 0:
+            raise DataError(f"{shown_name(data[0])} is empty: there is nothing to train on.")
+        return Loaded(arrays[0], arrays[1], n, head=tuple(take(a, slice(0, 2)) for a in arrays),
+                      sample_weight=arrays[2] if len(arrays) > 2 else None)
+    return _dataset(namespace, data[0], "--data", model, config.in_memory_limit, take_batches)
 
 
-def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None):
+def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
+             take_batches: int | None = None):
+    import keras
+
     from nbdist.engine.data import kind_of, load
 
     if name not in namespace:
@@ -151,50 +182,59 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None):
     value = namespace[name]
     if kind_of(value) not in ("dataset", "generator"):
         raise DataError(
-            f"{flag} {name} is a {type(value).__name__}, expected a tf.data.Dataset or a generator "
-            f"function yielding (inputs, labels). For arrays pass two names: {flag} X,Y.")
-    loaded = load(value, name, flag, model, limit)
-    for what, a in zip(("inputs", "labels"), loaded.head, strict=True):
-        if a.dtype.kind not in "biuf":
-            raise DataError(f"{flag} {name} yields {what} of dtype {a.dtype}, expected numbers. Map "
-                            f"them to numbers, e.g. {name}.map(lambda x, y: (tf.cast(x, 'float32'), y)).")
+            f"{flag} {shown_name(name)} is a {type(value).__name__}, expected a tf.data.Dataset or a "
+            f"generator function yielding (inputs, labels). For arrays pass two names: {flag} X,Y.")
+    loaded = load(value, shown_name(name), flag, model, limit, take_batches=take_batches)
+    for what, part in zip(("inputs", "labels", "sample weights"), loaded.head, strict=False):
+        for a in keras.tree.flatten(part):
+            if a.dtype.kind not in "biuf":
+                raise DataError(f"{flag} {shown_name(name)} yields {what} of dtype {a.dtype}, expected "
+                                "numbers. Map them to numbers, e.g. "
+                                "ds.map(lambda x, y: (tf.cast(x, 'float32'), y)).")
     return loaded
 
 
-def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str]) -> None:
+def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str], data: tuple[str, ...],
+                     validation: tuple[str, ...] | None) -> None:
     """A tf.data.Dataset cannot travel to the engines: it must be built by the cell there."""
     from nbdist.engine.data import kind_of
 
     if config.mode not in (Mode.ASYNC, Mode.SYNC):
         return
-    for name in (*config.data, *(config.validation or ())):
-        if name not in defined and kind_of(namespace.get(name)) == "dataset":
+    for name in (*data, *(config.validation or validation or ())):
+        if name not in defined and name not in RESERVED and kind_of(namespace.get(name)) == "dataset":
             raise DataError(
                 f"{name} is a tf.data.Dataset from another cell; a dataset cannot be sent to the "
                 f"engines. Build {name} inside the %%distribute cell (or pass arrays).")
 
 
-def _check_fit(model, x: np.ndarray, y: np.ndarray, names: tuple[str, ...], whole: tuple | None = None) -> None:
-    """The model's loss on the first two samples `x`, `y`, computed here, so wrong shapes or
-    dtypes between the data and the model are reported in the kernel, with the shapes of the
-    user's data (`whole`, when it is in memory), instead of as a TensorFlow error inside every
-    engine."""
+def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None = None) -> None:
+    """The model's loss on the first two samples (`head`: x, y[, sample weights]), computed
+    here, so wrong shapes or dtypes between the data and the model are reported in the kernel,
+    with the shapes of the user's data (`whole`, when it is in memory), instead of as a
+    TensorFlow error inside every engine. Builds the compiled metrics' variables too."""
+    import keras
+
+    names = tuple(shown_name(n) for n in names)
     if len(names) == 1:
         names = (f"{names[0]}'s inputs", "its labels")
-    wx, wy = whole if whole is not None else (x, y)
-    what = (f"{names[0]} (shape {wx.shape}, dtype {wx.dtype}) and {names[1]} (shape {wy.shape}, "
-            f"dtype {wy.dtype})")
-    for n, a in zip(names, (x, y), strict=True):
-        if a.dtype.kind not in "biuf":
-            raise DataError(f"{what}: {n} holds {a.dtype} values, expected numbers. Convert it, e.g. "
-                            f"{n} = {n}.astype('float32'), or class names to integer ids with "
-                            f"{n} = np.unique({n}, return_inverse=True)[1].")
+    described = [f"{n} ({_describe(a)})" for n, a in zip(names, whole if whole is not None else head[:2],
+                                                          strict=False)]
+    what = " and ".join(described)
+    for n, part in zip(names, head[:2], strict=False):
+        for a in keras.tree.flatten(part):
+            if a.dtype.kind not in "biuf":
+                raise DataError(f"{what}: {n} holds {a.dtype} values, expected numbers. Convert it, "
+                                f"e.g. with .astype('float32'), or class names to integer ids with "
+                                "np.unique(labels, return_inverse=True)[1].")
+    x, y = head[0], head[1]
+    sw = head[2] if len(head) > 2 else None
     try:
         from nbdist.engine.flatmodel import ensure_built
 
-        ensure_built(model, x[:2])  # as every worker does before comparing variables
-        y_pred = model(x[:2], training=False)
-        loss = float(model.compute_loss(x=x[:2], y=y[:2], y_pred=y_pred, training=False))
+        ensure_built(model, x, y, sw)  # as every worker does before comparing variables
+        y_pred = model(x, training=False)
+        loss = float(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False))
     except Exception as exc:  # noqa: BLE001 - Keras/TensorFlow raise many kinds here
         detail = _first_line(str(exc)) or type(exc).__name__
         expects = getattr(model, "input_shape", None)
@@ -207,6 +247,16 @@ def _check_fit(model, x: np.ndarray, y: np.ndarray, names: tuple[str, ...], whol
         raise DataError(f"The loss on the first samples of {what} is {loss} before any training. "
                         "Check the labels match the loss (e.g. class ids within the output size) and "
                         "normalise the inputs.")
+
+
+def _describe(data) -> str:
+    """'shape (60000, 784), dtype float32', or one such per input of a list or dict."""
+    import keras
+
+    if isinstance(data, (list, tuple, dict)):
+        leaves = keras.tree.flatten(data)
+        return f"{type(data).__name__} of {len(leaves)}: " + "; ".join(_describe(a) for a in leaves)
+    return f"shape {tuple(data.shape)}, dtype {data.dtype}"
 
 
 def _first_line(message: str) -> str:
@@ -259,44 +309,61 @@ def _contains(outer, inner) -> bool:
     return outer is not inner and any(layer is inner for layer in contained_layers(outer))
 
 
-def _arrays(namespace: dict, names: tuple[str, str], flag: str) -> tuple:
+def _arrays(namespace: dict, names: tuple[str, ...], flag: str) -> tuple:
+    """(inputs, labels[, sample weights]) by name: arrays, or lists or dicts of arrays (several
+    inputs or outputs), checked for equal lengths and NaN/inf."""
+    import keras
+
     missing = [n for n in names if n not in namespace]
     if missing:
         raise DataError(
             f"{flag} names {', '.join(missing)}, which the notebook does not define. "
             f"Define them in the cell, or pass the names of your arrays: {flag} X,Y."
         )
-    arrays = []
+    arrays, lengths = [], {}
     for n in names:
+        shown = shown_name(n)
         value = namespace[n]
-        if not hasattr(value, "__len__") or not hasattr(value, "shape"):
+        nested = isinstance(value, (list, tuple, dict))
+        leaves = keras.tree.flatten(value) if nested else [value]
+        bad = [type(v).__name__ for v in leaves if not hasattr(v, "__len__") or not hasattr(v, "shape")]
+        if bad or not leaves:
+            holding = f" holding {bad[0]}" if bad and nested else ""
             raise DataError(
-                f"{n} is a {type(value).__name__}, expected a NumPy array. "
-                f"Convert it with np.asarray({n}), or pass a tf.data.Dataset or generator "
-                f"function as one name: {flag} NAME."
-            )
-        array = np.asarray(value)
-        if array.dtype.kind == "f" and not np.isfinite(array).all():
-            bad = np.flatnonzero(~np.isfinite(array.reshape(len(array), -1)).all(axis=1))
-            raise DataError(
-                f"{n} contains NaN or inf in {bad.size} sample(s) (first at index {bad[0]}). "
-                f"Clean or drop them before training, e.g. {n} = np.nan_to_num({n})."
-            )
-        arrays.append(array)
+                f"{shown} is a {type(value).__name__}{holding}, expected a NumPy array, or a list or "
+                "dict of arrays (one per input or output of the model). Convert each with "
+                "np.asarray(...), or pass a tf.data.Dataset.")
+        converted = keras.tree.map_structure(np.asarray, value) if nested else np.asarray(value)
+        for leaf in keras.tree.flatten(converted) if nested else [converted]:
+            lengths.setdefault(len(leaf), shown)
+            if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
+                rows = np.flatnonzero(~np.isfinite(leaf.reshape(len(leaf), -1)).all(axis=1))
+                raise DataError(
+                    f"{shown} contains NaN or inf in {rows.size} sample(s) (first at index {rows[0]}). "
+                    "Clean or drop them before training, e.g. np.nan_to_num(...).")
+        arrays.append(converted)
+    if len(lengths) > 1:
+        (n1, first), (n2, second) = list(lengths.items())[:2]
+        raise DataError(f"{first} has {n1} samples but {second} has {n2}. Inputs, labels and sample "
+                        "weights must have the same length (one row per sample).")
     return tuple(arrays)
 
 
-def _validation(namespace: dict, config: TrainConfig, model) -> tuple[tuple[str, ...] | None, tuple | None]:
+def _validation(namespace: dict, config: TrainConfig, model,
+                names: tuple[str, ...] | None = None) -> tuple[tuple[str, ...] | None, tuple | None]:
     """The validation names and arrays (a dataset is always held in memory; beyond
-    --in-memory-limit it is refused)."""
+    --in-memory-limit it is refused). `names`: what the fit call gave (() for none), unless
+    --validation or --no-validation says otherwise."""
     if config.no_validation:
         return None, None
-    if config.validation is None:
+    if config.validation is not None:
+        names = config.validation
+    elif names is None:
         if not all(n in namespace for n in DEFAULT_VALIDATION):
             return None, None
         names = DEFAULT_VALIDATION
-    else:
-        names = config.validation
+    if not names:
+        return None, None
     if len(names) == 1:
         loaded = _dataset(namespace, names[0], "--validation", model, config.in_memory_limit)
         if loaded.streamed:
@@ -307,8 +374,6 @@ def _validation(namespace: dict, config: TrainConfig, model) -> tuple[tuple[str,
                 f"{format_size(config.in_memory_limit)} of decoded tensors; validation data is "
                 f"held in memory. Validate on a part of it ({names[0]}.take(n)), or raise "
                 "--in-memory-limit.")
-        return names, (loaded.x, loaded.y)
-    xv, yv = _arrays(namespace, names, "--validation")
-    if len(xv) != len(yv):
-        raise DataError(f"{names[0]} has {len(xv)} samples but {names[1]} has {len(yv)}.")
-    return names, (xv, yv)
+        arrays = (loaded.x, loaded.y) if loaded.sample_weight is None else (loaded.x, loaded.y, loaded.sample_weight)
+        return names, arrays
+    return names, _arrays(namespace, names, "--validation")

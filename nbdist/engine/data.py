@@ -66,85 +66,115 @@ def model_rank(model) -> int | None:
 
 @dataclass
 class Loaded:
-    """Training or validation data as found: arrays, or a dataset to stream."""
+    """Training or validation data as found: arrays (nested for several inputs or outputs, and
+    per-sample weights when the data has a third element), or a dataset to stream."""
 
-    x: np.ndarray | None  # every sample; None when streamed
-    y: np.ndarray | None
+    x: object  # every sample; None when streamed
+    y: object
     num_samples: int | None  # None on an engine that streams (the kernel counted)
     dataset: object = None  # streamed: the unbatched tf.data.Dataset
-    head: tuple = ()  # (x, y) of the first samples: for the checks and for tracing
+    head: tuple = ()  # (x, y[, sample_weight]) of the first samples: for the checks and for tracing
+    sample_weight: object = None
+    batch_hint: int | None = None  # a dataset that came batched: the size of its first batch
 
     @property
     def streamed(self) -> bool:
         return self.x is None
 
 
-def load(value: object, name: str, flag: str, model, limit: int | None, count: bool = True) -> Loaded:
+def concat(parts: list):
+    """Batches (tuples of arrays, or of nested structures of arrays) joined into one."""
+    import keras
+
+    return keras.tree.map_structure(lambda *a: np.concatenate(a), *parts)
+
+
+def nbytes(element) -> int:
+    return sum(a.nbytes for a in leaves(element))
+
+
+def load(value: object, name: str, flag: str, model, limit: int | None, count: bool = True,
+         take_batches: int | None = None) -> Loaded:
     """A dataset or a generator function as arrays when it fits within `limit` bytes (None: no
-    limit), else streamed (0: always streamed); `count` the samples of a streamed one."""
+    limit), else streamed (0: always streamed); `count` the samples of a streamed one.
+    `take_batches`: only that many batches (`fit(steps_per_epoch=...)` on a repeating dataset)."""
     import tensorflow as tf
 
-    batched = as_batched(value, name, flag, model)
-    parts_x, parts_y, size, total = [], [], 0, 0
+    batched, came_batched = as_batched(value, name, flag, model, finite=take_batches is not None)
+    hint = None  # came batched: its batches are the model's
+    if take_batches is not None:
+        batched = batched.take(take_batches)
+    parts, size, total = [], 0, 0
     if limit is None or limit > 0:
-        for bx, by in batched.as_numpy_iterator():
-            size += bx.nbytes + by.nbytes
+        for element in batched.as_numpy_iterator():
+            size += nbytes(element)
             if limit is not None and size > limit:
                 break
-            parts_x.append(bx)
-            parts_y.append(by)
-            total += len(bx)
+            parts.append(tuple(element))
+            total += num_rows(element[0])
+            if hint is None and came_batched:
+                hint = total
         else:
             if total == 0:
                 raise DataError(f"{flag} {name} yields no samples: there is nothing to train on.")
-            x, y = np.concatenate(parts_x), np.concatenate(parts_y)
-            return Loaded(x, y, total, head=(x[:2], y[:2]))
+            whole = concat(parts)
+            head = tuple(take(part, slice(0, 2)) for part in whole)
+            return Loaded(whole[0], whole[1], total, head=head,
+                          sample_weight=whole[2] if len(whole) > 2 else None, batch_hint=hint)
     if count:
-        total = int(batched.reduce(np.int64(0), lambda n, e: n + tf.shape(e[0], out_type=tf.int64)[0]))
+        total = int(batched.reduce(np.int64(0), lambda n, e: n + tf.shape(
+            tf.nest.flatten(e[0])[0], out_type=tf.int64)[0]))
         if total == 0:
             raise DataError(f"{flag} {name} yields no samples: there is nothing to train on.")
     head = next(batched.unbatch().batch(2).as_numpy_iterator())
     return Loaded(None, None, total if count else None, dataset=batched.unbatch(), head=tuple(head))
 
 
-def as_batched(value: object, name: str, flag: str, model):
-    """`value` (a dataset or a generator function) as a batched tf.data.Dataset of (x, y)."""
+def as_batched(value: object, name: str, flag: str, model, finite: bool = False):
+    """`value` (a dataset or a generator function) as a batched tf.data.Dataset of (x, y) or
+    (x, y, sample_weight) elements, x and y nested or not, and whether it came batched (then its
+    batches are the model's batch size, as in `fit`). `finite`: the caller takes a finite part
+    itself (a repeating dataset is then allowed)."""
     import tensorflow as tf
 
     rank = model_rank(model)
     if kind_of(value) == "generator":
         first = next(iter(value()), None)
-        if not (isinstance(first, tuple) and len(first) == 2):
+        if not (isinstance(first, tuple) and len(first) in (2, 3)):
             raise DataError(f"{flag} {name}: the generator function yields {_shown(first)}, expected "
-                            "(features, labels) pairs of arrays. Yield x_batch, y_batch.")
-        x, y = (np.asarray(a) for a in first)
-        batched = is_batched(x.shape, rank, True)
-        signature = tuple(tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape), tf.as_dtype(a.dtype))
-                          for a in (x, y))
+                            "(features, labels) pairs of arrays (or triples with sample weights). "
+                            "Yield x_batch, y_batch.")
+        first = tf.nest.map_structure(np.asarray, first)
+        batched = is_batched(tf.nest.flatten(first[0])[0].shape, rank, True)
+        signature = tf.nest.map_structure(
+            lambda a: tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape), tf.as_dtype(a.dtype)), first)
         dataset = tf.data.Dataset.from_generator(value, output_signature=signature)
-        return dataset if batched else dataset.batch(READ_BATCH)
+        return (dataset, True) if batched else (dataset.batch(READ_BATCH), False)
     spec = value.element_spec
-    if not (isinstance(spec, tuple) and len(spec) == 2 and all(isinstance(s, tf.TensorSpec) for s in spec)):
+    if not (isinstance(spec, tuple) and len(spec) in (2, 3)
+            and all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec))):
         raise DataError(
-            f"{flag} {name} yields {spec}, expected (features, labels) pairs of single tensors. "
-            f"Map it to pairs, e.g. {name} = {name}.map(lambda x, y, *rest: (x, y)), or pass arrays "
-            f"as {flag} X,Y.")
-    if int(value.cardinality()) == int(tf.data.INFINITE_CARDINALITY):
+            f"{flag} {name} yields {spec}, expected (features, labels) pairs (or triples with "
+            "sample weights) of tensors or of lists or dicts of tensors. Map it to pairs, e.g. "
+            f"{name} = {name}.map(lambda x, y, *rest: (x, y)), or pass arrays as {flag} X,Y.")
+    if int(value.cardinality()) == int(tf.data.INFINITE_CARDINALITY) and not finite:
         raise DataError(
             f"{flag} {name} is infinite (it repeats without a count), so it has no epochs. Drop "
-            f".repeat() (nbdist runs --epochs passes itself), or make it finite with "
-            f"{name}.take(n).")
-    shape = tuple(spec[0].shape.as_list()) if spec[0].shape.rank is not None else (None,)
-    return value if is_batched(shape, rank, False) else value.batch(READ_BATCH)
+            f".repeat() (nbdist runs --epochs passes itself), make it finite with {name}.take(n), or "
+            "say how many batches make an epoch with model.fit(..., steps_per_epoch=N).")
+    first = tf.nest.flatten(spec[0])[0]
+    shape = tuple(first.shape.as_list()) if first.shape.rank is not None else (None,)
+    return (value, True) if is_batched(shape, rank, False) else (value.batch(READ_BATCH), False)
 
 
 def validation_arrays(ns: dict, names: tuple[str, ...] | None, model) -> tuple | None:
-    """The validation data as arrays: two arrays, or one dataset read into memory."""
+    """The validation data as arrays: (x, y[, sample_weight]) by name, or one dataset read into
+    memory."""
     if not names:
         return None
     if len(names) == 1:
         loaded = load(ns[names[0]], names[0], "--validation", model, limit=None)
-        return loaded.x, loaded.y
+        return (loaded.x, loaded.y) if loaded.sample_weight is None else (loaded.x, loaded.y, loaded.sample_weight)
     return tuple(ns[n] for n in names)
 
 
@@ -171,33 +201,99 @@ def format_size(num_bytes: int) -> str:
     return f"{num_bytes}B"
 
 
-def as_float32(x: np.ndarray) -> np.ndarray:
+def as_float32(x):
     """Inputs as Keras trains on them: float64 becomes float32 once, here, not per batch;
-    other dtypes (integer token ids, float16) stay as they are."""
-    return x.astype(np.float32) if x.dtype == np.float64 else x
+    other dtypes (integer token ids, float16) stay as they are. `x` may be nested (several
+    inputs)."""
+    return map_nested(lambda a: a.astype(np.float32) if getattr(a, "dtype", None) == np.float64 else a, x)
+
+
+def map_nested(fn, data):
+    """`fn` applied to every array of a nested structure of lists, tuples and dicts (the
+    structures Keras takes for several inputs or outputs); an array alone is a leaf."""
+    if isinstance(data, dict):
+        return {k: map_nested(fn, v) for k, v in data.items()}
+    if isinstance(data, (list, tuple)):
+        return type(data)(map_nested(fn, v) for v in data)
+    return fn(data)
+
+
+def leaves(data) -> list:
+    """The arrays of a nested structure, in order (dicts by key order, as given)."""
+    if isinstance(data, dict):
+        return [leaf for v in data.values() for leaf in leaves(v)]
+    if isinstance(data, (list, tuple)):
+        return [leaf for v in data for leaf in leaves(v)]
+    return [data]
+
+
+def take(data, index):
+    """`data[index]` for an array or a nested structure of arrays (None stays None)."""
+    if data is None:
+        return None
+    return map_nested(lambda a: a[index], data)
+
+
+def num_rows(data) -> int:
+    """The number of samples in an array or a nested structure of arrays (the first leaf's)."""
+    return len(leaves(data)[0])
 
 
 class ArraySource:
-    """Batches from arrays: positions `[start, stop)` of the epoch's global permutation."""
+    """Batches from arrays (nested for several inputs or outputs, with optional per-sample
+    weights): positions `[start, stop)` of an epoch.
 
-    def __init__(self, x: np.ndarray, y: np.ndarray, num_samples: int, seed: int):
-        self.x, self.y, self.num_samples, self.seed = x, y, num_samples, seed
-        self._epoch, self._perm = -1, None
+    An epoch is `epoch_size` samples of a stream of passes over the data, each pass in its
+    own order (`epoch_permutation(n, seed, pass)`, or the data's order with `shuffle=False`).
+    With `epoch_size` = the number of samples (the default) an epoch is one pass, as in `fit`;
+    smaller (`fit(steps_per_epoch=...)`), an epoch is part of a pass and the next epoch goes
+    on where it stopped, as Keras's epoch iterator does.
 
-    def batch(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    Example:
+        >>> src = ArraySource(np.arange(4.0), np.arange(4), 4, seed=0, shuffle=False, epoch_size=3)
+        >>> src.indices(0, 0, 3).tolist(), src.indices(1, 0, 3).tolist()
+        ([0, 1, 2], [3, 0, 1])
+    """
+
+    def __init__(self, x, y, num_samples: int, seed: int, sample_weight=None, *, shuffle: bool = True,
+                 epoch_size: int | None = None):
+        self.x, self.y, self.sample_weight = x, y, sample_weight
+        self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
+        self.epoch_size = epoch_size or num_samples
+        self._orders: dict[int, np.ndarray] = {}
+
+    def batch(self, epoch: int, start: int, stop: int) -> tuple:
+        """(x, y) of the positions, or (x, y, sample_weight) when the data has weights."""
         index = self.indices(epoch, start, stop)
-        return self.x[index], self.y[index]
+        batch = (take(self.x, index), take(self.y, index))
+        return batch if self.sample_weight is None else (*batch, take(self.sample_weight, index))
 
     def indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
-        """The samples of `batch(epoch, start, stop)`, as indices into `x` and `y` (int64)."""
-        if epoch != self._epoch:
-            from nbdist.core.schedule import epoch_permutation
+        """The samples of `batch(epoch, start, stop)`, as indices into the arrays (int64)."""
+        first = epoch * self.epoch_size + start
+        passes, offsets = divmod(np.arange(first, first + (stop - start), dtype=np.int64), self.num_samples)
+        if passes.size and passes[0] == passes[-1]:  # the usual case: within one pass
+            return self._order(int(passes[0]))[offsets]
+        return np.concatenate([self._order(int(p))[offsets[passes == p]] for p in np.unique(passes)])
 
-            self._perm, self._epoch = epoch_permutation(self.num_samples, self.seed, epoch), epoch
-        return self._perm[start:stop]
+    def _order(self, n_pass: int) -> np.ndarray:
+        order = self._orders.get(n_pass)
+        if order is None:
+            if self.shuffle:
+                from nbdist.core.schedule import epoch_permutation
 
-    def head(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        return self.x[:n], self.y[:n]
+                order = epoch_permutation(self.num_samples, self.seed, n_pass)
+            else:
+                order = np.arange(self.num_samples, dtype=np.int64)
+            if len(self._orders) >= 2:  # workers read one pass, and at its end the next
+                del self._orders[min(self._orders)]
+            self._orders[n_pass] = order
+        return order
+
+    def head(self, n: int) -> tuple:
+        """The first `n` samples, shaped as `batch` returns them."""
+        batch = (take(self.x, slice(0, n)), take(self.y, slice(0, n)))
+        return batch if self.sample_weight is None else (*batch, take(self.sample_weight, slice(0, n)))
 
 
 class ShardStream:
@@ -208,15 +304,15 @@ class ShardStream:
         self.worker, self.num_workers = worker, num_workers
         self.dataset = dataset.shard(num_workers, worker).batch(read_batch)
         self._iter = None
-        self._buffer: list[tuple[np.ndarray, np.ndarray]] = []
+        self._buffer: list[tuple] = []
         self._buffered = 0
         self.passes = 0  # passes over the shard begun
 
-    def batch(self, epoch: int, start: int, stop: int) -> tuple[np.ndarray, np.ndarray]:
+    def batch(self, epoch: int, start: int, stop: int) -> tuple:
         return self.take(stop - start)
 
-    def take(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """The next `n` samples of the shard."""
+    def take(self, n: int) -> tuple:
+        """The next `n` samples of the shard: (x, y[, sample_weight]), x and y nested or not."""
         if n <= 0:
             return self.head(0)
         fresh = False
@@ -230,18 +326,18 @@ class ShardStream:
                 self._iter = None
                 continue
             fresh = False
-            self._buffer.append((as_float32(part[0]), part[1]))
-            self._buffered += len(part[0])
-        x = np.concatenate([b[0] for b in self._buffer]) if len(self._buffer) > 1 else self._buffer[0][0]
-        y = np.concatenate([b[1] for b in self._buffer]) if len(self._buffer) > 1 else self._buffer[0][1]
-        self._buffer = [(x[n:], y[n:])] if len(x) > n else []
-        self._buffered = len(x) - n
-        return x[:n], y[:n]
+            self._buffer.append((as_float32(part[0]), *part[1:]))
+            self._buffered += num_rows(part[0])
+        whole = concat(self._buffer) if len(self._buffer) > 1 else self._buffer[0]
+        left = num_rows(whole[0]) - n
+        self._buffer = [tuple(take(p, slice(n, None)) for p in whole)] if left > 0 else []
+        self._buffered = left
+        return tuple(take(p, slice(0, n)) for p in whole)
 
-    def head(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+    def head(self, n: int) -> tuple:
         """The shard's first `n` samples (or fewer), without moving the stream."""
         first = next(self.dataset.unbatch().batch(max(n, 1)).as_numpy_iterator(), None)
         if first is None:
             raise DataError(f"Worker {self.worker}'s shard of the streamed data is empty (1 of "
                             f"every {self.num_workers} samples). Use fewer workers or more data.")
-        return first[0][:n], first[1][:n]
+        return tuple(take(p, slice(0, n)) for p in first)

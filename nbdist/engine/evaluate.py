@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 
-from nbdist.errors import TrainingError
+from nbdist.errors import NonFiniteLossError
 
 
 def evaluate(model, validation: tuple | None, batch_size: int, one_batch_limit: int = 0) -> dict:
@@ -15,11 +15,14 @@ def evaluate(model, validation: tuple | None, batch_size: int, one_batch_limit: 
     data pipeline on every call, which costs more than a small set's evaluation."""
     if validation is None:
         return {}
-    xv, yv = validation
-    if len(xv) <= one_batch_limit:
-        result = model.test_on_batch(xv, yv, return_dict=True)
+    from nbdist.engine.data import num_rows
+
+    xv, yv, sw = (*validation, None)[:3]
+    if num_rows(xv) <= one_batch_limit:
+        result = model.test_on_batch(xv, yv, sample_weight=sw, return_dict=True)
     else:
-        result = model.evaluate(xv, yv, batch_size=max(256, batch_size), verbose=0, return_dict=True)
+        result = model.evaluate(xv, yv, sample_weight=sw, batch_size=max(256, batch_size), verbose=0,
+                                return_dict=True)
     return {k: float(v) for k, v in result.items()}
 
 
@@ -33,11 +36,11 @@ def check_finite(loss: float, grad_norm: float, *, step: int, where: str, epoch:
         >>> check_finite(float("nan"), 1.0, step=7, where="worker 2", epoch=0)
         Traceback (most recent call last):
         ...
-        nbdist.errors.TrainingError: The loss became nan at step 7 on worker 2 (epoch 0). ...
+        nbdist.errors.NonFiniteLossError: The loss became nan at step 7 on worker 2 (epoch 0). ...
     """
     if math.isfinite(loss) and math.isfinite(grad_norm):
         return
     what, value = ("loss", loss) if not math.isfinite(loss) else ("gradient norm", grad_norm)
-    raise TrainingError(
+    raise NonFiniteLossError(
         f"The {what} became {value} at step {step} on {where} (epoch {epoch}). Lower the learning "
         "rate (--lr), check the data for NaN/inf, or normalise the inputs.")

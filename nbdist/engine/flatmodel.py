@@ -29,14 +29,29 @@ import numpy as np
 log = logging.getLogger(__name__)
 
 
-def ensure_built(model, x_sample) -> None:
+def ensure_built(model, x_sample, y_sample=None, sample_weight=None) -> None:
     """Create every variable of `model` with one forward pass in inference mode on `x_sample`
-    (a sample or two), the same way in the kernel and in every worker, before `layout` is read.
+    (a sample or two; nested for several inputs), the same way in the kernel and in every
+    worker, before `layout` is read; with `y_sample`, also the compiled loss's and metrics'
+    variables, as `fit` creates them before its first step.
 
     Keras creates a subclassed model's variables on its first call: `model.build((None, 10))`
     alone may create none. Inference mode changes no state (no BatchNorm update, no dropout).
     """
-    model(x_sample[:1], training=False)
+    first = head(x_sample, 1)
+    y_pred = model(first, training=False)
+    if y_sample is not None:
+        from nbdist.engine.step_metrics import build_metrics
+
+        build_metrics(model, first, head(y_sample, 1), y_pred,
+                      None if sample_weight is None else head(sample_weight, 1))
+
+
+def head(data, n: int):
+    """The first `n` samples of an array or of a nested structure of arrays."""
+    from nbdist.engine.data import take
+
+    return take(data, slice(0, n))
 
 
 def layout(model) -> dict:
@@ -76,16 +91,25 @@ def _concat(variables: list) -> np.ndarray:
 
 
 class FlatModel:
-    """Compiled flat-buffer gradient and assignment functions for one Keras model."""
+    """Compiled flat-buffer gradient and assignment functions for one Keras model.
+
+    Every gradient call also computes the step's metric increments (`nbdist.engine.step_metrics`:
+    the loss tracker's and every compiled metric's state after this step's update from zero),
+    kept in `last_metrics` for the caller to push; `sample_weight` (or None) weighs the loss
+    and the metrics as in `fit`. Inputs and labels may be nested (several inputs or outputs).
+    """
 
     def __init__(self, model):
         import tensorflow as tf
+
+        from nbdist.engine.step_metrics import increments
 
         self.model = model
         self.trainable, self.non_trainable = _variables(model)
         sizes = [int(np.prod(v.shape)) for v in self.trainable]
         nt_sizes = [int(np.prod(v.shape)) for v in self.non_trainable]
         self.size, self.nt_size = sum(sizes), sum(nt_sizes)
+        self.last_metrics = np.zeros(0, np.float32)  # the last step's metric increments
         trainable, nt_vars = self.trainable, self.non_trainable
 
         def flatten(tensors):
@@ -99,25 +123,26 @@ class FlatModel:
             for v, part in zip(nt_vars, tf.split(non_trainable, nt_sizes) if nt_sizes else [], strict=True):
                 v.assign(tf.reshape(part, v.shape))
 
-        def grads_of(x, y):
+        def grads_of(x, y, sw=None):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             grads = tape.gradient(loss, trainable)
             grads = [tf.zeros_like(v) if g is None else tf.convert_to_tensor(g)
                      for g, v in zip(grads, trainable, strict=True)]
             flat = flatten(grads)
-            return loss, flat, tf.norm(flat), flatten([v.value for v in nt_vars])
+            metrics = increments(model, loss, x, y, y_pred, sw)
+            return loss, flat, tf.norm(flat), flatten([v.value for v in nt_vars]), metrics
 
         @tf.function(reduce_retracing=True)
-        def gradients(x, y):
-            return grads_of(x, y)
+        def gradients(x, y, sw=None):
+            return grads_of(x, y, sw)
 
         @tf.function(reduce_retracing=True)
-        def assign_and_gradients(params, non_trainable, x, y):
+        def assign_and_gradients(params, non_trainable, x, y, sw=None):
             # one call instead of two: a separate assign call costs ~1 ms per step
             write(params, non_trainable)
-            return grads_of(x, y)
+            return grads_of(x, y, sw)
 
         @tf.function(reduce_retracing=True)
         def assign(params, non_trainable):
@@ -133,8 +158,8 @@ class FlatModel:
         self.stateless = stateless_of is not None  # False again if it fails to trace (_call)
 
         @tf.function(reduce_retracing=True)
-        def stateless_gradients(params, non_trainable, x, y):
-            return stateless_of(params, non_trainable, x, y)
+        def stateless_gradients(params, non_trainable, x, y, sw=None):
+            return stateless_of(params, non_trainable, x, y, sw)
 
         self._stateless_gradients = stateless_gradients
         self._stateless_at = None
@@ -143,30 +168,36 @@ class FlatModel:
         self._grads_of, self._write = grads_of, write
         self._gradients_at = self._assign_and_gradients_at = None
 
-    def hold(self, x: np.ndarray, y: np.ndarray) -> None:
-        """Keep the training arrays as TensorFlow tensors, so a step takes the batch's indices
-        and gathers inside its one compiled call (`gradients_at`, `assign_and_gradients_at`):
-        no host gather and no copy of the batch into TensorFlow per step."""
+    def hold(self, x, y, sample_weight=None) -> None:
+        """Keep the training arrays (nested for several inputs or outputs) as TensorFlow tensors,
+        so a step takes the batch's indices and gathers inside its one compiled call
+        (`gradients_at`, `assign_and_gradients_at`): no host gather and no copy of the batch into
+        TensorFlow per step."""
         import tensorflow as tf
 
         with tf.device("/CPU:0"):  # host memory, as model.fit's input pipeline keeps it
-            xs, ys = tf.convert_to_tensor(x), tf.convert_to_tensor(y)
+            xs, ys = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
+            ws = None if sample_weight is None else tf.nest.map_structure(tf.convert_to_tensor, sample_weight)
         grads_of, write = self._grads_of, self._write
+
+        def take(index):
+            gathered = tf.nest.map_structure(lambda t: tf.gather(t, index), (xs, ys))
+            return (*gathered, None if ws is None else tf.nest.map_structure(lambda t: tf.gather(t, index), ws))
 
         @tf.function(reduce_retracing=True)
         def gradients_at(index):
-            return grads_of(tf.gather(xs, index), tf.gather(ys, index))
+            return grads_of(*take(index))
 
         @tf.function(reduce_retracing=True)
         def assign_and_gradients_at(params, non_trainable, index):
             write(params, non_trainable)
-            return grads_of(tf.gather(xs, index), tf.gather(ys, index))
+            return grads_of(*take(index))
 
         stateless_of = self._stateless_of
 
         @tf.function(reduce_retracing=True)
         def stateless_at(params, non_trainable, index):
-            return stateless_of(params, non_trainable, tf.gather(xs, index), tf.gather(ys, index))
+            return stateless_of(params, non_trainable, *take(index))
 
         self._gradients_at, self._assign_and_gradients_at = gradients_at, assign_and_gradients_at
         self._stateless_at = stateless_at
@@ -176,6 +207,8 @@ class FlatModel:
         has no `stateless_call` (not a Keras 3 layer) or nbdist's NBDIST_STATELESS=0 says so."""
         from nbdist.env import switch
 
+        from nbdist.engine.step_metrics import increments, zero_metrics
+
         model = self.model
         if not switch("NBDIST_STATELESS") or not hasattr(model, "stateless_call") \
                 or not hasattr(model, "stateless_compute_loss"):
@@ -183,7 +216,7 @@ class FlatModel:
         trainable, all_nt = self.trainable, list(model.non_trainable_variables)
         is_float = ["float" in str(v.dtype) for v in all_nt]
 
-        def grads_of(params, non_trainable, x, y):
+        def grads_of(params, non_trainable, x, y, sw=None):
             with tf.GradientTape() as tape:
                 tape.watch(params)
                 parts = tf.split(params, sizes) if sizes else []
@@ -195,9 +228,9 @@ class FlatModel:
                                                               training=True)
                 model._losses_override = list(losses)  # add_loss / activity terms, as Keras's JAX trainer
                 try:
-                    loss, (_, nt_new, _) = model.stateless_compute_loss(
-                        values, nt_new, [v.value for v in model.metrics_variables], x=x, y=y,
-                        y_pred=y_pred, training=True)
+                    loss, (_, nt_new, metrics_new) = model.stateless_compute_loss(
+                        values, nt_new, zero_metrics(model), x=x, y=y, y_pred=y_pred,
+                        sample_weight=sw, training=True)
                 finally:
                     model._losses_override = []
             grad = tape.gradient(loss, params)
@@ -206,7 +239,9 @@ class FlatModel:
             for v, new, f in zip(all_nt, nt_new, is_float, strict=True):
                 if not f:  # dropout seeds advance as they do in the variable path
                     v.assign(new)
-            return loss, grad, tf.norm(grad), flatten([n for n, f in zip(nt_new, is_float, strict=True) if f])
+            metrics = increments(model, loss, x, y, y_pred, sw, after_loss=metrics_new)
+            return (loss, grad, tf.norm(grad), flatten([n for n, f in zip(nt_new, is_float, strict=True) if f]),
+                    metrics)
 
         return grads_of
 
@@ -219,54 +254,59 @@ class FlatModel:
         """One compiled step with the cell's own optimizer (--local-steps)."""
         import tensorflow as tf
 
+        from nbdist.engine.step_metrics import increments
+
         model, trainable, optimizer = self.model, self.trainable, self.model.optimizer
 
         @tf.function(reduce_retracing=True)
-        def local_step(x, y):
+        def local_step(x, y, sw=None):
             with tf.GradientTape() as tape:
                 y_pred = model(x, training=True)
-                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, training=True)
+                loss = model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=True)
             grads = tape.gradient(loss, trainable)
             optimizer.apply_gradients(zip(grads, trainable, strict=True))
-            return loss
+            return loss, increments(model, loss, x, y, y_pred, sw)
 
         return local_step
 
-    def gradients(self, x: np.ndarray, y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+    def _out(self, result) -> tuple[float, np.ndarray, float, np.ndarray]:
+        loss, grad, norm, nt, metrics = result
+        self.last_metrics = metrics.numpy()
+        return float(loss), grad.numpy(), float(norm), nt.numpy()
+
+    def gradients(self, x, y, sample_weight=None) -> tuple[float, np.ndarray, float, np.ndarray]:
         """(loss, flat gradient, its norm, non-trainable state after the step) for one batch.
 
         The norm is computed in the graph: one number that is NaN/inf if any element is."""
-        loss, grad, norm, nt = self._gradients(x, y)
-        return float(loss), grad.numpy(), float(norm), nt.numpy()
+        return self._out(self._gradients(x, y, sample_weight))
 
-    def gradients_tensor(self, x: np.ndarray, y: np.ndarray) -> tuple[float, object, float]:
+    def gradients_tensor(self, x, y, sample_weight=None) -> tuple[float, object, float]:
         """(loss, flat gradient as a TensorFlow tensor, its norm): for a caller whose next
         compiled call takes the gradient as it is (a sync rank's allreduce), without a host copy."""
-        loss, grad, norm, _ = self._gradients(x, y)
+        loss, grad, norm, _, metrics = self._gradients(x, y, sample_weight)
+        self.last_metrics = metrics.numpy()
         return float(loss), grad, float(norm)
 
-    def assign_and_gradients(self, params: np.ndarray, non_trainable: np.ndarray, x: np.ndarray,
-                             y: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
+    def assign_and_gradients(self, params: np.ndarray, non_trainable: np.ndarray, x, y,
+                             sample_weight=None) -> tuple[float, np.ndarray, float, np.ndarray]:
         """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call; with
         `stateless`, the same gradients on those weights without writing the variables."""
-        return self._call(self._stateless_gradients, self._assign_and_gradients, params, non_trainable, x, y)
+        return self._call(self._stateless_gradients, self._assign_and_gradients, params, non_trainable,
+                          x, y, sample_weight)
 
     def _call(self, stateless, assigning, *args) -> tuple[float, np.ndarray, float, np.ndarray]:
         if self.stateless:
             try:
-                loss, grad, norm, nt = stateless(*args)
-                return float(loss), grad.numpy(), float(norm), nt.numpy()
+                return self._out(stateless(*args))
             except Exception as exc:  # noqa: BLE001 - a layer stateless_call cannot trace: the variable path
                 self.stateless, self.stateless_error = False, exc
                 log.info("stateless gradients unavailable for this model (%s: %s); assigning variables "
                          "instead", type(exc).__name__, exc)
-        loss, grad, norm, nt = assigning(*args)
-        return float(loss), grad.numpy(), float(norm), nt.numpy()
+        return self._out(assigning(*args))
 
     def gradients_at(self, index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
         """`gradients(x[index], y[index])` of the arrays given to `hold`, gathered in the graph."""
-        loss, grad, norm, nt = self._gradients_at(index)
-        return float(loss), grad.numpy(), float(norm), nt.numpy()
+        return self._out(self._gradients_at(index))
 
     def assign_and_gradients_at(self, params: np.ndarray, non_trainable: np.ndarray,
                                 index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
@@ -276,9 +316,12 @@ class FlatModel:
     def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
         self._assign(params, non_trainable)
 
-    def local_step(self, x: np.ndarray, y: np.ndarray) -> float:
-        """One step with the cell's own optimizer, on this worker only (--local-steps)."""
-        return float(self._local_step(x, y))
+    def local_step(self, x, y, sample_weight=None) -> float:
+        """One step with the cell's own optimizer, on this worker only (--local-steps); its
+        metric increments go to `last_metrics`."""
+        loss, metrics = self._local_step(x, y, sample_weight)
+        self.last_metrics = metrics.numpy()
+        return float(loss)
 
     def read(self) -> tuple[np.ndarray, np.ndarray]:
         """The current flat trainable and non-trainable values."""

@@ -89,8 +89,30 @@ def execute_cell(source: str | None, pushed: dict, threads: int | None, local_ra
     ns = engine_namespace() if namespace is None else namespace
     if source is not None:
         ns.update(unpack(pushed))
-        exec(compile(source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+        run_until_fit(source, ns)
     return ns
+
+
+def run_until_fit(source: str, ns: dict):
+    """Run the cell in `ns` up to its `model.fit(...)` call, if it makes one (nothing trains:
+    `nbdist.engine.fit_call`), and put what the call names into `ns` (`fit_data.place`).
+    Returns the placed `FitData`, or None for a cell without a fit call."""
+    from nbdist.engine.fit_call import FitReached, fit_intercepted, stop_at_fit
+
+    with fit_intercepted(stop_at_fit(ns, FIT_KEY)):
+        try:
+            exec(compile(source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+        except FitReached:
+            pass  # the statements after the call run in the kernel only, after training
+    call = ns.pop(FIT_KEY, None)
+    if call is None:
+        return None
+    from nbdist.engine.fit_data import place
+
+    return place(call, ns)
+
+
+FIT_KEY = "_nbdist_fit_call"  # where an engine keeps the cell's fit call until it is placed
 
 
 def run_cell(spec, namespace: dict | None = None) -> tuple:
@@ -101,7 +123,7 @@ def run_cell(spec, namespace: dict | None = None) -> tuple:
     model, data, validation = find_training(ns, spec)
     from nbdist.engine.flatmodel import ensure_built
 
-    ensure_built(model, data.head(2)[0])  # as the kernel did: a subclassed model has its variables now
+    ensure_built(model, *data.head(2))  # as the kernel did: variables, compiled loss and metrics
     return model, data, validation
 
 
@@ -117,15 +139,26 @@ def find_training(ns: dict, spec) -> tuple:
         )
     model = ns[spec.model_name]
     if spec.stream:
-        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=0, count=False)
+        loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=0, count=False,
+                      take_batches=spec.take_batches)
         data = ShardStream(loaded.dataset, spec.num_workers, spec.worker)
     else:
         if spec.preloaded is not None:
-            x, y = spec.preloaded
+            arrays = spec.preloaded
         elif len(spec.data) == 1:  # a dataset that fits in memory: read once, on this engine
-            loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
-            x, y = loaded.x, loaded.y
+            loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None,
+                          take_batches=spec.take_batches)
+            arrays = (loaded.x, loaded.y, loaded.sample_weight)
         else:
-            x, y = (np.asarray(ns[n]) for n in spec.data)
-        data = ArraySource(as_float32(x), y, spec.num_samples, spec.seed)
+            arrays = tuple(as_arrays(ns[n]) for n in spec.data)
+        x, y, sw = (*arrays, None)[:3]
+        data = ArraySource(as_float32(x), y, spec.num_samples, spec.seed, sw, shuffle=spec.shuffle,
+                           epoch_size=spec.epoch_size)
     return model, data, validation_arrays(ns, spec.validation, model)
+
+
+def as_arrays(value):
+    """An array, or a list or dict of them (several inputs or outputs), as NumPy arrays."""
+    from nbdist.engine.data import map_nested
+
+    return map_nested(np.asarray, value)

@@ -384,6 +384,7 @@ class HubControl:
     def params(self) -> tuple[np.ndarray, np.ndarray]:
         """The full flat parameter vector and the non-trainable state."""
         with self._lock:
+            self._check_open()
             msgs = [line.request({"op": "params"}) for line in self.lines]
         flat = np.concatenate([m.floats(0) for m in msgs])
         return flat, msgs[0].floats(1).copy()
@@ -391,14 +392,22 @@ class HubControl:
     def state(self) -> list[tuple[dict, list[np.ndarray]]]:
         """Every shard's checkpoint state: (header, arrays named by header['names'])."""
         with self._lock:
+            self._check_open()
             msgs = [line.request({"op": "state"}) for line in self.lines]
         return [(m.header, [m.floats(i).copy() for i in range(len(m.buffers))]) for m in msgs]
+
+    def _check_open(self) -> None:
+        """Fail at once after `shutdown`: no hub answers any more (instead of after a timeout)."""
+        if self.closed:
+            raise TrainingError("The run has ended and its hubs are gone; its final weights are in "
+                                "the notebook's model.")
 
     def shutdown(self) -> None:
         with self._lock:
             for line in self.lines:
                 with contextlib.suppress(TrainingError):
                     line.request({"op": "shutdown"})
+            self.closed = True  # nothing is served any more: a later request fails at once
 
     def close(self) -> None:
         with self._lock:  # never under a control() from another thread (the notebook's)

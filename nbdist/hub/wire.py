@@ -152,6 +152,7 @@ _TYPES: dict[str, tuple] = {
     "shm": (str,), "seg": (str,), "host": (str,), "eval": (dict,), "samples": (int,),
     "epoch": NUMBER, "option": (list,), "slowdown": (list,), "batch_policy": (str,),
     "regroup": (bool,), "shards": (list,), "add_worker": (int,), "lag": (int,),
+    "metrics": (dict,), "epoch_end": (int,), "by": (str,), "epoch_done": (int,),
 }
 _INT_LISTS = ("chunks", "group")
 WORKER_OPS = ("hello", "step", "report", "bye")
@@ -163,6 +164,10 @@ def check_fields(header: Mapping, num_workers: int) -> None:
     wrong = [k for k, v in header.items() if k in _TYPES and not _is(v, _TYPES[k])]
     wrong += [k for k in _INT_LISTS if type(header.get(k)) is list
               and not all(type(v) is int for v in header[k])]
+    if type(header.get("metrics")) is dict and not all(
+            type(v) is list and all(_is(f, NUMBER) for f in v) and k.isdigit()
+            for k, v in header["metrics"].items()):
+        wrong.append("metrics")
     if header["op"] in WORKER_OPS and not (_is(header.get("worker"), (int,))
                                            and 0 <= header["worker"] < num_workers):
         wrong.append(f"worker={header.get('worker')!r} (0..{num_workers - 1})")

@@ -41,20 +41,31 @@ class RunControl:
             if not (state.ended.is_set() or state.control.closed):  # else it ended meanwhile
                 raise
 
-    def set_lr(self, lr: float) -> None:
+    def set_lr(self, lr: float, by: str | None = None) -> None:
         """Change the learning rate from the next push on (with --local-steps: the workers';
         in --mode sync: every rank's, at the same step). A learning-rate schedule in the cell is
-        replaced by this constant rate from then on, and `run.warnings` says so."""
+        replaced by this constant rate from then on, and `run.warnings` says so. `by`: who asked,
+        recorded with the `set_lr` event (e.g. a cell's ReduceLROnPlateau callback)."""
         from nbdist.engine.learning_rate import schedule_replaced
 
         # read before sending: in --mode local the worker shares this optimizer and may replace
         # the schedule as soon as the new rate reaches it
         state = self.state
         note = schedule_replaced(getattr(state.model, "optimizer", None), lr, state.warnings)
-        self._send(lr=float(lr))
+        self._send(lr=float(lr), **({"by": str(by)} if by else {}))
         if note:
             state.warnings.append(note)
             log.warning("run %s: %s", state.run_id, note)
+
+    def release_epoch(self, epoch: int) -> None:
+        """Let the workers start the epoch after `epoch` (0-based, of this run): a cell's fit
+        call holds each epoch until the kernel has run its callbacks (`nbdist.fit.driver`)."""
+        self._send(epoch_done=int(epoch))
+
+    def record_eval(self, epoch: int, metrics: dict) -> None:
+        """Add a validation result computed in the kernel (a cell's fit call validates there)
+        to the run's views: `history`'s `val_*` rows and the dashboard."""
+        self._send(eval={"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()}})
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""

@@ -56,6 +56,8 @@ class Run(RunViews, RunControl):
     warnings = _shown("warnings", "How the run trains unlike the cell, or what went wrong "
                                   "without failing it.")
     last_checkpoint = _shown("last_checkpoint", "The latest checkpoint's path, or None.")
+    keras_history = _shown("keras_history", "The `keras.callbacks.History` a cell's own "
+                                            "model.fit(...) call returned (None without one).")
     revision = _shown("revision", "+1 per statistics poll (displays redraw only what changed).")
     timeline_revision = _shown("timeline_revision", "+1 per timeline fetch.")
 
@@ -84,6 +86,14 @@ class Run(RunViews, RunControl):
             backend.cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
         monitor.start(self)
         return self
+
+    def current_weights(self):
+        """The model's flat (params, non_trainable) as the run holds them now (the hubs',
+        rank 0's or the simulation's), or the final ones once training has ended."""
+        state = self.state
+        if state.final_weights is not None:  # training ended (the hubs may be gone already)
+            return state.final_weights
+        return state.backend.current_weights(state.control)
 
     # -- waiting (and the Future's methods) -----------------------------------------------------
 

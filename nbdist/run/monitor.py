@@ -85,7 +85,9 @@ def watch(run) -> None:
         from nbdist.engine.flatmodel import write_flat
 
         params, non_trainable = backend.final_params(control)
-        write_flat(state.model, params, non_trainable)
+        state.final_weights = (params, non_trainable)
+        if state.write_model:  # (a cell's fit call writes each epoch's weights itself)
+            write_flat(state.model, params, non_trainable)
         state.status = "stopped" if state.stop_requested else "finished"
     except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()
         ours = isinstance(exc, NbdistError)

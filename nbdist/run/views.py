@@ -74,6 +74,11 @@ class RunViews:
         epochs_done, epoch_samples, lr, batch_policy, rule_options, hub_bytes, dropped, ..."""
         return dict(self.state.snapshot)
 
+    def history_rows(self, since: int = 0) -> list[list]:
+        """The raw per-push rows (`HISTORY_COLUMNS` order) from index `since` on: what the
+        DataFrame `history` is built from, without building it."""
+        return self.state.rows[since:]
+
     def note(self, text: str) -> None:
         """Record a choice nbdist made for this run before it started (time 0, step 0)."""
         self.state.notes.append({"time": 0.0, "step": 0, "event": "note", "text": text})

@@ -12,11 +12,11 @@ import pytest
 
 from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
-from nbdist.job import prepare_job
 from tests.helpers import (
     MAXNORM_CELL,
     PIPELINE_SKIP_CELL,
     column_norms,
+    prepared,
     train_typical,
     typical_fit_accuracy,
 )
@@ -45,22 +45,22 @@ def test_a_maxnorm_cell_trains_like_fit_with_every_column_within_the_bound(fit_a
 
 
 def test_the_job_carries_the_constraints_and_refuses_shards_that_would_cut_one():
-    job = prepare_job(MAXNORM_CELL, TrainConfig(mode="local"), {})
+    job = prepared(MAXNORM_CELL, TrainConfig(mode="local"))
     assert [(e["class_name"], e["start"], e["shape"]) for e in job.constraints] == [
         ("MaxNorm", 0, [784, 128]), ("MaxNorm", 100480, [128, 128]), ("MaxNorm", 116992, [128, 10])]
-    assert prepare_job(MAXNORM_CELL, TrainConfig(mode="sync", workers=2), {}).constraints == []
+    assert prepared(MAXNORM_CELL, TrainConfig(mode="sync", workers=2)).constraints == []
     cell = MAXNORM_CELL.replace('activation="relu", kernel', 'activation="relu", bias_constraint="non_neg", kernel')
     cell = cell.replace('activation="softmax", kernel', 'activation="softmax", bias_constraint="non_neg", kernel')
     # every variable constrained: the cuts can only fall between the 6 variables
     with pytest.raises(ConfigError, match=r"cannot be split into 7 parameter shards.*Use --servers 6 or fewer"):
-        prepare_job(cell, TrainConfig(mode="local", servers=7), {})
+        prepared(cell, TrainConfig(mode="local", servers=7))
 
 
 def test_a_custom_constraint_is_refused_before_anything_trains():
     cell = MAXNORM_CELL.replace("keras.constraints.MaxNorm(2.0))", "lambda w: keras.ops.clip(w, -1, 1))", 1)
     with pytest.raises(UnsupportedOptimizerError, match=r"constraint <lambda> \(a function\).*--mode sync"):
-        prepare_job(cell, TrainConfig(mode="local"), {})
-    assert prepare_job(cell, TrainConfig(mode="sync", workers=2), {}).constraints == []
+        prepared(cell, TrainConfig(mode="local"))
+    assert prepared(cell, TrainConfig(mode="sync", workers=2)).constraints == []
 
 
 PIPELINE_CONSTRAINED_CELL = PIPELINE_SKIP_CELL.replace(

@@ -89,15 +89,18 @@ def test_infinite_dataset_is_refused_with_how_to_fix():
     assert load(_dataset(10, 4).repeat().take(5), "ds", "--data", _Model(), limit=None).num_samples == 18
 
 
-def test_dataset_of_triples_or_dicts_is_refused():
+def test_dataset_of_triples_and_dicts_loads_with_weights_and_nested_inputs():
     import tensorflow as tf
 
-    triples = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3)), np.zeros(4), np.ones(4)))
+    triples = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3)), np.zeros(4), np.arange(4.0)))
+    loaded = load(triples, "ds", "--data", _Model(), limit=None)
+    assert loaded.num_samples == 4 and loaded.sample_weight.tolist() == [0.0, 1.0, 2.0, 3.0]
+    dicts = tf.data.Dataset.from_tensor_slices(({"a": np.zeros((4, 3)), "b": np.ones((4, 2))}, np.zeros(4)))
+    loaded = load(dicts, "ds", "--data", _Model(), limit=None)
+    assert loaded.x["b"].shape == (4, 2) and loaded.head[0]["a"].shape == (2, 3)
+    singles = tf.data.Dataset.from_tensor_slices(np.zeros((4, 3)))
     with pytest.raises(DataError, match=r"expected \(features, labels\) pairs.*map"):
-        load(triples, "ds", "--data", _Model(), limit=None)
-    dicts = tf.data.Dataset.from_tensor_slices(({"a": np.zeros((4, 3))}, np.zeros(4)))
-    with pytest.raises(DataError, match="pairs of single tensors"):
-        load(dicts, "ds", "--data", _Model(), limit=None)
+        load(singles, "ds", "--data", _Model(), limit=None)
 
 
 def test_empty_dataset_is_refused():

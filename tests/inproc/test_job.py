@@ -5,13 +5,14 @@ import pytest
 
 import nbdist
 from nbdist.config import TrainConfig
-from nbdist.job import prepare_job
-from tests.helpers import SYNTHETIC_CELL
+from tests.helpers import SYNTHETIC_CELL, prepared
+
+
 
 
 def test_the_job_holds_what_the_kernel_decided_and_the_plan_once_the_workers_are_known():
     config = TrainConfig(mode="local", epochs=2, batch_size=50, lr=0.05)
-    job = prepare_job(SYNTHETIC_CELL, config, {})
+    job = prepared(SYNTHETIC_CELL, config)
     assert job.model_name == "model" and job.contents.num_samples == 900
     assert job.layout == {"trainable": [[8, 16], [16], [16, 3], [3]], "non_trainable": []}
     assert job.params.shape == (8 * 16 + 16 + 16 * 3 + 3,) and job.params.dtype == np.float32
@@ -24,7 +25,7 @@ def test_the_job_holds_what_the_kernel_decided_and_the_plan_once_the_workers_are
 
 
 def test_sync_keeps_the_cells_optimizer_on_the_ranks():
-    job = prepare_job(SYNTHETIC_CELL, TrainConfig(mode="sync", workers=2), {})
+    job = prepared(SYNTHETIC_CELL, TrainConfig(mode="sync", workers=2))
     assert job.optimizer is None and job.lr_owner == "workers" and job.workers_rate == pytest.approx(0.1)
 
 

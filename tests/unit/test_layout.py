@@ -30,3 +30,11 @@ def test_the_core_and_the_rules_import_numpy_and_the_standard_library_only():
                 assert top == "numpy" or (top in sys.stdlib_module_names
                                           and top not in {"socket", "threading", "subprocess"}), \
                     f"{path.relative_to(NBDIST)} imports {name}: the core must stay pure"
+
+
+def test_every_test_file_has_a_name_of_its_own():
+    """pytest imports test files by their base name (the tiers have no __init__.py): two files
+    of one name in two tiers stop `make test` from collecting either."""
+    tests = NBDIST.parent / "tests"
+    names = [p.name for p in tests.rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []

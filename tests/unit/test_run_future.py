@@ -1,5 +1,5 @@
 """A Run in the shape of a `concurrent.futures.Future`, without a hub: what each method says
-before and after the end. The same with real runs: tests/inproc/test_run_future.py."""
+before and after the end. The same with real runs: tests/inproc/test_run_future_local.py."""
 
 import ast
 import pathlib

@@ -55,10 +55,10 @@ def test_permutation_is_shared_by_seed_and_differs_by_epoch():
 
 def test_samples_left_counts_later_epochs_and_requeued_chunks():
     s = EpochSchedule(num_samples=10, epochs=2)
-    assert s.samples_left == 20
+    assert s.samples_left() == 20
     a = s.next_chunk(4)
-    assert s.samples_left == 16
+    assert s.samples_left() == 16
     s.requeue(a.id)
-    assert s.samples_left == 20
+    assert s.samples_left() == 20
     drain(s, 4)
-    assert s.samples_left == 0
+    assert s.samples_left() == 0

@@ -73,14 +73,11 @@ def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[Hub
     config, run_id = job.config, specs[0].run_id
     endpoints = backend.start_hubs(specs)
     control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
-    contents = job.contents
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
-        model_name=contents.model_name, data=contents.data, validation=contents.validation,
-        seed=config.seed, num_samples=contents.num_samples, batch_size=config.batch_size,
-        source=job.cell, pushed=portable(contents.pushed), transport=config.transport.value,
-        timeout=config.timeout, compression=config.compression.value, stream=contents.streamed,
-        num_workers=backend.num_workers, preloaded=preloaded,
+        batch_size=config.batch_size, source=job.cell, pushed=portable(job.contents.pushed),
+        transport=config.transport.value, timeout=config.timeout, compression=config.compression.value,
+        num_workers=backend.num_workers, preloaded=preloaded, **job.worker_fields(),
     )
     try:
         backend.start_workers(make_worker_spec(fields))
@@ -106,6 +103,7 @@ def begin_run(job: Job, backend: Backend, control, run_id: str, *, wait: bool,
     """The Run of a job whose hubs (or simulation) and workers have started; it waits for the
     end when `wait`. `folder`: its claim on --checkpoint-dir, given back when it ends."""
     run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)
+    run.state.write_model = job.fit is None  # a fit call: the kernel writes each epoch's weights
     run.begin(backend, control, run_id, hubs=hubs, checkpoint_info=job.checkpoint_info(run_id),
               checkpoint_folder=folder)
     if wait:

@@ -27,6 +27,12 @@ log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again
 
 
+def step_metrics(per_epoch: dict[str, list[float]]) -> dict:
+    """The header field with a push's metric increments per epoch (`nbdist.engine.step_metrics`);
+    nothing when the model keeps no metric state."""
+    return {"metrics": per_epoch} if any(per_epoch.values()) else {}
+
+
 @dataclass
 class WorkerSpec:
     """What one worker needs; sent to its engine by ipyparallel."""
@@ -57,7 +63,10 @@ class WorkerSpec:
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
     num_workers: int = 1  # how many shards a streamed dataset is cut into
-    preloaded: tuple | None = None  # (x, y) already in this process (--mode local), not sent
+    preloaded: tuple | None = None  # (x, y[, weights]) already in this process (--mode local), not sent
+    shuffle: bool = True  # a new order each pass (fit's shuffle=False: the data's own order)
+    epoch_size: int | None = None  # samples per epoch, when fewer than a pass (fit's steps_per_epoch)
+    take_batches: int | None = None  # batches of a repeating dataset that make the data
 
 
 def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
@@ -80,10 +89,10 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     # Two batch sizes, so the traced function already takes any batch size: DBS and an epoch's
     # last chunk change it later, and a retrace then would count as (slow) compute time.
     if hasattr(data, "indices"):  # arrays: batches are gathered inside the compiled step
-        flat.hold(data.x, data.y)
+        flat.hold(data.x, data.y, data.sample_weight)
     for size in (spec.batch_size, max(1, spec.batch_size // 2)):
         if flat.holds_data:
-            flat.assign_and_gradients_at(*flat.read(), np.arange(min(size, len(data.x)), dtype=np.int64))
+            flat.assign_and_gradients_at(*flat.read(), np.arange(min(size, data.num_samples), dtype=np.int64))
         else:
             flat.assign_and_gradients(*flat.read(), *data.head(size))
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
@@ -232,14 +241,18 @@ class _AsyncLoop:
         w_read = t.params.copy()
         t0 = time.perf_counter()
         loss = math.nan
+        metrics: dict[str, np.ndarray] = {}
         for chunk in chunks:
             self.started.add(chunk.id)
             loss = flat.local_step(*self._batch(chunk))
+            key = str(chunk.epoch)
+            metrics[key] = flat.last_metrics + metrics[key] if key in metrics else flat.last_metrics
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
         self._check(loss, 0.0, chunk)
         w_local, nt_local = flat.read()
         header = {"chunks": [c.id for c in chunks], "loss": loss, "compute_s": compute_s,
-                  "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra()}
+                  "comm_s": self.comm_s, "wait_s": self._take_wait(), **self._take_extra(),
+                  **step_metrics({k: v.tolist() for k, v in metrics.items()})}
         np.subtract(nt_local, self._nt_model, out=t.nt_delta)
         t1 = time.perf_counter()
         if self.spec.easgd_alpha:
@@ -293,7 +306,8 @@ class _AsyncLoop:
         self.steps += 1
         header = {"chunks": [chunk.id], "loss": loss, "compute_s": compute_s, "comm_s": self.comm_s,
                   "norm": grad_norm,  # several shards: global clipping needs the whole norm
-                  "wait_s": self._take_wait(), **self._take_extra()}
+                  "wait_s": self._take_wait(), **self._take_extra(),
+                  **step_metrics({str(chunk.epoch): flat.last_metrics.tolist()})}
         return header, time.perf_counter()
 
     def _write_grad(self) -> None:
@@ -301,9 +315,9 @@ class _AsyncLoop:
         np.subtract(self._nt_after, self._nt_model, out=self.transport.nt_delta)
         self._nt_model = self._nt_after  # the model now holds this state
 
-    def _batch(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
-        """The chunk's samples: its slice of the epoch's permutation, or (streamed) as many
-        samples as it holds from this worker's shard."""
+    def _batch(self, chunk: Chunk) -> tuple:
+        """The chunk's samples, (x, y[, weights]): its slice of the epoch, or (streamed) as
+        many samples as it holds from this worker's shard."""
         return self.data.batch(chunk.epoch, chunk.start, chunk.stop)
 
     def _slow_down(self, compute_s: float, reply: dict) -> float:

@@ -22,6 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from nbdist.engine.data import num_rows, take
+
 from nbdist.core.simclock import CostModel, fit_cost, round2
 
 REPEATS = 10  # at least this many timed calls per batch size, and at least MIN_TIMED_S of them;
@@ -65,8 +67,8 @@ def step_points(flat, params: np.ndarray, non_trainable: np.ndarray, x, y, batch
     first; the data is tiled when it holds fewer samples than the largest batch)."""
     points = []
     for b in sorted({max(1, batch // 4), batch, 4 * batch}):
-        index = np.arange(b) % len(x)
-        xb, yb = x[index], y[index]
+        index = np.arange(b) % num_rows(x)
+        xb, yb = take(x, index), take(y, index)
         flat.assign_and_gradients(params, non_trainable, xb, yb)  # trace and warm
         times: list[float] = []
         while len(times) < repeats or (sum(times) < MIN_TIMED_S and len(times) < 50 * repeats):
@@ -137,7 +139,7 @@ def measure_on_engine(model_json: str, weights: list, loss, x, y, batch: int) ->
 
     model = keras.models.model_from_json(model_json)
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)
-    ensure_built(model, x[:2])
+    ensure_built(model, take(x, slice(0, 2)))
     model.set_weights(weights)
     params, non_trainable = read_flat(model)
     return measure(FlatModel(model), params, non_trainable, x, y, batch)
@@ -146,7 +148,7 @@ def measure_on_engine(model_json: str, weights: list, loss, x, y, batch: int) ->
 def calibrate(flat, params: np.ndarray, non_trainable: np.ndarray, x, y, batch: int,
               jitter: float = 0.0, cluster=None) -> Calibration:
     """Measure on engine 0 of `cluster` (or here when None) and fit the simulation's cost model."""
-    sample = slice(0, min(len(x), 4 * batch))
+    sample = slice(0, min(num_rows(x), 4 * batch))
     if cluster is None:
         measured, where = measure(flat, params, non_trainable, x[sample], y[sample], batch), "kernel"
     else:

@@ -29,12 +29,13 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nbdist.core.plan import Plan
-from nbdist.core.schedule import Chunk, epoch_permutation
+from nbdist.core.schedule import Chunk
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
 from nbdist.hub.messages import Reply, Step
+from nbdist.modes.common.worker import step_metrics
 
 ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
 
@@ -64,7 +65,7 @@ class Simulation:
         # virtual workers only compute gradients: the shard applies every rate
         plan = replace(plan, lr_owner="hub")
         self.plan, self.options, self.seed = plan, options, seed
-        self.flat, (self.x, self.y), self.validation = flat, data, validation
+        self.flat, self.data, self.validation = flat, data, validation  # data: an engine.data.ArraySource
         n = plan.num_workers
         self.now = 0.0
         # the hub's own shard (`optimizer` and `constraints`: the cell's, as `choose_optimizer`
@@ -83,7 +84,6 @@ class Simulation:
         self.ended = False
         self._stalled = 0
         self._lock = threading.Condition()
-        self._perm: dict[int, np.ndarray] = {}
 
     # -- the Run's side (same shape as HubControl) ------------------------------------------
 
@@ -121,7 +121,7 @@ class Simulation:
         """Measure the model's step and the hub's round trip (`calibrate.py`); use the fit."""
         from nbdist.modes.simulate.calibrate import calibrate
 
-        found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.x, self.y, batch,
+        found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.data.x, self.data.y, batch,
                           self.options.jitter, cluster)
         self.cost = found.cost
         self.coordinator.stats.record_event("sim_calibration", 0.0, **found.as_event())
@@ -156,8 +156,11 @@ class Simulation:
             self._evaluate_until(t)
             self.now = t
             self._complete_step(w)
-        elif self.coordinator.paused and not self.coordinator.stopping:
-            self._lock.wait(0.1)  # nothing runs while paused; wait for the kernel
+        elif (self.coordinator.paused and not self.coordinator.stopping) or self.coordinator.at_gate:
+            self._lock.wait(0.1)  # nothing runs while paused or at an epoch gate; wait for the kernel
+            if self.coordinator.at_gate:
+                self._wake()
+                return True
         elif self.core.barrier is not None and self.core.barrier.pending:
             # members wait for one that will not push (the end of the data): what the hub does
             # after GROUP_WAIT_LIMIT_S, done at once since virtual waiting costs nothing
@@ -214,12 +217,13 @@ class Simulation:
         """Worker `w` finished computing: its real gradient on its own copy, pushed now."""
         v = self.workers[w]
         chunk, v.chunk = v.chunk, None
-        x, y = self._batch(chunk)
-        loss, grad, norm, nt_after = self.flat.assign_and_gradients(v.params, v.nt, x, y)
+        loss, grad, norm, nt_after = self.flat.assign_and_gradients(
+            v.params, v.nt, *self.data.batch(chunk.epoch, chunk.start, chunk.stop))
         check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
                      where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
         header = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
-                      wait_s=max(0.0, self.now - v.compute_s - v.last_push)).counted()
+                      wait_s=max(0.0, self.now - v.compute_s - v.last_push),
+                      stats=step_metrics({str(chunk.epoch): self.flat.last_metrics.tolist()})).counted()
         v.last_push = self.now
         self.core.push(w, grad, header, batch=chunk.size, group=v.group, non_trainable_delta=nt_after - v.nt)
         self.core.settle()
@@ -238,15 +242,6 @@ class Simulation:
         self.core.bye(w)
 
     # -- data and evaluation -----------------------------------------------------------------
-
-    def _batch(self, chunk: Chunk) -> tuple[np.ndarray, np.ndarray]:
-        epoch = chunk.epoch
-        perm = self._perm.get(epoch)
-        if perm is None:  # keep the last two epochs: chunks of both interleave at a boundary
-            self._perm = {e: p for e, p in self._perm.items() if e == epoch - 1}
-            perm = self._perm[epoch] = epoch_permutation(len(self.x), self.seed, epoch)
-        index = perm[chunk.start:chunk.stop]
-        return self.x[index], self.y[index]
 
     def _evaluate_on(self, params: np.ndarray, nt: np.ndarray) -> dict:
         if self.validation is None:

@@ -11,7 +11,7 @@ from dataclasses import replace
 import numpy as np
 
 from nbdist.core.simclock import sim_options
-from nbdist.engine.data import as_float32
+from nbdist.engine.data import ArraySource, as_float32
 from nbdist.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nbdist.job import Job
 from nbdist.modes.common.launch import begin_run
@@ -43,12 +43,15 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
         raise DataError(f"--mode simulate trains in this kernel on data held in memory, but "
                         f"{contents.data[0]} is larger than --in-memory-limit. Simulate on a part "
                         f"of it ({contents.data[0]}.take(n)), or raise --in-memory-limit.")
-    x, y = (np.asarray(a) for a in contents.arrays)
+    x, y, sw = (*contents.arrays, None)[:3]
+    fit = job.fit
+    data = ArraySource(as_float32(x), y, contents.num_samples, config.seed, sw,
+                       shuffle=fit.shuffle if fit is not None else True, epoch_size=job.epoch_size)
     job = job.for_workers(config.workers or len(config.slowdown))
     options = sim_options(config.sim)
-    simulation = Simulation(job.plan, job.rule_options, flat_model(job.model, job.layout), (as_float32(x), y),
-                            contents.validation_arrays, job.params, job.non_trainable, options,
-                            config.seed, job.optimizer, job.constraints)
+    simulation = Simulation(job.plan, job.rule_options, flat_model(job.trainer_model, job.layout), data,
+                            contents.validation_arrays if fit is None else None, job.params,
+                            job.non_trainable, options, config.seed, job.optimizer, job.constraints)
     if options.calibrate:
         from nbdist.modes.simulate.calibrate import describe
 

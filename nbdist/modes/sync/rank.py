@@ -25,7 +25,7 @@ import numpy as np
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
-from nbdist.modes.common.worker import WorkerSpec, pin_worker
+from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
 
@@ -146,11 +146,12 @@ class _SyncLoop:
         spec = self.spec
         self.transport.hello()
         global_batch = spec.batch_size * self.size
+        epoch_size = spec.epoch_size or spec.num_samples  # fewer than a pass: fit(steps_per_epoch=...)
         reply = {}
         steps = 0
         for epoch in range(self.start[0], spec.epochs):
             offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
-            steps_per_epoch = -(-(spec.num_samples - offset) // global_batch)
+            steps_per_epoch = -(-(epoch_size - offset) // global_batch)
             step = 0
             while step < steps_per_epoch:
                 if self.control[0]:
@@ -162,8 +163,8 @@ class _SyncLoop:
                     continue
                 batches = self.control[CONTROL_FIELDS:].astype(np.int64)
                 lo = offset + step * global_batch + int(batches[: self.rank].sum())
-                start, stop = min(lo, spec.num_samples), min(lo + int(batches[self.rank]), spec.num_samples)
-                step_total = min(global_batch, spec.num_samples - offset - step * global_batch)
+                start, stop = min(lo, epoch_size), min(lo + int(batches[self.rank]), epoch_size)
+                step_total = min(global_batch, epoch_size - offset - step * global_batch)
                 batch = self.data.batch(epoch, start, stop) if stop > start else self.data.head(1)
                 weight = (stop - start) / step_total
                 t0 = time.perf_counter()
@@ -182,17 +183,37 @@ class _SyncLoop:
                 self.control[:] = self._allreduce_apply(grad, np.asarray(weight, np.float32), outgoing).numpy()
                 self._follow_lr()
                 t2 = time.perf_counter()
-                self.position = (epoch, min(spec.num_samples, offset + (step + 1) * global_batch))
+                self.position = (epoch, min(epoch_size, offset + (step + 1) * global_batch))
                 step += 1
                 steps += 1
                 reply = self._send_state(reply, steps)
                 self._send_report({"samples": stop - start, "loss": loss, "compute_s": t1 - t0,
                                    "comm_s": t2 - t1, "batch": int(batches[self.rank]),
-                                   "epoch": epoch + self.position[1] / spec.num_samples})
+                                   "epoch": epoch + self.position[1] / epoch_size,
+                                   **step_metrics({str(epoch): self.flat.last_metrics.tolist()}
+                                                  if stop > start else {})})
             if self.control[0]:
+                break
+            # the epoch's metrics are all in once every rank says so; with a fit call, wait there
+            # for the kernel's callbacks (the epoch gate)
+            reply = self._report({"epoch_end": epoch})
+            if epoch + 1 < spec.epochs and not self._epoch_gate(reply, epoch, steps):
+                self.control[0] = 1.0  # stopped at the gate (every rank sees the same)
                 break
             self._evaluate(epoch)
         return self._finish(steps)
+
+    def _epoch_gate(self, reply: dict, epoch: int, steps: int) -> bool:
+        """Wait until the kernel opens the next epoch (a cell's fit call ran its callbacks);
+        False if it stopped the run instead. Every rank asks the hub itself, so none waits in
+        a collective (Gloo's timeout) while the kernel validates. Rank 0 sends its weights
+        meanwhile if the kernel asks (`_send_state`)."""
+        while reply.get("open_epoch", epoch + 1) <= epoch:
+            if reply.get("stop"):
+                return False
+            time.sleep(0.05)
+            reply = self._send_state(self._report({}), steps)
+        return True
 
     def _send_state(self, reply: dict, steps: int, final: bool = False) -> dict:
         """Rank 0, between two steps: send its state to the hub if the kernel asked for it."""

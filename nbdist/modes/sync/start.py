@@ -3,6 +3,8 @@ in this kernel."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from nbdist.job import Job, cell_rate
 from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
 from nbdist.modes.sync.backend import SyncBackend, plaintext_note
@@ -19,6 +21,12 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
         check_optimizer(ckpt, job.model)
     prepare_checkpoint_dir(job)
     backend = SyncBackend(cluster, config.workers, config.checkpoint_dir, pin=config.pin == "auto")
+    if job.fit is not None and job.fit.split_batch:  # the ranks share the cell's fit batch
+        from nbdist.fit.plan import sync_batches
+
+        each, warning = sync_batches(job.fit.batch, backend.num_workers)
+        config = config.replace(batch_size=each)
+        job = replace(job, config=config, warnings=[*job.warnings, *([warning] if warning else [])])
     job = job.for_workers(backend.num_workers)
     note = plaintext_note(bool(getattr(cluster, "encrypt", False)), [backend.hosts[e] for e in backend.roles.workers])
     if note is not None:

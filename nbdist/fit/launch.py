@@ -1,0 +1,131 @@
+"""The cell reached its `model.fit(...)` call in the kernel: train distributed, return `History`.
+
+`FitLauncher.on_fit` is what `model.fit` does while a `%%distribute` cell runs in the kernel
+(`nbdist.api`): it puts the call's data in place, merges the call with the magic's flags
+(`nbdist.fit.plan`), prepares the job and starts the mode's run, shows it (the magic's
+`Presenter`: the `-o` name, the dashboard), then waits, driving the callbacks on each epoch
+(`nbdist.fit.driver`), and returns the History, so the cell's next statements run on the
+trained model. Nothing of Keras's own training loop runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+from dataclasses import replace
+
+from nbdist.engine.fit_call import MODEL, RESERVED
+from nbdist.errors import ConfigError, TrainingError
+
+
+class Presenter:
+    """How a run is shown and waited for. This one (for `nbdist.train` from code) shows
+    nothing and waits in slices; the magic's shows the dashboard and keeps it live."""
+
+    shows_dashboard = False
+
+    def started(self, run) -> None:
+        """The run is up (the magic binds `-o NAME` and shows the dashboard here)."""
+
+    def wait(self, run, on_tick) -> None:
+        """Block until the run ends, calling `on_tick()` often from this (the main) thread;
+        raises the run's error if it failed."""
+        from nbdist.dashboard.live_wait import wait_live
+
+        wait_live(run, None, on_tick=on_tick)  # without a kernel: a plain wait that ticks
+
+
+class FitLauncher:
+    """`on_fit` for one cell in the kernel (see the module docstring)."""
+
+    def __init__(self, cell: str, config, namespace: dict, cluster, checkpoint, given: dict,
+                 presenter: Presenter | None, start):
+        self.cell, self.config, self.ns, self.cluster = cell, config, namespace, cluster
+        self.checkpoint, self.given = checkpoint, given
+        self.start = start  # the mode's start(job, cluster=, wait=) -> Run (nbdist.modes, via the api)
+        self.presenter = presenter or Presenter()
+        self.run = None
+
+    def on_fit(self, call):
+        from nbdist.engine.fit_data import place
+        from nbdist.fit.plan import plan_fit
+        from nbdist.job import prepare_job
+
+        config = self.config
+        self._check_model(call)
+        placed = place(call, self.ns)
+        try:
+            spec, options, notes = plan_fit(call, placed, self.given, config.mode.value)
+            config = config.replace(**options)
+            if config.mode.value == "pipeline":
+                raise ConfigError(
+                    "--mode pipeline does not take a cell's model.fit(...) call yet: its stages keep "
+                    "the model in parts, so the kernel cannot hand callbacks the whole model at each "
+                    "epoch. Use --mode async, sync or local for this cell, or remove the fit call and "
+                    "pass --epochs and --batch-size on the magic line.")
+            job = prepare_job(self.cell, config, self.ns, self.checkpoint, fit=spec, **self._found(placed))
+            job = replace(job, contents=replace(job.contents, notes=[*job.contents.notes, *notes]),
+                          warnings=[*job.warnings, *([placed.warning] if placed.warning else [])])
+            if config.mode.value in ("local", "simulate"):
+                job = replace(job, trainer_namespace=self._private_copy(job))
+            run = self.run = self.start(job, cluster=self.cluster, wait=False)
+            return self._drive(run, job)
+        finally:
+            for name in RESERVED:
+                self.ns.pop(name, None)  # the cell's own names stay; nbdist's go
+
+    def _drive(self, run, job):
+        from nbdist.fit.driver import FitDriver
+
+        self.presenter.started(run)
+        first = 0
+        if job.checkpoint is not None:  # resumed: the epochs go on where the checkpoint stood
+            from nbdist.core.schedule import EpochSchedule
+
+            first = EpochSchedule.from_state(job.checkpoint.meta["schedule"]).first_unfinished_epoch
+        driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard, first_epoch=first)
+        driver.begin()
+        try:
+            self.presenter.wait(run, driver.tick)
+        except Exception as exc:  # the run's own error (a worker's NaN loss), or a callback's
+            if exc is not run.error or not driver.terminated_on_nan(exc):
+                raise
+        history = driver.end()
+        run.state.keras_history = history
+        return history
+
+    def _check_model(self, call) -> None:
+        name = self.given.get("model")
+        if name is not None and self.ns.get(name) is not call.model:
+            raise ConfigError(
+                f"--model {name} names another model than the one the cell's model.fit() trains "
+                f"(Received: --model {name}). Drop --model: with a fit call, the model it is called "
+                "on is the one nbdist trains.")
+
+    def _found(self, placed) -> dict:
+        """What the fit call names, where no flag says otherwise (`inspect_cell`'s overrides)."""
+        model = self.ns[MODEL]
+        names = [k for k, v in self.ns.items() if v is model and not k.startswith("_")]
+        found = {"model_name": names[0] if names else MODEL, "take_batches": placed.take_batches}
+        if "data" not in self.given:
+            found["data"] = placed.data
+        if "validation" not in self.given and "no_validation" not in self.given:
+            found["validation"] = placed.validation
+        return found
+
+    def _private_copy(self, job) -> dict:
+        """The cell run again, up to its fit call, in a namespace of its own (its output
+        hidden): the model the in-kernel workers train (--mode local, simulate)."""
+        from nbdist.engine.run_cell import run_until_fit, unpack
+
+        if job.config.mode.value == "simulate":  # the same seed generators as the kernel's model
+            import keras
+
+            keras.utils.set_random_seed(job.config.seed)
+        ns = unpack(dict(job.contents.pushed))
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            run_until_fit(self.cell, ns)
+        if job.model_name not in ns:
+            raise TrainingError(f"Running the cell again for the in-kernel worker did not define "
+                                f"{job.model_name}; the cell must build its model every time it runs.")
+        return ns
