@@ -41,6 +41,12 @@ def test_a_local_run_listens_on_loopback_only():
     assert all(ep["ipc"].startswith("ipc://") for ep in endpoints)
 
 
+def test_a_local_run_needs_no_cluster_so_its_cell_runs():
+    """(async and sync refuse before the cell runs: tests/unit/test_modes.py)"""
+    with pytest.raises(RuntimeError, match="the cell ran"):
+        nbdist.train("raise RuntimeError('the cell ran')", mode="local")
+
+
 def test_async_without_a_cluster_says_how_to_start_one():
     with pytest.raises(NoClusterError, match="%nbdist start"):
         nbdist.train(SYNTHETIC_CELL, namespace={}, mode="async")
