@@ -113,5 +113,5 @@ def test_sync_dbs_with_slowdown_gives_unequal_batches_and_identical_weights(clus
                        batch_size=64, dbs=True, slowdown="1,3", no_validation=True, wait=True)
     batches = run.nodes["batch_size"].tolist()
     assert batches[1] < batches[0] and sum(batches) == 128
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])

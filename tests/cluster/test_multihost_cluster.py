@@ -120,7 +120,7 @@ def test_sync_ranks_on_two_hosts_end_with_identical_weights(lab):
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([1, 2]), namespace=ns, mode="sync", workers=2,
                        epochs=2, batch_size=32, wait=True, timeout=60)
-    results = run.state.backend.results
+    results = run.worker_results
     assert sorted(r["host"] for r in results.values()) == ["lab1", "lab2"]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])

@@ -63,7 +63,7 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True)
     assert again.status == "finished" and again.config.mode.value == "sync"
     assert again.nodes["samples"].sum() == 4 * 900 - done  # nothing skipped, nothing twice
-    results = again.state.backend.results
+    results = again.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert meta(tmp_path)["epochs_done"] == 4
     acc_straight, acc_resumed = accuracy(straight), accuracy(resumed)

@@ -15,7 +15,7 @@ def test_sync_ranks_end_with_identical_weights_equal_to_the_kernel_model(cluster
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
                        epochs=2, batch_size=32, wait=True)
-    results = run.state.backend.results
+    results = run.worker_results
     assert sorted(results) == [0, 1]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
@@ -59,7 +59,7 @@ def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
     run.stop()
     run.wait(timeout=60)
     assert run.status == "stopped"
-    results = run.state.backend.results
+    results = run.worker_results
     assert results[0]["steps"] == results[1]["steps"]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
 
@@ -82,7 +82,7 @@ def test_sync_current_weights_come_from_rank_0_while_it_trains(cluster):
     np.testing.assert_array_equal(params, again)  # paused: no step since
     run.stop()
     run.wait(timeout=60)
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], params)
     np.testing.assert_array_equal(read_flat(ns["model"])[0], params)
 

@@ -91,12 +91,13 @@ def test_a_worker_trains_over_the_line_and_its_line_is_closed_when_it_leaves(hub
     try:
         assert transport.line_kind == "local"
         train_three_steps(transport)
+        assert server.local_lines == 1  # the worker's, open while it trains
         assert transport.traffic()[2] > 0  # the headers it sent count as shared-memory traffic
         transport.bye()
     finally:
         transport.close()
     control = HubControl(key, [server.endpoints])
-    wait_for(lambda: not server._listener.conns, 10, what="the hub to close the worker's line")  # noqa: SLF001
+    wait_for(lambda: server.local_lines == 0, 10, what="the hub to close the worker's line")
     assert control.stats()["dropped"] == {}
     control.close()
 

@@ -180,10 +180,10 @@ def test_ssp_does_not_hold_the_others_back_for_a_newcomer_and_counts_it_from_the
 
 def test_an_added_worker_is_alone_in_its_group_until_the_next_regroup():
     c = running(plan(algorithm="group", groups=1, num_samples=400, has_validation=False))
-    assert c._group_now(0) == [0, 1]
+    assert c.reply_for(0, True)["group"] == [0, 1]
     c.add_worker(2, now=1.0)
     c.hello(2, "h", 2)
-    assert c._group_now(2) == [2] and c._group_now(0) == [0, 1]
+    assert c.reply_for(2, True)["group"] == [2] and c.reply_for(0, True)["group"] == [0, 1]
     for w in range(3):
         train_one(c, w)
     c.regroup(now=2.0)

@@ -18,6 +18,7 @@ import time
 from nbdist.cluster.affinity import cores_per_host, may_spin
 from nbdist.cluster.engines import Cluster, assign_roles, get_within
 from nbdist.errors import EngineTimeoutError, NbdistError, RemoteCellError
+from nbdist.run.backend import returned
 
 log = logging.getLogger(__name__)
 RELEASE_GRACE_S = 2.0  # a written-off worker still running this long later is interrupted
@@ -122,6 +123,11 @@ class EngineBackend:
 
     def workers_running(self) -> bool:
         return any(not ar.ready() for ar in list(self._tasks.values()))
+
+    def worker_results(self) -> dict[int, object]:
+        """What each worker's task returned (async: its steps and data passes; sync: each
+        rank's steps, learning rate and final parameters), for the tasks that returned."""
+        return returned(self._tasks)
 
     def written_off(self, worker: int) -> None:
         """The hub wrote `worker` off: its task's end, an error included, no longer fails the

@@ -17,7 +17,7 @@ from collections import deque
 import numpy as np
 
 from nbdist.errors import ConfigError, NbdistError, TrainingError
-from nbdist.run.backend import Backend
+from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
@@ -241,6 +241,10 @@ class PipelineBackend(Backend):
 
     def workers_running(self) -> bool:
         return any(not t.ready() for t in self.tasks)
+
+    def worker_results(self) -> dict[int, object]:
+        """What each stage's task returned (its weights, its step counts), once it has."""
+        return returned(self.tasks)
 
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
         """The stages' weights now: in this kernel they train the kernel's own layers; on
