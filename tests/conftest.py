@@ -7,8 +7,7 @@ Tests live in tiers, one folder each, and every test gets its folder's marker:
 - `inproc/`: real Keras models, hubs and sockets inside the test process;
 - `cluster/`: a real ipyparallel cluster (engines as separate processes);
 - `e2e/`: notebooks, a browser, the Horovod build, Slurm and MPI launchers.
-The tiers run in that order, whatever order the files were given in. `make test-fast` runs
-`unit` and `inproc`.
+`make test-fast` runs `unit` and `inproc`.
 
 The cluster fixture starts engines as separate processes (no mocks) once per session and
 stops them at the end, checking that no engine process is left behind. Between two tests that
@@ -30,17 +29,14 @@ TIERS = ("unit", "inproc", "cluster", "e2e")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Mark each test with its folder's tier, so `-m` selects a tier wherever it is run from,
-    and run the tiers in order: unit first, so nothing has imported TensorFlow yet when the
-    unit tier checks that it does not."""
+    """Mark each test with its folder's tier, so `-m` selects a tier wherever it is run from."""
     root = config.rootpath / "tests"
-    order = {}
     for item in items:
-        tier = item.path.relative_to(root).parts[0] if item.path.is_relative_to(root) else None
-        if tier in TIERS:  # a test file given by hand from outside tests/ has no tier
+        if not item.path.is_relative_to(root):
+            continue  # a test file given by hand from outside tests/ has no tier
+        tier = item.path.relative_to(root).parts[0]
+        if tier in TIERS:
             item.add_marker(getattr(pytest.mark, tier))
-        order[item] = TIERS.index(tier) if tier in TIERS else len(TIERS)
-    items.sort(key=order.__getitem__)  # stable: each tier keeps its files' order
 
 
 @pytest.hookimpl(wrapper=True)

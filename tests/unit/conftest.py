@@ -5,8 +5,9 @@ tests/inproc (real sockets, threads and Keras inside the test process).
 Sockets are seen by an audit hook (`socket.__new__`), ZeroMQ and threads by patching their
 constructors for the test. The refusal is raised where the call is made and also recorded, so
 a test that catches the error still fails. TensorFlow and Keras are seen by the `import` audit
-event, which is raised only for a module not imported yet: the root conftest runs this tier
-before the others, so nothing has loaded them when it runs.
+event, raised only for a module that is not in `sys.modules`: where another tier (or the
+collection of its files) loaded them already, they are taken out of `sys.modules` for the
+test and put back after it, so any import of them in the test is refused all the same.
 """
 
 from __future__ import annotations
@@ -53,11 +54,13 @@ def stays_in_its_tier(request, monkeypatch):
     global _breaches
     for target, name, what in REFUSED:
         monkeypatch.setattr(target, name, lambda *args, _what=what, **kwargs: _refuse(_what))
+    loaded = {name: sys.modules.pop(name) for name in HEAVY if name in sys.modules}
     _breaches = []
     try:
         yield
     finally:
         breaches, _breaches = _breaches, None
+        sys.modules.update(loaded)
     call = getattr(request.node, "rep_call", None)  # (tests/conftest.py keeps it)
     if breaches and not (call is not None and call.failed):  # else its failure says it already
         pytest.fail(f"this unit test {', '.join(dict.fromkeys(breaches))} (see tests/unit/conftest.py)")
