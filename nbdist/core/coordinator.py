@@ -58,8 +58,7 @@ class Coordinator:
         self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
         self.paused = False
         self.steps_counted = 0  # pushes (sync: rank steps) completed; --pause-at counts them
-        if plan.pause_at == 0:  # --pause-at 0: the run starts paused
-            self._pause_at_step(start_time)
+        self._count_step(start_time, by=0)  # --pause-at 0: the run starts paused
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
         self.assigned: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}  # chunks a worker holds
@@ -364,19 +363,14 @@ class Coordinator:
 
     # -- control from the kernel ------------------------------------------------------------
 
-    def _count_step(self, now: float) -> None:
+    def _count_step(self, now: float, by: int = 1) -> None:
         """One more step completed; at --pause-at N the run pauses itself, as the kernel's
         `run.pause()` would, and the reply to this very push already says so (its accounting,
         and so `stats.global_step`, may follow later: `ShardCore.settle`)."""
-        self.steps_counted += 1
-        if self.steps_counted == self.plan.pause_at:
-            self._pause_at_step(now)
-
-    def _pause_at_step(self, now: float) -> None:
-        if not self.paused:
+        self.steps_counted += by
+        if self.steps_counted == self.plan.pause_at and not self.paused:
             self.paused = True
             self.stats.record_event("pause", now, step=self.steps_counted, reason="--pause-at")
-
 
     def control(self, h: dict, now: float) -> None:
         if "lr" in h:
