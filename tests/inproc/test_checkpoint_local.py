@@ -46,7 +46,8 @@ def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(t
 def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path):
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=4, batch_size=8,
                        checkpoint_dir=str(tmp_path), checkpoint_every=0.5, pause_at=20)
-    wait_for(lambda: run.last_checkpoint is not None, what="a checkpoint")  # paused: cannot end
+    wait_paused(run)  # held at step 20: it cannot end, and the resume below finds it paused
+    wait_for(lambda: run.last_checkpoint is not None, what="a checkpoint")  # from the timer
     assert not run.done()  # the first checkpoint came from the timer, not the end of the run
     mid = json.loads((tmp_path / "meta.json").read_text())
     assert mid["epochs_done"] < 4

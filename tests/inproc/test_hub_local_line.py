@@ -5,6 +5,8 @@ whose worker left is closed, and the hub's listening socket is gone after shutdo
 import os
 import socket
 import stat
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -127,13 +129,16 @@ def test_a_worker_whose_hub_has_gone_gets_a_training_error_not_an_os_error():
 
 
 class TickingClock:
-    """A `time` whose clock moves 1/64 s each time it is read: a spin loop sees its budget
-    run out after a fixed number of polls, however fast or loaded the machine is."""
+    """A `time` whose clock moves 1/64 s each time this thread reads it: a spin loop sees its
+    budget run out after a fixed number of polls, however fast or loaded the machine is.
+    Other threads (other tests' hubs, still leaving) read the real clock."""
 
     def __init__(self):
-        self.now = 0.0
+        self.now, self.thread = 0.0, threading.get_ident()
 
     def monotonic(self) -> float:
+        if threading.get_ident() != self.thread:
+            return time.monotonic()
         self.now += 1 / 64
         return self.now
 
@@ -143,10 +148,10 @@ def test_a_spinning_inbox_polls_only_for_its_budget_and_then_sleeps(monkeypatch)
 
     from nbdist.hub import wire
 
-    polls = []
+    polls, here = [], threading.get_ident()  # this thread's polls: other tests' threads poll too
     poll = zmq.Poller.poll
     monkeypatch.setattr(zmq.Poller, "poll", lambda self, timeout=None: (
-        polls.append(timeout), poll(self, timeout))[1])
+        threading.get_ident() == here and polls.append(timeout), poll(self, timeout))[1])
     monkeypatch.setattr(wire, "time", TickingClock())
     ctx = zmq.Context()
     sock = ctx.socket(zmq.ROUTER)
@@ -170,9 +175,9 @@ def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_tra
 
     from nbdist.hub import client
 
-    polls = []
+    polls, here = [], threading.get_ident()
 
-    class CountingPoll:  # select.poll's object on the line's socket: never readable here
+    class CountingPoll:  # select.poll's object on the line's socket (only the client module's)
         def register(self, fd, events):
             pass
 
@@ -187,7 +192,9 @@ def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_tra
     try:
         train_three_steps(transport)
         monkeypatch.setattr(client, "time", TickingClock())
-        monkeypatch.setattr(client, "select", SimpleNamespace(poll=CountingPoll, POLLIN=select.POLLIN))
+        monkeypatch.setattr(client, "select", SimpleNamespace(  # other threads: the real one
+            poll=lambda: CountingPoll() if threading.get_ident() == here else select.poll(),
+            POLLIN=select.POLLIN))
         with pytest.raises(TrainingError, match="did not answer"):  # nothing was asked: no reply
             transport.lines[0].recv(timeout=0.3)
         assert polls == [0] * 4  # 0.05 s of the line's clock (4 readings), then it slept
