@@ -24,6 +24,7 @@ def backend(stream=False, bound="127.0.0.1", hub_host="a"):
     b = ClusterBackend.__new__(ClusterBackend)
     b.cluster = SimpleNamespace(client=SimpleNamespace(ids=[0, 1, 2, 3]))
     b.roles = Roles((0,), (1,), {1: 0})
+    b.hosts = {0: hub_host, 1: "b", 2: "b", 3: "b"}
     b.worker_engines, b.seen_engines = [1], {0, 1, 2}
     b._base = SimpleNamespace(stream=stream)
     routes = (Route("198.18.0.0", 24, "eth0"),)
@@ -137,6 +138,6 @@ def test_an_added_worker_that_fails_is_written_off_but_a_first_worker_fails_the_
     b.lost, b._reported, b._tasks = {}, set(), {0: _Task(), 1: _Task(ImportError("no module foo"))}
     assert b.failure() is None  # worker 1 was added mid-run: written off, the run goes on
     (lost,) = b.newly_lost()
-    assert lost[0] == 1 and "ImportError on engine 2: no module foo" in lost[1] and b.newly_lost() == []
+    assert lost[0] == 1 and "ImportError on engine 2 (b): no module foo" in lost[1] and b.newly_lost() == []
     b._tasks[0] = _Task(ValueError("bad cell"))
-    assert "ValueError on engine 1: bad cell" in str(b.failure())
+    assert "ValueError on engine 1 (b): bad cell" in str(b.failure())
