@@ -21,7 +21,6 @@ import secrets
 import subprocess
 import sys
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 
@@ -29,6 +28,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.e2e.test_browser import APPS, chromium, free_port, run_all_cells  # noqa: E402
+from tests.helpers import wait_for  # noqa: E402
 
 WIDTH = 1280  # px: the page's width, as on a laptop screen (the notebook's area, the sidebar closed)
 
@@ -76,16 +76,15 @@ def jupyterlab(folder: Path):
         request = urllib.request.Request(f"{base}{path}?token={token}", method=method)
         return urllib.request.urlopen(request, timeout=10)  # noqa: S310 - our own loopback server
 
+    def answers() -> bool:
+        if server.poll() is not None:
+            raise SystemExit((folder / "jupyterlab.log").read_text()[-3000:])
+        with contextlib.suppress(OSError):
+            return api("/api/status").status == 200
+        return False
+
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                api("/api/status")
-                break
-            except OSError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise SystemExit((folder / "jupyterlab.log").read_text()[-3000:]) from None
-                time.sleep(0.5)
+        wait_for(answers, timeout=60, poll_s=0.5, what="JupyterLab's answer")
         yield {"root": folder / "root", "api": api,
                "url": lambda name: f"{base}{tree.format(name=name)}?token={token}"}
     finally:
