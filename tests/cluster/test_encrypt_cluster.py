@@ -81,7 +81,8 @@ def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(e
     assert run.status in ("finished", "stopped") and run.error is None
     results = run.state.backend.results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
-    assert run.stats["dropped"] == {}
+    # the stranger's plaintext connection (and libzmq's reconnects of it) are all nbdist dropped
+    assert set(run.stats["dropped"]) == {"refused at the handshake"}
     assert not [w for w in run.warnings if "plaintext" in w]  # every rank on this host: Gloo over loopback
 
 
