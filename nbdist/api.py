@@ -129,6 +129,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     """Run the cell in the kernel, then the mode's start (`nbdist.modes.MODES`) on the job it
     describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
     call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
+    from nbdist.engine.cell_traceback import compile_cell
     from nbdist.engine.fit_call import fit_intercepted
     from nbdist.env import check_all as check_switches
     from nbdist.fit.launch import FitLauncher, Presenter
@@ -146,7 +147,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter,
                            start_function(config.mode))
     with fit_intercepted(launcher.on_fit):
-        exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+        exec(compile_cell(cell), ns)  # noqa: S102 - the user's own cell
     if launcher.run is not None:  # trained inside the cell's fit call, and the cell has finished
         return launcher.run
     job = prepare_job(cell, config, ns, ckpt)

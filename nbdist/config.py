@@ -28,7 +28,7 @@ class Mode(enum.StrEnum):
 
 
 class Algorithm(enum.StrEnum):
-    """The update rule the hub applies to each push (see ALGORITHMS.md)."""
+    """The update rule the hub applies to each push (see docs/rules.md)."""
 
     ASGD = "asgd"
     HOGWILD = "hogwild"

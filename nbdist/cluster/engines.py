@@ -192,7 +192,7 @@ class Cluster:
         except (OSError, TimeoutError) as exc:
             raise NoClusterError(
                 f"Could not connect to an ipcluster (profile={profile!r}, cluster_id={cluster_id!r}): "
-                f"{exc}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
+                f"{str(exc).rstrip('.')}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
                 "%nbdist start N for a local one."
             ) from None
         require_curve(client, encrypt, f"profile={profile!r}, cluster_id={cluster_id!r}")

@@ -1,5 +1,5 @@
 """--compression fp16 in real runs on engines: its effect on accuracy (the wire format itself
-is tested in tests/unit/test_compression.py)."""
+is tested in tests/unit/test_compression_format.py)."""
 
 import numpy as np
 import pytest

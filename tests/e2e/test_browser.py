@@ -43,7 +43,7 @@ def chromium() -> str:
 
 def quickstart_until_the_dashboard(folder: Path) -> Path:
     """The quickstart notebook up to its %%distribute cell, at a size that trains long enough
-    to click on (the parameter cell is overridden the way tests/test_notebooks.py does)."""
+    to click on (the parameter cell is overridden the way tests/e2e/test_notebooks.py does)."""
     nb = nbformat.read(ROOT / "notebooks" / "01-quickstart.ipynb", as_version=4)
     cut = next(i for i, c in enumerate(nb.cells) if c.source.startswith("%%distribute"))
     nb.cells = nb.cells[:cut + 1]

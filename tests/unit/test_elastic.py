@@ -166,6 +166,6 @@ def test_an_added_worker_that_fails_is_written_off_but_a_first_worker_fails_the_
     assert b.add_workers([2], announce=lambda worker, engine: None) == [1]
     assert b.failure() is None  # worker 1 was added mid-run: written off, the run goes on
     (lost,) = b.newly_lost()
-    assert lost[0] == 1 and "ImportError on engine 2: no module foo" in lost[1] and b.newly_lost() == []
+    assert lost[0] == 1 and "ImportError on engine 2 (a): no module foo" in lost[1] and b.newly_lost() == []
     b.cluster.tasks[1].error = ValueError("bad cell")  # worker 0, on engine 1
-    assert "ValueError on engine 1: bad cell" in str(b.failure())
+    assert "ValueError on engine 1 (a): bad cell" in str(b.failure())

@@ -70,7 +70,7 @@ class ClusterBackend(EngineBackend, Backend):
         pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt,
                                                             spin_s=self.spin_for(e, HUB_SPIN_S)))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
-        endpoints = [get_started(ar, e, "starting a hub shard")
+        endpoints = [get_started(ar, e, "starting a hub shard", self.hosts.get(e))
                      for e, ar in zip(self.roles.servers, pending, strict=True)]
         for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
             address, port = ep["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
