@@ -111,7 +111,8 @@ def _all_of(parts: list[Kind]) -> Callable[[list], bool]:
     """The check of a list with one item of each of `parts`' kinds, in order."""
     n = len(parts)
     if all(p.deep is None and p.types == parts[0].types for p in parts):
-        return lambda v, each=_each(parts[0]): len(v) == n and each(v)
+        each = _each(parts[0])
+        return lambda v: len(v) == n and each(v)
     tests = [_test(p) for p in parts]
     return lambda v: len(v) == n and all(t(x) for t, x in zip(tests, v, strict=True))
 
