@@ -76,9 +76,8 @@ def kind_of(annotation) -> Kind:
         return kind._replace(types=kind.types | {type(None)})
     if origin is list:
         item = kind_of(args[0])
-        load = dump = None
-        if item.load is not None:
-            load, dump = (lambda v: [item.load(x) for x in v]), (lambda v: [item.dump(x) for x in v])
+        load = None if item.load is None else (lambda v: [item.load(x) for x in v])
+        dump = None if item.dump is None else (lambda v: [item.dump(x) for x in v])
         return Kind(frozenset((list,)), _each(item), load, dump)
     if origin is tuple:
         return Kind(frozenset((list,)), _all_of([kind_of(a) for a in args]), tuple)

@@ -14,6 +14,7 @@ import zmq
 from nbdist.hub.protocol import Codec, mac, new_key, send_frames
 from nbdist.hub.wire import client_socket
 from nbdist.modes.pipeline.link import KernelLink, StageLink
+from nbdist.modes.pipeline.messages import Forward, Ops
 from tests.helpers import wait_for
 
 LIMITS = (3, 64 * 1024 + 4096)  # at most 2 arrays, 4 KB of them beside the header
@@ -64,7 +65,7 @@ def test_a_stage_drops_and_counts_what_fails_the_limits_the_mac_or_the_checks(st
     send_frames(attacker, a.codec.encode({**forward, "op": "X"}, [x], to="stage-1"))  # not an op a stage sends
     send_frames(attacker, a.codec.encode({**forward, "step": "4"}, [x], to="stage-1"))
     send_frames(attacker, Codec(key, "stage-0", "another-run").encode(forward, [x], to="stage-1"))
-    attacker.send(_signed(key, {"op": "ack", "src": "stage-0", "slot": [0]}))  # an ack of no slot
+    attacker.send(_signed(key, {"op": "ack", "src": "stage-0", "seg": "nbdist-x", "gen": 1, "slot": 0}))  # no such slot
     expected = {"bad signature": 1, "truncated message": 1, "oversized message": 2, "replayed message": 1,
                 "malformed header": 4, "wrong run": 1, "stale ack": 1}
     wait_for(lambda: (b.drain(), sum(b.dropped.values()) >= sum(expected.values()))[1], 30,
@@ -72,7 +73,7 @@ def test_a_stage_drops_and_counts_what_fails_the_limits_the_mac_or_the_checks(st
     assert dict(b.dropped) == expected
     np.testing.assert_array_equal(b.buffer.pop(("F", 1, 0))[1][0], x)  # the one genuine message
     assert b.buffer == {}
-    a.send("stage-1", {"op": "F", "step": 5, "mb": 0}, [x + 1])  # the neighbour's traffic still flows
+    a.send("stage-1", Forward(5), [x + 1])  # the neighbour's traffic still flows
     np.testing.assert_array_equal(b.wait(("F", 5, 0))[2][0], x + 1)
     assert b.drops() == expected  # nobody was refused or cut at the gate
 
@@ -88,12 +89,12 @@ def test_the_kernel_drops_and_counts_bad_reports_and_the_stages_keep_reporting(s
         attacker.send_multipart([b"\0" * 32 + b"{}", b"an array"])  # a report carries no arrays
         codec = Codec(key, "stage-1", "r")
         send_frames(attacker, codec.encode({"op": "ops", "stage": "one", "step": 1}, to="kernel"))
-        a.report({"op": "ops", "stage": 0, "step": 1, "epoch": 0, "ops": [["F", 0, 0.0, 1.0]], "sent": 10,
-                  "messages": {"shm": 0, "tcp": 1}, "dropped": {"bad signature": 2}})
+        send_frames(attacker, codec.encode({"op": "ops", "stage": 7, "step": 1}, to="kernel"))  # no such stage
+        a.report(Ops(0, 10, {"shm": 0, "tcp": 1}, {"bad signature": 2}, step=1, ops=[("F", 0, 0.0, 1.0)]))
         wait_for(lambda: control.pipeline()["dropped"][0], 30, what="stage 0's report")
-        info = wait_for(lambda: (i := control.pipeline()) and sum(i["kernel_dropped"].values()) >= 3 and i, 30,
+        info = wait_for(lambda: (i := control.pipeline()) and sum(i["kernel_dropped"].values()) >= 4 and i, 30,
                         what=lambda: f"the kernel's drops ({control.pipeline()['kernel_dropped']})")
-        assert info["kernel_dropped"] == {"bad signature": 1, "oversized message": 1, "malformed report": 1}
+        assert info["kernel_dropped"] == {"bad signature": 1, "oversized message": 1, "malformed header": 2}
         assert info["dropped"] == [{"bad signature": 2}, {}] and info["messages"][0] == {"shm": 0, "tcp": 1}
     finally:
         control.close()  # (its link, the kernel's, is the fixture's: closed twice, harmlessly)

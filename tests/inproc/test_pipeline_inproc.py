@@ -163,6 +163,7 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
 
     from nbdist.hub.protocol import new_key
     from nbdist.modes.pipeline.link import KernelLink, StageLink
+    from nbdist.modes.pipeline.messages import Forward, Validation
     from tests.helpers import wait_for
 
     key = new_key()
@@ -173,7 +174,7 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
     try:
         x = np.arange(12, dtype=np.float32).reshape(3, 4)
         for i in range(3):  # two slots: the third message, with none acknowledged, goes by TCP
-            a.send("stage-1", {"op": "F", "step": 1, "mb": i}, [x + i, np.array([i], np.int32)])
+            a.send("stage-1", Forward(1, i), [x + i, np.array([i], np.int32)])
         assert a.messages == {"shm": 2, "tcp": 1}
         box = a.outboxes["stage-1"]
         path = f"/dev/shm/{box.segment.name}"
@@ -181,12 +182,12 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
         for i in range(3):
             _, h, (got, n) = b.wait(("F", 1, i))
             np.testing.assert_array_equal(got, x + i)
-            assert n.dtype == np.int32 and n.tolist() == [i] and ("shm" in h) == (i < 2)
+            assert n.dtype == np.int32 and n.tolist() == [i] and (h.shm is not None) == (i < 2)
         x[:] = -1  # the receiver holds copies, not views of the slots
         assert b.buffer == {} and got[0, 0] == 2
         wait_for(lambda: (a.drain(), box.busy() == 0)[1], timeout=10)  # the acks free both slots
         big = np.ones((300, 64), np.float32)  # larger than a slot, none in flight: a bigger segment
-        a.send("stage-1", {"op": "E", "step": 1, "mb": 0}, [big])
+        a.send("stage-1", Validation(1), [big])
         grown = a.outboxes["stage-1"]
         assert a.messages["shm"] == 3 and grown.generation == box.generation + 1 and not os.path.exists(path)
         np.testing.assert_array_equal(b.wait(("E", 1, 0))[2][0], big)
@@ -210,6 +211,7 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
     from nbdist.hub.protocol import Codec, new_key
     from nbdist.hub.wire import curve_keys
     from nbdist.modes.pipeline.link import KernelLink, StageLink
+    from nbdist.modes.pipeline.messages import Forward, StepDone, Stop
     from tests.helpers import wait_for
 
     key = new_key()
@@ -231,12 +233,13 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
         sock.send_multipart(forged)  # queued until the handshake, which fails
     try:
         x = np.arange(6, dtype=np.float32).reshape(2, 3)
-        a.send("stage-1", {"op": "F", "step": 1, "mb": 0}, [x])
+        a.send("stage-1", Forward(1), [x])
         np.testing.assert_array_equal(b.wait(("F", 1, 0))[2][0], x)
-        b.report({"op": "report", "step": 1})
-        assert kernel.receive(5000)["step"] == 1
+        report = StepDone(1, 0, 0.5, 2, time.time())
+        b.report(report)
+        assert kernel.receive(5000) == report
         time.sleep(0.5)  # a SUB socket joins its PUB a moment after connecting
-        kernel.broadcast("stop")
+        kernel.broadcast(Stop())
         wait_for(lambda: (b.check_control(), b.stop_requested)[1], timeout=10)
         time.sleep(0.5)  # every chance for the intruders' message to arrive
         b.drain()

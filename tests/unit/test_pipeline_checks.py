@@ -1,5 +1,5 @@
 """What a pipeline stage accepts, checked without sockets: its message limits from the profile's
-cuts, the op fields, the frame table of arrays in frames and in shared memory; and the gate's
+cuts, the typed messages (op, fields, sender), the frame table of arrays in frames and in shared memory; and the gate's
 count of young connections."""
 
 import numpy as np
@@ -8,7 +8,8 @@ import pytest
 from nbdist.errors import ProtocolError
 from nbdist.hub.gate import Young, _token, credentials
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES
-from nbdist.modes.pipeline.checks import arrays_of, check_header, message_limits, slot_table
+from nbdist.modes.pipeline.checks import arrays_of, message_limits, slot_table, stage_message
+from nbdist.modes.pipeline.messages import Forward, Slot
 
 HEADER = SIGNATURE_BYTES + MAX_HEADER_BYTES
 
@@ -26,41 +27,45 @@ def test_message_limits_cover_both_cuts_of_a_stage_and_float32_gradients_of_smal
     assert limits[2] == (3, HEADER + 2 * 20 * 4 * 256)
 
 
-def test_check_header_refuses_unknown_ops_senders_and_non_integer_steps():
+def test_stage_message_refuses_unknown_ops_senders_and_wrongly_typed_fields():
     neighbours = {"stage-0", "stage-2"}
-    assert check_header({"op": "F", "step": 3, "mb": 1, "src": "stage-0"}, neighbours) == ("F", 3, 1)
-    assert check_header({"op": "end", "step": 4, "src": "stage-2"}, neighbours) == ("end", 4, 0)
-    for bad in ({"op": "G", "src": "stage-0"}, {"op": "F", "step": "3", "src": "stage-0"},
-                {"op": "F", "step": 1, "mb": [0], "src": "stage-0"}, {"op": "F", "src": "kernel"},
-                {"op": "F", "src": "stage-5"}, {"op": "B", "step": True, "src": "stage-0"}):
+    forward = {"op": "F", "step": 3, "mb": 1, "src": "stage-0", "shapes": [[2]], "dtypes": ["<f4"]}
+    assert stage_message(forward, neighbours) == Forward(3, 1, "stage-0", [[2]], ["<f4"])
+    assert stage_message({"op": "end", "step": 4, "src": "stage-2"}, neighbours).key == ("end", 4, 0)
+    slot = {"seg": "nbdist-x", "gen": 1, "slot": 0, "offsets": [0]}
+    assert stage_message({**forward, "shm": slot}, neighbours).shm == Slot("nbdist-x", 1, 0, [0])
+    for bad in ({"op": "G", "step": 1, "src": "stage-0"}, {"op": "F", "step": "3", "src": "stage-0"},
+                {"op": "F", "step": 1, "mb": [0], "src": "stage-0"}, {"op": "F", "step": 1, "src": "kernel"},
+                {"op": "F", "step": 1, "src": "stage-5"}, {"op": "B", "step": True, "src": "stage-0"},
+                {"op": "F", "src": "stage-0"}, {**forward, "shapes": "2,3"}, {**forward, "dtypes": [["a", "<f4"]]},
+                {**forward, "shm": {**slot, "offsets": [0, "64"]}}, {**forward, "shm": {"offsets": [0]}},
+                {**forward, "extra": 1}, {"op": "ack", "src": "stage-0", "slot": [0]}):
         with pytest.raises(ProtocolError, match="^malformed header"):
-            check_header(bad, neighbours)
+            stage_message(bad, neighbours)
 
 
 def test_arrays_of_checks_the_frame_table():
-    good = {"shapes": [[2, 3], [1]], "dtypes": ["<f4", "<i8"]}
-    a, b = arrays_of(good, [np.ones((2, 3), np.float32).tobytes(), np.array([7]).tobytes()])
+    a, b = arrays_of([[2, 3], [1]], ["<f4", "<i8"], [np.ones((2, 3), np.float32).tobytes(), np.array([7]).tobytes()])
     assert a.shape == (2, 3) and b.tolist() == [7]
     buffers = [bytes(24), bytes(8)]
-    for bad in ({"shapes": [[2, 3]], "dtypes": ["<f4"]},  # fewer entries than frames
-                {"shapes": [[2, 4], [1]], "dtypes": ["<f4", "<i8"]},  # 32 bytes described, 24 sent
-                {"shapes": [[2, 3], [1]], "dtypes": ["O", "<i8"]},  # Python objects
-                {"shapes": [[2, 3], [1]], "dtypes": ["nonsense", "<i8"]},
-                {"shapes": [[2, 3], [1]], "dtypes": [[["a", "<f4"]], "<i8"]},
-                {"shapes": [[2, -3], [1]], "dtypes": ["<f4", "<i8"]},
-                {"shapes": "2,3", "dtypes": ["<f4", "<i8"]}, {}):
+    for shapes, dtypes in (([[2, 3]], ["<f4"]),  # fewer entries than frames
+                           ([[2, 4], [1]], ["<f4", "<i8"]),  # 32 bytes described, 24 sent
+                           ([[2, 3], [1]], ["O", "<i8"]),  # Python objects
+                           ([[2, 3], [1]], ["nonsense", "<i8"]),
+                           ([[2, -3], [1]], ["<f4", "<i8"]), ([], [])):
         with pytest.raises(ProtocolError, match="^malformed header"):
-            arrays_of(bad, buffers)
+            arrays_of(shapes, dtypes, buffers)
 
 
 def test_slot_table_keeps_every_array_inside_the_segment():
-    h = {"shapes": [[4], [2, 2]], "dtypes": ["<f4", "<f8"], "shm": {"offsets": [0, 64]}}
-    assert [(str(d), s, o) for d, s, o in slot_table(h, 96)] == [("float32", (4,), 0), ("float64", (2, 2), 64)]
+    table = ([[4], [2, 2]], ["<f4", "<f8"])
+    assert [(str(d), s, o) for d, s, o in slot_table(*table, [0, 64], 96)] == [
+        ("float32", (4,), 0), ("float64", (2, 2), 64)]
     with pytest.raises(ProtocolError, match="at byte 64 of a 95-byte segment"):
-        slot_table(h, 95)
-    for offsets in ([0, -8], [0], [0, "64"], None):
+        slot_table(*table, [0, 64], 95)
+    for offsets in ([0, -8], [0]):
         with pytest.raises(ProtocolError, match="^malformed header"):
-            slot_table({**h, "shm": {"offsets": offsets}}, 96)
+            slot_table(*table, offsets, 96)
 
 
 def test_young_connections_are_capped_within_the_handshake_window():

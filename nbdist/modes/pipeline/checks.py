@@ -4,8 +4,8 @@ pure functions, no sockets.
 - `message_limits`: the most frames and bytes a message to each stage can have, from the
   profile's live tensors at its cuts (the hub's frame limit, `ZMQ_MAXMSGSIZE` and
   `recv_bounded`, are set from these, so an oversized message is refused before its MAC);
-- `check_header`: the op fields of a signed message (a signed but malformed header is dropped
-  and counted, never raised);
+- `stage_message`: the typed message of a signed header, from a neighbour (a signed but
+  malformed header is dropped and counted, never raised);
 - `arrays_of`: the arrays of a message, after checking its frame table (shapes, dtypes and
   the buffers' sizes agree, and no dtype holds Python objects).
 Each raises `ProtocolError`, whose `reason` is what the drop is counted under.
@@ -14,13 +14,15 @@ Each raises `ProtocolError`, whose `reason` is what the drop is counted under.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import numpy as np
 
 from nbdist.errors import ProtocolError
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES
+from nbdist.hub.schema import Wire
+from nbdist.modes.pipeline.messages import STAGE_MESSAGES, decode
 
-OPS = ("F", "B", "E", "end", "ack")  # forward, backward, validation forward, stop, slot freed
 MARGIN = 2  # on the measured bytes per sample (a legit message refused would stall the run)
 HEADER_BYTES = SIGNATURE_BYTES + MAX_HEADER_BYTES
 REPORT_LIMITS = (1, HEADER_BYTES)  # the kernel's reports: a signed header, no arrays
@@ -46,52 +48,49 @@ def message_limits(cut_bytes: list[int], cut_items: list[int], cut_tensors: list
     return limits
 
 
-def check_header(h: dict, neighbours) -> tuple:
-    """The buffer key (op, step, micro-batch) of a verified stage message, or ProtocolError
-    ("malformed header") if its op, step, micro-batch or sender is not one a stage sends."""
-    step, mb = h.get("step", 0), h.get("mb", 0)
-    if h["op"] not in OPS or type(step) is not int or type(mb) is not int or h.get("src") not in neighbours:
-        raise ProtocolError("malformed header", f"op {h['op']!r}, step {step!r}, micro-batch {mb!r} "
-                            f"from {h.get('src')!r}")
-    return h["op"], step, mb
+def stage_message(h: Mapping, neighbours) -> Wire:
+    """The typed message (`messages.STAGE_MESSAGES`) in a verified header from a neighbour, or
+    ProtocolError("malformed header") if its op or a field is not one a stage sends, or its
+    sender is not among `neighbours`."""
+    message = decode(STAGE_MESSAGES, h)
+    if message.src not in neighbours:
+        raise ProtocolError("malformed header", f"{message.OP} from {message.src!r}, expected one of "
+                            f"{', '.join(sorted(neighbours))}")
+    return message
 
 
-def arrays_of(h: dict, buffers: list) -> list[np.ndarray]:
+def arrays_of(shapes: list[list[int]], dtypes: list[str], buffers: list) -> list[np.ndarray]:
     """The arrays a verified message carries in its frames (zero-copy views), once its frame
     table is checked: as many shapes and dtypes as buffers, each a number dtype whose size
     times the shape's elements is the buffer's length.
 
     Example:
-        >>> arrays_of({"shapes": [[2]], "dtypes": ["<f4"]}, [bytes(8)])[0].tolist()
+        >>> arrays_of([[2]], ["<f4"], [bytes(8)])[0].tolist()
         [0.0, 0.0]
     """
-    shapes, dtypes = _table(h, len(buffers))
+    shapes, parsed = _table(shapes, dtypes, len(buffers))
     arrays = []
-    for b, d, s in zip(buffers, dtypes, shapes, strict=True):
+    for b, d, s in zip(buffers, parsed, shapes, strict=True):
         if d.itemsize * math.prod(s) != memoryview(b).nbytes:
             raise ProtocolError("malformed header", f"{d} {list(s)} is not {memoryview(b).nbytes} bytes")
         arrays.append(np.frombuffer(b, dtype=d).reshape(s))
     return arrays
 
 
-def slot_table(h: dict, segment_bytes: int) -> list[tuple[np.dtype, tuple, int]]:
-    """(dtype, shape, offset) of each array a shared-memory header names, once checked to lie
+def slot_table(shapes: list[list[int]], dtypes: list[str], offsets: list[int],
+               segment_bytes: int) -> list[tuple[np.dtype, tuple, int]]:
+    """(dtype, shape, offset) of each array a shared-memory message names, once checked to lie
     inside the sender's segment of `segment_bytes`."""
-    offsets = h["shm"].get("offsets") if isinstance(h.get("shm"), dict) else None
-    if type(offsets) is not list or not all(type(o) is int for o in offsets):
-        raise ProtocolError("malformed header", f"offsets {offsets!r}")
-    shapes, dtypes = _table(h, len(offsets))
-    for d, s, off in zip(dtypes, shapes, offsets, strict=True):
+    shapes, parsed = _table(shapes, dtypes, len(offsets))
+    for d, s, off in zip(parsed, shapes, offsets, strict=True):
         if off < 0 or off + d.itemsize * math.prod(s) > segment_bytes:
             raise ProtocolError("malformed header", f"{d} {s} at byte {off} of a {segment_bytes}-byte segment")
-    return list(zip(dtypes, shapes, offsets, strict=True))
+    return list(zip(parsed, shapes, offsets, strict=True))
 
 
-def _table(h: dict, count: int) -> tuple[list[tuple], list[np.dtype]]:
-    shapes, dtypes = h.get("shapes"), h.get("dtypes")
-    if not (type(shapes) is list and type(dtypes) is list and len(shapes) == len(dtypes) == count
-            and all(type(s) is list and all(type(n) is int and n >= 0 for n in s) for s in shapes)
-            and all(type(d) is str for d in dtypes)):
+def _table(shapes: list[list[int]], dtypes: list[str], count: int) -> tuple[list[tuple], list[np.dtype]]:
+    """The shapes and parsed dtypes of `count` arrays (their types the message's schema checked)."""
+    if not (len(shapes) == len(dtypes) == count and all(n >= 0 for s in shapes for n in s)):
         raise ProtocolError("malformed header", f"a frame table of {count} array(s) expected, got "
                             f"shapes {str(shapes)[:80]}, dtypes {str(dtypes)[:80]}")
     try:

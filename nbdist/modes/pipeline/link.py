@@ -33,7 +33,8 @@ Received as strictly as the hub receives: the bound sockets sit behind a gate
 are capped), with the hub's receive high-water mark and a frame limit; a message is read
 frame by frame within the stage's limits (`checks.message_limits`), then its MAC, run,
 recipient and sequence number (replays) are checked, then its op fields and frame table
-(`checks`). Whatever fails is dropped and counted by reason in `dropped`, never raised.
+(`checks`, against the typed messages of `messages`). Whatever fails is dropped and counted
+by reason in `dropped`, never raised.
 With `--encrypt` (`encrypt`) every TCP socket here is CurveZMQ: the gate admits only the run's
 client key, and the endpoints the stages and the kernel hand out carry the server key.
 """
@@ -42,14 +43,27 @@ from __future__ import annotations
 
 import time
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
 from nbdist.hub.protocol import Codec, send_frames
+from nbdist.hub.schema import Wire
 from nbdist.hub.wire import client_socket, curve_keys, recv_bounded, server_socket
-from nbdist.modes.pipeline.checks import REPORT_LIMITS, arrays_of, check_header, slot_table
+from nbdist.modes.pipeline.checks import REPORT_LIMITS, arrays_of, slot_table, stage_message
+from nbdist.modes.pipeline.messages import (
+    CONTROLS,
+    REPORTS,
+    Abort,
+    Ack,
+    End,
+    Slot,
+    Stop,
+    Totals,
+    decode,
+)
 
 POLL_MS = 200
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
@@ -102,7 +116,7 @@ class StageLink:
         self.host = shm.host_id()
         self.peers: dict[str, object] = {}
         self.sub = None
-        self.buffer: dict[tuple, tuple[dict, list]] = {}
+        self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
         self.sent_bytes = 0
         self.messages = {"shm": 0, "tcp": 0}  # messages with arrays sent to neighbours, by transport
@@ -154,18 +168,22 @@ class StageLink:
         self.sub.setsockopt(zmq.SUBSCRIBE, b"")
         self.sub.connect(control["endpoint"])
 
-    def send(self, to: str, header: dict, arrays=()) -> None:
+    def send(self, to: str, message: Wire, arrays=()) -> None:
+        """`message` (`messages.Forward`, `Backward`, `Validation` or `End`) to the neighbour
+        `to`, from this stage, with `arrays`: in a shared-memory slot when one is free, else
+        in frames."""
         arrays = [np.ascontiguousarray(a) for a in arrays]
-        header = {**header, "src": self.name, "shapes": [list(a.shape) for a in arrays],
-                  "dtypes": [a.dtype.str for a in arrays]}
-        if arrays and to in self.shm_peers and self._send_shm(to, header, arrays):
+        table = {} if isinstance(message, End) else {"shapes": [list(a.shape) for a in arrays],
+                                                     "dtypes": [a.dtype.str for a in arrays]}
+        message = replace(message, src=self.name, **table)
+        if arrays and to in self.shm_peers and self._send_shm(to, message, arrays):
             self.messages["shm"] += 1
             return
-        if arrays and to != "kernel":
+        if arrays:
             self.messages["tcp"] += 1
-        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(header, arrays, to=to))
+        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(message.encode(), arrays, to=to))
 
-    def _send_shm(self, to: str, header: dict, arrays: list) -> bool:
+    def _send_shm(self, to: str, message: Wire, arrays: list) -> bool:
         """Copy `arrays` into a free slot of the segment towards `to` and send the header alone;
         False (send by TCP) when no slot is free or big enough."""
         offsets, need = _layout(arrays)
@@ -176,9 +194,8 @@ class StageLink:
         base = slot * box.slot_bytes
         for a, off in zip(arrays, offsets, strict=True):
             np.ndarray(a.shape, a.dtype, buffer=box.segment.buf, offset=base + off)[...] = a
-        header["shm"] = {"seg": box.segment.name, "gen": box.generation, "slot": slot,
-                         "offsets": [base + off for off in offsets]}
-        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(header, to=to))
+        message.shm = Slot(box.segment.name, box.generation, slot, [base + off for off in offsets])
+        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(message.encode(), to=to))
         return True
 
     def _slot_box(self, to: str, need: int) -> _Outbox | None:
@@ -199,11 +216,12 @@ class StageLink:
         self.outboxes[to] = replacement
         return replacement
 
-    def report(self, header: dict) -> None:
-        self.send("kernel", header)
+    def report(self, message: Wire) -> None:
+        """A report (`messages.REPORTS`) to the kernel."""
+        self.sent_bytes += send_frames(self.peers["kernel"], self.codec.encode(message.encode(), to="kernel"))
 
-    def wait(self, *keys: tuple) -> tuple[tuple, dict, list]:
-        """The first of `keys` to arrive (kind, step, micro-batch): (key, header, arrays). Fails
+    def wait(self, *keys: tuple) -> tuple[tuple, Wire, list]:
+        """The first of `keys` to arrive (kind, step, micro-batch): (key, message, arrays). Fails
         with the neighbour named when nothing comes for `timeout` seconds."""
         import zmq
 
@@ -242,11 +260,12 @@ class StageLink:
         while self.sub.poll(0):
             try:
                 msg = self.codec.decode(self.sub.recv_multipart(copy=False, flags=zmq.NOBLOCK))
+                control = decode(CONTROLS, msg.header)
             except ProtocolError:
                 continue  # addressed to another stage, or not ours
-            if msg.op == "abort":
-                raise StageAborted(msg.header.get("reason", "aborted"))
-            if msg.op == "stop":
+            if isinstance(control, Abort):
+                raise StageAborted(control.reason)
+            if isinstance(control, Stop):
                 self.stop_requested = True
 
     def _receive(self) -> None:
@@ -254,39 +273,42 @@ class StageLink:
         the MAC, the envelope (run, recipient, replay) or the checks is dropped and counted."""
         try:
             msg = self.codec.decode(recv_bounded(self.pull, self.max_frames, self.max_bytes))
-            h = msg.header
-            key = check_header(h, self.peers.keys() - {"kernel"})
-            if key[0] == "ack":
-                self._freed(h)
+            message = stage_message(msg.header, self.peers.keys() - {"kernel"})
+            if isinstance(message, Ack):
+                self._freed(message)
                 return
-            if "shm" in h and msg.buffers:
-                raise ProtocolError("malformed header", "arrays both in shared memory and in frames")
-            arrays = self._copy_out(h) if "shm" in h else arrays_of(h, msg.buffers)
+            if isinstance(message, End):
+                arrays = arrays_of([], [], msg.buffers)
+            elif message.shm is not None:
+                if msg.buffers:
+                    raise ProtocolError("malformed header", "arrays both in shared memory and in frames")
+                arrays = self._copy_out(message)
+            else:
+                arrays = arrays_of(message.shapes, message.dtypes, msg.buffers)
         except ProtocolError as exc:
             self.dropped[exc.reason] += 1
             return
-        self.buffer[key] = (h, arrays)
+        self.buffer[message.key] = (message, arrays)
 
-    def _freed(self, h: dict) -> None:
+    def _freed(self, ack: Ack) -> None:
         """An ack: the slot it names, of this stage's current segment towards its sender, is free."""
-        box, slot = self.outboxes.get(h["src"]), h.get("slot")
-        if box is None or h.get("seg") != box.segment.name or h.get("gen") != box.generation \
-                or type(slot) is not int or not 0 <= slot < box.slots or slot in box.free:
-            raise ProtocolError("stale ack", f"slot {slot!r} of {h.get('seg')!r} from {h['src']}")
+        box, slot = self.outboxes.get(ack.src), ack.slot
+        if box is None or ack.seg != box.segment.name or ack.gen != box.generation \
+                or not 0 <= slot < box.slots or slot in box.free:
+            raise ProtocolError("stale ack", f"slot {slot!r} of {ack.seg!r} from {ack.src}")
         box.free.append(slot)
 
-    def _copy_out(self, h: dict) -> list:
-        """The arrays of a verified shared-memory header, copied out of the sender's slot, which
-        is then acknowledged (freed)."""
-        src, where = h["src"], h["shm"]
-        name, gen, slot = (where.get(k) for k in ("seg", "gen", "slot")) if type(where) is dict else [None] * 3
-        if not (isinstance(name, str) and name.startswith("nbdist-") and type(gen) is int and type(slot) is int):
-            raise ProtocolError("malformed header", f"segment {name!r}, generation {gen!r}, slot {slot!r}")
-        segment = self._segment(src, name, gen)
+    def _copy_out(self, message) -> list:
+        """The arrays of a verified shared-memory message, copied out of the sender's slot,
+        which is then acknowledged (freed)."""
+        src, where = message.src, message.shm
+        if not where.seg.startswith("nbdist-"):
+            raise ProtocolError("malformed header", f"segment {where.seg!r}, expected an nbdist segment")
+        segment = self._segment(src, where.seg, where.gen)
         arrays = [np.ndarray(shape, dtype, buffer=segment.buf, offset=off).copy()
-                  for dtype, shape, off in slot_table(h, segment.size)]
-        ack = {"op": "ack", "src": self.name, "seg": name, "gen": gen, "slot": slot}
-        send_frames(self.peers[src], self.codec.encode(ack, to=src))
+                  for dtype, shape, off in slot_table(message.shapes, message.dtypes, where.offsets, segment.size)]
+        ack = Ack(self.name, where.seg, where.gen, where.slot)
+        send_frames(self.peers[src], self.codec.encode(ack.encode(), to=src))
         return arrays
 
     def _segment(self, src: str, name: str, gen: int):
@@ -349,20 +371,25 @@ class KernelLink:
         """Reports refused, and connections refused or cut at the gate, by reason."""
         return {**self.dropped, **self.gate.counts()}
 
-    def receive(self, timeout_ms: int) -> dict | None:
-        """The next verified report's header, or None (nothing within `timeout_ms`, or a
-        message that fails the limits or the MAC: dropped and counted in `dropped`)."""
+    def receive(self, timeout_ms: int) -> Wire | None:
+        """The next verified report (`messages.REPORTS`), or None (nothing within
+        `timeout_ms`, or a message that fails the limits, the MAC or its fields, or names no
+        stage of the run: dropped and counted in `dropped`)."""
         if not self.pull.poll(timeout_ms):
             return None
         try:
-            return self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header
+            report = decode(REPORTS, self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header)
+            if isinstance(report, Totals) and not 0 <= report.stage < self.stages:
+                raise ProtocolError("malformed header", f"stage {report.stage}, expected 0 to {self.stages - 1}")
         except ProtocolError as exc:
             self.dropped[exc.reason] += 1
             return None
+        return report
 
-    def broadcast(self, op: str, **fields: object) -> None:
+    def broadcast(self, control: Stop | Abort) -> None:
+        """`control` to every stage."""
         for s in range(self.stages):
-            send_frames(self.pub, self.codec.encode({"op": op, **fields}, to=f"stage-{s}"))
+            send_frames(self.pub, self.codec.encode(control.encode(), to=f"stage-{s}"))
 
     def close(self) -> None:
         self.pull.close(linger=0)

@@ -17,6 +17,7 @@ from collections import deque
 import numpy as np
 
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
+from nbdist.modes.pipeline.messages import Abort, EvalDone, Ops, StepDone, Stop, Totals
 from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
@@ -52,41 +53,38 @@ class PipelineControl:
 
     def _receive_loop(self) -> None:
         while not self._closing.is_set():
-            header = self.link.receive(100)
-            if header is not None:
+            report = self.link.receive(100)  # typed and checked (malformed ones are dropped there)
+            if report is not None:
                 with self._lock:
-                    try:
-                        self._absorb(header)
-                    except (KeyError, TypeError, ValueError, IndexError, AttributeError):  # signed, yet malformed
-                        self.link.dropped["malformed report"] += 1
+                    self._absorb(report)
                     self._last_report = time.monotonic()
 
-    def _absorb(self, h: dict) -> None:
-        now = float(h.get("time", time.time())) - self.started
-        if h["op"] == "step":
-            self.global_step = max(self.global_step, int(h["step"]))
-            epochs = (int(h["step"]) - 1) / max(1, self.steps_per_epoch)
-            self.history.append([now, int(h["step"]), round(epochs, 6), self.stages - 1, float(h["loss"]),
-                                 0, int(h["samples"])])
-        elif h["op"] == "eval":
-            self.epoch = int(h["epoch"]) + 1
-            row = {"time": now, "step": int(h["step"]), "epoch": self.epoch}
-            row.update({f"val_{k}": float(v) for k, v in h["metrics"].items()})
-            row.update({k: float(v) for k, v in h.get("train", {}).items()})
+    def _absorb(self, report: StepDone | EvalDone | Totals) -> None:
+        if isinstance(report, StepDone):
+            now = report.time - self.started
+            self.global_step = max(self.global_step, report.step)
+            epochs = (report.step - 1) / max(1, self.steps_per_epoch)
+            self.history.append([now, report.step, round(epochs, 6), self.stages - 1, float(report.loss),
+                                 0, report.samples])
+        elif isinstance(report, EvalDone):
+            now = report.time - self.started
+            self.epoch = report.epoch + 1
+            row = {"time": now, "step": report.step, "epoch": self.epoch}
+            row.update({f"val_{k}": float(v) for k, v in report.metrics.items()})
+            row.update({k: float(v) for k, v in report.train.items()})
             self.evals.append(row)
-            self.events.append({"time": now, "step": int(h["step"]), "event": "epoch_end", "epoch": self.epoch})
-        elif h["op"] in ("ops", "totals"):
-            stage = int(h["stage"])
-            self.sent[stage] = int(h.get("sent", 0))
-            self.messages[stage] = {str(k): int(v) for k, v in h.get("messages", {}).items()}
-            self.dropped[stage] = {str(k): int(v) for k, v in h.get("dropped", {}).items()}
-            if h["op"] == "totals":
+            self.events.append({"time": now, "step": report.step, "event": "epoch_end", "epoch": self.epoch})
+        else:  # Totals, or Ops (a step's, with the totals so far)
+            stage = report.stage
+            self.sent[stage] = report.sent
+            self.messages[stage] = dict(report.messages)
+            self.dropped[stage] = dict(report.dropped)
+            if not isinstance(report, Ops):
                 return
-            step = int(h["step"])
-            by_stage = self.ops.setdefault(step, {})
-            by_stage[stage] = h["ops"]
+            by_stage = self.ops.setdefault(report.step, {})
+            by_stage[stage] = [list(op) for op in report.ops]
             if len(by_stage) == self.stages:
-                self._complete(step, self.ops.pop(step))
+                self._complete(report.step, self.ops.pop(report.step))
 
     def _complete(self, step: int, by_stage: dict) -> None:
         starts = [op[2] for ops in by_stage.values() for op in ops]
@@ -126,7 +124,7 @@ class PipelineControl:
 
     def control(self, **h: object) -> None:
         if h.get("stop"):
-            self.link.broadcast("abort" if self.failed else "stop", reason="run ended by the kernel")
+            self.link.broadcast(Abort("run ended by the kernel") if self.failed else Stop())
             return
         raise ConfigError(
             f"--mode pipeline runs can be stopped (run.stop()) but not {', '.join(h)} while they "
@@ -136,7 +134,7 @@ class PipelineControl:
     def shutdown(self) -> None:
         if not self.tasks_done():
             self.failed = True
-            self.link.broadcast("abort", reason="the run is over")
+            self.link.broadcast(Abort("the run is over"))
 
     def cap_timeout(self, seconds: float) -> None:
         """Nothing to cap: no request here waits for an answer (HubControl's has)."""

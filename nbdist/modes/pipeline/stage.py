@@ -18,6 +18,16 @@ import numpy as np
 
 from nbdist.core.partition import schedule
 from nbdist.errors import CellError, DataError
+from nbdist.modes.pipeline.messages import (
+    Backward,
+    End,
+    EvalDone,
+    Forward,
+    Ops,
+    StepDone,
+    Totals,
+    Validation,
+)
 
 _STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, by (run, stage)
 VALIDATION_BATCH = 256  # samples per validation message, at least (or the batch size)
@@ -184,13 +194,13 @@ class Stage:
             link.check_control()
             if link.stop_requested:
                 if self.spec.stages > 1:
-                    link.send("stage-1", {"op": "end", "step": step})
+                    link.send("stage-1", End(step))
                 return False
             return True
         key, header, arrays = link.wait(("F", step, 0), ("end", step, 0))
         if key[0] == "end":
             if not self.last:
-                link.send(f"stage-{s + 1}", {"op": "end", "step": step})
+                link.send(f"stage-{s + 1}", End(step))
             return False
         link.buffer[key] = (header, arrays)  # put the first forward back for the schedule
         return True
@@ -223,7 +233,7 @@ class Stage:
                     loss_sum += float(out)
                     self.model.compute_metrics(None, self.y[micro[i]], pred, None)
                 else:
-                    link.send(f"stage-{s + 1}", {"op": "F", "step": step, "mb": i}, [o.numpy() for o in out])
+                    link.send(f"stage-{s + 1}", Forward(step, i), [o.numpy() for o in out])
                 held[i] = (tape, inputs, watched, out)
             else:
                 tape, inputs, watched, out = held.pop(i)
@@ -240,17 +250,15 @@ class Stage:
                 if not self.first:
                     it = iter(result[:len(watched)])
                     back = [next(it).numpy() if t.dtype.is_floating else np.zeros(t.shape, np.float32) for t in inputs]
-                    link.send(f"stage-{s - 1}", {"op": "B", "step": step, "mb": i}, back)
+                    link.send(f"stage-{s - 1}", Backward(step, i), back)
             ops.append([kind, i, t0, time.time()])
         t0 = time.time()
         if self.sub.trainable:
             self.optimizer.apply(grads, self.sub.trainable)
         ops.append(["U", -1, t0, time.time()])
-        link.report({"op": "ops", "stage": s, "step": step, "epoch": epoch, "ops": ops,
-                     "sent": link.sent_bytes, "messages": link.messages, "dropped": link.drops()})
+        link.report(Ops(s, link.sent_bytes, dict(link.messages), link.drops(), step, epoch, ops))
         if self.last:
-            link.report({"op": "step", "step": step, "epoch": epoch, "loss": loss_sum, "samples": total,
-                         "time": time.time()})
+            link.report(StepDone(step, epoch, loss_sum, total, time.time()))
 
     def _metrics(self) -> dict:
         result = self.model.get_metrics_result()
@@ -263,8 +271,7 @@ class Stage:
         spec, link, s = self.spec, self.link, self.spec.stage
         if self.validation is None:
             if self.last:
-                link.report({"op": "eval", "step": step, "epoch": epoch, "metrics": {},
-                             "train": train_metrics, "time": time.time()})
+                link.report(EvalDone(step, epoch, time.time(), train=train_metrics))
             return
         xv, yv = self.validation
         size = max(VALIDATION_BATCH, spec.batch_size)
@@ -286,17 +293,15 @@ class Stage:
                 seen += len(y)
                 model.compute_metrics(None, y, pred, None)
             else:
-                link.send(f"stage-{s + 1}", {"op": "E", "step": step, "mb": j}, [o.numpy() for o in out])
+                link.send(f"stage-{s + 1}", Validation(step, j), [o.numpy() for o in out])
         if self.last:
             metrics = {"loss": loss / max(1, seen), **self._metrics()}
-            link.report({"op": "eval", "step": step, "epoch": epoch, "metrics": metrics,
-                         "train": train_metrics, "time": time.time()})
+            link.report(EvalDone(step, epoch, time.time(), metrics, train_metrics))
 
     def _result(self, steps: int, started: float) -> dict:
         """The stage's totals, also reported to the kernel (what it refused after its last step)."""
         link = self.link
-        link.report({"op": "totals", "stage": self.spec.stage, "sent": link.sent_bytes,
-                     "messages": link.messages, "dropped": link.drops()})
+        link.report(Totals(self.spec.stage, link.sent_bytes, dict(link.messages), link.drops()))
         return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
                 "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": link.sent_bytes,
                 "messages": dict(link.messages), "dropped": link.drops()}
