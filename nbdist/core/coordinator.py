@@ -8,8 +8,8 @@ worker request the shard core (`nbdist.core.shard`) calls `assign` (the state ch
 handed out, an evaluation job taken, the node's state; False: hold the reply), then the pure
 `reply_for`, which reads the reply off that state.
 
-It owns the run's one SSP clock (`clock`), the group membership (`group_of`) and options
-(`max_group_ratio`, `num_groups`; the rule only validates them), and the learning rate when
+It owns the run's one SSP clock (`clock`), the speed groups and their options (`groups`,
+`nbdist.core.speed_groups`; the rule only validates them), and the learning rate when
 the workers apply it (`lr`; else the hub optimizer owns it and `lr` stays None). Shards 1..S-1
 learn a worker's group from its push header: shard 0 tells the worker in every reply.
 """
@@ -19,13 +19,13 @@ from __future__ import annotations
 from collections import deque
 from typing import TYPE_CHECKING
 
-from nbdist.algorithms.group import form_groups
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
 from nbdist.core.epoch_metrics import EpochSums
 from nbdist.core.liveness import Liveness
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.schedule import Chunk, EpochSchedule
+from nbdist.core.speed_groups import SpeedGroups
 from nbdist.core.stats import Completed, RunStats
 from nbdist.core.timeline import DelayWindow, Timeline
 from nbdist.hub.messages import EvalJob, Reply, ReportReply
@@ -53,9 +53,9 @@ class Coordinator:
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
                                 policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
-        # the run's one SSP clock, and the group options: decided here, followed live (control)
+        # the run's one SSP clock, and the speed groups: decided here, followed live (control)
         self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
-        self.max_group_ratio, self.num_groups = plan.max_group_ratio, plan.groups
+        self.groups = SpeedGroups(plan)
         self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
         self.paused = False
         self.steps_counted = 0  # pushes (sync: rank steps) completed; --pause-at counts them
@@ -77,11 +77,6 @@ class Coordinator:
         # has run the callbacks of the one before (`epoch_done`); None: no gate
         self.open_epoch: int | None = 0 if plan.epoch_gate else None
         self.state_wanted = 0  # sync mode: +1 per checkpoint request, passed on to rank 0
-        self.group_of: list[list[int]] = [[w] for w in range(n)]
-        self.grouped = False
-        if plan.algorithm == "group" and plan.groups in (1, n):  # nothing to measure first
-            self.group_of = [list(range(n)) if plan.groups == 1 else [w] for w in range(n)]
-            self.grouped = True
         for w in range(n):
             self.stats.workers[w].batch_size = self.sizer.batch_for(w)
 
@@ -113,7 +108,7 @@ class Coordinator:
         self.sizer.add(worker)
         self.stats.workers[worker].batch_size = self.sizer.batch_for(worker)
         self.slowdown.append(1.0)
-        self.group_of.append([worker])
+        self.groups.add(worker)
         if self.clock is not None:
             self.clock.add(worker)  # known, not waited for: it joins on hello
         self.joining.add(worker)
@@ -190,7 +185,7 @@ class Coordinator:
         self._count(step, done.samples, done.batch_size, delay, now, done.epoch)
         if done.rebalanced is not None:
             self.stats.record_event("rebalance", now, batches=done.rebalanced)
-        if not self.grouped and self.plan.algorithm == "group" and all(
+        if not self.groups.formed and self.plan.algorithm == "group" and all(
                 self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES for w in self.arrived - self.gone):
             self.regroup(now)
 
@@ -234,7 +229,7 @@ class Coordinator:
             self._delay_stats[worker] = tuple(self.delays.stats(worker).values())  # mean, p95, max
         self.timeline.append_floats(worker, [  # in the order of timeline.DEFAULT_COLUMNS
             now, w.samples_per_s, compute_s, comm_s, float(step.wait_s), float(w.batch_size),
-            *self._delay_stats[worker], loss, float(self.slowdown[worker]), float(self._group_index(worker))])
+            *self._delay_stats[worker], loss, float(self.slowdown[worker]), float(self.groups.index(worker))])
 
     def eval_result(self, worker: int, result: EvalResult | None, now: float) -> None:
         if result is not None:
@@ -322,28 +317,18 @@ class Coordinator:
     def regroup(self, now: float) -> None:
         """Form speed groups from measured throughput (now, and again on demand)."""
         active = sorted(self.arrived - self.gone)
-        if not active:
-            return
-        rates = [max(self.stats.workers[w].samples_per_s, 1e-9) for w in active]
-        wanted = self.num_groups or None
-        groups = form_groups(rates, self.max_group_ratio, min(wanted, len(active)) if wanted else None)
-        for members in groups:
-            for i in members:
-                self.group_of[active[i]] = sorted(active[j] for j in members)
-        self.grouped = True
-        self.stats.record_event("regroup", now, groups=[sorted(active[j] for j in g) for g in groups])
+        if active:
+            groups = self.groups.form(active, [self.stats.workers[w].samples_per_s for w in active])
+            self.stats.record_event("regroup", now, groups=groups)
 
     def _group_now(self, worker: int) -> list[int]:
         """The worker's group for its next push; alone when the data left cannot give every
         member a chunk (the end of the run), so no barrier waits for a push that won't come."""
-        members = [m for m in self.group_of[worker] if m not in self.gone]  # nobody waits for the lost
+        members = [m for m in self.groups.of[worker] if m not in self.gone]  # nobody waits for the lost
         if len(members) > 1 and self.schedule.samples_left(self.open_epoch) < sum(
                 self.sizer.batch_for(m) for m in members):
             return [worker]
         return members
-
-    def _group_index(self, worker: int) -> int:
-        return min(self.group_of[worker])
 
     # -- control from the kernel ------------------------------------------------------------
 
@@ -379,9 +364,9 @@ class Coordinator:
             if name == "staleness" and self.clock is not None:
                 self.clock.staleness = int(value)
             elif name == "max_ratio":
-                self.max_group_ratio = float(value)
+                self.groups.max_ratio = float(value)
             elif name == "num_groups":
-                self.num_groups = int(value)
+                self.groups.wanted = int(value)
             self.stats.record_event("set_option", now, name=name, value=value)
         if c.regroup:
             self.regroup(now)
@@ -415,7 +400,7 @@ class Coordinator:
             i = w["worker"]
             w.update(self.delays.stats(i) if self.plan.metrics == "full" else {})
             w.update(slowdown=self.slowdown[i],
-                     group=self._group_index(i) if self.plan.algorithm == "group" else None,
+                     group=self.groups.index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
         snap.update(finished=self.finished, lost=sorted(self.lost), open_epoch=self.open_epoch, epoch_samples=self.schedule.samples_per_epoch,
                     paused=self.paused, stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,

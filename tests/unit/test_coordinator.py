@@ -109,7 +109,7 @@ def test_added_worker_gets_every_per_worker_entry_and_m_stays_the_configured_one
     assert c.plan.num_workers == 2 and c.num_workers == 3  # softsync's c, easgd's alpha keep M
     row = c.stats.workers[2]
     assert (row.worker, row.engine, row.state, row.batch_size) == (2, 7, "starting", 4)
-    assert c.slowdown == [1.0, 2.0, 1.0] and c.group_of[2] == [2] and list(c.assigned[2]) == []
+    assert c.slowdown == [1.0, 2.0, 1.0] and c.groups.of[2] == [2] and list(c.assigned[2]) == []
     assert c.sizer.batches == [4, 4, 4] and c.sizer.total == 12  # the global batch grows by b0
     event = c.stats.events[-1]
     assert (event["event"], event["worker"], event["engine"], event["time"]) == ("worker_added", 2, 7, 3.0)
@@ -194,7 +194,7 @@ def test_an_added_worker_is_alone_in_its_group_until_the_next_regroup():
     for w in range(3):
         train_one(c, w)
     c.regroup(now=2.0)
-    assert sorted({tuple(g) for g in c.group_of}) == [(0, 1, 2)]  # equal speeds: one group
+    assert sorted({tuple(g) for g in c.groups.of}) == [(0, 1, 2)]  # equal speeds: one group
 
 
 def test_adding_out_of_order_or_to_a_run_that_ends_is_refused():
@@ -225,13 +225,13 @@ def test_group_options_given_and_changed_live_shape_the_groups():
         c.hello(Hello(w, host="h", engine=w))
         c.stats.workers[w].samples_per_s = (100.0, 200.0, 900.0)[w]
     c.regroup(now=1.0)
-    assert c.group_of == [[0, 1, 2]] * 3  # 9x apart, within max_ratio 10
+    assert c.groups.of == [[0, 1, 2]] * 3  # 9x apart, within max_ratio 10
     c.control(Control(option=("max_ratio", 1.5)), now=2.0)
     c.regroup(now=2.0)
-    assert c.group_of == [[0], [1], [2]]
+    assert c.groups.of == [[0], [1], [2]]
     c.control(Control(option=("num_groups", 2)), now=3.0)
     c.regroup(now=3.0)
-    assert c.group_of == [[0, 1], [0, 1], [2]]
+    assert c.groups.of == [[0, 1], [0, 1], [2]]
 
 
 def test_max_ratio_given_with_algo_opt_reaches_the_plan():
