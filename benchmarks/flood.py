@@ -64,15 +64,17 @@ class Worker(threading.Thread):
         from nbdist.hub.client import WorkerTransport
 
         self.transport = WorkerTransport(key, 0, [endpoints], 0, transport="tcp", timeout=120)
-        self.chunk = self.transport.hello()["chunks"][0][0]
+        self.chunk = self.transport.hello().chunks[0].id
         self.transport.grad[:] = np.float32(1e-6)
         self.steps, self.error, self.halt = 0, None, threading.Event()
 
     def run(self) -> None:
+        from nbdist.hub.messages import Step
+
         try:
             while not self.halt.is_set():
-                self.transport.step({"chunks": [self.chunk] if self.steps == 0 else [], "loss": 0.5},
-                                    push=True, pull=True)
+                self.transport.step(Step(0, push=True, pull=True, loss=0.5,
+                                         chunks=[self.chunk] if self.steps == 0 else []))
                 self.steps += 1
         except Exception as exc:  # noqa: BLE001 - reported in the table
             self.error = f"{type(exc).__name__}: {exc}"
@@ -84,7 +86,7 @@ class Worker(threading.Thread):
 
 
 def measure(attack: str, params: int, seconds: float, multipart_bytes: int, pending_bytes: int) -> dict:
-    from nbdist.hub.client import HubControl
+    from nbdist.hub.control import HubControl
 
     key, hub = start_hub(params)
     proc = psutil.Process(hub.proc.pid)

@@ -47,7 +47,9 @@ from _common import table
 
 from nbdist.core.coordinator import Plan
 from nbdist.core.liveness import LOST_FLOOR_S
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.messages import Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.common.worker import IDLE_POLL_S
@@ -81,23 +83,23 @@ def _worker_process(key, worker, shards, size, end_at, life_s, transport, conn) 
                 counts["rejoins"] += 0 if first else 1
                 first = False
                 dies_at = min(end_at, time.monotonic() + rng.exponential(life_s))
-                while time.monotonic() < dies_at and not reply.get("done"):
-                    todo = reply.get("chunks") or []
+                while time.monotonic() < dies_at and not reply.done:
+                    todo = reply.chunks
                     if not todo:
                         time.sleep(IDLE_POLL_S)
-                        reply = tr.step({}, push=False, pull=False)
+                        reply = tr.step(Step(worker))
                         continue
                     k = rng.integers(-8, 9, size, dtype=np.int64)
                     tr.grad[:] = k.astype(np.float32) / np.float32(SCALE)
-                    reply = tr.step({"chunks": [todo[0][0]], "loss": 0.0, "compute_s": 0.001},
-                                    push=True, pull=True)
-                    if reply.get("lost"):  # written off while alive: not applied, rejoin
+                    reply = tr.step(Step(worker, push=True, pull=True, chunks=[todo[0].id], loss=0.0,
+                                         compute_s=0.001))
+                    if reply.lost:  # written off while alive: not applied, rejoin
                         counts["refused"] += 1
                         refused = True
                         break
                     total += k
                     counts["accepted"] += 1
-                if time.monotonic() >= end_at or reply.get("done"):
+                if time.monotonic() >= end_at or reply.done:
                     tr.bye()
                     break
             finally:

@@ -6,8 +6,9 @@ What it measures
     each `nbdist.hub.server.Hub` serving in its own process. Workers are
     `nbdist.hub.client.WorkerTransport` driven exactly like nbdist/modes/common/worker.py's
     training loop
-    (push with header {"chunk", "loss", "compute_s", "comm_s"} using the chunk of the last
-    reply, pull in the same round trip; hubs that hand out "chunks" get {"chunks": [id], ...}),
+    (a push `Step` with the chunk of the last reply, pull in the same round trip; checkouts
+    before the typed wire take a header dict: {"chunks": [id], ...}, or {"chunk": id, ...}
+    for hubs that hand out one chunk),
     with no TensorFlow and no compute between steps. The
     hub does its real work per push: verify the signed header, apply SGD, count the chunk,
     copy out the parameters. Transports: "tcp" (raw frames over loopback TCP) and "auto"
@@ -61,11 +62,19 @@ import numpy as np
 from _cells import Procs, raw_cell, recv_answer, run_window, shared_window, timed_loop
 from _common import median, table
 
-from nbdist.hub.client import HubControl, WorkerTransport
+from nbdist.hub.client import WorkerTransport
 from nbdist.hub.protocol import new_key, shard_bounds
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.common.launch import hub_specs
 from nbdist.modes.common.worker import IDLE_POLL_S
+
+try:  # the typed wire; older checkouts take header dicts and keep HubControl in client.py
+    from nbdist.hub.control import HubControl
+    from nbdist.hub.messages import Step
+except ImportError:
+    import nbdist.hub.client as _before_typed_wire
+
+    HubControl, Step = _before_typed_wire.HubControl, None
 
 # -- processes ------------------------------------------------------------------------------
 
@@ -93,17 +102,11 @@ def _nbdist_worker(key, worker, shards, transport, win, conn) -> None:
             if not todo:  # no work yet (e.g. until every worker said hello): wait cheaply,
                 while not todo:  # then pull, as the worker loop does
                     time.sleep(IDLE_POLL_S)
-                    reply = tr.step({}, push=False, pull=False)
+                    reply = _exchange(tr, worker, reply, pull=False)
                     todo = _todo(reply, started)
-                reply = tr.step({}, push=False, pull=True)
-            chunk_id = todo[0][0]
-            started.add(chunk_id)
-            header = {"loss": 0.0, "compute_s": 0.0, "comm_s": 0.0}
-            if "chunks" in reply:  # newer hubs: several chunks per reply, "chunks" in pushes
-                header.update(chunks=[chunk_id], wait_s=0.0)
-            else:
-                header["chunk"] = chunk_id
-            return tr.step(header, push=True, pull=True)
+                reply = _exchange(tr, worker, reply, pull=True)
+            started.add(todo[0])
+            return _exchange(tr, worker, reply, pull=True, chunk=todo[0])
 
         reply = tr.hello()
         t0 = time.monotonic()
@@ -121,13 +124,30 @@ def _nbdist_worker(key, worker, shards, transport, win, conn) -> None:
             tr.close()
 
 
-def _todo(reply: dict, started: set[int]) -> list:
-    """Chunks the hub handed this worker that it has not trained on yet."""
-    if "chunks" in reply:
-        chunks = reply["chunks"] or []
+def _exchange(tr, worker: int, reply, pull: bool, chunk: int | None = None):
+    """One round trip: a push completing `chunk` (None: no push) and/or a pull, as this
+    checkout's WorkerTransport takes it (`reply`: the last one, for the older header forms)."""
+    if Step is not None:
+        return tr.step(Step(worker, push=chunk is not None, pull=pull, chunks=[] if chunk is None else [chunk]))
+    if chunk is None:
+        return tr.step({}, push=False, pull=pull)
+    header = {"loss": 0.0, "compute_s": 0.0, "comm_s": 0.0}
+    if "chunks" in reply:  # several chunks per reply, "chunks" in pushes
+        header.update(chunks=[chunk], wait_s=0.0)
     else:
-        chunks = [reply["chunk"]] if reply.get("chunk") is not None else []
-    return [c for c in chunks if c[0] not in started]
+        header["chunk"] = chunk
+    return tr.step(header, push=True, pull=True)
+
+
+def _todo(reply, started: set[int]) -> list[int]:
+    """Ids of the chunks the hub handed this worker that it has not trained on yet."""
+    if Step is not None:
+        ids = [c.id for c in reply.chunks]
+    elif "chunks" in reply:
+        ids = [c[0] for c in reply["chunks"] or []]
+    else:
+        ids = [reply["chunk"][0]] if reply.get("chunk") is not None else []
+    return [i for i in ids if i not in started]
 
 
 def _hub_base(key: bytes, params: np.ndarray, shards: int, workers: int) -> HubSpec:

@@ -44,8 +44,9 @@ from _common import median, table
 from hub_throughput import _hub_base, _shutdown
 
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S
-from nbdist.hub import client, launch, protocol
+from nbdist.hub import client, launch, lines, protocol
 from nbdist.hub.client import WorkerTransport
+from nbdist.hub.messages import Step
 from nbdist.hub.protocol import new_key
 
 SIZE = 269_322
@@ -60,7 +61,7 @@ class PartClock:
         self.spent: Counter[str] = Counter()
         self._wrap(protocol.Codec, "encode", "encode")
         self._wrap(protocol.Codec, "decode", "decode")
-        for line in (client._Line, client._LocalLine):  # noqa: SLF001
+        for line in (lines.Line, lines.LocalLine):
             self._wrap(line, "_send_frames", "send")
             self._wrap(line, "_receive_frames", "wait + receive")
         self._wrap(client.compression, "decode_into", "copy in")
@@ -118,7 +119,7 @@ def measure(side: str, gradient, steps: int, clock: PartClock) -> dict:
     try:
         assert transport.line_kind == line, transport.line_kind
         reply = transport.hello()
-        chunk = reply["chunks"][0][0]
+        chunk = reply.chunks[0].id
         transport.grad[:] = 1e-6
         step_s = 0.0
         for i in range(steps + 200):  # the first 200: warm-up
@@ -128,8 +129,8 @@ def measure(side: str, gradient, steps: int, clock: PartClock) -> dict:
             if gradient is not None:
                 np.copyto(transport.grad, gradient())
             start = time.perf_counter()
-            transport.step({"chunks": [chunk] if i == 0 else [], "loss": 0.5, "compute_s": 0.001,
-                            "comm_s": 0.0003}, push=True, pull=True)
+            transport.step(Step(0, push=True, pull=True, chunks=[chunk] if i == 0 else [], loss=0.5,
+                                compute_s=0.001, comm_s=0.0003))
             step_s += time.perf_counter() - start
         transport.bye()
         _shutdown(key, [endpoints])

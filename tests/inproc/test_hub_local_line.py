@@ -175,11 +175,12 @@ def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_tra
     import select
     from types import SimpleNamespace
 
-    from nbdist.hub import client
+    from nbdist.hub import lines
+    from nbdist.hub.messages import Reply
 
     polls, here = [], threading.get_ident()
 
-    class CountingPoll:  # select.poll's object on the line's socket (only the client module's)
+    class CountingPoll:  # select.poll's object on the line's socket (only the lines module's)
         def register(self, fd, events):
             pass
 
@@ -193,12 +194,12 @@ def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_tra
     transport = WorkerTransport(key, 0, [hubs[0].endpoints], 0, timeout=30, spin_s=0.05)
     try:
         train_three_steps(transport)
-        monkeypatch.setattr(client, "time", TickingClock())
-        monkeypatch.setattr(client, "select", SimpleNamespace(  # other threads: the real one
+        monkeypatch.setattr(lines, "time", TickingClock())
+        monkeypatch.setattr(lines, "select", SimpleNamespace(  # other threads: the real one
             poll=lambda: CountingPoll() if threading.get_ident() == here else select.poll(),
             POLLIN=select.POLLIN))
         with pytest.raises(TrainingError, match="did not answer"):  # nothing was asked: no reply
-            transport.lines[0].recv(timeout=0.3)
+            transport.lines[0].recv(Reply, timeout=0.3)
         assert polls == [0] * 4  # 0.05 s of the line's clock (4 readings), then it slept
     finally:
         transport.close()
