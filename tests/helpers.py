@@ -99,13 +99,15 @@ def stop_reading_once(worker: int, after_steps: int, requests: int, pause_s: flo
     into a full line), then waits for that step's reply as usual. Once."""
     import time
 
+    from nbdist.hub.messages import Step
+
     def not_reading_from(loop):
         transport, send_step = loop.transport, loop.transport.send_step
 
         def not_reading(*args, **kwargs):
             transport.send_step = send_step
             for _ in range(requests):
-                transport.lines[0].send({"op": "step", "worker": worker})
+                transport.lines[0].send(Step(worker))
             time.sleep(pause_s)
             send_step(*args, **kwargs)
             time.sleep(pause_s)
