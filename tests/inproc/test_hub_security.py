@@ -381,7 +381,8 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
         control = HubControl(key, [server.endpoints])
         # they never got in: each is refused at the handshake (counted when libzmq reports it),
         # no message of theirs is read
-        wait_for(lambda: control.stats()["dropped"].get("refused at the handshake", 0) >= 2, 10)
+        wait_for(lambda: control.stats()["dropped"].get("refused at the handshake", 0) >= 2, 30,
+                 what=lambda: f"both strangers refused (dropped: {control.stats()['dropped']})")
         stats = control.stats()
         assert stats["global_step"] == 1 and set(stats["dropped"]) == {"refused at the handshake"}
         control.shutdown()
