@@ -157,9 +157,8 @@ def test_checkpoints_csv_logs_tensorboard_and_lambda_callbacks_see_every_epoch(t
     with contextlib.redirect_stdout(io.StringIO()):
         nbdist.train(cell, namespace=ns, mode="local")
     assert calls == ["begin", 0, 1, 2, "end"]
-    assert sorted(p.name for p in tmp_path.glob("model-*.keras")) == ["model-1.keras",
-                                                                     "model-2.keras",
-                                                                     "model-3.keras"]
+    assert (sorted(p.name for p in tmp_path.glob("model-*.keras"))
+            == ["model-1.keras", "model-2.keras", "model-3.keras"])
     final = keras.models.load_model(tmp_path / "model-3.keras")
     for got, want in zip(final.get_weights(), ns["model"].get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
