@@ -23,7 +23,8 @@ def _mean_curve(runs: list[dict], index: int, steps: int = 40) -> list[tuple[flo
     out = []
     for k in range(1, steps + 1):
         t = t_end * k / steps
-        vals = [next((c[index] for c in reversed(r["curve"]) if c[0] <= t * (1 + 1e-9)), math.nan) for r in runs]
+        vals = [next((c[index] for c in reversed(r["curve"]) if c[0] <= t * (1 + 1e-9)), math.nan)
+                for r in runs]
         vals = [v for v in vals if math.isfinite(v)]
         if vals:
             out.append((t, sum(vals) / len(vals)))
@@ -46,7 +47,8 @@ def _panel(x0: float, y0: float, title: str, series: list[tuple[str, list[tuple[
     out = [f'<text x="{x0 + 6}" y="{y0 + 14}" font-size="12">{html.escape(title)}</text>',
            f'<line x1="{left}" y1="{bottom}" x2="{right}" y2="{bottom}" stroke="black"/>',
            f'<line x1="{left}" y1="{top}" x2="{left}" y2="{bottom}" stroke="black"/>',
-           f'<text x="{(left + right) / 2:.0f}" y="{bottom + 24}" text-anchor="middle">{html.escape(x_label)}</text>']
+           f'<text x="{(left + right) / 2:.0f}" y="{bottom + 24}" '
+           f'text-anchor="middle">{html.escape(x_label)}</text>']
     for k in range(5):
         y = lo + (hi - lo) * k / 4
         out.append(f'<text x="{left - 4}" y="{sy(y) + 4:.1f}" text-anchor="end">{y:.2g}</text>')
@@ -56,9 +58,10 @@ def _panel(x0: float, y0: float, title: str, series: list[tuple[str, list[tuple[
         color = COLORS[i % len(COLORS)]
         if pts:
             points = " ".join(f"{sx(x):.1f},{sy(y):.1f}" for x, y in pts)
-            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{points}"/>')
-        out.append(f'<text x="{right - 4}" y="{top + 12 + 13 * i}" text-anchor="end" fill="{color}">'
-                   f'{html.escape(name)}</text>')
+            out.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" '
+                       f'points="{points}"/>')
+        out.append(f'<text x="{right - 4}" y="{top + 12 + 13 * i}" text-anchor="end" '
+                   f'fill="{color}">{html.escape(name)}</text>')
     return out
 
 
@@ -80,10 +83,13 @@ def claim_svg(rows: list[dict], regimes: list[str], profile: str, algos: list[st
     """The claim's figure: per regime (a row), learning curves and staleness distributions."""
     width, height = 2 * PANEL_W + 20, 30 + PANEL_H * len(regimes)
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="10">', f'<rect width="{width}" height="{height}" fill="white"/>',
-             f'<text x="8" y="18" font-size="13">{html.escape(title)} ({html.escape(profile)}, mean of seeds)</text>']
+             'font-family="sans-serif" font-size="10">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
+             f'<text x="8" y="18" font-size="13">{html.escape(title)} ({html.escape(profile)}, '
+             'mean of seeds)</text>']
     for i, regime in enumerate(regimes):
-        mine = {a: [r for r in rows if r["regime"] == regime and r["profile"] == profile and r["algo"] == a]
+        mine = {a: [r for r in rows if r["regime"] == regime and r["profile"] == profile
+                    and r["algo"] == a]
                 for a in algos}
         curves = [(a, _mean_curve(runs, 2 if loss else 1)) for a, runs in mine.items()]
         y_range = (0.0, 2.5) if loss else (0.0, 1.0)  # loss: ln 10 = 2.3 is guessing
@@ -102,12 +108,14 @@ def paired_svg(title: str, panels: list[tuple[str, str, list[tuple[str, list[flo
     1..n), so each pair's two values sit above each other. `panels`: (title, y label, series)."""
     width, height = PANEL_W * len(panels) + 10 * (len(panels) - 1), 30 + PANEL_H
     parts = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{width}" height="{height}" '
-             'font-family="sans-serif" font-size="10">', f'<rect width="{width}" height="{height}" fill="white"/>',
+             'font-family="sans-serif" font-size="10">',
+             f'<rect width="{width}" height="{height}" fill="white"/>',
              f'<text x="8" y="18" font-size="13">{html.escape(title)}</text>']
     for i, (panel_title, x_label, series) in enumerate(panels):
         values = [v for _, vs in series for v in vs if math.isfinite(v)] or [0.0, 1.0]
         lo, hi = min(values), max(values)
         margin = (hi - lo) * 0.15 or abs(hi) * 0.1 or 1.0
         lines = [(name, [(k + 1, v) for k, v in enumerate(vs)]) for name, vs in series]
-        parts += _panel((PANEL_W + 10) * i, 26, panel_title, lines, (max(0.0, lo - margin), hi + margin), x_label)
+        parts += _panel((PANEL_W + 10) * i, 26, panel_title, lines,
+                        (max(0.0, lo - margin), hi + margin), x_label)
     return "\n".join([*parts, "</svg>"])

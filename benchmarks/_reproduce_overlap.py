@@ -12,9 +12,9 @@ and wall the time between the first and last push of that window at the hub (`ru
 keeps one row per push up to 1,024 pushes per worker, so the sums are exact). Gain =
 utilisation with overlap / without − 1, one pair per repeat; sign test over the pairs. Both
 regimes' models, on their first `samples` Fashion-MNIST images, batch 32, one epoch, SGD at
-the regime's sequential rate, no validation; one warm-up run first, not counted. The cost of overlap, one more step of delay per
-push, shows in the delay column: an overlapped push says it was computed on the pull before
-the last, and the hub counts its delay from that one.
+the regime's sequential rate, no validation; one warm-up run first, not counted. The cost of
+overlap, one more step of delay per push, shows in the delay column: an overlapped push says it
+was computed on the pull before the last, and the hub counts its delay from that one.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ THESIS = 0.28  # device utilisation gain from overlapping communication with com
 
 MODEL_CODE = {  # the same models as reproduce.py's build_model, as the cell the engines run
     "mlp": "[keras.Input((784,)), layers.Dense(128, activation='relu')]",
-    "cnn": ("[keras.Input((28, 28, 1)), layers.Conv2D(32, 3, activation='relu'), layers.MaxPooling2D(), "
-            "layers.Conv2D(64, 3, activation='relu'), layers.MaxPooling2D(), layers.Flatten()]"),
+    "cnn": ("[keras.Input((28, 28, 1)), layers.Conv2D(32, 3, activation='relu'), "
+            "layers.MaxPooling2D(), layers.Conv2D(64, 3, activation='relu'), "
+            "layers.MaxPooling2D(), layers.Flatten()]"),
 }
 CELL = '''
 import keras
@@ -72,19 +73,22 @@ def one_run(cluster, kind: str, samples: int, lr: float, seed: int, overlap: boo
 
     steps = -(-samples // 32)
     if steps > MAX_PUSHES:
-        raise ValueError(f"{samples} samples at batch 32 is {steps} pushes, more than run.timeline keeps one "
-                         f"row each for ({MAX_PUSHES}); use at most {MAX_PUSHES * 32} samples.")
-    run = nbdist.train(cell_for(kind, samples, lr, seed), cluster=cluster, namespace={}, workers=1, servers=1,
-                       epochs=1, batch_size=32, no_validation=True, overlap=overlap, seed=seed, timeout=120,
-                       wait=True)
+        raise ValueError(f"{samples} samples at batch 32 is {steps} pushes, more than run.timeline "
+                         f"keeps one row each for ({MAX_PUSHES}); use at most "
+                         f"{MAX_PUSHES * 32} samples.")
+    run = nbdist.train(cell_for(kind, samples, lr, seed), cluster=cluster, namespace={}, workers=1,
+                       servers=1, epochs=1, batch_size=32, no_validation=True, overlap=overlap,
+                       seed=seed, timeout=120, wait=True)
     rows = [r for r in run.timeline.to_dict("records") if r["worker"] == 0]
     if len(rows) != steps:
-        raise RuntimeError(f"run.timeline has {len(rows)} rows for {steps} pushes: rows were merged, so the "
-                           "per-push sums are not exact. Use fewer samples.")
+        raise RuntimeError(f"run.timeline has {len(rows)} rows for {steps} pushes: rows were "
+                           "merged, so the per-push sums are not exact. Use fewer samples.")
     util, pushes, wall = utilisation(rows)
-    return {"kind": kind, "seed": seed, "overlap": overlap, "samples": samples, "utilisation": util, "pushes": pushes,
+    return {"kind": kind, "seed": seed, "overlap": overlap, "samples": samples, "utilisation": util,
+            "pushes": pushes,
             "compute_ms": 1e3 * sum(r["compute_s"] for r in rows[1:]) / (len(rows) - 1),
-            "delay_mean": float(run.nodes.iloc[0]["delay_mean"]), "samples_per_s": 32 * pushes / wall}
+            "delay_mean": float(run.nodes.iloc[0]["delay_mean"]),
+            "samples_per_s": 32 * pushes / wall}
 
 
 def overlap_rows(regimes: dict, samples: int, repeats: int, log) -> list[dict]:
@@ -101,11 +105,12 @@ def overlap_rows(regimes: dict, samples: int, repeats: int, log) -> list[dict]:
             for seed in range(repeats):
                 for overlap in (False, True):
                     t0 = time.perf_counter()
-                    row = {"regime": regime, **one_run(cluster, spec["model"], samples, spec["lr"], seed, overlap)}
+                    row = {"regime": regime,
+                           **one_run(cluster, spec["model"], samples, spec["lr"], seed, overlap)}
                     out.append(row)
-                    log(f"overlap {regime} seed={seed} overlap={overlap}: utilisation {row['utilisation']:.3f}, "
-                        f"compute {row['compute_ms']:.2f} ms/step, delay {row['delay_mean']:.2f} "
-                        f"({time.perf_counter() - t0:.0f} s)")
+                    log(f"overlap {regime} seed={seed} overlap={overlap}: utilisation "
+                        f"{row['utilisation']:.3f}, compute {row['compute_ms']:.2f} ms/step, delay "
+                        f"{row['delay_mean']:.2f} ({time.perf_counter() - t0:.0f} s)")
     finally:
         cluster.stop()
     return out
@@ -114,12 +119,13 @@ def overlap_rows(regimes: dict, samples: int, repeats: int, log) -> list[dict]:
 def overlap_block(rows: list[dict], regimes: list[str]) -> tuple[list[str], dict]:
     """The report's section and the closing note's verdicts, from the measured rows."""
     lines = ["### Overlap: `--overlap` raises device utilisation (thesis: +28%)", "",
-             "Measured, not modelled: real nbdist runs on a local cluster of 2 ipyparallel engines (the hub shard "
-             "as its own process on one, one worker on the other), plain and `overlap=True` interleaved per "
-             "repeat in one process run; the regime's model on its first "
-             f"{rows[0]['samples']:,} Fashion-MNIST images, batch 32, one epoch. "
-             "Utilisation = Σ compute time the worker reported / wall time, over its pushes 10%..95% of the run; "
-             "gain = utilisation with overlap / without − 1, paired by repeat; sign test over the pairs.", ""]
+             "Measured, not modelled: real nbdist runs on a local cluster of 2 ipyparallel engines "
+             "(the hub shard as its own process on one, one worker on the other), plain and "
+             "`overlap=True` interleaved per repeat in one process run; the regime's model on its "
+             f"first {rows[0]['samples']:,} Fashion-MNIST images, batch 32, one epoch. Utilisation "
+             "= Σ compute time the worker reported / wall time, over its pushes 10%..95% of the "
+             "run; gain = utilisation with overlap / without − 1, paired by repeat; sign "
+             "test over the pairs.", ""]
     verdicts = {}
     for regime in regimes:
         mine = [r for r in rows if r["regime"] == regime]
@@ -140,19 +146,23 @@ def overlap_block(rows: list[dict], regimes: list[str]) -> tuple[list[str], dict
 
         def avg(side, key, s=seeds):
             return sum(side[k][key] for k in s) / len(s)
-        lines.append(f"- **{regime}: {verdicts[regime]}** — utilisation {avg(plain, 'utilisation'):.2f} without, "
-                     f"{avg(over, 'utilisation'):.2f} with overlap; gain {summary(gains, 1, percent=True)}; "
-                     f"{wins} wins, {losses} losses (sign test p = {p_for:.3g} for, {p_against:.3g} against). "
-                     f"Samples/s {summary(speed, 1, percent=True)}. Compute per step "
-                     f"{avg(plain, 'compute_ms'):.2f} ms without, {avg(over, 'compute_ms'):.2f} ms with; mean delay "
-                     f"{avg(plain, 'delay_mean'):.2f} without, {avg(over, 'delay_mean'):.2f} with (an overlapped "
-                     "gradient was computed on the pull before the last, and the hub counts it from that one).")
-    lines += ["", "Mechanism: overlap hides the push/pull round trip behind the next step's compute, so the gain "
-              "is large where the round trip is comparable to a step (the overhead-bound MLP) and small where "
-              "compute dominates. On 2 cores the hub's process and the worker's sending and receiving also compete "
-              "with TensorFlow for the CPU, so the overlapped compute can itself get slower (compute per step "
-              "above): utilisation then rises partly because the same work takes longer, and samples/s, the "
-              "gain at equal work, is the number to read next to it.", "",
-              "What would change this verdict: a real network instead of one host (longer round trips raise "
-              "the gain), a GPU worker (compute off the CPU the hub uses), or more workers per hub.", ""]
+        lines.append(f"- **{regime}: {verdicts[regime]}** — utilisation "
+                     f"{avg(plain, 'utilisation'):.2f} without, {avg(over, 'utilisation'):.2f} "
+                     f"with overlap; gain {summary(gains, 1, percent=True)}; {wins} wins, {losses} "
+                     f"losses (sign test p = {p_for:.3g} for, {p_against:.3g} against). Samples/s "
+                     f"{summary(speed, 1, percent=True)}. Compute per step "
+                     f"{avg(plain, 'compute_ms'):.2f} ms without, {avg(over, 'compute_ms'):.2f} ms "
+                     f"with; mean delay {avg(plain, 'delay_mean'):.2f} without, "
+                     f"{avg(over, 'delay_mean'):.2f} with (an overlapped gradient was computed on "
+                     "the pull before the last, and the hub counts it from that one).")
+    lines += ["", "Mechanism: overlap hides the push/pull round trip behind the next step's "
+              "compute, so the gain is large where the round trip is comparable to a step (the "
+              "overhead-bound MLP) and small where compute dominates. On 2 cores the hub's process "
+              "and the worker's sending and receiving also compete with TensorFlow for the CPU, so "
+              "the overlapped compute can itself get slower (compute per step above): utilisation "
+              "then rises partly because the same work takes longer, and samples/s, the gain at "
+              "equal work, is the number to read next to it.", "",
+              "What would change this verdict: a real network instead of one host (longer round "
+              "trips raise the gain), a GPU worker (compute off the CPU the hub uses), or "
+              "more workers per hub.", ""]
     return lines, verdicts

@@ -97,14 +97,17 @@ def pinned_threads(pins: dict[int, dict]) -> dict[int, tuple[int, int]]:
 def one_run(cluster, cell: str, method: str, seed: int, micro_batches: int, samples: int) -> dict:
     import nbdist
 
-    run = nbdist.train(cell, cluster=cluster, namespace={}, mode="pipeline", stages=2, micro_batches=micro_batches,
-                       batch_size=BATCH, partition=method, seed=seed, no_validation=True, timeout=300)
+    run = nbdist.train(cell, cluster=cluster, namespace={}, mode="pipeline", stages=2,
+                       micro_batches=micro_batches, batch_size=BATCH, partition=method, seed=seed,
+                       no_validation=True, timeout=300)
     run.wait(timeout=1800)
     rate = steady_rate(run.history)
     part = run.partition
     return {"method": method, "seed": seed, "samples_per_s": rate, "epoch_s": samples / rate,
-            "cut": " | ".join(part["layers"]), "predicted_ms": float(part["predicted_s"].max() * 1e3),
-            "measured_ms": float(part["measured_s"].max() * 1e3), "bubble": float(run.pipeline["bubble"]),
+            "cut": " | ".join(part["layers"]),
+            "predicted_ms": float(part["predicted_s"].max() * 1e3),
+            "measured_ms": float(part["measured_s"].max() * 1e3),
+            "bubble": float(run.pipeline["bubble"]),
             "predicted_all_ms": {m: p.slowest * 1e3 for m, p in run.partitions.items()}}
 
 
@@ -127,11 +130,13 @@ def pipeline_rows(repeats: int, samples: int, micro_batches: int, log) -> list[d
                 t0 = time.perf_counter()
                 row = one_run(cluster, cell, method, seed, micro_batches, samples)
                 held = pinned_threads(pins)
-                row.update(wall_s=time.perf_counter() - t0, cores={str(e): p["core"] for e, p in pins.items()},
+                row.update(wall_s=time.perf_counter() - t0,
+                           cores={str(e): p["core"] for e, p in pins.items()},
                            pinned={str(e): list(h) for e, h in held.items()})
                 out.append(row)
-                log(f"pipeline seed={seed} {method:8s} cut {row['cut']}: {row['samples_per_s']:.0f} samples/s, "
-                    f"epoch {row['epoch_s']:.2f} s, slowest stage predicted {row['predicted_ms']:.1f} ms, measured "
+                log(f"pipeline seed={seed} {method:8s} cut {row['cut']}: "
+                    f"{row['samples_per_s']:.0f} samples/s, epoch {row['epoch_s']:.2f} s, slowest "
+                    f"stage predicted {row['predicted_ms']:.1f} ms, measured "
                     f"{row['measured_ms']:.1f} ms, threads pinned {held} ({row['wall_s']:.0f} s)")
     finally:
         cluster.stop()
@@ -140,11 +145,13 @@ def pipeline_rows(repeats: int, samples: int, micro_batches: int, log) -> list[d
 
 def pipeline_block(rows: list[dict]) -> tuple[list[str], str]:
     """The report's section and the closing note's verdict for the pipeline claim."""
-    head = "### Pipeline: a greedy partition trains faster than a random one (thesis: −34% training time)"
+    head = ("### Pipeline: a greedy partition trains faster than a random one "
+            "(thesis: −34% training time)")
     if not rows:
-        return [head, "", "**Not measured yet.** Run `python benchmarks/reproduce.py --part pipeline` (about "
-                "8 minutes; a real 2-engine cluster): its rows join this report, paired by seed, with the same "
-                "sign test.", ""], "not measured yet"
+        return [head, "",
+                "**Not measured yet.** Run `python benchmarks/reproduce.py --part pipeline` (about "
+                "8 minutes; a real 2-engine cluster): its rows join this report, paired by seed, "
+                "with the same sign test.", ""], "not measured yet"
     by = {(r["method"], r["seed"]): r for r in rows}
     wins = losses = ties = 0
     cuts, gains = [], []
@@ -152,9 +159,10 @@ def pipeline_block(rows: list[dict]) -> tuple[list[str], str]:
         g, r = by.get(("greedy", seed)), by.get(("random", seed))
         if g is None or r is None:
             continue
-        cuts.append(f"seed {seed}: {r['cut']} ({r['epoch_s']:.2f} s; slowest stage {r['measured_ms']:.1f} ms measured, "
-                    f"{r['predicted_ms']:.1f} predicted) against {g['cut']} ({g['epoch_s']:.2f} s; "
-                    f"{g['measured_ms']:.1f}, {g['predicted_ms']:.1f})")
+        cuts.append(f"seed {seed}: {r['cut']} ({r['epoch_s']:.2f} s; slowest stage "
+                    f"{r['measured_ms']:.1f} ms measured, {r['predicted_ms']:.1f} predicted) "
+                    f"against {g['cut']} ({g['epoch_s']:.2f} s; {g['measured_ms']:.1f}, "
+                    f"{g['predicted_ms']:.1f})")
         if r["cut"] == g["cut"]:  # the same partition: any difference is the machine's noise
             ties += 1
             continue
@@ -169,31 +177,39 @@ def pipeline_block(rows: list[dict]) -> tuple[list[str], str]:
     greedy0 = by.get(("greedy", 0))
     pinned = rows[0]["pinned"]
     lines = [head, "",
-             "Measured on real engines, not simulated: a local cluster of 2 ipyparallel engines, each pinned with "
-             "all its threads to its own core (`os.sched_setaffinity` per thread, read back after every run: "
-             + ", ".join(f"engine {e} {on}/{n} threads on core {rows[0]['cores'][e]}" for e, (on, n) in pinned.items())
-             + " after the first), S = 2 stages, a CNN whose layers differ a lot in cost (five 3x3 convolutions of 0.4 to "
-             "2.4 M multiply-adds per sample, pools, a 128-10 dense head; _reproduce_pipeline.py) on random data, batch 64 in 4 micro-batches, GPipe, "
-             f"one epoch of {round(rows[0]['samples_per_s'] * rows[0]['epoch_s'])} samples. **Two pinned cores on "
-             "one host stand in for two nodes: there is no network**, the stages exchange activations through "
-             "shared memory, so a cut's communication costs far less than on the thesis's cluster. Time per "
-             "epoch = samples / steady-state samples/s (steps 2..last). Each random partition (drawn from the "
-             "seed) is paired with the greedy run next to it; a pair where random drew greedy's own cut is a tie.",
+             "Measured on real engines, not simulated: a local cluster of 2 ipyparallel engines, "
+             "each pinned with all its threads to its own core (`os.sched_setaffinity` per thread, "
+             "read back after every run: "
+             + ", ".join(f"engine {e} {on}/{n} threads on core {rows[0]['cores'][e]}"
+                         for e, (on, n) in pinned.items())
+             + " after the first), S = 2 stages, a CNN whose layers differ a lot in cost (five 3x3 "
+             "convolutions of 0.4 to 2.4 M multiply-adds per sample, pools, a 128-10 dense head; "
+             "_reproduce_pipeline.py) on random data, batch 64 in 4 micro-batches, GPipe, one "
+             f"epoch of {round(rows[0]['samples_per_s'] * rows[0]['epoch_s'])} samples. **Two "
+             "pinned cores on one host stand in for two nodes: there is no network**, the stages "
+             "exchange activations through shared memory, so a cut's communication costs far less "
+             "than on the thesis's cluster. Time per epoch = samples / steady-state samples/s "
+             "(steps 2..last). Each random partition (drawn from the seed) is paired with the "
+             "greedy run next to it; a pair where random drew greedy's own cut is a tie.",
              "",
-             f"- **{verdict}** — {wins} wins, {losses} losses, {ties} ties (sign test p = {p_for:.3g} for, "
-             f"{p_against:.3g} against). Time saved by greedy, 1 − t_greedy / t_random: "
-             f"{summary(gains, 1, percent=True)}.",
-             "- Pairs (random's cut, time per epoch and slowest stage per micro-batch against greedy's; a predicted "
-             "time comes from that run's own profile): " + "; ".join(cuts) + "."]
+             f"- **{verdict}** — {wins} wins, {losses} losses, {ties} ties (sign test p = "
+             f"{p_for:.3g} for, {p_against:.3g} against). Time saved by greedy, 1 − t_greedy / "
+             f"t_random: {summary(gains, 1, percent=True)}.",
+             "- Pairs (random's cut, time per epoch and slowest stage per micro-batch "
+             "against greedy's; a predicted time comes from that run's own profile): "
+             + "; ".join(cuts) + "."]
     if opt and greedy0:
-        lines.append(f"- Optimal (seed 0): cut {opt['cut']}, {opt['epoch_s']:.2f} s per epoch against greedy's "
-                     f"{greedy0['epoch_s']:.2f} s; predicted slowest stage per micro-batch from that run's profile: "
-                     + ", ".join(f"{m} {t:.1f} ms" for m, t in opt["predicted_all_ms"].items()) + ".")
-    lines += ["", "Mechanism: a pipeline runs at the pace of its slowest stage; greedy walks the layers and cuts "
-              "where the measured cost reaches the mean per stage, so the stages are near balanced, while a random "
-              "cut can leave most of the convolutions on one stage.", "",
-              "What would change this verdict: a model whose layers cost about the same (any cut is then near "
-              "balanced), more stages (more ways for a random cut to be bad), or a real network between the "
-              "stages, where a cut through a large activation costs transfer time the profile's link model "
-              "only estimates.", ""]
+        lines.append(f"- Optimal (seed 0): cut {opt['cut']}, {opt['epoch_s']:.2f} s per epoch "
+                     f"against greedy's {greedy0['epoch_s']:.2f} s; predicted slowest stage per "
+                     "micro-batch from that run's profile: "
+                     + ", ".join(f"{m} {t:.1f} ms"
+                                 for m, t in opt["predicted_all_ms"].items()) + ".")
+    lines += ["", "Mechanism: a pipeline runs at the pace of its slowest stage; greedy walks the "
+              "layers and cuts where the measured cost reaches the mean per stage, so the stages "
+              "are near balanced, while a random cut can leave most of the "
+              "convolutions on one stage.", "",
+              "What would change this verdict: a model whose layers cost about the same (any cut "
+              "is then near balanced), more stages (more ways for a random cut to be bad), or a "
+              "real network between the stages, where a cut through a large activation costs "
+              "transfer time the profile's link model only estimates.", ""]
     return lines, verdict

@@ -75,7 +75,8 @@ def compare(rows: list[dict], regime: str, better: str, than: str, key: str, low
         b = runs.get((profile, than, seed))
         if algo != better or profile not in profiles or b is None:
             continue
-        va, vb = (worst if r["diverged"] or math.isnan(metric(r, key, target)) else metric(r, key, target)
+        va, vb = (worst if r["diverged"] or math.isnan(metric(r, key, target))
+                  else metric(r, key, target)
                   for r in (a, b))
         if va == vb:
             ties += 1

@@ -1,4 +1,5 @@
-"""An Adam CNN with augmentation layers on 2 (or --workers) async workers against `model.fit`: which rule.
+"""An Adam CNN with augmentation layers on 2 (or --workers) async workers against `model.fit`:
+which rule.
 
 What it measures
     The keras.io convnet (conv32-pool-conv64-pool-dropout 0.5-dense10, `optimizer="adam"`;
@@ -25,9 +26,11 @@ What it measures
     same seed; the table gives the mean over the side's seeds, the smallest and largest gap,
     the mean push delay tau (run.nodes) and the wall time per run. No validation during runs.
 
-    python benchmarks/augment_gap.py                        # every side, 3 seeds (~10 min on a busy 2-core machine)
+    python benchmarks/augment_gap.py                        # every side, 3 seeds (~10 min on a
+                                                            # busy 2-core machine)
     python benchmarks/augment_gap.py --seeds 3 --sides fit asgd asgd-slr
-    python benchmarks/augment_gap.py --batch 32 --epochs 2 --sides fit asgd asgd-slr dc-asgd-a ssp0 asgd-noaug
+    python benchmarks/augment_gap.py --batch 32 --epochs 2 \
+        --sides fit asgd asgd-slr dc-asgd-a ssp0 asgd-noaug
     python benchmarks/augment_gap.py --model small --train 6000 --batch 32 --epochs 2 \
         --sides fit asgd asgd-slr dc-asgd-a ssp0 asgd-noaug local
     python benchmarks/augment_gap.py --model small --train 6000 --batch 32 --epochs 2 --seeds 10 \
@@ -62,8 +65,10 @@ model = keras.Sequential([
 model.compile(optimizer="adam", loss="sparse_categorical_crossentropy", metrics=["accuracy"])
 '''
 MODELS = {  # the convolutions before flatten-dropout-dense10
-    "keras-io": ('\n    keras.layers.Conv2D(32, 3, activation="relu"), keras.layers.MaxPooling2D(),'
-                 '\n    keras.layers.Conv2D(64, 3, activation="relu"), keras.layers.MaxPooling2D(),'),
+    "keras-io": ('\n    keras.layers.Conv2D(32, 3, activation="relu"), '
+                 'keras.layers.MaxPooling2D(),'
+                 '\n    keras.layers.Conv2D(64, 3, activation="relu"), '
+                 'keras.layers.MaxPooling2D(),'),
     "small": '\n    keras.layers.Conv2D(8, 3, activation="relu"), keras.layers.MaxPooling2D(),',
 }
 AUGMENT = '\n    keras.layers.RandomFlip("horizontal"), keras.layers.RandomTranslation(0.1, 0.1),'
@@ -82,22 +87,25 @@ ASYNC = {"mode": "async"}  # every nbdist side but local gets workers=--workers
 SIDES = {
     "fit": Side("model.fit"),
     "asgd": Side("async asgd", options={**ASYNC, "algorithm": "asgd"}),
-    "asgd-slr": Side("async asgd --staleness-lr", options={**ASYNC, "algorithm": "asgd", "staleness_lr": True}),
+    "asgd-slr": Side("async asgd --staleness-lr",
+                     options={**ASYNC, "algorithm": "asgd", "staleness_lr": True}),
     "dc-asgd-a": Side("async dc-asgd-a", options={**ASYNC, "algorithm": "dc-asgd-a"}),
     "ssp0": Side("async ssp --staleness 0", options={**ASYNC, "algorithm": "ssp", "staleness": 0}),
     "softsync": Side("async softsync --n 1", options={**ASYNC, "algorithm": "softsync", "n": 1}),
     "group": Side("async group --groups 1", options={**ASYNC, "algorithm": "group", "groups": 1}),
     "fit-noaug": Side("model.fit, no augmentation", augment=False),
-    "asgd-noaug": Side("async asgd, no augmentation", augment=False, options={**ASYNC, "algorithm": "asgd"}),
+    "asgd-noaug": Side("async asgd, no augmentation", augment=False,
+                       options={**ASYNC, "algorithm": "asgd"}),
     "local": Side("local (1 worker)", options={"mode": "local"}, first_seed_only=True),
     "sync": Side("sync M x B/M", options={"mode": "sync"}, first_seed_only=True, split_batch=True),
 }
-DEFAULT_SIDES = [k for k in SIDES if k != "group"]  # group with one group repeats softsync's arithmetic
+# group with one group repeats softsync's arithmetic
+DEFAULT_SIDES = [k for k in SIDES if k != "group"]
 
 
 def cell_for(side: Side, seed: int, args) -> str:
-    return CELL.format(seed=seed, train=args.train, test=args.test, augment=AUGMENT if side.augment else "",
-                       layers=MODELS[args.model])
+    return CELL.format(seed=seed, train=args.train, test=args.test,
+                       augment=AUGMENT if side.augment else "", layers=MODELS[args.model])
 
 
 def run_side(cluster, side: Side, seed: int, args) -> dict:
@@ -106,19 +114,20 @@ def run_side(cluster, side: Side, seed: int, args) -> dict:
     t0 = time.perf_counter()
     if side.options is None:
         exec(cell, ns)  # noqa: S102 - the benchmark's own cell
-        history = ns["model"].fit(ns["x_train"], ns["y_train"], batch_size=args.batch, epochs=args.epochs,
-                                  verbose=0)
+        history = ns["model"].fit(ns["x_train"], ns["y_train"], batch_size=args.batch,
+                                  epochs=args.epochs, verbose=0)
         tau, train_loss = float("nan"), float(history.history["loss"][-1])
     else:
         import nbdist
 
         batch = args.batch // args.workers if side.split_batch else args.batch
         workers = {} if side.options["mode"] == "local" else {"workers": args.workers}
-        run = nbdist.train(cell, cluster=cluster, namespace=ns, epochs=args.epochs, batch_size=batch,
-                           seed=seed, no_validation=True, timeout=120, wait=True,
+        run = nbdist.train(cell, cluster=cluster, namespace=ns, epochs=args.epochs,
+                           batch_size=batch, seed=seed, no_validation=True, timeout=120, wait=True,
                            **side.options, **workers)
         if run.status != "finished" or run.error is not None:
-            raise RuntimeError(f"{side.label}, seed {seed}: the run ended {run.status}: {run.error}")
+            raise RuntimeError(f"{side.label}, seed {seed}: the run ended {run.status}: "
+                               f"{run.error}")
         nodes = run.nodes
         tau = float(nodes["delay_mean"].mean()) if "delay_mean" in nodes.columns else float("nan")
         train_loss = last_epoch_loss(run)
@@ -151,26 +160,30 @@ def summary_row(name: str, results: dict[str, dict[int, dict]]) -> list:
         [r["acc"] - results[reference(name)][s]["acc"] for s, r in mine.items()]
     gap_cells = [f"{statistics.mean(gaps):+.3f}", f"{min(gaps):+.3f}", f"{max(gaps):+.3f}",
                  f"{sum(g < 0 for g in gaps)}/{len(gaps)}"] if gaps else ["-"] * 4
-    return [SIDES[name].label, f"{statistics.mean(r['acc'] for r in mine.values()):.3f}", *gap_cells,
+    return [SIDES[name].label, f"{statistics.mean(r['acc'] for r in mine.values()):.3f}",
+            *gap_cells,
             *(median([r[k] for r in mine.values()]) for k in ("train_loss", "tau", "seconds")),
             ", ".join(f"{r['acc']:.3f}" for _, r in sorted(mine.items()))]
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--seeds", type=int, default=3)
     parser.add_argument("--train", type=int, default=12000, help="training images (default 12,000)")
     parser.add_argument("--test", type=int, default=2000, help="test images (default 2,000)")
     parser.add_argument("--epochs", type=int, default=3)
-    parser.add_argument("--batch", type=int, default=128, help="fit's batch and each async worker's")
-    parser.add_argument("--workers", type=int, default=2, help="async workers and sync ranks (default 2)")
+    parser.add_argument("--batch", type=int, default=128,
+                        help="fit's batch and each async worker's")
+    parser.add_argument("--workers", type=int, default=2,
+                        help="async workers and sync ranks (default 2)")
     parser.add_argument("--model", choices=list(MODELS), default="keras-io",
                         help="keras-io: conv32-pool-conv64-pool (default); small: conv8-pool, the "
                              "tests' typical Adam convnet")
     parser.add_argument("--sides", nargs="+", choices=list(SIDES), default=DEFAULT_SIDES,
                         help=f"default: {' '.join(DEFAULT_SIDES)}")
     args = parser.parse_args()
-    names = list(dict.fromkeys([*(reference(n) for n in args.sides if n not in ("fit", "fit-noaug")),
+    names = list(dict.fromkeys([*(reference(n) for n in args.sides
+                                  if n not in ("fit", "fit-noaug")),
                                 *args.sides]))  # every gap needs its fit
 
     import nbdist
@@ -178,7 +191,8 @@ def main() -> None:
     results: dict[str, dict[int, dict]] = {name: {} for name in names}
     started = time.monotonic()
     print(f"augment_gap: {args.model} convnet, {args.workers} workers, {args.train:,} images, "
-          f"{args.epochs} epoch(s), batch {args.batch}, seeds 0..{args.seeds - 1}, sides {' '.join(names)}",
+          f"{args.epochs} epoch(s), batch {args.batch}, seeds 0..{args.seeds - 1}, sides "
+          f"{' '.join(names)}",
           flush=True)
     cluster = nbdist.Cluster.start(args.workers + 1)  # async: 1 hub engine + the workers
     try:
@@ -186,9 +200,9 @@ def main() -> None:
             order = [n for n in names if seed == 0 or not SIDES[n].first_seed_only]
             for name in order if seed % 2 == 0 else order[::-1]:  # alternate the order
                 r = results[name][seed] = run_side(cluster, SIDES[name], seed, args)
-                print(f"  seed {seed} {SIDES[name].label:<32} acc {r['acc']:.4f}  loss {r['loss']:.4f}  "
-                      f"train loss {r['train_loss']:.4f}  "
-                      f"tau {r['tau']:.2f}  {r['seconds']:.0f} s  (total {time.monotonic() - started:.0f} s)",
+                print(f"  seed {seed} {SIDES[name].label:<32} acc {r['acc']:.4f}  loss "
+                      f"{r['loss']:.4f}  train loss {r['train_loss']:.4f}  tau {r['tau']:.2f}  "
+                      f"{r['seconds']:.0f} s  (total {time.monotonic() - started:.0f} s)",
                       flush=True)
     finally:
         cluster.stop()
@@ -196,10 +210,11 @@ def main() -> None:
     rows = [summary_row(name, results) for name in names]
     sync = f" (sync: {args.workers} x {args.batch // args.workers})" if "sync" in names else ""
     print(f"\n{args.model} convnet, {args.workers} workers, {args.train:,} training images, "
-          f"{args.epochs} epoch(s), batch {args.batch}{sync}, {args.test:,} test images, Adam 1e-3; gap = accuracy - fit's "
-          f"on the same seed (no-augmentation sides: fit's without augmentation)")
-    print(table(["side", "test acc (mean)", "gap mean", "gap min", "gap max", "below fit", "train loss", "tau",
-                 "s/run", "per seed"], rows))
+          f"{args.epochs} epoch(s), batch {args.batch}{sync}, {args.test:,} test images, Adam "
+          "1e-3; gap = accuracy - fit's on the same seed (no-augmentation sides: fit's "
+          "without augmentation)")
+    print(table(["side", "test acc (mean)", "gap mean", "gap min", "gap max", "below fit",
+                 "train loss", "tau", "s/run", "per seed"], rows))
     print(f"total {time.monotonic() - started:.0f} s")
 
 

@@ -47,8 +47,9 @@ def kernel_constraints(name: str) -> list[dict]:
     entries, start = [], 0
     for i, shape in enumerate(SHAPES):
         if len(shape) == 2:
-            entries.append({"variable": f"dense_{i // 2}/kernel", "start": start, "shape": list(shape),
-                            "class_name": name, "config": CONFIGS[name], "epsilon": 1e-7})
+            entries.append({"variable": f"dense_{i // 2}/kernel", "start": start,
+                            "shape": list(shape), "class_name": name, "config": CONFIGS[name],
+                            "epsilon": 1e-7})
         start += math.prod(shape)
     return entries
 
@@ -91,8 +92,9 @@ def main() -> None:
                         help="the constraint put on every kernel")
     args = parser.parse_args()
     size = sum(math.prod(s) for s in SHAPES)
-    print(f"constraints on the hub: {size:,} floats, {args.constraint} on every kernel; update kernel: "
-          f"{kernels.IMPLEMENTATION}; {args.repeats} rounds of 5 calls; load {os.getloadavg()[0]:.2f} (1 min)",
+    print(f"constraints on the hub: {size:,} floats, {args.constraint} on every kernel; update "
+          f"kernel: {kernels.IMPLEMENTATION}; {args.repeats} rounds of 5 calls; load "
+          f"{os.getloadavg()[0]:.2f} (1 min)",
           flush=True)
     rows = measure(args.repeats, args.constraint)
     print()

@@ -51,20 +51,25 @@ def stats_stream(workers: int, seconds: float, pushes_per_s: float, seed: int = 
         for _ in range(int(pushes_per_s * POLL_S)):
             w = int(rng.integers(workers))
             step += 1
-            rows.append([t, step, t / 30, w, float(2 / (1 + t) + rng.random() * 0.1), int(rng.integers(6)), 32])
-        nodes = [{"worker": w, "engine": w + 1, "host": "localhost", "state": "running", "samples": step * 2,
-                  "samples_per_s": float(speed[w]), "steps": step // workers, "delay_mean": 2.0, "delay_p95": 4.0,
-                  "delay_max": 6, "batch_size": 32, "slowdown": 1.0, "group": None, "loss": 0.5,
-                  "compute_s": 0.01, "comm_s": 0.001} for w in range(workers)]
-        reply = {"nodes": nodes, "history": rows, "paused": False, "lr": 0.05, "batch_policy": "fixed",
-                 "global_step": step, "epochs_done": t / 30,
-                 "delays": {str(w): {d: int(rng.integers(50)) for d in range(8)} for w in range(workers)},
+            rows.append([t, step, t / 30, w, float(2 / (1 + t) + rng.random() * 0.1),
+                         int(rng.integers(6)), 32])
+        nodes = [{"worker": w, "engine": w + 1, "host": "localhost", "state": "running",
+                  "samples": step * 2, "samples_per_s": float(speed[w]), "steps": step // workers,
+                  "delay_mean": 2.0, "delay_p95": 4.0, "delay_max": 6, "batch_size": 32,
+                  "slowdown": 1.0, "group": None, "loss": 0.5, "compute_s": 0.01, "comm_s": 0.001}
+                 for w in range(workers)]
+        reply = {"nodes": nodes, "history": rows, "paused": False, "lr": 0.05,
+                 "batch_policy": "fixed", "global_step": step, "epochs_done": t / 30,
+                 "delays": {str(w): {d: int(rng.integers(50)) for d in range(8)}
+                            for w in range(workers)},
                  "events": [{"time": 5.0, "step": 100, "event": "set_lr", "lr": 0.05}],
-                 "evals": [{"time": e, "step": int(e * pushes_per_s), "val_accuracy": 0.8, "val_loss": 0.5}
+                 "evals": [{"time": e, "step": int(e * pushes_per_s), "val_accuracy": 0.8,
+                            "val_loss": 0.5}
                            for e in np.arange(30.0, t, 30.0)]}
         if i % int(TIMELINE_EVERY_S / POLL_S) == 0:
             times = np.linspace(0, t, min(TIMELINE_ROWS, 4 * (i + 1)))
-            reply["timeline"] = [{"worker": w, "time": float(x), "samples_per_s": float(speed[w] * (0.9 + 0.2 * rng.random())),
+            reply["timeline"] = [{"worker": w, "time": float(x),
+                                  "samples_per_s": float(speed[w] * (0.9 + 0.2 * rng.random())),
                                   "batch_size": 32.0, "delay_mean": 2.0, "delay_p95": 4.0}
                                  for w in range(workers) for x in times]
         yield t, reply
@@ -102,8 +107,8 @@ def main() -> None:
     template("plotly_white")  # a one-time plotly import (~1 s), not a refresh cost
     text = measure(args.workers, args.seconds, pushes, dashboard=False)
     live = measure(args.workers, args.seconds, pushes, dashboard=True)
-    print(f"{args.workers} workers, {args.seconds:.0f} simulated s, {pushes:.0f} pushes/s in total, "
-          f"refresh every {REFRESH_S} s (text: every 1 s)")
+    print(f"{args.workers} workers, {args.seconds:.0f} simulated s, {pushes:.0f} pushes/s in "
+          f"total, refresh every {REFRESH_S} s (text: every 1 s)")
     print(table(["display", "CPU s", "share of one core %", "ratio to text"], [
         ["text status line", text, 100 * text / args.seconds, 1.0],
         ["live dashboard", live, 100 * live / args.seconds, live / text if text else float("nan")],

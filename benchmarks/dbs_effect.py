@@ -38,7 +38,8 @@ How to read it
     slow worker sits at DBS's batch floor (`batch_min`; nbdist's default when not given)
     whatever its speed. A larger `--batch` makes the per-sample cost count for more.
 
-    python benchmarks/dbs_effect.py                  # both profiles, 20 s per run, 2 repeats (~3.5 min)
+    python benchmarks/dbs_effect.py                  # both profiles, 20 s per run, 2 repeats
+                                                     # (~3.5 min)
     python benchmarks/dbs_effect.py --quick          # profile 1,1,3, 8 s per run, 1 repeat (~1 min)
     python benchmarks/dbs_effect.py --seconds 30 --repeats 3 --profiles 1,2,4
     python benchmarks/dbs_effect.py --batch-min 4    # adds a third variant: dbs with batch_min 4
@@ -114,7 +115,8 @@ def measure(cluster, profile: str, dbs: bool, seconds: float, batch_min: int | N
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="profile 1,1,3, 8 s runs, 1 repeat")
-    parser.add_argument("--seconds", type=float, default=None, help="budget per run (default 20; 8 with --quick)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="budget per run (default 20; 8 with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="default 2 (1 with --quick)")
     parser.add_argument("--profiles", nargs="+", default=None, help='default "1,1,3" "1,2,4"')
     parser.add_argument("--batch", type=int, default=64, help="base batch per worker (default 64)")
@@ -127,8 +129,9 @@ def main() -> None:
     variants = [("asgd", False, None), ("asgd+dbs", True, None)]
     if args.batch_min:
         variants.append((f"asgd+dbs min {args.batch_min}", True, args.batch_min))
-    print(f"dbs_effect: 784-256-256-10 MLP on Fashion-MNIST, {WORKERS} workers, batch {args.batch} each, "
-          f"profiles {profiles}, {seconds:g} s per run from the first push, {repeats} repeat(s)",
+    print(f"dbs_effect: 784-256-256-10 MLP on Fashion-MNIST, {WORKERS} workers, batch {args.batch} "
+          f"each, profiles {profiles}, {seconds:g} s per run from the first push, "
+          f"{repeats} repeat(s)",
           flush=True)
 
     results: dict[tuple[str, str], list[dict]] = {(p, v[0]): [] for p in profiles for v in variants}
@@ -146,9 +149,9 @@ def main() -> None:
                     results[(profile, name)].append(r)
                     batches = "/".join(f"{w['batch']:.0f}" for w in r["workers"])
                     taus = "/".join(f"{w['tau_mean']:.1f}" for w in r["workers"])
-                    print(f"  [{rep + 1}/{repeats}] {profile} {name:<10} {r['rate']:>7,.0f} samples/s  "
-                          f"batches {batches}  tau mean {taus}  test acc {r['test_acc']:.3f}  "
-                          f"(start-up {r['startup']:.1f}s)", flush=True)
+                    print(f"  [{rep + 1}/{repeats}] {profile} {name:<10} {r['rate']:>7,.0f} "
+                          f"samples/s  batches {batches}  tau mean {taus}  test acc "
+                          f"{r['test_acc']:.3f}  (start-up {r['startup']:.1f}s)", flush=True)
     finally:
         if cluster is not None:
             cluster.stop()
@@ -162,26 +165,27 @@ def main() -> None:
                 return median([(r["workers"][w] if w is not None else r)[key] for r in rs])
 
             per = [{k: med(k, w) for k in rs[0]["workers"][w]} for w in range(WORKERS)]
-            spread = median([max(x["tau_mean"] for x in r["workers"]) - min(x["tau_mean"] for x in r["workers"])
-                             for r in rs])
+            spread = median([max(x["tau_mean"] for x in r["workers"])
+                             - min(x["tau_mean"] for x in r["workers"]) for r in rs])
             summary[(profile, name)] = {
                 "per": per, "spread": spread,
                 "p95max": median([max(x["tau_p95"] for x in r["workers"]) for r in rs]),
-                "step_ratio": median([max(x["step_ms"] for x in r["workers"]) / min(x["step_ms"] for x in r["workers"])
-                                      for r in rs])}
+                "step_ratio": median([max(x["step_ms"] for x in r["workers"])
+                                      / min(x["step_ms"] for x in r["workers"]) for r in rs])}
             for w, x in enumerate(per):
-                rows.append([profile, name, str(w), x["slowdown"], x["batch"], x["rate"], x["step_ms"],
-                             x["tau_mean"],
+                rows.append([profile, name, str(w), x["slowdown"], x["batch"], x["rate"],
+                             x["step_ms"], x["tau_mean"],
                              x["tau_p95"], x["tau_max"], x["hist_mean"], x["hist_p95"], "", "", ""])
-            rows.append([profile, name, "all", "", "", med("rate"), "", f"spread {spread:.2f}", "", "",
-                         "", "", med("loss_tail"), f"{med('val_acc'):.3f} ({med('val_epoch'):.0f})",
-                         med("test_acc")])
+            rows.append([profile, name, "all", "", "", med("rate"), "", f"spread {spread:.2f}", "",
+                         "", "", "", med("loss_tail"),
+                         f"{med('val_acc'):.3f} ({med('val_epoch'):.0f})", med("test_acc")])
     print()
     print(f"Medians of {repeats} repeat(s); steady state = the last {1 - WARM_FRAC:.0%} of each "
           f"{seconds:g} s budget. tau = push delay in versions; tau mean/p95/max from run.nodes "
           f"(last 256 pushes per worker), hist = from run.history over the steady state.")
-    print(table(["profile", "variant", "worker", "slow", "batch", "samples/s", "step ms", "tau mean", "tau p95",
-                 "tau max", "hist mean", "hist p95", "loss 10%", "val acc (ep)", "test acc"], rows))
+    print(table(["profile", "variant", "worker", "slow", "batch", "samples/s", "step ms",
+                 "tau mean", "tau p95", "tau max", "hist mean", "hist p95", "loss 10%",
+                 "val acc (ep)", "test acc"], rows))
 
     print("\nExpectations (DBS against plain ASGD, same profile):")
     for profile in profiles:
@@ -193,19 +197,22 @@ def main() -> None:
         expect = [wi / want[0] for wi in want]
         close = all(abs(r - e) <= 0.35 * e for r, e in zip(ratio, expect, strict=True))
         print(f"  {profile}: DBS batches {'/'.join(f'{x:.0f}' for x in b)}, relative to worker 0 "
-              f"{'/'.join(f'{x:.2f}' for x in ratio)} (expected {'/'.join(f'{x:.2f}' for x in expect)}, "
-              f"within 35%): {'HOLDS' if close else 'DOES NOT HOLD'}")
-        print(f"  {profile}: spread of mean tau across workers {a['spread']:.2f} -> {d['spread']:.2f}: "
+              f"{'/'.join(f'{x:.2f}' for x in ratio)} (expected "
+              f"{'/'.join(f'{x:.2f}' for x in expect)}, within 35%): "
+              f"{'HOLDS' if close else 'DOES NOT HOLD'}")
+        print(f"  {profile}: spread of mean tau across workers {a['spread']:.2f} -> "
+              f"{d['spread']:.2f}: "
               f"{'HOLDS (shrinks)' if d['spread'] < a['spread'] else 'DOES NOT HOLD'}")
         print(f"  {profile}: largest worker p95 tau {a['p95max']:.1f} -> {d['p95max']:.1f}: "
               f"{'HOLDS (falls)' if d['p95max'] < a['p95max'] else 'DOES NOT HOLD'}")
         print(f"  {profile}: (mechanism) slowest/fastest step time {a['step_ratio']:.2f} -> "
-              f"{d['step_ratio']:.2f}: {'equalised' if d['step_ratio'] <= 1.25 else 'NOT equalised'} "
-              f"(within 25%)")
+              f"{d['step_ratio']:.2f}: "
+              f"{'equalised' if d['step_ratio'] <= 1.25 else 'NOT equalised'} (within 25%)")
+    rebalances = [r["rebalances"] for (p, v), rs in results.items() if v != "asgd" for r in rs]
     print(f"\nMedian start-up (train() call to first push): "
-          f"{median([r['startup'] for rs in results.values() for r in rs]):.1f}s; DBS re-balances per run: "
-          f"{median([r['rebalances'] for (p, v), rs in results.items() if v != 'asgd' for r in rs]):.0f}; "
-          f"total benchmark time {time.monotonic() - t_start:.0f}s")
+          f"{median([r['startup'] for rs in results.values() for r in rs]):.1f}s; DBS re-balances "
+          f"per run: {median(rebalances):.0f}; total benchmark time "
+          f"{time.monotonic() - t_start:.0f}s")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,8 @@ from nbdist.datasets import load_fashion_mnist
 num_classes = 10
 input_shape = (28, 28, 1)
 (x_train, y_train), (x_test, y_test) = load_fashion_mnist()
-x_train, y_train, x_test, y_test = x_train[:SAMPLES], y_train[:SAMPLES], x_test[:2000], y_test[:2000]
+x_train, y_train = x_train[:SAMPLES], y_train[:SAMPLES]
+x_test, y_test = x_test[:2000], y_test[:2000]
 x_train = x_train.astype("float32") / 255
 x_test = x_test.astype("float32") / 255
 x_train = np.expand_dims(x_train, -1)
@@ -54,10 +55,13 @@ score = model.evaluate(x_test, y_test, verbose=0)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--samples", type=int, default=12000, help="training images (default 12000)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--samples", type=int, default=12000,
+                        help="training images (default 12000)")
     parser.add_argument("--epochs", type=int, default=3, help="the cell's fit epochs (default 3)")
-    parser.add_argument("--modes", default="async,sync,local", help="comma-separated (default all three)")
+    parser.add_argument("--modes", default="async,sync,local",
+                        help="comma-separated (default all three)")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
 
@@ -65,7 +69,8 @@ def main() -> None:
 
     import nbdist
 
-    cell = "import time\n" + CELL.replace("SAMPLES", str(args.samples)).replace("EPOCHS", str(args.epochs))
+    cell = "import time\n" + (CELL.replace("SAMPLES", str(args.samples))
+                              .replace("EPOCHS", str(args.epochs)))
     modes = args.modes.split(",")
     rows = []
     keras.utils.set_random_seed(args.seed)
@@ -73,9 +78,11 @@ def main() -> None:
     started = time.perf_counter()
     with contextlib.redirect_stdout(io.StringIO()):
         exec(cell, ns)  # noqa: S102 - the benchmark's own cell: plain Keras
-    print(f"fit: accuracy {ns['score'][1]:.4f}, cell {time.perf_counter() - started:.1f} s", flush=True)
+    print(f"fit: accuracy {ns['score'][1]:.4f}, cell {time.perf_counter() - started:.1f} s",
+          flush=True)
     fit_accuracy = ns["score"][1]
-    rows.append(["model.fit", time.perf_counter() - started, ns["fit_s"], args.epochs, 128, fit_accuracy, 0.0])
+    rows.append(["model.fit", time.perf_counter() - started, ns["fit_s"], args.epochs, 128,
+                 fit_accuracy, 0.0])
     cluster = nbdist.Cluster.start(3) if {"async", "sync"} & set(modes) else None
     try:
         for mode in modes:
@@ -89,13 +96,15 @@ def main() -> None:
             history = run.keras_history
             batch = run.config.batch_size * (2 if mode == "sync" else 1)
             accuracy = ns["score"][1]
-            print(f"{mode}: accuracy {accuracy:.4f}, cell {wall:.1f} s, {len(history.epoch)} epochs", flush=True)
-            rows.append([f"%%distribute --mode {mode}", wall, ns["fit_s"], len(history.epoch), batch,
-                         accuracy, accuracy - fit_accuracy])
+            print(f"{mode}: accuracy {accuracy:.4f}, cell {wall:.1f} s, {len(history.epoch)} "
+                  "epochs", flush=True)
+            rows.append([f"%%distribute --mode {mode}", wall, ns["fit_s"], len(history.epoch),
+                         batch, accuracy, accuracy - fit_accuracy])
     finally:
         if cluster is not None:
             cluster.stop()
-    print(table(["cell", "cell s", "fit call s", "epochs", "batch/step", "test accuracy", "vs fit"], rows))
+    print(table(["cell", "cell s", "fit call s", "epochs", "batch/step", "test accuracy", "vs fit"],
+                rows))
 
 
 if __name__ == "__main__":

@@ -50,7 +50,8 @@ def start_hub(params: int):
     from nbdist.hub.server import HubSpec
 
     key = new_key()
-    plan = Plan(num_workers=1, num_samples=10**9, epochs=1, batch_size=10, lr=0.01, has_validation=False)
+    plan = Plan(num_workers=1, num_samples=10**9, epochs=1, batch_size=10, lr=0.01,
+                has_validation=False)
     spec = HubSpec("flood", key, 0, 1, plan, np.ones(params, np.float32), np.zeros(0, np.float32),
                    idle_timeout=600)
     return key, _ProcessHub(spec)
@@ -85,7 +86,8 @@ class Worker(threading.Thread):
         self.transport.close()
 
 
-def measure(attack: str, params: int, seconds: float, multipart_bytes: int, pending_bytes: int) -> dict:
+def measure(attack: str, params: int, seconds: float, multipart_bytes: int,
+            pending_bytes: int) -> dict:
     from nbdist.hub.control import HubControl
 
     key, hub = start_hub(params)
@@ -97,7 +99,8 @@ def measure(attack: str, params: int, seconds: float, multipart_bytes: int, pend
     base = peak = proc.memory_info().rss
     steps0 = worker.steps
     sizes = {"multipart": {"limit": multipart_bytes}, "pending": {"frame_bytes": pending_bytes}}
-    floods = [Flood(kind, hub.endpoints["tcp"], **sizes.get(kind, {}), **options) for kind, options in ATTACKS[attack]]
+    floods = [Flood(kind, hub.endpoints["tcp"], **sizes.get(kind, {}), **options)
+              for kind, options in ATTACKS[attack]]
     for flood in floods:
         flood.__enter__()
     end = time.monotonic() + seconds
@@ -115,19 +118,24 @@ def measure(attack: str, params: int, seconds: float, multipart_bytes: int, pend
     finally:
         control.close()
     hub.join(30)
-    return {"growth": (peak - base) / 2**20, "base": base / 2**20, "steps": steps, "worker_error": worker.error,
-            "dropped": dropped, "attack": {k: v for f in floods for k, v in f.stats.items()}}
+    return {"growth": (peak - base) / 2**20, "base": base / 2**20, "steps": steps,
+            "worker_error": worker.error, "dropped": dropped,
+            "attack": {k: v for f in floods for k, v in f.stats.items()}}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", type=int, default=269_322, help="float32 parameters of the hub shard")
+    parser.add_argument("--params", type=int, default=269_322,
+                        help="float32 parameters of the hub shard")
     parser.add_argument("--seconds", type=float, default=10.0, help="how long each attack runs")
-    parser.add_argument("--attacks", default=",".join(ATTACKS), help=f"comma-separated, of {', '.join(ATTACKS)}")
-    parser.add_argument("--multipart-gb", type=float, default=1.5, help="the endless multipart peer stops here")
+    parser.add_argument("--attacks", default=",".join(ATTACKS),
+                        help=f"comma-separated, of {', '.join(ATTACKS)}")
+    parser.add_argument("--multipart-gb", type=float, default=1.5,
+                        help="the endless multipart peer stops here")
     parser.add_argument("--pending-mb", type=float, default=None,
-                        help="each pending peer's handshake command (default 8 bytes per parameter, just under "
-                             "the hub's frame limit of 8 bytes per parameter + 1.06 MiB)")
+                        help="each pending peer's handshake command (default 8 bytes per "
+                             "parameter, just under the hub's frame limit of 8 bytes per "
+                             "parameter + 1.06 MiB)")
     args = parser.parse_args()
     print(f"flood: hub of {args.params:,} float32 in its own process, one TCP worker, "
           f"{args.seconds:g} s per attack", flush=True)
@@ -135,13 +143,14 @@ def main() -> None:
     for attack in args.attacks.split(","):
         pending = int(args.pending_mb * 2**20) if args.pending_mb else 8 * args.params
         r = measure(attack, args.params, args.seconds, int(args.multipart_gb * 2**30), pending)
-        print(f"  {attack:<10} RSS +{r['growth']:7.1f} MB over {r['base']:.0f} MB, worker steps {r['steps']}"
-              f"{' (' + r['worker_error'] + ')' if r['worker_error'] else ''}, hub counted {r['dropped']}, "
-              f"attackers {r['attack']}", flush=True)
+        print(f"  {attack:<10} RSS +{r['growth']:7.1f} MB over {r['base']:.0f} MB, worker steps "
+              f"{r['steps']}{' (' + r['worker_error'] + ')' if r['worker_error'] else ''}, hub "
+              f"counted {r['dropped']}, attackers {r['attack']}", flush=True)
         rows.append([attack, r["growth"], r["steps"], sum(r["dropped"].values()),
                      r["attack"].get("connections", 0), r["attack"].get("bytes sent", 0) / 2**20])
     print()
-    print(table(["attack", "hub RSS growth MB", "worker steps", "hub refused", "connections", "MB sent"], rows))
+    print(table(["attack", "hub RSS growth MB", "worker steps", "hub refused", "connections",
+                 "MB sent"], rows))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,8 @@ How to read it
     python benchmarks/hub_throughput.py --workers 1 2 --shards 1 --size 270000
     python benchmarks/hub_throughput.py --workers 1 2 --transport tcp --encrypt   # + CurveZMQ
     python benchmarks/hub_throughput.py --sweep    # 1..32 workers, 1/2/4 shards, 1M and 10M, shm
-    python benchmarks/hub_throughput.py --profile  # the hub's CPU per phase of a push (_hub_profile.py)
+    python benchmarks/hub_throughput.py --profile  # the hub's CPU per phase of a push
+                                                   # (_hub_profile.py)
 """
 
 from __future__ import annotations
@@ -183,7 +184,8 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
         hub_conns = [hubs.start(_hub_process, s) for s in hub_specs(base, params, shards)]
         endpoints = [recv_answer(c, f"hub shard {i}") for i, c in enumerate(hub_conns)]
         win = shared_window(workers, seconds)
-        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, win) for w in range(workers)]
+        conns = [crew.start(_nbdist_worker, key, w, endpoints, transport, win)
+                 for w in range(workers)]
         count, seconds = run_window(conns, win)
         crew.stop(timeout=30)  # workers say bye and leave before the hubs shut down
         _shutdown(key, endpoints)
@@ -191,7 +193,8 @@ def nbdist_cell(size: int, shards: int, workers: int, transport: str, seconds: f
         summaries = [recv_answer(c, f"hub shard {i}", 15) for i, c in enumerate(hub_conns)]
         for s in summaries:
             if s["error"] or s["dropped"]:
-                raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, dropped {s['dropped']}")
+                raise RuntimeError(f"hub shard {s['shard']}: error {s['error']!r}, "
+                                   f"dropped {s['dropped']}")
         pushes = sum(s["version"] for s in summaries) / shards  # every push reaches every shard
         return {"rate": count / seconds, "profile": summaries[0].get("profile"),
                 "hub_cpu_ms": 1e3 * max(s["cpu_s"] for s in summaries) / max(1.0, pushes)}
@@ -262,12 +265,14 @@ def saturation(rates: dict[int, float]) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="1 repeat of 1 s cells, workers 1, 4, 16")
+    parser.add_argument("--quick", action="store_true",
+                        help="1 repeat of 1 s cells, workers 1, 4, 16")
     parser.add_argument("--sweep", action="store_true",
-                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, shm and raw, 0.5 s cells, "
-                             "1 repeat (~10 min)")
+                        help="workers 1..32, shards 1, 2, 4, sizes 1M and 10M, shm and raw, 0.5 s "
+                             "cells, 1 repeat (~10 min)")
     parser.add_argument("--seconds", type=float, default=None, help="window per cell (default 1.5)")
-    parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick/--sweep)")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="default 3 (1 with --quick/--sweep)")
     parser.add_argument("--workers", type=int, nargs="+", default=None)
     parser.add_argument("--shards", type=int, nargs="+", default=None, help="default 1 2")
     parser.add_argument("--transport", choices=["tcp", "auto", "both"], default=None,
@@ -275,9 +280,11 @@ def main() -> None:
     parser.add_argument("--size", type=int, nargs="+", default=None,
                         help="float32 parameters, one or more (default 1000000)")
     parser.add_argument("--encrypt", action="store_true",
-                        help="also measure tcp with CurveZMQ on the hub sockets (what --encrypt does)")
+                        help="also measure tcp with CurveZMQ on the hub sockets "
+                             "(what --encrypt does)")
     parser.add_argument("--profile", action="store_true",
-                        help="the hub's CPU per phase of a push, 1 worker, 269K and 1M, shm and tcp")
+                        help="the hub's CPU per phase of a push, 1 worker, 269K and 1M, shm and "
+                             "tcp")
     args = parser.parse_args()
     if args.profile:
         from _hub_profile import profile_table
@@ -308,7 +315,8 @@ def report(size, shard_counts, workers, transports, sides, seconds, repeats, enc
     """Measure and print one model size's table."""
     gb_per_rt = 2 * 4 * size / 1e9
     cells = [(s, n) for s in shard_counts for n in workers]
-    rates: dict[tuple[int, int, str], list[float]] = {(s, n, t): [] for s, n in cells for t in sides}
+    rates: dict[tuple[int, int, str], list[float]] = {(s, n, t): [] for s, n in cells
+                                                      for t in sides}
     cpu: dict[tuple[int, int, str], list[float]] = {k: [] for k in rates}
     for rep in range(repeats):
         for shards, n in cells:  # raw and nbdist back to back: a noisy moment hits all sides
@@ -346,17 +354,20 @@ def report(size, shard_counts, workers, transports, sides, seconds, repeats, enc
             row += [step_ms, macs[shards][0], 100 * macs[shards][0] / step_ms, macs[shards][1]]
         if encrypt:
             curve = median(rates[(shards, n, "curve")])
-            row += [curve, 1e3 * n / curve, 1e3 * n / curve - 1e3 * n / median(rates[(shards, n, "tcp")])]
+            row += [curve, 1e3 * n / curve,
+                    1e3 * n / curve - 1e3 * n / median(rates[(shards, n, "tcp")])]
         rows.append(row)
     print()
-    print(f"{size:,} parameters ({4 * size / 1e6:.0f} MB each way): medians of {repeats} repeat(s); "
-          "push/s = push+pull round trips per second, all workers; memcpy push/s = 1 / (one "
-          "thread's memcpy of a round trip's 8*size bytes); step ms = one worker's round trip; "
-          "MAC ms/step = keyed BLAKE3 over header and buffers, 4 passes per round trip, alone")
+    print(f"{size:,} parameters ({4 * size / 1e6:.0f} MB each way): medians of {repeats} "
+          "repeat(s); push/s = push+pull round trips per second, all workers; memcpy push/s = 1 / "
+          "(one thread's memcpy of a round trip's 8*size bytes); step ms = one worker's round "
+          "trip; MAC ms/step = keyed BLAKE3 over header and buffers, 4 passes per round trip, "
+          "alone")
     print(table(headers, rows))
     if len(workers) > 1:
         sat = [[s, t, saturation({n: median(rates[(s, n, t)]) for n in workers}),
-                max(median(rates[(s, n, t)]) for n in workers)] for s in shard_counts for t in sides]
+                max(median(rates[(s, n, t)]) for n in workers)] for s in shard_counts
+               for t in sides]
         print("saturation: the fewest workers within 10% of the best push/s, per shard count")
         print(table(["shards", "side", "saturates at workers", "best push/s"], sat))
     parts = []

@@ -88,7 +88,8 @@ def fit_child() -> None:
 def measure_fit() -> dict:
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--fit-child"],
                          capture_output=True, text=True, check=True).stdout
-    return json.loads(next(line for line in out.splitlines() if line.startswith(RESULT))[len(RESULT):])
+    return json.loads(next(line for line in out.splitlines()
+                           if line.startswith(RESULT))[len(RESULT):])
 
 
 def measure_nbdist(cluster, transport: str) -> dict:
@@ -138,7 +139,8 @@ def hub_parts(size: int) -> dict:
     one, split = make_updater(plan, {}, None, size), make_updater(plan, {}, None, size)
     split.use_blocks(pools[0], threads)
     with numpy_kernels():
-        numpy_one, numpy_split = make_updater(plan, {}, None, size), make_updater(plan, {}, None, size)
+        numpy_one, numpy_split = (make_updater(plan, {}, None, size),
+                                  make_updater(plan, {}, None, size))
         numpy_split.use_blocks(pools[1], threads)
 
     def numpy_push(updater) -> None:
@@ -148,8 +150,10 @@ def hub_parts(size: int) -> dict:
     key = new_key()
     try:
         return {"memcpy": _best_ms(lambda: np.copyto(out, w)),
-                f"update 1 thread ({kernels.IMPLEMENTATION})": _best_ms(lambda: one.push(0, w, g, 0, into=out)),
-                f"update {threads} threads ({kernels.IMPLEMENTATION})": _best_ms(lambda: split.push(0, w, g, 0, into=out)),
+                f"update 1 thread ({kernels.IMPLEMENTATION})":
+                    _best_ms(lambda: one.push(0, w, g, 0, into=out)),
+                f"update {threads} threads ({kernels.IMPLEMENTATION})":
+                    _best_ms(lambda: split.push(0, w, g, 0, into=out)),
                 "update 1 thread (numpy)": _best_ms(lambda: numpy_push(numpy_one)),
                 f"update {threads} threads (numpy)": _best_ms(lambda: numpy_push(numpy_split)),
                 "MAC x4 (tcp)": 4 * _best_ms(lambda: mac(key, b"header", [g]))}
@@ -171,7 +175,8 @@ def main() -> None:
 
     transports = ["auto", "tcp"] if args.transport == "both" else [args.transport]
     print(f"large model: 784-{WIDTH}-{WIDTH}-10 MLP, {N:,} images, batch {BATCH}, 1 epoch; "
-          f"nbdist async with 2 workers, transports {transports}, {args.repeats} repeat(s)", flush=True)
+          f"nbdist async with 2 workers, transports {transports}, {args.repeats} repeat(s)",
+          flush=True)
     t_start = time.monotonic()
     fits, runs = [], {t: [] for t in transports}
     cluster = nbdist.Cluster.start(3)
@@ -185,7 +190,8 @@ def main() -> None:
     finally:
         cluster.stop()
     fit_rate, fit_steady = median([f["rate"] for f in fits]), median([f["steady"] for f in fits])
-    rows = [["model.fit", fit_rate, 1.0, fit_steady, 1.0, BATCH / fit_steady * 1e3, float("nan"), float("nan")]]
+    rows = [["model.fit", fit_rate, 1.0, fit_steady, 1.0, BATCH / fit_steady * 1e3, float("nan"),
+             float("nan")]]
     for t in transports:
         rs = runs[t]
         rate, steady = median([r["rate"] for r in rs]), median([r["steady"] for r in rs])
@@ -197,9 +203,11 @@ def main() -> None:
                  "step ms (per worker)", "compute ms", "comm ms"], rows))
     size = int(fits[0]["params"])
     parts = hub_parts(size)
-    print(f"\nWhere a step goes ({size:,} parameters, {4 * size / 1e6:.0f} MB; least of 7, this process):")
+    print(f"\nWhere a step goes ({size:,} parameters, {4 * size / 1e6:.0f} MB; least "
+          "of 7, this process):")
     prow = [["fit step (fit child)", 1e3 * median([f["step_s"] for f in fits])],
-            ["worker assign+gradients alone (fit child)", 1e3 * median([f["assign_grad_s"] for f in fits])],
+            ["worker assign+gradients alone (fit child)",
+             1e3 * median([f["assign_grad_s"] for f in fits])],
             *([k, v] for k, v in parts.items())]
     print(table(["part", "ms"], prow))
     print(f"\nload: {os.getloadavg()[0]:.2f} (1 min); total {time.monotonic() - t_start:.0f}s")

@@ -76,10 +76,10 @@ def main() -> None:
         if spinner.is_alive():
             spinner.kill()
     rows = [[*a, *b[1:]] for a, b in zip(idle, busy, strict=True)]
-    print(table(["MB", "1 thread ms", "AUTO ms", "AUTO speed-up", "busy: 1 thread ms", "busy: AUTO ms",
-                 "busy: speed-up"], rows))
-    print(f"nbdist.hub.protocol.mac uses AUTO from {MAC_THREADS_MIN_BYTES / 1e6:g} MB per message on; "
-          f"load {os.getloadavg()[0]:.2f} (1 min)")
+    print(table(["MB", "1 thread ms", "AUTO ms", "AUTO speed-up", "busy: 1 thread ms",
+                 "busy: AUTO ms", "busy: speed-up"], rows))
+    print(f"nbdist.hub.protocol.mac uses AUTO from {MAC_THREADS_MIN_BYTES / 1e6:g} MB per message "
+          f"on; load {os.getloadavg()[0]:.2f} (1 min)")
 
 
 if __name__ == "__main__":

@@ -66,7 +66,8 @@ def engine_cpu(pids: list[int]) -> list[float]:
     return [sum(psutil.Process(p).cpu_times()[:2]) for p in pids]
 
 
-def measure(cluster, pids: list[int], metrics: str, batch: int, warm: float, seconds: float) -> dict:
+def measure(cluster, pids: list[int], metrics: str, batch: int, warm: float,
+            seconds: float) -> dict:
     import nbdist
 
     t_call = time.monotonic()
@@ -96,15 +97,19 @@ def _steps(run) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 pair, 8 s counted per run")
-    parser.add_argument("--repeats", type=int, default=None, help="pairs (default 4; 1 with --quick)")
-    parser.add_argument("--seconds", type=float, default=None, help="counted seconds per run (default 12; 8 with --quick)")
-    parser.add_argument("--warm", type=float, default=4.0, help="seconds after the first push not counted")
+    parser.add_argument("--repeats", type=int, default=None,
+                        help="pairs (default 4; 1 with --quick)")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="counted seconds per run (default 12; 8 with --quick)")
+    parser.add_argument("--warm", type=float, default=4.0,
+                        help="seconds after the first push not counted")
     parser.add_argument("--batch", type=int, default=64)
     args = parser.parse_args()
     repeats = args.repeats or (1 if args.quick else 4)
     seconds = args.seconds or (8.0 if args.quick else 12.0)
     print(f"metrics_overhead: 784-256-256-10 MLP on Fashion-MNIST, async ASGD, {WORKERS} workers, "
-          f"batch {args.batch}, {repeats} pair(s), {args.warm:g} s warm + {seconds:g} s counted per run",
+          f"batch {args.batch}, {repeats} pair(s), {args.warm:g} s warm + "
+          f"{seconds:g} s counted per run",
           flush=True)
     runs: dict[str, list[dict]] = {"full": [], "minimal": []}
     pairs: list[float] = []
@@ -146,8 +151,8 @@ def main() -> None:
              f"{'ok' if ratio >= 0.98 else 'MISS'} (>= 0.98)", cpu("full", "hub_cpu"),
              cpu("full", "worker_cpu")]]
     print()
-    print(f"Medians of {repeats} run(s) per side, steady state ({args.warm:g} s after the first push, "
-          f"then {seconds:g} s); batch {args.batch} per worker, {WORKERS} workers.")
+    print(f"Medians of {repeats} run(s) per side, steady state ({args.warm:g} s after the first "
+          f"push, then {seconds:g} s); batch {args.batch} per worker, {WORKERS} workers.")
     print(table(["metrics", "samples/s", "range", "ratio", "target", "hub CPU us/push",
                  "workers CPU us/push"], rows))
     print(f"  per-pair ratios full/minimal: {', '.join(f'{p:.3f}' for p in pairs)} "

@@ -39,7 +39,9 @@ from lab_network import LabCluster, LabNetwork, _rate_bits, unavailable  # noqa:
 
 def link_bytes(lab: LabNetwork, host: str) -> tuple[int, int]:
     """(rx, tx) byte counters of a host's lab interface."""
-    out = lab.run(host, ["cat", "/sys/class/net/eth0/statistics/rx_bytes", "/sys/class/net/eth0/statistics/tx_bytes"])
+    out = lab.run(host,
+                  ["cat", "/sys/class/net/eth0/statistics/rx_bytes",
+                   "/sys/class/net/eth0/statistics/tx_bytes"])
     rx, tx = (int(v) for v in out.stdout.split())
     return rx, tx
 
@@ -50,8 +52,9 @@ def measure(cluster, lab, engines, hosts, mode, compression, seconds, batch):
     import nbdist
 
     run = nbdist.train(CELL, cluster=cluster.subset(engines), namespace={}, mode=mode,
-                       workers=len(engines) - (mode == "async"), epochs=FOREVER_EPOCHS, batch_size=batch,
-                       compression=compression, no_validation=True, metrics="minimal", timeout=120)
+                       workers=len(engines) - (mode == "async"), epochs=FOREVER_EPOCHS,
+                       batch_size=batch, compression=compression, no_validation=True,
+                       metrics="minimal", timeout=120)
     watched = hosts if mode == "sync" else hosts[:1]  # async: the hub's host; sync: every rank's
     sampler = Sampler(run)
     with run:  # an error or Ctrl-C stops the run on the way out
@@ -92,24 +95,27 @@ def main() -> None:
 
             hand = LabCluster(lab, Path(tmp), hosts)
             hand.start()
-            cluster = Cluster.connect(connection_file=str(hand.security / "ipcontroller-lab-client.json"))
+            cluster = Cluster.connect(
+                connection_file=str(hand.security / "ipcontroller-lab-client.json"))
             try:
                 for n in worker_counts:
                     for mode in ("async", "sync"):
-                        engines = list(range(0, n + 1)) if mode == "async" else list(range(1, n + 1))
+                        engines = (list(range(0, n + 1)) if mode == "async"
+                                   else list(range(1, n + 1)))
                         used = [hosts[e] for e in engines]
                         for compression in ("none", "fp16"):
-                            sps, bps, busiest = measure(cluster, lab, engines, used, mode, compression,
-                                                        args.seconds, args.batch)
+                            sps, bps, busiest = measure(cluster, lab, engines, used, mode,
+                                                        compression, args.seconds, args.batch)
                             rows.append([rate, n, mode + (" fp16" if compression == "fp16" else ""),
-                                         round(sps), round(bps / 1e6, 1), f"{busiest / capacity:.2f}"])
+                                         round(sps), round(bps / 1e6, 1),
+                                         f"{busiest / capacity:.2f}"])
                             print(*rows[-1], flush=True)
             finally:
                 cluster.stop()
             shaping = lab.shaping
     print()
-    print(f"Links: {shaping.replace(args.rates.split(',')[-1], 'R')}; batch {args.batch} per worker; "
-          f"{args.seconds:g} s per run after a 2 s warm-up.")
+    print(f"Links: {shaping.replace(args.rates.split(',')[-1], 'R')}; batch {args.batch} per "
+          f"worker; {args.seconds:g} s per run after a 2 s warm-up.")
     print(table(["link", "workers", "mode", "samples/s", "hub MB/s", "link use"], rows))
 
 

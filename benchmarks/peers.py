@@ -31,7 +31,8 @@ What it measures
                 budget, computed by the same NumPy forward pass for both sides.
     ratio       nbdist samples/s over TF's (median over repeats). Goal: >= 1.5.
 
-    python benchmarks/peers.py                  # 20 s budget + 5 s warm-up, 2 repeats, keras and raw
+    python benchmarks/peers.py                  # 20 s budget + 5 s warm-up, 2 repeats, keras and
+                                                # raw
     python benchmarks/peers.py --quick          # 10 s, 1 repeat, keras only
     python benchmarks/peers.py --seconds 30 --repeats 3 --peers keras
 """
@@ -126,12 +127,13 @@ def coordinator_main(args: argparse.Namespace) -> None:
     (the coordinator's teardown would otherwise log errors about the servers it outlives)."""
     import faulthandler
 
-    faulthandler.dump_traceback_later(STALL_S, exit=True)  # a stalled TF cluster must not hang the script
+    # a stalled TF cluster must not hang the script
+    faulthandler.dump_traceback_later(STALL_S, exit=True)
     threads = args.threads
     spec = {"worker": [f"localhost:{free_port()}" for _ in range(WORKERS)],
             "ps": [f"localhost:{free_port()}"]}
-    servers = [subprocess.Popen([sys.executable, __file__, "--server", json.dumps(spec), job, str(i),
-                                 "--threads", str(threads)])
+    servers = [subprocess.Popen([sys.executable, __file__, "--server", json.dumps(spec), job,
+                                 str(i), "--threads", str(threads)])
                for job in ("ps", "worker") for i in range(len(spec[job]))]
     result: dict = {}
     try:
@@ -201,7 +203,8 @@ def raw_step(strategy):
         variables = []
         for fan_in, fan_out in sizes:
             limit = np.sqrt(6.0 / (fan_in + fan_out))
-            variables.append(tf.Variable(rng.uniform(-limit, limit, (fan_in, fan_out)).astype("float32")))
+            variables.append(tf.Variable(rng.uniform(-limit, limit,
+                                                     (fan_in, fan_out)).astype("float32")))
             variables.append(tf.Variable(np.zeros(fan_out, "float32")))
 
     def step(x, y):
@@ -312,8 +315,10 @@ def measure_nbdist(cluster, seconds: float, warm: float, batch: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="10 s budget, 1 repeat, keras only")
-    parser.add_argument("--seconds", type=float, default=None, help="counted budget (default 20; 10 with --quick)")
-    parser.add_argument("--warm", type=float, default=5.0, help="seconds after the first step not counted")
+    parser.add_argument("--seconds", type=float, default=None,
+                        help="counted budget (default 20; 10 with --quick)")
+    parser.add_argument("--warm", type=float, default=5.0,
+                        help="seconds after the first step not counted")
     parser.add_argument("--repeats", type=int, default=None, help="default 2 (1 with --quick)")
     parser.add_argument("--batch", type=int, default=64, help="per worker step")
     parser.add_argument("--peers", default=None, help="keras,raw (default; keras with --quick)")
@@ -357,10 +362,12 @@ def main() -> None:
                     else:
                         r = peer.measure(side, seconds, args.warm, args.batch)
                         if "error" in r:
-                            raise RuntimeError(f"TF ParameterServerStrategy ({side}) failed: {r['error']}")
+                            raise RuntimeError(f"TF ParameterServerStrategy ({side}) "
+                                               f"failed: {r['error']}")
                         if "keras_error" in r:
-                            print(f"  TF's ParameterServerStrategy could not run the Keras 3 model: "
-                                  f"{r['keras_error']}\n  -> measured the raw tf.Variable model instead",
+                            print("  TF's ParameterServerStrategy could not run the Keras 3 model: "
+                                  f"{r['keras_error']}\n"
+                                  "  -> measured the raw tf.Variable model instead",
                                   flush=True)
                     results[side].append(r)
                     print(f"  [{rep + 1}/{repeats}] {side:<7} {r['rate']:>8,.0f} samples/s  "
@@ -370,7 +377,8 @@ def main() -> None:
             if cluster is not None:
                 cluster.stop()
 
-    names = {"nbdist": "nbdist async (asgd, 1 hub shard)", "keras": "TF PSS + ClusterCoordinator, Keras 3 model",
+    names = {"nbdist": "nbdist async (asgd, 1 hub shard)",
+             "keras": "TF PSS + ClusterCoordinator, Keras 3 model",
              "raw": "TF PSS + ClusterCoordinator, raw tf.Variables"}
     base = median([r["rate"] for r in results["nbdist"]])
     rows = []
@@ -378,12 +386,12 @@ def main() -> None:
         rs = results[side]
         name = names[side] + (" (fallback: raw)" if any("keras_error" in r for r in rs) else "")
         rate = median([r["rate"] for r in rs])
-        rows.append([name, rate, spread([r["rate"] for r in rs]), median([r["test_acc"] for r in rs]),
-                     "-" if side == "nbdist" else base / rate])
+        rows.append([name, rate, spread([r["rate"] for r in rs]),
+                     median([r["test_acc"] for r in rs]), "-" if side == "nbdist" else base / rate])
     print()
     print(table(["side", "samples/s", "range", "test acc", "nbdist x"], rows))
-    print(f"\nat equal wall-clock time: {args.warm:g} s warm-up + {seconds:g} s from each side's first step; "
-          "goal nbdist >= 1.5x each TF row")
+    print(f"\nat equal wall-clock time: {args.warm:g} s warm-up + {seconds:g} s from each side's "
+          "first step; goal nbdist >= 1.5x each TF row")
     for side in peers:
         ratio = base / median([r["rate"] for r in results[side]])
         print(f"  vs {side}: {ratio:.2f}x -> {'HOLDS' if ratio >= 1.5 else 'DOES NOT HOLD'}")

@@ -94,7 +94,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--transport", choices=["auto", "tcp", "both"], default="auto",
                         help="stage links: shared memory on one host (auto), TCP, or each in turn")
-    parser.add_argument("--methods", default=",".join(METHODS), help="partition methods, comma-separated")
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="partition methods, comma-separated")
     args = parser.parse_args()
     methods = [m for m in args.methods.split(",") if m]
     transports = ("auto", "tcp") if args.transport == "both" else (args.transport,)
@@ -110,14 +111,16 @@ def main() -> None:
         for stages in stage_counts:
             for method in methods:
                 for transport in transports:
-                    run = nbdist.train(cell, cluster=cluster, namespace={}, mode="pipeline", stages=stages,
-                                       micro_batches=args.micro_batches, batch_size=BATCH, partition=method,
-                                       no_validation=True, timeout=300, transport=transport)
+                    run = nbdist.train(cell, cluster=cluster, namespace={}, mode="pipeline",
+                                       stages=stages, micro_batches=args.micro_batches,
+                                       batch_size=BATCH, partition=method, no_validation=True,
+                                       timeout=300, transport=transport)
                     run.wait(timeout=1800)
                     part, pipe = run.partition, run.pipeline
                     rate = steady_rate(run.history)
                     rates[stages, method, transport] = rate
-                    if method == methods[0] and transport == transports[0]:  # all four cuts, one profile
+                    # all four cuts, one profile
+                    if method == methods[0] and transport == transports[0]:
                         predicted[stages] = {m: p.slowest * 1e3 for m, p in run.partitions.items()}
                     link = "shm" if any(m.get("shm") for m in pipe["messages"]) else "tcp"
                     rows.append([stages, method, link, " | ".join(part["layers"]), rate,
@@ -128,16 +131,19 @@ def main() -> None:
         cluster.stop()
     for row in rows:
         row.insert(5, row[4] / fit)
-    print(f"pipeline, {samples} samples, batch {BATCH}, {args.micro_batches} micro-batches, GPipe, one epoch")
-    print(table(["S", "partition", "link", "stages", "samples/s", "x fit", "pred ms", "meas ms", "bubble",
-                 "ideal"], rows))
+    print(f"pipeline, {samples} samples, batch {BATCH}, {args.micro_batches} "
+          "micro-batches, GPipe, one epoch")
+    print(table(["S", "partition", "link", "stages", "samples/s", "x fit", "pred ms", "meas ms",
+                 "bubble", "ideal"], rows))
     print(f"\nmodel.fit in this kernel: {fit:,.0f} samples/s")
     first = transports[0]
     for stages in stage_counts:
         line = f"S = {stages}: "
         if {"greedy", "random", "optimal"} <= set(methods):
-            line += (f"random/greedy time {rates[stages, 'greedy', first] / rates[stages, 'random', first]:.2f}, "
-                     f"greedy/optimal time {rates[stages, 'optimal', first] / rates[stages, 'greedy', first]:.2f}; ")
+            line += ("random/greedy time "
+                     f"{rates[stages, 'greedy', first] / rates[stages, 'random', first]:.2f}, "
+                     "greedy/optimal time "
+                     f"{rates[stages, 'optimal', first] / rates[stages, 'greedy', first]:.2f}; ")
         print(line + "predicted slowest stage from one profile: "
               + ", ".join(f"{m} {t:.1f} ms" for m, t in predicted[stages].items()))
         if len(transports) == 2:

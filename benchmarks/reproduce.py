@@ -37,14 +37,20 @@ verdict rule (a paired sign test over seeds and settings) and the report are in
 _reproduce_report.py.
 
 Usage
-    python benchmarks/reproduce.py                  # the full study (~25 min on an idle 2-core machine)
-    python benchmarks/reproduce.py --quick          # smoke run, under 2 minutes: overhead regime, 4 workers
+    python benchmarks/reproduce.py                  # the full study (~25 min on an idle 2-core
+                                                    # machine)
+    python benchmarks/reproduce.py --quick          # smoke run, under 2 minutes: overhead regime,
+                                                    # 4 workers
     python benchmarks/reproduce.py --regimes overhead --seeds 0 1 2   # a subset
-    python benchmarks/reproduce.py --reuse-calibration   # the saved cost models: repeats runs exactly
+    python benchmarks/reproduce.py --reuse-calibration   # the saved cost models: repeats runs
+                                                         # exactly
     python benchmarks/reproduce.py --report-only    # re-write the report from the saved runs
-    python benchmarks/reproduce.py --calibration-from /path/reproduce.json   # another run's cost models
-    python benchmarks/reproduce.py --part overlap   # --overlap's utilisation, real 2-engine cluster (~3 min)
-    python benchmarks/reproduce.py --part pipeline  # greedy vs random partition, 2 pinned engines (~8 min)
+    python benchmarks/reproduce.py --calibration-from /path/reproduce.json   # another run's cost
+                                                                             # models
+    python benchmarks/reproduce.py --part overlap   # --overlap's utilisation, real 2-engine
+                                                    # cluster (~3 min)
+    python benchmarks/reproduce.py --part pipeline  # greedy vs random partition, 2 pinned engines
+                                                    # (~8 min)
 
 The two real-cluster parts (benchmarks/_reproduce_overlap.py, _reproduce_pipeline.py describe
 them) save their runs next to --out and join the report the simulated study wrote.
@@ -79,7 +85,8 @@ ALGORITHMS = {  # name -> nbdist.train options
 }
 PROFILES = {  # name -> slow-down per worker
     "4w": "1,1,1,1", "8w": ",".join(["1"] * 8), "16w": ",".join(["1"] * 16),
-    "8w 1:1:2:4": "1,1,2,4,1,1,2,4", "8w 1:2:4:8": "1,2,4,8,1,2,4,8", "16w 1/4 x4": ",".join(["1,1,1,4"] * 4),
+    "8w 1:1:2:4": "1,1,2,4,1,1,2,4", "8w 1:2:4:8": "1,2,4,8,1,2,4,8",
+    "16w 1/4 x4": ",".join(["1,1,1,4"] * 4),
 }
 SCALE = ["4w", "8w", "16w"]
 HETERO8 = ["8w 1:1:2:4", "8w 1:2:4:8"]
@@ -90,9 +97,11 @@ PLAN = [  # (profiles, algorithms): the cells of the study, per regime and seed
     (HETERO8, ["asgd", "dbs", "dbs+slr", "dbs+dc-asgd-a", "softsync-a0/tau"]),
     (HETERO, ["asgd", "group", "sync"]),
 ]
-REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}  # quick one first
+# quick one first
+REGIMES = {"overhead": {"model": "mlp", "lr": 0.1}, "compute": {"model": "cnn", "lr": 0.05}}
 BATCH, JITTER, VALIDATION = 32, 0.1, 1000
-LR_GRID, TUNE_SEED = (1.0, 0.5, 0.25, 0.125, 0.0625), 100  # factors of the regime's rate; the tuning run's seed
+# factors of the regime's rate; the tuning run's seed
+LR_GRID, TUNE_SEED = (1.0, 0.5, 0.25, 0.125, 0.0625), 100
 CELL = """
 model = MODEL
 model.set_weights(init_weights)
@@ -124,12 +133,14 @@ def build_model(kind: str):
 
     layers = keras.layers
     if kind == "cnn":
-        stack = [keras.Input((28, 28, 1)), layers.Conv2D(32, 3, activation="relu"), layers.MaxPooling2D(),
-                 layers.Conv2D(64, 3, activation="relu"), layers.MaxPooling2D(), layers.Flatten()]
+        stack = [keras.Input((28, 28, 1)), layers.Conv2D(32, 3, activation="relu"),
+                 layers.MaxPooling2D(), layers.Conv2D(64, 3, activation="relu"),
+                 layers.MaxPooling2D(), layers.Flatten()]
     else:
         stack = [keras.Input((784,)), layers.Dense(128, activation="relu")]
     model = keras.Sequential([*stack, layers.Dense(10, activation="softmax")])
-    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+    model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+                  metrics=["accuracy"])
     return model
 
 
@@ -187,7 +198,8 @@ def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dic
         sim += ",sync=1"
     ns["init_weights"] = ns["INITS"][seed]
     lr = REGIMES[regime]["lr"] if lr is None else lr
-    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget, "lr": lr}
+    row = {"regime": regime, "algo": algo, "profile": profile, "seed": seed, "T": t_budget,
+           "lr": lr}
     try:
         run = nbdist.train(CELL, namespace=ns, mode="simulate", slowdown=PROFILES.get(profile, "1"),
                            lr=lr, epochs=args.epochs, batch_size=BATCH, seed=seed, sim=sim,
@@ -203,12 +215,14 @@ def one_run(ns: dict, regime: str, algo: str, profile: str, seed: int, cost: dic
         acc_T=float(at_t["val_accuracy"].iloc[-1]) if len(at_t) else math.nan,
         loss_T=float(at_t["val_loss"].iloc[-1]) if len(at_t) else math.nan,
         acc_end=float(last["val_accuracy"]), loss_end=float(last["val_loss"]),
-        delay_mean=float(pushes["delay"].mean()), delay_p95=float(np.percentile(pushes["delay"], 95)),
+        delay_mean=float(pushes["delay"].mean()),
+        delay_p95=float(np.percentile(pushes["delay"], 95)),
         delays={str(k): int(v) for k, v in sorted(Counter(pushes["delay"].astype(int)).items())},
         batch_min=int(pushes["batch_size"].min()), batch_max=int(pushes["batch_size"].max()),
         end_time=float(h["time"].max()), pushes=len(pushes),
-        curve=[(float(t), float(a), float(v)) for t, a, v in zip(evals["time"], evals["val_accuracy"],
-                                                                 evals["val_loss"], strict=True)])
+        curve=[(float(t), float(a), float(v))
+               for t, a, v in zip(evals["time"], evals["val_accuracy"], evals["val_loss"],
+                                  strict=True)])
     row["diverged"] = not (row["loss_end"] <= math.log(10))
     return row
 
@@ -224,13 +238,15 @@ def run_part(args, raw: Path) -> int:
     if args.part == "overlap":
         from _reproduce_overlap import overlap_rows
 
-        rows = overlap_rows({g: REGIMES[g] for g in args.regimes}, args.overlap_samples, args.repeats or 5, log)
+        rows = overlap_rows({g: REGIMES[g] for g in args.regimes}, args.overlap_samples,
+                            args.repeats or 5, log)
     else:
         from _reproduce_pipeline import pipeline_rows
 
         rows = pipeline_rows(args.repeats or 10, args.pipeline_samples, args.micro_batches, log)
     part = raw.with_name(f"{raw.stem}-{args.part}.json")
-    part.write_text(json.dumps({"command": "python benchmarks/reproduce.py " + " ".join(sys.argv[1:]),
+    part.write_text(json.dumps({"command": "python benchmarks/reproduce.py "
+                                           + " ".join(sys.argv[1:]),
                                 "elapsed": time.perf_counter() - started, "rows": rows}))
     print(f"wrote {part} ({time.perf_counter() - started:.0f} s)")
     return rewrite_report(args, raw) if raw.exists() else 0
@@ -253,14 +269,16 @@ def cells(args) -> list[tuple[str, str]]:
     for profiles, algos in PLAN:
         for profile in profiles:
             for algo in algos:
-                if profile in args.profiles + ["1w"] and algo in args.algorithms and (profile, algo) not in out:
+                if (profile in args.profiles + ["1w"] and algo in args.algorithms
+                        and (profile, algo) not in out):
                     out.append((profile, algo))
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="smoke run: overhead regime, 4 workers, 1 seed")
+    p.add_argument("--quick", action="store_true",
+                   help="smoke run: overhead regime, 4 workers, 1 seed")
     p.add_argument("--regimes", nargs="+", default=list(REGIMES), choices=list(REGIMES))
     p.add_argument("--samples", type=int, default=4000)
     p.add_argument("--epochs", type=int, default=3)
@@ -268,19 +286,28 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profiles", nargs="+", default=list(PROFILES), choices=list(PROFILES))
     p.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=list(ALGORITHMS))
     p.add_argument("--lr-grid", type=float, nargs="+", default=list(LR_GRID),
-                   help="factors of the regime's rate tried for ASGD per worker count (1: no tuning)")
-    p.add_argument("--calibrations", type=int, default=5, help="measurements per regime (median used)")
+                   help="factors of the regime's rate tried for ASGD per worker "
+                        "count (1: no tuning)")
+    p.add_argument("--calibrations", type=int, default=5,
+                   help="measurements per regime (median used)")
     p.add_argument("--reuse-calibration", action="store_true",
-                   help="use the cost models saved next to --out instead of measuring: repeats the runs exactly")
+                   help="use the cost models saved next to --out instead of measuring: "
+                        "repeats the runs exactly")
     p.add_argument("--calibration-from", metavar="PATH",
-                   help="use the cost models of another run's reproduce.json (e.g. one measured on a quiet machine)")
+                   help="use the cost models of another run's reproduce.json (e.g. one measured "
+                        "on a quiet machine)")
     p.add_argument("--out", default=str(Path(__file__).parent / "results" / "reproduce.md"))
     p.add_argument("--part", choices=["study", "overlap", "pipeline"], default="study",
-                   help="study: the simulated runs; overlap, pipeline: real runs on a local cluster (see the doc)")
-    p.add_argument("--repeats", type=int, help="--part overlap: pairs per regime (5); pipeline: seeds (10)")
-    p.add_argument("--overlap-samples", type=int, default=24000, help="--part overlap: images per run")
-    p.add_argument("--pipeline-samples", type=int, default=4096, help="--part pipeline: samples per epoch")
-    p.add_argument("--micro-batches", type=int, default=4, help="--part pipeline: micro-batches per batch of 64")
+                   help="study: the simulated runs; overlap, pipeline: real runs on a local "
+                        "cluster (see the doc)")
+    p.add_argument("--repeats", type=int,
+                   help="--part overlap: pairs per regime (5); pipeline: seeds (10)")
+    p.add_argument("--overlap-samples", type=int, default=24000,
+                   help="--part overlap: images per run")
+    p.add_argument("--pipeline-samples", type=int, default=4096,
+                   help="--part pipeline: samples per epoch")
+    p.add_argument("--micro-batches", type=int, default=4,
+                   help="--part pipeline: micro-batches per batch of 64")
     p.add_argument("--report-only", action="store_true",
                    help="re-write the report from the runs saved next to --out (no training)")
     args = p.parse_args(argv)
@@ -297,30 +324,34 @@ def main(argv: list[str] | None = None) -> int:
         if args.algorithms == list(ALGORITHMS):
             args.algorithms = ["sgd", "asgd", "ddc-asgd"]
     source = Path(args.calibration_from) if args.calibration_from else raw
-    saved_cost = json.loads(source.read_text())["calibration"] if args.reuse_calibration or args.calibration_from else {}
+    saved_cost = (json.loads(source.read_text())["calibration"]
+                  if args.reuse_calibration or args.calibration_from else {})
     if args.calibration_from:  # the report names where the cost models were measured
         args.calibration_command = json.loads(source.read_text())["command"]
     rows, calibration, rates, started = [], {}, {}, time.perf_counter()
-    command = ("python benchmarks/reproduce.py " + " ".join(argv if argv is not None else sys.argv[1:])).strip()
-    kept = {k: getattr(args, k, None) for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms",
-                                                 "lr_grid", "calibration_from", "calibration_command")}
+    command = ("python benchmarks/reproduce.py "
+               + " ".join(argv if argv is not None else sys.argv[1:])).strip()
+    kept = {k: getattr(args, k, None)
+            for k in ("regimes", "samples", "epochs", "seeds", "profiles", "algorithms", "lr_grid",
+                      "calibration_from", "calibration_command")}
     raw.parent.mkdir(parents=True, exist_ok=True)
 
     def save(elapsed: float, partial: bool) -> None:
         """The rows so far: an interrupted study can still be reported (--report-only)."""
-        raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "partial": partial, "args": kept,
-                                   "calibration": calibration, "rates": rates, "rows": rows}))
+        raw.write_text(json.dumps({"command": command, "elapsed": elapsed, "partial": partial,
+                                   "args": kept, "calibration": calibration, "rates": rates,
+                                   "rows": rows}))
     todo = cells(args)
     total = len(args.regimes) * len(args.seeds) * len(todo)
     for regime in args.regimes:
         kind = REGIMES[regime]["model"]
         x, y, xt, yt = load(args.samples, image=kind == "cnn")
         ns = {"x_train": x, "y_train": y, "x_test": xt, "y_test": yt, "MODEL": build_model(kind)}
-        calibration[regime] = saved_cost.get(regime) or calibrate_regime(ns["MODEL"], x[:4 * BATCH], y[:4 * BATCH],
-                                                                         args.calibrations)
+        calibration[regime] = saved_cost.get(regime) or calibrate_regime(
+            ns["MODEL"], x[:4 * BATCH], y[:4 * BATCH], args.calibrations)
         cost = calibration[regime]
-        print(f"{regime}: per step {cost['per_step_s'] * 1e3:.3g} ms, per sample {cost['per_sample_s'] * 1e6:.3g} us "
-              f"({cost['where']})", flush=True)
+        print(f"{regime}: per step {cost['per_step_s'] * 1e3:.3g} ms, per sample "
+              f"{cost['per_sample_s'] * 1e6:.3g} us ({cost['where']})", flush=True)
         ns["INITS"] = {}
         for s in [*args.seeds, TUNE_SEED]:
             import keras
@@ -329,8 +360,8 @@ def main(argv: list[str] | None = None) -> int:
             ns["INITS"][s] = build_model(kind).get_weights()
         rates[regime] = tune_rates(ns, regime, cost, args, lambda text: print(
             f"[{time.perf_counter() - started:6.0f}s] {text}", flush=True))
-        print(f"{regime}: rates per worker count " + ", ".join(f"{m}w {r['lr']:.4g}" for m, r in rates[regime].items()),
-              flush=True)
+        print(f"{regime}: rates per worker count "
+              + ", ".join(f"{m}w {r['lr']:.4g}" for m, r in rates[regime].items()), flush=True)
         save(time.perf_counter() - started, partial=True)
         for seed in args.seeds:
             for profile, algo in todo:
@@ -338,9 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                 lr = rates[regime][m]["lr"] if m > 1 else None
                 rows.append(one_run(ns, regime, algo, profile, seed, cost, args, lr=lr))
                 r = rows[-1]
-                print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {regime} {profile} seed={seed} "
-                      f"{algo:15s} " + ("DIVERGED" if "acc_end" not in r else
-                                        f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"), flush=True)
+                print(f"[{len(rows)}/{total} {time.perf_counter() - started:6.0f}s] {regime} "
+                      f"{profile} seed={seed} {algo:15s} "
+                      + ("DIVERGED" if "acc_end" not in r else
+                         f"acc@T {r['acc_T']:.3f} acc@end {r['acc_end']:.3f}"), flush=True)
                 save(time.perf_counter() - started, partial=True)
         print(f"{regime}: target accuracy {target_of(rows, regime, args.epochs):.3f}", flush=True)
     elapsed = time.perf_counter() - started

@@ -89,7 +89,8 @@ def gradient_function():
     import keras
 
     model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activation="relu"),
-                              keras.layers.Dense(256, activation="relu"), keras.layers.Dense(10, activation="softmax")])
+                              keras.layers.Dense(256, activation="relu"),
+                              keras.layers.Dense(10, activation="softmax")])
     loss_fn = keras.losses.SparseCategoricalCrossentropy()
     rng = np.random.default_rng(0)
     x = tf.constant(rng.random((64, 784), dtype=np.float32))
@@ -99,7 +100,8 @@ def gradient_function():
     def gradient():
         with tf.GradientTape() as tape:
             loss = loss_fn(y, model(x))
-        return tf.concat([tf.reshape(g, [-1]) for g in tape.gradient(loss, model.trainable_variables)], 0)
+        return tf.concat([tf.reshape(g, [-1])
+                          for g in tape.gradient(loss, model.trainable_variables)], 0)
 
     for _ in range(20):
         gradient().numpy()
@@ -111,11 +113,13 @@ def measure(side: str, gradient, steps: int, clock: PartClock) -> dict:
     line, spin = (side, False) if side in ("ipc", "tcp") else ("local", side == "spin")
     os.environ["NBDIST_LOCAL_LINE"] = "1" if line == "local" else "0"  # hub (spawned) and worker
     key = new_key()
-    spec = dataclasses.replace(_hub_base(key, np.zeros(SIZE, np.float32), 1, 1), spin_s=HUB_SPIN_S if spin else 0.0)
+    spec = dataclasses.replace(_hub_base(key, np.zeros(SIZE, np.float32), 1, 1),
+                               spin_s=HUB_SPIN_S if spin else 0.0)
     os.environ["NBDIST_HUB_PROCESS"] = "1"
-    endpoints = launch.start_hub(spec)  # its own process, as on an engine (its own resource tracker)
-    transport = WorkerTransport(key, 0, [endpoints], 0, "tcp" if side == "tcp" else "auto", timeout=30,
-                                spin_s=WORKER_SPIN_S if spin else 0.0)
+    # its own process, as on an engine (its own resource tracker)
+    endpoints = launch.start_hub(spec)
+    transport = WorkerTransport(key, 0, [endpoints], 0, "tcp" if side == "tcp" else "auto",
+                                timeout=30, spin_s=WORKER_SPIN_S if spin else 0.0)
     try:
         assert transport.line_kind == line, transport.line_kind
         reply = transport.hello()
@@ -145,7 +149,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--steps", type=int, default=2000)
     parser.add_argument("--sides", nargs="+", choices=SIDES, default=list(SIDES),
-                        help="default: all four (local is always run: the other sides are read against it)")
+                        help="default: all four (local is always run: the other sides "
+                             "are read against it)")
     args = parser.parse_args()
     clock = PartClock()
     gradient = gradient_function()
@@ -157,8 +162,9 @@ def main() -> None:
         for line, compute in (sides if repeat % 2 == 0 else sides[::-1]):
             r = measure(line, gradient if compute else None, args.steps, clock)
             results[(line, compute)].append(r)
-            print(f"  [{repeat + 1}/{args.repeats}] {line:<5} {'after a gradient' if compute else 'back to back':<16}"
-                  f" step {r['step']:6.1f} us", flush=True)
+            print(f"  [{repeat + 1}/{args.repeats}] {line:<5} "
+                  f"{'after a gradient' if compute else 'back to back':<16} step "
+                  f"{r['step']:6.1f} us", flush=True)
     rows = []
     for line, compute in sides:
         rs = results[(line, compute)]
@@ -166,8 +172,9 @@ def main() -> None:
         local = median([r["step"] for r in results[("local", compute)]])
         rows.append([line, "after a gradient" if compute else "back to back", step,
                      *(median([r[p] for r in rs]) for p in PARTS), step / local])
-    print(f"\nµs per step, {SIZE:,} floats, SGD, 1 hub process, medians of {args.repeats} repeat(s) of "
-          f"{args.steps} steps; load {os.getloadavg()[0]:.2f} (1 min); total {time.monotonic() - started:.0f}s")
+    print(f"\nµs per step, {SIZE:,} floats, SGD, 1 hub process, medians of {args.repeats} "
+          f"repeat(s) of {args.steps} steps; load {os.getloadavg()[0]:.2f} (1 min); total "
+          f"{time.monotonic() - started:.0f}s")
     print(table(["side", "between steps", "step", *PARTS, "x local"], rows))
 
 

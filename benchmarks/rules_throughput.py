@@ -259,15 +259,19 @@ def main() -> None:
     print(table(["size", "rule", "push ms", "floor ms", "x floor", "pull ms", "+pull x floor",
                  "state MB",
                  "target", "verdict"], rows))
-    print(f"  floor (*) = the cheaper `w -= lr*g` form in a calibration of both (floor rows: that\n"
-          f"  calibration, x = over the cheaper one); paired with every push: {'; '.join(floor_notes)}.\n"
-          "  floor ms = median of the floors paired with that row's pushes (each the second of two\n"
+    print("  floor (*) = the cheaper `w -= lr*g` form in a calibration of both (floor rows: that\n"
+          "  calibration, x = over the cheaper one); paired with every push: "
+          f"{'; '.join(floor_notes)}.\n"
+          "  floor ms = median of the floors paired with that row's pushes (each the second of "
+          "two\n"
           "  back-to-back floors, so the rule's cache traffic does not slow it).\n"
-          "  push/pull ms = median per call (a round of 4 pushes / 4); x floor = median over rounds\n"
+          "  push/pull ms = median per call (a round of 4 pushes / 4); x floor = median over "
+          "rounds\n"
           "  of (the round's pushes / the floors timed just before each of them); +pull = (push +\n"
           "  pull) / floor; pull = rule.on_pull (n/a for the two hot-path rows, whose copy is in\n"
           "  push ms). softsync = default n = M = 4 (applies every push); softsync n=1 buffers 3\n"
-          "  pushes and applies the 4th. group = its hub update only (the barrier's mean is outside).")
+          "  pushes and applies the 4th. group = its hub update only (the "
+          "barrier's mean is outside).")
     print(f"  targets: {'; '.join(verdicts) or 'none measured'}. "
           f"total time {time.monotonic() - t_start:.0f}s")
 

@@ -65,7 +65,8 @@ def compute_s(batch: int) -> tuple[float, int]:
     return float(np.median(times)), int(params.size)
 
 
-def simulate(n: int, shards: int, c: float, h: float, r: float, horizon: float = 2.0) -> tuple[float, float]:
+def simulate(n: int, shards: int, c: float, h: float, r: float,
+             horizon: float = 2.0) -> tuple[float, float]:
     """(pushes/s, busiest shard's utilisation) of `n` workers over `horizon` virtual seconds."""
     latency = max(0.0, r - h)
     free = [0.0] * shards  # when each shard finishes its queue
@@ -91,7 +92,8 @@ def simulate(n: int, shards: int, c: float, h: float, r: float, horizon: float =
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--size", type=int, default=None, help="float32 parameters (default: the MLP's)")
+    parser.add_argument("--size", type=int, default=None,
+                        help="float32 parameters (default: the MLP's)")
     parser.add_argument("--shards", type=int, nargs="+", default=[1, 2, 4])
     parser.add_argument("--transport", choices=["auto", "tcp", "both"], default="both")
     parser.add_argument("--seconds", type=float, default=1.5, help="per hub measurement")

@@ -17,7 +17,8 @@ How to read it
 
     python benchmarks/step_profile.py                  # pin off and auto, batch 64
     python benchmarks/step_profile.py --pin off --batch 256 --steps 1500
-    python benchmarks/step_profile.py --overlap        # overlap=True (opt-in: push step t while computing t+1)
+    python benchmarks/step_profile.py --overlap        # overlap=True (opt-in: push step t while
+                                                       # computing t+1)
 """
 
 from __future__ import annotations
@@ -81,7 +82,8 @@ def profile(pin: str, batch: int, steps: int, overlap: bool) -> tuple[list, dict
                 if a is None and done >= WINDOW[0] * total:
                     procs = {}
                     for pid in pids:
-                        kids = [p for p in psutil.Process(pid).children() if "nbdist.hub.process" in " ".join(p.cmdline())]
+                        kids = [p for p in psutil.Process(pid).children()
+                                if "nbdist.hub.process" in " ".join(p.cmdline())]
                         if kids:
                             procs["hub engine"], procs["hub process"] = pid, kids[0].pid
                         else:
@@ -103,7 +105,8 @@ def profile(pin: str, batch: int, steps: int, overlap: bool) -> tuple[list, dict
         g[0] += (run_ns - before[1]) / n / 1e6
         g[1] += (wait_ns - before[2]) / n / 1e6
         g[2] += 1
-    rows = sorted(([role, name, c, w, k] for (role, name), (c, w, k) in groups.items() if c + w > 0.005),
+    rows = sorted(([role, name, c, w, k] for (role, name), (c, w, k) in groups.items()
+                   if c + w > 0.005),
                   key=lambda r: (r[0], -r[2]))
     split = {"wall": (b[2] - a[2]) / n * 1e3,
              "compute": (b[0]["compute_s"] - a[0]["compute_s"]) / n * 1e3,
@@ -122,8 +125,8 @@ def main() -> None:
     args = parser.parse_args()
     for pin in (["off", "auto"] if args.pin == "both" else [args.pin]):
         rows, split = profile(pin, args.batch, args.steps, args.overlap)
-        print(f"\npin={pin}, batch {args.batch}: per step wall {split['wall']:.2f} ms = worker compute "
-              f"{split['compute']:.2f} + comm {split['comm']:.2f} + other "
+        print(f"\npin={pin}, batch {args.batch}: per step wall {split['wall']:.2f} ms = worker "
+              f"compute {split['compute']:.2f} + comm {split['comm']:.2f} + other "
               f"{split['wall'] - split['compute'] - split['comm']:.2f} ms")
         print(table(["process", "thread", "cpu ms/step", "wait ms/step", "n"], rows))
     print(f"\nload {os.getloadavg()[0]:.2f} (1 min); {os.cpu_count()} CPUs")

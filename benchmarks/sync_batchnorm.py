@@ -19,7 +19,8 @@ What it measures
     the seeds. With --sync-batchnorm the statistics' allreduces are inside the gradient
     computation (compute_s); the gradient allreduce is in comm_s.
 
-    python benchmarks/sync_batchnorm.py                    # 4 seeds, 12,000 images, 1 epoch (~3 min)
+    python benchmarks/sync_batchnorm.py                    # 4 seeds, 12,000 images, 1 epoch
+                                                           # (~3 min)
     python benchmarks/sync_batchnorm.py --seeds 2 --train 4000   # quicker, noisier
 """
 
@@ -62,10 +63,11 @@ def fit_run(cell: str, epochs: int) -> dict:
     ns: dict = {}
     exec(cell, ns)  # noqa: S102 - the benchmark's own cell
     t0 = time.perf_counter()
-    ns["model"].fit(ns["x_train"], ns["y_train"], batch_size=WORKERS * BATCH, epochs=epochs, verbose=0)
+    ns["model"].fit(ns["x_train"], ns["y_train"], batch_size=WORKERS * BATCH, epochs=epochs,
+                    verbose=0)
     steps = epochs * -(-len(ns["x_train"]) // (WORKERS * BATCH))
-    return {"acc": evaluate_kernel_model(ns)[1], "step_ms": 1000 * (time.perf_counter() - t0) / steps,
-            "compute_ms": float("nan")}
+    return {"acc": evaluate_kernel_model(ns)[1],
+            "step_ms": 1000 * (time.perf_counter() - t0) / steps, "compute_ms": float("nan")}
 
 
 def sync_run(cluster, cell: str, epochs: int, seed: int, sync_batchnorm: bool) -> dict:
@@ -117,8 +119,8 @@ def main() -> None:
                      median([r["compute_ms"] for r in results[name]])])
     print(f"\n{args.seeds} seeds, {args.train:,} training images, {args.epochs} epoch(s), "
           f"2,000 test images; gap = accuracy - fit's, per seed")
-    print(table(["side", "test acc (mean)", "gap mean", "gap min", "gap max", "ms/step", "compute ms/step"],
-                rows))
+    print(table(["side", "test acc (mean)", "gap mean", "gap min", "gap max", "ms/step",
+                 "compute ms/step"], rows))
     for name, _ in SIDES:
         print(f"{name} per seed: " + ", ".join(f"{r['acc']:.4f}" for r in results[name]))
     print("fit per seed: " + ", ".join(f"{a:.4f}" for a in fit))

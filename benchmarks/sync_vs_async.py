@@ -31,17 +31,18 @@ What it measures
     (concat with the control values, allreduce, split, the Keras SGD apply_gradients on the
     same MLP's variables: "raw allreduce + apply"). Then as a training loop: a gradient of a
     batch of 64 on each rank, then that step function, each timed ("raw allreduce + apply,
-    training"): there the allreduce waits for the slower rank's gradient, as in real training. Its Horovod set-up is nbdist's own
-    (nbdist/modes/sync/backend.py SyncBackend.start_workers): Horovod's RendezvousHTTPServer bound to
-    127.0.0.1 in this process, host assignments from get_host_assignments, the same
-    HOROVOD_* variables on each engine (Gloo, interface lo). Not horovodrun, whose rendezvous
-    listens on all interfaces.
+    training"): there the allreduce waits for the slower rank's gradient, as in real training.
+    Its Horovod set-up is nbdist's own (nbdist/modes/sync/backend.py
+    SyncBackend.start_workers): Horovod's RendezvousHTTPServer bound to 127.0.0.1 in this
+    process, host assignments from get_host_assignments, the same HOROVOD_* variables on each
+    engine (Gloo, interface lo). Not horovodrun, whose rendezvous listens on all interfaces.
 
 How to read it
     "x raw" = nbdist sync comm per step (mean; then median) / raw tf.function allreduce per
     call: what nbdist's step adds around the collective (the optimizer update, the
-    concat/split, waiting for the slower rank). Async should beat sync in samples/s when the allreduce dominates; validation
-    accuracy after the same epochs tells what the staleness cost.
+    concat/split, waiting for the slower rank). Async should beat sync in samples/s when the
+    allreduce dominates; validation accuracy after the same epochs tells what the staleness
+    cost.
 
     python benchmarks/sync_vs_async.py            # 2 epochs per run, 2 repeats (~3 min)
     python benchmarks/sync_vs_async.py --quick    # 1 epoch, 1 repeat (~1 min)
@@ -92,7 +93,8 @@ def measure_run(cluster, options: dict, epochs: int) -> dict:
     }
 
 
-def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank: int, batch: int) -> dict:
+def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank: int,
+                  batch: int) -> dict:
     """On an engine: one Horovod rank timing `reps` allreduces of n_floats float32, three ways:
     eager, in a tf.function, and in a copy of nbdist's step function (concat, allreduce, split,
     the optimizer's apply_gradients on the same MLP's variables), all back to back."""
@@ -130,11 +132,13 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
         grad, control = data[:size].copy(), data[size:].copy()
 
         @tf.function(reduce_retracing=True)
-        def step_shaped(weighted_grad, control):  # nbdist/modes/sync/rank.py _SyncLoop's allreduce_apply
+        # nbdist/modes/sync/rank.py _SyncLoop's allreduce_apply
+        def step_shaped(weighted_grad, control):
             reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
                                     name="bench_step_shaped")
             grads = tf.split(reduced[:size], sizes)
-            optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
+            optimizer.apply_gradients(zip([tf.reshape(g, v.shape)
+                                           for g, v in zip(grads, trainable, strict=True)],
                                           trainable, strict=True))
             return reduced[size:]
 
@@ -191,7 +195,8 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
     by_host: dict[str, list[int]] = {}
     for e in engines:
         by_host.setdefault(hosts[e], []).append(e)
-    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{len(es)}" for h, es in by_host.items())),
+    plan = get_host_assignments(parse_hosts(",".join(f"{h}:{len(es)}"
+                                                     for h, es in by_host.items())),
                                 len(engines))
     server = RendezvousHTTPServer(("127.0.0.1", 0), RendezvousHandler, 0)
     server.init(plan)
@@ -204,7 +209,8 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
             engine = next(next_on_host[slot.hostname])
             env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
                    "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-                   "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+                   "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+                   "HOROVOD_CROSS_RANK": str(slot.cross_rank),
                    "HOROVOD_CROSS_SIZE": str(slot.cross_size), "HOROVOD_CONTROLLER": "gloo",
                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                    "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
@@ -217,7 +223,8 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
     finally:
         server.shutdown()
         server.server_close()
-    return {k: median([r[k] for r in results]) for k in ("eager", "graph", "step", "train_grad", "train_comm")}
+    return {k: median([r[k] for r in results])
+            for k in ("eager", "graph", "step", "train_grad", "train_comm")}
 
 
 def flat_size() -> int:
@@ -233,7 +240,8 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 epoch, 1 repeat")
     parser.add_argument("--epochs", type=int, default=None, help="default 2 (1 with --quick)")
     parser.add_argument("--repeats", type=int, default=None, help="default 2 (1 with --quick)")
-    parser.add_argument("--allreduces", type=int, default=300, help="timed raw allreduces per repeat")
+    parser.add_argument("--allreduces", type=int, default=300,
+                        help="timed raw allreduces per repeat")
     args = parser.parse_args()
     epochs = args.epochs or (1 if args.quick else 2)
     repeats = args.repeats or (1 if args.quick else 2)
@@ -242,8 +250,8 @@ def main() -> None:
 
     n_floats = flat_size() + CONTROL_FIELDS + WORKERS  # what nbdist's step allreduces
     print(f"sync_vs_async: 784-256-256-10 MLP on Fashion-MNIST, {WORKERS} workers, batch {BATCH} "
-          f"each, {epochs} epoch(s) per run, {repeats} repeat(s); allreduce of {n_floats:,} float32 "
-          f"({n_floats * 4 / 1e6:.2f} MB)", flush=True)
+          f"each, {epochs} epoch(s) per run, {repeats} repeat(s); allreduce of {n_floats:,} "
+          f"float32 ({n_floats * 4 / 1e6:.2f} MB)", flush=True)
     runs: dict[str, list[dict]] = {name: [] for name, _ in MODES}
     raws: list[dict] = []
     cluster = None
@@ -259,9 +267,10 @@ def main() -> None:
                     r = measure_raw(cluster, n_floats, args.allreduces)
                     raws.append(r)
                     print(f"  [{rep + 1}/{repeats}] {RAW:<13} eager {r['eager'] * 1e3:.2f} ms, "
-                          f"tf.function {r['graph'] * 1e3:.2f} ms, with apply {r['step'] * 1e3:.2f} ms "
-                          f"per call; training: gradient {r['train_grad'] * 1e3:.2f} ms, then "
-                          f"allreduce + apply {r['train_comm'] * 1e3:.2f} ms", flush=True)
+                          f"tf.function {r['graph'] * 1e3:.2f} ms, with apply "
+                          f"{r['step'] * 1e3:.2f} ms per call; training: gradient "
+                          f"{r['train_grad'] * 1e3:.2f} ms, then allreduce + apply "
+                          f"{r['train_comm'] * 1e3:.2f} ms", flush=True)
                     continue
                 r = measure_run(cluster, options, epochs)
                 runs[name].append(r)
@@ -295,8 +304,9 @@ def main() -> None:
     rows.append([RAW + " + apply", "", "", "", "", "", raw_step * 1e3, raw_step * 1e3,
                  raw_step / raw_graph, raw_step / raw_graph, ""])
     raw_train_grad = median([r["train_grad"] for r in raws])
-    rows.append([RAW + " + apply, training", "", "", "", "", raw_train_grad * 1e3, raw_train_comm * 1e3,
-                 raw_train_comm * 1e3, raw_train_comm / raw_graph, raw_train_comm / raw_graph, ""])
+    rows.append([RAW + " + apply, training", "", "", "", "", raw_train_grad * 1e3,
+                 raw_train_comm * 1e3, raw_train_comm * 1e3, raw_train_comm / raw_graph,
+                 raw_train_comm / raw_graph, ""])
     print()
     print(f"Medians of {repeats} repeat(s), {epochs} epoch(s) per run; times per step in ms; "
           f"allreduce of {n_floats * 4 / 1e6:.2f} MB on the sync ranks' 2 engines "
@@ -304,19 +314,25 @@ def main() -> None:
     print(table(["mode", "samples/s", "x sync", "val acc", "val loss", "compute/step",
                  "comm/step", "comm median", "x raw", "x raw (median)", "wall s"], rows))
     print("  comm/step = run.nodes comm_s / steps (mean, whole run, including the other rank's\n"
-          "  validation pause); comm median = median per-step comm from run.timeline; x raw = sync\n"
-          "  comm/step (mean, then median) over the raw tf.function allreduce per call. \"+ apply\" =\n"
-          "  nbdist's step function alone (concat, allreduce, split, SGD apply), ranks in lockstep;\n"
-          "  \"training\" = the same after a gradient of a batch of 64 on each rank, as a training\n"
-          "  loop runs it, so its comm includes waiting for the slower rank's gradient, as sync's does.")
+          "  validation pause); comm median = median per-step comm from run.timeline; x raw = "
+          "sync\n"
+          "  comm/step (mean, then median) over the raw tf.function allreduce per call. \"+ "
+          "apply\" =\n"
+          "  nbdist's step function alone (concat, allreduce, split, SGD apply), ranks in "
+          "lockstep;\n"
+          "  \"training\" = the same after a gradient of a batch of 64 on each rank, as a "
+          "training\n"
+          "  loop runs it, so its comm includes waiting for the slower rank's "
+          "gradient, as sync's does.")
     sync_median = median([r["comm_median"] for r in runs["sync"]])
-    print(f"\nnbdist's sync step over a raw allreduce + apply of the same bytes: "
+    print("\nnbdist's sync step over a raw allreduce + apply of the same bytes: "
           f"{sync_median / raw_step:.2f}x by the median step ({sync_median * 1e3:.2f} ms against "
-          f"{raw_step * 1e3:.2f} ms; target <= 1.1), {median([r['comm'] for r in runs['sync']]) / raw_step:.2f}x "
-          "by the mean (which includes the other rank's validation pause)")
-    print(f"... and over a raw training loop's allreduce + apply after a gradient, which waits for the "
-          f"slower rank as nbdist's does: {sync_median / raw_train_comm:.2f}x by the median step "
-          f"({raw_train_comm * 1e3:.2f} ms)")
+          f"{raw_step * 1e3:.2f} ms; target <= 1.1), "
+          f"{median([r['comm'] for r in runs['sync']]) / raw_step:.2f}x by the mean (which "
+          "includes the other rank's validation pause)")
+    print("... and over a raw training loop's allreduce + apply after a gradient, which waits for "
+          f"the slower rank as nbdist's does: {sync_median / raw_train_comm:.2f}x by the median "
+          f"step ({raw_train_comm * 1e3:.2f} ms)")
     print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s")
 
 

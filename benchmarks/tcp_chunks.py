@@ -58,7 +58,8 @@ def _hub(port_queue, params: int) -> None:
         part = weights[start:start + grad.size]
         part -= np.float32(0.01) * grad
         reply = part.tobytes()  # the reply's own buffer, as the hub copies out today
-        sock.send_multipart([ident, mode, blake3(reply, key=KEY).digest(), offset, reply], copy=False)
+        sock.send_multipart([ident, mode, blake3(reply, key=KEY).digest(), offset, reply],
+                            copy=False)
     sock.close(0)
     ctx.term()
 
@@ -69,7 +70,8 @@ def round_trips(sock, grad, chunks: int, mode: bytes, seconds: float) -> float:
     from blake3 import blake3
 
     bounds = np.linspace(0, grad.size, chunks + 1).astype(int)
-    parts = [(int(lo), grad[lo:hi].view(np.uint8)) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
+    parts = [(int(lo), grad[lo:hi].view(np.uint8))
+             for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
     done, end = 0, time.perf_counter() + seconds
     t0 = time.perf_counter()
     while time.perf_counter() < end:
@@ -127,10 +129,12 @@ def main() -> None:
         raw = result["raw"]
         for name, rate in result.items():
             rows.append([f"{params:,}", name, rate, 1e3 / rate, rate / raw])
-    print(f"TCP loopback, worker and hub processes, medians of {args.repeats} x {args.seconds:.1f} s")
+    print(f"TCP loopback, worker and hub processes, medians of {args.repeats} x "
+          f"{args.seconds:.1f} s")
     print(table(["params", "side", "round trips/s", "ms each", "x raw"], rows))
     print("  one = nbdist's protocol today (one message, 4 keyed-BLAKE3 passes per round trip);\n"
-          "  chunks K = the same MACs and update cut into K messages, pipelined; target x raw >= 0.70")
+          "  chunks K = the same MACs and update cut into K messages, pipelined; "
+          "target x raw >= 0.70")
 
 
 if __name__ == "__main__":

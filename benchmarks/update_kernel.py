@@ -1,4 +1,5 @@
-"""The hub's ASGD push (update + reply copy) with the compiled kernel and with NumPy, against memcpy.
+"""The hub's ASGD push (update + reply copy) with the compiled kernel and with NumPy, against
+memcpy.
 
 What it measures
     One ASGD push on a hub shard of N floats, as the hub runs it (`Updater.push(..., into=reply)`:
@@ -84,7 +85,8 @@ def measure(size: int, repeats: int, optimizers: list[str]) -> list[list[object]
     for threads in (1, 2):
         if kernels.COMPILED is not None:
             compiled = asgd_updater(size, threads, pools)
-            variants[f"push, compiled, {threads} thread(s)"] = lambda u=compiled: u.push(0, w, g, 0, into=out)
+            variants[f"push, compiled, {threads} thread(s)"] = (
+                lambda u=compiled: u.push(0, w, g, 0, into=out))
         with numpy_kernels():
             numpy_updater = asgd_updater(size, threads, pools)
 

@@ -30,7 +30,8 @@ sys.path.insert(0, str(ROOT))
 from tests.e2e.test_browser import APPS, chromium, free_port, run_all_cells  # noqa: E402
 from tests.helpers import wait_for  # noqa: E402
 
-WIDTH = 1280  # px: the page's width, as on a laptop screen (the notebook's area, the sidebar closed)
+# px: the page's width, as on a laptop screen (the notebook's area, the sidebar closed)
+WIDTH = 1280
 
 
 def notebook(folder: Path, epochs: int, samples: int | None) -> str:
@@ -42,7 +43,8 @@ def notebook(folder: Path, epochs: int, samples: int | None) -> str:
     waits = next(i for i, c in enumerate(nb.cells) if c.source.startswith("run.wait()"))
     nb.cells = nb.cells[:waits]
     tagged = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
-    nb.cells.insert(tagged + 1, nbformat.v4.new_code_cell(f"EPOCHS = {epochs}\nSAMPLES = {samples}"))
+    nb.cells.insert(tagged + 1,
+                    nbformat.v4.new_code_cell(f"EPOCHS = {epochs}\nSAMPLES = {samples}"))
     nbformat.write(nb, folder / "quickstart.ipynb")
     return "quickstart.ipynb"
 
@@ -59,7 +61,8 @@ def jupyterlab(folder: Path):
            "JUPYTER_RUNTIME_DIR": str(folder / "runtime"),
            "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     for extension, name, setting in (("notebook-extension", "tracker", {"windowingMode": "none"}),
-                                     ("apputils-extension", "notification", {"fetchNews": "false"})):
+                                     ("apputils-extension", "notification",
+                                      {"fetchNews": "false"})):
         settings = folder / "settings" / "@jupyterlab" / extension
         settings.mkdir(parents=True, exist_ok=True)
         (settings / f"{name}.jupyterlab-settings").write_text(json.dumps(setting))
@@ -112,7 +115,8 @@ def main() -> int:
             page = browser.new_page(viewport={"width": WIDTH, "height": 2400})
             try:
                 run_all_cells(page, lab, name)
-                page.keyboard.press("Control+b")  # the file browser closed: the notebook's full width
+                # the file browser closed: the notebook's full width
+                page.keyboard.press("Control+b")
                 dashboard = page.locator(".nbdist-dashboard")
                 dashboard.wait_for(timeout=180_000)
                 finished = dashboard.locator(".nbdist-status[data-status='finished']")

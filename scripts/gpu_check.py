@@ -37,14 +37,17 @@ def engine_devices() -> dict:
     from nbdist.engine.run_cell import engine_namespace
 
     model = engine_namespace().get("model")
-    weights = model.trainable_variables[0].value.device if model is not None and model.trainable_variables else ""
+    weights = (model.trainable_variables[0].value.device
+               if model is not None and model.trainable_variables else "")
     x = tf.ones((64, 64))
-    return {"host": socket.gethostname(), "pid": os.getpid(), "cuda_build": tf.test.is_built_with_cuda(),
+    return {"host": socket.gethostname(), "pid": os.getpid(),
+            "cuda_build": tf.test.is_built_with_cuda(),
             "gpus_listed": len(tf.config.list_physical_devices("GPU")),
             "visible": [d.name for d in tf.config.get_visible_devices("GPU")],
             "nvml_index": gpu._chosen,  # noqa: SLF001 - the device the monitor reads
             "gpu": gpu.GpuMonitor().info().get("gpu", ""),
-            "weights_on": weights.split("device:")[-1], "op_on": tf.matmul(x, x).device.split("device:")[-1]}
+            "weights_on": weights.split("device:")[-1],
+            "op_on": tf.matmul(x, x).device.split("device:")[-1]}
 
 
 def horovod_info() -> dict:
@@ -54,7 +57,8 @@ def horovod_info() -> dict:
     try:
         import horovod.tensorflow as hvd
 
-        return {"build": horovod_build(), "nccl": bool(hvd.nccl_built()), "gloo": bool(hvd.gloo_built())}
+        return {"build": horovod_build(), "nccl": bool(hvd.nccl_built()),
+                "gloo": bool(hvd.gloo_built())}
     except ImportError as exc:
         return {"error": str(exc)}
 
@@ -67,32 +71,38 @@ def verdict(rows: list[dict]) -> list[str]:
         >>> ok = {"host": "n1", "gpus_listed": 2, "op_on": "GPU:0", "weights_on": "GPU:0"}
         >>> verdict([{**ok, "nvml_index": 0, "engine": 1}, {**ok, "nvml_index": 1, "engine": 2}])
         []
-        >>> verdict([{**ok, "nvml_index": 0, "engine": 1}, {**ok, "nvml_index": 0, "engine": 2}])[0][:38]
+        >>> verdict([{**ok, "nvml_index": 0, "engine": 1},
+        ...          {**ok, "nvml_index": 0, "engine": 2}])[0][:38]
         'engines 1, 2 on host n1 share GPU 0 wh'
     """
     problems, by_gpu = [], {}
     for r in rows:
-        if r["gpus_listed"] and not (r["op_on"].startswith("GPU") and r["weights_on"].startswith("GPU")):
-            problems.append(f"engine {r['engine']} on host {r['host']} trained on the CPU (ops on {r['op_on']}, "
-                            f"weights on {r['weights_on']}) although TensorFlow lists {r['gpus_listed']} GPU(s)")
+        if r["gpus_listed"] and not (r["op_on"].startswith("GPU")
+                                     and r["weights_on"].startswith("GPU")):
+            problems.append(f"engine {r['engine']} on host {r['host']} trained on the CPU (ops on "
+                            f"{r['op_on']}, weights on {r['weights_on']}) although TensorFlow "
+                            f"lists {r['gpus_listed']} GPU(s)")
         if r["gpus_listed"]:
             by_gpu.setdefault((r["host"], r["nvml_index"]), []).append(r)
     for (host, index), same in sorted(by_gpu.items(), key=str):
         workers_here = sum(r["host"] == host for r in rows)
         if len(same) > 1 and workers_here <= same[0]["gpus_listed"]:
-            problems.append(f"engines {', '.join(str(r['engine']) for r in same)} on host {host} share GPU {index} "
-                            f"while the host has {same[0]['gpus_listed']} GPUs for {workers_here} workers")
+            problems.append(f"engines {', '.join(str(r['engine']) for r in same)} on host {host} "
+                            f"share GPU {index} while the host has {same[0]['gpus_listed']} GPUs "
+                            f"for {workers_here} workers")
     return problems
 
 
 def show(mode: str, rows: list[dict]) -> None:
     print(f"\n{mode}: devices per worker engine")
-    print(f"  {'engine':>6}  {'host':<14} {'CUDA build':<10} {'GPUs':>4}  {'visible':<24} {'GPU (NVML)':<24} "
-          f"{'weights on':<11} {'ops on':<8}")
+    print(f"  {'engine':>6}  {'host':<14} {'CUDA build':<10} {'GPUs':>4}  {'visible':<24} "
+          f"{'GPU (NVML)':<24} {'weights on':<11} {'ops on':<8}")
     for r in rows:
-        name = f"{r['nvml_index']}: {r['gpu']}" if r["gpu"] else ("-" if r["nvml_index"] is None else str(r["nvml_index"]))
+        name = (f"{r['nvml_index']}: {r['gpu']}" if r["gpu"] else
+                "-" if r["nvml_index"] is None else str(r["nvml_index"]))
         print(f"  {r['engine']:>6}  {r['host']:<14} {r['cuda_build']!s:<10} {r['gpus_listed']:>4}  "
-              f"{','.join(r['visible']) or '-':<24} {name:<24} {r['weights_on'] or '-':<11} {r['op_on']:<8}")
+              f"{','.join(r['visible']) or '-':<24} {name:<24} "
+              f"{r['weights_on'] or '-':<11} {r['op_on']:<8}")
 
 
 def train(cluster, mode: str, workers: int, epochs: int) -> list[dict]:
@@ -101,18 +111,21 @@ def train(cluster, mode: str, workers: int, epochs: int) -> list[dict]:
     import nbdist
 
     start = time.time()
-    run = nbdist.train(CELL, cluster=cluster, namespace={}, mode=mode, workers=workers, epochs=epochs,
-                       batch_size=64, wait=True)
+    run = nbdist.train(CELL, cluster=cluster, namespace={}, mode=mode, workers=workers,
+                       epochs=epochs, batch_size=64, wait=True)
     accuracy = run.history["val_accuracy"].dropna()
     print(f"{mode}: {run.status} in {time.time() - start:.1f}s, validation accuracy "
           f"{accuracy.iloc[-1] if len(accuracy) else float('nan'):.3f}")
     engines = [int(e) for e in run.nodes["engine"].dropna()]
-    return [{**r, "engine": e} for e, r in zip(engines, cluster.client[engines].apply_sync(engine_devices), strict=True)]
+    return [{**r, "engine": e}
+            for e, r in zip(engines, cluster.client[engines].apply_sync(engine_devices),
+                            strict=True)]
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", type=int, default=0, help="workers per run (default: one per GPU, 2 without)")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="workers per run (default: one per GPU, 2 without)")
     parser.add_argument("--epochs", type=int, default=1)
     parser.add_argument("--modes", default="async,sync", help="comma-separated: async, sync")
     args = parser.parse_args(argv)
@@ -121,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
 
     gpus = _gpus_here()
     workers = args.workers or max(2, len(gpus))
-    print(f"This node: {len(gpus)} GPU(s) {gpus or ''}; {workers} workers per run, {args.epochs} epoch(s)")
+    print(f"This node: {len(gpus)} GPU(s) {gpus or ''}; {workers} workers per run, "
+          f"{args.epochs} epoch(s)")
     cluster = Cluster.start(workers + 1)  # async: one hub shard besides the workers
     problems = []
     try:

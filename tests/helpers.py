@@ -22,7 +22,8 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0, poll_s: fl
     deadline = time.monotonic() + timeout
     while not (value := condition()):
         if time.monotonic() >= deadline:
-            raise AssertionError(f"{what() if callable(what) else what} not reached within {timeout:g}s")
+            raise AssertionError(f"{what() if callable(what) else what} not reached within "
+                                 f"{timeout:g}s")
         time.sleep(poll_s)
     return value
 
@@ -260,7 +261,8 @@ TYPICAL_EPOCHS, TYPICAL_BATCH = 2, 32
 
 def typical_accuracy(ns: dict) -> float:
     """Test accuracy of the model a typical cell defined in `ns`."""
-    return float(ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0, return_dict=True)["accuracy"])
+    return float(ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0,
+                                      return_dict=True)["accuracy"])
 
 
 _FIT_ACCURACY: dict[str, float] = {}
@@ -315,9 +317,11 @@ def snapshot(num_workers: int, t: float, *, paused: bool = False) -> dict:
     import numpy as np
 
     nodes = [{"worker": w, "engine": w + 1, "host": "localhost", "state": "running",
-              "samples": 10 * w, "samples_per_s": 100.0 / (w + 1), "steps": 5, "delay_mean": 1.0 + w,
-              "delay_p95": 2.0 + w, "delay_max": 3, "batch_size": 32, "slowdown": 1.0 + (w == 1),
-              "group": None, "loss": 1.0, "compute_s": 0.01, "comm_s": 0.001} for w in range(num_workers)]
+              "samples": 10 * w, "samples_per_s": 100.0 / (w + 1), "steps": 5,
+              "delay_mean": 1.0 + w, "delay_p95": 2.0 + w, "delay_max": 3, "batch_size": 32,
+              "slowdown": 1.0 + (w == 1), "group": None, "loss": 1.0, "compute_s": 0.01,
+              "comm_s": 0.001}
+             for w in range(num_workers)]
     timeline = [{"worker": w, "time": tt, "samples_per_s": 100.0 / (w + 1), "batch_size": 32,
                  "delay_mean": 1.0 + w, "delay_p95": 2.0 + w}
                 for w in range(num_workers) for tt in np.arange(0.0, t, 1.0)]

@@ -150,7 +150,8 @@ class _Raw:
         self.selector.close()
 
 
-def _keyless(endpoint: str, peers: int, messages: int, frames: int, frame_bytes: int, kind: int, stop) -> dict:
+def _keyless(endpoint: str, peers: int, messages: int, frames: int, frame_bytes: int, kind: int,
+             stop) -> dict:
     import zmq
 
     ctx = zmq.Context()
@@ -198,7 +199,8 @@ class Flood:
     def __init__(self, kind: str, endpoint: str, **options):
         context = mp.get_context("fork")
         self.stop, self.results = context.Event(), context.Queue()
-        self.process = context.Process(target=_attack, args=(kind, endpoint, options, self.stop, self.results),
+        self.process = context.Process(target=_attack,
+                                       args=(kind, endpoint, options, self.stop, self.results),
                                        daemon=True)
         self.stats: dict = {}
 
@@ -209,7 +211,8 @@ class Flood:
     def __exit__(self, *exc) -> None:
         self.stop.set()
         deadline = time.monotonic() + 30
-        while not self.stats and time.monotonic() < deadline and (self.process.is_alive() or not self.results.empty()):
+        while (not self.stats and time.monotonic() < deadline
+               and (self.process.is_alive() or not self.results.empty())):
             try:
                 self.stats = self.results.get(timeout=0.5)
             except Exception:  # noqa: BLE001, S110 - queue.Empty: keep waiting for the process

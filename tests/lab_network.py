@@ -1,13 +1,13 @@
 """An emulated lab network on one machine: "hosts" made of Linux network namespaces.
 
     head (this process's namespace: notebook kernel + ipyparallel controller) ─┐
-    lab1 (netns, hostname lab1, 198.18.N.11) ──────────────────────────────────┼─ bridge (its own netns)
-    lab2 (netns, hostname lab2, 198.18.N.12) ──────────────────────────────────┘
+    lab1 (netns, hostname lab1, 198.18.N.11) ──────────────────────────────────┼─ bridge
+    lab2 (netns, hostname lab2, 198.18.N.12) ──────────────────────────────────┘  (its own netns)
 
 - Each host has its own hostname (a UTS namespace per process started there, `unshare --uts`)
   that resolves to its lab address on every lab host (`/etc/netns/<ns>/hosts`, the lab's name
-  service), and one address on a bridge that lives in a namespace of its own. Addresses come from the
-  benchmarking range 198.18.0.0/15, one /24 per lab, and the hosts have no other route: test
+  service), and one address on a bridge that lives in a namespace of its own. Addresses come from
+  the benchmarking range 198.18.0.0/15, one /24 per lab, and the hosts have no other route: test
   traffic only goes between the lab's hosts and to loopback.
 - Each host's link is shaped in both directions: `tc netem rate R delay D` when the kernel has
   netem, otherwise `tc tbf rate R` (the rate without the delay; `LabNetwork.shaping` says which).
@@ -84,7 +84,8 @@ class LabNetwork:
         ...     lab.run("lab1", ["ping", "-c1", lab.head_address])
     """
 
-    def __init__(self, hosts: int = 2, rate: str = "1gbit", delay_ms: float = 0.2, names: str = "lab"):
+    def __init__(self, hosts: int = 2, rate: str = "1gbit", delay_ms: float = 0.2,
+                 names: str = "lab"):
         if names not in NAMES:
             raise ValueError(f"names must be one of {NAMES} (Received: {names!r})")
         self.names = names
@@ -107,7 +108,8 @@ class LabNetwork:
         return f"nbd{self.tag}{host}"
 
     def address(self, host: str) -> str:
-        return self.head_address if host == "head" else self._addr(10 + self.hostnames.index(host) + 1)
+        return (self.head_address if host == "head"
+                else self._addr(10 + self.hostnames.index(host) + 1))
 
     # -- building and tearing down -------------------------------------------------------------
 
@@ -132,7 +134,8 @@ class LabNetwork:
         _ip("-n", self.switch, "link", "add", "br0", "type", "bridge")
         _ip("-n", self.switch, "link", "set", "br0", "up")
         # the head: this process's own namespace, one veth into the switch
-        _ip("link", "add", self.head_link, "type", "veth", "peer", "name", "p0", "netns", self.switch)
+        _ip("link", "add", self.head_link, "type", "veth", "peer", "name", "p0", "netns",
+            self.switch)
         self._built.append(self.head_link)
         _ip("addr", "add", f"{self.head_address}/24", "dev", self.head_link)
         _ip("link", "set", self.head_link, "up")
@@ -141,7 +144,8 @@ class LabNetwork:
         if head_hosts is not None:
             self._head_etc = Path(tempfile.mkdtemp(prefix=f"nbd{self.tag}head-"))
             (self._head_etc / "hosts").write_text(head_hosts)
-            (self._head_etc / "resolv.conf").write_text("# the lab's head: no DNS, only its hosts file\n")
+            (self._head_etc / "resolv.conf").write_text(
+                "# the lab's head: no DNS, only its hosts file\n")
         for i, host in enumerate(self.hostnames, start=1):
             ns = self.netns(host)
             _ip("netns", "add", ns)
@@ -150,7 +154,8 @@ class LabNetwork:
             Path("/etc/netns", ns).mkdir(parents=True, exist_ok=True)
             Path("/etc/netns", ns, "hosts").write_text(lab_hosts)
             _ip("-n", ns, "link", "set", "lo", "up")
-            _ip("-n", self.switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0", "netns", ns)
+            _ip("-n", self.switch, "link", "add", f"p{i}", "type", "veth", "peer", "name", "eth0",
+                "netns", ns)
             _ip("-n", ns, "addr", "add", f"{self.address(host)}/24", "dev", "eth0")
             _ip("-n", ns, "link", "set", "eth0", "up")
             self._port(f"p{i}", ns, "eth0", netem)
@@ -178,7 +183,8 @@ class LabNetwork:
             qdisc = ["netem", "rate", self.rate, "delay", f"{self.delay_ms}ms", "limit", "100000"]
         else:
             bits = _rate_bits(self.rate)
-            burst = max(64 * 1024, int(bits / 8 * 0.002))  # 2 ms of traffic, at least one TSO packet
+            # 2 ms of traffic, at least one TSO packet
+            burst = max(64 * 1024, int(bits / 8 * 0.002))
             qdisc = ["tbf", "rate", self.rate, "burst", str(burst), "latency", "50ms"]
         subprocess.run([*prefix, "tc", "qdisc", "replace", "dev", dev, "root", *qdisc],
                        check=True, capture_output=True, timeout=30)
@@ -214,7 +220,8 @@ class LabNetwork:
         if host == "head" and self._head_etc is None:
             return list(argv)
         if host == "head":  # the head's own name service, in a mount namespace of this process's
-            mounts = " && ".join(f"mount --bind {self._head_etc / f} /etc/{f}" for f in ("hosts", "resolv.conf"))
+            mounts = " && ".join(f"mount --bind {self._head_etc / f} /etc/{f}"
+                                 for f in ("hosts", "resolv.conf"))
             return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c",
                     f'{mounts} && exec "$@"', "head", *argv]
         return ["ip", "netns", "exec", self.netns(host), "unshare", "--uts", "--",
@@ -222,9 +229,11 @@ class LabNetwork:
 
     def run(self, host: str, argv: list[str], timeout: float = 60) -> subprocess.CompletedProcess:
         """Run a short command on a host and wait for it."""
-        return subprocess.run(self._wrap(host, argv), capture_output=True, text=True, timeout=timeout)
+        return subprocess.run(self._wrap(host, argv), capture_output=True, text=True,
+                              timeout=timeout)
 
-    def spawn(self, host: str, argv: list[str], log: Path, env: dict | None = None) -> subprocess.Popen:
+    def spawn(self, host: str, argv: list[str], log: Path,
+              env: dict | None = None) -> subprocess.Popen:
         """Start a long-running process on a host, in its own session (killed by `close()`)."""
         with open(log, "ab") as out:
             proc = subprocess.Popen(self._wrap(host, argv), stdout=out, stderr=subprocess.STDOUT,
@@ -242,15 +251,19 @@ class LabNetwork:
             netem = self.shaping.startswith("netem")
             self._shape(self.switch, port, netem)
             self._shape(self.netns(host), "eth0", netem)
-            _ip("-n", self.netns(host), "addr", "replace", f"{self.address(host)}/24", "dev", "eth0")
+            _ip("-n", self.netns(host), "addr", "replace", f"{self.address(host)}/24", "dev",
+                "eth0")
 
     def leftovers(self) -> list[str]:
         """Namespaces or links of this lab still present (empty after `close()`)."""
         names = _ip("netns", "list", check=False).stdout.split()
         links = _ip("-o", "link", "show", check=False).stdout
-        etc = [f"/etc/netns/{n}" for n in os.listdir("/etc/netns")] if os.path.isdir("/etc/netns") else []
-        return [n for n in names if n.startswith(f"nbd{self.tag}")] + [e for e in etc if f"nbd{self.tag}" in e] + (
-            [self.head_link] if f" {self.head_link}@" in links or f" {self.head_link}:" in links else [])
+        etc = ([f"/etc/netns/{n}" for n in os.listdir("/etc/netns")]
+               if os.path.isdir("/etc/netns") else [])
+        return ([n for n in names if n.startswith(f"nbd{self.tag}")]
+                + [e for e in etc if f"nbd{self.tag}" in e]
+                + ([self.head_link]
+                   if f" {self.head_link}@" in links or f" {self.head_link}:" in links else []))
 
 
 def _rate_bits(rate: str) -> float:
@@ -270,8 +283,8 @@ class LabCluster:
     `%nbdist connect --profile lab --cluster-id lab` after setting IPYTHONDIR to `ipython_dir`.
     """
 
-    def __init__(self, lab: LabNetwork, workdir: Path, engines: list[str], controller_ip: str | None = None,
-                 python: str = sys.executable):
+    def __init__(self, lab: LabNetwork, workdir: Path, engines: list[str],
+                 controller_ip: str | None = None, python: str = sys.executable):
         self.lab, self.workdir, self.hosts, self.python = lab, Path(workdir), list(engines), python
         self.ipython_dir = self.workdir / "ipython"
         self.controller_ip = controller_ip or lab.head_address
@@ -284,7 +297,8 @@ class LabCluster:
 
     def start(self, timeout: float = 120) -> None:
         args = [self.python, "-m", "ipyparallel.controller", "--profile=lab", "--cluster-id=lab",
-                f"--ip={self.controller_ip}", "--log-level=WARN", f"--ipython-dir={self.ipython_dir}"]
+                f"--ip={self.controller_ip}", "--log-level=WARN",
+                f"--ipython-dir={self.ipython_dir}"]
         if self.controller_ip != self.lab.head_address:
             args.append(f"--location={self.lab.head_address}")
         from IPython.core.profiledir import ProfileDir
@@ -294,17 +308,20 @@ class LabCluster:
         controller = self.lab.spawn("head", args, self.workdir / "controller.log", self.env)
         engine_file = self.security / "ipcontroller-lab-engine.json"
         client_file = self.security / "ipcontroller-lab-client.json"
-        _wait(lambda: all(f.exists() and json.loads(f.read_text() or "{}") for f in (engine_file, client_file)), timeout,
-              f"the controller's connection file {engine_file}", self.workdir / "controller.log", controller)
+        _wait(lambda: all(f.exists() and json.loads(f.read_text() or "{}")
+                          for f in (engine_file, client_file)),
+              timeout, f"the controller's connection file {engine_file}",
+              self.workdir / "controller.log", controller)
         client = self.client()
         try:
             for n, host in enumerate(self.hosts, start=1):  # one by one: engine ids follow the list
                 log = self.workdir / f"engine-{n - 1}-{host}.log"
-                engine = self.lab.spawn(host, [self.python, "-m", "ipyparallel.engine", f"--file={engine_file}",
-                                               "--log-level=WARN", "--ipython-dir", str(self.ipython_dir)],
+                engine = self.lab.spawn(host, [self.python, "-m", "ipyparallel.engine",
+                                               f"--file={engine_file}", "--log-level=WARN",
+                                               "--ipython-dir", str(self.ipython_dir)],
                                         log, self.env)
-                _wait(lambda n=n: len(client.ids) >= n, timeout, f"engine {n - 1} on {host} to register",
-                      log, engine)
+                _wait(lambda n=n: len(client.ids) >= n, timeout,
+                      f"engine {n - 1} on {host} to register", log, engine)
         finally:
             client.close()
 
@@ -314,7 +331,8 @@ class LabCluster:
         return ipp.Client(str(self.security / "ipcontroller-lab-client.json"), timeout=30)
 
 
-def _wait(condition, timeout: float, what: str, log: Path, proc: subprocess.Popen | None = None) -> None:
+def _wait(condition, timeout: float, what: str, log: Path,
+          proc: subprocess.Popen | None = None) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline and (proc is None or proc.poll() is None):
         with contextlib.suppress(Exception):
@@ -322,6 +340,6 @@ def _wait(condition, timeout: float, what: str, log: Path, proc: subprocess.Pope
                 return
         time.sleep(0.2)
     tail = log.read_text(errors="replace")[-3000:] if log.exists() else "(no log)"
-    how = f"the process exited ({proc.returncode})" if proc is not None and proc.poll() is not None else (
-        f"waited {timeout:.0f}s")
+    how = (f"the process exited ({proc.returncode})"
+           if proc is not None and proc.poll() is not None else f"waited {timeout:.0f}s")
     raise TimeoutError(f"{how} waiting for {what}; log {log}:\n{tail}")

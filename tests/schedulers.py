@@ -25,7 +25,8 @@ from pathlib import Path
 def slurm_unavailable() -> str | None:
     if os.geteuid() != 0:
         return f"runs slurmctld, slurmd and munged as root; running as uid {os.geteuid()}"
-    missing = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo") if not shutil.which(t)]
+    missing = [t for t in ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "sinfo")
+               if not shutil.which(t)]
     if missing:
         return f"needs {', '.join(missing)} (Debian packages slurm-wlm and munge; `make system`)"
     return None
@@ -75,8 +76,9 @@ class SlurmCluster:
 
     def _spawn(self, argv: list[str], log: str) -> subprocess.Popen:
         with open(self.folder / log, "ab") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                    env={**os.environ, **self.env}, start_new_session=True)
+            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL, env={**os.environ, **self.env},
+                                    start_new_session=True)
         self._procs.append(proc)
         return proc
 
@@ -89,10 +91,12 @@ class SlurmCluster:
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)
         os.chmod(f / "munge", 0o700)
-        self._spawn(["munged", "-F", "--force", f"--socket={self.munge_socket}", f"--key-file={key}",
-                     f"--pid-file={f / 'munge' / 'munged.pid'}", f"--log-file={f / 'munge' / 'munged.log'}",
+        self._spawn(["munged", "-F", "--force", f"--socket={self.munge_socket}",
+                     f"--key-file={key}", f"--pid-file={f / 'munge' / 'munged.pid'}",
+                     f"--log-file={f / 'munge' / 'munged.log'}",
                      f"--seed-file={f / 'munge' / 'munged.seed'}"], "munged.out")
-        _wait(lambda: self.munge_socket.exists(), timeout, "munged's socket", f / "munge" / "munged.log")
+        _wait(lambda: self.munge_socket.exists(), timeout, "munged's socket",
+              f / "munge" / "munged.log")
         host = socket.gethostname()
         self.conf.write_text("\n".join([
             "ClusterName=nbdist",
@@ -100,7 +104,8 @@ class SlurmCluster:
             "AuthType=auth/munge", f"AuthInfo=socket={self.munge_socket}",
             "CredType=cred/munge",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none",
-            "JobAcctGatherType=jobacct_gather/none", "AccountingStorageType=accounting_storage/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "SlurmUser=root", "SlurmdUser=root", "MpiDefault=none", "ReturnToService=2",
             f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
@@ -111,7 +116,8 @@ class SlurmCluster:
             # more CPUs than the machine has (config_overrides): a test job runs 3-4 engines
             "SlurmdParameters=config_overrides",
             f"NodeName={host} NodeAddr=127.0.0.1 CPUs={max(4, os.cpu_count() or 1)} State=UNKNOWN",
-            f"PartitionName=nbdist Nodes={host} Default=YES MaxTime=INFINITE State=UP OverSubscribe=FORCE:4",
+            f"PartitionName=nbdist Nodes={host} Default=YES MaxTime=INFINITE State=UP "
+            "OverSubscribe=FORCE:4",
             "",
         ]))
         self._spawn(["slurmctld", "-D", "-f", str(self.conf)], "slurmctld.out")
@@ -119,7 +125,8 @@ class SlurmCluster:
         env = {**os.environ, **self.env}
 
         def idle() -> bool:
-            out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True, env=env, timeout=10)
+            out = subprocess.run(["sinfo", "-h", "-o", "%T"], capture_output=True, text=True,
+                                 env=env, timeout=10)
             return out.returncode == 0 and out.stdout.strip() in ("idle", "mixed")
 
         _wait(idle, timeout, "the Slurm node to be idle", f / "slurmctld.log")
@@ -128,9 +135,11 @@ class SlurmCluster:
         env = {**os.environ, **self.env}
         if self.conf.exists() and self._procs:  # end our jobs while slurmd still runs their steps
             with contextlib.suppress(Exception):
-                subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True, timeout=15)
-                _wait(lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True, text=True,
-                                                 timeout=10).stdout.strip(), 20, "jobs to end", self.folder / "slurmctld.log")
+                subprocess.run(["scancel", "--full", "-u", "root"], env=env, capture_output=True,
+                               timeout=15)
+                _wait(lambda: not subprocess.run(["squeue", "-h"], env=env, capture_output=True,
+                                                 text=True, timeout=10).stdout.strip(),
+                      20, "jobs to end", self.folder / "slurmctld.log")
         for p in reversed(self._procs):
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(p.pid, signal.SIGTERM)

@@ -70,8 +70,10 @@ from keras import layers
 ''' + _FASHION_MLP + '''
 pixels_train = x_train.reshape(-1, 784).astype("float32") / 255
 pixels_test = x_test.reshape(-1, 784).astype("float32") / 255
-rows_train, rows_test = pixels_train.reshape(-1, 28, 28).mean(axis=2), pixels_test.reshape(-1, 28, 28).mean(axis=2)
-bright_train, bright_test = pixels_train.mean(axis=1, keepdims=True), pixels_test.mean(axis=1, keepdims=True)
+rows_train, rows_test = (pixels_train.reshape(-1, 28, 28).mean(axis=2),
+                         pixels_test.reshape(-1, 28, 28).mean(axis=2))
+bright_train, bright_test = (pixels_train.mean(axis=1, keepdims=True),
+                             pixels_test.mean(axis=1, keepdims=True))
 
 pixels = keras.Input(shape=(784,), name="pixels")
 rows = keras.Input(shape=(28,), name="rows")

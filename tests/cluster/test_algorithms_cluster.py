@@ -41,7 +41,8 @@ def test_group_with_one_group_equals_synchronous_sgd(cluster):
     """One group of 2 workers averages their gradients for the same weights every step: the
     Horovod sync run with the group's rate (linear scaling: 2 x lr) must end at the same weights."""
     pytest.importorskip("horovod.tensorflow")
-    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(3)\n")
+    cell = SYNTHETIC_CELL.replace("import keras\n",
+                                  "import keras\nkeras.utils.set_random_seed(3)\n")
     finals = []
     for options in ({"mode": "async", "algorithm": "group", "groups": 1, "lr": 0.1},
                     {"mode": "sync", "lr": 0.2}):
@@ -58,7 +59,8 @@ def test_group_auto_forms_groups_by_speed_and_regroup_works(cluster):
 
     def regroups():
         events = run.events
-        return events.loc[events["event"] == "regroup", "groups"].tolist() if "event" in events else []
+        return (events.loc[events["event"] == "regroup", "groups"].tolist()
+                if "event" in events else [])
 
     wait_for(regroups, 60, what="groups formed")
     assert sorted(run.nodes["group"]) == [0, 1]  # 4x apart: two singleton groups

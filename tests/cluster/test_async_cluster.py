@@ -72,7 +72,8 @@ class Net:
     @staticmethod
     def build():
         import keras
-        model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(Net.width, activation="relu"),
+        model = keras.Sequential([keras.Input((8,)),
+                                  keras.layers.Dense(Net.width, activation="relu"),
                                   keras.layers.Dense(3, activation="softmax")])
         model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
                       metrics=["accuracy"])
@@ -96,9 +97,11 @@ def test_cell_error_on_engine_shows_engine_traceback_and_engines_stay_usable(clu
     ns = {"np": np}
     cell = SYNTHETIC_CELL + "\nwidth = np.int64(16)\n"
     run = nbdist.train(cell, cluster=cluster, namespace=ns, workers=2, epochs=1)
-    with pytest.raises(RemoteCellError, match=r"NameError on engine \d.*'np' is not defined") as info:
+    with pytest.raises(RemoteCellError,
+                       match=r"NameError on engine \d.*'np' is not defined") as info:
         run.wait(timeout=120)
-    assert "width = np.int64(16)" in info.value.remote_traceback or "<%%distribute cell>" in info.value.remote_traceback
+    assert ("width = np.int64(16)" in info.value.remote_traceback
+            or "<%%distribute cell>" in info.value.remote_traceback)
     assert run.status == "failed"
     again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, wait=True)
     assert again.status == "finished"
@@ -112,7 +115,8 @@ def test_cell_error_on_engine_shows_engine_traceback_and_engines_stay_usable(clu
     (SYNTHETIC_CELL + "\ny_train = y_train[:10]", {}, DataError, "900 samples but y_train has 10"),
     (SYNTHETIC_CELL, {"workers": 5}, NotEnoughEnginesError, "has 3 engine"),
 ])
-def test_bad_input_fails_before_training_and_leaves_engines_ready(cluster, cell, options, error, match):
+def test_bad_input_fails_before_training_and_leaves_engines_ready(cluster, cell, options, error,
+                                                                   match):
     with pytest.raises(error, match=match):
         nbdist.train(cell, cluster=cluster, namespace={}, **options)
     from nbdist.hub.launch import running_hubs
@@ -167,8 +171,8 @@ def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_wh
 @pytest.mark.slow
 def test_fashion_mnist_mlp_reaches_80_percent_in_two_epochs_with_two_workers(cluster):
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()  # skip cleanly if data absent
-    run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, workers=2, epochs=2, batch_size=64,
-                       wait=True)
+    run = nbdist.train(FASHION_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
+                       batch_size=64, wait=True)
     assert run.history["val_accuracy"].dropna().iloc[-1] >= 0.80
 
 
@@ -205,7 +209,8 @@ def test_functional_model_with_batchnorm_dropout_and_custom_loss_learns(cluster)
 
 
 def test_two_shards_on_two_engines_give_the_same_weights_as_one(cluster):
-    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(5)\n")
+    cell = SYNTHETIC_CELL.replace("import keras\n",
+                                  "import keras\nkeras.utils.set_random_seed(5)\n")
     finals = []
     for servers in (1, 2):
         ns = {}
@@ -249,7 +254,8 @@ def test_magic_start_status_stop_leaves_no_process(ip, capsys):
 
 @pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="pinning needs two cores")
 def test_pin_auto_gives_the_hub_and_the_worker_cores_of_their_own_and_trains_the_same(cluster):
-    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(5)\n")
+    cell = SYNTHETIC_CELL.replace("import keras\n",
+                                  "import keras\nkeras.utils.set_random_seed(5)\n")
     cores = sorted(os.sched_getaffinity(0))
     finals, placed = {}, {}
     for pin in ("auto", "off"):
@@ -259,7 +265,8 @@ def test_pin_auto_gives_the_hub_and_the_worker_cores_of_their_own_and_trains_the
         assert run.nodes["steps"].sum() == 29
         finals[pin] = weights(ns["model"])
         placed[pin] = [sorted(a) for a in cluster.client[:].apply_sync(os.sched_getaffinity, 0)]
-    assert [cores[-1]] in placed["auto"] and cores[:-1] in placed["auto"]  # the hub's engine, the worker's
+    # the hub's engine, the worker's
+    assert [cores[-1]] in placed["auto"] and cores[:-1] in placed["auto"]
     assert [cores[-1]] not in placed["off"] and cores[:-1] not in placed["off"]  # given back
     np.testing.assert_array_equal(finals["auto"], finals["off"])
 
@@ -267,7 +274,8 @@ def test_pin_auto_gives_the_hub_and_the_worker_cores_of_their_own_and_trains_the
 def test_spin_auto_polls_where_the_hub_has_a_core_and_trains_the_same_as_off(cluster):
     """One hub and one worker on this 2-core host: the hub has a core of its own, so under
     --spin auto it polls (run.hubs says how long); with two workers it has none and sleeps."""
-    cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(5)\n")
+    cell = SYNTHETIC_CELL.replace("import keras\n",
+                                  "import keras\nkeras.utils.set_random_seed(5)\n")
     finals, spins = {}, {}
     for spin in ("auto", "off"):
         ns = {}
@@ -279,14 +287,17 @@ def test_spin_auto_polls_where_the_hub_has_a_core_and_trains_the_same_as_off(clu
     assert spins["off"] == [0.0]
     assert spins["auto"] == ([0.005] if cores >= 2 else [0.0])
     np.testing.assert_array_equal(finals["auto"], finals["off"])  # one worker: deterministic
-    two = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, servers=1, epochs=1, wait=True)
-    assert [h["spin_s"] for h in two.hubs] == ([0.005] if cores >= 3 else [0.0])  # 2 cores: no core left
+    two = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, servers=1, epochs=1,
+                       wait=True)
+    # 2 cores: no core left
+    assert [h["spin_s"] for h in two.hubs] == ([0.005] if cores >= 3 else [0.0])
     tcp = nbdist.train(cell, cluster=cluster, namespace={}, workers=1, servers=1, epochs=1,
                        transport="tcp", wait=True)
     assert [h["spin_s"] for h in tcp.hubs] == [0.0]  # over TCP polling gained nothing
 
 
-@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2, reason="a one-core engine set differs from this kernel's only with two cores")
+@pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                    reason="a one-core engine set differs from this kernel's only with two cores")
 def test_engines_started_on_one_core_are_planned_on_it_not_on_the_kernel_s_cores():
     """Engines started in a one-core set (`taskset -c 0 ipengine`, a Slurm task of one CPU)
     beside a kernel with more: the hub and the worker share that core, so the hub sleeps under
@@ -302,8 +313,8 @@ def test_engines_started_on_one_core_are_planned_on_it_not_on_the_kernel_s_cores
         affinity.unpin_process()
     try:
         assert small.client[:].apply_sync(allowed_cores) == [(core,), (core,)]
-        run = nbdist.train(SYNTHETIC_CELL, cluster=small, namespace={}, workers=1, servers=1, epochs=1,
-                           wait=True)
+        run = nbdist.train(SYNTHETIC_CELL, cluster=small, namespace={}, workers=1, servers=1,
+                           epochs=1, wait=True)
         assert run.status == "finished" and run.nodes["steps"].sum() == 29
         assert [h["spin_s"] for h in run.hubs] == [0.0]
         assert run.state.backend.host_cores(run.state.backend.roles.workers[0]) == 1

@@ -16,7 +16,8 @@ CLUSTER_OPTIONS = dict(workers=2, epochs=6, batch_size=8, seed=5, lr=0.05)
 
 
 @pytest.mark.slow
-def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninterrupted_run(cluster, tmp_path):
+def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninterrupted_run(
+        cluster, tmp_path):
     from nbdist.cluster.engines import Cluster
 
     straight = {}
@@ -47,7 +48,8 @@ def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninter
     acc_resumed = resumed["model"].evaluate(resumed["x_test"], resumed["y_test"], verbose=0)[1]
     assert again.nodes["samples"].sum() == total - done  # finished epochs are not trained again
     assert epoch_ends(again) == [e for e in range(6) if meta["schedule"]["remaining"][e] > 0]
-    assert acc_straight > 0.9 and abs(acc_resumed - acc_straight) <= 0.05, (acc_resumed, acc_straight)
+    assert acc_straight > 0.9 and abs(acc_resumed - acc_straight) <= 0.05, (
+        acc_resumed, acc_straight)
     print(f"hub killed at {done / 900:.2f} epochs; accuracy uninterrupted {acc_straight:.4f}, "
           f"resumed {acc_resumed:.4f}")
 
@@ -60,9 +62,11 @@ def test_resume_from_a_path_that_does_not_exist_leaves_the_engines_free(cluster,
     assert ip.user_ns["after"].status == "finished"
 
 
-def test_resume_from_a_corrupt_checkpoint_is_refused_and_leaves_the_engines_free(cluster, ip, tmp_path):
+def test_resume_from_a_corrupt_checkpoint_is_refused_and_leaves_the_engines_free(cluster, ip,
+                                                                                 tmp_path):
     ip.magics_manager.registry["NbdistMagics"].cluster = cluster
-    ip.run_cell_magic("distribute", f"--workers 2 --checkpoint-dir {tmp_path} --wait -o first", SYNTHETIC_CELL)
+    ip.run_cell_magic("distribute", f"--workers 2 --checkpoint-dir {tmp_path} --wait -o first",
+                      SYNTHETIC_CELL)
     meta = json.loads((tmp_path / "meta.json").read_text())
     assert meta["epochs_done"] == 1 and meta["config"]["checkpoint_dir"] == str(tmp_path)
     arrays = tmp_path / meta["arrays_file"]
@@ -76,8 +80,10 @@ def test_resume_from_a_corrupt_checkpoint_is_refused_and_leaves_the_engines_free
 
 def test_magic_resume_trains_the_remaining_epochs(cluster, ip, tmp_path):
     ip.magics_manager.registry["NbdistMagics"].cluster = cluster
-    ip.run_cell_magic("distribute", f"--workers 2 --checkpoint-dir {tmp_path} --wait", SYNTHETIC_CELL)
-    ip.run_cell_magic("distribute", f"--resume {tmp_path} --epochs 3 --wait -o more", SYNTHETIC_CELL)
+    ip.run_cell_magic("distribute", f"--workers 2 --checkpoint-dir {tmp_path} --wait",
+                      SYNTHETIC_CELL)
+    ip.run_cell_magic("distribute", f"--resume {tmp_path} --epochs 3 --wait -o more",
+                      SYNTHETIC_CELL)
     more = ip.user_ns["more"]
     assert more.config.workers == 2 and more.config.epochs == 3  # saved options, one overridden
     assert more.nodes["samples"].sum() == 2 * 900 and epoch_ends(more) == [1, 2]

@@ -25,8 +25,8 @@ def test_fp16_transfer_costs_little_accuracy_on_the_hub_weights(cluster):
 def test_sync_fp16_allreduce_keeps_ranks_identical_and_accuracy(cluster):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     ns = {}
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2, epochs=2,
-                       batch_size=32, compression="fp16", wait=True)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
+                       epochs=2, batch_size=32, compression="fp16", wait=True)
     results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert run.history["val_accuracy"].dropna().iloc[-1] > 0.9

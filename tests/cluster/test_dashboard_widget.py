@@ -16,7 +16,8 @@ def legend(fig: dict) -> set:
 
 
 def test_dashboard_controls_act_on_a_real_run(cluster):
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=300, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=300,
+                       batch_size=8)
     with run:
         dash = Dashboard(run)
         wait_for(lambda: "worker" in run.timeline and run.timeline["worker"].nunique() == 2, 60)
@@ -27,7 +28,8 @@ def test_dashboard_controls_act_on_a_real_run(cluster):
         dash.pause_button.click()
         wait_for(lambda: run.status == "paused")
         dash.refresh()
-        assert 'data-status="paused"' in dash.status.value and dash.pause_button.description == "Resume"
+        assert ('data-status="paused"' in dash.status.value
+                and dash.pause_button.description == "Resume")
 
         dash.lr_slider.value = 0.02
         dash.slowdown_sliders[1].value = 3.0

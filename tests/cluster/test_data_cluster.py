@@ -26,7 +26,8 @@ model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_cros
 
 def test_subclassed_model_trains_in_async_after_every_worker_builds_it(cluster):
     with quiet_keras_build():
-        run = nbdist.train(SUBCLASSED_CELL, cluster=cluster, namespace={}, workers=2, epochs=2, wait=True)
+        run = nbdist.train(SUBCLASSED_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
+                           wait=True)
     trained_every_sample(run)
 
 
@@ -35,7 +36,8 @@ def test_cell_with_a_frozen_base_trains_the_outer_model_in_async_and_keeps_the_b
     run = nbdist.train(BASE_CELL, cluster=cluster, namespace=ns, workers=2, epochs=2, wait=True)
     assert run.model is ns["model"] and run.model.layers[0] is ns["base"]
     assert "Training `model` (it contains `base`)" in run.events["text"].iloc[0]  # said, not silent
-    trained_every_sample(run, threshold=0.6)  # only the last layer learns, on random frozen features
+    # only the last layer learns, on random frozen features
+    trained_every_sample(run, threshold=0.6)
     exec(BASE_CELL, before)  # the seeded cell again: the base's weights before training
     for trained, initial in zip(ns["base"].weights, before["base"].weights, strict=True):
         np.testing.assert_array_equal(trained.numpy(), initial.numpy())  # frozen: unchanged
@@ -57,7 +59,8 @@ def test_tf_data_trains_in_async_in_memory_or_streamed_by_shards(cluster, limit)
 @pytest.mark.horovod
 @pytest.mark.parametrize("cell,options", [
     (SUBCLASSED_CELL, {}), (DATASET_CELL, {"data": "train_ds"}),
-    (DATASET_CELL, {"data": "train_ds", "in_memory_limit": 0})], ids=["subclassed", "tf.data", "streamed"])
+    (DATASET_CELL, {"data": "train_ds", "in_memory_limit": 0})],
+    ids=["subclassed", "tf.data", "streamed"])
 def test_subclassed_model_and_tf_data_train_in_sync(cluster, cell, options):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     with quiet_keras_build():

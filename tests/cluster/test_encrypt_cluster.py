@@ -31,7 +31,8 @@ def test_an_encrypted_cluster_trains_with_curve_on_every_socket(ip):
     try:
         assert cluster.encrypt and cluster.client.curve_serverkey  # ipyparallel's channel
         assert "encrypted (CurveZMQ)" in cluster.describe()
-        run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=1, wait=True)
+        run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=1,
+                           wait=True)
         assert run.status == "finished" and run.nodes["samples"].sum() == 900
         assert run.stats["dropped"] == {}
     finally:
@@ -51,7 +52,8 @@ def encrypted():
 
 @pytest.mark.slow
 @pytest.mark.horovod
-@pytest.mark.skipif(importlib.util.find_spec("horovod") is None, reason="Horovod is built by `make horovod`")
+@pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
+                    reason="Horovod is built by `make horovod`")
 def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(encrypted):
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=encrypted, namespace=ns, mode="sync", workers=2,
@@ -83,7 +85,8 @@ def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(e
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     # the stranger's plaintext connection (and libzmq's reconnects of it) are all nbdist dropped
     assert set(run.stats["dropped"]) == {"refused at the handshake"}
-    assert not [w for w in run.warnings if "plaintext" in w]  # every rank on this host: Gloo over loopback
+    # every rank on this host: Gloo over loopback
+    assert not [w for w in run.warnings if "plaintext" in w]
 
 
 @pytest.mark.slow
@@ -92,13 +95,15 @@ def test_pipeline_on_an_encrypted_cluster_trains_exactly_over_curve_links(encryp
 
     cell = "B = 16\n" + PIPELINE_SKIP_CELL
     ns = {}
-    run = nbdist.train(cell, cluster=encrypted, namespace=ns, mode="pipeline", stages=2, micro_batches=4,
-                       batch_size=16, partition="uniform", transport="tcp")
+    run = nbdist.train(cell, cluster=encrypted, namespace=ns, mode="pipeline", stages=2,
+                       micro_batches=4, batch_size=16, partition="uniform", transport="tcp")
     kernel = run.state.control.link  # the kernel's report and control sockets
-    assert kernel.pull.getsockopt(zmq.MECHANISM) == kernel.pub.getsockopt(zmq.MECHANISM) == zmq.CURVE
+    assert (kernel.pull.getsockopt(zmq.MECHANISM) == kernel.pub.getsockopt(zmq.MECHANISM)
+            == zmq.CURVE)
     run.wait(timeout=240)
     assert run.status == "finished"
     # every stage's arrays went over its CurveZMQ socket (a plaintext end could not have talked)
     assert all(m["tcp"] > 0 and m["shm"] == 0 for m in run.pipeline["messages"])
-    for a, b in zip([w.numpy() for w in ns["model"].weights], _single_machine(cell, 16), strict=True):
+    for a, b in zip([w.numpy() for w in ns["model"].weights], _single_machine(cell, 16),
+                    strict=True):
         np.testing.assert_allclose(a, b, atol=1e-5)

@@ -73,7 +73,8 @@ def test_a_killed_worker_engine_is_written_off_and_the_other_finishes_the_run(ow
     assert nodes["samples"].sum() == 900 * epochs
     acc = ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
     assert acc > 0.85
-    assert len(run.history["val_accuracy"].dropna()) == epochs  # one validation per epoch, none lost
+    # one validation per epoch, none lost
+    assert len(run.history["val_accuracy"].dropna()) == epochs
 
 
 def test_when_every_worker_is_killed_the_run_fails_with_a_clear_error(own_cluster):
@@ -112,7 +113,8 @@ def test_ctrl_c_in_wait_stops_the_run_and_the_engines_take_a_new_run(cluster):
         signal.signal(signal.SIGINT, previous)
     assert run.done() and run.status == "stopped" and run.error is None
     assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3  # hub and workers left
-    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, wait=True)
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1,
+                         wait=True)
     assert again.status == "finished"
 
 
@@ -143,7 +145,8 @@ import psutil
 from nbdist.cluster.engines import Cluster
 cluster = Cluster.start(1)
 family = [p.pid for p in psutil.Process().children(recursive=True)]
-print(json.dumps({"engines": cluster.client[:].apply_sync(os.getpid), "family": family}), flush=True)
+print(json.dumps({"engines": cluster.client[:].apply_sync(os.getpid), "family": family}),
+      flush=True)
 time.sleep(600)
 '''
 
@@ -169,7 +172,8 @@ def test_engines_and_controller_do_not_outlive_a_killed_kernel(tmp_path):
         kernel.kill()
         kernel.wait(10)
     wait_for(lambda: not [p for p in family if _running(p)], 30,
-             what=lambda: f"exit of every process (left running: {[p.pid for p in family if _running(p)]})")
+             what=lambda: f"exit of every process (left running: "
+                          f"{[p.pid for p in family if _running(p)]})")
 
 
 def _running(proc) -> bool:
@@ -182,9 +186,11 @@ def _running(proc) -> bool:
 # -- bad input (the cases of the async issue are in test_async_cluster.py) ----------------------
 
 @pytest.mark.parametrize("extra,match", [
-    ("x_train[3, 2] = float('inf')", r"x_train contains NaN or inf in 1 sample\(s\) \(first at index 3\)"),
-    ("x_train = x_train[:, :5]", r"x_train \(shape \(900, 5\).*do not fit the model \(it expects inputs of "
-                                 r"shape \(None, 8\)\).*expected axis -1 of input shape to have value 8"),
+    ("x_train[3, 2] = float('inf')",
+     r"x_train contains NaN or inf in 1 sample\(s\) \(first at index 3\)"),
+    ("x_train = x_train[:, :5]",
+     r"x_train \(shape \(900, 5\).*do not fit the model \(it expects inputs of "
+     r"shape \(None, 8\)\).*expected axis -1 of input shape to have value 8"),
     ("y_train = y_train.astype(str)", r"y_train holds <U\d+ values, expected numbers.*np.unique"),
     ("x_train = x_train.astype(object)", r"x_train holds object values, expected numbers"),
     ("y_train = y_train + 7", r"do not fit the model.*label value of \d+"),
@@ -204,11 +210,13 @@ def test_a_loss_that_becomes_nan_mid_run_stops_the_run_naming_the_step(cluster):
     # finite data (passes the data check), but one sample overflows float32 inside the model
     cell = SYNTHETIC_CELL + "x_train[17] = 3e38\n"
     run = nbdist.train(cell, cluster=cluster, namespace={}, workers=2, epochs=3)
-    with pytest.raises(TrainingError, match=r"engine \d( on [^\]]+)?\] The (loss|gradient norm) became (nan|inf) at step "
-                                            r"\d+ on worker \d \(epoch \d+\)\. Lower the learning rate"):
+    with pytest.raises(TrainingError,
+                       match=r"engine \d( on [^\]]+)?\] The (loss|gradient norm) became (nan|inf) "
+                             r"at step \d+ on worker \d \(epoch \d+\)\. Lower the learning rate"):
         run.wait(timeout=120)
     assert run.status == "failed"
-    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1, wait=True)
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1,
+                         wait=True)
     assert again.status == "finished"
 
 

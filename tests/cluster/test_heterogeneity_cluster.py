@@ -28,8 +28,8 @@ def _steps(run):
 
 
 def test_dbs_gives_the_slow_worker_a_smaller_batch_and_evens_out_step_times(cluster):
-    run = nbdist.train(WIDE_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=64,
-                       dbs=True, slowdown="1,3", no_validation=True)
+    run = nbdist.train(WIDE_CELL, cluster=cluster, namespace={}, workers=2, epochs=50,
+                       batch_size=64, dbs=True, slowdown="1,3", no_validation=True)
     try:
         wait_for(lambda: min(_steps(run)) >= 40)
         wait_for(lambda: "rebalance" in event_names(run))
@@ -46,8 +46,8 @@ def test_dbs_gives_the_slow_worker_a_smaller_batch_and_evens_out_step_times(clus
 
 
 def test_set_slowdown_changes_measured_speed_within_a_few_steps(cluster):
-    run = nbdist.train(WIDE_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=64,
-                       no_validation=True)
+    run = nbdist.train(WIDE_CELL, cluster=cluster, namespace={}, workers=2, epochs=50,
+                       batch_size=64, no_validation=True)
     try:
         wait_for(lambda: min(_steps(run)) >= 20)
         # worker 1's speed relative to worker 0's: on 2 cores, a worker that sleeps 3/4 of
@@ -81,7 +81,8 @@ def test_every_control_call_is_recorded_in_the_events_and_timeline_has_series(cl
     finally:
         run.stop()
         run.wait(timeout=60)
-    events = [e["event"] for e in run.events.to_dict("records") if e["event"] not in ("epoch_end", "rebalance")]
+    events = [e["event"] for e in run.events.to_dict("records")
+              if e["event"] not in ("epoch_end", "rebalance")]
     assert events == ["set_lr", "set_slowdown", "set_batch_policy", "pause", "resume", "stop"]
     assert {"worker", "time", "samples_per_s", "compute_s", "comm_s", "batch_size", "delay_mean",
             "delay_p95", "delay_max", "loss", "slowdown", "group"} <= set(run.timeline.columns)

@@ -41,7 +41,8 @@ def lab(tmp_path_factory):
     with LabNetwork(hosts=4) as network:
         hand = LabCluster(network, workdir, ENGINES, controller_ip="*")
         hand.start()
-        cluster = Cluster.connect(connection_file=str(hand.security / "ipcontroller-lab-client.json"))
+        cluster = Cluster.connect(
+            connection_file=str(hand.security / "ipcontroller-lab-client.json"))
         cluster.network, cluster.hand = network, hand
         try:
             yield cluster
@@ -118,8 +119,8 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
 def test_sync_ranks_on_two_hosts_end_with_identical_weights(lab):
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     ns = {}
-    run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([1, 2]), namespace=ns, mode="sync", workers=2,
-                       epochs=2, batch_size=32, wait=True, timeout=60)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([1, 2]), namespace=ns, mode="sync",
+                       workers=2, epochs=2, batch_size=32, wait=True, timeout=60)
     results = run.worker_results
     assert sorted(r["host"] for r in results.values()) == ["lab1", "lab2"]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
@@ -130,11 +131,12 @@ def test_sync_ranks_on_two_hosts_end_with_identical_weights(lab):
 
 def test_a_checkpoint_of_a_multihost_run_resumes_on_other_hosts(lab, tmp_path):
     first = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 2]), namespace={}, workers=2,
-                         epochs=2, batch_size=16, checkpoint_dir=str(tmp_path), wait=True, timeout=60)
+                         epochs=2, batch_size=16, checkpoint_dir=str(tmp_path), wait=True,
+                         timeout=60)
     assert first.status == "finished"
     resumed = {}
-    again = nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=lab.subset([4, 5]), namespace=resumed, epochs=4, workers=1,
-                          wait=True, timeout=60)
+    again = nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=lab.subset([4, 5]), namespace=resumed,
+                          epochs=4, workers=1, wait=True, timeout=60)
     assert again.status == "finished" and again.error is None
     roles = again.state.backend.roles
     assert roles.servers == (4,) and roles.workers == (5,)
@@ -149,7 +151,8 @@ def test_nbdist_connect_to_the_hand_started_cluster_trains(lab, ip, monkeypatch,
     assert "Connected to connected ipyparallel cluster with 6 engine(s)" in capsys.readouterr().out
     magics = ip.magics_manager.registry["NbdistMagics"]
     try:
-        ip.run_cell_magic("distribute", "--workers 2 --epochs 2 --batch-size 16 --wait -o lab_run", SYNTHETIC_CELL)
+        ip.run_cell_magic("distribute", "--workers 2 --epochs 2 --batch-size 16 --wait -o lab_run",
+                          SYNTHETIC_CELL)
         run = ip.user_ns["lab_run"]
         assert run.status == "finished"
         assert addresses(lab, run) == {0: lab.network.address("lab3")}

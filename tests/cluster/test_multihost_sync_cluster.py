@@ -39,7 +39,8 @@ def lab(request, tmp_path_factory):
     with LabNetwork(hosts=2, names=request.param) as network:
         hand = LabCluster(network, workdir, ENGINES, controller_ip="*")
         hand.start()
-        cluster = Cluster.connect(connection_file=str(hand.security / "ipcontroller-lab-client.json"))
+        cluster = Cluster.connect(
+            connection_file=str(hand.security / "ipcontroller-lab-client.json"))
         cluster.network, cluster.names = network, request.param
         try:
             yield cluster
@@ -61,16 +62,18 @@ def test_each_host_resolves_names_as_its_set_up_says(lab):
         assert resolved == {"head": None, "lab1": None, "lab2": None}
     else:
         assert resolved["head"] == "127.0.0.1"
-        assert resolved["lab1"] == lab.network.address("lab1") and resolved["lab2"] == lab.network.address("lab2")
+        assert (resolved["lab1"] == lab.network.address("lab1")
+                and resolved["lab2"] == lab.network.address("lab2"))
 
 
 def test_sync_trains_across_three_hosts_the_head_among_them(lab):
     ns = {}
-    run = nbdist.train(SYNTHETIC, cluster=lab, namespace=ns, mode="sync", workers=3, epochs=2, batch_size=32,
-                       wait=True, timeout=60)
+    run = nbdist.train(SYNTHETIC, cluster=lab, namespace=ns, mode="sync", workers=3, epochs=2,
+                       batch_size=32, wait=True, timeout=60)
     assert run.status == "finished" and run.error is None
     results = run.worker_results
-    assert sorted(r["host"] for r in results.values()) == sorted([socket.gethostname(), "lab1", "lab2"])
+    assert (sorted(r["host"] for r in results.values())
+            == sorted([socket.gethostname(), "lab1", "lab2"]))
     for r in (1, 2):
         np.testing.assert_array_equal(results[0]["params"], results[r]["params"])
     assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85
@@ -79,13 +82,15 @@ def test_sync_trains_across_three_hosts_the_head_among_them(lab):
 def test_without_nbdists_horovod_patch_the_name_is_refused_before_any_rank_starts(lab):
     """Stand in for an unpatched build on every engine (its metadata.json has no mark)."""
     pids = lab.client[:].apply_sync(_pid)
-    lab.client[:].execute("import nbdist.modes.sync.network as _n; _n.horovod_build = lambda folder=None: ''",
-                          block=True)
+    lab.client[:].execute("import nbdist.modes.sync.network as _n; "
+                          "_n.horovod_build = lambda folder=None: ''", block=True)
     try:
         with pytest.raises(UnreachableHostError) as refused:
-            nbdist.train(SYNTHETIC, cluster=lab, namespace={}, mode="sync", workers=3, epochs=1, timeout=60)
+            nbdist.train(SYNTHETIC, cluster=lab, namespace={}, mode="sync", workers=3, epochs=1,
+                         timeout=60)
     finally:
-        lab.client[:].execute("import importlib, nbdist.modes.sync.network as _n; importlib.reload(_n)", block=True)
+        lab.client[:].execute("import importlib, nbdist.modes.sync.network as _n; "
+                              "importlib.reload(_n)", block=True)
     message = str(refused.value)
     head = socket.gethostname()
     if lab.names == "none":  # every host's name resolves to nothing; the first rank's is named
@@ -95,8 +100,8 @@ def test_without_nbdists_horovod_patch_the_name_is_refused_before_any_rank_start
         assert refused.value.host == head and f"Host {head}'s name resolves to loopback" in message
         assert f"`{lab.network.head_address} {head}` in /etc/hosts" in message
     assert lab.client[:].apply_sync(_pid) == pids  # no engine died
-    again = nbdist.train(SYNTHETIC, cluster=lab, namespace={}, mode="sync", workers=3, epochs=1, wait=True,
-                         timeout=60)
+    again = nbdist.train(SYNTHETIC, cluster=lab, namespace={}, mode="sync", workers=3, epochs=1,
+                         wait=True, timeout=60)
     assert again.status == "finished"  # and every engine takes the next run
 
 

@@ -25,7 +25,8 @@ time.sleep(600)
 def _kernel(tmp_path, cluster_id):
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
-    return subprocess.Popen([sys.executable, str(script), cluster_id], stdout=subprocess.PIPE, text=True)
+    return subprocess.Popen([sys.executable, str(script), cluster_id], stdout=subprocess.PIPE,
+                            text=True)
 
 
 def _commands(cluster_id) -> list[tuple[int, str]]:

@@ -37,7 +37,8 @@ def _single_machine(cell: str, batch: int) -> list:
     return [w.numpy() for w in model.weights]
 
 
-@pytest.mark.parametrize(("stages", "schedule"), [(2, "gpipe"), (2, "1f1b"), (3, "gpipe"), (3, "1f1b")])
+@pytest.mark.parametrize(("stages", "schedule"),
+                         [(2, "gpipe"), (2, "1f1b"), (3, "gpipe"), (3, "1f1b")])
 def test_pipeline_weights_equal_single_machine_training_after_20_steps(cluster, stages, schedule):
     want = _single_machine(CELL, 16)  # 320 samples / 16 = 20 steps
     ns: dict = {}
@@ -63,17 +64,20 @@ def _initial(cell: str) -> list:
     return [w.numpy() for w in ns["model"].weights]
 
 
-def test_the_magic_trains_with_validation_and_shows_profile_partition_and_timeline(ip, cluster, tmp_path):
+def test_the_magic_trains_with_validation_and_shows_profile_partition_and_timeline(ip, cluster,
+                                                                                   tmp_path):
     from tests.helpers import SYNTHETIC_CELL
 
     magics = ip.magics_manager.registry["NbdistMagics"]
     magics.cluster = cluster
     ip.run_cell_magic("distribute", "--mode pipeline --stages 2 --micro-batches 4 --batch-size 32 "
-                      "--partition greedy --schedule 1f1b --epochs 3 --no-dashboard --wait", SYNTHETIC_CELL)
+                      "--partition greedy --schedule 1f1b --epochs 3 --no-dashboard --wait",
+                      SYNTHETIC_CELL)
     run = ip.user_ns["_nbdist_run"]
     assert run.status == "finished" and run.error is None
     history = run.history
-    assert len(history["val_accuracy"].dropna()) == 3 and history["val_accuracy"].dropna().iloc[-1] > 0.8
+    assert (len(history["val_accuracy"].dropna()) == 3
+            and history["val_accuracy"].dropna().iloc[-1] > 0.8)
     assert len(history["accuracy"].dropna()) == 3  # training accuracy per epoch
     acc = ip.user_ns["model"].evaluate(ip.user_ns["x_test"], ip.user_ns["y_test"], verbose=0)[1]
     assert acc == pytest.approx(history["val_accuracy"].dropna().iloc[-1], abs=1e-6)
@@ -89,16 +93,19 @@ def test_the_magic_trains_with_validation_and_shows_profile_partition_and_timeli
 
 
 def test_clear_errors_before_any_engine_is_used(cluster):
-    with pytest.raises(ConfigError, match=r"--stages 5 needs 5 engines, one per stage, but the cluster has 3"):
-        nbdist.train(CELL, cluster=cluster, namespace={}, mode="pipeline", stages=5, micro_batches=2,
-                     batch_size=16)
+    with pytest.raises(ConfigError,
+                       match=r"--stages 5 needs 5 engines, one per stage, but the cluster has 3"):
+        nbdist.train(CELL, cluster=cluster, namespace={}, mode="pipeline", stages=5,
+                     micro_batches=2, batch_size=16)
     with pytest.raises(ConfigError, match="does not split into --micro-batches 5"):
-        nbdist.train(CELL, cluster=cluster, namespace={}, mode="pipeline", micro_batches=5, batch_size=16)
+        nbdist.train(CELL, cluster=cluster, namespace={}, mode="pipeline", micro_batches=5,
+                     batch_size=16)
     shared = CELL.replace('s = keras.layers.Add(name="add")([d1, d2])',
-                          'tied = keras.layers.Dense(16, name="tied")\ns = tied(keras.layers.Add(name="add")([d1, tied(d2)]))')
+                          'tied = keras.layers.Dense(16, name="tied")\n'
+                          's = tied(keras.layers.Add(name="add")([d1, tied(d2)]))')
     with pytest.raises(ConfigError, match=r"The layer 'tied' is called in stage 0 and in stage 1"):
-        nbdist.train(shared, cluster=cluster, namespace={}, mode="pipeline", stages=2, micro_batches=2,
-                     batch_size=16, partition="uniform")
+        nbdist.train(shared, cluster=cluster, namespace={}, mode="pipeline", stages=2,
+                     micro_batches=2, batch_size=16, partition="uniform")
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +132,7 @@ def test_a_killed_stage_engine_fails_the_run_and_the_others_take_the_next_run(ow
     survivors = [e for e in own_cluster.engine_ids if e != victim]
     assert own_cluster.client[survivors].apply_sync(os.getpid)  # they answer at once
     ns: dict = {}
-    again = nbdist.train(CELL, cluster=own_cluster.subset(survivors), namespace=ns, mode="pipeline", stages=2,
-                         micro_batches=2, batch_size=16)
+    again = nbdist.train(CELL, cluster=own_cluster.subset(survivors), namespace=ns,
+                         mode="pipeline", stages=2, micro_batches=2, batch_size=16)
     again.wait(timeout=240)
     assert again.status == "finished" and again.history["step"].max() == 20

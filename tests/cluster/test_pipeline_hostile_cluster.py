@@ -27,7 +27,8 @@ from nbdist.hub.wire import client_socket
 from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 from tests.hostile import Flood
 
-CELL = "import keras\nkeras.utils.set_random_seed(3)\n" + SYNTHETIC_CELL  # the same initial weights here and there
+# the same initial weights here and there
+CELL = "import keras\nkeras.utils.set_random_seed(3)\n" + SYNTHETIC_CELL
 EPOCHS, BATCH = 1000, 32  # stopped once the attacks are over
 FLOOD_LIMIT_BYTES = 256 * 2**20
 
@@ -40,7 +41,8 @@ def _one_machine_accuracy(steps: int) -> float:
     ns: dict = {}
     exec(compile(CELL, "<cell>", "exec"), ns)  # noqa: S102 - the test's own cell
     model, x, y = ns["model"], ns["x_train"], ns["y_train"]
-    starts = [(epoch, start) for epoch in range(EPOCHS) for start in range(0, len(x), BATCH)][:steps]
+    starts = [(epoch, start)
+              for epoch in range(EPOCHS) for start in range(0, len(x), BATCH)][:steps]
     for epoch, start in starts:
         index = epoch_permutation(len(x), 0, epoch)[start:start + BATCH]
         model.train_on_batch(x[index], y[index])
@@ -62,24 +64,29 @@ def _attack(ctx, key: bytes, run_id: str, info: dict, replayed_sender: str, stag
             sock.send(b"\0" * 32 + b'{"op":"F"}')
     past.send_multipart([b"\0" * 32 + b'{"op":"F","step":1,"mb":0}'])  # unsigned
     past.send_multipart([b"trunc"])  # truncated: shorter than a signature
-    past.send_multipart([b"\0" * 32 + b"{}"] + [bytes(1024)] * 8)  # oversized: more frames than any message
+    # oversized: more frames than any message
+    past.send_multipart([b"\0" * 32 + b"{}"] + [bytes(1024)] * 8)
     replay = Codec(key, replayed_sender.split("/")[0], run_id)
     replay.sender = replayed_sender  # the neighbour's own name, and a sequence number already used
-    send_frames(past, replay.encode({"op": "F", "step": 1, "mb": 0, "src": replayed_sender.split("/")[0],
-                                     "shapes": [], "dtypes": []}, to=f"stage-{stage}"))
+    send_frames(past, replay.encode({"op": "F", "step": 1, "mb": 0,
+                                     "src": replayed_sender.split("/")[0], "shapes": [],
+                                     "dtypes": []}, to=f"stage-{stage}"))
     return [keyless, guessing, past]
 
 
 def _refused_all(run) -> bool:
-    reasons = ("bad signature", "truncated message", "oversized message", "replayed message", REFUSED)
+    reasons = ("bad signature", "truncated message", "oversized message", "replayed message",
+               REFUSED)
     return all(d.get(r, 0) >= 1 for d in run.pipeline["dropped"] for r in reasons)
 
 
-def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_and_counts_it_all(cluster):
-    pids = dict(zip(cluster.engine_ids, cluster.client[:].apply_sync(os.getpid), strict=True))  # engines busy later
+def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_and_counts_it_all(
+        cluster):
+    # engines busy later
+    pids = dict(zip(cluster.engine_ids, cluster.client[:].apply_sync(os.getpid), strict=True))
     ns: dict = {}
-    run = nbdist.train(CELL, cluster=cluster, namespace=ns, mode="pipeline", stages=2, micro_batches=4,
-                       batch_size=BATCH, epochs=EPOCHS, partition="uniform")
+    run = nbdist.train(CELL, cluster=cluster, namespace=ns, mode="pipeline", stages=2,
+                       micro_batches=4, batch_size=BATCH, epochs=EPOCHS, partition="uniform")
     ctx = zmq.Context()
     try:
         wait_for(lambda: global_step(run) > 5, 240, what="the first steps")
@@ -92,10 +99,12 @@ def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_a
         report = client_socket(ctx, kernel.report_endpoint, key, zmq.PUSH)
         report.connect(kernel.report_endpoint["endpoint"])
         report.send(b"\0" * 32 + b'{"op":"step"}')
-        wait_for(lambda: _refused_all(run), 120, what=lambda: f"the refusals (so far {run.pipeline['dropped']})")
+        wait_for(lambda: _refused_all(run), 120,
+                 what=lambda: f"the refusals (so far {run.pipeline['dropped']})")
         stage1 = psutil.Process(pids[run.state.backend.engines[1]])
         base = peak = stage1.memory_info().rss
-        with Flood("multipart", endpoints[1]["endpoint"], socket_type="PUSH", limit=1 << 30) as multipart, \
+        with Flood("multipart", endpoints[1]["endpoint"], socket_type="PUSH",
+                   limit=1 << 30) as multipart, \
                 Flood("pending", endpoints[1]["endpoint"], peers=512, frame_bytes=90_000):
             end = time.monotonic() + 8
             while time.monotonic() < end:
@@ -110,12 +119,13 @@ def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_a
     steps = int(run.history["step"].max())
     got = float(ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1])
     want = _one_machine_accuracy(steps)
-    assert abs(got - want) <= 0.02, (steps, got, want)  # the same training: the attacks changed nothing
+    # the same training: the attacks changed nothing
+    assert abs(got - want) <= 0.02, (steps, got, want)
     assert got > 0.8
     info = run.pipeline
-    print(f"attacked pipeline: accuracy {got:.3f} (one machine {want:.3f}); dropped {info['dropped']}, "
-          f"kernel {info['kernel_dropped']}; stage 1 engine RSS +{(peak - base) / 2**20:.1f} MB; "
-          f"multipart peer {multipart.stats}")
+    print(f"attacked pipeline: accuracy {got:.3f} (one machine {want:.3f}); dropped "
+          f"{info['dropped']}, kernel {info['kernel_dropped']}; stage 1 engine RSS "
+          f"+{(peak - base) / 2**20:.1f} MB; multipart peer {multipart.stats}")
     assert _refused_all(run)  # each attack, at each stage, counted under its reason
     assert info["dropped"][1].get(CUT, 0) >= 1  # the 512 peers
     assert info["kernel_dropped"].get("bad signature") == 1

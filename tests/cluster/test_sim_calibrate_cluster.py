@@ -8,7 +8,8 @@ CELL = """
 import keras
 model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(32, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
-model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
 """
 
 
@@ -23,7 +24,8 @@ def test_calibration_runs_on_engine_zero_and_the_run_uses_it(cluster):
     assert found["where"].startswith(f"engine {engine} (")
     assert [p[0] for p in found["points"]] == [8, 32, 128] and found["hub_round_trip_s"] > 0
     used = events[events.event == "sim_cost"].iloc[0]
-    assert used["per_step_s"] == found["per_step_s"] and used["per_sample_s"] == found["per_sample_s"]
+    assert (used["per_step_s"] == found["per_step_s"]
+            and used["per_sample_s"] == found["per_sample_s"])
     # the engine is ready for the next run: no hub left serving there
     from nbdist.hub.launch import running_hubs
 

@@ -14,9 +14,11 @@ keras.utils.set_random_seed(7)
 rng = np.random.default_rng(3)
 x_train = (rng.normal(size=(100, 6)) * [1, 2, 3, 1, 1, 1] + [3, -2, 0.5, 5, 0, 1]).astype("float32")
 y_train = (x_train[:, 0] + x_train[:, 3] > 8).astype("int64") + (x_train[:, 1] > -2)
-inner = keras.Sequential([keras.layers.Dense(8, activation="relu"), keras.layers.BatchNormalization()])
+inner = keras.Sequential([keras.layers.Dense(8, activation="relu"),
+                          keras.layers.BatchNormalization()])
 inputs = keras.Input((6,))
-outputs = keras.layers.Dense(3, activation="softmax")(inner(keras.layers.BatchNormalization()(inputs)))
+outputs = keras.layers.Dense(3, activation="softmax")(
+    inner(keras.layers.BatchNormalization()(inputs)))
 model = keras.Model(inputs, outputs)
 model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
 '''

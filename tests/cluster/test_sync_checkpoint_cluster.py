@@ -35,7 +35,8 @@ def accuracy(ns):
     return ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
 
 
-def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(cluster, tmp_path):
+def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(cluster,
+                                                                                     tmp_path):
     """Two ranks sum gradients in either order to the same floats, and a resume starts at a
     whole global batch with the momentum restored: the run continues bit for bit."""
     straight = {}
@@ -50,7 +51,8 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     assert run.status == "stopped" and saved["config"]["mode"] == "sync"
     assert 900 <= done < 4 * 900 and done % 900 % 16 == 0  # whole global batches of 2 x 8
     steps = done // 900 * 57 + done % 900 // 16  # 57 = ceil(900 / 16) steps per epoch
-    assert saved["sync"]["optimizer"] == "SGD" and saved["sync"]["iterations"] == saved["sync"]["steps"] == steps
+    assert (saved["sync"]["optimizer"] == "SGD"
+            and saved["sync"]["iterations"] == saved["sync"]["steps"] == steps)
     assert saved["sync"]["slots"] == saved["layout"]["trainable"]  # one momentum per weight
     from nbdist.checkpoint.store import load
 
@@ -67,26 +69,31 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert meta(tmp_path)["epochs_done"] == 4
     acc_straight, acc_resumed = accuracy(straight), accuracy(resumed)
-    assert acc_straight > 0.9 and abs(acc_resumed - acc_straight) <= TOLERANCE, (acc_resumed, acc_straight)
+    assert acc_straight > 0.9 and abs(acc_resumed - acc_straight) <= TOLERANCE, (
+        acc_resumed, acc_straight)
     np.testing.assert_array_equal(weights(resumed), weights(straight))
     print(f"stopped at {done / 900:.2f} epochs; accuracy uninterrupted {acc_straight:.4f}, "
           f"resumed {acc_resumed:.4f}")
 
 
 def test_a_sync_checkpoint_is_refused_as_async_and_with_another_optimizer(cluster, tmp_path):
-    nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, checkpoint_dir=str(tmp_path),
-                 wait=True, **OPTIONS)
-    with pytest.raises(ConfigError, match="--mode is async here but the checkpoint was taken with sync"):
+    nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1,
+                 checkpoint_dir=str(tmp_path), wait=True, **OPTIONS)
+    with pytest.raises(ConfigError,
+                       match="--mode is async here but the checkpoint was taken with sync"):
         nbdist.resume(tmp_path, SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="async")
     adam = SYNTHETIC_CELL.replace("keras.optimizers.SGD(0.1)", "keras.optimizers.Adam()")
-    with pytest.raises(CheckpointError, match="SGD optimizer; this cell compiles its model with Adam"):
+    with pytest.raises(CheckpointError,
+                       match="SGD optimizer; this cell compiles its model with Adam"):
         nbdist.resume(tmp_path, adam, cluster=cluster, namespace={}, epochs=2)
     async_dir = tmp_path / "async"
     nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=1,
                  checkpoint_dir=str(async_dir), wait=True)
-    with pytest.raises(ConfigError, match="--mode is sync here but the checkpoint was taken with async"):
+    with pytest.raises(ConfigError,
+                       match="--mode is sync here but the checkpoint was taken with async"):
         nbdist.resume(async_dir, SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync")
-    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, wait=True, **OPTIONS)
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1, wait=True,
+                         **OPTIONS)
     assert again.status == "finished"  # the refusals left the engines free
 
 
@@ -105,8 +112,9 @@ def test_killing_a_sync_worker_fails_the_run_and_resume_completes(cluster, tmp_p
         wait_for(lambda: run.last_checkpoint is not None and meta(tmp_path)["epochs_done"] >= 1)
         victim = pids[run.state.backend.worker_engines[1]]  # rank 1's engine
         os.kill(victim, signal.SIGKILL)
-        with pytest.raises(WorkersLostError, match=r"Rank 1's engine \(\d\) died during a --mode sync "
-                                                   r"run.*nbdist.resume\("):
+        with pytest.raises(WorkersLostError,
+                           match=r"Rank 1's engine \(\d\) died during a --mode sync "
+                                 r"run.*nbdist.resume\("):
             run.wait(timeout=120)
         assert not outlives(victim)
     finally:

@@ -48,7 +48,8 @@ def test_a_rank_failing_mid_training_fails_the_run_naming_the_engine(cluster):
     run = nbdist.train(cell, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=1)
     with pytest.raises((TrainingError, RemoteCellError), match=r"rank 1 \(engine \d\)|engine \d"):
         run.wait(timeout=120)
-    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, wait=True)
+    again = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
+                         wait=True)
     assert again.status == "finished"  # the engines are usable afterwards
 
 

@@ -1,5 +1,6 @@
-"""A learning-rate schedule in the cell's optimizer, in --mode sync (each rank's own Keras optimizer);
-checking and replacing a Keras schedule is tested in tests/inproc/test_learning_rate.py."""
+"""A learning-rate schedule in the cell's optimizer, in --mode sync (each rank's own Keras
+optimizer); checking and replacing a Keras schedule is tested in
+tests/inproc/test_learning_rate.py."""
 
 import numpy as np
 import pytest

@@ -62,7 +62,8 @@ def free_port() -> int:
 
 # Each front-end: how to start its server, and where a notebook opens in it.
 APPS = {"jupyterlab": ("jupyterlab", "/lab/tree/{name}",
-                       ["--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                       ["--LabApp.news_url=",
+                        "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                         "--LabApp.extension_manager=readonly"]),
         "notebook7": ("notebook", "/notebooks/{name}", [])}
 
@@ -126,7 +127,8 @@ def _processes_mentioning(text: str, timeout: float = 30) -> list[str]:
                 env = (proc / "environ").read_bytes().decode(errors="replace")
             except OSError:
                 continue
-            if proc.name.isdigit() and int(proc.name) != os.getpid() and (text in cmd or text in env):
+            if (proc.name.isdigit() and int(proc.name) != os.getpid()
+                    and (text in cmd or text in env)):
                 found.append(f"{proc.name}: {cmd[:120]}")
         if not found or time.monotonic() > deadline:
             return found
@@ -136,12 +138,16 @@ def _processes_mentioning(text: str, timeout: float = 30) -> list[str]:
 # Every plot of the dashboard, read in the page: its panel name, data, draw count, the boxes
 # of its legend, plot area, tick labels and axis titles, and its x range now.
 PANELS_JS = """(root, sel) => [...root.querySelectorAll(sel)].map(gd => {
-  const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
-  const all = sel => [...gd.querySelectorAll(sel)].filter(e => e.getBoundingClientRect().width > 0).map(box);
+  const box = e => {
+    const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom];
+  };
+  const all = sel => [...gd.querySelectorAll(sel)]
+    .filter(e => e.getBoundingClientRect().width > 0).map(box);
   const full = gd._fullLayout || {};
   return {name: gd.dataset.name || gd.id, revision: Number(gd.dataset.revision),
           title: ((full.title || {}).text) || '',
-          points: (gd.data || []).reduce((n, t) => n + ((t.x || (t.cells || {}).values || []).length || 0), 0),
+          points: (gd.data || []).reduce(
+            (n, t) => n + ((t.x || (t.cells || {}).values || []).length || 0), 0),
           legend: all('.legend'), plot: all('.nsewdrag'),
           ticks: all('.xtick text, .ytick text, .y2tick text'),
           titles: all('.g-xtitle text, .g-ytitle text, .g-y2title text'),
@@ -232,11 +238,13 @@ def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(j
             expect(plots).to_have_count(len(PANELS), timeout=60_000)
             page.wait_for_function(
                 "n => { const ps = [...document.querySelectorAll('.nbdist-plot')];"
-                " return ps.length === n && ps.every(gd => (gd.data || []).some(t => (t.x || []).length > 0)); }",
+                " return ps.length === n"
+                " && ps.every(gd => (gd.data || []).some(t => (t.x || []).length > 0)); }",
                 arg=len(PANELS), timeout=120_000)
             throughput = dashboard.locator(".nbdist-plot[data-name='throughput']")
             for w in range(WORKERS):  # one legend entry per worker; a mean and a raw line each
-                expect(throughput.locator(".legendtext", has_text=f"worker {w}")).to_have_count(1, timeout=60_000)
+                expect(throughput.locator(".legendtext", has_text=f"worker {w}")).to_have_count(
+                    1, timeout=60_000)
             expect(throughput.locator(".scatterlayer .trace")).to_have_count(2 * WORKERS)
             panels = read_panels(dashboard)
             assert sorted(panels) == sorted(PANELS)
@@ -251,7 +259,8 @@ def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(j
             area = throughput.locator(".nsewdrag").first.bounding_box()
             page.mouse.move(area["x"] + 0.3 * area["width"], area["y"] + 0.2 * area["height"])
             page.mouse.down()
-            page.mouse.move(area["x"] + 0.6 * area["width"], area["y"] + 0.8 * area["height"], steps=8)
+            page.mouse.move(area["x"] + 0.6 * area["width"], area["y"] + 0.8 * area["height"],
+                            steps=8)
             page.mouse.up()
             zoomed = read_panels(dashboard)["throughput"]
             assert zoomed["autorange"] is False, "the drag did not zoom"
@@ -262,15 +271,18 @@ def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(j
             page.screenshot(path=shot("zoom-kept"), full_page=True)
 
             dashboard.locator("button", has_text="Pause").click()
-            expect(dashboard.locator(".nbdist-status[data-status='paused']")).to_have_count(1, timeout=30_000)
+            expect(dashboard.locator(".nbdist-status[data-status='paused']")).to_have_count(
+                1, timeout=30_000)
             expect(dashboard.locator("button", has_text="Resume")).to_have_count(1)
 
             dashboard.locator("button", has_text="Stop").click()
-            expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(1, timeout=60_000)
+            expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(
+                1, timeout=60_000)
             # the final redraw (and the display's text update) leaves every plot drawn
             dashboard = page.locator(".nbdist-dashboard")
             throughput = dashboard.locator(".nbdist-plot[data-name='throughput']")
-            expect(throughput.locator(".scatterlayer .trace")).to_have_count(2 * WORKERS, timeout=30_000)
+            expect(throughput.locator(".scatterlayer .trace")).to_have_count(2 * WORKERS,
+                                                                             timeout=30_000)
             check_layout(read_panels(dashboard))
             page.screenshot(path=shot("stopped"), full_page=True)
         except Exception:
@@ -298,19 +310,23 @@ def test_pause_and_stop_act_while_a_wait_cell_blocks_and_the_next_cell_runs_afte
             run_all_cells(page, jupyter, "wait.ipynb")
             dashboard = page.locator(".nbdist-dashboard")
             dashboard.wait_for(timeout=180_000)
-            expect(dashboard.locator(".nbdist-status[data-status='running']")).to_have_count(1, timeout=60_000)
+            expect(dashboard.locator(".nbdist-status[data-status='running']")).to_have_count(
+                1, timeout=60_000)
             wait_for_revision(page, "throughput", 2)  # redrawn during the wait
             dashboard.locator("button", has_text="Pause").click()
-            expect(dashboard.locator(".nbdist-status[data-status='paused']")).to_have_count(1, timeout=30_000)
+            expect(dashboard.locator(".nbdist-status[data-status='paused']")).to_have_count(
+                1, timeout=30_000)
             expect(dashboard.locator("button", has_text="Resume")).to_have_count(1)
             after = page.locator(".jp-OutputArea-output", has_text="after the wait:")
             expect(after).to_have_count(0)  # the next cell waits for this one
             dashboard.locator("button", has_text="Stop").click()
-            expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(1, timeout=60_000)
+            expect(dashboard.locator(".nbdist-status[data-status='stopped']")).to_have_count(
+                1, timeout=60_000)
             expect(after).to_have_text("after the wait: stopped", timeout=60_000)
             page.screenshot(path=str(OUT / f"browser-{jupyter['app']}-wait.png"), full_page=True)
         except Exception:
-            page.screenshot(path=str(OUT / f"browser-{jupyter['app']}-wait-failure.png"), full_page=True)
+            page.screenshot(path=str(OUT / f"browser-{jupyter['app']}-wait-failure.png"),
+                            full_page=True)
             raise
         finally:
             browser.close()
@@ -331,8 +347,10 @@ def test_the_html_report_opens_offline_in_chromium_with_every_panel(tmp_path):
             page.goto(path.resolve().as_uri())
             for panel in ("loss", "throughput", "delay", "delay_histogram", "batch", "nodes",
                           "compare_accuracy_time", "compare_loss_samples", "compare_delay"):
-                expect(page.locator(f"#nbdist-{panel}.js-plotly-plot")).to_have_count(1, timeout=30_000)
-            expect(page.locator("#nbdist-throughput .legendtext", has_text="worker 2")).to_have_count(1)
+                expect(page.locator(f"#nbdist-{panel}.js-plotly-plot")).to_have_count(
+                    1, timeout=30_000)
+            expect(page.locator("#nbdist-throughput .legendtext",
+                                has_text="worker 2")).to_have_count(1)
             expect(page.locator("#nbdist-nodes .table .y-column").first).to_be_visible()
             compared = page.locator("#nbdist-compare_loss_samples .legendtext")
             expect(compared).to_have_count(2)  # one entry per run, told apart (#1, #2)

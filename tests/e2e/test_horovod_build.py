@@ -64,7 +64,8 @@ WORKER = textwrap.dedent(
     hvd.init()
     r = hvd.rank()
     out = {"rank": r, "size": hvd.size()}
-    out["mean"] = hvd.allreduce(tf.constant([r + 1.0, 10.0 * (r + 1)]), op=hvd.Average).numpy().tolist()
+    out["mean"] = hvd.allreduce(tf.constant([r + 1.0, 10.0 * (r + 1)]),
+                                op=hvd.Average).numpy().tolist()
     v = keras.Variable(np.full((2, 3), 100.0 + r, dtype="float32"), name="w")
     grouped = hvd.grouped_allreduce([tf.constant([float(r)]), v.value], op=hvd.Average)
     out["grouped"] = [t.numpy().tolist() for t in grouped]
@@ -111,9 +112,11 @@ def test_the_build_carries_nbdists_patch_mark_and_its_key():
     from nbdist.modes.sync.network import horovod_build, iface_honoured
 
     build = horovod_build()
-    assert iface_honoured(build), f"Horovod here is not nbdist's patched build (mark {build!r}): run `make horovod`"
+    assert iface_honoured(build), (f"Horovod here is not nbdist's patched build (mark {build!r}): "
+                                   "run `make horovod`")
     script = Path(__file__).resolve().parents[2] / "scripts" / "build_horovod.sh"
-    plan = subprocess.run(["bash", str(script), "--plan", sys.executable], capture_output=True, text=True,
-                          timeout=120, env={**_clean_env(), "NBDIST_HOROVOD_OPS": build.split("-")[1]})
+    plan = subprocess.run(["bash", str(script), "--plan", sys.executable], capture_output=True,
+                          text=True, timeout=120,
+                          env={**_clean_env(), "NBDIST_HOROVOD_OPS": build.split("-")[1]})
     assert plan.returncode == 0, plan.stderr
     assert f"-nbdist{build}-" in plan.stdout  # the key of this build: a rerun has nothing to do

@@ -43,14 +43,15 @@ def test_slurm_launcher_starts_engines_as_one_job_that_trains_async_and_sync(tmp
         cluster = Cluster.start(3, launcher="slurm", timeout=180)
         try:
             jobs = cluster.client[:].apply_sync(os.getenv, "SLURM_JOB_ID")
-            assert len(set(jobs)) == 1 and jobs[0] is not None  # all three are tasks of one sbatch job
+            # all three are tasks of one sbatch job
+            assert len(set(jobs)) == 1 and jobs[0] is not None
             ns = {}
             run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=2,
                                batch_size=16, wait=True, timeout=60)
             assert run.status == "finished" and run.stats["epoch_samples"] == [900, 900]
             ns = {}
-            run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
-                               epochs=2, batch_size=32, wait=True, timeout=60)
+            run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync",
+                               workers=2, epochs=2, batch_size=32, wait=True, timeout=60)
             assert run.status == "finished"
             _identical_ranks(run, ns)
             assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85
@@ -90,9 +91,10 @@ def test_mpi_launcher_engines_are_mpi_ranks_and_train_sync_through_gloo(ip, monk
     try:
         pids = cluster.client[:].apply_sync(os.getpid)
         ranks = cluster.client[:].apply_sync(os.getenv, "OMPI_COMM_WORLD_RANK")
-        assert sorted(ranks) == ["0", "1"]  # started by mpiexec: MPI ranks, refused in sync mode before
-        ip.run_cell_magic("distribute", "--mode sync --workers 2 --epochs 2 --batch-size 32 --wait -o mpi_run",
-                          SYNTHETIC_CELL)
+        # started by mpiexec: MPI ranks, refused in sync mode before
+        assert sorted(ranks) == ["0", "1"]
+        ip.run_cell_magic("distribute", "--mode sync --workers 2 --epochs 2 --batch-size 32 "
+                          "--wait -o mpi_run", SYNTHETIC_CELL)
         run = ip.user_ns["mpi_run"]
         assert run.status == "finished"
         _identical_ranks(run, ip.user_ns)

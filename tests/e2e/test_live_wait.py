@@ -93,7 +93,8 @@ class Frontend:
                      and m["parent_header"].get("msg_id") == msg_id), None)
 
     def first_of(self, msg_id: str) -> int:
-        return next(i for i, m in enumerate(self.iopub) if m["parent_header"].get("msg_id") == msg_id)
+        return next(i for i, m in enumerate(self.iopub)
+                    if m["parent_header"].get("msg_id") == msg_id)
 
     def output(self, msg_id: str) -> str:
         return "".join(m["content"]["text"] for m in self.iopub if m["msg_type"] == "stream"
@@ -106,7 +107,8 @@ def frontend(tmp_path):
     from jupyter_client.manager import start_new_kernel
 
     env = {**os.environ, "IPYTHONDIR": str(tmp_path / "ipython")}  # PYTHONPATH reaches the kernel
-    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env, startup_timeout=120)
+    km, kc = start_new_kernel(kernel_name="python3", cwd=str(tmp_path), env=env,
+                              startup_timeout=120)
     fe = Frontend(kc)
     fe.km = km
     try:
@@ -138,7 +140,8 @@ def test_a_waiting_cell_keeps_its_dashboard_drawn_and_its_controls_acting(fronte
                      "the dashboard's status line saying running")
     pause = fe.pump(lambda: fe.widget("ButtonModel", description="Pause"), "the Pause button")
     stop = fe.pump(lambda: fe.widget("ButtonModel", description="Stop"), "the Stop button")
-    slider = fe.pump(lambda: fe.widget("FloatLogSliderModel", disabled=False), "the enabled lr slider")
+    slider = fe.pump(lambda: fe.widget("FloatLogSliderModel", disabled=False),
+                     "the enabled lr slider")
     panels = {cid for cid, s in fe.widgets.items() if s.get("_model_name") == "AnyModel"}
     throughput = next(cid for cid in panels if fe.widgets[cid].get("name") == "throughput")
     fe.pump(lambda: any(t.get("x") for t in fe.widgets[throughput]["figure"].get("data", [])),
@@ -181,9 +184,11 @@ def test_ctrl_c_stops_a_waiting_run_and_the_text_status_line_moves_meanwhile(fro
 
     def lines() -> list[str]:  # the status line's texts, as the monitor thread updated it
         return [m["content"]["data"]["text/plain"] for m in fe.iopub
-                if m["msg_type"] == "update_display_data" and m["parent_header"].get("msg_id") == cell]
+                if m["msg_type"] == "update_display_data"
+                and m["parent_header"].get("msg_id") == cell]
 
-    fe.pump(lambda: len({t for t in lines() if ": running" in t}) >= 2, "the text status line moving")
+    fe.pump(lambda: len({t for t in lines() if ": running" in t}) >= 2,
+            "the text status line moving")
     queued = fe.execute("print('queued')")
     fe.km.interrupt_kernel()
     reply = fe.reply(cell)

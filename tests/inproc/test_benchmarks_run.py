@@ -30,7 +30,8 @@ def _nbdist_imports(path: Path) -> list[tuple[str, str]]:
 
 
 ROOT = Path(__file__).resolve().parents[2]
-SCRIPTS = sorted(ROOT.glob("benchmarks/*.py")) + sorted(ROOT.glob("scripts/*.py"))  # helpers (_*.py) too
+# helpers (_*.py) too
+SCRIPTS = sorted(ROOT.glob("benchmarks/*.py")) + sorted(ROOT.glob("scripts/*.py"))
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=[f"{p.parent.name}/{p.stem}" for p in SCRIPTS])

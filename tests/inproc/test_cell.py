@@ -1,4 +1,5 @@
-"""Kernel-side checks of a %%distribute cell: each bad input gets a clear error, no cluster needed."""
+"""Kernel-side checks of a %%distribute cell: each bad input gets a clear error, no cluster
+needed."""
 
 import pytest
 
@@ -28,7 +29,8 @@ def run(cell, ns=None, **options):
 
 def test_assigned_names_ignore_function_bodies_and_comprehensions():
     names = assigned_names("import numpy as np\nfor i in range(3): a = i\n"
-                           "def f():\n    hidden = 1\n[z for z in range(2)]\nwith open('f') as fh: pass")
+                           "def f():\n    hidden = 1\n[z for z in range(2)]\n"
+                           "with open('f') as fh: pass")
     assert names == {"np", "i", "a", "f", "fh"}
 
 
@@ -85,7 +87,8 @@ def test_arrays_from_earlier_cells_are_pushed_to_engines():
     import numpy as np
 
     ns = {"x_train": np.ones((6, 4), "float32"), "y_train": np.zeros(6, "int32")}
-    cell = MODEL.replace('x_train, y_train = np.zeros((6, 4), "float32"), np.zeros(6, "int32")\n', "")
+    cell = MODEL.replace('x_train, y_train = np.zeros((6, 4), "float32"), np.zeros(6, "int32")\n',
+                         "")
     contents = run(cell, ns)
     assert set(contents.pushed) == {"x_train", "y_train"}
 
@@ -99,7 +102,8 @@ def test_parameters_and_helpers_from_earlier_cells_are_pushed_but_modules_are_no
     import numpy
 
     ns = {"WIDTH": 2, "np": numpy, "helper": lambda: 1, "_private": 3}
-    cell = MODEL.replace("import keras, numpy as np\n", "import keras\n").replace("Dense(2)", "Dense(WIDTH)")
+    cell = (MODEL.replace("import keras, numpy as np\n", "import keras\n")
+            .replace("Dense(2)", "Dense(WIDTH)"))
     contents = run(cell + "\n_ = helper() + _private", ns)
     assert set(contents.pushed) == {"WIDTH", "helper"}
 
@@ -116,19 +120,23 @@ def test_a_base_model_inside_the_model_is_not_ambiguous_and_the_choice_is_noted(
     contents = run(BASE + "model = keras.Sequential([base, keras.layers.Dense(2)])\n"
                           "model.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')")
     assert contents.model_name == "model"
-    assert contents.notes == ["Training `model` (it contains `base`); pass --model to choose another."]
+    assert contents.notes == ["Training `model` (it contains `base`); pass --model to choose "
+                              "another."]
 
 
 def test_a_model_nested_two_levels_deep_in_a_functional_model_is_found():
     contents = run(BASE + "mid = keras.Sequential([base, keras.layers.Dense(3)])\n"
-                          "inputs = keras.Input((4,))\nouter = keras.Model(inputs, keras.layers.Dense(2)(mid(inputs)))\n"
+                          "inputs = keras.Input((4,))\n"
+                          "outer = keras.Model(inputs, keras.layers.Dense(2)(mid(inputs)))\n"
                           "outer.compile(optimizer='sgd', loss='sparse_categorical_crossentropy')")
     assert contents.model_name == "outer"
-    assert contents.notes == ["Training `outer` (it contains `base`, `mid`); pass --model to choose another."]
+    assert contents.notes == ["Training `outer` (it contains `base`, `mid`); pass --model to "
+                              "choose another."]
 
 
 def test_two_unrelated_models_beside_a_base_are_refused_naming_the_outer_ones():
-    with pytest.raises(AmbiguousModelError, match="base, head, model, and none contains head, model.*--model head"):
+    with pytest.raises(AmbiguousModelError,
+                       match="base, head, model, and none contains head, model.*--model head"):
         run(BASE + "model = keras.Sequential([base, keras.layers.Dense(2)])\n"
                    "head = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])")
 
@@ -187,7 +195,8 @@ def test_a_dataset_beyond_the_limit_streams_and_says_what_changes():
 
 
 def test_a_dataset_that_does_not_fit_the_model_is_reported_with_its_shapes():
-    with pytest.raises(DataError, match=r"train_ds's inputs \(shape \(6, 4\).*do not fit the model"):
+    with pytest.raises(DataError,
+                       match=r"train_ds's inputs \(shape \(6, 4\).*do not fit the model"):
         run(DATASET.replace("(x_train, y_train)", "(x_train, y_train[:, None] * np.ones((1, 7)))"),
             data="train_ds")
 
@@ -196,12 +205,15 @@ def test_a_dataset_from_another_cell_cannot_reach_the_engines():
     import numpy as np
     import tensorflow as tf
 
-    ns = {"train_ds": tf.data.Dataset.from_tensor_slices((np.zeros((6, 4), "float32"), np.zeros(6, "int32")))}
-    with pytest.raises(DataError, match="train_ds is a tf.data.Dataset from another cell.*inside the %%distribute cell"):
+    ns = {"train_ds": tf.data.Dataset.from_tensor_slices((np.zeros((6, 4), "float32"),
+                                                          np.zeros(6, "int32")))}
+    with pytest.raises(DataError, match="train_ds is a tf.data.Dataset from another cell.*"
+                                        "inside the %%distribute cell"):
         run(MODEL, ns, data="train_ds")
     assert run(MODEL, ns, data="train_ds", mode="local").num_samples == 6
 
 
 def test_one_name_that_is_no_dataset_says_what_is_expected():
-    with pytest.raises(DataError, match="--data x_train is a ndarray, expected a tf.data.Dataset.*X,Y"):
+    with pytest.raises(DataError,
+                       match="--data x_train is a ndarray, expected a tf.data.Dataset.*X,Y"):
         run(MODEL, data="x_train")

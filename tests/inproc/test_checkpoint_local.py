@@ -11,7 +11,8 @@ import nbdist
 from nbdist.errors import ConfigError, TrainingError
 from tests.helpers import SYNTHETIC_CELL, epoch_ends, wait_for, wait_paused
 
-SEEDED_CELL = SYNTHETIC_CELL.replace("model = keras", "keras.utils.set_random_seed(3)\nmodel = keras")
+SEEDED_CELL = SYNTHETIC_CELL.replace("model = keras",
+                                     "keras.utils.set_random_seed(3)\nmodel = keras")
 
 
 def weights(ns):
@@ -65,7 +66,8 @@ def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path)
         run.checkpoint()
     with pytest.raises(ConfigError, match="epochs 2 is fewer"):
         nbdist.resume(tmp_path, SYNTHETIC_CELL, namespace={}, epochs=2)
-    longer = nbdist.resume(tmp_path, trust_cell=True, namespace={}, epochs=5, wait=True)  # train one epoch more
+    # train one epoch more
+    longer = nbdist.resume(tmp_path, trust_cell=True, namespace={}, epochs=5, wait=True)
     assert longer.nodes["samples"].sum() == 900 and epoch_ends(longer) == [4]
 
 

@@ -38,11 +38,13 @@ CASES = {  # name: (shape, Keras's object, our class name and config, scale of t
     "dense-maxnorm-default": ((30, 7), kc.MaxNorm(), ("MaxNorm", {})),
     "dense-unitnorm": ((300, 40), kc.UnitNorm(), ("UnitNorm", {"axis": 0})),
     "dense-minmax-rows": ((20, 30), kc.MinMaxNorm(0.5, 1.5, rate=0.7, axis=1),
-                          ("MinMaxNorm", {"min_value": 0.5, "max_value": 1.5, "rate": 0.7, "axis": 1})),
+                          ("MinMaxNorm", {"min_value": 0.5, "max_value": 1.5, "rate": 0.7,
+                                          "axis": 1})),
     "conv-maxnorm": ((3, 3, 16, 32), kc.MaxNorm(1.5, axis=[0, 1, 2]),
                      ("MaxNorm", {"max_value": 1.5, "axis": [0, 1, 2]})),
     "conv-minmax": ((3, 3, 16, 32), kc.MinMaxNorm(0.5, 1.0, rate=0.5, axis=[0, 1, 2]),
-                    ("MinMaxNorm", {"min_value": 0.5, "max_value": 1.0, "rate": 0.5, "axis": [0, 1, 2]})),
+                    ("MinMaxNorm", {"min_value": 0.5, "max_value": 1.0, "rate": 0.5,
+                                    "axis": [0, 1, 2]})),
     "conv-unitnorm": ((5, 5, 3, 8), kc.UnitNorm(axis=[0, 1, 2]), ("UnitNorm", {"axis": [0, 1, 2]})),
     "bias-nonneg": ((64,), kc.NonNeg(), ("NonNeg", {})),
     "bias-maxnorm": ((64,), kc.MaxNorm(1.0), ("MaxNorm", {"max_value": 1.0})),
@@ -70,7 +72,8 @@ def test_each_constraint_equals_keras_on_random_tensors(case):
 def constrained_model(unit: object = None):
     keras.utils.set_random_seed(0)
     inp = keras.Input((6, 6, 2))
-    x = keras.layers.Conv2D(4, 3, kernel_constraint=kc.MinMaxNorm(0.5, 1.0, rate=0.5, axis=[0, 1, 2]))(inp)
+    x = keras.layers.Conv2D(4, 3, kernel_constraint=kc.MinMaxNorm(0.5, 1.0, rate=0.5,
+                                                                  axis=[0, 1, 2]))(inp)
     x = keras.layers.Flatten()(x)
     x = keras.layers.Dense(8, kernel_constraint=kc.MaxNorm(2.0), bias_constraint="non_neg")(x)
     out = keras.layers.Dense(3, kernel_constraint=unit or kc.UnitNorm())(x)
@@ -89,14 +92,17 @@ def test_the_kernel_describes_each_constrained_variable_as_json():
     assert [(e["class_name"], e["start"], e["shape"]) for e in entries] == [
         ("MinMaxNorm", 0, [3, 3, 2, 4]), ("MaxNorm", 76, [64, 8]), ("NonNeg", 588, [8]),
         ("UnitNorm", 596, [8, 3])]
-    assert entries[0]["config"] == {"min_value": 0.5, "max_value": 1.0, "rate": 0.5, "axis": [0, 1, 2]}
-    assert entries[1]["variable"].endswith("kernel") and entries[1]["epsilon"] == pytest.approx(1e-7)
+    assert entries[0]["config"] == {"min_value": 0.5, "max_value": 1.0, "rate": 0.5,
+                                    "axis": [0, 1, 2]}
+    assert (entries[1]["variable"].endswith("kernel")
+            and entries[1]["epsilon"] == pytest.approx(1e-7))
     assert constrained_ranges(entries)[1] == (76, 76 + 512) and sum(segments) == 623
 
 
 def test_the_base_constraint_does_nothing_and_needs_no_entry():
     variables, _ = layout(constrained_model(unit=kc.Constraint()))
-    assert [e["class_name"] for e in describe_constraints(variables)] == ["MinMaxNorm", "MaxNorm", "NonNeg"]
+    assert ([e["class_name"] for e in describe_constraints(variables)]
+            == ["MinMaxNorm", "MaxNorm", "NonNeg"])
 
 
 def test_keras_epsilon_set_by_the_cell_travels_with_the_entry():
@@ -132,7 +138,8 @@ def test_a_custom_constraint_is_refused_saying_what_why_and_how_to_proceed(custo
     with pytest.raises(UnsupportedOptimizerError) as info:
         describe_constraints(variables)
     message = str(info.value)
-    assert re.search(rf"Received: variable 'dense\w*/kernel' with the constraint \S*{named} \({what}", message)
+    assert re.search(rf"Received: variable 'dense\w*/kernel' with the constraint \S*{named} "
+                     rf"\({what}", message)
     assert "MaxNorm, MinMaxNorm, NonNeg, UnitNorm (exactly these classes)" in message
     assert "--mode sync" in message and "own Keras optimizer applies any constraint" in message
     # where each rank or stage applies the cell's own optimizer, nothing is refused
@@ -293,7 +300,8 @@ def test_shards_with_aligned_bounds_together_equal_one_shard(setup, shards):
     spec = describe_optimizer(keras.optimizers.Adam(0.05), segments)
     bounds = shard_bounds(w0.size, shards, whole=constrained_ranges(entries))
     whole = Updater(make_rule("asgd", w0.size, 1), spec, constraints=entries)
-    parts = [(Updater(make_rule("asgd", hi - lo, 1), spec, lo, constraints=entries), lo, hi) for lo, hi in bounds]
+    parts = [(Updater(make_rule("asgd", hi - lo, 1), spec, lo, constraints=entries), lo, hi)
+             for lo, hi in bounds]
     w, w_sharded = w0.copy(), w0.copy()
     for g in gradients(segments, 5, seed=7):
         whole.push(0, w, g, delay=0)
@@ -301,4 +309,5 @@ def test_shards_with_aligned_bounds_together_equal_one_shard(setup, shards):
             up.push(0, w_sharded[lo:hi], g[lo:hi], delay=0)
     np.testing.assert_allclose(w_sharded, w, rtol=1e-6, atol=1e-7)
     with pytest.raises(ConfigError, match="is cut by the shard"):
-        Updater(make_rule("asgd", 100, 1), spec, 50, constraints=entries)  # [50, 150) cuts the MaxNorm kernel
+        # [50, 150) cuts the MaxNorm kernel
+        Updater(make_rule("asgd", 100, 1), spec, 50, constraints=entries)

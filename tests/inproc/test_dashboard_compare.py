@@ -16,13 +16,15 @@ from nbdist.errors import ConfigError
 from tests.helpers import fed_run
 
 
-def history(start: float, pushes: int, batch: int = 32, rate: float = 10.0, evals=()) -> pd.DataFrame:
+def history(start: float, pushes: int, batch: int = 32, rate: float = 10.0,
+            evals=()) -> pd.DataFrame:
     """`pushes` pushes `1 / rate` s apart from `start`, then validation rows (time, accuracy)."""
     t = start + np.arange(pushes) / rate
     rows = pd.DataFrame({"time": t, "step": np.arange(1, pushes + 1), "epoch": 0.0,
                          "worker": np.arange(pushes) % 2, "loss": np.linspace(2.0, 1.0, pushes),
                          "delay": 1, "batch_size": batch})
-    val = pd.DataFrame([{"time": start + e, "step": int(e * rate), "val_accuracy": a, "val_loss": 1 - a}
+    val = pd.DataFrame([{"time": start + e, "step": int(e * rate), "val_accuracy": a,
+                         "val_loss": 1 - a}
                         for e, a in evals])
     return pd.concat([rows, val], ignore_index=True).sort_values(["step", "time"], kind="stable")
 
@@ -67,7 +69,8 @@ def test_equal_labels_are_told_apart_by_the_options_that_differ_then_by_a_number
 
 
 def test_labels_come_from_a_dict_or_a_list_and_must_match_the_runs():
-    assert [label for label, _ in named_runs(({"fixed": ASYNC, "DBS": DC_DBS},), None)] == ["fixed", "DBS"]
+    assert ([label for label, _ in named_runs(({"fixed": ASYNC, "DBS": DC_DBS},), None)]
+            == ["fixed", "DBS"])
     assert [label for label, _ in named_runs((ASYNC, SYNC), ["a", "s"])] == ["a", "s"]
     with pytest.raises(ConfigError, match="Received: 1 labels for 2 runs"):
         named_runs((ASYNC, SYNC), ["a"])
@@ -108,7 +111,8 @@ def test_throughput_is_samples_per_second_of_the_whole_run():
 def test_delay_distribution_is_the_share_of_pushes_at_each_delay():
     fig = compare_figure(named_runs((ASYNC, DC_DBS, SYNC), None), "delay")
     t = by_name(fig)
-    assert t["asgd, 4 workers"]["x"] == [0, 1] and t["asgd, 4 workers"]["y"] == pytest.approx([0.25, 0.75])
+    assert (t["asgd, 4 workers"]["x"] == [0, 1]
+            and t["asgd, 4 workers"]["y"] == pytest.approx([0.25, 0.75]))
     assert t["dc-asgd-a, 4 workers, DBS"]["y"] == pytest.approx([0.25, 0.75])
     assert "sync allreduce, 2 workers" not in t  # a sync run has no delays
     assert fig["layout"]["barmode"] == "group"
@@ -143,4 +147,5 @@ def test_the_report_can_hold_a_comparison(tmp_path):
     for name in ("compare_accuracy_time", "compare_accuracy_samples", "compare_loss_time",
                  "compare_loss_samples", "compare_throughput", "compare_delay"):
         assert f'id="nbdist-{name}"' in page
-    assert page.count('class="plotly-graph-div"') == 13  # 7 panels of the run (hosts included), 6 comparisons
+    # 7 panels of the run (hosts included), 6 comparisons
+    assert page.count('class="plotly-graph-div"') == 13

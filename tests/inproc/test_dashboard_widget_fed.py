@@ -59,7 +59,8 @@ def test_a_step_after_the_end_draws_the_final_state_once_and_disables_the_contro
 
 def test_every_warning_of_the_run_is_listed_under_the_status_line():
     run = fed_run(2)
-    run.warnings.append("--server-optimizer sgd: the hub trains with SGD (lr 0.001), not with the cell's Adam.")
+    run.warnings.append("--server-optimizer sgd: the hub trains with SGD (lr 0.001), not with the "
+                        "cell's Adam.")
     dash = Dashboard(run)
     assert "not with the cell&#x27;s Adam" in dash.warnings.value
     run.warnings.append("The run replaced the cell's CosineDecay schedule: run.set_lr(0.01) ...")
@@ -134,7 +135,8 @@ def test_a_worker_added_mid_run_gets_its_row_slider_traces_and_a_marker():
     dash = Dashboard(run)
     assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1"]
     grown = snapshot(3, 6.0)  # the hub's next answer: worker 2 was added and trains
-    grown["events"].append({"time": 5.0, "step": 40, "event": "worker_added", "worker": 2, "engine": 3})
+    grown["events"].append({"time": 5.0, "step": 40, "event": "worker_added", "worker": 2,
+                            "engine": 3})
     feed(run, grown)
     dash.refresh()
     assert [s.description for s in dash.slowdown_sliders] == ["worker 0", "worker 1", "worker 2"]
@@ -163,6 +165,7 @@ def test_hosts_panel_groups_workers_by_host_and_marks_the_hub_shards_host():
     fig = dash.figures["hosts"]
     assert dash.plots["hosts"].figure == fig
     bars = [t for t in fig["data"] if t["type"] == "bar"]
-    assert [t["x"] for t in bars] == [[["localhost · hub 0"], ["w0 tcp"]], [["localhost · hub 0"], ["w1 tcp"]]]
+    assert [t["x"] for t in bars] == [[["localhost · hub 0"], ["w0 tcp"]],
+                                      [["localhost · hub 0"], ["w1 tcp"]]]
     assert all(t["y"][0] > 0 for t in bars)  # MB/s from the byte totals of two polls
     assert [t["name"] for t in fig["data"] if t["type"] == "scatter"] == ["hub shard"]

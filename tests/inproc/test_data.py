@@ -11,7 +11,8 @@ from nbdist.errors import DataError
 def _dataset(n=10, batch=None):
     import tensorflow as tf
 
-    x = np.arange(n, dtype="float32").reshape(n, 1) * np.ones((1, 3), "float32")  # row i is (i, i, i)
+    # row i is (i, i, i)
+    x = np.arange(n, dtype="float32").reshape(n, 1) * np.ones((1, 3), "float32")
     ds = tf.data.Dataset.from_tensor_slices((x, np.arange(n, dtype="int64")))
     return ds.batch(batch) if batch else ds
 
@@ -36,7 +37,8 @@ def test_kind_of_tells_arrays_datasets_and_generator_functions_apart():
     ((32, 10), None, False, False),  # model silent, fixed first dimension: the default
     ((32, 10), None, True, True),
 ])
-def test_is_batched_follows_the_model_then_the_unknown_leading_dimension(shape, rank, default, batched):
+def test_is_batched_follows_the_model_then_the_unknown_leading_dimension(shape, rank, default,
+                                                                          batched):
     assert is_batched(shape, rank, default) is batched
 
 
@@ -74,7 +76,8 @@ def test_dataset_beyond_the_limit_is_counted_and_streamed():
     loaded = load(_dataset(10, 4), "ds", "--data", _Model(), limit=100)
     assert loaded.streamed and loaded.num_samples == 10 and loaded.x is None
     assert loaded.head[1].tolist() == [0, 1]
-    assert not load(_dataset(10, 4), "ds", "--data", _Model(), limit=200).streamed  # exactly 200 bytes fit
+    # exactly 200 bytes fit
+    assert not load(_dataset(10, 4), "ds", "--data", _Model(), limit=200).streamed
 
 
 def test_limit_zero_always_streams_and_engines_need_no_count():
@@ -86,7 +89,8 @@ def test_infinite_dataset_is_refused_with_how_to_fix():
     with pytest.raises(DataError, match=r"--data ds is infinite.*Drop \.repeat\(\).*ds\.take\(n\)"):
         load(_dataset(10, 4).repeat(), "ds", "--data", _Model(), limit=None)
     # batches of 4, 4, 2 (the end of a pass), 4, 4
-    assert load(_dataset(10, 4).repeat().take(5), "ds", "--data", _Model(), limit=None).num_samples == 18
+    assert load(_dataset(10, 4).repeat().take(5), "ds", "--data", _Model(),
+                limit=None).num_samples == 18
 
 
 def test_dataset_of_triples_and_dicts_loads_with_weights_and_nested_inputs():
@@ -95,7 +99,8 @@ def test_dataset_of_triples_and_dicts_loads_with_weights_and_nested_inputs():
     triples = tf.data.Dataset.from_tensor_slices((np.zeros((4, 3)), np.zeros(4), np.arange(4.0)))
     loaded = load(triples, "ds", "--data", _Model(), limit=None)
     assert loaded.num_samples == 4 and loaded.sample_weight.tolist() == [0.0, 1.0, 2.0, 3.0]
-    dicts = tf.data.Dataset.from_tensor_slices(({"a": np.zeros((4, 3)), "b": np.ones((4, 2))}, np.zeros(4)))
+    dicts = tf.data.Dataset.from_tensor_slices(({"a": np.zeros((4, 3)), "b": np.ones((4, 2))},
+                                                np.zeros(4)))
     loaded = load(dicts, "ds", "--data", _Model(), limit=None)
     assert loaded.x["b"].shape == (4, 2) and loaded.head[0]["a"].shape == (2, 3)
     singles = tf.data.Dataset.from_tensor_slices(np.zeros((4, 3)))
@@ -109,7 +114,8 @@ def test_empty_dataset_is_refused():
 
 
 def test_shard_stream_cuts_the_shard_into_the_sizes_asked_and_starts_a_new_pass():
-    stream = ShardStream(_dataset(10), num_workers=2, worker=1, read_batch=2)  # shard: 1, 3, 5, 7, 9
+    # shard: 1, 3, 5, 7, 9
+    stream = ShardStream(_dataset(10), num_workers=2, worker=1, read_batch=2)
     assert stream.take(3)[1].tolist() == [1, 3, 5]
     x, y = stream.take(4)
     assert y.tolist() == [7, 9, 1, 3] and x[:, 0].tolist() == [7, 9, 1, 3] and stream.passes == 2
@@ -133,7 +139,8 @@ def test_array_source_reads_the_epoch_permutation():
 
 
 def test_format_size():
-    assert [format_size(n) for n in (2 * 2**30, 1536, 3 * 2**20, 12)] == ["2GiB", "1.5KiB", "3MiB", "12B"]
+    assert ([format_size(n) for n in (2 * 2**30, 1536, 3 * 2**20, 12)]
+            == ["2GiB", "1.5KiB", "3MiB", "12B"])
 
 
 def test_empty_shard_is_reported_by_head_too():

@@ -24,5 +24,7 @@ def test_streamed_dataset_trains_locally_but_simulate_needs_it_in_memory():
     run = nbdist.train(DATASET_CELL, namespace={}, mode="local", epochs=2, data="train_ds",
                        in_memory_limit=0, wait=True)
     trained_every_sample(run)
-    with pytest.raises(DataError, match="--mode simulate trains in this kernel on data held in memory"):
-        nbdist.train(DATASET_CELL, namespace={}, mode="simulate", workers=2, data="train_ds", in_memory_limit=0)
+    with pytest.raises(DataError,
+                       match="--mode simulate trains in this kernel on data held in memory"):
+        nbdist.train(DATASET_CELL, namespace={}, mode="simulate", workers=2, data="train_ds",
+                     in_memory_limit=0)

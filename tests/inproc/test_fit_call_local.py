@@ -16,7 +16,8 @@ from tests.helpers import SYNTHETIC_CELL
 
 def fit_cell(fit_line: str, before: str = "") -> str:
     """The synthetic cell, ending with its own fit call (and what the test adds before it)."""
-    return SYNTHETIC_CELL + before + fit_line + "\nscore = model.evaluate(x_test, y_test, verbose=0)\n"
+    return (SYNTHETIC_CELL + before + fit_line
+            + "\nscore = model.evaluate(x_test, y_test, verbose=0)\n")
 
 
 def train_locally(cell: str, **options):
@@ -38,7 +39,8 @@ def event_rows(run, name: str) -> list[dict]:
 
 
 def test_the_fit_call_trains_distributed_and_returns_keras_history():
-    cell = fit_cell("history = model.fit(x_train, y_train, batch_size=32, epochs=3, validation_split=0.1)")
+    cell = fit_cell("history = model.fit(x_train, y_train, batch_size=32, epochs=3, "
+                    "validation_split=0.1)")
     run, ns, out = train_locally(cell)
     history = ns["history"]
     assert run.status == "finished" and run.keras_history is history
@@ -58,7 +60,8 @@ def test_validation_is_what_model_evaluate_gives_on_the_same_weights():
     _, ns, _ = train_locally(cell)
     n = len(ns["x_train"])
     held = int(np.floor(n * 0.8))  # Keras's validation_split: the last 20 %, before shuffling
-    again = ns["model"].evaluate(ns["x_train"][held:], ns["y_train"][held:], verbose=0, return_dict=True)
+    again = ns["model"].evaluate(ns["x_train"][held:], ns["y_train"][held:], verbose=0,
+                                 return_dict=True)
     assert ns["history"].history["val_loss"][-1] == pytest.approx(again["loss"], rel=1e-5)
     assert ns["history"].history["val_accuracy"][-1] == pytest.approx(again["accuracy"], abs=1e-6)
 
@@ -73,8 +76,8 @@ def test_flags_on_the_magic_line_override_the_call_and_the_notes_say_so():
 
 
 def test_initial_epoch_shuffle_and_steps_per_epoch_are_honoured():
-    cell = fit_cell("history = model.fit(x_train, y_train, batch_size=30, epochs=3, initial_epoch=1, "
-                    "shuffle=False, steps_per_epoch=10)")
+    cell = fit_cell("history = model.fit(x_train, y_train, batch_size=30, epochs=3, "
+                    "initial_epoch=1, shuffle=False, steps_per_epoch=10)")
     run, ns, _ = train_locally(cell)
     assert ns["history"].epoch == [1, 2]
     assert run.stats["epoch_samples"] == [300, 300]  # 10 steps of 30 per epoch
@@ -92,9 +95,9 @@ class Seen(keras.callbacks.Callback):
         self.val.append(logs["val_loss"])
 seen = Seen()
 """
-    cell = fit_cell("history = model.fit(x_train, y_train, epochs=6, validation_split=0.2, callbacks=["
-                    "seen, keras.callbacks.EarlyStopping(monitor='val_loss', patience=100, "
-                    "restore_best_weights=True)])",
+    cell = fit_cell("history = model.fit(x_train, y_train, epochs=6, validation_split=0.2, "
+                    "callbacks=[seen, keras.callbacks.EarlyStopping(monitor='val_loss', "
+                    "patience=100, restore_best_weights=True)])",
                     before=seen.replace("\nseen = Seen()", "\nseen = Seen()\n"
                                         "model.optimizer.learning_rate.assign(2.0)"))
     _, ns, _ = train_locally(cell)
@@ -107,19 +110,22 @@ seen = Seen()
 
 def test_early_stopping_stops_the_run_and_keeps_the_epochs_weights():
     cell = fit_cell("history = model.fit(x_train, y_train, epochs=30, validation_split=0.2, "
-                    "callbacks=[keras.callbacks.EarlyStopping(monitor='val_loss', min_delta=10, patience=1)])")
+                    "callbacks=[keras.callbacks.EarlyStopping(monitor='val_loss', min_delta=10, "
+                    "patience=1)])")
     run, ns, _ = train_locally(cell)
     assert ns["history"].epoch == [0, 1] and run.status == "stopped"
-    assert run.stats["epochs_done"] == pytest.approx(2.0)  # the epoch gate: nothing of epoch 3 trained
+    # the epoch gate: nothing of epoch 3 trained
+    assert run.stats["epochs_done"] == pytest.approx(2.0)
 
 
 def test_reduce_lr_on_plateau_and_learning_rate_scheduler_act_on_the_runs_rate():
-    cell = fit_cell("history = model.fit(x_train, y_train, epochs=3, validation_split=0.2, callbacks=["
-                    "keras.callbacks.ReduceLROnPlateau(monitor='val_loss', min_delta=10, factor=0.5, "
-                    "patience=0)])")
+    cell = fit_cell("history = model.fit(x_train, y_train, epochs=3, validation_split=0.2, "
+                    "callbacks=[keras.callbacks.ReduceLROnPlateau(monitor='val_loss', "
+                    "min_delta=10, factor=0.5, patience=0)])")
     run, _, _ = train_locally(cell)
     rates = [e["lr"] for e in event_rows(run, "set_lr")]
-    assert rates == pytest.approx([0.05])  # after epoch 1 (epoch 0 set the best); the last trains nothing
+    # after epoch 1 (epoch 0 set the best); the last trains nothing
+    assert rates == pytest.approx([0.05])
     assert all("ReduceLROnPlateau" in e["by"] for e in event_rows(run, "set_lr"))
     cell = fit_cell("history = model.fit(x_train, y_train, epochs=3, callbacks=["
                     "keras.callbacks.LearningRateScheduler(lambda epoch, lr: 0.2 / (epoch + 1))])")
@@ -136,8 +142,8 @@ def test_checkpoints_csv_logs_tensorboard_and_lambda_callbacks_see_every_epoch(t
     calls = []
     cell = fit_cell(
         "history = model.fit(x_train, y_train, epochs=3, validation_split=0.2, callbacks=[\n"
-        f"  keras.callbacks.ModelCheckpoint({str(tmp_path / 'best.weights.h5')!r}, save_best_only=True,"
-        " save_weights_only=True),\n"
+        f"  keras.callbacks.ModelCheckpoint({str(tmp_path / 'best.weights.h5')!r}, "
+        "save_best_only=True, save_weights_only=True),\n"
         f"  keras.callbacks.ModelCheckpoint({str(tmp_path)!r} + '/model-{{epoch}}.keras'),\n"
         f"  keras.callbacks.CSVLogger({str(tmp_path / 'log.csv')!r}),\n"
         f"  keras.callbacks.TensorBoard({str(tmp_path / 'tb')!r}),\n"
@@ -151,15 +157,17 @@ def test_checkpoints_csv_logs_tensorboard_and_lambda_callbacks_see_every_epoch(t
     with contextlib.redirect_stdout(io.StringIO()):
         nbdist.train(cell, namespace=ns, mode="local")
     assert calls == ["begin", 0, 1, 2, "end"]
-    assert sorted(p.name for p in tmp_path.glob("model-*.keras")) == ["model-1.keras", "model-2.keras",
-                                                                     "model-3.keras"]
+    assert (sorted(p.name for p in tmp_path.glob("model-*.keras"))
+            == ["model-1.keras", "model-2.keras", "model-3.keras"])
     final = keras.models.load_model(tmp_path / "model-3.keras")
     for got, want in zip(final.get_weights(), ns["model"].get_weights(), strict=True):
         np.testing.assert_array_equal(got, want)
     rows = (tmp_path / "log.csv").read_text().splitlines()
-    assert rows[0].split(",")[:2] == ["epoch", "accuracy"] and len(rows) == 4 and "val_loss" in rows[0]
+    assert (rows[0].split(",")[:2] == ["epoch", "accuracy"] and len(rows) == 4
+            and "val_loss" in rows[0])
     assert (tmp_path / "best.weights.h5").exists()
-    assert any(os.scandir(tmp_path / "tb" / "train")) and any(os.scandir(tmp_path / "tb" / "validation"))
+    assert (any(os.scandir(tmp_path / "tb" / "train"))
+            and any(os.scandir(tmp_path / "tb" / "validation")))
 
 
 def test_terminate_on_nan_ends_the_fit_as_in_keras_and_without_it_the_error_is_raised():
@@ -173,7 +181,8 @@ def test_terminate_on_nan_ends_the_fit_as_in_keras_and_without_it_the_error_is_r
 
 
 def test_batch_level_callbacks_are_called_at_a_cadence_with_the_steps_so_far():
-    cell = fit_cell("history = model.fit(x_train, y_train, epochs=2, batch_size=8, callbacks=[batches])",
+    cell = fit_cell("history = model.fit(x_train, y_train, epochs=2, batch_size=8, "
+                    "callbacks=[batches])",
                     before="""
 class Batches(keras.callbacks.Callback):
     def __init__(self):
@@ -201,19 +210,21 @@ ia, ib = keras.Input((5,), name="a"), keras.Input((3,), name="b")
 h = keras.layers.Dense(16, activation="relu")(keras.layers.concatenate([ia, ib]))
 model = keras.Model({"a": ia, "b": ib}, [keras.layers.Dense(3, activation="softmax", name="cls")(h),
                                           keras.layers.Dense(1, name="reg")(h)])
-model.compile(optimizer="adam", loss=["sparse_categorical_crossentropy", "mse"], loss_weights=[1.0, 0.1],
-              metrics=[["accuracy"], ["mae"]])
+model.compile(optimizer="adam", loss=["sparse_categorical_crossentropy", "mse"],
+              loss_weights=[1.0, 0.1], metrics=[["accuracy"], ["mae"]])
 history = model.fit({"a": a, "b": b}, [y, x.sum(axis=1, keepdims=True)], sample_weight=weights,
                     epochs=2, batch_size=16, validation_split=0.25)
 """
     run, ns, _ = train_locally(cell)
     assert run.status == "finished"
     keys = set(ns["history"].history)
-    assert {"loss", "cls_loss", "reg_loss", "cls_accuracy", "reg_mae", "val_cls_accuracy", "val_reg_mae"} <= keys
+    assert {"loss", "cls_loss", "reg_loss", "cls_accuracy", "reg_mae", "val_cls_accuracy",
+            "val_reg_mae"} <= keys
 
 
 def test_class_weight_weighs_the_loss_as_keras_does():
-    weighted, _, _ = train_locally(fit_cell("model.fit(x_train, y_train, epochs=1, class_weight={0: 10.0})"))
+    weighted, _, _ = train_locally(
+        fit_cell("model.fit(x_train, y_train, epochs=1, class_weight={0: 10.0})"))
     plain, _, _ = train_locally(fit_cell("model.fit(x_train, y_train, epochs=1)"))
     # the same seed: the same initial weights and first batch, whose class-0 samples weigh 10
     first = weighted.history["loss"].iloc[0] / plain.history["loss"].iloc[0]
@@ -221,7 +232,8 @@ def test_class_weight_weighs_the_loss_as_keras_does():
 
 
 def test_simulate_mode_takes_the_fit_call_too():
-    cell = fit_cell("history = model.fit(x_train, y_train, epochs=2, batch_size=32, validation_split=0.1)")
+    cell = fit_cell("history = model.fit(x_train, y_train, epochs=2, batch_size=32, "
+                    "validation_split=0.1)")
     import keras
 
     keras.utils.set_random_seed(0)
@@ -245,8 +257,8 @@ def test_what_cannot_be_distributed_is_refused_before_anything_trains(fit_line, 
 
 def test_a_fit_call_in_pipeline_mode_is_refused_with_what_to_do():
     with pytest.raises(ConfigError, match="--mode pipeline does not take a cell's model.fit"):
-        nbdist.train(fit_cell("model.fit(x_train, y_train, epochs=1)"), namespace={}, mode="pipeline",
-                     cluster=object())
+        nbdist.train(fit_cell("model.fit(x_train, y_train, epochs=1)"), namespace={},
+                     mode="pipeline", cluster=object())
 
 
 def test_the_magic_binds_the_run_and_the_cell_goes_on_after_its_fit_call(ip, capsys):
@@ -264,8 +276,8 @@ def test_the_magic_binds_the_run_and_the_cell_goes_on_after_its_fit_call(ip, cap
 
 
 def test_a_generator_or_a_py_dataset_is_read_once_and_replayed_each_epoch():
-    gen = fit_cell("history = model.fit(((x_train[i:i + 30], y_train[i:i + 30]) for i in range(0, 900, 30)), "
-                   "epochs=2, steps_per_epoch=20)")
+    gen = fit_cell("history = model.fit(((x_train[i:i + 30], y_train[i:i + 30]) "
+                   "for i in range(0, 900, 30)), epochs=2, steps_per_epoch=20)")
     run, ns, _ = train_locally(gen)
     assert ns["history"].epoch == [0, 1] and run.stats["epoch_samples"] == [600, 600]
     assert "read 20 batch(es) of it once" in run.warnings[0]

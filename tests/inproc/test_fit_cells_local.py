@@ -1,5 +1,6 @@
 """The tutorial cells with their own model.fit(...) call, --mode local: within 0.03 of plain
-Keras at equal epochs, Keras's own loop never run (the cluster modes: tests/cluster/test_fit_cells.py)."""
+Keras at equal epochs, Keras's own loop never run (the cluster modes:
+tests/cluster/test_fit_cells.py)."""
 
 import contextlib
 import io

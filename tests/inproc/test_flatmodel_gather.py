@@ -10,7 +10,8 @@ from nbdist.engine.flatmodel import FlatModel, read_flat
 def _model():
     keras.utils.set_random_seed(0)
     model = keras.Sequential([keras.Input((6,)), keras.layers.Dense(5, activation="relu"),
-                              keras.layers.BatchNormalization(), keras.layers.Dense(3, activation="softmax")])
+                              keras.layers.BatchNormalization(),
+                              keras.layers.Dense(3, activation="softmax")])
     model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
     return model
 

@@ -11,7 +11,8 @@ from nbdist.engine.flatmodel import FlatModel, read_flat
 class SubclassedNet(keras.Model):
     def __init__(self):
         super().__init__()
-        self.hidden = keras.layers.Dense(7, activation="tanh", kernel_regularizer=keras.regularizers.l2(0.01))
+        self.hidden = keras.layers.Dense(7, activation="tanh",
+                                         kernel_regularizer=keras.regularizers.l2(0.01))
         self.norm = keras.layers.BatchNormalization()
         self.drop = keras.layers.Dropout(0.4)
         self.out = keras.layers.Dense(3)
@@ -38,20 +39,22 @@ def _functional():
 
 def _cnn():
     return keras.Sequential([keras.Input((6,)), keras.layers.Reshape((6, 1)),
-                             keras.layers.Conv1D(4, 3, activation="relu"), keras.layers.BatchNormalization(),
-                             keras.layers.Dropout(0.2), keras.layers.Flatten(), keras.layers.Dense(3)])
+                             keras.layers.Conv1D(4, 3, activation="relu"),
+                             keras.layers.BatchNormalization(), keras.layers.Dropout(0.2),
+                             keras.layers.Flatten(), keras.layers.Dense(3)])
 
 
 def _augmented():
     """Keras's augmentation layers keep their random state in integer variables (SeedGenerator)."""
     return keras.Sequential([keras.Input((6,)), keras.layers.Reshape((2, 3, 1)),
-                             keras.layers.RandomFlip("horizontal"), keras.layers.RandomTranslation(0.3, 0.3),
+                             keras.layers.RandomFlip("horizontal"),
+                             keras.layers.RandomTranslation(0.3, 0.3),
                              keras.layers.Conv2D(4, 2, activation="relu"), keras.layers.Flatten(),
                              keras.layers.Dense(3)])
 
 
-MODELS = {"sequential": _sequential, "functional": _functional, "subclassed": SubclassedNet, "cnn": _cnn,
-          "augmented": _augmented}
+MODELS = {"sequential": _sequential, "functional": _functional, "subclassed": SubclassedNet,
+          "cnn": _cnn, "augmented": _augmented}
 
 
 def _flat(build):
@@ -92,7 +95,8 @@ def test_stateless_gradients_equal_the_assigning_path(kind):
         np.testing.assert_allclose(got[0], expected[0], rtol=1e-6)
         np.testing.assert_allclose(got[1], expected[1], rtol=1e-6, atol=1e-6)
         np.testing.assert_allclose(got[2], expected[2], rtol=1e-6)
-        np.testing.assert_allclose(got[3], expected[3], rtol=1e-6, atol=1e-6)  # BatchNorm statistics
+        # BatchNorm statistics
+        np.testing.assert_allclose(got[3], expected[3], rtol=1e-6, atol=1e-6)
         assert got[1].shape == (flat.size,) and np.abs(got[1]).sum() > 0
         for s, after in zip([v.numpy() for v in seeds], seeds_after, strict=True):
             np.testing.assert_array_equal(s, after)  # dropout seeds moved on the same way

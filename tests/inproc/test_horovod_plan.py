@@ -25,10 +25,12 @@ def plan(tmp_path: Path, gpu: bool, nvcc: bool, nccl: bool, **env) -> subprocess
         (cuda / "bin" / "nvcc").chmod(0o755)
     if nccl:
         (nccl_home / "include" / "nccl.h").write_text("/* stand-in */\n")
-    clean = {k: v for k, v in os.environ.items() if not k.startswith(("HOROVOD_", "NBDIST_HOROVOD", "CUDA_"))}
-    clean.update(PATH=f"{bin_dir}:/usr/bin:/bin", CUDA_HOME=str(cuda), HOROVOD_NCCL_HOME=str(nccl_home), **env)
-    return subprocess.run(["bash", str(SCRIPT), "--plan", sys.executable], capture_output=True, text=True,
-                          timeout=120, env=clean)
+    clean = {k: v for k, v in os.environ.items()
+             if not k.startswith(("HOROVOD_", "NBDIST_HOROVOD", "CUDA_"))}
+    clean.update(PATH=f"{bin_dir}:/usr/bin:/bin", CUDA_HOME=str(cuda),
+                 HOROVOD_NCCL_HOME=str(nccl_home), **env)
+    return subprocess.run(["bash", str(SCRIPT), "--plan", sys.executable], capture_output=True,
+                          text=True, timeout=120, env=clean)
 
 
 def test_a_cpu_node_builds_gloo_only(tmp_path):
@@ -53,6 +55,7 @@ def test_a_gpu_node_without_the_toolkit_or_nccl_is_told_what_to_install(tmp_path
 
 
 def test_the_choice_can_be_forced_and_a_wrong_value_is_refused(tmp_path):
-    assert "-gloo-tf" in plan(tmp_path, gpu=True, nvcc=False, nccl=False, NBDIST_HOROVOD_OPS="gloo").stdout
+    assert "-gloo-tf" in plan(tmp_path, gpu=True, nvcc=False, nccl=False,
+                              NBDIST_HOROVOD_OPS="gloo").stdout
     out = plan(tmp_path, gpu=False, nvcc=False, nccl=False, NBDIST_HOROVOD_OPS="cuda")
     assert out.returncode == 1 and "Received: 'cuda'" in out.stderr

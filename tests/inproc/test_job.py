@@ -15,7 +15,8 @@ def test_the_job_holds_what_the_kernel_decided_and_the_plan_once_the_workers_are
     assert job.layout == {"trainable": [[8, 16], [16], [16, 3], [3]], "non_trainable": []}
     assert job.params.shape == (8 * 16 + 16 + 16 * 3 + 3,) and job.params.dtype == np.float32
     assert job.optimizer["class_name"] == "SGD" and job.optimizer["learning_rate"] == 0.05
-    assert job.lr_owner == "hub" and job.warnings == ["--lr 0.05 replaces the cell's learning rate 0.1."]
+    assert (job.lr_owner == "hub"
+            and job.warnings == ["--lr 0.05 replaces the cell's learning rate 0.1."])
     assert job.plan is None  # not before the mode's backend has counted its workers
     sized = job.for_workers(3)
     assert (sized.num_workers, sized.plan.num_workers, sized.plan.num_samples) == (3, 3, 900)
@@ -24,7 +25,8 @@ def test_the_job_holds_what_the_kernel_decided_and_the_plan_once_the_workers_are
 
 def test_sync_keeps_the_cells_optimizer_on_the_ranks():
     job = prepared(SYNTHETIC_CELL, TrainConfig(mode="sync", workers=2))
-    assert job.optimizer is None and job.lr_owner == "workers" and job.workers_rate == pytest.approx(0.1)
+    assert (job.optimizer is None and job.lr_owner == "workers"
+            and job.workers_rate == pytest.approx(0.1))
 
 
 def test_the_kernel_reads_the_models_layout_once(monkeypatch):
@@ -34,5 +36,6 @@ def test_the_kernel_reads_the_models_layout_once(monkeypatch):
     calls = []
     real = flatmodel.layout
     monkeypatch.setattr(flatmodel, "layout", lambda model: calls.append(model) or real(model))
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=2, epochs=1, wait=True)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=2, epochs=1,
+                       wait=True)
     assert run.status == "finished" and len(calls) == 1

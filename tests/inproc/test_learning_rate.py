@@ -12,8 +12,9 @@ def test_lr_with_a_schedule_is_refused_naming_both():
     from nbdist.engine.learning_rate import check_lr
 
     optimizer = keras.optimizers.Adam(keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9))
-    with pytest.raises(ConfigError, match=r"--lr 0.01 replaces a constant .*Adam.*ExponentialDecay. "
-                                          r"Drop --lr, or change the schedule in the cell"):
+    with pytest.raises(ConfigError,
+                       match=r"--lr 0.01 replaces a constant .*Adam.*ExponentialDecay. "
+                             r"Drop --lr, or change the schedule in the cell"):
         check_lr(0.01, optimizer)
     check_lr(None, optimizer)  # no --lr: the schedule runs
     check_lr(0.01, keras.optimizers.Adam(1e-3))  # a constant rate: --lr replaces it

@@ -11,7 +11,8 @@ from tests.helpers import SYNTHETIC_CELL, event_names, global_step, wait_paused
 @pytest.mark.slow  # three epochs
 def test_local_run_trains_and_writes_weights_into_the_callers_model():
     ns = {}
-    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="local", epochs=3, batch_size=32, wait=True)
+    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="local", epochs=3, batch_size=32,
+                       wait=True)
     assert run.status == "finished" and run.error is None
     history = run.history
     assert history["val_accuracy"].dropna().iloc[-1] > 0.9
@@ -27,7 +28,11 @@ def test_two_shards_give_the_same_weights_as_one():
     results = []
     for servers in (1, 2):
         ns = {}
-        cell = SYNTHETIC_CELL + "\nkeras.utils.set_random_seed(7)\n" + SYNTHETIC_CELL.split("import keras")[1].split("model.compile")[0].split("\n", 2)[2] + "\nmodel.compile(optimizer=keras.optimizers.SGD(0.1), loss='sparse_categorical_crossentropy')\n"
+        cell = (SYNTHETIC_CELL + "\nkeras.utils.set_random_seed(7)\n"
+                + SYNTHETIC_CELL.split("import keras")[1]
+                                .split("model.compile")[0].split("\n", 2)[2]
+                + "\nmodel.compile(optimizer=keras.optimizers.SGD(0.1), "
+                  "loss='sparse_categorical_crossentropy')\n")
         nbdist.train(cell, namespace=ns, mode="local", servers=servers, epochs=1, wait=True)
         results.append(np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables]))
     np.testing.assert_array_equal(results[0], results[1])
@@ -68,7 +73,8 @@ def test_nan_in_the_data_is_refused_before_training():
 
 @pytest.mark.slow  # a run, then every figure into one HTML file
 def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=2, batch_size=32, wait=True)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=2, batch_size=32,
+                       wait=True)
     path = run.report(tmp_path / "out" / "run.html")
     html = path.read_text()
     assert html.count('id="nbdist-') == 7  # throughput, delay, histogram, batch, loss, hosts, table
@@ -115,7 +121,8 @@ def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     run.wait()
     assert run.error is None
     (warning,) = run.warnings
-    assert warning.startswith("The run replaced the cell's CosineDecay schedule: run.set_lr(0.0123)")
+    assert warning.startswith("The run replaced the cell's CosineDecay schedule: "
+                              "run.set_lr(0.0123)")
     assert run.lr == pytest.approx(0.0124)
 
 
@@ -127,19 +134,22 @@ def test_overlap_over_tcp_ends_at_the_same_weights_by_courier_or_not(monkeypatch
 
     taken = []
     alternate = iter(range(10**6))
-    ways = {"always": lambda self, now: True, "alternating": lambda self, now: next(alternate) % 2 == 0}
+    ways = {"always": lambda self, now: True,
+            "alternating": lambda self, now: next(alternate) % 2 == 0}
     finals, current = {}, {}
     sends = Courier.send
-    monkeypatch.setattr(Courier, "send", lambda self, *a: (taken.append(current["way"]), sends(self, *a)))
+    monkeypatch.setattr(Courier, "send",
+                        lambda self, *a: (taken.append(current["way"]), sends(self, *a)))
     for way in ("always", "alternating", "off"):
         current["way"] = way
         monkeypatch.setenv("NBDIST_COURIER", "0" if way == "off" else "1")
         if way != "off":
             monkeypatch.setattr(WayChooser, "next", ways[way])
         ns = {}
-        cell = SYNTHETIC_CELL.replace("import keras\n", "import keras\nkeras.utils.set_random_seed(3)\n")
-        run = nbdist.train(cell, namespace=ns, mode="local", overlap=True, transport="tcp", epochs=1,
-                           batch_size=32, no_validation=True, wait=True)
+        cell = SYNTHETIC_CELL.replace("import keras\n",
+                                      "import keras\nkeras.utils.set_random_seed(3)\n")
+        run = nbdist.train(cell, namespace=ns, mode="local", overlap=True, transport="tcp",
+                           epochs=1, batch_size=32, no_validation=True, wait=True)
         assert run.status == "finished" and run.error is None
         finals[way] = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
     steps = 900 // 32 + 1
@@ -154,8 +164,8 @@ def test_overlap_counts_its_extra_step_of_delay_and_still_trains(algorithm):
     """One worker with --overlap pushes step t while computing t+1: each gradient after the
     first was computed one update before the weights the hub holds, so its delay is 1 (it was
     counted as 0 when the hub took the last reply's read for the gradient's)."""
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", overlap=True, algorithm=algorithm,
-                       epochs=2, batch_size=32, wait=True)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", overlap=True,
+                       algorithm=algorithm, epochs=2, batch_size=32, wait=True)
     assert run.status == "finished" and run.error is None
     delays = run.history["delay"].dropna().to_numpy()
     assert len(delays) > 50 and (delays[1:] == 1).mean() > 0.9 and delays.max() <= 1

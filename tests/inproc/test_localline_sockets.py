@@ -11,7 +11,8 @@ import pytest
 from nbdist.errors import ProtocolError
 from nbdist.hub import localline
 
-needs_seqpacket = pytest.mark.skipif(not localline.enabled(), reason="no AF_UNIX SOCK_SEQPACKET here")
+needs_seqpacket = pytest.mark.skipif(not localline.enabled(),
+                                     reason="no AF_UNIX SOCK_SEQPACKET here")
 
 
 @needs_seqpacket

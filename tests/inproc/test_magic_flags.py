@@ -65,7 +65,8 @@ def _shown(ip, cell: str, capsys) -> tuple[object, str]:
     ("%nbdist start 2 --cluster-id lab", r"%nbdist start takes no --cluster-id \(Received: "
                                          r"--cluster-id lab\)"),
     ("%nbdist status --encrypt", r"%nbdist status takes no --encrypt .* It takes nothing more"),
-    ("%nbdist stop --launcher mpi", r"%nbdist stop takes no --launcher \(Received: --launcher mpi\)"),
+    ("%nbdist stop --launcher mpi",
+     r"%nbdist stop takes no --launcher \(Received: --launcher mpi\)"),
 ])
 def test_misuse_is_one_line_without_a_traceback(ip, capsys, cell, message):
     error, shown = _shown(ip, cell, capsys)

@@ -346,7 +346,8 @@ def test_a_loss_scale_optimizer_is_refused():
 
 def test_variables_that_do_not_match_the_segments_are_refused():
     variables = [keras.Variable(w) for w in initial_weights()]
-    variables[2].constraint = keras.constraints.MaxNorm(2.0)  # the hub applies it (test_constraints_keras.py)
+    # the hub applies it (test_constraints_keras.py)
+    variables[2].constraint = keras.constraints.MaxNorm(2.0)
     assert describe_optimizer(ko.Adam(), SEGMENTS, variables)["segments"] == SEGMENTS
     with pytest.raises(ConfigError, match=r"sizes \[15, 3, 6, 2\] vs segments \[15, 3, 8\]"):
         describe_optimizer(ko.Adam(), [15, 3, 8], variables)

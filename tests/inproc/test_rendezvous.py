@@ -26,7 +26,8 @@ def rendezvous():
     server.init(get_host_assignments(parse_hosts("hostA:2"), 2))
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1", "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1])}
+    env = {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
+           "HOROVOD_GLOO_RENDEZVOUS_PORT": str(server.server_address[1])}
     relays = [RendezvousRelay(key, "run1", str(rank), env) for rank in (0, 1)]
     try:
         yield server, relays
@@ -38,10 +39,12 @@ def rendezvous():
         thread.join(5)
 
 
-def request(port: int, method: str, path: str, body: bytes = b"", headers: dict | None = None) -> tuple[int, bytes]:
+def request(port: int, method: str, path: str, body: bytes = b"",
+            headers: dict | None = None) -> tuple[int, bytes]:
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        conn.request(method, path, body=body or None, headers={"Content-Length": str(len(body)), **(headers or {})})
+        conn.request(method, path, body=body or None,
+                     headers={"Content-Length": str(len(body)), **(headers or {})})
         response = conn.getresponse()
         return response.status, response.read()
     finally:
@@ -61,7 +64,8 @@ def test_ranks_store_and_read_through_their_relays_and_strangers_change_nothing(
     # without the key, straight to the kernel's server: refused, counted, nothing changes
     assert request(kernel, "PUT", "/global/rank0", b"6.6.6.6:4000")[0] == 403
     assert request(kernel, "GET", "/global/rank0")[0] == 403
-    assert request(kernel, "PUT", "/global/rank0", b"6.6.6.6:4000", {AUTH_HEADER: "0:99:" + "ab" * 32})[0] == 403
+    assert request(kernel, "PUT", "/global/rank0", b"6.6.6.6:4000",
+                   {AUTH_HEADER: "0:99:" + "ab" * 32})[0] == 403
     assert request(kernel, "DELETE", "/global/0")[0] == 403
     assert request(port(rank1), "GET", "/global/rank0") == (200, b"198.18.0.11:4000")
     assert server.rejected == {"unsigned": 3, "bad signature": 1}
@@ -98,17 +102,20 @@ def test_another_user_on_the_ranks_host_cannot_use_its_relay(rendezvous):
     code = ("import http.client, sys\n"
             f"c = http.client.HTTPConnection('127.0.0.1', {port(rank0)}, timeout=10)\n"
             "try:\n"
-            "    c.request('PUT', '/global/rank0', body=b'6.6.6.6:1', headers={'Content-Length': '9'})\n"
+            "    c.request('PUT', '/global/rank0', body=b'6.6.6.6:1', "
+            "headers={'Content-Length': '9'})\n"
             "    print(c.getresponse().status)\n"
             "except Exception as exc:\n"
             "    print(type(exc).__name__)\n")
     # a Python the other user may run (this one may live in a folder only we can enter)
-    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3") if os.access(p, os.X_OK)), None)
+    python = next((p for p in ("/usr/bin/python3", "/usr/local/bin/python3")
+                   if os.access(p, os.X_OK)), None)
     if python is None:
         pytest.skip("no system python3 for another user to run")
     out = subprocess.run([python, "-c", code], capture_output=True, text=True, timeout=60,
                          user=65534, group=65534, cwd="/", env={"PATH": "/usr/bin:/bin"})
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() in ("RemoteDisconnected", "ConnectionResetError", "BrokenPipeError"), out.stdout
+    assert out.stdout.strip() in ("RemoteDisconnected", "ConnectionResetError",
+                                  "BrokenPipeError"), out.stdout
     assert request(port(rank0), "GET", "/global/rank0")[0] == 404  # nothing was stored
     assert request(port(rank0), "PUT", "/global/rank0", b"mine")[0] == 200  # its own user still can

@@ -18,13 +18,15 @@ def test_reproduce_quick_writes_the_verdicts_the_statistics_and_the_figures(tmp_
     pytest.importorskip("nbdist.datasets").load_fashion_mnist()  # skip cleanly if data absent
     out = tmp_path / "reproduce.md"
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reproduce.py"), "--quick", "--out", str(out)],
+    done = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reproduce.py"), "--quick",
+                           "--out", str(out)],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
     report = out.read_text()
     assert "--quick --out" in report  # the command that regenerates it
     assert "| 4w | ddc-asgd |" in report and "| 1w | sgd |" in report
-    assert "- **overhead: " in report and "sign test p = " in report  # a verdict per regime, with its test
+    # a verdict per regime, with its test
+    assert "- **overhead: " in report and "sign test p = " in report
     assert "**Not measured yet.** Run `python benchmarks/reproduce.py --part pipeline`" in report
     assert "**Modelled, not measured**" in report  # no --part overlap run next to it
     saved = json.loads(out.with_suffix(".json").read_text())
@@ -39,8 +41,8 @@ def test_reproduce_quick_writes_the_verdicts_the_statistics_and_the_figures(tmp_
     if not asgd["diverged"]:
         assert 2.5 < asgd["delay_mean"] < 3.0  # 4 equal workers: M - 1 but the first pushes
     # the saved cost model repeats the runs exactly
-    again = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reproduce.py"), "--quick", "--reuse-calibration",
-                            "--algorithms", "sgd", "--out", str(out)], cwd=REPO, env=env, capture_output=True,
-                           text=True, timeout=600)
+    again = subprocess.run([sys.executable, str(REPO / "benchmarks" / "reproduce.py"), "--quick",
+                            "--reuse-calibration", "--algorithms", "sgd", "--out", str(out)],
+                           cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert json.loads(out.with_suffix(".json").read_text())["rows"][0]["curve"] == sgd["curve"]

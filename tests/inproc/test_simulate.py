@@ -58,7 +58,8 @@ def test_simulated_sync_takes_the_slowest_step_and_has_no_delay():
     h = run.history
     assert set(h["delay"]) == {0}
     np.testing.assert_allclose(h["time"].iloc[:8], [4 * STEP] * 4 + [8 * STEP] * 4)
-    assert h.groupby("time")["worker"].agg(lambda s: s.is_unique).all()  # lockstep: one push per step
+    # lockstep: one push per step
+    assert h.groupby("time")["worker"].agg(lambda s: s.is_unique).all()
     assert np.ptp(run.nodes["steps"]) <= 1  # the last, partial global batch may miss a worker
     assert run.nodes["samples"].sum() == 2 * 900
 
@@ -104,13 +105,15 @@ def test_calibration_records_its_rounded_cost_model():
 
 
 def test_divergence_names_the_virtual_worker():
-    with pytest.raises(TrainingError, match=r"(loss|gradient norm) became (nan|inf) at step \d+ on virtual worker"):
+    with pytest.raises(TrainingError, match=r"(loss|gradient norm) became (nan|inf) at step \d+ "
+                                            r"on virtual worker"):
         simulate(lr=1e30, epochs=3)
 
 
 def test_the_magic_runs_a_simulation(ip):
-    ip.run_cell_magic("distribute", "--mode simulate --workers 3 --slowdown 1,2,4 --algorithm ddc-asgd "
-                      "--epochs 1 --wait --no-dashboard -o sim_run", SYNTHETIC_CELL)
+    ip.run_cell_magic("distribute", "--mode simulate --workers 3 --slowdown 1,2,4 "
+                      "--algorithm ddc-asgd --epochs 1 --wait --no-dashboard -o sim_run",
+                      SYNTHETIC_CELL)
     run = ip.user_ns["sim_run"]
     assert run.status == "finished" and len(run.nodes) == 3
     assert run.history["time"].max() < 1.0  # virtual seconds, not wall-clock time
@@ -132,14 +135,15 @@ def test_dbs_batches_follow_measured_speeds_within_20_percent_for_slowdowns_1_1_
     """The criterion on a virtual cluster (--mode simulate: real coordinator, DBS and
     gradients; step time slowdown x (per_step + per_sample x batch)). On this 2-core machine
     three worker engines and a hub measure the CPU scheduler more than their slow-downs."""
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=3, epochs=12, batch_size=64,
-                       dbs=True, slowdown="1,1,3", sim="per_step=1e-4,per_sample=2e-5",
-                       no_validation=True, wait=True)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=3, epochs=12,
+                       batch_size=64, dbs=True, slowdown="1,1,3",
+                       sim="per_step=1e-4,per_sample=2e-5", no_validation=True, wait=True)
     nodes = run.nodes
     batches, speeds = nodes["batch_size"].to_numpy(float), nodes["samples_per_s"].to_numpy(float)
     assert batches.sum() == 3 * 64  # the global batch is kept
     # each worker's share of the global batch against its share of the measured throughput
     # (equal step times make them the same; here about 84/84/25 by hand: 3(a + c b) = a + c B)
     batch_share, speed_share = batches / batches.sum(), speeds / speeds.sum()
-    assert np.allclose(batch_share, speed_share, rtol=0.2), (batches.tolist(), speeds.round(1).tolist())
+    assert np.allclose(batch_share, speed_share, rtol=0.2), (
+        batches.tolist(), speeds.round(1).tolist())
     assert 20 <= batches[2] <= 30 and batches[2] < 0.4 * batches[0], batches.tolist()

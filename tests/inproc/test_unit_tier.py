@@ -47,7 +47,8 @@ def test_the_unit_guard_fails_sockets_threads_zeromq_and_tensorflow(tmp_path):
     (tmp_path / "test_tier.py").write_text(TESTS)
     (tmp_path / "tensorflow.py").write_text("")
     done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-rA", "-p", "no:cacheprovider",
-                           "test_tier.py"], cwd=tmp_path, capture_output=True, text=True, timeout=120)
+                           "test_tier.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=120)
     outcomes = {line.split("::")[1].split()[0]: line.split()[0] for line in done.stdout.splitlines()
                 if line.startswith(("PASSED", "FAILED", "ERROR"))}
     assert outcomes == {"test_pure": "PASSED", "test_socket": "FAILED",

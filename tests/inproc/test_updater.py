@@ -31,7 +31,8 @@ def rng_vectors(n, seed=0):
 def adam_spec(lr=0.01):
     return {"class_name": "Adam", "learning_rate": lr, "segments": SEGMENTS,
             "config": {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False,
-                       "clipnorm": None, "clipvalue": None, "global_clipnorm": None, "weight_decay": None}}
+                       "clipnorm": None, "clipvalue": None, "global_clipnorm": None,
+                       "weight_decay": None}}
 
 
 def describe(optimizer):
@@ -54,7 +55,8 @@ def test_with_no_delay_a_push_is_one_step_of_the_cells_optimizer():
 
 def test_staleness_lr_scales_the_optimizers_step_by_one_over_the_delay():
     spec = describe(keras.optimizers.SGD(0.1, momentum=0.9))
-    up, by_hand = Updater(make_rule("asgd", SIZE, 1), spec, staleness_lr=True), HubOptimizer(spec, SIZE)
+    up, by_hand = (Updater(make_rule("asgd", SIZE, 1), spec, staleness_lr=True),
+                   HubOptimizer(spec, SIZE))
     w = rng_vectors(1)[0]
     w_hand = w.copy()
     for delay, g in zip((0, 3, 1, 4), rng_vectors(4, seed=2), strict=True):
@@ -132,7 +134,8 @@ def test_set_lr_replaces_a_schedule_from_then_on():
 def test_ddc_asgd_refuses_any_optimizer_but_plain_sgd():
     check_composition("ddc-asgd", describe(keras.optimizers.SGD(0.05)))
     for optimizer in (keras.optimizers.Adam(), keras.optimizers.SGD(0.05, momentum=0.9)):
-        with pytest.raises(ConfigError, match="ddc-asgd is its own delay-weighted momentum.*dc-asgd-a"):
+        with pytest.raises(ConfigError,
+                           match="ddc-asgd is its own delay-weighted momentum.*dc-asgd-a"):
             check_composition("ddc-asgd", describe(optimizer))
     check_composition("dc-asgd-a", describe(keras.optimizers.Adam()))
 
@@ -146,7 +149,8 @@ def _model(optimizer):
 def _choose(optimizer, **options):
     model = _model(optimizer)
     segments = [int(np.prod(v.shape)) for v in model.trainable_variables]
-    return choose_optimizer(TrainConfig(**options), model.optimizer, segments, model.trainable_variables)
+    return choose_optimizer(TrainConfig(**options), model.optimizer, segments,
+                            model.trainable_variables)
 
 
 def test_the_hub_takes_the_cells_optimizer_as_it_is():

@@ -63,4 +63,5 @@ def stays_in_its_tier(request, monkeypatch):
         sys.modules.update(loaded)
     call = getattr(request.node, "rep_call", None)  # (tests/conftest.py keeps it)
     if breaches and not (call is not None and call.failed):  # else its failure says it already
-        pytest.fail(f"this unit test {', '.join(dict.fromkeys(breaches))} (see tests/unit/conftest.py)")
+        pytest.fail(f"this unit test {', '.join(dict.fromkeys(breaches))} "
+                    "(see tests/unit/conftest.py)")

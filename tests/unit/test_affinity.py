@@ -15,7 +15,8 @@ def test_two_cores_one_hub_one_worker_get_a_core_each():
 
 def test_workers_split_the_cores_left_by_the_hubs_in_contiguous_blocks():
     cores = (0, 1, 2, 3, 4, 5, 6, 7)
-    assert [plan_cores(cores, 2, 3, "hub", i) for i in range(2)] == [Placement((6,), 1), Placement((7,), 1)]
+    assert ([plan_cores(cores, 2, 3, "hub", i) for i in range(2)]
+            == [Placement((6,), 1), Placement((7,), 1)])
     # 6 cores for 3 workers: 2 each
     assert [plan_cores(cores, 2, 3, "worker", i) for i in range(3)] == [
         Placement((0, 1), 2), Placement((2, 3), 2), Placement((4, 5), 2)]
@@ -34,7 +35,8 @@ def test_too_few_cores_or_no_worker_leaves_everything_unpinned():
 
 
 def test_ranks_without_hub_each_get_their_own_cores():
-    assert [plan_cores((0, 1), 0, 2, "worker", i) for i in range(2)] == [Placement((0,), 1), Placement((1,), 1)]
+    assert ([plan_cores((0, 1), 0, 2, "worker", i) for i in range(2)]
+            == [Placement((0,), 1), Placement((1,), 1)])
 
 
 @pytest.mark.parametrize("role,index", [("server", 0), ("hub", 1), ("worker", -1)])

@@ -60,14 +60,17 @@ def test_only_hogwild_reads_live_memory():
 
 
 def test_unknown_algorithm_lists_the_valid_ones():
-    with pytest.raises(ValueError, match="Unknown algorithm 'dcasgd'. Expected one of: asgd, dc-asgd,"):
+    with pytest.raises(ValueError,
+                       match="Unknown algorithm 'dcasgd'. Expected one of: asgd, dc-asgd,"):
         make_rule("dcasgd", 2, 2)
 
 
 def test_unknown_option_lists_valid_names_and_defaults():
-    with pytest.raises(ConfigError, match=r"^Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04.$"):
+    with pytest.raises(ConfigError,
+                       match=r"^Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04.$"):
         make_rule("dc-asgd", 2, 2, {"lamda": 1})
-    with pytest.raises(ValueError, match="Valid: lambda0=2, ms_decay=0.95, epsilon=1e-07, momentum=0.9"):
+    with pytest.raises(ValueError,
+                       match="Valid: lambda0=2, ms_decay=0.95, epsilon=1e-07, momentum=0.9"):
         make_rule("ddc-asgd", 2, 2, {"mu": 0.5})
     with pytest.raises(ValueError, match=r"for asgd. Valid: \(none\)"):
         make_rule("asgd", 2, 2).set_option("momentum", 0.9)
@@ -132,7 +135,8 @@ def test_adaptive_dc_asgd_by_hand():
     # push 1 (fresh): MS = 0.05 * [1, 1] = [0.05, 0.05]; w = [0.5, 1.5]
     # push 2: MS = 0.95 * 0.05 + 0.05 * [0.25, 1] = [0.06, 0.0975]
     # sqrt(MS + 1e-7) = [0.244949178, 0.312250060]; λ = 2 / that
-    # λ g⊙g = [2.041239751, 6.405122868]; ĝ = g + λ g⊙g ⊙ [-0.5, -0.5] = [-0.520619876, -4.202561434]
+    # λ g⊙g = [2.041239751, 6.405122868];
+    # ĝ = g + λ g⊙g ⊙ [-0.5, -0.5] = [-0.520619876, -4.202561434]
     # w = [0.5, 1.5] - 0.5 * ĝ = [0.760309938, 3.601280717]
     w = stale_push(make_rule("dc-asgd-a", 2, 2))
     np.testing.assert_allclose(w, [0.760309938, 3.601280717], rtol=1e-6)

@@ -16,7 +16,8 @@ def test_block_ranges_cover_the_vector_once_with_aligned_inner_edges():
     assert block_ranges(100, 4) == [(0, 100)]  # small: one pass
     ranges = block_ranges(SIZE, 3)
     assert len(ranges) == 3 and ranges[0][0] == 0 and ranges[-1][1] == SIZE
-    assert all(a[1] == b[0] and a[1] % (1 << 16) == 0 for a, b in zip(ranges[:-1], ranges[1:], strict=True))
+    assert all(a[1] == b[0] and a[1] % (1 << 16) == 0
+               for a, b in zip(ranges[:-1], ranges[1:], strict=True))
 
 
 def test_intersect_keeps_the_parts_of_runs_inside_a_range():

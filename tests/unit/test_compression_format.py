@@ -11,7 +11,8 @@ from nbdist.errors import ConfigError
 def test_fp16_halves_the_bytes_and_rounds_to_eleven_significant_bits():
     values = np.array([0.1, -2.5, 1e-3, 3.0e4], dtype=np.float32)
     wire = encode(values, "fp16")
-    assert wire.dtype == np.dtype("<f2") and wire.nbytes == values.nbytes // 2 == wire_bytes(4, "fp16")
+    assert (wire.dtype == np.dtype("<f2")
+            and wire.nbytes == values.nbytes // 2 == wire_bytes(4, "fp16"))
     back = decode(wire.tobytes(), "fp16")
     assert back.dtype == np.float32
     np.testing.assert_allclose(back, values, rtol=2 ** -11)

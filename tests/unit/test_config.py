@@ -60,8 +60,8 @@ def test_one_data_name_is_a_dataset_and_three_are_refused():
         TrainConfig(data="a,b,c")
 
 
-@pytest.mark.parametrize("text,size", [("2GiB", 2 * 2**30), ("500MB", 500_000_000), ("1.5 KiB", 1536),
-                                       ("0", 0), (4096, 4096), ("3b", 3)])
+@pytest.mark.parametrize("text,size", [("2GiB", 2 * 2**30), ("500MB", 500_000_000),
+                                       ("1.5 KiB", 1536), ("0", 0), (4096, 4096), ("3b", 3)])
 def test_in_memory_limit_parses_sizes(text, size):
     assert TrainConfig(in_memory_limit=text).in_memory_limit == size
 
@@ -73,12 +73,13 @@ def test_in_memory_limit_refuses_what_is_not_a_size(text):
 
 
 @pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
-@pytest.mark.parametrize("field", ["timeout", "lr", "checkpoint_every", "epochs", "batch_size", "servers",
-                                   "workers", "seed", "staleness", "n", "local_steps", "batch_min",
-                                   "batch_max"])
+@pytest.mark.parametrize("field", ["timeout", "lr", "checkpoint_every", "epochs", "batch_size",
+                                   "servers", "workers", "seed", "staleness", "n", "local_steps",
+                                   "batch_min", "batch_max"])
 def test_non_finite_numbers_are_refused_everywhere(field, bad):
     extra = {"checkpoint_dir": "ckpt"} if field == "checkpoint_every" else {}
-    extra.update({"algorithm": "ssp"} if field == "staleness" else {"algorithm": "softsync"} if field == "n" else {})
+    extra.update({"algorithm": "ssp"} if field == "staleness"
+                 else {"algorithm": "softsync"} if field == "n" else {})
     with pytest.raises(ConfigError, match=r"Received: (nan|inf|-inf)"):
         TrainConfig(**{field: bad}, **extra)
 
@@ -94,7 +95,8 @@ def test_non_finite_rule_options_sim_and_slowdown_are_refused(text):
 
 
 def test_timeout_must_be_a_number():
-    with pytest.raises(ConfigError, match=r"--timeout must be a positive finite number of seconds \(Received: '5'\)"):
+    with pytest.raises(ConfigError, match=r"--timeout must be a positive finite number of seconds "
+                                          r"\(Received: '5'\)"):
         TrainConfig(timeout="5")
 
 
@@ -106,8 +108,9 @@ def test_an_engine_that_does_not_answer_is_named():
         def get(self, timeout):
             raise TimeoutError("Result not ready.")
 
-    with pytest.raises(EngineTimeoutError, match=r"Engine 3 did not answer joining hub shard 1 within 2s "
-                                                 r"\(Received: no reply\).*%nbdist stop") as info:
+    with pytest.raises(EngineTimeoutError,
+                       match=r"Engine 3 did not answer joining hub shard 1 within 2s "
+                             r"\(Received: no reply\).*%nbdist stop") as info:
         get_within(Stuck(), 3, "joining hub shard 1", timeout=2)
     assert info.value.engine_id == 3
 
@@ -124,7 +127,8 @@ def test_encrypt_refuses_a_cluster_without_curvezmq():
             self.closed = True
 
     client = Plain()
-    with pytest.raises(ClusterError, match=r"does not use CurveZMQ \(Received: no curve_serverkey.*enable_curve=True"):
+    with pytest.raises(ClusterError, match=r"does not use CurveZMQ \(Received: no curve_serverkey"
+                                           r".*enable_curve=True"):
         require_curve(client, True, "profile='p'")
     assert client.closed
     require_curve(Plain(), False, "profile='p'")  # without --encrypt any cluster will do
@@ -134,7 +138,8 @@ def test_encrypt_refuses_a_cluster_without_curvezmq():
 
 
 def test_unknown_algo_option_is_refused_before_anything_starts():
-    with pytest.raises(ConfigError, match="Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04"):
+    with pytest.raises(ConfigError,
+                       match="Unknown option 'lamda' for dc-asgd. Valid: lambda0=0.04"):
         TrainConfig(algorithm="dc-asgd", algo_options="lamda=1")
 
 
@@ -174,7 +179,8 @@ def test_unknown_launcher_is_refused_with_the_choices():
     from nbdist.cluster.engines import Cluster
     from nbdist.errors import NoClusterError
 
-    with pytest.raises(NoClusterError, match=r"Unknown launcher \(Received: 'pbs'\).*local, slurm, mpi"):
+    with pytest.raises(NoClusterError,
+                       match=r"Unknown launcher \(Received: 'pbs'\).*local, slurm, mpi"):
         Cluster.start(2, launcher="pbs")
 
 

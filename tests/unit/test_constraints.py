@@ -45,7 +45,8 @@ def test_max_norm_along_the_other_axis_and_a_negative_axis_agree():
     constrain(a, "MaxNorm", {"max_value": 2.0, "axis": 1})
     constrain(b, "MaxNorm", {"max_value": 2.0, "axis": -1})
     np.testing.assert_array_equal(a, b)
-    np.testing.assert_allclose(a[1], [4.0 * 2 / np.sqrt(16.16), 0.4 * 2 / np.sqrt(16.16)], rtol=1e-6)
+    np.testing.assert_allclose(a[1], [4.0 * 2 / np.sqrt(16.16), 0.4 * 2 / np.sqrt(16.16)],
+                               rtol=1e-6)
 
 
 def test_unit_norm_divides_each_column_by_its_norm():
@@ -112,11 +113,13 @@ def test_an_entry_gets_keras_defaults():
 
 
 @pytest.mark.parametrize(("bad", "match"), [
-    ({"class_name": "Clip"}, "applies the constraints MaxNorm, MinMaxNorm, NonNeg, UnitNorm. Received: 'Clip'"),
+    ({"class_name": "Clip"},
+     "applies the constraints MaxNorm, MinMaxNorm, NonNeg, UnitNorm. Received: 'Clip'"),
     ({"config": {"max_norm": 2}}, "Unknown setting.*max_norm.*Valid: max_value, axis"),
     ({"config": {"max_value": float("nan")}}, "max_value must be a finite number"),
     ({"config": {"max_value": True}}, "max_value must be a finite number"),
-    ({"config": {"axis": 2}}, r"axis must be an int or a list of ints within the variable's 2 dim.*axis=2"),
+    ({"config": {"axis": 2}},
+     r"axis must be an int or a list of ints within the variable's 2 dim.*axis=2"),
     ({"config": {"axis": [0, "1"]}}, "axis must be an int or a list of ints"),
     ({"shape": [2.5]}, "shape must be a list of sizes"),
     ({"start": -1}, "start a non-negative int"),
@@ -139,7 +142,8 @@ def test_an_entry_with_missing_keys_is_refused():
 def layout_entries():
     """Flat vector: a 2x2 MaxNorm kernel at 0, an unconstrained 2-vector at 4, a NonNeg
     2-vector at 6: 8 floats."""
-    return [entry("MaxNorm", (2, 2), 0, max_value=2.0), entry("NonNeg", (2,), 6, variable="dense/bias")]
+    return [entry("MaxNorm", (2, 2), 0, max_value=2.0),
+            entry("NonNeg", (2,), 6, variable="dense/bias")]
 
 
 def flat_weights():
@@ -173,7 +177,8 @@ def test_refresh_brings_a_reply_copy_up_to_date_on_the_constrained_parts():
 
 
 def test_a_shard_that_cuts_a_constrained_variable_is_refused():
-    with pytest.raises(ConfigError, match=r"'dense/kernel' \(floats \[0, 4\)\) is cut by the shard \[2, 8\)"):
+    with pytest.raises(ConfigError,
+                       match=r"'dense/kernel' \(floats \[0, 4\)\) is cut by the shard \[2, 8\)"):
         ShardConstraints(layout_entries(), offset=2, size=6)
 
 
@@ -186,7 +191,8 @@ def test_constrained_ranges_are_the_variables_floats():
 def test_shard_bounds_move_a_cut_to_the_nearer_edge_of_a_constrained_variable():
     assert shard_bounds(100, 2, whole=[(40, 70)]) == [(0, 40), (40, 100)]  # 48 -> 40
     assert shard_bounds(100, 2, whole=[(30, 60)]) == [(0, 60), (60, 100)]  # 48 -> 60
-    assert shard_bounds(100, 2, whole=[(0, 48), (48, 100)]) == [(0, 48), (48, 100)]  # already on an edge
+    # already on an edge
+    assert shard_bounds(100, 2, whole=[(0, 48), (48, 100)]) == [(0, 48), (48, 100)]
 
 
 def test_shard_bounds_take_the_far_edge_when_the_near_one_is_taken():
@@ -196,7 +202,8 @@ def test_shard_bounds_take_the_far_edge_when_the_near_one_is_taken():
 
 def test_shard_bounds_with_no_room_for_the_shards_say_how_many_fit():
     with pytest.raises(ConfigError, match=r"cannot be split into 3 parameter shards.*Received: "
-                                          r"--servers 3 for 200 floats, 2 constrained.*--servers 2 or fewer"):
+                                          r"--servers 3 for 200 floats, 2 constrained.*"
+                                          r"--servers 2 or fewer"):
         shard_bounds(200, 3, whole=[(0, 100), (100, 200)])
 
 
@@ -205,7 +212,8 @@ def test_shard_bounds_never_cut_inside_a_constrained_variable(seed):
     rng = np.random.default_rng(seed)
     sizes = rng.integers(1, 400, size=8)
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    whole = [(int(s), int(s + n)) for s, n, c in zip(starts, sizes, rng.random(8) < 0.5, strict=True) if c]
+    whole = [(int(s), int(s + n))
+             for s, n, c in zip(starts, sizes, rng.random(8) < 0.5, strict=True) if c]
     size, shards = int(sizes.sum()), int(rng.integers(1, 5))
     bounds = shard_bounds(size, shards, whole=whole)  # (11 of these 20 move a cut)
     assert len(bounds) == shards and bounds[0][0] == 0 and bounds[-1][1] == size

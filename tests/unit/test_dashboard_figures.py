@@ -75,7 +75,8 @@ def test_throughput_has_one_trace_per_worker_with_values_passed_through():
 def test_delay_figure_draws_mean_and_p95_per_worker_under_one_legend_entry():
     fig = delay_figure(TIMELINE)
     names = [t["name"] for t in fig["data"]]
-    assert names == ["worker 0", "worker 0 p95", "worker 1", "worker 1 p95", "worker 2", "worker 2 p95"]
+    assert names == ["worker 0", "worker 0 p95", "worker 1", "worker 1 p95", "worker 2",
+                     "worker 2 p95"]
     t = by_name(fig)
     assert t["worker 2"]["y"] == [1.0, 1.5] and t["worker 2 p95"]["y"] == [2.0, 3.0]
     assert t["worker 2 p95"]["legendgroup"] == "worker 2" and not t["worker 2 p95"]["showlegend"]
@@ -111,7 +112,8 @@ def test_top_k_keeps_the_slowest_workers_and_one_mean_of_the_others():
     mean = fig["data"][1]
     assert mean["x"] == [1.0, 2.0] and mean["y"] == [40.0, 44.0]  # (50+30)/2, (54+34)/2
     assert mean["legendgroup"] == "others"
-    assert len(throughput_figure(TIMELINE, top_k=3, smooth=None)["data"]) == 3  # k >= workers: all drawn
+    # k >= workers: all drawn
+    assert len(throughput_figure(TIMELINE, top_k=3, smooth=None)["data"]) == 3
 
 
 def test_mean_of_others_interpolates_inside_each_worker_and_never_extrapolates():
@@ -239,7 +241,8 @@ def test_node_table_html_lists_each_worker_in_its_colour_and_escapes_text():
     assert page.count('<tr class="nbdist-node">') == 2
     assert f"color:{worker_color(0)};font-weight:bold\">0</td>" in page
     assert "&lt;lost&gt;" in page and "<lost>" not in page
-    assert ">12.0</td>" in page and ">4.12</td>" in page and ">0,2</td>" in page  # samples/s, p95, group
+    # samples/s, p95, group
+    assert ">12.0</td>" in page and ">4.12</td>" in page and ">0,2</td>" in page
     assert "waiting for data" in node_table_html(None)
 
 

@@ -29,9 +29,12 @@ def test_workers_are_grouped_by_host_with_their_traffic_in_megabytes_per_second(
         ("worker 0", [["node-b"], ["w0 tcp"]], [12.5]),
         ("worker 2", [["node-b"], ["w2 tcp"]], [0.0]),
     ]
-    assert [t["marker"]["color"] for t in bars] == [worker_color(1), worker_color(0), worker_color(2)]
-    assert bars[1]["hovertext"] == ["worker 0 on node-b (tcp)<br>12.50 MB/s<br>sent 40.0 MB, received 60.0 MB"]
-    assert fig["layout"]["xaxis"]["type"] == "multicategory" and fig["layout"]["title"]["text"] == HOSTS_TITLE
+    assert ([t["marker"]["color"] for t in bars]
+            == [worker_color(1), worker_color(0), worker_color(2)])
+    assert bars[1]["hovertext"] == ["worker 0 on node-b (tcp)<br>12.50 MB/s<br>sent 40.0 MB, "
+                                    "received 60.0 MB"]
+    assert (fig["layout"]["xaxis"]["type"] == "multicategory"
+            and fig["layout"]["title"]["text"] == HOSTS_TITLE)
 
 
 def test_hub_shards_mark_their_hosts_even_where_no_worker_runs():
@@ -54,7 +57,8 @@ def test_without_workers_the_hosts_view_waits_and_without_hubs_it_has_no_marker(
 
 
 def test_the_report_and_live_view_get_the_hosts_panel_from_all_figures():
-    figs = all_figures(history=None, nodes=NODES, timeline=None, delays=None, events=None, hubs=HUBS)
+    figs = all_figures(history=None, nodes=NODES, timeline=None, delays=None, events=None,
+                       hubs=HUBS)
     assert list(figs)[-2:] == ["hosts", "nodes"] and figs["hosts"] == hosts_figure(NODES, HUBS)
 
 

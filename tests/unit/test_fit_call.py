@@ -31,7 +31,8 @@ def test_a_call_keras_would_reject_is_refused_naming_the_argument():
     ({"epochs": 2, "initial_epoch": 2}, r"initial_epoch=2, epochs=2\) trains no epoch"),
     ({"validation_split": 1.5}, r"validation_split=\.\.\.\) must be a fraction in \[0, 1\)"),
     ({"shuffle": "batch"}, r"shuffle='batch'\) is not supported"),
-    ({"class_weight": {0: 1.0}, "sample_weight": np.ones(3)}, "both class_weight and sample_weight"),
+    ({"class_weight": {0: 1.0}, "sample_weight": np.ones(3)},
+     "both class_weight and sample_weight"),
     ({"class_weight": [1.0, 2.0]}, "must be a dict from class index to weight"),
     ({"steps_per_epoch": 0}, r"steps_per_epoch=\.\.\.\) must be a whole number >= 1"),
     ({"batch_size": -1}, r"batch_size=\.\.\.\) must be a whole number >= 1"),
@@ -63,7 +64,8 @@ def test_initial_epoch_counts_from_the_calls_epoch_and_steps_per_epoch_sets_the_
                                           "batch_size": 16})
     spec, options, _ = plan_fit(call, FitData(("x", "y"), ()), {}, "local")
     assert (spec.passes, options["epochs"], spec.epoch_size) == (3, 3, 160)
-    with pytest.raises(ConfigError, match=r"--epochs 2 trains no epoch after model.fit\(initial_epoch=2\)"):
+    with pytest.raises(ConfigError,
+                       match=r"--epochs 2 trains no epoch after model.fit\(initial_epoch=2\)"):
         plan_fit(call, FitData(("x", "y"), ()), {"epochs": 2}, "local")
 
 

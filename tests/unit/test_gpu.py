@@ -8,7 +8,8 @@ import pytest
 from nbdist.engine.gpu import GpuMonitor, probe
 
 
-@pytest.mark.skipif(importlib.util.find_spec("pynvml") is not None, reason="pynvml is installed here")
+@pytest.mark.skipif(importlib.util.find_spec("pynvml") is not None,
+                    reason="pynvml is installed here")
 def test_probe_finds_no_gpu_without_pynvml():
     assert probe() is None
     monitor = GpuMonitor()
@@ -82,7 +83,8 @@ def test_engines_on_one_host_each_train_on_their_own_gpu_while_there_are_enough(
     from nbdist.engine.gpu import gpu_index
 
     assert [gpu_index(r, gpus) for r in range(gpus)] == list(range(gpus))
-    assert [gpu_index(r, gpus) for r in range(gpus, 2 * gpus)] == list(range(gpus))  # then shared in turn
+    # then shared in turn
+    assert [gpu_index(r, gpus) for r in range(gpus, 2 * gpus)] == list(range(gpus))
 
 
 def test_without_a_gpu_no_device_is_chosen():

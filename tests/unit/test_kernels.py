@@ -22,13 +22,15 @@ except ImportError as exc:  # a source checkout without `pip install -e .`
 else:
     missing = ""
 
-needs_compiled = pytest.mark.skipif(compiled is None, reason=f"nbdist._kernels is not built: {missing}")
+needs_compiled = pytest.mark.skipif(compiled is None,
+                                    reason=f"nbdist._kernels is not built: {missing}")
 
 SPECIAL = np.array([0x00000000, 0x80000000,  # +0, -0
                     0x00000001, 0x80000001, 0x007FFFFF, 0x00400000,  # denormals
                     0x00800000, 0x7F7FFFFF, 0xFF7FFFFF,  # smallest normal, ±largest
                     0x7F800000, 0xFF800000,  # ±inf
-                    0x7FC00000, 0xFFC00000, 0x7FC12345, 0xFFC00001, 0x7FA00001,  # NaNs (one signalling)
+                    # NaNs (one signalling)
+                    0x7FC00000, 0xFFC00000, 0x7FC12345, 0xFFC00001, 0x7FA00001,
                     0x3F800000, 0xBF800000], np.uint32).view(np.float32)
 SIZES = (0, 1, 3, 17, (1 << 21) + 5)
 LRS = (0.01, 1e-3, 0.0, -0.0, 3.5, 1e-40, 1e38, float("inf"), np.float32(0.1))
@@ -101,15 +103,18 @@ def test_a_step_on_w_with_itself_as_the_gradient_is_numpy_s():
     w0 = _values(np.random.default_rng(7), 1000)
     w, out, expected = w0.copy(), np.empty(1000, np.float32), w0.copy()
     with np.errstate(all="ignore"):
-        sgd_step_and_copy_numpy(expected, expected, 0.5, np.empty(1000, np.float32), expected.copy())
+        sgd_step_and_copy_numpy(expected, expected, 0.5, np.empty(1000, np.float32),
+                                expected.copy())
     compiled.sgd_step_copy(w, w, 0.5, out)
     assert np.array_equal(_bits(w), _bits(expected)) and np.array_equal(_bits(out), _bits(expected))
 
 
 @needs_compiled
 @pytest.mark.parametrize(("call", "error", "words"), [
-    (lambda w, g, o: compiled.sgd_step_copy(w.astype(np.float64), g, 0.1, o), TypeError, "w must hold float32"),
-    (lambda w, g, o: compiled.sgd_step_copy(w, g.astype(np.int32), 0.1, o), TypeError, "g must hold float32"),
+    (lambda w, g, o: compiled.sgd_step_copy(w.astype(np.float64), g, 0.1, o), TypeError,
+     "w must hold float32"),
+    (lambda w, g, o: compiled.sgd_step_copy(w, g.astype(np.int32), 0.1, o), TypeError,
+     "g must hold float32"),
     (lambda w, g, o: compiled.sgd_step_copy(w, g, 0.1, o[::2][:4]), TypeError, "C-contiguous"),
     (lambda w, g, o: compiled.sgd_step_copy(w, g, 0.1, bytes(32)), TypeError, "writable"),
     (lambda w, g, o: compiled.sgd_step_copy(w, g[:7], 0.1, o), ValueError, "Received: 8 and 7"),
@@ -181,7 +186,8 @@ def test_a_rule_s_push_and_read_past_the_cache_is_numpy_s_across_blocks(name):
     with np.errstate(all="ignore"):
         assert rule.push_and_read(0, w, g, 0.1, 0, out)
         if name == "asgd":  # NumPy's fused pass
-            sgd_step_and_copy_numpy(expected, g, 0.1, np.empty(size, np.float32), np.empty(size, np.float32))
+            sgd_step_and_copy_numpy(expected, g, 0.1, np.empty(size, np.float32),
+                                    np.empty(size, np.float32))
         else:  # NumPy's step, then a copy
             plain.on_push(0, expected, g, 0.1, 0)
     assert np.array_equal(_bits(w), _bits(expected)) and np.array_equal(_bits(out), _bits(expected))
@@ -207,7 +213,8 @@ def test_the_compiled_formulas_are_numpy_s_bit_for_bit(name, config, n, monkeypa
     compiled_f, numpy_f = formula(), formula()
     w0 = _values(rng, n)
     w, expected = _at(w0, 1), w0.copy()
-    for step, lr in enumerate([np.float32(0.01), np.float32(0.5), np.float32(1e-30), np.float32(3.0)]):
+    for step, lr in enumerate([np.float32(0.01), np.float32(0.5), np.float32(1e-30),
+                               np.float32(3.0)]):
         g = _at(_values(rng, n), step % 4)
         with np.errstate(all="ignore"):
             compiled_f.apply(w, g, lr, step)

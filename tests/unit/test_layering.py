@@ -169,7 +169,8 @@ def test_worker_results_are_the_values_of_the_tasks_that_returned():
     from nbdist.run.handle import Run
 
     def task(value=None, ready=True, ok=True):
-        return SimpleNamespace(ready=lambda: ready, successful=lambda: ok, get=lambda timeout: value)
+        return SimpleNamespace(ready=lambda: ready, successful=lambda: ok,
+                               get=lambda timeout: value)
 
     tasks = {0: task({"steps": 3}), 1: task(ready=False), 2: task(ok=False), 3: task({"steps": 4})}
     assert returned(tasks) == {0: {"steps": 3}, 3: {"steps": 4}}  # running and failed left out

@@ -75,7 +75,8 @@ def test_route_through_an_interface_without_address_says_so():
     ({"registration": "tcp://127.0.0.1:4000", "location": None}, "127.0.0.1"),
     ({"registration": "tcp://127.0.0.1:4000"}, "127.0.0.1"),
 ])
-def test_controller_address_follows_location_when_the_controller_listens_everywhere(config, expected):
+def test_controller_address_follows_location_when_the_controller_listens_everywhere(config,
+                                                                                    expected):
     assert controller_address(config) == expected
 
 
@@ -98,7 +99,8 @@ def test_mixed_run_hub_binds_the_remote_facing_address():
 def test_hub_refuses_a_peer_that_reaches_the_controller_over_loopback():
     hub = lab_host("lab3", 13)
     stray = HostNet("lab1", "lab1:boot", "127.0.0.1")
-    with pytest.raises(UnreachableHostError, match=r"Host lab1 reaches the controller over loopback.*--location"):
+    with pytest.raises(UnreachableHostError,
+                       match=r"Host lab1 reaches the controller over loopback.*--location"):
         hub_address(hub, [stray])
 
 
@@ -107,7 +109,8 @@ def test_slurm_and_mpi_controllers_listen_on_the_default_route_address_local_on_
 
     head = HostNet("head", "head:boot", "127.0.0.1", parse_proc_route(PROC_ROUTE), ADDRS)
     assert primary_address(head) == "10.0.0.5"
-    assert launcher_controller_ip("slurm", head) == launcher_controller_ip("mpi", head) == "10.0.0.5"
+    assert (launcher_controller_ip("slurm", head) == launcher_controller_ip("mpi", head)
+            == "10.0.0.5")
     assert launcher_controller_ip("local", head) == "127.0.0.1"
     no_default = HostNet("lab1", "lab1:b", "198.18.0.11", (Route("198.18.0.0", 24, "eth0"),),
                          {"lo": [("127.0.0.1", 8)], "eth0": [("198.18.0.11", 24)]})

@@ -22,8 +22,10 @@ from nbdist.errors import ConfigError
 
 
 def test_stage_times_add_both_boundary_links():
-    # layers 1, 2, 3, 4; cuts after layer 0: 100 B, after 1: 200 B, after 2: 300 B; 100 B/s, 0.5 s latency
-    times = stage_times([1, 2, 3, 4], [100, 200, 300], [(0, 1), (1, 3), (3, 4)], bandwidth=100, latency=0.5)
+    # layers 1, 2, 3, 4; cuts after layer 0: 100 B, after 1: 200 B, after 2: 300 B; 100 B/s,
+    # 0.5 s latency
+    times = stage_times([1, 2, 3, 4], [100, 200, 300], [(0, 1), (1, 3), (3, 4)], bandwidth=100,
+                        latency=0.5)
     # stage 0: 1 + (1 + 0.5); stage 1: 5 + (1 + 0.5) + (3 + 0.5); stage 2: 4 + (3 + 0.5)
     assert times == pytest.approx((2.5, 10.0, 7.5))
 
@@ -41,7 +43,8 @@ def test_greedy_hand_computed():
     # target 12 / 3 = 4: [2, 2] = 4; adding 3 makes 7, |4 - 4| < |7 - 4| -> close before it;
     # [3] + 3 = 6, |3 - 4| < |6 - 4| -> close before; the last stage takes [3, 2]
     assert greedy_bounds([2, 2, 3, 3, 2], 3) == ((0, 2), (2, 3), (3, 5))
-    # closing after is closer: target 10 / 2 = 5, [4] then +2 = 6: |4-5| = 1 = |6-5| -> tie closes before
+    # closing after is closer: target 10 / 2 = 5, [4] then +2 = 6: |4-5| = 1 = |6-5| -> tie
+    # closes before
     assert greedy_bounds([4, 2, 4], 2) == ((0, 1), (1, 3))
     # target 10 / 2 = 5, [3] + 2.5 = 5.5: |3-5| = 2 > 0.5 -> close after the 2.5
     assert greedy_bounds([3, 2.5, 4.5], 2) == ((0, 2), (2, 3))
@@ -55,12 +58,14 @@ def test_uniform_and_random():
     a, b = random_bounds(20, 4, seed=3), random_bounds(20, 4, seed=3)
     assert a == b  # seeded
     assert len(a) == 4 and a[0][0] == 0 and a[-1][1] == 20 and all(s < e for s, e in a)
-    assert {random_bounds(20, 4, seed=s) for s in range(10)} != {a}  # and it does vary with the seed
+    # and it does vary with the seed
+    assert {random_bounds(20, 4, seed=s) for s in range(10)} != {a}
 
 
 def _valid(bounds, n, s):
     return (len(bounds) == s and bounds[0][0] == 0 and bounds[-1][1] == n
-            and all(a < b for a, b in bounds) and all(x[1] == y[0] for x, y in zip(bounds, bounds[1:], strict=False)))
+            and all(a < b for a, b in bounds)
+            and all(x[1] == y[0] for x, y in zip(bounds, bounds[1:], strict=False)))
 
 
 @pytest.mark.parametrize("seed", range(40))
@@ -71,7 +76,8 @@ def test_optimal_equals_brute_force_and_others_are_valid(seed):
     costs = rng.uniform(0.1, 5.0, n).round(3)
     cut_bytes = rng.uniform(0, 1000, n - 1).round()
     bw, lat = float(rng.choice([1e9, 500.0, 100.0])), float(rng.choice([0.0, 0.01]))
-    brute = min(max(stage_times(costs, cut_bytes, tuple(zip((0, *c), (*c, n), strict=True)), bw, lat))
+    brute = min(max(stage_times(costs, cut_bytes, tuple(zip((0, *c), (*c, n), strict=True)), bw,
+                                lat))
                 for c in itertools.combinations(range(1, n), s - 1))
     best = partition(costs, cut_bytes, s, "optimal", bandwidth=bw, latency=lat)
     assert best.slowest == pytest.approx(brute, rel=1e-12)
@@ -95,11 +101,13 @@ def test_schedules_and_bubble():
                                          ("B", 2), ("B", 3)]
     assert schedule("1f1b", 3, 4, 2) == [("F", 0), ("B", 0), ("F", 1), ("B", 1), ("F", 2), ("B", 2),
                                          ("F", 3), ("B", 3)]
-    assert schedule("1f1b", 4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]  # M < S: all forwards first
+    # M < S: all forwards first
+    assert schedule("1f1b", 4, 2, 0) == [("F", 0), ("F", 1), ("B", 0), ("B", 1)]
     for kind in ("gpipe", "1f1b"):
         for st in range(3):
             ops = schedule(kind, 3, 5, st)
-            assert sorted(ops) == sorted([("F", i) for i in range(5)] + [("B", i) for i in range(5)])
+            assert sorted(ops) == sorted([("F", i) for i in range(5)]
+                                         + [("B", i) for i in range(5)])
     assert ideal_bubble(2, 4) == pytest.approx(1 / 5)
     assert ideal_bubble(1, 8) == 0.0
 

@@ -26,7 +26,8 @@ def test_mac_covers_header_length_header_and_every_buffer_by_hand():
 
     key, header = bytes(range(32)), b'{"op":"x"}'
     buf = np.array([1.0, 2.0], np.float32)
-    by_hand = blake3.blake3(len(header).to_bytes(8, "little") + header + buf.tobytes(), key=key).digest()
+    by_hand = blake3.blake3(len(header).to_bytes(8, "little") + header + buf.tobytes(),
+                            key=key).digest()
     assert mac(key, header, [buf]) == by_hand
     assert mac(key, header, [buf]).hex() == by_hand.hex()
     moved = mac(key, header[:-1], [header[-1:] + buf.tobytes()])  # a boundary moved
@@ -93,9 +94,11 @@ def test_message_for_another_shard_or_run_is_refused():
 def test_each_direction_numbers_its_own_messages():
     key = new_key()
     worker = Codec(key, "worker-0", "r")
-    seqs = [json.loads(worker.encode({"op": "s"}, to=to)[0][32:])["seq"] for to in ("hub-0", "hub-1", "hub-0")]
+    seqs = [json.loads(worker.encode({"op": "s"}, to=to)[0][32:])["seq"]
+            for to in ("hub-0", "hub-1", "hub-0")]
     assert seqs == [1, 1, 2]
-    assert worker.last_sent("hub-0") == 2 and worker.last_sent("hub-1") == 1 and worker.last_sent("hub-2") == 0
+    assert (worker.last_sent("hub-0") == 2 and worker.last_sent("hub-1") == 1
+            and worker.last_sent("hub-2") == 0)
 
 
 def test_a_reply_names_its_request_and_its_recipient():
@@ -138,7 +141,8 @@ def test_restarted_sender_is_a_new_sender():
     key = new_key()
     hub = Codec(key, "hub", "r")
     first = hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))
-    again = hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))  # a new process
+    # a new process
+    again = hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))
     assert first.header["seq"] == again.header["seq"] == 1  # taken, not refused as a replay
     assert first.header["from"] != again.header["from"]  # each process names itself apart
 

@@ -17,5 +17,6 @@ def test_shards_spread_over_hosts_and_local_ranks_count_per_host():
 
 
 def test_more_workers_than_engines_says_how_many_are_needed():
-    with pytest.raises(NotEnoughEnginesError, match=r"needs 1 parameter shard\(s\) and 3 worker\(s\).*has 3"):
+    with pytest.raises(NotEnoughEnginesError,
+                       match=r"needs 1 parameter shard\(s\) and 3 worker\(s\).*has 3"):
         assign_roles({0: "a", 1: "a", 2: "a"}, num_servers=1, num_workers=3)

@@ -57,7 +57,8 @@ def test_two_workers_at_speeds_one_and_three_interleave_three_to_one():
 
 
 def test_jitter_is_reproducible_per_seed_and_worker():
-    a, b, c = Jitter(0.2, seed=1, num_workers=2), Jitter(0.2, seed=1, num_workers=2), Jitter(0.2, seed=2, num_workers=2)
+    a, b, c = (Jitter(0.2, seed=1, num_workers=2), Jitter(0.2, seed=1, num_workers=2),
+               Jitter(0.2, seed=2, num_workers=2))
     first = [a.factor(0) for _ in range(5)]
     assert first == [b.factor(0) for _ in range(5)]
     assert first != [c.factor(0) for _ in range(5)]
@@ -67,7 +68,8 @@ def test_jitter_is_reproducible_per_seed_and_worker():
 
 
 def test_calibration_fit_is_rounded_to_two_digits():
-    assert fit_cost([(64, 0.00229), (16, 0.00133), (64, 0.00227), (16, 0.00131)]) == CostModel(0.001, 2e-05)
+    assert (fit_cost([(64, 0.00229), (16, 0.00133), (64, 0.00227), (16, 0.00131)])
+            == CostModel(0.001, 2e-05))
     assert fit_cost([(10, 0.01), (20, 0.01)]) == CostModel(0.01, 0.0)  # no per-sample cost
     assert round2(0.0012345) == 0.0012
     with pytest.raises(ValueError, match="two different batch sizes"):
@@ -75,7 +77,8 @@ def test_calibration_fit_is_rounded_to_two_digits():
 
 
 def test_sim_options_parse_numbers_and_name_the_valid_ones():
-    options = sim_options(parse_sim("per_step=0.002,per_sample=1e-4,jitter=0.1,eval_every=0.5,sync=1"))
+    options = sim_options(parse_sim("per_step=0.002,per_sample=1e-4,jitter=0.1,eval_every=0.5,"
+                                    "sync=1"))
     assert options.cost == CostModel(0.002, 1e-4, 0.1)
     assert options.sync and not options.calibrate and options.eval_every == 0.5
     assert sim_options({}).cost == CostModel()

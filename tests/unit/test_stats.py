@@ -16,7 +16,8 @@ def test_push_counts_delay_and_rate_per_worker():
 def test_history_is_returned_incrementally():
     s = RunStats(num_workers=1)
     for i in range(3):
-        s.record_push(0, samples=4, loss=float(i), compute_s=0.1, comm_s=0.0, delay=0, epoch=0.0, now=float(i))
+        s.record_push(0, samples=4, loss=float(i), compute_s=0.1, comm_s=0.0, delay=0, epoch=0.0,
+                      now=float(i))
     assert [row[4] for row in s.snapshot(since=1)["history"]] == [1.0, 2.0]
 
 

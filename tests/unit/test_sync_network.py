@@ -7,7 +7,8 @@ from nbdist.cluster.netaddr import HostNet, Route, interface_for
 from nbdist.modes.sync.backend import plaintext_note
 from nbdist.modes.sync.network import hostname_refusal, iface_honoured
 
-HEAD = HostNet("head", "head:b", "198.18.7.1", (Route("198.18.7.0", 24, "nbdh"), Route("0.0.0.0", 0, "eth0", "10.0.0.1")),
+HEAD = HostNet("head", "head:b", "198.18.7.1",
+               (Route("198.18.7.0", 24, "nbdh"), Route("0.0.0.0", 0, "eth0", "10.0.0.1")),
                {"lo": [("127.0.0.1", 8)], "eth0": [("10.0.0.5", 24)], "nbdh": [("198.18.7.1", 24)]})
 
 
@@ -26,7 +27,8 @@ def test_a_rank_beside_the_kernel_binds_the_interface_holding_the_kernels_addres
     ("127.0.1.1", "resolves to loopback (Received: 127.0.1.1)"),  # Debian's default line
     ("10.0.0.5", "resolves to another address (Received: 10.0.0.5)"),
 ])
-def test_a_name_that_does_not_resolve_to_the_gloo_interface_is_refused_with_the_line_to_add(resolved, says):
+def test_a_name_that_does_not_resolve_to_the_gloo_interface_is_refused_with_the_line_to_add(
+        resolved, says):
     message = hostname_refusal("head", resolved, "nbdh", ["198.18.7.1"])
     assert f"Host head's name {says}" in message
     assert "`198.18.7.1 head` in /etc/hosts" in message and "make horovod" in message

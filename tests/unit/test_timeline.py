@@ -145,7 +145,8 @@ def test_p95_is_numpys_linear_percentile_for_every_window_length():
         for tau in rng.integers(0, 40, n):
             d.add(0, int(tau))
         recent = d.recent(0)
-        assert d.stats(0) == {"delay_mean": float(np.mean(recent)), "delay_max": float(np.max(recent)),
+        assert d.stats(0) == {"delay_mean": float(np.mean(recent)),
+                              "delay_max": float(np.max(recent)),
                               "delay_p95": float(np.percentile(recent, 95, method="linear"))}
 
 
