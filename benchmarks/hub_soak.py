@@ -91,8 +91,8 @@ def _worker_process(key, worker, shards, size, end_at, life_s, transport, conn) 
                         continue
                     k = rng.integers(-8, 9, size, dtype=np.int64)
                     tr.grad[:] = k.astype(np.float32) / np.float32(SCALE)
-                    reply = tr.step(Step(worker, push=True, pull=True, chunks=[todo[0].id], loss=0.0,
-                                         compute_s=0.001))
+                    reply = tr.step(Step(worker, push=True, pull=True, chunks=[todo[0].id],
+                                         loss=0.0, compute_s=0.001))
                     if reply.lost:  # written off while alive: not applied, rejoin
                         counts["refused"] += 1
                         refused = True

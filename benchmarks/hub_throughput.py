@@ -129,7 +129,8 @@ def _exchange(tr, worker: int, reply, pull: bool, chunk: int | None = None):
     """One round trip: a push completing `chunk` (None: no push) and/or a pull, as this
     checkout's WorkerTransport takes it (`reply`: the last one, for the older header forms)."""
     if Step is not None:
-        return tr.step(Step(worker, push=chunk is not None, pull=pull, chunks=[] if chunk is None else [chunk]))
+        chunks = [] if chunk is None else [chunk]
+        return tr.step(Step(worker, push=chunk is not None, pull=pull, chunks=chunks))
     if chunk is None:
         return tr.step({}, push=False, pull=pull)
     header = {"loss": 0.0, "compute_s": 0.0, "comm_s": 0.0}

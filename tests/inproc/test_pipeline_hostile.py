@@ -65,7 +65,8 @@ def test_a_stage_drops_and_counts_what_fails_the_limits_the_mac_or_the_checks(st
     send_frames(attacker, a.codec.encode({**forward, "op": "X"}, [x], to="stage-1"))  # not an op a stage sends
     send_frames(attacker, a.codec.encode({**forward, "step": "4"}, [x], to="stage-1"))
     send_frames(attacker, Codec(key, "stage-0", "another-run").encode(forward, [x], to="stage-1"))
-    attacker.send(_signed(key, {"op": "ack", "src": "stage-0", "seg": "nbdist-x", "gen": 1, "slot": 0}))  # no such slot
+    no_slot = {"op": "ack", "src": "stage-0", "seg": "nbdist-x", "gen": 1, "slot": 0}
+    attacker.send(_signed(key, no_slot))  # an ack of no slot
     expected = {"bad signature": 1, "truncated message": 1, "oversized message": 2, "replayed message": 1,
                 "malformed header": 4, "wrong run": 1, "stale ack": 1}
     wait_for(lambda: (b.drain(), sum(b.dropped.values()) >= sum(expected.values()))[1], 30,
@@ -89,12 +90,15 @@ def test_the_kernel_drops_and_counts_bad_reports_and_the_stages_keep_reporting(s
         attacker.send_multipart([b"\0" * 32 + b"{}", b"an array"])  # a report carries no arrays
         codec = Codec(key, "stage-1", "r")
         send_frames(attacker, codec.encode({"op": "ops", "stage": "one", "step": 1}, to="kernel"))
-        send_frames(attacker, codec.encode({"op": "ops", "stage": 7, "step": 1}, to="kernel"))  # no such stage
-        a.report(Ops(0, 10, {"shm": 0, "tcp": 1}, {"bad signature": 2}, step=1, ops=[("F", 0, 0.0, 1.0)]))
+        no_stage = {"op": "ops", "stage": 7, "step": 1}
+        send_frames(attacker, codec.encode(no_stage, to="kernel"))
+        a.report(Ops(0, 10, {"shm": 0, "tcp": 1}, {"bad signature": 2}, step=1,
+                     ops=[("F", 0, 0.0, 1.0)]))
         wait_for(lambda: control.pipeline()["dropped"][0], 30, what="stage 0's report")
         info = wait_for(lambda: (i := control.pipeline()) and sum(i["kernel_dropped"].values()) >= 4 and i, 30,
                         what=lambda: f"the kernel's drops ({control.pipeline()['kernel_dropped']})")
-        assert info["kernel_dropped"] == {"bad signature": 1, "oversized message": 1, "malformed header": 2}
+        assert info["kernel_dropped"] == {"bad signature": 1, "oversized message": 1,
+                                          "malformed header": 2}
         assert info["dropped"] == [{"bad signature": 2}, {}] and info["messages"][0] == {"shm": 0, "tcp": 1}
     finally:
         control.close()  # (its link, the kernel's, is the fixture's: closed twice, harmlessly)

@@ -1,5 +1,6 @@
 """What a pipeline stage accepts, checked without sockets: its message limits from the profile's
-cuts, the typed messages (op, fields, sender), the frame table of arrays in frames and in shared memory; and the gate's
+cuts, the typed messages (op, fields, sender), the frame table of arrays in frames and in
+shared memory; and the gate's
 count of young connections."""
 
 import numpy as np
@@ -31,21 +32,25 @@ def test_stage_message_refuses_unknown_ops_senders_and_wrongly_typed_fields():
     neighbours = {"stage-0", "stage-2"}
     forward = {"op": "F", "step": 3, "mb": 1, "src": "stage-0", "shapes": [[2]], "dtypes": ["<f4"]}
     assert stage_message(forward, neighbours) == Forward(3, 1, "stage-0", [[2]], ["<f4"])
-    assert stage_message({"op": "end", "step": 4, "src": "stage-2"}, neighbours).key == ("end", 4, 0)
+    end = {"op": "end", "step": 4, "src": "stage-2"}
+    assert stage_message(end, neighbours).key == ("end", 4, 0)
     slot = {"seg": "nbdist-x", "gen": 1, "slot": 0, "offsets": [0]}
     assert stage_message({**forward, "shm": slot}, neighbours).shm == Slot("nbdist-x", 1, 0, [0])
     for bad in ({"op": "G", "step": 1, "src": "stage-0"}, {"op": "F", "step": "3", "src": "stage-0"},
-                {"op": "F", "step": 1, "mb": [0], "src": "stage-0"}, {"op": "F", "step": 1, "src": "kernel"},
-                {"op": "F", "step": 1, "src": "stage-5"}, {"op": "B", "step": True, "src": "stage-0"},
-                {"op": "F", "src": "stage-0"}, {**forward, "shapes": "2,3"}, {**forward, "dtypes": [["a", "<f4"]]},
-                {**forward, "shm": {**slot, "offsets": [0, "64"]}}, {**forward, "shm": {"offsets": [0]}},
-                {**forward, "extra": 1}, {"op": "ack", "src": "stage-0", "slot": [0]}):
+                {"op": "F", "step": 1, "mb": [0], "src": "stage-0"},
+                {"op": "F", "step": 1, "src": "kernel"}, {"op": "F", "step": 1, "src": "stage-5"},
+                {"op": "B", "step": True, "src": "stage-0"}, {"op": "F", "src": "stage-0"},
+                {**forward, "shapes": "2,3"}, {**forward, "dtypes": [["a", "<f4"]]},
+                {**forward, "shm": {**slot, "offsets": [0, "64"]}},
+                {**forward, "shm": {"offsets": [0]}}, {**forward, "extra": 1},
+                {"op": "ack", "src": "stage-0", "slot": [0]}):
         with pytest.raises(ProtocolError, match="^malformed header"):
             stage_message(bad, neighbours)
 
 
 def test_arrays_of_checks_the_frame_table():
-    a, b = arrays_of([[2, 3], [1]], ["<f4", "<i8"], [np.ones((2, 3), np.float32).tobytes(), np.array([7]).tobytes()])
+    frames = [np.ones((2, 3), np.float32).tobytes(), np.array([7]).tobytes()]
+    a, b = arrays_of([[2, 3], [1]], ["<f4", "<i8"], frames)
     assert a.shape == (2, 3) and b.tolist() == [7]
     buffers = [bytes(24), bytes(8)]
     for shapes, dtypes in (([[2, 3]], ["<f4"]),  # fewer entries than frames
