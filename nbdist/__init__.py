@@ -6,8 +6,8 @@
     ...ordinary Keras code that builds and compiles `model`...
 
 Everything the magics do is also plain Python: `nbdist.Cluster.start(3)`,
-`nbdist.train(cell_source, cluster=cluster, workers=2)`, `nbdist.compare(run_a, run_b)`. Importing nbdist is light: it loads
-no TensorFlow, Keras, Horovod or plotly until a run needs them.
+`nbdist.train(cell_source, cluster=cluster, workers=2)`, `nbdist.compare(run_a, run_b)`. Importing
+nbdist is light: it loads no TensorFlow, Keras, Horovod or plotly until a run needs them.
 """
 
 from __future__ import annotations
@@ -34,8 +34,8 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-_LAZY = {"Cluster": "nbdist.cluster.engines", "Run": "nbdist.run.handle", "compare": "nbdist.dashboard.comparison",
-         "resume": "nbdist.api", "train": "nbdist.api"}
+_LAZY = {"Cluster": "nbdist.cluster.engines", "Run": "nbdist.run.handle",
+         "compare": "nbdist.dashboard.comparison", "resume": "nbdist.api", "train": "nbdist.api"}
 
 if TYPE_CHECKING:
     from nbdist.api import resume, train

@@ -81,7 +81,8 @@ class Pin(enum.StrEnum):
 
 
 class Spin(enum.StrEnum):
-    """Whether hub shards and their same-host workers poll instead of sleeping (nbdist.cluster.affinity)."""
+    """Whether hub shards and their same-host workers poll instead of sleeping
+    (nbdist.cluster.affinity)."""
 
     AUTO = "auto"  # where the host leaves each hub shard a core of its own
     OFF = "off"  # always sleep until a message comes
@@ -91,7 +92,8 @@ class Compression(enum.StrEnum):
     """What crosses the network for parameters and gradients (see nbdist.core.compression)."""
 
     NONE = "none"  # float32
-    FP16 = "fp16"  # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
+    # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
+    FP16 = "fp16"
 
 
 # The modes a flag applies to (nbdist.flags.Flag.modes)
@@ -226,7 +228,8 @@ class TrainConfig:
         set_(self, "pin", _choice(Pin, self.pin, "--pin"))
         set_(self, "spin", _choice(Spin, self.spin, "--spin"))
         if self.server_optimizer is not None:
-            set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer, "--server-optimizer"))
+            set_(self, "server_optimizer", _choice(ServerOptimizer, self.server_optimizer,
+                                                   "--server-optimizer"))
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
         set_(self, "algo_options", parse_options(self.algo_options))
         set_(self, "slowdown", parse_slowdown(self.slowdown))
@@ -243,7 +246,8 @@ class TrainConfig:
             _check_int("--workers", self.workers, 1)
         if self.pause_at is not None:
             _check_int("--pause-at", self.pause_at, 0)
-        if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, (int, float))
+        if self.lr is not None and (isinstance(self.lr, bool)
+                                    or not isinstance(self.lr, (int, float))
                                     or not (math.isfinite(self.lr) and self.lr > 0)):
             raise ConfigError(
                 f"--lr must be a positive finite number (Received: {self.lr!r}). "
@@ -260,10 +264,11 @@ class TrainConfig:
         if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD
                                        or self.local_steps != 1 or self.overlap):
             raise ConfigError(
-                f"--mode sync averages gradients with Horovod allreduce: it has no parameter server, "
-                f"so --servers, --algorithm, --local-steps and --overlap do not apply (Received: "
-                f"--servers {self.servers}, --algorithm {self.algorithm.value}, --local-steps "
-                f"{self.local_steps}, --overlap {self.overlap}). Drop them, or use --mode async."
+                f"--mode sync averages gradients with Horovod allreduce: it has no parameter "
+                f"server, so --servers, --algorithm, --local-steps and --overlap do not apply "
+                f"(Received: --servers {self.servers}, --algorithm {self.algorithm.value}, "
+                f"--local-steps {self.local_steps}, --overlap {self.overlap}). Drop them, or use "
+                "--mode async."
             )
         if self.sync_batchnorm is None:  # as checkpoints before 0.1.0's declarations saved "off"
             set_(self, "sync_batchnorm", False)
@@ -278,8 +283,8 @@ class TrainConfig:
         if self.elastic is not False and (self.elastic is not True or self.mode is not Mode.ASYNC):
             raise ConfigError(
                 f"--elastic takes engines that join the cluster into an async run (Received: "
-                f"elastic={self.elastic!r}, --mode {self.mode.value}). Use it with --mode async, or "
-                "drop it: sync, local and simulated runs keep the workers they start with.")
+                f"elastic={self.elastic!r}, --mode {self.mode.value}). Use it with --mode async, "
+                "or drop it: sync, local and simulated runs keep the workers they start with.")
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "
@@ -294,7 +299,8 @@ class TrainConfig:
             check_pipeline_options(
                 stages=self.stages, micro_batches=self.micro_batches, method=self.partition,
                 kind=self.schedule, batch_size=self.batch_size,
-                unsupported={"--servers": self.servers != 1, "--algorithm": self.algorithm is not Algorithm.ASGD,
+                unsupported={"--servers": self.servers != 1,
+                             "--algorithm": self.algorithm is not Algorithm.ASGD,
                              "--local-steps": self.local_steps != 1, "--overlap": self.overlap,
                              "--dbs": self.dbs, "--workers": self.workers is not None,
                              "--checkpoint-dir": self.checkpoint_dir is not None,
@@ -302,23 +308,26 @@ class TrainConfig:
 
     def _check_simulate(self) -> None:
         if self.workers is None and self.slowdown is None:
-            raise ConfigError("--mode simulate needs the number of virtual workers: pass --workers N "
-                              "(or --slowdown with one factor per worker).")
+            raise ConfigError("--mode simulate needs the number of virtual workers: pass "
+                              "--workers N (or --slowdown with one factor per worker).")
         unsupported = {"--servers": self.servers != 1, "--local-steps": self.local_steps != 1,
-                       "--overlap": self.overlap, "--algorithm easgd": self.algorithm is Algorithm.EASGD}
+                       "--overlap": self.overlap,
+                       "--algorithm easgd": self.algorithm is Algorithm.EASGD}
         if any(unsupported.values()):
             raise ConfigError(
                 f"--mode simulate runs one parameter vector with one gradient step per push, so "
                 f"{', '.join(k for k, v in unsupported.items() if v)} does not apply. Drop it, or "
                 "use --mode async with a cluster.")
         if self.sim.get("sync") and self.algorithm is not Algorithm.ASGD:
-            raise ConfigError(f"--sim sync=1 simulates --mode sync (one mean gradient per step), which has "
-                              f"no --algorithm (Received: {self.algorithm.value}). Drop --algorithm.")
+            raise ConfigError(f"--sim sync=1 simulates --mode sync (one mean gradient per step), "
+                              f"which has no --algorithm (Received: {self.algorithm.value}). "
+                              "Drop --algorithm.")
 
     def _check_algorithm_options(self) -> None:
         _check_int("--local-steps", self.local_steps, 1)
         for flag, value, low in (("--staleness", self.staleness, 0), ("--n", self.n, 1),
-                                 ("--batch-min", self.batch_min, 1), ("--batch-max", self.batch_max, 1)):
+                                 ("--batch-min", self.batch_min, 1),
+                                 ("--batch-max", self.batch_max, 1)):
             if value is not None:
                 _check_int(flag, value, low)
         if self.groups != "auto":
@@ -332,8 +341,9 @@ class TrainConfig:
         algo = self.algorithm.value
         if self.local_steps > 1 and algo not in LOCAL_STEP_RULES:
             raise ConfigError(
-                f"--local-steps works with {', '.join(LOCAL_STEP_RULES)}, whose update is linear in "
-                f"what is pushed (Received: --algorithm {algo}). Use one of those, or --local-steps 1."
+                f"--local-steps works with {', '.join(LOCAL_STEP_RULES)}, whose update is linear "
+                f"in what is pushed (Received: --algorithm {algo}). Use one of those, or "
+                "--local-steps 1."
             )
         if self.overlap and self.local_steps > 1:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
@@ -346,17 +356,21 @@ class TrainConfig:
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint_dir is not None:
-            if not isinstance(self.checkpoint_dir, (str, os.PathLike)) or not os.fspath(self.checkpoint_dir):
-                raise ConfigError(f"--checkpoint-dir expects a folder path (Received: {self.checkpoint_dir!r}).")
+            if (not isinstance(self.checkpoint_dir, (str, os.PathLike))
+                    or not os.fspath(self.checkpoint_dir)):
+                raise ConfigError(f"--checkpoint-dir expects a folder path (Received: "
+                                  f"{self.checkpoint_dir!r}).")
             object.__setattr__(self, "checkpoint_dir", os.fspath(self.checkpoint_dir))
         if self.checkpoint_every is not None:
             every = self.checkpoint_every
-            if isinstance(every, bool) or not isinstance(every, (int, float)) or not (math.isfinite(every) and every > 0):
+            if (isinstance(every, bool) or not isinstance(every, (int, float))
+                    or not (math.isfinite(every) and every > 0)):
                 raise ConfigError(f"--checkpoint-every must be a positive number of seconds "
                                   f"(Received: {every!r}). Example: --checkpoint-every 60.")
             if self.checkpoint_dir is None:
                 raise ConfigError("--checkpoint-every needs --checkpoint-dir: say where the "
-                                  "checkpoints go, e.g. --checkpoint-dir ckpt --checkpoint-every 60.")
+                                  "checkpoints go, e.g. --checkpoint-dir ckpt "
+                                  "--checkpoint-every 60.")
 
     @property
     def batchnorm_synced(self) -> bool:

@@ -105,13 +105,15 @@ def load_fashion_mnist(path: str | os.PathLike[str] | None = None) -> Splits:
     origin = "the folder passed as path=" if path is not None else "any of the usual places"
     raise DatasetNotFoundError(
         f"Fashion-MNIST not found in {origin}. Looked in: {'; '.join(looked)}. "
-        f"Expected the four IDX files {', '.join(f + '[.gz]' for f in _FASHION_MNIST_FILES.values())} "
-        f"in one folder. {_FASHION_MNIST_HELP}"
+        f"Expected the four IDX files "
+        f"{', '.join(f + '[.gz]' for f in _FASHION_MNIST_FILES.values())} in one folder. "
+        f"{_FASHION_MNIST_HELP}"
     )
 
 
 def _find_idx_files(folder: Path) -> tuple[dict[str, Path] | None, str]:
-    """Map each split to its file in ``folder`` (plain preferred over .gz), or say what is missing."""
+    """Map each split to its file in ``folder`` (plain preferred over .gz), or say what is
+    missing."""
     if not folder.is_dir():
         return None, "no such folder"
     files: dict[str, Path] = {}

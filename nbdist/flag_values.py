@@ -23,9 +23,9 @@ def parse_names(value: str | Sequence[str] | None, flag: str) -> tuple[str, ...]
     names = tuple(n.strip() for n in value.split(",")) if isinstance(value, str) else tuple(value)
     if len(names) not in (1, 2) or not all(isinstance(n, str) and n.isidentifier() for n in names):
         raise ConfigError(
-            f"{flag} expects two Python names, inputs then labels, or one name of a tf.data.Dataset "
-            f"or generator function (Received: {value!r}). Write it as {flag} x_train,y_train or "
-            f"{flag} train_ds."
+            f"{flag} expects two Python names, inputs then labels, or one name of a "
+            f"tf.data.Dataset or generator function (Received: {value!r}). Write it as {flag} "
+            f"x_train,y_train or {flag} train_ds."
         )
     return names
 
@@ -59,7 +59,8 @@ def parse_options(value: str | dict | None) -> dict:
     """'lambda0=2,momentum=0.9' -> {'lambda0': 2.0, 'momentum': 0.9} (numbers only, never eval)."""
     if not value:
         return {}
-    items = value.items() if isinstance(value, dict) else (p.partition("=")[::2] for p in value.split(","))
+    items = (value.items() if isinstance(value, dict)
+             else (p.partition("=")[::2] for p in value.split(",")))
     options = {}
     for name, raw in items:
         name = str(name).strip()

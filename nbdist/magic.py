@@ -51,7 +51,8 @@ class NbdistMagics(Magics):
             print("Stopped." if stopped else "No cluster or run to stop.")
             return
         if args.action == "status":
-            print(self.cluster.describe() if self.cluster else "No cluster. Start one with %nbdist start 3.")
+            print(self.cluster.describe() if self.cluster
+                  else "No cluster. Start one with %nbdist start 3.")
             if self.run is not None:
                 print(self.run.summary())
             return
@@ -61,8 +62,9 @@ class NbdistMagics(Magics):
         try:
             if args.action == "start":
                 if not args.n or args.n < 1:
-                    raise UsageError(f"%nbdist start needs a number of engines >= 1 (Received: "
-                                     f"{args.n}). Example: %nbdist start 3 (one hub and two workers).")
+                    raise UsageError(f"%nbdist start needs a number of engines >= 1 "
+                                     f"(Received: {args.n}). Example: %nbdist start 3 (one hub "
+                                     "and two workers).")
                 self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt,
                                              launcher=args.launcher)
                 print(f"Started {self.cluster.describe()}")
@@ -123,8 +125,9 @@ def _check_applies(args) -> None:
 
     takes = [name(f) for f in nbdist_flags() if f.actions is not None and args.action in f.actions]
     raise UsageError(f"%nbdist {args.action} takes no {', '.join(map(name, wrong))} (Received: "
-                     f"{', '.join(map(received, wrong))}). It takes {', '.join(takes) or 'nothing more'}: "
-                     "drop the rest (%nbdist? lists them).")
+                     f"{', '.join(map(received, wrong))}). It takes "
+                     f"{', '.join(takes) or 'nothing more'}: drop the rest "
+                     "(%nbdist? lists them).")
 
 
 class _MagicPresenter:
@@ -133,7 +136,8 @@ class _MagicPresenter:
 
     def __init__(self, magics: NbdistMagics, args):
         self.magics, self.args = magics, args
-        self.dashboard = None  # the live dashboard under the cell (None: the text status line, or none)
+        # the live dashboard under the cell (None: the text status line, or none)
+        self.dashboard = None
 
     @property
     def shows_dashboard(self) -> bool:

@@ -29,7 +29,8 @@ def run_serial(fn: BlockFn, ranges: Ranges) -> None:
         fn(lo, hi)
 
 
-def block_ranges(size: int, parts: int, align: int = BLOCK, min_split: int = MIN_SPLIT) -> list[tuple[int, int]]:
+def block_ranges(size: int, parts: int, align: int = BLOCK,
+                 min_split: int = MIN_SPLIT) -> list[tuple[int, int]]:
     """`[0, size)` cut into at most `parts` contiguous ranges whose inner edges are multiples of
     `align`; one range when `size < min_split` or `parts <= 1`.
 

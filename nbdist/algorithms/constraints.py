@@ -146,9 +146,10 @@ def _axes(axis: Any, ndim: int) -> tuple[int, ...] | None:
         return None
     axes = [axis] if isinstance(axis, (int, np.integer)) and not isinstance(axis, bool) else axis
     if not isinstance(axes, (list, tuple)) or not all(
-            isinstance(a, (int, np.integer)) and not isinstance(a, bool) and -ndim <= a < ndim for a in axes):
-        raise ConfigError(f"A constraint's axis must be an int or a list of ints within the variable's "
-                          f"{ndim} dimension(s). Received: axis={axis!r}.")
+            isinstance(a, (int, np.integer)) and not isinstance(a, bool) and -ndim <= a < ndim
+            for a in axes):
+        raise ConfigError(f"A constraint's axis must be an int or a list of ints within the "
+                          f"variable's {ndim} dimension(s). Received: axis={axis!r}.")
     return tuple(sorted({int(a) % ndim for a in axes}))
 
 
@@ -173,7 +174,8 @@ def checked_constraint(entry: Any) -> dict:
     if not (isinstance(shape, list) and all(isinstance(d, int) and d >= 0 for d in shape)
             and isinstance(start, int) and start >= 0):
         raise ConfigError(f"A constraint entry's shape must be a list of sizes and its start a "
-                          f"non-negative int. Received: shape={shape!r}, start={start!r} on {where}.")
+                          f"non-negative int. Received: shape={shape!r}, start={start!r} on "
+                          f"{where}.")
     if not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon >= 0):
         raise ConfigError(f"A constraint's epsilon must be a finite number >= 0. Received: "
                           f"{epsilon!r} on {where}.")
@@ -186,7 +188,8 @@ def checked_constraint(entry: Any) -> dict:
     for key, value in config.items():
         if key == "axis":
             _axes(value, len(shape))
-        elif isinstance(value, bool) or not (isinstance(value, (int, float)) and math.isfinite(value)):
+        elif isinstance(value, bool) or not (isinstance(value, (int, float))
+                                             and math.isfinite(value)):
             raise ConfigError(f"The {name} constraint's {key} must be a finite number. Received: "
                               f"{value!r} on {where}.")
     return {**entry, "config": config}
@@ -225,11 +228,12 @@ class ShardConstraints:
                 continue
             if lo < offset or hi > end:
                 raise ConfigError(
-                    f"The constrained variable {entry['variable']!r} (floats [{lo}, {hi})) is cut by "
-                    f"the shard [{offset}, {end}); its norms need all of it on one shard. Expected "
-                    "shard bounds from nbdist.hub.protocol.shard_bounds with the constrained ranges.")
-            self._parts.append((lo - offset, hi - offset, tuple(entry["shape"]), entry["class_name"],
-                                entry["config"], entry["epsilon"]))
+                    f"The constrained variable {entry['variable']!r} (floats [{lo}, {hi})) is cut "
+                    f"by the shard [{offset}, {end}); its norms need all of it on one shard. "
+                    "Expected shard bounds from nbdist.hub.protocol.shard_bounds with the "
+                    "constrained ranges.")
+            self._parts.append((lo - offset, hi - offset, tuple(entry["shape"]),
+                                entry["class_name"], entry["config"], entry["epsilon"]))
 
     def __bool__(self) -> bool:
         return bool(self._parts)

@@ -60,7 +60,8 @@ class DCASGD(Rule):
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
         self._store = SnapshotStore(size)
-        self._backup: dict[int, list[tuple[int, np.ndarray]]] = {}  # worker -> its last reads, oldest first
+        # worker -> its last reads, oldest first
+        self._backup: dict[int, list[tuple[int, np.ndarray]]] = {}
         self._lag: dict[int, int] = {}  # worker -> reads its next push lags behind its latest
         self._a = np.empty(min(size, BLOCK), np.float32)
         self._b = np.empty(min(size, BLOCK), np.float32)
@@ -105,7 +106,8 @@ class DCASGD(Rule):
             n = hi - lo
             a, b = self._a[:n], self._b[:n]
             part = slice(lo, hi)
-            corrected = self._corrected(w[part], g[part], None if held is None else held[1][part], a, b, part)
+            corrected = self._corrected(w[part], g[part],
+                                        None if held is None else held[1][part], a, b, part)
             self._apply(w[part], corrected, a if corrected is not a else b, part)
         return True
 
@@ -120,14 +122,16 @@ class DCASGD(Rule):
             hi = min(lo + BLOCK, w.size)
             a, b = self._a[:hi - lo], self._b[:hi - lo]
             part = slice(lo, hi)
-            self._ghat[part] = self._corrected(w[part], g[part], None if held is None else held[1][part], a, b, part)
+            self._ghat[part] = self._corrected(w[part], g[part],
+                                               None if held is None else held[1][part], a, b, part)
         return self._ghat, scale
 
     def _begin_push(self, lr: float, delay: int) -> None:
         """Per-push constants for `_apply`."""
         self._lr = np.float32(lr)
 
-    def _apply(self, w: np.ndarray, corrected: np.ndarray, scratch: np.ndarray, part: slice) -> None:
+    def _apply(self, w: np.ndarray, corrected: np.ndarray, scratch: np.ndarray,
+               part: slice) -> None:
         """`w -= η ĝ` on one block."""
         np.multiply(corrected, self._lr, out=scratch)
         np.subtract(w, scratch, out=w)
@@ -219,7 +223,8 @@ class DDCASGD(DCASGDAdaptive):
         beta = ddc_beta(delay, self._options["momentum"])
         self._beta, self._step = np.float32(beta), np.float32(-(1.0 - beta) * lr)
 
-    def _apply(self, w: np.ndarray, corrected: np.ndarray, scratch: np.ndarray, part: slice) -> None:
+    def _apply(self, w: np.ndarray, corrected: np.ndarray, scratch: np.ndarray,
+               part: slice) -> None:
         """`d = β d − (1−β) η ĝ; w += d` on one block."""
         d = self._d[part]
         np.multiply(d, self._beta, out=d)

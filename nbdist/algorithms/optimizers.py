@@ -160,7 +160,8 @@ class HubOptimizer:
         self._ranges: list[tuple[int, int]] = [(0, self.size)]
         # per range of `_ranges`: its cache blocks (lo, hi, the formula on them, decay runs);
         # None: one pass over the whole shard (small shards, and Nadam)
-        self._parts: dict[int, list[tuple[int, int, UpdateFormula, list[tuple[int, int]]]]] | None = None
+        self._parts: (dict[int, list[tuple[int, int, UpdateFormula, list[tuple[int, int]]]]]
+                      | None) = None
         if self.size >= CACHE_BLOCKED_MIN and not self._formula.scalars:
             self._parts = self._cache_blocks(self._ranges)
 
@@ -183,7 +184,8 @@ class HubOptimizer:
         """Each range cut into `BLOCK`-float pieces, each with the formula on its views: every
         pass of the formula over one piece runs while it is in cache (the same numbers)."""
         return {lo: [(a, min(a + BLOCK, hi), _formula_part(self._formula, a, min(a + BLOCK, hi)),
-                      intersect(self._decay_runs, a, min(a + BLOCK, hi))) for a in range(lo, hi, BLOCK)]
+                      intersect(self._decay_runs, a, min(a + BLOCK, hi)))
+                     for a in range(lo, hi, BLOCK)]
                 for lo, hi in ranges}
 
     def _decayed_runs(self, mask: Any, num_segments: int) -> list[tuple[int, int]]:

@@ -75,7 +75,8 @@ def checked_schedule(spec: dict) -> tuple[str, dict[str, Any]]:
             f"Unknown learning-rate schedule. Received: {name!r}. Supported: "
             f"{', '.join(SUPPORTED_SCHEDULES)}. {HOW_TO_PROCEED}")
     given = dict(spec.get("config") or {})
-    config = {**SCHEDULE_DEFAULTS[name], **{k: v for k, v in given.items() if k in SCHEDULE_DEFAULTS[name]}}
+    config = {**SCHEDULE_DEFAULTS[name],
+              **{k: v for k, v in given.items() if k in SCHEDULE_DEFAULTS[name]}}
     missing = [k for k, v in config.items() if v is None and (name, k) not in _OPTIONAL_NONE]
     if missing:
         raise UnsupportedOptimizerError(

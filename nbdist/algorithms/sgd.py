@@ -52,7 +52,8 @@ class ASGD(Rule):
             sgd_step_and_copy(w, g, lr, s, out, stream)
             return True
         self._run(lambda lo, hi: sgd_step_and_copy(w[lo:hi], g[lo:hi], lr,
-                                                   s if s is None else s[lo:hi], out[lo:hi], stream),
+                                                   s if s is None else s[lo:hi],
+                                                   out[lo:hi], stream),
                   self._ranges)
         return True
 

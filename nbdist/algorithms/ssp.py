@@ -45,7 +45,8 @@ class StalenessClock:
     def blocked(self, worker: int) -> bool:
         """True while `worker` is more than S clocks ahead of the slowest active worker."""
         low = self.slowest()
-        return worker in self._active and low is not None and self._clock[worker] - low > self.staleness
+        return (worker in self._active and low is not None
+                and self._clock[worker] - low > self.staleness)
 
     def drop(self, worker: int) -> None:
         """`worker` left or finished: stop waiting for it."""

@@ -66,7 +66,8 @@ def worker_threads(cpus: int, hubs: int, workers: int) -> int:
     with a hub: 1 thread gave 0.55 of fit at batch 64 and 0.67 at 256, 2 threads 0.46 and 0.58).
 
     Example:
-        >>> worker_threads(2, 1, 1), worker_threads(8, 1, 2), worker_threads(2, 0, 2), worker_threads(1, 1, 1)
+        >>> (worker_threads(2, 1, 1), worker_threads(8, 1, 2), worker_threads(2, 0, 2),
+        ...  worker_threads(1, 1, 1))
         (1, 3, 1, 1)
     """
     return max(1, (cpus - hubs) // max(1, workers))
@@ -80,7 +81,8 @@ def cores_per_host(engine_cores) -> dict[str, int]:
     not from the notebook kernel's core count, which says nothing of another host's.
 
     Example:
-        >>> cores_per_host([("a", (0, 1, 2, 3)), ("a", (0, 1, 2, 3)), ("b", (0, 1)), ("b", (2, 3)), ("c", ())])
+        >>> cores_per_host([("a", (0, 1, 2, 3)), ("a", (0, 1, 2, 3)), ("b", (0, 1)), ("b", (2, 3)),
+        ...                 ("c", ())])
         {'a': 4, 'b': 4}
     """
     union: dict[str, set[int]] = {}
@@ -94,8 +96,8 @@ def cores_per_host(engine_cores) -> dict[str, int]:
 # sleeps. A sleeping hub is woken by the worker's send and, on a busy 2-core machine, runs on
 # the sender's core: `benchmarks/overhead.py --spin both` had the round trip at 0.23 ms polling
 # against 0.45 sleeping at batch 64 (0.88 against 0.65 of fit). The hub's budget covers a step
-# of a few ms, so between the steps of a small model it never sleeps. Over TCP polling gained nothing
-# (0.29 against 0.29 of fit): ZeroMQ's I/O thread wakes the hub either way.
+# of a few ms, so between the steps of a small model it never sleeps. Over TCP polling gained
+# nothing (0.29 against 0.29 of fit): ZeroMQ's I/O thread wakes the hub either way.
 HUB_SPIN_S = 0.005
 WORKER_SPIN_S = 0.002
 
@@ -107,7 +109,8 @@ def may_spin(cpus: int, hubs: int, workers: int) -> bool:
     takes no core from TensorFlow.
 
     Example:
-        >>> may_spin(2, 1, 1), may_spin(2, 1, 2), may_spin(8, 2, 6), may_spin(4, 0, 4), may_spin(4, 1, 0)
+        >>> (may_spin(2, 1, 1), may_spin(2, 1, 2), may_spin(8, 2, 6), may_spin(4, 0, 4),
+        ...  may_spin(4, 1, 0))
         (True, False, True, False, False)
     """
     return hubs > 0 and workers > 0 and cpus >= hubs + workers

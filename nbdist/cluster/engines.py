@@ -33,7 +33,8 @@ def get_within(ar, engine: int, what: str, timeout: float = ENGINE_TIMEOUT_S):
     """`ar.get(timeout)` (an ipyparallel AsyncResult), or EngineTimeoutError naming `engine`.
 
     Example:
-        >>> hosts = get_within(client[0].apply_async(socket.gethostname), 0, "hostname")  # doctest: +SKIP
+        >>> hosts = get_within(client[0].apply_async(socket.gethostname), 0,  # doctest: +SKIP
+        ...                    "hostname")
     """
     try:
         return ar.get(timeout)
@@ -152,7 +153,8 @@ class Cluster:
         if encrypt:
             kwargs["controller_args"] = ["--IPController.enable_curve=True"]
         ipp_cluster = ipp.Cluster(**kwargs)
-        if launcher == "slurm":  # its batch script goes to the profile's log folder, not the notebook's
+        # its batch script goes to the profile's log folder, not the notebook's
+        if launcher == "slurm":
             ipp_cluster.config.SlurmEngineSetLauncher.batch_file_name = os.path.join(
                 ipp_cluster.profile_dir, "log", f"nbdist-engines-{ipp_cluster.cluster_id}.sbatch")
         try:
@@ -188,11 +190,13 @@ class Cluster:
 
         kwargs = {k: v for k, v in (("profile", profile), ("cluster_id", cluster_id)) if v}
         try:
-            client = ipp.Client(*([connection_file] if connection_file else []), timeout=timeout, **kwargs)
+            client = ipp.Client(*([connection_file] if connection_file else []), timeout=timeout,
+                                **kwargs)
         except (OSError, TimeoutError) as exc:
             raise NoClusterError(
-                f"Could not connect to an ipcluster (profile={profile!r}, cluster_id={cluster_id!r}): "
-                f"{str(exc).rstrip('.')}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
+                f"Could not connect to an ipcluster (profile={profile!r}, "
+                f"cluster_id={cluster_id!r}): {str(exc).rstrip('.')}. Start one with "
+                "`ipcluster start -n 4` (or your Slurm/MPI profile), or use "
                 "%nbdist start N for a local one."
             ) from None
         require_curve(client, encrypt, f"profile={profile!r}, cluster_id={cluster_id!r}")
@@ -211,8 +215,9 @@ class Cluster:
         """
         missing = sorted(set(engines) - set(self.client.ids))
         if missing:
-            raise NoClusterError(f"Engines {missing} are not in the cluster (Received: {list(engines)}; "
-                                 f"it has {list(self.client.ids)}). Pick engines from `cluster.engine_ids`.")
+            raise NoClusterError(f"Engines {missing} are not in the cluster (Received: "
+                                 f"{list(engines)}; it has {list(self.client.ids)}). Pick engines "
+                                 "from `cluster.engine_ids`.")
         view = Cluster(self.client, encrypt=self.encrypt)
         view._engines = tuple(engines)  # noqa: SLF001
         view._shared_client = True  # noqa: SLF001
@@ -248,9 +253,10 @@ class Cluster:
                 silent.append(e)
         if silent:
             raise UnreachableHostError(
-                f"Engine(s) {silent} did not answer within {timeout:.0f}s (controller at {controller}). "
-                "Expected every engine's host to be up and to reach the controller: check the host and "
-                "its link, or leave those engines out with `cluster.subset(...)`.",
+                f"Engine(s) {silent} did not answer within {timeout:.0f}s (controller at "
+                f"{controller}). Expected every engine's host to be up and to reach the "
+                "controller: check the host and its link, or leave those engines out with "
+                "`cluster.subset(...)`.",
                 address=controller)
         return nets
 
@@ -314,8 +320,8 @@ class Cluster:
                 while self.client.ids and time.monotonic() < deadline:
                     time.sleep(0.1)
                 if self.client.ids:
-                    log.warning("engine(s) %s did not shut down within %.0fs; stopping their processes",
-                                self.client.ids, SHUTDOWN_S)
+                    log.warning("engine(s) %s did not shut down within %.0fs; "
+                                "stopping their processes", self.client.ids, SHUTDOWN_S)
         except Exception as exc:  # noqa: BLE001 - stopping the processes below still works
             log.warning("clean engine shutdown failed (%s); stopping processes", exc)
         if self._shared_client:

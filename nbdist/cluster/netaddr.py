@@ -68,7 +68,8 @@ def parse_proc_route(text: str) -> tuple[Route, ...]:
     """The routes in `/proc/net/route` (little-endian hex fields), up ones only.
 
     Example:
-        >>> parse_proc_route("Iface\\tDestination\\tGateway\\tFlags\\tRefCnt\\tUse\\tMetric\\tMask\\n"
+        >>> parse_proc_route("Iface\\tDestination\\tGateway\\tFlags\\tRefCnt\\tUse\\tMetric"
+        ...                  "\\tMask\\n"
         ...                  "eth0\\t000012C6\\t00000000\\t0001\\t0\\t0\\t0\\t00FFFFFF\\n")
         (Route(network='198.18.0.0', prefix=24, iface='eth0', gateway=None, metric=0),)
     """
@@ -111,11 +112,13 @@ def route_to(routes, addrs: dict, dest: str) -> tuple[str, str]:
         return "lo", dest
     if any(a == dest for pairs in addrs.values() for a, _ in pairs):
         return "lo", dest
-    matches = [r for r in routes if target in ipaddress.IPv4Network(f"{r.network}/{r.prefix}", strict=False)]
+    matches = [r for r in routes
+               if target in ipaddress.IPv4Network(f"{r.network}/{r.prefix}", strict=False)]
     if not matches:
         raise UnreachableHostError(
-            f"No route to {dest} on this host (Received: routes {[f'{r.network}/{r.prefix} {r.iface}' for r in routes]}). "
-            "Expected a route to the other hosts of the cluster; check the host's network (`ip route`).")
+            f"No route to {dest} on this host (Received: routes "
+            f"{[f'{r.network}/{r.prefix} {r.iface}' for r in routes]}). Expected a route to the "
+            "other hosts of the cluster; check the host's network (`ip route`).")
     best = max(matches, key=lambda r: (r.prefix, -r.metric))
     near = ipaddress.IPv4Address(best.gateway) if best.gateway else target
     own = addrs.get(best.iface) or []
@@ -176,7 +179,8 @@ def hub_address(hub: HostNet, peers: list[HostNet]) -> str:
             raise UnreachableHostError(
                 f"Host {p.hostname} reaches the controller over loopback ({p.address}), yet its "
                 f"processes must talk to host {hub.hostname}. Start the controller on an address "
-                "the other hosts reach (ipcontroller --ip=<address>, or --ip='*' --location=<address>).")
+                "the other hosts reach (ipcontroller --ip=<address>, or --ip='*' "
+                "--location=<address>).")
         chosen[route_to(hub.routes, hub.addrs, p.address)[1]] += 1
     return chosen.most_common(1)[0][0]
 
@@ -187,11 +191,13 @@ def kernel_address(kernel: HostNet, peers: list[HostNet]) -> str:
 
 
 LAUNCHERS = {  # ipyparallel engine launcher -> what to check when it fails
-    "local": "Check that this Python can run `python -m ipyparallel.engine`, or start fewer engines.",
+    "local": "Check that this Python can run `python -m ipyparallel.engine`, or start fewer "
+             "engines.",
     "slurm": "Check that `sbatch` works here (`sinfo`, SLURM_CONF) and that the job was not left "
              "pending (`squeue`); the engines' output is in the profile's log folder.",
     "mpi": "Check that `mpiexec -n 2 hostname` works here (as root: OMPI_ALLOW_RUN_AS_ROOT=1 and "
-           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1) and that mpi4py imports (`python -c 'from mpi4py import MPI'`).",
+           "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1) and that mpi4py imports "
+           "(`python -c 'from mpi4py import MPI'`).",
 }
 
 
@@ -208,7 +214,8 @@ def primary_address(net: HostNet) -> str:
     """The address of the default route's interface, else the first non-loopback one.
 
     Example:
-        >>> primary_address(HostNet("h", "h:b", "127.0.0.1", (Route("0.0.0.0", 0, "eth0", "10.0.0.1"),),
+        >>> primary_address(HostNet("h", "h:b", "127.0.0.1",
+        ...                         (Route("0.0.0.0", 0, "eth0", "10.0.0.1"),),
         ...                         {"lo": [("127.0.0.1", 8)], "eth0": [("10.0.0.5", 24)]}))
         '10.0.0.5'
     """
@@ -229,7 +236,8 @@ def interface_for(dest: str, net: HostNet | None = None) -> str:
     Example:
         >>> net = HostNet("head", "head:b", "198.18.0.1", (Route("198.18.0.0", 24, "eth0"),),
         ...               {"lo": [("127.0.0.1", 8)], "eth0": [("198.18.0.1", 24)]})
-        >>> interface_for("198.18.0.1", net), interface_for("198.18.0.12", net), interface_for("127.0.0.1", net)
+        >>> (interface_for("198.18.0.1", net), interface_for("198.18.0.12", net),
+        ...  interface_for("127.0.0.1", net))
         ('eth0', 'eth0', 'lo')
     """
     net = net or host_network(LOOPBACK)
@@ -242,9 +250,11 @@ def interface_for(dest: str, net: HostNet | None = None) -> str:
 # -- I/O ---------------------------------------------------------------------------------------
 
 def _addresses() -> dict[str, list[tuple[str, int]]]:
-    ip = shutil.which("ip") or next((p for p in ("/usr/sbin/ip", "/sbin/ip") if shutil.which(p)), None)
+    ip = shutil.which("ip") or next(
+        (p for p in ("/usr/sbin/ip", "/sbin/ip") if shutil.which(p)), None)
     if ip:
-        out = subprocess.run([ip, "-j", "-4", "addr", "show"], capture_output=True, text=True, timeout=10)
+        out = subprocess.run([ip, "-j", "-4", "addr", "show"], capture_output=True, text=True,
+                             timeout=10)
         if out.returncode == 0:
             return parse_ip_addr_json(out.stdout)
     import fcntl  # no iproute2: each interface's primary address through ioctl
@@ -255,8 +265,9 @@ def _addresses() -> dict[str, list[tuple[str, int]]]:
         for _, name in socket.if_nameindex():
             req = struct.pack("256s", name.encode()[:15])
             try:
-                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])  # SIOCGIFADDR
-                mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x891B, req)[20:24])  # SIOCGIFNETMASK
+                # SIOCGIFADDR, then SIOCGIFNETMASK
+                addr = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x8915, req)[20:24])
+                mask = socket.inet_ntoa(fcntl.ioctl(s.fileno(), 0x891B, req)[20:24])
             except OSError:
                 continue
             result[name] = [(addr, ipaddress.IPv4Network(f"0.0.0.0/{mask}").prefixlen)]
@@ -297,10 +308,12 @@ def check_reachable(address: str, port: int, what: str, host: str,
     except ConnectionRefusedError:
         return  # the host answered: it is reachable (the caller's own connect reports the port)
     except OSError as exc:
-        reason = "no answer" if isinstance(exc, TimeoutError) else (errno.errorcode.get(exc.errno or 0) or str(exc))
+        reason = ("no answer" if isinstance(exc, TimeoutError)
+                  else (errno.errorcode.get(exc.errno or 0) or str(exc)))
         raise UnreachableHostError(
             f"Could not reach {what} on host {host} at {address}:{port} within {timeout:.0f}s "
             f"(Received: {reason}). Expected the hosts of the cluster to reach each other on that "
-            "address: check that the host is up, that its link and routes work (`ping`, `ip route`), "
-            "and that no firewall drops the port range (see docs/guide.md, 'Running on a real cluster').",
+            "address: check that the host is up, that its link and routes work (`ping`, "
+            "`ip route`), and that no firewall drops the port range (see docs/guide.md, "
+            "'Running on a real cluster').",
             host=host, address=f"{address}:{port}") from None

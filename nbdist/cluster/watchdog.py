@@ -28,7 +28,8 @@ ENV_TAG = "IPP_CLUSTER_ID"
 def spawn(cluster_id: str, pids: list[int] = ()) -> subprocess.Popen:
     """Start a watchdog for the cluster `cluster_id` (and `pids`) tied to this process."""
     return subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
-        [sys.executable, "-m", "nbdist.cluster.watchdog", str(os.getpid()), cluster_id, *map(str, pids)],
+        [sys.executable, "-m", "nbdist.cluster.watchdog", str(os.getpid()), cluster_id,
+         *map(str, pids)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         start_new_session=True,  # a Ctrl-C to the kernel's process group must not end it
     )

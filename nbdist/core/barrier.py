@@ -61,10 +61,12 @@ class GroupBarrier:
                  if k != members and worker in k and self._pending[k].headers]
         pending = self._pending.get(members)
         if pending is None:
-            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32), since=now)
+            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32),
+                                                        since=now)
         if worker in pending.headers:  # a second push before the step completed: flush first
             ready.append(self._take(members))
-            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32), since=now)
+            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32),
+                                                        since=now)
         pending.total += np.float32(batch) * g
         pending.batch += batch
         pending.headers[worker] = header
@@ -75,7 +77,8 @@ class GroupBarrier:
 
     def drop(self, worker: int) -> list[GroupStep]:
         """`worker` left: flush every pending step that waits for it."""
-        return [self._take(k) for k in list(self._pending) if worker in k and self._pending[k].headers]
+        return [self._take(k) for k in list(self._pending)
+                if worker in k and self._pending[k].headers]
 
     def expired(self, limit_s: float, now: float) -> list[GroupStep]:
         """Steps that have waited `limit_s` or longer at time `now` for a member: applied with

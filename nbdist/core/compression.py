@@ -37,7 +37,8 @@ def decode(buffer, mode: str) -> np.ndarray:
 
 def decode_into(buffer, mode: str, out: np.ndarray) -> None:
     """Write a received frame into float32 `out` (one pass, no temporary for fp16)."""
-    np.copyto(out, np.frombuffer(buffer, dtype="<f4" if mode == "none" else "<f2"), casting="unsafe")
+    np.copyto(out, np.frombuffer(buffer, dtype="<f4" if mode == "none" else "<f2"),
+              casting="unsafe")
 
 
 def wire_bytes(count: int, mode: str) -> int:

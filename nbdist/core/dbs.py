@@ -90,8 +90,9 @@ def allocate(speeds: Sequence[float | None], total: int, b_min: int = 1,
     if m == 0:
         raise ConfigError("allocate() needs at least one worker. Received: speeds=[].")
     if b_min < 1 or (b_max is not None and b_max < b_min):
-        raise ConfigError(f"Batch bounds must satisfy 1 <= b_min <= b_max. Received: b_min={b_min}, "
-                          f"b_max={b_max}. Use b_min >= 1 (a worker needs one sample per step).")
+        raise ConfigError(f"Batch bounds must satisfy 1 <= b_min <= b_max. Received: "
+                          f"b_min={b_min}, b_max={b_max}. Use b_min >= 1 (a worker needs one "
+                          "sample per step).")
     if total < m * b_min or (b_max is not None and total > m * b_max):
         raise ConfigError(
             f"Cannot split a global batch of {total} over {m} workers within [{b_min}, {b_max}]. "
@@ -149,7 +150,8 @@ def equal_time_weights(fits: Sequence[tuple[float, float]], total: int) -> list[
     even an empty batch by T* gets a tiny weight (then `allocate` gives it b_min).
 
     Example:
-        >>> [round(w, 1) for w in equal_time_weights([(0.001, 1 / 30000)] * 2 + [(0.003, 1 / 10000)], 192)]
+        >>> [round(w, 1) for w in equal_time_weights([(0.001, 1 / 30000)] * 2
+        ...                                          + [(0.003, 1 / 10000)], 192)]
         [90.9, 90.9, 10.3]
     """
     t_star = (total + sum(c / s for c, s in fits)) / sum(1 / s for _, s in fits)
@@ -192,13 +194,14 @@ class BatchSizer:
         allocate([1.0], base_batch, b_min, b_max)  # validates b_min and b_max
         if not 0 < ema <= 1 or rebalance_every < 0 or hysteresis < 0:
             raise ConfigError(f"Expected 0 < ema <= 1, rebalance_every >= 0 (0: only explicit "
-                              f"rebalance()), hysteresis >= 0. Received: ema={ema}, rebalance_every="
-                              f"{rebalance_every}, hysteresis={hysteresis}.")
+                              f"rebalance()), hysteresis >= 0. Received: ema={ema}, "
+                              f"rebalance_every={rebalance_every}, hysteresis={hysteresis}.")
         self.num_workers, self.base_batch = num_workers, base_batch
         self.b_min, self.b_max = b_min, b_max
         self.ema, self.rebalance_every, self.hysteresis = ema, rebalance_every, hysteresis
         self._speeds = [0.0] * num_workers
-        self._steps: list[deque[tuple[int, float]]] = [deque(maxlen=STEP_HISTORY) for _ in range(num_workers)]
+        self._steps: list[deque[tuple[int, float]]] = [deque(maxlen=STEP_HISTORY)
+                                                       for _ in range(num_workers)]
         self._seen = [0] * num_workers
         self.warmup = warmup  # first steps per worker not measured (cold caches, first calls)
         self._batches = [base_batch] * num_workers
@@ -232,7 +235,8 @@ class BatchSizer:
 
     def _check(self, worker: int) -> None:
         if not 0 <= worker < self.num_workers:
-            raise ConfigError(f"Unknown worker {worker}. Expected 0 <= worker < {self.num_workers}.")
+            raise ConfigError(f"Unknown worker {worker}. Expected 0 <= worker < "
+                              f"{self.num_workers}.")
 
     def observe(self, worker: int, samples: int, compute_s: float) -> None:
         """Fold one step's compute-only rate into the worker's moving average (the first
@@ -251,7 +255,8 @@ class BatchSizer:
     def batch_for(self, worker: int) -> int:
         self._check(worker)
         if worker not in self._active:
-            raise ConfigError(f"Worker {worker} was dropped; it has no batch. Active: {self._active}.")
+            raise ConfigError(f"Worker {worker} was dropped; it has no batch. Active: "
+                              f"{self._active}.")
         return self._batches[worker]
 
     def _split(self) -> list[int]:
@@ -265,7 +270,8 @@ class BatchSizer:
             measured = [w for w in self._active if self._steps[w]]
             weights: list[float | None] = [None] * len(self._active)  # None: not measured yet
             if measured:
-                fits = [fit_step_time(self._steps[w]) or (0.0, 1.0 / self._speeds[w]) for w in measured]
+                fits = [fit_step_time(self._steps[w]) or (0.0, 1.0 / self._speeds[w])
+                        for w in measured]
                 fitted = equal_time_weights(fits, self.total)
                 for w, weight in zip(measured, fitted, strict=True):
                     weights[self._active.index(w)] = weight

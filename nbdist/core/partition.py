@@ -50,7 +50,8 @@ def link_time(nbytes: float, bandwidth: float, latency: float) -> float:
     return nbytes / bandwidth + latency
 
 
-def stage_times(costs, cut_bytes, bounds, bandwidth: float = math.inf, latency: float = 0.0) -> tuple[float, ...]:
+def stage_times(costs, cut_bytes, bounds, bandwidth: float = math.inf,
+                latency: float = 0.0) -> tuple[float, ...]:
     """Each stage's compute plus the link times of its boundary cuts.
 
     Example:
@@ -73,13 +74,14 @@ def check_stages(num_layers: int, stages: int, names=None) -> None:
     if stages < 1 or stages > num_layers:
         shown = f": {', '.join(names)}" if names else ""
         raise ConfigError(
-            f"--stages {stages} needs at least {stages} layers to cut, one per stage, but the model "
-            f"has {num_layers}{shown}. Use --stages {max(1, min(num_layers, stages))} or fewer, or a "
-            "model with more layers.")
+            f"--stages {stages} needs at least {stages} layers to cut, one per stage, but the "
+            f"model has {num_layers}{shown}. Use --stages {max(1, min(num_layers, stages))} or "
+            "fewer, or a model with more layers.")
 
 
-def partition(costs, cut_bytes, stages: int, method: str = "optimal", *, bandwidth: float = math.inf,
-              latency: float = 0.0, seed: int = 0, names=None) -> Partition:
+def partition(costs, cut_bytes, stages: int, method: str = "optimal", *,
+              bandwidth: float = math.inf, latency: float = 0.0, seed: int = 0,
+              names=None) -> Partition:
     """Cut the layers into `stages` contiguous stages by `method` (one of METHODS).
 
     Example:
@@ -88,7 +90,8 @@ def partition(costs, cut_bytes, stages: int, method: str = "optimal", *, bandwid
     """
     costs = [float(c) for c in costs]
     if len(cut_bytes) != max(0, len(costs) - 1):
-        raise ValueError(f"cut_bytes needs one entry per cut ({len(costs) - 1}), got {len(cut_bytes)}.")
+        raise ValueError(f"cut_bytes needs one entry per cut ({len(costs) - 1}), got "
+                         f"{len(cut_bytes)}.")
     check_stages(len(costs), stages, names)
     if method == "optimal":
         bounds = optimal_bounds(costs, cut_bytes, stages, bandwidth, latency)
@@ -99,7 +102,8 @@ def partition(costs, cut_bytes, stages: int, method: str = "optimal", *, bandwid
     elif method == "random":
         bounds = random_bounds(len(costs), stages, seed)
     else:
-        raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: {method!r}).")
+        raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: "
+                          f"{method!r}).")
     return Partition(method, bounds, stage_times(costs, cut_bytes, bounds, bandwidth, latency))
 
 
@@ -241,18 +245,22 @@ def check_pipeline_options(*, stages: object, micro_batches: object, method: obj
     """The `--mode pipeline` flags, checked before anything runs (TrainConfig calls this)."""
     for flag, value in (("--stages", stages), ("--micro-batches", micro_batches)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ConfigError(f"{flag} must be a whole number >= 1 (Received: {value!r}). Example: {flag} 2.")
+            raise ConfigError(f"{flag} must be a whole number >= 1 (Received: {value!r}). "
+                              f"Example: {flag} 2.")
     if method not in METHODS:
-        raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: {method!r}).")
+        raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: "
+                          f"{method!r}).")
     if kind not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)} (Received: {kind!r}).")
     if batch_size % micro_batches:
         raise ConfigError(
             f"--batch-size {batch_size} does not split into --micro-batches {micro_batches} equal "
             f"micro-batches. Use a batch size that is a multiple of {micro_batches} (e.g. "
-            f"{max(micro_batches, batch_size // micro_batches * micro_batches)}), or another --micro-batches.")
+            f"{max(micro_batches, batch_size // micro_batches * micro_batches)}), or another "
+            "--micro-batches.")
     given = [flag for flag, on in unsupported.items() if on]
     if given:
         raise ConfigError(
-            f"--mode pipeline trains one copy of the model cut into stages, with the cell's optimizer "
-            f"on each stage; {', '.join(given)} does not apply to it. Drop it, or use --mode async.")
+            f"--mode pipeline trains one copy of the model cut into stages, with the cell's "
+            f"optimizer on each stage; {', '.join(given)} does not apply to it. Drop it, or use "
+            "--mode async.")

@@ -35,4 +35,5 @@ class Plan:
     lr_owner: str = "hub"
     pause_at: int | None = None  # --pause-at: the coordinator pauses itself after this many steps
     silence_is_loss: bool = True  # write off the silent (not in sync: Horovod fails a hung rank)
-    epoch_gate: bool = False  # a cell's fit call: each epoch starts once the kernel ran its callbacks
+    # a cell's fit call: each epoch starts once the kernel ran its callbacks
+    epoch_gate: bool = False

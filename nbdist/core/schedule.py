@@ -58,7 +58,8 @@ class EpochSchedule:
 
     def __init__(self, num_samples: int, epochs: int):
         if num_samples < 1 or epochs < 1:
-            raise ValueError(f"need num_samples >= 1 and epochs >= 1 (Received: {num_samples}, {epochs})")
+            raise ValueError(f"need num_samples >= 1 and epochs >= 1 (Received: {num_samples}, "
+                             f"{epochs})")
         self.num_samples = num_samples
         self.epochs = epochs
         self._epoch = 0
@@ -92,7 +93,8 @@ class EpochSchedule:
         """Mark a chunk trained on; returns the epoch this completes, if it completes one."""
         chunk = self._outstanding.pop(chunk_id, None)
         if chunk is None:
-            raise KeyError(f"chunk {chunk_id} is not outstanding (completed twice, or never handed out)")
+            raise KeyError(f"chunk {chunk_id} is not outstanding (completed twice, or never "
+                           "handed out)")
         self._remaining[chunk.epoch] -= chunk.size
         self._done += chunk.size
         return chunk.epoch if self._remaining[chunk.epoch] == 0 else None
@@ -141,7 +143,8 @@ class EpochSchedule:
     def state(self) -> dict:
         """The data position as plain JSON: chunks handed out but not completed (in flight or
         requeued) count as not done, so a resumed run trains on each of them once."""
-        pending = sorted([c.epoch, c.start, c.stop] for c in (*self._outstanding.values(), *self._requeued))
+        pending = sorted([c.epoch, c.start, c.stop]
+                         for c in (*self._outstanding.values(), *self._requeued))
         return {"num_samples": self.num_samples, "epochs": self.epochs, "epoch": self._epoch,
                 "cursor": self._cursor, "remaining": list(self._remaining), "done": self._done,
                 "pending": pending}
@@ -170,9 +173,11 @@ class EpochSchedule:
             raise ValueError(f"malformed data position: {exc!r}") from None
         epochs = saved_epochs if epochs is None else epochs
         if epochs < saved_epochs:
-            raise ValueError(f"the checkpoint's run has {saved_epochs} epochs; cannot shorten it to {epochs}")
+            raise ValueError(f"the checkpoint's run has {saved_epochs} epochs; cannot shorten it "
+                             f"to {epochs}")
         s = cls(n, epochs)
-        unissued = [n if e > epoch else (n - cursor if e == epoch else 0) for e in range(saved_epochs)]
+        unissued = [n if e > epoch else (n - cursor if e == epoch else 0)
+                    for e in range(saved_epochs)]
         for e, start, stop in pending:
             if not (0 <= e < saved_epochs and 0 <= start < stop <= n):
                 raise ValueError(f"pending chunk {[e, start, stop]} lies outside the data")

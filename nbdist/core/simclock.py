@@ -96,7 +96,8 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
     """
     if not value:
         return {}
-    items = value.items() if isinstance(value, Mapping) else (p.partition("=")[::2] for p in value.split(","))
+    items = (value.items() if isinstance(value, Mapping)
+             else (p.partition("=")[::2] for p in value.split(",")))
     out: dict = {}
     for name, raw in items:
         name = str(name).strip()
@@ -109,8 +110,10 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
             raise ConfigError(f"--sim expects name=number pairs (Received: {name}={raw!r}). "
                               "Example: --sim jitter=0.1,sync=1") from None
         low, high = _BOUNDS[name]
-        if not (math.isfinite(number) and low <= number <= high) or (name in _BOOLEAN and number not in (0, 1)):
-            raise ConfigError(f"--sim {name} must be {'0 or 1' if name in _BOOLEAN else f'in [{low:g}, {high:g}]'} "
+        if (not (math.isfinite(number) and low <= number <= high)
+                or (name in _BOOLEAN and number not in (0, 1))):
+            raise ConfigError(f"--sim {name} must be "
+                              f"{'0 or 1' if name in _BOOLEAN else f'in [{low:g}, {high:g}]'} "
                               f"(Received: {raw!r}).")
         out[name] = int(number) if name in _BOOLEAN else number
     return out
@@ -149,7 +152,8 @@ def fit_cost(points: Sequence[tuple[int, float]], jitter: float = 0.0) -> CostMo
     b = np.array([p[0] for p in points], dtype=float)
     t = np.array([p[1] for p in points], dtype=float)
     if len(points) < 2 or np.ptp(b) == 0:
-        raise ValueError(f"fit_cost needs at least two different batch sizes (Received: {list(points)}).")
+        raise ValueError(f"fit_cost needs at least two different batch sizes (Received: "
+                         f"{list(points)}).")
     slope, intercept = np.polyfit(b, t, 1)
     if intercept < 0:
         intercept, slope = 0.0, float((b @ t) / (b @ b))

@@ -68,8 +68,8 @@ class Timeline:
     def __init__(self, columns: Sequence[str] = DEFAULT_COLUMNS, capacity: int = 1024) -> None:
         columns = tuple(columns)
         if "time" not in columns or len(set(columns)) != len(columns):
-            raise ConfigError(f"Timeline columns must be unique and include 'time' (rows are merged "
-                              f"and filtered by it). Received: {columns}.")
+            raise ConfigError(f"Timeline columns must be unique and include 'time' (rows are "
+                              f"merged and filtered by it). Received: {columns}.")
         if capacity < 2 or capacity % 2:
             raise ConfigError(f"Timeline capacity must be an even number >= 2 (rows are merged in "
                               f"pairs). Received: capacity={capacity}.")
@@ -80,7 +80,8 @@ class Timeline:
                        else "min" if c.endswith("_min") else "mean" for c in columns]
         self._means = [i for i, k in enumerate(self._kinds) if k == "mean"]
         self._lasts = [i for i, k in enumerate(self._kinds) if k == "last"]
-        self._extremes = [(i, max if k == "max" else min) for i, k in enumerate(self._kinds) if k in ("max", "min")]
+        self._extremes = [(i, max if k == "max" else min) for i, k in enumerate(self._kinds)
+                          if k in ("max", "min")]
         kinds = np.array(self._kinds)
         self._is_last, self._is_max, self._is_min = kinds == "last", kinds == "max", kinds == "min"
         self._series: dict[int, _Series] = {}
@@ -108,7 +109,8 @@ class Timeline:
             except KeyError:
                 unknown = sorted(row.keys() - index.keys())
                 raise ConfigError(f"Unknown timeline column(s) {unknown}. Expected some of "
-                                  f"{list(self.columns)}; add them when creating the Timeline.") from None
+                                  f"{list(self.columns)}; add them when creating the "
+                                  "Timeline.") from None
             return x
         if len(row) != len(self.columns):
             raise ConfigError(f"A timeline row needs {len(self.columns)} values "
@@ -233,8 +235,8 @@ class DelayWindow:
 
     def __init__(self, window: int = 256, cap: int = 64) -> None:
         if window < 1 or cap < 1:
-            raise ConfigError(f"DelayWindow needs window >= 1 and cap >= 1. Received: window={window}, "
-                              f"cap={cap}.")
+            raise ConfigError(f"DelayWindow needs window >= 1 and cap >= 1. Received: "
+                              f"window={window}, cap={cap}.")
         self.window, self.cap = window, cap
         self._recent: dict[int, np.ndarray] = {}
         self._count: dict[int, int] = {}
@@ -266,7 +268,8 @@ class DelayWindow:
         if not n:
             return {"delay_mean": math.nan, "delay_p95": math.nan, "delay_max": math.nan}
         x = np.sort(self._recent[worker][:n])  # the order in the window does not matter here
-        return {"delay_mean": float(np.mean(x)), "delay_p95": _p95_sorted(x.tolist()), "delay_max": float(x[-1])}
+        return {"delay_mean": float(np.mean(x)), "delay_p95": _p95_sorted(x.tolist()),
+                "delay_max": float(x[-1])}
 
     def histogram(self, worker: int) -> dict[int, int]:
         """Counts of every delay seen, non-zero bins only; the key `cap` counts delays >= cap."""

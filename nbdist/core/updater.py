@@ -14,15 +14,16 @@ After every update that changed `w` (the optimizer's step, a group step, a local
 an EASGD elastic sum), the model's Keras constraints (`nbdist.algorithms.constraints`: MaxNorm,
 NonNeg, ...) are applied to the variables they constrain, as `optimizer.apply` ends.
 
-Plain SGD (no momentum, clipping or weight decay) takes the rule's own fused pass instead: one
-pass over memory for the update and the reply copy, the same numbers (with constraints, the constrained
-variables are then constrained and copied again: the rest keeps its one pass). Two rules are defined on
-SGD only: `ddc-asgd` (its delay-weighted momentum is the optimizer) and `easgd` (a push is an
-elastic difference, not a gradient; the cell's optimizer runs on the workers, the hub only adds
-the difference). `check_composition` refuses ddc-asgd with anything but plain SGD.
+Plain SGD (no momentum, clipping or weight decay) takes the rule's own fused pass instead: one pass
+over memory for the update and the reply copy, the same numbers (with constraints, the constrained
+variables are then constrained and copied again: the rest keeps its one pass). Two rules are defined
+on SGD only: `ddc-asgd` (its delay-weighted momentum is the optimizer) and `easgd` (a push is an
+elastic difference, not a gradient; the cell's optimizer runs on the workers, the hub only adds the
+difference). `check_composition` refuses ddc-asgd with anything but plain SGD.
 
-Used by the hub (`nbdist.hub.server`) and the simulator (`nbdist.modes.simulate.simulation`) alike, so both apply a
-push the same way. Pure NumPy; `nbdist.engine.optimizer_spec.choose_optimizer` (kernel side) reads the Keras optimizer.
+Used by the hub (`nbdist.hub.server`) and the simulator (`nbdist.modes.simulate.simulation`) alike,
+so both apply a push the same way. Pure NumPy; `nbdist.engine.optimizer_spec.choose_optimizer`
+(kernel side) reads the Keras optimizer.
 """
 
 from __future__ import annotations
@@ -62,10 +63,11 @@ def check_composition(algorithm: str, spec: dict | None) -> None:
     """Refuse a rule that cannot hand its gradient to this optimizer."""
     if algorithm == "ddc-asgd" and not plain_sgd(spec):
         raise ConfigError(
-            f"--algorithm ddc-asgd is its own delay-weighted momentum on plain SGD, so it cannot run "
-            f"with the cell's {describe_spec(spec)} (momentum, clipping and weight decay included). "
-            "Use --algorithm dc-asgd-a (delay compensation that works with any optimizer), or pass "
-            "--server-optimizer sgd --lr 0.05 to run ddc-asgd with plain SGD on purpose.")
+            f"--algorithm ddc-asgd is its own delay-weighted momentum on plain SGD, so it cannot "
+            f"run with the cell's {describe_spec(spec)} (momentum, clipping and weight decay "
+            "included). Use --algorithm dc-asgd-a (delay compensation that works with any "
+            "optimizer), or pass --server-optimizer sgd --lr 0.05 to run ddc-asgd with plain SGD "
+            "on purpose.")
 
 
 class Updater:
@@ -128,7 +130,8 @@ class Updater:
         if self.staleness_lr:
             scale /= max(1, delay)
         changed, copied = self._update(worker, w, g, delay, scale, into, global_norm)
-        if changed and self.constraints:  # as Keras's apply ends; `into` then gets those parts again
+        # as Keras's apply ends; `into` then gets those parts again
+        if changed and self.constraints:
             self.constraints.apply(w, into if copied else None)
         if into is not None and changed and not copied:
             stream = into.size >= STREAM_MIN  # a reply past the cache: streaming stores
@@ -153,12 +156,14 @@ class Updater:
         if decided is None:
             return False, False
         gradient, scale = decided
-        return True, opt.apply(w, gradient, scale, global_norm, into)  # large shards: fused copy-out
+        # large shards: fused copy-out
+        return True, opt.apply(w, gradient, scale, global_norm, into)
 
     @property
     def state_nbytes(self) -> int:
         """Bytes the rule and the optimizer hold beyond the parameters."""
-        return self.rule.state_nbytes + (self.optimizer.state_nbytes if self.optimizer is not None else 0)
+        return self.rule.state_nbytes + (self.optimizer.state_nbytes
+                                         if self.optimizer is not None else 0)
 
 
 def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, offset: int = 0,
@@ -169,7 +174,8 @@ def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, of
     from nbdist.algorithms.optimizers import server_optimizer_spec
 
     rule = make_rule(plan.algorithm, size, plan.num_workers, rule_options)
-    rule.reads_kept = 2 if getattr(plan, "overlap", False) else 1  # an overlapped push is one read behind
+    # an overlapped push is one read behind
+    rule.reads_kept = 2 if getattr(plan, "overlap", False) else 1
     if optimizer is None:
         optimizer = server_optimizer_spec("sgd", plan.lr, [offset + size])
     return Updater(rule, optimizer, offset, plan.staleness_lr, constraints)

@@ -157,8 +157,8 @@ def compare_figure(runs: list[tuple[str, object]], metric: str = "accuracy", x: 
                    *, window: int = 50) -> dict:
     """One metric of several (label, run) pairs as a figure dict, each run in its colour."""
     if metric not in METRICS:
-        raise ConfigError(f"compare draws one of {', '.join(METRICS)}. Received: metric={metric!r}. "
-                          f"Pass e.g. metric='accuracy'.")
+        raise ConfigError(f"compare draws one of {', '.join(METRICS)}. Received: "
+                          f"metric={metric!r}. Pass e.g. metric='accuracy'.")
     if x not in XS:
         raise ConfigError(f"compare plots against 'time' or 'samples'. Received: x={x!r}. "
                           "Pass x='time' or x='samples'.")

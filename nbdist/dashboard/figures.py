@@ -137,7 +137,8 @@ def _split(timeline: pd.DataFrame, top_k: int | None) -> tuple[list[int], list[i
         return workers, []
     if top_k < 0:
         raise ConfigError(f"top_k must be >= 0 or None. Received: top_k={top_k}.")
-    keep = sorted(slowest_workers(timeline, top_k)) if "samples_per_s" in timeline else workers[:top_k]
+    keep = (sorted(slowest_workers(timeline, top_k)) if "samples_per_s" in timeline
+            else workers[:top_k])
     return keep, [w for w in workers if w not in keep]
 
 
@@ -206,7 +207,8 @@ def _per_worker(timeline: pd.DataFrame | None, columns: Sequence[tuple[str, str,
 
 
 def throughput_figure(timeline: pd.DataFrame | None, *, top_k: int | None = None,
-                      events: pd.DataFrame | None = None, smooth: int | None = SMOOTH_POINTS) -> dict:
+                      events: pd.DataFrame | None = None,
+                      smooth: int | None = SMOOTH_POINTS) -> dict:
     """Samples/s per worker over time, as a moving average over `smooth` points with the raw
     values faint behind it: who is slow, and whether DBS evens it out."""
     return _per_worker(timeline, [("samples_per_s", "", None)],
@@ -287,7 +289,8 @@ def loss_figure(history: pd.DataFrame | None, x: str = "time", *, window: int = 
             if not val.empty:
                 traces.append({"type": "scatter", "mode": "lines+markers", "x": values(val[x]),
                                "y": values(val[col]), "name": name, "yaxis": axis,
-                               "line": {"color": VAL_COLOR, **({"dash": "dot"} if axis == "y" else {})}})
+                               "line": {"color": VAL_COLOR,
+                                        **({"dash": "dot"} if axis == "y" else {})}})
     if not traces:
         return empty_figure(title)
     fig_layout = layout(title, xtitle, "loss", traces)

@@ -37,11 +37,13 @@ def _host_labels(hosts: list[str], hubs: list[dict]) -> dict[str, str]:
     shards: dict[str, list[int]] = {}
     for h in hubs:
         shards.setdefault(h.get("host") or "?", []).append(int(h["shard"]))
-    return {host: f"{host} · hub {','.join(map(str, sorted(shards[host])))}" if host in shards else host
+    return {host: (f"{host} · hub {','.join(map(str, sorted(shards[host])))}" if host in shards
+                   else host)
             for host in hosts}
 
 
-def hosts_figure(nodes: pd.DataFrame | list[dict] | None, hubs: pd.DataFrame | list[dict] | None = None) -> dict:
+def hosts_figure(nodes: pd.DataFrame | list[dict] | None,
+                 hubs: pd.DataFrame | list[dict] | None = None) -> dict:
     """Workers grouped by host, each bar the worker's traffic in MB/s over its link; hub
     shards' hosts are marked ("· hub 0") and each shard drawn as a grey diamond at zero.
 
@@ -62,16 +64,17 @@ def hosts_figure(nodes: pd.DataFrame | list[dict] | None, hubs: pd.DataFrame | l
     label = _host_labels(hosts, hubs)
     traces = []
     for host in hosts:
-        for r in sorted((r for r in workers if (r.get("host") or "?") == host), key=lambda r: int(r["worker"])):
+        for r in sorted((r for r in workers if (r.get("host") or "?") == host),
+                        key=lambda r: int(r["worker"])):
             w, link = int(r["worker"]), r.get("link") or ""  # none: a sync rank (Gloo's traffic)
             rate = _number(r.get("bytes_per_s")) / MB
             hover = (f"worker {w} on {host} ({link or 'no nbdist link'})<br>{rate:.2f} MB/s<br>"
                      f"sent {_number(r.get('bytes_sent')) / MB:.1f} MB, "
                      f"received {_number(r.get('bytes_received')) / MB:.1f} MB")
-            traces.append({"type": "bar", "x": [[label[host]], [f"w{w} {link}".strip()]], "y": [rate],
-                           "name": f"worker {w}", "legendgroup": f"worker {w}", "showlegend": False,
-                           "marker": {"color": worker_color(w)}, "hovertext": [hover],
-                           "hoverinfo": "text"})
+            traces.append({"type": "bar", "x": [[label[host]], [f"w{w} {link}".strip()]],
+                           "y": [rate], "name": f"worker {w}", "legendgroup": f"worker {w}",
+                           "showlegend": False, "marker": {"color": worker_color(w)},
+                           "hovertext": [hover], "hoverinfo": "text"})
     if hubs:
         ordered = sorted(hubs, key=lambda h: (hosts.index(h.get("host") or "?"), int(h["shard"])))
         traces.append({"type": "scatter", "mode": "markers", "name": "hub shard",
@@ -79,7 +82,8 @@ def hosts_figure(nodes: pd.DataFrame | list[dict] | None, hubs: pd.DataFrame | l
                              [f"hub {int(h['shard'])}" for h in ordered]],
                        "y": [0] * len(ordered), "cliponaxis": False,
                        "marker": {"symbol": "diamond", "size": 12, "color": OTHERS_COLOR},
-                       "hovertext": [f"hub shard {int(h['shard'])} on {h.get('host') or '?'}" for h in ordered],
+                       "hovertext": [f"hub shard {int(h['shard'])} on {h.get('host') or '?'}"
+                                     for h in ordered],
                        "hoverinfo": "text"})
     fig_layout = layout(HOSTS_TITLE, "", "MB/s (sent + received)", traces, barmode="group")
     fig_layout["margin"]["b"] += MULTICATEGORY_PX

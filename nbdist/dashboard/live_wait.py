@@ -75,7 +75,8 @@ def wait_live(run: Run, dashboard: Dashboard | None = None, *,
             if dashboard is not None and time.monotonic() >= next_draw:
                 dashboard.step()
                 next_draw = time.monotonic() + dashboard.refresh_s
-            pause = TICK_S if dashboard is None else min(TICK_S, max(0.0, next_draw - time.monotonic()))
+            pause = (TICK_S if dashboard is None
+                     else min(TICK_S, max(0.0, next_draw - time.monotonic())))
             if inbox is not None:
                 inbox.serve(pause)
             else:
@@ -116,7 +117,8 @@ class ShellInbox:
         except ImportError:
             return None
         kernel = getattr(get_ipython(), "kernel", None)
-        if kernel is None or getattr(kernel, "session", None) is None or not hasattr(kernel, "shell_main"):
+        if (kernel is None or getattr(kernel, "session", None) is None
+                or not hasattr(kernel, "shell_main")):
             return None  # no kernel, or one before ipykernel 7 (no shell_main to hand back to)
         try:
             thread = getattr(kernel, "shell_channel_thread", None)

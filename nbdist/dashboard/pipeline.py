@@ -38,10 +38,12 @@ def pipeline_summary(info: dict, stages: int, micro_batches: int) -> dict:
 
 
 def step_bubble(ops_by_stage: dict) -> float:
-    """The idle share of one step: 1 - (sum of every op's time) / (stages x (last end - first start)).
+    """The idle share of one step:
+    1 - (sum of every op's time) / (stages x (last end - first start)).
 
     Example:
-        >>> round(step_bubble({0: [["F", 0, 0.0, 1.0], ["B", 0, 2.0, 3.0]], 1: [["F", 0, 1.0, 2.0], ["B", 0, 1.5, 2.0]]}), 4)
+        >>> round(step_bubble({0: [["F", 0, 0.0, 1.0], ["B", 0, 2.0, 3.0]],
+        ...                    1: [["F", 0, 1.0, 2.0], ["B", 0, 1.5, 2.0]]}), 4)
         0.4167
     """
     ops = [op for stage_ops in ops_by_stage.values() for op in stage_ops]
@@ -50,7 +52,8 @@ def step_bubble(ops_by_stage: dict) -> float:
     return 1.0 - busy / (len(ops_by_stage) * (end - start))
 
 
-def pipeline_figure(ops_by_stage: dict, stages: int, micro_batches: int, summary: dict | None = None) -> dict:
+def pipeline_figure(ops_by_stage: dict, stages: int, micro_batches: int,
+                    summary: dict | None = None) -> dict:
     """One horizontal bar per forward, backward and optimizer step, per stage (stage 0 on top),
     in milliseconds from the step's first op; the title gives the bubble, measured and ideal."""
     if not ops_by_stage:
@@ -67,9 +70,11 @@ def pipeline_figure(ops_by_stage: dict, stages: int, micro_batches: int, summary
                     xs.append((op[3] - op[2]) * 1e3)
                     texts.append("" if kind == "U" else str(op[1]))
         if ys:
-            traces.append({"type": "bar", "orientation": "h", "name": name, "y": ys, "x": xs, "base": bases,
-                           "text": texts, "textposition": "inside", "marker": {"color": KIND_COLORS[kind]},
-                           "hovertemplate": f"{name} micro-batch %{{text}}: %{{x:.2f}} ms<extra></extra>"})
+            traces.append({"type": "bar", "orientation": "h", "name": name, "y": ys, "x": xs,
+                           "base": bases, "text": texts, "textposition": "inside",
+                           "marker": {"color": KIND_COLORS[kind]},
+                           "hovertemplate": f"{name} micro-batch %{{text}}: %{{x:.2f}} ms"
+                                            "<extra></extra>"})
     summary = summary or {}
     bubble, ideal = step_bubble(ops_by_stage), ideal_bubble(stages, micro_batches)
     overall = summary.get("bubble")
@@ -80,7 +85,7 @@ def pipeline_figure(ops_by_stage: dict, stages: int, micro_batches: int, summary
     if util and all(u is not None for u in util):
         title += "<br>utilisation " + ", ".join(f"stage {s} {u:.0%}" for s, u in enumerate(util))
     fig_layout = layout(title, "time in the step (ms)", "", traces, barmode="overlay")
-    fig_layout["yaxis"] = {"autorange": "reversed", "automargin": True,
-                           "categoryorder": "array", "categoryarray": [f"stage {s}" for s in range(stages)]}
+    fig_layout["yaxis"] = {"autorange": "reversed", "automargin": True, "categoryorder": "array",
+                           "categoryarray": [f"stage {s}" for s in range(stages)]}
     fig_layout["margin"]["t"] = 80
     return {"data": traces, "layout": fig_layout}

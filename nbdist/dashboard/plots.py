@@ -78,13 +78,16 @@ function render({ model, el }) {
   const draw = () => {
     if (!Plotly) return;
     const fig = model.get("figure") || {};
-    const layout = Object.assign({}, fig.layout || {}, {height: model.get("height"), autosize: true});
+    const layout = Object.assign({}, fig.layout || {},
+                                 {height: model.get("height"), autosize: true});
     if (typeof layout.template === "string") layout.template = model.get("template");
     Plotly.react(div, fig.data || [], layout, CONFIG).then(() => {
       div.dataset.revision = String(++revision);
     });
   };
-  const resize = new ResizeObserver(() => { if (Plotly && div._fullLayout) Plotly.Plots.resize(div); });
+  const resize = new ResizeObserver(() => {
+    if (Plotly && div._fullLayout) Plotly.Plots.resize(div);
+  });
   plotly(model).then((p) => { Plotly = p; draw(); resize.observe(div); });
   model.on("change:figure", draw);
   return () => {
@@ -130,8 +133,9 @@ class PlotPanel(anywidget.AnyWidget):
     """One plot of the dashboard; assign `figure` (a figure dict) to redraw it in place.
 
     Example:
-        >>> panel = PlotPanel(name="throughput", figure=throughput_figure(run.timeline))  # doctest: +SKIP
-        >>> panel.figure = throughput_figure(run.timeline)                                # doctest: +SKIP
+        >>> panel = PlotPanel(name="throughput",  # doctest: +SKIP
+        ...                   figure=throughput_figure(run.timeline))
+        >>> panel.figure = throughput_figure(run.timeline)  # doctest: +SKIP
     """
 
     _esm = _ESM

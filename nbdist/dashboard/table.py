@@ -85,7 +85,8 @@ def node_table_html(nodes: pd.DataFrame | None) -> str:
     body = []
     for r in nodes.to_dict("records"):
         color = worker_color(int(r["worker"])) if not missing(r.get("worker")) else "#222222"
-        cells = [f'<td style="{pad};color:{color};font-weight:bold">{html.escape(_cell("worker", r))}</td>']
+        cells = [f'<td style="{pad};color:{color};font-weight:bold">'
+                 f'{html.escape(_cell("worker", r))}</td>']
         cells += [f'<td style="{pad}">{html.escape(_cell(c, r))}</td>' for c in columns[1:]]
         body.append(f'<tr class="nbdist-node">{"".join(cells)}</tr>')
     return (f'<table class="nbdist-nodes" style="border-collapse:collapse;font-size:12px">'

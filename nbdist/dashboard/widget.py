@@ -8,8 +8,8 @@ per-property validation: a panel costs one JSON encoding per redraw.
 
 Responsible for:
 - laying out the panels of `figures` (throughput, delay, delay histogram, batch size, loss
-  against time and against global step, hosts view, node table) and the controls (pause/resume, stop,
-  learning rate, batch policy, regroup, per-worker slow-down, top-k), the slow-down sliders
+  against time and against global step, hosts view, node table) and the controls (pause/resume,
+  stop, learning rate, batch policy, regroup, per-worker slow-down, top-k), the slow-down sliders
   following the workers (one more for each worker added mid-run);
 - refreshing them from the kernel's own asyncio loop (a `call_later` chain on the main
   thread): widgets are only touched by the thread that also handles the clicks. While a cell
@@ -47,7 +47,8 @@ SLOWDOWN_MAX = 8.0
 MANY_WORKERS = 8  # above this many workers the panels start at "8 slowest + mean of the others"
 STATUS_COLORS = {"starting": "#555555", "running": "#1CA71C", "paused": "#B68100",
                  "finished": "#2E91E5", "stopped": "#555555", "failed": "#FB0D0D"}
-PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_step", "hosts")  # grid order
+# grid order
+PANELS = ("throughput", "delay", "batch", "delay_histogram", "loss_time", "loss_step", "hosts")
 
 
 def widgets_available() -> bool:
@@ -149,9 +150,11 @@ class Dashboard:
         self.warnings = w.HTML(_warnings_html(run.warnings))
         self.message = w.HTML()
         self.table = w.HTML(figures.node_table_html(None))
-        self.pause_button = w.Button(description="Pause", icon="pause", tooltip="pause/resume every worker")
+        self.pause_button = w.Button(description="Pause", icon="pause",
+                                     tooltip="pause/resume every worker")
         self.stop_button = w.Button(description="Stop", icon="stop", button_style="danger",
-                                    tooltip="end training; the notebook's model gets the weights so far")
+                                    tooltip="end training; the notebook's model gets the "
+                                            "weights so far")
         self.lr_slider = w.FloatLogSlider(value=1e-2, base=10, min=-5, max=1, step=0.05,
                                           description="learning rate", continuous_update=False,
                                           readout_format=".2g", disabled=True,
@@ -180,8 +183,10 @@ class Dashboard:
         if getattr(run.config.algorithm, "value", "") == "group":
             controls.append(self.regroup_button)
         self.grid = w.GridBox(list(self.plots.values()),
-                              layout={"grid_template_columns": "repeat(2, minmax(0, 1fr))", "width": "100%"})
-        self.widget = w.VBox([self.status, self.warnings, w.HBox(controls + [self.top_k], layout={"flex_flow": "row wrap"}),
+                              layout={"grid_template_columns": "repeat(2, minmax(0, 1fr))",
+                                      "width": "100%"})
+        self.widget = w.VBox([self.status, self.warnings,
+                              w.HBox(controls + [self.top_k], layout={"flex_flow": "row wrap"}),
                               self.lab, self.message, self.grid, self.table])
         self.widget.add_class("nbdist-dashboard")
         self.refresh()
@@ -262,7 +267,8 @@ class Dashboard:
         if key != (seen["timeline"], seen["events"], seen["top_k"]):
             seen["timeline"], seen["events"], seen["top_k"] = key
             timeline = run.timeline
-            self._draw("throughput", figures.throughput_figure(timeline, top_k=top_k, events=events))
+            self._draw("throughput", figures.throughput_figure(timeline, top_k=top_k,
+                                                               events=events))
             self._draw("delay", figures.delay_figure(timeline, top_k=top_k, events=events))
             self._draw("batch", figures.batch_figure(timeline, top_k=top_k, events=events))
             self._draw("delay_histogram", figures.delay_histogram_figure(run.delays))
@@ -270,7 +276,8 @@ class Dashboard:
             self._loss_at = time.monotonic()
             history = run.history
             for name, x in (("loss_time", "time"), ("loss_step", "step")):
-                self._draw(name, figures.loss_figure(history, x, events=events, max_points=LOSS_POINTS))
+                self._draw(name, figures.loss_figure(history, x, events=events,
+                                                     max_points=LOSS_POINTS))
         if nodes is not None:
             self._draw("hosts", figures.hosts_figure(nodes, getattr(run, "hubs", None)))
 
@@ -288,7 +295,8 @@ class Dashboard:
             lr = snap.get("lr")
             if lr and self.lr_slider.disabled and not self.run.done():
                 exponent = math.log10(lr)
-                self.lr_slider.min, self.lr_slider.max = math.floor(exponent) - 2, math.ceil(exponent) + 1
+                self.lr_slider.min, self.lr_slider.max = (math.floor(exponent) - 2,
+                                                          math.ceil(exponent) + 1)
                 self.lr_slider.disabled = False
             if lr and not math.isclose(self.lr_slider.value, lr, rel_tol=1e-3):
                 self.lr_slider.value = lr
@@ -311,7 +319,8 @@ class Dashboard:
             slider = w.FloatSlider(value=1.0, min=1.0, max=SLOWDOWN_MAX, step=0.5,
                                    description=f"worker {int(worker)}", continuous_update=False,
                                    style={"description_width": "initial"})
-            slider.observe(lambda change, k=int(worker): self._on_slowdown(k, change), names="value")
+            slider.observe(lambda change, k=int(worker): self._on_slowdown(k, change),
+                           names="value")
             slider.disabled = self.run.done()
             self.slowdown_sliders.append(slider)
         self.slowdown_box.children = tuple(self.slowdown_sliders)
@@ -340,11 +349,13 @@ class Dashboard:
 
     def _on_lr(self, change) -> None:
         if not self._syncing:
-            self._act(lambda: self.run.set_lr(change["new"]), f"learning rate {change['new']:.3g} sent")
+            self._act(lambda: self.run.set_lr(change["new"]),
+                      f"learning rate {change['new']:.3g} sent")
 
     def _on_policy(self, change) -> None:
         if not self._syncing:
-            self._act(lambda: self.run.set_batch_policy(change["new"]), f"batch policy {change['new']} sent")
+            self._act(lambda: self.run.set_batch_policy(change["new"]),
+                      f"batch policy {change['new']} sent")
 
     def _on_slowdown(self, worker: int, change) -> None:
         if not self._syncing:

@@ -21,8 +21,8 @@ def evaluate(model, validation: tuple | None, batch_size: int, one_batch_limit: 
     if num_rows(xv) <= one_batch_limit:
         result = model.test_on_batch(xv, yv, sample_weight=sw, return_dict=True)
     else:
-        result = model.evaluate(xv, yv, sample_weight=sw, batch_size=max(256, batch_size), verbose=0,
-                                return_dict=True)
+        result = model.evaluate(xv, yv, sample_weight=sw, batch_size=max(256, batch_size),
+                                verbose=0, return_dict=True)
     return {k: float(v) for k, v in result.items()}
 
 

@@ -64,7 +64,8 @@ def _device(nvml=None):
         nvml.nvmlInit()
         if nvml.nvmlDeviceGetCount() < 1:
             return None, None
-        index = _chosen if _chosen is not None else device_for(0, 1, os.environ.get("CUDA_VISIBLE_DEVICES"))
+        index = (_chosen if _chosen is not None
+                 else device_for(0, 1, os.environ.get("CUDA_VISIBLE_DEVICES")))
         return nvml, nvml.nvmlDeviceGetHandleByIndex(index)
     except Exception:  # noqa: BLE001 - NVMLError (no driver, no device): treated as no GPU
         return None, None

@@ -46,7 +46,8 @@ def increments(model, loss, x, y, y_pred, sample_weight=None, after_loss=None):
     variables = list(model.metrics_variables)
     if not variables:
         return ops.zeros((0,), "float32")
-    start = after_loss if after_loss is not None else [ops.zeros(v.shape, v.dtype) for v in variables]
+    start = (after_loss if after_loss is not None
+             else [ops.zeros(v.shape, v.dtype) for v in variables])
     with keras.StatelessScope(state_mapping=list(zip(variables, start, strict=True))) as scope:
         compile_loss = getattr(model, "_compile_loss", None)
         if after_loss is None and compile_loss is not None and compile_loss.metrics:
@@ -85,6 +86,7 @@ def epoch_logs(model, sums: np.ndarray) -> dict[str, float]:
         v.assign(np.asarray(sums[offset:offset + n]).reshape(v.shape).astype(v.dtype))
         offset += n
     try:
-        return {name: float(np.asarray(value)) for name, value in model.get_metrics_result().items()}
+        return {name: float(np.asarray(value))
+                for name, value in model.get_metrics_result().items()}
     finally:
         model.reset_metrics()

@@ -54,7 +54,8 @@ class FitDriver:
         self.callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=self.model,
             verbose=call.verbose, epochs=self.fit.epochs, steps=self.steps)
-        self.batch_hooks = any(_overrides(cb, "on_train_batch_end") or _overrides(cb, "on_train_batch_begin")
+        self.batch_hooks = any(_overrides(cb, "on_train_batch_end")
+                               or _overrides(cb, "on_train_batch_begin")
                                or _overrides(cb, "on_batch_end") for cb in callbacks)
         self.validation = job.contents.validation_arrays
         self.epoch = first_epoch  # the hub epoch to end next (0-based; later when resuming)
@@ -129,7 +130,8 @@ class FitDriver:
 
     def _epochs_ended(self) -> set[int]:
         """The hub epochs that have ended (every sample of them trained on)."""
-        return {int(e["epoch"]) for e in self.run.stats.get("events", []) if e.get("event") == "epoch_end"}
+        return {int(e["epoch"]) for e in self.run.stats.get("events", [])
+                if e.get("event") == "epoch_end"}
 
     def _epoch_begin(self) -> None:
         if self.epoch > self.last_epoch:
@@ -175,7 +177,8 @@ class FitDriver:
     def _evaluate(self) -> dict:
         call = self.fit.call
         x, y, sw = (*self.validation, None)[:3]
-        result = self.model.evaluate(x, y, sample_weight=sw, batch_size=call.validation_batch_size or self.fit.batch,
+        result = self.model.evaluate(x, y, sample_weight=sw,
+                                     batch_size=call.validation_batch_size or self.fit.batch,
                                      steps=call.validation_steps, verbose=0, return_dict=True)
         return {k: float(v) for k, v in result.items()}
 

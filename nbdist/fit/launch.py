@@ -42,7 +42,8 @@ class FitLauncher:
                  presenter: Presenter | None, start):
         self.cell, self.config, self.ns, self.cluster = cell, config, namespace, cluster
         self.checkpoint, self.given = checkpoint, given
-        self.start = start  # the mode's start(job, cluster=, wait=) -> Run (nbdist.modes, via the api)
+        # the mode's start(job, cluster=, wait=) -> Run (nbdist.modes, via the api)
+        self.start = start
         self.presenter = presenter or Presenter()
         self.run = None
 
@@ -59,11 +60,12 @@ class FitLauncher:
             config = config.replace(**options)
             if config.mode.value == "pipeline":
                 raise ConfigError(
-                    "--mode pipeline does not take a cell's model.fit(...) call yet: its stages keep "
-                    "the model in parts, so the kernel cannot hand callbacks the whole model at each "
-                    "epoch. Use --mode async, sync or local for this cell, or remove the fit call and "
-                    "pass --epochs and --batch-size on the magic line.")
-            job = prepare_job(self.cell, config, self.ns, self.checkpoint, fit=spec, **self._found(placed))
+                    "--mode pipeline does not take a cell's model.fit(...) call yet: its stages "
+                    "keep the model in parts, so the kernel cannot hand callbacks the whole model "
+                    "at each epoch. Use --mode async, sync or local for this cell, or remove the "
+                    "fit call and pass --epochs and --batch-size on the magic line.")
+            job = prepare_job(self.cell, config, self.ns, self.checkpoint, fit=spec,
+                              **self._found(placed))
             job = replace(job, contents=replace(job.contents, notes=[*job.contents.notes, *notes]),
                           warnings=[*job.warnings, *([placed.warning] if placed.warning else [])])
             if config.mode.value in ("local", "simulate"):
@@ -83,7 +85,8 @@ class FitLauncher:
             from nbdist.core.schedule import EpochSchedule
 
             first = EpochSchedule.from_state(job.checkpoint.meta["schedule"]).first_unfinished_epoch
-        driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard, first_epoch=first)
+        driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard,
+                           first_epoch=first)
         driver.begin()
         try:
             self.presenter.wait(run, driver.tick)
@@ -99,8 +102,8 @@ class FitLauncher:
         if name is not None and self.ns.get(name) is not call.model:
             raise ConfigError(
                 f"--model {name} names another model than the one the cell's model.fit() trains "
-                f"(Received: --model {name}). Drop --model: with a fit call, the model it is called "
-                "on is the one nbdist trains.")
+                f"(Received: --model {name}). Drop --model: with a fit call, the model it is "
+                "called on is the one nbdist trains.")
 
     def _found(self, placed) -> dict:
         """What the fit call names, where no flag says otherwise (`inspect_cell`'s overrides)."""
@@ -126,6 +129,7 @@ class FitLauncher:
         with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             run_until_fit(self.cell, ns)
         if job.model_name not in ns:
-            raise TrainingError(f"Running the cell again for the in-kernel worker did not define "
-                                f"{job.model_name}; the cell must build its model every time it runs.")
+            raise TrainingError(f"Running the cell again for the in-kernel worker did not "
+                                f"define {job.model_name}; the cell must build its model every "
+                                "time it runs.")
         return ns

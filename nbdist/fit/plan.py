@@ -17,8 +17,8 @@ from nbdist.engine.fit_data import FitData
 from nbdist.errors import ConfigError
 
 # the call's arguments a flag may override: flag option name -> how the call spells it
-OVERRIDES = {"epochs": "epochs", "batch_size": "batch_size", "data": "x, y", "validation": "validation_data",
-             "no_validation": "validation_data"}
+OVERRIDES = {"epochs": "epochs", "batch_size": "batch_size", "data": "x, y",
+             "validation": "validation_data", "no_validation": "validation_data"}
 
 
 @dataclass(frozen=True)
@@ -43,7 +43,8 @@ class FitSpec:
         return bool(self.call.shuffle)
 
 
-def plan_fit(call: FitCall, placed: FitData, given: dict, mode: str) -> tuple[FitSpec, dict, list[str]]:
+def plan_fit(call: FitCall, placed: FitData, given: dict,
+             mode: str) -> tuple[FitSpec, dict, list[str]]:
     """(what the run keeps of the call, the options for `TrainConfig`, notes for the run):
     `given` holds the options the magic line or `nbdist.train` set explicitly.
 
@@ -51,8 +52,10 @@ def plan_fit(call: FitCall, placed: FitData, given: dict, mode: str) -> tuple[Fi
         >>> from nbdist.engine.fit_data import FitData
         >>> call = FitCall.bind("m", ("x", "y"), {"epochs": 15, "batch_size": 128})
         >>> spec, options, notes = plan_fit(call, FitData(("x", "y"), ()), {"epochs": 2}, "async")
-        >>> options, spec.passes, notes
-        ({'epochs': 2, 'batch_size': 128}, 2, ['--epochs 2 on the magic line overrides model.fit(epochs=15).'])
+        >>> options, spec.passes
+        ({'epochs': 2, 'batch_size': 128}, 2)
+        >>> notes
+        ['--epochs 2 on the magic line overrides model.fit(epochs=15).']
     """
     call.check()
     notes = [f"{_flag(name)} {_shown(given[name])} on the magic line overrides "
@@ -62,14 +65,15 @@ def plan_fit(call: FitCall, placed: FitData, given: dict, mode: str) -> tuple[Fi
     epochs = int(given.get("epochs", call.epochs))
     if epochs <= call.initial_epoch:
         raise ConfigError(f"--epochs {epochs} trains no epoch after model.fit(initial_epoch="
-                          f"{call.initial_epoch}): as in Keras, epochs is the index of the last epoch "
-                          f"plus one. Pass --epochs {call.initial_epoch + 1} or more.")
+                          f"{call.initial_epoch}): as in Keras, epochs is the index of the last "
+                          f"epoch plus one. Pass --epochs {call.initial_epoch + 1} or more.")
     batch = int(given.get("batch_size", call.batch))
     epoch_size = None
     if call.steps_per_epoch is not None and placed.take_batches is None:
         epoch_size = call.steps_per_epoch * batch  # an epoch is part of a pass (or all of it)
-    spec = FitSpec(call=call, placed=placed, epochs=epochs, initial_epoch=call.initial_epoch, batch=batch,
-                   split_batch=mode == "sync" and "batch_size" not in given, epoch_size=epoch_size)
+    spec = FitSpec(call=call, placed=placed, epochs=epochs, initial_epoch=call.initial_epoch,
+                   batch=batch, split_batch=mode == "sync" and "batch_size" not in given,
+                   epoch_size=epoch_size)
     return spec, {"epochs": spec.passes, "batch_size": batch}, notes
 
 
@@ -84,9 +88,9 @@ def sync_batches(batch: int, ranks: int) -> tuple[int, str | None]:
     each = max(1, batch // ranks)
     if each * ranks == batch:
         return each, None
-    return each, (f"model.fit(batch_size={batch}) is shared by {ranks} ranks as {each} samples each, so "
-                  f"each step trains on {each * ranks} samples, not {batch}. Use a batch size that "
-                  f"{ranks} divides, or --batch-size to set each rank's batch.")
+    return each, (f"model.fit(batch_size={batch}) is shared by {ranks} ranks as {each} samples "
+                  f"each, so each step trains on {each * ranks} samples, not {batch}. Use a batch "
+                  f"size that {ranks} divides, or --batch-size to set each rank's batch.")
 
 
 def _flag(name: str) -> str:
@@ -111,5 +115,6 @@ def _call_value(call: FitCall, name: str) -> str:
     if name == "data":
         return "..."
     if name in ("validation", "no_validation"):
-        return "..." if call.validation_data is not None else f"None, validation_split={call.validation_split}"
+        return ("..." if call.validation_data is not None
+                else f"None, validation_split={call.validation_split}")
     return _shown(getattr(call, name))

@@ -42,7 +42,8 @@ from nbdist.hub.protocol import mac
 
 HANDSHAKE_S = 3.0  # ZMQ_HANDSHAKE_IVL: a connection that has not authenticated by then is closed
 YOUNG_MARGIN = 8  # young connections allowed beyond the expected peers (reopened lines, the kernel)
-CONNECTION_BYTES = 16 * 1024  # what libzmq holds per connection beside a handshake command (measured ~15 KB)
+# what libzmq holds per connection beside a handshake command (measured ~15 KB)
+CONNECTION_BYTES = 16 * 1024
 POLL_MS = 100
 ZAP_ENDPOINT = "inproc://zeromq.zap.01"  # where libzmq asks (RFC 27), one handler per context
 CUT = "cut: too many new connections"
@@ -113,17 +114,20 @@ class Gate:
             from nbdist.hub.wire import curve_keys
 
             keys = curve_keys(key)
-            self._secret, self._client_key = keys["server_secret"], z85.decode(keys["client_public"])
+            self._secret, self._client_key = (keys["server_secret"],
+                                              z85.decode(keys["client_public"]))
         self._zap = ctx.socket(zmq.REP)
         self._zap.setsockopt(zmq.LINGER, 0)
         self._zap.bind(ZAP_ENDPOINT)
         self._new: queue.Queue = queue.Queue()
         self._stopping = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"nbdist-gate-{self.id}")
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"nbdist-gate-{self.id}")
         self._thread.start()
 
     def __repr__(self) -> str:
-        return f"Gate(id={self.id!r}, limit={self.young.limit}, encrypt={self.encrypt})"  # never the key
+        # never the key
+        return f"Gate(id={self.id!r}, limit={self.young.limit}, encrypt={self.encrypt})"
 
     def guard(self, sock, frame_bytes: int) -> None:
         """Set up `sock` (not yet bound): frames of at most `frame_bytes`, the handshake deadline,
@@ -188,7 +192,8 @@ class Gate:
             elif event == zmq.EVENT_DISCONNECTED:
                 self.young.gone(value)
             elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH):
-                self._counts[REFUSED] += 1  # a wrong token or mechanism (not a probe that just left)
+                # a wrong token or mechanism (not a probe that just left)
+                self._counts[REFUSED] += 1
 
     def _requests(self) -> None:
         import zmq

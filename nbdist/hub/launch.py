@@ -36,8 +36,8 @@ class _ThreadHub:
     def __init__(self, spec: HubSpec):
         self.hub = Hub(spec)
         self.endpoints, self.result = self.hub.endpoints, {}
-        self.thread = threading.Thread(target=lambda: self.result.update(self.hub.serve()), daemon=True,
-                                       name=f"nbdist-hub-{spec.run_id}-{spec.shard}")
+        self.thread = threading.Thread(target=lambda: self.result.update(self.hub.serve()),
+                                       daemon=True, name=f"nbdist-hub-{spec.run_id}-{spec.shard}")
         self.thread.start()
 
     def alive(self) -> bool:
@@ -60,13 +60,14 @@ class _ProcessHub:
         root = os.path.dirname(os.path.dirname(os.path.abspath(nbdist.__file__)))
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (root, child_env.get("PYTHONPATH")) if p)
-        self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, env=child_env)
+        self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"],
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env)
         self.proc.stdin.write(encode_spec(spec))
         self.proc.stdin.close()
         self.lines: list[dict] = []
         self._got = threading.Condition()
-        threading.Thread(target=self._read, daemon=True, name=f"nbdist-hub-{spec.run_id}-{spec.shard}").start()
+        threading.Thread(target=self._read, daemon=True,
+                         name=f"nbdist-hub-{spec.run_id}-{spec.shard}").start()
         first = self._wait(1, START_TIMEOUT_S)
         if first is None or "endpoints" not in first:
             self.proc.kill()
@@ -109,8 +110,8 @@ class _ProcessHub:
         remove_socket_files(self.endpoints)  # a killed hub could not unlink them (a clean exit has)
         if last and "summary" in last:
             return last["summary"]
-        return {"shard": self.shard, "error": f"the hub process exited (code {self.proc.returncode}) "
-                                              "without a summary"}
+        return {"shard": self.shard,
+                "error": f"the hub process exited (code {self.proc.returncode}) without a summary"}
 
 
 def start_hub(spec: HubSpec) -> dict:

@@ -34,7 +34,8 @@ def reuse_large_buffers(frame_bytes: int) -> bool:
     except (OSError, AttributeError):  # not glibc (macOS, musl): nothing to tune
         return False
     threshold = min(_MAX, 2 * frame_bytes)
-    if not (mallopt(_M_MMAP_THRESHOLD, threshold) and mallopt(_M_TRIM_THRESHOLD, min(_MAX, 2 * threshold))):
+    if not (mallopt(_M_MMAP_THRESHOLD, threshold)
+            and mallopt(_M_TRIM_THRESHOLD, min(_MAX, 2 * threshold))):
         return False
     _done = frame_bytes
     return True

@@ -58,7 +58,8 @@ def encode_spec(spec: Any) -> bytes:
             return [tagged(v) for v in value]
         if dataclasses.is_dataclass(value) and type(value).__name__ in _classes():
             return {"$d": type(value).__name__,
-                    "f": {f.name: tagged(getattr(value, f.name)) for f in dataclasses.fields(value)}}
+                    "f": {f.name: tagged(getattr(value, f.name))
+                          for f in dataclasses.fields(value)}}
         if isinstance(value, np.generic):
             return value.item()
         if value is None or isinstance(value, (bool, int, float, str)):

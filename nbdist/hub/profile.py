@@ -28,7 +28,8 @@ import time
 
 from nbdist.hub.protocol import no_mark
 
-PHASES = ("recv", "mac_in", "parse", "update", "reply", "encode", "mac_out", "send", "settle", "loop")
+PHASES = ("recv", "mac_in", "parse", "update", "reply", "encode", "mac_out", "send", "settle",
+          "loop")
 ARITHMETIC = ("update", "mac_in", "mac_out")  # bytes moved or hashed; the rest is Python and zmq
 
 

@@ -35,7 +35,8 @@ class BlockPool:
 
     def __init__(self, threads: int, name: str = "nbdist-hub-update"):
         self.threads = max(1, int(threads))
-        self._pool = ThreadPoolExecutor(self.threads - 1, thread_name_prefix=name) if self.threads > 1 else None
+        self._pool = (ThreadPoolExecutor(self.threads - 1, thread_name_prefix=name)
+                      if self.threads > 1 else None)
 
     def __call__(self, fn: BlockFn, ranges: Ranges) -> None:
         if self._pool is None or len(ranges) <= 1:

@@ -29,7 +29,8 @@ class ModeEntry:
 
     module: str  # the module with `start(job, *, cluster=None, wait=False) -> Run`
     needs_cluster: bool  # refused at once, before the cell runs, without a cluster
-    seeds_cell: bool = False  # --seed also fixes the cell's initial weights (simulate: bit-identical runs)
+    # --seed also fixes the cell's initial weights (simulate: bit-identical runs)
+    seeds_cell: bool = False
 
 
 MODES: dict[str, ModeEntry] = {

@@ -80,7 +80,8 @@ class RunControl:
         from nbdist.core.dbs import POLICIES
 
         if policy not in POLICIES:
-            raise ConfigError(f"Unknown batch policy {policy!r}. Expected one of: {', '.join(POLICIES)}.")
+            raise ConfigError(f"Unknown batch policy {policy!r}. Expected one of: "
+                              f"{', '.join(POLICIES)}.")
         self._send(batch_policy=policy)
 
     def set_option(self, name: str, value: float) -> None:
@@ -125,8 +126,8 @@ class RunControl:
         state = self.state
         directory = directory if directory is not None else state.config.checkpoint_dir
         if directory is None:
-            raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start the "
-                              "run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
+            raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start "
+                              "the run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
         if state.control is None or state.ended.is_set():
             raise TrainingError(f"The run is {state.status}; its hub is gone, so there is nothing "
                                 f"to checkpoint. Its last checkpoint: {state.last_checkpoint}.")

@@ -52,8 +52,9 @@ class RunState:
     timeline_revision: int = 0  # +1 per timeline fetch
     events_seen: int = 0  # hub events already turned into warnings
 
-    # -- a cell's own fit call (nbdist.fit) ---------------------------------------------------------
-    write_model: bool = True  # False: the kernel writes each epoch's weights itself, not the monitor
+    # -- a cell's own fit call (nbdist.fit) ------------------------------------------------------
+    # False: the kernel writes each epoch's weights itself, not the monitor
+    write_model: bool = True
     final_weights: tuple | None = None  # (params, non_trainable) once training ended
     keras_history: object = None  # the keras.callbacks.History the cell's fit call returned
 

@@ -32,7 +32,8 @@ class RunViews:
         if evals.empty:
             return train
         evals = evals.drop(columns=["version"], errors="ignore")
-        return pd.concat([train, evals], ignore_index=True).sort_values(["step", "time"], kind="stable").reset_index(drop=True)
+        return (pd.concat([train, evals], ignore_index=True)
+                .sort_values(["step", "time"], kind="stable").reset_index(drop=True))
 
     @property
     def nodes(self) -> pd.DataFrame:

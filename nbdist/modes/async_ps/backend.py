@@ -29,8 +29,8 @@ log = logging.getLogger(__name__)
 
 
 def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
-    """On a hub's engine, before the hub starts: its cores under --pin auto (nbdist.cluster.affinity),
-    or back to all of them."""
+    """On a hub's engine, before the hub starts: its cores under --pin auto
+    (nbdist.cluster.affinity), or back to all of them."""
     from nbdist.cluster import affinity
 
     if place is None:
@@ -48,8 +48,8 @@ class ClusterBackend(EngineBackend, Backend):
 
     survives_worker_loss = True
 
-    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None, pin: bool = False,
-                 spin: bool = False):
+    def __init__(self, cluster: Cluster, num_servers: int, num_workers: int | None,
+                 pin: bool = False, spin: bool = False):
         super().__init__(cluster, num_servers, num_workers, pin, spin)
         # each hub binds its own engine's interface towards the workers and this kernel
         peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
@@ -67,7 +67,8 @@ class ClusterBackend(EngineBackend, Backend):
         encrypt = getattr(self.cluster, "encrypt", False)
         for e in self.roles.servers:  # the hub's process inherits its engine's cores
             client[e].apply_sync(pin_hub_engine, self._place(e, self.roles.servers))
-        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt,
+        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e],
+                                                            encrypt=encrypt,
                                                             spin_s=self.spin_for(e, HUB_SPIN_S)))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
         endpoints = [get_started(ar, e, "starting a hub shard", self.hosts.get(e))
@@ -85,7 +86,8 @@ class ClusterBackend(EngineBackend, Backend):
         for i, e in enumerate(self.roles.workers):
             spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
                            threads=self.threads_for(e, per_host[self.hosts[e]]),
-                           pin=self._place(e, self.roles.workers), spin_s=self.spin_for(e, WORKER_SPIN_S))
+                           pin=self._place(e, self.roles.workers),
+                           spin_s=self.spin_for(e, WORKER_SPIN_S))
             self._launch(i, e, run_worker, spec)
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
@@ -104,12 +106,14 @@ class ClusterBackend(EngineBackend, Backend):
                 worker, host = len(self.worker_engines), nets[e].hostname
                 announce(worker, e)
                 self.hosts[e], self.nets[e] = host, nets[e]
-                self.cores = cores_per_host((self.hosts[n], net.cores) for n, net in self.nets.items())
+                self.cores = cores_per_host((self.hosts[n], net.cores)
+                                            for n, net in self.nets.items())
                 self.worker_engines.append(e)
                 self.seen_engines.add(e)
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
                 spec = replace(self.worker_base, worker=worker, engine=e, local_rank=here - 1,
-                               threads=self.threads_for(e, here), spin_s=self.spin_for(e, WORKER_SPIN_S))
+                               threads=self.threads_for(e, here),
+                               spin_s=self.spin_for(e, WORKER_SPIN_S))
                 self._launch(worker, e, run_worker, spec)
                 added.append(worker)
             return added
@@ -125,7 +129,8 @@ class ClusterBackend(EngineBackend, Backend):
         not engines of the cluster, already in the run, or a streamed data set."""
         engines = list(engines)
         known = set(self.cluster.client.ids)
-        unknown = [e for e in engines if isinstance(e, bool) or not isinstance(e, int) or e not in known]
+        unknown = [e for e in engines
+                   if isinstance(e, bool) or not isinstance(e, int) or e not in known]
         if not engines or unknown:
             raise ClusterError(
                 f"run.add_workers() takes engine ids of the run's cluster (Received: {engines}; "
@@ -149,19 +154,22 @@ class ClusterBackend(EngineBackend, Backend):
         return engines
 
     def check_reach(self, nets: dict) -> None:
-        """Refuse new engines (`nets`: engine -> HostNet) that cannot reach the hubs. Each hub listens on the one address its first peers reach (loopback when they all
-        shared its host): a new engine on another host must reach that very address."""
+        """Refuse new engines (`nets`: engine -> HostNet) that cannot reach the hubs. Each hub
+        listens on the one address its first peers reach (loopback when they all shared its
+        host): a new engine on another host must reach that very address."""
         for s in self.roles.servers:
             hub, bound = self.nets[s], self.bind_hosts[s]
             for e, net in nets.items():
                 if net.same_host(hub) or (bound != LOOPBACK and hub_address(hub, [net]) == bound):
                     continue
-                where = f"host {hub.hostname}" + ("" if bound == LOOPBACK else f" or a host routed to {bound}")
+                where = f"host {hub.hostname}" + (
+                    "" if bound == LOOPBACK else f" or a host routed to {bound}")
                 raise UnreachableHostError(
-                    f"Engine {e} (host {net.hostname}, {net.address}) cannot reach the hub on engine "
-                    f"{s}, which listens on {bound}: the address chosen for the hosts the run started "
-                    f"with. Expected an engine on {where}. Add engines there, or start the run with a "
-                    "worker on every host that may join.", host=net.hostname, address=bound)
+                    f"Engine {e} (host {net.hostname}, {net.address}) cannot reach the hub on "
+                    f"engine {s}, which listens on {bound}: the address chosen for the hosts the "
+                    f"run started with. Expected an engine on {where}. Add engines there, or start "
+                    "the run with a worker on every host that may join.",
+                    host=net.hostname, address=bound)
 
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """The trained flat parameters and non-trainable state (from the hub shards)."""
@@ -178,7 +186,8 @@ class ClusterBackend(EngineBackend, Backend):
     def hub_places(self, endpoints: list[dict]) -> list[dict]:
         """Where each hub shard runs (`run.hubs`): shard, host, engine, and how long it polls
         before it sleeps (`spin_s`, --spin)."""
-        return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e, "spin_s": ep.get("spin_s", 0.0)}
+        return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e,
+                 "spin_s": ep.get("spin_s", 0.0)}
                 for i, (ep, e) in enumerate(zip(endpoints, self.roles.servers, strict=True))]
 
     def finish(self, timeout: float) -> None:

@@ -13,9 +13,11 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     """Place the hubs and workers on `cluster`'s engines and start training `job`."""
     config = job.config
     prepare_checkpoint_dir(job)
+    # no polling over tcp: it gains nothing there
     backend = ClusterBackend(cluster, config.servers, config.workers, pin=config.pin == "auto",
-                             spin=config.spin == "auto" and config.transport != "tcp")  # tcp: no gain
+                             spin=config.spin == "auto" and config.transport != "tcp")
     job = job.for_workers(backend.num_workers)
-    steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=job.easgd_alpha)
+    steps = dict(overlap=config.overlap, local_steps=config.local_steps,
+                 easgd_alpha=job.easgd_alpha)
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
                               shards=config.servers, hub_params=job.params)

@@ -14,8 +14,11 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     kernel already holds, in the notebook's namespace."""
     config = job.config
     prepare_checkpoint_dir(job)
-    backend = LocalBackend(job.namespace if job.trainer_namespace is None else job.trainer_namespace)
+    backend = LocalBackend(job.namespace if job.trainer_namespace is None
+                           else job.trainer_namespace)
     job = job.for_workers(backend.num_workers)
-    steps = dict(overlap=config.overlap, local_steps=config.local_steps, easgd_alpha=job.easgd_alpha)
+    steps = dict(overlap=config.overlap, local_steps=config.local_steps,
+                 easgd_alpha=job.easgd_alpha)
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
-                              shards=config.servers, hub_params=job.params, preloaded=job.contents.arrays)
+                              shards=config.servers, hub_params=job.params,
+                              preloaded=job.contents.arrays)

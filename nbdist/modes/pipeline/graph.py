@@ -105,17 +105,19 @@ class Graph:
 def _steps(model) -> tuple[list[Step], list[int], list[int]]:
     import keras
 
-    functional = getattr(model, "_functional", None) if isinstance(model, keras.Sequential) else model
+    functional = (getattr(model, "_functional", None) if isinstance(model, keras.Sequential)
+                  else model)
     if isinstance(model, keras.Sequential) and functional is None:
         layers = list(model.layers)  # no input shape known: a plain chain
         steps = [Step(layer, None, [i], [i + 1]) for i, layer in enumerate(layers)]
         return steps, [0], [len(layers)]
     if not hasattr(functional, "_nodes_by_depth") or not hasattr(functional, "inputs"):
         raise ConfigError(
-            f"--mode pipeline cuts a model's graph of layers into stages, but {type(model).__name__} "
-            "is a subclassed keras.Model: its call() is Python code with no graph to cut. Write the "
-            "model as keras.Sequential([...]) or with the functional API (keras.Input, then "
-            "layers called on tensors), or use --mode async or sync, which train any model.")
+            f"--mode pipeline cuts a model's graph of layers into stages, but "
+            f"{type(model).__name__} is a subclassed keras.Model: its call() is Python code with "
+            "no graph to cut. Write the model as keras.Sequential([...]) or with the functional "
+            "API (keras.Input, then layers called on tensors), or use --mode async or sync, which "
+            "train any model.")
     steps = []
     for depth in sorted(functional._nodes_by_depth, reverse=True):  # noqa: SLF001 - Keras's own order
         for node in functional._nodes_by_depth[depth]:  # noqa: SLF001
@@ -134,7 +136,8 @@ def call_step(step: Step, values: dict, training: bool):
         args, kwargs = (values[step.inputs[0]],), {}
     else:
         args, kwargs = step.node.arguments.fill_in(values)
-    if "training" in getattr(step.op, "_call_context_args", ()) or getattr(step.op, "_call_has_training_arg", False):
+    if ("training" in getattr(step.op, "_call_context_args", ())
+            or getattr(step.op, "_call_has_training_arg", False)):
         kwargs["training"] = training
     out = step.op(*args, **kwargs)
     for t, v in zip(step.outputs, tree.flatten(out), strict=True):

@@ -3,8 +3,8 @@ live across each cut, at the micro-batch size, and the link's bandwidth (`run.pr
 
 Each step runs eagerly on its own, several times after a warm-up, and its fastest time is
 kept (the first calls of a layer include building and tracing; on a shared machine the
-other processes only ever add time, so the minimum is the steadiest estimate). The backward time is that of
-`tape.gradient` of the step's outputs with respect to its float inputs and its variables.
+other processes only ever add time, so the minimum is the steadiest estimate). The backward time
+is that of `tape.gradient` of the step's outputs with respect to its float inputs and its variables.
 """
 
 from __future__ import annotations
@@ -23,12 +23,14 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
 
     from nbdist.modes.pipeline.graph import call_step
 
-    values = {t: tf.convert_to_tensor(v) for t, v in zip(graph.inputs, _as_list(x_micro), strict=True)}
+    values = {t: tf.convert_to_tensor(v)
+              for t, v in zip(graph.inputs, _as_list(x_micro), strict=True)}
     rows, seen = [], set()
     for step in graph.steps:
         inputs = {t: values[t] for t in step.inputs}
         sources = [v for v in inputs.values() if v.dtype.is_floating]
-        variables = list(getattr(step.op, "trainable_variables", [])) if id(step.op) not in seen else []
+        variables = (list(getattr(step.op, "trainable_variables", [])) if id(step.op) not in seen
+                     else [])
         fwd, bwd = [], []
         for r in range(repeats + 1):
             scratch = dict(inputs)
@@ -39,19 +41,24 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
             t1 = time.perf_counter()
             outs = [scratch[t] for t in step.outputs]
             if sources or variables:
-                tape.gradient(outs, [*sources, *variables], output_gradients=[tf.ones_like(o) for o in outs],
+                tape.gradient(outs, [*sources, *variables],
+                              output_gradients=[tf.ones_like(o) for o in outs],
                               unconnected_gradients=tf.UnconnectedGradients.ZERO)
             t2 = time.perf_counter()
             if r:  # the first call builds and traces
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
         values.update({t: scratch[t] for t in step.outputs})
-        params = sum(int(np.prod(w.shape)) for w in getattr(step.op, "weights", [])) if id(step.op) not in seen else 0
+        params = (sum(int(np.prod(w.shape)) for w in getattr(step.op, "weights", []))
+                  if id(step.op) not in seen else 0)
         seen.add(id(step.op))
-        rows.append({"layer": step.name, "kind": type(step.op).__name__, "forward_s": float(min(fwd)),
-                     "backward_s": float(min(bwd)), "params": params})
-    cut_bytes = [int(sum(_nbytes(values[t]) for t in graph.live(k))) for k in range(len(graph.steps) - 1)]
-    cut_items = [int(sum(np.prod(values[t].shape) for t in graph.live(k))) for k in range(len(graph.steps) - 1)]
+        rows.append({"layer": step.name, "kind": type(step.op).__name__,
+                     "forward_s": float(min(fwd)), "backward_s": float(min(bwd)),
+                     "params": params})
+    cut_bytes = [int(sum(_nbytes(values[t]) for t in graph.live(k)))
+                 for k in range(len(graph.steps) - 1)]
+    cut_items = [int(sum(np.prod(values[t].shape) for t in graph.live(k)))
+                 for k in range(len(graph.steps) - 1)]
     for k, row in enumerate(rows):
         row["cut_bytes"] = cut_bytes[k] if k < len(cut_bytes) else 0
         row["cut_tensors"] = len(graph.live(k)) if k < len(cut_bytes) else 0
@@ -95,15 +102,16 @@ def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1
     from nbdist.engine.flatmodel import ensure_built
     from nbdist.modes.pipeline.graph import Graph
 
-    ensure_built(model, x_micro[:2] if not isinstance(x_micro, (list, tuple)) else [x[:2] for x in x_micro])
+    ensure_built(model, x_micro[:2] if not isinstance(x_micro, (list, tuple))
+                 else [x[:2] for x in x_micro])
     result = profile_graph(Graph(model), x_micro, repeats)
     result["link"] = measure_link(host=host)
     result["micro_batch"] = len(_as_list(x_micro)[0])
     return result
 
 
-def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: tuple, initial: tuple,
-                      micro_batch: int, threads: int | None) -> dict:
+def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: tuple,
+                      initial: tuple, micro_batch: int, threads: int | None) -> dict:
     """`profile_model` on an engine: run the cell there, take the first micro-batch of inputs."""
     from nbdist.engine.flatmodel import write_flat
     from nbdist.engine.run_cell import execute_cell
@@ -111,7 +119,8 @@ def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: t
 
     ns = execute_cell(source, pushed, threads)
     model = ns[model_name]
-    spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name, data, None, initial)
+    spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name,
+                     data, None, initial)
     x, _, _ = stage_data(ns, spec, model)
     from nbdist.engine.flatmodel import ensure_built
 

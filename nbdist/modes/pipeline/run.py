@@ -13,8 +13,8 @@ def partition_frame(graph, chosen, layers: list[dict]) -> pd.DataFrame:
     """One row per stage: its layers, parameters and predicted time per micro-batch."""
     rows = []
     for s, (start, end) in enumerate(chosen.bounds):
-        rows.append({"stage": s, "layers": ", ".join(graph.names[start:end]), "first": start, "last": end - 1,
-                     "params": int(sum(r["params"] for r in layers[start:end])),
+        rows.append({"stage": s, "layers": ", ".join(graph.names[start:end]), "first": start,
+                     "last": end - 1, "params": int(sum(r["params"] for r in layers[start:end])),
                      "predicted_s": chosen.stage_times[s], "measured_s": float("nan")})
     return pd.DataFrame(rows)
 
@@ -59,14 +59,16 @@ class PipelineRun(Run):
         return pipeline_summary(info, self.config.stages, self.config.micro_batches)
 
     def pipeline_figure(self) -> dict:
-        """The timeline of the latest complete step: forward, backward, update and idle per stage."""
+        """The timeline of the latest complete step: forward, backward, update and idle per
+        stage."""
         from nbdist.dashboard.pipeline import pipeline_figure
 
         info = self._pipeline_info()
         last = info["steps"][-1]["ops"] if info.get("steps") else {}
         return pipeline_figure(last, self.config.stages, self.config.micro_batches, self.pipeline)
 
-    def report(self, path: str = "nbdist-report.html", top_k: int | None = None, compare: list | None = None):
+    def report(self, path: str = "nbdist-report.html", top_k: int | None = None,
+               compare: list | None = None):
         """The HTML report (see `Run.report`) with the pipeline timeline and bubble added."""
         from nbdist.dashboard.comparison import comparison_figures, named_runs
         from nbdist.dashboard.report import write_report
@@ -75,5 +77,6 @@ class PipelineRun(Run):
         if compare:
             extra.update(comparison_figures(named_runs((self, *compare), None)))
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
-                            delays=self.delays, events=self.events, title=f"nbdist run {self.run_id}",
-                            summary=self.summary(), top_k=top_k, extra=extra, hubs=None)
+                            delays=self.delays, events=self.events,
+                            title=f"nbdist run {self.run_id}", summary=self.summary(), top_k=top_k,
+                            extra=extra, hubs=None)

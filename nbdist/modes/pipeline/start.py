@@ -20,11 +20,12 @@ from nbdist.errors import ConfigError, DataError, NoClusterError, TrainingError
 
 def start(job, *, cluster=None, wait: bool = False):
     """The mode's entry (`nbdist.modes.MODES`): a pipeline run of the job's model."""
-    return start_stages(job.cell, job.config, cluster, job.namespace, wait, job.contents, job.warnings)
+    return start_stages(job.cell, job.config, cluster, job.namespace, wait, job.contents,
+                        job.warnings)
 
 
-def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, contents, warnings: list[str],
-                 in_process: bool = False):
+def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, contents,
+                 warnings: list[str], in_process: bool = False):
     """Start a pipeline run of the cell's model (already run in the kernel: `contents`);
     `in_process`: the stages as threads of this kernel (tests), no cluster."""
     from nbdist.core.partition import METHODS, check_stages, partition
@@ -39,12 +40,14 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     from nbdist.modes.pipeline.stage import StageSpec
 
     if cluster is None and not in_process:
-        raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no cluster. "
-                             f"Start one with %nbdist start {config.stages} (or nbdist.Cluster.start("
-                             f"{config.stages})), or connect with %nbdist connect --profile P.")
+        raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no "
+                             f"cluster. Start one with %nbdist start {config.stages} (or "
+                             f"nbdist.Cluster.start({config.stages})), or connect with "
+                             "%nbdist connect --profile P.")
     if contents.streamed or contents.arrays is None:
         raise DataError(f"--mode pipeline reads the data held in memory, but {contents.data[0]} is "
-                        "larger than --in-memory-limit. Raise --in-memory-limit, or train on a part.")
+                        "larger than --in-memory-limit. Raise --in-memory-limit, or train on a "
+                        "part.")
     model, (x, _y) = contents.model, contents.arrays
     x = x.astype("float32") if getattr(x, "dtype", None) == "float64" else x
     ensure_built(model, x[:2])
@@ -58,9 +61,10 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     check_stages(len(graph.steps), stages, graph.names)
     engines = list(cluster.engine_ids) if cluster is not None else list(range(stages))
     if stages > len(engines):
-        raise ConfigError(f"--stages {stages} needs {stages} engines, one per stage, but the cluster "
-                          f"has {len(engines)} ({engines}). Use --stages {len(engines)} or fewer, or "
-                          f"start more engines (%nbdist stop, then %nbdist start {stages}).")
+        raise ConfigError(f"--stages {stages} needs {stages} engines, one per stage, but the "
+                          f"cluster has {len(engines)} ({engines}). Use --stages {len(engines)} or "
+                          "fewer, or start more engines (%nbdist stop, then "
+                          f"%nbdist start {stages}).")
     engines = engines[:stages]
     initial = read_flat(model)
     micro_size = config.batch_size // micro
@@ -72,54 +76,61 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
         from nbdist.modes.common.engine_backend import get_started
 
         measured = get_started(cluster.client[engines[0]].apply_async(
-            profile_on_engine, cell, pushed, contents.model_name, contents.data, initial, micro_size, threads[0]),
+            profile_on_engine, cell, pushed, contents.model_name, contents.data, initial,
+            micro_size, threads[0]),
             engines[0], "profiling the model", timeout=max(120.0, config.timeout))
     else:
         measured = profile_model(model, x[:micro_size])
         write_flat(model, *initial)  # profiling trained nothing, but BatchNorm moved its statistics
     layers = measured["layers"]
     if len(layers) != len(graph.steps):
-        raise TrainingError(f"The profile measured {len(layers)} layers on engine {engines[0]}, but the model "
-                            f"here has {len(graph.steps)}: the cell builds a different model there. "
-                            "Build the model the same way on every run of the cell (no random choices).")
+        raise TrainingError(f"The profile measured {len(layers)} layers on engine {engines[0]}, "
+                            f"but the model here has {len(graph.steps)}: the cell builds a "
+                            "different model there. Build the model the same way on every run of "
+                            "the cell (no random choices).")
     for row, name in zip(layers, graph.names, strict=True):
         row["layer"] = name  # the engine's Keras numbers its layers itself (dense_12 for dense_171)
     costs = [r["forward_s"] + r["backward_s"] for r in layers]
     link = measured["link"]
-    options = dict(bandwidth=link["bandwidth"], latency=link["latency"], seed=config.seed, names=graph.names)
+    options = dict(bandwidth=link["bandwidth"], latency=link["latency"], seed=config.seed,
+                   names=graph.names)
     chosen = partition(costs, measured["cut_bytes"], stages, config.partition, **options)
     graph.check_bounds(chosen.bounds)
     alternatives = {m: partition(costs, measured["cut_bytes"], stages, m, **options)
                     for m in METHODS}
 
-    limits = message_limits(measured["cut_bytes"], measured["cut_items"], [r["cut_tensors"] for r in layers],
-                            chosen.bounds, measured["micro_batch"],
+    limits = message_limits(measured["cut_bytes"], measured["cut_items"],
+                            [r["cut_tensors"] for r in layers], chosen.bounds,
+                            measured["micro_batch"],
                             _message_samples(config.batch_size, x, contents.validation_arrays))
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
     encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
-    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets), stages,
-                        encrypt=encrypt)
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets),
+                        stages, encrypt=encrypt)
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
     backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
     try:
         specs = [StageSpec(run_id=run_id, key=key, stage=s, stages=stages, bounds=chosen.bounds[s],
-                           micro_batches=micro, schedule=config.schedule, batch_size=config.batch_size,
-                           epochs=config.epochs, seed=config.seed, num_samples=contents.num_samples,
-                           model_name=contents.model_name, data=contents.data, validation=contents.validation,
+                           micro_batches=micro, schedule=config.schedule,
+                           batch_size=config.batch_size, epochs=config.epochs, seed=config.seed,
+                           num_samples=contents.num_samples, model_name=contents.model_name,
+                           data=contents.data, validation=contents.validation,
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
-                           timeout=config.timeout, engine=engines[s], threads=threads[s], lr=config.lr,
-                           own_optimizer=cluster is not None, transport=str(config.transport),
-                           limits=limits[s], encrypt=encrypt, local_rank=local_ranks[s])
+                           timeout=config.timeout, engine=engines[s], threads=threads[s],
+                           lr=config.lr, own_optimizer=cluster is not None,
+                           transport=str(config.transport), limits=limits[s], encrypt=encrypt,
+                           local_rank=local_ranks[s])
                  for s in range(stages)]
         backend.start_workers(specs)
     except BaseException:
         control.failed = True
         control.close()
         raise
-    run = PipelineRun(config, model, contents.model_name, contents.warnings + warnings, contents.notes)
+    run = PipelineRun(config, model, contents.model_name, contents.warnings + warnings,
+                      contents.notes)
     run.profile = pd.DataFrame(layers)
     run.source = cell
     run.partition = partition_frame(graph, chosen, layers)

@@ -51,8 +51,8 @@ def check_ranks(client, specs: list) -> None:
     for engine, ar in pending:
         refused = get_within(ar, engine, "the --mode sync check of its network")
         if refused is not None:
-            raise UnreachableHostError(f"[engine {engine}] {refused['message']}", host=refused["host"],
-                                       address=refused["address"])
+            raise UnreachableHostError(f"[engine {engine}] {refused['message']}",
+                                       host=refused["host"], address=refused["address"])
 
 
 def plaintext_note(encrypt: bool, rank_hosts: list[str]) -> str | None:
@@ -66,11 +66,12 @@ def plaintext_note(encrypt: bool, rank_hosts: list[str]) -> str | None:
     hosts = sorted(set(rank_hosts))
     if not encrypt or len(hosts) < 2:
         return None
-    return (f"--encrypt: the ranks on {len(hosts)} hosts ({', '.join(hosts)}) exchange gradients and "
-            "weights through Horovod's Gloo, which has no encryption: those tensors cross the network in "
-            "plaintext. The metrics hub uses CurveZMQ and the rendezvous is signed with the run's key. "
-            "For encrypted training across hosts use --mode async (or --mode pipeline); otherwise keep "
-            "sync runs on a trusted network (or one encrypted below nbdist, e.g. WireGuard).")
+    return (f"--encrypt: the ranks on {len(hosts)} hosts ({', '.join(hosts)}) exchange gradients "
+            "and weights through Horovod's Gloo, which has no encryption: those tensors cross the "
+            "network in plaintext. The metrics hub uses CurveZMQ and the rendezvous is signed with "
+            "the run's key. For encrypted training across hosts use --mode async (or --mode "
+            "pipeline); otherwise keep sync runs on a trusted network (or one encrypted below "
+            "nbdist, e.g. WireGuard).")
 
 
 class SyncBackend(EngineBackend, Backend):
@@ -85,7 +86,8 @@ class SyncBackend(EngineBackend, Backend):
         super().__init__(cluster, num_servers=0, num_workers=num_workers, pin=pin)
         # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
         # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
-        self.rendezvous = None  # Horovod's rendezvous server, signed (its `rejected` counts refusals)
+        # Horovod's rendezvous server, signed (its `rejected` counts refusals)
+        self.rendezvous = None
         self._hubs = KernelHubs()
         self.checkpoint_dir = checkpoint_dir
         self.results: dict[int, dict] = {}
@@ -94,7 +96,8 @@ class SyncBackend(EngineBackend, Backend):
         """The metrics hub (one shard, no parameters) on a thread of this kernel; CurveZMQ with
         the cluster's --encrypt (%nbdist start/connect)."""
         encrypt = bool(getattr(self.cluster, "encrypt", False))
-        return self._hubs.start([replace(s, bind_host=self._kernel_bind_host(), encrypt=encrypt) for s in specs])
+        return self._hubs.start([replace(s, bind_host=self._kernel_bind_host(), encrypt=encrypt)
+                                 for s in specs])
 
     def _kernel_bind_host(self) -> str:
         """This kernel's address towards the ranks (from routes; loopback if all are local)."""
@@ -109,8 +112,8 @@ class SyncBackend(EngineBackend, Backend):
         hosts: dict[str, list[int]] = {}
         for e in engines:
             hosts.setdefault(self.hosts[e], []).append(e)
-        plan = get_host_assignments(parse_hosts(",".join(f"{h}:{len(es)}" for h, es in hosts.items())),
-                                    len(engines))
+        plan = get_host_assignments(
+            parse_hosts(",".join(f"{h}:{len(es)}" for h, es in hosts.items())), len(engines))
         address = self._kernel_bind_host()
         # Horovod's own server, bound to one address instead of all interfaces, signed requests only
         self.rendezvous = signed_rendezvous((address, 0), base.key, base.run_id)
@@ -124,14 +127,17 @@ class SyncBackend(EngineBackend, Backend):
         for slot, engine in zip(plan, self.worker_engines, strict=True):
             env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
                    "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
-                   "HOROVOD_LOCAL_SIZE": str(slot.local_size), "HOROVOD_CROSS_RANK": str(slot.cross_rank),
+                   "HOROVOD_LOCAL_SIZE": str(slot.local_size),
+                   "HOROVOD_CROSS_RANK": str(slot.cross_rank),
                    "HOROVOD_CROSS_SIZE": str(slot.cross_size), "HOROVOD_CONTROLLER": "gloo",
                    "HOROVOD_CPU_OPERATIONS": "gloo", "HOROVOD_GLOO_RENDEZVOUS_ADDR": address,
-                   "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port), "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S),
+                   "HOROVOD_GLOO_RENDEZVOUS_PORT": str(port),
+                   "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S),
                    "HOROVOD_GLOO_IFACE": f"route:{address}",  # resolved on the rank (rank_network)
                    "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
-            specs.append(replace(base, worker=slot.rank, engine=engine, local_rank=slot.local_rank, env=env,
+            specs.append(replace(base, worker=slot.rank, engine=engine,
+                                 local_rank=slot.local_rank, env=env,
                                  threads=max(1, self.host_cores(engine) // slot.local_size),
                                  pin=(slot.local_rank, 0, slot.local_size) if self.pin else None))
         try:
@@ -149,7 +155,8 @@ class SyncBackend(EngineBackend, Backend):
             self.rendezvous = None
 
     def checkpoint_state(self, control, final: bool) -> list:
-        """Rank 0's weights, optimizer slots and data position (see nbdist.checkpoint.sync_state)."""
+        """Rank 0's weights, optimizer slots and data position (see
+        nbdist.checkpoint.sync_state)."""
         from nbdist.checkpoint.sync_state import fresh_state
 
         return fresh_state(control, final)
@@ -162,7 +169,8 @@ class SyncBackend(EngineBackend, Backend):
             return error
         where = (f"nbdist.resume({self.checkpoint_dir!r}, cluster=...) (or %%distribute --resume "
                  f"{self.checkpoint_dir}) continues from the last checkpoint"
-                 if self.checkpoint_dir else "start the run again (with --checkpoint-dir to be able to resume)")
+                 if self.checkpoint_dir
+                 else "start the run again (with --checkpoint-dir to be able to resume)")
         engine = self.worker_engines[dead[0]]
         return WorkersLostError(
             f"Rank {dead[0]}'s engine ({engine}) died during a --mode sync run. "
@@ -175,8 +183,8 @@ class SyncBackend(EngineBackend, Backend):
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
         raise ConfigError(f"A --mode sync run's Horovod ranks are fixed when it starts (Received: "
-                          f"run.add_workers({list(engines)})). Start the run with more --workers, or "
-                          "use --mode async to add workers while it trains.")
+                          f"run.add_workers({list(engines)})). Start the run with more --workers, "
+                          "or use --mode async to add workers while it trains.")
 
     def joined_engines(self) -> list[int]:
         return []  # the ranks are fixed: engines that join are not taken in

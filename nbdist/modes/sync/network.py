@@ -29,7 +29,8 @@ def rank_network(env: dict) -> dict:
     if iface.startswith("route:"):
         address = iface.split(":", 1)[1]
         check_reachable(address, int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]),
-                        "the Horovod rendezvous (in the notebook kernel)", env.get("NBDIST_RENDEZVOUS_HOST", "?"))
+                        "the Horovod rendezvous (in the notebook kernel)",
+                        env.get("NBDIST_RENDEZVOUS_HOST", "?"))
         env["HOROVOD_GLOO_IFACE"] = interface_for(address)
         if int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1 and not iface_honoured(horovod_build()):
             check_hostname_address(env["HOROVOD_GLOO_IFACE"])
@@ -57,7 +58,8 @@ def horovod_build(folder: str | None = None) -> str:
         import importlib.util
 
         spec = importlib.util.find_spec("horovod")  # the bare package: no TensorFlow imported
-        folder = next(iter(spec.submodule_search_locations or []), None) if spec is not None else None
+        folder = (next(iter(spec.submodule_search_locations or []), None) if spec is not None
+                  else None)
     try:
         with open(os.path.join(folder or "", "metadata.json")) as f:
             return str(json.load(f).get("nbdist_build", ""))
@@ -89,7 +91,8 @@ def check_hostname_address(iface: str) -> None:
         resolved = socket.gethostbyname(name)
     except OSError:
         resolved = None
-    refusal = hostname_refusal(name, resolved, iface, [a for a, _ in host_network("127.0.0.1").addrs.get(iface, [])])
+    refusal = hostname_refusal(name, resolved, iface,
+                               [a for a, _ in host_network("127.0.0.1").addrs.get(iface, [])])
     if refusal is not None:
         raise UnreachableHostError(refusal, host=name, address=resolved)
 
@@ -111,9 +114,9 @@ def hostname_refusal(name: str, resolved: str | None, iface: str, own: list[str]
     where = "nothing" if resolved is None else (
         "loopback" if ipaddress.ip_address(resolved).is_loopback else "another address")
     target = own[0] if own else "that address"
-    return (f"Host {name}'s name resolves to {where} (Received: {resolved or 'no address'}), but its ranks talk to the "
-            f"other hosts on {iface} ({', '.join(own) or 'no address'}). This Horovod build binds the "
-            "address of the host's name for part of its set-up, so ranks on other hosts could not reach "
-            f"it. Rebuild Horovod with nbdist's patch (`make horovod`, scripts/build_horovod.sh), or make "
-            f"{name} resolve to {target} (the line `{target} {name}` in /etc/hosts, or DNS), or use "
-            "--mode async.")
+    return (f"Host {name}'s name resolves to {where} (Received: {resolved or 'no address'}), but "
+            f"its ranks talk to the other hosts on {iface} ({', '.join(own) or 'no address'}). "
+            "This Horovod build binds the address of the host's name for part of its set-up, so "
+            "ranks on other hosts could not reach it. Rebuild Horovod with nbdist's patch "
+            f"(`make horovod`, scripts/build_horovod.sh), or make {name} resolve to {target} (the "
+            f"line `{target} {name}` in /etc/hosts, or DNS), or use --mode async.")

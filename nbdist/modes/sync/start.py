@@ -28,14 +28,15 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
         config = config.replace(batch_size=each)
         job = replace(job, config=config, warnings=[*job.warnings, *([warning] if warning else [])])
     job = job.for_workers(backend.num_workers)
-    note = plaintext_note(bool(getattr(cluster, "encrypt", False)), [backend.hosts[e] for e in backend.roles.workers])
+    note = plaintext_note(bool(getattr(cluster, "encrypt", False)),
+                          [backend.hosts[e] for e in backend.roles.workers])
     if note is not None:
         job.warnings.append(note)
     params, non_trainable = job.params, job.non_trainable
     lr = config.lr if config.lr is not None else cell_rate(job.model.optimizer)
-    rank = dict(epochs=config.epochs, lr=lr, initial_params=params, initial_non_trainable=non_trainable,
-                checkpoint=config.checkpoint_dir is not None, sync_batchnorm=config.batchnorm_synced,
-                **resume_fields(ckpt, config.epochs))
+    rank = dict(epochs=config.epochs, lr=lr, initial_params=params,
+                initial_non_trainable=non_trainable, checkpoint=config.checkpoint_dir is not None,
+                sync_batchnorm=config.batchnorm_synced, **resume_fields(ckpt, config.epochs))
     return start_through_hubs(job, backend, lambda fields: SyncSpec(**fields, **rank), wait=wait,
                               shards=1, hub_params=params[:0],  # the ranks hold the weights
                               extra_bytes=8 * params.nbytes + non_trainable.nbytes)
