@@ -1,8 +1,8 @@
 """TrainConfig: every option of a run, validated once at the edge.
 
 The magic and `nbdist.train` both build a `TrainConfig`; everything behind them (hub,
-workers, Run) trusts it. Enums are plain strings so `--mode async` and `mode="async"` and
-`Mode.ASYNC` are the same thing.
+workers, Run) trusts it. The choices (enums, plain strings: `--mode async`, `mode="async"` and
+`Mode.ASYNC` are the same thing) live in `nbdist.choices` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -12,107 +12,34 @@ import enum
 import math
 import os
 
+from nbdist.choices import (  # noqa: F401 - re-exported: nbdist.config is where callers find them
+    ASYNC,
+    CHECKPOINTED,
+    COORDINATED,
+    HUBS,
+    LOCAL,
+    PIPELINE,
+    RULED,
+    SIMULATE,
+    SYNC,
+    Algorithm,
+    Compression,
+    Metrics,
+    Mode,
+    Pin,
+    ServerOptimizer,
+    Spin,
+    Transport,
+)
+from nbdist.choices import choice as _choice
 from nbdist.errors import ConfigError
 from nbdist.flag_values import parse_names, parse_options, parse_size, parse_slowdown
 from nbdist.flags import auto_or_int, late, option
-
-
-class Mode(enum.StrEnum):
-    """Where the training runs."""
-
-    ASYNC = "async"  # nbdist's parameter server on the engine cluster
-    SYNC = "sync"  # Horovod allreduce across the worker engines
-    LOCAL = "local"  # the same hub and worker loop, inside this kernel; no cluster needed
-    SIMULATE = "simulate"  # the same rules and coordinator, real gradients, virtual step times
-    PIPELINE = "pipeline"  # the model cut into stages, one per engine (nbdist.modes.pipeline)
-
-
-class Algorithm(enum.StrEnum):
-    """The update rule the hub applies to each push (see docs/rules.md)."""
-
-    ASGD = "asgd"
-    HOGWILD = "hogwild"
-    DC_ASGD = "dc-asgd"
-    DC_ASGD_A = "dc-asgd-a"
-    DDC_ASGD = "ddc-asgd"
-    SOFTSYNC = "softsync"
-    SSP = "ssp"
-    GROUP = "group"
-    EASGD = "easgd"
-
-
-class ServerOptimizer(enum.StrEnum):
-    """An optimizer of nbdist's own for the hub, instead of the cell's (`--server-optimizer`).
-
-    Not given: the hub applies the cell's compiled optimizer; with --local-steps, it applies
-    the workers' deltas with SGD at rate 1 (the workers step with the cell's optimizer)."""
-
-    SGD = "sgd"
-    MOMENTUM = "momentum"
-    ADAM = "adam"
-
-
-class Metrics(enum.StrEnum):
-    """How much the hub records per push."""
-
-    FULL = "full"  # history row, timeline row and delay statistics per push
-    MINIMAL = "minimal"  # counters only (for measuring what metrics cost)
-
 
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
-
-
-class Transport(enum.StrEnum):
-    """How parameters and gradients travel between a worker and a hub shard."""
-
-    AUTO = "auto"  # shared memory when on the same host, TCP otherwise
-    TCP = "tcp"  # raw frames over TCP (what crosses hosts)
-    SHM = "shm"  # same host only: buffers in shared memory, only signed headers on ZeroMQ
-
-
-class Pin(enum.StrEnum):
-    """Whether hub shards and workers get cores of their own on a host (nbdist.cluster.affinity)."""
-
-    AUTO = "auto"  # one core per hub shard, the rest split between the host's workers
-    OFF = "off"  # the OS schedules every thread anywhere
-
-
-class Spin(enum.StrEnum):
-    """Whether hub shards and their same-host workers poll instead of sleeping
-    (nbdist.cluster.affinity)."""
-
-    AUTO = "auto"  # where the host leaves each hub shard a core of its own
-    OFF = "off"  # always sleep until a message comes
-
-
-class Compression(enum.StrEnum):
-    """What crosses the network for parameters and gradients (see nbdist.core.compression)."""
-
-    NONE = "none"  # float32
-    # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
-    FP16 = "fp16"
-
-
-# The modes a flag applies to (nbdist.flags.Flag.modes)
-ASYNC, SYNC, LOCAL, SIMULATE, PIPELINE = (m.value for m in Mode)
-HUBS = (ASYNC, LOCAL)  # parameter-server shards and workers that exchange with them
-RULED = (ASYNC, LOCAL, SIMULATE)  # an update rule applies each push
-COORDINATED = (ASYNC, SYNC, LOCAL, SIMULATE)  # the coordinator sizes batches and records pushes
-CHECKPOINTED = (ASYNC, SYNC, LOCAL)
-
-
-def _choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
-    try:
-        return enum_type(value.value if isinstance(value, enum.Enum) else str(value).lower())
-    except ValueError:
-        valid = ", ".join(repr(m.value) for m in enum_type)
-        raise ConfigError(
-            f"Unknown {flag} {value!r}. Expected one of: {valid}. "
-            f"Pass one of those, e.g. {flag} {next(iter(enum_type)).value}."
-        ) from None
 
 
 @dataclasses.dataclass(frozen=True)
