@@ -115,7 +115,8 @@ def _worker_process(key, worker, shards, size, end_at, life_s, transport, conn) 
         conn.send(("error", traceback.format_exc()))
 
 
-def soak(workers: int, seconds: float, size: int, life_s: float, transport: str, metrics: str) -> dict:
+def soak(workers: int, seconds: float, size: int, life_s: float, transport: str,
+         metrics: str) -> dict:
     key = new_key()
     plan = Plan(num_workers=workers, num_samples=10**12, epochs=1, batch_size=32, lr=LR,
                 has_validation=False, algorithm="asgd", metrics=metrics)
@@ -185,10 +186,11 @@ def main() -> None:
     parser.add_argument("--transport", choices=["auto", "tcp"], default="auto")
     parser.add_argument("--metrics", choices=["minimal", "full"], default="minimal")
     args = parser.parse_args()
-    logging.getLogger("nbdist.hub.server").setLevel(logging.ERROR)  # written-off workers are counted below
-    print(f"hub soak: {args.workers} workers, {args.seconds:g} s, {args.size:,} float32 parameters, "
-          f"mean life {args.life:g} s, transport {args.transport}, metrics {args.metrics}, "
-          f"silence deadline >= {LOST_FLOOR_S:g} s", flush=True)
+    # written-off workers are counted below
+    logging.getLogger("nbdist.hub.server").setLevel(logging.ERROR)
+    print(f"hub soak: {args.workers} workers, {args.seconds:g} s, {args.size:,} float32 "
+          f"parameters, mean life {args.life:g} s, transport {args.transport}, "
+          f"metrics {args.metrics}, silence deadline >= {LOST_FLOOR_S:g} s", flush=True)
     r = soak(args.workers, args.seconds, args.size, args.life, args.transport, args.metrics)
     lost, duplicated = max(0, r["accepted"] - r["applied"]), max(0, r["applied"] - r["accepted"])
     rss = r["rss"]

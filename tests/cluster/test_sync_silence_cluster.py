@@ -13,7 +13,8 @@ pytestmark = [pytest.mark.cluster, pytest.mark.horovod]
 
 # a validation metric that sleeps 2 s per batch (two batches of the 300 test samples): only
 # evaluation pays, the training steps compute the loss alone
-SLOW_EVAL_CELL = SYNTHETIC_CELL.replace('metrics=["accuracy"]', 'metrics=["accuracy", Slow()]').replace(
+SLOW_EVAL_CELL = SYNTHETIC_CELL.replace('metrics=["accuracy"]',
+                                        'metrics=["accuracy", Slow()]').replace(
     "model = keras", '''import time
 import tensorflow as tf
 class Slow(keras.metrics.Metric):

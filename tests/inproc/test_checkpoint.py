@@ -31,7 +31,8 @@ def test_chunks_in_flight_count_as_not_done_and_come_back_first():
     r = EpochSchedule.from_state(s.state())
     assert r.epochs_done == 0.4 and not r.finished
     handed = [r.next_chunk(4) for _ in range(5)]
-    assert [(h.epoch, h.start, h.stop) for h in handed[:2]] == [(0, 0, 4), (0, 8, 10)]  # a and c again
+    # a and c again
+    assert [(h.epoch, h.start, h.stop) for h in handed[:2]] == [(0, 0, 4), (0, 8, 10)]
     assert [(h.epoch, h.start, h.stop) for h in handed[2:]] == [(1, 0, 4), (1, 4, 8), (1, 8, 10)]
     for h in handed:
         r.complete(h.id)
@@ -89,8 +90,9 @@ def _train(hub, pushes, seed):
 
 
 def _save(tmp_path, hubs, **info):
-    info = {"run_id": "r1", "config": TrainConfig(algorithm=hubs[0].updater.rule.name, epochs=2).to_dict(), "cell": "x = 1",
-            "layout": LAYOUT, "num_samples": 10, "num_workers": 2, **info}
+    info = {"run_id": "r1",
+            "config": TrainConfig(algorithm=hubs[0].updater.rule.name, epochs=2).to_dict(),
+            "cell": "x = 1", "layout": LAYOUT, "num_samples": 10, "num_workers": 2, **info}
     return checkpoint.save(str(tmp_path), [shard_state(h) for h in hubs], info)
 
 
@@ -169,8 +171,9 @@ def test_weights_that_are_not_finite_are_refused_and_the_last_good_checkpoint_st
     _save(tmp_path, [hub])
     good = hub.params.copy()
     hub.params[3] = bad
-    with pytest.raises(CheckpointError, match=r"shard0.params hold NaN or infinite values.*last good "
-                                              r"checkpoint there is kept"):
+    with pytest.raises(CheckpointError,
+                       match=r"shard0.params hold NaN or infinite values.*last good "
+                             r"checkpoint there is kept"):
         _save(tmp_path, [hub])
     np.testing.assert_array_equal(checkpoint.load(tmp_path).params, good)
     assert sorted(os.listdir(tmp_path))[-1] == "meta.json" and len(os.listdir(tmp_path)) == 2
@@ -212,7 +215,8 @@ def test_a_failed_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
 
 
 def test_a_missing_checkpoint_says_where_it_looked(tmp_path):
-    with pytest.raises(CheckpointNotFoundError, match=r"No checkpoint at .*nowhere.*--checkpoint-dir"):
+    with pytest.raises(CheckpointNotFoundError,
+                       match=r"No checkpoint at .*nowhere.*--checkpoint-dir"):
         checkpoint.load(tmp_path / "nowhere")
 
 
@@ -269,7 +273,8 @@ def _rewrite(path, change_meta=None, change_arrays=None):
 def test_arrays_that_differ_from_their_listing_are_refused(tmp_path):
     path = _save(tmp_path, [_hub()])
     _rewrite(path, change_arrays=lambda a: a.update({"shard0.params": a["shard0.params"][:5]}))
-    with pytest.raises(CheckpointError, match=r"array shard0.params is <f4\[5\], listed as <f4\[9\]"):
+    with pytest.raises(CheckpointError,
+                       match=r"array shard0.params is <f4\[5\], listed as <f4\[9\]"):
         checkpoint.load(path)
 
 
@@ -284,7 +289,8 @@ def test_rule_state_that_does_not_match_the_rule_is_refused(tmp_path):
 def test_a_checkpoint_of_another_model_or_data_is_refused(tmp_path):
     ckpt = checkpoint.load(_save(tmp_path, [_hub()]))
     wider = {"trainable": [[2, 4], [4]], "non_trainable": [[2]]}
-    with pytest.raises(CheckpointError, match=r"trainable variable 0 has shape \[2, 3\] there and \[2, 4\] here"):
+    with pytest.raises(CheckpointError,
+                       match=r"trainable variable 0 has shape \[2, 3\] there and \[2, 4\] here"):
         ckpt.check_fits(wider, 10, servers=1)
     with pytest.raises(CheckpointError, match="1 non_trainable variables, this model 0"):
         ckpt.check_fits({**LAYOUT, "non_trainable": []}, 10, servers=1)
@@ -298,13 +304,15 @@ def test_resume_refuses_changed_options_that_give_the_state_its_meaning(tmp_path
 
     ckpt = checkpoint.load(_save(tmp_path, [_hub("ddc-asgd")]))
     assert _resumed_config(ckpt, {"workers": 3, "epochs": 4}).algorithm.value == "ddc-asgd"
-    with pytest.raises(ConfigError, match="--algorithm is asgd here but the checkpoint was taken with ddc-asgd"):
+    with pytest.raises(ConfigError,
+                       match="--algorithm is asgd here but the checkpoint was taken with ddc-asgd"):
         _resumed_config(ckpt, {"algorithm": "asgd"})
     with pytest.raises(ConfigError, match="--epochs 1 is fewer than the checkpointed run's 2"):
         _resumed_config(ckpt, {"epochs": 1})
 
 
-def test_rule_options_set_live_carry_over_and_worker_dependent_defaults_follow_the_new_run(tmp_path):
+def test_rule_options_set_live_carry_over_and_worker_dependent_defaults_follow_the_new_run(
+        tmp_path):
     from nbdist.api import _resumed_config
 
     ssp = _hub("ssp")
@@ -313,7 +321,8 @@ def test_rule_options_set_live_carry_over_and_worker_dependent_defaults_follow_t
     resumed = _resumed_config(checkpoint.load(_save(tmp_path / "ssp", [ssp], config=config)), {})
     assert resumed.rule_options() == {"staleness": 5}
     softsync = _hub("softsync")  # n=1 given; the default would be n = number of workers
-    resumed = _resumed_config(checkpoint.load(_save(tmp_path / "softsync", [softsync])), {"workers": 4})
+    resumed = _resumed_config(checkpoint.load(_save(tmp_path / "softsync", [softsync])),
+                              {"workers": 4})
     assert resumed.rule_options() == {"n": 1}
     ddc = _hub("ddc-asgd")
     assert _resumed_config(checkpoint.load(_save(tmp_path / "ddc", [ddc])), {}).rule_options() == {}
@@ -344,7 +353,8 @@ def test_resume_never_runs_a_stored_cell_it_was_not_given(tmp_path):
 
     marker = tmp_path / "pwned"
     _save(tmp_path / "ckpt", [_hub("asgd")], cell=f"open({str(marker)!r}, 'w').write('x')")
-    with pytest.raises(CheckpointError, match=r"got no cell \(Received: cell=None\).*trust_cell=True"):
+    with pytest.raises(CheckpointError,
+                       match=r"got no cell \(Received: cell=None\).*trust_cell=True"):
         nbdist.resume(tmp_path / "ckpt", mode="local")
     assert not marker.exists()
     with pytest.raises(CheckpointError, match="got no cell"):  # refused before the folder is read

@@ -1,4 +1,5 @@
-"""The courier's hand-off: one exchange at a time, on its own thread, errors back on the caller's."""
+"""The courier's hand-off: one exchange at a time, on its own thread, errors back on the
+caller's."""
 
 from __future__ import annotations
 

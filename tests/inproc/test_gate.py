@@ -25,7 +25,8 @@ class Server:
 
     def __init__(self, key: bytes, peers: int = 1):
         self.ctx = zmq.Context()
-        self.sock, self.gate = server_socket(self.ctx, key, 1 << 20, False, kind=zmq.PULL, peers=peers)
+        self.sock, self.gate = server_socket(self.ctx, key, 1 << 20, False, kind=zmq.PULL,
+                                             peers=peers)
         self.endpoint = f"tcp://127.0.0.1:{self.sock.bind_to_random_port('tcp://127.0.0.1')}"
         self.info = {"endpoint": self.endpoint, "gate": self.gate.id}
 
@@ -42,7 +43,8 @@ class Server:
         self.ctx.term()
 
 
-def _push(ctx, info: dict, key: bytes | None, username: bytes | None = None, password: bytes | None = None):
+def _push(ctx, info: dict, key: bytes | None, username: bytes | None = None,
+          password: bytes | None = None):
     sock = client_socket(ctx, info, key, zmq.PUSH) if key else ctx.socket(zmq.PUSH)
     sock.setsockopt(zmq.LINGER, 0)
     if username is not None:
@@ -63,8 +65,10 @@ def test_only_a_fresh_token_of_this_gate_and_run_finishes_the_handshake():
         intruders = [
             _push(ctx, server.info, None),  # no credentials at all (NULL)
             _push(ctx, server.info, None, user, password),  # the same token again: a replay
-            _push(ctx, server.info, None, *credentials(new_key(), server.gate.id)),  # another run's key
-            _push(ctx, server.info, None, *credentials(key, "another-gate")),  # another gate's token
+            # another run's key
+            _push(ctx, server.info, None, *credentials(new_key(), server.gate.id)),
+            # another gate's token
+            _push(ctx, server.info, None, *credentials(key, "another-gate")),
         ]
         for sock in intruders:
             sock.send(b"intruder")
@@ -84,11 +88,14 @@ def test_connections_still_in_the_handshake_are_capped_and_later_ones_get_in():
     key = new_key()
     server = Server(key, peers=0)  # YOUNG_MARGIN young connections at most
     ctx = zmq.Context()
-    idle = [socket.create_connection(("127.0.0.1", int(server.endpoint.rsplit(":", 1)[1]))) for _ in range(20)]
+    idle = [socket.create_connection(("127.0.0.1", int(server.endpoint.rsplit(":", 1)[1])))
+            for _ in range(20)]
     try:
-        wait_for(lambda: server.gate.counts().get(CUT, 0) >= 20 - YOUNG_MARGIN, 30, what="the cut connections")
+        wait_for(lambda: server.gate.counts().get(CUT, 0) >= 20 - YOUNG_MARGIN, 30,
+                 what="the cut connections")
         assert server.gate.counts()[CUT] == 20 - YOUNG_MARGIN
-        time.sleep(HANDSHAKE_S + 0.5)  # libzmq closes the idle ones that were kept: they never authenticated
+        # libzmq closes the idle ones that were kept: they never authenticated
+        time.sleep(HANDSHAKE_S + 0.5)
         legit = _push(ctx, server.info, key)
         legit.send(b"after")
         assert server.received(1) == [b"after"]
@@ -106,7 +113,8 @@ def _hub_process(key: bytes, size: int, monkeypatch) -> tuple[dict, psutil.Proce
     from nbdist.hub.server import HubSpec
 
     monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
-    plan = Plan(num_workers=1, num_samples=10**9, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    plan = Plan(num_workers=1, num_samples=10**9, epochs=1, batch_size=10, lr=0.1,
+                has_validation=False)
     endpoints = start_hub(HubSpec("flood", key, 0, 1, plan, np.ones(size, np.float32),
                                   np.zeros(0, np.float32), idle_timeout=300))
     return endpoints, psutil.Process(hub_process("flood", 0).pid)
@@ -133,7 +141,8 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
             expected -= np.float32(0.1) * transport.grad
         base = peak = proc.memory_info().rss
         steps = 0
-        floods = [Flood("pending", tcp, peers=512, frame_bytes=8 * size), Flood("multipart", tcp, limit=1 << 30),
+        floods = [Flood("pending", tcp, peers=512, frame_bytes=8 * size),
+                  Flood("multipart", tcp, limit=1 << 30),
                   Flood("keyless", tcp, peers=64, messages=8, frames=6, frame_bytes=1 << 20),
                   Flood("garbage", tcp, peers=200)]
         for flood in floods:
@@ -146,7 +155,8 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
             peak = max(peak, proc.memory_info().rss)
         for flood in floods:
             flood.__exit__(None, None, None)
-        np.testing.assert_allclose(transport.params, expected, rtol=1e-5)  # every push applied, nothing else
+        # every push applied, nothing else
+        np.testing.assert_allclose(transport.params, expected, rtol=1e-5)
         transport.bye()
     finally:
         transport.close()
@@ -155,9 +165,10 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
     control.shutdown()
     control.close()
     join_hub("flood", 0, 30)
-    sent = {kind: f.stats for kind, f in zip(("pending", "multipart", "keyless", "garbage"), floods, strict=True)}
-    print(f"flood: hub RSS +{(peak - base) / 2**20:.1f} MB over {base / 2**20:.0f} MB, {steps} worker steps, "
-          f"hub counted {dropped}, attackers {sent}")
+    sent = {kind: f.stats
+            for kind, f in zip(("pending", "multipart", "keyless", "garbage"), floods, strict=True)}
+    print(f"flood: hub RSS +{(peak - base) / 2**20:.1f} MB over {base / 2**20:.0f} MB, "
+          f"{steps} worker steps, hub counted {dropped}, attackers {sent}")
     assert steps >= 5, steps  # the worker kept training
     assert dropped.get(CUT, 0) > 0 and dropped.get(REFUSED, 0) > 0, dropped
     assert sent["pending"]["connections"] >= 512 and sent["multipart"]["connections"] == 1

@@ -56,7 +56,8 @@ def test_hostile_packets_on_the_local_line_are_dropped_counted_and_change_nothin
     line = raw_line(server)
     grad = np.full(SIZE, 100.0, np.float32)
     line.send(packet([b"\0" * 32 + b'{"op":"step"}']))  # unsigned
-    line.send(packet(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0")))  # wrong key
+    # wrong key
+    line.send(packet(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0")))
     line.send(packet([b"only-one-frame"]))  # truncated
     line.send(b"\x02\x00\x00\x00\x05\x00")  # a table that lies
     line.send(packet([bytes(localline.MAX_PACKET_BYTES)]))  # larger than any packet may be
@@ -71,8 +72,9 @@ def test_hostile_packets_on_the_local_line_are_dropped_counted_and_change_nothin
     forged[403] ^= 0x7F  # one float altered, same length
     line.send(packet([signed, forged]))
     control = HubControl(key, [server.endpoints])
-    assert dropped_after(control, 7) == {"bad signature": 3, "truncated message": 1, "malformed packet": 1,
-                                         "oversized packet": 1, "replayed message": 1}
+    assert dropped_after(control, 7) == {"bad signature": 3, "truncated message": 1,
+                                         "malformed packet": 1, "oversized packet": 1,
+                                         "replayed message": 1}
     assert_untouched(control)
     control.close()
     line.close()
@@ -85,7 +87,8 @@ def train_three_steps(transport) -> None:
     for step in range(3):
         chunks = [reply.chunks[0].id] if step == 0 else []
         transport.step(Step(0, push=True, pull=True, chunks=chunks, loss=0.5))
-    np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1), rtol=1e-6)
+    np.testing.assert_allclose(transport.params, np.ones(SIZE, np.float32) - 3 * np.float32(0.1),
+                               rtol=1e-6)
 
 
 def test_a_worker_trains_over_the_line_and_its_line_is_closed_when_it_leaves(hub):
@@ -164,7 +167,8 @@ def test_a_spinning_inbox_polls_only_for_its_budget_and_then_sleeps(monkeypatch)
             inbox = wire.Inbox(sock, None, 1 << 20, spin_s=spin_s)
             with pytest.raises(zmq.Again):
                 inbox.next(timeout_ms=400)
-            assert polls == [0] * spins + [400]  # polled without sleeping for the budget, then slept
+            # polled without sleeping for the budget, then slept
+            assert polls == [0] * spins + [400]
     finally:
         sock.close(0)
         ctx.term()

@@ -87,7 +87,8 @@ def test_the_thread_hub_remains_available(monkeypatch):
     monkeypatch.setenv("NBDIST_HUB_PROCESS", "0")
     spec = _spec(new_key())
     launch.start_hub(spec)
-    assert launch.running_hubs() == [(spec.run_id, 0)] and launch.hub_process(spec.run_id, 0) is None
+    assert (launch.running_hubs() == [(spec.run_id, 0)]
+            and launch.hub_process(spec.run_id, 0) is None)
     assert launch.join_hub(spec.run_id, 0, timeout=0.2)["error"] is None
 
 
@@ -116,7 +117,8 @@ def test_a_killed_hub_process_leaves_no_socket_files_once_joined(monkeypatch):
     monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
     spec = _spec(new_key())
     endpoints = launch.start_hub(spec)
-    files = [endpoints["ipc"].removeprefix("ipc://")] + ([endpoints["local"]] if "local" in endpoints else [])
+    files = ([endpoints["ipc"].removeprefix("ipc://")]
+             + ([endpoints["local"]] if "local" in endpoints else []))
     assert all(os.path.exists(f) for f in files)
     proc = launch.hub_process(spec.run_id, 0)
     proc.kill()  # SIGKILL: the hub unlinks nothing itself

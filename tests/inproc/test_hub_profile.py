@@ -16,7 +16,8 @@ from nbdist.hub.server import Hub, HubSpec
 
 def _serve_pushes(profile: bool, transport: str, pushes: int = 20) -> dict:
     key = new_key()
-    plan = Plan(num_workers=1, num_samples=10**6, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    plan = Plan(num_workers=1, num_samples=10**6, epochs=1, batch_size=10, lr=0.1,
+                has_validation=False)
     hub = Hub(HubSpec("prof", key, 0, 1, plan, np.ones(5000, np.float32), np.zeros(0, np.float32),
                       profile=profile))
     result = {}

@@ -28,7 +28,8 @@ PUSH = {"op": "step", "worker": 0, "push": True, "pull": True, "chunks": [0]}
 
 
 def start_hubs(key, run="sec", shards=1, workers=1, size=SIZE, spin_s=0.0):
-    plan = Plan(num_workers=workers, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    plan = Plan(num_workers=workers, num_samples=100, epochs=1, batch_size=10, lr=0.1,
+                has_validation=False)
     hubs = [Hub(HubSpec(run, key, i, shards, plan, np.ones(size, np.float32),
                         np.zeros(0, np.float32), spin_s=spin_s)) for i in range(shards)]
     threads = [threading.Thread(target=h.serve, daemon=True) for h in hubs]
@@ -71,8 +72,9 @@ def raw_socket(endpoints, key):
 
 def dropped_after(control, count):
     """The hub's drop counters once `count` drops are in (it answers stats in between)."""
-    return wait_for(lambda: (dropped := control.stats()["dropped"]) and sum(dropped.values()) >= count
-                    and dropped, 30, poll_s=0.02, what=f"{count} dropped message(s)")
+    return wait_for(lambda: (dropped := control.stats()["dropped"])
+                    and sum(dropped.values()) >= count and dropped,
+                    30, poll_s=0.02, what=f"{count} dropped message(s)")
 
 
 def assert_untouched(control, size=SIZE):
@@ -86,7 +88,8 @@ def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
     attacker = raw_socket(server.endpoints, key)
     grad = np.full(SIZE, 100.0, np.float32)
     attacker.send_multipart([b"\0" * 32 + b'{"op":"step"}'])  # unsigned
-    attacker.send_multipart(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0"))  # wrong key
+    # wrong key
+    attacker.send_multipart(Codec(new_key(), "intruder", "sec").encode(PUSH, [grad], to="hub-0"))
     attacker.send_multipart([b"only-one-frame"])  # truncated
     legit = Codec(key, "worker-x", "sec")
     frames = legit.encode({"op": "stats"}, to="hub-0")
@@ -95,7 +98,8 @@ def test_hostile_messages_are_dropped_counted_and_change_nothing(hub):
     attacker.recv_multipart()
     attacker.send_multipart(frames)  # ...replayed
     attacker.send_multipart(legit.encode({"op": "nonsense"}, to="hub-0"))  # signed, unknown op
-    attacker.send_multipart(legit.encode(PUSH, [np.zeros(SIZE * 8, np.float32)], to="hub-0"))  # too big
+    # too big
+    attacker.send_multipart(legit.encode(PUSH, [np.zeros(SIZE * 8, np.float32)], to="hub-0"))
     control = HubControl(key, [server.endpoints])
     dropped = dropped_after(control, 6)
     assert dropped == {"bad signature": 2, "truncated message": 1, "replayed message": 1,
@@ -210,8 +214,10 @@ def test_a_message_replayed_to_another_shard_is_dropped():
         frames = worker.encode({"op": "hello", "worker": 0}, to="hub-0")
         attacker = raw_socket(hubs[1].endpoints, key)
         attacker.send_multipart(frames)  # meant for shard 0, replayed to shard 1
-        attacker.send_multipart(worker.encode(PUSH, [np.zeros(hubs[1].size, np.float32)], to="hub-0"))
-        control = HubControl(key, [hubs[1].endpoints], name="probe")  # shard 1 answers as hub-0? no:
+        attacker.send_multipart(worker.encode(PUSH, [np.zeros(hubs[1].size, np.float32)],
+                                              to="hub-0"))
+        # shard 1 answers as hub-0? no:
+        control = HubControl(key, [hubs[1].endpoints], name="probe")
         line = control.lines[0]
         line.peer = "hub-1"
         wait_for(lambda: sum(hubs[1].dropped.values()) >= 2, 30, poll_s=0.02)
@@ -230,8 +236,10 @@ def test_a_message_replayed_to_another_run_is_dropped():
     other, threads = start_hubs(key, run="other")
     try:
         attacker = raw_socket(other[0].endpoints, key)
-        attacker.send_multipart(Codec(key, "worker-0", "sec").encode({"op": "hello", "worker": 0}, to="hub-0"))
-        attacker.send_multipart(Codec(new_key(), "worker-0", "sec").encode({"op": "hello", "worker": 0}, to="hub-0"))
+        attacker.send_multipart(Codec(key, "worker-0", "sec").encode(
+            {"op": "hello", "worker": 0}, to="hub-0"))
+        attacker.send_multipart(Codec(new_key(), "worker-0", "sec").encode(
+            {"op": "hello", "worker": 0}, to="hub-0"))
         control = HubControl(key, [other[0].endpoints])
         assert dropped_after(control, 2) == {"wrong run": 1, "bad signature": 1}
         assert_untouched(control)
@@ -282,7 +290,8 @@ def test_a_frame_flood_keeps_memory_bounded_and_a_real_worker_training(hub):
     base = me.memory_info().rss
     ready = mp.get_context("fork").Event()
     # each message: 64 frames x 64 KB = 4 MB, 8 times the hub's 12 KB of buffers, >> 8 frames
-    flood = mp.get_context("fork").Process(target=_flood, args=(server.endpoints, key, 6.0, 64, 65536, ready))
+    flood = mp.get_context("fork").Process(target=_flood,
+                                           args=(server.endpoints, key, 6.0, 64, 65536, ready))
     flood.start()
     ready.wait(10)
     transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp", timeout=30)
@@ -323,14 +332,17 @@ def test_a_written_off_worker_changes_no_shard(monkeypatch):
     try:
         reply = transport.hello()
         chunk = reply.chunks[0].id
-        wait_for(lambda: control.stats()["lost"], 30)  # silent: shard 0 writes it off, tells shard 1 first
+        # silent: shard 0 writes it off, tells shard 1 first
+        wait_for(lambda: control.stats()["lost"], 30)
         assert control.stats()["lost"] == [0]
         transport.grad[:] = 1000.0
         late = transport.step(Step(0, push=True, pull=True, chunks=[chunk], loss=0.5))  # late push
         assert late.lost and late.stop
         params, _ = control.params()
-        np.testing.assert_array_equal(params, np.ones(2 * 64, np.float32))  # neither shard applied it
-        assert hubs[1].dropped == {"written-off worker": 1} and hubs[0].dropped == {"written-off worker": 1}
+        # neither shard applied it
+        np.testing.assert_array_equal(params, np.ones(2 * 64, np.float32))
+        assert (hubs[1].dropped == {"written-off worker": 1}
+                and hubs[0].dropped == {"written-off worker": 1})
         assert all(h.version == 0 for h in hubs)
     finally:
         transport.close()
@@ -348,8 +360,9 @@ def test_nothing_on_nbdist_sockets_is_unpickled():
     assert len(paths) > 10
     for path in paths:
         tree = ast.parse(path.read_text())
-        imported = {a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
-                    for a in n.names} | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        imported = ({a.name for n in ast.walk(tree) if isinstance(n, (ast.Import, ast.ImportFrom))
+                     for a in n.names}
+                    | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)})
         assert not {"pickle", "cloudpickle", "dill", "marshal"} & imported, path
 
 
@@ -357,7 +370,8 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
     from dataclasses import replace
 
     key = new_key()
-    plan = Plan(num_workers=1, num_samples=100, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    plan = Plan(num_workers=1, num_samples=100, epochs=1, batch_size=10, lr=0.1,
+                has_validation=False)
     spec = HubSpec("enc", key, 0, 1, plan, np.ones(SIZE, np.float32), np.zeros(0, np.float32))
     server = Hub(replace(spec, encrypt=True))
     thread = threading.Thread(target=server.serve, daemon=True)
@@ -365,7 +379,8 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
     endpoint = server.endpoints["tcp"]
     assert server.endpoints["curve"]
     plain = keyless_socket(endpoint)  # no CurveZMQ at all: the handshake fails
-    plain.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
+    plain.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0},
+                                                              to="hub-0"))
     stranger = zmq.Context.instance().socket(zmq.DEALER)  # CurveZMQ, but not the run's client key
     stranger.setsockopt(zmq.LINGER, 0)
     public, secret = zmq.curve_keypair()
@@ -373,7 +388,8 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
     stranger.setsockopt(zmq.CURVE_PUBLICKEY, public)
     stranger.setsockopt(zmq.CURVE_SECRETKEY, secret)
     stranger.connect(endpoint)
-    stranger.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0}, to="hub-0"))
+    stranger.send_multipart(Codec(key, "worker-0", "enc").encode({"op": "hello", "worker": 0},
+                                                                 to="hub-0"))
     transport = WorkerTransport(key, 0, [server.endpoints], 0, transport="tcp", timeout=10)
     try:
         reply = transport.hello()

@@ -16,12 +16,14 @@ from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 
 
-def _train(transport: str, size: int, optimizer: dict | None, monkeypatch) -> tuple[np.ndarray, list[np.ndarray]]:
+def _train(transport: str, size: int, optimizer: dict | None,
+           monkeypatch) -> tuple[np.ndarray, list[np.ndarray]]:
     monkeypatch.setenv("NBDIST_LOCAL_LINE", "0" if transport == "ipc" else "1")
     line = transport
     transport = "auto" if transport in ("local", "ipc") else transport
     key = new_key()
-    plan = Plan(num_workers=1, num_samples=10**6, epochs=1, batch_size=10, lr=0.1, has_validation=False)
+    plan = Plan(num_workers=1, num_samples=10**6, epochs=1, batch_size=10, lr=0.1,
+                has_validation=False)
     start = np.random.default_rng(1).normal(size=size).astype(np.float32)
     hub = Hub(HubSpec("tx", key, 0, 1, plan, start, np.zeros(0, np.float32), optimizer=optimizer))
     thread = threading.Thread(target=hub.serve, daemon=True)

@@ -36,7 +36,8 @@ def stages():
 
 
 def _past_the_gate(ctx, key: bytes, info: dict):
-    """A peer that passed the gate (as if it held a token): what it sends meets the limits and the MAC."""
+    """A peer that passed the gate (as if it held a token): what it sends meets the limits and
+    the MAC."""
     sock = client_socket(ctx, info, key, zmq.PUSH)
     sock.connect(info["endpoint"])
     return sock
@@ -44,7 +45,8 @@ def _past_the_gate(ctx, key: bytes, info: dict):
 
 def _signed(key: bytes, header: dict) -> bytes:
     """A header signed with the run key but written by hand (envelope included)."""
-    raw = json.dumps({"run": "r", "from": "stage-0/forged", "to": "stage-1", "seq": 1, "nbytes": [], **header}).encode()
+    raw = json.dumps({"run": "r", "from": "stage-0/forged", "to": "stage-1", "seq": 1, "nbytes": [],
+                      **header}).encode()
     return mac(key, raw) + raw
 
 
@@ -55,20 +57,25 @@ def test_a_stage_drops_and_counts_what_fails_the_limits_the_mac_or_the_checks(st
     forward = {"op": "F", "step": 1, "mb": 0, "src": "stage-0", "shapes": [[8]], "dtypes": ["<f4"]}
     attacker.send_multipart([b"\0" * 32 + b'{"op":"F"}'])  # unsigned
     attacker.send_multipart([b"short"])  # truncated
-    attacker.send_multipart([b"\0" * 32 + b"{}", bytes(LIMITS[1])])  # oversized: more bytes than any message
+    # oversized: more bytes than any message
+    attacker.send_multipart([b"\0" * 32 + b"{}", bytes(LIMITS[1])])
     attacker.send_multipart([b"\0" * 32 + b"{}", b"", b"", b""])  # oversized: more frames
     frames = a.codec.encode(forward, [x], to="stage-1")
     send_frames(attacker, frames)  # a stage-0 message...
     send_frames(attacker, frames)  # ...and its replay
-    send_frames(attacker, a.codec.encode({**forward, "step": 2, "shapes": [[9]]}, [x], to="stage-1"))  # table
-    send_frames(attacker, a.codec.encode({**forward, "step": 3, "dtypes": ["O"]}, [x], to="stage-1"))
-    send_frames(attacker, a.codec.encode({**forward, "op": "X"}, [x], to="stage-1"))  # not an op a stage sends
+    # table
+    send_frames(attacker, a.codec.encode({**forward, "step": 2, "shapes": [[9]]}, [x],
+                                         to="stage-1"))
+    send_frames(attacker, a.codec.encode({**forward, "step": 3, "dtypes": ["O"]}, [x],
+                                         to="stage-1"))
+    # not an op a stage sends
+    send_frames(attacker, a.codec.encode({**forward, "op": "X"}, [x], to="stage-1"))
     send_frames(attacker, a.codec.encode({**forward, "step": "4"}, [x], to="stage-1"))
     send_frames(attacker, Codec(key, "stage-0", "another-run").encode(forward, [x], to="stage-1"))
     no_slot = {"op": "ack", "src": "stage-0", "seg": "nbdist-x", "gen": 1, "slot": 0}
     attacker.send(_signed(key, no_slot))  # an ack of no slot
-    expected = {"bad signature": 1, "truncated message": 1, "oversized message": 2, "replayed message": 1,
-                "malformed header": 4, "wrong run": 1, "stale ack": 1}
+    expected = {"bad signature": 1, "truncated message": 1, "oversized message": 2,
+                "replayed message": 1, "malformed header": 4, "wrong run": 1, "stale ack": 1}
     wait_for(lambda: (b.drain(), sum(b.dropped.values()) >= sum(expected.values()))[1], 30,
              what=lambda: f"the drops (counted: {dict(b.dropped)})")
     assert dict(b.dropped) == expected
@@ -95,10 +102,13 @@ def test_the_kernel_drops_and_counts_bad_reports_and_the_stages_keep_reporting(s
         a.report(Ops(0, 10, {"shm": 0, "tcp": 1}, {"bad signature": 2}, step=1,
                      ops=[("F", 0, 0.0, 1.0)]))
         wait_for(lambda: control.pipeline()["dropped"][0], 30, what="stage 0's report")
-        info = wait_for(lambda: (i := control.pipeline()) and sum(i["kernel_dropped"].values()) >= 4 and i, 30,
-                        what=lambda: f"the kernel's drops ({control.pipeline()['kernel_dropped']})")
+        info = wait_for(lambda: (i := control.pipeline())
+                        and sum(i["kernel_dropped"].values()) >= 4 and i, 30,
+                        what=lambda: "the kernel's drops "
+                                     f"({control.pipeline()['kernel_dropped']})")
         assert info["kernel_dropped"] == {"bad signature": 1, "oversized message": 1,
                                           "malformed header": 2}
-        assert info["dropped"] == [{"bad signature": 2}, {}] and info["messages"][0] == {"shm": 0, "tcp": 1}
+        assert (info["dropped"] == [{"bad signature": 2}, {}]
+                and info["messages"][0] == {"shm": 0, "tcp": 1})
     finally:
         control.close()  # (its link, the kernel's, is the fixture's: closed twice, harmlessly)

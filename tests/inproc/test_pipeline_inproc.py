@@ -35,7 +35,8 @@ def _reference(cell: str, batch: int, seed: int = 0) -> list:
     return [w.numpy() for w in model.weights]
 
 
-@pytest.mark.parametrize(("stages", "schedule"), [(2, "gpipe"), (3, "1f1b"), (3, "gpipe"), (2, "1f1b")])
+@pytest.mark.parametrize(("stages", "schedule"),
+                         [(2, "gpipe"), (3, "1f1b"), (3, "gpipe"), (2, "1f1b")])
 def test_pipeline_equals_single_machine_training(stages, schedule):
     cell = "B = 16\n" + SKIP_CELL
     want = _reference(cell, 16)
@@ -64,19 +65,24 @@ def test_profile_and_live_tensors_of_a_skip_connection():
     from nbdist.modes.pipeline.profile import profile_model
 
     prof = profile_model(ns["model"], ns["x_train"][:8], repeats=1)
-    assert [r["cut_bytes"] for r in prof["layers"]][:4] == [8 * 16 * 4, 2 * 8 * 16 * 4, 8 * 16 * 4, 8 * 12 * 4]
-    assert [r["params"] for r in prof["layers"]] == [8 * 16 + 16, 16 * 16 + 16, 0, 16 * 12 + 12, 12 * 4 + 4]
+    assert [r["cut_bytes"] for r in prof["layers"]][:4] == [8 * 16 * 4, 2 * 8 * 16 * 4, 8 * 16 * 4,
+                                                            8 * 12 * 4]
+    assert [r["params"] for r in prof["layers"]] == [8 * 16 + 16, 16 * 16 + 16, 0, 16 * 12 + 12,
+                                                     12 * 4 + 4]
 
 
 def test_clear_errors():
     import nbdist
     from nbdist.errors import NoClusterError
 
-    with pytest.raises(NoClusterError, match=r"--mode pipeline puts each stage on its own engine.*%nbdist start 2"):
-        nbdist.train("B = 8\n" + SKIP_CELL, namespace={}, mode="pipeline", batch_size=8, micro_batches=2)
+    with pytest.raises(NoClusterError,
+                       match=r"--mode pipeline puts each stage on its own engine.*%nbdist start 2"):
+        nbdist.train("B = 8\n" + SKIP_CELL, namespace={}, mode="pipeline", batch_size=8,
+                     micro_batches=2)
     with pytest.raises(ConfigError, match="does not split into --micro-batches 3"):
         TrainConfig(mode="pipeline", batch_size=16, micro_batches=3)
-    with pytest.raises(ConfigError, match="--stages 6 needs at least 6 layers.*d1, d2, add, d3, out"):
+    with pytest.raises(ConfigError,
+                       match="--stages 6 needs at least 6 layers.*d1, d2, add, d3, out"):
         _start("B = 8\n" + SKIP_CELL, stages=6, batch_size=8, micro_batches=2)
     subclassed = '''
 import keras
@@ -102,15 +108,16 @@ from nbdist.datasets import make_synthetic
 (x_train, y_train), (x_test, y_test) = make_synthetic(n=640, shape=(8,), classes=3, seed=1)
 model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(32, activation="relu"),
                           keras.layers.BatchNormalization(), keras.layers.Dropout(0.2),
-                          keras.layers.Dense(16, activation="relu"), keras.layers.Dense(3, activation="softmax")])
+                          keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3, activation="softmax")])
 model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
               metrics=["accuracy"])
 '''
 
 
 def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
-    ns, run = _start(BN_CELL, stages=2, micro_batches=2, batch_size=32, epochs=3, partition="uniform",
-                     schedule="1f1b", timeout=60)
+    ns, run = _start(BN_CELL, stages=2, micro_batches=2, batch_size=32, epochs=3,
+                     partition="uniform", schedule="1f1b", timeout=60)
     run.wait(timeout=180)
     bn = ns["model"].layers[1]  # its moving mean starts at 0; the stage that holds it updated it
     assert np.abs(bn.moving_mean.numpy()).max() > 1e-3
@@ -138,7 +145,8 @@ def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
     run.wait(timeout=60)
     assert run.status == "stopped" and run.error is None
     assert 5 <= run.history["step"].max() < 500 * 20
-    assert any(not np.allclose(a, w.numpy()) for a, w in zip(before, ns["model"].weights, strict=True))
+    assert any(not np.allclose(a, w.numpy())
+               for a, w in zip(before, ns["model"].weights, strict=True))
 
 
 def test_same_host_stages_send_through_shared_memory_and_tcp_gives_the_same_weights():
@@ -152,7 +160,8 @@ def test_same_host_stages_send_through_shared_memory_and_tcp_gives_the_same_weig
         weights[transport] = [w.numpy() for w in ns["model"].weights]
         messages[transport] = run.pipeline["messages"]
     # 20 steps x 4 micro-batches, forwards out of stages 0-1 and gradients out of stages 1-2
-    assert messages["auto"] == [{"shm": 80, "tcp": 0}, {"shm": 160, "tcp": 0}, {"shm": 80, "tcp": 0}]
+    assert messages["auto"] == [{"shm": 80, "tcp": 0}, {"shm": 160, "tcp": 0},
+                                {"shm": 80, "tcp": 0}]
     assert messages["tcp"] == [{"shm": 0, "tcp": 80}, {"shm": 0, "tcp": 160}, {"shm": 0, "tcp": 80}]
     for a, b in zip(weights["auto"], weights["tcp"], strict=True):
         np.testing.assert_array_equal(a, b)
@@ -189,7 +198,8 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
         big = np.ones((300, 64), np.float32)  # larger than a slot, none in flight: a bigger segment
         a.send("stage-1", Validation(1), [big])
         grown = a.outboxes["stage-1"]
-        assert a.messages["shm"] == 3 and grown.generation == box.generation + 1 and not os.path.exists(path)
+        assert (a.messages["shm"] == 3 and grown.generation == box.generation + 1
+                and not os.path.exists(path))
         np.testing.assert_array_equal(b.wait(("E", 1, 0))[2][0], big)
         assert b.inboxes["stage-0"][0] == grown.segment.name
         path = f"/dev/shm/{grown.segment.name}"
@@ -216,7 +226,8 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
 
     key = new_key()
     kernel = KernelLink(key, "r", "127.0.0.1", 2, encrypt=True)
-    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, (3, 1 << 20), transport="tcp", encrypt=True) for s in (0, 1))
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 10, (3, 1 << 20), transport="tcp", encrypt=True)
+            for s in (0, 1))
     a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
     b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
     forged = Codec(key, "stage-0", "r").encode(

@@ -132,7 +132,8 @@ class TestClock:
 
 def start_hub(p, clock=None):
     key = new_key()
-    hub = Hub(HubSpec("loss", key, 0, 1, p, np.zeros(SIZE, np.float32), np.zeros(0, np.float32)), clock=clock)
+    hub = Hub(HubSpec("loss", key, 0, 1, p, np.zeros(SIZE, np.float32), np.zeros(0, np.float32)),
+              clock=clock)
     thread = threading.Thread(target=hub.serve, daemon=True)
     thread.start()
     return hub, key, thread
@@ -273,7 +274,8 @@ def test_two_shards_admit_a_worker_added_mid_run_and_each_chunk_is_applied_once(
         assert snap["epoch_samples"] == [80] and sorted(applied) == list(range(20))
         assert snap["nodes"][1]["samples"] > 0 and sum(n["samples"] for n in snap["nodes"]) == 80
         params, _ = control.params()  # every chunk's gradient applied once, on both shards
-        np.testing.assert_allclose(params, -np.float32(0.1) * sum(grad_for(c) for c in applied), rtol=1e-5)
+        np.testing.assert_allclose(params, -np.float32(0.1) * sum(grad_for(c) for c in applied),
+                                   rtol=1e-5)
         a.bye(), b.bye()
         assert control.stats()["finished"]
     finally:

@@ -112,7 +112,8 @@ def test_added_worker_gets_every_per_worker_entry_and_m_stays_the_configured_one
     assert c.slowdown == [1.0, 2.0, 1.0] and c.groups.of[2] == [2] and list(c.assigned[2]) == []
     assert c.sizer.batches == [4, 4, 4] and c.sizer.total == 12  # the global batch grows by b0
     event = c.stats.events[-1]
-    assert (event["event"], event["worker"], event["engine"], event["time"]) == ("worker_added", 2, 7, 3.0)
+    assert ((event["event"], event["worker"], event["engine"], event["time"])
+            == ("worker_added", 2, 7, 3.0))
     snap = c.snapshot(0)
     assert [n["worker"] for n in snap["nodes"]] == [0, 1, 2] and snap["delays"]["2"] == {}
     assert not snap["finished"]
@@ -134,7 +135,8 @@ def test_added_worker_trains_once_it_said_hello_and_every_sample_is_trained_once
             done[w] += stop - start
         w = (w + 1) % 3
     assert c.schedule.samples_per_epoch == [40]
-    assert sum(n.samples for n in c.stats.workers) == 40 and c.stats.workers[2].samples == done[2] > 0
+    assert (sum(n.samples for n in c.stats.workers) == 40
+            and c.stats.workers[2].samples == done[2] > 0)
     for worker in range(3):
         assert c.work_for(worker, True, 0).done
         c.bye(worker, now=9.0)
@@ -155,7 +157,8 @@ def test_run_waits_for_an_added_worker_that_has_not_said_hello_yet():
 
 
 def test_dbs_sums_stay_the_global_batch_after_an_add_and_the_newcomer_is_measured_first():
-    c = running(plan(num_samples=10_000, has_validation=False, dbs=True, batch_size=10, batch_min=1))
+    c = running(plan(num_samples=10_000, has_validation=False, dbs=True, batch_size=10,
+                     batch_min=1))
     c.sizer.rebalance_every = 1
     for _ in range(4):  # worker 1 twice as slow: after warm-up DBS moves batch to worker 0
         train_one(c, 0, compute_s=0.01), train_one(c, 1, compute_s=0.02)
@@ -256,7 +259,8 @@ def test_options_bounded_by_the_workers_wait_until_their_number_is_known():
     config = TrainConfig(algorithm="group", groups=3)  # no --workers: every free engine
     contents = SimpleNamespace(num_samples=100, validation=None)
     assert coordinator_plan(config, contents, 0.1, num_workers=4)[0].groups == 3
-    with pytest.raises(ConfigError, match=r"'num_groups' of group must be in \[0, 2\]. Received: 3"):
+    with pytest.raises(ConfigError,
+                       match=r"'num_groups' of group must be in \[0, 2\]. Received: 3"):
         coordinator_plan(config, contents, 0.1, num_workers=2)
 
 

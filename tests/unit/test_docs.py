@@ -20,8 +20,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "benchmarks" / "README.md"]
-SOURCES = sorted(p for d in ("nbdist", "scripts", "benchmarks", "tests") for p in (ROOT / d).rglob("*.py"))
+PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")),
+         ROOT / "benchmarks" / "README.md"]
+SOURCES = sorted(p for d in ("nbdist", "scripts", "benchmarks", "tests")
+                 for p in (ROOT / d).rglob("*.py"))
 TOP = ("nbdist", "tests", "benchmarks", "scripts", "docs", "notebooks")
 
 
@@ -35,7 +37,8 @@ def _flat(path: Path) -> str:
 
 
 def _slug(heading: str) -> str:
-    """GitHub's anchor for a heading: lower case, punctuation but '-' and '_' dropped, spaces '-'."""
+    """GitHub's anchor for a heading: lower case, punctuation but '-' and '_' dropped,
+    spaces '-'."""
     text = re.sub(r"[`*]|\[([^\]]*)\]\([^)]*\)", r"\1", heading.strip().lower())
     return re.sub(r"[^\w\- ]", "", text).replace(" ", "-")
 
@@ -73,12 +76,14 @@ def _resolves(name: str) -> bool:
     name = name.rstrip(".,:;)")
     if "::" in name:  # a test's node id
         path, test = name.split("::", 1)
-        return _resolves(path) and re.search(rf"def {re.escape(test)}\b", _text(ROOT / path)) is not None
+        return (_resolves(path)
+                and re.search(rf"def {re.escape(test)}\b", _text(ROOT / path)) is not None)
     if name.startswith("nbdist.") and "/" not in name:
         parts = name.split(".")
         for cut in range(len(parts), 0, -1):
             base = ROOT.joinpath(*parts[:cut])
-            module = base.with_suffix(".py") if base.with_suffix(".py").exists() else base / "__init__.py"
+            module = (base.with_suffix(".py") if base.with_suffix(".py").exists()
+                      else base / "__init__.py")
             if module.exists():
                 if cut == len(parts):
                     return True
@@ -93,7 +98,8 @@ def _resolves(name: str) -> bool:
 
 
 PATH = r"(?:(?:" + "|".join(TOP) + r")/[\w./-]*\w/?(?:::\w+)?|nbdist(?:\.\w+)+|[\w-]+\.md)"
-NBDIST_RELATIVE = r"(?:core|hub|engine|modes|run|cluster|dashboard|checkpoint|fit|algorithms)/[\w./-]*\.(?:py|c)"
+NBDIST_RELATIVE = (r"(?:core|hub|engine|modes|run|cluster|dashboard|checkpoint|fit|algorithms)"
+                   r"/[\w./-]*\.(?:py|c)")
 
 
 @pytest.mark.parametrize("page", PAGES, ids=lambda p: p.relative_to(ROOT).as_posix())
@@ -101,7 +107,8 @@ def test_every_path_a_page_names_exists(page):
     names = re.findall(rf"`({PATH}|{NBDIST_RELATIVE})`", _text(page))
     names += re.findall(rf"`({PATH}) ", _text(page))  # a path followed by a name in one span
     missing = sorted({n for n in names if not _resolves(n)})
-    assert not missing, f"{page.relative_to(ROOT)} names what the repository does not hold: {missing}"
+    assert not missing, (f"{page.relative_to(ROOT)} names what the repository does not hold: "
+                         f"{missing}")
 
 
 def test_every_path_a_docstring_or_comment_names_exists():
@@ -120,11 +127,13 @@ SECTION = r"(README|[\w-]+\.md)(?:'s|,) [\"']([A-Z][^\"'\n]+)[\"']"
 
 def test_every_section_a_page_or_docstring_names_is_a_heading_of_that_page():
     """'docs/guide.md, "Your cell"' and 'the README's "Set up"' name headings that exist."""
-    pages = {p.name: p for p in PAGES if p.parent != ROOT / "benchmarks"} | {"README": ROOT / "README.md"}
+    pages = ({p.name: p for p in PAGES if p.parent != ROOT / "benchmarks"}
+             | {"README": ROOT / "README.md"})
     missing = []
     for source in [*PAGES, *SOURCES]:
         for page, section in re.findall(SECTION, _text(source)):
-            headings = re.findall(r"^#+ (.*)$", _text(pages[page]), flags=re.M) if page in pages else []
+            headings = (re.findall(r"^#+ (.*)$", _text(pages[page]), flags=re.M)
+                        if page in pages else [])
             if not any(h.replace("`", "").lower().startswith(section.lower()) for h in headings):
                 missing.append(f"{source.relative_to(ROOT)}: {page} {section!r}")
     assert not missing, f"sections that are no heading of their page: {missing}"
@@ -163,7 +172,8 @@ def test_every_flag_the_docs_give_a_magic_is_one_it_takes():
     for page in PAGES[:-1]:  # the benchmarks' README is about their own flags
         text = _text(page)
         for line in re.findall(r"%%distribute( [^`\n]*)", text):
-            wrong += [f"%%distribute {f}" for f in re.findall(r" (--[\w-]+)", line) if f not in distribute]
+            wrong += [f"%%distribute {f}" for f in re.findall(r" (--[\w-]+)", line)
+                      if f not in distribute]
         for action, rest in re.findall(r"%nbdist (start|connect|status|stop)( [^`\n]*)?", text):
             args = argparse.Namespace(action=action, n=None, profile=None, cluster_id=None,
                                       encrypt="--encrypt" in (rest or ""), launcher="local")
@@ -201,7 +211,8 @@ def _facts() -> list[tuple[str, str]]:
               + engine_backend.JOIN_MIN_S)
     way = inspect.signature(WayChooser).parameters
     sizer = inspect.signature(BatchSizer).parameters
-    mlp = 2 * 4 * 269_322 + 4 * kib + protocol.MAX_HEADER_BYTES + protocol.SIGNATURE_BYTES + 256 + mib
+    mlp = (2 * 4 * 269_322 + 4 * kib + protocol.MAX_HEADER_BYTES + protocol.SIGNATURE_BYTES
+           + 256 + mib)
     young = 1 + 1 + gate.YOUNG_MARGIN  # one worker, one shard
     sec, arch, guide = "docs/security.md", "docs/architecture.md", "docs/guide.md"
     return [
@@ -216,10 +227,11 @@ def _facts() -> list[tuple[str, str]]:
         (sec, f"plus `YOUNG_MARGIN` = {gate.YOUNG_MARGIN}"),
         (sec, f"a pipeline stage 2 + {gate.YOUNG_MARGIN} = {2 + gate.YOUNG_MARGIN}"),
         (sec, f"`2 x stages + {gate.YOUNG_MARGIN}`"),
-        (sec, f"+ {protocol.MAX_HEADER_BYTES // kib} KiB of header + {protocol.SIGNATURE_BYTES} bytes "
-              "of MAC + 256 bytes + 1 MiB"),
+        (sec, f"+ {protocol.MAX_HEADER_BYTES // kib} KiB of header + "
+              f"{protocol.SIGNATURE_BYTES} bytes of MAC + 256 bytes + 1 MiB"),
         (sec, f"{(checks.HEADER_BYTES - protocol.SIGNATURE_BYTES) // kib} KiB + "
-              f"{protocol.SIGNATURE_BYTES} bytes of header + {checks.MARGIN} x the bytes per sample"),
+              f"{protocol.SIGNATURE_BYTES} bytes of header + {checks.MARGIN} x the bytes per "
+              "sample"),
         (sec, f"x max({stage.VALIDATION_BATCH}, batch size) samples"),
         (sec, f"F = {mlp:,} bytes, L = {young}, at most "
               f"{young * (mlp + gate.CONNECTION_BYTES) / 1e6:.1f} MB"),
@@ -232,8 +244,9 @@ def _facts() -> list[tuple[str, str]]:
                f"first push, {liveness.LOST_EVAL_S:g} s while it evaluates"),
         (arch, f"re-balanced every {sizer['rebalance_every'].default} pushes with "
                f"{sizer['hysteresis'].default:.0%} hysteresis"),
-        (arch, f"each worker's first {['', 'one', 'two', 'three'][coordinator.DBS_WARMUP_STEPS]} steps are "
-               "not measured"),
+        (arch, "each worker's first "
+               f"{['', 'one', 'two', 'three'][coordinator.DBS_WARMUP_STEPS]} steps are not "
+               "measured"),
         (arch, f"at most {monitor.ENDING_REQUEST_S:g} s for a stop"),
         (arch, f"{monitor.GONE_FINISH_S:g} s for the workers to leave (`GONE_FINISH_S`"),
         (arch, f"{engine_backend.INTERRUPT_WAIT_S:g} s for the ones interrupted then"),
@@ -241,14 +254,16 @@ def _facts() -> list[tuple[str, str]]:
         (arch, f"`--timeout` + {ending:g} s with one shard"),
         (guide, f"which then ends within {ending:g} s more"),
         (guide, f"within {ending:g} s more ([measured](performance.md#faults))"),
-        (arch, f"if the task still runs {engine_backend.RELEASE_GRACE_S:g} s later it interrupts it"),
+        (arch, f"if the task still runs {engine_backend.RELEASE_GRACE_S:g} s later it "
+               "interrupts it"),
         (arch, f"A shard of at least {MIN_SPLIT >> 20}M floats splits"),
         (arch, f"at most {threads.MAX_THREADS} (1 on a 2-core machine"),
         (arch, f"updates {BLOCK >> 10}K-float blocks"),
         (arch, f"from {CACHE_BLOCKED_MIN >> 20}M floats on the optimizers' formulas"),
         (arch, f"a reply of {STREAM_MIN >> 20}M+ floats with streaming"),
         (arch, f"frames over {memory.LARGE_FRAME_BYTES >> 20} MB"),
-        (arch, f"A message of {SWITCHES['NBDIST_MAC_THREADS_MIN_MB'].default:g} MB or more is MACed"),
+        (arch, f"A message of {SWITCHES['NBDIST_MAC_THREADS_MIN_MB'].default:g} MB or more is "
+               "MACed"),
         (arch, f"up to {affinity.HUB_SPIN_S * 1e3:g} ms before it sleeps"),
         (arch, f"up to {affinity.WORKER_SPIN_S * 1e3:g} ms for the reply"),
         (guide, f"for up to {affinity.HUB_SPIN_S * 1e3:g} ms before it sleeps"),
@@ -264,7 +279,8 @@ def _facts() -> list[tuple[str, str]]:
                 f"{simclock.DEFAULT_PER_SAMPLE_S * 1e6:g} µs"),
         (guide, f"`jitter` ({simclock.SimOptions().jitter:g}: none"),
         (guide, f"with a {netaddr.REACH_TIMEOUT_S:g} s limit"),
-        (guide, f"within {inspect.signature(Cluster.engine_networks).parameters['timeout'].default:g} "
+        (guide, "within "
+                f"{inspect.signature(Cluster.engine_networks).parameters['timeout'].default:g} "
                 "s are named the same way"),
     ]
 
@@ -289,24 +305,28 @@ def test_the_mac_and_the_frame_layout_are_what_the_docs_say():
     key, buffer = new_key(), np.arange(4, dtype=np.float32)
     frames = Codec(key, "a", "run").encode({"op": "x"}, [buffer], to="b")
     signature, header = bytes(frames[0][:SIGNATURE_BYTES]), bytes(frames[0][SIGNATURE_BYTES:])
-    expected = blake3(len(header).to_bytes(8, "little") + header + buffer.tobytes(), key=key).digest()
+    expected = blake3(len(header).to_bytes(8, "little") + header + buffer.tobytes(),
+                      key=key).digest()
     assert len(frames) == 2 and signature == expected == mac(key, header, [buffer])
     for page in ("docs/security.md", "docs/architecture.md"):
-        assert "`[MAC + header, *buffers]`" in _text(ROOT / page) and "keyed BLAKE3" in _text(ROOT / page)
+        assert ("`[MAC + header, *buffers]`" in _text(ROOT / page)
+                and "keyed BLAKE3" in _text(ROOT / page))
     for page in PAGES:
         prose = re.sub(r"^```.*?^```", "", _text(page), flags=re.M | re.S)
         for paragraph in prose.split("\n\n"):
             assert "HMAC" not in paragraph or "BLAKE3" in paragraph, (page.name, paragraph[:200])
 
 
-MEASUREMENT = re.compile(r"\d\s?(?:ms|µs|MB/s|samples/s)\b|\d(?:\.\d+)?x\b|% of (?:one|a) core|of fit\b")
+MEASUREMENT = re.compile(r"\d\s?(?:ms|µs|MB/s|samples/s)\b|\d(?:\.\d+)?x\b"
+                         r"|% of (?:one|a) core|of fit\b")
 
 
 def test_measurements_live_in_performance_md_not_in_flags_or_the_readme():
     from nbdist.env import SWITCHES
     from nbdist.flags import distribute_flags, nbdist_flags
 
-    helps = [f.help for f in (*distribute_flags(), *nbdist_flags())] + [s.help for s in SWITCHES.values()]
+    helps = ([f.help for f in (*distribute_flags(), *nbdist_flags())]
+             + [s.help for s in SWITCHES.values()])
     assert [h for h in helps if MEASUREMENT.search(h)] == []
     readme = re.sub(r"^```.*?^```", "", _text(ROOT / "README.md"), flags=re.M | re.S)
     assert MEASUREMENT.findall(readme) == []

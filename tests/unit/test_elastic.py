@@ -54,7 +54,8 @@ def backend(stream=False, bound="127.0.0.1", hub_host="a"):
     """A cluster backend of engines 0..2 on host a (and `hub_host` for the hub's engine 0):
     hub on 0, worker 0 on engine 1, engine 2 free; engine 3 joins the cluster later."""
     routes = (Route("198.18.0.0", 24, "eth0"),)
-    nets = {0: HostNet(hub_host, f"{hub_host}:boot", "198.18.0.13", routes, {"eth0": [("198.18.0.13", 24)]}),
+    nets = {0: HostNet(hub_host, f"{hub_host}:boot", "198.18.0.13", routes,
+                       {"eth0": [("198.18.0.13", 24)]}),
             **{e: HostNet("a", "a:boot", "127.0.0.1") for e in (1, 2, 3)}}
     b = ClusterBackend(FakeCluster(nets, [0, 1, 2]), 1, 1)
     assert b.roles == Roles((0,), (1,), {1: 0})
@@ -92,8 +93,9 @@ def test_a_hub_on_loopback_or_another_route_refuses_an_engine_of_another_host():
     here = HostNet("a", "a:boot", "127.0.0.1")
     elsewhere = HostNet("b", "b:boot", "198.18.0.12")
     backend().check_reach({2: here})  # same host: loopback reaches it
-    with pytest.raises(UnreachableHostError, match=r"Engine 2 \(host b, 198.18.0.12\) cannot reach the "
-                                                   r"hub on engine 0, which listens on 127.0.0.1.*on host a\."):
+    with pytest.raises(UnreachableHostError,
+                       match=r"Engine 2 \(host b, 198.18.0.12\) cannot reach the hub on engine 0, "
+                             r"which listens on 127.0.0.1.*on host a\."):
         backend().check_reach({2: elsewhere})
     backend(bound="198.18.0.13").check_reach({2: elsewhere})  # bound towards that network
 
@@ -123,7 +125,8 @@ def test_add_workers_is_refused_outside_async_mode(mode):
 
 def test_add_workers_is_refused_once_the_run_has_ended():
     run = end(Run(TrainConfig(), model=None, model_name="model"), "finished")
-    with pytest.raises(TrainingError, match=r"The run is finished.*Received: run.add_workers\(\[2\]\)"):
+    with pytest.raises(TrainingError,
+                       match=r"The run is finished.*Received: run.add_workers\(\[2\]\)"):
         run.add_workers([2])
 
 
@@ -172,6 +175,7 @@ def test_an_added_worker_that_fails_is_written_off_but_a_first_worker_fails_the_
     assert b.add_workers([2], announce=lambda worker, engine: None) == [1]
     assert b.failure() is None  # worker 1 was added mid-run: written off, the run goes on
     (lost,) = b.newly_lost()
-    assert lost[0] == 1 and "ImportError on engine 2 (a): no module foo" in lost[1] and b.newly_lost() == []
+    assert (lost[0] == 1 and "ImportError on engine 2 (a): no module foo" in lost[1]
+            and b.newly_lost() == [])
     b.cluster.tasks[1].error = ValueError("bad cell")  # worker 0, on engine 1
     assert "ValueError on engine 1 (a): bad cell" in str(b.failure())

@@ -15,13 +15,16 @@ ALLOWED_NBDIST = ("nbdist.core", "nbdist.algorithms", "nbdist.errors", "nbdist.c
 def _imports(path: Path) -> set[str]:
     tree = ast.parse(path.read_text())
     names = {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    return names | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module and not n.level}
+    return names | {n.module for n in ast.walk(tree)
+                    if isinstance(n, ast.ImportFrom) and n.module and not n.level}
 
 
 def test_the_core_and_the_rules_import_numpy_and_the_standard_library_only():
-    """No sockets, threads, TensorFlow or ipyparallel in the pure core: it is tested with exact values."""
+    """No sockets, threads, TensorFlow or ipyparallel in the pure core: it is tested with
+    exact values."""
     paths = [p for pkg in PURE for p in sorted((NBDIST / pkg).glob("*.py"))]
-    paths += [NBDIST / "hub" / "messages.py", NBDIST / "hub" / "schema.py"]  # what the core reads and answers
+    # what the core reads and answers
+    paths += [NBDIST / "hub" / "messages.py", NBDIST / "hub" / "schema.py"]
     assert len(paths) > 20
     for path in paths:
         for name in _imports(path):

@@ -29,15 +29,18 @@ EXAMPLES = [
     Hello(2, engine=5, host="node1", link="shm", shm="nbdist-seg", offset=16, total=64, gpu="T4"),
     Step(1, push=True, pull=True, chunks=[7], loss=0.25, compute_s=0.01, comm_s=0.002, wait_s=0.5,
          batch=8, group=[0, 1], norm=3.5, seg="nbdist-seg", lag=1, metrics={"0": [1.0, 2.0]},
-         eval=EvalResult(0, {"accuracy": 0.5}, version=9), traffic=[1, 2, 3, 4], gpu_util=50, gpu_mem=7),
+         eval=EvalResult(0, {"accuracy": 0.5}, version=9), traffic=[1, 2, 3, 4], gpu_util=50,
+         gpu_mem=7),
     Report(1, samples=32, loss=0.5, batch=32, epoch=0.5, epoch_end=0, metrics={"0": [1.0]},
            state=SyncState(seq=1, epoch=0, offset=32, steps=4, final=False, lr=0.1, iterations=4,
                            optimizer="SGD", slots=[[3, 2], [2]])),
-    Control(lr=0.5, by="ReduceLROnPlateau", paused=False, slowdown=(1, 2.0), option=("staleness", 2.0),
-            epoch_done=3, eval=EvalResult(3, {"loss": 0.1})),
-    Reply(3, chunks=[Chunk(4, 0, 8, 12)], lr=0.1, group=[0, 1], eval=EvalJob(0, 3), params="shm", seg="s"),
+    Control(lr=0.5, by="ReduceLROnPlateau", paused=False, slowdown=(1, 2.0),
+            option=("staleness", 2.0), epoch_done=3, eval=EvalResult(3, {"loss": 0.1})),
+    Reply(3, chunks=[Chunk(4, 0, 8, 12)], lr=0.1, group=[0, 1], eval=EvalJob(0, 3), params="shm",
+          seg="s"),
     ReportReply(lr=0.1, paused=True, batches=[32, 16], send_state=2, open_epoch=1),
-    ShardState(shard=0, version=4, names=["params"], rule="asgd", schedule={"epoch": 0}, state_seq=2),
+    ShardState(shard=0, version=4, names=["params"], rule="asgd", schedule={"epoch": 0},
+               state_seq=2),
 ]
 
 
@@ -51,8 +54,8 @@ def test_a_message_crosses_the_wire_unchanged(message):
 def test_the_header_holds_only_what_differs_from_the_defaults():
     assert Step(0).encode() == {"op": "step", "worker": 0}
     assert Reply(3).encode() == {"op": "reply", "version": 3}  # what shards 1..S-1 answer
-    assert Reply.written_off(5).encode() == {"op": "reply", "version": 5, "stop": True, "done": True,
-                                             "lost": True}
+    assert Reply.written_off(5).encode() == {"op": "reply", "version": 5, "stop": True,
+                                             "done": True, "lost": True}
     assert Control(paused=False).encode() == {"op": "control", "paused": False}  # a resume
     assert Reply(3, chunks=[Chunk(0, 1, 8, 12)]).encode()["chunks"] == [[0, 1, 8, 12]]
     assert math.isnan(Step.decode({"op": "step", "worker": 0}).loss)

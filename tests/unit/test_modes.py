@@ -37,7 +37,8 @@ def test_backends_that_cannot_grow_refuse_new_workers_saying_why():
     from nbdist.errors import ConfigError
     from nbdist.modes.local.backend import LocalBackend
 
-    with pytest.raises(ConfigError, match=r"--mode local.*Received: run.add_workers\(\[3\]\).*--mode async"):
+    with pytest.raises(ConfigError,
+                       match=r"--mode local.*Received: run.add_workers\(\[3\]\).*--mode async"):
         LocalBackend({}).add_workers([3], announce=None)
     assert LocalBackend({}).joined_engines() == []
 
@@ -48,9 +49,11 @@ def test_a_non_finite_step_has_one_message_naming_where_and_how_to_fix():
     check_finite(0.5, 2.0, step=1, where="worker 0", epoch=0)  # finite: nothing
     with pytest.raises(TrainingError) as caught:
         check_finite(float("nan"), 2.0, step=7, where="rank 1 (engine 4)", epoch=2)
-    assert str(caught.value) == ("The loss became nan at step 7 on rank 1 (engine 4) (epoch 2). Lower the "
-                                 "learning rate (--lr), check the data for NaN/inf, or normalise the inputs.")
-    with pytest.raises(TrainingError, match=r"^The gradient norm became inf at step 3 on worker 2 \(epoch 0\)"):
+    assert str(caught.value) == ("The loss became nan at step 7 on rank 1 (engine 4) (epoch 2). "
+                                 "Lower the learning rate (--lr), check the data for NaN/inf, or "
+                                 "normalise the inputs.")
+    with pytest.raises(TrainingError,
+                       match=r"^The gradient norm became inf at step 3 on worker 2 \(epoch 0\)"):
         check_finite(1.0, float("inf"), step=3, where="worker 2", epoch=0)
 
 
@@ -67,7 +70,8 @@ def test_no_private_name_is_imported_across_nbdist_modules():
     found = []
     for path in ROOT.rglob("*.py"):
         for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("nbdist"):
+            if (isinstance(node, ast.ImportFrom) and node.module
+                    and node.module.startswith("nbdist")):
                 found += [f"{path.relative_to(ROOT.parent)}: {node.module}.{a.name}"
                           for a in node.names if a.name.startswith("_")]
     assert found == []
@@ -78,12 +82,14 @@ def test_the_mode_packages_and_the_job_do_not_import_upwards():
     (made before any mode is chosen) imports no mode."""
 
     def imported(path):
-        return {n.module for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, ast.ImportFrom)}
+        return {n.module for n in ast.walk(ast.parse(path.read_text()))
+                if isinstance(n, ast.ImportFrom)}
 
     upward = {str(p.relative_to(ROOT.parent)) for p in (ROOT / "modes").rglob("*.py")
               if imported(p) & {"nbdist.api", "nbdist"}}
     assert upward == set()
-    assert not any(m and m.startswith(("nbdist.modes", "nbdist.api")) for m in imported(ROOT / "job.py"))
+    assert not any(m and m.startswith(("nbdist.modes", "nbdist.api"))
+                   for m in imported(ROOT / "job.py"))
 
 
 def test_a_sync_rank_is_never_written_off_for_silence_but_an_async_worker_is():
@@ -100,7 +106,8 @@ def test_a_sync_rank_is_never_written_off_for_silence_but_an_async_worker_is():
 
     contents = SimpleNamespace(num_samples=100, validation=None)
     for mode, lost in (("sync", []), ("async", [0, 1])):
-        plan, _, _ = coordinator_plan(TrainConfig(mode=mode, workers=2), contents, 0.1, num_workers=2)
+        plan, _, _ = coordinator_plan(TrainConfig(mode=mode, workers=2), contents, 0.1,
+                                      num_workers=2)
         coordinator = Coordinator(plan)
         for worker in (0, 1):
             coordinator.heard(worker, 0.0)

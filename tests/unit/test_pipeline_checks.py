@@ -20,8 +20,10 @@ def test_message_limits_cover_both_cuts_of_a_stage_and_float32_gradients_of_smal
     cut_bytes = [4 * 10 * 4, 4 * 6 * 1, 4 * 20 * 4, 4 * 2 * 4]  # the cut after step 1 holds uint8
     cut_items = [4 * 10, 4 * 6, 4 * 20, 4 * 2]
     cut_tensors = [1, 1, 2, 1]
-    limits = message_limits(cut_bytes, cut_items, cut_tensors, [(0, 2), (2, 3), (3, 5)], micro_batch=4, samples=256)
-    # stage 0: only its output cut (after step 1): uint8 forward, float32 gradients back: 4 B/element
+    limits = message_limits(cut_bytes, cut_items, cut_tensors, [(0, 2), (2, 3), (3, 5)],
+                            micro_batch=4, samples=256)
+    # stage 0: only its output cut (after step 1): uint8 forward, float32 gradients back:
+    # 4 B/element
     assert limits[0] == (2, HEADER + 2 * 6 * 4 * 256)
     # stage 1: the cut after step 1 (6 elements) and after step 2 (20 float32, two tensors)
     assert limits[1] == (3, HEADER + 2 * 20 * 4 * 256)
@@ -36,7 +38,8 @@ def test_stage_message_refuses_unknown_ops_senders_and_wrongly_typed_fields():
     assert stage_message(end, neighbours).key == ("end", 4, 0)
     slot = {"seg": "nbdist-x", "gen": 1, "slot": 0, "offsets": [0]}
     assert stage_message({**forward, "shm": slot}, neighbours).shm == Slot("nbdist-x", 1, 0, [0])
-    for bad in ({"op": "G", "step": 1, "src": "stage-0"}, {"op": "F", "step": "3", "src": "stage-0"},
+    for bad in ({"op": "G", "step": 1, "src": "stage-0"},
+                {"op": "F", "step": "3", "src": "stage-0"},
                 {"op": "F", "step": 1, "mb": [0], "src": "stage-0"},
                 {"op": "F", "step": 1, "src": "kernel"}, {"op": "F", "step": 1, "src": "stage-5"},
                 {"op": "B", "step": True, "src": "stage-0"}, {"op": "F", "src": "stage-0"},

@@ -95,7 +95,8 @@ def test_ssp_holds_the_reply_and_releases_it_when_the_slowest_catches_up():
     c.push(Step(1, chunks=[1], batch=4), np.ones(2, np.float32))
     assert chunk_lists(c.reply(1, pull=True)) == [[2, 0, 8, 12]]  # 1 asked first
     ((worker, token, pull, reply),) = list(c.release())
-    assert (worker, token, pull, reply.version, chunk_lists(reply)) == (0, "ret-0", True, 2, [[3, 0, 12, 16]])
+    assert ((worker, token, pull, reply.version, chunk_lists(reply))
+            == (0, "ret-0", True, 2, [[3, 0, 12, 16]]))
     assert c.held == {}
 
 
@@ -191,7 +192,8 @@ def test_export_and_restore_continue_exactly_like_the_uninterrupted_shard():
     assert state["schedule"]["pending"] == [[0, 0, 4], [0, 4, 8]]  # (epoch, start, stop) in flight
     fresh = core(size=5, algorithm="dc-asgd-a")
     fresh.params[:] = state["params"]
-    fresh.restore({"version": state["version"], "rule": state["rule_state"], "opt": state["opt_state"]})
+    fresh.restore({"version": state["version"], "rule": state["rule_state"],
+                   "opt": state["opt_state"]})
     started(fresh)  # the workers reconnect and pull, to both shards
     for w in (0, 1):
         straight.reply(w, pull=True)
@@ -205,8 +207,10 @@ def _batched_run(settle_every):
     """Two workers of unequal speed, DBS, validation, a pause and an evaluation midway; the
     hub's order of calls: push, reply, then settle (all, or only when `settle_every` are due)."""
     clock = Clock()
-    plan = Plan(num_workers=2, num_samples=96, epochs=2, batch_size=4, lr=0.5, has_validation=True, dbs=True)
-    c = ShardCore(plan, np.zeros(3, np.float32), np.zeros(0, np.float32), now=clock, settle_every=settle_every)
+    plan = Plan(num_workers=2, num_samples=96, epochs=2, batch_size=4, lr=0.5, has_validation=True,
+                dbs=True)
+    c = ShardCore(plan, np.zeros(3, np.float32), np.zeros(0, np.float32), now=clock,
+                  settle_every=settle_every)
     replies = started(c)
     for i in range(40):
         w = i % 2
@@ -237,8 +241,8 @@ def test_a_push_fills_each_timeline_column_by_name():
     c = core(clock)
     replies = started(c)
     clock.t = 2.5
-    c.push(Step(0, chunks=[replies[0].chunks[0].id], loss=0.75, compute_s=0.125, comm_s=0.0625, wait_s=0.5,
-                batch=4), np.ones(2, np.float32))
+    c.push(Step(0, chunks=[replies[0].chunks[0].id], loss=0.75, compute_s=0.125, comm_s=0.0625,
+                wait_s=0.5, batch=4), np.ones(2, np.float32))
     c.settle()
     row = c.coordinator.timeline.latest(0)
     assert row == {"time": 2.5, "samples_per_s": 32.0, "compute_s": 0.125, "comm_s": 0.0625,

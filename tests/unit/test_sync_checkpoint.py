@@ -26,7 +26,8 @@ def _sync_hub(epoch, offset, steps=7, final=False):
                 algorithm="asgd")
     state = SyncState(seq=1, final=final, epoch=epoch, offset=offset, steps=steps, lr=0.05,
                       iterations=steps, optimizer="SGD", slots=LAYOUT["trainable"])
-    arrays = [np.arange(9, dtype=np.float32), np.array([1, 2], np.float32), np.full(9, 0.5, np.float32)]
+    arrays = [np.arange(9, dtype=np.float32), np.array([1, 2], np.float32),
+              np.full(9, 0.5, np.float32)]
     return SimpleNamespace(plan=plan, updater=Updater(make_rule("asgd", 0, 2, None), None),
                            sync_snapshot=(state, arrays))
 
@@ -46,7 +47,8 @@ def test_rank_0s_state_goes_through_save_and_load_into_a_resume_position(tmp_pat
     assert start_position(ckpt, 3) == (1, 4)
     assert start_position(ckpt, 5) == (1, 4)
     fields = resume_fields(ckpt, 3)
-    assert fields["resume"] == {"epoch": 1, "offset": 4, "steps": 7, "iterations": 7, "slots": LAYOUT["trainable"]}
+    assert fields["resume"] == {"epoch": 1, "offset": 4, "steps": 7, "iterations": 7,
+                                "slots": LAYOUT["trainable"]}
     np.testing.assert_array_equal(fields["initial_slots"], np.full(9, 0.5))
     assert resume_fields(None, 3) == {}
 
@@ -100,5 +102,6 @@ def test_fresh_state_waits_for_rank_0_s_next_state_not_for_the_wire_s_next_messa
     hub = _Hub(sent_after=4)
     ((state, _),) = fresh_state(hub, final=False, timeout=5)
     assert state.state_seq == 2 and hub.replies == 5 and hub.asked == 1
-    with pytest.raises(TrainingError, match="did not send its weights for the checkpoint within 0s"):
+    with pytest.raises(TrainingError,
+                       match="did not send its weights for the checkpoint within 0s"):
         fresh_state(_Hub(sent_after=10**6), final=False, timeout=0.2)

@@ -26,12 +26,15 @@ def test_a_step_without_totals_keeps_the_last_ones():
 
 
 def test_coordinator_shows_each_workers_link_and_latest_totals():
-    c = Coordinator(Plan(num_workers=2, num_samples=8, epochs=1, batch_size=4, lr=0.1, has_validation=False))
-    c.hello(Hello(0, host="a", engine=0, link="shm")), c.hello(Hello(1, host="b", engine=1, link="tcp"))
+    c = Coordinator(Plan(num_workers=2, num_samples=8, epochs=1, batch_size=4, lr=0.1,
+                         has_validation=False))
+    (c.hello(Hello(0, host="a", engine=0, link="shm")),
+     c.hello(Hello(1, host="b", engine=1, link="tcp")))
     chunk = c.work_for(1, pulled=True, version=0).chunks[0]
     c.push(Step(1, chunks=[chunk.id], loss=1.0, traffic=[300, 700, 0, 0]), delay=0, now=1.0)
     nodes = c.snapshot(since=0)["nodes"]
-    assert [(n["host"], n["link"], n["tcp_bytes"]) for n in nodes] == [("a", "shm", 0), ("b", "tcp", 1000)]
+    assert ([(n["host"], n["link"], n["tcp_bytes"]) for n in nodes]
+            == [("a", "shm", 0), ("b", "tcp", 1000)])
 
 
 def test_rate_is_bytes_per_second_over_at_least_the_window():

@@ -17,7 +17,8 @@ STEP = {"op": "step", "worker": 1, "push": True, "chunks": [3, 4], "loss": float
 def test_field_checks_by_hand():
     assert math.isnan(Step.decode(STEP).loss)  # a NaN loss is reported, not a framing error
     assert HUB_REQUESTS["stats"].decode({"op": "stats", "since": 0}).since == 0
-    with pytest.raises(ProtocolError, match=r"^malformed header: wrong type or value of push, chunks \(Step\)$"):
+    with pytest.raises(ProtocolError,
+                       match=r"^malformed header: wrong type or value of push, chunks \(Step\)$"):
         Step.decode({**STEP, "push": 1, "chunks": [3, "4"]})
     with pytest.raises(ProtocolError, match=r"wrong type or value of worker \(Step\)"):
         Step.decode({**STEP, "worker": True})
@@ -33,17 +34,20 @@ def test_field_checks_by_hand():
 def test_a_worker_id_must_name_a_worker_of_the_run():
     check_link({}, Hello(1), "worker-1/ab", num_workers=2)
     for worker in (2, -1):
-        with pytest.raises(ProtocolError, match=rf"wrong type or value of worker={worker} \(0\.\.1\)"):
+        with pytest.raises(ProtocolError,
+                           match=rf"wrong type or value of worker={worker} \(0\.\.1\)"):
             check_link({}, Step(worker), "worker-9/ab", num_workers=2)
 
 
 @pytest.mark.parametrize("metrics", [{"0": [1.5, 2]}, {"12": []}])
 def test_metrics_are_digit_keyed_lists_of_numbers(metrics):
     assert Step.decode({**STEP, "metrics": metrics}).metrics == metrics
-    assert Report.decode({"op": "report", "worker": 0, "metrics": metrics, "epoch_end": 1}).epoch_end == 1
+    assert Report.decode({"op": "report", "worker": 0, "metrics": metrics,
+                          "epoch_end": 1}).epoch_end == 1
 
 
-@pytest.mark.parametrize("metrics", [{"x": [1.0]}, {"0": ["a"]}, {"0": [True]}, {"0": 1.0}, [[1.0]], {"-1": [1.0]}])
+@pytest.mark.parametrize("metrics", [{"x": [1.0]}, {"0": ["a"]}, {"0": [True]}, {"0": 1.0}, [[1.0]],
+                                     {"-1": [1.0]}])
 def test_other_metrics_are_refused(metrics):
     with pytest.raises(ProtocolError, match=r"wrong type or value of metrics"):
         Step.decode({**STEP, "metrics": metrics})
@@ -75,7 +79,8 @@ def test_every_field_of_every_request_is_checked_against_its_annotation(kind):
     JSON type either fits its annotation (and is decoded as sent) or is refused, naming the
     field; and every field refuses some."""
     base = {"op": kind.OP, **{"worker": 0, "shards": []}}
-    base = {k: v for k, v in base.items() if k == "op" or k in {f.name for f in dataclasses.fields(kind)}}
+    base = {k: v for k, v in base.items()
+            if k == "op" or k in {f.name for f in dataclasses.fields(kind)}}
     kind.decode(base)
     for f in dataclasses.fields(kind):
         refused = 0
