@@ -234,7 +234,7 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
 
         ensure_built(model, x, y, sw)  # as every worker does before comparing variables
         y_pred = model(x, training=False)
-        loss = float(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False))
+        loss = float(keras.ops.convert_to_numpy(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)))
     except Exception as exc:  # noqa: BLE001 - Keras/TensorFlow raise many kinds here
         detail = _first_line(str(exc)) or type(exc).__name__
         expects = getattr(model, "input_shape", None)
