@@ -4,7 +4,8 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-EXTRAS ?= dev
+# jax, torch: Keras's JAX and PyTorch backends (CPU builds), so the backend tests run too
+EXTRAS ?= dev,jax,torch
 comma  := ,
 STAMP  := $(VENV)/.nbdist-installed-$(subst $(comma),-,$(EXTRAS))
 WHEELS ?= $(HOME)/.cache/nbdist/wheels

@@ -174,16 +174,17 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
              take_batches: int | None = None):
     import keras
 
-    from nbdist.engine.data import kind_of, load
+    from nbdist.engine.data import STREAMS, kind_of, load
 
     if name not in namespace:
         raise DataError(f"{flag} names {name}, which the notebook does not define. Define it in the "
                         f"cell, or pass the names of your arrays: {flag} X,Y.")
     value = namespace[name]
-    if kind_of(value) not in ("dataset", "generator"):
+    if kind_of(value) not in STREAMS:
         raise DataError(
-            f"{flag} {shown_name(name)} is a {type(value).__name__}, expected a tf.data.Dataset or a "
-            f"generator function yielding (inputs, labels). For arrays pass two names: {flag} X,Y.")
+            f"{flag} {shown_name(name)} is a {type(value).__name__}, expected a tf.data.Dataset, a "
+            "torch DataLoader or a generator function yielding (inputs, labels). For arrays pass "
+            f"two names: {flag} X,Y.")
     loaded = load(value, shown_name(name), flag, model, limit, take_batches=take_batches)
     for what, part in zip(("inputs", "labels", "sample weights"), loaded.head, strict=False):
         for a in keras.tree.flatten(part):

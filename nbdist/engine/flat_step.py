@@ -25,7 +25,8 @@ def stateless_loss(model, values: list, nt_values: list, x, y, sample_weight=Non
     loss trackers' update from zero) of one training batch, writing no variable."""
     from nbdist.engine.step_metrics import zero_metrics
 
-    y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True, training=True)
+    training = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
+    y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True, **training)
     model._losses_override = list(losses)  # add_loss / activity terms, as Keras's JAX trainer
     try:
         loss, (_, nt_new, metrics_new) = model.stateless_compute_loss(

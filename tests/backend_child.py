@@ -1,0 +1,215 @@
+"""Cases the backend tests run in a child process of their own, with KERAS_BACKEND set there:
+Keras picks its backend once per process, so a test on JAX or PyTorch cannot run in pytest's.
+
+    KERAS_BACKEND=jax python -m tests.backend_child gradients OUT.npz
+    KERAS_BACKEND=torch python -m tests.backend_child adam
+    KERAS_BACKEND=jax python -m tests.backend_child convnet
+
+Each case prints one line `@@result {json}` for the test to read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+
+import numpy as np
+
+RESULT = "@@result "
+FEATURES, CLASSES = 6, 3
+
+
+def _models() -> dict:
+    import keras
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(7, activation="tanh", kernel_regularizer=keras.regularizers.l2(0.01))
+            self.out = keras.layers.Dense(CLASSES)
+
+        def call(self, x):
+            h = self.hidden(x)
+            self.add_loss(0.001 * keras.ops.sum(keras.ops.square(h)))  # a forward-pass loss
+            return self.out(h)
+
+    def functional():
+        inputs = keras.Input((FEATURES,))
+        a = keras.layers.Dense(8, activation="relu", kernel_regularizer="l2")(inputs)
+        b = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(CLASSES)(keras.layers.Concatenate()([a, b])))
+
+    return {
+        "sequential": lambda: keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu"),
+                                                keras.layers.Dense(CLASSES)]),
+        "functional": functional,
+        "subclassed": Subclassed,
+    }
+
+
+def gradients(out: str) -> dict:
+    """The worker's flat gradient (and loss, BatchNorm state, metric increments) of one batch
+    with sample weights, for three kinds of model whose weights are set from a fixed seed, so
+    every backend computes on the same numbers."""
+    import keras
+
+    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat, write_flat
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24, FEATURES)).astype(np.float32)
+    y = rng.integers(0, CLASSES, 24)
+    sw = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    found = {}
+    for name, build in _models().items():
+        model = build()
+        model.compile(optimizer="sgd", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        ensure_built(model, x[:2], y[:2], sw[:2])
+        params, nt = read_flat(model)
+        params = rng.normal(scale=0.3, size=params.size).astype(np.float32)
+        nt = rng.uniform(0.5, 1.5, nt.size).astype(np.float32)  # BatchNorm means and variances
+        write_flat(model, params, nt)
+        flat = FlatModel(model)
+        loss, grad, norm, nt_after = flat.assign_and_gradients(params, nt, x, y, sw)
+        flat.hold(x, y, sw)
+        held = flat.assign_and_gradients_at(params, nt, np.arange(4, 20))
+        found.update({f"{name}/loss": np.float32(loss), f"{name}/grad": grad, f"{name}/nt": nt_after,
+                      f"{name}/metrics": flat.last_metrics, f"{name}/held_grad": held[1],
+                      f"{name}/flat": np.array([type(flat).__name__])})
+    np.savez(out, **found)
+    return {"backend": keras.backend.backend(), "models": sorted(_models())}
+
+
+ADAM_CELL = '''
+import numpy as np
+import keras
+keras.utils.set_random_seed(3)
+rng = np.random.default_rng(3)
+x = rng.normal(size=(1600, 12)).astype("float32")
+y = (x[:, :3].sum(axis=1) > 0).astype("int64") + (x[:, 3] > 1).astype("int64")
+model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+'''
+
+
+def adam() -> dict:
+    """50 hub steps with Adam (--mode local, one worker, no staleness, the data's own order)
+    against Keras's own fit of the same cell on this backend."""
+    import keras
+
+    import nbdist
+    from nbdist.engine.flatmodel import read_flat
+
+    ns: dict = {}
+    run = nbdist.train(ADAM_CELL, namespace=ns, mode="local")
+    ours = read_flat(ns["model"])[0]
+    plain: dict = {}
+    exec(ADAM_CELL, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    theirs = read_flat(plain["model"])[0]
+    steps = int(run.nodes["steps"].sum())
+    return {"backend": keras.backend.backend(), "steps": steps, "max_diff": float(np.abs(ours - theirs).max()),
+            "moved": float(np.abs(theirs - read_flat(_fresh(plain))[0]).max()),
+            "events": [str(t) for t in run.events["text"].dropna()]}
+
+
+def _fresh(ns: dict):
+    """The cell's model as built, before training (the cell seeds itself)."""
+    fresh: dict = {}
+    exec(ADAM_CELL.replace("model.fit(", "(lambda *a, **k: None)("), fresh)  # noqa: S102
+    return fresh["model"]
+
+
+def convnet() -> dict:
+    """The keras.io convnet cell, unchanged: async with 2 workers on a real cluster, --mode local,
+    and plain Keras's fit, all on this backend; and the backend each engine's Keras runs."""
+    import keras
+
+    import nbdist
+    from tests.tutorial_cells import FIT_CELLS, fit_baseline
+
+    cell, result = FIT_CELLS["keras-io-convnet"]
+    scores = {"fit": fit_baseline("keras-io-convnet")}
+    cluster = nbdist.Cluster.start(3)
+    try:
+        for mode, options in (("async", {"cluster": cluster, "workers": 2}), ("local", {})):
+            keras.utils.set_random_seed(0)
+            ns: dict = {}
+            with contextlib.redirect_stdout(io.StringIO()):
+                run = nbdist.train(cell, namespace=ns, mode=mode, **options)
+            scores[mode] = float(result(ns))
+            scores[f"{mode}_events"] = [str(t) for t in run.events["text"].dropna()][:3]
+        engines = cluster.client[:].apply_sync(_engine_backend)
+    finally:
+        cluster.stop()
+    return {"backend": keras.backend.backend(), **scores, "engines": engines}
+
+
+def _engine_backend() -> str | None:
+    """On an engine: the backend its Keras runs, None if it never imported Keras (a hub's)."""
+    keras = sys.modules.get("keras")
+    return None if keras is None else keras.backend.backend()
+
+
+def refusals() -> dict:
+    """What this backend cannot run says why, before any engine is touched."""
+    import nbdist
+    from nbdist.errors import BackendError
+
+    said = {}
+    for mode in ("sync", "pipeline"):
+        try:  # no fit call: pipeline refuses one for its own reasons first
+            nbdist.train(ADAM_CELL.replace("model.fit(", "(lambda *a, **k: None)("), namespace={}, mode=mode,
+                         cluster=object())  # refused before it is used
+        except BackendError as exc:
+            said[mode] = str(exc)
+    return said
+
+
+def mismatch() -> dict:
+    """An engine whose Keras already runs on TensorFlow refuses a run on this backend."""
+    import nbdist
+    from nbdist.errors import BackendError
+
+    cluster = nbdist.Cluster.start(2)
+    try:
+        cluster.client[:].apply_sync(_load_tensorflow_keras)
+        try:
+            nbdist.train(ADAM_CELL, namespace={}, cluster=cluster, workers=1)
+        except BackendError as exc:
+            return {"error": str(exc)}
+        return {"error": None}
+    finally:
+        cluster.stop()
+
+
+def _load_tensorflow_keras() -> str:
+    import os
+
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+
+    return keras.backend.backend()
+
+
+def cell_sets_backend(backend: str) -> dict:
+    """A kernel that has not imported Keras: the cell's own KERAS_BACKEND line chooses the run's
+    backend (nbdist imports Keras only after the cell does)."""
+    import nbdist
+
+    cell = f'import os\nos.environ["KERAS_BACKEND"] = "{backend}"\n' + ADAM_CELL
+    ns: dict = {}
+    run = nbdist.train(cell, namespace=ns, mode="local")
+    import keras
+
+    return {"backend": keras.backend.backend(), "events": [str(t) for t in run.events["text"].dropna()]}
+
+
+CASES = {"gradients": gradients, "adam": adam, "convnet": convnet, "refusals": refusals,
+         "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
+
+if __name__ == "__main__":
+    print(RESULT + json.dumps(CASES[sys.argv[1]](*sys.argv[2:])), flush=True)
