@@ -1,5 +1,6 @@
 """Write docs/reference.md from the declarations: every flag of `%%distribute` and `%nbdist`
-(nbdist.flags, TrainConfig's fields) and every NBDIST_* switch (nbdist.env).
+(nbdist.flags, TrainConfig's fields) and every NBDIST_* switch (nbdist.env). What follows the
+HAND_WRITTEN marker in the page (the Backends section) is written by hand and kept as it is.
 
     python scripts/gen_reference.py           # rewrite docs/reference.md
     python scripts/gen_reference.py --check   # exit 1 if it is stale (tests/unit/test_reference.py)
@@ -13,6 +14,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 REFERENCE = ROOT / "docs" / "reference.md"
+HAND_WRITTEN = "<!-- Written by hand from here on: scripts/gen_reference.py keeps it. -->"
 
 
 def _cell(text: object) -> str:
@@ -83,7 +85,14 @@ def render() -> str:
         takes = "0 or 1" if switch.kind is bool else switch.takes
         lines.append(f"| `{switch.name}` | {_cell(takes)} | {_default(switch)} | "
                      f"{_cell(switch.help)} |")
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines) + "\n" + hand_written()
+
+
+def hand_written() -> str:
+    """The page's hand-written part, marker included ("" when it has none)."""
+    text = REFERENCE.read_text() if REFERENCE.exists() else ""
+    at = text.find(HAND_WRITTEN)
+    return "" if at < 0 else "\n" + text[at:]
 
 
 def main() -> int:
