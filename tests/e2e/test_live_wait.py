@@ -9,7 +9,8 @@ as paused); a learning rate set on the slider reaches the hub (its event is draw
 throughput panel: `run.events` has it); the panels and the status are redrawn; an execute
 request sent during the wait runs after the cell, never inside it. Ctrl-C stops the run and
 aborts the request queued behind the cell, as after any failed cell; the text status line (no
-widgets) moves during the wait. The same click in a real browser is in
+widgets) moves during the wait. The same holds for a cell whose own `model.fit(...)` call waits
+(then the cell goes on after it). The same click in a real browser is in
 tests/e2e/test_browser.py.
 """
 
@@ -26,6 +27,10 @@ from tests.helpers import SYNTHETIC_CELL
 pytestmark = [pytest.mark.notebook, pytest.mark.slow]
 
 CELL = "%%distribute --mode local --epochs 100000 --batch-size 8 --wait\n" + SYNTHETIC_CELL
+# the same, as people write it: the cell's own fit call waits, then the cell goes on
+FIT_CELL = ("%%distribute --mode local\n" + SYNTHETIC_CELL
+            + "history = model.fit(x_train, y_train, epochs=100000, batch_size=8)\n"
+            + "print('fit returned:', type(history).__name__)\n")
 TIMEOUT_S = 180  # bound on each awaited event (the kernel imports TensorFlow first)
 
 
@@ -123,10 +128,11 @@ def annotations(fig: dict) -> str:
     return str(fig.get("layout", {}).get("annotations", []))
 
 
-def test_a_waiting_cell_keeps_its_dashboard_drawn_and_its_controls_acting(frontend):
+@pytest.mark.parametrize("source", [CELL, FIT_CELL], ids=["wait-flag", "fit-call"])
+def test_a_waiting_cell_keeps_its_dashboard_drawn_and_its_controls_acting(frontend, source):
     fe = frontend
     assert fe.reply(fe.execute("%load_ext nbdist"))["status"] == "ok"
-    cell = fe.execute(CELL)
+    cell = fe.execute(source)
     status = fe.pump(lambda: next((cid for cid, s in fe.widgets.items()
                                    if 'data-status="running"' in str(s.get("value"))), None),
                      "the dashboard's status line saying running")
@@ -155,6 +161,8 @@ def test_a_waiting_cell_keeps_its_dashboard_drawn_and_its_controls_acting(fronte
     assert any("lr=0.05" in annotations(f) for f in drawn)
     assert len(figure_updates(fe, panels, cell, end)) > len(panels)  # redrawn, not only shown
     assert fe.widgets[status]["value"].count('data-status="stopped"') == 1
+    if source is FIT_CELL:  # the call returned Keras's History, and the cell went on
+        assert "fit returned: History\n" in fe.output(cell)
     # the request sent during the wait ran after the cell, on the stopped run
     assert fe.reply(later)["status"] == "ok"
     assert fe.first_of(later) > end
