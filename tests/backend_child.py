@@ -150,6 +150,8 @@ def convnet() -> dict:
 
 def _engine_backend() -> str | None:
     """On an engine: the backend its Keras runs, None if it never imported Keras (a hub's)."""
+    import sys
+
     keras = sys.modules.get("keras")
     return None if keras is None else keras.backend.backend()
 

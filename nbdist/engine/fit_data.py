@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbdist.engine.fit_call import MODEL, SW, VAL_SW, VAL_X, VAL_Y, X, Y, FitCall
+from nbdist.engine.fit_call import MODEL, SW, VAL_SW, VAL_X, VAL_Y, FitCall, X, Y
 from nbdist.errors import CellError
 
 

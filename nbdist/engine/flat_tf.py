@@ -142,10 +142,9 @@ class TensorFlowFlatModel:
     def _make_stateless(self, tf, sizes: list[int], nt_sizes: list[int], flatten):
         """The stateless gradient function (see the module docstring), or None when the model
         has no `stateless_call` (not a Keras 3 layer) or nbdist's NBDIST_STATELESS=0 says so."""
-        from nbdist.env import switch
-
         from nbdist.engine.flat_step import stateless_loss
         from nbdist.engine.step_metrics import increments
+        from nbdist.env import switch
 
         model = self.model
         if not switch("NBDIST_STATELESS") or not hasattr(model, "stateless_call") \

@@ -130,12 +130,13 @@ def configure_engine(backend: str, threads: int | None, local_rank: int) -> None
             count = torch.cuda.device_count()
             use_device(local_rank, count)
             torch.cuda.set_device(gpu_index(local_rank, count))
-    elif backend == "jax" and "jax" not in sys.modules:  # XLA reads its flags once, at start
-        if threads == 1:  # one core: no Eigen thread pool (several: the pinned cores bound it)
-            flags = os.environ.get("XLA_FLAGS", "")
-            if "xla_cpu_multi_thread_eigen" not in flags:
-                os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false "
-                                           "intra_op_parallelism_threads=1").strip()
+    elif backend == "jax" and "jax" not in sys.modules and threads == 1:
+        # XLA reads its flags once, at start. One core: no Eigen thread pool (several cores:
+        # --pin auto's cores bound it)
+        flags = os.environ.get("XLA_FLAGS", "")
+        if "xla_cpu_multi_thread_eigen" not in flags:
+            os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false "
+                                       "intra_op_parallelism_threads=1").strip()
 
 
 @contextlib.contextmanager
