@@ -48,6 +48,8 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
 
 # Options a resumed run must keep: they decide what the saved state means.
 RESUME_FIXED = ("mode", "algorithm", "servers", "seed", "local_steps", "server_optimizer")
+# Options of the run that took the checkpoint alone: a resumed run gets them only if given again.
+RESUME_DROPPED = ("pause_at",)
 
 
 def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=None,
@@ -85,7 +87,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
 
 def _resumed_config(ckpt, options: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
-    saved = {k: v for k, v in ckpt.meta["config"].items() if k in known}
+    saved = {k: v for k, v in ckpt.meta["config"].items() if k in known and k not in RESUME_DROPPED}
     shard0 = ckpt.meta["shards"][0]
     if saved.get("mode") == "sync" or int(saved.get("local_steps", 1)) > 1:
         saved["lr"] = shard0["lr"]  # the live rate of the ranks or the local-step workers
@@ -127,6 +129,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     """Run the cell in the kernel, then the mode's start (`nbdist.modes.MODES`) on the job it
     describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
     call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
+    from nbdist.engine.cell_traceback import compile_cell
     from nbdist.engine.fit_call import fit_intercepted
     from nbdist.engine.keras_backend import when_imported
     from nbdist.env import check_all as check_switches
@@ -144,7 +147,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     seed = mode_entry(config.mode).seeds_cell
     with fit_intercepted(launcher.on_fit), \
             when_imported(lambda keras: seed and keras.utils.set_random_seed(config.seed)):
-        exec(compile(cell, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+        exec(compile_cell(cell), ns)  # noqa: S102 - the user's own cell
     if launcher.run is not None:  # trained inside the cell's fit call, and the cell has finished
         return launcher.run
     job = prepare_job(cell, config, ns, ckpt)

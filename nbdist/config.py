@@ -28,7 +28,7 @@ class Mode(enum.StrEnum):
 
 
 class Algorithm(enum.StrEnum):
-    """The update rule the hub applies to each push (see ALGORITHMS.md)."""
+    """The update rule the hub applies to each push (see docs/rules.md)."""
 
     ASGD = "asgd"
     HOGWILD = "hogwild"
@@ -191,6 +191,10 @@ class TrainConfig:
     metrics: Metrics = option(Metrics.FULL, "full: history row, timeline row and delay "
                               "statistics per push; minimal: counters only", COORDINATED,
                               choices=Metrics)
+    pause_at: int | None = option(
+        None, "pause once the hub has counted N steps (run.stats['global_step']), as "
+        "run.pause() would, to look at a run at a known step; run.resume() goes on. 0: start "
+        "paused", COORDINATED, type=int, metavar="N", shown_default="never")
     elastic: bool = option(False, "engines that join the cluster while the run trains become "
                            "workers", (ASYNC,), switch=True)
     checkpoint_dir: str | None = option(None, "folder for checkpoints of the run's state",
@@ -237,6 +241,8 @@ class TrainConfig:
             _check_int(flag, value, low)
         if self.workers is not None:
             _check_int("--workers", self.workers, 1)
+        if self.pause_at is not None:
+            _check_int("--pause-at", self.pause_at, 0)
         if self.lr is not None and (isinstance(self.lr, bool) or not isinstance(self.lr, (int, float))
                                     or not (math.isfinite(self.lr) and self.lr > 0)):
             raise ConfigError(
@@ -291,7 +297,8 @@ class TrainConfig:
                 unsupported={"--servers": self.servers != 1, "--algorithm": self.algorithm is not Algorithm.ASGD,
                              "--local-steps": self.local_steps != 1, "--overlap": self.overlap,
                              "--dbs": self.dbs, "--workers": self.workers is not None,
-                             "--checkpoint-dir": self.checkpoint_dir is not None})
+                             "--checkpoint-dir": self.checkpoint_dir is not None,
+                             "--pause-at": self.pause_at is not None})
 
     def _check_simulate(self) -> None:
         if self.workers is None and self.slowdown is None:

@@ -58,7 +58,7 @@ __all__ = [
     "UnreachableHostError",
     "UnsupportedOptimizerError",
     "WorkersLostError",
-]
+]  # the exception classes; `from_engine`, `engine_tag` and `raised_by_cell` turn an engine's error into one
 
 
 class NbdistError(Exception):
@@ -133,19 +133,58 @@ class UnreachableHostError(ClusterError):
 
 
 class RemoteCellError(NbdistError, RuntimeError):
-    """Code raised on an engine; carries the engine id and its traceback text."""
+    """Code raised on an engine: the cell (its own lines, as the engine showed them) or training.
 
-    def __init__(self, message: str, engine_id: int | None = None, remote_traceback: str = ""):
+    `engine_id` and `host` say where; `remote_traceback` is the engine's traceback text, which
+    IPython shows under the message (`_render_traceback_`), as ipyparallel shows a RemoteError."""
+
+    def __init__(self, message: str, engine_id: int | None = None, remote_traceback: str = "",
+                 host: str | None = None):
         super().__init__(message)
-        self.engine_id = engine_id
+        self.engine_id, self.host = engine_id, host
         self.remote_traceback = remote_traceback
 
     def _render_traceback_(self) -> list[str]:
-        """How IPython shows it: the message, then the engine's own traceback, tagged."""
+        """The message, then the engine's traceback under a tag naming the engine and its host
+        (the engine's own tag where it gave one: `nbdist.engine.cell_traceback`)."""
         lines = [f"RemoteCellError: {self}"]
-        if self.remote_traceback:
-            lines += ["", f"--- traceback on engine {self.engine_id} ---", *self.remote_traceback.splitlines()]
+        remote = self.remote_traceback.splitlines()
+        if remote:
+            if not remote[0].startswith(TAG_START):
+                remote.insert(0, engine_tag(self.engine_id, self.host))
+            lines += ["", *remote]
         return lines
+
+
+TAG_START = "[engine "
+
+
+def engine_tag(engine: int | None, host: str | None) -> str:
+    """Where an error was raised, as its traceback is tagged: '[engine 3 on node-a]'."""
+    return f"{TAG_START}{engine}{f' on {host}' if host else ''}]"
+
+
+def raised_by_cell(exc: BaseException) -> bool:
+    """Whether an engine's error (ipyparallel's RemoteError) came from the user's cell: the
+    engine tagged its traceback (`nbdist.engine.cell_traceback`)."""
+    return str(getattr(exc, "traceback", "") or "").startswith(TAG_START)
+
+
+def from_engine(exc: BaseException, engine: int | None, host: str | None = None) -> BaseException:
+    """An error an engine raised (ipyparallel's RemoteError) as nbdist's: the nbdist exception
+    raised there, naming the engine, or a `RemoteCellError` with the engine's traceback."""
+    if isinstance(exc, NbdistError):
+        return exc
+    ename = getattr(exc, "ename", type(exc).__name__)
+    evalue = getattr(exc, "evalue", str(exc))
+    cls = globals().get(ename) if ename in __all__ else None
+    if isinstance(cls, type) and issubclass(cls, NbdistError) and cls is not RemoteCellError:
+        return cls(f"{engine_tag(engine, host)} {evalue}")
+    remote = getattr(exc, "traceback", "") or ""
+    where = f"engine {engine}" + (f" ({host})" if host else "")
+    what = (f"The cell raised {ename} on {where}" if raised_by_cell(exc) else
+            f"{ename} on {where}")
+    return RemoteCellError(f"{what}: {evalue}", engine_id=engine, remote_traceback=remote, host=host)
 
 
 class TrainingError(NbdistError, RuntimeError):

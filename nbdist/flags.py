@@ -49,6 +49,7 @@ class Flag:
     default: object = None  # what a run gets when the flag is not given
     shown_default: str | Callable[[], str] | None = None  # for a default that is not a plain value
     option: bool = True
+    actions: tuple[str, ...] | None = None  # %nbdist: the actions that take it (None: every one)
 
     @property
     def spelling(self) -> tuple[str, ...]:
@@ -75,6 +76,8 @@ class Flag:
         notes = [f"default: {self.shown}"] if self.shown is not None else []
         if modes and self.modes:
             notes.append("modes: " + ", ".join(self.modes))
+        if self.actions:
+            notes.append("%nbdist " + " or ".join(self.actions))
         return self.help + (f" ({'; '.join(notes)})" if notes else "")
 
     def parser_arguments(self) -> tuple[tuple[str, ...], dict]:
@@ -188,18 +191,30 @@ def nbdist_flags() -> tuple[Flag, ...]:
 
     return (
         Flag("action", "start N engines, connect to a running ipcluster, show status, or stop", (),
-             positional=True, choices=("start", "connect", "status", "stop"), option=False),
-        Flag("n", "number of engines (start)", (), positional=True, optional_value=True, type=int,
-             option=False, metavar="N"),
+             positional=True, choices=CLUSTER_ACTIONS, option=False),
+        Flag("n", "number of engines", (), positional=True, optional_value=True, type=int,
+             option=False, metavar="N", actions=("start",)),
         Flag("profile", "ipyparallel profile (e.g. one set up for Slurm)", (), option=False,
-             shown_default="ipyparallel's default"),
-        Flag("cluster_id", "cluster id of a running ipcluster (connect)", (), option=False),
-        Flag("encrypt", "start/connect: CurveZMQ on ipyparallel's channel and on nbdist's hub "
-                        "sockets (untrusted networks)", (), switch=True, option=False),
-        Flag("launcher", "start: how the engines are started (ipyparallel's launchers): local "
+             shown_default="ipyparallel's default", actions=("start", "connect")),
+        Flag("cluster_id", "cluster id of a running ipcluster", (), option=False,
+             actions=("connect",)),
+        Flag("encrypt", "CurveZMQ on ipyparallel's channel and on nbdist's hub sockets "
+                        "(untrusted networks)", (), switch=True, option=False,
+             actions=("start", "connect")),
+        Flag("launcher", "how the engines are started (ipyparallel's launchers): local "
                          "processes, one Slurm job (sbatch), or MPI ranks (mpiexec)", (),
-             choices=tuple(LAUNCHERS), default="local", option=False),
+             choices=tuple(LAUNCHERS), default="local", option=False, actions=("start",)),
     )
+
+
+CLUSTER_ACTIONS = ("start", "connect", "status", "stop")
+
+
+def misplaced(args: argparse.Namespace, flags: Iterable[Flag]) -> list[Flag]:
+    """The `%nbdist` arguments given (not at their default) to an action that does not take
+    them, which it would ignore."""
+    return [flag for flag in flags if flag.actions is not None and args.action not in flag.actions
+            and getattr(args, flag.name) != (False if flag.switch else flag.default)]
 
 
 def add_to_parser(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:

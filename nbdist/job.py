@@ -197,7 +197,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         dbs=config.dbs, batch_min=config.batch_min or max(1, config.batch_size // 4),
         batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
-        metrics=config.metrics.value, lr_owner=lr_owner(config),
+        metrics=config.metrics.value, lr_owner=lr_owner(config), pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs
         silence_is_loss=config.mode is not Mode.SYNC, epoch_gate=kernel_validates)

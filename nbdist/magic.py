@@ -14,7 +14,7 @@ from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
 from nbdist.errors import ConfigError, NoClusterError, UnsupportedOptimizerError
-from nbdist.flags import distribute_flags, given_options, nbdist_flags
+from nbdist.flags import distribute_flags, given_options, misplaced, nbdist_flags
 
 
 def declared(flags):
@@ -42,31 +42,36 @@ class NbdistMagics(Magics):
         """Manage the engine cluster: %nbdist start 3 [--launcher slurm|mpi] | connect --profile lab
         --cluster-id ID | status | stop"""
         args = parse_argstring(self.nbdist, line)
+        _check_applies(args)
         from nbdist.cluster.engines import Cluster
 
-        if args.action == "start":
-            if self.cluster is not None:
-                raise UsageError(f"A cluster is already up ({self.cluster.describe()}). "
-                                 "Run %nbdist stop first to start a different one.")
-            if not args.n or args.n < 1:
-                raise UsageError(f"%nbdist start needs a number of engines >= 1 (Received: "
-                                 f"{args.n}). Example: %nbdist start 3 (one hub and two workers).")
-            self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt,
-                                         launcher=args.launcher)
-            print(f"Started {self.cluster.describe()}")
-        elif args.action == "connect":
-            if self.cluster is not None:
-                raise UsageError("Already attached to a cluster. Run %nbdist stop first.")
-            self.cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id,
-                                           encrypt=args.encrypt)
-            print(f"Connected to {self.cluster.describe()}")
-        elif args.action == "status":
+        if args.action == "stop":
+            stopped = self.cluster is not None or self.run is not None
+            self.close()
+            print("Stopped." if stopped else "No cluster or run to stop.")
+            return
+        if args.action == "status":
             print(self.cluster.describe() if self.cluster else "No cluster. Start one with %nbdist start 3.")
             if self.run is not None:
                 print(self.run.summary())
-        else:
-            self.close()
-            print("Stopped.")
+            return
+        if self.cluster is not None:
+            raise UsageError(f"A cluster is already up ({self.cluster.describe()}). Run %nbdist "
+                             f"stop first, then %nbdist {args.action} again.")
+        try:
+            if args.action == "start":
+                if not args.n or args.n < 1:
+                    raise UsageError(f"%nbdist start needs a number of engines >= 1 (Received: "
+                                     f"{args.n}). Example: %nbdist start 3 (one hub and two workers).")
+                self.cluster = Cluster.start(args.n, profile=args.profile, encrypt=args.encrypt,
+                                             launcher=args.launcher)
+                print(f"Started {self.cluster.describe()}")
+            else:
+                self.cluster = Cluster.connect(profile=args.profile, cluster_id=args.cluster_id,
+                                               encrypt=args.encrypt)
+                print(f"Connected to {self.cluster.describe()}")
+        except (ConfigError, NoClusterError) as exc:
+            raise UsageError(" ".join(str(exc).split())) from None  # one line
 
     @declared(distribute_flags())
     @cell_magic
@@ -100,6 +105,26 @@ class NbdistMagics(Magics):
         if self.cluster is not None:
             self.cluster.stop()
             self.cluster = None
+
+
+def _check_applies(args) -> None:
+    """Raise UsageError for an argument the `%nbdist` action does not take (it would be
+    ignored), naming the ones it takes."""
+    wrong = misplaced(args, nbdist_flags())
+    if not wrong:
+        return
+
+    def name(flag) -> str:
+        return flag.metavar or flag.spelling[-1]
+
+    def received(flag) -> str:
+        value = getattr(args, flag.name)
+        return str(value) if flag.positional else name(flag) + ("" if flag.switch else f" {value}")
+
+    takes = [name(f) for f in nbdist_flags() if f.actions is not None and args.action in f.actions]
+    raise UsageError(f"%nbdist {args.action} takes no {', '.join(map(name, wrong))} (Received: "
+                     f"{', '.join(map(received, wrong))}). It takes {', '.join(takes) or 'nothing more'}: "
+                     "drop the rest (%nbdist? lists them).")
 
 
 class _MagicPresenter:

@@ -27,6 +27,19 @@ def wait_for(condition: Callable[[], object], timeout: float = 120.0, poll_s: fl
     return value
 
 
+def wait_paused(run, timeout: float = 120.0):
+    """Wait until `run`, started with `pause_at=N` (--pause-at), has paused itself and every
+    worker holds; return it. The run cannot end before then (N is below its last step), so a
+    test acts on a run that is surely still going: no race with its end."""
+    wait_for(lambda: run.done() or (run.status == "paused" and set(run.nodes["state"]) <= HOLDING),
+             timeout, what=lambda: f"run {run.run_id} paused (status {run.status})")
+    assert not run.done(), f"the run ended ({run.status}) before it paused: pause_at is too late"
+    return run
+
+
+HOLDING = {"paused", "done", "lost"}  # node states of a paused run's workers
+
+
 def refuse_network(monkeypatch, who: str) -> None:
     """Make any outgoing connection fail the test: `who` must work offline."""
 
@@ -76,17 +89,7 @@ def hang_worker_once(worker: int, after_steps: int) -> None:
     a worker stuck in its own code. Once; steps are normal again afterwards."""
     import time
 
-    from nbdist.modes.common import worker as module
-
-    original = module._AsyncLoop._slow_down  # noqa: SLF001 - the fault goes where a step sleeps
-
-    def slow_down(self, compute_s, reply):
-        if self.spec.worker == worker and self.steps > after_steps:
-            module._AsyncLoop._slow_down = original  # noqa: SLF001
-            time.sleep(3600)
-        return original(self, compute_s, reply)
-
-    module._AsyncLoop._slow_down = slow_down  # noqa: SLF001
+    fault_in_a_step(worker, after_steps, lambda loop: time.sleep(3600))
 
 
 def stop_reading_once(worker: int, after_steps: int, requests: int, pause_s: float) -> None:
@@ -96,35 +99,45 @@ def stop_reading_once(worker: int, after_steps: int, requests: int, pause_s: flo
     into a full line), then waits for that step's reply as usual. Once."""
     import time
 
+    def not_reading_from(loop):
+        transport, send_step = loop.transport, loop.transport.send_step
+
+        def not_reading(*args, **kwargs):
+            transport.send_step = send_step
+            for _ in range(requests):
+                transport.lines[0].send({"op": "step", "worker": worker})
+            time.sleep(pause_s)
+            send_step(*args, **kwargs)
+            time.sleep(pause_s)
+
+        transport.send_step = not_reading
+
+    fault_in_a_step(worker, after_steps, not_reading_from)
+
+
+def fault_in_a_step(worker: int, after_steps: int, fault: Callable) -> None:
+    """On an engine: the next run's worker `worker` there calls `fault(its loop)` once, inside
+    its step after `after_steps` steps, where the step sleeps for its slow-down. Private access
+    by necessity: nbdist has no fault hook, and grows none for tests."""
     from nbdist.modes.common import worker as module
 
-    original = module._AsyncLoop._slow_down  # noqa: SLF001
+    loop = module._AsyncLoop  # noqa: SLF001 - the worker loop the fault goes into
+    original = loop._slow_down  # noqa: SLF001 - where a step sleeps: the fault's place
 
     def slow_down(self, compute_s, reply):
         if self.spec.worker == worker and self.steps > after_steps:
-            module._AsyncLoop._slow_down = original  # noqa: SLF001
-            transport, send_step = self.transport, self.transport.send_step
-
-            def not_reading(*args, **kwargs):
-                transport.send_step = send_step
-                for _ in range(requests):
-                    transport.lines[0].send({"op": "step", "worker": worker})
-                time.sleep(pause_s)
-                send_step(*args, **kwargs)
-                time.sleep(pause_s)
-
-            transport.send_step = not_reading
+            loop._slow_down = original  # noqa: SLF001 - once: the steps after it are normal
+            fault(self)
         return original(self, compute_s, reply)
 
-    module._AsyncLoop._slow_down = slow_down  # noqa: SLF001
+    loop._slow_down = slow_down  # noqa: SLF001 - (see above)
 
 
 def hub_process_pids() -> list[int]:
     """On an engine: the process ids of the hub shards it serves in processes of their own."""
-    from nbdist.hub import launch
+    from nbdist.hub.launch import hub_process, running_hubs
 
-    hubs = launch._hubs.values()  # noqa: SLF001
-    return [entry.proc.pid for entry in hubs if hasattr(entry, "proc")]
+    return [proc.pid for proc in (hub_process(*key) for key in running_hubs()) if proc is not None]
 
 
 # -- cells --------------------------------------------------------------------------------------

@@ -7,7 +7,7 @@ for the Hessian's diagonal: `ĝ = g + λ g⊙g⊙(w − bak[m])` (`dc_compensate
 - `dc-asgd`: constant λ = λ0 (0.04).
 - `dc-asgd-a`: λ = λ0 / sqrt(MS + ε) elementwise, MS one running mean of g⊙g over all pushes
   on this shard (as in the paper; not one per worker); λ0 = 2, m = 0.95, ε = 1e-7. MS is updated
-  with the current push before it is used, in the order ALGORITHMS.md gives.
+  with the current push before it is used, in the order docs/rules.md gives.
 - `ddc-asgd`: ĝ from `dc-asgd-a`, then delay-weighted momentum `d = β d − (1 − β) η ĝ`,
   `w += d`, `β = τ / (τ + 1/(1 − μ))`: a fresh push (τ = 0) is plain SGD on ĝ, a stale one
   trusts the shard's momentum more. d and MS are global per shard.

@@ -164,6 +164,12 @@ class HubOptimizer:
         if self.size >= CACHE_BLOCKED_MIN and not self._formula.scalars:
             self._parts = self._cache_blocks(self._ranges)
 
+    @property
+    def cache_blocked(self) -> bool:
+        """Whether each update runs in cache-sized pieces (large shards), rather than as one
+        pass over the whole shard (small shards, and Nadam): the same numbers either way."""
+        return self._parts is not None
+
     def use_blocks(self, run: Runner, ranges: Ranges) -> None:
         """Apply weight decay and the formula as the blocks `ranges` of the shard, run by `run`
         (`nbdist.algorithms.blocks`): the same numbers. Nadam stays in one pass: its

@@ -192,7 +192,7 @@ class Cluster:
         except (OSError, TimeoutError) as exc:
             raise NoClusterError(
                 f"Could not connect to an ipcluster (profile={profile!r}, cluster_id={cluster_id!r}): "
-                f"{exc}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
+                f"{str(exc).rstrip('.')}. Start one with `ipcluster start -n 4` (or your Slurm/MPI profile), or use "
                 "%nbdist start N for a local one."
             ) from None
         require_curve(client, encrypt, f"profile={profile!r}, cluster_id={cluster_id!r}")
@@ -263,6 +263,38 @@ class Cluster:
     def track(self, run) -> None:
         """Remember a run on this cluster, so `stop()` ends it before the engines go."""
         self._runs.add(run)
+
+    @property
+    def runs(self) -> list:
+        """The runs started on this cluster (a subset tracks its own) that have not ended."""
+        return [run for run in list(self._runs) if not run.done()]
+
+    def busy_engines(self) -> dict[int, int]:
+        """Engine id -> the tasks it runs or has queued, for every engine that is not idle
+        (ipyparallel's queue status): a run's worker still training, or a task stuck in code."""
+        status = self.client.queue_status(targets=self.engine_ids)
+        return {e: s["queue"] + s["tasks"] for e, s in status.items()
+                if isinstance(e, int) and s["queue"] + s["tasks"]}
+
+    @property
+    def connect_args(self) -> dict | None:
+        """What `Cluster.connect` (`%nbdist connect --profile P --cluster-id C`) takes to attach
+        another kernel to this cluster; None for a cluster this kernel only connected to."""
+        if self._ipp_cluster is None:
+            return None
+        return {"profile": self._ipp_cluster.profile, "cluster_id": self._ipp_cluster.cluster_id}
+
+    def start_engines(self, n: int, timeout: float = 120.0) -> list[int]:
+        """Start `n` more engines into a cluster this kernel started, as ipyparallel's launcher
+        started the first (an `--elastic` run takes them in); returns their ids."""
+        if self._ipp_cluster is None:
+            raise NoClusterError("This kernel only connected to the cluster (Received: "
+                                 "start_engines on a connected cluster). Start engines where it "
+                                 "was started (ipcluster engines --cluster-id ...).")
+        before = set(self.client.ids)
+        self._ipp_cluster.start_engines_sync(n)
+        self.client.wait_for_engines(len(before) + n, timeout=timeout, interactive=False)
+        return sorted(set(self.client.ids) - before)
 
     def stop(self) -> None:
         """Stop engines and controller if we started them; otherwise just disconnect.

@@ -302,5 +302,5 @@ def check_reachable(address: str, port: int, what: str, host: str,
             f"Could not reach {what} on host {host} at {address}:{port} within {timeout:.0f}s "
             f"(Received: {reason}). Expected the hosts of the cluster to reach each other on that "
             "address: check that the host is up, that its link and routes work (`ping`, `ip route`), "
-            "and that no firewall drops the port range (see README, 'Running on a real cluster').",
+            "and that no firewall drops the port range (see docs/guide.md, 'Running on a real cluster').",
             host=host, address=f"{address}:{port}") from None

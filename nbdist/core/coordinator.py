@@ -57,6 +57,8 @@ class Coordinator:
         self.max_group_ratio, self.num_groups = plan.max_group_ratio, plan.groups
         self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
         self.paused = False
+        self.steps_counted = 0  # pushes (sync: rank steps) completed; --pause-at counts them
+        self._count_step(start_time, by=0)  # --pause-at 0: the run starts paused
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
         self.assigned: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}  # chunks a worker holds
@@ -177,6 +179,7 @@ class Coordinator:
             self.clock.tick(worker)
         batch_size = self.sizer.batch_for(worker)  # before a rebalance: what this push trained with
         rebalanced = list(self.sizer.batches) if self.sizer.maybe_rebalance() else None
+        self._count_step(now)
         return Completed(samples, batch_size, rebalanced, self.epochs_done, ended)
 
     def account(self, worker: int, done: Completed, h: dict, delay: int, now: float) -> None:
@@ -207,6 +210,7 @@ class Coordinator:
                         self.epochs_done)
             if worker == 0 and self.sizer.maybe_rebalance():
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
+            self._count_step(now)
         self.eval_result(worker, h, now)
         self.stats.workers[worker].state = "paused" if self.paused else "running"
         reply = {"lr": self.lr, "paused": self.paused, "stop": self.stopping, "send_state": self.state_wanted,
@@ -358,6 +362,15 @@ class Coordinator:
         return min(self.group_of[worker])
 
     # -- control from the kernel ------------------------------------------------------------
+
+    def _count_step(self, now: float, by: int = 1) -> None:
+        """One more step completed; at --pause-at N the run pauses itself, as the kernel's
+        `run.pause()` would, and the reply to this very push already says so (its accounting,
+        and so `stats.global_step`, may follow later: `ShardCore.settle`)."""
+        self.steps_counted += by
+        if self.steps_counted == self.plan.pause_at and not self.paused:
+            self.paused = True
+            self.stats.record_event("pause", now, step=self.steps_counted, reason="--pause-at")
 
     def control(self, h: dict, now: float) -> None:
         if "lr" in h:

@@ -10,7 +10,7 @@ compute plus the link times of its two boundary cuts (activations sent forward o
 cut, gradients sent backward on its left one). A pipeline goes as fast as its slowest stage,
 so every method below is judged by `max(stage_times(...))`.
 
-Methods (see ALGORITHMS.md, "Pipeline model parallelism"):
+Methods (see docs/guide.md, "Model parallelism"):
 - `optimal`: exact minimum of the slowest stage by dynamic programming over prefix sums,
   O(L^2 S) (as torchgpipe's `balance_by_time` does with its block partition);
 - `greedy`: the TensorFlow thesis's greedy walk (`greedy_bounds` says exactly what it does);

@@ -33,5 +33,6 @@ class Plan:
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the
     # coordinator tells the rate on every reply)
     lr_owner: str = "hub"
+    pause_at: int | None = None  # --pause-at: the coordinator pauses itself after this many steps
     silence_is_loss: bool = True  # write off the silent (not in sync: Horovod fails a hung rank)
     epoch_gate: bool = False  # a cell's fit call: each epoch starts once the kernel ran its callbacks

@@ -94,6 +94,12 @@ class Updater:
         self._run: Runner = run_serial
         self._ranges: list[tuple[int, int]] = [(0, rule.size)]
 
+    @property
+    def ranges(self) -> list[tuple[int, int]]:
+        """The blocks each update is split into: [(0, size)], one pass, unless `use_blocks`
+        split it (what `nbdist.hub.threads.split_updates` decided, for its callers to read)."""
+        return list(self._ranges)
+
     def use_blocks(self, run: Runner, parts: int) -> None:
         """Split each large update (>= `blocks.MIN_SPLIT` floats) into `parts` contiguous blocks
         run by `run` (a thread pool at the edge, `nbdist.hub.threads`); bit-identical results.

@@ -143,8 +143,10 @@ class PlotPanel(anywidget.AnyWidget):
     def __init__(self, **kwargs) -> None:
         kwargs.setdefault("template", template("plotly_white"))
         super().__init__(**kwargs)
-        self.on_msg(self._on_front_end)
+        self.on_msg(self.on_front_end)
 
-    def _on_front_end(self, _widget, content: dict, _buffers) -> None:
+    def on_front_end(self, _widget, content: dict, _buffers) -> None:
+        """A message from the page (ipywidgets' `on_msg`): one asking for plotly.js gets the
+        installed package's copy (offline: no CDN); anything else is ignored."""
         if isinstance(content, dict) and content.get("type") == "need-plotly.js":
             self.send({"type": "plotly.js", "source": _plotly_js()})

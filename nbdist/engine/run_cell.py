@@ -102,12 +102,15 @@ def execute_cell(source: str | None, pushed: dict, threads: int | None, local_ra
 def run_until_fit(source: str, ns: dict):
     """Run the cell in `ns` up to its `model.fit(...)` call, if it makes one (nothing trains:
     `nbdist.engine.fit_call`), and put what the call names into `ns` (`fit_data.place`).
-    Returns the placed `FitData`, or None for a cell without a fit call."""
+    Returns the placed `FitData`, or None for a cell without a fit call. On an engine, an
+    error of the cell shows the cell's own lines, tagged with the engine and its host
+    (`nbdist.engine.cell_traceback`)."""
+    from nbdist.engine.cell_traceback import cell_errors_shown, compile_cell, engine_tag
     from nbdist.engine.fit_call import FitReached, fit_intercepted, stop_at_fit
 
-    with fit_intercepted(stop_at_fit(ns, FIT_KEY)):
+    with fit_intercepted(stop_at_fit(ns, FIT_KEY)), cell_errors_shown(engine_tag()):
         try:
-            exec(compile(source, "<%%distribute cell>", "exec"), ns)  # noqa: S102 - the user's own cell
+            exec(compile_cell(source), ns)  # noqa: S102 - the user's own cell
         except FitReached:
             pass  # the statements after the call run in the kernel only, after training
     call = ns.pop(FIT_KEY, None)

@@ -18,7 +18,7 @@ epoch's, and a rate change or a stop takes effect before the next epoch trains. 
 hooks (`on_train_batch_begin/end`) are called from `tick`, at most every `BATCH_HOOK_S`
 seconds and at each epoch's end, not at every step: `batch` is the number of steps of the
 epoch so far across all workers, `logs["loss"]` the mean loss of the steps since the previous
-call (the README's "Your cell").
+call (docs/guide.md, "Your cell").
 """
 
 from __future__ import annotations

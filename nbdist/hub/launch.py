@@ -134,3 +134,9 @@ def join_hub(run_id: str, shard: int, timeout: float = 10.0) -> dict:
 def running_hubs() -> list[tuple[str, int]]:
     """(run id, shard) of every hub still serving in this engine."""
     return [key for key, entry in _hubs.items() if entry.alive()]
+
+
+def hub_process(run_id: str, shard: int) -> subprocess.Popen | None:
+    """The OS process serving hub `shard` of `run_id` from this engine; None if it serves from
+    a thread (NBDIST_HUB_PROCESS=0) or was not started here (for `%nbdist status`-like views)."""
+    return getattr(_hubs.get((run_id, shard)), "proc", None)

@@ -147,6 +147,11 @@ class Hub:
     def version(self) -> int:
         return self.core.version
 
+    @property
+    def local_lines(self) -> int:
+        """Same-host lines open now (`nbdist.hub.localline`): one per worker beside the hub."""
+        return 0 if self._listener is None else len(self._listener.conns)
+
     # -- the loop ---------------------------------------------------------------------------
 
     def serve(self) -> dict:

@@ -73,6 +73,11 @@ class Backend(Protocol):
         """Engines that joined the cluster since the last call (--elastic)."""
         ...
 
+    def worker_results(self) -> dict[int, object]:
+        """What each worker (sync: rank; pipeline: stage) returned, by id, for those that have
+        returned; {} where workers return nothing (simulate). `run.worker_results`."""
+        ...
+
     # -- at the end (the Run's monitor) ---------------------------------------------------------
 
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
@@ -82,3 +87,10 @@ class Backend(Protocol):
     def finish(self, timeout: float) -> None:
         """Wait for the workers and the hubs to leave (clean-up; never raises for a late one)."""
         ...
+
+
+def returned(tasks) -> dict[int, object]:
+    """The value of each task (an ipyparallel AsyncResult, or a future alike) that has returned,
+    by its id (`tasks`: a dict, or a list indexed by id); one that failed or runs is left out."""
+    items = tasks.items() if isinstance(tasks, dict) else enumerate(tasks)
+    return {i: task.get(0) for i, task in list(items) if task.ready() and task.successful()}

@@ -74,6 +74,14 @@ class RunViews:
         epochs_done, epoch_samples, lr, batch_policy, rule_options, hub_bytes, dropped, ..."""
         return dict(self.state.snapshot)
 
+    @property
+    def worker_results(self) -> dict[int, object]:
+        """What each worker returned once it has ended, by worker id (sync: by rank, with its
+        steps, learning rate and final parameters; async: its steps and the passes over its
+        data shard; pipeline: by stage); {} before, and in --mode simulate."""
+        backend = self.state.backend
+        return {} if backend is None else backend.worker_results()
+
     def history_rows(self, since: int = 0) -> list[list]:
         """The raw per-push rows (`HISTORY_COLUMNS` order) from index `since` on: what the
         DataFrame `history` is built from, without building it."""

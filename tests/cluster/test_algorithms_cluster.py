@@ -5,7 +5,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import ConfigError
-from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
+from tests.helpers import SYNTHETIC_CELL, wait_for, wait_paused
 
 
 @pytest.mark.parametrize("options", [
@@ -76,9 +76,9 @@ def test_group_auto_forms_groups_by_speed_and_regroup_works(cluster):
 
 
 def test_live_option_change_and_unknown_option_name(cluster):
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=30,
-                       batch_size=8, algorithm="dc-asgd-a", algo_options="lambda0=1")
-    wait_for(lambda: global_step(run) > 20)  # changed mid-run
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, batch_size=8,
+                       algorithm="dc-asgd-a", algo_options="lambda0=1", pause_at=20)
+    wait_paused(run)  # changed mid-run, held at step 20
     run.set_option("lambda0", 0.5)
     with pytest.raises(ConfigError, match="Valid: lambda0=.*ms_decay"):
         run.set_option("lamda0", 0.5)

@@ -16,7 +16,15 @@ from nbdist.errors import (
     NotEnoughEnginesError,
     RemoteCellError,
 )
-from tests.helpers import FASHION_CELL, SYNTHETIC_CELL, event_names, global_step, running, wait_for
+from tests.helpers import (
+    FASHION_CELL,
+    SYNTHETIC_CELL,
+    event_names,
+    global_step,
+    running,
+    wait_for,
+    wait_paused,
+)
 
 
 def weights(model):
@@ -140,12 +148,10 @@ def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_wh
     from nbdist.engine.flatmodel import read_flat
 
     ns = {}
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, epochs=200,
-                       batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, batch_size=8,
+                       pause_at=20)
     initial = read_flat(ns["model"])[0]  # the kernel's model keeps these until the run ends
-    wait_for(lambda: global_step(run) > 20)
-    run.pause()
-    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"})
+    wait_paused(run)  # every worker holds: its step in flight has landed
     backend, control = run.state.backend, run.state.control
     params, non_trainable = backend.current_weights(control)
     again, _ = backend.current_weights(control)
@@ -219,11 +225,10 @@ def test_hogwild_and_tcp_transport_learn(cluster):
 def test_connect_attaches_to_a_running_cluster(cluster, ip):
     from nbdist.cluster.engines import Cluster
 
-    ipp_cluster = cluster._ipp_cluster
-    other = Cluster.connect(profile=ipp_cluster.profile, cluster_id=ipp_cluster.cluster_id)
+    other = Cluster.connect(**cluster.connect_args)
     try:
         assert other.engine_ids == cluster.engine_ids
-        assert other.describe().startswith("connected")
+        assert other.describe().startswith("connected") and other.connect_args is None
     finally:
         other.stop()  # only disconnects: the engines belong to the session fixture
     assert len(cluster.client[:].apply_sync(os.getpid)) == 3

@@ -1,5 +1,5 @@
 """--compression fp16 in real runs on engines: its effect on accuracy (the wire format itself
-is tested in tests/unit/test_compression.py)."""
+is tested in tests/unit/test_compression_format.py)."""
 
 import numpy as np
 import pytest
@@ -27,6 +27,6 @@ def test_sync_fp16_allreduce_keeps_ranks_identical_and_accuracy(cluster):
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2, epochs=2,
                        batch_size=32, compression="fp16", wait=True)
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert run.history["val_accuracy"].dropna().iloc[-1] > 0.9

@@ -40,7 +40,7 @@ def test_dashboard_controls_act_on_a_real_run(cluster):
         dash.stop_button.click()
         run.wait(timeout=60)
     assert run.status == "stopped"
-    dash._finish()
+    dash.step()  # the refresh after the end: the last redraw, controls off
     assert dash.stop_button.disabled and dash.lr_slider.disabled
     assert 'data-status="stopped"' in dash.status.value  # set after the run's last poll
     kinds = [e for e in run.events["event"] if e in CONTROL_EVENTS]

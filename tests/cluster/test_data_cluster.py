@@ -46,8 +46,7 @@ def test_tf_data_trains_in_async_in_memory_or_streamed_by_shards(cluster, limit)
     run = nbdist.train(DATASET_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
                        data="train_ds", in_memory_limit=limit, wait=True)
     trained_every_sample(run)
-    tasks = run.state.backend._tasks.values()  # noqa: SLF001
-    passes = [task.get(10)["shard_passes"] for task in tasks]
+    passes = [result["shard_passes"] for result in run.worker_results.values()]
     if limit == "0":  # 1800 samples from two shards of 450: at least 4 passes begun between them
         assert all(p >= 1 for p in passes) and sum(passes) >= 4
         assert any("goes through its own shard" in w for w in run.warnings)
@@ -65,7 +64,7 @@ def test_subclassed_model_and_tf_data_train_in_sync(cluster, cell, options):
         run = nbdist.train(cell, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=2,
                            wait=True, **options)
     assert run.status == "finished" and run.error is None
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert results[0]["steps"] == 2 * 15  # ceil(900 / 64) per epoch, streamed or not
     assert run.history["val_accuracy"].dropna().iloc[-1] > 0.85

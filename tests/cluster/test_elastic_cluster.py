@@ -6,7 +6,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import ClusterError, TrainingError
-from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
+from tests.helpers import SYNTHETIC_CELL, wait_for, wait_paused
 
 EPOCHS = 12
 TRAIN_SAMPLES = 900  # SYNTHETIC_CELL's x_train
@@ -29,12 +29,11 @@ def _check_both_trained_every_sample_once(run) -> None:
 
 def test_add_workers_brings_a_spare_engine_into_a_running_job(cluster):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=EPOCHS,
-                       batch_size=16)
+                       batch_size=16, pause_at=5)
     with run:
-        wait_for(lambda: global_step(run) > 5)
+        wait_paused(run)  # held at step 5: the newcomer surely finds data left when it arrives
         (hub,), (first,) = [h["engine"] for h in run.hubs], run.nodes["engine"].tolist()
         (spare,) = set(cluster.engine_ids) - {hub, first}
-        run.pause()  # so the newcomer surely finds data left when it arrives
         assert run.add_workers([spare]) == [1]
         wait_for(lambda: _said_hello(run, 1))
         assert run.nodes["engine"].tolist() == [first, spare]
@@ -48,10 +47,9 @@ def test_add_workers_brings_a_spare_engine_into_a_running_job(cluster):
 
 
 def test_add_workers_refuses_engines_in_use_or_unknown_and_the_run_goes_on(cluster):
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, epochs=200,
-                       batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=1, pause_at=0)
     with run:
-        wait_for(lambda: global_step(run) > 0)  # the worker said hello: its engine is known
+        wait_paused(run)  # the worker said hello (its engine is known); the run cannot end
         (hub,), (first,) = [h["engine"] for h in run.hubs], run.nodes["engine"].tolist()
         with pytest.raises(ClusterError, match=rf"already in it: engine {hub} \(a hub shard\), "
                                                rf"engine {first} \(worker 0\)"):
@@ -68,14 +66,10 @@ def test_elastic_run_takes_in_an_engine_started_into_the_cluster():
     own = nbdist.Cluster.start(2)  # engines are added to it: never the shared session cluster
     try:
         run = nbdist.train(SYNTHETIC_CELL, cluster=own, namespace={}, workers=1, epochs=EPOCHS,
-                           batch_size=16, elastic=True)
+                           batch_size=16, elastic=True, pause_at=5)
         with run:
-            wait_for(lambda: global_step(run) > 5)
-            run.pause()
-            before = set(own.client.ids)
-            own._ipp_cluster.start_engines_sync(1)
-            wait_for(lambda: len(own.client.ids) == 3)
-            (joined,) = set(own.client.ids) - before
+            wait_paused(run)  # held at step 5 while an engine is started into the cluster
+            (joined,) = own.start_engines(1)
             wait_for(lambda: _said_hello(run, 1))
             assert run.nodes["engine"].tolist()[1] == joined
             run.resume()

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from tests.helpers import SYNTHETIC_CELL, event_names, wait_for
+from tests.helpers import SYNTHETIC_CELL, event_names, wait_for, wait_paused
 
 # Big enough that compute grows with the batch (on a tiny model the fixed cost per step dominates).
 WIDE_CELL = '''
@@ -93,9 +93,9 @@ def test_every_control_call_is_recorded_in_the_events_and_timeline_has_series(cl
 def test_bad_live_control_values_are_refused(cluster):
     from nbdist.errors import ConfigError
 
-    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=50, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, pause_at=0)
     try:
-        wait_for(lambda: min(_steps(run)) >= 2)
+        wait_paused(run)  # both workers known, and the run cannot end under the refusals
         with pytest.raises(ConfigError, match="between 1"):
             run.set_slowdown(0, 0.5)
         with pytest.raises(ConfigError, match="No worker 7"):
@@ -113,5 +113,5 @@ def test_sync_dbs_with_slowdown_gives_unequal_batches_and_identical_weights(clus
                        batch_size=64, dbs=True, slowdown="1,3", no_validation=True, wait=True)
     batches = run.nodes["batch_size"].tolist()
     assert batches[1] < batches[0] and sum(batches) == 128
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])

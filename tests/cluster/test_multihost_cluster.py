@@ -22,7 +22,7 @@ import pytest
 import nbdist
 from nbdist.cluster.affinity import HUB_SPIN_S, may_spin
 from nbdist.dashboard.hosts import hosts_figure
-from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
+from tests.helpers import SYNTHETIC_CELL, wait_paused
 from tests.lab_network import LabCluster, LabNetwork, unavailable
 
 REASON = unavailable()
@@ -120,7 +120,7 @@ def test_sync_ranks_on_two_hosts_end_with_identical_weights(lab):
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([1, 2]), namespace=ns, mode="sync", workers=2,
                        epochs=2, batch_size=32, wait=True, timeout=60)
-    results = run.state.backend.results
+    results = run.worker_results
     assert sorted(r["host"] for r in results.values()) == ["lab1", "lab2"]
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
@@ -165,11 +165,11 @@ def test_a_link_down_for_three_seconds_applies_nothing_twice_and_the_run_finishe
     ns = {}
     epochs = 6
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 2]), namespace=ns, workers=2,
-                       epochs=epochs, batch_size=8, timeout=60)
-    wait_for(lambda: global_step(run) > 30)
-    assert not run.done(), "the run ended before the cut: make it longer"
+                       epochs=epochs, batch_size=8, timeout=60, pause_at=30)
+    wait_paused(run)  # held at step 30: the cut lands mid-run whatever the machine's speed
     lab.network.set_link("lab2", up=False)
     try:
+        run.resume()  # lab1 trains on while lab2's messages wait behind the cut
         time.sleep(3)  # deliberate: the link stays down for three seconds
     finally:
         lab.network.set_link("lab2", up=True)
@@ -184,10 +184,10 @@ def test_a_worker_host_dropped_for_good_is_written_off_and_every_sample_trained_
     ns = {}
     epochs = 6
     run = nbdist.train(SYNTHETIC_CELL, cluster=lab.subset([0, 1, 4]), namespace=ns, workers=2,
-                       epochs=epochs, batch_size=8, timeout=60)
-    wait_for(lambda: global_step(run) > 30)
-    assert not run.done(), "the run ended before the cut: make it longer"
+                       epochs=epochs, batch_size=8, timeout=60, pause_at=30)
+    wait_paused(run)  # held at step 30: the cut lands mid-run whatever the machine's speed
     lab.network.set_link("lab4", up=False)  # for good: engine 4 is not used after this test
+    run.resume()
     run.wait(timeout=300)
     assert run.status == "finished" and run.error is None
     nodes = run.nodes.set_index("host")

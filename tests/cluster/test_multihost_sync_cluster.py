@@ -69,7 +69,7 @@ def test_sync_trains_across_three_hosts_the_head_among_them(lab):
     run = nbdist.train(SYNTHETIC, cluster=lab, namespace=ns, mode="sync", workers=3, epochs=2, batch_size=32,
                        wait=True, timeout=60)
     assert run.status == "finished" and run.error is None
-    results = run.state.backend.results
+    results = run.worker_results
     assert sorted(r["host"] for r in results.values()) == sorted([socket.gethostname(), "lab1", "lab2"])
     for r in (1, 2):
         np.testing.assert_array_equal(results[0]["params"], results[r]["params"])

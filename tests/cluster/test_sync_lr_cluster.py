@@ -52,7 +52,7 @@ def test_sync_adam_with_exponential_decay_matches_fit_and_follows_the_schedule(c
     steps = 2 * 47  # ceil(6000 / 128) per epoch
     schedule = ns["schedule"]
     for rank in (0, 1):
-        result = run.state.backend.results[rank]
+        result = run.worker_results[rank]
         assert result["steps"] == result["iterations"] == steps
         assert result["learning_rate"] == pytest.approx(float(schedule(steps)), rel=1e-5)
     assert float(schedule(steps)) < 0.5 * float(schedule(0))  # it did decay
@@ -71,7 +71,7 @@ def test_set_lr_during_a_scheduled_sync_run_replaces_the_schedule_and_says_so(cl
         run.stop()
         run.wait(timeout=60)
     assert any("CosineDecay" in w and "0.0123" in w for w in run.warnings)
-    results = run.state.backend.results
+    results = run.worker_results
     for rank in (0, 1):
         assert results[rank]["learning_rate"] == pytest.approx(0.0123)
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])

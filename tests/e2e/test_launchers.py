@@ -23,7 +23,7 @@ def _needs_horovod():
 
 
 def _identical_ranks(run, ns):
-    results = run.state.backend.results
+    results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     kernel = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
     np.testing.assert_array_equal(kernel, results[0]["params"])

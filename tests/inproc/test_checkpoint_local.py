@@ -9,7 +9,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import ConfigError, TrainingError
-from tests.helpers import SYNTHETIC_CELL, epoch_ends, wait_for
+from tests.helpers import SYNTHETIC_CELL, epoch_ends, wait_for, wait_paused
 
 SEEDED_CELL = SYNTHETIC_CELL.replace("model = keras", "keras.utils.set_random_seed(3)\nmodel = keras")
 
@@ -22,23 +22,21 @@ def weights(ns):
 def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(tmp_path):
     """One worker is deterministic: a resume that restores weights, DDC-ASGD's momentum and
     running mean, the version and the data position must continue bit for bit."""
-    # slow enough (about 4 s an epoch) that the stop lands inside the first epoch even when a
-    # loaded machine delays run.nodes or the stop by a second (slowdown 5 left 1 s: CI hit 900)
-    options = dict(mode="local", epochs=2, batch_size=8, algorithm="ddc-asgd", slowdown=[15])
+    options = dict(mode="local", epochs=2, batch_size=8, algorithm="ddc-asgd")
     straight = {}
     nbdist.train(SEEDED_CELL, namespace=straight, wait=True, **options)
     first = {}
-    run = nbdist.train(SEEDED_CELL, namespace=first, checkpoint_dir=str(tmp_path), **options)
-    wait_for(lambda: run.nodes["samples"].sum() >= 100)  # early in the first epoch
-    run.stop()
+    run = nbdist.train(SEEDED_CELL, namespace=first, checkpoint_dir=str(tmp_path), pause_at=20,
+                       **options)
+    wait_paused(run).stop()  # at step 20 of the first epoch's 113, whatever the machine's speed
     run.wait()
     meta = json.loads((tmp_path / "meta.json").read_text())
     done = meta["schedule"]["done"]
     assert run.status == "stopped" and run.last_checkpoint == str(tmp_path / "meta.json")
-    assert 100 <= done < 900 and meta["shards"][0]["version"] > 0
+    assert done == 20 * 8 and meta["shards"][0]["version"] == 20
     resumed = {}
     again = nbdist.resume(tmp_path, SEEDED_CELL, namespace=resumed, wait=True)
-    assert again.status == "finished"
+    assert again.status == "finished" and again.config.pause_at is None  # not the first's pause
     assert again.nodes["samples"].sum() == 2 * 900 - done  # nothing trained twice, nothing skipped
     assert epoch_ends(again) == [0, 1]
     np.testing.assert_array_equal(weights(resumed), weights(straight))
@@ -47,13 +45,15 @@ def test_stop_and_resume_ends_with_exactly_the_weights_of_an_uninterrupted_run(t
 @pytest.mark.slow
 def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path):
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=4, batch_size=8,
-                       checkpoint_dir=str(tmp_path), checkpoint_every=0.5)
-    wait_for(lambda: run.last_checkpoint is not None or run.done())
+                       checkpoint_dir=str(tmp_path), checkpoint_every=0.5, pause_at=20)
+    wait_paused(run)  # held at step 20: it cannot end, and the resume below finds it paused
+    wait_for(lambda: run.last_checkpoint is not None, what="a checkpoint")  # from the timer
     assert not run.done()  # the first checkpoint came from the timer, not the end of the run
     mid = json.loads((tmp_path / "meta.json").read_text())
     assert mid["epochs_done"] < 4
     path = run.checkpoint(str(tmp_path / "by-hand"))
     assert path == str(tmp_path / "by-hand" / "meta.json")
+    run.resume()
     run.wait()
     final = json.loads((tmp_path / "meta.json").read_text())
     assert final["epochs_done"] == 4 and final["created"] > mid["created"]
@@ -71,7 +71,7 @@ def test_periodic_checkpoints_are_taken_during_the_run_and_one_remains(tmp_path)
 
 @pytest.mark.slow
 def test_checkpoint_without_a_folder_says_how_to_give_one():
-    with nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=50) as run:
+    with nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", pause_at=0) as run:
         with pytest.raises(ConfigError, match="No checkpoint folder.*--checkpoint-dir"):
             run.checkpoint()
         run.stop()
@@ -85,16 +85,15 @@ def test_a_second_run_given_a_folder_in_use_is_refused_and_nothing_there_is_dele
     from nbdist.errors import CheckpointError
 
     folder = str(tmp_path)
-    first = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
+    first = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", pause_at=0,
                          checkpoint_dir=folder)
-    with first:
-        first.pause()  # it holds the folder while it waits
+    with first:  # paused from the start: it holds the folder while it waits
         first.checkpoint()
         files = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
         in_use = rf"folder {tmp_path} is in use by run {first.run_id}"
         with pytest.raises(CheckpointError, match=in_use):
             nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", checkpoint_dir=folder)
-        other = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=20, batch_size=8)
+        other = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", pause_at=0)
         with other:
             with pytest.raises(CheckpointError, match=f"in use by run {first.run_id}"):
                 other.checkpoint(folder)  # nor may another run save into it by hand

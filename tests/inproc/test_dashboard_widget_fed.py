@@ -98,9 +98,9 @@ def test_a_panel_sends_plotly_js_from_the_installed_package_when_its_page_asks()
     panel = PlotPanel(name="throughput")
     sent = []
     panel.send = lambda content, buffers=None: sent.append(content)
-    panel._on_front_end(panel, {"type": "something else"}, [])
+    panel.on_front_end(panel, {"type": "something else"}, [])
     assert sent == []
-    panel._on_front_end(panel, {"type": "need-plotly.js"}, [])
+    panel.on_front_end(panel, {"type": "need-plotly.js"}, [])
     (reply,) = sent
     assert reply["type"] == "plotly.js"
     assert reply["source"] == plotly_js_path().read_text(encoding="utf-8")  # offline: no CDN

@@ -90,6 +90,8 @@ def test_loaded_arrays_are_writable(isolated: Path, tmp_path: Path) -> None:
     (x_train, y_train), _ = load_fashion_mnist(str(tmp_path / "data"))
     x_train[0, 0, 0] = 7  # e.g. in-place shuffling or augmentation must not fail
     y_train[0] = 1
+    assert x_train.flags.writeable and y_train.flags.writeable
+    assert (x_train[0, 0, 0], y_train[0]) == (7, 1)
 
 
 def test_mixed_gzip_and_plain_files_load(isolated: Path, tmp_path: Path) -> None:

@@ -99,24 +99,28 @@ def test_connections_still_in_the_handshake_are_capped_and_later_ones_get_in():
         server.close()
 
 
-def _hub_process(key: bytes, size: int):
+def _hub_process(key: bytes, size: int, monkeypatch) -> tuple[dict, psutil.Process]:
+    """A hub shard in a process of its own, as an engine starts it: its endpoints and process."""
     from nbdist.core.coordinator import Plan
-    from nbdist.hub.launch import _ProcessHub
+    from nbdist.hub.launch import hub_process, start_hub
     from nbdist.hub.server import HubSpec
 
+    monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
     plan = Plan(num_workers=1, num_samples=10**9, epochs=1, batch_size=10, lr=0.1, has_validation=False)
-    return _ProcessHub(HubSpec("flood", key, 0, 1, plan, np.ones(size, np.float32), np.zeros(0, np.float32),
-                               idle_timeout=300))
+    endpoints = start_hub(HubSpec("flood", key, 0, 1, plan, np.ones(size, np.float32),
+                                  np.zeros(0, np.float32), idle_timeout=300))
+    return endpoints, psutil.Process(hub_process("flood", 0).pid)
 
 
-def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_while_a_worker_trains():
+def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_while_a_worker_trains(
+        monkeypatch):
     from nbdist.hub.client import HubControl, WorkerTransport
+    from nbdist.hub.launch import join_hub
 
     key, size = new_key(), 250_000  # a 1 MB slice: frames up to ~3 MB are accepted
-    hub = _hub_process(key, size)
-    proc = psutil.Process(hub.proc.pid)
-    transport = WorkerTransport(key, 0, [hub.endpoints], 0, transport="tcp", timeout=120)
-    tcp = hub.endpoints["tcp"]
+    endpoints, proc = _hub_process(key, size, monkeypatch)
+    transport = WorkerTransport(key, 0, [endpoints], 0, transport="tcp", timeout=120)
+    tcp = endpoints["tcp"]
     try:
         chunk = transport.hello()["chunks"][0][0]
         transport.grad[:] = np.float32(1e-3)
@@ -143,11 +147,11 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
         transport.bye()
     finally:
         transport.close()
-    control = HubControl(key, [hub.endpoints], name="probe")
+    control = HubControl(key, [endpoints], name="probe")
     dropped = control.stats()["dropped"]
     control.shutdown()
     control.close()
-    hub.join(30)
+    join_hub("flood", 0, 30)
     sent = {kind: f.stats for kind, f in zip(("pending", "multipart", "keyless", "garbage"), floods, strict=True)}
     print(f"flood: hub RSS +{(peak - base) / 2**20:.1f} MB over {base / 2**20:.0f} MB, {steps} worker steps, "
           f"hub counted {dropped}, attackers {sent}")

@@ -1,5 +1,6 @@
 """A hub shard in its own process: it serves the same protocol, and it always leaves."""
 
+import os
 import tempfile
 import uuid
 
@@ -27,8 +28,8 @@ def test_a_process_hub_answers_the_kernel_and_reports_its_summary_when_shut_down
     key = new_key()
     spec = _spec(key)
     endpoints = launch.start_hub(spec)
-    entry = launch._hubs[(spec.run_id, 0)]
-    assert isinstance(entry, launch._ProcessHub) and entry.proc.pid != 0
+    proc = launch.hub_process(spec.run_id, 0)
+    assert proc is not None and proc.pid != os.getpid()  # a process of its own
     assert launch.running_hubs() == [(spec.run_id, 0)]
     control = HubControl(key, [endpoints], timeout=20)
     try:
@@ -39,17 +40,17 @@ def test_a_process_hub_answers_the_kernel_and_reports_its_summary_when_shut_down
         control.close()
     summary = launch.join_hub(spec.run_id, 0, timeout=20)
     assert summary["shard"] == 0 and summary["error"] is None and summary["dropped"] == {}
-    assert launch.running_hubs() == [] and entry.proc.returncode == 0
+    assert launch.running_hubs() == [] and proc.returncode == 0
 
 
 def test_a_process_hub_that_nobody_stops_is_closed_by_join(monkeypatch):
     monkeypatch.setenv("NBDIST_HUB_PROCESS", "1")
     spec = _spec(new_key())
     launch.start_hub(spec)
-    entry = launch._hubs[(spec.run_id, 0)]
+    proc = launch.hub_process(spec.run_id, 0)
     summary = launch.join_hub(spec.run_id, 0, timeout=0.5)  # still serving: asked to close
     assert summary["shard"] == 0 and summary["error"] is None
-    assert entry.proc.returncode == 0
+    assert proc.returncode == 0
 
 
 def test_a_hub_that_cannot_start_says_so_and_leaves_no_process(monkeypatch):
@@ -86,7 +87,7 @@ def test_the_thread_hub_remains_available(monkeypatch):
     monkeypatch.setenv("NBDIST_HUB_PROCESS", "0")
     spec = _spec(new_key())
     launch.start_hub(spec)
-    assert isinstance(launch._hubs[(spec.run_id, 0)], launch._ThreadHub)
+    assert launch.running_hubs() == [(spec.run_id, 0)] and launch.hub_process(spec.run_id, 0) is None
     assert launch.join_hub(spec.run_id, 0, timeout=0.2)["error"] is None
 
 
@@ -117,9 +118,9 @@ def test_a_killed_hub_process_leaves_no_socket_files_once_joined(monkeypatch):
     endpoints = launch.start_hub(spec)
     files = [endpoints["ipc"].removeprefix("ipc://")] + ([endpoints["local"]] if "local" in endpoints else [])
     assert all(os.path.exists(f) for f in files)
-    entry = launch._hubs[(spec.run_id, 0)]
-    entry.proc.kill()  # SIGKILL: the hub unlinks nothing itself
-    entry.proc.wait()
+    proc = launch.hub_process(spec.run_id, 0)
+    proc.kill()  # SIGKILL: the hub unlinks nothing itself
+    proc.wait()
     assert all(os.path.exists(f) for f in files)
     summary = launch.join_hub(spec.run_id, 0, timeout=0.5)
     assert "without a summary" in summary["error"]

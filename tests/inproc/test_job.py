@@ -8,8 +8,6 @@ from nbdist.config import TrainConfig
 from tests.helpers import SYNTHETIC_CELL, prepared
 
 
-
-
 def test_the_job_holds_what_the_kernel_decided_and_the_plan_once_the_workers_are_known():
     config = TrainConfig(mode="local", epochs=2, batch_size=50, lr=0.05)
     job = prepared(SYNTHETIC_CELL, config)

@@ -5,7 +5,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import NoClusterError, TrainingError
-from tests.helpers import SYNTHETIC_CELL, wait_for
+from tests.helpers import SYNTHETIC_CELL, event_names, global_step, wait_paused
 
 
 @pytest.mark.slow  # three epochs
@@ -19,6 +19,7 @@ def test_local_run_trains_and_writes_weights_into_the_callers_model():
     assert history["loss"].dropna().iloc[-20:].mean() < history["loss"].dropna().iloc[:20].mean()
     assert ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1] > 0.9
     assert run.nodes.loc[0, "samples"] == 3 * 900  # every training sample once per epoch
+    assert run.worker_results == {0: {"worker": 0, "steps": 3 * 29, "shard_passes": None}}
 
 
 def test_two_shards_give_the_same_weights_as_one():
@@ -39,6 +40,12 @@ def test_a_local_run_listens_on_loopback_only():
     endpoints = [line.endpoint for line in run.state.control.lines]  # the hub shards' sockets
     assert len(endpoints) == 2 and all(ep["tcp"].startswith("tcp://127.0.0.1:") for ep in endpoints)
     assert all(ep["ipc"].startswith("ipc://") for ep in endpoints)
+
+
+def test_a_local_run_needs_no_cluster_so_its_cell_runs():
+    """(async and sync refuse before the cell runs: tests/unit/test_modes.py)"""
+    with pytest.raises(RuntimeError, match="the cell ran"):
+        nbdist.train("raise RuntimeError('the cell ran')", mode="local")
 
 
 def test_async_without_a_cluster_says_how_to_start_one():
@@ -70,10 +77,23 @@ def test_report_is_one_offline_html_file_with_every_panel(tmp_path):
 
 
 def test_leaving_a_with_block_on_an_error_stops_the_run():
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", pause_at=0)  # cannot end alone
     with pytest.raises(KeyboardInterrupt), run:
         raise KeyboardInterrupt  # e.g. Ctrl-C while a script waits
     assert run.done() and run.status == "stopped"
+
+
+def test_pause_at_holds_the_run_at_that_step_until_it_is_resumed():
+    """--pause-at 10 with one worker: the reply to its tenth push pauses it, so exactly ten
+    steps are trained however fast the machine is; resume() trains the rest of the epoch."""
+    run = wait_paused(nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", batch_size=32,
+                                   pause_at=10, no_validation=True))
+    assert global_step(run) == 10 and run.nodes.loc[0, "samples"] == 10 * 32
+    assert event_names(run) == ["pause"] and run.events["reason"].iloc[0] == "--pause-at"
+    run.resume()
+    run.wait(timeout=120)
+    assert run.status == "finished" and run.nodes.loc[0, "samples"] == 900
+    assert event_names(run) == ["pause", "resume", "epoch_end"]
 
 
 SCHEDULED_CELL = SYNTHETIC_CELL.replace(
@@ -84,10 +104,9 @@ SCHEDULED_CELL = SYNTHETIC_CELL.replace(
 @pytest.mark.parametrize("local_steps", [1, 2])
 def test_set_lr_over_a_schedule_replaces_it_and_says_so(local_steps):
     """On the hub (local_steps 1) and on the workers' own optimizer (local_steps 2)."""
-    run = nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", epochs=20, batch_size=8,
-                       local_steps=local_steps)
-    wait_for(lambda: len(run.history) >= 5 or run.done(), 60, what="five pushes")
-    assert not run.done(), "the run ended before five pushes were seen: make it longer"
+    run = wait_paused(nbdist.train(SCHEDULED_CELL, namespace={}, mode="local", batch_size=8,
+                                   local_steps=local_steps, pause_at=5))
+    assert len(run.history) == 5
     if local_steps == 1:
         assert 0.0 < run.lr <= 0.01  # the schedule's value at the hub's step
     run.set_lr(0.0123)

@@ -60,6 +60,12 @@ def _shown(ip, cell: str, capsys) -> tuple[object, str]:
     ("%nbdist start", r"%nbdist start needs a number of engines >= 1 \(Received: None\)"),
     ("%nbdist begin 3", "argument action: invalid choice: 'begin'"),
     ("%nbdist start 2 --launcher pbs", "argument --launcher: invalid choice: 'pbs'"),
+    ("%nbdist connect 3", r"%nbdist connect takes no N \(Received: 3\)\. It takes --profile, "
+                          "--cluster-id, --encrypt"),
+    ("%nbdist start 2 --cluster-id lab", r"%nbdist start takes no --cluster-id \(Received: "
+                                         r"--cluster-id lab\)"),
+    ("%nbdist status --encrypt", r"%nbdist status takes no --encrypt .* It takes nothing more"),
+    ("%nbdist stop --launcher mpi", r"%nbdist stop takes no --launcher \(Received: --launcher mpi\)"),
 ])
 def test_misuse_is_one_line_without_a_traceback(ip, capsys, cell, message):
     error, shown = _shown(ip, cell, capsys)

@@ -67,7 +67,7 @@ def test_a_stage_drops_and_counts_what_fails_the_limits_the_mac_or_the_checks(st
     attacker.send(_signed(key, {"op": "ack", "src": "stage-0", "slot": [0]}))  # an ack of no slot
     expected = {"bad signature": 1, "truncated message": 1, "oversized message": 2, "replayed message": 1,
                 "malformed header": 4, "wrong run": 1, "stale ack": 1}
-    wait_for(lambda: (b._drain(), sum(b.dropped.values()) >= sum(expected.values()))[1], 30,
+    wait_for(lambda: (b.drain(), sum(b.dropped.values()) >= sum(expected.values()))[1], 30,
              what=lambda: f"the drops (counted: {dict(b.dropped)})")
     assert dict(b.dropped) == expected
     np.testing.assert_array_equal(b.buffer.pop(("F", 1, 0))[1][0], x)  # the one genuine message
@@ -96,5 +96,4 @@ def test_the_kernel_drops_and_counts_bad_reports_and_the_stages_keep_reporting(s
         assert info["kernel_dropped"] == {"bad signature": 1, "oversized message": 1, "malformed report": 1}
         assert info["dropped"] == [{"bad signature": 2}, {}] and info["messages"][0] == {"shm": 0, "tcp": 1}
     finally:
-        control._closing.set()
-        control._thread.join(2)
+        control.close()  # (its link, the kernel's, is the fixture's: closed twice, harmlessly)

@@ -184,7 +184,7 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
             assert n.dtype == np.int32 and n.tolist() == [i] and ("shm" in h) == (i < 2)
         x[:] = -1  # the receiver holds copies, not views of the slots
         assert b.buffer == {} and got[0, 0] == 2
-        wait_for(lambda: (a._drain(), box.busy() == 0)[1], timeout=10)  # the acks free both slots
+        wait_for(lambda: (a.drain(), box.busy() == 0)[1], timeout=10)  # the acks free both slots
         big = np.ones((300, 64), np.float32)  # larger than a slot, none in flight: a bigger segment
         a.send("stage-1", {"op": "E", "step": 1, "mb": 0}, [big])
         grown = a.outboxes["stage-1"]
@@ -239,7 +239,7 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
         kernel.broadcast("stop")
         wait_for(lambda: (b.check_control(), b.stop_requested)[1], timeout=10)
         time.sleep(0.5)  # every chance for the intruders' message to arrive
-        b._drain()  # noqa: SLF001
+        b.drain()
         assert b.buffer == {}  # step 9 never came in
     finally:
         for sock in intruders:

@@ -10,14 +10,14 @@ import pytest
 import nbdist
 from nbdist.engine.flatmodel import read_flat
 from nbdist.errors import TrainingError
-from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
+from tests.helpers import SYNTHETIC_CELL, wait_for, wait_paused
 
 SEEDED_CELL = SYNTHETIC_CELL.replace("import keras\n",
                                      "import keras\nkeras.utils.set_random_seed(7)\n")
 
 
 def test_cancel_stops_the_run_and_a_done_callback_runs_once_from_the_monitor_thread():
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=500, batch_size=8)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", pause_at=0)  # ends if stopped
     seen = []
     run.add_done_callback(
         lambda r: seen.append((threading.current_thread().name, r.done(), r.status)))
@@ -42,12 +42,9 @@ def test_a_failed_run_gives_its_error_to_result_and_exception():
 
 
 def paused_weights(run) -> tuple:
-    """Pause `run` once it has trained, wait until every worker holds (its step in flight has
-    landed: nothing changes the weights from then on), and read the current weights twice."""
-    wait_for(lambda: global_step(run) >= 20, 120, what="20 steps")
-    run.pause()
-    wait_for(lambda: run.status == "paused" and set(run.nodes["state"]) == {"paused"}, 60,
-             what="every worker paused")
+    """Once `run` (pause_at=20) has paused itself and every worker holds (its step in flight has
+    landed: nothing changes the weights from then on), read the current weights twice."""
+    wait_paused(run)
     state = run.state
     first = state.backend.current_weights(state.control)
     return first, state.backend.current_weights(state.control)
@@ -60,8 +57,8 @@ def test_current_weights_are_the_trained_ones_while_it_trains_and_the_final_ones
     initial = read_flat(start["model"])[0]
     ns = {}
     workers = 2 if mode == "simulate" else None
-    run = nbdist.train(SEEDED_CELL, namespace=ns, mode=mode, workers=workers, epochs=200,
-                       batch_size=8)
+    run = nbdist.train(SEEDED_CELL, namespace=ns, mode=mode, workers=workers, batch_size=8,
+                       pause_at=20)
     (params, non_trainable), (again, _) = paused_weights(run)
     assert params.shape == initial.shape and params.dtype == np.float32 and non_trainable.size == 0
     assert not np.array_equal(params, initial)  # trained

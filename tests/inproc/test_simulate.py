@@ -5,7 +5,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import TrainingError
-from tests.helpers import SYNTHETIC_CELL, wait_for
+from tests.helpers import SYNTHETIC_CELL, wait_paused
 
 STEP = 0.001 + 32 * 2e-5  # the default cost of a batch of 32, in virtual seconds
 
@@ -118,12 +118,12 @@ def test_the_magic_runs_a_simulation(ip):
 
 def test_stop_ends_a_long_simulation_early_with_the_weights_so_far():
     ns = {}
-    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="simulate", workers=3, epochs=300, batch_size=8)
-    wait_for(lambda: not run.history.empty, 60)  # the Run polls every 0.25 s
+    run = wait_paused(nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="simulate", workers=3,
+                                   epochs=3, batch_size=8, pause_at=10))
     run.stop()
     run.wait(120)
     assert run.status == "stopped"
-    assert 0 < run.nodes["samples"].sum() < 300 * 900
+    assert 10 * 8 <= run.nodes["samples"].sum() < 3 * 900
     assert "stop" in set(run.events["event"])
 
 

@@ -13,9 +13,10 @@ from nbdist.errors import TrainingError
 from tests.helpers import SYNTHETIC_CELL, global_step
 
 
-def long_run():
-    """Ends only when stopped: the test decides when, not the machine's speed."""
-    return nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=100_000, batch_size=8)
+def run_pausing_at(step: int):
+    """A run that pauses itself at `step` (of 113): it cannot end before the test stops it,
+    whatever the machine's speed."""
+    return nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", batch_size=8, pause_at=step)
 
 
 def test_there_is_no_shell_inbox_outside_a_kernel():
@@ -23,15 +24,21 @@ def test_there_is_no_shell_inbox_outside_a_kernel():
 
 
 def test_on_tick_runs_on_every_pass_and_once_after_the_end():
-    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1, batch_size=32)
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", batch_size=32, pause_at=0)
     seen = []
-    assert wait_live(run, on_tick=lambda: seen.append(run.done())) is run
+
+    def on_tick():
+        seen.append(run.done())
+        if len(seen) == 1:  # the run waits, paused, for the first tick
+            run.resume()
+
+    assert wait_live(run, on_tick=on_tick) is run
     assert run.status == "finished"
-    assert seen[-1] is True and seen.count(False) >= 1  # called while it trained, and after
+    assert seen[0] is False and seen[-1] is True  # called while it trained, and after
 
 
 def test_until_returns_with_the_run_still_training():
-    run = long_run()
+    run = run_pausing_at(20)
     with run:
         wait_live(run, until=lambda: global_step(run) >= 20)
         assert not run.done() and global_step(run) >= 20
@@ -40,7 +47,7 @@ def test_until_returns_with_the_run_still_training():
 
 @pytest.mark.parametrize("error", [KeyboardInterrupt, ZeroDivisionError])
 def test_ctrl_c_or_an_error_in_on_tick_stops_the_run_and_propagates(error):
-    run = long_run()
+    run = run_pausing_at(10)
 
     def on_tick():
         if global_step(run) >= 10:

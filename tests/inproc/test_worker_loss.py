@@ -102,9 +102,9 @@ def test_ssp_stops_waiting_for_a_lost_worker_and_a_rejoin_starts_at_the_slowest_
 
 def test_group_members_lost_are_not_waited_for():
     c = started(plan(algorithm="group", groups=1))
-    assert c._group_now(0) == [0, 1]
+    assert c.reply_for(0, True)["group"] == [0, 1]
     c.lose(1, now=1.0, reason="silent")
-    assert c._group_now(0) == [0]
+    assert c.reply_for(0, True)["group"] == [0]
 
 
 # -- a real hub on a clock the test moves: no waiting for deadlines -----------------------------
@@ -180,7 +180,6 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(stal
             rb = b.step({"chunks": [cid], "loss": 0.0, "compute_s": 0.001}, push=True, pull=True)
             applied.append(cid)
         assert rb["chunks"]  # it holds a chunk it will never push
-        t0 = time.monotonic()
         outcome = {}
 
         def survivor():
@@ -192,8 +191,9 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(stal
         trainer = threading.Thread(target=survivor, daemon=True)
         trainer.start()
         if staleness is not None:  # a is held until b is written off: move time past b's deadline
-            while control.stats()["nodes"][0]["state"] != "blocked":
-                assert trainer.is_alive() and time.monotonic() - t0 < 15, outcome
+            wait_for(lambda: control.stats()["nodes"][0]["state"] == "blocked"
+                     or not trainer.is_alive(), 15, what="the survivor held by SSP")
+            assert trainer.is_alive(), outcome
             assert control.stats()["lost"] == []  # held, not yet released
             clock.advance(LOST_FLOOR_S + 1.0)
         trainer.join(20)
@@ -205,7 +205,6 @@ def test_hub_writes_off_a_silent_worker_and_the_survivor_finishes_the_epoch(stal
         assert len(lost) == 1 and lost[0]["worker"] == 1 and lost[0]["silent_s"] > LOST_FLOOR_S
         if staleness is None:  # found within a check interval (0.5 s) and a tick of its deadline
             assert lost[0]["silent_s"] <= LOST_FLOOR_S + 0.5 + 2 * TICK_S
-        assert time.monotonic() - t0 < 15
         assert snap["epoch_samples"] == [80] and sorted(applied) == list(range(20))
         assert sum(n["samples"] for n in snap["nodes"]) == 80
         params, _ = control.params()  # each chunk's gradient applied exactly once

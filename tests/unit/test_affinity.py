@@ -1,5 +1,4 @@
 import os
-import threading
 
 import pytest
 
@@ -50,34 +49,6 @@ def test_pin_option_is_checked():
         TrainConfig(pin="on")
 
 
-@pytest.mark.skipif(not hasattr(os, "sched_setaffinity") or len(os.sched_getaffinity(0)) < 2,
-                    reason="needs sched_setaffinity and two cores")
-def test_pin_process_reaches_every_thread_and_unpin_restores_them():
-    before = os.sched_getaffinity(0)
-    ready, stop, seen = threading.Event(), threading.Event(), {}
-
-    def other():  # started before the pin: it must be pinned too
-        ready.set()
-        stop.wait(10)
-        seen["pinned"] = os.sched_getaffinity(0)
-
-    thread = threading.Thread(target=other)
-    thread.start()
-    ready.wait(10)
-    core = min(before)
-    try:
-        assert affinity.pin_process((core,))
-        assert os.sched_getaffinity(0) == {core}
-    finally:
-        stop.set()
-        thread.join(10)
-        affinity.unpin_process()
-    assert seen["pinned"] == {core}
-    assert os.sched_getaffinity(0) == before
-    assert not affinity.pin_process((max(before) + 1000,))  # a core it may not use: nothing changes
-    assert os.sched_getaffinity(0) == before
-
-
 def test_workers_get_the_threads_the_hubs_leave():
     from nbdist.cluster.affinity import worker_threads
 
@@ -123,7 +94,7 @@ def test_threads_and_polling_follow_each_host_s_cores_not_this_kernel_s():
               3: HostNet("small", "small:b", "10.0.0.2", cores=(5,))}
     b.cores = affinity.cores_per_host((b.hosts[e], n.cores) for e, n in b.nets.items())
     assert [b.host_cores(e) for e in range(4)] == [16, 16, 1, 1]
-    assert (b._threads(1, 1), b._threads(3, 1)) == (15, 1)  # noqa: SLF001
-    assert [b._spin(e, 0.005) for e in range(4)] == [0.005, 0.005, 0.0, 0.0]  # noqa: SLF001
+    assert (b.threads_for(1, 1), b.threads_for(3, 1)) == (15, 1)
+    assert [b.spin_for(e, 0.005) for e in range(4)] == [0.005, 0.005, 0.0, 0.0]
     b.cores = {}  # engines that could not tell: this kernel's count
     assert b.host_cores(0) == (os.cpu_count() or 1)

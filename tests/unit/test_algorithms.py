@@ -1,4 +1,4 @@
-"""Update rules on exact, hand-computed numbers, and the properties in ALGORITHMS.md.
+"""Update rules on exact, hand-computed numbers, and the properties in docs/rules.md.
 
 Most cases use w = [1, 2], g = [0.5, -1] and rates that are powers of two, so float32 is
 exact and the expected values in the comments are the arithmetic done by hand.

@@ -1,5 +1,5 @@
 """Update rules that wait for, average or exchange pushes (softsync, SSP, group sync,
-EASGD), and the rule registry, on exact hand-computed numbers and ALGORITHMS.md's properties.
+EASGD), and the rule registry, on exact hand-computed numbers and docs/rules.md's properties.
 The same conventions as test_algorithms.py: w = [1, 2], g = [0.5, -1], powers-of-two rates."""
 
 from __future__ import annotations

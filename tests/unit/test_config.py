@@ -21,7 +21,8 @@ def test_unknown_mode_lists_the_valid_ones():
 
 
 @pytest.mark.parametrize("field,value", [("workers", 0), ("batch_size", 0), ("epochs", -1),
-                                         ("servers", 0), ("batch_size", 2.5), ("epochs", True)])
+                                         ("servers", 0), ("batch_size", 2.5), ("epochs", True),
+                                         ("pause_at", -1)])
 def test_counts_must_be_positive_whole_numbers(field, value):
     with pytest.raises(ConfigError, match="whole number"):
         TrainConfig(**{field: value})

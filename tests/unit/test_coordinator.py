@@ -28,6 +28,33 @@ def test_paused_worker_keeps_its_chunk_but_is_not_shown_it():
     assert c.work_for(0, True, 0)["chunks"] == [[0, 0, 0, 4]]
 
 
+def test_pause_at_step_n_pauses_in_the_reply_to_the_nth_push_until_resumed():
+    """--pause-at 3: the reply to the third push already holds the work back; one pause event
+    at step 3; resume() goes on, and the step count passing 3 again later pauses nothing."""
+    c = running(plan(num_samples=40, has_validation=False, pause_at=3))
+    for _ in range(2):
+        train_one(c, 0)
+    assert not c.paused and c.work_for(0, True, 0)["chunks"] != []
+    c.push(0, {"chunks": [c.assigned[0][0].id]}, delay=0, now=2.0)  # the third push
+    assert c.paused and c.work_for(0, True, 0)["chunks"] == [] and c.snapshot(0)["paused"]
+    (event,) = [e for e in c.stats.events if e["event"] == "pause"]
+    assert (event["step"], event["reason"], event["time"]) == (3, "--pause-at", 2.0)
+    c.control({"paused": False}, now=3.0)
+    for _ in range(3):
+        train_one(c, 1)
+    assert not c.paused and c.steps_counted == 6
+
+
+def test_pause_at_0_starts_paused_and_a_sync_rank_s_reports_count_as_steps():
+    c = running(plan(pause_at=0))
+    assert c.paused and c.work_for(0, True, 0)["chunks"] == []
+    assert [(e["event"], e["step"]) for e in c.stats.events] == [("pause", 0)]
+    sync = running(plan(pause_at=2, lr_owner="workers", silence_is_loss=False))
+    for rank in (0, 1):
+        control = sync.report(rank, {"batch": 1, "samples": 4, "epoch": 0.5}, now=1.0)
+    assert control["paused"] and sync.stats.global_step == 2
+
+
 def test_epoch_end_queues_an_eval_that_goes_back_if_its_worker_leaves():
     c = Coordinator(plan())
     c.hello(0, "h", 0), c.hello(1, "h", 1)
@@ -153,10 +180,10 @@ def test_ssp_does_not_hold_the_others_back_for_a_newcomer_and_counts_it_from_the
 
 def test_an_added_worker_is_alone_in_its_group_until_the_next_regroup():
     c = running(plan(algorithm="group", groups=1, num_samples=400, has_validation=False))
-    assert c._group_now(0) == [0, 1]
+    assert c.reply_for(0, True)["group"] == [0, 1]
     c.add_worker(2, now=1.0)
     c.hello(2, "h", 2)
-    assert c._group_now(2) == [2] and c._group_now(0) == [0, 1]
+    assert c.reply_for(2, True)["group"] == [2] and c.reply_for(0, True)["group"] == [0, 1]
     for w in range(3):
         train_one(c, w)
     c.regroup(now=2.0)

@@ -1,84 +1,9 @@
-"""The courier's hand-off: one exchange at a time, on its own thread, errors back on the caller's."""
+"""Which way an overlapped exchange goes: the courier only over TCP, and the chooser that
+times both ways (the courier's own thread: tests/inproc/test_courier_thread.py)."""
 
 from __future__ import annotations
 
-import threading
-import time
-
-import pytest
-
-from nbdist.errors import TrainingError
-from nbdist.modes.common.courier import Courier, WayChooser, wanted
-
-
-class RecordingTransport:
-    """Stands in for WorkerTransport: records which thread made each call, in order."""
-
-    def __init__(self, fail: BaseException | None = None, delay_s: float = 0.0):
-        self.calls: list[tuple[str, str]] = []
-        self.fail, self.delay_s = fail, delay_s
-
-    def send_step(self, header, push, pull, shared=None):
-        assert push and pull
-        self.calls.append(("send", threading.current_thread().name))
-        self.header, self.shared = header, shared
-
-    def receive_step(self, push, pull):
-        time.sleep(self.delay_s)
-        self.calls.append(("receive", threading.current_thread().name))
-        if self.fail is not None:
-            raise self.fail
-        return {"re": self.header["n"]}
-
-
-def test_the_exchange_runs_on_the_courier_s_thread_and_its_reply_comes_back():
-    transport = RecordingTransport()
-    courier = Courier(transport)
-    try:
-        for n in range(3):
-            sent_at = time.perf_counter()
-            courier.send({"n": n}, {"group": 1})
-            reply, replied_at = courier.receive()
-            assert reply == {"re": n} and replied_at >= sent_at
-            assert transport.shared == {"group": 1}
-    finally:
-        courier.close()
-    assert transport.calls == [("send", "nbdist-courier"), ("receive", "nbdist-courier")] * 3
-    assert not courier._thread.is_alive()  # noqa: SLF001
-
-
-def test_an_error_in_the_exchange_is_raised_by_receive_and_the_courier_goes_on():
-    transport = RecordingTransport(fail=TrainingError("hub shard 0 did not answer within 1s"))
-    courier = Courier(transport)
-    try:
-        courier.send({"n": 1}, {})
-        with pytest.raises(TrainingError, match="did not answer"):
-            courier.receive()
-        transport.fail = None
-        courier.send({"n": 2}, {})
-        assert courier.receive()[0] == {"re": 2}
-    finally:
-        courier.close()
-
-
-def test_close_waits_for_an_exchange_in_flight_before_the_transport_can_close():
-    transport = RecordingTransport(delay_s=0.2)
-    courier = Courier(transport)
-    courier.send({"n": 1}, {})
-    courier.close()  # the worker failed mid-step: its sockets must be idle before they close
-    assert transport.calls[-1] == ("receive", "nbdist-courier")
-    assert not courier._thread.is_alive()  # noqa: SLF001
-
-
-def test_a_second_send_before_the_reply_is_refused():
-    courier = Courier(RecordingTransport(delay_s=0.05))
-    try:
-        courier.send({"n": 1}, {})
-        with pytest.raises(AssertionError, match="one exchange at a time"):
-            courier.send({"n": 2}, {})
-        courier.receive()
-    finally:
-        courier.close()
+from nbdist.modes.common.courier import WayChooser, wanted
 
 
 def test_the_courier_is_for_tcp_only_and_can_be_turned_off(monkeypatch):

@@ -18,17 +18,43 @@ from nbdist.run.handle import Run
 from tests.helpers import end
 
 
+class FakeCluster:
+    """What a backend asks of its cluster, without engines: hosts, networks, and for each
+    engine the task it runs (`tasks`: engine -> _Task, set by the test)."""
+
+    def __init__(self, nets: dict, ids: list[int]):
+        self.nets, self.tasks = nets, {}
+        self.client = FakeClient(ids, self.tasks)
+
+    def engine_hosts(self) -> dict:
+        return {e: net.hostname for e, net in self.nets.items()}
+
+    def engine_networks(self, engines) -> dict:
+        return {e: self.nets[e] for e in engines}
+
+    def kernel_network(self):
+        return self.nets[0]
+
+
+class FakeClient:
+    def __init__(self, ids, tasks):
+        self.ids, self.tasks = ids, tasks
+
+    def __getitem__(self, engine):
+        return SimpleNamespace(apply_async=lambda fn, spec: self.tasks.setdefault(engine, _Task()))
+
+
 def backend(stream=False, bound="127.0.0.1", hub_host="a"):
-    """A cluster backend of engines 0..3 as `ClusterBackend.__init__` leaves it: hub on 0,
-    worker 0 on engine 1 (engines 2 and 3 free), without asking real engines."""
-    b = ClusterBackend.__new__(ClusterBackend)
-    b.cluster = SimpleNamespace(client=SimpleNamespace(ids=[0, 1, 2, 3]))
-    b.roles = Roles((0,), (1,), {1: 0})
-    b.worker_engines, b.seen_engines = [1], {0, 1, 2}
-    b._base = SimpleNamespace(stream=stream)
+    """A cluster backend of engines 0..2 on host a (and `hub_host` for the hub's engine 0):
+    hub on 0, worker 0 on engine 1, engine 2 free; engine 3 joins the cluster later."""
     routes = (Route("198.18.0.0", 24, "eth0"),)
-    b.nets = {0: HostNet(hub_host, f"{hub_host}:boot", "198.18.0.13", routes, {"eth0": [("198.18.0.13", 24)]})}
-    b.bind_hosts = {0: bound}
+    nets = {0: HostNet(hub_host, f"{hub_host}:boot", "198.18.0.13", routes, {"eth0": [("198.18.0.13", 24)]}),
+            **{e: HostNet("a", "a:boot", "127.0.0.1") for e in (1, 2, 3)}}
+    b = ClusterBackend(FakeCluster(nets, [0, 1, 2]), 1, 1)
+    assert b.roles == Roles((0,), (1,), {1: 0})
+    b.cluster.client.ids.append(3)
+    b.worker_base = SimpleNamespace(stream=stream)  # as start_workers leaves it
+    b.bind_hosts = {0: bound}  # the address the hub bound (chosen from the run's first hosts)
     return b
 
 
@@ -39,31 +65,31 @@ def backend(stream=False, bound="127.0.0.1", hub_host="a"):
 ])
 def test_unknown_engines_are_refused_naming_the_cluster_s_engines(engines, match):
     with pytest.raises(ClusterError, match=match):
-        backend()._check_new(engines)
+        backend().check_new_engines(engines)
 
 
 def test_engines_already_in_the_run_are_refused_naming_their_role_and_the_free_ones():
     with pytest.raises(ClusterError, match=r"engine 0 \(a hub shard\), engine 1 \(worker 0\)\)\. "
                                            r"Free engines of the cluster: \[2, 3\]"):
-        backend()._check_new([0, 1])
+        backend().check_new_engines([0, 1])
     with pytest.raises(ClusterError, match="an engine named twice"):
-        backend()._check_new([2, 2])
-    assert backend()._check_new([3, 2]) == [3, 2]
+        backend().check_new_engines([2, 2])
+    assert backend().check_new_engines([3, 2]) == [3, 2]
 
 
 def test_a_streamed_data_set_cannot_take_a_new_worker():
     with pytest.raises(ConfigError, match="streams its data set.*--in-memory-limit"):
-        backend(stream=True)._check_new([2])
+        backend(stream=True).check_new_engines([2])
 
 
 def test_a_hub_on_loopback_or_another_route_refuses_an_engine_of_another_host():
     here = HostNet("a", "a:boot", "127.0.0.1")
     elsewhere = HostNet("b", "b:boot", "198.18.0.12")
-    backend()._check_reach({2: here})  # same host: loopback reaches it
+    backend().check_reach({2: here})  # same host: loopback reaches it
     with pytest.raises(UnreachableHostError, match=r"Engine 2 \(host b, 198.18.0.12\) cannot reach the "
                                                    r"hub on engine 0, which listens on 127.0.0.1.*on host a\."):
-        backend()._check_reach({2: elsewhere})
-    backend(bound="198.18.0.13")._check_reach({2: elsewhere})  # bound towards that network
+        backend().check_reach({2: elsewhere})
+    backend(bound="198.18.0.13").check_reach({2: elsewhere})  # bound towards that network
 
 
 def test_joined_engines_are_those_not_seen_and_each_is_reported_once():
@@ -132,11 +158,14 @@ class _Task:
 
 
 def test_an_added_worker_that_fails_is_written_off_but_a_first_worker_fails_the_run():
+    from nbdist.modes.common.worker import WorkerSpec
+
     b = backend()
-    b.worker_engines = [1, 2]
-    b.lost, b._reported, b._tasks = {}, set(), {0: _Task(), 1: _Task(ImportError("no module foo"))}
+    b.start_workers(WorkerSpec("r", bytes(32), 0, [], {}, "model", ("x", "y"), None, 0, 10, 1))
+    b.cluster.tasks[2] = _Task(ImportError("no module foo"))  # what engine 2 will run: a failure
+    assert b.add_workers([2], announce=lambda worker, engine: None) == [1]
     assert b.failure() is None  # worker 1 was added mid-run: written off, the run goes on
     (lost,) = b.newly_lost()
-    assert lost[0] == 1 and "ImportError on engine 2: no module foo" in lost[1] and b.newly_lost() == []
-    b._tasks[0] = _Task(ValueError("bad cell"))
-    assert "ValueError on engine 1: bad cell" in str(b.failure())
+    assert lost[0] == 1 and "ImportError on engine 2 (a): no module foo" in lost[1] and b.newly_lost() == []
+    b.cluster.tasks[1].error = ValueError("bad cell")  # worker 0, on engine 1
+    assert "ValueError on engine 1 (a): bad cell" in str(b.failure())

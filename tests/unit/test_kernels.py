@@ -159,7 +159,7 @@ def test_a_kernel_that_does_not_import_falls_back_to_numpy_with_a_warning(monkey
     monkeypatch.delenv("NBDIST_KERNELS", raising=False)
     monkeypatch.setitem(sys.modules, "nbdist._kernels", None)  # import raises ImportError
     with caplog.at_level(logging.WARNING, logger="nbdist.algorithms.kernels"):
-        module, name = kernels._load()
+        module, name = kernels._load()  # noqa: SLF001 - the loader, which runs once at import
     assert module is None and name == "numpy (the compiled kernel did not load)"
     assert "Reinstall nbdist" in caplog.text and "NBDIST_KERNELS=0" in caplog.text
 

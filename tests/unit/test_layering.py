@@ -99,7 +99,7 @@ def test_the_protocol_lists_what_the_starts_and_the_run_use():
     methods = {n for n, v in vars(Backend).items() if callable(v) and not n.startswith("_")}
     assert methods >= {"start_hubs", "start_workers", "hub_places", "current_weights", "failure",
                        "newly_lost", "workers_running", "final_params", "checkpoint_state",
-                       "add_workers", "joined_engines", "finish", "written_off"}
+                       "add_workers", "joined_engines", "finish", "written_off", "worker_results"}
     assert set(Backend.__annotations__) == {"num_workers", "cluster"}
 
 
@@ -159,3 +159,19 @@ def test_the_shared_hub_specs_slice_the_parameters_and_keep_state_on_shard_0():
     assert [s.params.tolist() for s in specs] == [[0.0, 1.0], [2.0, 3.0, 4.0]]
     assert [s.offset for s in specs] == [0, 2] and [s.shard for s in specs] == [0, 1]
     assert specs[0].non_trainable.tolist() == [1.0, 1.0, 1.0] and specs[1].non_trainable.size == 0
+
+
+def test_worker_results_are_the_values_of_the_tasks_that_returned():
+    from types import SimpleNamespace
+
+    from nbdist.config import TrainConfig
+    from nbdist.run.backend import returned
+    from nbdist.run.handle import Run
+
+    def task(value=None, ready=True, ok=True):
+        return SimpleNamespace(ready=lambda: ready, successful=lambda: ok, get=lambda timeout: value)
+
+    tasks = {0: task({"steps": 3}), 1: task(ready=False), 2: task(ok=False), 3: task({"steps": 4})}
+    assert returned(tasks) == {0: {"steps": 3}, 3: {"steps": 4}}  # running and failed left out
+    assert returned([task("a"), task(ready=False)]) == {0: "a"}  # a list: ids are its indices
+    assert Run(TrainConfig(), model=None, model_name="model").worker_results == {}  # not begun

@@ -8,7 +8,8 @@ def test_small_frames_leave_malloc_alone_and_the_switch_turns_it_off(monkeypatch
     assert memory.reuse_large_buffers(memory.LARGE_FRAME_BYTES - 1) is False
     monkeypatch.setenv("NBDIST_MALLOPT", "0")
     assert memory.reuse_large_buffers(40 << 20) is False
-    assert memory._done == 0  # noqa: SLF001
+    monkeypatch.delenv("NBDIST_MALLOPT")
+    assert memory.reuse_large_buffers(40 << 20) is True  # nothing was set before: it sets it now
 
 
 def test_a_large_frame_sets_it_once(monkeypatch):

@@ -25,6 +25,7 @@ def test_defaults_and_flags():
     (dict(algorithm="dc-asgd"), r"--algorithm does not apply to it. Drop it, or use --mode async"),
     (dict(servers=2, overlap=True), r"--servers, --overlap does not apply"),
     (dict(workers=2), r"--workers does not apply"),
+    (dict(pause_at=0), r"--pause-at does not apply"),  # a pipeline has no pause
 ])
 def test_refusals(options, message):
     with pytest.raises(ConfigError, match=message):

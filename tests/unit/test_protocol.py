@@ -137,8 +137,10 @@ def test_key_of_the_wrong_length_is_refused():
 def test_restarted_sender_is_a_new_sender():
     key = new_key()
     hub = Codec(key, "hub", "r")
-    hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))
-    hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))  # seq 1 again, new process
+    first = hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))
+    again = hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))  # a new process
+    assert first.header["seq"] == again.header["seq"] == 1  # taken, not refused as a replay
+    assert first.header["from"] != again.header["from"]  # each process names itself apart
 
 
 @pytest.mark.parametrize("size,shards", [(100, 1), (100, 2), (1000, 3), (5, 2), (10_000_001, 4)])

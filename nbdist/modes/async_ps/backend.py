@@ -55,7 +55,7 @@ class ClusterBackend(EngineBackend, Backend):
         peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
         self.bind_hosts = {s: hub_address(self.nets[s], peers) for s in self.roles.servers}
         self.seen_engines = set(cluster.client.ids)  # --elastic adds only engines that join later
-        self._base: WorkerSpec | None = None
+        self.worker_base: WorkerSpec | None = None  # what every worker shares (start_workers)
         self._adding = threading.Lock()
         self._run_id = ""
 
@@ -68,9 +68,9 @@ class ClusterBackend(EngineBackend, Backend):
         for e in self.roles.servers:  # the hub's process inherits its engine's cores
             client[e].apply_sync(pin_hub_engine, self._place(e, self.roles.servers))
         pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e], encrypt=encrypt,
-                                                            spin_s=self._spin(e, HUB_SPIN_S)))
+                                                            spin_s=self.spin_for(e, HUB_SPIN_S)))
                    for e, s in zip(self.roles.servers, specs, strict=True)]
-        endpoints = [get_started(ar, e, "starting a hub shard")
+        endpoints = [get_started(ar, e, "starting a hub shard", self.hosts.get(e))
                      for e, ar in zip(self.roles.servers, pending, strict=True)]
         for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
             address, port = ep["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
@@ -78,14 +78,14 @@ class ClusterBackend(EngineBackend, Backend):
         return endpoints
 
     def start_workers(self, base: WorkerSpec) -> None:
-        self._base = base
+        self.worker_base = base
         per_host = {}
         for e in self.roles.workers:
             per_host[self.hosts[e]] = per_host.get(self.hosts[e], 0) + 1
         for i, e in enumerate(self.roles.workers):
             spec = replace(base, worker=i, engine=e, local_rank=self.roles.local_rank[e],
-                           threads=self._threads(e, per_host[self.hosts[e]]),
-                           pin=self._place(e, self.roles.workers), spin_s=self._spin(e, WORKER_SPIN_S))
+                           threads=self.threads_for(e, per_host[self.hosts[e]]),
+                           pin=self._place(e, self.roles.workers), spin_s=self.spin_for(e, WORKER_SPIN_S))
             self._launch(i, e, run_worker, spec)
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
@@ -96,9 +96,9 @@ class ClusterBackend(EngineBackend, Backend):
         in the cluster or already in this run, a streamed data set, a host the hubs do not
         listen towards. Returns the new worker ids."""
         with self._adding:
-            engines = self._check_new(engines)
+            engines = self.check_new_engines(engines)
             nets = self.cluster.engine_networks(engines)
-            self._check_reach(nets)
+            self.check_reach(nets)
             added = []
             for e in engines:
                 worker, host = len(self.worker_engines), nets[e].hostname
@@ -108,8 +108,8 @@ class ClusterBackend(EngineBackend, Backend):
                 self.worker_engines.append(e)
                 self.seen_engines.add(e)
                 here = sum(self.hosts[w] == host for w in self.worker_engines)
-                spec = replace(self._base, worker=worker, engine=e, local_rank=here - 1,
-                               threads=self._threads(e, here), spin_s=self._spin(e, WORKER_SPIN_S))
+                spec = replace(self.worker_base, worker=worker, engine=e, local_rank=here - 1,
+                               threads=self.threads_for(e, here), spin_s=self.spin_for(e, WORKER_SPIN_S))
                 self._launch(worker, e, run_worker, spec)
                 added.append(worker)
             return added
@@ -120,7 +120,9 @@ class ClusterBackend(EngineBackend, Backend):
         self.seen_engines.update(new)
         return new
 
-    def _check_new(self, engines) -> list[int]:
+    def check_new_engines(self, engines) -> list[int]:
+        """`engines` as a list, if `add_workers` may take them; else the error that says why:
+        not engines of the cluster, already in the run, or a streamed data set."""
         engines = list(engines)
         known = set(self.cluster.client.ids)
         unknown = [e for e in engines if isinstance(e, bool) or not isinstance(e, int) or e not in known]
@@ -138,7 +140,7 @@ class ClusterBackend(EngineBackend, Backend):
                 f"run.add_workers() needs engines that are not in this run yet (Received: "
                 f"{engines}; already in it: {', '.join(busy) or 'an engine named twice'}). Free "
                 f"engines of the cluster: {free}.")
-        if self._base is not None and self._base.stream:
+        if self.worker_base is not None and self.worker_base.stream:
             raise ConfigError(
                 "This run streams its data set, cut into one shard per worker when it started "
                 f"(Received: run.add_workers({engines})), so a new worker would have no shard. "
@@ -146,8 +148,8 @@ class ClusterBackend(EngineBackend, Backend):
                 "(a larger --in-memory-limit) to add workers while it trains.")
         return engines
 
-    def _check_reach(self, nets: dict) -> None:
-        """Each hub listens on the one address its first peers reach (loopback when they all
+    def check_reach(self, nets: dict) -> None:
+        """Refuse new engines (`nets`: engine -> HostNet) that cannot reach the hubs. Each hub listens on the one address its first peers reach (loopback when they all
         shared its host): a new engine on another host must reach that very address."""
         for s in self.roles.servers:
             hub, bound = self.nets[s], self.bind_hosts[s]

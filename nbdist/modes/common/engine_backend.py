@@ -16,8 +16,9 @@ import os
 import time
 
 from nbdist.cluster.affinity import cores_per_host, may_spin
-from nbdist.cluster.engines import Cluster, assign_roles, get_within
-from nbdist.errors import EngineTimeoutError, NbdistError, RemoteCellError
+from nbdist.cluster.engines import ENGINE_TIMEOUT_S, Cluster, assign_roles, get_within
+from nbdist.errors import EngineTimeoutError, RemoteCellError, from_engine
+from nbdist.run.backend import returned
 
 log = logging.getLogger(__name__)
 RELEASE_GRACE_S = 2.0  # a written-off worker still running this long later is interrupted
@@ -63,17 +64,18 @@ class EngineBackend:
         kernel's count where the engine could not tell."""
         return self.cores.get(self.hosts[engine]) or os.cpu_count() or 1
 
-    def _threads(self, engine: int, workers_here: int) -> int:
-        """TensorFlow threads for a worker: the cores its host's hub shards leave, shared."""
+    def threads_for(self, engine: int, workers_here: int) -> int:
+        """TensorFlow threads for a worker on `engine` beside `workers_here` workers (itself
+        included): the cores its host's hub shards leave, shared."""
         from nbdist.cluster.affinity import worker_threads
 
         hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
         return worker_threads(self.host_cores(engine), hubs, workers_here)
 
-    def _spin(self, engine: int, budget_s: float) -> float:
+    def spin_for(self, engine: int, budget_s: float) -> float:
         """How long a hub or worker on `engine` polls before it sleeps: `budget_s` under --spin
         auto where the host has hubs and workers and leaves each hub a core
-        (nbdist.cluster.affinity.may_spin, on the host's cores as `_threads`), else 0. A worker
+        (nbdist.cluster.affinity.may_spin, on the host's cores as `threads_for`), else 0. A worker
         added mid-run counts with the others, but the hubs keep what they were started with."""
         host = self.hosts[engine]
         hubs = sum(self.hosts[s] == host for s in self.roles.servers)
@@ -102,7 +104,8 @@ class EngineBackend:
         for i, ar in list(self._tasks.items()):
             if i in self.lost or not ar.ready() or ar.successful():
                 continue
-            error = task_error(ar, self.worker_engines[i])
+            engine = self.worker_engines[i]
+            error = task_error(ar, engine, self.hosts.get(engine))
             added = i >= len(self.roles.workers)
             if not (added or self.survives_worker_loss and engine_died(ar)):
                 return error
@@ -121,6 +124,11 @@ class EngineBackend:
 
     def workers_running(self) -> bool:
         return any(not ar.ready() for ar in list(self._tasks.values()))
+
+    def worker_results(self) -> dict[int, object]:
+        """What each worker's task returned (async: its steps and data passes; sync: each
+        rank's steps, learning rate and final parameters), for the tasks that returned."""
+        return returned(self._tasks)
 
     def written_off(self, worker: int) -> None:
         """The hub wrote `worker` off: its task's end, an error included, no longer fails the
@@ -173,24 +181,25 @@ class EngineBackend:
                         busy)
 
 
-def get_started(ar, engine: int, what: str):
+def get_started(ar, engine: int, what: str, host: str | None = None,
+                timeout: float = ENGINE_TIMEOUT_S):
     """The value of a start-up task (`what`, e.g. "starting a hub shard") on `engine`, or the
     nbdist error it raised there."""
     try:
-        return get_within(ar, engine, what)
+        return get_within(ar, engine, what, timeout)
     except EngineTimeoutError:
         raise
     except Exception as exc:
-        raise as_nbdist(exc, engine) from None
+        raise from_engine(exc, engine, host) from None
 
 
-def task_error(ar, engine: int) -> Exception:
-    """The error of a failed task on `engine`, as an nbdist exception."""
+def task_error(ar, engine: int, host: str | None = None) -> BaseException:
+    """The error of a failed task on `engine` (on `host`), as an nbdist exception."""
     try:
         ar.get(0)
     except Exception as exc:  # noqa: BLE001
-        return as_nbdist(exc, engine)
-    return RemoteCellError(f"engine {engine} failed without an error")
+        return from_engine(exc, engine, host)
+    return RemoteCellError(f"engine {engine} failed without an error", engine_id=engine, host=host)
 
 
 def engine_died(ar) -> bool:
@@ -201,19 +210,3 @@ def engine_died(ar) -> bool:
     except Exception as exc:  # noqa: BLE001
         return getattr(exc, "ename", type(exc).__name__) == "EngineError"
     return False
-
-
-def as_nbdist(exc: Exception, engine: int) -> Exception:
-    """An ipyparallel RemoteError -> the nbdist exception raised there, or RemoteCellError."""
-    import nbdist.errors as errors
-
-    ename = getattr(exc, "ename", type(exc).__name__)
-    evalue = getattr(exc, "evalue", str(exc))
-    remote_tb = getattr(exc, "traceback", "") or ""
-    if isinstance(exc, NbdistError):
-        return exc
-    cls = getattr(errors, ename, None)
-    if isinstance(cls, type) and issubclass(cls, NbdistError) and cls is not RemoteCellError:
-        return cls(f"[engine {engine}] {evalue}")
-    return RemoteCellError(f"The cell raised {ename} on engine {engine}: {evalue}",
-                           engine_id=engine, remote_traceback=remote_tb)

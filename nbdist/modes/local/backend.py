@@ -26,6 +26,7 @@ class LocalBackend(Backend):
         self._hubs = KernelHubs()
         self._worker: threading.Thread | None = None
         self._error: BaseException | None = None
+        self._result: dict | None = None  # what the worker returned
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
         return self._hubs.start(specs)
@@ -33,7 +34,8 @@ class LocalBackend(Backend):
     def start_workers(self, base: WorkerSpec) -> None:
         def work() -> None:
             try:
-                run_worker(replace(base, worker=0, source=None), namespace=self.namespace)
+                self._result = run_worker(replace(base, worker=0, source=None),
+                                          namespace=self.namespace)
             except BaseException as exc:  # noqa: BLE001 - reported by failure()
                 self._error = exc
 
@@ -74,6 +76,10 @@ class LocalBackend(Backend):
 
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
+
+    def worker_results(self) -> dict[int, object]:
+        """What the worker thread returned (its steps), once it has."""
+        return {} if self._result is None else {0: self._result}
 
     def finish(self, timeout: float) -> None:
         if self._worker is not None:

@@ -184,11 +184,11 @@ class StageLink:
     def _slot_box(self, to: str, need: int) -> _Outbox | None:
         box = self.outboxes.get(to)
         if box is not None and not box.free:
-            self._drain()  # acks that have arrived free their slots
+            self.drain()  # acks that have arrived free their slots
         if box is not None and need <= box.slot_bytes:
             return box if box.free else None
         if box is not None and box.busy():
-            self._drain()
+            self.drain()
             if box.busy():
                 return None  # a bigger segment only once nothing is in flight in this one
         self._generation += 1
@@ -229,7 +229,7 @@ class StageLink:
             if self.pull in ready:
                 self._receive()
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Read every message already here without waiting (acks free slots; the rest wait in
         the buffer)."""
         while self.pull.poll(0):

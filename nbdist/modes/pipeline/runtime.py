@@ -16,8 +16,8 @@ from collections import deque
 
 import numpy as np
 
-from nbdist.errors import ConfigError, NbdistError, TrainingError
-from nbdist.run.backend import Backend
+from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
+from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
@@ -224,6 +224,8 @@ class PipelineBackend(Backend):
                         continue  # ended by the kernel because of another stage's failure
                     if self.control is not None:
                         self.control.failed = True
+                    if raised_by_cell(exc):  # the cell's own lines, tagged with engine and host
+                        return from_engine(exc, self.engines[s])
                     where = f"engine {self.engines[s]}" if self.cluster is not None else "this kernel"
                     died = "died" if "EngineError" in type(exc).__name__ or "died" in str(exc) else "failed"
                     return TrainingError(
@@ -241,6 +243,10 @@ class PipelineBackend(Backend):
 
     def workers_running(self) -> bool:
         return any(not t.ready() for t in self.tasks)
+
+    def worker_results(self) -> dict[int, object]:
+        """What each stage's task returned (its weights, its step counts), once it has."""
+        return returned(self.tasks)
 
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
         """The stages' weights now: in this kernel they train the kernel's own layers; on
@@ -288,12 +294,13 @@ class PipelineBackend(Backend):
 
 
 def _started(pending, stage: int, engine: int, timeout: float):
-    """The endpoint a prepared stage returned, or a TrainingError naming the stage."""
+    """The endpoint a prepared stage returned, or a TrainingError naming the stage (the
+    cell's own error, if the cell raised there)."""
     try:
         return pending.get(max(60.0, timeout))
     except Exception as exc:
-        if isinstance(exc, NbdistError):
-            raise
+        if isinstance(exc, NbdistError) or raised_by_cell(exc):
+            raise from_engine(exc, engine) from None
         raise TrainingError(f"Pipeline stage {stage} could not start on engine {engine}: "
                             f"{type(exc).__name__}: {exc}") from None
 

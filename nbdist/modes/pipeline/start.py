@@ -69,9 +69,9 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     local_ranks = _local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
     if cluster is not None:
-        from nbdist.cluster.engines import get_within
+        from nbdist.modes.common.engine_backend import get_started
 
-        measured = get_within(cluster.client[engines[0]].apply_async(
+        measured = get_started(cluster.client[engines[0]].apply_async(
             profile_on_engine, cell, pushed, contents.model_name, contents.data, initial, micro_size, threads[0]),
             engines[0], "profiling the model", timeout=max(120.0, config.timeout))
     else:

@@ -22,9 +22,8 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from nbdist.engine.data import num_rows, take
-
 from nbdist.core.simclock import CostModel, fit_cost, round2
+from nbdist.engine.data import num_rows, take
 
 REPEATS = 10  # at least this many timed calls per batch size, and at least MIN_TIMED_S of them;
 MIN_TIMED_S = 0.3  # the fastest is kept: on a busy machine the others include waiting for a

@@ -120,5 +120,9 @@ class SimBackend(Backend):
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
 
+    def worker_results(self) -> dict[int, object]:
+        """Virtual workers return nothing: `run.nodes` has their counts."""
+        return {}
+
     def finish(self, timeout: float) -> None:
         self._thread.join(timeout)

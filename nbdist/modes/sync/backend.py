@@ -85,7 +85,7 @@ class SyncBackend(EngineBackend, Backend):
         super().__init__(cluster, num_servers=0, num_workers=num_workers, pin=pin)
         # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
         # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
-        self._rendezvous = None
+        self.rendezvous = None  # Horovod's rendezvous server, signed (its `rejected` counts refusals)
         self._hubs = KernelHubs()
         self.checkpoint_dir = checkpoint_dir
         self.results: dict[int, dict] = {}
@@ -113,11 +113,11 @@ class SyncBackend(EngineBackend, Backend):
                                     len(engines))
         address = self._kernel_bind_host()
         # Horovod's own server, bound to one address instead of all interfaces, signed requests only
-        self._rendezvous = signed_rendezvous((address, 0), base.key, base.run_id)
-        self._rendezvous.init(plan)
-        threading.Thread(target=self._rendezvous.serve_forever, daemon=True,
+        self.rendezvous = signed_rendezvous((address, 0), base.key, base.run_id)
+        self.rendezvous.init(plan)
+        threading.Thread(target=self.rendezvous.serve_forever, daemon=True,
                          name="nbdist-horovod-rendezvous").start()
-        port = self._rendezvous.server_address[1]
+        port = self.rendezvous.server_address[1]
         next_on_host = {h: iter(es) for h, es in hosts.items()}
         self.worker_engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
         specs = []
@@ -143,10 +143,10 @@ class SyncBackend(EngineBackend, Backend):
             self._launch(spec.worker, spec.engine, run_sync_worker, spec)
 
     def _close_rendezvous(self) -> None:
-        if self._rendezvous is not None:
-            self._rendezvous.shutdown()
-            self._rendezvous.server_close()
-            self._rendezvous = None
+        if self.rendezvous is not None:
+            self.rendezvous.shutdown()
+            self.rendezvous.server_close()
+            self.rendezvous = None
 
     def checkpoint_state(self, control, final: bool) -> list:
         """Rank 0's weights, optimizer slots and data position (see nbdist.checkpoint.sync_state)."""
