@@ -66,7 +66,8 @@ def test_the_gpu_extra_upgrades_the_one_tensorflow_and_nothing_can_shadow_it():
 def test_the_backend_extras_take_cpu_builds_and_every_install_names_them():
     """`nbdist[jax]` and `nbdist[torch]`: JAX without a CUDA extra, PyTorch pinned to one release
     (an open `torch` requirement pulls PyPI's multi-GB CUDA build); environment.yml and the
-    Makefile's install step (what `make test` and CI install) take both."""
+    Makefile's install step (what `make test` and CI install) take both, the Makefile PyTorch's
+    CPU build of the same pin first."""
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
     extras = project["optional-dependencies"]
     assert set(_names(extras["jax"])) == {"jax", "jaxlib"}
@@ -77,6 +78,8 @@ def test_the_backend_extras_take_cpu_builds_and_every_install_names_them():
     for names in (installed, make):
         assert {"dev", "jax", "torch"} <= set(names)
         assert set(names) <= set(extras)
+    pin = re.search(r"^TORCH_PIN\s*:= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert [pin] == extras["torch"]
 
 
 def test_every_error_class_says_what_it_is_for():
