@@ -166,13 +166,17 @@ def _start_tensorflow(threads: int) -> None:
 def worker_threads(cluster) -> tuple[int, int]:
     """Ask the worker engine how many threads its backend actually uses there."""
 
-    def probe():
+    def probe(here: str):
+        import sys  # the probe runs on the engine, whose path lacks benchmarks/
+
+        sys.path.insert(0, here)
         from _overhead_fit import backend_threads
 
         found = backend_threads()
         return found["intra"], found["inter"]
 
-    return tuple(cluster.client[cluster.engine_ids[-1]].apply_sync(probe))
+    here = os.path.dirname(os.path.abspath(__file__))
+    return tuple(cluster.client[cluster.engine_ids[-1]].apply_sync(probe, here))
 
 
 # -- main -----------------------------------------------------------------------------------

@@ -82,6 +82,34 @@ def gradients(out: str) -> dict:
     return {"backend": keras.backend.backend(), "models": sorted(_models())}
 
 
+ADAM_MODELS = {  # the three kinds of model, without dropout (its masks are drawn per backend)
+    "sequential": """
+model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3, activation="softmax")])
+""",
+    "functional": """
+inputs = keras.Input((12,))
+a = keras.layers.Dense(16, activation="relu", kernel_regularizer="l2")(inputs)
+# no bias before BatchNorm: its gradient is zero but for rounding, which Adam scales up to
+# steps of the learning rate's size, so that bias would drift apart on any two code paths
+b = keras.layers.BatchNormalization()(keras.layers.Dense(8, use_bias=False)(inputs))
+model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b])))
+""",
+    "subclassed": """
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="tanh")
+        self.out = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, x):
+        h = self.hidden(x)
+        self.add_loss(0.001 * keras.ops.mean(keras.ops.square(h)))  # a forward-pass loss
+        return self.out(h)
+
+model = Net()
+""",
+}
 ADAM_CELL = '''
 import numpy as np
 import keras
@@ -89,38 +117,87 @@ keras.utils.set_random_seed(3)
 rng = np.random.default_rng(3)
 x = rng.normal(size=(1600, 12)).astype("float32")
 y = (x[:, :3].sum(axis=1) > 0).astype("int64") + (x[:, 3] > 1).astype("int64")
-model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
-                          keras.layers.Dense(3, activation="softmax")])
+{model}
 model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
 model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
 '''
 
 
+def adam_cell(kind: str = "sequential") -> str:
+    return ADAM_CELL.format(model=ADAM_MODELS[kind])
+
+
 def adam() -> dict:
     """50 hub steps with Adam (--mode local, one worker, no staleness, the data's own order)
-    against Keras's own fit of the same cell on this backend."""
+    against Keras's own fit of the same cell on this backend, for each kind of model."""
     import keras
 
+    return {"backend": keras.backend.backend(), "models": {kind: _adam(kind) for kind in ADAM_MODELS}}
+
+
+def _adam(kind: str) -> dict:
     import nbdist
     from nbdist.engine.flatmodel import read_flat
 
+    cell = adam_cell(kind)
     ns: dict = {}
-    run = nbdist.train(ADAM_CELL, namespace=ns, mode="local")
-    ours = read_flat(ns["model"])[0]
+    run = nbdist.train(cell, namespace=ns, mode="local")
+    ours = np.concatenate(read_flat(ns["model"]))  # trainable and non-trainable (BatchNorm's)
     plain: dict = {}
-    exec(ADAM_CELL, plain)  # noqa: S102 - the test's own cell, trained by Keras
-    theirs = read_flat(plain["model"])[0]
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    theirs = np.concatenate(read_flat(plain["model"]))
     steps = int(run.nodes["steps"].sum())
-    return {"backend": keras.backend.backend(), "steps": steps, "max_diff": float(np.abs(ours - theirs).max()),
-            "moved": float(np.abs(theirs - read_flat(_fresh(plain))[0]).max()),
+    return {"steps": steps, "max_diff": float(np.abs(ours - theirs).max()),
+            "moved": float(np.abs(theirs - np.concatenate(read_flat(_fresh(cell)))).max()),
             "events": [str(t) for t in run.events["text"].dropna()]}
 
 
-def _fresh(ns: dict):
+MODE_RUNS = {  # what async's options do, in the kernel: --mode local (one worker) and simulate
+    "local": {},
+    "local --local-steps 4": {"local_steps": 4},
+    "local --overlap": {"overlap": True},
+    "local --algorithm easgd": {"algorithm": "easgd"},
+    **{f"simulate --algorithm {rule}": {"mode": "simulate", "workers": 4, "algorithm": rule}
+       for rule in ("asgd", "hogwild", "dc-asgd", "dc-asgd-a", "softsync", "ssp", "group")},
+    # ddc-asgd is its own momentum on plain SGD: it refuses the cell's Adam unless told
+    "simulate --algorithm ddc-asgd --server-optimizer sgd --lr 0.05": {
+        "mode": "simulate", "workers": 4, "algorithm": "ddc-asgd", "server_optimizer": "sgd", "lr": 0.05},
+    "simulate --dbs --slowdown 1,1,2,4": {"mode": "simulate", "dbs": True, "slowdown": (1, 1, 2, 4)},
+}
+
+
+def modes() -> dict:
+    """The Sequential Adam cell (3 epochs) trained by each of MODE_RUNS, and by Keras's fit: the
+    accuracy each reaches on its training data, on this backend."""
+    import keras
+
+    import nbdist
+
+    cell = adam_cell().replace("epochs=1", "epochs=3")
+    found = {}
+    for name, options in MODE_RUNS.items():
+        ns: dict = {}
+        with contextlib.redirect_stdout(io.StringIO()):
+            nbdist.train(cell, namespace=ns, **{"mode": "local", **options})
+        found[name] = _accuracy(ns)
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    majority = float(np.bincount(plain["y"]).max() / len(plain["y"]))
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "majority": majority, "runs": found}
+
+
+def _accuracy(ns: dict) -> float:
+    predicted = np.asarray(ns["model"].predict(ns["x"], verbose=0)).argmax(axis=1)
+    return float((predicted == ns["y"]).mean())
+
+
+def _fresh(cell: str):
     """The cell's model as built, before training (the cell seeds itself)."""
     fresh: dict = {}
-    exec(ADAM_CELL.replace("model.fit(", "(lambda *a, **k: None)("), fresh)  # noqa: S102
-    return fresh["model"]
+    exec(cell.replace("model.fit(", "(lambda *a, **k: None)("), fresh)  # noqa: S102
+    model = fresh["model"]
+    model(fresh["x"][:1])  # a subclassed model has its variables after its first call
+    return model
 
 
 def convnet() -> dict:
@@ -164,7 +241,7 @@ def refusals() -> dict:
     said = {}
     for mode in ("sync", "pipeline"):
         try:  # no fit call: pipeline refuses one for its own reasons first
-            nbdist.train(ADAM_CELL.replace("model.fit(", "(lambda *a, **k: None)("), namespace={}, mode=mode,
+            nbdist.train(adam_cell().replace("model.fit(", "(lambda *a, **k: None)("), namespace={}, mode=mode,
                          cluster=object())  # refused before it is used
         except BackendError as exc:
             said[mode] = str(exc)
@@ -180,7 +257,7 @@ def mismatch() -> dict:
     try:
         cluster.client[:].apply_sync(_load_tensorflow_keras)
         try:
-            nbdist.train(ADAM_CELL, namespace={}, cluster=cluster, workers=1)
+            nbdist.train(adam_cell(), namespace={}, cluster=cluster, workers=1)
         except BackendError as exc:
             return {"error": str(exc)}
         return {"error": None}
@@ -202,7 +279,7 @@ def cell_sets_backend(backend: str) -> dict:
     backend (nbdist imports Keras only after the cell does)."""
     import nbdist
 
-    cell = f'import os\nos.environ["KERAS_BACKEND"] = "{backend}"\n' + ADAM_CELL
+    cell = f'import os\nos.environ["KERAS_BACKEND"] = "{backend}"\n' + adam_cell()
     ns: dict = {}
     run = nbdist.train(cell, namespace=ns, mode="local")
     import keras
@@ -210,7 +287,7 @@ def cell_sets_backend(backend: str) -> dict:
     return {"backend": keras.backend.backend(), "events": [str(t) for t in run.events["text"].dropna()]}
 
 
-CASES = {"gradients": gradients, "adam": adam, "convnet": convnet, "refusals": refusals,
+CASES = {"gradients": gradients, "adam": adam, "modes": modes, "convnet": convnet, "refusals": refusals,
          "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
 
 if __name__ == "__main__":

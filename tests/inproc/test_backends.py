@@ -68,18 +68,36 @@ def test_the_flat_gradient_equals_tensorflows_for_sequential_functional_and_subc
 
 @pytest.mark.parametrize("backend", OTHERS)
 def test_fifty_hub_steps_with_adam_equal_keras_fit_on_the_same_backend(backend):
-    said = child("adam", backend=backend)
-    assert said["backend"] == backend and said["steps"] == 50
-    assert said["moved"] > 0.1  # training changed the weights ...
-    assert said["max_diff"] <= 1e-4  # ... exactly as Keras's fit did
-    assert f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)" in said["events"]
+    said = child("adam", backend=backend, timeout=400)
+    assert said["backend"] == backend
+    assert sorted(said["models"]) == ["functional", "sequential", "subclassed"]
+    for kind, found in said["models"].items():
+        assert found["steps"] == 50, kind
+        assert found["moved"] > 0.1, kind  # training changed the weights ...
+        assert found["max_diff"] <= 1e-4, (kind, found["max_diff"])  # ... exactly as Keras's fit did
+        assert f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)" in found["events"]
 
 
-def test_sync_and_pipeline_refuse_jax_pointing_to_bsp_through_the_hub():
-    said = child("refusals", backend="jax")
+@pytest.mark.parametrize("backend", OTHERS)
+def test_every_rule_dbs_local_steps_and_overlap_train_on_the_backend_in_local_and_simulate(backend):
+    """async's options on the hub and worker loop that async runs on engines (here in the
+    kernel: --mode local, and simulate's 4 virtual workers); on engines: the cluster test."""
+    from tests.backend_child import MODE_RUNS
+
+    said = child("modes", backend=backend, timeout=600)
+    assert said["backend"] == backend and set(said["runs"]) == set(MODE_RUNS)
+    assert said["fit"] > said["majority"] + 0.2  # the cell learns under Keras's fit
+    for name, accuracy in said["runs"].items():
+        assert accuracy >= said["fit"] - 0.15, (name, accuracy, said["fit"])
+    assert abs(said["runs"]["local"] - said["fit"]) <= 0.01  # one worker, no staleness: fit's own steps
+
+
+@pytest.mark.parametrize("backend", OTHERS)
+def test_sync_and_pipeline_refuse_the_backend_pointing_to_bsp_through_the_hub(backend):
+    said = child("refusals", backend=backend)
     assert set(said) == {"sync", "pipeline"}
     for mode, message in said.items():
-        assert f"--mode {mode}" in message and "Received: this kernel's Keras backend is jax" in message
+        assert f"--mode {mode}" in message and f"Received: this kernel's Keras backend is {backend}" in message
         assert "--mode async --algorithm ssp --staleness 0" in message
 
 
