@@ -186,6 +186,37 @@ def modes() -> dict:
     return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "majority": majority, "runs": found}
 
 
+ASYNC_RUNS = {  # on engines: 2 workers, 1 hub shard
+    "--algorithm dc-asgd-a --dbs": {"algorithm": "dc-asgd-a", "dbs": True},
+    "--local-steps 2": {"local_steps": 2},
+    "--overlap": {"overlap": True},
+    "--algorithm ssp --staleness 0": {"algorithm": "ssp", "staleness": 0},  # what sync's refusal points to
+}
+
+
+def async_options() -> dict:
+    """The Sequential Adam cell (3 epochs) in --mode async on a real cluster with each of
+    ASYNC_RUNS, and by Keras's fit: the accuracy each reaches on its training data."""
+    import keras
+
+    import nbdist
+
+    cell = adam_cell().replace("epochs=1", "epochs=3")
+    found = {}
+    cluster = nbdist.Cluster.start(3)
+    try:
+        for name, options in ASYNC_RUNS.items():
+            ns: dict = {}
+            with contextlib.redirect_stdout(io.StringIO()):
+                nbdist.train(cell, namespace=ns, cluster=cluster, workers=2, **options)
+            found[name] = _accuracy(ns)
+    finally:
+        cluster.stop()
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "runs": found}
+
+
 def _accuracy(ns: dict) -> float:
     predicted = np.asarray(ns["model"].predict(ns["x"], verbose=0)).argmax(axis=1)
     return float((predicted == ns["y"]).mean())
@@ -287,7 +318,7 @@ def cell_sets_backend(backend: str) -> dict:
     return {"backend": keras.backend.backend(), "events": [str(t) for t in run.events["text"].dropna()]}
 
 
-CASES = {"gradients": gradients, "adam": adam, "modes": modes, "convnet": convnet, "refusals": refusals,
+CASES = {"gradients": gradients, "adam": adam, "modes": modes, "async_options": async_options, "convnet": convnet, "refusals": refusals,
          "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
 
 if __name__ == "__main__":

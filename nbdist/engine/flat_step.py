@@ -52,7 +52,15 @@ class StepParts:
     def loss(self, params, non_trainable, ints: list, x, y, sample_weight=None) -> tuple:
         """(loss, (y_pred, nt_new, metrics_new)) on the flat `params` and `non_trainable`, the
         integer state `ints`: the function a backend differentiates with respect to `params`."""
-        values = _split(params, self.sizes, self.trainable)
+        return self.loss_of_values(self.split(params), non_trainable, ints, x, y, sample_weight)
+
+    def split(self, params) -> list:
+        """The flat `params` as the trainable variables' values."""
+        return _split(params, self.sizes, self.trainable)
+
+    def loss_of_values(self, values: list, non_trainable, ints: list, x, y, sample_weight=None) -> tuple:
+        """`loss` on the trainable values already split (JAX differentiates with respect to
+        them: the transpose of a split into one flat gradient is slow in XLA on CPU)."""
         floats, others = iter(_split(non_trainable, self.nt_sizes, self.float_nt)), iter(ints)
         nt_values = [next(floats) if f else next(others) for f in self.is_float]
         loss, y_pred, nt_new, metrics_new = stateless_loss(self.model, values, nt_values, x, y, sample_weight)
@@ -60,7 +68,8 @@ class StepParts:
 
     def outputs(self, loss, grad, aux: tuple, x, y, sample_weight=None) -> tuple:
         """(loss, grad, its norm, float non-trainable state after the step as one flat buffer,
-        metric increments, new integer state) from a differentiated `loss`."""
+        metric increments, new integer state) from a differentiated `loss`; `grad` is flat, or
+        a list of the variables' gradients (JAX's), and is returned as it came."""
         from keras import ops
 
         from nbdist.engine.step_metrics import increments
@@ -70,7 +79,8 @@ class StepParts:
         floats = [ops.reshape(ops.cast(n, "float32"), (-1,)) for n, f in zip(nt_new, self.is_float, strict=True) if f]
         nt_flat = ops.concatenate(floats, axis=0) if floats else ops.zeros((0,), "float32")
         ints = [n for n, f in zip(nt_new, self.is_float, strict=True) if not f]
-        return loss, grad, ops.sqrt(ops.sum(ops.square(grad))), nt_flat, metrics, ints
+        squares = sum(ops.sum(ops.square(g)) for g in grad) if isinstance(grad, list) else ops.sum(ops.square(grad))
+        return loss, grad, ops.sqrt(squares), nt_flat, metrics, ints
 
     def int_values(self) -> list:
         return [v.value for v in self.ints]

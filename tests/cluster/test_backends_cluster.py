@@ -27,6 +27,17 @@ def test_the_keras_io_convnet_trains_on_the_backend_async_and_local_as_fit_does(
     assert sorted(e for e in said["engines"] if e is not None) == [backend, backend]
 
 
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_async_with_a_rule_dbs_local_steps_overlap_and_bsp_trains_on_the_backend_as_fit_does(backend):
+    from tests.backend_child import ASYNC_RUNS
+
+    said = child("async_options", backend=backend, timeout=580)
+    assert said["backend"] == backend and set(said["runs"]) == set(ASYNC_RUNS)
+    for name, accuracy in said["runs"].items():
+        assert accuracy >= said["fit"] - 0.1, (backend, name, accuracy, said["fit"])
+
+
 @pytest.mark.timeout(300)
 def test_an_engine_whose_keras_runs_another_backend_is_refused_with_what_to_do():
     said = child("mismatch", backend="jax", timeout=280)
