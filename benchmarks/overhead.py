@@ -228,6 +228,9 @@ def main() -> None:
                         help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
                              "each on a cluster of its own (TensorFlow's thread count is fixed "
                              "when an engine first uses it); default: nbdist's default")
+    parser.add_argument("--fit-threads", type=int, default=None, metavar="N",
+                        help="model.fit's intra-op threads (default: every core); PyTorch's "
+                             "OpenMP threads on a loaded machine want 1")
     parser.add_argument("--worker-threads", type=int, nargs="+", default=None, metavar="N",
                         help="start the engines' TensorFlow with N intra-op threads (min(N, 2) "
                              "inter-op) before any run, so the worker keeps N whatever nbdist's "
@@ -261,7 +264,7 @@ def main() -> None:
     wts = args.worker_threads or [None]
     sides = [(t, ov, h, (p, wt), st) for t in transports for ov in ([False, True] if args.overlap else [False])
              for h in hubs for p in pins for wt in wts for st in states]
-    threads = thread_budget()
+    threads = args.fit_threads or thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     what = {"mlp": "784-256-256-10 MLP", "convnet": "keras.io convnet"}[args.model]
     print(f"overhead: {what} on Fashion-MNIST, Keras backend {args.backend}, 1 worker, batches {args.batch}, "
