@@ -217,6 +217,26 @@ def async_options() -> dict:
     return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "runs": found}
 
 
+def dataloader() -> dict:
+    """The Sequential Adam cell fed by a `torch.utils.data.DataLoader` (3 epochs): --mode local
+    and Keras's own fit of the same cell, and the accuracy each reaches on the arrays."""
+    import keras
+
+    import nbdist
+
+    cell = adam_cell().replace("epochs=1", "epochs=3").replace(
+        "model.fit(x, y, batch_size=32,",
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=32)\n"
+        "model.fit(loader,")
+    ns: dict = {}
+    run = nbdist.train(cell, namespace=ns, mode="local")
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "local": _accuracy(ns),
+            "steps": int(run.nodes["steps"].sum()), "events": [str(t) for t in run.events["text"].dropna()]}
+
+
 def _accuracy(ns: dict) -> float:
     predicted = np.asarray(ns["model"].predict(ns["x"], verbose=0)).argmax(axis=1)
     return float((predicted == ns["y"]).mean())
@@ -318,7 +338,7 @@ def cell_sets_backend(backend: str) -> dict:
     return {"backend": keras.backend.backend(), "events": [str(t) for t in run.events["text"].dropna()]}
 
 
-CASES = {"gradients": gradients, "adam": adam, "modes": modes, "async_options": async_options, "convnet": convnet, "refusals": refusals,
+CASES = {"gradients": gradients, "adam": adam, "modes": modes, "dataloader": dataloader, "async_options": async_options, "convnet": convnet, "refusals": refusals,
          "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
 
 if __name__ == "__main__":

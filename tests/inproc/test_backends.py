@@ -92,6 +92,12 @@ def test_every_rule_dbs_local_steps_and_overlap_train_on_the_backend_in_local_an
     assert abs(said["runs"]["local"] - said["fit"]) <= 0.01  # one worker, no staleness: fit's own steps
 
 
+def test_a_torch_dataloader_trains_as_keras_fit_trains_on_it():
+    said = child("dataloader", backend="torch")
+    assert said["backend"] == "torch" and said["steps"] == 3 * 50
+    assert said["fit"] > 0.8 and abs(said["local"] - said["fit"]) <= 0.03, said
+
+
 @pytest.mark.parametrize("backend", OTHERS)
 def test_sync_and_pipeline_refuse_the_backend_pointing_to_bsp_through_the_hub(backend):
     said = child("refusals", backend=backend)
