@@ -18,6 +18,7 @@ pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_the_keras_io_convnet_trains_on_the_backend_async_and_local_as_fit_does(backend):
     said = child("convnet", backend=backend, timeout=850)
+    print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend
     for mode in ("async", "local"):
         assert said[mode] >= said["fit"] - TOLERANCE, (backend, mode, said)
@@ -33,6 +34,7 @@ def test_async_with_a_rule_dbs_local_steps_overlap_and_bsp_trains_on_the_backend
     from tests.backend_child import ASYNC_RUNS
 
     said = child("async_options", backend=backend, timeout=580)
+    print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend and set(said["runs"]) == set(ASYNC_RUNS)
     for name, accuracy in said["runs"].items():
         assert accuracy >= said["fit"] - 0.1, (backend, name, accuracy, said["fit"])

@@ -85,6 +85,7 @@ def test_every_rule_dbs_local_steps_and_overlap_train_on_the_backend_in_local_an
     from tests.backend_child import MODE_RUNS
 
     said = child("modes", backend=backend, timeout=600)
+    print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend and set(said["runs"]) == set(MODE_RUNS)
     assert said["fit"] > said["majority"] + 0.2  # the cell learns under Keras's fit
     for name, accuracy in said["runs"].items():
