@@ -19,7 +19,8 @@ import time
 import _common  # noqa: F401 - sets TF_CPP_MIN_LOG_LEVEL and sys.path before nbdist loads
 from _common import median
 
-MODEL_CODE = '''
+MODELS = {  # what both sides train (nbdist: the same code, no x_test, so no validation pauses)
+    "mlp": '''
 import keras
 from nbdist.datasets import load_fashion_mnist
 (x_train, y_train), _ = load_fashion_mnist()
@@ -28,7 +29,22 @@ model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(256, activatio
                           keras.layers.Dense(256, activation="relu"),
                           keras.layers.Dense(10, activation="softmax")])
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
-'''
+''',
+    # the keras.io "Simple MNIST convnet" (tests/tutorial_cells.py), on Fashion-MNIST, with SGD
+    "convnet": '''
+import keras
+from keras import layers
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), _ = load_fashion_mnist()
+x_train = x_train.reshape(-1, 28, 28, 1).astype("float32") / 255.0
+model = keras.Sequential([keras.Input((28, 28, 1)), layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+                          layers.MaxPooling2D(pool_size=(2, 2)), layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
+                          layers.MaxPooling2D(pool_size=(2, 2)), layers.Flatten(), layers.Dropout(0.5),
+                          layers.Dense(10, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+''',
+}
+MODEL_CODE = MODELS["mlp"]
 RESULT = "@@result "
 WINDOW = (0.10, 0.95)  # the part of each run that counts as steady state
 
@@ -38,25 +54,38 @@ WINDOW = (0.10, 0.95)  # the part of each run that counts as steady state
 
 def fit_server(threads: int) -> None:
     """Child: load TensorFlow once, then answer one JSON request per stdin line."""
-    from nbdist.engine.run_cell import configure_tensorflow
+    from nbdist.engine.keras_backend import configure_engine
 
-    configure_tensorflow(threads, 0)  # exactly what a worker engine does
-    import tensorflow as tf
-
-    info = {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
-            "inter": tf.config.threading.get_inter_op_parallelism_threads()}
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    configure_engine(backend, threads, 0)  # exactly what a worker engine does
+    info = {"backend": backend, **backend_threads()}
     print(RESULT + json.dumps({"ready": True, **info}), flush=True)
     for line in sys.stdin:
         request = json.loads(line)
         print(RESULT + json.dumps(measure_fit(**request)), flush=True)
 
 
-def measure_fit(batch: int, epochs: int) -> dict:
+def backend_threads() -> dict:
+    """The threads this process's backend computes with ("-" where it does not say: JAX)."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    if backend == "tensorflow":
+        import tensorflow as tf
+
+        return {"intra": tf.config.threading.get_intra_op_parallelism_threads(),
+                "inter": tf.config.threading.get_inter_op_parallelism_threads()}
+    if backend == "torch":
+        import torch
+
+        return {"intra": torch.get_num_threads(), "inter": torch.get_num_interop_threads()}
+    return {"intra": "-", "inter": "-"}
+
+
+def measure_fit(batch: int, epochs: int, model: str = "mlp") -> dict:
     import keras
     import numpy as np
 
     ns: dict = {}
-    exec(compile(MODEL_CODE, "<cell>", "exec"), ns)  # noqa: S102 - our own code
+    exec(compile(MODELS[model], "<cell>", "exec"), ns)  # noqa: S102 - our own code
     model, x, y = ns["model"], ns["x_train"], ns["y_train"]
     n = len(x)
     model.fit(x[:batch * 20], y[:batch * 20], batch_size=batch, epochs=1, verbose=0)  # trace
@@ -121,8 +150,8 @@ class FitChild:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1)
         self.info = self._read()
 
-    def fit(self, batch: int, epochs: int) -> dict:
-        self.proc.stdin.write(json.dumps({"batch": batch, "epochs": epochs}) + "\n")
+    def fit(self, batch: int, epochs: int, model: str = "mlp") -> dict:
+        self.proc.stdin.write(json.dumps({"batch": batch, "epochs": epochs, "model": model}) + "\n")
         self.proc.stdin.flush()
         return self._read()
 

@@ -44,6 +44,9 @@ How to read it
     (comm - compute there, all of comm on plain rows) is the wait the worker did not hide.
 
     python benchmarks/overhead.py                 # both transports, batch 64 and 256, 3 repeats
+    python benchmarks/overhead.py --backend jax   # Keras's JAX backend on both sides (or torch,
+                                                  # tensorflow: the default, or KERAS_BACKEND's)
+    python benchmarks/overhead.py --backend torch --model convnet   # the keras.io convnet
     python benchmarks/overhead.py --quick         # 1 repeat, shorter runs
     python benchmarks/overhead.py --overlap       # plus overlap=True rows per transport
     python benchmarks/overhead.py --transport tcp --batch 256
@@ -70,7 +73,7 @@ import time
 
 import _common  # noqa: F401 - sets TF_CPP_MIN_LOG_LEVEL and sys.path before nbdist loads
 from _common import median, spread, table
-from _overhead_fit import MODEL_CODE, WINDOW, FitChild
+from _overhead_fit import MODEL_CODE, MODELS, WINDOW, FitChild
 
 CELL = MODEL_CODE  # what nbdist trains: the same code, no x_test (no validation pauses)
 TARGETS = {64: 0.85, 256: 0.95}
@@ -161,15 +164,19 @@ def _start_tensorflow(threads: int) -> None:
 
 
 def worker_threads(cluster) -> tuple[int, int]:
-    """Ask the worker engine how many threads TensorFlow actually uses there."""
+    """Ask the worker engine how many threads its backend actually uses there."""
 
-    def probe():
-        import tensorflow as tf
+    def probe(here: str):
+        import sys  # the probe runs on the engine, whose path lacks benchmarks/
 
-        return (tf.config.threading.get_intra_op_parallelism_threads(),
-                tf.config.threading.get_inter_op_parallelism_threads())
+        sys.path.insert(0, here)
+        from _overhead_fit import backend_threads
 
-    return tuple(cluster.client[cluster.engine_ids[-1]].apply_sync(probe))
+        found = backend_threads()
+        return found["intra"], found["inter"]
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    return tuple(cluster.client[cluster.engine_ids[-1]].apply_sync(probe, here))
 
 
 # -- main -----------------------------------------------------------------------------------
@@ -188,6 +195,12 @@ def _parse_option(text: str) -> tuple[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
+    parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"],
+                        default=os.environ.get("KERAS_BACKEND", "tensorflow"),
+                        help="Keras's backend on both sides (fit and nbdist): KERAS_BACKEND for this "
+                             "process, the fit child and the engines")
+    parser.add_argument("--model", choices=["mlp", "convnet"], default="mlp",
+                        help="mlp: the quickstart's 784-256-256-10 MLP; convnet: the keras.io convnet")
     parser.add_argument("--transport", choices=["auto", "ipc", "tcp", "both", "all"], default="both",
                         help="both: auto and tcp; all: auto, ipc (shared memory, headers over "
                              "ZeroMQ ipc instead of the local line) and tcp")
@@ -215,6 +228,9 @@ def main() -> None:
                         help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
                              "each on a cluster of its own (TensorFlow's thread count is fixed "
                              "when an engine first uses it); default: nbdist's default")
+    parser.add_argument("--fit-threads", type=int, default=None, metavar="N",
+                        help="model.fit's intra-op threads (default: every core); PyTorch's "
+                             "OpenMP threads on a loaded machine want 1")
     parser.add_argument("--worker-threads", type=int, nargs="+", default=None, metavar="N",
                         help="start the engines' TensorFlow with N intra-op threads (min(N, 2) "
                              "inter-op) before any run, so the worker keeps N whatever nbdist's "
@@ -225,6 +241,9 @@ def main() -> None:
                              "on the engines), or both, interleaved")
     args = parser.parse_args()
 
+    os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported here, in the fit child, on the engines
+    global CELL
+    CELL = MODELS[args.model]
     options = dict(_parse_option(o) for o in args.option)
     if args.overlap and "overlap" in options:
         raise SystemExit("--overlap adds overlap=True rows next to the plain ones; drop "
@@ -245,9 +264,10 @@ def main() -> None:
     wts = args.worker_threads or [None]
     sides = [(t, ov, h, (p, wt), st) for t in transports for ov in ([False, True] if args.overlap else [False])
              for h in hubs for p in pins for wt in wts for st in states]
-    threads = thread_budget()
+    threads = args.fit_threads or thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
-    print(f"overhead: 784-256-256-10 MLP on Fashion-MNIST, 1 worker, batches {args.batch}, "
+    what = {"mlp": "784-256-256-10 MLP", "convnet": "keras.io convnet"}[args.model]
+    print(f"overhead: {what} on Fashion-MNIST, Keras backend {args.backend}, 1 worker, batches {args.batch}, "
           f"transports {transports}{' each plain and overlap=True' if args.overlap else ''}, "
           f"{repeats} repeat(s), epochs per run {epochs}"
           + (f", options {options}" if options else ""), flush=True)
@@ -268,7 +288,7 @@ def main() -> None:
                     clusters[(p, wt)].client[:].apply_sync(_start_tensorflow, wt)
         for rep in range(repeats):
             for b in args.batch:
-                f = child.fit(b, epochs[b])
+                f = child.fit(b, epochs[b], args.model)
                 fits[b].append(f)
                 print(f"  [{rep + 1}/{repeats}] batch {b:>3} model.fit             "
                       f"{f['rate']:>9,.0f} samples/s", flush=True)
@@ -311,7 +331,8 @@ def main() -> None:
             verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
             rows.append([b, side_name(t, ov, h, p, st), median(rates), spread(rates), ratio, verdict])
     print()
-    print(f"Thread budget: model.fit TensorFlow intra-op {threads}, inter-op {min(threads, 2)} "
+    print(f"Keras backend {args.backend} on both sides. "
+          f"Thread budget: model.fit intra-op {threads}, inter-op {min(threads, 2)} "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
           f"{', '.join(f'{i}/{j}' + (f' with pin {p}' if p else '') for (p, _), (i, j) in engine_threads.items())}); {os.cpu_count()} CPUs. Steady state = "
           f"steps {WINDOW[0]:.0%}..{WINDOW[1]:.0%} of each run; medians of {repeats} repeat(s).")

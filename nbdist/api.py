@@ -131,6 +131,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
     from nbdist.engine.cell_traceback import compile_cell
     from nbdist.engine.fit_call import fit_intercepted
+    from nbdist.engine.keras_backend import when_imported
     from nbdist.env import check_all as check_switches
     from nbdist.fit.launch import FitLauncher, Presenter
     from nbdist.job import prepare_job
@@ -139,14 +140,13 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
     ns = {} if namespace is None else namespace
-    if mode_entry(config.mode).seeds_cell:  # --seed also fixes the cell's initial weights
-        import keras
-
-        keras.utils.set_random_seed(config.seed)
     presenter = presenter or Presenter()
     launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter,
                            start_function(config.mode))
-    with fit_intercepted(launcher.on_fit):
+    # --seed also fixes the cell's initial weights (simulate), as soon as the cell imports Keras
+    seed = mode_entry(config.mode).seeds_cell
+    with fit_intercepted(launcher.on_fit), \
+            when_imported(lambda keras: seed and keras.utils.set_random_seed(config.seed)):
         exec(compile_cell(cell), ns)  # noqa: S102 - the user's own cell
     if launcher.run is not None:  # trained inside the cell's fit call, and the cell has finished
         return launcher.run

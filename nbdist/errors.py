@@ -7,7 +7,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
 
     NbdistError
     ├── ConfigError (ValueError)            a flag or option is invalid
-    │   └── UnsupportedOptimizerError       the hub cannot reproduce the cell's optimizer/schedule/constraint
+    │   ├── UnsupportedOptimizerError       the hub cannot reproduce the cell's optimizer/schedule/constraint
+    │   └── BackendError                    the Keras backend cannot run this mode, or an engine runs another
     ├── CellError (ValueError)              the cell does not give what training needs
     │   ├── ModelNotFoundError              no compiled keras.Model in the cell
     │   ├── AmbiguousModelError             several models and no --model
@@ -34,6 +35,7 @@ from __future__ import annotations
 
 __all__ = [
     "AmbiguousModelError",
+    "BackendError",
     "CellError",
     "CheckpointError",
     "CheckpointNotFoundError",
@@ -73,6 +75,11 @@ class UnsupportedOptimizerError(ConfigError):
 
     Raised before a run starts, so nothing trains silently with another optimizer.
     """
+
+
+class BackendError(ConfigError):
+    """The run's Keras backend (JAX, PyTorch, TensorFlow) cannot do what was asked: a mode that
+    needs TensorFlow, or an engine whose Keras already runs on another backend."""
 
 
 class CellError(NbdistError, ValueError):

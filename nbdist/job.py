@@ -48,6 +48,7 @@ class Job:
     # --mode local and simulate with a fit call: the cell run again in a namespace of its own,
     # so the workers train their own model while the kernel's holds each epoch's weights
     trainer_namespace: dict | None = None
+    keras_backend: str = "tensorflow"  # the kernel's Keras backend: the run's (nbdist.engine.keras_backend)
     # known once the mode's backend has counted its workers (`for_workers`)
     num_workers: int = 0
     plan: Plan | None = None
@@ -85,7 +86,8 @@ class Job:
             seed=self.config.seed, num_samples=contents.num_samples, stream=contents.streamed,
             shuffle=fit.shuffle if fit is not None else True,
             epoch_size=self.epoch_size if self.epoch_size != contents.num_samples else None,
-            take_batches=fit.placed.take_batches if fit is not None else None)
+            take_batches=fit.placed.take_batches if fit is not None else None,
+            keras_backend=self.keras_backend)
 
     def for_workers(self, num_workers: int) -> Job:
         """This job for `num_workers` workers: the coordinator's plan and the rule's options."""
@@ -107,7 +109,12 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
     if it makes one: `fit`); raises before any engine is touched (a CellError, ConfigError,
     CheckpointError, ... that says what to fix). `found`: what the fit call named where no
     flag overrides it (`inspect_cell`'s data, validation, model_name, take_batches)."""
+    from nbdist.engine.keras_backend import kernel_backend
+
+    keras_backend = kernel_backend(config.mode.value)  # refuses a mode the backend cannot run
     contents = inspect_cell(cell, ns, config, **found)
+    contents = replace(contents, notes=[*contents.notes, f"Keras backend: {keras_backend} (the kernel's; "
+                                        "every worker runs the cell on it)"])
     if fit is not None and contents.batch_hint and "batch_size" not in fit.call.given \
             and fit.batch == fit.call.batch and config.batch_size == fit.batch:
         # fit(dataset): the dataset's own batches are the model's batch, as in Keras
@@ -134,7 +141,8 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
     return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape, params=params,
                non_trainable=non_trainable, optimizer=optimizer, constraints=constraints, lr_owner=lr_owner(config),
                workers_rate=workers_rate(config, model.optimizer),
-               warnings=contents.warnings + warnings, checkpoint=checkpoint, fit=fit)
+               warnings=contents.warnings + warnings, checkpoint=checkpoint, fit=fit,
+               keras_backend=keras_backend)
 
 
 def lr_owner(config: TrainConfig) -> str:

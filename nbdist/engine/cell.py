@@ -174,16 +174,17 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
              take_batches: int | None = None):
     import keras
 
-    from nbdist.engine.data import kind_of, load
+    from nbdist.engine.data import STREAMS, kind_of, load
 
     if name not in namespace:
         raise DataError(f"{flag} names {name}, which the notebook does not define. Define it in the "
                         f"cell, or pass the names of your arrays: {flag} X,Y.")
     value = namespace[name]
-    if kind_of(value) not in ("dataset", "generator"):
+    if kind_of(value) not in STREAMS:
         raise DataError(
-            f"{flag} {shown_name(name)} is a {type(value).__name__}, expected a tf.data.Dataset or a "
-            f"generator function yielding (inputs, labels). For arrays pass two names: {flag} X,Y.")
+            f"{flag} {shown_name(name)} is a {type(value).__name__}, expected a tf.data.Dataset, a "
+            "torch DataLoader or a generator function yielding (inputs, labels). For arrays pass "
+            f"two names: {flag} X,Y.")
     loaded = load(value, shown_name(name), flag, model, limit, take_batches=take_batches)
     for what, part in zip(("inputs", "labels", "sample weights"), loaded.head, strict=False):
         for a in keras.tree.flatten(part):
@@ -234,7 +235,7 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
 
         ensure_built(model, x, y, sw)  # as every worker does before comparing variables
         y_pred = model(x, training=False)
-        loss = float(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False))
+        loss = float(keras.ops.convert_to_numpy(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)))
     except Exception as exc:  # noqa: BLE001 - Keras/TensorFlow raise many kinds here
         detail = _first_line(str(exc)) or type(exc).__name__
         expects = getattr(model, "input_shape", None)

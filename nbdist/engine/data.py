@@ -1,4 +1,5 @@
-"""The data a cell trains on: NumPy arrays, a finite `tf.data.Dataset`, or a generator function.
+"""The data a cell trains on: NumPy arrays, a finite `tf.data.Dataset`, a generator function, or
+(on any backend, with PyTorch installed) a `torch.utils.data.DataLoader`, read as a generator.
 
 Responsible for:
 - telling which of those a name holds (without importing TensorFlow for arrays);
@@ -28,10 +29,17 @@ from nbdist.errors import DataError
 READ_BATCH = 256  # samples per read when a dataset is unbatched or streamed
 
 
+STREAMS = ("dataset", "generator", "dataloader")  # the kinds `load` reads (into memory, or streamed)
+
+
 def kind_of(value: object) -> str:
-    """'dataset', 'generator', 'array' or 'other'; never imports TensorFlow."""
-    if any(c.__name__ == "DatasetV2" and c.__module__.startswith("tensorflow") for c in type(value).__mro__):
+    """'dataset', 'generator', 'dataloader' (PyTorch's), 'array' or 'other'; never imports
+    TensorFlow or PyTorch."""
+    mro = type(value).__mro__
+    if any(c.__name__ == "DatasetV2" and c.__module__.startswith("tensorflow") for c in mro):
         return "dataset"
+    if any(c.__name__ == "DataLoader" and c.__module__.startswith("torch.utils.data") for c in mro):
+        return "dataloader"
     if inspect.isgeneratorfunction(value):
         return "generator"
     if hasattr(value, "__len__") and hasattr(value, "shape"):
@@ -138,6 +146,8 @@ def as_batched(value: object, name: str, flag: str, model, finite: bool = False)
     import tensorflow as tf
 
     rank = model_rank(model)
+    if kind_of(value) == "dataloader":  # read through tf.data as a generator of NumPy batches
+        value = loader_batches(value)
     if kind_of(value) == "generator":
         first = next(iter(value()), None)
         if not (isinstance(first, tuple) and len(first) in (2, 3)):
@@ -165,6 +175,20 @@ def as_batched(value: object, name: str, flag: str, model, finite: bool = False)
     first = tf.nest.flatten(spec[0])[0]
     shape = tuple(first.shape.as_list()) if first.shape.rank is not None else (None,)
     return (value, True) if is_batched(shape, rank, False) else (value.batch(READ_BATCH), False)
+
+
+def loader_batches(loader):
+    """A `torch.utils.data.DataLoader` as a generator function of NumPy batches: (x, y) or
+    (x, y, sample_weight) tuples, x and y nested or not, as Keras's `fit` reads it."""
+
+    def numpy(t):
+        return t.detach().cpu().numpy() if hasattr(t, "detach") else np.asarray(t)
+
+    def batches():
+        for batch in loader:
+            yield tuple(map_nested(numpy, list(batch))) if isinstance(batch, (list, tuple)) else batch
+
+    return batches
 
 
 def validation_arrays(ns: dict, names: tuple[str, ...] | None, model) -> tuple | None:

@@ -163,15 +163,13 @@ def _shown(value: object) -> str:
 def fit_intercepted(on_fit: Callable[[FitCall], object]) -> Iterator[list[FitCall]]:
     """While the block runs, `model.fit(...)` calls `on_fit(FitCall)` and returns what it
     returns, and `model.train_on_batch` is refused: Keras's own training loop never runs.
-    Yields the list of calls seen. Keras is imported here only if the cell imported it."""
-    import sys
+    Yields the list of calls seen. Keras is not imported here: a cell that imports it first
+    has it patched as soon as it is imported (`nbdist.engine.keras_backend.when_imported`),
+    so the cell's own KERAS_BACKEND line still chooses the backend."""
+    from nbdist.engine.keras_backend import when_imported
 
     calls: list[FitCall] = []
-    keras = sys.modules.get("keras")
-    if keras is None:  # the cell may import Keras itself: patch as soon as it is importable
-        import keras
-    model_class = keras.Model
-    saved = {name: model_class.__dict__.get(name) for name in ("fit", "train_on_batch")}
+    saved: dict = {}
 
     def fit(model, *args, **kwargs):
         call = FitCall.bind(model, args, kwargs)
@@ -189,15 +187,20 @@ def fit_intercepted(on_fit: Callable[[FitCall], object]) -> Iterator[list[FitCal
             "distribute (it would train single-machine on every engine). Call model.fit(...) once "
             "instead, or run the cell without %%distribute.")
 
-    model_class.fit, model_class.train_on_batch = fit, train_on_batch
+    def patch(keras) -> None:
+        model_class = saved["class"] = keras.Model
+        saved["methods"] = {name: model_class.__dict__.get(name) for name in ("fit", "train_on_batch")}
+        model_class.fit, model_class.train_on_batch = fit, train_on_batch
+
     try:
-        yield calls
+        with when_imported(patch):
+            yield calls
     finally:
-        for name, original in saved.items():
+        for name, original in saved.get("methods", {}).items():
             if original is None:
-                delattr(model_class, name)
+                delattr(saved["class"], name)
             else:
-                setattr(model_class, name, original)
+                setattr(saved["class"], name, original)
 
 
 def stop_at_fit(namespace: dict, key: str) -> Callable[[FitCall], object]:

@@ -35,14 +35,14 @@ class FitData:
 def place(call: FitCall, namespace: dict) -> FitData:
     """Put the call's model and data into `namespace` under the reserved names; see the module
     docstring. Raises a CellError for what the call cannot mean."""
-    from nbdist.engine.data import kind_of
+    from nbdist.engine.data import STREAMS, kind_of
 
     namespace[MODEL] = call.model
     kind = kind_of(call.x)
     if call.x is None:
         raise CellError("model.fit() was called without training data (Received: x=None). Pass the "
                         "inputs and labels: model.fit(x_train, y_train, ...).")
-    if kind in ("dataset", "generator"):
+    if kind in STREAMS:
         return _place_dataset(call, namespace, kind)
     if _is_iterator(call.x) or _is_py_dataset(call.x):
         return _place_batches(call, namespace)
@@ -71,7 +71,7 @@ def _place_dataset(call: FitCall, namespace: dict, kind: str) -> FitData:
              if getattr(call, name) is not None]
     if given:
         raise CellError(
-            f"model.fit() got a {'tf.data.Dataset' if kind == 'dataset' else 'generator'} as x and "
+            f"model.fit() got a {STREAM_NAMES[kind]} as x and "
             f"also {', '.join(given)}; as in Keras, a dataset yields its own labels (and weights, as "
             "a third element). Drop them, or map them into the dataset.")
     if call.validation_split:
@@ -85,6 +85,7 @@ def _place_dataset(call: FitCall, namespace: dict, kind: str) -> FitData:
     return FitData((X,), validation, take_batches, is_dataset=True)
 
 
+STREAM_NAMES = {"dataset": "tf.data.Dataset", "generator": "generator", "dataloader": "torch DataLoader"}
 MAX_ITERATOR_BYTES = 2 * 2**30  # what a generator given to fit may yield without steps_per_epoch
 
 
@@ -126,9 +127,9 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
 
 
 def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
-    from nbdist.engine.data import kind_of
+    from nbdist.engine.data import STREAMS, kind_of
 
-    if kind_of(value) in ("dataset", "generator"):
+    if kind_of(value) in STREAMS:
         namespace[VAL_X] = value
         return (VAL_X,)
     if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):

@@ -68,8 +68,10 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     import keras
 
     cls = type(optimizer)
-    name = cls.__name__
     received = f"{cls.__module__}.{cls.__qualname__}"
+    if cls.__module__.startswith("keras.src.backend."):  # PyTorch's keras.optimizers.Adam is Keras's own subclass
+        cls = next((c for c in cls.__mro__[1:] if not c.__module__.startswith("keras.src.backend.")), cls)
+    name = cls.__name__
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise unsupported("it is wrapped in a LossScaleOptimizer (mixed precision: the hub "
                            "applies float32 gradients and keeps no loss scale)", received)

@@ -1,7 +1,8 @@
 """Running the user's cell on an engine: the one way every mode does it.
 
-An async worker, a sync rank and the local worker thread all start the same way: set
-TensorFlow's threads and the engine's GPU (by local rank) before TensorFlow runs anything, run
+An async worker, a sync rank and the local worker thread all start the same way: Keras on the
+kernel's backend (`nbdist.engine.keras_backend`), the backend's threads and the engine's GPU (by
+local rank) set before it runs anything, run
 the cell in the engine's interactive namespace (as `%px` would) with the values the kernel
 sent, find the model and the data by the names the kernel found, and build the model's
 variables as the kernel did. `portable` is the kernel's half: values from the notebook's
@@ -9,7 +10,7 @@ variables as the kernel did. `portable` is the kernel's half: values from the no
 
 `spec` is a worker spec (`nbdist.modes.common.worker.WorkerSpec` or a sync rank's): this
 module reads only its cell fields (source, pushed, model_name, data, validation, stream,
-preloaded, seed, num_samples, num_workers, worker, engine, threads, local_rank).
+preloaded, seed, num_samples, num_workers, worker, engine, threads, local_rank, keras_backend).
 """
 
 from __future__ import annotations
@@ -79,17 +80,22 @@ def configure_tensorflow(threads: int | None, local_rank: int) -> None:
 
 
 def execute_cell(source: str | None, pushed: dict, threads: int | None, local_rank: int = 0,
-                 namespace: dict | None = None) -> dict:
-    """Ready this engine (TensorFlow's threads, its own GPU) and run the user's cell in its
-    namespace with the values it reads from earlier cells (`pushed`); returns the namespace.
-    Every mode runs the cell on an engine through here. `source` None: the namespace already
-    holds the cell's results (--mode local, in-process tests)."""
+                 namespace: dict | None = None, *, backend: str = "tensorflow",
+                 engine: int | None = None) -> dict:
+    """Ready this engine (Keras on the kernel's `backend`, its threads, its own GPU) and run the
+    user's cell in its namespace with the values it reads from earlier cells (`pushed`);
+    returns the namespace. Every mode runs the cell on an engine through here. `source` None:
+    the namespace already holds the cell's results (--mode local, in-process tests)."""
+    from nbdist.engine.keras_backend import check_engine, configure_engine, use_on_engine
+
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    configure_tensorflow(threads, local_rank)
+    use_on_engine(backend, engine)
+    configure_engine(backend, threads, local_rank)
     ns = engine_namespace() if namespace is None else namespace
     if source is not None:
         ns.update(unpack(pushed))
         run_until_fit(source, ns)
+        check_engine(backend, engine)
     return ns
 
 
@@ -122,7 +128,8 @@ def run_cell(spec, namespace: dict | None = None) -> tuple:
     """Ready this engine, run the cell (unless `spec.source` is None: the namespace already
     holds its results, as in --mode local) and return (model, training data as a batch
     source, validation arrays or None), the model built."""
-    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace,
+                      backend=spec.keras_backend, engine=spec.engine)
     model, data, validation = find_training(ns, spec)
     from nbdist.engine.flatmodel import ensure_built
 

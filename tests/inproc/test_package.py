@@ -63,6 +63,25 @@ def test_the_gpu_extra_upgrades_the_one_tensorflow_and_nothing_can_shadow_it():
     assert not [r for r in everything if r.lower().startswith("tensorflow-cpu")]  # the yml files mirror these
 
 
+def test_the_backend_extras_take_cpu_builds_and_every_install_names_them():
+    """`nbdist[jax]` and `nbdist[torch]`: JAX without a CUDA extra, PyTorch pinned to one release
+    (an open `torch` requirement pulls PyPI's multi-GB CUDA build); environment.yml and the
+    Makefile's install step (what `make test` and CI install) take both, the Makefile PyTorch's
+    CPU build of the same pin first."""
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    extras = project["optional-dependencies"]
+    assert set(_names(extras["jax"])) == {"jax", "jaxlib"}
+    assert not [r for r in extras["jax"] if "[" in r]  # no jax[cuda...]
+    assert list(_names(extras["torch"]).values()) == ["torch==2.13.0"]
+    installed = re.search(r"-e \.\[([\w,]+)\]", (ROOT / "environment.yml").read_text()).group(1).split(",")
+    make = re.search(r"^EXTRAS \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split(",")
+    for names in (installed, make):
+        assert {"dev", "jax", "torch"} <= set(names)
+        assert set(names) <= set(extras)
+    pin = re.search(r"^TORCH_PIN\s*:= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1)
+    assert [pin] == extras["torch"]
+
+
 def test_every_error_class_says_what_it_is_for():
     import nbdist.errors as errors
 

@@ -68,6 +68,7 @@ class WorkerSpec:
     shuffle: bool = True  # a new order each pass (fit's shuffle=False: the data's own order)
     epoch_size: int | None = None  # samples per epoch, when fewer than a pass (fit's steps_per_epoch)
     take_batches: int | None = None  # batches of a repeating dataset that make the data
+    keras_backend: str = "tensorflow"  # the kernel's Keras backend: the cell runs on it here too
 
 
 def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
@@ -197,7 +198,7 @@ class _AsyncLoop:
             else:
                 reply = self._plain_step(todo[0], reply)
         t.bye()
-        return {"worker": self.spec.worker, "steps": self.steps,
+        return {"worker": self.spec.worker, "steps": self.steps, "keras_backend": self.spec.keras_backend,
                 "shard_passes": getattr(self.data, "passes", None)}  # streamed: passes over its shard begun
 
     # -- the three step shapes --------------------------------------------------------------

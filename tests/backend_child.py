@@ -1,0 +1,345 @@
+"""Cases the backend tests run in a child process of their own, with KERAS_BACKEND set there:
+Keras picks its backend once per process, so a test on JAX or PyTorch cannot run in pytest's.
+
+    KERAS_BACKEND=jax python -m tests.backend_child gradients OUT.npz
+    KERAS_BACKEND=torch python -m tests.backend_child adam
+    KERAS_BACKEND=jax python -m tests.backend_child convnet
+
+Each case prints one line `@@result {json}` for the test to read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import sys
+
+import numpy as np
+
+RESULT = "@@result "
+FEATURES, CLASSES = 6, 3
+
+
+def _models() -> dict:
+    import keras
+
+    class Subclassed(keras.Model):
+        def __init__(self):
+            super().__init__()
+            self.hidden = keras.layers.Dense(7, activation="tanh", kernel_regularizer=keras.regularizers.l2(0.01))
+            self.out = keras.layers.Dense(CLASSES)
+
+        def call(self, x):
+            h = self.hidden(x)
+            self.add_loss(0.001 * keras.ops.sum(keras.ops.square(h)))  # a forward-pass loss
+            return self.out(h)
+
+    def functional():
+        inputs = keras.Input((FEATURES,))
+        a = keras.layers.Dense(8, activation="relu", kernel_regularizer="l2")(inputs)
+        b = keras.layers.BatchNormalization()(keras.layers.Dense(8)(inputs))
+        return keras.Model(inputs, keras.layers.Dense(CLASSES)(keras.layers.Concatenate()([a, b])))
+
+    return {
+        "sequential": lambda: keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu"),
+                                                keras.layers.Dense(CLASSES)]),
+        "functional": functional,
+        "subclassed": Subclassed,
+    }
+
+
+def gradients(out: str) -> dict:
+    """The worker's flat gradient (and loss, BatchNorm state, metric increments) of one batch
+    with sample weights, for three kinds of model whose weights are set from a fixed seed, so
+    every backend computes on the same numbers."""
+    import keras
+
+    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat, write_flat
+
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(24, FEATURES)).astype(np.float32)
+    y = rng.integers(0, CLASSES, 24)
+    sw = rng.uniform(0.5, 1.5, 24).astype(np.float32)
+    found = {}
+    for name, build in _models().items():
+        model = build()
+        model.compile(optimizer="sgd", metrics=["accuracy"],
+                      loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+        ensure_built(model, x[:2], y[:2], sw[:2])
+        params, nt = read_flat(model)
+        params = rng.normal(scale=0.3, size=params.size).astype(np.float32)
+        nt = rng.uniform(0.5, 1.5, nt.size).astype(np.float32)  # BatchNorm means and variances
+        write_flat(model, params, nt)
+        flat = FlatModel(model)
+        loss, grad, norm, nt_after = flat.assign_and_gradients(params, nt, x, y, sw)
+        flat.hold(x, y, sw)
+        held = flat.assign_and_gradients_at(params, nt, np.arange(4, 20))
+        found.update({f"{name}/loss": np.float32(loss), f"{name}/grad": grad, f"{name}/nt": nt_after,
+                      f"{name}/metrics": flat.last_metrics, f"{name}/held_grad": held[1],
+                      f"{name}/flat": np.array([type(flat).__name__])})
+    np.savez(out, **found)
+    return {"backend": keras.backend.backend(), "models": sorted(_models())}
+
+
+ADAM_MODELS = {  # the three kinds of model, without dropout (its masks are drawn per backend)
+    "sequential": """
+model = keras.Sequential([keras.Input((12,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3, activation="softmax")])
+""",
+    "functional": """
+inputs = keras.Input((12,))
+a = keras.layers.Dense(16, activation="relu", kernel_regularizer="l2")(inputs)
+# no bias before BatchNorm: its gradient is zero but for rounding, which Adam scales up to
+# steps of the learning rate's size, so that bias would drift apart on any two code paths
+b = keras.layers.BatchNormalization()(keras.layers.Dense(8, use_bias=False)(inputs))
+model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b])))
+""",
+    "subclassed": """
+class Net(keras.Model):
+    def __init__(self):
+        super().__init__()
+        self.hidden = keras.layers.Dense(16, activation="tanh")
+        self.out = keras.layers.Dense(3, activation="softmax")
+
+    def call(self, x):
+        h = self.hidden(x)
+        self.add_loss(0.001 * keras.ops.mean(keras.ops.square(h)))  # a forward-pass loss
+        return self.out(h)
+
+model = Net()
+""",
+}
+ADAM_CELL = '''
+import numpy as np
+import keras
+keras.utils.set_random_seed(3)
+rng = np.random.default_rng(3)
+x = rng.normal(size=(1600, 12)).astype("float32")
+y = (x[:, :3].sum(axis=1) > 0).astype("int64") + (x[:, 3] > 1).astype("int64")
+{model}
+model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy")
+model.fit(x, y, batch_size=32, epochs=1, shuffle=False, verbose=0)
+'''
+
+
+def adam_cell(kind: str = "sequential") -> str:
+    return ADAM_CELL.format(model=ADAM_MODELS[kind])
+
+
+def adam() -> dict:
+    """50 hub steps with Adam (--mode local, one worker, no staleness, the data's own order)
+    against Keras's own fit of the same cell on this backend, for each kind of model."""
+    import keras
+
+    return {"backend": keras.backend.backend(), "models": {kind: _adam(kind) for kind in ADAM_MODELS}}
+
+
+def _adam(kind: str) -> dict:
+    import nbdist
+    from nbdist.engine.flatmodel import read_flat
+
+    cell = adam_cell(kind)
+    ns: dict = {}
+    run = nbdist.train(cell, namespace=ns, mode="local")
+    ours = np.concatenate(read_flat(ns["model"]))  # trainable and non-trainable (BatchNorm's)
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    theirs = np.concatenate(read_flat(plain["model"]))
+    steps = int(run.nodes["steps"].sum())
+    return {"steps": steps, "max_diff": float(np.abs(ours - theirs).max()),
+            "moved": float(np.abs(theirs - np.concatenate(read_flat(_fresh(cell)))).max()),
+            "events": [str(t) for t in run.events["text"].dropna()]}
+
+
+MODE_RUNS = {  # what async's options do, in the kernel: --mode local (one worker) and simulate
+    "local": {},
+    "local --local-steps 4": {"local_steps": 4},
+    "local --overlap": {"overlap": True},
+    "local --algorithm easgd": {"algorithm": "easgd"},
+    **{f"simulate --algorithm {rule}": {"mode": "simulate", "workers": 4, "algorithm": rule}
+       for rule in ("asgd", "hogwild", "dc-asgd", "dc-asgd-a", "softsync", "ssp", "group")},
+    # ddc-asgd is its own momentum on plain SGD: it refuses the cell's Adam unless told
+    "simulate --algorithm ddc-asgd --server-optimizer sgd --lr 0.05": {
+        "mode": "simulate", "workers": 4, "algorithm": "ddc-asgd", "server_optimizer": "sgd", "lr": 0.05},
+    "simulate --dbs --slowdown 1,1,2,4": {"mode": "simulate", "dbs": True, "slowdown": (1, 1, 2, 4)},
+}
+
+
+def modes() -> dict:
+    """The Sequential Adam cell (3 epochs) trained by each of MODE_RUNS, and by Keras's fit: the
+    accuracy each reaches on its training data, on this backend."""
+    import keras
+
+    import nbdist
+
+    cell = adam_cell().replace("epochs=1", "epochs=3")
+    found = {}
+    for name, options in MODE_RUNS.items():
+        ns: dict = {}
+        with contextlib.redirect_stdout(io.StringIO()):
+            nbdist.train(cell, namespace=ns, **{"mode": "local", **options})
+        found[name] = _accuracy(ns)
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    majority = float(np.bincount(plain["y"]).max() / len(plain["y"]))
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "majority": majority, "runs": found}
+
+
+ASYNC_RUNS = {  # on engines: 2 workers, 1 hub shard
+    "--algorithm dc-asgd-a --dbs": {"algorithm": "dc-asgd-a", "dbs": True},
+    "--local-steps 2": {"local_steps": 2},
+    "--overlap": {"overlap": True},
+    "--algorithm ssp --staleness 0": {"algorithm": "ssp", "staleness": 0},  # what sync's refusal points to
+}
+
+
+def async_options() -> dict:
+    """The Sequential Adam cell (3 epochs) in --mode async on a real cluster with each of
+    ASYNC_RUNS, and by Keras's fit: the accuracy each reaches on its training data."""
+    import keras
+
+    import nbdist
+
+    cell = adam_cell().replace("epochs=1", "epochs=3")
+    found = {}
+    cluster = nbdist.Cluster.start(3)
+    try:
+        for name, options in ASYNC_RUNS.items():
+            ns: dict = {}
+            with contextlib.redirect_stdout(io.StringIO()):
+                nbdist.train(cell, namespace=ns, cluster=cluster, workers=2, **options)
+            found[name] = _accuracy(ns)
+    finally:
+        cluster.stop()
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "runs": found}
+
+
+def dataloader() -> dict:
+    """The Sequential Adam cell fed by a `torch.utils.data.DataLoader` (3 epochs): --mode local
+    and Keras's own fit of the same cell, and the accuracy each reaches on the arrays."""
+    import keras
+
+    import nbdist
+
+    cell = adam_cell().replace("epochs=1", "epochs=3").replace(
+        "model.fit(x, y, batch_size=32,",
+        "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
+        "loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=32)\n"
+        "model.fit(loader,")
+    ns: dict = {}
+    run = nbdist.train(cell, namespace=ns, mode="local")
+    plain: dict = {}
+    exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "local": _accuracy(ns),
+            "steps": int(run.nodes["steps"].sum()), "events": [str(t) for t in run.events["text"].dropna()]}
+
+
+def _accuracy(ns: dict) -> float:
+    predicted = np.asarray(ns["model"].predict(ns["x"], verbose=0)).argmax(axis=1)
+    return float((predicted == ns["y"]).mean())
+
+
+def _fresh(cell: str):
+    """The cell's model as built, before training (the cell seeds itself)."""
+    fresh: dict = {}
+    exec(cell.replace("model.fit(", "(lambda *a, **k: None)("), fresh)  # noqa: S102
+    model = fresh["model"]
+    model(fresh["x"][:1])  # a subclassed model has its variables after its first call
+    return model
+
+
+def convnet() -> dict:
+    """The keras.io convnet cell, unchanged: async with 2 workers on a real cluster, --mode local,
+    and plain Keras's fit, all on this backend; and the backend each engine's Keras runs."""
+    import keras
+
+    import nbdist
+    from tests.tutorial_cells import FIT_CELLS, fit_baseline
+
+    cell, result = FIT_CELLS["keras-io-convnet"]
+    scores = {"fit": fit_baseline("keras-io-convnet")}
+    cluster = nbdist.Cluster.start(3)
+    try:
+        for mode, options in (("async", {"cluster": cluster, "workers": 2}), ("local", {})):
+            keras.utils.set_random_seed(0)
+            ns: dict = {}
+            with contextlib.redirect_stdout(io.StringIO()):
+                run = nbdist.train(cell, namespace=ns, mode=mode, **options)
+            scores[mode] = float(result(ns))
+            scores[f"{mode}_events"] = [str(t) for t in run.events["text"].dropna()][:3]
+        engines = cluster.client[:].apply_sync(_engine_backend)
+    finally:
+        cluster.stop()
+    return {"backend": keras.backend.backend(), **scores, "engines": engines}
+
+
+def _engine_backend() -> str | None:
+    """On an engine: the backend its Keras runs, None if it never imported Keras (a hub's)."""
+    import sys
+
+    keras = sys.modules.get("keras")
+    return None if keras is None else keras.backend.backend()
+
+
+def refusals() -> dict:
+    """What this backend cannot run says why, before any engine is touched."""
+    import nbdist
+    from nbdist.errors import BackendError
+
+    said = {}
+    for mode in ("sync", "pipeline"):
+        try:  # no fit call: pipeline refuses one for its own reasons first
+            nbdist.train(adam_cell().replace("model.fit(", "(lambda *a, **k: None)("), namespace={}, mode=mode,
+                         cluster=object())  # refused before it is used
+        except BackendError as exc:
+            said[mode] = str(exc)
+    return said
+
+
+def mismatch() -> dict:
+    """An engine whose Keras already runs on TensorFlow refuses a run on this backend."""
+    import nbdist
+    from nbdist.errors import BackendError
+
+    cluster = nbdist.Cluster.start(2)
+    try:
+        cluster.client[:].apply_sync(_load_tensorflow_keras)
+        try:
+            nbdist.train(adam_cell(), namespace={}, cluster=cluster, workers=1)
+        except BackendError as exc:
+            return {"error": str(exc)}
+        return {"error": None}
+    finally:
+        cluster.stop()
+
+
+def _load_tensorflow_keras() -> str:
+    import os
+
+    os.environ["KERAS_BACKEND"] = "tensorflow"
+    import keras
+
+    return keras.backend.backend()
+
+
+def cell_sets_backend(backend: str) -> dict:
+    """A kernel that has not imported Keras: the cell's own KERAS_BACKEND line chooses the run's
+    backend (nbdist imports Keras only after the cell does)."""
+    import nbdist
+
+    cell = f'import os\nos.environ["KERAS_BACKEND"] = "{backend}"\n' + adam_cell()
+    ns: dict = {}
+    run = nbdist.train(cell, namespace=ns, mode="local")
+    import keras
+
+    return {"backend": keras.backend.backend(), "events": [str(t) for t in run.events["text"].dropna()]}
+
+
+CASES = {"gradients": gradients, "adam": adam, "modes": modes, "dataloader": dataloader, "async_options": async_options, "convnet": convnet, "refusals": refusals,
+         "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
+
+if __name__ == "__main__":
+    print(RESULT + json.dumps(CASES[sys.argv[1]](*sys.argv[2:])), flush=True)

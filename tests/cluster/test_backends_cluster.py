@@ -1,0 +1,47 @@
+"""The keras.io convnet cell, unchanged, on Keras's JAX and PyTorch backends on a real cluster:
+async with 2 workers and --mode local each finish within 0.03 of Keras's own fit on the same
+backend, and the engines' Keras runs that backend. An engine whose Keras already runs another
+backend is refused, naming it. Each backend runs in a child process with its own cluster
+(tests/backend_child.py): Keras picks its backend once per process, engines included."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.inproc.test_backends import child
+
+TOLERANCE = 0.03
+pytestmark = [pytest.mark.cluster, pytest.mark.slow]
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_the_keras_io_convnet_trains_on_the_backend_async_and_local_as_fit_does(backend):
+    said = child("convnet", backend=backend, timeout=850)
+    print(backend, said)  # the accuracies, for `pytest -rP`
+    assert said["backend"] == backend
+    for mode in ("async", "local"):
+        assert said[mode] >= said["fit"] - TOLERANCE, (backend, mode, said)
+        assert f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)" in said[f"{mode}_events"]
+    assert said["fit"] > 0.7  # the cell learnt (3 epochs on 12,000 images)
+    # engine 0 holds the async run's hub shard (no Keras there); the two workers ran the cell
+    assert sorted(e for e in said["engines"] if e is not None) == [backend, backend]
+
+
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_async_with_a_rule_dbs_local_steps_overlap_and_bsp_trains_on_the_backend_as_fit_does(backend):
+    from tests.backend_child import ASYNC_RUNS
+
+    said = child("async_options", backend=backend, timeout=580)
+    print(backend, said)  # the accuracies, for `pytest -rP`
+    assert said["backend"] == backend and set(said["runs"]) == set(ASYNC_RUNS)
+    for name, accuracy in said["runs"].items():
+        assert accuracy >= said["fit"] - 0.1, (backend, name, accuracy, said["fit"])
+
+
+@pytest.mark.timeout(300)
+def test_an_engine_whose_keras_runs_another_backend_is_refused_with_what_to_do():
+    said = child("mismatch", backend="jax", timeout=280)
+    assert "runs on the tensorflow backend, but the kernel's runs on jax" in said["error"]
+    assert "Restart the engines" in said["error"] and "engine " in said["error"]
