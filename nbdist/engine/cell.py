@@ -39,7 +39,8 @@ def assigned_names(source: str) -> set[str]:
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
-        raise CellError(f"The cell is not valid Python: {exc}. Fix the syntax and run it again.") from None
+        raise CellError(f"The cell is not valid Python: {exc}. Fix the syntax and run it "
+                        "again.") from None
     names: set[str] = set()
 
     def visit(node: ast.AST) -> None:
@@ -50,7 +51,8 @@ def assigned_names(source: str) -> set[str]:
             return  # their bodies are another scope
         elif isinstance(node, (ast.Import, ast.ImportFrom)):
             names.update((a.asname or a.name).split(".")[0] for a in node.names)
-        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp, ast.GeneratorExp)):
+        elif isinstance(node, (ast.Lambda, ast.ListComp, ast.SetComp, ast.DictComp,
+                               ast.GeneratorExp)):
             return
         for child in ast.iter_child_nodes(node):
             visit(child)
@@ -79,7 +81,8 @@ class CellContents:
 
     model_name: str
     model: object
-    data: tuple[str, ...]  # arrays: (inputs, labels[, weights]); one name: a tf.data.Dataset or generator
+    # arrays: (inputs, labels[, weights]); one name: a tf.data.Dataset or generator
+    data: tuple[str, ...]
     validation: tuple[str, ...] | None
     num_samples: int
     pushed: dict  # name -> value: read by the cell, defined by an earlier cell
@@ -87,13 +90,14 @@ class CellContents:
     validation_arrays: tuple | None = None
     streamed: bool = False  # the dataset is larger than --in-memory-limit: workers read shards
     notes: list[str] = field(default_factory=list)  # what nbdist chose (run.events)
-    warnings: list[str] = field(default_factory=list)  # how it trains unlike the cell (run.warnings)
+    # how it trains unlike the cell (run.warnings)
+    warnings: list[str] = field(default_factory=list)
     batch_hint: int | None = None  # a batched dataset's own batch size (its first batch)
 
 
-def inspect_cell(source: str, namespace: dict, config: TrainConfig, *, data: tuple[str, ...] | None = None,
-                 validation: tuple[str, ...] | None = None, model_name: str | None = None,
-                 take_batches: int | None = None) -> CellContents:
+def inspect_cell(source: str, namespace: dict, config: TrainConfig, *,
+                 data: tuple[str, ...] | None = None, validation: tuple[str, ...] | None = None,
+                 model_name: str | None = None, take_batches: int | None = None) -> CellContents:
     """Find the model and data the run needs, or raise a CellError saying what to fix.
 
     `data`, `validation` and `model_name` name what the cell's own `model.fit(...)` call gave
@@ -126,7 +130,8 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig, *, data: tup
     if train.streamed:
         from nbdist.engine.data import streaming_note
 
-        warnings.append(streaming_note(shown_name(data[0]), train.num_samples, config.in_memory_limit))
+        warnings.append(streaming_note(shown_name(data[0]), train.num_samples,
+                                       config.in_memory_limit))
     validation, validation_arrays = _validation(namespace, config, model, validation)
     pushed = outside_values(source, namespace, defined)
     pushed.update({n: namespace[n] for n in (*data, *(validation or ())) if n not in defined
@@ -134,7 +139,8 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig, *, data: tup
     if train.streamed:
         arrays = None
     else:
-        arrays = (train.x, train.y) if train.sample_weight is None else (train.x, train.y, train.sample_weight)
+        arrays = ((train.x, train.y) if train.sample_weight is None
+                  else (train.x, train.y, train.sample_weight))
     return CellContents(model_name, model, data, validation, train.num_samples, pushed,
                         arrays=arrays, validation_arrays=validation_arrays, streamed=train.streamed,
                         notes=notes, warnings=warnings, batch_hint=train.batch_hint)
@@ -146,12 +152,13 @@ def _check_train_step(model, name: str) -> None:
     import keras
 
     own = type(model).train_step
-    if own is not keras.Model.train_step and getattr(own, "__module__", "").split(".")[0] != "keras":
+    if (own is not keras.Model.train_step
+            and getattr(own, "__module__", "").split(".")[0] != "keras"):
         raise CellError(
-            f"The model {name!r} ({type(model).__name__}) overrides train_step, a training step of its "
-            "own, and nbdist computes each step's gradient from compute_loss instead, so it would "
-            "train differently from model.fit. Move the custom loss into compute_loss (nbdist "
-            "calls it), or run the cell without %%distribute.")
+            f"The model {name!r} ({type(model).__name__}) overrides train_step, a training step "
+            "of its own, and nbdist computes each step's gradient from compute_loss instead, so it "
+            "would train differently from model.fit. Move the custom loss into compute_loss "
+            "(nbdist calls it), or run the cell without %%distribute.")
 
 
 def _training_data(namespace: dict, config: TrainConfig, model, data: tuple[str, ...],
@@ -177,8 +184,8 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
     from nbdist.engine.data import STREAMS, kind_of, load
 
     if name not in namespace:
-        raise DataError(f"{flag} names {name}, which the notebook does not define. Define it in the "
-                        f"cell, or pass the names of your arrays: {flag} X,Y.")
+        raise DataError(f"{flag} names {name}, which the notebook does not define. Define it in "
+                        f"the cell, or pass the names of your arrays: {flag} X,Y.")
     value = namespace[name]
     if kind_of(value) not in STREAMS:
         raise DataError(
@@ -189,21 +196,22 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
     for what, part in zip(("inputs", "labels", "sample weights"), loaded.head, strict=False):
         for a in keras.tree.flatten(part):
             if a.dtype.kind not in "biuf":
-                raise DataError(f"{flag} {shown_name(name)} yields {what} of dtype {a.dtype}, expected "
-                                "numbers. Map them to numbers, e.g. "
+                raise DataError(f"{flag} {shown_name(name)} yields {what} of dtype {a.dtype}, "
+                                "expected numbers. Map them to numbers, e.g. "
                                 "ds.map(lambda x, y: (tf.cast(x, 'float32'), y)).")
     return loaded
 
 
-def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str], data: tuple[str, ...],
-                     validation: tuple[str, ...] | None) -> None:
+def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str],
+                     data: tuple[str, ...], validation: tuple[str, ...] | None) -> None:
     """A tf.data.Dataset cannot travel to the engines: it must be built by the cell there."""
     from nbdist.engine.data import kind_of
 
     if config.mode not in (Mode.ASYNC, Mode.SYNC):
         return
     for name in (*data, *(config.validation or validation or ())):
-        if name not in defined and name not in RESERVED and kind_of(namespace.get(name)) == "dataset":
+        if (name not in defined and name not in RESERVED
+                and kind_of(namespace.get(name)) == "dataset"):
             raise DataError(
                 f"{name} is a tf.data.Dataset from another cell; a dataset cannot be sent to the "
                 f"engines. Build {name} inside the %%distribute cell (or pass arrays).")
@@ -219,15 +227,15 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
     names = tuple(shown_name(n) for n in names)
     if len(names) == 1:
         names = (f"{names[0]}'s inputs", "its labels")
-    described = [f"{n} ({_describe(a)})" for n, a in zip(names, whole if whole is not None else head[:2],
-                                                          strict=False)]
+    described = [f"{n} ({_describe(a)})"
+                 for n, a in zip(names, whole if whole is not None else head[:2], strict=False)]
     what = " and ".join(described)
     for n, part in zip(names, head[:2], strict=False):
         for a in keras.tree.flatten(part):
             if a.dtype.kind not in "biuf":
-                raise DataError(f"{what}: {n} holds {a.dtype} values, expected numbers. Convert it, "
-                                f"e.g. with .astype('float32'), or class names to integer ids with "
-                                "np.unique(labels, return_inverse=True)[1].")
+                raise DataError(f"{what}: {n} holds {a.dtype} values, expected numbers. Convert "
+                                "it, e.g. with .astype('float32'), or class names to integer "
+                                "ids with np.unique(labels, return_inverse=True)[1].")
     x, y = head[0], head[1]
     sw = head[2] if len(head) > 2 else None
     try:
@@ -235,19 +243,21 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
 
         ensure_built(model, x, y, sw)  # as every worker does before comparing variables
         y_pred = model(x, training=False)
-        loss = float(keras.ops.convert_to_numpy(model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)))
+        loss = float(keras.ops.convert_to_numpy(
+            model.compute_loss(x=x, y=y, y_pred=y_pred, sample_weight=sw, training=False)))
     except Exception as exc:  # noqa: BLE001 - Keras/TensorFlow raise many kinds here
         detail = _first_line(str(exc)) or type(exc).__name__
         expects = getattr(model, "input_shape", None)
         raise DataError(
-            f"{what} do not fit the model{f' (it expects inputs of shape {expects})' if expects else ''}: "
+            f"{what} do not fit the model"
+            f"{f' (it expects inputs of shape {expects})' if expects else ''}: "
             f"{type(exc).__name__}: {detail}. Reshape or convert the arrays, or change the model's "
             "Input and output layers to match them."
         ) from None
     if not np.isfinite(loss):
         raise DataError(f"The loss on the first samples of {what} is {loss} before any training. "
-                        "Check the labels match the loss (e.g. class ids within the output size) and "
-                        "normalise the inputs.")
+                        "Check the labels match the loss (e.g. class ids within the output size) "
+                        "and normalise the inputs.")
 
 
 def _describe(data) -> str:
@@ -263,7 +273,8 @@ def _describe(data) -> str:
 def _first_line(message: str) -> str:
     """The line of a Keras error that says what is wrong (not its preamble or arguments)."""
     lines = [re.sub(r"\x1b\[[0-9;]*m", "", line).strip() for line in message.splitlines()]
-    lines = [line for line in lines if line and not line.startswith(("Exception encountered", "Arguments"))]
+    lines = [line for line in lines
+             if line and not line.startswith(("Exception encountered", "Arguments"))]
     return lines[0][:300] if lines else ""
 
 
@@ -281,17 +292,19 @@ def _the_model(namespace: dict, defined: set[str], notes: list[str]) -> str:
             "The cell defines no keras.Model. Build and compile one in the cell, e.g. "
             "model = keras.Sequential([...]); model.compile(...), or name it with --model."
         )
-    inner = {n: sorted(m for m in found if m != n and _contains(namespace[n], namespace[m])) for n in found}
+    inner = {n: sorted(m for m in found if m != n and _contains(namespace[n], namespace[m]))
+             for n in found}
     outermost = [n for n in found if not any(n in inner[o] for o in found)]
     if len(outermost) > 1:
         raise AmbiguousModelError(
             f"The cell defines several models: {', '.join(found)}, and none contains "
-            f"{'the others' if len(outermost) == len(found) else ', '.join(outermost)}, so it is not "
-            f"clear which to train. Say which one with --model (e.g. --model {outermost[0]})."
+            f"{'the others' if len(outermost) == len(found) else ', '.join(outermost)}, so it is "
+            f"not clear which to train. Say which one with --model (e.g. --model {outermost[0]})."
         )
     name = outermost[0]
     if inner[name]:
-        notes.append(f"Training `{name}` (it contains {', '.join(f'`{m}`' for m in inner[name])}); "
+        notes.append(f"Training `{name}` (it contains "
+                     f"{', '.join(f'`{m}`' for m in inner[name])}); "
                      "pass --model to choose another.")
     return name
 
@@ -327,12 +340,13 @@ def _arrays(namespace: dict, names: tuple[str, ...], flag: str) -> tuple:
         value = namespace[n]
         nested = isinstance(value, (list, tuple, dict))
         leaves = keras.tree.flatten(value) if nested else [value]
-        bad = [type(v).__name__ for v in leaves if not hasattr(v, "__len__") or not hasattr(v, "shape")]
+        bad = [type(v).__name__ for v in leaves
+               if not hasattr(v, "__len__") or not hasattr(v, "shape")]
         if bad or not leaves:
             holding = f" holding {bad[0]}" if bad and nested else ""
             raise DataError(
-                f"{shown} is a {type(value).__name__}{holding}, expected a NumPy array, or a list or "
-                "dict of arrays (one per input or output of the model). Convert each with "
+                f"{shown} is a {type(value).__name__}{holding}, expected a NumPy array, or a list "
+                "or dict of arrays (one per input or output of the model). Convert each with "
                 "np.asarray(...), or pass a tf.data.Dataset.")
         converted = keras.tree.map_structure(np.asarray, value) if nested else np.asarray(value)
         for leaf in keras.tree.flatten(converted) if nested else [converted]:
@@ -340,18 +354,18 @@ def _arrays(namespace: dict, names: tuple[str, ...], flag: str) -> tuple:
             if leaf.dtype.kind == "f" and not np.isfinite(leaf).all():
                 rows = np.flatnonzero(~np.isfinite(leaf.reshape(len(leaf), -1)).all(axis=1))
                 raise DataError(
-                    f"{shown} contains NaN or inf in {rows.size} sample(s) (first at index {rows[0]}). "
-                    "Clean or drop them before training, e.g. np.nan_to_num(...).")
+                    f"{shown} contains NaN or inf in {rows.size} sample(s) (first at index "
+                    f"{rows[0]}). Clean or drop them before training, e.g. np.nan_to_num(...).")
         arrays.append(converted)
     if len(lengths) > 1:
         (n1, first), (n2, second) = list(lengths.items())[:2]
-        raise DataError(f"{first} has {n1} samples but {second} has {n2}. Inputs, labels and sample "
-                        "weights must have the same length (one row per sample).")
+        raise DataError(f"{first} has {n1} samples but {second} has {n2}. Inputs, labels and "
+                        "sample weights must have the same length (one row per sample).")
     return tuple(arrays)
 
 
-def _validation(namespace: dict, config: TrainConfig, model,
-                names: tuple[str, ...] | None = None) -> tuple[tuple[str, ...] | None, tuple | None]:
+def _validation(namespace: dict, config: TrainConfig, model, names: tuple[str, ...] | None = None
+                ) -> tuple[tuple[str, ...] | None, tuple | None]:
     """The validation names and arrays (a dataset is always held in memory; beyond
     --in-memory-limit it is refused). `names`: what the fit call gave (() for none), unless
     --validation or --no-validation says otherwise."""
@@ -375,6 +389,7 @@ def _validation(namespace: dict, config: TrainConfig, model,
                 f"{format_size(config.in_memory_limit)} of decoded tensors; validation data is "
                 f"held in memory. Validate on a part of it ({names[0]}.take(n)), or raise "
                 "--in-memory-limit.")
-        arrays = (loaded.x, loaded.y) if loaded.sample_weight is None else (loaded.x, loaded.y, loaded.sample_weight)
+        arrays = ((loaded.x, loaded.y) if loaded.sample_weight is None
+                  else (loaded.x, loaded.y, loaded.sample_weight))
         return names, arrays
     return names, _arrays(namespace, names, "--validation")

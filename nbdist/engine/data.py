@@ -29,7 +29,8 @@ from nbdist.errors import DataError
 READ_BATCH = 256  # samples per read when a dataset is unbatched or streamed
 
 
-STREAMS = ("dataset", "generator", "dataloader")  # the kinds `load` reads (into memory, or streamed)
+# the kinds `load` reads (into memory, or streamed)
+STREAMS = ("dataset", "generator", "dataloader")
 
 
 def kind_of(value: object) -> str:
@@ -151,13 +152,14 @@ def as_batched(value: object, name: str, flag: str, model, finite: bool = False)
     if kind_of(value) == "generator":
         first = next(iter(value()), None)
         if not (isinstance(first, tuple) and len(first) in (2, 3)):
-            raise DataError(f"{flag} {name}: the generator function yields {_shown(first)}, expected "
-                            "(features, labels) pairs of arrays (or triples with sample weights). "
-                            "Yield x_batch, y_batch.")
+            raise DataError(f"{flag} {name}: the generator function yields {_shown(first)}, "
+                            "expected (features, labels) pairs of arrays (or triples with sample "
+                            "weights). Yield x_batch, y_batch.")
         first = tf.nest.map_structure(np.asarray, first)
         batched = is_batched(tf.nest.flatten(first[0])[0].shape, rank, True)
         signature = tf.nest.map_structure(
-            lambda a: tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape), tf.as_dtype(a.dtype)), first)
+            lambda a: tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape),
+                                    tf.as_dtype(a.dtype)), first)
         dataset = tf.data.Dataset.from_generator(value, output_signature=signature)
         return (dataset, True) if batched else (dataset.batch(READ_BATCH), False)
     spec = value.element_spec
@@ -170,8 +172,8 @@ def as_batched(value: object, name: str, flag: str, model, finite: bool = False)
     if int(value.cardinality()) == int(tf.data.INFINITE_CARDINALITY) and not finite:
         raise DataError(
             f"{flag} {name} is infinite (it repeats without a count), so it has no epochs. Drop "
-            f".repeat() (nbdist runs --epochs passes itself), make it finite with {name}.take(n), or "
-            "say how many batches make an epoch with model.fit(..., steps_per_epoch=N).")
+            f".repeat() (nbdist runs --epochs passes itself), make it finite with {name}.take(n), "
+            "or say how many batches make an epoch with model.fit(..., steps_per_epoch=N).")
     first = tf.nest.flatten(spec[0])[0]
     shape = tuple(first.shape.as_list()) if first.shape.rank is not None else (None,)
     return (value, True) if is_batched(shape, rank, False) else (value.batch(READ_BATCH), False)
@@ -186,7 +188,8 @@ def loader_batches(loader):
 
     def batches():
         for batch in loader:
-            yield tuple(map_nested(numpy, list(batch))) if isinstance(batch, (list, tuple)) else batch
+            yield (tuple(map_nested(numpy, list(batch))) if isinstance(batch, (list, tuple))
+                   else batch)
 
     return batches
 
@@ -198,7 +201,8 @@ def validation_arrays(ns: dict, names: tuple[str, ...] | None, model) -> tuple |
         return None
     if len(names) == 1:
         loaded = load(ns[names[0]], names[0], "--validation", model, limit=None)
-        return (loaded.x, loaded.y) if loaded.sample_weight is None else (loaded.x, loaded.y, loaded.sample_weight)
+        return ((loaded.x, loaded.y) if loaded.sample_weight is None
+                else (loaded.x, loaded.y, loaded.sample_weight))
     return tuple(ns[n] for n in names)
 
 
@@ -229,7 +233,8 @@ def as_float32(x):
     """Inputs as Keras trains on them: float64 becomes float32 once, here, not per batch;
     other dtypes (integer token ids, float16) stay as they are. `x` may be nested (several
     inputs)."""
-    return map_nested(lambda a: a.astype(np.float32) if getattr(a, "dtype", None) == np.float64 else a, x)
+    return map_nested(lambda a: a.astype(np.float32) if getattr(a, "dtype", None) == np.float64
+                      else a, x)
 
 
 def map_nested(fn, data):
@@ -279,8 +284,8 @@ class ArraySource:
         ([0, 1, 2], [3, 0, 1])
     """
 
-    def __init__(self, x, y, num_samples: int, seed: int, sample_weight=None, *, shuffle: bool = True,
-                 epoch_size: int | None = None):
+    def __init__(self, x, y, num_samples: int, seed: int, sample_weight=None, *,
+                 shuffle: bool = True, epoch_size: int | None = None):
         self.x, self.y, self.sample_weight = x, y, sample_weight
         self.num_samples, self.seed, self.shuffle = num_samples, seed, shuffle
         self.epoch_size = epoch_size or num_samples
@@ -295,10 +300,12 @@ class ArraySource:
     def indices(self, epoch: int, start: int, stop: int) -> np.ndarray:
         """The samples of `batch(epoch, start, stop)`, as indices into the arrays (int64)."""
         first = epoch * self.epoch_size + start
-        passes, offsets = divmod(np.arange(first, first + (stop - start), dtype=np.int64), self.num_samples)
+        passes, offsets = divmod(np.arange(first, first + (stop - start), dtype=np.int64),
+                                 self.num_samples)
         if passes.size and passes[0] == passes[-1]:  # the usual case: within one pass
             return self._order(int(passes[0]))[offsets]
-        return np.concatenate([self._order(int(p))[offsets[passes == p]] for p in np.unique(passes)])
+        return np.concatenate([self._order(int(p))[offsets[passes == p]]
+                               for p in np.unique(passes)])
 
     def _order(self, n_pass: int) -> np.ndarray:
         order = self._orders.get(n_pass)
@@ -317,7 +324,8 @@ class ArraySource:
     def head(self, n: int) -> tuple:
         """The first `n` samples, shaped as `batch` returns them."""
         batch = (take(self.x, slice(0, n)), take(self.y, slice(0, n)))
-        return batch if self.sample_weight is None else (*batch, take(self.sample_weight, slice(0, n)))
+        return (batch if self.sample_weight is None
+                else (*batch, take(self.sample_weight, slice(0, n))))
 
 
 class ShardStream:
@@ -342,7 +350,8 @@ class ShardStream:
         fresh = False
         while self._buffered < n:
             if self._iter is None:
-                self._iter, self.passes, fresh = self.dataset.as_numpy_iterator(), self.passes + 1, True
+                self._iter, self.passes, fresh = (self.dataset.as_numpy_iterator(),
+                                                  self.passes + 1, True)
             part = next(self._iter, None)
             if part is None:
                 if fresh:

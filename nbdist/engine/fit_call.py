@@ -26,14 +26,15 @@ FIT_PARAMETERS = ("x", "y", "batch_size", "epochs", "verbose", "callbacks", "val
                   "validation_data", "shuffle", "class_weight", "sample_weight", "initial_epoch",
                   "steps_per_epoch", "validation_steps", "validation_batch_size", "validation_freq")
 FIT_DEFAULTS = {"x": None, "y": None, "batch_size": None, "epochs": 1, "verbose": "auto",
-                "callbacks": None, "validation_split": 0.0, "validation_data": None, "shuffle": True,
-                "class_weight": None, "sample_weight": None, "initial_epoch": 0,
+                "callbacks": None, "validation_split": 0.0, "validation_data": None,
+                "shuffle": True, "class_weight": None, "sample_weight": None, "initial_epoch": 0,
                 "steps_per_epoch": None, "validation_steps": None, "validation_batch_size": None,
                 "validation_freq": 1}
 KERAS_DEFAULT_BATCH = 32  # what `fit` uses when the call gives no batch_size
 
 
-class FitReached(BaseException):  # noqa: N818 - a signal, not an error: `except Exception` must not catch it
+# a signal, not an error: `except Exception` must not catch it
+class FitReached(BaseException):  # noqa: N818
     """Raised on an engine when the cell reaches its `fit` call: the cell stops there."""
 
 
@@ -76,9 +77,11 @@ class FitCall:
         twice = sorted(set(bound) & set(kwargs))
         unknown = sorted(set(kwargs) - set(FIT_PARAMETERS))
         if twice or unknown:
-            what = f"got {', '.join(twice)} twice" if twice else f"has no argument {', '.join(unknown)}"
-            raise CellError(f"model.fit() {what} (Received: fit({_shown_call(args, kwargs)})). Keras's "
-                            f"fit takes: {', '.join(FIT_PARAMETERS)}. Fix the call in the cell.")
+            what = (f"got {', '.join(twice)} twice" if twice
+                    else f"has no argument {', '.join(unknown)}")
+            raise CellError(f"model.fit() {what} (Received: fit({_shown_call(args, kwargs)})). "
+                            f"Keras's fit takes: {', '.join(FIT_PARAMETERS)}. Fix the call in "
+                            "the cell.")
         bound.update(kwargs)
         return cls(model=model, **{**FIT_DEFAULTS, **bound}, given=frozenset(bound))
 
@@ -105,9 +108,11 @@ class FitCall:
         if self.initial_epoch >= self.epochs:
             raise CellError(f"model.fit(initial_epoch={self.initial_epoch}, epochs={self.epochs}) "
                             "trains no epoch: `epochs` is the index of the last epoch plus one, as "
-                            f"in Keras. Use epochs > initial_epoch, e.g. epochs={self.initial_epoch + 1}.")
+                            "in Keras. Use epochs > initial_epoch, e.g. "
+                            f"epochs={self.initial_epoch + 1}.")
         if self.batch_size is not None and (isinstance(self.batch_size, bool)
-                                            or not isinstance(self.batch_size, int) or self.batch_size < 1):
+                                            or not isinstance(self.batch_size, int)
+                                            or self.batch_size < 1):
             raise CellError(f"model.fit(batch_size=...) must be a whole number >= 1 (Received: "
                             f"{self.batch_size!r}).")
         split = self.validation_split
@@ -121,15 +126,17 @@ class FitCall:
                 "(shuffle=True) or keeps the order (shuffle=False). 'batch' shuffling is for HDF5 "
                 "files in Keras 2. Pass shuffle=True or False.")
         if self.class_weight is not None and self.sample_weight is not None:
-            raise CellError("model.fit() got both class_weight and sample_weight; Keras refuses that "
-                            "too. Fold the class weights into the sample weights, or drop one.")
+            raise CellError(
+                "model.fit() got both class_weight and sample_weight; Keras refuses that too. "
+                "Fold the class weights into the sample weights, or drop one.")
         if self.class_weight is not None and not isinstance(self.class_weight, dict):
-            raise CellError(f"model.fit(class_weight=...) must be a dict from class index to weight "
-                            f"(Received: {type(self.class_weight).__name__}). Example: "
+            raise CellError(f"model.fit(class_weight=...) must be a dict from class index to "
+                            f"weight (Received: {type(self.class_weight).__name__}). Example: "
                             "class_weight={0: 1.0, 1: 5.0}.")
         for name in ("steps_per_epoch", "validation_steps", "validation_batch_size"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
+                                      or value < 1):
                 raise CellError(f"model.fit({name}=...) must be a whole number >= 1 or None "
                                 f"(Received: {value!r}).")
         freq = self.validation_freq
@@ -175,21 +182,22 @@ def fit_intercepted(on_fit: Callable[[FitCall], object]) -> Iterator[list[FitCal
         call = FitCall.bind(model, args, kwargs)
         if calls:
             raise CellError(
-                "The cell calls model.fit() a second time. A %%distribute cell trains once: its fit "
-                "call is the run's specification. Put each training phase (e.g. a frozen base, then "
-                "fine-tuning) in its own %%distribute cell.")
+                "The cell calls model.fit() a second time. A %%distribute cell trains once: its "
+                "fit call is the run's specification. Put each training phase (e.g. a frozen base, "
+                "then fine-tuning) in its own %%distribute cell.")
         calls.append(call)
         return on_fit(call)
 
     def train_on_batch(model, *args, **kwargs):
         raise CellError(
-            "The cell calls model.train_on_batch(), a training loop of its own, which nbdist cannot "
-            "distribute (it would train single-machine on every engine). Call model.fit(...) once "
-            "instead, or run the cell without %%distribute.")
+            "The cell calls model.train_on_batch(), a training loop of its own, which nbdist "
+            "cannot distribute (it would train single-machine on every engine). Call "
+            "model.fit(...) once instead, or run the cell without %%distribute.")
 
     def patch(keras) -> None:
         model_class = saved["class"] = keras.Model
-        saved["methods"] = {name: model_class.__dict__.get(name) for name in ("fit", "train_on_batch")}
+        saved["methods"] = {name: model_class.__dict__.get(name)
+                            for name in ("fit", "train_on_batch")}
         model_class.fit, model_class.train_on_batch = fit, train_on_batch
 
     try:

@@ -56,9 +56,9 @@ def place(call: FitCall, namespace: dict) -> FitData:
         validation = _put(namespace, (VAL_X, VAL_Y, VAL_SW), (vx, vy, vsw))
     if call.class_weight is not None:
         if isinstance(y, (list, tuple, dict)):
-            raise CellError("model.fit(class_weight=...) works with one output, as in Keras (Received: "
-                            f"y as a {type(y).__name__}). Pass per-sample weights per output with "
-                            "sample_weight instead.")
+            raise CellError("model.fit(class_weight=...) works with one output, as in Keras "
+                            f"(Received: y as a {type(y).__name__}). Pass per-sample weights "
+                            "per output with sample_weight instead.")
         sw = class_weights(y, call.class_weight)
     data = _put(namespace, (X, Y, SW), (x, y, sw))
     if call.validation_data is not None:
@@ -72,20 +72,23 @@ def _place_dataset(call: FitCall, namespace: dict, kind: str) -> FitData:
     if given:
         raise CellError(
             f"model.fit() got a {STREAM_NAMES[kind]} as x and "
-            f"also {', '.join(given)}; as in Keras, a dataset yields its own labels (and weights, as "
-            "a third element). Drop them, or map them into the dataset.")
+            f"also {', '.join(given)}; as in Keras, a dataset yields its own labels (and weights, "
+            "as a third element). Drop them, or map them into the dataset.")
     if call.validation_split:
-        raise CellError("model.fit(validation_split=...) splits arrays, not a dataset (Keras refuses it "
-                        "too). Pass validation_data=val_ds, or use ds.take/ds.skip to split.")
+        raise CellError(
+            "model.fit(validation_split=...) splits arrays, not a dataset (Keras refuses it too). "
+            "Pass validation_data=val_ds, or use ds.take/ds.skip to split.")
     namespace[X] = call.x
     take_batches = None
     if kind == "dataset" and call.steps_per_epoch is not None and _infinite(call.x):
         take_batches = call.steps_per_epoch  # an epoch is that many batches of the endless stream
-    validation = _place_validation(call.validation_data, namespace) if call.validation_data is not None else ()
+    validation = (_place_validation(call.validation_data, namespace)
+                  if call.validation_data is not None else ())
     return FitData((X,), validation, take_batches, is_dataset=True)
 
 
-STREAM_NAMES = {"dataset": "tf.data.Dataset", "generator": "generator", "dataloader": "torch DataLoader"}
+STREAM_NAMES = {"dataset": "tf.data.Dataset", "generator": "generator",
+                "dataloader": "torch DataLoader"}
 MAX_ITERATOR_BYTES = 2 * 2**30  # what a generator given to fit may yield without steps_per_epoch
 
 
@@ -97,10 +100,11 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
     from nbdist.engine.data import nbytes
 
     if call.y is not None or call.validation_split:
-        raise CellError(f"model.fit() got a {type(call.x).__name__} as x, which yields its own labels; "
-                        "as in Keras it takes no y and no validation_split. Drop them.")
+        raise CellError(f"model.fit() got a {type(call.x).__name__} as x, which yields its own "
+                        "labels; as in Keras it takes no y and no validation_split. Drop them.")
     if _is_py_dataset(call.x):
-        count = len(call.x) if call.steps_per_epoch is None else min(len(call.x), call.steps_per_epoch)
+        count = (len(call.x) if call.steps_per_epoch is None
+                 else min(len(call.x), call.steps_per_epoch))
         source = (call.x[i] for i in range(count))
     else:
         source = islice(call.x, call.steps_per_epoch) if call.steps_per_epoch else call.x
@@ -109,8 +113,8 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
         batches.append(tuple(batch) if isinstance(batch, (tuple, list)) else batch)
         size += nbytes(batch)
         if size > MAX_ITERATOR_BYTES:
-            raise CellError(f"model.fit() got a {type(call.x).__name__} that yields more than 2 GiB "
-                            "without steps_per_epoch. Say how many batches make an epoch: "
+            raise CellError(f"model.fit() got a {type(call.x).__name__} that yields more than "
+                            "2 GiB without steps_per_epoch. Say how many batches make an epoch: "
                             "model.fit(gen, steps_per_epoch=N, ...), or pass a tf.data.Dataset.")
     if not batches:
         raise CellError(f"model.fit() got a {type(call.x).__name__} that yields no batch: there is "
@@ -120,10 +124,12 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
         yield from batches
 
     namespace[X] = replay
-    validation = _place_validation(call.validation_data, namespace) if call.validation_data is not None else ()
+    validation = (_place_validation(call.validation_data, namespace)
+                  if call.validation_data is not None else ())
     return FitData((X,), validation, is_dataset=True, warning=(
-        f"model.fit got a {type(call.x).__name__}: nbdist read {len(batches)} batch(es) of it once and "
-        "trains every epoch on them (Keras would draw new batches each epoch from an endless one)."))
+        f"model.fit got a {type(call.x).__name__}: nbdist read {len(batches)} batch(es) of it "
+        "once and trains every epoch on them (Keras would draw new batches each epoch from an "
+        "endless one)."))
 
 
 def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
@@ -134,9 +140,11 @@ def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
         return (VAL_X,)
     if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
         raise CellError(f"model.fit(validation_data=...) must be (x_val, y_val), (x_val, y_val, "
-                        f"val_sample_weight) or a tf.data.Dataset (Received: a {type(value).__name__}"
+                        "val_sample_weight) or a tf.data.Dataset (Received: a "
+                        f"{type(value).__name__}"
                         f"{f' of {len(value)}' if isinstance(value, (tuple, list)) else ''}).")
-    return _put(namespace, (VAL_X, VAL_Y, VAL_SW), (*value, None) if len(value) == 2 else tuple(value))
+    return _put(namespace, (VAL_X, VAL_Y, VAL_SW),
+                (*value, None) if len(value) == 2 else tuple(value))
 
 
 def _put(namespace: dict, names: tuple[str, str, str], values: tuple) -> tuple[str, ...]:
@@ -161,8 +169,8 @@ def split_last(fraction: float, *arrays):
     n = num_rows(next(a for a in arrays if a is not None))
     at = int(math.floor(n * (1.0 - fraction)))
     if at == 0 or at == n:
-        raise CellError(f"model.fit(validation_split={fraction}) leaves no training or no validation "
-                        f"sample out of {n}. Use more data or another fraction.")
+        raise CellError(f"model.fit(validation_split={fraction}) leaves no training or no "
+                        f"validation sample out of {n}. Use more data or another fraction.")
     train = tuple(take(a, slice(0, at)) for a in arrays)
     held = tuple(take(a, slice(at, n)) for a in arrays)
     return train, held
@@ -180,7 +188,8 @@ def class_weights(y, class_weight: dict) -> np.ndarray:
     """
     labels = np.asarray(y)
     if labels.ndim > 1:
-        labels = np.argmax(labels, axis=-1) if labels.shape[-1] != 1 else np.squeeze(labels, axis=-1)
+        labels = (np.argmax(labels, axis=-1) if labels.shape[-1] != 1
+                  else np.squeeze(labels, axis=-1))
     labels = np.round(labels).astype(np.int64)
     weights = np.ones(len(labels), dtype=np.float32)
     for cls, weight in class_weight.items():
@@ -193,7 +202,8 @@ def _is_iterator(value: object) -> bool:
 
 
 def _is_py_dataset(value: object) -> bool:
-    return any(c.__name__ == "PyDataset" and c.__module__.startswith("keras") for c in type(value).__mro__)
+    return any(c.__name__ == "PyDataset" and c.__module__.startswith("keras")
+               for c in type(value).__mro__)
 
 
 def _infinite(dataset) -> bool:

@@ -29,7 +29,8 @@ class JaxFlatModel(StatelessFlatModel):
             return parts.outputs(loss, list(grads), aux, x, y, sw)
 
         def step_at(params, non_trainable, ints, held, index):
-            return step(params, non_trainable, ints, *jax.tree_util.tree_map(lambda t: t[index], held))
+            return step(params, non_trainable, ints,
+                        *jax.tree_util.tree_map(lambda t: t[index], held))
 
         self._compiled, self._compiled_at = jax.jit(step), jax.jit(step_at)
 
@@ -41,7 +42,8 @@ class JaxFlatModel(StatelessFlatModel):
         return loss, flat, norm, nt_after, metrics
 
     def _step(self, params, non_trainable, x, y, sample_weight) -> tuple:
-        return self._finish(self._compiled(params, non_trainable, self.parts.int_values(), x, y, sample_weight))
+        return self._finish(self._compiled(params, non_trainable, self.parts.int_values(), x, y,
+                                           sample_weight))
 
     def _hold(self, x, y, sample_weight) -> tuple:
         import jax
@@ -49,4 +51,5 @@ class JaxFlatModel(StatelessFlatModel):
         return jax.device_put((x, y, sample_weight))
 
     def _step_at(self, params, non_trainable, index) -> tuple:
-        return self._finish(self._compiled_at(params, non_trainable, self.parts.int_values(), self._held, index))
+        return self._finish(self._compiled_at(params, non_trainable, self.parts.int_values(),
+                                              self._held, index))

@@ -26,12 +26,13 @@ def stateless_loss(model, values: list, nt_values: list, x, y, sample_weight=Non
     from nbdist.engine.step_metrics import zero_metrics
 
     training = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
-    y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True, **training)
+    y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True,
+                                                  **training)
     model._losses_override = list(losses)  # add_loss / activity terms, as Keras's JAX trainer
     try:
         loss, (_, nt_new, metrics_new) = model.stateless_compute_loss(
-            values, nt_new, zero_metrics(model), x=x, y=y, y_pred=y_pred, sample_weight=sample_weight,
-            training=True)
+            values, nt_new, zero_metrics(model), x=x, y=y, y_pred=y_pred,
+            sample_weight=sample_weight, training=True)
     finally:
         model._losses_override = []
     return loss, y_pred, nt_new, metrics_new
@@ -58,12 +59,14 @@ class StepParts:
         """The flat `params` as the trainable variables' values."""
         return _split(params, self.sizes, self.trainable)
 
-    def loss_of_values(self, values: list, non_trainable, ints: list, x, y, sample_weight=None) -> tuple:
+    def loss_of_values(self, values: list, non_trainable, ints: list, x, y,
+                       sample_weight=None) -> tuple:
         """`loss` on the trainable values already split (JAX differentiates with respect to
         them: the transpose of a split into one flat gradient is slow in XLA on CPU)."""
         floats, others = iter(_split(non_trainable, self.nt_sizes, self.float_nt)), iter(ints)
         nt_values = [next(floats) if f else next(others) for f in self.is_float]
-        loss, y_pred, nt_new, metrics_new = stateless_loss(self.model, values, nt_values, x, y, sample_weight)
+        loss, y_pred, nt_new, metrics_new = stateless_loss(self.model, values, nt_values, x, y,
+                                                           sample_weight)
         return loss, (y_pred, nt_new, metrics_new)
 
     def outputs(self, loss, grad, aux: tuple, x, y, sample_weight=None) -> tuple:
@@ -76,10 +79,12 @@ class StepParts:
 
         y_pred, nt_new, metrics_new = aux
         metrics = increments(self.model, loss, x, y, y_pred, sample_weight, after_loss=metrics_new)
-        floats = [ops.reshape(ops.cast(n, "float32"), (-1,)) for n, f in zip(nt_new, self.is_float, strict=True) if f]
+        floats = [ops.reshape(ops.cast(n, "float32"), (-1,))
+                  for n, f in zip(nt_new, self.is_float, strict=True) if f]
         nt_flat = ops.concatenate(floats, axis=0) if floats else ops.zeros((0,), "float32")
         ints = [n for n, f in zip(nt_new, self.is_float, strict=True) if not f]
-        squares = sum(ops.sum(ops.square(g)) for g in grad) if isinstance(grad, list) else ops.sum(ops.square(grad))
+        squares = (sum(ops.sum(ops.square(g)) for g in grad) if isinstance(grad, list)
+                   else ops.sum(ops.square(grad)))
         return loss, grad, ops.sqrt(squares), nt_flat, metrics, ints
 
     def int_values(self) -> list:
@@ -98,7 +103,8 @@ def _split(flat, sizes: list[int], variables: list) -> list:
         return []
     bounds = np.cumsum(sizes)[:-1].tolist()
     parts = ops.split(flat, bounds, axis=0) if bounds else [flat]
-    return [ops.cast(ops.reshape(p, v.shape), v.dtype) for p, v in zip(parts, variables, strict=True)]
+    return [ops.cast(ops.reshape(p, v.shape), v.dtype)
+            for p, v in zip(parts, variables, strict=True)]
 
 
 class StatelessFlatModel:
@@ -164,7 +170,8 @@ class StatelessFlatModel:
         stateless gradient on the variables' weights, the non-trainable state it left written
         back, then the optimizer's update; its metric increments go to `last_metrics`."""
         params, non_trainable = self.read()
-        loss, grad, _, nt_after = self.assign_and_gradients(params, non_trainable, x, y, sample_weight)
+        loss, grad, _, nt_after = self.assign_and_gradients(params, non_trainable, x, y,
+                                                            sample_weight)
         self.assign(params, nt_after)
         from keras import ops
 

@@ -57,7 +57,8 @@ class TensorFlowFlatModel:
         def write(params, non_trainable):
             for v, part in zip(trainable, tf.split(params, sizes) if sizes else [], strict=True):
                 v.assign(tf.reshape(part, v.shape))
-            for v, part in zip(nt_vars, tf.split(non_trainable, nt_sizes) if nt_sizes else [], strict=True):
+            for v, part in zip(nt_vars, tf.split(non_trainable, nt_sizes) if nt_sizes else [],
+                               strict=True):
                 v.assign(tf.reshape(part, v.shape))
 
         def grads_of(x, y, sw=None):
@@ -114,12 +115,14 @@ class TensorFlowFlatModel:
 
         with tf.device("/CPU:0"):  # host memory, as model.fit's input pipeline keeps it
             xs, ys = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
-            ws = None if sample_weight is None else tf.nest.map_structure(tf.convert_to_tensor, sample_weight)
+            ws = (None if sample_weight is None
+                  else tf.nest.map_structure(tf.convert_to_tensor, sample_weight))
         grads_of, write = self._grads_of, self._write
 
         def take(index):
             gathered = tf.nest.map_structure(lambda t: tf.gather(t, index), (xs, ys))
-            return (*gathered, None if ws is None else tf.nest.map_structure(lambda t: tf.gather(t, index), ws))
+            return (*gathered, None if ws is None
+                    else tf.nest.map_structure(lambda t: tf.gather(t, index), ws))
 
         @tf.function(reduce_retracing=True)
         def gradients_at(index):
@@ -157,11 +160,13 @@ class TensorFlowFlatModel:
             with tf.GradientTape() as tape:
                 tape.watch(params)
                 parts = tf.split(params, sizes) if sizes else []
-                values = [tf.cast(tf.reshape(p, v.shape), v.dtype) for p, v in zip(parts, trainable, strict=True)]
+                values = [tf.cast(tf.reshape(p, v.shape), v.dtype)
+                          for p, v in zip(parts, trainable, strict=True)]
                 nt_parts = iter(tf.split(non_trainable, nt_sizes) if nt_sizes else [])
                 nt_values = [tf.cast(tf.reshape(next(nt_parts), v.shape), v.dtype) if f else v.value
                              for v, f in zip(all_nt, is_float, strict=True)]
-                loss, y_pred, nt_new, metrics_new = stateless_loss(model, values, nt_values, x, y, sw)
+                loss, y_pred, nt_new, metrics_new = stateless_loss(model, values, nt_values,
+                                                                   x, y, sw)
             grad = tape.gradient(loss, params)
             if grad is None:  # no variable reaches the loss
                 grad = tf.zeros_like(params)
@@ -169,8 +174,8 @@ class TensorFlowFlatModel:
                 if not f:  # dropout seeds advance as they do in the variable path
                     v.assign(new)
             metrics = increments(model, loss, x, y, y_pred, sw, after_loss=metrics_new)
-            return (loss, grad, tf.norm(grad), flatten([n for n, f in zip(nt_new, is_float, strict=True) if f]),
-                    metrics)
+            return (loss, grad, tf.norm(grad),
+                    flatten([n for n, f in zip(nt_new, is_float, strict=True) if f]), metrics)
 
         return grads_of
 
@@ -220,17 +225,18 @@ class TensorFlowFlatModel:
                              sample_weight=None) -> tuple[float, np.ndarray, float, np.ndarray]:
         """`assign(params, non_trainable)` then `gradients(x, y)`, in one compiled call; with
         `stateless`, the same gradients on those weights without writing the variables."""
-        return self._call(self._stateless_gradients, self._assign_and_gradients, params, non_trainable,
-                          x, y, sample_weight)
+        return self._call(self._stateless_gradients, self._assign_and_gradients, params,
+                          non_trainable, x, y, sample_weight)
 
     def _call(self, stateless, assigning, *args) -> tuple[float, np.ndarray, float, np.ndarray]:
         if self.stateless:
             try:
                 return self._out(stateless(*args))
-            except Exception as exc:  # noqa: BLE001 - a layer stateless_call cannot trace: the variable path
+            except Exception as exc:  # noqa: BLE001
+                # a layer stateless_call cannot trace: the variable path
                 self.stateless, self.stateless_error = False, exc
-                log.info("stateless gradients unavailable for this model (%s: %s); assigning variables "
-                         "instead", type(exc).__name__, exc)
+                log.info("stateless gradients unavailable for this model (%s: %s); assigning "
+                         "variables instead", type(exc).__name__, exc)
         return self._out(assigning(*args))
 
     def gradients_at(self, index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
@@ -239,8 +245,10 @@ class TensorFlowFlatModel:
 
     def assign_and_gradients_at(self, params: np.ndarray, non_trainable: np.ndarray,
                                 index: np.ndarray) -> tuple[float, np.ndarray, float, np.ndarray]:
-        """`assign_and_gradients(params, non_trainable, x[index], y[index])` in one compiled call."""
-        return self._call(self._stateless_at, self._assign_and_gradients_at, params, non_trainable, index)
+        """`assign_and_gradients(params, non_trainable, x[index], y[index])` in one compiled
+        call."""
+        return self._call(self._stateless_at, self._assign_and_gradients_at, params, non_trainable,
+                          index)
 
     def assign(self, params: np.ndarray, non_trainable: np.ndarray) -> None:
         self._assign(params, non_trainable)

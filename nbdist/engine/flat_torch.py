@@ -26,7 +26,8 @@ class TorchFlatModel(StatelessFlatModel):
         import torch
 
         return keras.tree.map_structure(
-            lambda a: None if a is None else torch.as_tensor(np.asarray(a), device=self.device), data)
+            lambda a: None if a is None else torch.as_tensor(np.asarray(a), device=self.device),
+            data)
 
     def _step(self, params, non_trainable, x, y, sample_weight) -> tuple:
         return self._compute(params, non_trainable, *self._tensors((x, y, sample_weight)))
@@ -54,7 +55,8 @@ class TorchFlatModel(StatelessFlatModel):
         if grad is None:  # no variable reaches the loss
             grad = torch.zeros_like(flat)
         with torch.no_grad():
-            loss, grad, norm, nt_after, metrics, ints = parts.outputs(loss.detach(), grad, aux, x, y, sw)
+            loss, grad, norm, nt_after, metrics, ints = parts.outputs(loss.detach(), grad, aux,
+                                                                      x, y, sw)
             parts.write_ints(ints)
         return (loss.item(), grad.cpu().numpy(), norm.item(), nt_after.detach().cpu().numpy(),
                 metrics.detach().cpu().numpy())

@@ -1,4 +1,5 @@
-"""The run's Keras backend (TensorFlow, JAX or PyTorch): which one it is, and an engine readied for it.
+"""The run's Keras backend (TensorFlow, JAX or PyTorch): which one it is, and an engine readied
+for it.
 
 Keras 3 picks its backend once per process, when `keras` is first imported (`KERAS_BACKEND`,
 else `~/.keras/keras.json`, else TensorFlow), and a process cannot switch afterwards. The
@@ -31,8 +32,9 @@ BACKENDS = ("tensorflow", "jax", "torch")
 BSP_THROUGH_HUB = "--mode async --algorithm ssp --staleness 0"
 # modes whose engine code is TensorFlow's own, and why
 TENSORFLOW_ONLY = {
-    "sync": ("averages gradients with Horovod's TensorFlow allreduce inside TensorFlow graphs (Horovod "
-             "has no JAX binding, and its last release, 0.28.1, predates the PyTorch nbdist installs)"),
+    "sync": ("averages gradients with Horovod's TensorFlow allreduce inside TensorFlow graphs "
+             "(Horovod has no JAX binding, and its last release, 0.28.1, predates the PyTorch "
+             "nbdist installs)"),
     "pipeline": "cuts the model into TensorFlow stages that pass tensors between engines",
 }
 
@@ -101,9 +103,9 @@ def kernel_backend(mode: str) -> str:
     if wanted is not None and wanted != loaded:
         raise BackendError(
             f"KERAS_BACKEND is {wanted}, but Keras was already imported in this kernel with the "
-            f"{loaded} backend (Received: KERAS_BACKEND={wanted}; Keras runs {loaded}). Keras picks "
-            "its backend once per process. Restart the kernel and set KERAS_BACKEND before the "
-            "first `import keras` (the cell's first lines, or the notebook's first cell).")
+            f"{loaded} backend (Received: KERAS_BACKEND={wanted}; Keras runs {loaded}). Keras "
+            "picks its backend once per process. Restart the kernel and set KERAS_BACKEND before "
+            "the first `import keras` (the cell's first lines, or the notebook's first cell).")
     if loaded not in BACKENDS:
         raise BackendError(
             f"Keras runs on the {loaded} backend here (Received: {loaded}), which computes no "

@@ -69,8 +69,10 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
 
     cls = type(optimizer)
     received = f"{cls.__module__}.{cls.__qualname__}"
-    if cls.__module__.startswith("keras.src.backend."):  # PyTorch's keras.optimizers.Adam is Keras's own subclass
-        cls = next((c for c in cls.__mro__[1:] if not c.__module__.startswith("keras.src.backend.")), cls)
+    # PyTorch's keras.optimizers.Adam is Keras's own subclass
+    if cls.__module__.startswith("keras.src.backend."):
+        cls = next((c for c in cls.__mro__[1:]
+                    if not c.__module__.startswith("keras.src.backend.")), cls)
     name = cls.__name__
     if isinstance(optimizer, keras.optimizers.LossScaleOptimizer):
         raise unsupported("it is wrapped in a LossScaleOptimizer (mixed precision: the hub "
@@ -189,7 +191,8 @@ def describe_constraints(variables: list) -> list[dict]:
         constraint, shape = getattr(v, "constraint", None), [int(d) for d in v.shape]
         cls = type(constraint)
         if constraint is not None and cls is not keras.constraints.Constraint:
-            if cls.__name__ not in SUPPORTED_CONSTRAINTS or getattr(keras.constraints, cls.__name__) is not cls:
+            if (cls.__name__ not in SUPPORTED_CONSTRAINTS
+                    or getattr(keras.constraints, cls.__name__) is not cls):
                 raise _custom_constraint(v, constraint)
             config = {k: jsonable(value) for k, value in constraint.get_config().items()}
             entries.append(checked_constraint({
@@ -279,9 +282,9 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     chosen = config.server_optimizer.value if config.server_optimizer is not None else None
     if algorithm == "easgd":
         if chosen is not None:
-            raise ConfigError(f"--server-optimizer {chosen} does not apply to --algorithm easgd: its hub "
-                              "adds elastic differences with no optimizer (the cell's optimizer runs "
-                              "on the workers). Drop --server-optimizer.")
+            raise ConfigError(f"--server-optimizer {chosen} does not apply to --algorithm easgd: "
+                              "its hub adds elastic differences with no optimizer (the cell's "
+                              "optimizer runs on the workers). Drop --server-optimizer.")
         return None, []
     if config.local_steps > 1:
         return server_optimizer_spec(chosen or "sgd", None, segments), []
@@ -293,7 +296,8 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
                         f"not with the cell's {type(optimizer).__name__} as compiled.")
     else:
         spec = describe_optimizer(optimizer, segments, variables)
-        if config.lr is not None:  # (over a schedule it is refused: nbdist.engine.learning_rate.check_lr)
+        # (over a schedule it is refused: nbdist.engine.learning_rate.check_lr)
+        if config.lr is not None:
             warnings.append(f"--lr {config.lr:g} replaces the cell's learning rate "
                             f"{spec['learning_rate']:g}.")
             spec = {**spec, "learning_rate": float(config.lr)}
