@@ -82,7 +82,8 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     if not isinstance(source, str):
         raise CheckpointError(f"The checkpoint {ckpt.path} holds no cell source; pass the cell "
                               "that builds the model: nbdist.resume(path, cell, ...).")
-    return _start(source, config, cluster, namespace, wait, ckpt, given=dict(options), presenter=presenter)
+    return _start(source, config, cluster, namespace, wait, ckpt, given=dict(options),
+                  presenter=presenter)
 
 
 def _resumed_config(ckpt, options: dict) -> TrainConfig:
@@ -97,14 +98,16 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     from nbdist.algorithms import RULES
 
     defaults = RULES[shard0["rule"]].default_options(int(ckpt.meta.get("num_workers") or 1))
-    saved["algo_options"] = {k: v for k, v in shard0["rule_options"].items() if defaults.get(k) != v}
+    saved["algo_options"] = {k: v for k, v in shard0["rule_options"].items()
+                             if defaults.get(k) != v}
     for flag, option in (("staleness", "staleness"), ("n", "n"), ("groups", "num_groups")):
         if option in saved["algo_options"]:  # the live value wins over the flag it came from
             saved[flag] = "auto" if flag == "groups" else None
     try:
         base = TrainConfig(**saved)
     except (ConfigError, TypeError) as exc:
-        raise CheckpointError(f"The checkpoint {ckpt.path} holds options this nbdist refuses: {exc}") from None
+        raise CheckpointError(f"The checkpoint {ckpt.path} holds options this nbdist refuses: "
+                              f"{exc}") from None
     for name in RESUME_FIXED:  # before the other options, which may only fit the saved ones
         if name in options and _shown(options[name]).lower() != _shown(getattr(base, name)):
             flag = "--" + name.replace("_", "-")
@@ -124,8 +127,8 @@ def _shown(value: object) -> str:
     return str(getattr(value, "value", value))
 
 
-def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait: bool, ckpt=None, *,
-           given: dict | None = None, presenter=None) -> Run:
+def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait: bool,
+           ckpt=None, *, given: dict | None = None, presenter=None) -> Run:
     """Run the cell in the kernel, then the mode's start (`nbdist.modes.MODES`) on the job it
     describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
     call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""

@@ -7,8 +7,10 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
 
     NbdistError
     ├── ConfigError (ValueError)            a flag or option is invalid
-    │   ├── UnsupportedOptimizerError       the hub cannot reproduce the cell's optimizer/schedule/constraint
-    │   └── BackendError                    the Keras backend cannot run this mode, or an engine runs another
+    │   ├── UnsupportedOptimizerError       the hub cannot reproduce the cell's
+    │   │                                   optimizer/schedule/constraint
+    │   └── BackendError                    the Keras backend cannot run this mode, or an engine
+    │                                       runs another
     ├── CellError (ValueError)              the cell does not give what training needs
     │   ├── ModelNotFoundError              no compiled keras.Model in the cell
     │   ├── AmbiguousModelError             several models and no --model
@@ -33,6 +35,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
 
 from __future__ import annotations
 
+# the exception classes; `from_engine`, `engine_tag` and `raised_by_cell` turn an engine's error
+# into one
 __all__ = [
     "AmbiguousModelError",
     "BackendError",
@@ -58,7 +62,7 @@ __all__ = [
     "UnreachableHostError",
     "UnsupportedOptimizerError",
     "WorkersLostError",
-]  # the exception classes; `from_engine`, `engine_tag` and `raised_by_cell` turn an engine's error into one
+]
 
 
 class NbdistError(Exception):
@@ -184,7 +188,8 @@ def from_engine(exc: BaseException, engine: int | None, host: str | None = None)
     where = f"engine {engine}" + (f" ({host})" if host else "")
     what = (f"The cell raised {ename} on {where}" if raised_by_cell(exc) else
             f"{ename} on {where}")
-    return RemoteCellError(f"{what}: {evalue}", engine_id=engine, remote_traceback=remote, host=host)
+    return RemoteCellError(f"{what}: {evalue}", engine_id=engine, remote_traceback=remote,
+                           host=host)
 
 
 class TrainingError(NbdistError, RuntimeError):

@@ -39,16 +39,19 @@ class Job:
     params: np.ndarray  # the weights to start from: the cell's model's, or the checkpoint's
     non_trainable: np.ndarray
     optimizer: dict | None  # what the hubs apply; None where the workers keep the cell's
-    constraints: list[dict]  # the Keras constraints the hubs apply after each update (nbdist.algorithms.constraints)
+    # the Keras constraints the hubs apply after each update (nbdist.algorithms.constraints)
+    constraints: list[dict]
     lr_owner: str  # "hub" or "workers" (see `lr_owner`)
-    workers_rate: float | None  # the rate the workers are told when they own it; None: their schedule
+    # the rate the workers are told when they own it; None: their schedule
+    workers_rate: float | None
     warnings: list[str]  # for run.warnings: how this run trains unlike the cell
     checkpoint: Checkpoint | None = None  # when resuming: verified, before anything started
     fit: FitSpec | None = None  # the cell's own model.fit(...) call, when it made one
     # --mode local and simulate with a fit call: the cell run again in a namespace of its own,
     # so the workers train their own model while the kernel's holds each epoch's weights
     trainer_namespace: dict | None = None
-    keras_backend: str = "tensorflow"  # the kernel's Keras backend: the run's (nbdist.engine.keras_backend)
+    # the kernel's Keras backend: the run's (nbdist.engine.keras_backend)
+    keras_backend: str = "tensorflow"
     # known once the mode's backend has counted its workers (`for_workers`)
     num_workers: int = 0
     plan: Plan | None = None
@@ -91,9 +94,11 @@ class Job:
 
     def for_workers(self, num_workers: int) -> Job:
         """This job for `num_workers` workers: the coordinator's plan and the rule's options."""
-        plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate, num_workers,
-                                                epoch_size=self.epoch_size, kernel_validates=self.fit is not None)
-        return replace(self, num_workers=num_workers, plan=plan, rule_options=options, easgd_alpha=alpha)
+        plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate,
+                                                num_workers, epoch_size=self.epoch_size,
+                                                kernel_validates=self.fit is not None)
+        return replace(self, num_workers=num_workers, plan=plan, rule_options=options,
+                       easgd_alpha=alpha)
 
     def checkpoint_info(self, run_id: str) -> dict:
         """What every checkpoint of this run records beside the hubs' state."""
@@ -113,8 +118,8 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
 
     keras_backend = kernel_backend(config.mode.value)  # refuses a mode the backend cannot run
     contents = inspect_cell(cell, ns, config, **found)
-    contents = replace(contents, notes=[*contents.notes, f"Keras backend: {keras_backend} (the kernel's; "
-                                        "every worker runs the cell on it)"])
+    contents = replace(contents, notes=[*contents.notes, f"Keras backend: {keras_backend} (the "
+                                        "kernel's; every worker runs the cell on it)"])
     if fit is not None and contents.batch_hint and "batch_size" not in fit.call.given \
             and fit.batch == fit.call.batch and config.batch_size == fit.batch:
         # fit(dataset): the dataset's own batches are the model's batch, as in Keras
@@ -128,18 +133,22 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
 
     model = contents.model
     shape = layout(model)
-    check_lr(config.lr if checkpoint is None else None, model.optimizer)  # a resume keeps the saved rate
+    # a resume keeps the saved rate
+    check_lr(config.lr if checkpoint is None else None, model.optimizer)
     segments = [math.prod(s) for s in shape["trainable"]]
-    optimizer, warnings = choose_optimizer(config, model.optimizer, segments, list(model.trainable_variables))
+    optimizer, warnings = choose_optimizer(config, model.optimizer, segments,
+                                           list(model.trainable_variables))
     constraints = choose_constraints(config, list(model.trainable_variables))
-    shard_bounds(sum(segments), config.servers, whole=constrained_ranges(constraints))  # refuses now what cannot be split
+    # refuses now what cannot be split
+    shard_bounds(sum(segments), config.servers, whole=constrained_ranges(constraints))
     params, non_trainable = read_flat(model)
     if checkpoint is not None:
         checkpoint.check_fits(shape, contents.num_samples, config.servers)
         checkpoint.check_optimizer(optimizer)
         params, non_trainable = checkpoint.params, checkpoint.non_trainable
-    return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape, params=params,
-               non_trainable=non_trainable, optimizer=optimizer, constraints=constraints, lr_owner=lr_owner(config),
+    return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape,
+               params=params, non_trainable=non_trainable, optimizer=optimizer,
+               constraints=constraints, lr_owner=lr_owner(config),
                workers_rate=workers_rate(config, model.optimizer),
                warnings=contents.warnings + warnings, checkpoint=checkpoint, fit=fit,
                keras_backend=keras_backend)
@@ -168,8 +177,9 @@ def workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
     return config.lr if config.lr is not None else cell_rate(cell_optimizer)
 
 
-def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | None, num_workers: int, *,
-                     epoch_size: int | None = None, kernel_validates: bool = False) -> tuple[Plan, dict, float]:
+def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | None,
+                     num_workers: int, *, epoch_size: int | None = None,
+                     kernel_validates: bool = False) -> tuple[Plan, dict, float]:
     """The coordinator's plan, the rule's options and EASGD's alpha for this run. `epoch_size`:
     samples per epoch when not a whole pass; `kernel_validates`: the kernel evaluates each
     epoch itself (a cell's fit call), so no worker is asked to."""
@@ -185,10 +195,13 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
     rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
     easgd_alpha = float(rule.options["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
     plan = Plan(
-        num_workers=num_workers, num_samples=epoch_size or contents.num_samples, epochs=config.epochs,
-        batch_size=config.batch_size, lr=lr, has_validation=contents.validation is not None and not kernel_validates,
-        algorithm=algorithm, staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
-        groups=int(options.get("num_groups", 0)), max_group_ratio=float(options.get("max_ratio", 1.5)),
+        num_workers=num_workers, num_samples=epoch_size or contents.num_samples,
+        epochs=config.epochs, batch_size=config.batch_size, lr=lr,
+        has_validation=contents.validation is not None and not kernel_validates,
+        algorithm=algorithm,
+        staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
+        groups=int(options.get("num_groups", 0)),
+        max_group_ratio=float(options.get("max_ratio", 1.5)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
         overlap=config.overlap,
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone

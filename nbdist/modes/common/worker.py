@@ -52,21 +52,25 @@ class WorkerSpec:
     source: str | None = None  # the cell; None: the namespace already holds its results
     pushed: dict = field(default_factory=dict)  # arrays the cell uses but does not define
     transport: str = "auto"
-    compression: str = "none"  # "fp16": pushes and pulls across hosts as float16 (nbdist.core.compression)
+    # "fp16": pushes and pulls across hosts as float16 (nbdist.core.compression)
+    compression: str = "none"
     timeout: float = 120.0
     threads: int | None = None  # TensorFlow intra-op threads; None: TensorFlow's default
     local_rank: int = 0
     engine: int | None = None
     overlap: bool = False  # send step t while computing step t+1
-    pin: tuple[int, int, int] | None = None  # (index, hubs, workers) on this host: --pin auto (nbdist.cluster.affinity)
+    # (index, hubs, workers) on this host: --pin auto (nbdist.cluster.affinity)
+    pin: tuple[int, int, int] | None = None
     spin_s: float = 0.0  # > 0: poll this long for a same-host hub's reply before sleeping (--spin)
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
     num_workers: int = 1  # how many shards a streamed dataset is cut into
-    preloaded: tuple | None = None  # (x, y[, weights]) already in this process (--mode local), not sent
+    # (x, y[, weights]) already in this process (--mode local), not sent
+    preloaded: tuple | None = None
     shuffle: bool = True  # a new order each pass (fit's shuffle=False: the data's own order)
-    epoch_size: int | None = None  # samples per epoch, when fewer than a pass (fit's steps_per_epoch)
+    # samples per epoch, when fewer than a pass (fit's steps_per_epoch)
+    epoch_size: int | None = None
     take_batches: int | None = None  # batches of a repeating dataset that make the data
     keras_backend: str = "tensorflow"  # the kernel's Keras backend: the cell runs on it here too
 
@@ -94,11 +98,12 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         flat.hold(data.x, data.y, data.sample_weight)
     for size in (spec.batch_size, max(1, spec.batch_size // 2)):
         if flat.holds_data:
-            flat.assign_and_gradients_at(*flat.read(), np.arange(min(size, data.num_samples), dtype=np.int64))
+            flat.assign_and_gradients_at(*flat.read(),
+                                         np.arange(min(size, data.num_samples), dtype=np.int64))
         else:
             flat.assign_and_gradients(*flat.read(), *data.head(size))
-    transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size,
-                                spec.transport, spec.timeout, spec.engine, compression=spec.compression,
+    transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size, spec.transport,
+                                spec.timeout, spec.engine, compression=spec.compression,
                                 spin_s=spec.spin_s)
     try:
         return _AsyncLoop(spec, flat, transport, data, validation).run()
@@ -144,7 +149,8 @@ class _AsyncLoop:
         # (`_in_use`, a buffer nothing writes until the next pull) and `_nt_model` are the model.
         self._in_use: np.ndarray | None = None
         self._model_current = True  # the variables hold those weights
-        self._courier = Courier(transport) if spec.overlap and courier_wanted(transport.link) else None
+        self._courier = (Courier(transport) if spec.overlap and courier_wanted(transport.link)
+                         else None)
         self._ways = WayChooser()  # by courier or not: whichever makes the steps faster here
         self._by_courier = False  # the exchange in flight went by courier
 
@@ -198,8 +204,10 @@ class _AsyncLoop:
             else:
                 reply = self._plain_step(todo[0], reply)
         t.bye()
-        return {"worker": self.spec.worker, "steps": self.steps, "keras_backend": self.spec.keras_backend,
-                "shard_passes": getattr(self.data, "passes", None)}  # streamed: passes over its shard begun
+        return {"worker": self.spec.worker, "steps": self.steps,
+                "keras_backend": self.spec.keras_backend,
+                # streamed: passes over its shard begun
+                "shard_passes": getattr(self.data, "passes", None)}
 
     # -- the three step shapes --------------------------------------------------------------
 
@@ -253,15 +261,17 @@ class _AsyncLoop:
         compute_s = self._slow_down(time.perf_counter() - t0, reply)
         self._check(loss, 0.0, chunk)
         w_local, nt_local = flat.read()
-        step = self._new_step(push=True, pull=not self.spec.easgd_alpha, chunks=[c.id for c in chunks],
-                              loss=loss, compute_s=compute_s, comm_s=self.comm_s, wait_s=self._take_wait(),
+        step = self._new_step(push=True, pull=not self.spec.easgd_alpha,
+                              chunks=[c.id for c in chunks], loss=loss, compute_s=compute_s,
+                              comm_s=self.comm_s, wait_s=self._take_wait(),
                               metrics=step_metrics({k: v.tolist() for k, v in metrics.items()}))
         np.subtract(nt_local, self._nt_model, out=t.nt_delta)
         t1 = time.perf_counter()
         if self.spec.easgd_alpha:
             from nbdist.algorithms.easgd import elastic_exchange
 
-            pulled = t.step(Step(self.spec.worker, pull=True))  # read the center x~ (not into the model)
+            # read the center x~ (not into the model)
+            pulled = t.step(Step(self.spec.worker, pull=True))
             if pulled.eval is not None:  # a validation job is for the hub's weights: the center
                 flat.assign(t.params, t.non_trainable)
                 step.eval = self._evaluate(pulled.eval)
@@ -291,7 +301,8 @@ class _AsyncLoop:
             batch = self._batch(chunk)
             with_assign, alone = flat.assign_and_gradients, flat.gradients
         if self._assign_pending:
-            params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
+            params, nt = (self._pending if self.spec.overlap
+                          else (self.transport.params, self.transport.non_trainable))
             loss, grad, grad_norm, nt_after = with_assign(params, nt, *batch)
             self._assign_pending = False
             self._nt_model = nt.copy()  # small: the base of this step's non-trainable change
@@ -307,9 +318,10 @@ class _AsyncLoop:
         if write_grad:
             self._write_grad()
         self.steps += 1
-        step = self._new_step(push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=compute_s,
-                              comm_s=self.comm_s, wait_s=self._take_wait(),
-                              norm=grad_norm,  # several shards: global clipping needs the whole norm
+        step = self._new_step(push=True, pull=True, chunks=[chunk.id], loss=loss,
+                              compute_s=compute_s, comm_s=self.comm_s, wait_s=self._take_wait(),
+                              # several shards: global clipping needs the whole norm
+                              norm=grad_norm,
                               metrics=step_metrics({str(chunk.epoch): flat.last_metrics.tolist()}))
         return step, time.perf_counter()
 
@@ -332,7 +344,8 @@ class _AsyncLoop:
         return compute_s
 
     def _check(self, loss: float, grad_norm: float, chunk: Chunk) -> None:
-        check_finite(loss, grad_norm, step=self.steps, where=f"worker {self.spec.worker}", epoch=chunk.epoch)
+        check_finite(loss, grad_norm, step=self.steps, where=f"worker {self.spec.worker}",
+                     epoch=chunk.epoch)
 
     def _assign(self) -> None:
         """The pulled weights go into the model with the next gradient call (one compiled call
@@ -347,7 +360,8 @@ class _AsyncLoop:
         """Write pending pulled weights into the model now (before evaluating or local steps),
         or, after stateless steps, the weights those steps computed on."""
         if self._assign_pending:
-            params, nt = self._pending if self.spec.overlap else (self.transport.params, self.transport.non_trainable)
+            params, nt = (self._pending if self.spec.overlap
+                          else (self.transport.params, self.transport.non_trainable))
             self.flat.assign(params, nt)
             self._assign_pending = False
             self._nt_model = nt.copy()
@@ -364,7 +378,8 @@ class _AsyncLoop:
 
     def _follow_lr(self, reply: Reply) -> None:
         lr = reply.lr
-        if lr is not None and lr != self.lr and (self.spec.local_steps > 1 or self.spec.easgd_alpha):
+        if (lr is not None and lr != self.lr
+                and (self.spec.local_steps > 1 or self.spec.easgd_alpha)):
             self.flat.set_learning_rate(lr)
         self.lr = lr
 
@@ -375,7 +390,8 @@ class _AsyncLoop:
 
     def _evaluate(self, job: EvalJob) -> EvalResult:
         """The validation job `job` on the weights in the model now."""
-        return EvalResult(job.epoch, evaluate(self.flat.model, self.validation, self.spec.batch_size), job.version)
+        return EvalResult(job.epoch, evaluate(self.flat.model, self.validation,
+                                              self.spec.batch_size), job.version)
 
     def _take_wait(self) -> float:
         wait, self.wait_s = self.wait_s, 0.0

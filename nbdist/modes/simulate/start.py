@@ -50,17 +50,19 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     job = job.for_workers(config.workers or len(config.slowdown))
     from nbdist.engine.flatmodel import ensure_built
 
-    # the compiled metrics' variables, as every worker builds them (a fit call's private copy has none yet)
+    # the compiled metrics' variables, as every worker builds them (a fit call's private copy has
+    # none yet)
     ensure_built(job.trainer_model, *data.head(2))
     options = sim_options(config.sim)
-    simulation = Simulation(job.plan, job.rule_options, flat_model(job.trainer_model, job.layout), data,
-                            contents.validation_arrays if fit is None else None, job.params,
+    simulation = Simulation(job.plan, job.rule_options, flat_model(job.trainer_model, job.layout),
+                            data, contents.validation_arrays if fit is None else None, job.params,
                             job.non_trainable, options, config.seed, job.optimizer, job.constraints)
     if options.calibrate:
         from nbdist.modes.simulate.calibrate import describe
 
         simulation.calibrate(config.batch_size, cluster)
-        job = replace(job, contents=replace(contents, notes=[*contents.notes, describe(simulation.calibration)]))
+        job = replace(job, contents=replace(contents, notes=[*contents.notes,
+                                                             describe(simulation.calibration)]))
     backend = SimBackend(simulation)
     backend.start_workers(None)
     return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
@@ -75,7 +77,8 @@ class SimBackend(Backend):
     def __init__(self, simulation: Simulation):
         self.simulation = simulation
         self.num_workers = simulation.plan.num_workers
-        self._thread = threading.Thread(target=simulation.run, daemon=True, name="nbdist-simulation")
+        self._thread = threading.Thread(target=simulation.run, daemon=True,
+                                        name="nbdist-simulation")
 
     def start_hubs(self, specs: list) -> list[dict]:
         raise TrainingError(f"A simulated run has no hub process to start (Received: "
@@ -114,8 +117,9 @@ class SimBackend(Backend):
         return self._thread.is_alive()
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
-        raise ConfigError(f"A simulated run's virtual workers are fixed when it starts (Received: "
-                          f"run.add_workers({list(engines)})). Simulate with more --workers instead.")
+        raise ConfigError(
+            f"A simulated run's virtual workers are fixed when it starts (Received: "
+            f"run.add_workers({list(engines)})). Simulate with more --workers instead.")
 
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
