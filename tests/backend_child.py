@@ -27,7 +27,8 @@ def _models() -> dict:
     class Subclassed(keras.Model):
         def __init__(self):
             super().__init__()
-            self.hidden = keras.layers.Dense(7, activation="tanh", kernel_regularizer=keras.regularizers.l2(0.01))
+            self.hidden = keras.layers.Dense(7, activation="tanh",
+                                             kernel_regularizer=keras.regularizers.l2(0.01))
             self.out = keras.layers.Dense(CLASSES)
 
         def call(self, x):
@@ -42,7 +43,8 @@ def _models() -> dict:
         return keras.Model(inputs, keras.layers.Dense(CLASSES)(keras.layers.Concatenate()([a, b])))
 
     return {
-        "sequential": lambda: keras.Sequential([keras.Input((FEATURES,)), keras.layers.Dense(8, activation="relu"),
+        "sequential": lambda: keras.Sequential([keras.Input((FEATURES,)),
+                                                keras.layers.Dense(8, activation="relu"),
                                                 keras.layers.Dense(CLASSES)]),
         "functional": functional,
         "subclassed": Subclassed,
@@ -75,8 +77,9 @@ def gradients(out: str) -> dict:
         loss, grad, norm, nt_after = flat.assign_and_gradients(params, nt, x, y, sw)
         flat.hold(x, y, sw)
         held = flat.assign_and_gradients_at(params, nt, np.arange(4, 20))
-        found.update({f"{name}/loss": np.float32(loss), f"{name}/grad": grad, f"{name}/nt": nt_after,
-                      f"{name}/metrics": flat.last_metrics, f"{name}/held_grad": held[1],
+        found.update({f"{name}/loss": np.float32(loss), f"{name}/grad": grad,
+                      f"{name}/nt": nt_after, f"{name}/metrics": flat.last_metrics,
+                      f"{name}/held_grad": held[1],
                       f"{name}/flat": np.array([type(flat).__name__])})
     np.savez(out, **found)
     return {"backend": keras.backend.backend(), "models": sorted(_models())}
@@ -93,7 +96,8 @@ a = keras.layers.Dense(16, activation="relu", kernel_regularizer="l2")(inputs)
 # no bias before BatchNorm: its gradient is zero but for rounding, which Adam scales up to
 # steps of the learning rate's size, so that bias would drift apart on any two code paths
 b = keras.layers.BatchNormalization()(keras.layers.Dense(8, use_bias=False)(inputs))
-model = keras.Model(inputs, keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b])))
+model = keras.Model(inputs,
+                    keras.layers.Dense(3, activation="softmax")(keras.layers.Concatenate()([a, b])))
 """,
     "subclassed": """
 class Net(keras.Model):
@@ -132,7 +136,8 @@ def adam() -> dict:
     against Keras's own fit of the same cell on this backend, for each kind of model."""
     import keras
 
-    return {"backend": keras.backend.backend(), "models": {kind: _adam(kind) for kind in ADAM_MODELS}}
+    return {"backend": keras.backend.backend(),
+            "models": {kind: _adam(kind) for kind in ADAM_MODELS}}
 
 
 def _adam(kind: str) -> dict:
@@ -161,8 +166,10 @@ MODE_RUNS = {  # what async's options do, in the kernel: --mode local (one worke
        for rule in ("asgd", "hogwild", "dc-asgd", "dc-asgd-a", "softsync", "ssp", "group")},
     # ddc-asgd is its own momentum on plain SGD: it refuses the cell's Adam unless told
     "simulate --algorithm ddc-asgd --server-optimizer sgd --lr 0.05": {
-        "mode": "simulate", "workers": 4, "algorithm": "ddc-asgd", "server_optimizer": "sgd", "lr": 0.05},
-    "simulate --dbs --slowdown 1,1,2,4": {"mode": "simulate", "dbs": True, "slowdown": (1, 1, 2, 4)},
+        "mode": "simulate", "workers": 4, "algorithm": "ddc-asgd", "server_optimizer": "sgd",
+        "lr": 0.05},
+    "simulate --dbs --slowdown 1,1,2,4": {"mode": "simulate", "dbs": True,
+                                          "slowdown": (1, 1, 2, 4)},
 }
 
 
@@ -183,14 +190,16 @@ def modes() -> dict:
     plain: dict = {}
     exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
     majority = float(np.bincount(plain["y"]).max() / len(plain["y"]))
-    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "majority": majority, "runs": found}
+    return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "majority": majority,
+            "runs": found}
 
 
 ASYNC_RUNS = {  # on engines: 2 workers, 1 hub shard
     "--algorithm dc-asgd-a --dbs": {"algorithm": "dc-asgd-a", "dbs": True},
     "--local-steps 2": {"local_steps": 2},
     "--overlap": {"overlap": True},
-    "--algorithm ssp --staleness 0": {"algorithm": "ssp", "staleness": 0},  # what sync's refusal points to
+    # what sync's refusal points to
+    "--algorithm ssp --staleness 0": {"algorithm": "ssp", "staleness": 0},
 }
 
 
@@ -227,14 +236,16 @@ def dataloader() -> dict:
     cell = adam_cell().replace("epochs=1", "epochs=3").replace(
         "model.fit(x, y, batch_size=32,",
         "import torch\nfrom torch.utils.data import DataLoader, TensorDataset\n"
-        "loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), batch_size=32)\n"
+        "loader = DataLoader(TensorDataset(torch.from_numpy(x), torch.from_numpy(y)), "
+        "batch_size=32)\n"
         "model.fit(loader,")
     ns: dict = {}
     run = nbdist.train(cell, namespace=ns, mode="local")
     plain: dict = {}
     exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
     return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "local": _accuracy(ns),
-            "steps": int(run.nodes["steps"].sum()), "events": [str(t) for t in run.events["text"].dropna()]}
+            "steps": int(run.nodes["steps"].sum()),
+            "events": [str(t) for t in run.events["text"].dropna()]}
 
 
 def _accuracy(ns: dict) -> float:
@@ -292,8 +303,8 @@ def refusals() -> dict:
     said = {}
     for mode in ("sync", "pipeline"):
         try:  # no fit call: pipeline refuses one for its own reasons first
-            nbdist.train(adam_cell().replace("model.fit(", "(lambda *a, **k: None)("), namespace={}, mode=mode,
-                         cluster=object())  # refused before it is used
+            nbdist.train(adam_cell().replace("model.fit(", "(lambda *a, **k: None)("),
+                         namespace={}, mode=mode, cluster=object())  # refused before it is used
         except BackendError as exc:
             said[mode] = str(exc)
     return said
@@ -335,10 +346,12 @@ def cell_sets_backend(backend: str) -> dict:
     run = nbdist.train(cell, namespace=ns, mode="local")
     import keras
 
-    return {"backend": keras.backend.backend(), "events": [str(t) for t in run.events["text"].dropna()]}
+    return {"backend": keras.backend.backend(),
+            "events": [str(t) for t in run.events["text"].dropna()]}
 
 
-CASES = {"gradients": gradients, "adam": adam, "modes": modes, "dataloader": dataloader, "async_options": async_options, "convnet": convnet, "refusals": refusals,
+CASES = {"gradients": gradients, "adam": adam, "modes": modes, "dataloader": dataloader,
+         "async_options": async_options, "convnet": convnet, "refusals": refusals,
          "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ def test_the_keras_io_convnet_trains_on_the_backend_async_and_local_as_fit_does(
     assert said["backend"] == backend
     for mode in ("async", "local"):
         assert said[mode] >= said["fit"] - TOLERANCE, (backend, mode, said)
-        assert f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)" in said[f"{mode}_events"]
+        assert (f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)"
+                in said[f"{mode}_events"])
     assert said["fit"] > 0.7  # the cell learnt (3 epochs on 12,000 images)
     # engine 0 holds the async run's hub shard (no Keras there); the two workers ran the cell
     assert sorted(e for e in said["engines"] if e is not None) == [backend, backend]
@@ -30,7 +31,8 @@ def test_the_keras_io_convnet_trains_on_the_backend_async_and_local_as_fit_does(
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_async_with_a_rule_dbs_local_steps_overlap_and_bsp_trains_on_the_backend_as_fit_does(backend):
+def test_async_with_a_rule_dbs_local_steps_overlap_and_bsp_trains_on_the_backend_as_fit_does(
+        backend):
     from tests.backend_child import ASYNC_RUNS
 
     said = child("async_options", backend=backend, timeout=580)

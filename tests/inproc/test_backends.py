@@ -29,8 +29,8 @@ def child(case: str, *args: str, backend: str | None = None, timeout: float = 24
     if backend is not None:
         env["KERAS_BACKEND"] = backend
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "tests.backend_child", case, *args], cwd=ROOT, env=env,
-                          capture_output=True, text=True, timeout=timeout)
+    done = subprocess.run([sys.executable, "-m", "tests.backend_child", case, *args], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=timeout)
     lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
     assert done.returncode == 0 and lines, done.stderr[-3000:]
     return json.loads(lines[-1][len(RESULT):])
@@ -52,17 +52,20 @@ def test_the_flat_gradient_equals_tensorflows_for_sequential_functional_and_subc
         backend, reference, tmp_path):
     out = tmp_path / f"{backend}.npz"
     said = child("gradients", str(out), backend=backend)
-    assert said["backend"] == backend and said["models"] == ["functional", "sequential", "subclassed"]
+    assert (said["backend"] == backend
+            and said["models"] == ["functional", "sequential", "subclassed"])
     theirs = dict(np.load(out))
     assert set(theirs) == set(reference)
     for model in said["models"]:
-        assert theirs[f"{model}/flat"][0] == {"jax": "JaxFlatModel", "torch": "TorchFlatModel"}[backend]
+        assert (theirs[f"{model}/flat"][0]
+                == {"jax": "JaxFlatModel", "torch": "TorchFlatModel"}[backend])
         for what in ("grad", "held_grad", "loss", "nt"):  # held: gathered by index from held arrays
-            np.testing.assert_allclose(theirs[f"{model}/{what}"], reference[f"{model}/{what}"], rtol=0, atol=1e-5,
-                                       err_msg=f"{backend} {model} {what}")
+            np.testing.assert_allclose(theirs[f"{model}/{what}"], reference[f"{model}/{what}"],
+                                       rtol=0, atol=1e-5, err_msg=f"{backend} {model} {what}")
         assert np.abs(reference[f"{model}/grad"]).max() > 1e-2  # the gradients are not all zero
         # metric increments: loss total and count, accuracy total and count
-        np.testing.assert_allclose(theirs[f"{model}/metrics"], reference[f"{model}/metrics"], rtol=1e-5)
+        np.testing.assert_allclose(theirs[f"{model}/metrics"], reference[f"{model}/metrics"],
+                                   rtol=1e-5)
     assert reference["functional/nt"].size == 16  # BatchNorm's moving mean and variance move too
 
 
@@ -74,8 +77,10 @@ def test_fifty_hub_steps_with_adam_equal_keras_fit_on_the_same_backend(backend):
     for kind, found in said["models"].items():
         assert found["steps"] == 50, kind
         assert found["moved"] > 0.1, kind  # training changed the weights ...
-        assert found["max_diff"] <= 1e-4, (kind, found["max_diff"])  # ... exactly as Keras's fit did
-        assert f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)" in found["events"]
+        # ... exactly as Keras's fit did
+        assert found["max_diff"] <= 1e-4, (kind, found["max_diff"])
+        assert (f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)"
+                in found["events"])
 
 
 @pytest.mark.parametrize("backend", OTHERS)
@@ -90,7 +95,8 @@ def test_every_rule_dbs_local_steps_and_overlap_train_on_the_backend_in_local_an
     assert said["fit"] > said["majority"] + 0.2  # the cell learns under Keras's fit
     for name, accuracy in said["runs"].items():
         assert accuracy >= said["fit"] - 0.15, (name, accuracy, said["fit"])
-    assert abs(said["runs"]["local"] - said["fit"]) <= 0.01  # one worker, no staleness: fit's own steps
+    # one worker, no staleness: fit's own steps
+    assert abs(said["runs"]["local"] - said["fit"]) <= 0.01
 
 
 def test_a_torch_dataloader_trains_as_keras_fit_trains_on_it():
@@ -104,7 +110,8 @@ def test_sync_and_pipeline_refuse_the_backend_pointing_to_bsp_through_the_hub(ba
     said = child("refusals", backend=backend)
     assert set(said) == {"sync", "pipeline"}
     for mode, message in said.items():
-        assert f"--mode {mode}" in message and f"Received: this kernel's Keras backend is {backend}" in message
+        assert (f"--mode {mode}" in message
+                and f"Received: this kernel's Keras backend is {backend}" in message)
         assert "--mode async --algorithm ssp --staleness 0" in message
 
 
@@ -120,10 +127,14 @@ def test_a_cell_that_sets_another_backend_after_keras_loaded_is_refused(monkeypa
     from nbdist.errors import BackendError
 
     monkeypatch.delenv("KERAS_BACKEND", raising=False)
-    cell = 'import os\nos.environ["KERAS_BACKEND"] = "jax"\nimport keras\nmodel = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\nmodel.compile("sgd", "mse")\nimport numpy as np\nx_train, y_train = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")\n'
+    cell = ('import os\nos.environ["KERAS_BACKEND"] = "jax"\nimport keras\n'
+            'model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])\n'
+            'model.compile("sgd", "mse")\nimport numpy as np\n'
+            'x_train, y_train = np.zeros((8, 2), "float32"), np.zeros((8, 1), "float32")\n')
     try:
-        with pytest.raises(BackendError, match=r"KERAS_BACKEND is jax, but Keras was already imported in "
-                                               r"this kernel with the tensorflow backend .*Restart the kernel"):
+        with pytest.raises(BackendError, match=r"KERAS_BACKEND is jax, but Keras was already "
+                                               r"imported in this kernel with the tensorflow "
+                                               r"backend .*Restart the kernel"):
             nbdist.train(cell, namespace={}, mode="local", data=("x_train", "y_train"))
     finally:
         os.environ.pop("KERAS_BACKEND", None)

@@ -25,7 +25,8 @@ def test_public_api_is_sorted_and_resolves():
 
 
 def _names(requirements):
-    return {re.split(r"[<>=!\[ ]", r.strip(), maxsplit=1)[0].lower(): r.replace(" ", "") for r in requirements}
+    return {re.split(r"[<>=!\[ ]", r.strip(), maxsplit=1)[0].lower(): r.replace(" ", "")
+            for r in requirements}
 
 
 def _conda_pip_section(name: str) -> dict[str, str]:
@@ -60,7 +61,8 @@ def test_the_gpu_extra_upgrades_the_one_tensorflow_and_nothing_can_shadow_it():
     gpu = _names(project["optional-dependencies"]["gpu"])["tensorflow"]
     assert gpu == base.replace("tensorflow", "tensorflow[and-cuda]", 1)
     everything = [*project["dependencies"], *sum(project["optional-dependencies"].values(), [])]
-    assert not [r for r in everything if r.lower().startswith("tensorflow-cpu")]  # the yml files mirror these
+    # the yml files mirror these
+    assert not [r for r in everything if r.lower().startswith("tensorflow-cpu")]
 
 
 def test_the_backend_extras_take_cpu_builds_and_every_install_names_them():
@@ -73,8 +75,10 @@ def test_the_backend_extras_take_cpu_builds_and_every_install_names_them():
     assert set(_names(extras["jax"])) == {"jax", "jaxlib"}
     assert not [r for r in extras["jax"] if "[" in r]  # no jax[cuda...]
     assert list(_names(extras["torch"]).values()) == ["torch==2.13.0"]
-    installed = re.search(r"-e \.\[([\w,]+)\]", (ROOT / "environment.yml").read_text()).group(1).split(",")
-    make = re.search(r"^EXTRAS \?= (\S+)$", (ROOT / "Makefile").read_text(), re.M).group(1).split(",")
+    installed = re.search(r"-e \.\[([\w,]+)\]",
+                          (ROOT / "environment.yml").read_text()).group(1).split(",")
+    make = re.search(r"^EXTRAS \?= (\S+)$", (ROOT / "Makefile").read_text(),
+                     re.M).group(1).split(",")
     for names in (installed, make):
         assert {"dev", "jax", "torch"} <= set(names)
         assert set(names) <= set(extras)
@@ -114,7 +118,8 @@ def test_every_exception_class_is_exported_and_drawn_in_the_tree_under_its_paren
     from nbdist import errors
 
     classes = {name: cls for name, cls in vars(errors).items()
-               if inspect.isclass(cls) and issubclass(cls, Exception) and cls.__module__ == errors.__name__}
+               if inspect.isclass(cls) and issubclass(cls, Exception)
+               and cls.__module__ == errors.__name__}
     assert sorted(errors.__all__) == sorted(classes)
     tree = drawn_tree(errors.__doc__)
     assert sorted(tree) == sorted(classes), "the tree draws other classes than errors.py defines"
@@ -133,6 +138,7 @@ def test_the_tree_reader_sees_a_class_drawn_under_the_wrong_parent():
     └── CheckpointError (ValueError)        a checkpoint is corrupt
         └── WorkersLostError                every worker was lost
 """
-    assert drawn_tree(doc) == {"NbdistError": (None, None), "TrainingError": ("NbdistError", "RuntimeError"),
+    assert drawn_tree(doc) == {"NbdistError": (None, None),
+                               "TrainingError": ("NbdistError", "RuntimeError"),
                                "CheckpointError": ("NbdistError", "ValueError"),
                                "WorkersLostError": ("CheckpointError", None)}
