@@ -3,7 +3,8 @@ on stdin, times `model.fit` on the benchmark's MLP and the worker's compiled cal
 the same threads. It sits idle (blocked on stdin) while nbdist trains, so the two never
 compete for cores.
 
-    python benchmarks/_overhead_fit.py --threads 2   # what FitChild starts; one JSON line per request
+    # what FitChild starts; one JSON line per request
+    python benchmarks/_overhead_fit.py --threads 2
 """
 
 from __future__ import annotations
@@ -37,9 +38,12 @@ from keras import layers
 from nbdist.datasets import load_fashion_mnist
 (x_train, y_train), _ = load_fashion_mnist()
 x_train = x_train.reshape(-1, 28, 28, 1).astype("float32") / 255.0
-model = keras.Sequential([keras.Input((28, 28, 1)), layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
-                          layers.MaxPooling2D(pool_size=(2, 2)), layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
-                          layers.MaxPooling2D(pool_size=(2, 2)), layers.Flatten(), layers.Dropout(0.5),
+model = keras.Sequential([keras.Input((28, 28, 1)),
+                          layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
+                          layers.MaxPooling2D(pool_size=(2, 2)),
+                          layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
+                          layers.MaxPooling2D(pool_size=(2, 2)), layers.Flatten(),
+                          layers.Dropout(0.5),
                           layers.Dense(10, activation="softmax")])
 model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
 ''',
@@ -104,7 +108,8 @@ def measure_fit(batch: int, epochs: int, model: str = "mlp") -> dict:
     i0, i1 = int(WINDOW[0] * len(stamps)), int(WINDOW[1] * len(stamps)) - 1
     rate = sum(sizes[i0 + 1:i1 + 1]) / (stamps[i1] - stamps[i0])
 
-    # FlatModel.gradients and .assign_and_gradients (the worker's per-step call), alone, same threads.
+    # FlatModel.gradients and .assign_and_gradients (the worker's per-step call), alone, same
+    # threads.
     from nbdist.engine.flatmodel import FlatModel, read_flat
 
     flat = FlatModel(model)

@@ -140,7 +140,8 @@ def measure_nbdist(cluster, batch: int, epochs: int, transport: str, options: di
     }
 
 
-def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto", courier: bool = True) -> None:
+def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto",
+                  courier: bool = True) -> None:
     """On an engine: serve the next hubs as their own process or from a thread (nbdist.hub.launch);
     the next workers' gradient call stateless or assigning (nbdist.engine.flatmodel); same-host
     headers over the local line or ZeroMQ ipc (nbdist.hub.localline); an overlapped TCP
@@ -197,24 +198,27 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="1 repeat, shorter runs")
     parser.add_argument("--backend", choices=["tensorflow", "jax", "torch"],
                         default=os.environ.get("KERAS_BACKEND", "tensorflow"),
-                        help="Keras's backend on both sides (fit and nbdist): KERAS_BACKEND for this "
-                             "process, the fit child and the engines")
+                        help="Keras's backend on both sides (fit and nbdist): KERAS_BACKEND for "
+                             "this process, the fit child and the engines")
     parser.add_argument("--model", choices=["mlp", "convnet"], default="mlp",
-                        help="mlp: the quickstart's 784-256-256-10 MLP; convnet: the keras.io convnet")
-    parser.add_argument("--transport", choices=["auto", "ipc", "tcp", "both", "all"], default="both",
+                        help="mlp: the quickstart's 784-256-256-10 MLP; convnet: the keras.io "
+                             "convnet")
+    parser.add_argument("--transport", choices=["auto", "ipc", "tcp", "both", "all"],
+                        default="both",
                         help="both: auto and tcp; all: auto, ipc (shared memory, headers over "
                              "ZeroMQ ipc instead of the local line) and tcp")
     parser.add_argument("--spin", choices=["auto", "off", "both"], default="auto",
-                        help="nbdist.train(..., spin=...): auto (nbdist's default: the hub, which has "
-                             "a core here, and the worker poll instead of sleeping), off, or both, "
-                             "interleaved (rows marked spin-off)")
+                        help="nbdist.train(..., spin=...): auto (nbdist's default: the hub, which "
+                             "has a core here, and the worker poll instead of sleeping), off, or "
+                             "both, interleaved (rows marked spin-off)")
     parser.add_argument("--batch", type=int, nargs="+", default=[64, 256])
     parser.add_argument("--repeats", type=int, default=None, help="default 3 (1 with --quick)")
     parser.add_argument("--steps", type=int, default=None,
                         help="about this many steps per run (default 1000, 500 with --quick)")
     parser.add_argument("--courier", choices=["on", "off", "both"], default="on",
-                        help="TCP with --overlap: the exchange on a thread of its own (nbdist's default) "
-                             "or on the worker's own (NBDIST_COURIER=0); both: interleaved")
+                        help="TCP with --overlap: the exchange on a thread of its own (nbdist's "
+                             "default) or on the worker's own (NBDIST_COURIER=0); both: "
+                             "interleaved")
     parser.add_argument("--overlap", action="store_true",
                         help="also measure every transport with nbdist.train(..., overlap=True), "
                              "interleaved with the other rows (target >= 0.95 at any batch)")
@@ -225,9 +229,9 @@ def main() -> None:
                         help="serve the hub shard as its own process (nbdist's default) or from a "
                              "thread of its engine (NBDIST_HUB_PROCESS=0), or both, interleaved")
     parser.add_argument("--pin", choices=["off", "auto", "both"], default=None,
-                        help="nbdist.train(..., pin=...): 'both' measures off and auto interleaved, "
-                             "each on a cluster of its own (TensorFlow's thread count is fixed "
-                             "when an engine first uses it); default: nbdist's default")
+                        help="nbdist.train(..., pin=...): 'both' measures off and auto "
+                             "interleaved, each on a cluster of its own (TensorFlow's thread count "
+                             "is fixed when an engine first uses it); default: nbdist's default")
     parser.add_argument("--fit-threads", type=int, default=None, metavar="N",
                         help="model.fit's intra-op threads (default: every core); PyTorch's "
                              "OpenMP threads on a loaded machine want 1")
@@ -241,7 +245,8 @@ def main() -> None:
                              "on the engines), or both, interleaved")
     args = parser.parse_args()
 
-    os.environ["KERAS_BACKEND"] = args.backend  # before Keras is imported here, in the fit child, on the engines
+    # before Keras is imported here, in the fit child, on the engines
+    os.environ["KERAS_BACKEND"] = args.backend
     global CELL
     CELL = MODELS[args.model]
     options = dict(_parse_option(o) for o in args.option)
@@ -250,7 +255,8 @@ def main() -> None:
                          "--option overlap=... (or drop --overlap to make every row overlapped)")
     repeats = args.repeats or (1 if args.quick else 3)
     target_steps = args.steps or (500 if args.quick else 1000)
-    transports = {"both": ["auto", "tcp"], "all": ["auto", "ipc", "tcp"]}.get(args.transport, [args.transport])
+    transports = {"both": ["auto", "tcp"],
+                  "all": ["auto", "ipc", "tcp"]}.get(args.transport, [args.transport])
     # --spin both: each transport twice, nbdist's default (auto) and " spin-off"
     transports = [t + ("" if s == "auto" else " spin-off") for t in transports
                   for s in {"both": ["auto", "off"]}.get(args.spin, [args.spin])]
@@ -262,12 +268,14 @@ def main() -> None:
     pins = ["off", "auto"] if args.pin == "both" else [args.pin]
     states = ["on", "off"] if args.stateless == "both" else [args.stateless]
     wts = args.worker_threads or [None]
-    sides = [(t, ov, h, (p, wt), st) for t in transports for ov in ([False, True] if args.overlap else [False])
+    sides = [(t, ov, h, (p, wt), st) for t in transports
+             for ov in ([False, True] if args.overlap else [False])
              for h in hubs for p in pins for wt in wts for st in states]
     threads = args.fit_threads or thread_budget()
     epochs = {b: max(1, round(target_steps * b / 60000)) for b in args.batch}
     what = {"mlp": "784-256-256-10 MLP", "convnet": "keras.io convnet"}[args.model]
-    print(f"overhead: {what} on Fashion-MNIST, Keras backend {args.backend}, 1 worker, batches {args.batch}, "
+    print(f"overhead: {what} on Fashion-MNIST, Keras backend {args.backend}, 1 worker, "
+          f"batches {args.batch}, "
           f"transports {transports}{' each plain and overlap=True' if args.overlap else ''}, "
           f"{repeats} repeat(s), epochs per run {epochs}"
           + (f", options {options}" if options else ""), flush=True)
@@ -295,12 +303,16 @@ def main() -> None:
                 for t, ov, h, (p, wt), st in sides:
                     cluster = clusters[(p, wt)]
                     line, *flags = t.split(" ")
-                    cluster.client[:].apply_sync(_set_hub_mode, h, st, line, "courier-off" not in flags)
-                    side_options = {"overlap": ov, **options,  # plain rows: overlap=False (not the default)
-                                    **({"pin": p} if p else {}), "spin": "off" if "spin-off" in flags else "auto"}
-                    r = measure_nbdist(cluster, b, epochs[b], "auto" if line == "ipc" else line, side_options)
+                    cluster.client[:].apply_sync(_set_hub_mode, h, st, line,
+                                                 "courier-off" not in flags)
+                    # plain rows: overlap=False (not the default)
+                    side_options = {"overlap": ov, **options, **({"pin": p} if p else {}),
+                                    "spin": "off" if "spin-off" in flags else "auto"}
+                    r = measure_nbdist(cluster, b, epochs[b], "auto" if line == "ipc" else line,
+                                       side_options)
                     runs[(b, t, ov, h, (p, wt), st)].append(r)
-                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}{' overlap' if ov else '':<8} hub {h:<7}"
+                    print(f"  [{rep + 1}/{repeats}] batch {b:>3} nbdist {t:<4}"
+                          f"{' overlap' if ov else '':<8} hub {h:<7}"
                           f"{f' pin {p:<4}' if p else ''}{f' threads {wt}' if wt else ''}"
                           f"{' assigning' if st == 'off' else ''}  "
                           f"{r['rate']:>9,.0f} samples/s  (first push after "
@@ -314,7 +326,8 @@ def main() -> None:
 
     def side_name(t: str, ov: bool, h: str, pw: tuple, st: str) -> str:
         p, wt = pw
-        return (f"nbdist {t}" + {"auto": " (shm)", "ipc": " (shm)"}.get(t.split(" ")[0], "") + (" overlap" if ov else "")
+        return (f"nbdist {t}" + {"auto": " (shm)", "ipc": " (shm)"}.get(t.split(" ")[0], "")
+                + (" overlap" if ov else "")
                 + (f" hub {h}" if len(hubs) > 1 else "") + (f" pin {p}" if p else "")
                 + (f" threads {wt}" if wt else "")
                 + (" assigning" if st == "off" else ""))
@@ -328,13 +341,17 @@ def main() -> None:
             rates = [r["rate"] for r in runs[(b, t, ov, h, p, st)]]
             ratio = median(rates) / base
             target = OVERLAP_TARGET if ov or all_overlap else TARGETS.get(b)
-            verdict = "" if target is None else f"{'ok' if ratio >= target else 'MISS'} (>= {target})"
-            rows.append([b, side_name(t, ov, h, p, st), median(rates), spread(rates), ratio, verdict])
+            verdict = ("" if target is None
+                       else f"{'ok' if ratio >= target else 'MISS'} (>= {target})")
+            rows.append([b, side_name(t, ov, h, p, st), median(rates), spread(rates), ratio,
+                         verdict])
     print()
+    engine_reports = ", ".join(f"{i}/{j}" + (f" with pin {p}" if p else "")
+                               for (p, _), (i, j) in engine_threads.items())
     print(f"Keras backend {args.backend} on both sides. "
           f"Thread budget: model.fit intra-op {threads}, inter-op {min(threads, 2)} "
           f"(fit child reports {child.info['intra']}/{child.info['inter']}, worker engine reports "
-          f"{', '.join(f'{i}/{j}' + (f' with pin {p}' if p else '') for (p, _), (i, j) in engine_threads.items())}); {os.cpu_count()} CPUs. Steady state = "
+          f"{engine_reports}); {os.cpu_count()} CPUs. Steady state = "
           f"steps {WINDOW[0]:.0%}..{WINDOW[1]:.0%} of each run; medians of {repeats} repeat(s).")
     print(table(["batch", "side", "samples/s", "range", "ratio to fit", "target"], rows))
 
@@ -360,12 +377,15 @@ def main() -> None:
             brows.append([b, t + (" overlap" if ov else "") + (f" {h}" if len(hubs) > 1 else "")
                           + (f" pin {p[0]}" if p[0] else "") + (f" threads {p[1]}" if p[1] else "")
                           + (" assigning" if st == "off" else ""), wall, comp, comm, exposed, other,
-                          fit_step, grad, assign_grad, held_sl, held_as, median([r["first_push_s"] for r in rs])])
+                          fit_step, grad, assign_grad, held_sl, held_as,
+                          median([r["first_push_s"] for r in rs])])
     print(table(["batch", "transport", "wall", "compute", "comm", "comm exposed", "other",
-                 "fit step", "iso grad", "iso a+g", "iso held sl", "iso held a+g", "start-up s"], brows))
+                 "fit step", "iso grad", "iso a+g", "iso held sl", "iso held a+g", "start-up s"],
+                brows))
     print("  wall = steady-state time per push; compute = the worker's batch gather + its one\n"
           "  compiled call (assign the pulled weights, then gradients); comm = gradient sent to\n"
-          "  reply received (push/pull round trip, the hub's update and copy-out, shared memory or\n"
+          "  reply received (push/pull round trip, the hub's update and copy-out, shared memory "
+          "or\n"
           "  TCP frames); other = wall - compute - comm (gradient copy into the transport buffer,\n"
           "  header, loop); fit step = model.fit's time per step; iso grad / iso a+g =\n"
           "  FlatModel.gradients / .assign_and_gradients alone, same threads (compute - iso a+g\n"
@@ -376,10 +396,14 @@ def main() -> None:
           "  comm exposed = the part of comm the worker waited for: all of it without overlap.")
     if overlapped:
         print("  other = n/a on overlap rows: the push/pull of step t is in flight while step t+1\n"
-              "  computes, so comm there is send-to-receive time (mostly hidden behind compute), not\n"
-              "  extra time, and compute + comm can exceed wall; comm exposed = comm - compute there\n"
-              "  (the wait for step t's reply after step t+1 was computed, plus the loop around it).")
-    print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s; load {os.getloadavg()[0]:.2f} (1 min)")
+              "  computes, so comm there is send-to-receive time (mostly hidden behind compute), "
+              "not\n"
+              "  extra time, and compute + comm can exceed wall; comm exposed = comm - compute "
+              "there\n"
+              "  (the wait for step t's reply after step t+1 was computed, plus the loop around "
+              "it).")
+    print(f"\ntotal benchmark time {time.monotonic() - t_start:.0f}s; "
+          f"load {os.getloadavg()[0]:.2f} (1 min)")
 
 
 if __name__ == "__main__":
