@@ -9,10 +9,10 @@ worker too far ahead; group sync: a group still incomplete) is sent as soon as t
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
-The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step,
-bye from workers; report from a sync rank; stats, control, params, state, peers and shutdown
-from the kernel, answered in `nbdist.hub.kernel_ops`), all signed (`nbdist.hub.protocol`). Shard 0 also answers a bare `step` (no
-push, no pull), so idle workers can wait cheaply.
+The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step, bye
+from workers; report from a sync rank; stats, control, params, state, peers and shutdown from
+the kernel, answered in `nbdist.hub.kernel_ops`), all signed (`nbdist.hub.protocol`). Shard 0
+also answers a bare `step` (no push, no pull), so idle workers can wait cheaply.
 """
 
 from __future__ import annotations
