@@ -1,12 +1,12 @@
 """The run's coordinator, kept by hub shard 0: who does what next. No sockets.
 
 It hands out data chunks (global epochs), counts each push into the statistics and the
-per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (pause, stop,
-slow-down, batch policy), queues validation jobs at epoch ends, gates workers that run too far
-ahead (SSP), forms speed groups (group sync), and takes in workers added mid-run. For each
-worker request the shard core (`nbdist.core.shard`) calls `assign` (the state changes: chunks
-handed out, an evaluation job taken, the node's state; False: hold the reply), then the pure
-`reply_for`, which reads the reply off that state.
+per-worker timeline (`nbdist.core.push_log`), decides batch sizes (DBS-SGD), holds the control
+state (pause, stop, slow-down, batch policy), queues validation jobs at epoch ends, gates
+workers that run too far ahead (SSP), forms speed groups (group sync), and takes in workers
+added mid-run. For each worker request the shard core (`nbdist.core.shard`) calls `assign`
+(the state changes: chunks handed out, an evaluation job taken, the node's state; False: hold
+the reply), then the pure `reply_for`, which reads the reply off that state.
 
 It owns the run's one SSP clock (`clock`), the speed groups and their options (`groups`,
 `nbdist.core.speed_groups`; the rule only validates them), and the learning rate when
@@ -24,10 +24,10 @@ from nbdist.core.dbs import BatchSizer
 from nbdist.core.epoch_metrics import EpochSums
 from nbdist.core.liveness import Liveness
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
+from nbdist.core.push_log import PushLog
 from nbdist.core.schedule import Chunk, EpochSchedule
 from nbdist.core.speed_groups import SpeedGroups
 from nbdist.core.stats import Completed, RunStats
-from nbdist.core.timeline import DelayWindow, Timeline
 from nbdist.hub.messages import EvalJob, Reply, ReportReply
 
 if TYPE_CHECKING:
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
-DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (cost)
 
 
 class Coordinator:
@@ -46,16 +45,14 @@ class Coordinator:
         n = plan.num_workers
         self.schedule = EpochSchedule(plan.num_samples, plan.epochs)
         self.stats = RunStats(n, start_time=start_time)
-        self.timeline = Timeline()
         self.epoch_metrics = EpochSums()  # the pushes' metric increments, per epoch
-        self.delays = DelayWindow()
-        self._delay_stats: dict[int, tuple[float, float, float]] = {}
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
                                 policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
         # the run's one SSP clock, and the speed groups: decided here, followed live (control)
         self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
         self.groups = SpeedGroups(plan)
+        self.pushes = PushLog(self.stats, plan.metrics, self.groups)  # stats, delays, timeline
         # (the hub's rate is its optimizer's)
         self.lr = plan.lr if plan.lr_owner == "workers" else None
         self.paused = False
@@ -185,7 +182,8 @@ class Coordinator:
             self.epoch_metrics.add(step.metrics)
         for epoch in done.ended:
             self.stats.record_event("epoch_end", now, epoch=epoch)
-        self._count(step, done.samples, done.batch_size, delay, now, done.epoch)
+        self.pushes.count(step, done.samples, done.batch_size, delay, now, done.epoch,
+                          self.slowdown[step.worker])
         if done.rebalanced is not None:
             self.stats.record_event("rebalance", now, batches=done.rebalanced)
         if not self.groups.formed and self.plan.algorithm == "group" and all(
@@ -205,8 +203,8 @@ class Coordinator:
         if report.batch:
             self.reported_epochs = max(self.reported_epochs, float(report.epoch))
             self.sizer.observe(worker, report.samples, float(report.compute_s))
-            self._count(report, report.samples, self.sizer.batch_for(worker), 0, now,
-                        self.epochs_done)
+            self.pushes.count(report, report.samples, self.sizer.batch_for(worker), 0, now,
+                              self.epochs_done, self.slowdown[worker])
             if worker == 0 and self.sizer.maybe_rebalance():
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
             self._count_step(now)
@@ -215,28 +213,6 @@ class Coordinator:
         return ReportReply(lr=self.lr, paused=self.paused, stop=self.stopping,
                            send_state=self.state_wanted, batches=list(self.sizer.batches),
                            slowdown=self.slowdown[worker], open_epoch=self.open_epoch)
-
-    def _count(self, step: Step | Report, samples: int, batch_size: int, delay: int, now: float,
-               epoch: float) -> None:
-        worker = step.worker
-        w = self.stats.workers[worker]
-        w.take(step)
-        loss = float(step.loss)
-        if self.plan.metrics == "minimal":
-            w.steps, w.samples, w.loss = w.steps + 1, w.samples + samples, loss
-            self.stats.global_step += 1
-            return
-        compute_s, comm_s = float(step.compute_s), float(step.comm_s)
-        self.stats.record_push(worker, samples=samples, loss=loss, compute_s=compute_s,
-                               comm_s=comm_s, delay=delay, epoch=epoch, now=now,
-                               batch_size=batch_size)
-        self.delays.add(worker, delay)
-        if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
-            self._delay_stats[worker] = tuple(self.delays.stats(worker).values())  # mean, p95, max
-        self.timeline.append_floats(worker, [  # in the order of timeline.DEFAULT_COLUMNS
-            now, w.samples_per_s, compute_s, comm_s, float(step.wait_s), float(w.batch_size),
-            *self._delay_stats[worker], loss, float(self.slowdown[worker]),
-            float(self.groups.index(worker))])
 
     def eval_result(self, worker: int, result: EvalResult | None, now: float) -> None:
         if result is not None:
@@ -414,7 +390,7 @@ class Coordinator:
         snap = self.stats.snapshot(since=since)
         for w in snap["nodes"]:
             i = w["worker"]
-            w.update(self.delays.stats(i) if self.plan.metrics == "full" else {})
+            w.update(self.pushes.delays.stats(i) if self.plan.metrics == "full" else {})
             w.update(slowdown=self.slowdown[i],
                      group=self.groups.index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
@@ -422,7 +398,8 @@ class Coordinator:
                     epoch_samples=self.schedule.samples_per_epoch, paused=self.paused,
                     stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
                     batch_policy=self.sizer.policy, epoch_metrics=self.epoch_metrics.to_wire(),
-                    delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)})
+                    delays={str(w): self.pushes.delays.histogram(w)
+                            for w in range(self.num_workers)})
         if with_timeline:
-            snap["timeline"] = self.timeline.to_records(include_open=True)
+            snap["timeline"] = self.pushes.timeline.to_records(include_open=True)
         return snap
