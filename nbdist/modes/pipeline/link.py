@@ -130,7 +130,8 @@ class StageLink:
                                              peers=2)
         self.curve = curve_keys(key)["server_public"].decode() if encrypt else None
         try:
-            self.endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
+            port = self.pull.bind_to_random_port(f"tcp://{bind_host}")
+            self.endpoint = f"tcp://{bind_host}:{port}"
         except BaseException:  # e.g. an address it cannot bind: give back the socket and the gate
             self.close()
             raise
