@@ -9,52 +9,32 @@ worker too far ahead; group sync: a group still incomplete) is sent as soon as t
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
-The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step,
-bye from workers; report from a sync rank; stats, control, params, state, peers and shutdown
-from the kernel), all signed (`nbdist.hub.protocol`). Shard 0 also answers a bare `step` (no
-push, no pull), so idle workers can wait cheaply.
+The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step, bye
+from workers; report from a sync rank; stats, control, params, state, peers and shutdown from
+the kernel, answered in `nbdist.hub.kernel_ops`), all signed (`nbdist.hub.protocol`). Shard 0
+also answers a bare `step` (no push, no pull), so idle workers can wait cheaply.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import zmq
 
-from nbdist.checkpoint.shard_state import shard_state
-from nbdist.checkpoint.sync_state import hub_state
 from nbdist.core import compression
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
-from nbdist.hub import localline, shm, writeoff
+from nbdist.hub import kernel_ops, localline, shm, writeoff
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.messages import (
-    Bye,
-    Control,
-    Error,
-    Hello,
-    Ok,
-    Params,
-    ParamsReply,
-    Peers,
-    Reply,
-    Report,
-    ReportReply,
-    ShardState,
-    Shutdown,
-    State,
-    Stats,
-    StatsReply,
-    Step,
-)
+from nbdist.hub.messages import Bye, Error, Hello, Ok, Reply, Report, ReportReply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.schema import Wire
@@ -175,8 +155,7 @@ class Hub:
     def serve(self) -> dict:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
         handlers = {Hello: self._hello, Step: self._step, Report: self._report, Bye: self._bye,
-                    Stats: self._stats, Control: self._control, Params: self._params,
-                    State: self._state, Peers: self._peers, Shutdown: self._shutdown}
+                    **{op: partial(handle, self) for op, handle in kernel_ops.HANDLERS.items()}}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = time.monotonic()
         last_check = self.now()
@@ -225,10 +204,10 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": self._dropped(),
+                "dropped": self.dropped_counts(),
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
-    def _dropped(self) -> dict[str, int]:
+    def dropped_counts(self) -> dict[str, int]:
         """Messages dropped, by reason, and connections the gate refused or cut."""
         return {**self.dropped, **(self._auth.counts() if self._auth is not None else {})}
 
@@ -374,11 +353,12 @@ class Hub:
         return self.core.coordinator.report(report, self.now()), []
 
     def _bye(self, bye: Bye, msg: Message, ret: Return) -> tuple[Ok, list]:
-        self._unlink(bye.worker)
+        self.unlink(bye.worker)
         self.core.bye(bye.worker)
         return Ok(), []
 
-    def _unlink(self, worker: int) -> None:
+    def unlink(self, worker: int) -> None:
+        """Forget `worker`'s link and release its shared segment (bye, or written off)."""
         link = self.links.pop(worker, None)
         if link:
             shm.release(link.segment)
@@ -393,36 +373,5 @@ class Hub:
 
     def _write_off(self, worker: int, reason: str) -> None:
         writeoff.relay(self, worker, reason)  # every shard first
-        self._unlink(worker)
+        self.unlink(worker)
         self.core.lose(worker, reason)
-
-    # -- kernel ops -------------------------------------------------------------------------
-
-    def _stats(self, stats: Stats, msg: Message, ret: Return) -> tuple[StatsReply, list]:
-        snap = self.core.stats(stats.since, stats.timeline)
-        snap.update(error=self.error, dropped=self._dropped())
-        return StatsReply(), [json.dumps(snap).encode()]
-
-    def _control(self, control: Control, msg: Message, ret: Return) -> tuple[Ok, list]:
-        if control.lost is not None:
-            self._unlink(control.lost)
-        self.core.control(control)
-        return Ok(), []
-
-    def _params(self, params: Params, msg: Message, ret: Return) -> tuple[ParamsReply, list]:
-        return ParamsReply(self.core.version), [self.core.params.copy(),
-                                                self.core.non_trainable.copy()]
-
-    def _state(self, state: State, msg: Message, ret: Return) -> tuple[ShardState, list]:
-        if self.sync_snapshot is not None:  # sync mode: the weights rank 0 sent
-            return hub_state(self.core, self.sync_snapshot)
-        return shard_state(self.core)
-
-    def _peers(self, peers: Peers, msg: Message, ret: Return) -> tuple[Ok, list]:
-        writeoff.link(self, peers.shards)
-        return Ok(), []
-
-    def _shutdown(self, shutdown: Shutdown, msg: Message, ret: Return) -> tuple[Ok, list]:
-        self.core.settle()
-        self.closing = True
-        return Ok(), []
