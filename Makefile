@@ -44,7 +44,8 @@ system:
 horovod: system install
 	bash scripts/build_horovod.sh $(BIN)/python $(WHEELS)
 
-test: system install horovod
+# The lint first: a few seconds, and the rules the code's markers name hold on every change
+test: system install horovod lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every test that needs no cluster: tests/unit (pure) and tests/inproc (Keras, in-process hubs).

@@ -194,7 +194,8 @@ class Hub:
                     # pushes' bookkeeping, once their replies are out
                     self.core.settle(due_only=True)
                     mark("settle")
-                except Exception as exc:  # a bug or bad request: tell the sender, keep serving
+                # a bug or bad request: tell the sender, keep serving
+                except Exception as exc:  # noqa: BLE001
                     self.error = (f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n"
                                   f"{traceback.format_exc()}")
                     log.error("%s", self.error)

@@ -68,7 +68,7 @@ ALIGN = 64  # bytes: each array in a slot starts on a cache line
 PAGE = 4096
 
 
-class StageAborted(Exception):
+class StageAborted(Exception):  # noqa: N818 - a signal to leave, not an error
     """The kernel ended the run (a failure elsewhere, or Ctrl-C): leave at once."""
 
 

@@ -309,7 +309,7 @@ def _started(pending, stage: int, engine: int, timeout: float):
     cell's own error, if the cell raised there)."""
     try:
         return pending.get(max(60.0, timeout))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the stage raised, named with its stage
         if isinstance(exc, NbdistError) or raised_by_cell(exc):
             raise from_engine(exc, engine) from None
         raise TrainingError(f"Pipeline stage {stage} could not start on engine {engine}: "
