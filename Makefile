@@ -9,10 +9,12 @@ EXTRAS ?= dev,jax,torch
 comma  := ,
 STAMP  := $(VENV)/.nbdist-installed-$(subst $(comma),-,$(EXTRAS))
 WHEELS ?= $(HOME)/.cache/nbdist/wheels
-# The torch extra's pin (pyproject.toml; tests/inproc/test_package.py checks they agree), from
-# PyTorch's own index of CPU builds: PyPI's Linux torch is the multi-GB CUDA build
+# The torch extra's pin (pyproject.toml; tests/inproc/test_package.py checks they agree). PyPI's
+# Linux torch is the multi-GB CUDA build: where PyTorch's own index is reachable, take its CPU
+# build with `make TORCH_INDEX=https://download.pytorch.org/whl/cpu`. Unset (the default, and
+# what CI does: its network reaches only the package registries), pip takes the pin as it finds it.
 TORCH_PIN   := torch==2.13.0
-TORCH_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 PYTEST_ARGS ?=
 
 .PHONY: install system horovod test test-fast demo bench lint clean
@@ -24,9 +26,9 @@ $(STAMP): pyproject.toml nbdist/_kernels.c
 	$(BIN)/python -m pip install --upgrade pip setuptools wheel
 	@# nbdist used to depend on tensorflow-cpu: it shares its folder with `tensorflow`, so go first
 	$(BIN)/python -m pip uninstall -q -y tensorflow-cpu 2>/dev/null || true
-	@# the torch extra: PyTorch's CPU build of the pinned release first (its +cpu version wins over
+	@# the torch extra, where TORCH_INDEX is set: that CPU build of the pin first (its +cpu version wins over
 	@# PyPI's), so the extra then finds it installed; GPU nodes install the CUDA build before make
-	case ',$(EXTRAS),' in *,torch,*) $(BIN)/python -c 'import torch' 2>/dev/null || \
+	case ',$(EXTRAS),$(TORCH_INDEX)' in *,torch,*https*) $(BIN)/python -c 'import torch' 2>/dev/null || \
 	  $(BIN)/python -m pip install '$(TORCH_PIN)' --extra-index-url $(TORCH_INDEX);; esac
 	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
 	touch $@
@@ -42,7 +44,8 @@ system:
 horovod: system install
 	bash scripts/build_horovod.sh $(BIN)/python $(WHEELS)
 
-test: system install horovod
+# The lint first: a few seconds, and the rules the code's markers name hold on every change
+test: system install horovod lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
 # Every test that needs no cluster: tests/unit (pure) and tests/inproc (Keras, in-process hubs).

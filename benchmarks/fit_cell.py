@@ -18,7 +18,7 @@ import contextlib
 import io
 import time
 
-from _common import table  # noqa: I001 - puts the checkout on the path first
+from _common import table  # puts the checkout on the path first
 
 CELL = '''
 import numpy as np

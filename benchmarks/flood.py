@@ -33,7 +33,7 @@ import psutil
 from _common import REPO, table
 
 sys.path.insert(0, str(REPO))
-from tests.hostile import Flood  # noqa: E402 - after the path is set
+from tests.hostile import Flood  # after the path is set
 
 ATTACKS = {
     "keyless": [("keyless", {"peers": 128, "messages": 8, "frames": 6, "frame_bytes": 1 << 20}),

@@ -12,7 +12,7 @@ import enum
 import math
 import os
 
-from nbdist.choices import (  # noqa: F401 - re-exported: nbdist.config is where callers find them
+from nbdist.choices import (  # also re-exported: nbdist.config is where callers find them
     ASYNC,
     CHECKPOINTED,
     COORDINATED,

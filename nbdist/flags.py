@@ -116,7 +116,8 @@ def format_value(value: object) -> str:
     return str(value)
 
 
-def option(default: object, help: str, modes: Iterable[str] | None = None, *, choices=None,
+def option(default: object, help: str,  # noqa: A002 - argparse's name for it
+           modes: Iterable[str] | None = None, *, choices=None,
            **declaration) -> dataclasses.Field:
     """A TrainConfig field declared with its flag. `choices` may be an Enum class (its
     values); `declaration` takes `Flag`'s other fields (type, flag, shown_default, ...)."""

@@ -76,7 +76,8 @@ def jupyterlab(folder: Path):
     base = f"http://127.0.0.1:{port}"
 
     def api(path: str, method: str = "GET"):
-        request = urllib.request.Request(f"{base}{path}?token={token}", method=method)
+        request = urllib.request.Request(  # noqa: S310 - the local Jupyter server's http URL
+            f"{base}{path}?token={token}", method=method)
         return urllib.request.urlopen(request, timeout=10)  # noqa: S310 - our own loopback server
 
     def answers() -> bool:

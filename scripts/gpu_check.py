@@ -21,7 +21,7 @@ from pathlib import Path
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from demo import CELL  # noqa: E402 - the quickstart's cell, as `make demo` trains it
+from demo import CELL  # the quickstart's cell, as `make demo` trains it
 
 
 def engine_devices() -> dict:

@@ -363,7 +363,7 @@ def end(run, status: str = "finished"):
 def epoch_ends(run) -> list[int]:
     """The epochs whose end the run recorded, in order."""
     events = run.events
-    return sorted(events.loc[events["event"] == "epoch_end", "epoch"]) if "event" in events else []
+    return sorted(events.loc[events["event"] == "epoch_end", "epoch"]) if "epoch" in events else []
 
 
 def quiet_keras_build():

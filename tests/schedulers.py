@@ -86,7 +86,7 @@ class SlurmCluster:
         f = self.folder
         for d in ("state", "spool", "munge"):
             (f / d).mkdir(parents=True, exist_ok=True)
-        os.chmod(f, 0o755)
+        os.chmod(f, 0o755)  # noqa: S103 - Slurm's and munge's folders, as they want them
         key = f / "munge" / "munge.key"
         key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o400)

@@ -348,7 +348,7 @@ class HubOptimizer:
 
 def _formula_part(formula: UpdateFormula, lo: int, hi: int) -> UpdateFormula:
     """The same formula on `[lo, hi)` only: its slot and scratch arrays replaced by views."""
-    part, size = copy.copy(formula), formula._a.size
+    part, size = copy.copy(formula), formula._a.size  # noqa: SLF001 - a formula's own slot
     for name, value in vars(formula).items():
         if isinstance(value, np.ndarray) and value.shape == (size,):
             setattr(part, name, value[lo:hi])

@@ -38,7 +38,8 @@ def shard_state(core) -> tuple[ShardState, list[np.ndarray]]:
         numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
     reply = ShardState(numbers=numbers, names=list(arrays), schedule=state.get("schedule"),
                        evals_pending=state.get("evals_pending", []),
-                       **{k: state[k] for k in ("shard", "version", "lr", "rule", "rule_options", "optimizer")})
+                       **{k: state[k] for k in ("shard", "version", "lr", "rule", "rule_options",
+                                                "optimizer")})
     return reply, list(arrays.values())
 
 

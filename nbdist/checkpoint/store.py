@@ -2,10 +2,10 @@
 
 A checkpoint holds every shard's parameters, version and update-rule state (DC-ASGD-a's
 running mean of g⊙g, DDC-ASGD's momentum, softsync's buffered pushes), the hub optimizer's
-slots and step count (Adam's moments, a schedule's position), the float non-trainable state, the data position (which chunks
-of which epoch are trained on; chunks in flight count as not done), the live learning rate
-and rule options, the run's configuration and its cell. What a worker rebuilds on its next
-pull (DC backups, SSP clocks, DBS speed measurements) is not saved.
+slots and step count (Adam's moments, a schedule's position), the float non-trainable state,
+the data position (which chunks of which epoch are trained on; chunks in flight count as not
+done), the live learning rate and rule options, the run's configuration and its cell. What a
+worker rebuilds on its next pull (DC backups, SSP clocks, DBS speed measurements) is not saved.
 
 Format, with no pickle anywhere: a directory holding `meta.json` and one
 `arrays-<run>-<n>.npz` (loaded with allow_pickle=False). `meta.json` names the array file
@@ -48,7 +48,8 @@ from nbdist.errors import CheckpointError, CheckpointNotFoundError
 if TYPE_CHECKING:
     from nbdist.hub.messages import ShardState
 
-FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"  # 2: the cell's optimizer on the hub
+# 2: the cell's optimizer on the hub
+FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"
 KEEP = 2  # checkpoints kept in a folder: the newest (meta.json) and the one before (meta.1.json)
 _FIX = "Resume from another checkpoint, or start the run afresh with nbdist.train / %%distribute."
 
@@ -69,7 +70,8 @@ def prepare_dir(directory: str) -> str:
     return os.path.abspath(directory)
 
 
-def save(directory: str, shards: list[tuple[ShardState, list[np.ndarray]]], info: dict, keep: int = KEEP) -> str:
+def save(directory: str, shards: list[tuple[ShardState, list[np.ndarray]]], info: dict,
+         keep: int = KEEP) -> str:
     """Write one checkpoint of `shards` (their `state` replies) and `info` (config, cell,
     layout, ...) into `directory`, atomically; returns the path of its `meta.json`. The
     `keep - 1` checkpoints before it stay as `meta.1.json`, ... (newest first). Weights or
@@ -87,9 +89,9 @@ def save(directory: str, shards: list[tuple[ShardState, list[np.ndarray]]], info
     bad = [k for k, v in arrays.items() if not np.isfinite(v).all()]
     if bad:
         raise CheckpointError(
-            f"Not saving a checkpoint into {directory}: {', '.join(bad)} hold NaN or infinite values "
-            "(Received: a diverged run). The last good checkpoint there is kept. Lower the learning "
-            "rate (run.set_lr) or resume from that checkpoint.")
+            f"Not saving a checkpoint into {directory}: {', '.join(bad)} hold NaN or infinite "
+            "values (Received: a diverged run). The last good checkpoint there is kept. Lower the "
+            "learning rate (run.set_lr) or resume from that checkpoint.")
     first = next(s for s, _ in shards if s.shard == 0)  # the coordinator's shard
     schedule = first.schedule
     meta_path = os.path.join(directory, META)
@@ -187,7 +189,8 @@ class Checkpoint:
 
     @property
     def params(self) -> np.ndarray:
-        return np.concatenate([self.arrays[f"shard{i}.params"] for i in range(len(self.meta["shards"]))])
+        return np.concatenate([self.arrays[f"shard{i}.params"]
+                               for i in range(len(self.meta["shards"]))])
 
     @property
     def non_trainable(self) -> np.ndarray:
@@ -225,9 +228,9 @@ class Checkpoint:
         name = (lambda s: s["class_name"] if s else "none")  # noqa: E731
         if name(saved) != name(spec):
             raise CheckpointError(
-                f"The checkpoint {self.path} holds the state of a {name(saved)} optimizer on the hub, "
-                f"but this run's hub would apply {name(spec)}. Compile the cell's model with the same "
-                "optimizer (and --server-optimizer) as the checkpointed run. " + _FIX)
+                f"The checkpoint {self.path} holds the state of a {name(saved)} optimizer on the "
+                f"hub, but this run's hub would apply {name(spec)}. Compile the cell's model with "
+                "the same optimizer (and --server-optimizer) as the checkpointed run. " + _FIX)
 
     def shard_restores(self) -> list[dict]:
         """What each hub shard gets in `HubSpec.restore`."""
@@ -235,12 +238,14 @@ class Checkpoint:
         for i, shard in enumerate(self.meta["shards"]):
             state = {"version": shard["version"]}
             for prefix in ("rule", "opt"):
-                part = {k.split(".", 1)[1]: v for k, v in shard["numbers"].items() if k.startswith(prefix + ".")}
+                part = {k.split(".", 1)[1]: v for k, v in shard["numbers"].items()
+                        if k.startswith(prefix + ".")}
                 part.update({k[len(f"shard{i}.{prefix}."):]: v for k, v in self.arrays.items()
                              if k.startswith(f"shard{i}.{prefix}.")})
                 state[prefix] = part
             if i == 0:
-                state.update(schedule=self.meta["schedule"], evals_pending=self.meta["evals_pending"])
+                state.update(schedule=self.meta["schedule"],
+                             evals_pending=self.meta["evals_pending"])
             out.append(state)
         return out
 
@@ -261,12 +266,14 @@ def load(path: str | os.PathLike) -> Checkpoint:
     except (OSError, ValueError) as exc:
         raise _corrupt(meta_path, f"meta.json is not readable JSON ({exc})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise _corrupt(meta_path, "it is not an nbdist checkpoint (no 'format': 'nbdist-checkpoint')")
+        raise _corrupt(meta_path,
+                       "it is not an nbdist checkpoint (no 'format': 'nbdist-checkpoint')")
     if meta.get("format_version") != FORMAT_VERSION:
-        raise CheckpointError(f"The checkpoint {meta_path} has format version {meta.get('format_version')!r}; "
-                              f"this nbdist reads version {FORMAT_VERSION}. " + _FIX)
-    missing = [k for k in ("arrays_file", "sha256", "bytes", "arrays", "shards", "schedule", "layout",
-                           "num_samples", "config", "evals_pending") if k not in meta]
+        raise CheckpointError(f"The checkpoint {meta_path} has format version "
+                              f"{meta.get('format_version')!r}; this nbdist reads version "
+                              f"{FORMAT_VERSION}. " + _FIX)
+    missing = [k for k in ("arrays_file", "sha256", "bytes", "arrays", "shards", "schedule",
+                           "layout", "num_samples", "config", "evals_pending") if k not in meta]
     if missing:
         raise _corrupt(meta_path, f"meta.json lacks {', '.join(missing)}")
     arrays = _load_arrays(meta_path, meta)
@@ -286,7 +293,8 @@ def _load_arrays(meta_path: str, meta: dict) -> dict[str, np.ndarray]:
     digest, nbytes = hashlib.sha256(data).hexdigest(), len(data)
     if nbytes != meta["bytes"] or digest != meta["sha256"]:
         raise _corrupt(meta_path, f"{name} has {nbytes} bytes and SHA-256 {digest[:12]}..., "
-                                  f"meta.json recorded {meta['bytes']} bytes and {str(meta['sha256'])[:12]}...")
+                                  f"meta.json recorded {meta['bytes']} bytes and "
+                                  f"{str(meta['sha256'])[:12]}...")
     try:
         with np.load(io.BytesIO(data), allow_pickle=False) as z:
             arrays = {k: z[k] for k in z.files}
@@ -299,10 +307,12 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
     """Every array as listed, shard sizes adding up, a consistent data position."""
     index = meta["arrays"]
     if set(index) != set(arrays):
-        raise _corrupt(meta_path, f"its arrays {sorted(arrays)} differ from those listed {sorted(index)}")
+        raise _corrupt(meta_path,
+                       f"its arrays {sorted(arrays)} differ from those listed {sorted(index)}")
     for key, spec in index.items():
         a = arrays[key]
-        if list(a.shape) != list(spec["shape"]) or a.dtype.str != spec["dtype"] or a.dtype != np.float32:
+        if (list(a.shape) != list(spec["shape"]) or a.dtype.str != spec["dtype"]
+                or a.dtype != np.float32):
             raise _corrupt(meta_path, f"array {key} is {a.dtype.str}{list(a.shape)}, listed as "
                                       f"{spec['dtype']}{spec['shape']} (float32 expected)")
     shards = meta["shards"]
@@ -310,7 +320,8 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
         raise _corrupt(meta_path, "a shard's parameters are missing")
     sizes = [arrays[f"shard{i}.params"].size for i in range(len(shards))]
     layout = meta["layout"]
-    expected = {kind: sum(int(np.prod(s)) for s in layout[kind]) for kind in ("trainable", "non_trainable")}
+    expected = {kind: sum(int(np.prod(s)) for s in layout[kind])
+                for kind in ("trainable", "non_trainable")}
     if sum(sizes) != expected["trainable"]:
         raise _corrupt(meta_path, f"its shards hold {sum(sizes)} parameters, its model layout "
                                   f"{expected['trainable']}")
@@ -340,12 +351,14 @@ def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray])
         wanted = {f"rule.{f}" for f in RULES[shard["rule"]].state_fields}
         wanted |= {f"opt.{f}" for f in _optimizer_fields(meta_path, i, shard)}
         saved = set(shard.get("numbers", {})) | {k.split(".", 1)[1] for k in arrays
-                                                  if k.startswith(f"shard{i}.") and k.count(".") >= 2}
+                                                  if k.startswith(f"shard{i}.")
+                                                  and k.count(".") >= 2}
         sized = all(arrays[k].shape == arrays[f"shard{i}.params"].shape for k in arrays
                     if k.startswith((f"shard{i}.rule.", f"shard{i}.opt.")))
         if saved != wanted or not sized:
             raise _corrupt(meta_path, f"shard {i}'s saved rule state {sorted(saved)} is not what "
-                                      f"{shard['rule']} keeps ({sorted(wanted)}, one float per parameter)")
+                                      f"{shard['rule']} keeps ({sorted(wanted)}, one float per "
+                                      "parameter)")
 
 
 def _optimizer_fields(meta_path: str, i: int, shard: dict) -> list[str]:
@@ -358,7 +371,8 @@ def _optimizer_fields(meta_path: str, i: int, shard: dict) -> list[str]:
     try:
         return list(HubOptimizer(spec, int(shard["size"])).export_state())
     except Exception as exc:  # noqa: BLE001 - any bad spec is a corrupt checkpoint
-        raise _corrupt(meta_path, f"shard {i}'s optimizer {spec!r} cannot be rebuilt ({exc})") from None
+        raise _corrupt(meta_path,
+                       f"shard {i}'s optimizer {spec!r} cannot be rebuilt ({exc})") from None
 
 
 def _corrupt(meta_path: str, what: str) -> CheckpointError:

@@ -57,9 +57,10 @@ def check_slots(optimizer, shapes: list, engine: int) -> None:
     have = [list(v.shape) for v in optimizer_slots(optimizer)]
     if have != [list(s) for s in shapes]:
         raise CheckpointError(
-            f"[engine {engine}] The checkpoint's optimizer state has slots of shapes {shapes}; this "
-            f"cell's {type(optimizer).__name__} keeps {have}. Compile the model with the optimizer "
-            "of the checkpointed run (same class, same momentum setting), or start afresh.")
+            f"[engine {engine}] The checkpoint's optimizer state has slots of shapes {shapes}; "
+            f"this cell's {type(optimizer).__name__} keeps {have}. Compile the model with the "
+            "optimizer of the checkpointed run (same class, same momentum setting), or start "
+            "afresh.")
 
 
 def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
@@ -67,8 +68,9 @@ def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
     """Rank 0's `report` carrying its state: weights, optimizer slots, data position."""
     optimizer = loop.model.optimizer
     params, non_trainable = loop.flat.read()
-    state = SyncState(seq=int(seq), epoch=int(epoch), offset=int(offset), steps=int(steps), final=final,
-                      lr=float(loop.lr), iterations=int(optimizer.iterations.numpy()),
+    state = SyncState(seq=int(seq), epoch=int(epoch), offset=int(offset), steps=int(steps),
+                      final=final, lr=float(loop.lr),
+                      iterations=int(optimizer.iterations.numpy()),
                       optimizer=type(optimizer).__name__,
                       slots=[[int(n) for n in v.shape] for v in optimizer_slots(optimizer)])
     return Report(0, state=state), [params, non_trainable, read_slots(optimizer)]
@@ -110,7 +112,8 @@ def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> di
 # -- in the kernel ----------------------------------------------------------------------------
 
 
-def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S) -> list[tuple[ShardState, list]]:
+def fresh_state(control, final: bool,
+                timeout: float = STATE_WAIT_S) -> list[tuple[ShardState, list]]:
     """Rank 0's state, taken after this call (`final`: the one it sent when training ended)."""
     (state, buffers), = control.state()
     if final or state.final:  # training ended: no newer state will come
@@ -158,9 +161,9 @@ def check_optimizer(ckpt, model) -> None:
     saved, here = ckpt.meta["sync"]["optimizer"], type(model.optimizer).__name__
     if saved != here:
         raise CheckpointError(
-            f"The checkpoint {ckpt.path} holds the state of a {saved} optimizer; this cell compiles "
-            f"its model with {here}. Compile it with {saved} as in the checkpointed run, or start "
-            "afresh with nbdist.train / %%distribute.")
+            f"The checkpoint {ckpt.path} holds the state of a {saved} optimizer; this cell "
+            f"compiles its model with {here}. Compile it with {saved} as in the checkpointed run, "
+            "or start afresh with nbdist.train / %%distribute.")
 
 
 def check_meta(meta_path: str, meta: dict, arrays: dict, corrupt) -> None:

@@ -219,8 +219,8 @@ class Cluster:
                                  f"{list(engines)}; it has {list(self.client.ids)}). Pick engines "
                                  "from `cluster.engine_ids`.")
         view = Cluster(self.client, encrypt=self.encrypt)
-        view._engines = tuple(engines)  # noqa: SLF001
-        view._shared_client = True  # noqa: SLF001
+        view._engines = tuple(engines)  # its own class's fields
+        view._shared_client = True
         return view
 
     def engine_hosts(self) -> dict[int, str]:

@@ -146,8 +146,9 @@ def controller_address(config: dict) -> str:
     url = config.get("registration") or config.get("interface") or ""
     host = url.split("://")[-1].rsplit(":", 1)[0] if "://" in url else ""
     location = config.get("location") or ""
-    if host in ("", "*", "0.0.0.0") or ipaddress.IPv4Address(_as_ip(host)).is_loopback:
-        if location and location not in ("*", "0.0.0.0"):
+    # "0.0.0.0" is read here (ipyparallel's wildcard), never bound
+    if host in ("", "*", "0.0.0.0") or ipaddress.IPv4Address(_as_ip(host)).is_loopback:  # noqa: S104
+        if location and location not in ("*", "0.0.0.0"):  # noqa: S104
             return _as_ip(location)
         return LOOPBACK
     return _as_ip(host)
@@ -253,7 +254,8 @@ def _addresses() -> dict[str, list[tuple[str, int]]]:
     ip = shutil.which("ip") or next(
         (p for p in ("/usr/sbin/ip", "/sbin/ip") if shutil.which(p)), None)
     if ip:
-        out = subprocess.run([ip, "-j", "-4", "addr", "show"], capture_output=True, text=True,
+        out = subprocess.run([ip, "-j", "-4", "addr", "show"],  # noqa: S603 - fixed arguments
+                             capture_output=True, text=True,
                              timeout=10)
         if out.returncode == 0:
             return parse_ip_addr_json(out.stdout)

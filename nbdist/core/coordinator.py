@@ -1,9 +1,10 @@
 """The run's coordinator, kept by hub shard 0: who does what next. No sockets.
 
 It hands out data chunks (global epochs), counts each push into the statistics and the
-per-worker timeline, decides batch sizes (DBS-SGD), holds the control state (pause, stop,
-slow-down, batch policy), queues validation jobs at epoch ends, gates workers that run too far
-ahead (SSP), forms speed groups (group sync), and takes in workers added mid-run. For each
+per-worker timeline (`nbdist.core.push_log`), decides batch sizes (DBS-SGD), holds the control
+state (pause, stop, slow-down, batch policy; the kernel changes it:
+`nbdist.core.kernel_control`), queues validation jobs at epoch ends, gates workers that run too
+far ahead (SSP), forms speed groups (group sync), and takes in workers added mid-run. For each
 worker request the shard core (`nbdist.core.shard`) calls `assign` (the state changes: chunks
 handed out, an evaluation job taken, the node's state; False: hold the reply), then the pure
 `reply_for`, which reads the reply off that state.
@@ -22,12 +23,13 @@ from typing import TYPE_CHECKING
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
 from nbdist.core.epoch_metrics import EpochSums
+from nbdist.core.kernel_control import apply_control
 from nbdist.core.liveness import Liveness
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
+from nbdist.core.push_log import PushLog
 from nbdist.core.schedule import Chunk, EpochSchedule
 from nbdist.core.speed_groups import SpeedGroups
 from nbdist.core.stats import Completed, RunStats
-from nbdist.core.timeline import DelayWindow, Timeline
 from nbdist.hub.messages import EvalJob, Reply, ReportReply
 
 if TYPE_CHECKING:
@@ -35,7 +37,6 @@ if TYPE_CHECKING:
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
-DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (cost)
 
 
 class Coordinator:
@@ -46,23 +47,23 @@ class Coordinator:
         n = plan.num_workers
         self.schedule = EpochSchedule(plan.num_samples, plan.epochs)
         self.stats = RunStats(n, start_time=start_time)
-        self.timeline = Timeline()
         self.epoch_metrics = EpochSums()  # the pushes' metric increments, per epoch
-        self.delays = DelayWindow()
-        self._delay_stats: dict[int, tuple[float, float, float]] = {}
         self.sizer = BatchSizer(n, plan.batch_size, b_min=plan.batch_min,
                                 b_max=plan.batch_max or max(plan.batch_size * n, plan.batch_size),
                                 policy="dbs" if plan.dbs else "fixed", warmup=DBS_WARMUP_STEPS)
         # the run's one SSP clock, and the speed groups: decided here, followed live (control)
         self.clock = StalenessClock(n, plan.staleness) if plan.staleness is not None else None
         self.groups = SpeedGroups(plan)
-        self.lr = plan.lr if plan.lr_owner == "workers" else None  # (the hub's rate is its optimizer's)
+        self.pushes = PushLog(self.stats, plan.metrics, self.groups)  # stats, delays, timeline
+        # (the hub's rate is its optimizer's)
+        self.lr = plan.lr if plan.lr_owner == "workers" else None
         self.paused = False
         self.steps_counted = 0  # pushes (sync: rank steps) completed; --pause-at counts them
         self._count_step(start_time, by=0)  # --pause-at 0: the run starts paused
         self.stopping = False
         self.slowdown = list(plan.slowdown) or [1.0] * n
-        self.assigned: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}  # chunks a worker holds
+        # chunks a worker holds
+        self.assigned: dict[int, deque[Chunk]] = {w: deque() for w in range(n)}
         self._eval_job: dict[int, EvalJob] = {}  # the evaluation job `assign` gave a worker last
         self.eval_queue: deque[int] = deque()
         self.evaluating: dict[int, int] = {}
@@ -178,15 +179,18 @@ class Coordinator:
     def account(self, step: Step, done: Completed, delay: int, now: float) -> None:
         """The bookkeeping of a push (statistics, timeline, delays; speed groups once measured),
         which a reply does not wait for, except under group sync (groups form from it)."""
-        if step.metrics is not None:  # before the epoch end it may complete: the epoch's sums are whole
+        if step.metrics is not None:
+            # before the epoch end it may complete: the epoch's sums are whole
             self.epoch_metrics.add(step.metrics)
         for epoch in done.ended:
             self.stats.record_event("epoch_end", now, epoch=epoch)
-        self._count(step, done.samples, done.batch_size, delay, now, done.epoch)
+        self.pushes.count(step, done.samples, done.batch_size, delay, now, done.epoch,
+                          self.slowdown[step.worker])
         if done.rebalanced is not None:
             self.stats.record_event("rebalance", now, batches=done.rebalanced)
         if not self.groups.formed and self.plan.algorithm == "group" and all(
-                self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES for w in self.arrived - self.gone):
+                self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES
+                for w in self.arrived - self.gone):
             self.regroup(now)
 
     def report(self, report: Report, now: float) -> ReportReply:
@@ -201,40 +205,22 @@ class Coordinator:
         if report.batch:
             self.reported_epochs = max(self.reported_epochs, float(report.epoch))
             self.sizer.observe(worker, report.samples, float(report.compute_s))
-            self._count(report, report.samples, self.sizer.batch_for(worker), 0, now, self.epochs_done)
+            self.pushes.count(report, report.samples, self.sizer.batch_for(worker), 0, now,
+                              self.epochs_done, self.slowdown[worker])
             if worker == 0 and self.sizer.maybe_rebalance():
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
             self._count_step(now)
         self.eval_result(worker, report.eval, now)
         self.stats.workers[worker].state = "paused" if self.paused else "running"
-        return ReportReply(lr=self.lr, paused=self.paused, stop=self.stopping, send_state=self.state_wanted,
-                           batches=list(self.sizer.batches), slowdown=self.slowdown[worker],
-                           open_epoch=self.open_epoch)
-
-    def _count(self, step: Step | Report, samples: int, batch_size: int, delay: int, now: float,
-               epoch: float) -> None:
-        worker = step.worker
-        w = self.stats.workers[worker]
-        w.take(step)
-        loss = float(step.loss)
-        if self.plan.metrics == "minimal":
-            w.steps, w.samples, w.loss = w.steps + 1, w.samples + samples, loss
-            self.stats.global_step += 1
-            return
-        compute_s, comm_s = float(step.compute_s), float(step.comm_s)
-        self.stats.record_push(worker, samples=samples, loss=loss, compute_s=compute_s, comm_s=comm_s,
-                               delay=delay, epoch=epoch, now=now, batch_size=batch_size)
-        self.delays.add(worker, delay)
-        if w.steps % DELAY_STATS_EVERY == 1 or worker not in self._delay_stats:
-            self._delay_stats[worker] = tuple(self.delays.stats(worker).values())  # mean, p95, max
-        self.timeline.append_floats(worker, [  # in the order of timeline.DEFAULT_COLUMNS
-            now, w.samples_per_s, compute_s, comm_s, float(step.wait_s), float(w.batch_size),
-            *self._delay_stats[worker], loss, float(self.slowdown[worker]), float(self.groups.index(worker))])
+        return ReportReply(lr=self.lr, paused=self.paused, stop=self.stopping,
+                           send_state=self.state_wanted, batches=list(self.sizer.batches),
+                           slowdown=self.slowdown[worker], open_epoch=self.open_epoch)
 
     def eval_result(self, worker: int, result: EvalResult | None, now: float) -> None:
         if result is not None:
             self.evaluating.pop(worker, None)
-            self.stats.record_eval(result.metrics, epoch=result.epoch, version=result.version, now=now)
+            self.stats.record_eval(result.metrics, epoch=result.epoch, version=result.version,
+                                   now=now)
 
     def blocked(self, worker: int) -> bool:
         """Whether `worker`'s reply must wait (SSP: too far ahead of the slowest). Pure."""
@@ -242,7 +228,8 @@ class Coordinator:
 
     def assign(self, worker: int, pulled: bool, version: int) -> bool:
         """On a request of `worker`: hand out chunks, take an evaluation job (with the weights
-        it pulls, `version`), set its node state. False: hold the reply (SSP), nothing handed out."""
+        it pulls, `version`), set its node state. False: hold the reply (SSP), nothing handed
+        out."""
         self._eval_job.pop(worker, None)
         if self.blocked(worker):
             self.stats.workers[worker].state = "blocked"
@@ -250,7 +237,8 @@ class Coordinator:
         plan, assigned = self.plan, self.assigned[worker]
         if not self._all_here:  # the configured workers start together; added ones need not wait
             self._all_here = self.arrived.issuperset(range(plan.num_workers))
-        while self._all_here and len(assigned) < plan.chunks_ahead and not (self.paused or self.stopping):
+        while (self._all_here and len(assigned) < plan.chunks_ahead
+               and not (self.paused or self.stopping)):
             chunk = self.schedule.next_chunk(self.sizer.batch_for(worker), self.open_epoch)
             if chunk is None:
                 break
@@ -279,7 +267,8 @@ class Coordinator:
 
     def work_for(self, worker: int, pulled: bool, version: int) -> Reply | None:
         """`assign`, then `reply_for`, in one call; None: hold the reply."""
-        return self.reply_for(worker, pulled, version) if self.assign(worker, pulled, version) else None
+        return (self.reply_for(worker, pulled, version) if self.assign(worker, pulled, version)
+                else None)
 
     # -- lost workers (nbdist.core.liveness) -------------------------------------------------
 
@@ -310,7 +299,8 @@ class Coordinator:
         self.bye(worker, now)
         self.lost.add(worker)
         self.stats.workers[worker].state = "lost"
-        self.stats.record_event("worker_lost", now, worker=worker, reason=reason, silent_s=round(silent, 2))
+        self.stats.record_event("worker_lost", now, worker=worker, reason=reason,
+                                silent_s=round(silent, 2))
 
     # -- groups -----------------------------------------------------------------------------
 
@@ -324,7 +314,8 @@ class Coordinator:
     def _group_now(self, worker: int) -> list[int]:
         """The worker's group for its next push; alone when the data left cannot give every
         member a chunk (the end of the run), so no barrier waits for a push that won't come."""
-        members = [m for m in self.groups.of[worker] if m not in self.gone]  # nobody waits for the lost
+        # nobody waits for the lost
+        members = [m for m in self.groups.of[worker] if m not in self.gone]
         if len(members) > 1 and self.schedule.samples_left(self.open_epoch) < sum(
                 self.sizer.batch_for(m) for m in members):
             return [worker]
@@ -342,40 +333,8 @@ class Coordinator:
             self.stats.record_event("pause", now, step=self.steps_counted, reason="--pause-at")
 
     def control(self, c: Control, now: float) -> None:
-        if c.lr is not None:
-            if self.plan.lr_owner == "workers":
-                self.lr = float(c.lr)
-            self.stats.record_event("set_lr", now, lr=float(c.lr), **({"by": c.by} if c.by is not None else {}))
-        if c.paused is not None and c.paused != self.paused:
-            self.paused = c.paused
-            self.stats.record_event("pause" if self.paused else "resume", now)
-        if c.stop and not self.stopping:
-            self.stopping = True
-            self.stats.record_event("stop", now)
-        if c.slowdown is not None:
-            worker, factor = c.slowdown[0], float(c.slowdown[1])
-            self.slowdown[worker] = factor
-            self.stats.record_event("set_slowdown", now, worker=worker, factor=factor)
-        if c.batch_policy is not None:
-            self.sizer.set_policy(c.batch_policy)
-            self.stats.record_event("set_batch_policy", now, policy=c.batch_policy)
-        if c.option is not None:  # validated by the rule first (the hub asks it)
-            name, value = c.option
-            if name == "staleness" and self.clock is not None:
-                self.clock.staleness = int(value)
-            elif name == "max_ratio":
-                self.groups.max_ratio = float(value)
-            elif name == "num_groups":
-                self.groups.wanted = int(value)
-            self.stats.record_event("set_option", now, name=name, value=value)
-        if c.regroup:
-            self.regroup(now)
-        if c.send_state:
-            self.state_wanted += 1
-        if c.epoch_done is not None and self.open_epoch is not None:  # the kernel ran the epoch's callbacks
-            self.open_epoch = max(self.open_epoch, c.epoch_done + 1)
-        if c.eval is not None:  # a validation the kernel ran itself (a cell's fit call), for the views
-            self.eval_result(-1, c.eval, now)
+        """Apply the kernel's `Control` (`nbdist.core.kernel_control`)."""
+        apply_control(self, c, now)
 
     # -- what the kernel reads --------------------------------------------------------------
 
@@ -398,14 +357,16 @@ class Coordinator:
         snap = self.stats.snapshot(since=since)
         for w in snap["nodes"]:
             i = w["worker"]
-            w.update(self.delays.stats(i) if self.plan.metrics == "full" else {})
+            w.update(self.pushes.delays.stats(i) if self.plan.metrics == "full" else {})
             w.update(slowdown=self.slowdown[i],
                      group=self.groups.index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
-        snap.update(finished=self.finished, lost=sorted(self.lost), open_epoch=self.open_epoch, epoch_samples=self.schedule.samples_per_epoch,
-                    paused=self.paused, stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
+        snap.update(finished=self.finished, lost=sorted(self.lost), open_epoch=self.open_epoch,
+                    epoch_samples=self.schedule.samples_per_epoch, paused=self.paused,
+                    stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
                     batch_policy=self.sizer.policy, epoch_metrics=self.epoch_metrics.to_wire(),
-                    delays={str(w): self.delays.histogram(w) for w in range(self.num_workers)})
+                    delays={str(w): self.pushes.delays.histogram(w)
+                            for w in range(self.num_workers)})
         if with_timeline:
-            snap["timeline"] = self.timeline.to_records(include_open=True)
+            snap["timeline"] = self.pushes.timeline.to_records(include_open=True)
         return snap

@@ -18,7 +18,8 @@ class Liveness:
 
     Example:
         >>> live = Liveness()
-        >>> live.heard(0, now=0.0); live.pushed(0, 0.0, slowdown=1.0); live.pushed(0, 0.5, slowdown=1.0)
+        >>> live.heard(0, now=0.0); live.pushed(0, 0.0, slowdown=1.0)
+        >>> live.pushed(0, 0.5, slowdown=1.0)
         >>> live.deadline(0, slowdown=1.0, evaluating=False), live.silent(0, now=3.0)
         (10.0, 3.0)
     """
@@ -52,5 +53,6 @@ class Liveness:
         """Seconds of silence after which `worker` counts as lost: many of its own step times,
         scaled by its current slow-down, never less than a few seconds."""
         step = self._step_s.get(worker)
-        limit = LOST_FIRST_S if step is None else max(LOST_FLOOR_S, LOST_STEPS * step * max(1.0, slowdown))
+        limit = (LOST_FIRST_S if step is None
+                 else max(LOST_FLOOR_S, LOST_STEPS * step * max(1.0, slowdown)))
         return max(limit, LOST_EVAL_S) if evaluating else limit

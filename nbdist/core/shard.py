@@ -48,7 +48,8 @@ def admit(num_workers: int, worker: int) -> int:
         3
     """
     if worker != num_workers:
-        raise ValueError(f"a worker added mid-run takes the next id, {num_workers} (Received: {worker})")
+        raise ValueError(f"a worker added mid-run takes the next id, {num_workers} "
+                         f"(Received: {worker})")
     return num_workers + 1
 
 
@@ -60,12 +61,15 @@ class ShardCore:
 
     Example:
         >>> from nbdist.hub.messages import Hello, Step
-        >>> plan = Plan(num_workers=1, num_samples=4, epochs=1, batch_size=4, lr=0.5, has_validation=False)
-        >>> core = ShardCore(plan, np.zeros(2, np.float32), np.zeros(0, np.float32), now=lambda: 0.0)
+        >>> plan = Plan(num_workers=1, num_samples=4, epochs=1, batch_size=4, lr=0.5,
+        ...             has_validation=False)
+        >>> core = ShardCore(plan, np.zeros(2, np.float32), np.zeros(0, np.float32),
+        ...                  now=lambda: 0.0)
         >>> core.hello(Hello(0)); reply = core.reply(0, pull=True); reply.chunks
         [Chunk(id=0, epoch=0, start=0, stop=4)]
-        >>> core.push(Step(0, push=True, chunks=[0], batch=4), np.ones(2, np.float32)); core.settle()
+        >>> core.push(Step(0, push=True, chunks=[0], batch=4), np.ones(2, np.float32))
         False
+        >>> core.settle()
         >>> core.params.tolist(), core.version
         ([-0.5, -0.5], 1)
     """
@@ -75,19 +79,22 @@ class ShardCore:
                  rule_options: dict | None = None, optimizer: dict | None = None, offset: int = 0,
                  constraints: list[dict] | tuple = (), sync: bool = False, start_time: float = 0.0,
                  settle_every: int = 1):
-        self.plan, self.shard, self.num_shards, self.sync, self.now = plan, shard, num_shards, sync, now
+        self.plan, self.shard, self.num_shards, self.sync, self.now = (plan, shard, num_shards,
+                                                                       sync, now)
         self.size = int(params.size)
         self.params = params
         self.non_trainable = np.array(non_trainable, dtype=np.float32, copy=True)
-        self.updater = make_updater(replace(plan, algorithm="asgd") if sync else plan, rule_options or {},
-                                    optimizer, self.size, offset, constraints)
+        self.updater = make_updater(replace(plan, algorithm="asgd") if sync else plan,
+                                    rule_options or {}, optimizer, self.size, offset, constraints)
         self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
         self.coordinator = Coordinator(plan, start_time) if shard == 0 else None
         self.version = 0
         self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
         self.reads: dict[int, list[int]] = {}  # worker -> the versions its last two pulls read
-        self.held: dict[int, tuple[object, bool]] = {}  # worker -> (driver's token, pull) of a held reply
-        self._unsettled: list[tuple] = []  # pushes' bookkeeping, done after their replies (`settle`)
+        # worker -> (driver's token, pull) of a held reply
+        self.held: dict[int, tuple[object, bool]] = {}
+        # pushes' bookkeeping, done after their replies (`settle`)
+        self._unsettled: list[tuple] = []
         # Group sync forms its groups from the accounting, so it accounts each push at once.
         self._settle_every = 1 if plan.algorithm == "group" else max(1, int(settle_every))
 
@@ -121,14 +128,15 @@ class ShardCore:
         self.settle(due_only=True)  # a driver that did not settle after the last reply
         if grad.size != self.size:
             raise ValueError(f"push of {grad.size} floats to a shard of {self.size}")
-        if self.coordinator is not None and non_trainable_delta is not None and self.non_trainable.size:
+        if (self.coordinator is not None and non_trainable_delta is not None
+                and self.non_trainable.size):
             self.non_trainable += non_trainable_delta
         lag = 1 if step.lag == 1 else 0
         read = self.read_of(worker, lag)
         self.updater.rule.computed_at(worker, lag)
         if self.barrier is not None:  # a singleton completes at once and flushes old groups
-            for done in self.barrier.add(tuple(step.group or (worker,)), worker, grad, step.batch, read, step,
-                                         now=self.now()):
+            for done in self.barrier.add(tuple(step.group or (worker,)), worker, grad, step.batch,
+                                         read, step, now=self.now()):
                 self.apply_group(done)
             return False
         delay = self.version - read
@@ -174,7 +182,8 @@ class ShardCore:
         self._apply(min(step.members), step.mean, delay, scale=scale)
         if self.coordinator is not None:
             for member, push in step.headers.items():
-                self.coordinator.push(push, self.version - 1 - step.read_versions[member], self.now())
+                self.coordinator.push(push, self.version - 1 - step.read_versions[member],
+                                      self.now())
 
     def expire_groups(self, limit_s: float = GROUP_WAIT_LIMIT_S) -> bool:
         """A member that never pushes (it died, a regroup crossed its push, the data ended) must
@@ -183,7 +192,8 @@ class ShardCore:
         for step in steps:
             self.apply_group(step)
             if self.coordinator is not None and not self.sync:  # sync: the last, partial batch
-                self.coordinator.stats.record_event("group_timeout", self.now(), members=list(step.members),
+                self.coordinator.stats.record_event("group_timeout", self.now(),
+                                                    members=list(step.members),
                                                     pushed=sorted(step.headers))
         return bool(steps)
 
@@ -198,11 +208,13 @@ class ShardCore:
         """The reply to `worker`'s request, or None: held (kept with `token`) until it may go
         on (SSP: too far ahead; group sync: its group's step is incomplete)."""
         if (self.barrier is not None and self.barrier.waiting(worker)) or (
-                self.coordinator is not None and not self.coordinator.assign(worker, pull, self.version)):
+                self.coordinator is not None
+                and not self.coordinator.assign(worker, pull, self.version)):
             self.held[worker] = (token, pull)
             return None
         self.held.pop(worker, None)
-        reply = self.coordinator.reply_for(worker, pull, self.version) if self.coordinator else Reply(self.version)
+        reply = (self.coordinator.reply_for(worker, pull, self.version) if self.coordinator
+                 else Reply(self.version))
         if pull:
             reads = self.reads.setdefault(worker, [])
             reads.append(self.version)
@@ -214,7 +226,8 @@ class ShardCore:
         """Held replies that may go now, as (worker, token, pull, reply), by worker id; the
         driver acts on each (which may change what the next can have) before the next."""
         for worker in sorted(self.held):
-            if worker not in self.held or (self.barrier is not None and self.barrier.waiting(worker)):
+            if worker not in self.held or (self.barrier is not None
+                                           and self.barrier.waiting(worker)):
                 continue
             if self.coordinator is not None and self.coordinator.blocked(worker):
                 continue
@@ -250,7 +263,8 @@ class ShardCore:
         """Workers silent past their deadline, with that deadline (a held reply is exempt)."""
         if self.coordinator is None:
             return []
-        return [(w, self.coordinator.deadline(w)) for w in self.coordinator.overdue(self.now(), exempt=self.held)]
+        return [(w, self.coordinator.deadline(w))
+                for w in self.coordinator.overdue(self.now(), exempt=self.held)]
 
     # -- the kernel's side -------------------------------------------------------------------
 
@@ -272,7 +286,8 @@ class ShardCore:
                 self.updater.set_learning_rate(lr)
         if c.option is not None:
             self.updater.rule.set_option(c.option[0], float(c.option[1]))
-        if c.add_worker is not None:  # a worker joins mid-run: shard 0 (asked first) may refuse, then all admit
+        if c.add_worker is not None:
+            # a worker joins mid-run: shard 0 (asked first) may refuse, then all admit
             if self.coordinator is not None:
                 self.coordinator.add_worker(c.add_worker, self.now(), c.engine)
             self.num_workers = admit(self.num_workers, c.add_worker)
@@ -288,7 +303,8 @@ class ShardCore:
         """Shard 0's statistics for the kernel (the driver adds its own error and drop counts)."""
         self.settle()
         snap = self.coordinator.snapshot(since, timeline)
-        snap.update(version=self.version, hub_bytes=int(self.params.nbytes + self.updater.state_nbytes),
+        snap.update(version=self.version,
+                    hub_bytes=int(self.params.nbytes + self.updater.state_nbytes),
                     rule_options=self.updater.rule.options, elapsed=self.now())
         if self.plan.lr_owner == "hub":
             snap["lr"] = self.updater.learning_rate()  # the schedule's value at this step
@@ -336,7 +352,8 @@ def _copy(value):
 def _import_fields(obj, fields: tuple[str, ...], values: dict) -> None:
     """Put saved fields back into `obj`, in place; arrays must match in shape."""
     if set(values) != set(fields):
-        raise ValueError(f"{type(obj).__name__} state has fields {sorted(values)}, expected {sorted(fields)}")
+        raise ValueError(f"{type(obj).__name__} state has fields {sorted(values)}, "
+                         f"expected {sorted(fields)}")
     for name in fields:
         current, value = getattr(obj, name), values[name]
         if isinstance(current, np.ndarray):

@@ -14,7 +14,8 @@ class SpeedGroups:
 
     def __init__(self, plan: Plan):
         n = plan.num_workers
-        self.max_ratio, self.wanted = plan.max_group_ratio, plan.groups  # wanted 0: as max_ratio needs
+        # wanted 0: as max_ratio needs
+        self.max_ratio, self.wanted = plan.max_group_ratio, plan.groups
         self.of: list[list[int]] = [[w] for w in range(n)]
         self.formed = False
         if plan.algorithm == "group" and plan.groups in (1, n):
@@ -29,7 +30,8 @@ class SpeedGroups:
         """Group the `active` workers by their samples per second `rates`; returns the groups.
 
         Example:
-            >>> plan = Plan(num_workers=3, num_samples=9, epochs=1, batch_size=1, lr=0.1, has_validation=False)
+            >>> plan = Plan(num_workers=3, num_samples=9, epochs=1, batch_size=1, lr=0.1,
+            ...             has_validation=False)
             >>> g = SpeedGroups(plan)
             >>> g.form([0, 1, 2], [100.0, 110.0, 900.0]), g.of
             ([[0, 1], [2]], [[0, 1], [0, 1], [2]])

@@ -126,13 +126,15 @@ class RunStats:
         w.loss = loss
         if compute_s > 0:
             rate = samples / compute_s
-            w.samples_per_s = rate if w.steps == 1 else (1 - EMA_WEIGHT) * w.samples_per_s + EMA_WEIGHT * rate
+            w.samples_per_s = (rate if w.steps == 1
+                               else (1 - EMA_WEIGHT) * w.samples_per_s + EMA_WEIGHT * rate)
         self.history.append([now, self.global_step, epoch, worker, loss, delay, w.batch_size])
 
     def record_eval(self, metrics: dict, *, epoch: int, version: int, now: float) -> None:
         """Append one validation result (metrics as `val_*` names)."""
         self.evals.append({"time": now, "step": self.global_step, "epoch": epoch,
-                           "version": version, **{f"val_{k}": float(v) for k, v in metrics.items()}})
+                           "version": version,
+                           **{f"val_{k}": float(v) for k, v in metrics.items()}})
 
     def record_event(self, kind: str, now: float, **fields: object) -> None:
         """A control action or lifecycle event (pause, set_lr, worker lost, ...)."""

@@ -19,7 +19,7 @@ TITLE = "pipeline timeline"
 def pipeline_summary(info: dict, stages: int, micro_batches: int) -> dict:
     """Bubble fraction measured over the complete steps (1 - busy / (S x wall)), its ideal, and
     each stage's utilisation (busy / wall); with the messages each stage sent, and what each
-    stage and the kernel refused (by reason: see nbdist.modes.pipeline.link).
+    stage and the kernel refused (by reason: see nbdist.modes.pipeline.link and .kernel_link).
 
     Example:
         >>> s = pipeline_summary({"busy": [3.0, 1.0], "wall": 4.0, "measured_steps": 2}, 2, 2)

@@ -47,8 +47,10 @@ class WorkerTransport:
         here = shm.host_id()
         self.use_shm = transport != "tcp" and all(s["host"] == here for s in shards)
         if transport == "shm" and not self.use_shm:
-            raise TrainingError("transport 'shm' needs every hub shard on this worker's host; use 'auto'.")
-        self.compression = "none" if self.use_shm else compression  # shared memory: no bytes to save
+            raise TrainingError("transport 'shm' needs every hub shard on this worker's host; "
+                                "use 'auto'.")
+        # shared memory: no bytes to save
+        self.compression = "none" if self.use_shm else compression
         if not self.use_shm:  # across hosts: a host that does not answer fails here, named
             for i, s in enumerate(shards):
                 address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
@@ -56,7 +58,8 @@ class WorkerTransport:
             reuse_large_buffers(4 * max(hi - lo for lo, hi in self.bounds))  # see nbdist.hub.memory
         self._ctx = zmq.Context()
         self.line_kind = choose_line(self.use_shm, shards, non_trainable_size)
-        self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout, self.line_kind, spin_s)
+        self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout, self.line_kind,
+                                spin_s)
         self._segment = shm.create(8 * self.total) if self.use_shm else None
         if self._segment is not None:
             self.grad = shm.floats(self._segment, 0, self.total)
@@ -77,7 +80,8 @@ class WorkerTransport:
             hello = Hello(self.worker, engine=self.engine, host=shm.host_id().split(":")[0],
                           compression=self.compression, link=self.link, **self.gpu.info())
             if self._segment is not None:
-                hello.shm, hello.offset, hello.total = self._segment.name, self.bounds[i][0], self.total
+                hello.shm, hello.offset, hello.total = (self._segment.name, self.bounds[i][0],
+                                                        self.total)
             line.send(hello)
         return self._collect(pull=True)
 
@@ -112,7 +116,8 @@ class WorkerTransport:
         """[bytes sent, bytes received] so far over TCP, then over the shared-memory link's
         sockets (headers only: the arrays go through the segment). A push carries the totals
         before itself, so the hub's figures lag by one message."""
-        sent, received = sum(line.sent for line in self.lines), sum(line.received for line in self.lines)
+        sent, received = (sum(line.sent for line in self.lines),
+                          sum(line.received for line in self.lines))
         return [sent, received, 0, 0] if self.link == "tcp" else [0, 0, sent, received]
 
     def receive_step(self, step: Step) -> Reply:

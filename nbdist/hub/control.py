@@ -56,7 +56,8 @@ class HubControl:
         others = control.for_other_shards()
         with self._lock:
             if self.closed:  # the run ended between the caller's check and this call
-                raise TrainingError("The run has ended; there is nothing to control. Start a new run.")
+                raise TrainingError("The run has ended; there is nothing to control. "
+                                    "Start a new run.")
             for i, line in enumerate(self.lines):
                 if i == 0 or others is not None:
                     line.request(control if i == 0 else others)
@@ -74,7 +75,8 @@ class HubControl:
         with self._lock:
             self._check_open()
             replies = [line.request(State()) for line in self.lines]
-        return [(state, [msg.floats(i).copy() for i in range(len(msg.buffers))]) for state, msg in replies]
+        return [(state, [msg.floats(i).copy() for i in range(len(msg.buffers))])
+                for state, msg in replies]
 
     def _check_open(self) -> None:
         """Fail at once after `shutdown`: no hub answers any more (instead of after a timeout)."""

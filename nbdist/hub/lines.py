@@ -103,7 +103,8 @@ class Line:
         """The reply as the message expected, or ProtocolError ("unexpected op", "malformed
         header"); a hub's `Error` raises TrainingError."""
         if msg.op == Error.OP:
-            raise TrainingError(f"{self.name} refused the request: {Error.decode(msg.header).message}")
+            raise TrainingError(f"{self.name} refused the request: "
+                                f"{Error.decode(msg.header).message}")
         if msg.op != expect.OP:
             raise ProtocolError("unexpected op", f"{msg.op!r}, expected {expect.OP!r}")
         return expect.decode(msg.header)
@@ -138,7 +139,8 @@ class LocalLine(Line):
     def _send_frames(self, frames: list) -> int:
         try:
             return self.sock.send(frames)
-        except OSError as exc:  # the hub's end is closed (it stopped or died), or it stopped reading
+        except OSError as exc:
+            # the hub's end is closed (it stopped or died), or it stopped reading
             raise self._gone(exc) from None
 
     def _gone(self, exc: OSError) -> TrainingError:
@@ -198,4 +200,5 @@ def choose_line(same_host: bool, shards: list[dict], non_trainable_size: int) ->
     if not same_host:
         return "tcp"
     fits = 4 * non_trainable_size + 32 * 1024 <= localline.MAX_PACKET_BYTES
-    return "local" if fits and localline.enabled() and all(s.get("local") for s in shards) else "ipc"
+    return ("local" if fits and localline.enabled() and all(s.get("local") for s in shards)
+            else "ipc")

@@ -55,10 +55,12 @@ def split(packet: memoryview, max_frames: int) -> list[memoryview]:
         [b'ab', b'c']
     """
     if len(packet) < 4:
-        raise ProtocolError("malformed packet", f"{len(packet)} bytes, too short for its frame count")
+        raise ProtocolError("malformed packet",
+                            f"{len(packet)} bytes, too short for its frame count")
     count = _U32.unpack_from(packet)[0]
     if not 1 <= count <= max_frames or len(packet) < 4 + 4 * count:
-        raise ProtocolError("malformed packet", f"{count} frames in {len(packet)} bytes (1..{max_frames})")
+        raise ProtocolError("malformed packet",
+                            f"{count} frames in {len(packet)} bytes (1..{max_frames})")
     sizes = struct.unpack_from(f"<{count}I", packet, 4)
     start = 4 + 4 * count
     if start + sum(sizes) != len(packet):
@@ -91,7 +93,8 @@ class Conn:
         head = table(frames)
         size = len(head) + sum(memoryview(f).nbytes for f in frames)
         if size > MAX_PACKET_BYTES:
-            raise ProtocolError("oversized packet", f"{size} bytes, at most {MAX_PACKET_BYTES} on a local line")
+            raise ProtocolError("oversized packet",
+                                f"{size} bytes, at most {MAX_PACKET_BYTES} on a local line")
         self.sock.sendmsg([head, *frames], [], 0 if block else socket.MSG_DONTWAIT)
         return size - len(head)
 
@@ -110,7 +113,8 @@ class Conn:
         if size == 0:
             return None
         if size > MAX_PACKET_BYTES or flags & socket.MSG_TRUNC:
-            raise ProtocolError("oversized packet", f"more than {MAX_PACKET_BYTES} bytes on a local line")
+            raise ProtocolError("oversized packet",
+                                f"more than {MAX_PACKET_BYTES} bytes on a local line")
         return split(memoryview(bytes(memoryview(self._buffer)[:size])), max_frames)  # one copy
 
     def close(self) -> None:

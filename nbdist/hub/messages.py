@@ -190,7 +190,8 @@ class _Measured(_FromWorker):
     compute_s: float = 0.0
     comm_s: float = 0.0
     wait_s: float = 0.0
-    metrics: dict[EpochKey, list[float]] | None = None  # the metric increments per epoch (engine.step_metrics)
+    # the metric increments per epoch (engine.step_metrics)
+    metrics: dict[EpochKey, list[float]] | None = None
     eval: EvalResult | None = None
     traffic: list[int] | None = None  # bytes [sent, received] over TCP, then over shared memory
     gpu_util: int | None = None
@@ -306,6 +307,6 @@ class Shutdown(Wire):
     REPLY: ClassVar[type[Wire]] = Ok
 
 
-HUB_REQUESTS: dict[str, type[Wire]] = {m.OP: m for m in (Hello, Step, Report, Bye, Stats, Control, Params,
-                                                         State, Peers, Shutdown)}
+HUB_REQUESTS: dict[str, type[Wire]] = {m.OP: m for m in (Hello, Step, Report, Bye, Stats, Control,
+                                                         Params, State, Peers, Shutdown)}
 WORKER_REQUESTS = (Hello, Step, Report, Bye)  # from a worker, named by its `worker` id

@@ -113,14 +113,15 @@ class Codec:
         self._seq: dict[str, int] = {}
         self._last_seen: dict[str, int] = {}
 
-    def encode(self, header: dict, buffers: Sequence[object] = (), *, to: str, re: int | None = None,
-               mark: Callable[[str], None] = no_mark) -> list:
+    def encode(self, header: dict, buffers: Sequence[object] = (), *, to: str,
+               re: int | None = None, mark: Callable[[str], None] = no_mark) -> list:
         """Frames for `header` and `buffers` (objects exposing the buffer protocol) to the
         endpoint `to`; a reply names the request's sequence number in `re`. `mark`: the
         hub's phase clock (`nbdist.hub.profile`)."""
         seq = self._seq[to] = self._seq.get(to, 0) + 1
         sizes = [memoryview(b).nbytes for b in buffers]
-        full = {**header, "run": self.run_id, "from": self.sender, "to": to, "seq": seq, "nbytes": sizes}
+        full = {**header, "run": self.run_id, "from": self.sender, "to": to, "seq": seq,
+                "nbytes": sizes}
         if re is not None:
             full["re"] = re
         header_bytes = _json_out.encode(full).encode()
@@ -138,15 +139,17 @@ class Codec:
         Its `reason` is what the drop is counted under."""
         first = _bytes(frames[0]) if frames else b""
         if len(first) <= SIGNATURE_BYTES:
-            raise ProtocolError("truncated message", f"its first frame has {len(first)} bytes, expected a "
-                                f"{SIGNATURE_BYTES}-byte signature and a header")
+            raise ProtocolError("truncated message", f"its first frame has {len(first)} bytes, "
+                                f"expected a {SIGNATURE_BYTES}-byte signature and a header")
         signature, header_bytes = first[:SIGNATURE_BYTES], first[SIGNATURE_BYTES:]
         if len(header_bytes) > MAX_HEADER_BYTES:
-            raise ProtocolError("oversized header", f"{len(header_bytes)} bytes, at most {MAX_HEADER_BYTES}")
+            raise ProtocolError("oversized header",
+                                f"{len(header_bytes)} bytes, at most {MAX_HEADER_BYTES}")
         buffers = [_view(f) for f in frames[1:]]
         total = sum(b.nbytes for b in buffers)
         if total > self.max_buffer_bytes:
-            raise ProtocolError("oversized message", f"{total} buffer bytes, at most {self.max_buffer_bytes}")
+            raise ProtocolError("oversized message",
+                                f"{total} buffer bytes, at most {self.max_buffer_bytes}")
         if not _equal(signature, mac(self._key, header_bytes, buffers)):
             raise ProtocolError("bad signature", "not signed with this run's key, or altered")
         mark("mac_in")
@@ -173,7 +176,8 @@ def parse_header(header_bytes: bytes) -> dict:
     except ValueError as exc:  # UnicodeDecodeError is one too
         raise ProtocolError("malformed header", f"not JSON ({exc})") from None
     if type(header) is not dict:
-        raise ProtocolError("malformed header", f"a JSON {type(header).__name__}, expected an object")
+        raise ProtocolError("malformed header",
+                            f"a JSON {type(header).__name__}, expected an object")
     try:  # the common case in one pass; any doubt goes to the itemised check below
         ok = (all(type(header[k]) is str for k in _STRINGS) and type(header["seq"]) is int
               and header["seq"] >= 1 and type(header["nbytes"]) is list
@@ -192,10 +196,13 @@ def _refuse_envelope(header: dict) -> None:
     if missing:
         raise ProtocolError("malformed header", f"lacks {', '.join(missing)}")
     wrong = [k for k in _STRINGS if not isinstance(header[k], str)]
-    wrong += [k for k in ("seq", *(("re",) if "re" in header else ())) if not _is_int(header[k]) or header[k] < 1]
-    if not (isinstance(header["nbytes"], list) and all(_is_int(n) and n >= 0 for n in header["nbytes"])):
+    wrong += [k for k in ("seq", *(("re",) if "re" in header else ()))
+              if not _is_int(header[k]) or header[k] < 1]
+    if not (isinstance(header["nbytes"], list)
+            and all(_is_int(n) and n >= 0 for n in header["nbytes"])):
         wrong.append("nbytes")
-    raise ProtocolError("malformed header", f"wrong type or value of {', '.join(wrong) or 'the envelope'}")
+    raise ProtocolError("malformed header",
+                        f"wrong type or value of {', '.join(wrong) or 'the envelope'}")
 
 
 def _is_int(value: object) -> bool:
@@ -264,18 +271,20 @@ def shard_bounds(size: int, num_shards: int, align: int = 16,
             if cut is None:
                 most = size - sum(e - s - 1 for s, e in whole)  # the places a cut may go, + 1
                 raise ConfigError(
-                    f"The model cannot be split into {num_shards} parameter shards without cutting a "
-                    f"variable that has a weight constraint (the hub needs all of such a variable on "
-                    f"one shard to compute its norms). Received: --servers {num_shards} for "
-                    f"{size} floats, {len(whole)} constrained variable(s) holding "
-                    f"{sum(e - s for s, e in whole)} of them. Use --servers {min(most, num_shards - 1)} "
-                    f"or fewer.")
+                    f"The model cannot be split into {num_shards} parameter shards without "
+                    f"cutting a variable that has a weight constraint (the hub needs all of such "
+                    f"a variable on one shard to compute its norms). Received: --servers "
+                    f"{num_shards} for {size} floats, {len(whole)} constrained variable(s) holding "
+                    f"{sum(e - s for s, e in whole)} of them. Use --servers "
+                    f"{min(most, num_shards - 1)} or fewer.")
             cuts[i] = cut
     return list(zip(cuts, [*cuts[1:], size], strict=False))
 
 
-def _cut_outside(cut: int, previous: int, size: int, whole: Sequence[tuple[int, int]]) -> int | None:
-    """The place nearest to `cut`, after `previous` and before `size`, not inside a `whole` range."""
+def _cut_outside(cut: int, previous: int, size: int,
+                 whole: Sequence[tuple[int, int]]) -> int | None:
+    """The place nearest to `cut`, after `previous` and before `size`, not inside a `whole`
+    range."""
     places = []
     for x in (cut, previous + 1):
         inside = next(((s, e) for s, e in whole if s < x < e), None)

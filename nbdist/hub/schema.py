@@ -43,7 +43,8 @@ class Kind(NamedTuple):
     dump: Callable | None = None  # field value -> wire form
 
     def accepts(self, value: object) -> bool:
-        return type(value) in self.types and (self.deep is None or value is None or self.deep(value))
+        return type(value) in self.types and (self.deep is None or value is None
+                                              or self.deep(value))
 
 
 def kind_of(annotation) -> Kind:
@@ -52,7 +53,8 @@ def kind_of(annotation) -> Kind:
     Example:
         >>> kind_of(list[int]).accepts([1, 2]), kind_of(list[int]).accepts([1, True])
         (True, False)
-        >>> kind_of(dict[EpochKey, list[float]]).accepts({"0": [1.5]}), kind_of(float | None).accepts(None)
+        >>> (kind_of(dict[EpochKey, list[float]]).accepts({"0": [1.5]}),
+        ...  kind_of(float | None).accepts(None))
         (True, True)
     """
     if annotation is float:
@@ -64,9 +66,11 @@ def kind_of(annotation) -> Kind:
     if isinstance(getattr(annotation, "schema", None), Schema):  # a nested message: a JSON object
         schema = annotation.schema
         return Kind(frozenset((dict,)), schema.accepts, schema.build, schema.fields_of)
-    if dataclasses.is_dataclass(annotation) and hasattr(annotation, "to_list"):  # its fields as a list
+    if dataclasses.is_dataclass(annotation) and hasattr(annotation, "to_list"):
+        # its fields as a list
         parts = [kind_of(t) for t in typing.get_type_hints(annotation).values()]
-        return Kind(frozenset((list,)), _all_of(parts), lambda v: annotation(*v), annotation.to_list)
+        return Kind(frozenset((list,)), _all_of(parts), lambda v: annotation(*v),
+                    annotation.to_list)
     origin, args = typing.get_origin(annotation), typing.get_args(annotation)
     if origin in (typing.Union, types.UnionType):
         inner = [a for a in args if a is not type(None)]
@@ -123,15 +127,20 @@ class Schema:
         hints = typing.get_type_hints(cls)
         self.cls, self.op = cls, op
         fields = dataclasses.fields(cls)
-        self.kinds: dict[str, Kind | None] = dict.fromkeys(ENVELOPE_FIELDS if op else ())  # None: skipped
+        # None: skipped
+        self.kinds: dict[str, Kind | None] = dict.fromkeys(ENVELOPE_FIELDS if op else ())
         self.kinds.update({f.name: kind_of(hints[f.name]) for f in fields})
         self.defaults = {f.name: (f.default if f.default is not dataclasses.MISSING else
-                                  f.default_factory() if f.default_factory is not dataclasses.MISSING
+                                  f.default_factory()
+                                  if f.default_factory is not dataclasses.MISSING
                                   else _MISSING) for f in fields}
-        self.checks = {name: None if k is None else (k.types, k.deep) for name, k in self.kinds.items()}
+        self.checks = {name: None if k is None else (k.types, k.deep)
+                       for name, k in self.kinds.items()}
         self.required = [name for name, default in self.defaults.items() if default is _MISSING]
-        self.loads = [(name, k.load) for name, k in self.kinds.items() if k is not None and k.load is not None]
-        self.dumps = {name: k.dump for name, k in self.kinds.items() if k is not None and k.dump is not None}
+        self.loads = [(name, k.load) for name, k in self.kinds.items()
+                      if k is not None and k.load is not None]
+        self.dumps = {name: k.dump for name, k in self.kinds.items()
+                      if k is not None and k.dump is not None}
 
     def problems(self, header: Mapping) -> list[str]:
         """What is wrong with `header` for this message ([]: nothing)."""
@@ -144,7 +153,8 @@ class Schema:
                 wrong.append(name)
         missing = [name for name in self.required if name not in header]
         return [f"{what} {', '.join(map(str, names))}" for what, names in (
-            ("wrong type or value of", wrong), ("lacks", missing), ("unknown field(s)", unknown)) if names]
+            ("wrong type or value of", wrong), ("lacks", missing), ("unknown field(s)", unknown))
+            if names]
 
     def accepts(self, header: object) -> bool:
         return type(header) is dict and not self.problems(header)
@@ -166,7 +176,8 @@ class Schema:
         return self.build(values)
 
     def _refuse(self, header: Mapping) -> None:
-        raise ProtocolError("malformed header", f"{'; '.join(self.problems(header))} ({self.cls.__name__})")
+        raise ProtocolError("malformed header",
+                            f"{'; '.join(self.problems(header))} ({self.cls.__name__})")
 
     def build(self, values: Mapping):
         """The message from checked wire values (nested parts turned into their types)."""

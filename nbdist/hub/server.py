@@ -9,52 +9,32 @@ worker too far ahead; group sync: a group still incomplete) is sent as soon as t
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
-The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step,
-bye from workers; report from a sync rank; stats, control, params, state, peers and shutdown
-from the kernel), all signed (`nbdist.hub.protocol`). Shard 0 also answers a bare `step` (no
-push, no pull), so idle workers can wait cheaply.
+The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step, bye
+from workers; report from a sync rank; stats, control, params, state, peers and shutdown from
+the kernel, answered in `nbdist.hub.kernel_ops`), all signed (`nbdist.hub.protocol`). Shard 0
+also answers a bare `step` (no push, no pull), so idle workers can wait cheaply.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 
 import numpy as np
 import zmq
 
-from nbdist.checkpoint.shard_state import shard_state
-from nbdist.checkpoint.sync_state import hub_state
 from nbdist.core import compression
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
-from nbdist.hub import localline, shm, writeoff
+from nbdist.hub import kernel_ops, localline, shm, writeoff
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.messages import (
-    Bye,
-    Control,
-    Error,
-    Hello,
-    Ok,
-    Params,
-    ParamsReply,
-    Peers,
-    Reply,
-    Report,
-    ReportReply,
-    ShardState,
-    Shutdown,
-    State,
-    Stats,
-    StatsReply,
-    Step,
-)
+from nbdist.hub.messages import Bye, Error, Hello, Ok, Reply, Report, ReportReply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
 from nbdist.hub.schema import Wire
@@ -90,16 +70,20 @@ class HubSpec:
     non_trainable: np.ndarray  # float non-trainable state (shard 0 only; empty elsewhere)
     rule_options: dict = field(default_factory=dict)
     local_steps: int = 1
-    optimizer: dict | None = None  # what applies the rule's gradient (nbdist.core.updater); None: easgd
-    offset: int = 0  # where this shard's slice starts in the flat vector (for per-variable clipping)
-    constraints: list = field(default_factory=list)  # the model's Keras constraints (nbdist.algorithms.constraints)
+    # what applies the rule's gradient (nbdist.core.updater); None: easgd
+    optimizer: dict | None = None
+    # where this shard's slice starts in the flat vector (for per-variable clipping)
+    offset: int = 0
+    # the model's Keras constraints (nbdist.algorithms.constraints)
+    constraints: list = field(default_factory=list)
     bind_host: str = "127.0.0.1"
     idle_timeout: float = 120.0
     restore: dict | None = None  # a checkpoint's state for this shard (nbdist.resume)
     extra_bytes: int = 0  # sync mode: room for rank 0's state (weights, optimizer slots)
     encrypt: bool = False  # CurveZMQ on this shard's socket (--encrypt)
     profile: bool = False  # CPU time per phase of a push (nbdist.hub.profile; benchmarks)
-    spin_s: float = 0.0  # > 0: poll this long before sleeping, where the hub has a core of its own (--spin)
+    # > 0: poll this long before sleeping, where the hub has a core of its own (--spin)
+    spin_s: float = 0.0
 
 
 class Hub:
@@ -113,15 +97,17 @@ class Hub:
         self.now = clock or (lambda: time.time() - self.start_time)
         self.size = int(spec.params.size)
         self.codec = Codec(spec.key, f"hub-{spec.shard}", spec.run_id,
-                           max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes) + 4096 + spec.extra_bytes)
-        self.peers = None  # shard 0: lines to the other shards, for write-offs (nbdist.hub.writeoff)
+                           max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes)
+                                            + 4096 + spec.extra_bytes)
+        # shard 0: lines to the other shards, for write-offs (nbdist.hub.writeoff)
+        self.peers = None
         self._segment = shm.create(4 * self.size)  # live parameters, readable by hogwild workers
         params = shm.floats(self._segment, 0, self.size)
         params[:] = spec.params
         self.core = ShardCore(spec.plan, params, spec.non_trainable, now=self.now, shard=spec.shard,
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
-                              optimizer=spec.optimizer, offset=spec.offset, constraints=spec.constraints,
-                              start_time=self.start_time,
+                              optimizer=spec.optimizer, offset=spec.offset,
+                              constraints=spec.constraints, start_time=self.start_time,
                               settle_every=SETTLE_EVERY)
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
         reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message
@@ -137,7 +123,8 @@ class Hub:
         self._sock = self._auth = self._listener = self._folder = None
         self.endpoints: dict = {}
         try:
-            self._sock, self._auth = server_socket(self._ctx, spec.key, self._max_bytes + (1 << 20), spec.encrypt,
+            self._sock, self._auth = server_socket(self._ctx, spec.key,
+                                                   self._max_bytes + (1 << 20), spec.encrypt,
                                                    peers=spec.plan.num_workers + spec.num_shards)
             self._folder = socket_folder(spec)
             self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
@@ -168,8 +155,7 @@ class Hub:
     def serve(self) -> dict:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
         handlers = {Hello: self._hello, Step: self._step, Report: self._report, Bye: self._bye,
-                    Stats: self._stats, Control: self._control, Params: self._params,
-                    State: self._state, Peers: self._peers, Shutdown: self._shutdown}
+                    **{op: partial(handle, self) for op, handle in kernel_ops.HANDLERS.items()}}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = time.monotonic()
         last_check = self.now()
@@ -177,21 +163,23 @@ class Hub:
         mark = self._mark
         try:
             while not self.closing:
-                if grouped and self.core.barrier.pending and self.core.expire_groups(GROUP_WAIT_LIMIT_S):
+                if (grouped and self.core.barrier.pending
+                        and self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
                     self._release_held()
                 if self.core.coordinator and self.now() - last_check > LOST_CHECK_S:
                     last_check = self.now()
                     self._find_lost()
                 mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
-                    request, msg, ret = receive(self._inbox, timeout_ms, self.codec, self.core.num_workers,
-                                                self.links, mark)
+                    request, msg, ret = receive(self._inbox, timeout_ms, self.codec,
+                                                self.core.num_workers, self.links, mark)
                 except zmq.Again:  # nothing came within the timeout
                     self.core.settle()
                     if time.monotonic() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
-                        self.error = self.error or "hub idle timeout: the kernel and workers went silent"
+                        self.error = self.error or ("hub idle timeout: the kernel and workers "
+                                                    "went silent")
                         break
                     continue
                 except ProtocolError as exc:
@@ -203,10 +191,13 @@ class Hub:
                     delivered = answer is None or self._send(ret, *answer)
                     if not delivered and type(request) in (Hello, Step):
                         self._not_reading([request.worker])
-                    self.core.settle(due_only=True)  # pushes' bookkeeping, once their replies are out
+                    # pushes' bookkeeping, once their replies are out
+                    self.core.settle(due_only=True)
                     mark("settle")
-                except Exception as exc:  # a bug or bad request: tell the sender, keep serving
-                    self.error = f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n{traceback.format_exc()}"
+                # a bug or bad request: tell the sender, keep serving
+                except Exception as exc:  # noqa: BLE001
+                    self.error = (f"hub {self.spec.shard} failed on {msg.op!r}: {exc}\n"
+                                  f"{traceback.format_exc()}")
                     log.error("%s", self.error)
                     self._send(ret, Error(str(exc)), [])
                 if self.core.held:
@@ -214,10 +205,10 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": self._dropped(),
+                "dropped": self.dropped_counts(),
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
-    def _dropped(self) -> dict[str, int]:
+    def dropped_counts(self) -> dict[str, int]:
         """Messages dropped, by reason, and connections the gate refused or cut."""
         return {**self.dropped, **(self._auth.counts() if self._auth is not None else {})}
 
@@ -289,7 +280,8 @@ class Hub:
         old = self.links.pop(worker, None)
         if old:
             shm.release(old.segment)
-        self.links[worker] = (shm.WorkerLink(shm.attach(hello.shm), hello.offset, self.size, hello.total)
+        self.links[worker] = (shm.WorkerLink(shm.attach(hello.shm), hello.offset, self.size,
+                                             hello.total)
                               if hello.shm else shm.WorkerLink())
         self.links[worker].compression = hello.compression
         self.links[worker].sender = ret.to
@@ -306,12 +298,15 @@ class Hub:
         link = self.links[worker]
         copied = False  # whether the pull buffer already holds the new weights
         if step.push:
-            grad = link.grad if link.grad is not None else compression.decode(msg.buffers[0], link.compression)
-            delta = msg.floats(len(msg.buffers) - 1) if self.core.coordinator and self.core.non_trainable.size else None
+            grad = (link.grad if link.grad is not None
+                    else compression.decode(msg.buffers[0], link.compression))
+            delta = (msg.floats(len(msg.buffers) - 1)
+                     if self.core.coordinator and self.core.non_trainable.size else None)
             self._mark("parse")
             if self.profile is not None:
                 self.profile.pushes += 1
-            copied = self.core.push(step, grad, into=self._reply_buffer(link) if step.pull else None,
+            copied = self.core.push(step, grad,
+                                    into=self._reply_buffer(link) if step.pull else None,
                                     non_trainable_delta=delta)
             self._mark("update")
         self.core.eval_result(worker, step.eval)
@@ -328,11 +323,13 @@ class Hub:
             link.send_buffer = np.empty(self.size, dtype=np.float32)
         return link.send_buffer
 
-    def _reply_or_hold(self, worker: int, ret: Return, pull: bool, copied: bool = False) -> tuple[Reply, list] | None:
+    def _reply_or_hold(self, worker: int, ret: Return, pull: bool,
+                       copied: bool = False) -> tuple[Reply, list] | None:
         reply = self.core.reply(worker, pull, ret)
         return None if reply is None else self._reply(worker, pull, reply, copied)
 
-    def _reply(self, worker: int, pull: bool, reply: Reply, copied: bool = False) -> tuple[Reply, list]:
+    def _reply(self, worker: int, pull: bool, reply: Reply,
+               copied: bool = False) -> tuple[Reply, list]:
         """The core's reply, with the weights on a pull (`copied`: the worker's pull buffer
         already holds them)."""
         buffers = []
@@ -345,7 +342,8 @@ class Hub:
                 reply.params = "shm" if target is not None else "live"  # live: no lock
                 reply.seg = link.segment.name
             else:
-                buffers.append(compression.encode(target if target is not None else params, link.compression))
+                buffers.append(compression.encode(target if target is not None else params,
+                                                  link.compression))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
         return reply, buffers
@@ -356,11 +354,12 @@ class Hub:
         return self.core.coordinator.report(report, self.now()), []
 
     def _bye(self, bye: Bye, msg: Message, ret: Return) -> tuple[Ok, list]:
-        self._unlink(bye.worker)
+        self.unlink(bye.worker)
         self.core.bye(bye.worker)
         return Ok(), []
 
-    def _unlink(self, worker: int) -> None:
+    def unlink(self, worker: int) -> None:
+        """Forget `worker`'s link and release its shared segment (bye, or written off)."""
         link = self.links.pop(worker, None)
         if link:
             shm.release(link.segment)
@@ -368,41 +367,12 @@ class Hub:
     def _find_lost(self) -> None:
         """Workers silent past their deadline (killed, engine died) are written off."""
         for worker, deadline in self.core.overdue():
-            log.warning("hub: worker %d silent for over %.1fs; counting it as lost", worker, deadline)
+            log.warning("hub: worker %d silent for over %.1fs; counting it as lost", worker,
+                        deadline)
             self._write_off(worker, f"silent for over {deadline:.1f}s")
         self._release_held()  # e.g. SSP: the others no longer wait for its clock
 
     def _write_off(self, worker: int, reason: str) -> None:
         writeoff.relay(self, worker, reason)  # every shard first
-        self._unlink(worker)
+        self.unlink(worker)
         self.core.lose(worker, reason)
-
-    # -- kernel ops -------------------------------------------------------------------------
-
-    def _stats(self, stats: Stats, msg: Message, ret: Return) -> tuple[StatsReply, list]:
-        snap = self.core.stats(stats.since, stats.timeline)
-        snap.update(error=self.error, dropped=self._dropped())
-        return StatsReply(), [json.dumps(snap).encode()]
-
-    def _control(self, control: Control, msg: Message, ret: Return) -> tuple[Ok, list]:
-        if control.lost is not None:
-            self._unlink(control.lost)
-        self.core.control(control)
-        return Ok(), []
-
-    def _params(self, params: Params, msg: Message, ret: Return) -> tuple[ParamsReply, list]:
-        return ParamsReply(self.core.version), [self.core.params.copy(), self.core.non_trainable.copy()]
-
-    def _state(self, state: State, msg: Message, ret: Return) -> tuple[ShardState, list]:
-        if self.sync_snapshot is not None:  # sync mode: the weights rank 0 sent
-            return hub_state(self.core, self.sync_snapshot)
-        return shard_state(self.core)
-
-    def _peers(self, peers: Peers, msg: Message, ret: Return) -> tuple[Ok, list]:
-        writeoff.link(self, peers.shards)
-        return Ok(), []
-
-    def _shutdown(self, shutdown: Shutdown, msg: Message, ret: Return) -> tuple[Ok, list]:
-        self.core.settle()
-        self.closing = True
-        return Ok(), []

@@ -50,7 +50,7 @@ def attach(name: str) -> shared_memory.SharedMemory:
         return segment
     try:
         resource_tracker.unregister(segment._name, "shared_memory")  # noqa: SLF001
-    except Exception:  # noqa: BLE001 - tracker absent or already unregistered
+    except Exception:  # noqa: BLE001, S110 - tracker absent or already unregistered
         pass
     return segment
 

@@ -56,8 +56,9 @@ def recv_bounded(sock, max_frames: int, max_bytes: int) -> list:
             while frame.more:
                 frame = sock.recv(copy=False)
                 count += 1
-            raise ProtocolError("oversized message", f"more than {max_frames} frames or {max_bytes} "
-                                f"bytes ({count} more frame(s) dropped unread)")
+            raise ProtocolError("oversized message",
+                                f"more than {max_frames} frames or {max_bytes} bytes ({count} "
+                                "more frame(s) dropped unread)")
         frames.append(frame)
     return frames
 
@@ -155,7 +156,8 @@ def check_link(links: Mapping, request, sender: str, num_workers: int) -> None:
     another segment than the one its worker registered is dropped."""
     worker = request.worker
     if not 0 <= worker < num_workers:
-        raise ProtocolError("malformed header", f"wrong type or value of worker={worker} (0..{num_workers - 1})")
+        raise ProtocolError("malformed header",
+                            f"wrong type or value of worker={worker} (0..{num_workers - 1})")
     if type(request) is Hello:
         return
     link = links.get(worker)
@@ -235,8 +237,8 @@ def bind(sock, spec, folder: str, listener=None, **extra) -> dict:
     port = sock.bind_to_random_port(f"tcp://{spec.bind_host}")
     ipc = os.path.join(folder, "ipc")
     sock.bind(f"ipc://{ipc}")
-    endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}", "host": shm.host_id(),
-                 "run": spec.run_id, **extra}
+    endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}",
+                 "host": shm.host_id(), "run": spec.run_id, **extra}
     if listener is not None:
         endpoints["local"] = listener.path
     if spec.encrypt:

@@ -140,7 +140,7 @@ def call_back(run, fn) -> None:
     """Call a done callback with the run; its exception is logged, as a Future's is."""
     try:
         fn(run)
-    except Exception:  # noqa: BLE001 - the run has ended either way
+    except Exception:  # the run has ended either way: logged, as a Future's callback error is
         log.exception("done callback %r of run %s raised", fn, run.state.run_id)
 
 

@@ -38,7 +38,7 @@ def test_cell_with_a_frozen_base_trains_the_outer_model_in_async_and_keeps_the_b
     assert "Training `model` (it contains `base`)" in run.events["text"].iloc[0]  # said, not silent
     # only the last layer learns, on random frozen features
     trained_every_sample(run, threshold=0.6)
-    exec(BASE_CELL, before)  # the seeded cell again: the base's weights before training
+    exec(BASE_CELL, before)  # noqa: S102 - the seeded cell again: the base's weights before training
     for trained, initial in zip(ns["base"].weights, before["base"].weights, strict=True):
         np.testing.assert_array_equal(trained.numpy(), initial.numpy())  # frozen: unchanged
 

@@ -23,7 +23,7 @@ model.compile(optimizer="sgd", loss="sparse_categorical_crossentropy")
 
 def run(cell, ns=None, **options):
     ns = {} if ns is None else ns
-    exec(cell, ns)
+    exec(cell, ns)  # noqa: S102 - the test's own cell, as the kernel runs it
     return inspect_cell(cell, ns, TrainConfig(**options))
 
 
@@ -164,7 +164,7 @@ def test_subclassed_model_gets_its_variables_from_ensure_built_as_on_every_engin
     ns = {}
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UserWarning)  # Keras: build() on a layer without build()
-        exec(SUBCLASSED, ns)
+        exec(SUBCLASSED, ns)  # noqa: S102 - the test's own cell
         assert layout(ns["model"])["trainable"] == []  # what an engine saw before
         ensure_built(ns["model"], ns["x_train"][:2])
         kernel = run(SUBCLASSED).model

@@ -20,7 +20,8 @@ def test_local_run_trains_and_writes_weights_into_the_callers_model():
     assert history["loss"].dropna().iloc[-20:].mean() < history["loss"].dropna().iloc[:20].mean()
     assert ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1] > 0.9
     assert run.nodes.loc[0, "samples"] == 3 * 900  # every training sample once per epoch
-    assert run.worker_results == {0: {"worker": 0, "steps": 3 * 29, "shard_passes": None}}
+    assert run.worker_results == {0: {"worker": 0, "steps": 3 * 29, "keras_backend": "tensorflow",
+                                  "shard_passes": None}}
 
 
 def test_two_shards_give_the_same_weights_as_one():

@@ -13,7 +13,8 @@ import zmq
 
 from nbdist.hub.protocol import Codec, mac, new_key, send_frames
 from nbdist.hub.wire import client_socket
-from nbdist.modes.pipeline.link import KernelLink, StageLink
+from nbdist.modes.pipeline.kernel_link import KernelLink
+from nbdist.modes.pipeline.link import StageLink
 from nbdist.modes.pipeline.messages import Forward, Ops
 from tests.helpers import wait_for
 

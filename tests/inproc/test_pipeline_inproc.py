@@ -171,7 +171,8 @@ def test_stage_link_slots_acks_fallback_growth_and_clean_up():
     import os
 
     from nbdist.hub.protocol import new_key
-    from nbdist.modes.pipeline.link import KernelLink, StageLink
+    from nbdist.modes.pipeline.kernel_link import KernelLink
+    from nbdist.modes.pipeline.link import StageLink
     from nbdist.modes.pipeline.messages import Forward, Validation
     from tests.helpers import wait_for
 
@@ -220,7 +221,8 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
 
     from nbdist.hub.protocol import Codec, new_key
     from nbdist.hub.wire import curve_keys
-    from nbdist.modes.pipeline.link import KernelLink, StageLink
+    from nbdist.modes.pipeline.kernel_link import KernelLink
+    from nbdist.modes.pipeline.link import StageLink
     from nbdist.modes.pipeline.messages import Forward, StepDone, Stop
     from tests.helpers import wait_for
 

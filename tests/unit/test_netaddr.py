@@ -30,7 +30,7 @@ def lab_host(name: str, last: int) -> HostNet:
 
 def test_proc_route_is_parsed_little_endian_with_gateways_and_without_down_routes():
     assert parse_proc_route(PROC_ROUTE) == (
-        Route("0.0.0.0", 0, "eth0", "10.0.0.1", 100),
+        Route("0.0.0.0", 0, "eth0", "10.0.0.1", 100),  # noqa: S104 - a default route, parsed
         Route("10.0.0.0", 24, "eth0", None, 100),
         Route("198.18.0.0", 24, "lab0", None, 0),
     )

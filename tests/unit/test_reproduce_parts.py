@@ -9,8 +9,8 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
 
-from _reproduce_overlap import overlap_block, utilisation  # noqa: E402
-from _reproduce_pipeline import pipeline_block  # noqa: E402
+from _reproduce_overlap import overlap_block, utilisation
+from _reproduce_pipeline import pipeline_block
 
 
 def test_utilisation_sums_compute_inside_the_window_over_its_wall_time():

@@ -244,7 +244,7 @@ def test_a_push_fills_each_timeline_column_by_name():
     c.push(Step(0, chunks=[replies[0].chunks[0].id], loss=0.75, compute_s=0.125, comm_s=0.0625,
                 wait_s=0.5, batch=4), np.ones(2, np.float32))
     c.settle()
-    row = c.coordinator.timeline.latest(0)
+    row = c.coordinator.pushes.timeline.latest(0)
     assert row == {"time": 2.5, "samples_per_s": 32.0, "compute_s": 0.125, "comm_s": 0.0625,
                    "wait_s": 0.5, "batch_size": 4.0, "delay_mean": 0.0, "delay_p95": 0.0,
                    "delay_max": 0.0, "loss": 0.75, "slowdown": 1.0, "group": 0.0}

@@ -8,7 +8,8 @@ from nbdist.modes.sync.backend import plaintext_note
 from nbdist.modes.sync.network import hostname_refusal, iface_honoured
 
 HEAD = HostNet("head", "head:b", "198.18.7.1",
-               (Route("198.18.7.0", 24, "nbdh"), Route("0.0.0.0", 0, "eth0", "10.0.0.1")),
+               # the default route, as the head's routing table shows it
+               (Route("198.18.7.0", 24, "nbdh"), Route("0.0.0.0", 0, "eth0", "10.0.0.1")),  # noqa: S104
                {"lo": [("127.0.0.1", 8)], "eth0": [("10.0.0.5", 24)], "nbdh": [("198.18.7.1", 24)]})
 
 

@@ -55,7 +55,8 @@ class Courier:
 
     def send(self, step: Step) -> None:
         """Start pushing `grad` and pulling the parameters (`step`); returns at once."""
-        assert not self.in_flight, "one exchange at a time: receive() the last one first"
+        if self.in_flight:  # a bug in the caller, not a user's mistake
+            raise RuntimeError("one exchange at a time: receive() the last one first")
         self._job, self.in_flight = step, True
         self._done.clear()
         self._go.set()

@@ -189,7 +189,7 @@ def get_started(ar, engine: int, what: str, host: str | None = None,
         return get_within(ar, engine, what, timeout)
     except EngineTimeoutError:
         raise
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the engine raised, named with its engine
         raise from_engine(exc, engine, host) from None
 
 

@@ -50,12 +50,14 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
     config = job.config
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=job.plan,
-                   params=job.params, non_trainable=job.non_trainable, rule_options=job.rule_options,
-                   local_steps=config.local_steps, optimizer=job.optimizer, constraints=job.constraints,
+                   params=job.params, non_trainable=job.non_trainable,
+                   rule_options=job.rule_options, local_steps=config.local_steps,
+                   optimizer=job.optimizer, constraints=job.constraints,
                    idle_timeout=config.timeout, extra_bytes=extra_bytes)
     specs = hub_specs(base, hub_params, shards)
     if job.checkpoint is not None:
-        specs = [replace(s, restore=r) for s, r in zip(specs, job.checkpoint.shard_restores(), strict=True)]
+        specs = [replace(s, restore=r)
+                 for s, r in zip(specs, job.checkpoint.shard_restores(), strict=True)]
     folder = hold_checkpoint_dir(job, run_id)  # another run's folder: refused before any hub starts
     try:
         control, endpoints = _start_hubs_and_workers(job, backend, make_worker_spec, specs, key,
@@ -72,11 +74,13 @@ def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[Hub
                             preloaded) -> tuple[HubControl, list[dict]]:
     config, run_id = job.config, specs[0].run_id
     endpoints = backend.start_hubs(specs)
-    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))  # a lost hub fails the run within --timeout
+    # a lost hub fails the run within --timeout
+    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
         batch_size=config.batch_size, source=job.cell, pushed=portable(job.contents.pushed),
-        transport=config.transport.value, timeout=config.timeout, compression=config.compression.value,
+        transport=config.transport.value, timeout=config.timeout,
+        compression=config.compression.value,
         num_workers=backend.num_workers, preloaded=preloaded, **job.worker_fields(),
     )
     try:

@@ -42,7 +42,8 @@ def message_limits(cut_bytes: list[int], cut_items: list[int], cut_tensors: list
     limits = []
     for start, end in bounds:
         cuts = [k for k in (start - 1, end - 1) if 0 <= k < len(cut_bytes)]
-        per_sample = max((max(cut_bytes[k], 4 * cut_items[k]) / max(1, micro_batch) for k in cuts), default=0)
+        per_sample = max((max(cut_bytes[k], 4 * cut_items[k]) / max(1, micro_batch)
+                          for k in cuts), default=0)
         frames = 1 + max((cut_tensors[k] for k in cuts), default=0)
         limits.append((frames, HEADER_BYTES + math.ceil(MARGIN * per_sample * samples)))
     return limits
@@ -54,8 +55,8 @@ def stage_message(h: Mapping, neighbours) -> Wire:
     sender is not among `neighbours`."""
     message = decode(STAGE_MESSAGES, h)
     if message.src not in neighbours:
-        raise ProtocolError("malformed header", f"{message.OP} from {message.src!r}, expected one of "
-                            f"{', '.join(sorted(neighbours))}")
+        raise ProtocolError("malformed header", f"{message.OP} from {message.src!r}, expected one "
+                            f"of {', '.join(sorted(neighbours))}")
     return message
 
 
@@ -72,7 +73,8 @@ def arrays_of(shapes: list[list[int]], dtypes: list[str], buffers: list) -> list
     arrays = []
     for b, d, s in zip(buffers, parsed, shapes, strict=True):
         if d.itemsize * math.prod(s) != memoryview(b).nbytes:
-            raise ProtocolError("malformed header", f"{d} {list(s)} is not {memoryview(b).nbytes} bytes")
+            raise ProtocolError("malformed header",
+                                f"{d} {list(s)} is not {memoryview(b).nbytes} bytes")
         arrays.append(np.frombuffer(b, dtype=d).reshape(s))
     return arrays
 
@@ -84,11 +86,13 @@ def slot_table(shapes: list[list[int]], dtypes: list[str], offsets: list[int],
     shapes, parsed = _table(shapes, dtypes, len(offsets))
     for d, s, off in zip(parsed, shapes, offsets, strict=True):
         if off < 0 or off + d.itemsize * math.prod(s) > segment_bytes:
-            raise ProtocolError("malformed header", f"{d} {s} at byte {off} of a {segment_bytes}-byte segment")
+            raise ProtocolError("malformed header",
+                                f"{d} {s} at byte {off} of a {segment_bytes}-byte segment")
     return list(zip(parsed, shapes, offsets, strict=True))
 
 
-def _table(shapes: list[list[int]], dtypes: list[str], count: int) -> tuple[list[tuple], list[np.dtype]]:
+def _table(shapes: list[list[int]], dtypes: list[str],
+           count: int) -> tuple[list[tuple], list[np.dtype]]:
     """The shapes and parsed dtypes of `count` arrays (their types the message's schema checked)."""
     if not (len(shapes) == len(dtypes) == count and all(n >= 0 for s in shapes for n in s)):
         raise ProtocolError("malformed header", f"a frame table of {count} array(s) expected, got "

@@ -1,5 +1,5 @@
 """The sockets of one pipeline stage: activations and gradients to and from its neighbours,
-reports to the kernel, and the kernel's stop and abort.
+reports to the kernel, and the kernel's stop and abort (the kernel's end: `kernel_link`).
 
 Every message is signed with the run's key by `nbdist.hub.protocol.Codec` (the hub's framing):
 a JSON header with the arrays' shapes and dtypes, then the arrays. Nothing is unpickled.
@@ -52,16 +52,14 @@ from nbdist.hub import shm
 from nbdist.hub.protocol import Codec, send_frames
 from nbdist.hub.schema import Wire
 from nbdist.hub.wire import client_socket, curve_keys, recv_bounded, server_socket
-from nbdist.modes.pipeline.checks import REPORT_LIMITS, arrays_of, slot_table, stage_message
+from nbdist.modes.pipeline.checks import arrays_of, slot_table, stage_message
 from nbdist.modes.pipeline.messages import (
     CONTROLS,
-    REPORTS,
     Abort,
     Ack,
     End,
     Slot,
     Stop,
-    Totals,
     decode,
 )
 
@@ -70,7 +68,7 @@ ALIGN = 64  # bytes: each array in a slot starts on a cache line
 PAGE = 4096
 
 
-class StageAborted(Exception):
+class StageAborted(Exception):  # noqa: N818 - a signal to leave, not an error
     """The kernel ended the run (a failure elsewhere, or Ctrl-C): leave at once."""
 
 
@@ -104,7 +102,8 @@ class StageLink:
     admits only the run's client key)."""
 
     def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float,
-                 limits: tuple[int, int], transport: str = "auto", slots: int = 8, encrypt: bool = False):
+                 limits: tuple[int, int], transport: str = "auto", slots: int = 8,
+                 encrypt: bool = False):
         import zmq
 
         self.stage, self.timeout = stage, timeout
@@ -119,16 +118,20 @@ class StageLink:
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
         self.sent_bytes = 0
-        self.messages = {"shm": 0, "tcp": 0}  # messages with arrays sent to neighbours, by transport
+        # messages with arrays sent to neighbours, by transport
+        self.messages = {"shm": 0, "tcp": 0}
         self.shm_peers: set[str] = set()
         self.outboxes: dict[str, _Outbox] = {}  # neighbour -> this stage's segment towards it
-        self.inboxes: dict[str, tuple[str, int, object]] = {}  # neighbour -> (name, generation, segment)
+        # neighbour -> (name, generation, segment)
+        self.inboxes: dict[str, tuple[str, int, object]] = {}
         self._generation = 0
         self.ctx = zmq.Context()
-        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, encrypt, kind=zmq.PULL, peers=2)
+        self.pull, self.gate = server_socket(self.ctx, key, self.max_bytes, encrypt, kind=zmq.PULL,
+                                             peers=2)
         self.curve = curve_keys(key)["server_public"].decode() if encrypt else None
         try:
-            self.endpoint = f"tcp://{bind_host}:{self.pull.bind_to_random_port(f'tcp://{bind_host}')}"
+            port = self.pull.bind_to_random_port(f"tcp://{bind_host}")
+            self.endpoint = f"tcp://{bind_host}:{port}"
         except BaseException:  # e.g. an address it cannot bind: give back the socket and the gate
             self.close()
             raise
@@ -147,7 +150,7 @@ class StageLink:
     def connect(self, neighbours: dict, report: dict, control: dict) -> None:
         """PUSH sockets to the neighbours (`{"stage-1": info, ...}`, each `info` as `self.info`
         gives it) and to the kernel's report socket; a SUB socket on the kernel's control socket
-        (`report` and `control` as `KernelLink` gives them)."""
+        (`report` and `control` as `kernel_link.KernelLink` gives them)."""
         import zmq
 
         for name, info in neighbours.items():
@@ -155,8 +158,8 @@ class StageLink:
             if self.transport != "tcp" and host == self.host:
                 self.shm_peers.add(name)
             elif self.transport == "shm":
-                raise ConfigError(f"--transport shm needs every pipeline stage on one host, but {name} "
-                                  f"is on {str(host).split(':')[0]} and {self.name} on "
+                raise ConfigError(f"--transport shm needs every pipeline stage on one host, but "
+                                  f"{name} is on {str(host).split(':')[0]} and {self.name} on "
                                   f"{self.host.split(':')[0]}. Use --transport auto.")
         for name, info in {**neighbours, "kernel": report}.items():
             sock = client_socket(self.ctx, info, self._key, zmq.PUSH)
@@ -181,7 +184,8 @@ class StageLink:
             return
         if arrays:
             self.messages["tcp"] += 1
-        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(message.encode(), arrays, to=to))
+        self.sent_bytes += send_frames(self.peers[to],
+                                       self.codec.encode(message.encode(), arrays, to=to))
 
     def _send_shm(self, to: str, message: Wire, arrays: list) -> bool:
         """Copy `arrays` into a free slot of the segment towards `to` and send the header alone;
@@ -218,7 +222,8 @@ class StageLink:
 
     def report(self, message: Wire) -> None:
         """A report (`messages.REPORTS`) to the kernel."""
-        self.sent_bytes += send_frames(self.peers["kernel"], self.codec.encode(message.encode(), to="kernel"))
+        self.sent_bytes += send_frames(self.peers["kernel"],
+                                       self.codec.encode(message.encode(), to="kernel"))
 
     def wait(self, *keys: tuple) -> tuple[tuple, Wire, list]:
         """The first of `keys` to arrive (kind, step, micro-batch): (key, message, arrays). Fails
@@ -238,9 +243,9 @@ class StageLink:
                 raise TrainingError(
                     f"Stage {self.stage} waited {self.timeout:.0f}s for {keys[0][0]} of step "
                     f"{keys[0][1]} from its neighbour and got nothing (Received: no message"
-                    f"{f'; refused {drops}' if drops else ''}). The "
-                    "neighbouring stage's engine may have died or stalled; see run.error and "
-                    "%nbdist status, then run the cell again (raise --timeout for very slow stages).")
+                    f"{f'; refused {drops}' if drops else ''}). The neighbouring stage's engine "
+                    "may have died or stalled; see run.error and %nbdist status, then run the cell "
+                    "again (raise --timeout for very slow stages).")
             ready = dict(poller.poll(POLL_MS))
             if self.sub in ready:
                 self.check_control()
@@ -281,7 +286,8 @@ class StageLink:
                 arrays = arrays_of([], [], msg.buffers)
             elif message.shm is not None:
                 if msg.buffers:
-                    raise ProtocolError("malformed header", "arrays both in shared memory and in frames")
+                    raise ProtocolError("malformed header",
+                                        "arrays both in shared memory and in frames")
                 arrays = self._copy_out(message)
             else:
                 arrays = arrays_of(message.shapes, message.dtypes, msg.buffers)
@@ -291,7 +297,8 @@ class StageLink:
         self.buffer[message.key] = (message, arrays)
 
     def _freed(self, ack: Ack) -> None:
-        """An ack: the slot it names, of this stage's current segment towards its sender, is free."""
+        """An ack: the slot it names, of this stage's current segment towards its sender, is
+        free."""
         box, slot = self.outboxes.get(ack.src), ack.slot
         if box is None or ack.seg != box.segment.name or ack.gen != box.generation \
                 or not 0 <= slot < box.slots or slot in box.free:
@@ -303,10 +310,12 @@ class StageLink:
         which is then acknowledged (freed)."""
         src, where = message.src, message.shm
         if not where.seg.startswith("nbdist-"):
-            raise ProtocolError("malformed header", f"segment {where.seg!r}, expected an nbdist segment")
+            raise ProtocolError("malformed header",
+                                f"segment {where.seg!r}, expected an nbdist segment")
         segment = self._segment(src, where.seg, where.gen)
         arrays = [np.ndarray(shape, dtype, buffer=segment.buf, offset=off).copy()
-                  for dtype, shape, off in slot_table(message.shapes, message.dtypes, where.offsets, segment.size)]
+                  for dtype, shape, off in slot_table(message.shapes, message.dtypes,
+                                                      where.offsets, segment.size)]
         ack = Ack(self.name, where.seg, where.gen, where.slot)
         send_frames(self.peers[src], self.codec.encode(ack.encode(), to=src))
         return arrays
@@ -316,7 +325,8 @@ class StageLink:
         known = self.inboxes.get(src)
         if known is not None and known[0] == name:
             if gen != known[1]:
-                raise ProtocolError("stale segment", f"{name!r} generation {gen}, registered as {known[1]}")
+                raise ProtocolError("stale segment",
+                                    f"{name!r} generation {gen}, registered as {known[1]}")
             return known[2]
         if known is not None and gen <= known[1]:
             raise ProtocolError("stale segment", f"{name!r} generation {gen} from {src}, "
@@ -341,58 +351,3 @@ class StageLink:
         for box in self.outboxes.values():
             shm.release(box.segment, unlink=True)
         self.inboxes, self.outboxes = {}, {}
-
-
-class KernelLink:
-    """The kernel's side: a PULL socket for the stages' reports and a PUB socket for stop and
-    abort, both bound on `bind_host` behind one gate; `report_endpoint` and `control_endpoint`
-    are what the stages connect to."""
-
-    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
-        import zmq
-
-        self.codec = Codec(key, "kernel", run_id)
-        self.stages = stages
-        self.dropped: Counter[str] = Counter()  # reports refused, by reason
-        self.ctx = zmq.Context()
-        self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], encrypt, kind=zmq.PULL,
-                                             peers=2 * stages)
-        self.pub, _ = server_socket(self.ctx, key, 1024, encrypt, kind=zmq.PUB, gate=self.gate)  # reads subscriptions only
-        curve = {"curve": curve_keys(key)["server_public"].decode()} if encrypt else {}
-        try:
-            self.report_endpoint, self.control_endpoint = (
-                {"endpoint": f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}",
-                 "gate": self.gate.id, **curve} for sock in (self.pull, self.pub))
-        except BaseException:  # e.g. an address it cannot bind: give back the sockets and the gate
-            self.close()
-            raise
-
-    def drops(self) -> dict[str, int]:
-        """Reports refused, and connections refused or cut at the gate, by reason."""
-        return {**self.dropped, **self.gate.counts()}
-
-    def receive(self, timeout_ms: int) -> Wire | None:
-        """The next verified report (`messages.REPORTS`), or None (nothing within
-        `timeout_ms`, or a message that fails the limits, the MAC or its fields, or names no
-        stage of the run: dropped and counted in `dropped`)."""
-        if not self.pull.poll(timeout_ms):
-            return None
-        try:
-            report = decode(REPORTS, self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header)
-            if isinstance(report, Totals) and not 0 <= report.stage < self.stages:
-                raise ProtocolError("malformed header", f"stage {report.stage}, expected 0 to {self.stages - 1}")
-        except ProtocolError as exc:
-            self.dropped[exc.reason] += 1
-            return None
-        return report
-
-    def broadcast(self, control: Stop | Abort) -> None:
-        """`control` to every stage."""
-        for s in range(self.stages):
-            send_frames(self.pub, self.codec.encode(control.encode(), to=f"stage-{s}"))
-
-    def close(self) -> None:
-        self.pull.close(linger=0)
-        self.pub.close(linger=500)
-        self.gate.stop()
-        self.ctx.term()

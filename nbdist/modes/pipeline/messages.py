@@ -159,5 +159,6 @@ def decode(kinds: Mapping[str, type[Wire]], header: Mapping) -> Wire:
     header") for an op not among them or a field of the wrong type."""
     kind = kinds.get(header["op"])
     if kind is None:
-        raise ProtocolError("malformed header", f"op {header['op']!r}, expected one of {', '.join(kinds)}")
+        raise ProtocolError("malformed header",
+                            f"op {header['op']!r}, expected one of {', '.join(kinds)}")
     return kind.decode(header)

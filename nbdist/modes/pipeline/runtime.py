@@ -27,9 +27,11 @@ QUIET_S = 0.5  # at the end: no report for this long means the last one has arri
 class PipelineControl:
     """Collects the stages' reports; answers `stats` like a hub; sends stop and abort."""
 
-    def __init__(self, link, stages: int, engines: list, epochs: int, steps_per_epoch: int, micro_batches: int):
+    def __init__(self, link, stages: int, engines: list, epochs: int, steps_per_epoch: int,
+                 micro_batches: int):
         self.link, self.stages, self.engines = link, stages, engines
-        self.epochs, self.steps_per_epoch, self.micro_batches = epochs, steps_per_epoch, micro_batches
+        self.epochs, self.steps_per_epoch, self.micro_batches = (epochs, steps_per_epoch,
+                                                                 micro_batches)
         self.started = time.time()
         self.history: list[list] = []
         self.evals: list[dict] = []
@@ -40,7 +42,8 @@ class PipelineControl:
         self.wall = 0.0  # seconds those steps took, first op to last
         self.measured_steps = 0
         self.sent = [0] * stages
-        self.messages = [{"shm": 0, "tcp": 0} for _ in range(stages)]  # sent to neighbours, by transport
+        # sent to neighbours, by transport
+        self.messages = [{"shm": 0, "tcp": 0} for _ in range(stages)]
         self.dropped: list[dict] = [{} for _ in range(stages)]  # what each stage refused, by reason
         self.global_step, self.epoch = 0, 0
         self.failed = False
@@ -48,7 +51,8 @@ class PipelineControl:
         self.tasks_done = lambda: False  # set by the backend
         self._lock = threading.Lock()
         self._closing = threading.Event()
-        self._thread = threading.Thread(target=self._receive_loop, daemon=True, name="nbdist-pipeline-reports")
+        self._thread = threading.Thread(target=self._receive_loop, daemon=True,
+                                        name="nbdist-pipeline-reports")
         self._thread.start()
 
     def _receive_loop(self) -> None:
@@ -64,8 +68,8 @@ class PipelineControl:
             now = report.time - self.started
             self.global_step = max(self.global_step, report.step)
             epochs = (report.step - 1) / max(1, self.steps_per_epoch)
-            self.history.append([now, report.step, round(epochs, 6), self.stages - 1, float(report.loss),
-                                 0, report.samples])
+            self.history.append([now, report.step, round(epochs, 6), self.stages - 1,
+                                 float(report.loss), 0, report.samples])
         elif isinstance(report, EvalDone):
             now = report.time - self.started
             self.epoch = report.epoch + 1
@@ -73,7 +77,8 @@ class PipelineControl:
             row.update({f"val_{k}": float(v) for k, v in report.metrics.items()})
             row.update({k: float(v) for k, v in report.train.items()})
             self.evals.append(row)
-            self.events.append({"time": now, "step": report.step, "event": "epoch_end", "epoch": self.epoch})
+            self.events.append({"time": now, "step": report.step, "event": "epoch_end",
+                                "epoch": self.epoch})
         else:  # Totals, or Ops (a step's, with the totals so far)
             stage = report.stage
             self.sent[stage] = report.sent
@@ -107,10 +112,12 @@ class PipelineControl:
             while time.monotonic() - self._last_report < QUIET_S and time.monotonic() < deadline:
                 time.sleep(0.05)
         with self._lock:
-            nodes = [{"worker": s, "engine": self.engines[s], "state": "done" if done else "training",
-                      "steps": self.measured_steps,
-                      "compute_s": self.busy[s], "bytes_sent": self.sent[s]} for s in range(self.stages)]
-            return {"global_step": self.global_step, "epochs_done": self.global_step / max(1, self.steps_per_epoch),
+            nodes = [{"worker": s, "engine": self.engines[s],
+                      "state": "done" if done else "training", "steps": self.measured_steps,
+                      "compute_s": self.busy[s], "bytes_sent": self.sent[s]}
+                     for s in range(self.stages)]
+            return {"global_step": self.global_step,
+                    "epochs_done": self.global_step / max(1, self.steps_per_epoch),
                     "nodes": nodes, "history": [list(r) for r in self.history[since:]],
                     "evals": list(self.evals), "events": list(self.events), "finished": done,
                     "error": None, "paused": False}
@@ -119,7 +126,8 @@ class PipelineControl:
         """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
         with self._lock:
             return {"steps": list(self.steps), "busy": list(self.busy), "wall": self.wall,
-                    "measured_steps": self.measured_steps, "messages": [dict(m) for m in self.messages],
+                    "measured_steps": self.measured_steps,
+                    "messages": [dict(m) for m in self.messages],
                     "dropped": [dict(d) for d in self.dropped], "kernel_dropped": self.link.drops()}
 
     def control(self, **h: object) -> None:
@@ -128,8 +136,8 @@ class PipelineControl:
             return
         raise ConfigError(
             f"--mode pipeline runs can be stopped (run.stop()) but not {', '.join(h)} while they "
-            "train: each stage steps the cell's own optimizer. Stop the run and start it again with "
-            "other options (e.g. the optimizer's learning rate in the cell).")
+            "train: each stage steps the cell's own optimizer. Stop the run and start it again "
+            "with other options (e.g. the optimizer's learning rate in the cell).")
 
     def shutdown(self) -> None:
         if not self.tasks_done():
@@ -181,8 +189,9 @@ class PipelineBackend(Backend):
         link = self.control.link
         try:
             pending = [self.call(s, prepare_stage, spec, **extra) for s, spec in enumerate(specs)]
-            endpoints = self.endpoints = [_started(p, s, self.engines[s], spec.timeout)
-                                          for s, (p, spec) in enumerate(zip(pending, specs, strict=True))]
+            endpoints = self.endpoints = [
+                _started(p, s, self.engines[s], spec.timeout)
+                for s, (p, spec) in enumerate(zip(pending, specs, strict=True))]
             last = len(specs) - 1
             for s, spec in enumerate(specs):
                 neighbours = {f"stage-{n}": endpoints[n] for n in (s - 1, s + 1) if 0 <= n <= last}
@@ -209,7 +218,8 @@ class PipelineBackend(Backend):
         return _Future(future)
 
     def tasks_done(self) -> bool:
-        return bool(self.tasks) and all(t.ready() for t in self.tasks) and all(t.successful() for t in self.tasks)
+        return (bool(self.tasks) and all(t.ready() for t in self.tasks)
+                and all(t.successful() for t in self.tasks))
 
     def failure(self) -> Exception | None:
         for s, task in enumerate(self.tasks):
@@ -217,20 +227,23 @@ class PipelineBackend(Backend):
                 try:
                     task.get(0)
                 except Exception as exc:  # noqa: BLE001 - named and returned
-                    if type(exc).__name__ == "StageAborted" and any(not t.ready() or not t.successful()
-                                                                    for t in self.tasks if t is not task):
+                    if type(exc).__name__ == "StageAborted" and any(
+                            not t.ready() or not t.successful()
+                            for t in self.tasks if t is not task):
                         continue  # ended by the kernel because of another stage's failure
                     if self.control is not None:
                         self.control.failed = True
                     if raised_by_cell(exc):  # the cell's own lines, tagged with engine and host
                         return from_engine(exc, self.engines[s])
-                    where = f"engine {self.engines[s]}" if self.cluster is not None else "this kernel"
-                    died = "died" if "EngineError" in type(exc).__name__ or "died" in str(exc) else "failed"
+                    where = (f"engine {self.engines[s]}" if self.cluster is not None
+                             else "this kernel")
+                    died = ("died" if "EngineError" in type(exc).__name__ or "died" in str(exc)
+                            else "failed")
                     return TrainingError(
                         f"Pipeline stage {s} (on {where}) {died}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}. The other stages were stopped. "
-                        "Fix the cause (check the engine with %nbdist status, restart a dead one with "
-                        "%nbdist stop / %nbdist start N), then run the cell again.")
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}. The other stages were "
+                        "stopped. Fix the cause (check the engine with %nbdist status, restart a "
+                        "dead one with %nbdist stop / %nbdist start N), then run the cell again.")
         return None
 
     def newly_lost(self) -> list:
@@ -270,14 +283,14 @@ class PipelineBackend(Backend):
         return read_flat(self.model)
 
     def checkpoint_state(self, control, final: bool) -> list:
-        raise ConfigError("--mode pipeline keeps no checkpoints yet: each stage holds its own part of "
-                          "the model and its optimizer. Train without --checkpoint-dir, or use --mode "
-                          "async or sync to checkpoint.")
+        raise ConfigError("--mode pipeline keeps no checkpoints yet: each stage holds its own "
+                          "part of the model and its optimizer. Train without --checkpoint-dir, or "
+                          "use --mode async or sync to checkpoint.")
 
     def add_workers(self, engines: list[int], announce) -> list[int]:
-        raise ConfigError(f"--mode pipeline runs one stage per engine, fixed when it starts (Received: "
-                          f"run.add_workers({list(engines)})). Start a new run with more --stages, or "
-                          "use --mode async to add workers while a run trains.")
+        raise ConfigError(f"--mode pipeline runs one stage per engine, fixed when it starts "
+                          f"(Received: run.add_workers({list(engines)})). Start a new run with "
+                          "more --stages, or use --mode async to add workers while a run trains.")
 
     def joined_engines(self) -> list[int]:
         return []  # stages are fixed when the run starts
@@ -296,7 +309,7 @@ def _started(pending, stage: int, engine: int, timeout: float):
     cell's own error, if the cell raised there)."""
     try:
         return pending.get(max(60.0, timeout))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - whatever the stage raised, named with its stage
         if isinstance(exc, NbdistError) or raised_by_cell(exc):
             raise from_engine(exc, engine) from None
         raise TrainingError(f"Pipeline stage {stage} could not start on engine {engine}: "

@@ -59,7 +59,8 @@ class StageSpec:
     lr: float | None = None  # --lr: overrides the cell's optimizer's rate
     own_optimizer: bool = True  # False: stages share one model in one process, each needs its own
     transport: str = "auto"  # --transport: shared memory with same-host neighbours (auto), tcp, shm
-    limits: tuple[int, int] | None = None  # (frames, bytes) at most per message it receives (checks.message_limits)
+    # (frames, bytes) at most per message it receives (checks.message_limits)
+    limits: tuple[int, int] | None = None
     encrypt: bool = False  # --encrypt (the cluster's): CurveZMQ on the stage's sockets
     local_rank: int = 0  # this stage's index among the run's stages on its host: its own GPU
 
@@ -99,7 +100,8 @@ def stage_data(ns: dict, spec: StageSpec, model) -> tuple:
     missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
     if missing:
         raise CellError(f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
-                        "Define them inside the %%distribute cell (engines do not see other cells).")
+                        "Define them inside the %%distribute cell (engines do not see other "
+                        "cells).")
     if len(spec.data) == 1:
         loaded = load(ns[spec.data[0]], spec.data[0], "--data", model, limit=None)
         x, y = loaded.x, loaded.y
@@ -122,9 +124,9 @@ class Stage:
         model = ns[spec.model_name]
         x, y, self.validation = stage_data(ns, spec, model)
         if len(x) != spec.num_samples:
-            raise DataError(f"Stage {spec.stage} (engine {spec.engine}) found {len(x)} samples where "
-                            f"the kernel had {spec.num_samples}; the cell must define the same data "
-                            "every time it runs.")
+            raise DataError(f"Stage {spec.stage} (engine {spec.engine}) found {len(x)} samples "
+                            f"where the kernel had {spec.num_samples}; the cell must define the "
+                            "same data every time it runs.")
         ensure_built(model, x[:2])
         if spec.source is not None:  # a model of this engine's own: the kernel's starting weights
             write_flat(model, *spec.initial)
@@ -141,8 +143,9 @@ class Stage:
         self._build_functions()
         # slots: at most M messages are sent towards a neighbour before the sender next waits
         # (and reads the acks); twice that spares the TCP fallback (see link.py)
-        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout, spec.limits,
-                              transport=spec.transport, slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
+        self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout,
+                              spec.limits, transport=spec.transport,
+                              slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
 
     def _build_functions(self) -> None:
         import tensorflow as tf
@@ -182,7 +185,8 @@ class Stage:
                 if not self._begin_step(step):
                     return self._result(step - 1, started)
                 index = perm[start:start + b]
-                self._train_step(step, epoch, np.array_split(index, min(spec.micro_batches, len(index))))
+                self._train_step(step, epoch,
+                                 np.array_split(index, min(spec.micro_batches, len(index))))
             train_metrics = self._metrics() if self.last else {}
             self._validate(step, epoch, train_metrics)
         return self._result(step, started)
@@ -226,7 +230,9 @@ class Stage:
                     tape.watch(watched)
                     if self.last:
                         weight = tf.constant(len(micro[i]) / total, tf.float32)
-                        out, pred = self.forward_loss(inputs, tf.convert_to_tensor(self.y[micro[i]]), weight)
+                        out, pred = self.forward_loss(inputs,
+                                                      tf.convert_to_tensor(self.y[micro[i]]),
+                                                      weight)
                     else:
                         out = self.forward(inputs)
                 if self.last:
@@ -243,13 +249,16 @@ class Stage:
                     _, _, upstream = link.wait(("B", step, i))
                     t0 = time.time()
                     upstream = [tf.convert_to_tensor(a) for a in upstream]
-                result = tape.gradient(out, [*watched, *self.sub.trainable], output_gradients=upstream,
+                result = tape.gradient(out, [*watched, *self.sub.trainable],
+                                       output_gradients=upstream,
                                        unconnected_gradients=tf.UnconnectedGradients.ZERO)
                 var_grads = result[len(watched):]
-                grads = var_grads if grads is None else [a + g for a, g in zip(grads, var_grads, strict=True)]
+                grads = (var_grads if grads is None
+                         else [a + g for a, g in zip(grads, var_grads, strict=True)])
                 if not self.first:
                     it = iter(result[:len(watched)])
-                    back = [next(it).numpy() if t.dtype.is_floating else np.zeros(t.shape, np.float32) for t in inputs]
+                    back = [next(it).numpy() if t.dtype.is_floating
+                            else np.zeros(t.shape, np.float32) for t in inputs]
                     link.send(f"stage-{s - 1}", Backward(step, i), back)
             ops.append([kind, i, t0, time.time()])
         t0 = time.time()
@@ -281,7 +290,8 @@ class Stage:
         for j, start in enumerate(range(0, len(yv), size)):
             if self.first:
                 batch = np.asarray(xv[start:start + size])
-                inputs = [tf.convert_to_tensor(batch.astype(np.float32) if batch.dtype == np.float64 else batch)]
+                inputs = [tf.convert_to_tensor(batch.astype(np.float32)
+                                               if batch.dtype == np.float64 else batch)]
             else:
                 _, _, arrays = link.wait(("E", step, j))
                 inputs = [tf.convert_to_tensor(a) for a in arrays]

@@ -33,7 +33,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     from nbdist.hub.protocol import new_key
     from nbdist.modes.pipeline.checks import message_limits
     from nbdist.modes.pipeline.graph import Graph
-    from nbdist.modes.pipeline.link import KernelLink
+    from nbdist.modes.pipeline.kernel_link import KernelLink
     from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
     from nbdist.modes.pipeline.run import PipelineRun, partition_frame
     from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl

@@ -54,8 +54,9 @@ class Calibration:
 def describe(found: Calibration) -> str:
     """One line for the run's notes: the fit, its parts, and how to repeat it exactly."""
     c = found.cost
-    return (f"--sim calibrate measured on the {found.where}: per step {c.per_step_s * 1e3:.3g} ms (compute "
-            f"{found.compute_per_step_s * 1e3:.3g} ms + hub round trip {found.hub_round_trip_s * 1e3:.3g} ms), "
+    return (f"--sim calibrate measured on the {found.where}: per step {c.per_step_s * 1e3:.3g} ms "
+            f"(compute {found.compute_per_step_s * 1e3:.3g} ms + hub round trip "
+            f"{found.hub_round_trip_s * 1e3:.3g} ms), "
             f"per sample {c.per_sample_s * 1e6:.3g} us. Repeat exactly with "
             f"--sim per_step={c.per_step_s!r},per_sample={c.per_sample_s!r}")
 
@@ -91,7 +92,8 @@ def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
     from nbdist.hub.server import HubSpec
 
     key, run_id = new_key(), f"calib-{uuid.uuid4().hex[:8]}"
-    plan = Plan(num_workers=1, num_samples=10**12, epochs=1, batch_size=32, lr=0.0, has_validation=False)
+    plan = Plan(num_workers=1, num_samples=10**12, epochs=1, batch_size=32, lr=0.0,
+                has_validation=False)
     spec = HubSpec(run_id=run_id, key=key, shard=0, num_shards=1, plan=plan,
                    params=np.zeros(size, np.float32), non_trainable=np.zeros(0, np.float32),
                    optimizer=None, idle_timeout=30.0)  # plain SGD at rate 0
@@ -150,14 +152,17 @@ def calibrate(flat, params: np.ndarray, non_trainable: np.ndarray, x, y, batch: 
     """Measure on engine 0 of `cluster` (or here when None) and fit the simulation's cost model."""
     sample = slice(0, min(num_rows(x), 4 * batch))
     if cluster is None:
-        measured, where = measure(flat, params, non_trainable, x[sample], y[sample], batch), "kernel"
+        measured, where = (measure(flat, params, non_trainable, x[sample], y[sample], batch),
+                           "kernel")
     else:
         model = flat.model
         engine = sorted(cluster.client.ids)[0]
         measured = cluster.client[engine].apply_sync(
-            measure_on_engine, model.to_json(), model.get_weights(), model.loss, x[sample], y[sample], batch)
+            measure_on_engine, model.to_json(), model.get_weights(), model.loss, x[sample],
+            y[sample], batch)
         where = f"engine {engine} ({measured['host']})"
     fitted = fit_cost(measured["points"])
     rtt = measured["round_trip"]
     cost = CostModel(round2(fitted.per_step_s + rtt), fitted.per_sample_s, jitter)
-    return Calibration(cost, fitted.per_step_s, fitted.per_sample_s, round2(rtt), measured["points"], where)
+    return Calibration(cost, fitted.per_step_s, fitted.per_sample_s, round2(rtt),
+                       measured["points"], where)

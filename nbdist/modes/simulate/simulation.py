@@ -3,11 +3,11 @@
 What is real: the shard itself, the same `ShardCore` the hub drives (`nbdist.core.shard`: the
 update rules and the hub optimizer, the group barrier, the run's `Coordinator` with chunks and
 global epochs, DBS batch sizes, the SSP clock, speed groups, validation jobs, statistics), and
-every gradient (the cell's own Keras model through `FlatModel`). What is virtual: time. A worker's step takes
-`slowdown_w · cost(batch)` virtual seconds (`nbdist.core.simclock.CostModel`); step completions are
-applied in (virtual time, worker id) order; each virtual worker computes on the parameter copy
-it last pulled, so delays are those a cluster with these speeds would see. Sync (`--sim
-sync=1`) is the group barrier with every worker in one group at the plain rate: the
+every gradient (the cell's own Keras model through `FlatModel`). What is virtual: time. A
+worker's step takes `slowdown_w · cost(batch)` virtual seconds (`nbdist.core.simclock.CostModel`);
+step completions are applied in (virtual time, worker id) order; each virtual worker computes on
+the parameter copy it last pulled, so delays are those a cluster with these speeds would see.
+Sync (`--sim sync=1`) is the group barrier with every worker in one group at the plain rate: the
 batch-weighted mean of all gradients per step, at the pace of the slowest.
 
 Nothing depends on the host's speed or scheduling, so a run is the same, bit for bit, for a
@@ -15,8 +15,9 @@ seed (on the same TensorFlow build and CPU kind; float reductions may differ acr
 Evaluation and communication take no virtual time.
 
 `Simulation` answers the Run like a hub does (`stats`, `control`, `params`, `shutdown`), and
-`SimBackend` (nbdist.modes.simulate.start) stands where `LocalBackend` stands, so `run.history` (time = virtual seconds),
-`run.nodes`, `run.timeline`, `run.delays` and `run.report` work unchanged.
+`SimBackend` (nbdist.modes.simulate.start) stands where `LocalBackend` stands, so `run.history`
+(time = virtual seconds), `run.nodes`, `run.timeline`, `run.delays` and `run.report` work
+unchanged.
 """
 
 from __future__ import annotations
@@ -57,15 +58,16 @@ class Simulation:
     """One simulated run. `run()` (in a thread) plays it; the Run polls it like a hub."""
 
     def __init__(self, plan: Plan, rule_options: dict, flat, data, validation, params: np.ndarray,
-                 non_trainable: np.ndarray, options: SimOptions, seed: int, optimizer: dict | None = None,
-                 constraints: list[dict] | tuple = ()):
+                 non_trainable: np.ndarray, options: SimOptions, seed: int,
+                 optimizer: dict | None = None, constraints: list[dict] | tuple = ()):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
         # virtual workers only compute gradients: the shard applies every rate
         plan = replace(plan, lr_owner="hub")
         self.plan, self.options, self.seed = plan, options, seed
-        self.flat, self.data, self.validation = flat, data, validation  # data: an engine.data.ArraySource
+        # data: an engine.data.ArraySource
+        self.flat, self.data, self.validation = flat, data, validation
         n = plan.num_workers
         self.now = 0.0
         # the hub's own shard (`optimizer` and `constraints`: the cell's, as `choose_optimizer`
@@ -77,7 +79,8 @@ class Simulation:
         self.cost = options.cost
         self.jitter = Jitter(options.jitter, seed, n)
         self.queue = EventQueue()
-        self.workers = [_Worker(self.core.params.copy(), self.core.non_trainable.copy()) for _ in range(n)]
+        self.workers = [_Worker(self.core.params.copy(), self.core.non_trainable.copy())
+                        for _ in range(n)]
         self.idle: set[int] = set()
         self.next_eval = options.eval_every or math.inf
         self.error: BaseException | None = None
@@ -93,7 +96,8 @@ class Simulation:
         to wait on)."""
         with self._lock:
             snap = self.core.stats(since, timeline)
-            snap.update(error=None, dropped={}, finished=self.ended and self.error is None, virtual=True)
+            snap.update(error=None, dropped={}, finished=self.ended and self.error is None,
+                        virtual=True)
             return json.loads(json.dumps(snap))  # a copy, as the hub's reply would be
 
     def control(self, **changes: object) -> None:
@@ -121,8 +125,8 @@ class Simulation:
         """Measure the model's step and the hub's round trip (`calibrate.py`); use the fit."""
         from nbdist.modes.simulate.calibrate import calibrate
 
-        found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.data.x, self.data.y, batch,
-                          self.options.jitter, cluster)
+        found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.data.x,
+                          self.data.y, batch, self.options.jitter, cluster)
         self.cost = found.cost
         self.coordinator.stats.record_event("sim_calibration", 0.0, **found.as_event())
         self.calibration = found
@@ -156,8 +160,10 @@ class Simulation:
             self._evaluate_until(t)
             self.now = t
             self._complete_step(w)
-        elif (self.coordinator.paused and not self.coordinator.stopping) or self.coordinator.at_gate:
-            self._lock.wait(0.1)  # nothing runs while paused or at an epoch gate; wait for the kernel
+        elif ((self.coordinator.paused and not self.coordinator.stopping)
+              or self.coordinator.at_gate):
+            # nothing runs while paused or at an epoch gate; wait for the kernel
+            self._lock.wait(0.1)
             if self.coordinator.at_gate:
                 self._wake()
                 return True
@@ -170,9 +176,9 @@ class Simulation:
         self._stalled = 0 if len(self.queue) or self._progress() != before else self._stalled + 1
         if self._stalled > 3:
             raise TrainingError(
-                f"The simulation stalled at virtual time {self.now:.3f}s: no worker computes and none "
-                f"can go on (held: {sorted(self.core.held)}, idle: {sorted(self.idle)}). This is a bug in "
-                "nbdist's simulator; please report it with the run's options.")
+                f"The simulation stalled at virtual time {self.now:.3f}s: no worker computes and "
+                f"none can go on (held: {sorted(self.core.held)}, idle: {sorted(self.idle)}). This "
+                "is a bug in nbdist's simulator; please report it with the run's options.")
         return True
 
     def _progress(self) -> tuple:
@@ -186,7 +192,8 @@ class Simulation:
             self._take(w, pull, reply)
 
     def _take(self, w: int, pull: bool, work: Reply) -> None:
-        """Virtual worker `w` acts on its reply: copy the weights, evaluate, leave, or start a step."""
+        """Virtual worker `w` acts on its reply: copy the weights, evaluate, leave, or start a
+        step."""
         self.idle.discard(w)
         v = self.workers[w]
         if pull:
@@ -222,7 +229,8 @@ class Simulation:
         check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
                      where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
         step = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
-                    wait_s=max(0.0, self.now - v.compute_s - v.last_push), batch=chunk.size, group=list(v.group),
+                    wait_s=max(0.0, self.now - v.compute_s - v.last_push), batch=chunk.size,
+                    group=list(v.group),
                     metrics=step_metrics({str(chunk.epoch): self.flat.last_metrics.tolist()}))
         v.last_push = self.now
         self.core.push(step, grad, non_trainable_delta=nt_after - v.nt)
@@ -247,12 +255,14 @@ class Simulation:
         if self.validation is None:
             return {}
         self.flat.assign(params, nt)
-        return evaluate(self.flat.model, self.validation, self.plan.batch_size, one_batch_limit=ONE_BATCH_EVAL)
+        return evaluate(self.flat.model, self.validation, self.plan.batch_size,
+                        one_batch_limit=ONE_BATCH_EVAL)
 
     def _evaluate_until(self, t: float) -> None:
         """Periodic evaluations (`eval_every`) of the hub's weights at their virtual times."""
         while self.next_eval <= t and self.validation is not None:
             metrics = self._evaluate_on(self.core.params, self.core.non_trainable)
-            self.coordinator.stats.record_eval(metrics, epoch=round(self.coordinator.epochs_done, 4),
+            self.coordinator.stats.record_eval(metrics,
+                                               epoch=round(self.coordinator.epochs_done, 4),
                                                version=self.core.version, now=self.next_eval)
             self.next_eval += self.options.eval_every

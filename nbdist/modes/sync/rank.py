@@ -41,9 +41,11 @@ class SyncSpec(WorkerSpec):
     initial_non_trainable: np.ndarray | None = None
     env: dict | None = None  # HOROVOD_* variables for this rank
     checkpoint: bool = False  # rank 0 sends its state when training ends (the final checkpoint)
-    resume: dict | None = None  # from a checkpoint: epoch, offset, steps, iterations, slots (shapes)
+    # from a checkpoint: epoch, offset, steps, iterations, slots (shapes)
+    resume: dict | None = None
     initial_slots: np.ndarray | None = None  # the Keras optimizer's slots, from a checkpoint
-    sync_batchnorm: bool = False  # BatchNorm statistics over the global batch (nbdist.modes.sync.batchnorm)
+    # BatchNorm statistics over the global batch (nbdist.modes.sync.batchnorm)
+    sync_batchnorm: bool = False
 
 
 
@@ -76,7 +78,8 @@ class _SyncLoop:
         from nbdist.engine.flatmodel import FlatModel, write_flat
         from nbdist.hub.client import WorkerTransport
 
-        self.spec, self.hvd, self.model, self.data, self.validation = spec, hvd, model, data, validation
+        self.spec, self.hvd, self.model, self.data, self.validation = (spec, hvd, model, data,
+                                                                       validation)
         self.rank, self.size = hvd.rank(), hvd.size()
         write_flat(model, spec.initial_params, spec.initial_non_trainable)
         optimizer = model.optimizer
@@ -92,13 +95,15 @@ class _SyncLoop:
         # so every collective here has a fixed name, and the weights travel as one buffer.
         params, non_trainable = self.flat.read()
         slots = read_slots(optimizer) if spec.initial_slots is None else spec.initial_slots
-        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable, slots])), root_rank=0,
-                              name="nbdist_initial_weights").numpy()
+        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable, slots])),
+                              root_rank=0, name="nbdist_initial_weights").numpy()
         n = params.size + non_trainable.size
         self.flat.assign(start[: params.size], start[params.size: n])
         write_slots(optimizer, start[n:])
-        self.start = (int(resume.get("epoch", 0)), int(resume.get("offset", 0)), int(resume.get("steps", 0)))
-        self.position, self.sent = self.start[:2], 0  # (epoch, samples of it done); last request served
+        self.start = (int(resume.get("epoch", 0)), int(resume.get("offset", 0)),
+                      int(resume.get("steps", 0)))
+        # (epoch, samples of it done); last request served
+        self.position, self.sent = self.start[:2], 0
         self.batchnorm = None
         if spec.sync_batchnorm and self.size > 1:
             from nbdist.modes.sync.batchnorm import SyncBatchNorm, batchnorm_layers
@@ -106,7 +111,8 @@ class _SyncLoop:
             if batchnorm_layers(model):
                 self.batchnorm = SyncBatchNorm(model, hvd)
         self._allreduce_apply = self._compile_allreduce_apply()
-        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout, spec.engine)
+        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
+                                         spec.engine)
         self._report_pending = False  # a report sent, its reply not yet taken
         self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
         self.control[2] = spec.lr
@@ -115,7 +121,8 @@ class _SyncLoop:
         from nbdist.engine.learning_rate import schedule_name
 
         if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
-            optimizer.learning_rate.assign(spec.lr)  # --lr (or run.set_lr) wins over the cell's rate
+            # --lr (or run.set_lr) wins over the cell's rate
+            optimizer.learning_rate.assign(spec.lr)
 
     def _compile_allreduce_apply(self):
         """The compiled step that allreduces the weighted gradient and applies it."""
@@ -130,14 +137,16 @@ class _SyncLoop:
         def allreduce_apply(grad, weight, control):
             weighted_grad = grad * weight  # this rank's share of the global batch
             if fp16:  # the gradient travels as float16 (Horovod's own compression); control exact
-                reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum, name="nbdist_gradient",
+                reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum,
+                                                   name="nbdist_gradient",
                                                    compression=hvd.Compression.fp16),
                                      hvd.allreduce(control, op=hvd.Sum, name="nbdist_control")], 0)
             else:
                 reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
                                         name="nbdist_gradient")
             grads = tf.split(reduced[: self.flat.size], sizes)
-            optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(grads, trainable, strict=True)],
+            optimizer.apply_gradients(zip([tf.reshape(g, v.shape)
+                                           for g, v in zip(grads, trainable, strict=True)],
                                           trainable, strict=True))
             return reduced[self.flat.size:]
 
@@ -147,7 +156,8 @@ class _SyncLoop:
         spec = self.spec
         self.transport.hello()
         global_batch = spec.batch_size * self.size
-        epoch_size = spec.epoch_size or spec.num_samples  # fewer than a pass: fit(steps_per_epoch=...)
+        # fewer than a pass: fit(steps_per_epoch=...)
+        epoch_size = spec.epoch_size or spec.num_samples
         reply: ReportReply | None = None  # shard 0's control, once a report was answered
         steps = 0
         for epoch in range(self.start[0], spec.epochs):
@@ -173,26 +183,30 @@ class _SyncLoop:
                     self.batchnorm.set_share(weight)
                 loss, grad, grad_norm = self.flat.gradients_tensor(*batch)  # grad stays a tensor
                 t1 = time.perf_counter()
-                reply = self._take_report(reply)  # the last step's report: its round trip hid behind compute
+                # the last step's report: its round trip hid behind compute
+                reply = self._take_report(reply)
                 factor = reply.slowdown if reply is not None else 1.0
                 if factor > 1.0:  # a simulated slower node: the others wait for it in the allreduce
                     time.sleep((factor - 1.0) * (t1 - t0))
                     t1 = time.perf_counter()
-                check_finite(loss, grad_norm, step=steps, where=f"rank {self.rank} (engine {spec.engine})",
-                             epoch=epoch)
+                check_finite(loss, grad_norm, step=steps,
+                             where=f"rank {self.rank} (engine {spec.engine})", epoch=epoch)
                 outgoing = self._control_out(reply)
-                self.control[:] = self._allreduce_apply(grad, np.asarray(weight, np.float32), outgoing).numpy()
+                self.control[:] = self._allreduce_apply(grad, np.asarray(weight, np.float32),
+                                                        outgoing).numpy()
                 self._follow_lr()
                 t2 = time.perf_counter()
                 self.position = (epoch, min(epoch_size, offset + (step + 1) * global_batch))
                 step += 1
                 steps += 1
                 reply = self._send_state(reply, steps)
-                self._send_report(Report(self.rank, samples=stop - start, loss=loss, compute_s=t1 - t0,
-                                         comm_s=t2 - t1, batch=int(batches[self.rank]),
+                self._send_report(Report(self.rank, samples=stop - start, loss=loss,
+                                         compute_s=t1 - t0, comm_s=t2 - t1,
+                                         batch=int(batches[self.rank]),
                                          epoch=epoch + self.position[1] / epoch_size,
-                                         metrics=step_metrics({str(epoch): self.flat.last_metrics.tolist()}
-                                                              if stop > start else {})))
+                                         metrics=step_metrics(
+                                             {str(epoch): self.flat.last_metrics.tolist()}
+                                             if stop > start else {})))
             if self.control[0]:
                 break
             # the epoch's metrics are all in once every rank says so; with a fit call, wait there
@@ -216,7 +230,8 @@ class _SyncLoop:
             reply = self._send_state(self._report(Report(self.rank)), steps)
         return True
 
-    def _send_state(self, reply: ReportReply | None, steps: int, final: bool = False) -> ReportReply | None:
+    def _send_state(self, reply: ReportReply | None, steps: int,
+                    final: bool = False) -> ReportReply | None:
         """Rank 0, between two steps: send its state to the hub if the kernel asked for it."""
         wanted = reply.send_state if reply is not None else 0
         if self.rank != 0 or not (final or wanted > self.sent):

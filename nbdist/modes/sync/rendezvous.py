@@ -41,7 +41,8 @@ __all__ = ["AUTH_HEADER", "RendezvousRelay", "check_reply", "check_request", "re
 
 AUTH_HEADER = "X-Nbdist-Auth"
 MAX_BODY = 1 << 20  # a Gloo address list is a few hundred bytes per rank
-_PATH = re.compile(r"/[A-Za-z0-9_.:\-]+/[A-Za-z0-9_.:\-]+")  # /scope/key, as Horovod's store uses them
+# /scope/key, as Horovod's store uses them
+_PATH = re.compile(r"/[A-Za-z0-9_.:\-]+/[A-Za-z0-9_.:\-]+")
 
 
 def rendezvous_key(key: bytes) -> bytes:
@@ -71,11 +72,13 @@ def check_request(key: bytes, run_id: str, value: str, method: str, path: str, b
     and that its counter is above `last[sender]` (then recorded there); else ProtocolError."""
     parts = (value or "").split(":")
     if len(parts) != 3 or not parts[1].isdigit() or not re.fullmatch(r"[0-9a-f]{64}", parts[2]):
-        raise ProtocolError("unsigned", f"rendezvous request without a valid {AUTH_HEADER} (Received: {value[:80]!r})")
+        raise ProtocolError("unsigned", f"rendezvous request without a valid {AUTH_HEADER} "
+                            f"(Received: {value[:80]!r})")
     sender, counter = parts[0], int(parts[1])
     expected = mac(key, _request_bytes(run_id, sender, counter, method, path), [body])
     if not hmac.compare_digest(expected, bytes.fromhex(parts[2])):
-        raise ProtocolError("bad signature", f"rendezvous {method} {path[:80]} from {sender[:20]!r}")
+        raise ProtocolError("bad signature",
+                            f"rendezvous {method} {path[:80]} from {sender[:20]!r}")
     if counter <= last.get(sender, 0):
         raise ProtocolError("replayed", f"rendezvous request {counter} from {sender[:20]!r}, "
                             f"which already sent {last[sender]}")
@@ -83,7 +86,8 @@ def check_request(key: bytes, run_id: str, value: str, method: str, path: str, b
     return sender, counter
 
 
-def sign_reply(key: bytes, run_id: str, sender: str, counter: int, status: int, body: bytes = b"") -> str:
+def sign_reply(key: bytes, run_id: str, sender: str, counter: int, status: int,
+               body: bytes = b"") -> str:
     """The `X-Nbdist-Auth` value of the reply to request (sender, counter)."""
     return mac(key, f"reply\n{run_id}\n{sender}\n{counter}\n{status}".encode(), [body]).hex()
 
@@ -91,9 +95,11 @@ def sign_reply(key: bytes, run_id: str, sender: str, counter: int, status: int, 
 def check_reply(key: bytes, run_id: str, sender: str, counter: int, status: int, body: bytes,
                 value: str | None) -> None:
     """Raise ProtocolError unless `value` signs this reply to request (sender, counter)."""
-    if not value or not hmac.compare_digest(sign_reply(key, run_id, sender, counter, status, body).encode(), value.encode()):
-        raise ProtocolError("unsigned", f"the rendezvous's reply to request {counter} is not signed "
-                            f"with the run's key (Received: status {status}, {AUTH_HEADER} {value!r:.80})")
+    if not value or not hmac.compare_digest(
+            sign_reply(key, run_id, sender, counter, status, body).encode(), value.encode()):
+        raise ProtocolError("unsigned", f"the rendezvous's reply to request {counter} is not "
+                            f"signed with the run's key (Received: status {status}, "
+                            f"{AUTH_HEADER} {value!r:.80})")
 
 
 # -- the kernel's server ---------------------------------------------------------------------------
@@ -109,7 +115,8 @@ def signed_rendezvous(address: tuple[str, int], key: bytes, run_id: str):
         pass
 
     server = RendezvousHTTPServer(address, SignedHandler, 0)
-    server.daemon_threads = True  # a client that hangs mid-request does not hold up the kernel's exit
+    # a client that hangs mid-request does not hold up the kernel's exit
+    server.daemon_threads = True
     server.mac_key, server.run_id = rendezvous_key(key), run_id
     server.last, server.last_lock = {}, threading.Lock()  # sender -> its last counter
     server.rejected = collections.Counter()
@@ -144,13 +151,16 @@ class SignedHandlerMixin:
         try:
             length = int(self.headers.get("Content-Length") or 0)
             if not 0 <= length <= MAX_BODY:
-                raise ProtocolError("oversized", f"rendezvous body of {length} bytes (at most {MAX_BODY})")
+                raise ProtocolError("oversized",
+                                    f"rendezvous body of {length} bytes (at most {MAX_BODY})")
             body = self.rfile.read(length) if length else b""
             with server.last_lock:
-                self._auth = check_request(server.mac_key, server.run_id, self.headers.get(AUTH_HEADER, ""),
-                                           method, self.path, body, server.last)
+                self._auth = check_request(server.mac_key, server.run_id,
+                                           self.headers.get(AUTH_HEADER, ""), method, self.path,
+                                           body, server.last)
         except (ProtocolError, ValueError, OSError) as exc:
-            server.rejected[exc.reason if isinstance(exc, ProtocolError) else "malformed request"] += 1
+            server.rejected[exc.reason if isinstance(exc, ProtocolError)
+                            else "malformed request"] += 1
             log.warning("rendezvous: refused a request from %s: %s", self.client_address[0], exc)
             self._auth = None
             self._reply(403, b"")
@@ -167,8 +177,8 @@ class SignedHandlerMixin:
         self.send_response(status)
         self.send_header("Content-Length", str(len(body)))
         if self._auth is not None:
-            self.send_header(AUTH_HEADER, sign_reply(self.server.mac_key, self.server.run_id, *self._auth,
-                                                     status, body))
+            self.send_header(AUTH_HEADER, sign_reply(self.server.mac_key, self.server.run_id,
+                                                     *self._auth, status, body))
         self.end_headers()
         if body:
             self.wfile.write(body)
@@ -190,7 +200,8 @@ def socket_owner(table: str, local: tuple[str, int], remote: tuple[str, int]) ->
     /proc/net/tcp (`table`); None when no such socket is listed.
 
     Example:
-        >>> row = "   3: 0100007F:C26A 0100007F:CFC3 01 00000000:00000000 00:00000000 00000000  1000  0 51638"
+        >>> row = ("   3: 0100007F:C26A 0100007F:CFC3 01 00000000:00000000 00:00000000 00000000  "
+        ...        "1000  0 51638")
         >>> socket_owner("header\\n" + row, ("127.0.0.1", 0xC26A), ("127.0.0.1", 0xCFC3))
         1000
     """
@@ -218,8 +229,10 @@ class RendezvousRelay:
     kernel's HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT; `horovod_env()` points Horovod at the relay."""
 
     def __init__(self, key: bytes, run_id: str, sender: str, env: dict, timeout: float = 30.0):
-        self.mac_key, self.run_id, self.sender, self.timeout = rendezvous_key(key), run_id, str(sender), timeout
-        self.upstream = (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"], int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]))
+        self.mac_key, self.run_id, self.sender, self.timeout = (rendezvous_key(key), run_id,
+                                                                str(sender), timeout)
+        self.upstream = (env["HOROVOD_GLOO_RENDEZVOUS_ADDR"],
+                         int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]))
         self._counter = 0
         self._lock = threading.Lock()
         relay = self
@@ -230,9 +243,11 @@ class RendezvousRelay:
                 status, data = 413, b""
                 if 0 <= length <= MAX_BODY:
                     try:
-                        status, data = relay.forward(self.command, self.path, self.rfile.read(length))
+                        status, data = relay.forward(self.command, self.path,
+                                                     self.rfile.read(length))
                     except (OSError, ProtocolError, http.client.HTTPException) as exc:
-                        log.warning("rendezvous relay: %s %s failed: %s", self.command, self.path, exc)
+                        log.warning("rendezvous relay: %s %s failed: %s", self.command, self.path,
+                                    exc)
                         status, data = 502, b""
                 self.send_response(status)
                 self.send_header("Content-Length", str(len(data)))
@@ -275,7 +290,8 @@ class RendezvousRelay:
             finally:
                 conn.close()
         if len(data) > MAX_BODY:
-            raise ProtocolError("oversized", f"the rendezvous's reply has more than {MAX_BODY} bytes")
+            raise ProtocolError("oversized",
+                                f"the rendezvous's reply has more than {MAX_BODY} bytes")
         check_reply(self.mac_key, self.run_id, self.sender, counter, response.status, data,
                     response.getheader(AUTH_HEADER))
         return response.status, data

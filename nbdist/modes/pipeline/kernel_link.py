@@ -1,0 +1,76 @@
+"""The kernel's side of a pipeline run's sockets: the stages' reports come in, stop and abort
+go out. Kept apart from `link` (a stage's side), which the kernel never opens: the two ends
+share only the signed framing (`nbdist.hub.protocol.Codec`), the gate and the typed messages.
+
+Received as strictly as a stage receives (`link`): behind the gate, within `REPORT_LIMITS`,
+then the MAC, the envelope and the report's fields; whatever fails is dropped and counted.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from nbdist.errors import ProtocolError
+from nbdist.hub.protocol import Codec, send_frames
+from nbdist.hub.schema import Wire
+from nbdist.hub.wire import curve_keys, recv_bounded, server_socket
+from nbdist.modes.pipeline.checks import REPORT_LIMITS
+from nbdist.modes.pipeline.messages import REPORTS, Abort, Stop, Totals, decode
+
+
+class KernelLink:
+    """The kernel's side: a PULL socket for the stages' reports and a PUB socket for stop and
+    abort, both bound on `bind_host` behind one gate; `report_endpoint` and `control_endpoint`
+    are what the stages connect to."""
+
+    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
+        import zmq
+
+        self.codec = Codec(key, "kernel", run_id)
+        self.stages = stages
+        self.dropped: Counter[str] = Counter()  # reports refused, by reason
+        self.ctx = zmq.Context()
+        self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], encrypt,
+                                             kind=zmq.PULL, peers=2 * stages)
+        # reads subscriptions only
+        self.pub, _ = server_socket(self.ctx, key, 1024, encrypt, kind=zmq.PUB, gate=self.gate)
+        curve = {"curve": curve_keys(key)["server_public"].decode()} if encrypt else {}
+        try:
+            self.report_endpoint, self.control_endpoint = (
+                {"endpoint": f"tcp://{bind_host}:{sock.bind_to_random_port(f'tcp://{bind_host}')}",
+                 "gate": self.gate.id, **curve} for sock in (self.pull, self.pub))
+        except BaseException:  # e.g. an address it cannot bind: give back the sockets and the gate
+            self.close()
+            raise
+
+    def drops(self) -> dict[str, int]:
+        """Reports refused, and connections refused or cut at the gate, by reason."""
+        return {**self.dropped, **self.gate.counts()}
+
+    def receive(self, timeout_ms: int) -> Wire | None:
+        """The next verified report (`messages.REPORTS`), or None (nothing within
+        `timeout_ms`, or a message that fails the limits, the MAC or its fields, or names no
+        stage of the run: dropped and counted in `dropped`)."""
+        if not self.pull.poll(timeout_ms):
+            return None
+        try:
+            report = decode(REPORTS,
+                            self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header)
+            if isinstance(report, Totals) and not 0 <= report.stage < self.stages:
+                raise ProtocolError("malformed header",
+                                    f"stage {report.stage}, expected 0 to {self.stages - 1}")
+        except ProtocolError as exc:
+            self.dropped[exc.reason] += 1
+            return None
+        return report
+
+    def broadcast(self, control: Stop | Abort) -> None:
+        """`control` to every stage."""
+        for s in range(self.stages):
+            send_frames(self.pub, self.codec.encode(control.encode(), to=f"stage-{s}"))
+
+    def close(self) -> None:
+        self.pull.close(linger=0)
+        self.pub.close(linger=500)
+        self.gate.stop()
+        self.ctx.term()
