@@ -34,7 +34,7 @@ KERAS_DEFAULT_BATCH = 32  # what `fit` uses when the call gives no batch_size
 
 
 # a signal, not an error: `except Exception` must not catch it
-class FitReached(BaseException):  # noqa: N818
+class FitReached(BaseException):
     """Raised on an engine when the cell reaches its `fit` call: the cell stops there."""
 
 

@@ -28,13 +28,14 @@ def stateless_loss(model, values: list, nt_values: list, x, y, sample_weight=Non
     training = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
     y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True,
                                                   **training)
-    model._losses_override = list(losses)  # add_loss / activity terms, as Keras's JAX trainer
+    # add_loss / activity terms, as Keras's JAX trainer
+    model._losses_override = list(losses)  # noqa: SLF001
     try:
         loss, (_, nt_new, metrics_new) = model.stateless_compute_loss(
             values, nt_new, zero_metrics(model), x=x, y=y, y_pred=y_pred,
             sample_weight=sample_weight, training=True)
     finally:
-        model._losses_override = []
+        model._losses_override = []  # noqa: SLF001
     return loss, y_pred, nt_new, metrics_new
 
 

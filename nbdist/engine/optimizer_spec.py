@@ -98,7 +98,8 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
     segments = checked_segments(segments)
     if variables is not None:
         _check_variables(list(variables), segments)
-    lr = optimizer._learning_rate  # the schedule or the variable, not its current value
+    # the schedule or the variable, not its current value
+    lr = optimizer._learning_rate  # noqa: SLF001
     if isinstance(lr, keras.optimizers.schedules.LearningRateSchedule):
         lr = describe_schedule(lr)
     elif isinstance(lr, keras.Variable) or not callable(lr):
@@ -134,13 +135,13 @@ def _decay_mask(optimizer: Any, segments: list[int], variables: list | None) -> 
     if optimizer.weight_decay is None or (not excluded and pattern is None):
         return None
     if variables is None and optimizer.built:
-        variables = optimizer._trainable_variables
+        variables = optimizer._trainable_variables  # noqa: SLF001
     if variables is None:
         raise unsupported("exclude_from_weight_decay(...) was called, and nbdist was not given "
                            "the variables to tell which ones it excludes",
                            f"{type(optimizer).__name__}(weight_decay={optimizer.weight_decay!r})")
     _check_variables(list(variables), segments)
-    return [bool(optimizer._use_weight_decay(v)) for v in variables]
+    return [bool(optimizer._use_weight_decay(v)) for v in variables]  # noqa: SLF001
 
 
 def _check_variables(variables: list, segments: list[int]) -> None:
