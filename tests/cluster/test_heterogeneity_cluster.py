@@ -82,7 +82,7 @@ def test_every_control_call_is_recorded_in_the_events_and_timeline_has_series(cl
         run.stop()
         run.wait(timeout=60)
     events = [e["event"] for e in run.events.to_dict("records")
-              if e["event"] not in ("epoch_end", "rebalance")]
+              if e["event"] not in ("note", "epoch_end", "rebalance")]
     assert events == ["set_lr", "set_slowdown", "set_batch_policy", "pause", "resume", "stop"]
     assert {"worker", "time", "samples_per_s", "compute_s", "comm_s", "batch_size", "delay_mean",
             "delay_p95", "delay_max", "loss", "slowdown", "group"} <= set(run.timeline.columns)
