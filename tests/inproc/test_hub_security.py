@@ -398,10 +398,12 @@ def test_with_encrypt_only_clients_holding_the_run_key_reach_the_hub():
         np.testing.assert_allclose(transport.params, np.full(SIZE, 0.9, np.float32))
         assert not plain.poll(200) and not stranger.poll(200)  # neither got an answer
         control = HubControl(key, [server.endpoints])
-        # they never got in: each is refused at the handshake (counted when libzmq reports it),
-        # no message of theirs is read
-        wait_for(lambda: control.stats()["dropped"].get("refused at the handshake", 0) >= 2, 30,
-                 what=lambda: f"both strangers refused (dropped: {control.stats()['dropped']})")
+        # they never got in, and no message of theirs was read. The CurveZMQ stranger is
+        # refused by the gate (counted); the plaintext one is refused too, but whether libzmq
+        # reports that or only a closed connection depends on which end reads the other's
+        # greeting first, so only the first is sure to be counted
+        wait_for(lambda: control.stats()["dropped"].get("refused at the handshake", 0) >= 1, 30,
+                 what=lambda: f"the stranger refused (dropped: {control.stats()['dropped']})")
         stats = control.stats()
         assert stats["global_step"] == 1 and set(stats["dropped"]) == {"refused at the handshake"}
         control.shutdown()
