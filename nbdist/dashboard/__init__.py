@@ -33,25 +33,9 @@ from nbdist.dashboard.figures import (
 )
 from nbdist.dashboard.report import report_html, write_report
 
-__all__ = [
-    "all_figures",
-    "batch_figure",
-    "compare",
-    "compare_figure",
-    "comparison_figures",
-    "delay_figure",
-    "delay_histogram_figure",
-    "empty_figure",
-    "event_markers",
-    "hosts_figure",
-    "loss_figure",
-    "node_table",
-    "node_table_figure",
-    "node_table_html",
-    "report_html",
-    "run_label",
-    "slowest_workers",
-    "throughput_figure",
-    "worker_color",
-    "write_report",
+__all__ = [  # sorted
+    "all_figures", "batch_figure", "compare", "compare_figure", "comparison_figures",
+    "delay_figure", "delay_histogram_figure", "empty_figure", "event_markers", "hosts_figure",
+    "loss_figure", "node_table", "node_table_figure", "node_table_html", "report_html",
+    "run_label", "slowest_workers", "throughput_figure", "worker_color", "write_report",
 ]

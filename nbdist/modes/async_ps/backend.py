@@ -14,14 +14,13 @@ import threading
 import time
 from dataclasses import replace
 
-import numpy as np
-
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host
 from nbdist.cluster.engines import Cluster, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
 from nbdist.errors import ClusterError, ConfigError, UnreachableHostError
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import JOIN_MIN_S, EngineBackend, get_started
+from nbdist.modes.common.hub_weights import HubShardWeights
 from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
@@ -39,7 +38,7 @@ def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
         affinity.apply("hub", *place)
 
 
-class ClusterBackend(EngineBackend, Backend):
+class ClusterBackend(HubShardWeights, EngineBackend, Backend):
     """Hub shards on dedicated engines; one worker task per worker engine.
 
     An async run survives a worker engine that dies: `failure()` skips it and `newly_lost()`
@@ -170,18 +169,6 @@ class ClusterBackend(EngineBackend, Backend):
                     f"run started with. Expected an engine on {where}. Add engines there, or start "
                     "the run with a worker on every host that may join.",
                     host=net.hostname, address=bound)
-
-    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
-        """The trained flat parameters and non-trainable state (from the hub shards)."""
-        return control.params()
-
-    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
-        """The hub shards' weights now, while the workers train."""
-        return control.params()
-
-    def checkpoint_state(self, control, final: bool) -> list:
-        """Every hub shard's state, for a checkpoint (nbdist.checkpoint.store)."""
-        return control.state()
 
     def hub_places(self, endpoints: list[dict]) -> list[dict]:
         """Where each hub shard runs (`run.hubs`): shard, host, engine, and how long it polls

@@ -5,16 +5,15 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-import numpy as np
-
 from nbdist.errors import ConfigError
 from nbdist.hub.server import HubSpec
+from nbdist.modes.common.hub_weights import HubShardWeights
 from nbdist.modes.common.kernel_hub import KernelHubs
 from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
 
-class LocalBackend(Backend):
+class LocalBackend(HubShardWeights, Backend):
     """Hub shards and one worker as threads in this kernel; the worker uses the kernel's own
     namespace, so the cell is not run a second time."""
 
@@ -46,16 +45,6 @@ class LocalBackend(Backend):
         """Every hub shard is a thread of this kernel (no engine)."""
         return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": None}
                 for i, ep in enumerate(endpoints)]
-
-    def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
-        return control.params()
-
-    def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
-        """The hub shards' weights now, while the worker trains."""
-        return control.params()
-
-    def checkpoint_state(self, control, final: bool) -> list:
-        return control.state()
 
     def failure(self) -> BaseException | None:
         return self._error
