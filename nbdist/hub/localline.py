@@ -40,7 +40,7 @@ def table(frames) -> bytes:
 
     Example:
         >>> table([b"ab", b"c"]).hex()
-        '030000000200000001000000'
+        '020000000200000001000000'
     """
     sizes = [memoryview(f).nbytes for f in frames]
     return struct.pack(f"<{len(sizes) + 1}I", len(sizes), *sizes)
