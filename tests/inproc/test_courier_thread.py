@@ -86,7 +86,7 @@ def test_a_second_send_before_the_reply_is_refused():
     courier = Courier(RecordingTransport(delay_s=0.05))
     try:
         courier.send(push(1))
-        with pytest.raises(AssertionError, match="one exchange at a time"):
+        with pytest.raises(RuntimeError, match="one exchange at a time"):
             courier.send(push(2))
         courier.receive()
     finally:
