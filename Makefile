@@ -28,8 +28,8 @@ $(STAMP): pyproject.toml nbdist/_kernels.c
 	$(BIN)/python -m pip uninstall -q -y tensorflow-cpu 2>/dev/null || true
 	@# the torch extra, where TORCH_INDEX is set: that CPU build of the pin first (its +cpu version wins over
 	@# PyPI's), so the extra then finds it installed; GPU nodes install the CUDA build before make
-	case ',$(EXTRAS),$(TORCH_INDEX)' in *,torch,*https*) $(BIN)/python -c 'import torch' 2>/dev/null || \
-	  $(BIN)/python -m pip install '$(TORCH_PIN)' --extra-index-url $(TORCH_INDEX);; esac
+	case ',$(EXTRAS),' in *,torch,*) [ -z '$(TORCH_INDEX)' ] || $(BIN)/python -c 'import torch' \
+	  2>/dev/null || $(BIN)/python -m pip install '$(TORCH_PIN)' --extra-index-url '$(TORCH_INDEX)';; esac
 	$(BIN)/python -m pip install -e '.[$(EXTRAS)]'
 	touch $@
 
