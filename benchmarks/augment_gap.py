@@ -11,7 +11,8 @@ What it measures
     nbdist's `seed` is the same number (its data order). Sides (`--sides` picks some):
       fit            `model.fit(batch_size=B)` in this process (the engines idle meanwhile);
       async ...      `mode="async"`, `--workers` M (default 2) x B, one update per push, so
-                     as many updates per epoch as fit: `asgd`; `asgd` with
+                     as many updates per epoch as fit: `asgd` (predicting the weights, the
+                     default), and with `predict_weights=False` (`-nopredict`); `asgd` with
                      `staleness_lr=True`; `dc-asgd-a`; `ssp` with `staleness=0` (BSP through
                      the hub: each push still applied alone); `softsync` with `n=1` (the mean
                      of M pushes as one update: the global batch is MB, 1/M of fit's
@@ -87,6 +88,8 @@ ASYNC = {"mode": "async"}  # every nbdist side but local gets workers=--workers
 SIDES = {
     "fit": Side("model.fit"),
     "asgd": Side("async asgd", options={**ASYNC, "algorithm": "asgd"}),
+    "asgd-nopredict": Side("async asgd --no-predict-weights",
+                           options={**ASYNC, "algorithm": "asgd", "predict_weights": False}),
     "asgd-slr": Side("async asgd --staleness-lr",
                      options={**ASYNC, "algorithm": "asgd", "staleness_lr": True}),
     "dc-asgd-a": Side("async dc-asgd-a", options={**ASYNC, "algorithm": "dc-asgd-a"}),
@@ -96,6 +99,9 @@ SIDES = {
     "fit-noaug": Side("model.fit, no augmentation", augment=False),
     "asgd-noaug": Side("async asgd, no augmentation", augment=False,
                        options={**ASYNC, "algorithm": "asgd"}),
+    "asgd-noaug-nopredict": Side("async asgd --no-predict-weights, no augmentation",
+                                 augment=False, options={**ASYNC, "algorithm": "asgd",
+                                                         "predict_weights": False}),
     "local": Side("local (1 worker)", options={"mode": "local"}, first_seed_only=True),
     "sync": Side("sync M x B/M", options={"mode": "sync"}, first_seed_only=True, split_batch=True),
 }

@@ -70,15 +70,17 @@ import _common  # noqa: F401 - quiets TensorFlow, puts the checkout on sys.path
 import numpy as np
 from _reproduce_report import target_of, write_report
 
-ALGORITHMS = {  # name -> nbdist.train options
-    "sgd": {"algorithm": "asgd"},  # sequential SGD: run with 1 worker
+# name -> nbdist.train options; the papers' ASGD reads w itself (nbdist predicts it by default)
+PLAIN = {"algorithm": "asgd", "predict_weights": False}
+ALGORITHMS = {
+    "sgd": PLAIN,  # sequential SGD: run with 1 worker
     "sync": {"sim_extra": "sync=1"},
-    "asgd": {"algorithm": "asgd"},
+    "asgd": PLAIN,
     "dc-asgd-c": {"algorithm": "dc-asgd"},
     "dc-asgd-a": {"algorithm": "dc-asgd-a"},
     "ddc-asgd": {"algorithm": "ddc-asgd"},
-    "dbs": {"algorithm": "asgd", "dbs": True},
-    "dbs+slr": {"algorithm": "asgd", "dbs": True, "staleness_lr": True},
+    "dbs": {**PLAIN, "dbs": True},
+    "dbs+slr": {**PLAIN, "dbs": True, "staleness_lr": True},
     "dbs+dc-asgd-a": {"algorithm": "dc-asgd-a", "dbs": True},
     "softsync-a0/tau": {"algorithm": "softsync", "n": 1, "staleness_lr": True},
     "group": {"algorithm": "group"},

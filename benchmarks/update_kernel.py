@@ -9,7 +9,9 @@ What it measures
                  stores from `kernels.STREAM_MIN` floats on;
       numpy      the NumPy fallback (`NBDIST_KERNELS=0`): the same numbers, cache-blocked.
     Then the same push with the hub applying Keras's momentum and Adam (`--optimizers`), whose
-    formulas the kernel also runs in one pass each (NumPy: 6-12 passes per cache block).
+    formulas the kernel also runs in one pass each (NumPy: 6-12 passes per cache block), and
+    the compiled push with `--predict-weights` (the last update kept, the reply `w + 1 x` it:
+    four NumPy passes more).
     Next to them, in the same run, copies of the same 4N bytes: glibc's `memcpy` (through
     ctypes), `np.copyto`, and the kernel's streaming copy (`copy_stream`, the floor for a pass
     that writes the bytes once).
@@ -59,11 +61,12 @@ def numpy_kernels():
         kernels.COMPILED = saved
 
 
-def asgd_updater(size: int, threads: int, pools: list[BlockPool], optimizer: str | None = None):
+def asgd_updater(size: int, threads: int, pools: list[BlockPool], optimizer: str | None = None,
+                 predict: bool = False):
     """The hub's updater for ASGD with plain SGD (the fused pass), or with the hub optimizer
     `optimizer` ("momentum", "adam": Keras's formulas, `--server-optimizer`)."""
     plan = Plan(num_workers=2, num_samples=1000, epochs=1, batch_size=64, lr=0.01,
-                has_validation=False, algorithm="asgd")
+                has_validation=False, algorithm="asgd", predict_weights=predict)
     spec = server_optimizer_spec(optimizer, 0.01, [size]) if optimizer else None
     updater = make_updater(plan, {}, spec, size)
     if threads > 1:
@@ -105,6 +108,14 @@ def measure(size: int, repeats: int, optimizers: list[str]) -> list[list[object]
                     u.push(0, w, g, 0, into=out)
 
             variants[f"push, {optimizer}, {kind}, 1 thread"] = optimizer_push
+        if kernels.COMPILED is not None:
+            predicting = asgd_updater(size, 1, pools, optimizer, predict=True)
+
+            def predicting_push(u=predicting):
+                u.push(0, w, g, 1)
+                u.read_ahead(w, 1.0, out)
+
+            variants[f"push, {optimizer}, compiled, --predict-weights"] = predicting_push
     best = dict.fromkeys(variants, float("inf"))
     try:
         for _ in range(repeats):

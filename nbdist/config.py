@@ -38,6 +38,9 @@ from nbdist.flags import auto_or_int, late, option
 
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
+# Rules whose push is one gradient applied as it comes, read from a buffer the hub writes: the
+# rules --predict-weights works with (DC-ASGD's compensation assumes the plain read).
+PREDICTING_RULES = ("asgd", "ssp")
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 
@@ -91,6 +94,11 @@ class TrainConfig:
                                 shown_default="the rule's own")
     staleness_lr: bool = option(False, "divide the learning rate by each push's delay", RULED,
                                 switch=True)
+    predict_weights: bool | None = option(
+        None, "workers compute each gradient at the weights predicted for when it lands, "
+        "w + d x (the hub's last update) with d their recent delay, so that staleness under a "
+        "momentum optimizer (Adam) costs as little as possible", RULED, negatable=True,
+        shown_default="on with asgd and ssp, off otherwise")
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", RULED, type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", RULED, type=int,
@@ -275,11 +283,33 @@ class TrainConfig:
         if self.overlap and self.local_steps > 1:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
                               "hide communication.")
+        self._check_prediction(algo)
         from nbdist.algorithms import make_rule  # pure NumPy; checks option names and values
 
         # bounds that depend on the number of workers (softsync's n, group's num_groups) are
         # checked again in nbdist.api once it is known, before any engine is used
         make_rule(algo, 0, self.workers or MAX_WORKERS, self.rule_options())
+
+    def _check_prediction(self, algo: str) -> None:
+        if self.predict_weights not in (None, True, False):
+            raise ConfigError(f"predict_weights must be True, False or None (automatic) "
+                              f"(Received: {self.predict_weights!r}).")
+        if self.predict_weights and (algo not in PREDICTING_RULES or self.local_steps > 1
+                                     or self.mode.value not in RULED):
+            raise ConfigError(
+                f"--predict-weights works with --algorithm {' or '.join(PREDICTING_RULES)}, one "
+                f"step per exchange, in the modes {', '.join(RULED)} (Received: --mode "
+                f"{self.mode.value}, --algorithm {algo}, --local-steps {self.local_steps}). "
+                "Drop --predict-weights, or pick one of those.")
+
+    @property
+    def weights_predicted(self) -> bool:
+        """Whether workers read predicted weights: --predict-weights, or by default wherever
+        it works (asgd and ssp, one step per exchange, a mode with an update rule)."""
+        if self.predict_weights is not None:
+            return self.predict_weights
+        return (self.algorithm.value in PREDICTING_RULES and self.local_steps == 1
+                and self.mode.value in RULED)
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint_dir is not None:

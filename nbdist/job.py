@@ -118,8 +118,11 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
 
     keras_backend = kernel_backend(config.mode.value)  # refuses a mode the backend cannot run
     contents = inspect_cell(cell, ns, config, **found)
-    contents = replace(contents, notes=[*contents.notes, f"Keras backend: {keras_backend} (the "
-                                        "kernel's; every worker runs the cell on it)"])
+    notes = [f"Keras backend: {keras_backend} (the kernel's; every worker runs the cell on it)"]
+    if config.weights_predicted and (config.mode.value != "local" or config.overlap):
+        notes.append("--predict-weights: a worker computes its gradient at w + d x (the hub's "
+                     "last update), d its recent delay (--no-predict-weights: at w itself)")
+    contents = replace(contents, notes=[*contents.notes, *notes])
     if fit is not None and contents.batch_hint and "batch_size" not in fit.call.given \
             and fit.batch == fit.call.batch and config.batch_size == fit.batch:
         # fit(dataset): the dataset's own batches are the model's batch, as in Keras
@@ -210,6 +213,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         dbs=config.dbs, batch_min=config.batch_min or max(1, config.batch_size // 4),
         batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
+        predict_weights=config.weights_predicted,
         metrics=config.metrics.value, lr_owner=lr_owner(config), pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs

@@ -28,6 +28,7 @@ class Plan:
     batch_max: int | None = None
     slowdown: list[float] = field(default_factory=list)
     staleness_lr: bool = False
+    predict_weights: bool = False  # pulls carry w + d x (last update), d the worker's delay
     metrics: str = "full"  # "minimal": counters only, no history rows or timeline
     # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the

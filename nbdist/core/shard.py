@@ -53,6 +53,20 @@ def admit(num_workers: int, worker: int) -> int:
     return num_workers + 1
 
 
+def expected_delay(recent: list[int] | tuple, num_workers: int) -> float:
+    """How many updates a worker's next push will land after its read: the median of its last
+    three delays (one long wait, an evaluation say, does not move it), at most 2M - 1 (an
+    overlapped push reads one exchange earlier). No delay seen yet: 0, a plain read.
+
+    Example:
+        >>> expected_delay([1, 1, 30], 2), expected_delay([2, 4], 4), expected_delay([], 2)
+        (1.0, 3.0, 0.0)
+    """
+    if not recent:
+        return 0.0
+    return float(min(np.median(recent), 2 * num_workers - 1))
+
+
 class ShardCore:
     """One shard: parameters, version, rule + optimizer, barrier, coordinator (shard 0).
 
@@ -91,6 +105,7 @@ class ShardCore:
         self.version = 0
         self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
         self.reads: dict[int, list[int]] = {}  # worker -> the versions its last two pulls read
+        self.delays: dict[int, list[int]] = {}  # worker -> its last 3 delays (--predict-weights)
         # worker -> (driver's token, pull) of a held reply
         self.held: dict[int, tuple[object, bool]] = {}
         # pushes' bookkeeping, done after their replies (`settle`)
@@ -106,6 +121,7 @@ class ShardCore:
         if self.coordinator is not None:
             self.coordinator.hello(hello)
         self.reads.pop(worker, None)  # a fresh start (or a rejoin): it reads on its reply
+        self.delays.pop(worker, None)
         self.heard(worker)
 
     def heard(self, worker: int) -> None:
@@ -141,6 +157,10 @@ class ShardCore:
             return False
         delay = self.version - read
         copied = self._apply(worker, grad, delay, into=into, norm=step.norm)
+        if self.plan.predict_weights:
+            recent = self.delays.setdefault(worker, [])
+            recent.append(delay)
+            del recent[:-3]
         if self.coordinator is not None:
             now = self.now()
             self._unsettled.append((step, self.coordinator.complete(step, now), delay, now))
@@ -222,6 +242,13 @@ class ShardCore:
             self.updater.rule.on_pull(worker, self.params, self.version)
         return reply
 
+    def read_into(self, worker: int, out: np.ndarray, plain: bool = False) -> None:
+        """What `worker` reads, written into `out`: the weights, or with --predict-weights the
+        weights predicted for when its next push lands (`plain`: the weights themselves, for
+        an evaluation)."""
+        steps = 0.0 if plain else expected_delay(self.delays.get(worker, ()), self.num_workers)
+        self.updater.read_ahead(self.params, steps, out)
+
     def release(self) -> Iterator[tuple[int, object, bool, Reply]]:
         """Held replies that may go now, as (worker, token, pull, reply), by worker id; the
         driver acts on each (which may change what the next can have) before the next."""
@@ -243,6 +270,7 @@ class ShardCore:
         self.settle()
         self.held.pop(worker, None)
         self.reads.pop(worker, None)
+        self.delays.pop(worker, None)
         self.updater.rule.forget(worker)
         if self.barrier is not None:
             for step in self.barrier.drop(worker):

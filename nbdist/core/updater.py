@@ -10,6 +10,8 @@ per shard and its learning-rate schedule evaluated at the shard's number of appl
     w ← optimizer.apply(w, g', lr(step) · s)           # clipping and weight decay as Keras does
 
 `scale` is `1 / max(1, τ)` with `--staleness-lr`, and `B_g / B_ref` for a group's step.
+With `--predict-weights` the updater also keeps the last update `Δ = w_after − w_before`, and a
+worker reads `w + d·Δ` (`read_ahead`): where `w` will be when its push lands, d updates later.
 After every update that changed `w` (the optimizer's step, a group step, a local-steps delta,
 an EASGD elastic sum), the model's Keras constraints (`nbdist.algorithms.constraints`: MaxNorm,
 NonNeg, ...) are applied to the variables they constrain, as `optimizer.apply` ends.
@@ -86,7 +88,7 @@ class Updater:
     """
 
     def __init__(self, rule: Rule, spec: dict | None, offset: int = 0, staleness_lr: bool = False,
-                 constraints: list[dict] | tuple = ()):
+                 constraints: list[dict] | tuple = (), predict: bool = False):
         from nbdist.algorithms.optimizers import HubOptimizer
 
         self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
@@ -95,6 +97,9 @@ class Updater:
         self.fused = spec is None or plain_sgd(spec)
         self._run: Runner = run_serial
         self._ranges: list[tuple[int, int]] = [(0, rule.size)]
+        # --predict-weights: the last update, and the weights before it while it is applied
+        self.last_step = np.zeros(rule.size, np.float32) if predict else None
+        self._before = np.empty(rule.size, np.float32) if predict else None
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -129,15 +134,44 @@ class Updater:
         """Apply one push read `delay` versions ago; returns (w changed, `into` holds the new w)."""
         if self.staleness_lr:
             scale /= max(1, delay)
+        if self._before is not None:  # the reply is written once the update is known
+            into = None
+            np.copyto(self._before, w)
         changed, copied = self._update(worker, w, g, delay, scale, into, global_norm)
         # as Keras's apply ends; `into` then gets those parts again
         if changed and self.constraints:
             self.constraints.apply(w, into if copied else None)
+        if changed and self.last_step is not None:
+            np.subtract(w, self._before, out=self.last_step)
         if into is not None and changed and not copied:
             stream = into.size >= STREAM_MIN  # a reply past the cache: streaming stores
             self._run(lambda lo, hi: copy_out(into[lo:hi], w[lo:hi], stream), self._ranges)
             copied = True
         return changed, copied
+
+    def read_ahead(self, w: np.ndarray, steps: float, out: np.ndarray) -> None:
+        """`out = w + steps · Δ`, Δ the last update: the weights `steps` updates from now if
+        they move as the last one did (a momentum optimizer's steps change slowly). Without
+        --predict-weights, or for `steps` = 0, `out = w`.
+
+        Example:
+            >>> from nbdist.algorithms import make_rule
+            >>> from nbdist.algorithms.optimizers import server_optimizer_spec
+            >>> sgd = server_optimizer_spec("sgd", 0.5, [2])
+            >>> up = Updater(make_rule("asgd", 2, 2), sgd, predict=True)
+            >>> w, out = np.zeros(2, np.float32), np.empty(2, np.float32)
+            >>> _ = up.push(0, w, np.array([1, -2], np.float32), delay=0)
+            >>> up.read_ahead(w, 1.0, out); w.tolist(), out.tolist()
+            ([-0.5, 1.0], [-1.0, 2.0])
+        """
+        if self.last_step is None or steps <= 0:
+            np.copyto(out, w)
+            return
+        if steps == 1:  # two workers' usual delay: one pass
+            np.add(w, self.last_step, out=out)
+            return
+        np.multiply(self.last_step, np.float32(steps), out=out)
+        out += w
 
     def _update(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int, scale: float,
                 into: np.ndarray | None, global_norm: float | None) -> tuple[bool, bool]:
@@ -162,8 +196,9 @@ class Updater:
     @property
     def state_nbytes(self) -> int:
         """Bytes the rule and the optimizer hold beyond the parameters."""
-        return self.rule.state_nbytes + (self.optimizer.state_nbytes
-                                         if self.optimizer is not None else 0)
+        predicting = 2 * self.last_step.nbytes if self.last_step is not None else 0
+        return self.rule.state_nbytes + predicting + (self.optimizer.state_nbytes
+                                                      if self.optimizer is not None else 0)
 
 
 def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, offset: int = 0,
@@ -178,4 +213,5 @@ def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, of
     rule.reads_kept = 2 if getattr(plan, "overlap", False) else 1
     if optimizer is None:
         optimizer = server_optimizer_spec("sgd", plan.lr, [offset + size])
-    return Updater(rule, optimizer, offset, plan.staleness_lr, constraints)
+    return Updater(rule, optimizer, offset, plan.staleness_lr, constraints,
+                   predict=getattr(plan, "predict_weights", False))

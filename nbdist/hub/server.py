@@ -336,8 +336,8 @@ class Hub:
         if pull:
             link, params = self.links[worker], self.core.params
             target = self._reply_buffer(link)
-            if target is not None and not copied:
-                np.copyto(target, params)
+            if target is not None and not copied:  # an evaluation reads the weights themselves
+                self.core.read_into(worker, target, plain=reply.eval is not None)
             if link.params is not None:  # same host: parameters go through shared memory
                 reply.params = "shm" if target is not None else "live"  # live: no lock
                 reply.seg = link.segment.name

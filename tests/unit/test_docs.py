@@ -166,7 +166,8 @@ def test_every_flag_the_docs_give_a_magic_is_one_it_takes():
 
     from nbdist.flags import distribute_flags, misplaced, nbdist_flags
 
-    distribute = {s for f in distribute_flags() for s in f.spelling} | {"--no-sync-batchnorm"}
+    distribute = {s for f in distribute_flags() for s in f.spelling}
+    distribute |= {"--no-" + f.spelling[-1][2:] for f in distribute_flags() if f.negatable}
     nbdist = {s for f in nbdist_flags() for s in f.spelling}
     known, wrong = distribute | nbdist | _other_flags(), []
     for page in PAGES[:-1]:  # the benchmarks' README is about their own flags

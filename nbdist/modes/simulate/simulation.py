@@ -197,7 +197,7 @@ class Simulation:
         self.idle.discard(w)
         v = self.workers[w]
         if pull:
-            np.copyto(v.params, self.core.params)
+            self.core.read_into(w, v.params, plain=work.eval is not None)
             np.copyto(v.nt, self.core.non_trainable)
         if work.eval:
             metrics = self._evaluate_on(v.params, v.nt)
