@@ -86,7 +86,8 @@ def train(arrays, optimizer: str, delay: int, predict: bool, seed: int) -> float
             weights = past[read]
             if predict and read >= 1:
                 lag = len(past) - 1 - read
-                weights = [w + lag * (w - b) for w, b in zip(past[read], past[read - 1], strict=True)]
+                weights = [w + lag * (w - b)
+                           for w, b in zip(past[read], past[read - 1], strict=True)]
             for variable, value in zip(shadow.trainable_variables, weights, strict=True):
                 variable.assign(value)
             opt.apply(gradient(x[batch], y[batch]), model.trainable_variables)
