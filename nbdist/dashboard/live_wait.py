@@ -31,12 +31,14 @@ propagates, as `Run.wait` does.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import inspect
 import logging
+import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -140,26 +142,40 @@ class ShellInbox:
         if not self.socket.poll(int(timeout_s * 1000), zmq.POLLIN):
             return
         while True:
-            try:
-                frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
-            except zmq.Again:
-                return
-            if self.live and self._msg_type(frames) in COMM_TYPES:
+            with _ctrl_c_deferred():  # a request read off the socket is kept before Ctrl-C acts
+                try:
+                    frames = self.socket.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    return
+                comm = self.live and self._msg_type(frames) in COMM_TYPES
+                if not comm:
+                    self.kept.append(frames)
+            if comm:
                 try:
                     self._dispatch(frames)
                 except Exception as exc:  # noqa: BLE001 - a kernel unlike 7.4 inside: stop trying
                     self.live = False
                     log.warning("a widget message could not be handled during the wait (%r); it "
                                 "is dropped, and the next ones wait for the end of the cell", exc)
-            else:
-                self.kept.append(frames)
 
     def release(self) -> None:
         """Hand the kept requests to the kernel's loop, in order: each waits there for the
-        main shell's lock (held by this cell), as if the loop had read it itself."""
-        kept, self.kept = self.kept, []
-        for frames in kept:
-            self.kernel.io_loop.add_callback(self.kernel.shell_main, None, frames)
+        main shell's lock (held by this cell), as if the loop had read it itself. What is
+        still on the socket (a Ctrl-C that ended the wait in its poll) is taken first: the
+        loop's reader is woken only when a message reaches an empty socket (ZeroMQ's
+        descriptor is edge-triggered, and the poll consumed the edge), so a message left
+        there would keep the kernel from ever reading the shell again."""
+        import zmq
+
+        with _ctrl_c_deferred():
+            while True:
+                try:
+                    self.kept.append(self.socket.recv_multipart(zmq.NOBLOCK, copy=False))
+                except zmq.Again:
+                    break
+            kept, self.kept = self.kept, []
+            for frames in kept:
+                self.kernel.io_loop.add_callback(self.kernel.shell_main, None, frames)
 
     def _msg_type(self, frames: list) -> str | None:
         """The message's type from its signed header (the signature is checked, the content
@@ -189,6 +205,23 @@ class ShellInbox:
             kernel.io_loop.add_callback(_finish, coro, waiting, context)
         finally:
             kernel.set_parent(ident, parent, channel="shell")
+
+
+@contextlib.contextmanager
+def _ctrl_c_deferred() -> Iterator[None]:
+    """Ctrl-C during the block acts at its end. A Ctrl-C that landed between reading a request
+    and keeping it lost the request: the kernel then never answered it (1 run in 3 of
+    tests/e2e/test_live_wait.py's Ctrl-C test, which sends a cell and then interrupts)."""
+    caught: list[tuple] = []
+    previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if caught and callable(previous):
+            previous(*caught[0])
+        elif caught and previous == signal.SIG_DFL:
+            raise KeyboardInterrupt
 
 
 async def _finish(coro, waiting, context: contextvars.Context) -> None:
