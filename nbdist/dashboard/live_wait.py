@@ -209,9 +209,9 @@ class ShellInbox:
 
 @contextlib.contextmanager
 def _ctrl_c_deferred() -> Iterator[None]:
-    """Ctrl-C during the block acts at its end. A Ctrl-C that landed between reading a request
-    and keeping it lost the request: the kernel then never answered it (1 run in 3 of
-    tests/e2e/test_live_wait.py's Ctrl-C test, which sends a cell and then interrupts)."""
+    """Ctrl-C during the block acts at its end, so a request read off the socket is always
+    kept (a Ctrl-C between reading and keeping it would lose it: never answered). Main
+    thread only, as `signal.signal` requires (the inbox is attached there only)."""
     caught: list[tuple] = []
     previous = signal.signal(signal.SIGINT, lambda *args: caught.append(args))
     try:
