@@ -294,8 +294,7 @@ class TrainConfig:
         if self.predict_weights not in (None, True, False):
             raise ConfigError(f"predict_weights must be True, False or None (automatic) "
                               f"(Received: {self.predict_weights!r}).")
-        if self.predict_weights and (algo not in PREDICTING_RULES or self.local_steps > 1
-                                     or self.mode.value not in RULED):
+        if self.predict_weights and not self._prediction_works:
             raise ConfigError(
                 f"--predict-weights works with --algorithm {' or '.join(PREDICTING_RULES)}, one "
                 f"step per exchange, in the modes {', '.join(RULED)} (Received: --mode "
@@ -306,8 +305,10 @@ class TrainConfig:
     def weights_predicted(self) -> bool:
         """Whether workers read predicted weights: --predict-weights, or by default wherever
         it works (asgd and ssp, one step per exchange, a mode with an update rule)."""
-        if self.predict_weights is not None:
-            return self.predict_weights
+        return self._prediction_works if self.predict_weights is None else self.predict_weights
+
+    @property
+    def _prediction_works(self) -> bool:
         return (self.algorithm.value in PREDICTING_RULES and self.local_steps == 1
                 and self.mode.value in RULED)
 
