@@ -15,6 +15,7 @@ import os
 from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError, ConfigError
 from nbdist.flags import check_option_names
+from nbdist.modes import check_cluster, mode_spec, start_function
 from nbdist.run.handle import Run
 
 
@@ -90,7 +91,8 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     saved = {k: v for k, v in ckpt.meta["config"].items() if k in known and k not in RESUME_DROPPED}
     shard0 = ckpt.meta["shards"][0]
-    if saved.get("mode") == "sync" or int(saved.get("local_steps", 1)) > 1:
+    if (mode_spec(saved.get("mode", "async")).lr_owner == "workers"
+            or int(saved.get("local_steps", 1)) > 1):
         saved["lr"] = shard0["lr"]  # the live rate of the ranks or the local-step workers
     # (the hub optimizer's live rate, a set_lr included, comes back with its saved state)
     # rule options changed from their defaults (given, or set live) carry over; defaults that
@@ -138,7 +140,6 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     from nbdist.env import check_all as check_switches
     from nbdist.fit.launch import FitLauncher, Presenter
     from nbdist.job import prepare_job
-    from nbdist.modes import check_cluster, mode_entry, start_function
 
     check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
@@ -147,7 +148,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter,
                            start_function(config.mode))
     # --seed also fixes the cell's initial weights (simulate), as soon as the cell imports Keras
-    seed = mode_entry(config.mode).seeds_cell
+    seed = mode_spec(config.mode).seeds_cell
     with fit_intercepted(launcher.on_fit), \
             when_imported(lambda keras: seed and keras.utils.set_random_seed(config.seed)):
         exec(compile_cell(cell), ns)  # noqa: S102 - the user's own cell

@@ -1,6 +1,6 @@
 """The choices of a run's options: each enum a flag takes (plain strings, so `--mode async`,
-`mode="async"` and `Mode.ASYNC` are the same thing), and the groups of modes a flag applies
-to. `nbdist.config` validates with them and re-exports them.
+`mode="async"` and `Mode.ASYNC` are the same thing). `nbdist.config` validates with them and
+re-exports them. Which modes take which flag is each mode's spec (`nbdist.modes.MODES`).
 """
 
 from __future__ import annotations
@@ -81,14 +81,6 @@ class Compression(enum.StrEnum):
     NONE = "none"  # float32
     # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
     FP16 = "fp16"
-
-
-# The modes a flag applies to (nbdist.flags.Flag.modes)
-ASYNC, SYNC, LOCAL, SIMULATE, PIPELINE = (m.value for m in Mode)
-HUBS = (ASYNC, LOCAL)  # parameter-server shards and workers that exchange with them
-RULED = (ASYNC, LOCAL, SIMULATE)  # an update rule applies each push
-COORDINATED = (ASYNC, SYNC, LOCAL, SIMULATE)  # the coordinator sizes batches and records pushes
-CHECKPOINTED = (ASYNC, SYNC, LOCAL)
 
 
 def choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:

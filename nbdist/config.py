@@ -13,15 +13,6 @@ import math
 import os
 
 from nbdist.choices import (  # also re-exported: nbdist.config is where callers find them
-    ASYNC,
-    CHECKPOINTED,
-    COORDINATED,
-    HUBS,
-    LOCAL,
-    PIPELINE,
-    RULED,
-    SIMULATE,
-    SYNC,
     Algorithm,
     Compression,
     Metrics,
@@ -32,9 +23,10 @@ from nbdist.choices import (  # also re-exported: nbdist.config is where callers
     Transport,
 )
 from nbdist.choices import choice as _choice
+from nbdist.declarations import auto_or_int, late, option
 from nbdist.errors import ConfigError
 from nbdist.flag_values import parse_names, parse_options, parse_size, parse_slowdown
-from nbdist.flags import auto_or_int, late, option
+from nbdist.modes import mode_spec, modes_taking, refuse_flags
 
 # Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
 LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
@@ -59,11 +51,12 @@ class TrainConfig:
         "Horovod allreduce between the cluster's engines; local, in this kernel; simulate, "
         "virtual workers on a virtual clock, in this kernel; pipeline, the model cut into stages, "
         "one engine each", choices=Mode)
-    algorithm: Algorithm = option(Algorithm.ASGD, "update rule the hub applies to each push", RULED,
+    algorithm: Algorithm = option(Algorithm.ASGD, "update rule the hub applies to each push",
                                   choices=Algorithm)
-    workers: int | None = option(None, "number of workers", (ASYNC, SYNC, SIMULATE), type=int,
-                                 shown_default="every free engine; simulate: one per --slowdown")
-    servers: int = option(1, "parameter shards, one hub engine each", HUBS, type=int)
+    workers: int | None = option(
+        None, "number of workers", type=int,
+        shown_default="every free engine; local: 1; simulate: one per --slowdown")
+    servers: int = option(1, "parameter shards, one hub engine each", type=int)
     epochs: int = option(1, "passes over the data", type=int)
     batch_size: int = option(32, "samples per worker step (pipeline: per mini-batch)", type=int)
     lr: float | None = option(None, "learning rate", type=float,
@@ -82,76 +75,76 @@ class TrainConfig:
                        type=int)
     transport: Transport = option(
         Transport.AUTO, "how parameters and gradients travel: auto, shared memory on the same "
-        "host and TCP across hosts; tcp; shm, same host only", (ASYNC, LOCAL, PIPELINE),
+        "host and TCP across hosts; tcp; shm, same host only",
         choices=Transport)
     compression: Compression = option(
         Compression.NONE, "fp16: parameters and gradients cross the network as float16, half "
-        "the bytes (the hub keeps float32)", (ASYNC, SYNC), choices=Compression)
+        "the bytes (the hub keeps float32)", choices=Compression)
     timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run "
-                            "fails", (ASYNC, SYNC, LOCAL, PIPELINE), type=float)
+                            "fails", type=float)
     algo_options: dict = option({}, "the rule's hyper-parameters, e.g. lambda0=2,momentum=0.9",
-                                RULED, flag="--algo-opt", metavar="NAME=X",
+                                flag="--algo-opt", metavar="NAME=X",
                                 shown_default="the rule's own")
-    staleness_lr: bool = option(False, "divide the learning rate by each push's delay", RULED,
+    staleness_lr: bool = option(False, "divide the learning rate by each push's delay",
                                 switch=True)
     predict_weights: bool | None = option(
         None, "workers compute each gradient at the weights predicted for when it lands, "
         "w + d x (the hub's last update) with d their recent delay, so that staleness under a "
-        "momentum optimizer (Adam) costs as little as possible", RULED, negatable=True,
+        "momentum optimizer (Adam) costs as little as possible", negatable=True,
         shown_default="on with asgd and ssp, off otherwise")
-    staleness: int | None = option(None, "ssp: clocks a worker may run ahead", RULED, type=int,
+    staleness: int | None = option(None, "ssp: clocks a worker may run ahead", type=int,
                                    shown_default="the rule's own")
-    n: int | None = option(None, "softsync: apply the mean of every M//n pushes", RULED, type=int,
+    n: int | None = option(None, "softsync: apply the mean of every M//n pushes", type=int,
                            shown_default="the rule's own")
     groups: int | str = option("auto", "group: a number of groups, or auto (from measured "
-                               "speeds)", RULED, type=auto_or_int, metavar="auto|N")
-    local_steps: int = option(1, "steps with the cell's optimizer per exchange", HUBS, type=int)
+                               "speeds)", type=auto_or_int, metavar="auto|N")
+    local_steps: int = option(1, "steps with the cell's optimizer per exchange", type=int)
     server_optimizer: ServerOptimizer | None = option(
         None, "the hub's optimizer instead of the cell's (with --local-steps, SGD at rate 1 on "
-        "the deltas unless given)", RULED, choices=ServerOptimizer, shown_default="the cell's")
-    overlap: bool = option(False, "push step t while computing step t+1", HUBS, switch=True)
+        "the deltas unless given)", choices=ServerOptimizer, shown_default="the cell's")
+    overlap: bool = option(False, "push step t while computing step t+1", switch=True)
     # pin: off until measured faster (benchmarks/overhead.py --pin both)
     pin: Pin = option(Pin.OFF, "auto: one core per hub shard, the rest split between the "
-                      "workers on each host; off: the OS places every thread", (ASYNC, SYNC),
+                      "workers on each host; off: the OS places every thread",
                       choices=Pin)
     spin: Spin = option(Spin.AUTO, "auto: a hub shard with a core of its own, and its workers "
                         "on the same host, poll for messages instead of sleeping; off: they "
-                        "sleep", (ASYNC,), choices=Spin)
-    dbs: bool = option(False, "batch sizes in proportion to measured speed", COORDINATED,
+                        "sleep", choices=Spin)
+    dbs: bool = option(False, "batch sizes in proportion to measured speed",
                        switch=True)
-    batch_min: int | None = option(None, "DBS floor", COORDINATED, type=int,
+    batch_min: int | None = option(None, "DBS floor", type=int,
                                    shown_default="batch-size // 4")
-    batch_max: int | None = option(None, "DBS ceiling", COORDINATED, type=int,
+    batch_max: int | None = option(None, "DBS ceiling", type=int,
                                    shown_default="workers x batch-size")
     slowdown: tuple[float, ...] | None = option(None, "per-worker slow-down factors, e.g. 1,2,4",
-                                                COORDINATED, shown_default="none")
+                                                shown_default="none")
     metrics: Metrics = option(Metrics.FULL, "full: history row, timeline row and delay "
-                              "statistics per push; minimal: counters only", COORDINATED,
+                              "statistics per push; minimal: counters only",
                               choices=Metrics)
     pause_at: int | None = option(
         None, "pause once the hub has counted N steps (run.stats['global_step']), as "
         "run.pause() would, to look at a run at a known step; run.resume() goes on. 0: start "
-        "paused", COORDINATED, type=int, metavar="N", shown_default="never")
+        "paused", type=int, metavar="N", shown_default="never")
     elastic: bool = option(False, "engines that join the cluster while the run trains become "
-                           "workers", (ASYNC,), switch=True)
+                           "workers", switch=True)
     checkpoint_dir: str | None = option(None, "folder for checkpoints of the run's state",
-                                        CHECKPOINTED, metavar="FOLDER")
+                                        metavar="FOLDER")
     checkpoint_every: float | None = option(
-        None, "seconds between checkpoints", CHECKPOINTED, type=float,
+        None, "seconds between checkpoints", type=float,
         shown_default=f"{CHECKPOINT_EVERY_S:g} with --checkpoint-dir")
-    sim: dict = option({}, "the virtual clock: name=number pairs", (SIMULATE,), metavar="NAME=X",
+    sim: dict = option({}, "the virtual clock: name=number pairs", metavar="NAME=X",
                        shown_default=late("nbdist.core.simclock", "sim_defaults"))
     # off: with it, no gain beyond the seeds' spread in accuracy on a BatchNorm CNN, and 30-40%
     # more time per step (an allreduce per BatchNorm layer each way; benchmarks/sync_batchnorm.py)
     sync_batchnorm: bool = option(False, "BatchNorm statistics over the global batch, allreduced "
-                                  "in the forward pass", (SYNC,), negatable=True)
-    stages: int = option(2, "stages, one engine each", (PIPELINE,), type=int)
+                                  "in the forward pass", negatable=True)
+    stages: int = option(2, "stages, one engine each", type=int)
     micro_batches: int = option(4, "micro-batches per mini-batch; must divide --batch-size",
-                                (PIPELINE,), type=int)
+                                type=int)
     partition: str = option("optimal", "how layers are cut into stages, from their measured "
-                            "costs", (PIPELINE,), choices=late("nbdist.core.partition", "METHODS"))
+                            "costs", choices=late("nbdist.core.partition", "METHODS"))
     schedule: str = option("gpipe", "gpipe: all forwards, then all backwards; 1f1b: one forward "
-                           "and one backward in turn", (PIPELINE,),
+                           "and one backward in turn",
                            choices=late("nbdist.core.partition", "SCHEDULES"))
 
     def __post_init__(self) -> None:
@@ -194,32 +187,14 @@ class TrainConfig:
                 math.isfinite(self.timeout) and self.timeout > 0):
             raise ConfigError(f"--timeout must be a positive finite number of seconds (Received: "
                               f"{self.timeout!r}). Example: --timeout 120.")
-        self._check_algorithm_options()
-        self._check_checkpoints()
-        if self.mode is Mode.SYNC and (self.servers != 1 or self.algorithm is not Algorithm.ASGD
-                                       or self.local_steps != 1 or self.overlap):
-            raise ConfigError(
-                f"--mode sync averages gradients with Horovod allreduce: it has no parameter "
-                f"server, so --servers, --algorithm, --local-steps and --overlap do not apply "
-                f"(Received: --servers {self.servers}, --algorithm {self.algorithm.value}, "
-                f"--local-steps {self.local_steps}, --overlap {self.overlap}). Drop them, or use "
-                "--mode async."
-            )
         if self.sync_batchnorm is None:  # as checkpoints before 0.1.0's declarations saved "off"
             set_(self, "sync_batchnorm", False)
-        if not isinstance(self.sync_batchnorm, bool):
-            raise ConfigError(f"sync_batchnorm must be True or False (Received: "
-                              f"{self.sync_batchnorm!r}).")
-        if self.sync_batchnorm and self.mode is not Mode.SYNC:
-            raise ConfigError(
-                f"--sync-batchnorm allreduces BatchNorm statistics between Horovod ranks, so it "
-                f"needs --mode sync (Received: --mode {self.mode.value}). In the other modes each "
-                "worker's step is already a whole batch: drop --sync-batchnorm.")
-        if self.elastic is not False and (self.elastic is not True or self.mode is not Mode.ASYNC):
-            raise ConfigError(
-                f"--elastic takes engines that join the cluster into an async run (Received: "
-                f"elastic={self.elastic!r}, --mode {self.mode.value}). Use it with --mode async, "
-                "or drop it: sync, local and simulated runs keep the workers they start with.")
+        for flag, value in (("sync_batchnorm", self.sync_batchnorm), ("elastic", self.elastic)):
+            if not isinstance(value, bool):
+                raise ConfigError(f"{flag} must be True or False (Received: {flag}={value!r}).")
+        refuse_flags(self.mode, self._given())  # an option the mode does not take (nbdist.modes)
+        self._check_algorithm_options()
+        self._check_checkpoints()
         if self.mode is Mode.LOCAL and (self.workers or 1) != 1:
             raise ConfigError(
                 f"--mode local trains with one worker inside this kernel (Received: --workers "
@@ -233,26 +208,36 @@ class TrainConfig:
 
             check_pipeline_options(
                 stages=self.stages, micro_batches=self.micro_batches, method=self.partition,
-                kind=self.schedule, batch_size=self.batch_size,
-                unsupported={"--servers": self.servers != 1,
-                             "--algorithm": self.algorithm is not Algorithm.ASGD,
-                             "--local-steps": self.local_steps != 1, "--overlap": self.overlap,
-                             "--dbs": self.dbs, "--workers": self.workers is not None,
-                             "--checkpoint-dir": self.checkpoint_dir is not None,
-                             "--pause-at": self.pause_at is not None})
+                kind=self.schedule, batch_size=self.batch_size)
+
+    def _given(self) -> list[tuple[str, str, str]]:
+        """(option, its flag, its value as written) for each option away from its default."""
+        given = []
+        for field in dataclasses.fields(self):
+            default = (field.default_factory() if field.default is dataclasses.MISSING
+                       else field.default)
+            value = getattr(self, field.name)
+            if value != default:
+                declared = field.metadata["flag"]
+                flag = declared.get("flag") or "--" + field.name.replace("_", "-")
+                if isinstance(value, bool):  # a switch: --overlap, --no-predict-weights
+                    flag, shown = (flag if value else f"--no-{flag[2:]}"), ""
+                else:
+                    shown = ",".join(map(str, value)) if isinstance(value, tuple) else (
+                        ",".join(f"{k}={v:g}" for k, v in value.items())
+                        if isinstance(value, dict) else str(getattr(value, "value", value)))
+                given.append((field.name, flag, shown))
+        return given
 
     def _check_simulate(self) -> None:
         if self.workers is None and self.slowdown is None:
             raise ConfigError("--mode simulate needs the number of virtual workers: pass "
                               "--workers N (or --slowdown with one factor per worker).")
-        unsupported = {"--servers": self.servers != 1, "--local-steps": self.local_steps != 1,
-                       "--overlap": self.overlap,
-                       "--algorithm easgd": self.algorithm is Algorithm.EASGD}
-        if any(unsupported.values()):
+        if self.algorithm is Algorithm.EASGD:
             raise ConfigError(
-                f"--mode simulate runs one parameter vector with one gradient step per push, so "
-                f"{', '.join(k for k, v in unsupported.items() if v)} does not apply. Drop it, or "
-                "use --mode async with a cluster.")
+                "--mode simulate runs one parameter vector with one gradient step per push, so "
+                "--algorithm easgd (an elastic pull between the workers' own copies) does not "
+                "apply. Pick another --algorithm, or use --mode async with a cluster.")
         if self.sim.get("sync") and self.algorithm is not Algorithm.ASGD:
             raise ConfigError(f"--sim sync=1 simulates --mode sync (one mean gradient per step), "
                               f"which has no --algorithm (Received: {self.algorithm.value}). "
@@ -295,9 +280,10 @@ class TrainConfig:
             raise ConfigError(f"predict_weights must be True, False or None (automatic) "
                               f"(Received: {self.predict_weights!r}).")
         if self.predict_weights and not self._prediction_works:
+            modes = ", ".join(modes_taking("predict_weights"))
             raise ConfigError(
                 f"--predict-weights works with --algorithm {' or '.join(PREDICTING_RULES)}, one "
-                f"step per exchange, in the modes {', '.join(RULED)} (Received: --mode "
+                f"step per exchange, in the modes {modes} (Received: --mode "
                 f"{self.mode.value}, --algorithm {algo}, --local-steps {self.local_steps}). "
                 "Drop --predict-weights, or pick one of those.")
 
@@ -310,7 +296,7 @@ class TrainConfig:
     @property
     def _prediction_works(self) -> bool:
         return (self.algorithm.value in PREDICTING_RULES and self.local_steps == 1
-                and self.mode.value in RULED)
+                and self.mode.value in modes_taking("predict_weights"))
 
     def _check_checkpoints(self) -> None:
         if self.checkpoint_dir is not None:
@@ -329,6 +315,15 @@ class TrainConfig:
                 raise ConfigError("--checkpoint-every needs --checkpoint-dir: say where the "
                                   "checkpoints go, e.g. --checkpoint-dir ckpt "
                                   "--checkpoint-every 60.")
+
+    @property
+    def lr_owner(self) -> str:
+        """Who applies the learning rate: "workers" where each applies the cell's own
+        optimizer (the mode's spec says so for sync ranks and pipeline stages; in the hub modes,
+        --local-steps workers and easgd's), else "hub", the hub's optimizer."""
+        workers = (mode_spec(self.mode).lr_owner == "workers" or self.local_steps > 1
+                   or self.algorithm is Algorithm.EASGD)
+        return "workers" if workers else "hub"
 
     @property
     def batchnorm_synced(self) -> bool:

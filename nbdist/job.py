@@ -41,7 +41,7 @@ class Job:
     optimizer: dict | None  # what the hubs apply; None where the workers keep the cell's
     # the Keras constraints the hubs apply after each update (nbdist.algorithms.constraints)
     constraints: list[dict]
-    lr_owner: str  # "hub" or "workers" (see `lr_owner`)
+    lr_owner: str  # "hub" or "workers" (`TrainConfig.lr_owner`)
     # the rate the workers are told when they own it; None: their schedule
     workers_rate: float | None
     warnings: list[str]  # for run.warnings: how this run trains unlike the cell
@@ -151,18 +151,10 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
         params, non_trainable = checkpoint.params, checkpoint.non_trainable
     return Job(config=config, cell=cell, namespace=ns, contents=contents, layout=shape,
                params=params, non_trainable=non_trainable, optimizer=optimizer,
-               constraints=constraints, lr_owner=lr_owner(config),
+               constraints=constraints, lr_owner=config.lr_owner,
                workers_rate=workers_rate(config, model.optimizer),
                warnings=contents.warnings + warnings, checkpoint=checkpoint, fit=fit,
                keras_backend=keras_backend)
-
-
-def lr_owner(config: TrainConfig) -> str:
-    """Who applies the learning rate: the sync ranks, the pipeline stages and the --local-steps
-    (and easgd) workers with the cell's own optimizer, or else the hub's optimizer."""
-    workers = (config.mode in (Mode.SYNC, Mode.PIPELINE) or config.local_steps > 1
-               or config.algorithm is Algorithm.EASGD)
-    return "workers" if workers else "hub"
 
 
 def cell_rate(optimizer) -> float:
@@ -214,7 +206,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
         predict_weights=config.weights_predicted,
-        metrics=config.metrics.value, lr_owner=lr_owner(config), pause_at=config.pause_at,
+        metrics=config.metrics.value, lr_owner=config.lr_owner, pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs
         silence_is_loss=config.mode is not Mode.SYNC, epoch_gate=kernel_validates)

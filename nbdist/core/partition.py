@@ -241,8 +241,9 @@ def schedule(kind: str, stages: int, micro_batches: int, stage: int) -> list[tup
 
 
 def check_pipeline_options(*, stages: object, micro_batches: object, method: object, kind: object,
-                           batch_size: int, unsupported: dict[str, bool]) -> None:
-    """The `--mode pipeline` flags, checked before anything runs (TrainConfig calls this)."""
+                           batch_size: int) -> None:
+    """The `--mode pipeline` flags' values, checked before anything runs (TrainConfig calls this;
+    the flags a pipeline does not take are refused from its spec, nbdist.modes)."""
     for flag, value in (("--stages", stages), ("--micro-batches", micro_batches)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{flag} must be a whole number >= 1 (Received: {value!r}). "
@@ -258,9 +259,3 @@ def check_pipeline_options(*, stages: object, micro_batches: object, method: obj
             f"micro-batches. Use a batch size that is a multiple of {micro_batches} (e.g. "
             f"{max(micro_batches, batch_size // micro_batches * micro_batches)}), or another "
             "--micro-batches.")
-    given = [flag for flag, on in unsupported.items() if on]
-    if given:
-        raise ConfigError(
-            f"--mode pipeline trains one copy of the model cut into stages, with the cell's "
-            f"optimizer on each stage; {', '.join(given)} does not apply to it. Drop it, or use "
-            "--mode async.")

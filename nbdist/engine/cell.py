@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from nbdist.config import Mode, TrainConfig
+from nbdist.config import TrainConfig
 from nbdist.engine.fit_call import RESERVED, shown_name
 from nbdist.errors import (
     AmbiguousModelError,
@@ -25,6 +25,7 @@ from nbdist.errors import (
     ModelNotCompiledError,
     ModelNotFoundError,
 )
+from nbdist.modes import mode_spec
 
 DEFAULT_VALIDATION = ("x_test", "y_test")
 
@@ -207,7 +208,7 @@ def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str],
     """A tf.data.Dataset cannot travel to the engines: it must be built by the cell there."""
     from nbdist.engine.data import kind_of
 
-    if config.mode not in (Mode.ASYNC, Mode.SYNC):
+    if not mode_spec(config.mode).cell_on_engines:
         return
     for name in (*data, *(config.validation or validation or ())):
         if (name not in defined and name not in RESERVED

@@ -13,7 +13,8 @@ Responsible for:
 - `backend_name()`: this process's Keras backend;
 - `use_on_engine` / `check_engine`: before and after the cell runs on an engine;
 - `configure_engine`: the thread budget and the GPU of a worker, per backend;
-- `check_mode`: the modes that need TensorFlow (sync's Horovod allreduce, pipeline's stages).
+- `check_mode`: a mode whose engine code needs TensorFlow (sync's Horovod allreduce, pipeline's
+  stages), as its spec says (`nbdist.modes.ModeSpec.backends`).
 
 Only `nbdist.engine` imports a backend (the step: `nbdist.engine.flatmodel`); modes never do.
 """
@@ -27,16 +28,9 @@ import sys
 from collections.abc import Callable, Iterator
 
 from nbdist.errors import BackendError
+from nbdist.modes import BACKENDS, refuse_backend
 
-BACKENDS = ("tensorflow", "jax", "torch")
 BSP_THROUGH_HUB = "--mode async --algorithm ssp --staleness 0"
-# modes whose engine code is TensorFlow's own, and why
-TENSORFLOW_ONLY = {
-    "sync": ("averages gradients with Horovod's TensorFlow allreduce inside TensorFlow graphs "
-             "(Horovod has no JAX binding, and its last release, 0.28.1, predates the PyTorch "
-             "nbdist installs)"),
-    "pipeline": "cuts the model into TensorFlow stages that pass tensors between engines",
-}
 
 
 def backend_name() -> str:
@@ -55,15 +49,14 @@ def loaded_backend() -> str | None:
 
 
 def check_mode(mode: str, backend: str) -> None:
-    """Refuse a mode whose engine code needs TensorFlow when the cell's backend is another."""
-    why = TENSORFLOW_ONLY.get(mode)
-    if why is None or backend == "tensorflow":
+    """Refuse a mode that cannot train on the cell's backend (its spec's `backends`)."""
+    why = refuse_backend(mode, backend)
+    if why is None:
         return
     raise BackendError(
-        f"--mode {mode} {why}, so it trains only on Keras's TensorFlow backend (Received: this "
-        f"kernel's Keras backend is {backend}). Train bulk-synchronously through the hub instead, "
-        f"which works on every backend: {BSP_THROUGH_HUB}; or run the notebook with "
-        "KERAS_BACKEND=tensorflow (set before Keras is imported).")
+        f"{why} Train bulk-synchronously through the hub instead, which works on every backend: "
+        f"{BSP_THROUGH_HUB}; or run the notebook with KERAS_BACKEND=tensorflow (set before Keras "
+        "is imported).")
 
 
 def use_on_engine(backend: str, engine: int | None) -> None:

@@ -32,9 +32,10 @@ from nbdist.algorithms.schedules import (
     checked_schedule,
     jsonable,
 )
-from nbdist.config import Mode, TrainConfig
+from nbdist.config import TrainConfig
 from nbdist.core.updater import check_composition, describe_spec
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
+from nbdist.modes import mode_spec
 
 __all__ = ["choose_constraints", "choose_optimizer", "describe_constraints", "describe_optimizer",
            "describe_schedule"]
@@ -226,7 +227,7 @@ def choose_constraints(config: TrainConfig, variables: list) -> list[dict]:
     """The constraints the hubs apply for this run: the model's (`describe_constraints`), or []
     in `--mode sync` and `pipeline`, where each rank or stage applies the cell's own optimizer,
     which enforces every constraint itself, a custom one included."""
-    if config.mode in (Mode.SYNC, Mode.PIPELINE):
+    if mode_spec(config.mode).lr_owner == "workers":  # no hub holds the weights
         return []
     return describe_constraints(variables)
 
@@ -277,7 +278,7 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     (for `exclude_from_weight_decay`). Raises `UnsupportedOptimizerError` for an optimizer
     nbdist cannot reproduce.
     """
-    if config.mode in (Mode.SYNC, Mode.PIPELINE):
+    if mode_spec(config.mode).lr_owner == "workers":  # no hub holds the weights
         return None, []
     algorithm = config.algorithm.value
     chosen = config.server_optimizer.value if config.server_optimizer is not None else None

@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from nbdist.engine.fit_call import MODEL, RESERVED
 from nbdist.errors import ConfigError, TrainingError
+from nbdist.modes import mode_spec, refuse_fit_call
 
 
 class Presenter:
@@ -58,17 +59,12 @@ class FitLauncher:
         try:
             spec, options, notes = plan_fit(call, placed, self.given, config.mode.value)
             config = config.replace(**options)
-            if config.mode.value == "pipeline":
-                raise ConfigError(
-                    "--mode pipeline does not take a cell's model.fit(...) call yet: its stages "
-                    "keep the model in parts, so the kernel cannot hand callbacks the whole model "
-                    "at each epoch. Use --mode async, sync or local for this cell, or remove the "
-                    "fit call and pass --epochs and --batch-size on the magic line.")
+            refuse_fit_call(config.mode)
             job = prepare_job(self.cell, config, self.ns, self.checkpoint, fit=spec,
                               **self._found(placed))
             job = replace(job, contents=replace(job.contents, notes=[*job.contents.notes, *notes]),
                           warnings=[*job.warnings, *([placed.warning] if placed.warning else [])])
-            if config.mode.value in ("local", "simulate"):
+            if mode_spec(config.mode).in_kernel:  # the workers must not train the kernel's model
                 job = replace(job, trainer_namespace=self._private_copy(job))
             run = self.run = self.start(job, cluster=self.cluster, wait=False)
             return self._drive(run, job)

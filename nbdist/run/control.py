@@ -9,6 +9,7 @@ import logging
 import time
 
 from nbdist.errors import ConfigError, NbdistError, TrainingError
+from nbdist.modes import refuse_operation
 from nbdist.run.state import RunState
 
 log = logging.getLogger("nbdist.run.handle")
@@ -124,6 +125,8 @@ class RunControl:
             >>> run2 = nbdist.resume(path, cluster=cluster)          # doctest: +SKIP
         """
         state = self.state
+        shown = "" if directory is None else repr(str(directory))
+        refuse_operation(state.config.mode, "checkpoint", f"run.checkpoint({shown})")
         directory = directory if directory is not None else state.config.checkpoint_dir
         if directory is None:
             raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start "

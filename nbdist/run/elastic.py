@@ -23,20 +23,15 @@ from __future__ import annotations
 
 import logging
 
-from nbdist.errors import ConfigError, NbdistError, TrainingError
+from nbdist.errors import NbdistError, TrainingError
+from nbdist.modes import refuse_operation
 
 log = logging.getLogger(__name__)
 
 
 def add_workers(run, engines) -> list[int]:
     """Start workers on `engines` for `run` (see `Run.add_workers`); returns their worker ids."""
-    mode = getattr(run.config.mode, "value", run.config.mode)
-    if mode != "async":
-        raise ConfigError(
-            f"run.add_workers() brings workers into an async parameter-server run (Received: a "
-            f"--mode {mode} run). A sync run's Horovod ranks, a local run's thread and a simulated "
-            "run's virtual workers are fixed when it starts. Start the run with --mode async to "
-            "add workers while it trains, or start it with more --workers.")
+    refuse_operation(run.config.mode, "add_workers", f"run.add_workers({list(engines)})")
     backend, control = run.state.backend, run.state.control
     if run.done() or control is None or backend is None:
         raise TrainingError(f"The run is {run.status}, so it takes no new workers (Received: "

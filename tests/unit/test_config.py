@@ -171,7 +171,8 @@ def test_sync_batchnorm_is_opt_in_and_refused_outside_sync_mode():
     assert TrainConfig(mode="sync", sync_batchnorm=True).batchnorm_synced
     assert not TrainConfig(mode="sync", sync_batchnorm=False).batchnorm_synced
     assert not TrainConfig(mode="async").batchnorm_synced
-    with pytest.raises(ConfigError, match="needs --mode sync"):
+    with pytest.raises(ConfigError, match="--sync-batchnorm does not apply to --mode async.*"
+                       "--sync-batchnorm works with --mode sync. Drop the flag"):
         TrainConfig(mode="async", sync_batchnorm=True)
 
 

@@ -66,13 +66,22 @@ def test_no_mode_package_imports_another_and_common_imports_none(package):
 
 
 def test_nothing_below_the_modes_imports_them_only_the_api_picks_one():
-    """The Run, the hub, the engine side, the core: none imports nbdist.modes (the modes import
-    them). `nbdist.api` looks the mode up in the MODES table."""
+    """The Run, the hub, the engine side, the core: none imports a mode's package (the modes
+    import them). `nbdist.api` looks the mode up in the MODES table. The table itself
+    (`nbdist.modes`, the modes' specs: plain data) is read by anything that differs by mode."""
+    packages = mode_packages() | {"common"}
     upward = {f"{path.relative_to(ROOT.parent)} imports {module}"
               for path in ROOT.rglob("*.py") if MODES_DIR not in path.parents
               and path != ROOT / "api.py"
-              for module in imported_modules(path.read_text()) if module.startswith("nbdist.modes")}
+              for module in imported_modules(path.read_text()) if mode_package(module) in packages}
     assert upward == set()
+
+
+def test_the_modes_table_stays_plain_data_on_the_standard_library():
+    """`import nbdist` loads it (nbdist.config reads the specs): it imports no mode package."""
+    source = (MODES_DIR / "__init__.py").read_text()
+    assert {m for m in imported_modules(source) if m.startswith("nbdist")} <= {
+        "nbdist.errors", "nbdist.errors.ConfigError", "nbdist.errors.NoClusterError"}
 
 
 def backends() -> dict:

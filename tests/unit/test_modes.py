@@ -23,6 +23,119 @@ def test_every_mode_has_one_table_entry_with_a_start():
         assert start.__name__ == "start" and start.__module__ == MODES[mode].module
 
 
+# a value away from its default for each option some mode does not take
+GIVEN = dict(algorithm="hogwild", workers=2, servers=2, transport="tcp", compression="fp16",
+             timeout=60.0, algo_options="lambda0=1", staleness_lr=True, predict_weights=False,
+             staleness=2, n=2, groups=2, local_steps=2, server_optimizer="adam", overlap=True,
+             pin="auto", spin="off", dbs=True, batch_min=8, batch_max=64, slowdown="1,2",
+             metrics="minimal", pause_at=3, elastic=True, checkpoint_dir="ckpt",
+             checkpoint_every=30.0, sim="per_step=0.01", sync_batchnorm=True, stages=3,
+             micro_batches=2, partition="greedy", schedule="1f1b")
+
+
+def test_every_option_is_taken_by_every_mode_or_named_in_the_specs_that_take_it():
+    import dataclasses
+
+    from nbdist.config import TrainConfig
+    from nbdist.modes import EVERY_MODE, MODES
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    named = set().union(*(spec.takes for spec in MODES.values()))
+    assert fields == EVERY_MODE | named and not EVERY_MODE & named
+    assert set(GIVEN) == named  # the refusal test below covers each of them
+
+
+@pytest.mark.parametrize("mode", [m.value for m in Mode])
+def test_each_option_a_mode_does_not_take_is_refused_naming_the_mode_the_flag_and_the_fix(mode):
+    from nbdist.config import TrainConfig
+    from nbdist.errors import ConfigError
+    from nbdist.modes import MODES, modes_taking
+
+    base = {"workers": 2} if mode == "simulate" else {}
+    for option, value in GIVEN.items():
+        if option in MODES[mode].takes:
+            continue
+        flag = "--algo-opt" if option == "algo_options" else "--" + option.replace("_", "-")
+        flag = "--no-predict-weights" if option == "predict_weights" else flag
+        works = ", ".join(modes_taking(option))
+        with pytest.raises(ConfigError) as refused:
+            TrainConfig(mode=mode, **{**base, option: value})
+        assert str(refused.value).startswith(f"{flag} does not apply to --mode {mode}, which ")
+        assert f"{flag} works with --mode {works}. Drop the flag, or pick one of those modes." in \
+            str(refused.value)
+
+
+def test_checkpoints_are_refused_in_simulate_mode_instead_of_failing_into_the_warnings():
+    from nbdist.config import TrainConfig
+    from nbdist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--checkpoint-dir does not apply to --mode simulate, "
+                       r".*\(Received: --checkpoint-dir ckpt\)\. --checkpoint-dir works with "
+                       r"--mode async, local, sync\. Drop the flag, or pick one of those modes\.$"):
+        TrainConfig(mode="simulate", workers=2, checkpoint_dir="ckpt")
+
+
+def test_staleness_lr_is_refused_in_sync_mode_which_has_no_delays_to_divide_by():
+    from nbdist.config import TrainConfig
+    from nbdist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^--staleness-lr does not apply to --mode sync, which "
+                       r"averages gradients with Horovod allreduce.*works with --mode async, "
+                       r"local, simulate\."):
+        TrainConfig(mode="sync", staleness_lr=True)
+    assert TrainConfig(mode="async", staleness_lr=True).staleness_lr
+
+
+def test_the_flags_help_and_resume_read_their_modes_from_the_specs():
+    from nbdist.flags import MAGIC_FLAGS, config_flags
+    from nbdist.modes import MODES, modes_taking
+
+    for flag in config_flags():
+        assert flag.modes == modes_taking(flag.name), flag.name
+    resume = next(flag for flag in MAGIC_FLAGS if flag.name == "resume")
+    assert resume.modes == tuple(m for m, spec in MODES.items() if spec.checkpoints)
+    assert resume.modes == ("async", "local", "sync")
+
+
+def test_a_mode_that_trains_only_on_tensorflow_is_refused_on_another_backend_from_its_spec():
+    from nbdist.engine.keras_backend import check_mode
+    from nbdist.errors import BackendError
+    from nbdist.modes import MODES
+
+    for mode, spec in MODES.items():
+        for backend in ("tensorflow", "jax", "torch"):
+            if backend in spec.backends:
+                check_mode(mode, backend)
+                continue
+            with pytest.raises(BackendError, match=rf"^--mode {mode} .*trains only on Keras's "
+                               rf"TensorFlow backend \(Received: .* is {backend}\)"):
+                check_mode(mode, backend)
+    assert [m for m, spec in MODES.items() if spec.backends == ("tensorflow",)] == [
+        "sync", "pipeline"]
+
+
+def test_who_owns_the_learning_rate_comes_from_the_mode_then_the_rule_and_local_steps():
+    from nbdist.config import TrainConfig
+
+    owners = {mode: TrainConfig(mode=mode, workers=None if mode in ("pipeline",) else 1).lr_owner
+              for mode in ("async", "local", "sync", "simulate", "pipeline")}
+    assert owners == {"async": "hub", "local": "hub", "sync": "workers", "simulate": "hub",
+                      "pipeline": "workers"}
+    assert TrainConfig(local_steps=2).lr_owner == "workers"
+    assert TrainConfig(algorithm="easgd").lr_owner == "workers"
+
+
+def test_a_mode_without_checkpoints_refuses_run_checkpoint_from_its_spec():
+    from nbdist.config import TrainConfig
+    from nbdist.errors import ConfigError
+    from nbdist.run.handle import Run
+
+    run = Run(TrainConfig(mode="simulate", workers=2), model=None, model_name="model")
+    with pytest.raises(ConfigError, match=r"^run.checkpoint\('ckpt'\) does not apply to --mode "
+                       r"simulate, .*It works with --mode async, local, sync"):
+        run.checkpoint("ckpt")
+
+
 def test_a_mode_that_needs_a_cluster_is_refused_before_the_cell_runs():
     import nbdist
 

@@ -27,10 +27,14 @@ def test_defaults_and_flags():
      r"--schedule must be one of gpipe, 1f1b \(Received: 'pipedream'\)"),
     (dict(batch_size=30, micro_batches=4),
      r"--batch-size 30 does not split into --micro-batches 4 .*e\.g\. 28"),
-    (dict(algorithm="dc-asgd"), r"--algorithm does not apply to it. Drop it, or use --mode async"),
-    (dict(servers=2, overlap=True), r"--servers, --overlap does not apply"),
+    (dict(algorithm="dc-asgd"), r"--algorithm does not apply to --mode pipeline, which cuts the "
+     r"model into stages.*\(Received: --algorithm dc-asgd\). --algorithm works with --mode "
+     r"async, local, simulate. Drop the flag, or pick one of those modes."),
+    (dict(servers=2, overlap=True), r"--servers and --overlap do not apply .*Received: --servers "
+     r"2, --overlap\). --servers and --overlap work with --mode async, local. Drop them"),
     (dict(workers=2), r"--workers does not apply"),
     (dict(pause_at=0), r"--pause-at does not apply"),  # a pipeline has no pause
+    (dict(checkpoint_dir="ckpt"), r"--checkpoint-dir does not apply"),
 ])
 def test_refusals(options, message):
     with pytest.raises(ConfigError, match=message):

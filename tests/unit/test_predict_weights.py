@@ -122,7 +122,14 @@ def test_prediction_is_on_where_it_works_unless_turned_off(options, predicted):
 
 
 @pytest.mark.parametrize("options", [{"algorithm": "dc-asgd"}, {"algorithm": "hogwild"},
-                                     {"local_steps": 2}, {"mode": "sync"}])
+                                     {"local_steps": 2}])
 def test_asking_for_prediction_where_it_cannot_work_is_refused(options):
     with pytest.raises(ConfigError, match="--predict-weights works with --algorithm asgd or ssp"):
         TrainConfig(predict_weights=True, **options)
+
+
+def test_prediction_is_refused_in_a_mode_without_an_update_rule_either_way():
+    for switch in ("--predict-weights", "--no-predict-weights"):
+        with pytest.raises(ConfigError, match=f"{switch} does not apply to --mode sync.*works "
+                                              "with --mode async, local, simulate"):
+            TrainConfig(mode="sync", predict_weights=switch == "--predict-weights")

@@ -95,7 +95,8 @@ def test_simulate_config_needs_workers_and_refuses_what_it_cannot_simulate():
     assert TrainConfig(mode="simulate", workers=3, sim="sync=1").sim == {"sync": 1}
     with pytest.raises(ConfigError, match="--workers N"):
         TrainConfig(mode="simulate")
-    with pytest.raises(ConfigError, match="--servers, --overlap does not apply"):
+    with pytest.raises(ConfigError,
+                       match="--servers and --overlap do not apply to --mode simulate"):
         TrainConfig(mode="simulate", workers=2, servers=2, overlap=True)
     with pytest.raises(ConfigError, match="simulates --mode sync.*Drop --algorithm"):
         TrainConfig(mode="simulate", workers=2, algorithm="ddc-asgd", sim="sync=1")
