@@ -28,11 +28,6 @@ from nbdist.errors import ConfigError
 from nbdist.flag_values import parse_names, parse_options, parse_size, parse_slowdown
 from nbdist.modes import mode_spec, modes_taking, refuse_flags
 
-# Rules that treat a --local-steps delta like a gradient (linear in what is pushed).
-LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
-# Rules whose push is one gradient applied as it comes, read from a buffer the hub writes: the
-# rules --predict-weights works with (DC-ASGD's compensation assumes the plain read).
-PREDICTING_RULES = ("asgd", "ssp")
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 
@@ -91,7 +86,7 @@ class TrainConfig:
         None, "workers compute each gradient at the weights predicted for when it lands, "
         "w + d x (the hub's last update) with d their recent delay, so that staleness under a "
         "momentum optimizer (Adam) costs as little as possible", negatable=True,
-        shown_default="on with asgd and ssp, off otherwise")
+        shown_default=late("nbdist.algorithms", "prediction_default"))
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", type=int,
@@ -258,21 +253,23 @@ class TrainConfig:
                 f"--batch-size {self.batch_size} must lie within --batch-min {low} and --batch-max "
                 f"{high}. Widen the bounds or change --batch-size."
             )
+        # the rules' catalogue (NumPy: imported once a config is built, not at `import nbdist`)
+        from nbdist.algorithms import RULES, make_rule, rules_that
+
         algo = self.algorithm.value
-        if self.local_steps > 1 and algo not in LOCAL_STEP_RULES:
+        if self.local_steps > 1 and not RULES[algo].takes_local_steps:
             raise ConfigError(
-                f"--local-steps works with {', '.join(LOCAL_STEP_RULES)}, whose update is linear "
-                f"in what is pushed (Received: --algorithm {algo}). Use one of those, or "
-                "--local-steps 1."
+                f"--local-steps works with {', '.join(rules_that('takes_local_steps'))}, whose "
+                f"update is linear in what is pushed (Received: --algorithm {algo}). Use one of "
+                "those, or --local-steps 1."
             )
         if self.overlap and self.local_steps > 1:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
                               "hide communication.")
         self._check_prediction(algo)
-        from nbdist.algorithms import make_rule  # pure NumPy; checks option names and values
-
-        # bounds that depend on the number of workers (softsync's n, group's num_groups) are
-        # checked again in nbdist.api once it is known, before any engine is used
+        # option names and values; bounds that depend on the number of workers (softsync's n,
+        # group's num_groups) are checked again once it is known, before any engine is used
+        # (nbdist.job.coordinator_plan)
         make_rule(algo, 0, self.workers or MAX_WORKERS, self.rule_options())
 
     def _check_prediction(self, algo: str) -> None:
@@ -280,22 +277,26 @@ class TrainConfig:
             raise ConfigError(f"predict_weights must be True, False or None (automatic) "
                               f"(Received: {self.predict_weights!r}).")
         if self.predict_weights and not self._prediction_works:
+            from nbdist.algorithms import rules_that
+
             modes = ", ".join(modes_taking("predict_weights"))
+            rules = " or ".join(rules_that("predicts_weights"))
             raise ConfigError(
-                f"--predict-weights works with --algorithm {' or '.join(PREDICTING_RULES)}, one "
-                f"step per exchange, in the modes {modes} (Received: --mode "
-                f"{self.mode.value}, --algorithm {algo}, --local-steps {self.local_steps}). "
-                "Drop --predict-weights, or pick one of those.")
+                f"--predict-weights works with --algorithm {rules}, one step per exchange, in the "
+                f"modes {modes} (Received: --mode {self.mode.value}, --algorithm {algo}, "
+                f"--local-steps {self.local_steps}). Drop --predict-weights, or pick one of those.")
 
     @property
     def weights_predicted(self) -> bool:
         """Whether workers read predicted weights: --predict-weights, or by default wherever
-        it works (asgd and ssp, one step per exchange, a mode with an update rule)."""
+        it works (a rule that `predicts_weights`, one step per exchange, a mode with a rule)."""
         return self._prediction_works if self.predict_weights is None else self.predict_weights
 
     @property
     def _prediction_works(self) -> bool:
-        return (self.algorithm.value in PREDICTING_RULES and self.local_steps == 1
+        from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
+
+        return (RULES[self.algorithm.value].predicts_weights and self.local_steps == 1
                 and self.mode.value in modes_taking("predict_weights"))
 
     def _check_checkpoints(self) -> None:
@@ -320,9 +321,12 @@ class TrainConfig:
     def lr_owner(self) -> str:
         """Who applies the learning rate: "workers" where each applies the cell's own
         optimizer (the mode's spec says so for sync ranks and pipeline stages; in the hub modes,
-        --local-steps workers and easgd's), else "hub", the hub's optimizer."""
+        --local-steps workers and a rule's whose workers step, easgd's), else "hub", the hub's
+        optimizer."""
+        from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
+
         workers = (mode_spec(self.mode).lr_owner == "workers" or self.local_steps > 1
-                   or self.algorithm is Algorithm.EASGD)
+                   or RULES[self.algorithm.value].workers_step)
         return "workers" if workers else "hub"
 
     @property

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbdist.algorithms.group import MAX_RATIO
 from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.core.coordinator import Plan
 from nbdist.engine.cell import CellContents, inspect_cell
@@ -188,15 +189,16 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
     algorithm = config.algorithm.value
     options = config.rule_options()
     rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
-    easgd_alpha = float(rule.options["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
+    declared = rule.options  # the given options over the rule's own defaults
+    easgd_alpha = float(declared["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
     plan = Plan(
         num_workers=num_workers, num_samples=epoch_size or contents.num_samples,
         epochs=config.epochs, batch_size=config.batch_size, lr=lr,
         has_validation=contents.validation is not None and not kernel_validates,
         algorithm=algorithm,
-        staleness=(options.get("staleness", 3) if algorithm == "ssp" else None),
-        groups=int(options.get("num_groups", 0)),
-        max_group_ratio=float(options.get("max_ratio", 1.5)),
+        staleness=declared.get("staleness"),  # ssp's S
+        groups=int(declared.get("num_groups", 0)),
+        max_group_ratio=float(declared.get("max_ratio", MAX_RATIO)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
         overlap=config.overlap,
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone

@@ -28,14 +28,36 @@ from nbdist.algorithms.softsync import SoftSync
 from nbdist.algorithms.ssp import SSP, StalenessClock
 from nbdist.errors import ConfigError
 
+# The rules' catalogue, in the order of `nbdist.choices.Algorithm` (tests/unit/test_rules.py):
+# each rule declares its options and defaults (`default_options`) and what it can be combined
+# with (`predicts_weights`, `takes_local_steps`, `workers_step`)
 RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
     ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD)}
+CAPABILITIES = ("predicts_weights", "takes_local_steps", "workers_step")
+
+
+def rules_that(capability: str) -> tuple[str, ...]:
+    """The rules that declare `capability` (one of CAPABILITIES), in the catalogue's order.
+
+    Example:
+        >>> rules_that("predicts_weights")
+        ('asgd', 'ssp')
+    """
+    if capability not in CAPABILITIES:
+        raise ValueError(f"Unknown capability {capability!r}; known: {', '.join(CAPABILITIES)}.")
+    return tuple(name for name, rule in RULES.items() if getattr(rule, capability))
+
+
+def prediction_default() -> str:
+    """--predict-weights's default, as the reference shows it."""
+    return f"on with {' and '.join(rules_that('predicts_weights'))}, off otherwise"
 
 __all__ = [
     "ASGD",
     "DCASGD",
     "DDCASGD",
     "EASGD",
+    "CAPABILITIES",
     "RULES",
     "SSP",
     "DCASGDAdaptive",
@@ -53,6 +75,8 @@ __all__ = [
     "group_lr",
     "make_rule",
     "mean_into",
+    "prediction_default",
+    "rules_that",
     "sgd_step",
 ]
 

@@ -48,6 +48,17 @@ class Rule:
     # state that a worker's next pull rebuilds (DC backups, SSP clocks) is not listed
     state_fields: ClassVar[tuple[str, ...]] = ()
     reads_kept = 1  # reads per worker a rule that keeps them holds: 2 with --overlap (make_updater)
+    # The catalogue: what a rule can be combined with, which nbdist.config, the coordinator's
+    # plan and docs/reference.md read. Every rule states each itself, not by inheritance
+    # (tests/unit/test_rules.py); its options and their defaults are `default_options`.
+    # --predict-weights works: a push is one gradient applied as it comes, read from a buffer
+    # the hub writes (DC-ASGD's compensation assumes the plain read; buffering rules apply later)
+    predicts_weights: ClassVar[bool] = False
+    # --local-steps works: the update is linear in what is pushed, so a K-step delta is treated
+    # like a gradient
+    takes_local_steps: ClassVar[bool] = False
+    # the workers step with the cell's own optimizer, so they own the learning rate
+    workers_step: ClassVar[bool] = False
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         if size < 0 or num_workers < 1:

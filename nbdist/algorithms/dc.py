@@ -56,6 +56,9 @@ class DCASGD(Rule):
     of the update then reads from cache instead of memory, and the scratch costs kilobytes."""
 
     name = "dc-asgd"
+    predicts_weights = False  # the compensation assumes the weights the worker read
+    takes_local_steps = False  # the compensation is not linear in what is pushed
+    workers_step = False
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
@@ -165,6 +168,9 @@ class DCASGDAdaptive(DCASGD):
     """DC-ASGD-a: λ = λ0 / sqrt(MS + ε), MS a running mean of g⊙g over every push."""
 
     name = "dc-asgd-a"
+    predicts_weights = False  # the compensation assumes the weights the worker read
+    takes_local_steps = False  # the compensation is not linear in what is pushed
+    workers_step = False
     state_fields = ("_ms",)
 
     def __init__(self, size: int, num_workers: int, **options: Option):
@@ -201,6 +207,9 @@ class DDCASGD(DCASGDAdaptive):
     """DC-ASGD-a's ĝ through delay-weighted momentum: `d = β d − (1−β) η ĝ; w += d`."""
 
     name = "ddc-asgd"
+    predicts_weights = False  # the compensation assumes the weights the worker read
+    takes_local_steps = False  # the compensation is not linear in what is pushed
+    workers_step = False
     state_fields = ("_ms", "_d")
 
     def __init__(self, size: int, num_workers: int, **options: Option):

@@ -46,6 +46,9 @@ class EASGD(Rule):
     """
 
     name = "easgd"
+    predicts_weights = False  # a push is an elastic difference, not a gradient
+    takes_local_steps = True
+    workers_step = True  # each worker steps with the cell's optimizer between exchanges
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:

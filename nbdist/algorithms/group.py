@@ -27,10 +27,11 @@ from nbdist.algorithms.base import Option
 from nbdist.algorithms.sgd import ASGD
 from nbdist.core.partition import min_max_cuts
 
+MAX_RATIO = 1.5  # the fastest worker of a group at most this many times the slowest's speed
 _TOL = 1e-12  # speeds exactly max_ratio apart still share a group despite float rounding
 
 
-def form_groups(rates: Sequence[float], max_ratio: float = 1.5,
+def form_groups(rates: Sequence[float], max_ratio: float = MAX_RATIO,
                 num_groups: int | None = None) -> list[list[int]]:
     """Worker indices grouped by speed, slowest group first, indices ascending in a group.
 
@@ -94,15 +95,19 @@ def mean_into(out: np.ndarray, grads: Sequence[np.ndarray]) -> np.ndarray:
 class Group(ASGD):
     """`group`: each push is a group's mean gradient, applied at the group's rate.
 
-    Options: `max_ratio` (1.5) for `form_groups`, `num_groups` (0 = as many as max_ratio needs).
+    Options: `max_ratio` (MAX_RATIO) for `form_groups`, `num_groups` (0 = as many as max_ratio
+    needs).
     The rule declares and validates them; the run's `Coordinator` forms the groups with them
     (and follows live changes), since it owns group membership."""
 
     name = "group"
+    predicts_weights = False  # a push is a group's mean, applied once the group has pushed
+    takes_local_steps = False
+    workers_step = False
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
-        return {"max_ratio": 1.5, "num_groups": 0}
+        return {"max_ratio": MAX_RATIO, "num_groups": 0}
 
     def _bounds(self, name: str) -> tuple[float, float]:
         return (1.0, math.inf) if name == "max_ratio" else (0, self.num_workers)

@@ -23,6 +23,7 @@ import numpy as np
 from nbdist.algorithms.blocks import BLOCK, Ranges, Runner, intersect, run_serial
 from nbdist.algorithms.optimizer_rules import FORMULAS, UpdateFormula
 from nbdist.algorithms.schedules import schedule_value
+from nbdist.choices import ServerOptimizer
 from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerError
 
 __all__ = [
@@ -43,7 +44,14 @@ _CLASS_BASE_DEFAULTS: dict[str, dict[str, float | None]] = {"AdamW": {"weight_de
 _DEFAULT_LR = {"SGD": 0.01}  # the others' Keras default is 0.001
 
 _PROCEED = "Pass --server-optimizer sgd to train with SGD at the cell's learning rate on purpose."
-_SERVER_OPTIMIZERS = ("sgd", "momentum", "adam")
+# What each --server-optimizer applies (its names: nbdist.choices.ServerOptimizer, which
+# tests/unit/test_rules.py keeps in step): the Keras class, its config, the rate when none is given
+SERVER_OPTIMIZERS: dict[str, tuple[str, dict, float]] = {
+    ServerOptimizer.SGD: ("SGD", {}, 1.0),  # rate 1: the hub replays the worker's K steps
+    ServerOptimizer.MOMENTUM: ("SGD", {"momentum": 0.9}, 1.0),
+    # Adam moves each weight by about lr per push whatever the delta's size: 1.0 is far too large
+    ServerOptimizer.ADAM: ("Adam", {}, 1e-2),
+}
 
 
 def unsupported(what: str, received: str) -> UnsupportedOptimizerError:
@@ -57,23 +65,17 @@ def unsupported(what: str, received: str) -> UnsupportedOptimizerError:
 def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> dict:
     """The spec of nbdist's own `--server-optimizer` choice, applied to `--local-steps` deltas.
 
-    'sgd': SGD at `lr` (1.0 by default: the hub replays the worker's K steps); 'momentum': SGD
-    with momentum 0.9; 'adam': Keras's Adam at `lr` (1e-2 by default: Adam moves each weight by
-    about lr per push whatever the delta's size, so 1.0 would be far too large).
+    `name` is one of SERVER_OPTIMIZERS ('sgd', 'momentum', 'adam'), at `lr` or its own default.
 
     Example:
         >>> server_optimizer_spec("momentum", None, [4])["config"]
         {'momentum': 0.9}
     """
-    if name not in _SERVER_OPTIMIZERS:
+    if name not in SERVER_OPTIMIZERS:
         raise ConfigError(f"Unknown server optimizer. Received: {name!r}. Expected one of: "
-                          f"{', '.join(_SERVER_OPTIMIZERS)}.")
-    if name == "adam":
-        class_name, config, default_lr = "Adam", {}, 1e-2
-    else:
-        config = {"momentum": 0.9} if name == "momentum" else {}
-        class_name, default_lr = "SGD", 1.0
-    spec = {"class_name": class_name, "config": config,
+                          f"{', '.join(SERVER_OPTIMIZERS)}.")
+    class_name, config, default_lr = SERVER_OPTIMIZERS[name]
+    spec = {"class_name": class_name, "config": dict(config),
             "learning_rate": default_lr if lr is None else float(lr),
             "segments": checked_segments(segments)}
     HubOptimizer(spec, 0)

@@ -21,6 +21,9 @@ class ASGD(Rule):
     """Asynchronous SGD (Dean et al. 2012): apply each push as it arrives."""
 
     name = "asgd"
+    predicts_weights = True
+    takes_local_steps = True
+    workers_step = False
     consistent_reads = True
 
     def __init__(self, size: int, num_workers: int, **options: Option):
@@ -66,4 +69,7 @@ class Hogwild(ASGD):
     """Lock-free SGD: the same update, but workers may read `w` while it is being written."""
 
     name = "hogwild"
+    predicts_weights = False  # its reads are live memory, not a buffer the hub writes
+    takes_local_steps = True
+    workers_step = False
     consistent_reads = False

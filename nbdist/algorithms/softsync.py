@@ -26,6 +26,9 @@ class SoftSync(Rule):
     """Buffer pushes; every `max(1, M // n)` of them, apply their mean."""
 
     name = "softsync"
+    predicts_weights = False  # pushes are buffered, then applied together
+    takes_local_steps = True
+    workers_step = False
     state_fields = ("_sum", "buffered")  # pushes buffered but not yet applied
 
     def __init__(self, size: int, num_workers: int, **options: Option):

@@ -14,6 +14,8 @@ from __future__ import annotations
 from nbdist.algorithms.base import Option
 from nbdist.algorithms.sgd import ASGD
 
+STALENESS = 3  # S when not given: bounds staleness, yet absorbs step-time jitter
+
 
 class StalenessClock:
     """Per-worker push counters and the SSP blocking test.
@@ -82,12 +84,14 @@ class SSP(ASGD):
     Who waits is decided by the run's `Coordinator` (on shard 0), which owns the one
     `StalenessClock`: it ticks it on every push, holds a worker's reply while it is blocked,
     and follows a live `run.set_option("staleness", S)`. The rule only declares and validates
-    S, so a shard holds no clock of its own. nbdist's choice: S defaults to 3, small enough to
-    bound staleness, large enough to absorb step-time jitter.
+    S (default `STALENESS`), so a shard holds no clock of its own.
     """
 
     name = "ssp"
+    predicts_weights = True
+    takes_local_steps = True
+    workers_step = False
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
-        return {"staleness": 3}
+        return {"staleness": STALENESS}

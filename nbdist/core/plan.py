@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nbdist.algorithms.group import MAX_RATIO
+
 
 @dataclass
 class Plan:
@@ -20,7 +22,7 @@ class Plan:
     algorithm: str = "asgd"
     staleness: int | None = None  # ssp: S
     groups: int = 0  # group: 0 = automatic from speeds, else that many groups
-    max_group_ratio: float = 1.5
+    max_group_ratio: float = MAX_RATIO
     chunks_ahead: int = 1  # chunks a worker may hold: local steps or overlap need more
     overlap: bool = False  # workers push step t while computing t+1: a push may be one read behind
     dbs: bool = False

@@ -7,6 +7,7 @@ from pathlib import Path
 NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
 PURE = ("core", "algorithms")
 ALLOWED_NBDIST = ("nbdist.core", "nbdist.algorithms", "nbdist.errors", "nbdist.config",
+                  "nbdist.choices",  # the options' enums: plain strings
                   "nbdist.env",  # the NBDIST_* switches, read from os.environ
                   "nbdist._kernels",  # the compiled update kernel: C over buffers, no I/O
                   "nbdist.hub.messages", "nbdist.hub.schema")  # the typed messages: dataclasses
