@@ -1,7 +1,8 @@
-"""Write the generated blocks of docs/reference.md from the declarations: every flag of
-`%%distribute` and `%nbdist` (nbdist.flags, TrainConfig's fields) and every NBDIST_* switch
-(nbdist.env). The text around the blocks (the Run handle, the Python API, ...) is written by
-hand and kept as it is.
+"""Write the generated blocks of docs/reference.md from the declarations: what each mode takes
+and supports (nbdist.modes, its ModeSpecs), every flag of `%%distribute` and `%nbdist`
+(nbdist.flags, TrainConfig's fields, their modes from the specs), the update rules' catalogue
+(nbdist.algorithms) and every NBDIST_* switch (nbdist.env). The text around the blocks (the Run
+handle, the Python API, ...) is written by hand and kept as it is.
 
     python scripts/gen_reference.py           # rewrite docs/reference.md
     python scripts/gen_reference.py --check   # exit 1 if it is stale (tests/unit/test_flags.py)
@@ -61,6 +62,65 @@ def _distribute() -> list[str]:
     return lines
 
 
+def _modes() -> list[str]:
+    from nbdist.modes import EVERY_MODE, MODES
+
+    def yes(on: bool) -> str:
+        return "yes" if on else "no"
+
+    lines = ["What each `--mode` is and takes, from its spec (`nbdist.modes.MODES`). A flag a "
+             "mode does not take is refused, naming the modes it works with; the options every "
+             f"mode takes: {', '.join(f'`{_flag(o)}`' for o in sorted(EVERY_MODE))}.", "",
+             "| mode | what it does | needs a cluster | a cell's `model.fit` | checkpoints, "
+             "`--resume` | `run.add_workers` | learning rate applied by | mode-specific flags |",
+             "|---|---|---|---|---|---|---|---|"]
+    for name, spec in MODES.items():
+        flags = ", ".join(f"`{_flag(o)}`" for o in sorted(spec.takes))
+        lines.append(f"| `{name}` | {_cell(spec.summary)} | {yes(spec.needs_cluster)} | "
+                     f"{yes(spec.fit_call)} | {yes(spec.checkpoints)} | "
+                     f"{yes(spec.supports('add_workers'))} | {spec.lr_owner} | {flags} |")
+    return lines
+
+
+def _flag(option: str) -> str:
+    from nbdist.flags import config_flags
+
+    return next(f.spelling[-1] for f in config_flags() if f.name == option)
+
+
+def _backends() -> list[str]:
+    from nbdist.modes import BACKENDS, MODES
+
+    names = {"tensorflow": "TensorFlow", "jax": "JAX", "torch": "PyTorch"}
+    lines = [f"| mode | {' | '.join(names[b] for b in BACKENDS)} |",
+             "|---|" + "---|" * len(BACKENDS)]
+    for name, spec in MODES.items():
+        cells = ["works" if b in spec.backends else "refused" for b in BACKENDS]
+        lines.append(f"| `{name}` | {' | '.join(cells)} |")
+    return lines
+
+
+def _rules() -> list[str]:
+    from nbdist.algorithms import RULES
+
+    def options(rule) -> str:
+        few, many = rule.default_options(2), rule.default_options(64)
+        shown = [f"`{k}={v:g}`" if many[k] == v else f"`{k}`: by the number of workers"
+                 for k, v in few.items()]
+        return ", ".join(shown) or "none"
+
+    lines = ["The update rules of `--algorithm`, from their catalogue (`nbdist.algorithms.RULES`): "
+             "their options (`--algo-opt NAME=X`, defaults shown) and what each combines with. "
+             "Their formulas: [rules.md](rules.md).", "",
+             "| rule | options | `--predict-weights` | `--local-steps` | learning rate "
+             "applied by |", "|---|---|---|---|---|"]
+    for name, rule in RULES.items():
+        lines.append(f"| `{name}` | {options(rule)} | {'yes' if rule.predicts_weights else 'no'} | "
+                     f"{'yes' if rule.takes_local_steps else 'no'} | "
+                     f"{'workers' if rule.workers_step else 'hub'} |")
+    return lines
+
+
 def _nbdist() -> list[str]:
     from nbdist.flags import nbdist_flags
 
@@ -91,12 +151,14 @@ def _switches() -> list[str]:
 
 
 # The generated blocks of docs/reference.md, by name; the text around them is written by hand.
-BLOCKS = {"distribute": _distribute, "nbdist": _nbdist, "switches": _switches}
+BLOCKS = {"modes": _modes, "distribute": _distribute, "rules": _rules, "nbdist": _nbdist,
+          "switches": _switches, "backends": _backends}
 
 
 def _begin(name: str) -> str:
     return (f"<!-- generated: {name}, by scripts/gen_reference.py from the declarations "
-            "(nbdist/flags.py, nbdist/config.py, nbdist/env.py); edit those, not this -->")
+            "(nbdist/modes/__init__.py, nbdist/config.py, nbdist/flags.py, nbdist/algorithms/, "
+            "nbdist/env.py); edit those, not this -->")
 
 
 def _end(name: str) -> str:
