@@ -129,10 +129,10 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
         fit = replace(fit, batch=contents.batch_hint)
         config = config.replace(batch_size=contents.batch_hint)
     from nbdist.algorithms.constraints import constrained_ranges
+    from nbdist.core.sharding import shard_bounds
     from nbdist.engine.flatmodel import layout, read_flat
     from nbdist.engine.learning_rate import check_lr
     from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
-    from nbdist.hub.protocol import shard_bounds
 
     model = contents.model
     shape = layout(model)

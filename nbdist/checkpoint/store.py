@@ -20,7 +20,7 @@ checkpoint is refused whole, never half-loaded.
 
 The kernel writes the files (`Run.checkpoint`): it asks every shard for its state over the
 control line (op `state`, answered between two messages, so each shard's part is consistent;
-what a shard sends and how it takes it back is `nbdist.checkpoint.shard_state`),
+what a shard sends and how it takes it back is `nbdist.hub.export`),
 so the checkpoint lands where the notebook runs even when the engines are on other machines,
 and outlives the hub's engine. Shard 0's parameters and data position are taken together;
 further shards answer a moment later, so a chunk may be trained on twice after a resume
@@ -46,7 +46,7 @@ from nbdist.core.schedule import EpochSchedule
 from nbdist.errors import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import ShardState
+    from nbdist.wire.messages import ShardState
 
 # 2: the cell's optimizer on the hub
 FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"

@@ -27,13 +27,13 @@ from nbdist.core.kernel_control import apply_control
 from nbdist.core.liveness import Liveness
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.push_log import PushLog
-from nbdist.core.schedule import Chunk, EpochSchedule
+from nbdist.core.schedule import EpochSchedule
 from nbdist.core.speed_groups import SpeedGroups
 from nbdist.core.stats import Completed, RunStats
-from nbdist.hub.messages import EvalJob, Reply, ReportReply
+from nbdist.wire.messages import Chunk, EvalJob, Reply, ReportReply
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import Control, EvalResult, Hello, Report, Step
+    from nbdist.wire.messages import Control, EvalResult, Hello, Report, Step
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from nbdist.core.coordinator import Coordinator
-    from nbdist.hub.messages import Control
+    from nbdist.wire.messages import Control
 
 
 def apply_control(coord: Coordinator, c: Control, now: float) -> None:

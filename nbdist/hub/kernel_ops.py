@@ -11,10 +11,9 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING
 
-from nbdist.checkpoint.shard_state import shard_state
-from nbdist.checkpoint.sync_state import hub_state
 from nbdist.hub import writeoff
-from nbdist.hub.messages import (
+from nbdist.hub.export import hub_state, shard_state
+from nbdist.wire.messages import (
     Control,
     Ok,
     Params,

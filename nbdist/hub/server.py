@@ -9,7 +9,7 @@ worker too far ahead; group sync: a group still incomplete) is sent as soon as t
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
-The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step, bye
+The requests it answers and their replies are typed in `nbdist.wire.messages` (hello, step, bye
 from workers; report from a sync rank; stats, control, params, state, peers and shutdown from
 the kernel, answered in `nbdist.hub.kernel_ops`), all signed (`nbdist.hub.protocol`). Shard 0
 also answers a bare `step` (no push, no pull), so idle workers can wait cheaply.
@@ -34,10 +34,8 @@ from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
 from nbdist.hub import kernel_ops, localline, shm, writeoff
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.messages import Bye, Error, Hello, Ok, Reply, Report, ReportReply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
-from nbdist.hub.schema import Wire
 from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import (
     Inbox,
@@ -49,6 +47,8 @@ from nbdist.hub.wire import (
     server_socket,
     socket_folder,
 )
+from nbdist.wire.messages import Bye, Error, Hello, Ok, Reply, Report, ReportReply, Step
+from nbdist.wire.schema import Wire
 
 log = logging.getLogger(__name__)
 __all__ = ["GROUP_WAIT_LIMIT_S", "Hub", "HubSpec"]

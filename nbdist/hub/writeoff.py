@@ -19,7 +19,7 @@ import logging
 import zmq
 
 from nbdist.errors import TrainingError
-from nbdist.hub.messages import Control
+from nbdist.wire.messages import Control
 
 log = logging.getLogger(__name__)
 RELAY_TIMEOUT_S = 5.0

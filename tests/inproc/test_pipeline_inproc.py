@@ -219,8 +219,8 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
 
     import zmq
 
+    from nbdist.hub.gate import curve_keys
     from nbdist.hub.protocol import Codec, new_key
-    from nbdist.hub.wire import curve_keys
     from nbdist.modes.pipeline.kernel_link import KernelLink
     from nbdist.modes.pipeline.link import StageLink
     from nbdist.modes.pipeline.messages import Forward, StepDone, Stop

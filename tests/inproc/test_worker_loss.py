@@ -13,9 +13,9 @@ from nbdist.core.liveness import LOST_EVAL_S, LOST_FIRST_S, LOST_FLOOR_S, LOST_S
 from nbdist.errors import TrainingError
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Control, Hello, Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
+from nbdist.wire.messages import Control, Hello, Step
 from tests.helpers import wait_for
 
 

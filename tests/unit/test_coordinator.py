@@ -3,7 +3,7 @@
 import pytest
 
 from nbdist.core.coordinator import Coordinator, Plan
-from nbdist.hub.messages import Control, EvalJob, EvalResult, Hello, Report, Step
+from nbdist.wire.messages import Control, EvalJob, EvalResult, Hello, Report, Step
 
 
 def chunk_lists(reply):

@@ -87,9 +87,9 @@ def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
     from nbdist.hub.client import WorkerTransport
     from nbdist.hub.control import HubControl
     from nbdist.hub.launch import join_hub, start_hub
-    from nbdist.hub.messages import Step
     from nbdist.hub.protocol import new_key
     from nbdist.hub.server import HubSpec
+    from nbdist.wire.messages import Step
 
     key, run_id = new_key(), f"calib-{uuid.uuid4().hex[:8]}"
     plan = Plan(num_workers=1, num_samples=10**12, epochs=1, batch_size=32, lr=0.0,
