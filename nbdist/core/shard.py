@@ -325,7 +325,7 @@ class ShardCore:
             for step in self.barrier.flush_all():
                 self.apply_group(step)
         if self.coordinator is not None:
-            self.coordinator.control(c, self.now())
+            self.coordinator.apply(c, self.now())
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         """Shard 0's statistics for the kernel (the driver adds its own error and drop counts)."""

@@ -69,7 +69,7 @@ def test_silent_worker_is_overdue_unless_paused_or_its_reply_is_held():
     assert c.overdue(now - 0.2) == []
     assert c.overdue(now) == [1]
     assert c.overdue(now, exempt={1: None}) == []  # the hub holds its reply: it cannot speak
-    c.control(Control(paused=True), now=now)
+    c.apply(Control(paused=True), now=now)
     assert c.overdue(now) == []
 
 
