@@ -35,7 +35,7 @@ class Job:
     cell: str  # the cell's source, as the engines run it
     namespace: dict  # where the cell ran in the kernel
     contents: CellContents  # its model and data, by name
-    layout: dict  # the model's variable shapes (nbdist.engine.flatmodel.layout)
+    layout: dict  # the model's variable shapes (nbdist.engine.flat_layout.layout)
     params: np.ndarray  # the weights to start from: the cell's model's, or the checkpoint's
     non_trainable: np.ndarray
     optimizer: dict | None  # what the hubs apply; None where the workers keep the cell's
@@ -130,7 +130,7 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
         config = config.replace(batch_size=contents.batch_hint)
     from nbdist.algorithms.constraints import constrained_ranges
     from nbdist.core.sharding import shard_bounds
-    from nbdist.engine.flatmodel import layout, read_flat
+    from nbdist.engine.flat_layout import layout, read_flat
     from nbdist.engine.learning_rate import check_lr
     from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
 

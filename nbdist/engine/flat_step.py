@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from nbdist.engine.flatmodel import read_flat, variables_of, write_flat
+from nbdist.engine.flat_layout import read_flat, variables_of, write_flat
 
 
 def stateless_loss(model, values: list, nt_values: list, x, y, sample_weight=None) -> tuple:

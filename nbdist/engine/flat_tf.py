@@ -22,7 +22,7 @@ import logging
 
 import numpy as np
 
-from nbdist.engine.flatmodel import variables_of
+from nbdist.engine.flat_layout import variables_of
 
 log = logging.getLogger(__name__)
 

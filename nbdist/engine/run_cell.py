@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbdist.engine.keras_backend import check_engine, configure_engine, use_on_engine
 from nbdist.errors import CellError
 
 
@@ -59,26 +60,6 @@ def engine_namespace() -> dict:
     return shell.user_ns if shell is not None else {}
 
 
-def configure_tensorflow(threads: int | None, local_rank: int) -> None:
-    """Thread budget and device pinning (one GPU per worker on a GPU node, chosen by local
-    rank); must run before TensorFlow executes anything."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
-    import tensorflow as tf
-
-    try:
-        if threads:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            from nbdist.engine.gpu import gpu_index, use_device
-
-            use_device(local_rank, len(gpus))  # the GPU monitor reads this device, not the first
-            tf.config.set_visible_devices(gpus[gpu_index(local_rank, len(gpus))], "GPU")
-    except RuntimeError:  # already initialised by an earlier run in this engine: keep it
-        pass
-
-
 def execute_cell(source: str | None, pushed: dict, threads: int | None, local_rank: int = 0,
                  namespace: dict | None = None, *, backend: str = "tensorflow",
                  engine: int | None = None) -> dict:
@@ -86,8 +67,6 @@ def execute_cell(source: str | None, pushed: dict, threads: int | None, local_ra
     user's cell in its namespace with the values it reads from earlier cells (`pushed`);
     returns the namespace. Every mode runs the cell on an engine through here. `source` None:
     the namespace already holds the cell's results (--mode local, in-process tests)."""
-    from nbdist.engine.keras_backend import check_engine, configure_engine, use_on_engine
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     use_on_engine(backend, engine)
     configure_engine(backend, threads, local_rank)
@@ -131,7 +110,7 @@ def run_cell(spec, namespace: dict | None = None) -> tuple:
     ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace,
                       backend=spec.keras_backend, engine=spec.engine)
     model, data, validation = find_training(ns, spec)
-    from nbdist.engine.flatmodel import ensure_built
+    from nbdist.engine.flat_layout import ensure_built
 
     ensure_built(model, *data.head(2))  # as the kernel did: variables, compiled loss and metrics
     return model, data, validation

@@ -203,7 +203,7 @@ class FitDriver:
             raise
 
     def _write(self, weights) -> None:
-        from nbdist.engine.flatmodel import write_flat
+        from nbdist.engine.flat_layout import write_flat
 
         write_flat(self.model, *weights)
 

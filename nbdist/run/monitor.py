@@ -82,7 +82,7 @@ def watch(run) -> None:
                 break
             auto_checkpoint(state)
             time.sleep(POLL_S)
-        from nbdist.engine.flatmodel import write_flat
+        from nbdist.engine.flat_layout import write_flat
 
         params, non_trainable = backend.final_params(control)
         state.final_weights = (params, non_trainable)

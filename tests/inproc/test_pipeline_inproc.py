@@ -129,7 +129,7 @@ def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
 
 
 def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
     from tests.helpers import wait_for
 
     cell = "B = 16\n" + SKIP_CELL

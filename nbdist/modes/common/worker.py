@@ -78,7 +78,8 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     """Train on the hub's chunks until done; returns this worker's totals."""
     spec = pin_worker(spec)
     model, data, validation = run_cell(spec, namespace)
-    from nbdist.engine.flatmodel import FlatModel, layout
+    from nbdist.engine.flat_layout import layout
+    from nbdist.engine.flatmodel import FlatModel
     from nbdist.hub.client import WorkerTransport
 
     if layout(model) != spec.layout:

@@ -137,7 +137,8 @@ def measure_on_engine(model_json: str, weights: list, loss, x, y, batch: int) ->
     """Engine side: rebuild the cell's model from its JSON and weights, then `measure`."""
     import keras
 
-    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat
+    from nbdist.engine.flat_layout import ensure_built, read_flat
+    from nbdist.engine.flatmodel import FlatModel
 
     model = keras.models.model_from_json(model_json)
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)

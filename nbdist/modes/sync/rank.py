@@ -75,7 +75,8 @@ class _SyncLoop:
     def __init__(self, spec: SyncSpec, hvd, model, data, validation):
         import tensorflow as tf
 
-        from nbdist.engine.flatmodel import FlatModel, write_flat
+        from nbdist.engine.flat_layout import write_flat
+        from nbdist.engine.flatmodel import FlatModel
         from nbdist.hub.client import WorkerTransport
 
         self.spec, self.hvd, self.model, self.data, self.validation = (spec, hvd, model, data,
