@@ -42,6 +42,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbdist.algorithms import RULES
+from nbdist.algorithms.optimizers import HubOptimizer
+from nbdist.checkpoint.sync_state import check_meta
 from nbdist.core.schedule import EpochSchedule
 from nbdist.errors import CheckpointError, CheckpointNotFoundError
 
@@ -335,15 +338,12 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
     if int(meta["schedule"]["num_samples"]) != int(meta["num_samples"]):
         raise _corrupt(meta_path, "its data position is for another number of samples")
     _check_rule_state(meta_path, meta, arrays)
-    from nbdist.checkpoint.sync_state import check_meta
 
     check_meta(meta_path, meta, arrays, _corrupt)
 
 
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Each shard saved exactly the state its rule (and server optimizer) keeps."""
-    from nbdist.algorithms import RULES
-
     for i, shard in enumerate(meta["shards"]):
         if shard.get("rule") != meta["config"].get("algorithm") or shard["rule"] not in RULES:
             raise _corrupt(meta_path, f"shard {i} ran rule {shard.get('rule')!r}, its config "
@@ -366,7 +366,6 @@ def _optimizer_fields(meta_path: str, i: int, shard: dict) -> list[str]:
     spec = shard.get("optimizer")
     if spec is None:
         return []
-    from nbdist.algorithms.optimizers import HubOptimizer
 
     try:
         return list(HubOptimizer(spec, int(shard["size"])).export_state())

@@ -27,6 +27,7 @@ import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nbdist.cluster.affinity import allowed_cores
 from nbdist.errors import UnreachableHostError
 
 LOOPBACK = "127.0.0.1"
@@ -290,8 +291,6 @@ def host_id() -> str:
 def host_network(controller: str) -> HostNet:
     """This process's host: name, identity, routes, addresses and address towards `controller`,
     and the cores this process may use."""
-    from nbdist.cluster.affinity import allowed_cores
-
     try:
         with open("/proc/net/route") as f:
             routes = parse_proc_route(f.read())

@@ -26,6 +26,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
+from nbdist.engine.gpu import gpu_index, use_device
 from nbdist.errors import BackendError
 
 BACKENDS = ("tensorflow", "jax", "torch")
@@ -125,8 +126,6 @@ def configure_engine(backend: str, threads: int | None, local_rank: int) -> None
         if threads:
             torch.set_num_threads(threads)
         if torch.cuda.is_available():
-            from nbdist.engine.gpu import gpu_index, use_device
-
             count = torch.cuda.device_count()
             use_device(local_rank, count)
             torch.cuda.set_device(gpu_index(local_rank, count))
@@ -151,8 +150,6 @@ def configure_tensorflow(threads: int | None, local_rank: int) -> None:
             tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
         gpus = tf.config.list_physical_devices("GPU")
         if gpus:
-            from nbdist.engine.gpu import gpu_index, use_device
-
             use_device(local_rank, len(gpus))  # the GPU monitor reads this device, not the first
             tf.config.set_visible_devices(gpus[gpu_index(local_rank, len(gpus))], "GPU")
     except RuntimeError:  # already initialised by an earlier run in this engine: keep it
