@@ -146,9 +146,8 @@ class ParamsReply(Wire):
 
 @message("state")
 class ShardState(Wire):
-    """Everything a checkpoint saves of one shard (`nbdist.checkpoint.shard_state`, or in sync
-    mode rank 0's latest state, `nbdist.checkpoint.sync_state`); the arrays `names` lists are
-    its buffers."""
+    """Everything a checkpoint saves of one shard (`nbdist.hub.export`: the shard's own, or in
+    sync mode rank 0's latest state); the arrays `names` lists are its buffers."""
 
     shard: int
     version: int
