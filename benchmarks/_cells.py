@@ -17,8 +17,8 @@ from types import SimpleNamespace
 import numpy as np
 import zmq
 
+from nbdist.core.sharding import shard_bounds
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.protocol import shard_bounds
 
 MP = mp.get_context("fork")  # children start in milliseconds; the parent holds no zmq context
                              # while it forks (its only context, for shutdown, is closed first)

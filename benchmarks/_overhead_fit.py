@@ -110,7 +110,8 @@ def measure_fit(batch: int, epochs: int, model: str = "mlp") -> dict:
 
     # FlatModel.gradients and .assign_and_gradients (the worker's per-step call), alone, same
     # threads.
-    from nbdist.engine.flatmodel import FlatModel, read_flat
+    from nbdist.engine.flat_layout import read_flat
+    from nbdist.engine.flatmodel import FlatModel
 
     flat = FlatModel(model)
     params, nt = read_flat(model)

@@ -70,7 +70,7 @@ class Worker(threading.Thread):
         self.steps, self.error, self.halt = 0, None, threading.Event()
 
     def run(self) -> None:
-        from nbdist.hub.messages import Step
+        from nbdist.wire.messages import Step
 
         try:
             while not self.halt.is_set():

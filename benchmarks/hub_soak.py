@@ -49,10 +49,10 @@ from nbdist.core.coordinator import Plan
 from nbdist.core.liveness import LOST_FLOOR_S
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.common.worker import IDLE_POLL_S
+from nbdist.wire.messages import Step
 
 MP = mp.get_context("fork")  # the parent opens no zmq context until every child is forked
 LR = 0.125  # a power of two: lr * k / 1024 is exact in float32

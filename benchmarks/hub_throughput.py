@@ -63,15 +63,16 @@ import numpy as np
 from _cells import Procs, raw_cell, recv_answer, run_window, shared_window, timed_loop
 from _common import median, table
 
+from nbdist.core.sharding import shard_bounds
 from nbdist.hub.client import WorkerTransport
-from nbdist.hub.protocol import new_key, shard_bounds
+from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.modes.common.launch import hub_specs
 from nbdist.modes.common.worker import IDLE_POLL_S
 
 try:  # the typed wire; older checkouts take header dicts and keep HubControl in client.py
     from nbdist.hub.control import HubControl
-    from nbdist.hub.messages import Step
+    from nbdist.wire.messages import Step
 except ImportError:
     import nbdist.hub.client as _before_typed_wire
 

@@ -56,7 +56,8 @@ def fit_child() -> None:
     """Child: model.fit once for tracing, once timed; then the worker's call alone."""
     import keras
 
-    from nbdist.engine.flatmodel import FlatModel, read_flat
+    from nbdist.engine.flat_layout import read_flat
+    from nbdist.engine.flatmodel import FlatModel
 
     ns: dict = {}
     exec(compile(CELL, "<cell>", "exec"), ns)  # noqa: S102 - our own code

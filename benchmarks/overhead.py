@@ -17,7 +17,7 @@ What it measures
     Spin: nbdist's default `spin="auto"` lets the hub (which has a core of its own here) and the
     worker poll instead of sleeping between messages; `--spin both` adds spin="off" rows.
     Thread budgets: the fit child uses every core (T = cpu_count intra-op threads, min(T, 2)
-    inter-op, set through `nbdist.engine.run_cell.configure_tensorflow`), as model.fit alone on
+    inter-op, set through `nbdist.engine.keras_backend.configure_tensorflow`), as model.fit alone on
     the machine would; nbdist's ClusterBackend gives its worker the cores the hub shard on its
     host leaves (`nbdist.cluster.affinity.worker_threads`: 1 of 2 cores here), since the hub
     works while the worker computes. `--worker-threads 2 1` measures the worker at both.
@@ -156,7 +156,7 @@ def _set_hub_mode(mode: str, stateless: str = "on", transport: str = "auto",
 
 def _start_tensorflow(threads: int) -> None:
     """On an engine: start TensorFlow with `threads` now; later runs keep them."""
-    from nbdist.engine.run_cell import configure_tensorflow
+    from nbdist.engine.keras_backend import configure_tensorflow
 
     configure_tensorflow(threads, 0)
     import tensorflow as tf

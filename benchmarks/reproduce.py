@@ -148,7 +148,8 @@ def build_model(kind: str):
 
 def calibrate_regime(model, x, y, repeats: int) -> dict:
     """`--sim calibrate`'s measurement, `repeats` times in this kernel; the median fit is used."""
-    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat
+    from nbdist.engine.flat_layout import ensure_built, read_flat
+    from nbdist.engine.flatmodel import FlatModel
     from nbdist.modes.simulate.calibrate import calibrate
 
     ensure_built(model, x[:2])

@@ -46,8 +46,8 @@ from hub_throughput import _hub_base, _shutdown
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S
 from nbdist.hub import client, launch, lines, protocol
 from nbdist.hub.client import WorkerTransport
-from nbdist.hub.messages import Step
 from nbdist.hub.protocol import new_key
+from nbdist.wire.messages import Step
 
 SIZE = 269_322
 PARTS = ("encode", "send", "wait + receive", "decode", "copy in")

@@ -44,8 +44,9 @@ def compute_s(batch: int) -> tuple[float, int]:
     """The worker's compiled step at `batch` on the overhead benchmark's MLP; (seconds, params)."""
     from overhead import MODEL_CODE
 
-    from nbdist.engine.flatmodel import FlatModel, read_flat
-    from nbdist.engine.run_cell import configure_tensorflow
+    from nbdist.engine.flat_layout import read_flat
+    from nbdist.engine.flatmodel import FlatModel
+    from nbdist.engine.keras_backend import configure_tensorflow
 
     configure_tensorflow(max(1, (os.cpu_count() or 1)), 0)
     ns: dict = {}

@@ -102,7 +102,7 @@ def raw_allreduce(env: dict, n_floats: int, reps: int, threads: int, local_rank:
     import time
 
     os.environ.update(env)
-    from nbdist.engine.run_cell import configure_tensorflow
+    from nbdist.engine.keras_backend import configure_tensorflow
 
     configure_tensorflow(threads, local_rank)  # a no-op if TensorFlow already runs here
     import horovod.tensorflow as hvd
@@ -228,7 +228,7 @@ def measure_raw(cluster, n_floats: int, reps: int) -> dict:
 
 
 def flat_size() -> int:
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
 
     ns: dict = {}
     exec(compile(CELL, "<cell>", "exec"), ns)  # noqa: S102 - our own code

@@ -79,11 +79,9 @@ class Switch:
                           f"default ({self.shown}).")
 
 
-def _hub_threads_default() -> str:
-    from nbdist.hub.threads import MAX_THREADS
-
-    return f"half the host's cores, at most {MAX_THREADS}"
-
+# NBDIST_HUB_THREADS's default cap, read by the hub's pool (nbdist.hub.threads): past 4 threads
+# one shard's update is bound by memory, not by cores
+HUB_THREADS_MAX = 4
 
 SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("NBDIST_COURIER", bool, True,
@@ -98,7 +96,7 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
            "each hub shard runs as its own process on its engine; 0: as a thread inside the "
            "engine"),
     Switch("NBDIST_HUB_THREADS", int, None, "update threads per hub shard (1: one pass, no pool)",
-           minimum=1, shown_default=_hub_threads_default),
+           minimum=1, shown_default=f"half the host's cores, at most {HUB_THREADS_MAX}"),
     Switch("NBDIST_KERNELS", bool, True,
            "the hub's compiled update kernel; 0: NumPy, which gives the same numbers"),
     Switch("NBDIST_LOCAL_LINE", bool, True,

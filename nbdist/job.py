@@ -36,7 +36,7 @@ class Job:
     cell: str  # the cell's source, as the engines run it
     namespace: dict  # where the cell ran in the kernel
     contents: CellContents  # its model and data, by name
-    layout: dict  # the model's variable shapes (nbdist.engine.flatmodel.layout)
+    layout: dict  # the model's variable shapes (nbdist.engine.flat_layout.layout)
     params: np.ndarray  # the weights to start from: the cell's model's, or the checkpoint's
     non_trainable: np.ndarray
     optimizer: dict | None  # what the hubs apply; None where the workers keep the cell's
@@ -130,10 +130,10 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
         fit = replace(fit, batch=contents.batch_hint)
         config = config.replace(batch_size=contents.batch_hint)
     from nbdist.algorithms.constraints import constrained_ranges
-    from nbdist.engine.flatmodel import layout, read_flat
+    from nbdist.core.sharding import shard_bounds
+    from nbdist.engine.flat_layout import layout, read_flat
     from nbdist.engine.learning_rate import check_lr
     from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
-    from nbdist.hub.protocol import shard_bounds
 
     model = contents.model
     shape = layout(model)

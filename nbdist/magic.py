@@ -154,6 +154,6 @@ class _MagicPresenter:
     def wait(self, run, on_tick) -> None:
         """Block until the run ends, the dashboard and its controls live meanwhile; raises the
         run's error if it failed."""
-        from nbdist.dashboard.live_wait import wait_live
+        from nbdist.run.live_wait import wait_live
 
         wait_live(run, self.dashboard, on_tick=on_tick)

@@ -57,7 +57,8 @@ def gradients(out: str) -> dict:
     every backend computes on the same numbers."""
     import keras
 
-    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat, write_flat
+    from nbdist.engine.flat_layout import ensure_built, read_flat, write_flat
+    from nbdist.engine.flatmodel import FlatModel
 
     rng = np.random.default_rng(0)
     x = rng.normal(size=(24, FEATURES)).astype(np.float32)
@@ -142,7 +143,7 @@ def adam() -> dict:
 
 def _adam(kind: str) -> dict:
     import nbdist
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
 
     cell = adam_cell(kind)
     ns: dict = {}

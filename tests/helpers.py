@@ -100,7 +100,7 @@ def stop_reading_once(worker: int, after_steps: int, requests: int, pause_s: flo
     into a full line), then waits for that step's reply as usual. Once."""
     import time
 
-    from nbdist.hub.messages import Step
+    from nbdist.wire.messages import Step
 
     def not_reading_from(loop):
         transport, send_step = loop.transport, loop.transport.send_step

@@ -25,7 +25,7 @@ describe_constraints` reads them from the model's variables, kernel side):
 "config": {"max_value": 2.0, "axis": 0}, "epsilon": 1e-7}`, `start` being where the variable's
 floats begin in the flat vector. Its norms need the whole variable, so a shard holds all of a
 constrained variable or none of it (`constrained_ranges` gives the ranges a shard cut must not
-fall inside; `nbdist.hub.protocol.shard_bounds` respects them). Importing this module loads
+fall inside; `nbdist.core.sharding.shard_bounds` respects them). Importing this module loads
 NumPy only.
 """
 
@@ -230,7 +230,7 @@ class ShardConstraints:
                 raise ConfigError(
                     f"The constrained variable {entry['variable']!r} (floats [{lo}, {hi})) is cut "
                     f"by the shard [{offset}, {end}); its norms need all of it on one shard. "
-                    "Expected shard bounds from nbdist.hub.protocol.shard_bounds with the "
+                    "Expected shard bounds from nbdist.core.sharding.shard_bounds with the "
                     "constrained ranges.")
             self._parts.append((lo - offset, hi - offset, tuple(entry["shape"]),
                                 entry["class_name"], entry["config"], entry["epsilon"]))

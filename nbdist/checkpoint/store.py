@@ -20,7 +20,7 @@ checkpoint is refused whole, never half-loaded.
 
 The kernel writes the files (`Run.checkpoint`): it asks every shard for its state over the
 control line (op `state`, answered between two messages, so each shard's part is consistent;
-what a shard sends and how it takes it back is `nbdist.checkpoint.shard_state`),
+what a shard sends and how it takes it back is `nbdist.hub.export`),
 so the checkpoint lands where the notebook runs even when the engines are on other machines,
 and outlives the hub's engine. Shard 0's parameters and data position are taken together;
 further shards answer a moment later, so a chunk may be trained on twice after a resume
@@ -42,11 +42,14 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbdist.algorithms import RULES
+from nbdist.algorithms.optimizers import HubOptimizer
+from nbdist.checkpoint.sync_state import check_meta
 from nbdist.core.schedule import EpochSchedule
 from nbdist.errors import CheckpointError, CheckpointNotFoundError
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import ShardState
+    from nbdist.wire.messages import ShardState
 
 # 2: the cell's optimizer on the hub
 FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"
@@ -335,15 +338,12 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
     if int(meta["schedule"]["num_samples"]) != int(meta["num_samples"]):
         raise _corrupt(meta_path, "its data position is for another number of samples")
     _check_rule_state(meta_path, meta, arrays)
-    from nbdist.checkpoint.sync_state import check_meta
 
     check_meta(meta_path, meta, arrays, _corrupt)
 
 
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Each shard saved exactly the state its rule (and server optimizer) keeps."""
-    from nbdist.algorithms import RULES
-
     for i, shard in enumerate(meta["shards"]):
         if shard.get("rule") != meta["config"].get("algorithm") or shard["rule"] not in RULES:
             raise _corrupt(meta_path, f"shard {i} ran rule {shard.get('rule')!r}, its config "
@@ -366,7 +366,6 @@ def _optimizer_fields(meta_path: str, i: int, shard: dict) -> list[str]:
     spec = shard.get("optimizer")
     if spec is None:
         return []
-    from nbdist.algorithms.optimizers import HubOptimizer
 
     try:
         return list(HubOptimizer(spec, int(shard["size"])).export_state())

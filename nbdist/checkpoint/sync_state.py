@@ -1,19 +1,19 @@
 """Checkpoints of a `--mode sync` run, in the async checkpoint format (`nbdist.checkpoint.store`).
 
-In sync mode the weights live in the Horovod ranks, all identical, and the hub holds none. So
-rank 0 is the source: when the kernel wants a checkpoint it asks the hub (control
-`send_state`), the hub passes the request to rank 0 on its next `report` reply, and rank 0,
-between two allreduce steps, sends its weights, its Keras optimizer's slots (momentum, Adam's
-moments; `iterations` as a number) and its data position to the hub, which keeps the latest
-copy and answers the kernel's `state` request with it. Rank 0 also sends one when training
-ends, which the final checkpoint uses. The kernel writes the files with `checkpoint.save`,
-so the atomic format, the checksum and the checks on load are the async ones; `meta.json`
-gains a `sync` entry (optimizer class, slot shapes, iterations), and `config.mode` is "sync",
-so `nbdist.resume` refuses to continue it as an async run, and the reverse.
+In sync mode the weights live in the Horovod ranks, all identical, and the hub holds none. So rank 0
+is the source: when the kernel wants a checkpoint it asks the hub (control `send_state`), the hub
+passes the request to rank 0 on its next `report` reply, and rank 0, between two allreduce steps,
+sends its weights, its Keras optimizer's slots (momentum, Adam's moments; `iterations` as a number)
+and its data position to the hub, which keeps the latest copy and answers the kernel's `state`
+request with it (`nbdist.hub.export.hub_state`). Rank 0 also sends one when training ends, which the
+final checkpoint uses. The kernel writes the files with `checkpoint.save`, so the atomic format, the
+checksum and the checks on load are the async ones; `meta.json` gains a `sync` entry (optimizer
+class, slot shapes, iterations), and `config.mode` is "sync", so `nbdist.resume` refuses to continue
+it as an async run, and the reverse.
 
-The data position: sync ranks walk each epoch's permutation in global batches, so it is
-(epoch, samples of that epoch done), written as an `EpochSchedule` state with nothing in
-flight. A resume starts there, whatever the new number of ranks.
+The data position: sync ranks walk each epoch's permutation in global batches, so it is (epoch,
+samples of that epoch done), written as an `EpochSchedule` state with nothing in flight
+(`nbdist.core.schedule.schedule_state`). A resume starts there, whatever the new number of ranks.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import time
 import numpy as np
 
 from nbdist.errors import CheckpointError, TrainingError
-from nbdist.hub.messages import Report, ShardState, SyncState
+from nbdist.wire.messages import Report, ShardState, SyncState
 
 NOT_SLOTS = ("iteration", "learning_rate")  # Keras optimizer variables saved as numbers instead
 STATE_WAIT_S = 30.0
@@ -74,39 +74,6 @@ def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
                       optimizer=type(optimizer).__name__,
                       slots=[[int(n) for n in v.shape] for v in optimizer_slots(optimizer)])
     return Report(0, state=state), [params, non_trainable, read_slots(optimizer)]
-
-
-# -- on the hub -------------------------------------------------------------------------------
-
-
-def hub_state(core, snapshot: tuple[SyncState, list]) -> tuple[ShardState, list[np.ndarray]]:
-    """The hub's `state` reply in a sync run: rank 0's latest `snapshot` as shard 0's state
-    (`core`: shard 0's `ShardCore`, for the plan and the rule's name)."""
-    s, (params, non_trainable, slots) = snapshot
-    plan = core.plan
-    # "state_seq", not "seq": the wire's envelope sets a message's own "seq" (hub.schema.ENVELOPE)
-    reply = ShardState(shard=0, state_seq=s.seq, final=s.final, version=s.steps, lr=s.lr,
-                       rule=core.updater.rule.name, rule_options=core.updater.rule.options,
-                       names=["params", "non_trainable", "optimizer_slots"],
-                       schedule=schedule_state(plan.num_samples, plan.epochs, s.epoch, s.offset),
-                       sync={"optimizer": s.optimizer, "slots": s.slots, "iterations": s.iterations,
-                             "steps": s.steps})
-    return reply, [params, non_trainable, slots]
-
-
-def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> dict:
-    """(epoch, samples done in it) as an `EpochSchedule.state()` with nothing in flight.
-
-    Example:
-        >>> schedule_state(10, 3, 1, 4)["remaining"]
-        [0, 6, 10]
-    """
-    if offset >= num_samples:
-        epoch, offset = epoch + 1, 0
-    remaining = [0 if e < epoch else (num_samples - offset if e == epoch else num_samples)
-                 for e in range(epochs)]
-    return {"num_samples": num_samples, "epochs": epochs, "epoch": epoch, "cursor": offset,
-            "remaining": remaining, "done": epoch * num_samples + offset, "pending": []}
 
 
 # -- in the kernel ----------------------------------------------------------------------------

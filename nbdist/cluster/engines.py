@@ -16,6 +16,13 @@ import time
 import weakref
 from dataclasses import dataclass
 
+from nbdist.cluster.netaddr import (
+    LAUNCHERS,
+    controller_address,
+    host_network,
+    launcher_controller_ip,
+)
+from nbdist.cluster.watchdog import spawn
 from nbdist.errors import (
     ClusterError,
     EngineTimeoutError,
@@ -138,9 +145,6 @@ class Cluster:
 
         import ipyparallel as ipp
 
-        from nbdist.cluster.netaddr import LAUNCHERS, launcher_controller_ip
-        from nbdist.cluster.watchdog import spawn
-
         if launcher not in LAUNCHERS:
             raise NoClusterError(f"Unknown launcher (Received: {launcher!r}). Expected one of "
                                  f"{', '.join(LAUNCHERS)}, e.g. %nbdist start 4 --launcher slurm.")
@@ -233,16 +237,12 @@ class Cluster:
 
     def controller_address(self) -> str:
         """The controller's address as the engines reach it (see `nbdist.cluster.netaddr`)."""
-        from nbdist.cluster.netaddr import controller_address
-
         return controller_address(self.client._config)  # noqa: SLF001
 
     def engine_networks(self, engines, timeout: float = 20.0) -> dict:
         """engine id -> its host's `HostNet` (routes, addresses, address towards the controller).
 
         Engines that do not answer within `timeout` raise an UnreachableHostError naming them."""
-        from nbdist.cluster.netaddr import host_network
-
         engines, controller = list(engines), self.controller_address()
         pending = {e: self.client[e].apply_async(host_network, controller) for e in engines}
         nets, silent = {}, []
@@ -262,8 +262,6 @@ class Cluster:
 
     def kernel_network(self):
         """This kernel's `HostNet` (the kernel talks to hubs and serves the sync rendezvous)."""
-        from nbdist.cluster.netaddr import host_network
-
         return host_network(self.controller_address())
 
     def track(self, run) -> None:

@@ -27,6 +27,7 @@ import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
 
+from nbdist.cluster.affinity import allowed_cores
 from nbdist.errors import UnreachableHostError
 
 LOOPBACK = "127.0.0.1"
@@ -276,12 +277,20 @@ def _addresses() -> dict[str, list[tuple[str, int]]]:
     return result
 
 
+def host_id() -> str:
+    """Identifies this machine (hostname + boot id): two processes with the same id share memory
+    (the hub's and the pipeline's same-host paths) and a host (`HostNet.same_host`)."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            boot = f.read().strip()
+    except OSError:
+        boot = ""
+    return f"{socket.gethostname()}:{boot}"
+
+
 def host_network(controller: str) -> HostNet:
     """This process's host: name, identity, routes, addresses and address towards `controller`,
     and the cores this process may use."""
-    from nbdist.cluster.affinity import allowed_cores
-    from nbdist.hub.shm import host_id
-
     try:
         with open("/proc/net/route") as f:
             routes = parse_proc_route(f.read())

@@ -2,9 +2,9 @@
 
 It hands out data chunks (global epochs), counts each push into the statistics and the
 per-worker timeline (`nbdist.core.push_log`), decides batch sizes (DBS-SGD), holds the control
-state (pause, stop, slow-down, batch policy; the kernel changes it:
-`nbdist.core.kernel_control`), queues validation jobs at epoch ends, gates workers that run too
-far ahead (SSP), forms speed groups (group sync), and takes in workers added mid-run. For each
+state (pause, stop, slow-down, batch policy; the kernel changes it through `apply`), queues
+validation jobs at epoch ends, gates workers that run too far ahead (SSP), forms speed groups
+(group sync), and takes in workers added mid-run. For each
 worker request the shard core (`nbdist.core.shard`) calls `assign` (the state changes: chunks
 handed out, an evaluation job taken, the node's state; False: hold the reply), then the pure
 `reply_for`, which reads the reply off that state.
@@ -23,17 +23,16 @@ from typing import TYPE_CHECKING
 from nbdist.algorithms.ssp import StalenessClock
 from nbdist.core.dbs import BatchSizer
 from nbdist.core.epoch_metrics import EpochSums
-from nbdist.core.kernel_control import apply_control
 from nbdist.core.liveness import Liveness
 from nbdist.core.plan import Plan  # (defined there; importable from here too)
 from nbdist.core.push_log import PushLog
-from nbdist.core.schedule import Chunk, EpochSchedule
+from nbdist.core.schedule import EpochSchedule
 from nbdist.core.speed_groups import SpeedGroups
 from nbdist.core.stats import Completed, RunStats
-from nbdist.hub.messages import EvalJob, Reply, ReportReply
+from nbdist.wire.messages import Chunk, EvalJob, Reply, ReportReply
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import Control, EvalResult, Hello, Report, Step
+    from nbdist.wire.messages import Control, EvalResult, Hello, Report, Step
 
 GROUP_WARMUP_PUSHES = 5  # pushes per worker measured before speed groups are formed
 DBS_WARMUP_STEPS = 2  # first steps of each worker that DBS does not measure
@@ -332,9 +331,49 @@ class Coordinator:
             self.paused = True
             self.stats.record_event("pause", now, step=self.steps_counted, reason="--pause-at")
 
-    def control(self, c: Control, now: float) -> None:
-        """Apply the kernel's `Control` (`nbdist.core.kernel_control`)."""
-        apply_control(self, c, now)
+    def apply(self, c: Control, now: float) -> None:
+        """Apply the kernel's control: the learning rate, pause and stop, a worker's slow-down,
+        the batch policy, the rules' live options, regrouping, checkpoint requests and the epoch
+        gate (one `Control`, from `Run.pause`, `Run.set_lr`, ...), at `now` (the shard's clock),
+        each change recorded as an event for the views. The per-request logic only reads this
+        state on every reply."""
+        if c.lr is not None:
+            if self.plan.lr_owner == "workers":
+                self.lr = float(c.lr)
+            self.stats.record_event("set_lr", now, lr=float(c.lr),
+                                     **({"by": c.by} if c.by is not None else {}))
+        if c.paused is not None and c.paused != self.paused:
+            self.paused = c.paused
+            self.stats.record_event("pause" if self.paused else "resume", now)
+        if c.stop and not self.stopping:
+            self.stopping = True
+            self.stats.record_event("stop", now)
+        if c.slowdown is not None:
+            worker, factor = c.slowdown[0], float(c.slowdown[1])
+            self.slowdown[worker] = factor
+            self.stats.record_event("set_slowdown", now, worker=worker, factor=factor)
+        if c.batch_policy is not None:
+            self.sizer.set_policy(c.batch_policy)
+            self.stats.record_event("set_batch_policy", now, policy=c.batch_policy)
+        if c.option is not None:  # validated by the rule first (the hub asks it)
+            name, value = c.option
+            if name == "staleness" and self.clock is not None:
+                self.clock.staleness = int(value)
+            elif name == "max_ratio":
+                self.groups.max_ratio = float(value)
+            elif name == "num_groups":
+                self.groups.wanted = int(value)
+            self.stats.record_event("set_option", now, name=name, value=value)
+        if c.regroup:
+            self.regroup(now)
+        if c.send_state:
+            self.state_wanted += 1
+        if c.epoch_done is not None and self.open_epoch is not None:
+            # the kernel ran the epoch's callbacks
+            self.open_epoch = max(self.open_epoch, c.epoch_done + 1)
+        if c.eval is not None:
+            # a validation the kernel ran itself (a cell's fit call), for the views
+            self.eval_result(-1, c.eval, now)
 
     # -- what the kernel reads --------------------------------------------------------------
 

@@ -13,7 +13,7 @@ from nbdist.core.stats import RunStats
 from nbdist.core.timeline import DelayWindow, Timeline
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import Report, Step
+    from nbdist.wire.messages import Report, Step
 
 DELAY_STATS_EVERY = 16  # pushes between refreshes of a worker's delay mean/p95/max (cost)
 

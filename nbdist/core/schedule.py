@@ -10,33 +10,10 @@ from `(seed, epoch)` with `epoch_permutation`, as the hub would.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
 
 import numpy as np
 
-
-@dataclass(frozen=True)
-class Chunk:
-    """One batch worth of an epoch: positions `[start, stop)` of that epoch's permutation."""
-
-    id: int
-    epoch: int
-    start: int
-    stop: int
-
-    @property
-    def size(self) -> int:
-        return self.stop - self.start
-
-    def to_list(self) -> list[int]:
-        """The wire form, `[id, epoch, start, stop]` (replies carry chunks as JSON lists)."""
-        return [self.id, self.epoch, self.start, self.stop]
-
-    @classmethod
-    def from_list(cls, fields) -> Chunk:
-        """A chunk from its wire form (`to_list`)."""
-        chunk_id, epoch, start, stop = fields
-        return cls(int(chunk_id), int(epoch), int(start), int(stop))
+from nbdist.wire.messages import Chunk
 
 
 def epoch_permutation(num_samples: int, seed: int, epoch: int) -> np.ndarray:
@@ -194,3 +171,18 @@ class EpochSchedule:
             s._requeued.append(Chunk(s._next_id, e, start, stop))
             s._next_id += 1
         return s
+
+
+def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> dict:
+    """(epoch, samples done in it) as an `EpochSchedule.state()` with nothing in flight.
+
+    Example:
+        >>> schedule_state(10, 3, 1, 4)["remaining"]
+        [0, 6, 10]
+    """
+    if offset >= num_samples:
+        epoch, offset = epoch + 1, 0
+    remaining = [0 if e < epoch else (num_samples - offset if e == epoch else num_samples)
+                 for e in range(epochs)]
+    return {"num_samples": num_samples, "epochs": epochs, "epoch": epoch, "cursor": offset,
+            "remaining": remaining, "done": epoch * num_samples + offset, "pending": []}

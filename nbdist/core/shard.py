@@ -31,10 +31,10 @@ from nbdist.core.coordinator import Coordinator
 from nbdist.core.plan import Plan
 from nbdist.core.schedule import EpochSchedule
 from nbdist.core.updater import make_updater
-from nbdist.hub.messages import Reply
+from nbdist.wire.messages import Reply
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import Control, EvalResult, Hello, Step
+    from nbdist.wire.messages import Control, EvalResult, Hello, Step
 
 GROUP_WAIT_LIMIT_S = 5.0  # longest a group step waits for a missing member
 
@@ -74,7 +74,7 @@ class ShardCore:
     mode, one group of everyone applied with plain ASGD at the plain rate.
 
     Example:
-        >>> from nbdist.hub.messages import Hello, Step
+        >>> from nbdist.wire.messages import Hello, Step
         >>> plan = Plan(num_workers=1, num_samples=4, epochs=1, batch_size=4, lr=0.5,
         ...             has_validation=False)
         >>> core = ShardCore(plan, np.zeros(2, np.float32), np.zeros(0, np.float32),
@@ -325,7 +325,7 @@ class ShardCore:
             for step in self.barrier.flush_all():
                 self.apply_group(step)
         if self.coordinator is not None:
-            self.coordinator.control(c, self.now())
+            self.coordinator.apply(c, self.now())
 
     def stats(self, since: int = 0, timeline: bool = False) -> dict:
         """Shard 0's statistics for the kernel (the driver adds its own error and drop counts)."""
@@ -341,7 +341,7 @@ class ShardCore:
     # -- checkpoints -------------------------------------------------------------------------
 
     def export(self) -> dict:
-        """Everything a checkpoint saves of this shard (`nbdist.checkpoint.shard_state` writes
+        """Everything a checkpoint saves of this shard (`nbdist.hub.export` writes
         it as numbers and arrays): copies, so the shard may go on at once."""
         self.settle()
         rule, opt = self.updater.rule, self.updater.optimizer

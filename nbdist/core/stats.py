@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, NamedTuple
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import Hello, Report, Step
+    from nbdist.wire.messages import Hello, Report, Step
 
 HISTORY_COLUMNS = ("time", "step", "epoch", "worker", "loss", "delay", "batch_size")
 EMA_WEIGHT = 0.2  # weight of the newest step in the samples/s moving average

@@ -34,9 +34,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbdist.algorithms import make_rule
 from nbdist.algorithms.blocks import Runner, block_ranges, run_serial
 from nbdist.algorithms.constraints import ShardConstraints
 from nbdist.algorithms.kernels import STREAM_MIN, copy_out
+from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -89,8 +91,6 @@ class Updater:
 
     def __init__(self, rule: Rule, spec: dict | None, offset: int = 0, staleness_lr: bool = False,
                  constraints: list[dict] | tuple = (), predict: bool = False):
-        from nbdist.algorithms.optimizers import HubOptimizer
-
         self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
         self.optimizer = HubOptimizer(spec, rule.size, offset) if spec is not None else None
         self.constraints = ShardConstraints(constraints, offset, rule.size)
@@ -205,9 +205,6 @@ def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, of
                  constraints: list[dict] | tuple = ()) -> Updater:
     """A shard's rule, optimizer and constraints for `plan` (a `Plan`), as the hub and the
     simulator build them. No `optimizer` (easgd, or a hub built by hand): plain SGD at `plan.lr`."""
-    from nbdist.algorithms import make_rule
-    from nbdist.algorithms.optimizers import server_optimizer_spec
-
     rule = make_rule(plan.algorithm, size, plan.num_workers, rule_options)
     # an overlapped push is one read behind
     rule.reads_kept = 2 if getattr(plan, "overlap", False) else 1

@@ -13,8 +13,8 @@ Responsible for:
   following the workers (one more for each worker added mid-run);
 - refreshing them from the kernel's own asyncio loop (a `call_later` chain on the main
   thread): widgets are only touched by the thread that also handles the clicks. While a cell
-  blocks that loop waiting for the run (`%%distribute --wait`), `live_wait.wait_live` calls
-  `step` at the same cadence, from the same thread, and passes the clicks on;
+  blocks that loop waiting for the run (`%%distribute --wait`), `nbdist.run.live_wait.wait_live`
+  calls `step` at the same cadence, from the same thread, and passes the clicks on;
 - redrawing only what changed: the node table on every poll, the per-worker series when a
   new timeline arrived (every 2 s), the loss curves at most every `LOSS_EVERY_S`;
 - falling back to a one-line text status where widgets cannot render (plain IPython, a

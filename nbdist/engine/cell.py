@@ -240,7 +240,7 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
     x, y = head[0], head[1]
     sw = head[2] if len(head) > 2 else None
     try:
-        from nbdist.engine.flatmodel import ensure_built
+        from nbdist.engine.flat_layout import ensure_built
 
         ensure_built(model, x, y, sw)  # as every worker does before comparing variables
         y_pred = model(x, training=False)

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbdist.core.schedule import epoch_permutation
 from nbdist.errors import DataError
 
 READ_BATCH = 256  # samples per read when a dataset is unbatched or streamed
@@ -311,8 +312,6 @@ class ArraySource:
         order = self._orders.get(n_pass)
         if order is None:
             if self.shuffle:
-                from nbdist.core.schedule import epoch_permutation
-
                 order = epoch_permutation(self.num_samples, self.seed, n_pass)
             else:
                 order = np.arange(self.num_samples, dtype=np.int64)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 
+from nbdist.engine.data import num_rows
 from nbdist.errors import NonFiniteLossError
 
 
@@ -15,7 +16,6 @@ def evaluate(model, validation: tuple | None, batch_size: int, one_batch_limit: 
     data pipeline on every call, which costs more than a small set's evaluation."""
     if validation is None:
         return {}
-    from nbdist.engine.data import num_rows
 
     xv, yv, sw = (*validation, None)[:3]
     if num_rows(xv) <= one_batch_limit:

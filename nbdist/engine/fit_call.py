@@ -19,6 +19,7 @@ import math
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from nbdist.engine.keras_backend import when_imported
 from nbdist.errors import CellError
 
 # Keras 3's `Model.fit` parameters, in order (positional calls bind in this order).
@@ -173,8 +174,6 @@ def fit_intercepted(on_fit: Callable[[FitCall], object]) -> Iterator[list[FitCal
     Yields the list of calls seen. Keras is not imported here: a cell that imports it first
     has it patched as soon as it is imported (`nbdist.engine.keras_backend.when_imported`),
     so the cell's own KERAS_BACKEND line still chooses the backend."""
-    from nbdist.engine.keras_backend import when_imported
-
     calls: list[FitCall] = []
     saved: dict = {}
 

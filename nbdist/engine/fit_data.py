@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbdist.engine.data import STREAMS, kind_of, nbytes, num_rows, take
 from nbdist.engine.fit_call import MODEL, SW, VAL_SW, VAL_X, VAL_Y, FitCall, X, Y
 from nbdist.errors import CellError
 
@@ -35,8 +36,6 @@ class FitData:
 def place(call: FitCall, namespace: dict) -> FitData:
     """Put the call's model and data into `namespace` under the reserved names; see the module
     docstring. Raises a CellError for what the call cannot mean."""
-    from nbdist.engine.data import STREAMS, kind_of
-
     namespace[MODEL] = call.model
     kind = kind_of(call.x)
     if call.x is None:
@@ -97,8 +96,6 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
     (every engine reads its own, as the cell made it there) and replayed each epoch."""
     from itertools import islice
 
-    from nbdist.engine.data import nbytes
-
     if call.y is not None or call.validation_split:
         raise CellError(f"model.fit() got a {type(call.x).__name__} as x, which yields its own "
                         "labels; as in Keras it takes no y and no validation_split. Drop them.")
@@ -133,8 +130,6 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
 
 
 def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
-    from nbdist.engine.data import STREAMS, kind_of
-
     if kind_of(value) in STREAMS:
         namespace[VAL_X] = value
         return (VAL_X,)
@@ -164,8 +159,6 @@ def split_last(fraction: float, *arrays):
         >>> a.tolist(), va.tolist(), b, vb
         ([0, 1, 2, 3, 4, 5], [6, 7], None, None)
     """
-    from nbdist.engine.data import num_rows, take
-
     n = num_rows(next(a for a in arrays if a is not None))
     at = int(math.floor(n * (1.0 - fraction)))
     if at == 0 or at == n:

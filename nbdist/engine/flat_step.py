@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from nbdist.engine.flatmodel import read_flat, variables_of, write_flat
+from nbdist.engine.flat_layout import read_flat, variables_of, write_flat
+from nbdist.engine.learning_rate import set_constant_lr
+from nbdist.engine.step_metrics import increments, zero_metrics
 
 
 def stateless_loss(model, values: list, nt_values: list, x, y, sample_weight=None) -> tuple:
     """(loss, y_pred, non-trainable values after the forward pass, metric variables after the
     loss trackers' update from zero) of one training batch, writing no variable."""
-    from nbdist.engine.step_metrics import zero_metrics
-
     training = {"training": True} if getattr(model, "_call_has_training_arg", True) else {}
     y_pred, nt_new, losses = model.stateless_call(values, nt_values, x, return_losses=True,
                                                   **training)
@@ -75,8 +75,6 @@ class StepParts:
         metric increments, new integer state) from a differentiated `loss`; `grad` is flat, or
         a list of the variables' gradients (JAX's), and is returned as it came."""
         from keras import ops
-
-        from nbdist.engine.step_metrics import increments
 
         y_pred, nt_new, metrics_new = aux
         metrics = increments(self.model, loss, x, y, y_pred, sample_weight, after_loss=metrics_new)
@@ -184,6 +182,4 @@ class StatelessFlatModel:
 
     def set_learning_rate(self, lr: float) -> None:
         """The cell optimizer's rate (local steps follow `run.set_lr`); it replaces a schedule."""
-        from nbdist.engine.learning_rate import set_constant_lr
-
         set_constant_lr(self.model.optimizer, lr)

@@ -22,7 +22,11 @@ import logging
 
 import numpy as np
 
-from nbdist.engine.flatmodel import variables_of
+from nbdist.engine.flat_layout import variables_of
+from nbdist.engine.flat_step import stateless_loss
+from nbdist.engine.learning_rate import set_constant_lr
+from nbdist.engine.step_metrics import increments
+from nbdist.env import switch
 
 log = logging.getLogger(__name__)
 
@@ -38,8 +42,6 @@ class TensorFlowFlatModel:
 
     def __init__(self, model):
         import tensorflow as tf
-
-        from nbdist.engine.step_metrics import increments
 
         self.model = model
         self.trainable, self.non_trainable = variables_of(model)
@@ -145,10 +147,6 @@ class TensorFlowFlatModel:
     def _make_stateless(self, tf, sizes: list[int], nt_sizes: list[int], flatten):
         """The stateless gradient function (see the module docstring), or None when the model
         has no `stateless_call` (not a Keras 3 layer) or nbdist's NBDIST_STATELESS=0 says so."""
-        from nbdist.engine.flat_step import stateless_loss
-        from nbdist.engine.step_metrics import increments
-        from nbdist.env import switch
-
         model = self.model
         if not switch("NBDIST_STATELESS") or not hasattr(model, "stateless_call") \
                 or not hasattr(model, "stateless_compute_loss"):
@@ -187,8 +185,6 @@ class TensorFlowFlatModel:
     def _make_local_step(self):
         """One compiled step with the cell's own optimizer (--local-steps)."""
         import tensorflow as tf
-
-        from nbdist.engine.step_metrics import increments
 
         model, trainable, optimizer = self.model, self.trainable, self.model.optimizer
 
@@ -268,7 +264,5 @@ class TensorFlowFlatModel:
     def set_learning_rate(self, lr: float) -> None:
         """The cell optimizer's rate (local steps follow `run.set_lr`); it replaces a schedule,
         and the compiled local step is traced again, since it evaluated the schedule."""
-        from nbdist.engine.learning_rate import set_constant_lr
-
         if set_constant_lr(self.model.optimizer, lr) is not None:
             self._local_step = self._make_local_step()

@@ -16,19 +16,19 @@ it (`after - before`), and the hub adds that change to its copy. Sequential trai
 apply exactly these changes one after another; asynchronous training applies them in arrival
 order. Integer state (dropout seed counters) stays local to each worker.
 
-The helpers here (`layout`, `read_flat`, `write_flat`, `ensure_built`) are backend-neutral.
+Which variables the buffers hold, in what order, and how they are read and written, is
+backend-neutral: `nbdist.engine.flat_layout`, which the steps and every mode import.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from nbdist.engine.keras_backend import backend_name
 
 
 def FlatModel(model):  # noqa: N802 - callers construct it like the class it returns
     """The compiled flat-buffer step for `model` on this process's Keras backend."""
-    from nbdist.engine.keras_backend import backend_name
-
     backend = backend_name()
+    # each step imports its backend's framework: only the one this process runs is loaded
     if backend == "jax":
         from nbdist.engine.flat_jax import JaxFlatModel
 
@@ -40,66 +40,3 @@ def FlatModel(model):  # noqa: N802 - callers construct it like the class it ret
     from nbdist.engine.flat_tf import TensorFlowFlatModel
 
     return TensorFlowFlatModel(model)
-
-
-def ensure_built(model, x_sample, y_sample=None, sample_weight=None) -> None:
-    """Create every variable of `model` with one forward pass in inference mode on `x_sample`
-    (a sample or two; nested for several inputs), the same way in the kernel and in every
-    worker, before `layout` is read; with `y_sample`, also the compiled loss's and metrics'
-    variables, as `fit` creates them before its first step.
-
-    Keras creates a subclassed model's variables on its first call: `model.build((None, 10))`
-    alone may create none. Inference mode changes no state (no BatchNorm update, no dropout).
-    """
-    first = head(x_sample, 1)
-    y_pred = model(first, training=False)
-    if y_sample is not None:
-        from nbdist.engine.step_metrics import build_metrics
-
-        build_metrics(model, first, head(y_sample, 1), y_pred,
-                      None if sample_weight is None else head(sample_weight, 1))
-
-
-def head(data, n: int):
-    """The first `n` samples of an array or of a nested structure of arrays."""
-    from nbdist.engine.data import take
-
-    return take(data, slice(0, n))
-
-
-def layout(model) -> dict:
-    """Shapes of the trainable and float non-trainable variables, in the order used."""
-    trainable, non_trainable = variables_of(model)
-    return {"trainable": [list(v.shape) for v in trainable],
-            "non_trainable": [list(v.shape) for v in non_trainable]}
-
-
-def variables_of(model) -> tuple[list, list]:
-    """(trainable variables, float non-trainable variables), in the flat buffers' order."""
-    trainable = list(model.trainable_variables)
-    non_trainable = [v for v in model.non_trainable_variables if "float" in str(v.dtype)]
-    return trainable, non_trainable
-
-
-def read_flat(model) -> tuple[np.ndarray, np.ndarray]:
-    """The model's current trainable and non-trainable values as flat float32 arrays."""
-    trainable, non_trainable = variables_of(model)
-    return concat_values(trainable), concat_values(non_trainable)
-
-
-def write_flat(model, params: np.ndarray, non_trainable: np.ndarray) -> None:
-    """Set the model's variables from flat arrays (kernel side; not on the hot path)."""
-    trainable, nt_vars = variables_of(model)
-    for variables, flat in ((trainable, params), (nt_vars, non_trainable)):
-        offset = 0
-        for v in variables:
-            n = int(np.prod(v.shape))
-            v.assign(np.asarray(flat[offset:offset + n]).reshape(v.shape))
-            offset += n
-
-
-def concat_values(variables: list) -> np.ndarray:
-    """The variables' values, each flattened, in one float32 array."""
-    if not variables:
-        return np.zeros(0, dtype=np.float32)
-    return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).ravel() for v in variables])

@@ -32,7 +32,7 @@ def gpu_index(local_rank: int, count: int) -> int | None:
 def device_for(local_rank: int, count: int, visible: str | None) -> int:
     """The NVML index of the GPU a worker of `local_rank` uses among `count` visible ones:
     TensorFlow lists the devices of CUDA_VISIBLE_DEVICES (`visible`) in that order, and the
-    engine takes entry `local_rank % count` (nbdist.engine.run_cell.configure_tensorflow).
+    engine takes entry `local_rank % count` (nbdist.engine.keras_backend.configure_tensorflow).
 
     Example:
         >>> device_for(1, 2, "2,3"), device_for(3, 4, None), device_for(2, 2, "5,7")

@@ -27,6 +27,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator
 
+from nbdist.engine.gpu import gpu_index, use_device
 from nbdist.errors import BackendError
 from nbdist.modes import BACKENDS, refuse_backend
 
@@ -111,8 +112,6 @@ def kernel_backend(mode: str) -> str:
 def configure_engine(backend: str, threads: int | None, local_rank: int) -> None:
     """A worker's thread budget and GPU (by local rank), before its backend computes anything."""
     if backend == "tensorflow":
-        from nbdist.engine.run_cell import configure_tensorflow
-
         configure_tensorflow(threads, local_rank)
     elif backend == "torch":
         import torch
@@ -120,8 +119,6 @@ def configure_engine(backend: str, threads: int | None, local_rank: int) -> None
         if threads:
             torch.set_num_threads(threads)
         if torch.cuda.is_available():
-            from nbdist.engine.gpu import gpu_index, use_device
-
             count = torch.cuda.device_count()
             use_device(local_rank, count)
             torch.cuda.set_device(gpu_index(local_rank, count))
@@ -132,6 +129,24 @@ def configure_engine(backend: str, threads: int | None, local_rank: int) -> None
         if "xla_cpu_multi_thread_eigen" not in flags:
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false "
                                        "intra_op_parallelism_threads=1").strip()
+
+
+def configure_tensorflow(threads: int | None, local_rank: int) -> None:
+    """Thread budget and device pinning (one GPU per worker on a GPU node, chosen by local
+    rank); must run before TensorFlow executes anything."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
+    import tensorflow as tf
+
+    try:
+        if threads:
+            tf.config.threading.set_intra_op_parallelism_threads(threads)
+            tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
+        gpus = tf.config.list_physical_devices("GPU")
+        if gpus:
+            use_device(local_rank, len(gpus))  # the GPU monitor reads this device, not the first
+            tf.config.set_visible_devices(gpus[gpu_index(local_rank, len(gpus))], "GPU")
+    except RuntimeError:  # already initialised by an earlier run in this engine: keep it
+        pass
 
 
 @contextlib.contextmanager

@@ -21,6 +21,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbdist.engine.cell_traceback import cell_errors_shown, compile_cell, engine_tag
+from nbdist.engine.data import (
+    ArraySource,
+    ShardStream,
+    as_float32,
+    load,
+    map_nested,
+    validation_arrays,
+)
+from nbdist.engine.fit_call import FitReached, fit_intercepted, stop_at_fit
+from nbdist.engine.fit_data import place
+from nbdist.engine.flat_layout import ensure_built
+from nbdist.engine.keras_backend import check_engine, configure_engine, use_on_engine
 from nbdist.errors import CellError
 
 
@@ -59,26 +72,6 @@ def engine_namespace() -> dict:
     return shell.user_ns if shell is not None else {}
 
 
-def configure_tensorflow(threads: int | None, local_rank: int) -> None:
-    """Thread budget and device pinning (one GPU per worker on a GPU node, chosen by local
-    rank); must run before TensorFlow executes anything."""
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
-    import tensorflow as tf
-
-    try:
-        if threads:
-            tf.config.threading.set_intra_op_parallelism_threads(threads)
-            tf.config.threading.set_inter_op_parallelism_threads(min(threads, 2))
-        gpus = tf.config.list_physical_devices("GPU")
-        if gpus:
-            from nbdist.engine.gpu import gpu_index, use_device
-
-            use_device(local_rank, len(gpus))  # the GPU monitor reads this device, not the first
-            tf.config.set_visible_devices(gpus[gpu_index(local_rank, len(gpus))], "GPU")
-    except RuntimeError:  # already initialised by an earlier run in this engine: keep it
-        pass
-
-
 def execute_cell(source: str | None, pushed: dict, threads: int | None, local_rank: int = 0,
                  namespace: dict | None = None, *, backend: str = "tensorflow",
                  engine: int | None = None) -> dict:
@@ -86,8 +79,6 @@ def execute_cell(source: str | None, pushed: dict, threads: int | None, local_ra
     user's cell in its namespace with the values it reads from earlier cells (`pushed`);
     returns the namespace. Every mode runs the cell on an engine through here. `source` None:
     the namespace already holds the cell's results (--mode local, in-process tests)."""
-    from nbdist.engine.keras_backend import check_engine, configure_engine, use_on_engine
-
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     use_on_engine(backend, engine)
     configure_engine(backend, threads, local_rank)
@@ -105,9 +96,6 @@ def run_until_fit(source: str, ns: dict):
     Returns the placed `FitData`, or None for a cell without a fit call. On an engine, an
     error of the cell shows the cell's own lines, tagged with the engine and its host
     (`nbdist.engine.cell_traceback`)."""
-    from nbdist.engine.cell_traceback import cell_errors_shown, compile_cell, engine_tag
-    from nbdist.engine.fit_call import FitReached, fit_intercepted, stop_at_fit
-
     with fit_intercepted(stop_at_fit(ns, FIT_KEY)), cell_errors_shown(engine_tag()):
         try:
             exec(compile_cell(source), ns)  # noqa: S102 - the user's own cell
@@ -116,7 +104,6 @@ def run_until_fit(source: str, ns: dict):
     call = ns.pop(FIT_KEY, None)
     if call is None:
         return None
-    from nbdist.engine.fit_data import place
 
     return place(call, ns)
 
@@ -131,7 +118,6 @@ def run_cell(spec, namespace: dict | None = None) -> tuple:
     ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace,
                       backend=spec.keras_backend, engine=spec.engine)
     model, data, validation = find_training(ns, spec)
-    from nbdist.engine.flatmodel import ensure_built
 
     ensure_built(model, *data.head(2))  # as the kernel did: variables, compiled loss and metrics
     return model, data, validation
@@ -139,8 +125,6 @@ def run_cell(spec, namespace: dict | None = None) -> tuple:
 
 def find_training(ns: dict, spec) -> tuple:
     """The model, the training data as a batch source, the validation arrays (or None)."""
-    from nbdist.engine.data import ArraySource, ShardStream, as_float32, load, validation_arrays
-
     missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
     if missing:
         raise CellError(
@@ -169,6 +153,4 @@ def find_training(ns: dict, spec) -> tuple:
 
 def as_arrays(value):
     """An array, or a list or dict of them (several inputs or outputs), as NumPy arrays."""
-    from nbdist.engine.data import map_nested
-
     return map_nested(np.asarray, value)

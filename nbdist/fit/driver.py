@@ -29,6 +29,11 @@ import time
 
 import numpy as np
 
+from nbdist.engine.flat_layout import write_flat
+from nbdist.engine.learning_rate import schedule_name
+from nbdist.engine.step_metrics import epoch_logs
+from nbdist.errors import NonFiniteLossError, TrainingError
+
 log = logging.getLogger(__name__)
 
 BATCH_HOOK_S = 0.5  # batch-level callbacks are called at most this often (see the docstring)
@@ -117,8 +122,6 @@ class FitDriver:
         the last epoch's weights). Without it the error is raised from the fit call."""
         import keras
 
-        from nbdist.errors import NonFiniteLossError
-
         if not isinstance(error, NonFiniteLossError) or not any(
                 isinstance(cb, keras.callbacks.TerminateOnNaN) for cb in self.callbacks.callbacks):
             return False
@@ -159,16 +162,12 @@ class FitDriver:
             return
         self._epoch_begin()
         if self.epoch <= self.last_epoch:
-            from nbdist.errors import TrainingError
-
             try:
                 self.run.release_epoch(ended)  # the workers wait for it (the epoch gate)
             except TrainingError:  # the run ended meanwhile (stopped, failed): nothing waits
                 pass
 
     def _train_logs(self, hub_epoch: int) -> dict:
-        from nbdist.engine.step_metrics import epoch_logs
-
         sums = self.run.stats.get("epoch_metrics", {}).get(str(hub_epoch))
         if sums is None:
             return {}
@@ -193,8 +192,6 @@ class FitDriver:
     def _current_weights(self):
         """The run's weights now (at the epoch gate: the epoch's). A run that fails meanwhile
         has no hub to ask any more: its own error is what the waiting cell raises."""
-        from nbdist.errors import TrainingError
-
         try:
             return self.run.current_weights()
         except TrainingError:
@@ -203,8 +200,6 @@ class FitDriver:
             raise
 
     def _write(self, weights) -> None:
-        from nbdist.engine.flatmodel import write_flat
-
         write_flat(self.model, *weights)
 
     def _stop(self) -> None:
@@ -241,8 +236,6 @@ class _RateWatch:
         self.driver = driver
 
     def __enter__(self):
-        from nbdist.engine.learning_rate import schedule_name
-
         optimizer = self.driver.model.optimizer
         self.constant = schedule_name(optimizer) is None
         self.before = None

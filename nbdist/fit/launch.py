@@ -31,7 +31,7 @@ class Presenter:
     def wait(self, run, on_tick) -> None:
         """Block until the run ends, calling `on_tick()` often from this (the main) thread;
         raises the run's error if it failed."""
-        from nbdist.dashboard.live_wait import wait_live
+        from nbdist.run.live_wait import wait_live
 
         wait_live(run, None, on_tick=on_tick)  # without a kernel: a plain wait that ticks
 

@@ -1,5 +1,5 @@
 """A worker's transport to all hub shards (`WorkerTransport`), in typed messages
-(`nbdist.hub.messages`) over one signed line per shard (`nbdist.hub.lines`).
+(`nbdist.wire.messages`) over one signed line per shard (`nbdist.hub.lines`).
 
 It moves one flat gradient buffer to every shard and one flat parameter buffer back per step.
 On the same host it uses one shared segment `[gradient | parameters]` that every shard reads
@@ -15,14 +15,14 @@ import contextlib
 import numpy as np
 import zmq
 
-from nbdist.cluster.netaddr import check_reachable
+from nbdist.cluster.netaddr import check_reachable, host_id
 from nbdist.core import compression
 from nbdist.engine.gpu import GpuMonitor
 from nbdist.errors import TrainingError
 from nbdist.hub import shm
 from nbdist.hub.lines import choose_line, open_lines
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.messages import Bye, Hello, Reply, Step
+from nbdist.wire.messages import Bye, Hello, Reply, Step
 
 
 class WorkerTransport:
@@ -44,7 +44,7 @@ class WorkerTransport:
             self.bounds.append((start, start + s["size"]))
             start += s["size"]
         self.total = start
-        here = shm.host_id()
+        here = host_id()
         self.use_shm = transport != "tcp" and all(s["host"] == here for s in shards)
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; "
@@ -77,7 +77,7 @@ class WorkerTransport:
     def hello(self) -> Reply:
         """Register with every shard and pull the parameters; returns shard 0's reply."""
         for i, line in enumerate(self.lines):
-            hello = Hello(self.worker, engine=self.engine, host=shm.host_id().split(":")[0],
+            hello = Hello(self.worker, engine=self.engine, host=host_id().split(":")[0],
                           compression=self.compression, link=self.link, **self.gpu.info())
             if self._segment is not None:
                 hello.shm, hello.offset, hello.total = (self._segment.name, self.bounds[i][0],

@@ -1,5 +1,5 @@
 """The kernel's line to a run's hub shards (`HubControl`): statistics, control, the final
-parameters, checkpoint state and shutdown, as typed requests (`nbdist.hub.messages`) over one
+parameters, checkpoint state and shutdown, as typed requests (`nbdist.wire.messages`) over one
 signed line per shard (`nbdist.hub.lines`)."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import zmq
 
 from nbdist.errors import TrainingError
 from nbdist.hub.lines import open_lines
-from nbdist.hub.messages import Control, Params, Peers, ShardState, Shutdown, State, Stats
+from nbdist.wire.messages import Control, Params, Peers, ShardState, Shutdown, State, Stats
 
 
 class HubControl:

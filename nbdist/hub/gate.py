@@ -28,6 +28,7 @@ for its own timeout): the cap protects memory, not availability.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import os
 import queue
@@ -60,6 +61,21 @@ def credentials(key: bytes, gate: str) -> tuple[bytes, bytes]:
     """
     username = f"{gate}:{secrets.token_hex(16)}".encode()
     return username, _token(key, username)
+
+
+def curve_keys(key: bytes) -> dict[str, bytes]:
+    """The run's CurveZMQ key pairs, derived from its secret key (so no more secrets travel):
+    one for the hubs (server) and one for their clients (workers, kernel). With --encrypt the
+    gate admits only the client key."""
+    import zmq
+    from zmq.utils import z85
+
+    keys = {}
+    for role in ("server", "client"):
+        secret = z85.encode(hashlib.blake2b(key, person=f"nbdist-{role}".encode()[:16],
+                                                      digest_size=32).digest())
+        keys[f"{role}_secret"], keys[f"{role}_public"] = secret, zmq.curve_public(secret)
+    return keys
 
 
 def _token(key: bytes, username: bytes) -> bytes:
@@ -110,8 +126,6 @@ class Gate:
         self._client_key = b""
         if encrypt:
             from zmq.utils import z85
-
-            from nbdist.hub.wire import curve_keys
 
             keys = curve_keys(key)
             self._secret, self._client_key = (keys["server_secret"],

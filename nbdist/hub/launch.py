@@ -17,11 +17,13 @@ import sys
 import threading
 from dataclasses import replace
 
-import nbdist
 from nbdist.env import switch
 from nbdist.hub.process import encode_spec
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.hub.wire import remove_socket_files
+
+# the folder that holds nbdist/ (this file is nbdist/hub/launch.py): the child's PYTHONPATH
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 START_TIMEOUT_S = 60.0
 _hubs: dict[tuple[str, int], object] = {}
@@ -57,7 +59,7 @@ class _ProcessHub:
     def __init__(self, spec: HubSpec):
         self.shard = spec.shard
         child_env = os.environ.copy()  # the child imports the same nbdist as this engine
-        root = os.path.dirname(os.path.dirname(os.path.abspath(nbdist.__file__)))
+        root = PACKAGE_PARENT
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (root, child_env.get("PYTHONPATH")) if p)
         self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"],

@@ -2,7 +2,7 @@
 (`nbdist.hub.client`), the kernel's control (`nbdist.hub.control`) and shard 0's write-off
 relay (`nbdist.hub.writeoff`) use it: a ZeroMQ DEALER socket (`Line`), or on the shard's host
 a Unix socket (`LocalLine`, `nbdist.hub.localline`). It sends typed messages
-(`nbdist.hub.messages`) and takes back the reply to its latest request, typed as that
+(`nbdist.wire.messages`) and takes back the reply to its latest request, typed as that
 request's `REPLY`; whatever else arrives is dropped and counted by reason.
 """
 
@@ -18,10 +18,10 @@ import zmq
 
 from nbdist.errors import ProtocolError, TrainingError
 from nbdist.hub import localline
-from nbdist.hub.messages import Error
 from nbdist.hub.protocol import Codec, Message, send_frames
-from nbdist.hub.schema import Wire
 from nbdist.hub.wire import MAX_FRAMES, client_socket
+from nbdist.wire.messages import Error
+from nbdist.wire.schema import Wire
 
 W = TypeVar("W", bound=Wire)
 

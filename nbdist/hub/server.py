@@ -9,21 +9,21 @@ worker too far ahead; group sync: a group still incomplete) is sent as soon as t
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
 
-The requests it answers and their replies are typed in `nbdist.hub.messages` (hello, step, bye
+The requests it answers and their replies are typed in `nbdist.wire.messages` (hello, step, bye
 from workers; report from a sync rank; stats, control, params, state, peers and shutdown from
-the kernel, answered in `nbdist.hub.kernel_ops`), all signed (`nbdist.hub.protocol`). Shard 0
+the kernel, answered by `Hub`'s kernel ops), all signed (`nbdist.hub.protocol`). Shard 0
 also answers a bare `step` (no push, no pull), so idle workers can wait cheaply.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 import traceback
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import numpy as np
 import zmq
@@ -32,12 +32,11 @@ from nbdist.core import compression
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
-from nbdist.hub import kernel_ops, localline, shm, writeoff
+from nbdist.hub import localline, shm, writeoff
+from nbdist.hub.export import hub_state, shard_state
 from nbdist.hub.memory import reuse_large_buffers
-from nbdist.hub.messages import Bye, Error, Hello, Ok, Reply, Report, ReportReply, Step
 from nbdist.hub.profile import marker
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
-from nbdist.hub.schema import Wire
 from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import (
     Inbox,
@@ -49,6 +48,26 @@ from nbdist.hub.wire import (
     server_socket,
     socket_folder,
 )
+from nbdist.wire.messages import (
+    Bye,
+    Control,
+    Error,
+    Hello,
+    Ok,
+    Params,
+    ParamsReply,
+    Peers,
+    Reply,
+    Report,
+    ReportReply,
+    ShardState,
+    Shutdown,
+    State,
+    Stats,
+    StatsReply,
+    Step,
+)
+from nbdist.wire.schema import Wire
 
 log = logging.getLogger(__name__)
 __all__ = ["GROUP_WAIT_LIMIT_S", "Hub", "HubSpec"]
@@ -155,7 +174,8 @@ class Hub:
     def serve(self) -> dict:
         """Answer messages until `shutdown`, or until nobody has spoken for `idle_timeout`."""
         handlers = {Hello: self._hello, Step: self._step, Report: self._report, Bye: self._bye,
-                    **{op: partial(handle, self) for op, handle in kernel_ops.HANDLERS.items()}}
+                    Stats: self._stats, Control: self._control, Params: self._params,
+                    State: self._state, Peers: self._peers, Shutdown: self._shutdown}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = time.monotonic()
         last_check = self.now()
@@ -363,6 +383,37 @@ class Hub:
         link = self.links.pop(worker, None)
         if link:
             shm.release(link.segment)
+
+    # -- kernel ops: the kernel's requests (`HubControl`), a few a second at most -----------
+
+    def _stats(self, stats: Stats, msg: Message, ret: Return) -> tuple[StatsReply, list]:
+        snap = self.core.stats(stats.since, stats.timeline)
+        snap.update(error=self.error, dropped=self.dropped_counts())
+        return StatsReply(), [json.dumps(snap).encode()]
+
+    def _control(self, control: Control, msg: Message, ret: Return) -> tuple[Ok, list]:
+        if control.lost is not None:
+            self.unlink(control.lost)
+        self.core.control(control)
+        return Ok(), []
+
+    def _params(self, params: Params, msg: Message, ret: Return) -> tuple[ParamsReply, list]:
+        return ParamsReply(self.core.version), [self.core.params.copy(),
+                                                self.core.non_trainable.copy()]
+
+    def _state(self, state: State, msg: Message, ret: Return) -> tuple[ShardState, list]:
+        if self.sync_snapshot is not None:  # sync mode: the weights rank 0 sent
+            return hub_state(self.core, self.sync_snapshot)
+        return shard_state(self.core)
+
+    def _peers(self, peers: Peers, msg: Message, ret: Return) -> tuple[Ok, list]:
+        writeoff.link(self, peers.shards)
+        return Ok(), []
+
+    def _shutdown(self, shutdown: Shutdown, msg: Message, ret: Return) -> tuple[Ok, list]:
+        self.core.settle()
+        self.closing = True
+        return Ok(), []
 
     def _find_lost(self) -> None:
         """Workers silent past their deadline (killed, engine died) are written off."""

@@ -10,21 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
-import socket
 from multiprocessing import resource_tracker, shared_memory
 
 import numpy as np
-
-
-def host_id() -> str:
-    """Identifies this machine (hostname + boot id), to decide if shared memory can be used."""
-    try:
-        with open("/proc/sys/kernel/random/boot_id") as f:
-            boot = f.read().strip()
-    except OSError:
-        boot = ""
-    return f"{socket.gethostname()}:{boot}"
-
 
 # Segments this process created: attaching to one of them (hub and worker in one process, as
 # in --mode local) must not unregister it from the resource tracker.

@@ -11,21 +11,19 @@ from __future__ import annotations
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from nbdist.algorithms.blocks import BlockFn, Ranges
-from nbdist.env import switch
-
-MAX_THREADS = 4  # past 4 threads one shard's update is bound by memory, not by cores
+from nbdist.algorithms.blocks import BlockFn, Ranges, block_ranges
+from nbdist.env import HUB_THREADS_MAX, switch
 
 
 def update_threads() -> int:
     """Threads per shard: half the cores (the workers on this host need the other half), at
-    most `MAX_THREADS`; `NBDIST_HUB_THREADS` overrides (1: one pass, no pool). On a 2-core
+    most `HUB_THREADS_MAX`; `NBDIST_HUB_THREADS` overrides (1: one pass, no pool). On a 2-core
     machine that is 1: with the workers computing, there is no idle core for a second thread
     (measured: benchmarks/large_model.py, 2 threads 17.5 ms vs 1 thread 11.5 ms per 20M push)."""
     given = switch("NBDIST_HUB_THREADS")
     if given is not None:
         return given
-    return max(1, min(MAX_THREADS, (os.cpu_count() or 1) // 2))
+    return max(1, min(HUB_THREADS_MAX, (os.cpu_count() or 1) // 2))
 
 
 class BlockPool:
@@ -59,8 +57,6 @@ class BlockPool:
 def split_updates(updater) -> BlockPool | None:
     """Give a shard's `Updater` a pool when its updates are large enough to split; the caller
     closes the pool (None: the update stays in one pass on the hub's thread)."""
-    from nbdist.algorithms.blocks import block_ranges
-
     threads = update_threads()
     if len(block_ranges(updater.rule.size, threads)) <= 1:
         return None

@@ -9,7 +9,7 @@
   many frames or bytes, dropping the rest without holding it. (libzmq assembles a multipart
   message before delivering it, so `ZMQ_MAXMSGSIZE` bounds each frame and the high-water mark
   the number of queued messages per authenticated peer.)
-- `receive` decodes each request as its typed message (`nbdist.hub.messages`), so a signed
+- `receive` decodes each request as its typed message (`nbdist.wire.messages`), so a signed
   but malformed header is dropped and counted like any other bad message instead of failing
   a handler.
 - `Return`: where a reply goes (routing id, the requester's name, the request's `seq`).
@@ -17,15 +17,19 @@
 
 from __future__ import annotations
 
-import hashlib
+import contextlib
+import os
+import tempfile
 import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+from nbdist.cluster.netaddr import host_id
 from nbdist.errors import ProtocolError
-from nbdist.hub.messages import HUB_REQUESTS, WORKER_REQUESTS, Hello, Step
+from nbdist.hub.gate import YOUNG_MARGIN, Gate, credentials, curve_keys
 from nbdist.hub.protocol import Message, no_mark
-from nbdist.hub.schema import Wire
+from nbdist.wire.messages import HUB_REQUESTS, WORKER_REQUESTS, Hello, Step
+from nbdist.wire.schema import Wire
 
 RCVHWM = 8  # messages queued per peer: a worker has at most 2 in flight, the kernel 1
 MAX_FRAMES = 7  # routing id, signature + header, at most 5 buffers (a sync report has 3)
@@ -133,7 +137,7 @@ def receive(inbox: Inbox, timeout_ms: int, codec, num_workers: int, links: Mappi
             mark: Callable[[str], None] = no_mark) -> tuple[Wire, Message, Return]:
     """The next request in a hub's inbox, typed, with its frames and where its reply goes; or
     ProtocolError: the limits first, then the MAC, run, recipient and sequence number
-    (`codec.decode`), then the op and every field (`nbdist.hub.messages`), then the worker's
+    (`codec.decode`), then the op and every field (`nbdist.wire.messages`), then the worker's
     id, incarnation and shared-memory segment (`check_link`)."""
     frames, address = inbox.next(timeout_ms)
     mark("recv")  # the phase clock (nbdist.hub.profile)
@@ -172,21 +176,7 @@ def check_link(links: Mapping, request, sender: str, num_workers: int) -> None:
                             f"registered {segment.name!r}")
 
 
-# -- sockets and CurveZMQ ----------------------------------------------------------------------
-
-
-def curve_keys(key: bytes) -> dict[str, bytes]:
-    """The run's CurveZMQ key pairs, derived from its secret key (so no more secrets travel):
-    one for the hubs (server) and one for their clients (workers, kernel)."""
-    import zmq
-    from zmq.utils import z85
-
-    keys = {}
-    for role in ("server", "client"):
-        secret = z85.encode(hashlib.blake2b(key, person=f"nbdist-{role}".encode()[:16],
-                                                      digest_size=32).digest())
-        keys[f"{role}_secret"], keys[f"{role}_public"] = secret, zmq.curve_public(secret)
-    return keys
+# -- sockets -----------------------------------------------------------------------------------
 
 
 def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: int | None = None,
@@ -197,8 +187,6 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: in
     client key; young connections capped from the `peers` expected). Returns (socket, gate);
     pass `gate` to put a second socket of the same context behind it."""
     import zmq
-
-    from nbdist.hub.gate import YOUNG_MARGIN, Gate
 
     sock = ctx.socket(zmq.ROUTER if kind is None else kind)
     sock.setsockopt(zmq.LINGER, 0)
@@ -214,15 +202,11 @@ def socket_folder(spec) -> str:
     """A new folder for the shard's socket files (its ipc socket and same-host line): created
     0700 under a random name, so no other user can connect to them, guess where they are, or
     stop the hub by leaving something at its path."""
-    import tempfile
-
     return tempfile.mkdtemp(prefix=f"nbdist-{spec.run_id}-{spec.shard}-")
 
 
 def local_path(folder: str) -> str:
     """Where the shard's same-host line listens (`nbdist.hub.localline`), in its `socket_folder`."""
-    import os
-
     return os.path.join(folder, "line")
 
 
@@ -230,15 +214,11 @@ def bind(sock, spec, folder: str, listener=None, **extra) -> dict:
     """Bind the shard's socket on TCP (spec.bind_host) and ipc (in its `socket_folder`); returns
     its endpoints, which name the run, the same-host line's path if it has a `listener`, and
     (with --encrypt) the server's public key."""
-    import os
-
-    from nbdist.hub import shm
-
     port = sock.bind_to_random_port(f"tcp://{spec.bind_host}")
     ipc = os.path.join(folder, "ipc")
     sock.bind(f"ipc://{ipc}")
     endpoints = {"tcp": f"tcp://{spec.bind_host}:{port}", "ipc": f"ipc://{ipc}",
-                 "host": shm.host_id(), "run": spec.run_id, **extra}
+                 "host": host_id(), "run": spec.run_id, **extra}
     if listener is not None:
         endpoints["local"] = listener.path
     if spec.encrypt:
@@ -250,9 +230,6 @@ def remove_socket_files(endpoints: Mapping, folder: str | None = None) -> None:
     """Unlink the files a hub's `endpoints` name (its ipc socket and same-host line) and their
     `socket_folder` (or `folder`, when the hub failed before it had endpoints), where they are
     left: by the hub when it closes, by its supervisor when it was killed."""
-    import contextlib
-    import os
-
     for key, scheme in (("ipc", "ipc://"), ("local", "")):
         path = endpoints.get(key, "").removeprefix(scheme)
         if path:
@@ -268,8 +245,6 @@ def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
     """A client socket for a bound socket's `endpoint` dict: CurveZMQ when it names a server
     key, else a one-time token for its gate (`nbdist.hub.gate.credentials`)."""
     import zmq
-
-    from nbdist.hub.gate import credentials
 
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)

@@ -19,7 +19,8 @@ import logging
 import zmq
 
 from nbdist.errors import TrainingError
-from nbdist.hub.messages import Control
+from nbdist.hub.lines import open_lines
+from nbdist.wire.messages import Control
 
 log = logging.getLogger(__name__)
 RELAY_TIMEOUT_S = 5.0
@@ -29,8 +30,6 @@ class Peers:
     """Shard 0's lines to shards 1..S-1."""
 
     def __init__(self, key: bytes, shards: list[dict], shard_name: str):
-        from nbdist.hub.lines import open_lines
-
         self._ctx = zmq.Context()
         lines = open_lines(self._ctx, key, shards, f"{shard_name}-relay", RELAY_TIMEOUT_S)
         for i, line in enumerate(lines, start=1):  # these are shards 1.., not 0..

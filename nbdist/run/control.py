@@ -8,8 +8,15 @@ from __future__ import annotations
 import logging
 import time
 
+from nbdist.algorithms import make_rule
+from nbdist.checkpoint.folder import claimed
+from nbdist.checkpoint.store import save
+from nbdist.core.dbs import POLICIES
+from nbdist.engine.learning_rate import schedule_replaced
 from nbdist.errors import ConfigError, NbdistError, TrainingError
+from nbdist.flag_values import parse_slowdown
 from nbdist.modes import refuse_operation
+from nbdist.run.elastic import add_workers
 from nbdist.run.state import RunState
 
 log = logging.getLogger("nbdist.run.handle")
@@ -47,8 +54,6 @@ class RunControl:
         in --mode sync: every rank's, at the same step). A learning-rate schedule in the cell is
         replaced by this constant rate from then on, and `run.warnings` says so. `by`: who asked,
         recorded with the `set_lr` event (e.g. a cell's ReduceLROnPlateau callback)."""
-        from nbdist.engine.learning_rate import schedule_replaced
-
         # read before sending: in --mode local the worker shares this optimizer and may replace
         # the schedule as soon as the new rate reaches it
         state = self.state
@@ -70,16 +75,12 @@ class RunControl:
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""
-        from nbdist.flag_values import parse_slowdown
-
         (factor,) = parse_slowdown([factor])
         self._check_worker(worker)
         self._send(slowdown=[int(worker), factor])
 
     def set_batch_policy(self, policy: str) -> None:
         """'dbs' (batch sizes in proportion to measured speed) or 'fixed'."""
-        from nbdist.core.dbs import POLICIES
-
         if policy not in POLICIES:
             raise ConfigError(f"Unknown batch policy {policy!r}. Expected one of: "
                               f"{', '.join(POLICIES)}.")
@@ -87,8 +88,6 @@ class RunControl:
 
     def set_option(self, name: str, value: float) -> None:
         """Change one of the update rule's hyper-parameters live (e.g. 'lambda0')."""
-        from nbdist.algorithms import make_rule
-
         snapshot = self.state.snapshot
         options = {**snapshot.get("rule_options", {}), name: value}
         workers = max(1, len(snapshot.get("nodes", [])))
@@ -104,8 +103,6 @@ class RunControl:
             >>> run.add_workers([3])                                  # doctest: +SKIP
             [2]
         """
-        from nbdist.run.elastic import add_workers
-
         return add_workers(self, engines)
 
     def regroup(self) -> None:
@@ -152,9 +149,6 @@ class RunControl:
 def save_checkpoint(state: RunState, directory: str, final: bool = False) -> str:
     """Write the run's checkpoint into `directory` now; returns its path. A folder another run
     holds is refused (nbdist.checkpoint.folder)."""
-    from nbdist.checkpoint.folder import claimed
-    from nbdist.checkpoint.store import save
-
     # one at a time: in sync mode rank 0 holds the weights (nbdist.checkpoint.sync_state)
     with state.checkpoint_lock, claimed(directory, state.run_id, state.checkpoint_folder):
         shards = state.backend.checkpoint_state(state.control, final)

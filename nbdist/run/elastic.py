@@ -15,7 +15,7 @@ Responsible for:
   run trains (`client.ids` grew). A failure there becomes a warning, never a failed run.
 
 Kernel side only, through the `Backend` protocol (the async backend starts the workers:
-nbdist/modes/async_ps/backend.py); the hub's part is in nbdist/hub/kernel_ops.py (`control`) and
+nbdist/modes/async_ps/backend.py); the hub's part is in nbdist/hub/server.py (`Hub._control`) and
 nbdist/core/coordinator.py.
 """
 

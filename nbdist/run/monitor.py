@@ -9,8 +9,10 @@ import logging
 import threading
 import time
 
+from nbdist.engine.flat_layout import write_flat
 from nbdist.errors import NbdistError, TrainingError, WorkersLostError
 from nbdist.run.control import auto_checkpoint
+from nbdist.run.elastic import admit_joined
 from nbdist.run.state import RunState
 
 log = logging.getLogger("nbdist.run.handle")
@@ -53,7 +55,6 @@ def watch(run) -> None:
             for worker, why in backend.newly_lost():
                 _report_lost(state, worker, why)
             if state.config.elastic:  # engines that joined the cluster become workers
-                from nbdist.run.elastic import admit_joined
 
                 admit_joined(run)
             try:
@@ -82,7 +83,6 @@ def watch(run) -> None:
                 break
             auto_checkpoint(state)
             time.sleep(POLL_S)
-        from nbdist.engine.flatmodel import write_flat
 
         params, non_trainable = backend.final_params(control)
         state.final_weights = (params, non_trainable)

@@ -149,7 +149,7 @@ def test_pause_stops_pushes_resume_restarts_stop_ends_with_weights(cluster):
 
 
 def test_current_weights_are_the_hubs_while_it_trains_and_the_model_gets_them_when_stopped(cluster):
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
 
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, workers=2, batch_size=8,

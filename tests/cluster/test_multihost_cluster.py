@@ -98,7 +98,7 @@ def test_mixed_run_uses_shared_memory_beside_the_hub_and_tcp_across_hosts(lab):
     assert run.stats["epoch_samples"] == [SAMPLES] * 2
     assert accuracy(ns) > 0.8
     # which transport each worker chose: shared memory only beside the hub (same host id)
-    from nbdist.hub.shm import host_id
+    from nbdist.cluster.netaddr import host_id
 
     ids = dict(zip([0, 1, 3], lab.client[[0, 1, 3]].apply_sync(host_id), strict=True))
     assert ids[0] == ids[3] != ids[1]

@@ -28,7 +28,7 @@ def one_step_on_the_global_batch(cell):
     """What one training step of a single model on all 100 samples gives."""
     import tensorflow as tf
 
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
 
     ns = {}
     exec(cell, ns)  # noqa: S102 - the test's own cell; seeded, so the same initial weights

@@ -68,7 +68,7 @@ def test_sync_pause_and_stop_reach_every_rank_at_the_same_step(cluster):
 def test_sync_current_weights_come_from_rank_0_while_it_trains(cluster):
     """Paused first: rank 0 learns of the pause with the request for its weights at the latest,
     so what it sends comes after its last step."""
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
 
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,

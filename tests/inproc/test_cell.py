@@ -159,7 +159,7 @@ model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
 def test_subclassed_model_gets_its_variables_from_ensure_built_as_on_every_engine():
     import warnings
 
-    from nbdist.engine.flatmodel import ensure_built, layout
+    from nbdist.engine.flat_layout import ensure_built, layout
 
     ns = {}
     with warnings.catch_warnings():

@@ -10,13 +10,13 @@ import pytest
 
 from nbdist.algorithms.optimizers import server_optimizer_spec
 from nbdist.checkpoint import store as checkpoint
-from nbdist.checkpoint.shard_state import restore_shard, shard_state
 from nbdist.config import TrainConfig
 from nbdist.core.coordinator import Plan
 from nbdist.core.schedule import EpochSchedule
 from nbdist.core.shard import ShardCore
 from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
-from nbdist.hub.messages import Hello, Step
+from nbdist.hub.export import restore_shard, shard_state
+from nbdist.wire.messages import Hello, Step
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 

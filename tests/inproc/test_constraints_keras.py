@@ -18,6 +18,7 @@ from nbdist.algorithms.blocks import run_serial
 from nbdist.algorithms.constraints import ShardConstraints, constrain, constrained_ranges
 from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.config import TrainConfig
+from nbdist.core.sharding import shard_bounds
 from nbdist.core.updater import Updater
 from nbdist.engine.optimizer_spec import (
     choose_constraints,
@@ -25,7 +26,6 @@ from nbdist.engine.optimizer_spec import (
     describe_optimizer,
 )
 from nbdist.errors import ConfigError, UnsupportedOptimizerError
-from nbdist.hub.protocol import shard_bounds
 
 keras = pytest.importorskip("keras")
 kc = keras.constraints

@@ -9,8 +9,8 @@ import time
 import pytest
 
 from nbdist.errors import TrainingError
-from nbdist.hub.messages import Reply, Step
 from nbdist.modes.common.courier import Courier
+from nbdist.wire.messages import Reply, Step
 
 
 def courier_threads() -> list[threading.Thread]:

@@ -4,7 +4,8 @@ import keras
 import numpy as np
 
 from nbdist.engine.data import ArraySource
-from nbdist.engine.flatmodel import FlatModel, read_flat
+from nbdist.engine.flat_layout import read_flat
+from nbdist.engine.flatmodel import FlatModel
 
 
 def _model():

@@ -5,7 +5,8 @@ import keras
 import numpy as np
 import pytest
 
-from nbdist.engine.flatmodel import FlatModel, read_flat
+from nbdist.engine.flat_layout import read_flat
+from nbdist.engine.flatmodel import FlatModel
 
 
 class SubclassedNet(keras.Model):

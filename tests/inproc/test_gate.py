@@ -125,7 +125,7 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
     from nbdist.hub.client import WorkerTransport
     from nbdist.hub.control import HubControl
     from nbdist.hub.launch import join_hub
-    from nbdist.hub.messages import Step
+    from nbdist.wire.messages import Step
 
     key, size = new_key(), 250_000  # a 1 MB slice: frames up to ~3 MB are accepted
     endpoints, proc = _hub_process(key, size, monkeypatch)

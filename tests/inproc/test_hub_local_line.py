@@ -15,8 +15,8 @@ from nbdist.errors import TrainingError
 from nbdist.hub import localline
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Step
 from nbdist.hub.protocol import Codec, new_key
+from nbdist.wire.messages import Step
 from tests.helpers import wait_for
 from tests.inproc.test_hub_security import (
     PUSH,
@@ -180,7 +180,7 @@ def test_a_spinning_worker_line_gives_up_after_its_budget_and_a_spinning_hub_tra
     from types import SimpleNamespace
 
     from nbdist.hub import lines
-    from nbdist.hub.messages import Reply
+    from nbdist.wire.messages import Reply
 
     polls, here = [], threading.get_ident()
 

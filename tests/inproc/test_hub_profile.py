@@ -8,10 +8,10 @@ import numpy as np
 from nbdist.core.coordinator import Plan
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Step
 from nbdist.hub.profile import PHASES
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
+from nbdist.wire.messages import Step
 
 
 def _serve_pushes(profile: bool, transport: str, pushes: int = 20) -> dict:

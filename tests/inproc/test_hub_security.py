@@ -17,10 +17,10 @@ from nbdist.core.coordinator import Plan
 from nbdist.errors import TrainingError
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Params, Step
 from nbdist.hub.protocol import Codec, new_key
 from nbdist.hub.server import Hub, HubSpec
 from nbdist.hub.wire import client_socket
+from nbdist.wire.messages import Params, Step
 from tests.helpers import wait_for
 
 SIZE = 1000

@@ -11,9 +11,9 @@ from nbdist.algorithms.optimizers import CACHE_BLOCKED_MIN, server_optimizer_spe
 from nbdist.core.coordinator import Plan
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
+from nbdist.wire.messages import Step
 
 
 def _train(transport: str, size: int, optimizer: dict | None,

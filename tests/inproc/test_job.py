@@ -31,11 +31,11 @@ def test_sync_keeps_the_cells_optimizer_on_the_ranks():
 
 def test_the_kernel_reads_the_models_layout_once(monkeypatch):
     """It used to be read again for each use (three times in api._start, again in simulate)."""
-    import nbdist.engine.flatmodel as flatmodel
+    import nbdist.engine.flat_layout as flat_layout
 
     calls = []
-    real = flatmodel.layout
-    monkeypatch.setattr(flatmodel, "layout", lambda model: calls.append(model) or real(model))
+    real = flat_layout.layout
+    monkeypatch.setattr(flat_layout, "layout", lambda model: calls.append(model) or real(model))
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=2, epochs=1,
                        wait=True)
     assert run.status == "finished" and len(calls) == 1

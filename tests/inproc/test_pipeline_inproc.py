@@ -129,7 +129,7 @@ def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
 
 
 def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
-    from nbdist.engine.flatmodel import read_flat
+    from nbdist.engine.flat_layout import read_flat
     from tests.helpers import wait_for
 
     cell = "B = 16\n" + SKIP_CELL
@@ -219,8 +219,8 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
 
     import zmq
 
+    from nbdist.hub.gate import curve_keys
     from nbdist.hub.protocol import Codec, new_key
-    from nbdist.hub.wire import curve_keys
     from nbdist.modes.pipeline.kernel_link import KernelLink
     from nbdist.modes.pipeline.link import StageLink
     from nbdist.modes.pipeline.messages import Forward, StepDone, Stop

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from nbdist.engine.flatmodel import read_flat
+from nbdist.engine.flat_layout import read_flat
 from nbdist.errors import TrainingError
 from tests.helpers import SYNTHETIC_CELL, wait_for, wait_paused
 

@@ -8,8 +8,8 @@ import contextvars
 import pytest
 
 import nbdist
-from nbdist.dashboard.live_wait import ShellInbox, _finish, wait_live
 from nbdist.errors import TrainingError
+from nbdist.run.live_wait import ShellInbox, _finish, wait_live
 from tests.helpers import SYNTHETIC_CELL, global_step
 
 

@@ -13,9 +13,9 @@ from nbdist.core.liveness import LOST_EVAL_S, LOST_FIRST_S, LOST_FLOOR_S, LOST_S
 from nbdist.errors import TrainingError
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
-from nbdist.hub.messages import Control, Hello, Step
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import Hub, HubSpec
+from nbdist.wire.messages import Control, Hello, Step
 from tests.helpers import wait_for
 
 
@@ -69,7 +69,7 @@ def test_silent_worker_is_overdue_unless_paused_or_its_reply_is_held():
     assert c.overdue(now - 0.2) == []
     assert c.overdue(now) == [1]
     assert c.overdue(now, exempt={1: None}) == []  # the hub holds its reply: it cannot speak
-    c.control(Control(paused=True), now=now)
+    c.apply(Control(paused=True), now=now)
     assert c.overdue(now) == []
 
 

@@ -18,8 +18,8 @@ from nbdist.algorithms.constraints import (
     constrain,
     constrained_ranges,
 )
+from nbdist.core.sharding import shard_bounds
 from nbdist.errors import ConfigError
-from nbdist.hub.protocol import shard_bounds
 
 
 def entry(class_name="MaxNorm", shape=(2, 2), start=0, variable="dense/kernel", **config):

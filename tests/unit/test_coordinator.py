@@ -3,7 +3,7 @@
 import pytest
 
 from nbdist.core.coordinator import Coordinator, Plan
-from nbdist.hub.messages import Control, EvalJob, EvalResult, Hello, Report, Step
+from nbdist.wire.messages import Control, EvalJob, EvalResult, Hello, Report, Step
 
 
 def chunk_lists(reply):
@@ -28,9 +28,9 @@ def test_paused_worker_keeps_its_chunk_but_is_not_shown_it():
     c = Coordinator(plan())
     c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
     c.work_for(0, True, 0)
-    c.control(Control(paused=True), now=1.0)
+    c.apply(Control(paused=True), now=1.0)
     assert chunk_lists(c.work_for(0, True, 0)) == []
-    c.control(Control(paused=False), now=2.0)
+    c.apply(Control(paused=False), now=2.0)
     assert chunk_lists(c.work_for(0, True, 0)) == [[0, 0, 0, 4]]
 
 
@@ -45,7 +45,7 @@ def test_pause_at_step_n_pauses_in_the_reply_to_the_nth_push_until_resumed():
     assert c.paused and c.work_for(0, True, 0).chunks == [] and c.snapshot(0)["paused"]
     (event,) = [e for e in c.stats.events if e["event"] == "pause"]
     assert (event["step"], event["reason"], event["time"]) == (3, "--pause-at", 2.0)
-    c.control(Control(paused=False), now=3.0)
+    c.apply(Control(paused=False), now=3.0)
     for _ in range(3):
         train_one(c, 1)
     assert not c.paused and c.steps_counted == 6
@@ -204,7 +204,7 @@ def test_adding_out_of_order_or_to_a_run_that_ends_is_refused():
     c = running(plan(num_samples=8, has_validation=False))
     with pytest.raises(ValueError, match=r"next id, 2 \(Received: 3\)"):
         c.add_worker(3, now=1.0)
-    c.control(Control(stop=True), now=1.0)
+    c.apply(Control(stop=True), now=1.0)
     with pytest.raises(ValueError, match="the run is ending"):
         c.add_worker(2, now=2.0)
     assert c.num_workers == 2
@@ -217,7 +217,7 @@ def test_a_live_staleness_change_decides_who_waits():
     c.work_for(1, True, 0)
     c.push(Step(0, chunks=[cid], compute_s=0.01), delay=0, now=1.0)
     assert c.work_for(0, True, 1) is None  # one push ahead of worker 1, S = 0: waits
-    c.control(Control(option=("staleness", 2)), now=2.0)
+    c.apply(Control(option=("staleness", 2)), now=2.0)
     assert c.work_for(0, True, 1) is not None
 
 
@@ -229,10 +229,10 @@ def test_group_options_given_and_changed_live_shape_the_groups():
         c.stats.workers[w].samples_per_s = (100.0, 200.0, 900.0)[w]
     c.regroup(now=1.0)
     assert c.groups.of == [[0, 1, 2]] * 3  # 9x apart, within max_ratio 10
-    c.control(Control(option=("max_ratio", 1.5)), now=2.0)
+    c.apply(Control(option=("max_ratio", 1.5)), now=2.0)
     c.regroup(now=2.0)
     assert c.groups.of == [[0], [1], [2]]
-    c.control(Control(option=("num_groups", 2)), now=3.0)
+    c.apply(Control(option=("num_groups", 2)), now=3.0)
     c.regroup(now=3.0)
     assert c.groups.of == [[0, 1], [0, 1], [2]]
 
@@ -267,9 +267,9 @@ def test_options_bounded_by_the_workers_wait_until_their_number_is_known():
 def test_the_learning_rate_has_one_owner():
     """The hub's optimizer and the coordinator each used to keep (and change) a copy."""
     hub_owned = Coordinator(plan(lr=0.1))
-    hub_owned.control(Control(lr=0.5), now=1.0)
+    hub_owned.apply(Control(lr=0.5), now=1.0)
     assert hub_owned.lr is None and hub_owned.work_for(0, True, 0).lr is None
     assert hub_owned.stats.events[-1]["event"] == "set_lr"  # still recorded
     workers_owned = Coordinator(plan(lr=0.1, lr_owner="workers"))
-    workers_owned.control(Control(lr=0.5), now=1.0)
+    workers_owned.apply(Control(lr=0.5), now=1.0)
     assert workers_owned.work_for(0, True, 0).lr == 0.5

@@ -199,9 +199,9 @@ def _facts() -> list[tuple[str, str]]:
     from nbdist.core.dbs import BatchSizer
     from nbdist.dashboard import widget
     from nbdist.engine.gpu import GPU_EVERY_S
-    from nbdist.env import SWITCHES
+    from nbdist.env import HUB_THREADS_MAX, SWITCHES
     from nbdist.fit.driver import BATCH_HOOK_S
-    from nbdist.hub import gate, localline, memory, protocol, server, threads, wire
+    from nbdist.hub import gate, localline, memory, protocol, server, wire
     from nbdist.modes.common import engine_backend
     from nbdist.modes.common.courier import WayChooser
     from nbdist.modes.pipeline import checks, stage
@@ -258,7 +258,7 @@ def _facts() -> list[tuple[str, str]]:
         (arch, f"if the task still runs {engine_backend.RELEASE_GRACE_S:g} s later it "
                "interrupts it"),
         (arch, f"A shard of at least {MIN_SPLIT >> 20}M floats splits"),
-        (arch, f"at most {threads.MAX_THREADS} (1 on a 2-core machine"),
+        (arch, f"at most {HUB_THREADS_MAX} (1 on a 2-core machine"),
         (arch, f"updates {BLOCK >> 10}K-float blocks"),
         (arch, f"from {CACHE_BLOCKED_MIN >> 20}M floats on the optimizers' formulas"),
         (arch, f"a reply of {STREAM_MIN >> 20}M+ floats with streaming"),

@@ -16,11 +16,11 @@ from nbdist.errors import (
     TrainingError,
     UnreachableHostError,
 )
-from nbdist.hub.messages import Control, Hello
 from nbdist.hub.wire import check_link
 from nbdist.modes.async_ps.backend import ClusterBackend
 from nbdist.run.elastic import add_workers
 from nbdist.run.handle import Run
+from nbdist.wire.messages import Control, Hello
 from tests.helpers import end
 
 

@@ -1,15 +1,209 @@
-"""The layering reads top-down: the modes share only what lies below them, the Run never
-reaches up into a mode, and every mode's backend implements the whole `Backend` protocol."""
+"""The layering reads top-down, as docs/architecture.md's table of layers draws it: every
+import of the package (at a module's top, inside a function or under TYPE_CHECKING) goes to its
+own layer or one below, never above, and no module imports itself back round a cycle. The
+modes share only what lies below them, the Run never reaches up into a mode, and every mode's
+backend implements the whole `Backend` protocol."""
 
 import ast
 import inspect
 import pathlib
+import re
 
 import numpy as np
 import pytest
 
 ROOT = pathlib.Path(__file__).resolve().parents[2] / "nbdist"
 MODES_DIR = ROOT / "modes"
+ARCHITECTURE = ROOT.parent / "docs" / "architecture.md"
+
+
+# -- the package's own import graph ------------------------------------------------------------
+
+
+def package_modules(root: pathlib.Path = ROOT) -> dict[str, pathlib.Path]:
+    """Every module of the package by dotted name: its .py files (a package by its __init__) and
+    its compiled extensions (a .c file at the package's top, built as `nbdist._kernels`)."""
+    modules = {}
+    for path in [*root.rglob("*.py"), *root.glob("*.c")]:
+        parts = list(path.relative_to(root.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def imports_of(module: str, source: str, is_package: bool, modules) -> set[str]:
+    """The package's modules that `source` (the module `module`) imports, anywhere in it:
+    `from P import name` is P.name where that is a module, else P; relative imports resolved.
+    """
+    found = set()
+    here = module.split(".") if is_package else module.split(".")[:-1]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here[:len(here) - node.level + 1] + ([base] if base else []))
+            names = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base
+                     for a in node.names]
+        else:
+            continue
+        for name in names:
+            while name and name not in modules:  # `import a.b.c`: the deepest module there is
+                name = name.rpartition(".")[0]
+            if name and name != module:
+                found.add(name)
+    return found
+
+
+def import_graph(root: pathlib.Path = ROOT) -> dict[str, set[str]]:
+    """module -> the package's modules it imports."""
+    modules = package_modules(root)
+    return {m: imports_of(m, p.read_text(), p.name == "__init__.py", modules)
+            if p.suffix == ".py" else set() for m, p in modules.items()}
+
+
+def import_cycles(graph: dict[str, set[str]]) -> list[set[str]]:
+    """The strongly connected components of more than one module (Tarjan), each an import
+    cycle."""
+    index, low, stack, on_stack, cycles = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph.get(v, ()):
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = set()
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.add(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                cycles.append(component)
+
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    return cycles
+
+
+def documented_layers(text: str | None = None) -> list[tuple[str, ...]]:
+    """The layers, top first, from the table under "## The layers" in docs/architecture.md: each
+    row's first cell names its modules (`api.py`, `fit/launch.py`, `hub/`, `modes/<mode>/`,
+    `__init__.py` for the package itself), as dotted prefixes; `modes/<mode>/` names the
+    subpackages only ("nbdist.modes."), `modes/__init__.py` the package itself."""
+    text = ARCHITECTURE.read_text() if text is None else text
+    section = text.split("\n## The layers\n", 1)[1].split("\n## ", 1)[0]
+    layers = []
+    for line in section.splitlines():
+        cells = line.split("|")
+        if not line.startswith("| `") or len(cells) < 3:
+            continue
+        prefixes = []
+        for path in re.findall(r"`([^`]+)`", cells[1]):
+            children = "<mode>/" in path
+            path = path.replace("<mode>/", "").removesuffix("/").removesuffix(".py")
+            path = path.removesuffix(".c").removesuffix("__init__").removesuffix("/")
+            prefix = ".".join(["nbdist", *filter(None, path.split("/"))])
+            prefixes.append(prefix + "." if children else prefix)
+        layers.append(tuple(prefixes))
+    return layers
+
+
+def layer_of(module: str, layers: list[tuple[str, ...]]) -> int | None:
+    """The row (0: the top) whose longest prefix names `module`; the package itself only by
+    its own name, so a module the table leaves out has no layer."""
+    best = None
+    for row, prefixes in enumerate(layers):
+        for prefix in prefixes:
+            if prefix.endswith("."):  # the subpackages alone
+                named = module.startswith(prefix)
+            else:
+                named = module == prefix or prefix != "nbdist" and module.startswith(prefix + ".")
+            if named and (best is None or len(prefix) > len(best[1])):
+                best = (row, prefix)
+    return None if best is None else best[0]
+
+
+def test_the_graph_finds_every_kind_of_import():
+    import textwrap
+
+    modules = {"nbdist", "nbdist.hub", "nbdist.hub.shm", "nbdist.hub.server", "nbdist.wire",
+               "nbdist.wire.messages", "nbdist.errors", "nbdist.run", "nbdist.run.handle",
+               "nbdist._kernels"}
+    source = textwrap.dedent("""
+        from typing import TYPE_CHECKING
+        import numpy
+        from nbdist.hub import shm
+        from . import server
+        from ..wire.messages import Step
+        if TYPE_CHECKING:
+            from nbdist.run.handle import Run
+        def f():
+            import nbdist._kernels as k
+            from nbdist.errors import ConfigError
+    """)
+    assert imports_of("nbdist.hub.client", source, False, modules) == {
+        "nbdist.hub.shm", "nbdist.hub.server", "nbdist.wire.messages", "nbdist.run.handle",
+        "nbdist._kernels", "nbdist.errors"}
+    assert imports_of("nbdist.hub", "from .shm import host", True, modules) == {"nbdist.hub.shm"}
+
+
+def test_cycles_are_found_and_a_tree_has_none():
+    assert import_cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [{"a", "b", "c"}]
+    assert import_cycles({"a": {"b", "c"}, "b": {"c"}, "c": set()}) == []
+
+
+def test_no_module_imports_itself_back_round_a_cycle():
+    """A cycle hides the graph's order and breaks on a changed import order; a pair of modules
+    that need each other is one concept split in two."""
+    cycles = import_cycles(import_graph())
+    assert cycles == []
+
+
+def test_the_layers_are_read_from_the_architecture_page_top_first():
+    layers = documented_layers()
+    assert layers[0] == ("nbdist", "nbdist.api", "nbdist.magic", "nbdist.fit.launch")
+    assert layers[-1] == ("nbdist.errors", "nbdist.env")
+    assert ("nbdist.wire",) in layers and layers.index(("nbdist.wire",)) == len(layers) - 2
+    assert layer_of("nbdist.modes.common.worker", layers) == 2  # below modes/<mode>/
+    assert layer_of("nbdist.modes.sync.rank", layers) == 1
+    assert layer_of("nbdist.fit.launch", layers) == 0 and layer_of("nbdist.fit.plan", layers) == 4
+    assert layer_of("nbdist.not_in_the_table", layers) is None  # not the package's own row
+
+
+def test_every_module_has_a_layer_in_the_architecture_page():
+    layers = documented_layers()
+    assert sorted(m for m in import_graph() if layer_of(m, layers) is None) == []
+
+
+def test_no_import_runs_up_a_layer():
+    """Every import of every module (top, function or TYPE_CHECKING) goes to its own row of the
+    table or one below. Within a row, packages may use each other; the cycle test keeps that a
+    tree."""
+    layers = documented_layers()
+    upward = sorted(f"{m} ({layer_of(m, layers)}) imports {t} ({layer_of(t, layers)})"
+                    for m, targets in import_graph().items() for t in targets
+                    if layer_of(t, layers) < layer_of(m, layers))
+    assert upward == []
+
+
+def test_the_wire_imports_only_the_exception_tree():
+    """The sockets' vocabulary sits at the bottom: the core, the hub, the checkpoints and the
+    workers all speak it, so it may import none of them."""
+    graph = import_graph()
+    wire = {t for m, targets in graph.items() if m.startswith("nbdist.wire")
+            for t in targets if not t.startswith("nbdist.wire")}
+    assert wire == {"nbdist.errors"}
 
 
 def imported_modules(source: str) -> set[str]:

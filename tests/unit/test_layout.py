@@ -10,7 +10,7 @@ ALLOWED_NBDIST = ("nbdist.core", "nbdist.algorithms", "nbdist.errors", "nbdist.c
                   "nbdist.choices",  # the options' enums: plain strings
                   "nbdist.env",  # the NBDIST_* switches, read from os.environ
                   "nbdist._kernels",  # the compiled update kernel: C over buffers, no I/O
-                  "nbdist.hub.messages", "nbdist.hub.schema")  # the typed messages: dataclasses
+                  "nbdist.wire")  # the typed messages: dataclasses
 
 
 def _imports(path: Path) -> set[str]:
@@ -24,8 +24,7 @@ def test_the_core_and_the_rules_import_numpy_and_the_standard_library_only():
     """No sockets, threads, TensorFlow or ipyparallel in the pure core: it is tested with
     exact values."""
     paths = [p for pkg in PURE for p in sorted((NBDIST / pkg).glob("*.py"))]
-    # what the core reads and answers
-    paths += [NBDIST / "hub" / "messages.py", NBDIST / "hub" / "schema.py"]
+    paths += sorted((NBDIST / "wire").glob("*.py"))  # what the core reads and answers
     assert len(paths) > 20
     for path in paths:
         for name in _imports(path):

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from nbdist.core.schedule import Chunk
-from nbdist.hub.messages import (
+from nbdist.wire.messages import (
     HUB_REQUESTS,
+    Chunk,
     Control,
     EvalJob,
     EvalResult,
@@ -22,7 +22,7 @@ from nbdist.hub.messages import (
     Step,
     SyncState,
 )
-from nbdist.hub.schema import ENVELOPE_FIELDS, Wire
+from nbdist.wire.schema import ENVELOPE_FIELDS, Wire
 
 NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
 EXAMPLES = [

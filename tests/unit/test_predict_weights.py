@@ -12,7 +12,7 @@ from nbdist.core.plan import Plan
 from nbdist.core.shard import ShardCore, expected_delay
 from nbdist.core.updater import Updater
 from nbdist.errors import ConfigError
-from nbdist.hub.messages import Hello, Step
+from nbdist.wire.messages import Hello, Step
 
 
 def core(num_workers=2, predict=True, optimizer=None):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from nbdist.errors import ProtocolError
-from nbdist.hub.protocol import Codec, mac, new_key, parse_header, shard_bounds
+from nbdist.hub.protocol import Codec, mac, new_key, parse_header
 
 
 def pair(run="r1"):
@@ -145,16 +145,3 @@ def test_restarted_sender_is_a_new_sender():
     again = hub.decode(Codec(key, "worker-0", "r").encode({"op": "hello"}, to="hub"))
     assert first.header["seq"] == again.header["seq"] == 1  # taken, not refused as a replay
     assert first.header["from"] != again.header["from"]  # each process names itself apart
-
-
-@pytest.mark.parametrize("size,shards", [(100, 1), (100, 2), (1000, 3), (5, 2), (10_000_001, 4)])
-def test_shard_bounds_cover_the_vector_contiguously(size, shards):
-    bounds = shard_bounds(size, shards)
-    assert len(bounds) == shards and bounds[0][0] == 0 and bounds[-1][1] == size
-    assert all(a[1] == b[0] for a, b in zip(bounds, bounds[1:], strict=False))
-    if size >= 16 * shards:
-        assert all(lo % 16 == 0 for lo, _ in bounds)
-
-
-def test_shard_bounds_by_hand():
-    assert shard_bounds(100, 2) == [(0, 48), (48, 100)]

@@ -8,7 +8,7 @@ from nbdist.algorithms.kernels import COMPILED
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.core.stats import HISTORY_COLUMNS
-from nbdist.hub.messages import Control, EvalResult, Hello, Step
+from nbdist.wire.messages import Control, EvalResult, Hello, Step
 
 
 def chunk_lists(reply):

@@ -10,12 +10,14 @@ import pytest
 
 from nbdist.algorithms import make_rule
 from nbdist.checkpoint import store as checkpoint
-from nbdist.checkpoint.sync_state import hub_state, resume_fields, schedule_state, start_position
+from nbdist.checkpoint.sync_state import resume_fields, start_position
 from nbdist.config import TrainConfig
 from nbdist.core.coordinator import Plan
+from nbdist.core.schedule import schedule_state
 from nbdist.core.updater import Updater
 from nbdist.errors import CheckpointError
-from nbdist.hub.messages import SyncState
+from nbdist.hub.export import hub_state
+from nbdist.wire.messages import SyncState
 
 LAYOUT = {"trainable": [[2, 3], [3]], "non_trainable": [[2]]}  # 9 parameters, 2 non-trainable
 

@@ -4,7 +4,7 @@ by the coordinator, turned into bytes/s by the kernel."""
 from nbdist.core.coordinator import Coordinator, Plan
 from nbdist.core.stats import WorkerStats
 from nbdist.core.traffic import TrafficRates
-from nbdist.hub.messages import Hello, Report, Step
+from nbdist.wire.messages import Hello, Report, Step
 
 
 def test_node_row_splits_tcp_and_shared_memory_bytes():

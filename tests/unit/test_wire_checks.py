@@ -1,5 +1,5 @@
 """The checks on what arrives, before anything reads it: each field's type as its message's
-dataclass declares it (`nbdist.hub.schema`), worker ids (`check_link`), and the bounded
+dataclass declares it (`nbdist.wire.schema`), worker ids (`check_link`), and the bounded
 receive that counts frames and bytes (`recv_bounded`)."""
 
 import dataclasses
@@ -8,8 +8,8 @@ import math
 import pytest
 
 from nbdist.errors import ProtocolError
-from nbdist.hub.messages import HUB_REQUESTS, Control, Hello, Reply, Report, Step
 from nbdist.hub.wire import check_link, recv_bounded
+from nbdist.wire.messages import HUB_REQUESTS, Control, Hello, Reply, Report, Step
 
 STEP = {"op": "step", "worker": 1, "push": True, "chunks": [3, 4], "loss": float("nan"), "batch": 8}
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 from nbdist.env import switch
 
 if TYPE_CHECKING:
-    from nbdist.hub.messages import Reply, Step
+    from nbdist.wire.messages import Reply, Step
 
 
 def wanted(link: str) -> bool:

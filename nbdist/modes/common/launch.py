@@ -11,9 +11,10 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.core.sharding import shard_bounds
 from nbdist.engine.run_cell import portable
 from nbdist.hub.control import HubControl
-from nbdist.hub.protocol import new_key, shard_bounds
+from nbdist.hub.protocol import new_key
 from nbdist.hub.server import HubSpec
 from nbdist.job import Job
 from nbdist.run.backend import Backend

@@ -16,13 +16,12 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from nbdist.core.schedule import Chunk
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
 from nbdist.errors import CellError
-from nbdist.hub.messages import EvalJob, EvalResult, Reply, Step
 from nbdist.modes.common.courier import Courier, WayChooser
 from nbdist.modes.common.courier import wanted as courier_wanted
+from nbdist.wire.messages import Chunk, EvalJob, EvalResult, Reply, Step
 
 log = logging.getLogger(__name__)
 IDLE_POLL_S = 0.02  # how often a worker with nothing to do asks the hub again
@@ -79,7 +78,8 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     """Train on the hub's chunks until done; returns this worker's totals."""
     spec = pin_worker(spec)
     model, data, validation = run_cell(spec, namespace)
-    from nbdist.engine.flatmodel import FlatModel, layout
+    from nbdist.engine.flat_layout import layout
+    from nbdist.engine.flatmodel import FlatModel
     from nbdist.hub.client import WorkerTransport
 
     if layout(model) != spec.layout:

@@ -20,8 +20,8 @@ import numpy as np
 
 from nbdist.errors import ProtocolError
 from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES
-from nbdist.hub.schema import Wire
 from nbdist.modes.pipeline.messages import STAGE_MESSAGES, decode
+from nbdist.wire.schema import Wire
 
 MARGIN = 2  # on the measured bytes per sample (a legit message refused would stall the run)
 HEADER_BYTES = SIGNATURE_BYTES + MAX_HEADER_BYTES

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections import Counter
 
 from nbdist.errors import ProtocolError
+from nbdist.hub.gate import curve_keys
 from nbdist.hub.protocol import Codec, send_frames
-from nbdist.hub.schema import Wire
-from nbdist.hub.wire import curve_keys, recv_bounded, server_socket
+from nbdist.hub.wire import recv_bounded, server_socket
 from nbdist.modes.pipeline.checks import REPORT_LIMITS
 from nbdist.modes.pipeline.messages import REPORTS, Abort, Stop, Totals, decode
+from nbdist.wire.schema import Wire
 
 
 class KernelLink:

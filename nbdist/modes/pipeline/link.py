@@ -8,8 +8,8 @@ they share its host) and receives both directions there; messages that arrive be
 schedule needs them wait in a buffer keyed by (kind, step, micro-batch).
 
 Transport, per neighbour (`--transport`, default auto):
-- **Same host** (the neighbour's `nbdist.hub.shm.host_id()` travels with its endpoint), like the
-  hub's shared-memory path: the sender owns one segment per neighbour (`nbdist.hub.shm.create`:
+- **Same host** (the neighbour's `nbdist.cluster.netaddr.host_id()` travels with its endpoint), like
+  the hub's shared-memory path: the sender owns one segment per neighbour (`nbdist.hub.shm.create`:
   an unguessable name, mode 0600) of `slots` equal slots. It copies a message's arrays into a
   free slot and sends only the signed header, which names the segment, its generation, the slot
   and each array's offset; the receiver verifies the MAC over that header, checks the segment
@@ -47,11 +47,12 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.cluster.netaddr import host_id
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
+from nbdist.hub.gate import curve_keys
 from nbdist.hub.protocol import Codec, send_frames
-from nbdist.hub.schema import Wire
-from nbdist.hub.wire import client_socket, curve_keys, recv_bounded, server_socket
+from nbdist.hub.wire import client_socket, recv_bounded, server_socket
 from nbdist.modes.pipeline.checks import arrays_of, slot_table, stage_message
 from nbdist.modes.pipeline.messages import (
     CONTROLS,
@@ -62,6 +63,7 @@ from nbdist.modes.pipeline.messages import (
     Stop,
     decode,
 )
+from nbdist.wire.schema import Wire
 
 POLL_MS = 200
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
@@ -112,7 +114,7 @@ class StageLink:
         self.codec, self._key = Codec(key, self.name, run_id), key
         self.max_frames, self.max_bytes = limits
         self.dropped: Counter[str] = Counter()  # messages refused, by reason
-        self.host = shm.host_id()
+        self.host = host_id()
         self.peers: dict[str, object] = {}
         self.sub = None
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)

@@ -1,5 +1,5 @@
-"""Every message on a pipeline run's sockets, typed like the hub's (`nbdist.hub.messages`): one
-dataclass each, whose annotations `nbdist.hub.schema` turns into the checks on receipt, so a
+"""Every message on a pipeline run's sockets, typed like the hub's (`nbdist.wire.messages`): one
+dataclass each, whose annotations `nbdist.wire.schema` turns into the checks on receipt, so a
 signed but malformed header is dropped as "malformed header" before anything reads it.
 
     stage -> neighbour   Forward, Backward, Validation (arrays: in frames, or a shared-memory
@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from nbdist.errors import ProtocolError
-from nbdist.hub.schema import Wire, message
+from nbdist.wire.schema import Wire, message
 
 # -- between stages ---------------------------------------------------------------------------
 

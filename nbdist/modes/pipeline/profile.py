@@ -99,7 +99,7 @@ def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1
 def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1") -> dict:
     """The profile of `model` at the micro-batch `x_micro`, and the link; plain data (it comes
     back from an engine)."""
-    from nbdist.engine.flatmodel import ensure_built
+    from nbdist.engine.flat_layout import ensure_built
     from nbdist.modes.pipeline.graph import Graph
 
     ensure_built(model, x_micro[:2] if not isinstance(x_micro, (list, tuple))
@@ -113,7 +113,7 @@ def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1
 def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: tuple,
                       initial: tuple, micro_batch: int, threads: int | None) -> dict:
     """`profile_model` on an engine: run the cell there, take the first micro-batch of inputs."""
-    from nbdist.engine.flatmodel import write_flat
+    from nbdist.engine.flat_layout import write_flat
     from nbdist.engine.run_cell import execute_cell
     from nbdist.modes.pipeline.stage import StageSpec, stage_data
 
@@ -122,7 +122,7 @@ def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: t
     spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name,
                      data, None, initial)
     x, _, _ = stage_data(ns, spec, model)
-    from nbdist.engine.flatmodel import ensure_built
+    from nbdist.engine.flat_layout import ensure_built
 
     ensure_built(model, x[:2])
     write_flat(model, *initial)

@@ -262,7 +262,7 @@ class PipelineBackend(Backend):
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
         """The stages' weights now: in this kernel they train the kernel's own layers; on
         engines they cannot be asked while they train, so this refuses, saying so."""
-        from nbdist.engine.flatmodel import read_flat
+        from nbdist.engine.flat_layout import read_flat
 
         if self.cluster is None:
             return read_flat(self.model)
@@ -273,7 +273,7 @@ class PipelineBackend(Backend):
             "them when the run has ended (run.model), or train with --mode async, local or sync.")
 
     def final_params(self, control):
-        from nbdist.engine.flatmodel import read_flat
+        from nbdist.engine.flat_layout import read_flat
 
         for task in self.tasks:
             result = task.get(60)

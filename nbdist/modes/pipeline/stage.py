@@ -49,7 +49,7 @@ class StageSpec:
     model_name: str
     data: tuple[str, ...]
     validation: tuple[str, ...] | None
-    initial: tuple  # (params, non_trainable) as nbdist.engine.flatmodel.read_flat gives them
+    initial: tuple  # (params, non_trainable) as nbdist.engine.flat_layout.read_flat gives them
     source: str | None = None  # the cell; None: the namespace already holds the model (in process)
     pushed: dict = field(default_factory=dict)
     bind_host: str = "127.0.0.1"
@@ -116,7 +116,7 @@ class Stage:
     """A stage's model, optimizer, data and link, and its training loop."""
 
     def __init__(self, spec: StageSpec, ns: dict):
-        from nbdist.engine.flatmodel import ensure_built, write_flat
+        from nbdist.engine.flat_layout import ensure_built, write_flat
         from nbdist.modes.pipeline.graph import Graph, StageModel
         from nbdist.modes.pipeline.link import StageLink
 

@@ -29,7 +29,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     """Start a pipeline run of the cell's model (already run in the kernel: `contents`);
     `in_process`: the stages as threads of this kernel (tests), no cluster."""
     from nbdist.core.partition import METHODS, check_stages, partition
-    from nbdist.engine.flatmodel import ensure_built, read_flat, write_flat
+    from nbdist.engine.flat_layout import ensure_built, read_flat, write_flat
     from nbdist.hub.protocol import new_key
     from nbdist.modes.pipeline.checks import message_limits
     from nbdist.modes.pipeline.graph import Graph

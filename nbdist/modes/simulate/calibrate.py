@@ -87,9 +87,9 @@ def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
     from nbdist.hub.client import WorkerTransport
     from nbdist.hub.control import HubControl
     from nbdist.hub.launch import join_hub, start_hub
-    from nbdist.hub.messages import Step
     from nbdist.hub.protocol import new_key
     from nbdist.hub.server import HubSpec
+    from nbdist.wire.messages import Step
 
     key, run_id = new_key(), f"calib-{uuid.uuid4().hex[:8]}"
     plan = Plan(num_workers=1, num_samples=10**12, epochs=1, batch_size=32, lr=0.0,
@@ -137,7 +137,8 @@ def measure_on_engine(model_json: str, weights: list, loss, x, y, batch: int) ->
     """Engine side: rebuild the cell's model from its JSON and weights, then `measure`."""
     import keras
 
-    from nbdist.engine.flatmodel import FlatModel, ensure_built, read_flat
+    from nbdist.engine.flat_layout import ensure_built, read_flat
+    from nbdist.engine.flatmodel import FlatModel
 
     model = keras.models.model_from_json(model_json)
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)

@@ -30,13 +30,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nbdist.core.plan import Plan
-from nbdist.core.schedule import Chunk
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
-from nbdist.hub.messages import Control, EvalResult, Hello, Reply, Step
 from nbdist.modes.common.worker import step_metrics
+from nbdist.wire.messages import Chunk, Control, EvalResult, Hello, Reply, Step
 
 ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
 

@@ -48,7 +48,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     data = ArraySource(as_float32(x), y, contents.num_samples, config.seed, sw,
                        shuffle=fit.shuffle if fit is not None else True, epoch_size=job.epoch_size)
     job = job.for_workers(config.workers or len(config.slowdown))
-    from nbdist.engine.flatmodel import ensure_built
+    from nbdist.engine.flat_layout import ensure_built
 
     # the compiled metrics' variables, as every worker builds them (a fit call's private copy has
     # none yet)

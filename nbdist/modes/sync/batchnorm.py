@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbdist.errors import DependencyError
+
 
 def batchnorm_layers(model) -> list:
     """Every BatchNormalization layer in `model`, nested sub-models included, in a fixed order
@@ -56,8 +58,6 @@ class SyncBatchNorm:
         self._share = 1.0
         for index, layer in enumerate(self.layers):
             if not callable(getattr(layer, "_moments", None)):
-                from nbdist.errors import DependencyError
-
                 raise DependencyError(
                     f"--sync-batchnorm replaces BatchNormalization._moments, which this Keras "
                     f"({keras_version()}) does not have (layer {layer.name!r}). Use Keras 3.x as "

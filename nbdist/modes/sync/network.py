@@ -17,13 +17,14 @@ import os
 import re
 import socket
 
+from nbdist.cluster.netaddr import check_reachable, host_network, interface_for
+from nbdist.errors import UnreachableHostError
+
 
 def rank_network(env: dict) -> dict:
     """Resolve `HOROVOD_GLOO_IFACE=route:ADDRESS` to this host's interface towards the
     rendezvous (Gloo binds that interface's address), after checking the rendezvous answers
     and, across hosts with a Horovod build that binds the host name's address, that name."""
-    from nbdist.cluster.netaddr import check_reachable, interface_for
-
     env = dict(env)
     iface = env.get("HOROVOD_GLOO_IFACE", "")
     if iface.startswith("route:"):
@@ -41,8 +42,6 @@ def preflight(env: dict) -> dict | None:
     """On each rank's engine before any rank starts (the kernel calls it): `rank_network`'s
     checks. A refusal comes back as fields (the kernel raises it) rather than from a rank whose
     peers already wait in Gloo's rendezvous, where a missing rank aborts their engines."""
-    from nbdist.errors import UnreachableHostError
-
     try:
         rank_network(env)
     except UnreachableHostError as exc:
@@ -83,9 +82,6 @@ def iface_honoured(build: str) -> bool:
 def check_hostname_address(iface: str) -> None:
     """Refuse, naming the fix, where this host's name does not resolve to an address of `iface`
     (`hostname_refusal`); I/O side."""
-    from nbdist.cluster.netaddr import host_network
-    from nbdist.errors import UnreachableHostError
-
     name = socket.gethostname()
     try:
         resolved = socket.gethostbyname(name)

@@ -25,8 +25,8 @@ import numpy as np
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.run_cell import run_cell
-from nbdist.hub.messages import EvalResult, Report, ReportReply
 from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
+from nbdist.wire.messages import EvalResult, Report, ReportReply
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
 
@@ -75,7 +75,8 @@ class _SyncLoop:
     def __init__(self, spec: SyncSpec, hvd, model, data, validation):
         import tensorflow as tf
 
-        from nbdist.engine.flatmodel import FlatModel, write_flat
+        from nbdist.engine.flat_layout import write_flat
+        from nbdist.engine.flatmodel import FlatModel
         from nbdist.hub.client import WorkerTransport
 
         self.spec, self.hvd, self.model, self.data, self.validation = (spec, hvd, model, data,

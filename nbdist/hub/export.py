@@ -1,17 +1,20 @@
-"""What one hub shard saves of itself for a checkpoint, and how it takes it back (on the engine).
+"""What a hub shard sends of itself for a checkpoint, and how it takes it back (on the engine).
 
 `shard_state` is the shard's answer to the kernel's `state` request: what its `ShardCore`
 exports (parameters, version, update-rule state and optimizer slots, and, on shard 0, the data
-position), as a header of numbers and a list of float32 arrays. `restore_shard` hands such a
-state to a freshly built core (`ShardCore.restore`) before it serves. The files themselves
-are written and checked in the kernel (`nbdist.checkpoint.store`).
+position), as a header of numbers and a list of float32 arrays. In a sync run the hub holds no
+weights: `hub_state` answers with rank 0's latest snapshot instead
+(`nbdist.checkpoint.sync_state` says how it gets there). `restore_shard` hands a saved state to
+a freshly built core (`ShardCore.restore`) before it serves. The files themselves are written
+and checked in the kernel (`nbdist.checkpoint.store`), which imports nothing of the hub.
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from nbdist.hub.messages import ShardState
+from nbdist.core.schedule import schedule_state
+from nbdist.wire.messages import ShardState, SyncState
 
 
 def split_state(state: dict) -> tuple[dict[str, np.ndarray], dict[str, float]]:
@@ -46,3 +49,18 @@ def shard_state(core) -> tuple[ShardState, list[np.ndarray]]:
 def restore_shard(core, state: dict) -> None:
     """Put one shard's saved state into a freshly built `ShardCore`, before it serves."""
     core.restore(state)
+
+
+def hub_state(core, snapshot: tuple[SyncState, list]) -> tuple[ShardState, list[np.ndarray]]:
+    """The hub's `state` reply in a sync run: rank 0's latest `snapshot` as shard 0's state
+    (`core`: shard 0's `ShardCore`, for the plan and the rule's name)."""
+    s, (params, non_trainable, slots) = snapshot
+    plan = core.plan
+    # "state_seq", not "seq": the wire's envelope sets a message's own "seq" (wire.schema.ENVELOPE)
+    reply = ShardState(shard=0, state_seq=s.seq, final=s.final, version=s.steps, lr=s.lr,
+                       rule=core.updater.rule.name, rule_options=core.updater.rule.options,
+                       names=["params", "non_trainable", "optimizer_slots"],
+                       schedule=schedule_state(plan.num_samples, plan.epochs, s.epoch, s.offset),
+                       sync={"optimizer": s.optimizer, "slots": s.slots, "iterations": s.iterations,
+                             "steps": s.steps})
+    return reply, [params, non_trainable, slots]

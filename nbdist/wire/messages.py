@@ -1,5 +1,5 @@
 """Every message on the hub's sockets, typed: one dataclass each, the one statement of its
-fields and their types. From the annotations `nbdist.hub.schema` derives the checks on
+fields and their types. From the annotations `nbdist.wire.schema` derives the checks on
 receipt and the header written; `nbdist.hub.protocol` frames and signs that header;
 `nbdist.hub.wire` receives a hub's messages within limits and decodes each by its op
 (`HUB_REQUESTS`).
@@ -27,10 +27,34 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from nbdist.core.schedule import Chunk
-from nbdist.hub.schema import EpochKey, Wire, message
+from nbdist.wire.schema import EpochKey, Wire, message
 
 # -- parts nested in messages ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """One batch worth of an epoch: positions `[start, stop)` of that epoch's permutation. The
+    epoch schedule (`nbdist.core.schedule`) hands chunks out; replies and steps carry them."""
+
+    id: int
+    epoch: int
+    start: int
+    stop: int
+
+    @property
+    def size(self) -> int:
+        return self.stop - self.start
+
+    def to_list(self) -> list[int]:
+        """The wire form, `[id, epoch, start, stop]` (replies carry chunks as JSON lists)."""
+        return [self.id, self.epoch, self.start, self.stop]
+
+    @classmethod
+    def from_list(cls, fields) -> Chunk:
+        """A chunk from its wire form (`to_list`)."""
+        chunk_id, epoch, start, stop = fields
+        return cls(int(chunk_id), int(epoch), int(start), int(stop))
 
 
 @message()
@@ -122,9 +146,8 @@ class ParamsReply(Wire):
 
 @message("state")
 class ShardState(Wire):
-    """Everything a checkpoint saves of one shard (`nbdist.checkpoint.shard_state`, or in sync
-    mode rank 0's latest state, `nbdist.checkpoint.sync_state`); the arrays `names` lists are
-    its buffers."""
+    """Everything a checkpoint saves of one shard (`nbdist.hub.export`: the shard's own, or in
+    sync mode rank 0's latest state); the arrays `names` lists are its buffers."""
 
     shard: int
     version: int

@@ -1,5 +1,5 @@
 """How a message dataclass becomes its header: the checks on receipt and the fields written,
-both derived from the class's annotations (`nbdist.hub.messages` declares the messages).
+both derived from the class's annotations (`nbdist.wire.messages` declares the messages).
 
 A field's annotation says what a received header may hold there: `int`, `float` (a JSON
 number; a bool is neither), `bool`, `str`, `X | None`, `list[X]`, `dict[str, X]`, `tuple[X,
