@@ -14,7 +14,9 @@ outputs, so the same cell trains the same way on every backend.
 Non-trainable state is merged like a gradient: each push carries the change one step made to
 it (`after - before`), and the hub adds that change to its copy. Sequential training would
 apply exactly these changes one after another; asynchronous training applies them in arrival
-order. Integer state (dropout seed counters) stays local to each worker.
+order. Integer state (dropout seed counters) stays local to each worker; every worker starts
+it from the kernel's model (`rng_state`, `write_rng_state`), so one worker draws the same dropout
+masks on an engine as in the kernel (--mode local).
 
 The helpers here (`layout`, `read_flat`, `write_flat`, `ensure_built`) are backend-neutral.
 """
@@ -96,6 +98,35 @@ def write_flat(model, params: np.ndarray, non_trainable: np.ndarray) -> None:
             n = int(np.prod(v.shape))
             v.assign(np.asarray(flat[offset:offset + n]).reshape(v.shape))
             offset += n
+
+
+def rng_state(model) -> list[np.ndarray]:
+    """The model's integer state: the seed generators of Dropout, GaussianNoise and the random
+    augmentation layers (read in the kernel, so that every worker starts from it)."""
+    return [np.array(v.numpy()) for v in model.non_trainable_variables
+            if "float" not in str(v.dtype)]
+
+
+def write_rng_state(model, state: list[np.ndarray], worker: int) -> None:
+    """Set the model's integer state to `state` (`rng_state` of the kernel's model): worker 0
+    takes it as it is, so it draws the kernel's dropout masks; worker w adds w to each seed
+    generator's seed, so workers draw different masks. Raises CellError when the model's
+    integer variables differ from the kernel's."""
+    from nbdist.errors import CellError
+
+    variables = [v for v in model.non_trainable_variables if "float" not in str(v.dtype)]
+    shapes = [tuple(v.shape) for v in variables]
+    if shapes != [a.shape for a in state]:
+        raise CellError(
+            f"The model built here has other integer variables (seed generators) than the "
+            f"kernel's (Received: shapes {shapes}, expected {[a.shape for a in state]}). The cell "
+            "must build the same model every time it runs: avoid random architecture choices "
+            "or state from other cells.")
+    for v, value in zip(variables, state, strict=True):
+        value = np.array(value)
+        if worker and v.path.endswith("seed_generator_state") and value.shape == (2,):
+            value[0] += worker  # [seed, counter]: another seed, another stream of masks
+        v.assign(value)
 
 
 def concat_values(variables: list) -> np.ndarray:
