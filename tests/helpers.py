@@ -438,3 +438,24 @@ model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_cro
               metrics=["accuracy"])
 '''
 LOCAL_WORKER_CELLS = {"dropout-mlp": DROPOUT_MLP_CELL, "batchnorm-cnn": BATCHNORM_CNN_CELL}
+
+# The synthetic cell with Keras seeded inside it, so that every run starts from the same
+# weights whatever --seed is: two runs then differ only by their data order.
+SEEDED_SYNTHETIC_CELL = SYNTHETIC_CELL.replace("import keras\n",
+                                               "import keras\nkeras.utils.set_random_seed(3)\n", 1)
+
+
+def first_step_losses(run, steps: int = 3) -> list[float]:
+    """The loss of a finished run's first `steps` steps: the first batches' loss on the same
+    starting weights, so they tell its data order."""
+    history = run.history.dropna(subset=["loss"]).sort_values("step")
+    assert len(history) >= steps, f"run {run.run_id} has {len(history)} steps with a loss"
+    return [float(v) for v in history["loss"].iloc[:steps]]
+
+
+def assert_seed_sets_order(train) -> None:
+    """`train(seed)` -> a finished run: the same --seed twice gives the same data order (the
+    same first losses to 1e-6), and another seed another order (a first loss 1e-4 apart)."""
+    a, again, b = (first_step_losses(train(seed)) for seed in (1, 1, 2))
+    assert max(abs(x - y) for x, y in zip(a, again, strict=True)) < 1e-6, (a, again)
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) > 1e-4, (a, b)
