@@ -1,5 +1,5 @@
 """--seed sets the data order of --mode local and --mode simulate: the same seed gives the same
-order, another seed another one (docs/guide.md, "Reproducible runs")."""
+order, another seed another one (docs/guide.md, "Local mode: one worker in this kernel")."""
 
 import nbdist
 from tests.helpers import SEEDED_SYNTHETIC_CELL, assert_seed_sets_order
