@@ -143,6 +143,14 @@ def hub_process_pids() -> list[int]:
     return [proc.pid for proc in (hub_process(*key) for key in running_hubs()) if proc is not None]
 
 
+def tensorflow_threads() -> tuple[int, int]:
+    """On an engine: TensorFlow's (intra-op, inter-op) thread counts (0: TensorFlow's default)."""
+    import tensorflow as tf
+
+    return (tf.config.threading.get_intra_op_parallelism_threads(),
+            tf.config.threading.get_inter_op_parallelism_threads())
+
+
 # -- cells --------------------------------------------------------------------------------------
 
 # A small learnable problem: trains in seconds, reaches high accuracy (900 train, 300 test).
@@ -398,3 +406,56 @@ model = keras.Model(inp, out)
 model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_crossentropy",
               metrics=["accuracy"])
 '''
+
+# --mode local against one async worker (tests/cluster/test_local_equals_worker.py). Neither
+# cell seeds Keras itself: the test seeds the kernel, and the workers start from its dropout
+# seeds. 2,000 Fashion-MNIST images, one epoch of 63 steps at batch 32.
+_FASHION_2000 = '''
+import numpy as np
+import keras
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train, y_train, x_test, y_test = x_train[:2000], y_train[:2000], x_test[:500], y_test[:500]
+'''
+DROPOUT_MLP_CELL = _FASHION_2000 + '''
+x_train = x_train.reshape(-1, 784).astype("float32") / 255
+x_test = x_test.reshape(-1, 784).astype("float32") / 255
+model = keras.Sequential([keras.Input((784,)), keras.layers.Dense(64, activation="relu"),
+                          keras.layers.Dropout(0.3), keras.layers.Dense(10, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+BATCHNORM_CNN_CELL = _FASHION_2000 + '''
+x_train = np.expand_dims(x_train.astype("float32") / 255, -1)
+x_test = np.expand_dims(x_test.astype("float32") / 255, -1)
+model = keras.Sequential([
+    keras.Input((28, 28, 1)),
+    keras.layers.Conv2D(8, 3, use_bias=False), keras.layers.BatchNormalization(),
+    keras.layers.Activation("relu"), keras.layers.MaxPooling2D(2), keras.layers.Flatten(),
+    keras.layers.Dropout(0.3), keras.layers.Dense(10, activation="softmax"),
+])
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+'''
+LOCAL_WORKER_CELLS = {"dropout-mlp": DROPOUT_MLP_CELL, "batchnorm-cnn": BATCHNORM_CNN_CELL}
+
+# The synthetic cell with Keras seeded inside it, so that every run starts from the same
+# weights whatever --seed is: two runs then differ only by their data order.
+SEEDED_SYNTHETIC_CELL = SYNTHETIC_CELL.replace("import keras\n",
+                                               "import keras\nkeras.utils.set_random_seed(3)\n", 1)
+
+
+def first_step_losses(run, steps: int = 3) -> list[float]:
+    """The loss of a finished run's first `steps` steps: the first batches' loss on the same
+    starting weights, so they tell its data order."""
+    history = run.history.dropna(subset=["loss"]).sort_values("step")
+    assert len(history) >= steps, f"run {run.run_id} has {len(history)} steps with a loss"
+    return [float(v) for v in history["loss"].iloc[:steps]]
+
+
+def assert_seed_sets_order(train) -> None:
+    """`train(seed)` -> a finished run: the same --seed twice gives the same data order (the
+    same first losses to 1e-6), and another seed another order (a first loss 1e-4 apart)."""
+    a, again, b = (first_step_losses(train(seed)) for seed in (1, 1, 2))
+    assert max(abs(x - y) for x, y in zip(a, again, strict=True)) < 1e-6, (a, again)
+    assert max(abs(x - y) for x, y in zip(a, b, strict=True)) > 1e-4, (a, b)

@@ -12,6 +12,7 @@ import numpy as np
 
 from nbdist.engine.data import take
 from nbdist.engine.step_metrics import build_metrics
+from nbdist.errors import CellError
 
 
 def ensure_built(model, x_sample, y_sample=None, sample_weight=None) -> None:
@@ -71,3 +72,30 @@ def concat_values(variables: list) -> np.ndarray:
     if not variables:
         return np.zeros(0, dtype=np.float32)
     return np.concatenate([np.asarray(v.numpy(), dtype=np.float32).ravel() for v in variables])
+
+
+def rng_state(model) -> list[np.ndarray]:
+    """The model's integer state: the seed generators of Dropout, GaussianNoise and the random
+    augmentation layers (read in the kernel, so that every worker starts from it)."""
+    return [np.array(v.numpy()) for v in model.non_trainable_variables
+            if "float" not in str(v.dtype)]
+
+
+def write_rng_state(model, state: list[np.ndarray], worker: int) -> None:
+    """Set the model's integer state to `state` (`rng_state` of the kernel's model): worker 0
+    takes it as it is, so it draws the kernel's dropout masks; worker w adds w to each seed
+    generator's seed, so workers draw different masks. Raises CellError when the model's
+    integer variables differ from the kernel's."""
+    variables = [v for v in model.non_trainable_variables if "float" not in str(v.dtype)]
+    shapes = [tuple(v.shape) for v in variables]
+    if shapes != [a.shape for a in state]:
+        raise CellError(
+            f"The model built here has other integer variables (seed generators) than the "
+            f"kernel's (Received: shapes {shapes}, expected {[a.shape for a in state]}). The cell "
+            "must build the same model every time it runs: avoid random architecture choices "
+            "or state from other cells.")
+    for v, value in zip(variables, state, strict=True):
+        value = np.array(value)
+        if worker and v.path.endswith("seed_generator_state") and value.shape == (2,):
+            value[0] += worker  # [seed, counter]: another seed, another stream of masks
+        v.assign(value)

@@ -14,7 +14,9 @@ outputs, so the same cell trains the same way on every backend.
 Non-trainable state is merged like a gradient: each push carries the change one step made to
 it (`after - before`), and the hub adds that change to its copy. Sequential training would
 apply exactly these changes one after another; asynchronous training applies them in arrival
-order. Integer state (dropout seed counters) stays local to each worker.
+order. Integer state (dropout seed counters) stays local to each worker; every worker starts
+it from the kernel's model (`rng_state`, `write_rng_state`), so one worker draws the same dropout
+masks on an engine as in the kernel (--mode local).
 
 Which variables the buffers hold, in what order, and how they are read and written, is
 backend-neutral: `nbdist.engine.flat_layout`, which the steps and every mode import.

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nbdist.engine.flat_layout import rng_state
 from nbdist.job import Job
 from nbdist.modes.async_ps.backend import ClusterBackend
 from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
@@ -18,6 +19,6 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                              spin=config.spin == "auto" and config.transport != "tcp")
     job = job.for_workers(backend.num_workers)
     steps = dict(overlap=config.overlap, local_steps=config.local_steps,
-                 easgd_alpha=job.easgd_alpha)
+                 easgd_alpha=job.easgd_alpha, rng_state=rng_state(job.model))
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
                               shards=config.servers, hub_params=job.params)

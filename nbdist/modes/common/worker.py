@@ -72,6 +72,9 @@ class WorkerSpec:
     epoch_size: int | None = None
     take_batches: int | None = None  # batches of a repeating dataset that make the data
     keras_backend: str = "tensorflow"  # the kernel's Keras backend: the cell runs on it here too
+    # the kernel model's integer state (dropout seeds, `flatmodel.rng_state`): None keeps this
+    # model's own
+    rng_state: list | None = None
 
 
 def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
@@ -102,6 +105,10 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
                                          np.arange(min(size, data.num_samples), dtype=np.int64))
         else:
             flat.assign_and_gradients(*flat.read(), *data.head(size))
+    if spec.rng_state is not None:  # after the traced steps, which drew masks
+        from nbdist.engine.flat_layout import write_rng_state
+
+        write_rng_state(model, spec.rng_state, spec.worker)
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size, spec.transport,
                                 spec.timeout, spec.engine, compression=spec.compression,
                                 spin_s=spec.spin_s)

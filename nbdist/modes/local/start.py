@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from nbdist.engine.flat_layout import rng_state
 from nbdist.job import Job
 from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
 from nbdist.modes.common.worker import WorkerSpec
@@ -18,7 +19,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                            else job.trainer_namespace)
     job = job.for_workers(backend.num_workers)
     steps = dict(overlap=config.overlap, local_steps=config.local_steps,
-                 easgd_alpha=job.easgd_alpha)
+                 easgd_alpha=job.easgd_alpha, rng_state=rng_state(job.model))
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
                               shards=config.servers, hub_params=job.params,
                               preloaded=job.contents.arrays)
