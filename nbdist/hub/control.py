@@ -35,12 +35,14 @@ class HubControl:
         return sum((line.dropped for line in self.lines), Counter())
 
     def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
-              during: Callable[[], None] | None = None) -> dict:
+              during: Callable[[], None] | None = None,
+              clock: Callable[[], float] | None = None) -> dict:
         """Statistics with history rows from `since` on (and the whole timeline if asked);
-        `timeout`: wait at most this long for them (the lines' own timeout if longer), calling
-        `during()` about every second meanwhile (`Line.recv`)."""
+        `timeout`: wait at most this long for them (the lines' own timeout if longer) on
+        `clock`, calling `during()` about every second meanwhile (`Line.recv`)."""
         with self._lock:
-            _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during)
+            _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during,
+                                           clock=clock)
         return json.loads(bytes(msg.buffers[0]))
 
     def cap_timeout(self, seconds: float) -> None:

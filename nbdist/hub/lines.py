@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import zmq
 
+from nbdist.core.liveness import RunningClock
 from nbdist.errors import ProtocolError, TrainingError
 from nbdist.hub import localline
 from nbdist.hub.messages import Error
@@ -26,6 +27,7 @@ from nbdist.hub.wire import MAX_FRAMES, client_socket
 W = TypeVar("W", bound=Wire)
 
 DURING_EVERY_S = 1.0  # how often a wait for a reply calls its `during` (any worker failed?)
+# and reads its clock: a wait counts only the time this process ran (nbdist.core.liveness)
 
 
 class Line:
@@ -65,20 +67,27 @@ class Line:
         return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
 
     def recv(self, expect: type[W], timeout: float | None = None,
-             during: Callable[[], None] | None = None) -> tuple[W, Message]:
+             during: Callable[[], None] | None = None,
+             clock: Callable[[], float] | None = None) -> tuple[W, Message]:
         """The reply to the latest request, as an `expect` message, and its frames (for the
         buffers); anything else that arrives first is dropped. It waits the line's timeout,
         or `timeout` seconds when given and shorter, calling `during()` about every second
-        meanwhile (it may raise to give up the wait). An `Error` reply raises TrainingError."""
+        meanwhile (it may raise to give up the wait). An `Error` reply raises TrainingError.
+        The wait is measured on `clock` (default: a `RunningClock` of its own), so time during
+        which this process was stopped (a suspend) is not counted against the hub."""
         expected = self.codec.last_sent(self.peer)
         wait_ms = self.timeout_ms if timeout is None else min(self.timeout_ms, int(timeout * 1000))
-        deadline = time.monotonic() + wait_ms / 1000
+        if clock is None:
+            running = RunningClock()
+            clock = lambda: running.read(time.monotonic())  # noqa: E731
+        deadline = clock() + wait_ms / 1000
         while True:
-            left = deadline - time.monotonic()
-            step = left if during is None else min(left, DURING_EVERY_S)
+            left = deadline - clock()
+            step = min(left, DURING_EVERY_S)
             frames = self._receive_frames(max(1, int(step * 1000))) if left > 0 else None
-            if frames is None and during is not None and time.monotonic() < deadline:
-                during()
+            if frames is None and clock() < deadline:
+                if during is not None:
+                    during()
                 continue
             if frames is None:
                 self.reopen()
@@ -110,10 +119,11 @@ class Line:
         return expect.decode(msg.header)
 
     def request(self, message: Wire, buffers: list | tuple = (), timeout: float | None = None,
-                during: Callable[[], None] | None = None) -> tuple[Wire, Message]:
+                during: Callable[[], None] | None = None,
+                clock: Callable[[], float] | None = None) -> tuple[Wire, Message]:
         """Send `message` and return its reply (its class's `REPLY`) and the reply's frames."""
         self.send(message, buffers)
-        return self.recv(type(message).REPLY, timeout, during)
+        return self.recv(type(message).REPLY, timeout, during, clock)
 
     def close(self) -> None:
         self.sock.close(0)

@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 
 from nbdist.core import compression
+from nbdist.core.liveness import RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
@@ -88,13 +89,17 @@ class HubSpec:
 
 class Hub:
     """One shard's server loop. Create on the engine, then call `serve()` (blocks). `clock`:
-    the shard's time in seconds (default: wall-clock seconds since it was built); a test
+    the shard's time in seconds (default: the seconds its loop has run since it was built, on
+    `time.monotonic()` with the gaps of a stopped or starved hub left out, so neither a wall
+    clock's jump nor a suspend makes its workers look silent: `nbdist.core.liveness`); a test
     passes its own to move time without waiting."""
 
     def __init__(self, spec: HubSpec, clock: Callable[[], float] | None = None):
         self.spec = spec
-        self.start_time = time.time()
-        self.now = clock or (lambda: time.time() - self.start_time)
+        self.start_time = time.time()  # a timestamp for the views, never a duration
+        self.running = RunningClock()
+        self.running.read(time.monotonic())
+        self.now = clock or self._running_time
         self.size = int(spec.params.size)
         self.codec = Codec(spec.key, f"hub-{spec.shard}", spec.run_id,
                            max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes)
@@ -137,6 +142,9 @@ class Hub:
         self._inbox = Inbox(self._sock, self._listener, self._max_bytes, spin_s=spec.spin_s)
         self.profile, self._mark = marker(spec.profile)
 
+    def _running_time(self) -> float:
+        return self.running.read(time.monotonic())
+
     @property
     def num_workers(self) -> int:
         return self.core.num_workers
@@ -157,12 +165,13 @@ class Hub:
         handlers = {Hello: self._hello, Step: self._step, Report: self._report, Bye: self._bye,
                     **{op: partial(handle, self) for op, handle in kernel_ops.HANDLERS.items()}}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
-        last_heard = time.monotonic()
+        last_heard = self._running_time()
         last_check = self.now()
         grouped = self.core.barrier is not None
         mark = self._mark
         try:
             while not self.closing:
+                self._running_time()  # every turn: a longer interval is a gap of the hub itself
                 if (grouped and self.core.barrier.pending
                         and self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
                     self._release_held()
@@ -175,7 +184,7 @@ class Hub:
                                                 self.core.num_workers, self.links, mark)
                 except zmq.Again:  # nothing came within the timeout
                     self.core.settle()
-                    if time.monotonic() - last_heard > self.spec.idle_timeout:
+                    if self._running_time() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
                         self.error = self.error or ("hub idle timeout: the kernel and workers "
@@ -185,7 +194,7 @@ class Hub:
                 except ProtocolError as exc:
                     self.dropped[exc.reason] += 1
                     continue
-                last_heard = time.monotonic()
+                last_heard = self._running_time()
                 try:
                     answer = handlers[type(request)](request, msg, ret)
                     delivered = answer is None or self._send(ret, *answer)

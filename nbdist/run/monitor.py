@@ -9,6 +9,7 @@ import logging
 import threading
 import time
 
+from nbdist.core.liveness import RunningClock
 from nbdist.errors import NbdistError, TrainingError, WorkersLostError
 from nbdist.run.control import auto_checkpoint
 from nbdist.run.state import RunState
@@ -43,7 +44,10 @@ def watch(run) -> None:
     """The monitor loop, until the run ends; never raises (the error goes into the state)."""
     state = run.state
     control, backend = state.control, state.backend
-    last_answer = time.monotonic()
+    # the hub's silence counts only while this kernel ran: a suspended laptop is not a lost hub
+    running = RunningClock()
+    now = lambda: running.read(time.monotonic())  # noqa: E731
+    last_answer = now()
     hub_gone = False  # nothing more to ask it: the ending does not wait for its answers
     try:
         while True:
@@ -58,15 +62,15 @@ def watch(run) -> None:
                 admit_joined(run)
             try:
                 want_timeline = time.monotonic() - state.timeline_at > TIMELINE_EVERY_S
-                left = state.config.timeout - (time.monotonic() - last_answer)  # never past it
+                left = state.config.timeout - (now() - last_answer)  # never past it
                 snap = control.stats(since=len(state.rows), timeline=want_timeline,
-                                     timeout=max(0.05, left),
+                                     timeout=max(0.05, left), clock=now,
                                      during=lambda: _check_workers(backend))  # saw the hub go?
-                last_answer = time.monotonic()
+                last_answer = now()
             except _Failed as failed:
                 raise failed.error from None
             except TrainingError:
-                if time.monotonic() - last_answer >= state.config.timeout:
+                if now() - last_answer >= state.config.timeout:
                     hub_gone = True
                     raise _hub_lost(state.config.timeout) from None
                 continue
