@@ -117,6 +117,9 @@ class Hub:
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
         reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message
         self.links: dict[int, shm.WorkerLink] = {}
+        # worker -> the sender (process) of its latest hello, and the earlier ones it replaced
+        self.incarnation: dict[int, str] = {}
+        self.retired: dict[int, set[str]] = {}
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
         self.closing = False
@@ -285,7 +288,18 @@ class Hub:
     # -- worker ops -------------------------------------------------------------------------
 
     def _hello(self, hello: Hello, msg: Message, ret: Return) -> tuple[Reply, list] | None:
-        worker = hello.worker
+        """Register a worker's process, which replaces any earlier one of its id. A hello from
+        a process already replaced (a late message of an earlier incarnation) is dropped, as
+        its other messages are (`wire.check_link`): it would re-register the old process, and
+        the live one's steps would then be dropped as stale."""
+        worker, sender = hello.worker, ret.to
+        if sender in self.retired.get(worker, ()):
+            self.dropped["stale incarnation"] += 1
+            return None
+        last = self.incarnation.get(worker)
+        if last is not None and last != sender:
+            self.retired.setdefault(worker, set()).add(last)
+        self.incarnation[worker] = sender
         old = self.links.pop(worker, None)
         if old:
             shm.release(old.segment)
