@@ -62,8 +62,9 @@ class Line:
     def _send_frames(self, frames: list) -> int:
         return send_frames(self.sock, frames)
 
-    def _receive_frames(self, timeout_ms: int) -> list | None:
-        """One message's frames, or None if none came within `timeout_ms`."""
+    def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
+        """One message's frames, or None if none came within `timeout_ms` (`first`: the
+        first slice of a wait)."""
         return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
 
     def recv(self, expect: type[W], timeout: float | None = None,
@@ -81,10 +82,12 @@ class Line:
             running = RunningClock()
             clock = lambda: running.read(time.monotonic())  # noqa: E731
         deadline = clock() + wait_ms / 1000
+        first = True
         while True:
             left = deadline - clock()
             step = min(left, DURING_EVERY_S)
-            frames = self._receive_frames(max(1, int(step * 1000))) if left > 0 else None
+            frames = self._receive_frames(max(1, int(step * 1000)), first) if left > 0 else None
+            first = False
             if frames is None and clock() < deadline:
                 if during is not None:
                     during()
@@ -158,9 +161,9 @@ class LocalLine(Line):
                              f"({exc.strerror or exc}): its engine may have stopped or died. Check "
                              "`%nbdist status`, then run the cell again.")
 
-    def _receive_frames(self, timeout_ms: int) -> list | None:
+    def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
         deadline = time.monotonic() + timeout_ms / 1000
-        if self.spin_s:
+        if self.spin_s and first:  # a wait's first slice: the reply of a quick hub comes now
             self._spin(min(deadline, time.monotonic() + self.spin_s))
         while True:
             try:
