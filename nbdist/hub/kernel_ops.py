@@ -34,7 +34,11 @@ if TYPE_CHECKING:
 
 
 def stats(hub: Hub, stats: Stats, msg: Message, ret: Return) -> tuple[StatsReply, list]:
-    snap = hub.core.stats(stats.since, stats.timeline)
+    """Shard 0's statistics; another shard's answer says that it is alive, and its error."""
+    if hub.core.coordinator is None:
+        snap = {"shard": hub.spec.shard, "version": hub.core.version}
+    else:
+        snap = hub.core.stats(stats.since, stats.timeline)
     snap.update(error=hub.error, dropped=hub.dropped_counts())
     return StatsReply(), [json.dumps(snap).encode()]
 

@@ -6,6 +6,7 @@ state (`nbdist.run.state`); `absorb` is its one step for each hub snapshot."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
@@ -69,10 +70,10 @@ def watch(run) -> None:
                 last_answer = now()
             except _Failed as failed:
                 raise failed.error from None
-            except TrainingError:
+            except TrainingError as silent:
                 if now() - last_answer >= state.config.timeout:
                     hub_gone = True
-                    raise _hub_lost(state.config.timeout) from None
+                    raise _hub_lost(state.config.timeout, silent) from None
                 continue
             absorb(run, snap)
             for worker in snap.get("lost", []):  # its engine must not stay busy (hung?)
@@ -180,12 +181,14 @@ def _check_workers(backend) -> None:
         raise _Failed(failure)
 
 
-def _hub_lost(timeout: float) -> TrainingError:
+def _hub_lost(timeout: float, silent: TrainingError) -> TrainingError:
+    shard = re.match(r"hub shard \d+", str(silent))
+    who = shard.group(0) if shard else "the hub"
     return TrainingError(
         f"The hub did not answer for {timeout:.0f}s (--timeout {timeout:g}; Received: no "
-        "reply): its process or its engine has died, or its host cannot be reached. The run "
-        "failed and its workers were stopped. Check the engines with %nbdist status, then run "
-        "the cell again (with --checkpoint-dir, nbdist.resume continues from the last "
+        f"reply from {who}): its process or its engine has died, or its host cannot be reached. "
+        "The run failed and its workers were stopped. Check the engines with %nbdist status, "
+        "then run the cell again (with --checkpoint-dir, nbdist.resume continues from the last "
         "checkpoint).")
 
 
