@@ -10,9 +10,10 @@ worker rebuilds on its next pull (DC backups, SSP clocks, DBS speed measurements
 Format, with no pickle anywhere: a directory holding `meta.json` and one
 `arrays-<run>-<n>.npz` (loaded with allow_pickle=False). `meta.json` names the array file
 with its size and SHA-256 and lists every array's shape and dtype. A save writes the array
-file under a new name, copies `meta.json` to `meta.1.json` (the previous checkpoint: KEEP=2
-are kept), writes the new `meta.json` through a temporary file, fsync and `os.replace`, and
-removes array files no kept meta names: a crash at any moment leaves a complete checkpoint.
+file under a new name, writes the new meta beside it (a temporary file, fsync), only then
+copies `meta.json` to `meta.1.json` (the previous checkpoint: KEEP=2 are kept) and renames the
+new meta over `meta.json` (`os.replace`, which needs no room), and removes array files no kept
+meta names: a crash, or a full disk, at any moment leaves every complete checkpoint.
 (So one folder takes one run at a time: `nbdist.checkpoint.folder`.)
 Weights that are not finite are never saved over a good checkpoint. Loading hashes and parses
 the same bytes and checks everything before anything is used, so a corrupt or mismatched
@@ -107,9 +108,21 @@ def save(directory: str, shards: list[tuple[ShardState, list[np.ndarray]]], info
         "shards": shard_meta, "schedule": schedule, "evals_pending": first.evals_pending,
         "epochs_done": schedule["done"] / schedule["num_samples"], "sync": first.sync,
     }
-    _rotate(directory, keep)  # meta.json stays in place until the new one replaces it
+    # The new meta is complete on disk before anything of the older checkpoints moves: a full
+    # disk then fails the save and leaves every earlier checkpoint as it was (the rotation's
+    # copies need room too), and only renames, which need none, follow the copies.
     text = json.dumps(meta, indent=1).encode()
-    _write_atomic(meta_path, lambda f: f.write(text))
+    staged = os.path.join(directory, f".meta-new-{name}.json")
+    try:
+        _write_atomic(staged, lambda f: f.write(text))
+        _rotate(directory, keep)  # meta.json stays in place until the new one replaces it
+        os.replace(staged, meta_path)
+        _fsync_dir(directory)
+    except BaseException:
+        for leftover in (staged, os.path.join(directory, name)):
+            with contextlib.suppress(OSError):
+                os.unlink(leftover)
+        raise
     _remove_unreferenced(directory, keep)
     return meta_path
 
@@ -154,12 +167,16 @@ def _write_atomic(path: str, write) -> tuple[str, int]:
         except OSError:
             pass
         raise
+    _fsync_dir(folder)  # the rename itself survives a crash
+    return digest, nbytes
+
+
+def _fsync_dir(folder: str) -> None:
     dir_fd = os.open(folder, os.O_RDONLY)
     try:
-        os.fsync(dir_fd)  # the rename itself survives a crash
+        os.fsync(dir_fd)
     finally:
         os.close(dir_fd)
-    return digest, nbytes
 
 
 def _sha256(path: str) -> tuple[str, int]:

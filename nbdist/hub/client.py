@@ -76,6 +76,11 @@ class WorkerTransport:
 
     def hello(self) -> Reply:
         """Register with every shard and pull the parameters; returns shard 0's reply."""
+        self.send_hello()
+        return self._collect(pull=True)
+
+    def send_hello(self) -> None:
+        """First half of `hello`: send it to every shard."""
         for i, line in enumerate(self.lines):
             hello = Hello(self.worker, engine=self.engine, host=host_id().split(":")[0],
                           compression=self.compression, link=self.link, **self.gpu.info())
@@ -83,7 +88,6 @@ class WorkerTransport:
                 hello.shm, hello.offset, hello.total = (self._segment.name, self.bounds[i][0],
                                                         self.total)
             line.send(hello)
-        return self._collect(pull=True)
 
     def step(self, step: Step) -> Reply:
         """Push `grad` (and `nt_delta`) and/or pull, as `step` says; returns shard 0's reply.

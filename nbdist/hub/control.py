@@ -7,15 +7,26 @@ from __future__ import annotations
 import contextlib
 import json
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
 
 import numpy as np
 import zmq
 
+from nbdist.core.liveness import RunningClock
 from nbdist.errors import TrainingError
 from nbdist.hub.lines import open_lines
-from nbdist.wire.messages import Control, Params, Peers, ShardState, Shutdown, State, Stats
+from nbdist.wire.messages import (
+    Control,
+    Params,
+    Peers,
+    ShardState,
+    Shutdown,
+    State,
+    Stats,
+    StatsReply,
+)
 
 
 class HubControl:
@@ -35,13 +46,31 @@ class HubControl:
         return sum((line.dropped for line in self.lines), Counter())
 
     def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
-              during: Callable[[], None] | None = None) -> dict:
-        """Statistics with history rows from `since` on (and the whole timeline if asked);
-        `timeout`: wait at most this long for them (the lines' own timeout if longer), calling
-        `during()` about every second meanwhile (`Line.recv`)."""
+              during: Callable[[], None] | None = None,
+              clock: Callable[[], float] | None = None) -> dict:
+        """Shard 0's statistics with history rows from `since` on (and the whole timeline if
+        asked). Every other shard is asked at the same time, so a dead or failed one is found
+        as fast as shard 0: TrainingError names a shard that does not answer, and the first
+        shard's error is the snapshot's `error`. `timeout`: wait at most this long for all of
+        them (the lines' own timeout if longer), on `clock`, calling `during()` about every
+        second meanwhile (`Line.recv`)."""
+        if clock is None:
+            running = RunningClock()
+            clock = lambda: running.read(time.monotonic())  # noqa: E731
+        start = clock()
         with self._lock:
-            _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during)
-        return json.loads(bytes(msg.buffers[0]))
+            for line in self.lines[1:]:
+                line.send(Stats())
+            _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during,
+                                           clock=clock)
+            snap = json.loads(bytes(msg.buffers[0]))
+            for line in self.lines[1:]:
+                left = None if timeout is None else max(0.001, timeout - (clock() - start))
+                _, other = line.recv(StatsReply, left, during, clock)
+                error = json.loads(bytes(other.buffers[0])).get("error")
+                if error and not snap.get("error"):
+                    snap["error"] = f"{line.name}: {error}"
+        return snap
 
     def cap_timeout(self, seconds: float) -> None:
         """From now on no request waits longer than `seconds` (a run that is ending in failure

@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import zmq
 
+from nbdist.core.liveness import RunningClock
 from nbdist.errors import ProtocolError, TrainingError
 from nbdist.hub import localline
 from nbdist.hub.protocol import Codec, Message, send_frames
@@ -26,6 +27,7 @@ from nbdist.wire.schema import Wire
 W = TypeVar("W", bound=Wire)
 
 DURING_EVERY_S = 1.0  # how often a wait for a reply calls its `during` (any worker failed?)
+# and reads its clock: a wait counts only the time this process ran (nbdist.core.liveness)
 
 
 class Line:
@@ -60,25 +62,35 @@ class Line:
     def _send_frames(self, frames: list) -> int:
         return send_frames(self.sock, frames)
 
-    def _receive_frames(self, timeout_ms: int) -> list | None:
-        """One message's frames, or None if none came within `timeout_ms`."""
+    def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
+        """One message's frames, or None if none came within `timeout_ms` (`first`: the
+        first slice of a wait)."""
         return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
 
     def recv(self, expect: type[W], timeout: float | None = None,
-             during: Callable[[], None] | None = None) -> tuple[W, Message]:
+             during: Callable[[], None] | None = None,
+             clock: Callable[[], float] | None = None) -> tuple[W, Message]:
         """The reply to the latest request, as an `expect` message, and its frames (for the
         buffers); anything else that arrives first is dropped. It waits the line's timeout,
         or `timeout` seconds when given and shorter, calling `during()` about every second
-        meanwhile (it may raise to give up the wait). An `Error` reply raises TrainingError."""
+        meanwhile (it may raise to give up the wait). An `Error` reply raises TrainingError.
+        The wait is measured on `clock` (default: a `RunningClock` of its own), so time during
+        which this process was stopped (a suspend) is not counted against the hub."""
         expected = self.codec.last_sent(self.peer)
         wait_ms = self.timeout_ms if timeout is None else min(self.timeout_ms, int(timeout * 1000))
-        deadline = time.monotonic() + wait_ms / 1000
+        if clock is None:
+            running = RunningClock()
+            clock = lambda: running.read(time.monotonic())  # noqa: E731
+        deadline = clock() + wait_ms / 1000
+        first = True
         while True:
-            left = deadline - time.monotonic()
-            step = left if during is None else min(left, DURING_EVERY_S)
-            frames = self._receive_frames(max(1, int(step * 1000))) if left > 0 else None
-            if frames is None and during is not None and time.monotonic() < deadline:
-                during()
+            left = deadline - clock()
+            step = min(left, DURING_EVERY_S)
+            frames = self._receive_frames(max(1, int(step * 1000)), first) if left > 0 else None
+            first = False
+            if frames is None and clock() < deadline:
+                if during is not None:
+                    during()
                 continue
             if frames is None:
                 self.reopen()
@@ -110,10 +122,11 @@ class Line:
         return expect.decode(msg.header)
 
     def request(self, message: Wire, buffers: list | tuple = (), timeout: float | None = None,
-                during: Callable[[], None] | None = None) -> tuple[Wire, Message]:
+                during: Callable[[], None] | None = None,
+                clock: Callable[[], float] | None = None) -> tuple[Wire, Message]:
         """Send `message` and return its reply (its class's `REPLY`) and the reply's frames."""
         self.send(message, buffers)
-        return self.recv(type(message).REPLY, timeout, during)
+        return self.recv(type(message).REPLY, timeout, during, clock)
 
     def close(self) -> None:
         self.sock.close(0)
@@ -148,9 +161,9 @@ class LocalLine(Line):
                              f"({exc.strerror or exc}): its engine may have stopped or died. Check "
                              "`%nbdist status`, then run the cell again.")
 
-    def _receive_frames(self, timeout_ms: int) -> list | None:
+    def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
         deadline = time.monotonic() + timeout_ms / 1000
-        if self.spin_s:
+        if self.spin_s and first:  # a wait's first slice: the reply of a quick hub comes now
             self._spin(min(deadline, time.monotonic() + self.spin_s))
         while True:
             try:

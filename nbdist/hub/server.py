@@ -29,6 +29,7 @@ import numpy as np
 import zmq
 
 from nbdist.core import compression
+from nbdist.core.liveness import RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
@@ -107,13 +108,17 @@ class HubSpec:
 
 class Hub:
     """One shard's server loop. Create on the engine, then call `serve()` (blocks). `clock`:
-    the shard's time in seconds (default: wall-clock seconds since it was built); a test
+    the shard's time in seconds (default: the seconds its loop has run since it was built, on
+    `time.monotonic()` with the gaps of a stopped or starved hub left out, so neither a wall
+    clock's jump nor a suspend makes its workers look silent: `nbdist.core.liveness`); a test
     passes its own to move time without waiting."""
 
     def __init__(self, spec: HubSpec, clock: Callable[[], float] | None = None):
         self.spec = spec
-        self.start_time = time.time()
-        self.now = clock or (lambda: time.time() - self.start_time)
+        self.start_time = time.time()  # a timestamp for the views, never a duration
+        self.running = RunningClock()
+        self.running.read(time.monotonic())
+        self.now = clock or self._running_time
         self.size = int(spec.params.size)
         self.codec = Codec(spec.key, f"hub-{spec.shard}", spec.run_id,
                            max_buffer_bytes=2 * (4 * self.size + spec.non_trainable.nbytes)
@@ -131,6 +136,9 @@ class Hub:
         self._update_pool = split_updates(self.core.updater)  # large updates on a few threads
         reuse_large_buffers(4 * self.size)  # a 40 MB push frame: no fresh mapping per message
         self.links: dict[int, shm.WorkerLink] = {}
+        # worker -> the sender (process) of its latest hello, and the earlier ones it replaced
+        self.incarnation: dict[int, str] = {}
+        self.retired: dict[int, set[str]] = {}
         self.dropped: Counter[str] = Counter()
         self.error: str | None = None
         self.closing = False
@@ -156,6 +164,9 @@ class Hub:
         self._inbox = Inbox(self._sock, self._listener, self._max_bytes, spin_s=spec.spin_s)
         self.profile, self._mark = marker(spec.profile)
 
+    def _running_time(self) -> float:
+        return self.running.read(time.monotonic())
+
     @property
     def num_workers(self) -> int:
         return self.core.num_workers
@@ -177,12 +188,13 @@ class Hub:
                     Stats: self._stats, Control: self._control, Params: self._params,
                     State: self._state, Peers: self._peers, Shutdown: self._shutdown}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
-        last_heard = time.monotonic()
+        last_heard = self._running_time()
         last_check = self.now()
         grouped = self.core.barrier is not None
         mark = self._mark
         try:
             while not self.closing:
+                self._running_time()  # every turn: a longer interval is a gap of the hub itself
                 if (grouped and self.core.barrier.pending
                         and self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
                     self._release_held()
@@ -195,7 +207,7 @@ class Hub:
                                                 self.core.num_workers, self.links, mark)
                 except zmq.Again:  # nothing came within the timeout
                     self.core.settle()
-                    if time.monotonic() - last_heard > self.spec.idle_timeout:
+                    if self._running_time() - last_heard > self.spec.idle_timeout:
                         log.warning("hub %d: nobody spoke for %.0fs; leaving", self.spec.shard,
                                     self.spec.idle_timeout)
                         self.error = self.error or ("hub idle timeout: the kernel and workers "
@@ -205,7 +217,7 @@ class Hub:
                 except ProtocolError as exc:
                     self.dropped[exc.reason] += 1
                     continue
-                last_heard = time.monotonic()
+                last_heard = self._running_time()
                 try:
                     answer = handlers[type(request)](request, msg, ret)
                     delivered = answer is None or self._send(ret, *answer)
@@ -296,7 +308,18 @@ class Hub:
     # -- worker ops -------------------------------------------------------------------------
 
     def _hello(self, hello: Hello, msg: Message, ret: Return) -> tuple[Reply, list] | None:
-        worker = hello.worker
+        """Register a worker's process, which replaces any earlier one of its id. A hello from
+        a process already replaced (a late message of an earlier incarnation) is dropped, as
+        its other messages are (`wire.check_link`): it would re-register the old process, and
+        the live one's steps would then be dropped as stale."""
+        worker, sender = hello.worker, ret.to
+        if sender in self.retired.get(worker, ()):
+            self.dropped["stale incarnation"] += 1
+            return None
+        last = self.incarnation.get(worker)
+        if last is not None and last != sender:
+            self.retired.setdefault(worker, set()).add(last)
+        self.incarnation[worker] = sender
         old = self.links.pop(worker, None)
         if old:
             shm.release(old.segment)
@@ -387,7 +410,11 @@ class Hub:
     # -- kernel ops: the kernel's requests (`HubControl`), a few a second at most -----------
 
     def _stats(self, stats: Stats, msg: Message, ret: Return) -> tuple[StatsReply, list]:
-        snap = self.core.stats(stats.since, stats.timeline)
+        """Shard 0's statistics; another shard's answer says that it is alive, and its error."""
+        if self.core.coordinator is None:
+            snap = {"shard": self.spec.shard, "version": self.core.version}
+        else:
+            snap = self.core.stats(stats.since, stats.timeline)
         snap.update(error=self.error, dropped=self.dropped_counts())
         return StatsReply(), [json.dumps(snap).encode()]
 

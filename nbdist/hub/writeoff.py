@@ -10,17 +10,24 @@ the kernel's `HubControl` opens).
 
 A push the lost worker sent before shard 0 decided, still in flight to another shard, can
 still land there; the window is one message, after at least LOST_FLOOR_S of silence.
+
+The relay asks every shard at once and waits RELAY_TIMEOUT_S at most for all of them. A shard
+that does not answer is not asked again: it is dead or stuck, the kernel (which polls every
+shard) ends the run, and meanwhile shard 0's loop, which the relay holds, must not stop for
+RELAY_TIMEOUT_S on every write-off.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 
 import zmq
 
+from nbdist.core.liveness import RunningClock
 from nbdist.errors import TrainingError
 from nbdist.hub.lines import open_lines
-from nbdist.wire.messages import Control
+from nbdist.wire.messages import Control, Ok
 
 log = logging.getLogger(__name__)
 RELAY_TIMEOUT_S = 5.0
@@ -35,6 +42,7 @@ class Peers:
         for i, line in enumerate(lines, start=1):  # these are shards 1.., not 0..
             line.peer, line.name = f"hub-{i}", f"hub shard {i}"
         self.lines = lines
+        self.unreachable: set[str] = set()  # shards that did not answer a relay: not waited for
 
     def close(self) -> None:
         for line in self.lines:
@@ -49,12 +57,34 @@ def link(hub, shards: list[dict]) -> None:
 
 
 def relay(hub, worker: int, reason: str) -> None:
-    """Tell every other shard that `worker` is written off, and wait for each to answer."""
-    for line in getattr(hub.peers, "lines", ()):
+    """Tell every other shard that `worker` is written off, and wait for their answers (all at
+    once, RELAY_TIMEOUT_S at most; a shard that missed a relay is not asked again)."""
+    peers = getattr(hub, "peers", None)
+    if peers is None:
+        return
+    asked = []
+    for line in peers.lines:
+        if line.name in peers.unreachable:
+            continue
         try:
-            line.request(Control(lost=int(worker), reason=reason))
+            line.send(Control(lost=int(worker), reason=reason))
+            asked.append(line)
+        except TrainingError as exc:  # its local line is closed: it has left
+            _unreachable(peers, line, worker, exc)
+    running = RunningClock()
+    clock = lambda: running.read(time.monotonic())  # noqa: E731
+    deadline = clock() + RELAY_TIMEOUT_S
+    for line in asked:
+        try:
+            line.recv(Ok, timeout=max(0.001, deadline - clock()), clock=clock)
         except TrainingError as exc:
-            log.warning("hub: could not tell %s that worker %d is lost: %s", line.name, worker, exc)
+            _unreachable(peers, line, worker, exc)
+
+
+def _unreachable(peers: Peers, line, worker: int, exc: Exception) -> None:
+    peers.unreachable.add(line.name)
+    log.warning("hub: could not tell %s that worker %d is lost (%s); it is not asked again",
+                line.name, worker, exc)
 
 
 def close(hub) -> None:

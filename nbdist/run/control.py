@@ -115,7 +115,8 @@ class RunControl:
     def checkpoint(self, directory: str | None = None) -> str:
         """Save the hub's state now (weights, rule state, versions, learning rate, data
         position) into `directory` (default: --checkpoint-dir); returns the checkpoint's path,
-        for `nbdist.resume(path)`.
+        for `nbdist.resume(path)`. After a failed run: the state the kernel kept (`run.error`
+        says from when).
 
         Example:
             >>> path = run.checkpoint("ckpt")                        # doctest: +SKIP
@@ -128,6 +129,9 @@ class RunControl:
         if directory is None:
             raise ConfigError("No checkpoint folder: pass one, run.checkpoint('ckpt'), or start "
                               "the run with --checkpoint-dir ckpt (checkpoint_dir='ckpt').")
+        kept = state.kept[2] if state.kept is not None else None
+        if state.ended.is_set() and state.status == "failed" and kept is not None:
+            return save_checkpoint(state, str(directory), shards=kept)  # what the kernel kept
         if state.control is None or state.ended.is_set():
             raise TrainingError(f"The run is {state.status}; its hub is gone, so there is nothing "
                                 f"to checkpoint. Its last checkpoint: {state.last_checkpoint}.")
@@ -146,12 +150,15 @@ class RunControl:
         state.control.control(**changes)
 
 
-def save_checkpoint(state: RunState, directory: str, final: bool = False) -> str:
-    """Write the run's checkpoint into `directory` now; returns its path. A folder another run
-    holds is refused (nbdist.checkpoint.folder)."""
+def save_checkpoint(state: RunState, directory: str, final: bool = False,
+                    shards: list | None = None) -> str:
+    """Write the run's checkpoint into `directory` now (`shards`: a state the kernel kept,
+    instead of the hubs' now); returns its path. A folder another run holds is refused
+    (nbdist.checkpoint.folder)."""
     # one at a time: in sync mode rank 0 holds the weights (nbdist.checkpoint.sync_state)
     with state.checkpoint_lock, claimed(directory, state.run_id, state.checkpoint_folder):
-        shards = state.backend.checkpoint_state(state.control, final)
+        if shards is None:
+            shards = state.backend.checkpoint_state(state.control, final)
         state.last_checkpoint = save(directory, shards, state.checkpoint_info)
         state.checkpoint_at = time.monotonic()
     return state.last_checkpoint

@@ -6,9 +6,11 @@ state (`nbdist.run.state`); `absorb` is its one step for each hub snapshot."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 import time
 
+from nbdist.core.liveness import RunningClock
 from nbdist.engine.flat_layout import write_flat
 from nbdist.errors import NbdistError, TrainingError, WorkersLostError
 from nbdist.run.control import auto_checkpoint
@@ -45,7 +47,10 @@ def watch(run) -> None:
     """The monitor loop, until the run ends; never raises (the error goes into the state)."""
     state = run.state
     control, backend = state.control, state.backend
-    last_answer = time.monotonic()
+    # the hub's silence counts only while this kernel ran: a suspended laptop is not a lost hub
+    running = RunningClock()
+    now = lambda: running.read(time.monotonic())  # noqa: E731
+    last_answer = now()
     hub_gone = False  # nothing more to ask it: the ending does not wait for its answers
     try:
         while True:
@@ -59,19 +64,23 @@ def watch(run) -> None:
                 admit_joined(run)
             try:
                 want_timeline = time.monotonic() - state.timeline_at > TIMELINE_EVERY_S
-                left = state.config.timeout - (time.monotonic() - last_answer)  # never past it
+                left = state.config.timeout - (now() - last_answer)  # never past it
                 snap = control.stats(since=len(state.rows), timeline=want_timeline,
-                                     timeout=max(0.05, left),
+                                     timeout=max(0.05, left), clock=now,
                                      during=lambda: _check_workers(backend))  # saw the hub go?
-                last_answer = time.monotonic()
+                last_answer = now()
             except _Failed as failed:
                 raise failed.error from None
-            except TrainingError:
-                if time.monotonic() - last_answer >= state.config.timeout:
+            except TrainingError as silent:
+                if now() - last_answer >= state.config.timeout:
                     hub_gone = True
-                    raise _hub_lost(state.config.timeout) from None
+                    raise _hub_lost(state.config.timeout, silent) from None
                 continue
             absorb(run, snap)
+            ended = _last_epoch_ended(snap)
+            if ended is not None and ended != state.kept_epoch:
+                state.kept_epoch = ended  # what a failure later leaves in the model:
+                keep(state, f"step {snap.get('global_step', 0)}, after epoch {ended + 1} ended")
             for worker in snap.get("lost", []):  # its engine must not stay busy (hung?)
                 backend.written_off(worker)
             if snap.get("error"):
@@ -95,6 +104,9 @@ def watch(run) -> None:
         state.status = "failed"
         control.cap_timeout(ENDING_REQUEST_S)
         hub_gone = hub_gone or not _abort(state)
+        if not hub_gone:  # the workers have stopped: the newest weights there are
+            keep(state, f"step {state.snapshot.get('global_step', 0)}, when the run failed")
+        _leave_kept(state)
     finally:
         _cleanup(state, hub_gone)
         with state.end_lock:
@@ -103,6 +115,54 @@ def watch(run) -> None:
         notify(run)
         for fn in callbacks:
             call_back(run, fn)
+
+
+def keep(state: RunState, label: str) -> None:
+    """Fetch the run's weights and checkpoint state now and keep them in the kernel, so a
+    failure later (a lost hub, every worker gone) does not throw the training away; a fetch
+    that fails keeps the previous copy."""
+    try:
+        params, non_trainable = state.backend.current_weights(state.control)
+    except Exception as exc:  # noqa: BLE001 - a copy is a safety net, never a failure
+        log.info("run %s: could not keep the weights of %s: %s", state.run_id, label, exc)
+        return
+    try:
+        shards = state.backend.checkpoint_state(state.control, False)
+    except Exception as exc:  # noqa: BLE001 - (as above) the weights alone still serve
+        log.warning("run %s: could not keep the state of %s: %s", state.run_id, label, exc)
+        shards = None
+    state.kept = (params, non_trainable, shards, label)
+
+
+def _leave_kept(state: RunState) -> None:
+    """A failed run: the notebook's model gets the latest weights kept (never the cell's
+    initial ones), and the error says from when they are."""
+    if state.kept is None:
+        note = ("The notebook's model keeps the cell's initial weights: the run failed before "
+                "the kernel held any of its training (the first epoch's end).")
+    else:
+        params, non_trainable, shards, label = state.kept
+        note = (f"The notebook's model holds the weights of {label}"
+                + ("; run.checkpoint(folder) saves them with the optimizer's state."
+                   if shards is not None else "."))
+        if state.write_model:  # (a cell's fit call writes each epoch's weights itself)
+            from nbdist.engine.flatmodel import write_flat
+
+            try:
+                write_flat(state.model, params, non_trainable)
+                state.final_weights = (params, non_trainable)
+            except Exception as exc:  # noqa: BLE001 - the run's own error is what is raised
+                log.warning("run %s: could not write the kept weights: %s", state.run_id, exc)
+                note = f"The kept weights of {label} could not be written into the model: {exc}"
+    error = state.error
+    if error is not None and error.args and isinstance(error.args[0], str):
+        error.args = (f"{error.args[0]}\n{note}", *error.args[1:])
+
+
+def _last_epoch_ended(snap: dict) -> int | None:
+    ends = [e.get("epoch") for e in snap.get("events", []) if e.get("event") == "epoch_end"]
+    ends = [e for e in ends if isinstance(e, int)]
+    return max(ends) if ends else None
 
 
 def absorb(run, snap: dict) -> None:
@@ -176,12 +236,14 @@ def _check_workers(backend) -> None:
         raise _Failed(failure)
 
 
-def _hub_lost(timeout: float) -> TrainingError:
+def _hub_lost(timeout: float, silent: TrainingError) -> TrainingError:
+    shard = re.match(r"hub shard \d+", str(silent))
+    who = shard.group(0) if shard else "the hub"
     return TrainingError(
         f"The hub did not answer for {timeout:.0f}s (--timeout {timeout:g}; Received: no "
-        "reply): its process or its engine has died, or its host cannot be reached. The run "
-        "failed and its workers were stopped. Check the engines with %nbdist status, then run "
-        "the cell again (with --checkpoint-dir, nbdist.resume continues from the last "
+        f"reply from {who}): its process or its engine has died, or its host cannot be reached. "
+        "The run failed and its workers were stopped. Check the engines with %nbdist status, "
+        "then run the cell again (with --checkpoint-dir, nbdist.resume continues from the last "
         "checkpoint).")
 
 

@@ -56,6 +56,11 @@ class RunState:
     # False: the kernel writes each epoch's weights itself, not the monitor
     write_model: bool = True
     final_weights: tuple | None = None  # (params, non_trainable) once training ended
+    # the latest state the kernel holds (monitor.keep: after each epoch's end, and when the run
+    # fails while its hub still answers), so a failed run keeps what it learned:
+    # (params, non_trainable, shards' checkpoint state or None, what they are: "the end of ...")
+    kept: tuple | None = None
+    kept_epoch: int | None = None  # the last epoch whose end it was kept after
     keras_history: object = None  # the keras.callbacks.History the cell's fit call returned
 
     # -- checkpoints -----------------------------------------------------------------------------

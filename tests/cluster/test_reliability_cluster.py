@@ -105,3 +105,34 @@ def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engin
             run.wait(timeout=300)
     assert run.status == "failed"
     next_run_takes_every_engine(own_cluster, hub_engine)
+
+
+def test_a_run_failed_in_epoch_2_leaves_the_model_what_it_learned_and_checkpoints(own_cluster,
+                                                                                 tmp_path):
+    """The hub process is killed in epoch 2 (held at step 150; 113 steps an epoch), over TCP,
+    so the run fails with its hub gone: the notebook's model holds the weights the kernel kept
+    after epoch 1 ended, run.error says so, and run.checkpoint() saves them (before: the cell's
+    initial weights, accuracy at chance, and checkpoint() refused: 'its hub is gone')."""
+    import numpy as np
+
+    from nbdist.checkpoint.store import load
+
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, namespace=ns, workers=2, batch_size=8,
+                       epochs=3, timeout=10.0, transport="tcp", pause_at=150)
+    initial = [w.copy() for w in ns["model"].get_weights()]
+    with run:
+        (hub_engine,) = [h["engine"] for h in run.hubs]
+        wait_paused(run)
+        (pid,) = own_cluster.client[hub_engine].apply_sync(hub_process_pids)
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(TrainingError, match=r"holds the weights of step \d+, after epoch 1 "
+                                                r"ended"):
+            run.wait(timeout=300)
+    assert run.status == "failed"
+    weights = ns["model"].get_weights()
+    assert not all(np.array_equal(a, b) for a, b in zip(weights, initial, strict=True))
+    acc = ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
+    assert acc > 0.6, acc  # one epoch's learning (chance: 0.33)
+    kept = load(run.checkpoint(str(tmp_path / "ckpt")))
+    assert kept.meta["shards"][0]["version"] >= 113, kept.meta["shards"]

@@ -385,3 +385,38 @@ def test_a_checkpoint_folder_is_held_by_one_run_until_it_gives_it_back(tmp_path)
     assert os.listdir(tmp_path) == ["elsewhere"]  # no lock file left, here...
     assert os.listdir(tmp_path / "elsewhere") == []  # ...nor there
     FolderLock(str(tmp_path), owner="run-b").release()  # free again
+
+
+def test_a_disk_full_while_saving_leaves_both_earlier_checkpoints_as_they_were(tmp_path,
+                                                                                monkeypatch):
+    """Two checkpoints (A in meta.1.json, B in meta.json); the disk fills while the third's meta
+    is written. The save fails, and A and B are both still there and load (before: the rotation
+    had already copied B over meta.1.json, so A was lost, and C's arrays file stayed)."""
+    import errno
+
+    hub = _hub("asgd")
+    saved = {}
+    for run_id in ("A", "B"):
+        _train(hub, 2, seed=len(saved))
+        _save(tmp_path, [hub], run_id=run_id)
+        saved[run_id] = hub.params.copy()
+    real_write = checkpoint._write_atomic  # noqa: SLF001 - where a save reaches the disk
+
+    def disk_full_for_c(path, write):
+        import io
+
+        buffer = io.BytesIO()
+        write(buffer)
+        if b'"run_id": "C"' in buffer.getvalue():
+            raise OSError(errno.ENOSPC, "No space left on device", path)
+        return real_write(path, write)
+
+    monkeypatch.setattr(checkpoint, "_write_atomic", disk_full_for_c)
+    _train(hub, 2, seed=9)
+    with pytest.raises(OSError, match="No space left"):
+        _save(tmp_path, [hub], run_id="C")
+    newest, before = checkpoint.load(tmp_path), checkpoint.load(tmp_path / "meta.1.json")
+    assert (newest.meta["run_id"], before.meta["run_id"]) == ("B", "A")
+    np.testing.assert_array_equal(newest.params, saved["B"])
+    np.testing.assert_array_equal(before.params, saved["A"])
+    assert not [f for f in os.listdir(tmp_path) if "-C-" in f or f.startswith(".")]

@@ -330,6 +330,32 @@ def test_a_late_push_from_an_earlier_incarnation_of_a_worker_is_refused(transpor
         stop(control, thread, (old, new))
 
 
+@pytest.mark.parametrize("transport", ["tcp", "shm"])
+def test_a_late_hello_from_an_earlier_incarnation_is_dropped_and_the_live_worker_goes_on(
+        transport):
+    """Worker 0 restarts; then a hello of its earlier process arrives late. It is dropped like
+    that process's other messages, and the new process trains every chunk once (before: it
+    re-registered the old process, whose sender then won, and the live process's steps were
+    dropped as stale until its timeout)."""
+    hub, key, thread = start_hub(plan(num_workers=1, num_samples=40))
+    control = HubControl(key, [hub.endpoints])
+    old = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
+    new = None
+    try:
+        old.hello()
+        new = WorkerTransport(key, 0, [hub.endpoints], 0, transport, timeout=20)
+        reply = new.hello()  # the restarted worker registers
+        old.send_hello()  # the earlier process's hello, late
+        dropped = wait_for(lambda: control.stats()["dropped"], 10, what="the late hello dropped")
+        assert dropped == {"stale incarnation": 1}
+        applied = []
+        train_until_done(new, reply, applied)
+        assert_each_chunk_applied_once(control, applied, 10)
+        assert control.stats()["dropped"] == {"stale incarnation": 1}
+    finally:
+        stop(control, thread, (old, new))
+
+
 @pytest.mark.parametrize("transport", ["local", "tcp"])
 def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_finishes(transport):
     """Worker 1 keeps asking and reads none of the answers, as a stuck process would: once the

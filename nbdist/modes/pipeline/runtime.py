@@ -103,7 +103,7 @@ class PipelineControl:
     # -- what the Run asks ------------------------------------------------------------------
 
     def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
-              during=None) -> dict:
+              during=None, clock=None) -> dict:
         """The Run's poll, answered from what the stages reported (`timeout`, `during`:
         HubControl's; no socket is waited on here)."""
         done = self.tasks_done()

@@ -90,9 +90,9 @@ class Simulation:
     # -- the Run's side (same shape as HubControl) ------------------------------------------
 
     def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
-              during=None) -> dict:
-        """The Run's poll, answered in this kernel (`timeout`, `during`: HubControl's; nothing
-        to wait on)."""
+              during=None, clock=None) -> dict:
+        """The Run's poll, answered in this kernel (`timeout`, `during`, `clock`: HubControl's;
+        nothing to wait on)."""
         with self._lock:
             snap = self.core.stats(since, timeline)
             snap.update(error=None, dropped={}, finished=self.ended and self.error is None,
