@@ -41,6 +41,10 @@ LOCAL_STEP_RULES = ("asgd", "hogwild", "softsync", "ssp", "easgd")
 # Rules whose push is one gradient applied as it comes, read from a buffer the hub writes: the
 # rules --predict-weights works with (DC-ASGD's compensation assumes the plain read).
 PREDICTING_RULES = ("asgd", "ssp")
+# Rules that hand each push, as it lands, to the cell's optimizer: the rules whose asynchrony
+# --momentum-correction takes out of the optimizer's momentum (ddc-asgd is its own momentum,
+# softsync and group average pushes first, easgd pushes no gradients).
+MOMENTUM_CORRECTED_RULES = ("asgd", "hogwild", "ssp", "dc-asgd", "dc-asgd-a")
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 
@@ -99,6 +103,12 @@ class TrainConfig:
         "w + d x (the hub's last update) with d their recent delay, so that staleness under a "
         "momentum optimizer (Adam) costs as little as possible", RULED, negatable=True,
         shown_default="on with asgd and ssp, off otherwise")
+    momentum_correction: bool | None = option(
+        None, "lower the optimizer's momentum (SGD's and RMSprop's momentum, Adam's beta_1) by "
+        "the momentum the workers' asynchrony adds, d/(1+d) for a mean delay d, so the total "
+        "stays the cell's (Mitliagkas et al. 2016); run.warnings says what was applied",
+        RULED, negatable=True,
+        shown_default=f"on with {', '.join(MOMENTUM_CORRECTED_RULES)}, off otherwise")
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", RULED, type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", RULED, type=int,
@@ -284,6 +294,7 @@ class TrainConfig:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
                               "hide communication.")
         self._check_prediction(algo)
+        self._check_momentum_correction(algo)
         from nbdist.algorithms import make_rule  # pure NumPy; checks option names and values
 
         # bounds that depend on the number of workers (softsync's n, group's num_groups) are
@@ -300,6 +311,31 @@ class TrainConfig:
                 f"step per exchange, in the modes {', '.join(RULED)} (Received: --mode "
                 f"{self.mode.value}, --algorithm {algo}, --local-steps {self.local_steps}). "
                 "Drop --predict-weights, or pick one of those.")
+
+    def _check_momentum_correction(self, algo: str) -> None:
+        if self.momentum_correction not in (None, True, False):
+            raise ConfigError(f"momentum_correction must be True, False or None (automatic) "
+                              f"(Received: {self.momentum_correction!r}).")
+        if self.momentum_correction and not self._momentum_correction_works:
+            raise ConfigError(
+                f"--momentum-correction works with --algorithm "
+                f"{', '.join(MOMENTUM_CORRECTED_RULES)}, one step per exchange, in the modes "
+                f"{', '.join(RULED)}, where the hub's optimizer takes each push as it lands "
+                f"(Received: --mode {self.mode.value}, --algorithm {algo}, --local-steps "
+                f"{self.local_steps}). Drop --momentum-correction, or pick one of those.")
+
+    @property
+    def momentum_corrected(self) -> bool:
+        """Whether the hub lowers the optimizer's momentum by the asynchrony's own:
+        --momentum-correction, or by default wherever it works."""
+        if self.momentum_correction is None:
+            return self._momentum_correction_works
+        return self.momentum_correction
+
+    @property
+    def _momentum_correction_works(self) -> bool:
+        return (self.algorithm.value in MOMENTUM_CORRECTED_RULES and self.local_steps == 1
+                and self.mode.value in RULED)
 
     @property
     def weights_predicted(self) -> bool:
