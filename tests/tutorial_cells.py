@@ -239,16 +239,16 @@ model = keras.Sequential([
 import numpy as np
 import keras
 from keras import layers
-# does token 7 occur in the sequence? 30 tokens of 50 kinds; about half the sequences hold one
+# does token 7 occur in the sequence? 15 tokens of 30 kinds; about half the sequences hold one
 rng = np.random.default_rng(1234)
-x_all = rng.integers(8, 50, size=(7000, 30))
+x_all = rng.integers(8, 30, size=(7000, 15))
 holds = rng.random(7000) < 0.5
-x_all[holds, rng.integers(0, 30, size=holds.sum())] = 7
+x_all[holds, rng.integers(0, 15, size=holds.sum())] = 7
 y_all = holds.astype("int32")
 x_train, y_train, x_test, y_test = x_all[:5000], y_all[:5000], x_all[5000:], y_all[5000:]
 model = keras.Sequential([
-    keras.Input((30,), dtype="int32"),
-    layers.Embedding(50, 16),
+    keras.Input((15,), dtype="int32"),
+    layers.Embedding(30, 16),
     layers.LSTM(32),
     layers.Dense(2, activation="softmax"),
 ])
