@@ -11,7 +11,8 @@ What it measures
     Then the same push with the hub applying Keras's momentum and Adam (`--optimizers`), whose
     formulas the kernel also runs in one pass each (NumPy: 6-12 passes per cache block), and
     the compiled push with `--predict-weights` (the last update kept, the reply `w + 1 x` it:
-    four NumPy passes more).
+    four NumPy passes more), and that push with `--momentum-correction` too (a moving average
+    of the delays and the optimizer's momentum set anew: scalars, no pass over the weights).
     Next to them, in the same run, copies of the same 4N bytes: glibc's `memcpy` (through
     ctypes), `np.copyto`, and the kernel's streaming copy (`copy_stream`, the floor for a pass
     that writes the bytes once).
@@ -62,11 +63,13 @@ def numpy_kernels():
 
 
 def asgd_updater(size: int, threads: int, pools: list[BlockPool], optimizer: str | None = None,
-                 predict: bool = False):
+                 predict: bool = False, correct: bool = False):
     """The hub's updater for ASGD with plain SGD (the fused pass), or with the hub optimizer
-    `optimizer` ("momentum", "adam": Keras's formulas, `--server-optimizer`)."""
+    `optimizer` ("momentum", "adam": Keras's formulas, `--server-optimizer`); `correct`:
+    with --momentum-correction."""
     plan = Plan(num_workers=2, num_samples=1000, epochs=1, batch_size=64, lr=0.01,
-                has_validation=False, algorithm="asgd", predict_weights=predict)
+                has_validation=False, algorithm="asgd", predict_weights=predict,
+                momentum_correction=correct)
     spec = server_optimizer_spec(optimizer, 0.01, [size]) if optimizer else None
     updater = make_updater(plan, {}, spec, size)
     if threads > 1:
@@ -116,6 +119,14 @@ def measure(size: int, repeats: int, optimizers: list[str]) -> list[list[object]
                 u.read_ahead(w, 1.0, out)
 
             variants[f"push, {optimizer}, compiled, --predict-weights"] = predicting_push
+            correcting = asgd_updater(size, 1, pools, optimizer, predict=True, correct=True)
+
+            def correcting_push(u=correcting):
+                u.push(0, w, g, 1)
+                u.read_ahead(w, 1.0, out)
+
+            variants[f"push, {optimizer}, compiled, --predict-weights --momentum-correction"] = (
+                correcting_push)
     best = dict.fromkeys(variants, float("inf"))
     try:
         for _ in range(repeats):

@@ -87,6 +87,11 @@ class TrainConfig:
         "w + d x (the hub's last update) with d their recent delay, so that staleness under a "
         "momentum optimizer (Adam) costs as little as possible", negatable=True,
         shown_default=late("nbdist.algorithms", "prediction_default"))
+    momentum_correction: bool | None = option(
+        None, "lower the optimizer's momentum (SGD's and RMSprop's momentum, Adam's beta_1) by "
+        "the momentum the workers' asynchrony adds, d/(1+d) for a mean delay d, so the total "
+        "stays the cell's (Mitliagkas et al. 2016); run.warnings says what was applied",
+        negatable=True, shown_default=late("nbdist.algorithms", "momentum_correction_default"))
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", type=int,
@@ -267,6 +272,7 @@ class TrainConfig:
             raise ConfigError("--overlap and --local-steps cannot be combined: choose one way to "
                               "hide communication.")
         self._check_prediction(algo)
+        self._check_momentum_correction(algo)
         # option names and values; bounds that depend on the number of workers (softsync's n,
         # group's num_groups) are checked again once it is known, before any engine is used
         # (nbdist.job.coordinator_plan)
@@ -285,6 +291,37 @@ class TrainConfig:
                 f"--predict-weights works with --algorithm {rules}, one step per exchange, in the "
                 f"modes {modes} (Received: --mode {self.mode.value}, --algorithm {algo}, "
                 f"--local-steps {self.local_steps}). Drop --predict-weights, or pick one of those.")
+
+    def _check_momentum_correction(self, algo: str) -> None:
+        if self.momentum_correction not in (None, True, False):
+            raise ConfigError(f"momentum_correction must be True, False or None (automatic) "
+                              f"(Received: {self.momentum_correction!r}).")
+        if self.momentum_correction and not self._momentum_correction_works:
+            from nbdist.algorithms import rules_that
+
+            raise ConfigError(
+                f"--momentum-correction works with --algorithm "
+                f"{', '.join(rules_that('corrects_momentum'))}, one step per exchange, in the "
+                f"modes {', '.join(modes_taking('momentum_correction'))}, where the hub's "
+                f"optimizer takes each push as it lands (Received: --mode {self.mode.value}, "
+                f"--algorithm {algo}, --local-steps {self.local_steps}). Drop "
+                "--momentum-correction, or pick one of those.")
+
+    @property
+    def momentum_corrected(self) -> bool:
+        """Whether the hub lowers the optimizer's momentum by the asynchrony's own:
+        --momentum-correction, or by default wherever it works (a rule that
+        `corrects_momentum`, one step per exchange, a mode with a rule)."""
+        if self.momentum_correction is None:
+            return self._momentum_correction_works
+        return self.momentum_correction
+
+    @property
+    def _momentum_correction_works(self) -> bool:
+        from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
+
+        return (RULES[self.algorithm.value].corrects_momentum and self.local_steps == 1
+                and self.mode.value in modes_taking("momentum_correction"))
 
     @property
     def weights_predicted(self) -> bool:

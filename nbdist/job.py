@@ -98,8 +98,24 @@ class Job:
         plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate,
                                                 num_workers, epoch_size=self.epoch_size,
                                                 kernel_validates=self.fit is not None)
-        return replace(self, num_workers=num_workers, plan=plan, rule_options=options,
-                       easgd_alpha=alpha)
+        job = replace(self, num_workers=num_workers, plan=plan, rule_options=options,
+                      easgd_alpha=alpha)
+        return job.with_momentum_notice() if plan.momentum_correction else job
+
+    def with_momentum_notice(self) -> Job:
+        """Say in run.warnings and run.events how momentum compensation changes the cell's
+        optimizer (nothing where the optimizer has no momentum)."""
+        from nbdist.algorithms.momentum import correction_notice
+        from nbdist.algorithms.optimizers import momentum_setting
+
+        setting = momentum_setting(self.optimizer) if self.optimizer is not None else None
+        if setting is None:
+            return self
+        note, extra = correction_notice(self.optimizer["class_name"], *setting,
+                                        self.num_workers)
+        said = [note] if extra is None else [note, extra]
+        return replace(self, warnings=[*self.warnings, *said],
+                       contents=replace(self.contents, notes=[*self.contents.notes, *said]))
 
     def checkpoint_info(self, run_id: str) -> dict:
         """What every checkpoint of this run records beside the hubs' state."""
@@ -208,6 +224,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         batch_max=config.batch_max,
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
         predict_weights=config.weights_predicted,
+        momentum_correction=config.momentum_corrected,
         metrics=config.metrics.value, lr_owner=config.lr_owner, pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs

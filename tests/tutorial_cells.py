@@ -178,3 +178,101 @@ def trained_by_keras() -> bool | None:
 
     model = engine_namespace().get("model")
     return None if model is None else model.train_function is not None
+
+
+# -- the parity cells (issue: async that trains as well as fit for every optimizer) ------------
+# Classic small cells as a course writes them, each with its own fit call, 2-3 epochs: an MLP,
+# the same with MaxNorm constraints, a CNN with BatchNorm and Dropout, and an Embedding + LSTM
+# on a synthetic sequence task. `parity_cell(model, optimizer)` gives one with the optimizer
+# spelled as the cell would (`PARITY_OPTIMIZERS`); tests/cluster/test_parity_cells.py and
+# benchmarks/parity_matrix.py train them against plain `model.fit` on the same seed.
+
+_PARITY_IMAGES = '''
+import numpy as np
+import keras
+from keras import layers
+from keras.constraints import MaxNorm
+from nbdist.datasets import load_fashion_mnist
+(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
+x_train, y_train, x_test, y_test = x_train[:12000], y_train[:12000], x_test[:4000], y_test[:4000]
+'''
+
+_PARITY_MODELS = {
+    "mlp": (_PARITY_IMAGES + '''
+x_train = x_train.reshape(-1, 784).astype("float32") / 255
+x_test = x_test.reshape(-1, 784).astype("float32") / 255
+model = keras.Sequential([
+    keras.Input((784,)),
+    layers.Dense(256, activation="relu"),
+    layers.Dense(10, activation="softmax"),
+])
+''', "epochs=2, batch_size=64", 0.1),
+    "maxnorm": (_PARITY_IMAGES + '''
+x_train = x_train.reshape(-1, 784).astype("float32") / 255
+x_test = x_test.reshape(-1, 784).astype("float32") / 255
+model = keras.Sequential([
+    keras.Input((784,)),
+    layers.Dense(256, activation="relu", kernel_constraint=MaxNorm(2.0)),
+    layers.Dense(256, activation="relu", kernel_constraint=MaxNorm(2.0)),
+    layers.Dense(10, activation="softmax"),
+])
+''', "epochs=2, batch_size=64", 0.1),
+    "bn-cnn": (_PARITY_IMAGES + '''
+x_train = np.expand_dims(x_train.astype("float32") / 255, -1)
+x_test = np.expand_dims(x_test.astype("float32") / 255, -1)
+model = keras.Sequential([
+    keras.Input((28, 28, 1)),
+    layers.Conv2D(32, 3, use_bias=False),
+    layers.BatchNormalization(),
+    layers.ReLU(),
+    layers.MaxPooling2D(2),
+    layers.Conv2D(64, 3, use_bias=False),
+    layers.BatchNormalization(),
+    layers.ReLU(),
+    layers.MaxPooling2D(2),
+    layers.Flatten(),
+    layers.Dropout(0.5),
+    layers.Dense(10, activation="softmax"),
+])
+''', "epochs=2, batch_size=64", 0.05),
+    "lstm": ('''
+import numpy as np
+import keras
+from keras import layers
+# does token 7 occur in the sequence? 15 tokens of 30 kinds; about half the sequences hold one
+rng = np.random.default_rng(1234)
+x_all = rng.integers(8, 30, size=(7000, 15))
+holds = rng.random(7000) < 0.5
+x_all[holds, rng.integers(0, 15, size=holds.sum())] = 7
+y_all = holds.astype("int32")
+x_train, y_train, x_test, y_test = x_all[:5000], y_all[:5000], x_all[5000:], y_all[5000:]
+model = keras.Sequential([
+    keras.Input((15,), dtype="int32"),
+    layers.Embedding(30, 16),
+    layers.LSTM(32),
+    layers.Dense(2, activation="softmax"),
+])
+''', "epochs=3, batch_size=64", 0.5),
+}
+
+# how a cell spells each optimizer; "{lr}" is the model's plain-SGD rate
+PARITY_OPTIMIZERS = {
+    "sgd": "keras.optimizers.SGD({lr})",
+    "momentum": "keras.optimizers.SGD({lr}, momentum=0.9)",
+    "nesterov": "keras.optimizers.SGD({lr}, momentum=0.9, nesterov=True)",
+    "rmsprop": "keras.optimizers.RMSprop()",
+    "adam": "keras.optimizers.Adam()",
+    "adamw": "keras.optimizers.AdamW()",
+}
+
+
+def parity_cell(model: str, optimizer: str) -> str:
+    """The `model` cell ("mlp", "maxnorm", "bn-cnn", "lstm") compiled with `optimizer` (a key of
+    PARITY_OPTIMIZERS), its own fit call, then `score = model.evaluate(...)` on held-out data."""
+    body, fit_args, lr = _PARITY_MODELS[model]
+    spelled = PARITY_OPTIMIZERS[optimizer].format(lr=lr)
+    return body + f'''model.compile(optimizer={spelled}, loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+model.fit(x_train, y_train, {fit_args})
+score = model.evaluate(x_test, y_test, verbose=0)
+'''

@@ -30,10 +30,10 @@ from nbdist.errors import ConfigError
 
 # The rules' catalogue, in the order of `nbdist.choices.Algorithm` (tests/unit/test_rules.py):
 # each rule declares its options and defaults (`default_options`) and what it can be combined
-# with (`predicts_weights`, `takes_local_steps`, `workers_step`)
+# with (`predicts_weights`, `corrects_momentum`, `takes_local_steps`, `workers_step`)
 RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
     ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD)}
-CAPABILITIES = ("predicts_weights", "takes_local_steps", "workers_step")
+CAPABILITIES = ("predicts_weights", "corrects_momentum", "takes_local_steps", "workers_step")
 
 
 def rules_that(capability: str) -> tuple[str, ...]:
@@ -51,6 +51,11 @@ def rules_that(capability: str) -> tuple[str, ...]:
 def prediction_default() -> str:
     """--predict-weights's default, as the reference shows it."""
     return f"on with {' and '.join(rules_that('predicts_weights'))}, off otherwise"
+
+
+def momentum_correction_default() -> str:
+    """--momentum-correction's default, as the reference shows it."""
+    return f"on with {', '.join(rules_that('corrects_momentum'))}, off otherwise"
 
 __all__ = [
     "ASGD",
@@ -75,6 +80,7 @@ __all__ = [
     "group_lr",
     "make_rule",
     "mean_into",
+    "momentum_correction_default",
     "prediction_default",
     "rules_that",
     "sgd_step",

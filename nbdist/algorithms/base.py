@@ -54,6 +54,9 @@ class Rule:
     # --predict-weights works: a push is one gradient applied as it comes, read from a buffer
     # the hub writes (DC-ASGD's compensation assumes the plain read; buffering rules apply later)
     predicts_weights: ClassVar[bool] = False
+    # --momentum-correction works: each push, as it lands, is one step of the cell's optimizer
+    # (ddc-asgd is its own momentum; softsync and group average pushes first; easgd pushes none)
+    corrects_momentum: ClassVar[bool] = False
     # --local-steps works: the update is linear in what is pushed, so a K-step delta is treated
     # like a gradient
     takes_local_steps: ClassVar[bool] = False

@@ -57,6 +57,7 @@ class DCASGD(Rule):
 
     name = "dc-asgd"
     predicts_weights = False  # the compensation assumes the weights the worker read
+    corrects_momentum = True  # the compensated gradient is one step of the optimizer
     takes_local_steps = False  # the compensation is not linear in what is pushed
     workers_step = False
 
@@ -169,6 +170,7 @@ class DCASGDAdaptive(DCASGD):
 
     name = "dc-asgd-a"
     predicts_weights = False  # the compensation assumes the weights the worker read
+    corrects_momentum = True  # the compensated gradient is one step of the optimizer
     takes_local_steps = False  # the compensation is not linear in what is pushed
     workers_step = False
     state_fields = ("_ms",)
@@ -208,6 +210,7 @@ class DDCASGD(DCASGDAdaptive):
 
     name = "ddc-asgd"
     predicts_weights = False  # the compensation assumes the weights the worker read
+    corrects_momentum = False  # its delay-weighted momentum is the optimizer
     takes_local_steps = False  # the compensation is not linear in what is pushed
     workers_step = False
     state_fields = ("_ms", "_d")

@@ -40,6 +40,10 @@ class UpdateFormula:
 
     name: ClassVar[str] = ""
     defaults: ClassVar[dict[str, Any]] = {}
+    # the hyper-parameter that carries past gradients into this step (SGD's and RMSprop's
+    # `momentum`, the Adam family's `beta_1`), which momentum compensation
+    # (`nbdist.algorithms.momentum`) lowers; None: the class has none
+    momentum_key: ClassVar[str | None] = None
 
     def __init__(self, config: dict[str, Any], size: int, scratch: Scratch):
         self.config = config
@@ -60,19 +64,22 @@ class SGDFormula(UpdateFormula):
 
     name = "SGD"
     defaults = {"momentum": 0.0, "nesterov": False}
+    momentum_key = "momentum"
 
     def __init__(self, config: dict[str, Any], size: int, scratch: Scratch):
         super().__init__(config, size, scratch)
-        self.momentum = float(config["momentum"])
-        if self.momentum != 0:  # Keras creates the slot only then
+        # the cell's: with none, Keras creates no slot (a compensated μ, `config["momentum"]`,
+        # may reach 0 and rise again, so the momentum path stays in use then)
+        self.has_momentum = float(config["momentum"]) != 0
+        if self.has_momentum:
             self.m = self._slot("momentum", size)
 
     def apply(self, w: np.ndarray, g: np.ndarray, lr: np.float32, step: int) -> None:
         a, b = self._a, self._b
-        if self.momentum == 0:
+        if not self.has_momentum:
             kernels.sgd_step(w, g, lr, a)
             return
-        mu = _F(self.momentum)
+        mu = _F(self.config["momentum"])
         if kernels.momentum_step(w, g, self.m, lr, mu, self.config["nesterov"]):
             return
         np.multiply(g, lr, out=a)
@@ -93,6 +100,7 @@ class AdamFormula(UpdateFormula):
 
     name = "Adam"
     defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7, "amsgrad": False}
+    momentum_key = "beta_1"
 
     def __init__(self, config: dict[str, Any], size: int, scratch: Scratch):
         super().__init__(config, size, scratch)
@@ -131,11 +139,13 @@ class RMSpropFormula(UpdateFormula):
 
     name = "RMSprop"
     defaults = {"rho": 0.9, "momentum": 0.0, "epsilon": 1e-7, "centered": False}
+    momentum_key = "momentum"
 
     def __init__(self, config: dict[str, Any], size: int, scratch: Scratch):
         super().__init__(config, size, scratch)
         self.v = self._slot("velocity", size)
-        if config["momentum"] > 0:
+        self.has_momentum = config["momentum"] > 0  # the cell's (see SGDFormula)
+        if self.has_momentum:
             self.m = self._slot("momentum", size)
         if config["centered"]:
             self.avg = self._slot("average_gradient", size)
@@ -159,7 +169,7 @@ class RMSpropFormula(UpdateFormula):
         np.sqrt(a, out=a)
         np.multiply(g, lr, out=b)
         np.divide(b, a, out=b)
-        if c["momentum"] > 0:
+        if self.has_momentum:
             np.multiply(self.m, _F(c["momentum"]), out=self.m)
             np.add(self.m, b, out=self.m)
             np.subtract(w, self.m, out=w)
@@ -195,6 +205,7 @@ class AdamaxFormula(UpdateFormula):
 
     name = "Adamax"
     defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    momentum_key = "beta_1"
 
     def __init__(self, config: dict[str, Any], size: int, scratch: Scratch):
         super().__init__(config, size, scratch)
@@ -223,6 +234,7 @@ class NadamFormula(UpdateFormula):
 
     name = "Nadam"
     defaults = {"beta_1": 0.9, "beta_2": 0.999, "epsilon": 1e-7}
+    momentum_key = "beta_1"
 
     def __init__(self, config: dict[str, Any], size: int, scratch: Scratch):
         super().__init__(config, size, scratch)

@@ -29,6 +29,7 @@ from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerErro
 __all__ = [
     "SUPPORTED_OPTIMIZERS",
     "HubOptimizer",
+    "momentum_setting",
     "server_optimizer_spec",
     "sum_of_squares",
 ]
@@ -82,6 +83,21 @@ def server_optimizer_spec(name: str, lr: float | None, segments: list[int]) -> d
     return spec
 
 
+def momentum_setting(spec: dict) -> tuple[str, float] | None:
+    """The spec's momentum hyper-parameter and the cell's value of it ('momentum' for SGD and
+    RMSprop, 'beta_1' for the Adam family), or None where it has none.
+
+    Example:
+        >>> momentum_setting(server_optimizer_spec("momentum", None, [4]))
+        ('momentum', 0.9)
+        >>> momentum_setting({"class_name": "Adam", "config": {}, "learning_rate": 1e-3})
+        ('beta_1', 0.9)
+    """
+    name, config = _checked_spec(spec)
+    key = FORMULAS[name].momentum_key
+    return (key, float(config[key])) if key is not None and config[key] > 0 else None
+
+
 def sum_of_squares(g: np.ndarray) -> float:
     """`Σ g²` of a flat float32 gradient (a shard's part of the global norm: the hub adds the
     shards' sums and passes `sqrt` of the total as `HubOptimizer.apply(global_norm=...)`)."""
@@ -126,6 +142,7 @@ class HubOptimizer:
 
     def __init__(self, spec: dict, size: int, offset: int = 0):
         self.name, self.config = _checked_spec(spec)
+        self._cell_config = dict(self.config)  # `config` is this shard's own: set_momentum
         self.size, self.offset = int(size), int(offset)
         segments = checked_segments(spec.get("segments", ()))
         if self.size < 0 or self.offset < 0 or sum(segments) < self.offset + self.size:
@@ -234,6 +251,35 @@ class HubOptimizer:
     @property
     def has_schedule(self) -> bool:
         return self._schedule is not None
+
+    # -- the momentum (nbdist.algorithms.momentum lowers it under staleness) ---------------
+
+    @property
+    def momentum_key(self) -> str | None:
+        """The setting that carries past gradients into a step ('momentum' for SGD and
+        RMSprop, 'beta_1' for the Adam family), or None where the cell set none (plain SGD,
+        RMSprop without momentum, Adagrad)."""
+        key = self._formula.momentum_key
+        return key if key is not None and self._cell_config[key] > 0 else None
+
+    @property
+    def cell_momentum(self) -> float:
+        """The cell's own value of `momentum_key` (0.0 where there is none)."""
+        key = self.momentum_key
+        return float(self._cell_config[key]) if key is not None else 0.0
+
+    @property
+    def momentum(self) -> float:
+        """The value of `momentum_key` the next `apply` uses."""
+        key = self.momentum_key
+        return float(self.config[key]) if key is not None else 0.0
+
+    def set_momentum(self, value: float) -> None:
+        """Use `value` in place of the cell's momentum (or β1) from the next `apply` on, every
+        cache block alike (they share this config). No-op where the optimizer has none."""
+        key = self.momentum_key
+        if key is not None:
+            self.config[key] = float(value)
 
     @property
     def needs_global_norm(self) -> bool:

@@ -22,6 +22,7 @@ class ASGD(Rule):
 
     name = "asgd"
     predicts_weights = True
+    corrects_momentum = True  # each push is one step of the optimizer
     takes_local_steps = True
     workers_step = False
     consistent_reads = True
@@ -70,6 +71,7 @@ class Hogwild(ASGD):
 
     name = "hogwild"
     predicts_weights = False  # its reads are live memory, not a buffer the hub writes
+    corrects_momentum = True  # each push is one step of the optimizer
     takes_local_steps = True
     workers_step = False
     consistent_reads = False

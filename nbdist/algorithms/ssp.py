@@ -89,6 +89,7 @@ class SSP(ASGD):
 
     name = "ssp"
     predicts_weights = True
+    corrects_momentum = True  # each push is one step of the optimizer
     takes_local_steps = True
     workers_step = False
 

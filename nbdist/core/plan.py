@@ -31,6 +31,8 @@ class Plan:
     slowdown: list[float] = field(default_factory=list)
     staleness_lr: bool = False
     predict_weights: bool = False  # pulls carry w + d x (last update), d the worker's delay
+    # the optimizer's momentum lowered by what asynchrony adds (nbdist.algorithms.momentum)
+    momentum_correction: bool = False
     metrics: str = "full"  # "minimal": counters only, no history rows or timeline
     # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the

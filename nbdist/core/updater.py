@@ -12,6 +12,9 @@ per shard and its learning-rate schedule evaluated at the shard's number of appl
 `scale` is `1 / max(1, τ)` with `--staleness-lr`, and `B_g / B_ref` for a group's step.
 With `--predict-weights` the updater also keeps the last update `Δ = w_after − w_before`, and a
 worker reads `w + d·Δ` (`read_ahead`): where `w` will be when its push lands, d updates later.
+With `--momentum-correction` the optimizer's momentum (SGD's and RMSprop's `momentum`, the Adam
+family's `beta_1`) is lowered by the momentum the run's asynchrony adds, τ̄ / (1 + τ̄) for a mean
+delay τ̄ (`nbdist.algorithms.momentum`), re-estimated on every push.
 After every update that changed `w` (the optimizer's step, a group step, a local-steps delta,
 an EASGD elastic sum), the model's Keras constraints (`nbdist.algorithms.constraints`: MaxNorm,
 NonNeg, ...) are applied to the variables they constrain, as `optimizer.apply` ends.
@@ -38,6 +41,7 @@ from nbdist.algorithms import make_rule
 from nbdist.algorithms.blocks import Runner, block_ranges, run_serial
 from nbdist.algorithms.constraints import ShardConstraints
 from nbdist.algorithms.kernels import STREAM_MIN, copy_out
+from nbdist.algorithms.momentum import DelayAverage, compensated_momentum
 from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.errors import ConfigError
 
@@ -90,7 +94,8 @@ class Updater:
     """
 
     def __init__(self, rule: Rule, spec: dict | None, offset: int = 0, staleness_lr: bool = False,
-                 constraints: list[dict] | tuple = (), predict: bool = False):
+                 constraints: list[dict] | tuple = (), predict: bool = False,
+                 momentum_correction: bool = False, num_workers: int = 1):
         self.rule, self.spec, self.staleness_lr = rule, spec, staleness_lr
         self.optimizer = HubOptimizer(spec, rule.size, offset) if spec is not None else None
         self.constraints = ShardConstraints(constraints, offset, rule.size)
@@ -100,6 +105,11 @@ class Updater:
         # --predict-weights: the last update, and the weights before it while it is applied
         self.last_step = np.zeros(rule.size, np.float32) if predict else None
         self._before = np.empty(rule.size, np.float32) if predict else None
+        # --momentum-correction: the delays' moving average, where the optimizer has a momentum
+        self.delays = (DelayAverage(num_workers) if momentum_correction and self.optimizer
+                       is not None and self.optimizer.momentum_key is not None else None)
+        if self.delays is not None:
+            self._compensate()
 
     @property
     def ranges(self) -> list[tuple[int, int]]:
@@ -134,6 +144,9 @@ class Updater:
         """Apply one push read `delay` versions ago; returns (w changed, `into` holds the new w)."""
         if self.staleness_lr:
             scale /= max(1, delay)
+        if self.delays is not None:
+            self.delays.add(delay)
+            self._compensate()
         if self._before is not None:  # the reply is written once the update is known
             into = None
             np.copyto(self._before, w)
@@ -148,6 +161,16 @@ class Updater:
             self._run(lambda lo, hi: copy_out(into[lo:hi], w[lo:hi], stream), self._ranges)
             copied = True
         return changed, copied
+
+    def _compensate(self) -> None:
+        opt = self.optimizer
+        opt.set_momentum(compensated_momentum(opt.cell_momentum, self.delays.mean))
+
+    @property
+    def momentum(self) -> float | None:
+        """The momentum (or β1) the next update uses; None where the optimizer has none."""
+        opt = self.optimizer
+        return opt.momentum if opt is not None and opt.momentum_key is not None else None
 
     def read_ahead(self, w: np.ndarray, steps: float, out: np.ndarray) -> None:
         """`out = w + steps · Δ`, Δ the last update: the weights `steps` updates from now if
@@ -211,4 +234,6 @@ def make_updater(plan, rule_options: dict, optimizer: dict | None, size: int, of
     if optimizer is None:
         optimizer = server_optimizer_spec("sgd", plan.lr, [offset + size])
     return Updater(rule, optimizer, offset, plan.staleness_lr, constraints,
-                   predict=getattr(plan, "predict_weights", False))
+                   predict=getattr(plan, "predict_weights", False),
+                   momentum_correction=getattr(plan, "momentum_correction", False),
+                   num_workers=plan.num_workers)

@@ -37,7 +37,8 @@ EVERY_MODE = frozenset({"mode", "epochs", "batch_size", "lr", "model", "data", "
 # what the Run may ask of a mode's backend beyond starting, watching and ending the run
 OPERATIONS = ("checkpoint", "add_workers")
 
-_RULE = frozenset({"algorithm", "algo_options", "staleness_lr", "predict_weights", "staleness",
+_RULE = frozenset({"algorithm", "algo_options", "staleness_lr", "predict_weights",
+                   "momentum_correction", "staleness",
                    "n", "groups", "server_optimizer"})  # the hub applies an update rule
 _COORDINATED = frozenset({"dbs", "batch_min", "batch_max", "slowdown", "metrics", "pause_at"})
 _CHECKPOINTS = frozenset({"checkpoint_dir", "checkpoint_every"})

@@ -1,0 +1,134 @@
+"""Momentum compensation: an async run keeps the cell's total momentum, not more.
+
+Asynchrony begets momentum (Mitliagkas et al. 2016): when each push lands τ updates after the
+read it was computed on, with τ spread about a mean τ̄ as M workers pushing in turn spread it,
+ASGD moves in expectation like SGD with an extra momentum of τ̄ / (1 + τ̄) (1 − 1/M for M
+workers in turn, τ̄ = M − 1). A cell's own momentum μ comes on top of it, and the total
+overshoots: two async workers on an MLP with `SGD(0.1, momentum=0.9)` landed 0.60-0.68 where
+`model.fit` landed 0.78-0.80 (Fashion-MNIST, `benchmarks/parity_matrix.py`). So the hub's
+optimizer runs with
+
+    μ' = max(0, μ − τ̄ / (1 + τ̄))
+
+in place of the cell's μ (SGD's and RMSprop's `momentum`, the Adam family's `beta_1`), the
+learning rate unchanged, where τ̄ is the moving average of the shard's delays
+(`DelayAverage`), starting at M − 1. With one worker τ̄ stays 0 and μ' = μ: the cell's optimizer
+unchanged, bit for bit. Adam's bias correction then uses `1 − μ'^t`, as a constant β1 = μ'
+would (μ' moves slowly, and the correction is 1 after the first few dozen steps); Nadam's
+momentum product takes each step's μ' as it comes.
+
+Where the workers' asynchrony alone adds more than μ (1 − 1/M > μ: many workers, a low
+momentum), μ' = 0 cannot take it away: `saturated` says so, and the run warns at its start.
+
+Pure Python; the updater (`nbdist.core.updater`) asks for μ' on every push.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# weight of each new delay in the moving average: about the last 20 pushes count
+SMOOTHING = 0.05
+# a delay counts at most this many times M (one long wait, an evaluation say, moves τ̄ little)
+DELAY_CAP_PER_WORKER = 4
+
+
+def implicit_momentum(mean_delay: float) -> float:
+    """The momentum asynchrony adds when pushes land `mean_delay` updates late on average.
+
+    Example:
+        >>> implicit_momentum(0.0), implicit_momentum(1.0), implicit_momentum(3.0)
+        (0.0, 0.5, 0.75)
+    """
+    tau = max(0.0, float(mean_delay))
+    return tau / (1.0 + tau)
+
+
+def compensated_momentum(momentum: float, mean_delay: float) -> float:
+    """μ' = max(0, μ − τ̄ / (1 + τ̄)): the explicit momentum that keeps the total at μ.
+
+    Example:
+        >>> compensated_momentum(0.9, 1.0), compensated_momentum(0.9, 0.0)
+        (0.4, 0.9)
+        >>> compensated_momentum(0.5, 3.0)  # saturated: 0.75 of asynchrony alone
+        0.0
+    """
+    if mean_delay <= 0:
+        return float(momentum)
+    return max(0.0, float(momentum) - implicit_momentum(mean_delay))
+
+
+def saturated(momentum: float, num_workers: int) -> bool:
+    """Whether M workers pushing in turn add more momentum (1 − 1/M) than the cell's own μ, so
+    that no μ' >= 0 brings the total back to μ.
+
+    Example:
+        >>> saturated(0.9, 2), saturated(0.5, 4), saturated(0.0, 1)
+        (False, True, False)
+    """
+    return implicit_momentum(max(0, num_workers - 1)) > momentum
+
+
+@dataclass
+class DelayAverage:
+    """The moving average τ̄ of a shard's push delays, starting at `num_workers − 1` (what M
+    workers pushing in turn see).
+
+    Example:
+        >>> avg = DelayAverage(num_workers=2)
+        >>> avg.mean, avg.add(3), round(avg.mean, 4)
+        (1.0, None, 1.1)
+    """
+
+    num_workers: int
+    mean: float = -1.0
+
+    def __post_init__(self) -> None:
+        if self.mean < 0:
+            self.mean = float(max(0, self.num_workers - 1))
+
+    def add(self, delay: int) -> None:
+        capped = min(max(0, int(delay)), DELAY_CAP_PER_WORKER * max(1, self.num_workers))
+        self.mean += SMOOTHING * (capped - self.mean)
+
+
+def correction_notice(optimizer: str, key: str, momentum: float,
+                      num_workers: int) -> tuple[str, str | None]:
+    """What a run with momentum compensation tells the user at its start: a note for
+    run.events and run.warnings, and a second warning where compensation saturates (None
+    otherwise). `optimizer`: the cell's optimizer class, `key` and `momentum` its setting.
+
+    Example:
+        >>> note, extra = correction_notice("SGD", "momentum", 0.9, 2)
+        >>> note.split(" on the hub")[0], extra
+        ("--momentum-correction: the cell's SGD momentum=0.9 runs as 0.4", None)
+    """
+    tau = max(0, num_workers - 1)
+    lowered = compensated_momentum(momentum, tau)
+    note = (f"--momentum-correction: the cell's {optimizer} {key}={momentum:g} runs as "
+            f"{lowered:.2g} on the hub while {num_workers} workers push in turn: their asynchrony "
+            f"adds about {implicit_momentum(tau):.2g} of momentum of its own (a mean delay of "
+            f"{tau} update{'s' if tau != 1 else ''}), so the total stays the cell's. The hub "
+            f"re-estimates it from the measured delays on every push. --no-momentum-correction "
+            f"keeps {key}={momentum:g}.")
+    if not saturated(momentum, num_workers):
+        return note, None
+    extra = (f"{num_workers} async workers add about {implicit_momentum(tau):.2g} of momentum, "
+             f"more than the cell's {optimizer} {key}={momentum:g}: even at {key}=0 the run "
+             f"moves with more momentum than model.fit, and may land below it. To train as "
+             f"fit does, pick --mode sync, fewer workers (at most {max_workers(momentum)} for "
+             f"{key}={momentum:g}), or --algorithm ssp --staleness 0.")
+    return note, extra
+
+
+def max_workers(momentum: float) -> int:
+    """The most workers whose asynchrony (1 − 1/M) does not exceed `momentum`.
+
+    Example:
+        >>> max_workers(0.9), max_workers(0.5), max_workers(0.0)
+        (10, 2, 1)
+    """
+    workers = 1
+    while not saturated(momentum, workers + 1):
+        workers += 1
+    return workers
