@@ -92,6 +92,12 @@ class TrainConfig:
         "the momentum the workers' asynchrony adds, d/(1+d) for a mean delay d, so the total "
         "stays the cell's (Mitliagkas et al. 2016); run.warnings says what was applied",
         negatable=True, shown_default=late("nbdist.algorithms", "momentum_correction_default"))
+    precise_bn: bool | None = option(
+        None, "recompute each BatchNormalization layer's moving statistics at the weights the run "
+        "hands the notebook (at each epoch's end with a fit call), over 8,192 training samples, "
+        "instead of keeping the moving averages the hub gathered while the weights moved "
+        "(precise BN); run.warnings says so", negatable=True,
+        shown_default="on where the model has BatchNormalization and the data is in memory")
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", type=int,
@@ -293,6 +299,9 @@ class TrainConfig:
                 f"--local-steps {self.local_steps}). Drop --predict-weights, or pick one of those.")
 
     def _check_momentum_correction(self, algo: str) -> None:
+        if self.precise_bn not in (None, True, False):
+            raise ConfigError(f"precise_bn must be True, False or None (automatic) "
+                              f"(Received: {self.precise_bn!r}).")
         if self.momentum_correction not in (None, True, False):
             raise ConfigError(f"momentum_correction must be True, False or None (automatic) "
                               f"(Received: {self.momentum_correction!r}).")
@@ -306,6 +315,13 @@ class TrainConfig:
                 f"optimizer takes each push as it lands (Received: --mode {self.mode.value}, "
                 f"--algorithm {algo}, --local-steps {self.local_steps}). Drop "
                 "--momentum-correction, or pick one of those.")
+
+    @property
+    def precise_bn_wanted(self) -> bool:
+        """Whether BatchNorm statistics are to be recomputed at the run's weights (where the
+        model has such layers and the data is in memory: `nbdist.job.Job.precise_bn`):
+        --precise-bn, or by default in the modes that take it."""
+        return self.precise_bn is not False and self.mode.value in modes_taking("precise_bn")
 
     @property
     def momentum_corrected(self) -> bool:

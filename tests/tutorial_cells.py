@@ -259,6 +259,7 @@ model = keras.Sequential([
 PARITY_OPTIMIZERS = {
     "sgd": "keras.optimizers.SGD({lr})",
     "momentum": "keras.optimizers.SGD({lr}, momentum=0.9)",
+    "momentum5": "keras.optimizers.SGD({lr}, momentum=0.5)",
     "nesterov": "keras.optimizers.SGD({lr}, momentum=0.9, nesterov=True)",
     "rmsprop": "keras.optimizers.RMSprop()",
     "adam": "keras.optimizers.Adam()",

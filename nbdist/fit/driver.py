@@ -201,6 +201,8 @@ class FitDriver:
 
     def _write(self, weights) -> None:
         write_flat(self.model, *weights)
+        if self.run.state.settle_model is not None:  # precise BatchNorm statistics
+            self.run.state.settle_model(self.model)
 
     def _stop(self) -> None:
         """A callback set `model.stop_training`: end the run; the model keeps the weights the

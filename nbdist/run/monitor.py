@@ -13,6 +13,7 @@ import time
 from nbdist.core.liveness import RunningClock
 from nbdist.engine.flat_layout import write_flat
 from nbdist.errors import NbdistError, TrainingError, WorkersLostError
+from nbdist.modes import mode_spec
 from nbdist.run.control import auto_checkpoint
 from nbdist.run.elastic import admit_joined
 from nbdist.run.state import RunState
@@ -97,6 +98,8 @@ def watch(run) -> None:
         state.final_weights = (params, non_trainable)
         if state.write_model:  # (a cell's fit call writes each epoch's weights itself)
             write_flat(state.model, params, non_trainable)
+            if state.settle_model is not None:
+                state.settle_model(state.model)
         state.status = "stopped" if state.stop_requested else "finished"
     except BaseException as exc:  # noqa: BLE001 - stored and re-raised by wait()
         ours = isinstance(exc, NbdistError)
@@ -126,11 +129,12 @@ def keep(state: RunState, label: str) -> None:
     except Exception as exc:  # noqa: BLE001 - a copy is a safety net, never a failure
         log.info("run %s: could not keep the weights of %s: %s", state.run_id, label, exc)
         return
-    try:
-        shards = state.backend.checkpoint_state(state.control, False)
-    except Exception as exc:  # noqa: BLE001 - (as above) the weights alone still serve
-        log.warning("run %s: could not keep the state of %s: %s", state.run_id, label, exc)
-        shards = None
+    shards = None
+    if mode_spec(state.config.mode).supports("checkpoint"):  # (simulate replays from its seed)
+        try:
+            shards = state.backend.checkpoint_state(state.control, False)
+        except Exception as exc:  # noqa: BLE001 - (as above) the weights alone still serve
+            log.warning("run %s: could not keep the state of %s: %s", state.run_id, label, exc)
     state.kept = (params, non_trainable, shards, label)
 
 

@@ -55,6 +55,9 @@ class RunState:
     # -- a cell's own fit call (nbdist.fit) ------------------------------------------------------
     # False: the kernel writes each epoch's weights itself, not the monitor
     write_model: bool = True
+    # what the kernel does to the notebook's model once it wrote the run's weights into it
+    # (`Job.settle_model`: precise BatchNorm statistics), or None
+    settle_model: Callable | None = None
     final_weights: tuple | None = None  # (params, non_trainable) once training ended
     # the latest state the kernel holds (monitor.keep: after each epoch's end, and when the run
     # fails while its hub still answers), so a failed run keeps what it learned:

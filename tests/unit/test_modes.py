@@ -26,7 +26,7 @@ def test_every_mode_has_one_table_entry_with_a_start():
 # a value away from its default for each option some mode does not take
 GIVEN = dict(algorithm="hogwild", workers=2, servers=2, transport="tcp", compression="fp16",
              timeout=60.0, algo_options="lambda0=1", staleness_lr=True, predict_weights=False,
-             momentum_correction=False,
+             momentum_correction=False, precise_bn=False,
              staleness=2, n=2, groups=2, local_steps=2, server_optimizer="adam", overlap=True,
              pin="auto", spin="off", dbs=True, batch_min=8, batch_max=64, slowdown="1,2",
              metrics="minimal", pause_at=3, elastic=True, checkpoint_dir="ckpt",
@@ -57,7 +57,7 @@ def test_each_option_a_mode_does_not_take_is_refused_naming_the_mode_the_flag_an
         if option in MODES[mode].takes:
             continue
         flag = "--algo-opt" if option == "algo_options" else "--" + option.replace("_", "-")
-        if option in ("predict_weights", "momentum_correction"):  # given False: the --no- form
+        if option in ("predict_weights", "momentum_correction", "precise_bn"):  # False: --no-
             flag = "--no-" + option.replace("_", "-")
         works = ", ".join(modes_taking(option))
         with pytest.raises(ConfigError) as refused:
