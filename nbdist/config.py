@@ -325,9 +325,10 @@ class TrainConfig:
 
     @property
     def momentum_corrected(self) -> bool:
-        """Whether the hub lowers the optimizer's momentum by the asynchrony's own:
+        """Whether the hub may lower the optimizer's momentum by the asynchrony's own:
         --momentum-correction, or by default wherever it works (a rule that
-        `corrects_momentum`, one step per exchange, a mode with a rule)."""
+        `corrects_momentum`, one step per exchange, a mode with a rule); by default the job
+        then keeps it for the optimizers it helps (`nbdist.job.Job.momentum_worth_correcting`)."""
         if self.momentum_correction is None:
             return self._momentum_correction_works
         return self.momentum_correction

@@ -98,6 +98,8 @@ class Job:
         plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate,
                                                 num_workers, epoch_size=self.epoch_size,
                                                 kernel_validates=self.fit is not None)
+        if plan.momentum_correction and self.config.momentum_correction is None:
+            plan = replace(plan, momentum_correction=self.momentum_worth_correcting())
         job = replace(self, num_workers=num_workers, plan=plan, rule_options=options,
                       easgd_alpha=alpha)
         return job.told([*job.momentum_notices(), *job.batchnorm_notices()])
@@ -109,6 +111,16 @@ class Job:
             return self
         return replace(self, warnings=[*self.warnings, *said],
                        contents=replace(self.contents, notes=[*self.contents.notes, *said]))
+
+    def momentum_worth_correcting(self) -> bool:
+        """--momentum-correction's default for the cell's optimizer (`worth_correcting`: SGD
+        with momentum at a large effective step)."""
+        from nbdist.algorithms.momentum import worth_correcting
+        from nbdist.algorithms.optimizers import initial_rate, momentum_setting
+
+        setting = momentum_setting(self.optimizer) if self.optimizer is not None else None
+        return setting is not None and worth_correcting(
+            self.optimizer["class_name"], setting[1], initial_rate(self.optimizer))
 
     def momentum_notices(self) -> list[str]:
         """How momentum compensation changes the cell's optimizer (nothing where it is off or

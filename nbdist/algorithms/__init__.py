@@ -55,7 +55,8 @@ def prediction_default() -> str:
 
 def momentum_correction_default() -> str:
     """--momentum-correction's default, as the reference shows it."""
-    return f"on with {', '.join(rules_that('corrects_momentum'))}, off otherwise"
+    return (f"on for SGD with momentum at an effective step lr/(1-momentum) >= 0.5, with "
+            f"{', '.join(rules_that('corrects_momentum'))}; off otherwise")
 
 __all__ = [
     "ASGD",

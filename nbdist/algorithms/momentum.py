@@ -17,6 +17,15 @@ unchanged, bit for bit. Adam's bias correction then uses `1 − μ'^t`, as a con
 would (μ' moves slowly, and the correction is 1 after the first few dozen steps); Nadam's
 momentum product takes each step's μ' as it comes.
 
+It helps where the cell trains at the edge of stability, and costs where it does not: with two
+workers, `SGD(0.1, momentum=0.9)` (an effective step lr / (1 − μ) of 1.0) went from 0.60-0.68 to
+parity with it, while the MaxNorm MLP at `SGD(0.01, momentum=0.9)` (0.1), which async trains as
+`fit` does without it (0.805 against 0.810), fell to 0.714 with it: μ' shortens the long-run step
+lr / (1 − μ') as much as it takes out the overshoot. So by default (`worth_correcting`) it runs
+for SGD with momentum (Nesterov or not) whose effective step is at least `EFFECTIVE_STEP_MIN`;
+`--momentum-correction` asks for it with any optimizer that has a momentum (RMSprop's, the Adam
+family's β1, which predicted weights already serve well: docs/rules.md).
+
 Where the workers' asynchrony alone adds more than μ (1 − 1/M > μ: many workers, a low
 momentum), μ' = 0 cannot take it away: `saturated` says so, and the run warns at its start.
 
@@ -27,6 +36,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+# the smallest effective step lr / (1 − μ) of a momentum SGD that the correction runs for by
+# default: measured helpful at 1.0 and harmful at 0.1 (two workers, docs/rules.md)
+EFFECTIVE_STEP_MIN = 0.5
 # weight of each new delay in the moving average: about the last 20 pushes count
 SMOOTHING = 0.05
 # a delay counts at most this many times M (one long wait, an evaluation say, moves τ̄ little)
@@ -56,6 +68,21 @@ def compensated_momentum(momentum: float, mean_delay: float) -> float:
     if mean_delay <= 0:
         return float(momentum)
     return max(0.0, float(momentum) - implicit_momentum(mean_delay))
+
+
+def worth_correcting(optimizer: str, momentum: float, learning_rate: float) -> bool:
+    """Whether the correction runs by default for the cell's optimizer: SGD with momentum whose
+    effective step `learning_rate / (1 − momentum)` is at least EFFECTIVE_STEP_MIN.
+
+    Example:
+        >>> worth_correcting("SGD", 0.9, 0.1), worth_correcting("SGD", 0.9, 0.01)
+        (True, False)
+        >>> worth_correcting("Adam", 0.9, 0.1), worth_correcting("SGD", 0.0, 1.0)
+        (False, False)
+    """
+    if optimizer != "SGD" or not 0 < momentum < 1:
+        return False
+    return learning_rate / (1.0 - momentum) >= EFFECTIVE_STEP_MIN
 
 
 def saturated(momentum: float, num_workers: int) -> bool:

@@ -29,6 +29,7 @@ from nbdist.errors import CheckpointError, ConfigError, UnsupportedOptimizerErro
 __all__ = [
     "SUPPORTED_OPTIMIZERS",
     "HubOptimizer",
+    "initial_rate",
     "momentum_setting",
     "server_optimizer_spec",
     "sum_of_squares",
@@ -96,6 +97,20 @@ def momentum_setting(spec: dict) -> tuple[str, float] | None:
     name, config = _checked_spec(spec)
     key = FORMULAS[name].momentum_key
     return (key, float(config[key])) if key is not None and config[key] > 0 else None
+
+
+def initial_rate(spec: dict) -> float:
+    """The learning rate of the spec's first step (a schedule's value at step 0).
+
+    Example:
+        >>> initial_rate(server_optimizer_spec("sgd", 0.5, [4]))
+        0.5
+    """
+    lr = spec.get("learning_rate")
+    if isinstance(lr, dict):
+        return schedule_value(lr, 0)
+    name, _ = _checked_spec(spec)
+    return float(_DEFAULT_LR.get(name, 0.001) if lr is None else lr)
 
 
 def sum_of_squares(g: np.ndarray) -> float:

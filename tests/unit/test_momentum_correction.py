@@ -194,3 +194,18 @@ def test_asking_for_the_correction_where_it_cannot_work_is_refused(options):
 def test_a_mode_without_a_hub_rule_refuses_the_correction(mode):
     with pytest.raises(ConfigError, match=f"--momentum-correction does not apply to --mode {mode}"):
         TrainConfig(mode=mode, momentum_correction=True)
+
+
+def test_by_default_only_momentum_sgd_at_a_large_effective_step_is_corrected():
+    from nbdist.algorithms.momentum import EFFECTIVE_STEP_MIN, worth_correcting
+    from nbdist.algorithms.optimizers import initial_rate
+
+    assert EFFECTIVE_STEP_MIN == 0.5
+    assert worth_correcting("SGD", 0.9, 0.1)  # 1.0: two async workers fell apart without it
+    assert not worth_correcting("SGD", 0.9, 0.01)  # 0.1: it cost 0.09 there
+    assert worth_correcting("SGD", 0.5, 0.25) and not worth_correcting("SGD", 0.5, 0.2)
+    assert not worth_correcting("Adam", 0.9, 0.1) and not worth_correcting("RMSprop", 0.9, 1.0)
+    decaying = {"class_name": "ExponentialDecay",
+                "config": {"initial_learning_rate": 0.2, "decay_steps": 10, "decay_rate": 0.5}}
+    assert initial_rate(spec("SGD", decaying, momentum=0.9)) == pytest.approx(0.2)
+    assert initial_rate({"class_name": "SGD", "config": {}, "learning_rate": None}) == 0.01
