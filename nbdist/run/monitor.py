@@ -150,8 +150,6 @@ def _leave_kept(state: RunState) -> None:
                 + ("; run.checkpoint(folder) saves them with the optimizer's state."
                    if shards is not None else "."))
         if state.write_model:  # (a cell's fit call writes each epoch's weights itself)
-            from nbdist.engine.flatmodel import write_flat
-
             try:
                 write_flat(state.model, params, non_trainable)
                 state.final_weights = (params, non_trainable)
