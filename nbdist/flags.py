@@ -3,9 +3,10 @@ training options are exactly TrainConfig's fields, the modes each applies to com
 modes' specs (`nbdist.modes`).
 
 Responsible for:
-- `config_flags()`: one `Flag` per TrainConfig field, from which the magic's parser
-  (`add_to_parser`), `%%distribute?`, the checks on `nbdist.train(**options)`
-  (`check_option_names`) and `docs/reference.md` (scripts/gen_reference.py) are derived.
+- `config_flags()`: one `Flag` per TrainConfig field, from which the magic's parser (each
+  flag's `parser_arguments`, as `magic_arguments` decorators: `nbdist.magic.declared`),
+  `%%distribute?`, the checks on `nbdist.train(**options)` (`check_option_names`) and
+  `docs/reference.md` (scripts/gen_reference.py) are derived.
 - `distribute_flags()` / `nbdist_flags()`: the flags of each magic, in the order shown.
 - `given_options(args)`: which training options a magic line gave; a flag not given is absent,
   so TrainConfig (or a resumed checkpoint) supplies the value.
@@ -95,7 +96,9 @@ def misplaced(args: argparse.Namespace, flags: Iterable[Flag]) -> list[Flag]:
 
 
 def add_to_parser(parser: argparse.ArgumentParser, flags: Iterable[Flag]) -> None:
-    """Declare `flags` on an argparse parser (or an IPython MagicArgumentParser)."""
+    """Declare `flags` on a plain argparse parser, as the magic's own parser has them (which
+    `nbdist.magic.declared` builds from the same `parser_arguments`, as IPython's
+    `magic_arguments` decorators): for tests and scripts that parse a magic line."""
     for flag in flags:
         names, kwargs = flag.parser_arguments()
         parser.add_argument(*names, **kwargs)

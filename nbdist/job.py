@@ -1,12 +1,14 @@
 """One pass from a cell to a job: everything the kernel decides before any engine is touched.
 
-`prepare_job` runs the cell in the kernel (so mistakes show at once and the notebook's own
-model exists), finds what it provides (`nbdist.engine.cell`), reads the model's flat layout and
-weights once, chooses the optimizer and the weight constraints the hubs apply (refusing shard
-counts that would cut a constrained variable) and who owns the learning rate, and checks
-a checkpoint against all that. The result, a `Job`, is handed down to the mode's `start`
-(`nbdist.modes.MODES`); once the mode's backend knows how many workers it has,
-`Job.for_workers` adds the coordinator's `Plan`. Nothing below calls back up here.
+`prepare_job` takes a cell that has already run in the kernel (`nbdist.api._start` runs it, so
+mistakes show at once and the notebook's own model exists; with a fit call, `prepare_job` is
+called from inside that call, `nbdist.fit.launch`), finds what it provides
+(`nbdist.engine.cell`), reads the model's flat layout and weights once, chooses the optimizer
+and the weight constraints the hubs apply (refusing shard counts that would cut a constrained
+variable) and who owns the learning rate, and checks a checkpoint against all that. The result,
+a `Job`, is handed down to the mode's `start` (`nbdist.modes.MODES`); once the mode's backend
+knows how many workers it has, `Job.for_workers` adds the coordinator's `Plan`.
+Nothing below calls back up here.
 """
 
 from __future__ import annotations
@@ -182,10 +184,12 @@ class Job:
 
 def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint | None = None, *,
                 fit: FitSpec | None = None, **found) -> Job:
-    """Decide everything about the job of `cell`, which has run in `ns` (up to its fit call,
-    if it makes one: `fit`); raises before any engine is touched (a CellError, ConfigError,
-    CheckpointError, ... that says what to fix). `found`: what the fit call named where no
-    flag overrides it (`inspect_cell`'s data, validation, model_name, take_batches)."""
+    """Decide everything about the job of `cell`, which has run in `ns` (up to its fit call, if it
+    makes one: `fit`). It does not run the cell: `nbdist.api._start` has (and, for the
+    in-kernel workers of a fit call, `FitLauncher` runs it again); it raises before any engine is
+    touched (a CellError, ConfigError, CheckpointError, ... that says what to fix). `found`:
+    what the fit call named where no flag overrides it (`inspect_cell`'s data, validation,
+    model_name, take_batches)."""
     from nbdist.engine.keras_backend import kernel_backend
 
     keras_backend = kernel_backend(config.mode.value)  # refuses a mode the backend cannot run

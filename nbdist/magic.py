@@ -82,7 +82,7 @@ class NbdistMagics(Magics):
         args = parse_argstring(self.distribute, line)
         from nbdist.api import resume, train
 
-        if self.run is not None and not self.run.done():
+        if self.run is not None and not self.run.ended():
             raise UsageError(f"The previous run is still {self.run.status}. Call "
                              "run.stop() or run.wait() before starting another.")
         source = self.shell.transform_cell(cell)

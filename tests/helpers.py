@@ -361,10 +361,19 @@ def feed(run, snap: dict):
     return run
 
 
-def end(run, status: str = "finished"):
-    """Make a fed run ended, as its monitor thread does when training is over."""
+def end(run, status: str = "finished", history=None):
+    """End a fed run as its monitor thread does when training is over (`monitor.conclude`:
+    ended, then its Future completed with its History or its error). Its History is
+    `history`, or a stand-in without Keras (tests/unit imports none): the one built from the
+    epochs is tested in tests/inproc/test_run_future_local.py."""
+    from types import SimpleNamespace
+
+    from nbdist.run.monitor import conclude
+
+    if run.state.keras_history is None and run.state.fit_call_returned is None:
+        run.state.keras_history = history or SimpleNamespace(epoch=[], history={})
     run.state.status = status
-    run.state.ended.set()
+    conclude(run)
     return run
 
 

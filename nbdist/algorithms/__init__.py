@@ -50,7 +50,8 @@ def rules_that(capability: str) -> tuple[str, ...]:
 
 def prediction_default() -> str:
     """--predict-weights's default, as the reference shows it."""
-    return f"on with {' and '.join(rules_that('predicts_weights'))}, off otherwise"
+    return (f"on with {' and '.join(rules_that('predicts_weights'))} at --local-steps 1, "
+            "off otherwise")
 
 
 def momentum_correction_default() -> str:

@@ -271,7 +271,7 @@ class Cluster:
     @property
     def runs(self) -> list:
         """The runs started on this cluster (a subset tracks its own) that have not ended."""
-        return [run for run in list(self._runs) if not run.done()]
+        return [run for run in list(self._runs) if not run.ended()]
 
     def busy_engines(self) -> dict[int, int]:
         """Engine id -> the tasks it runs or has queued, for every engine that is not idle

@@ -92,7 +92,7 @@ def show_status_line(run) -> None:
 
     def refresh(r) -> None:
         now = time.monotonic()
-        if now - last[0] >= STATUS_EVERY_S or r.done():
+        if now - last[0] >= STATUS_EVERY_S or r.ended():
             last[0] = now
             handle.update(Pretty(r.summary()))
 
@@ -209,7 +209,7 @@ class Dashboard:
         self.start()
 
     def _on_run_event(self, run) -> None:
-        if run.done() and self._handle is not None:
+        if run.ended() and self._handle is not None:
             self._handle.update(self)
 
     def start(self) -> None:
@@ -232,7 +232,7 @@ class Dashboard:
             self.refresh()
         except Exception as exc:  # noqa: BLE001 - a drawing problem must not stop the refresh
             log.warning("dashboard refresh failed: %s", exc)
-        if self.run.done():
+        if self.run.ended():
             self._running, self._finished = False, True
             self._finish()
 
@@ -293,7 +293,7 @@ class Dashboard:
         self._syncing = True
         try:
             lr = snap.get("lr")
-            if lr and self.lr_slider.disabled and not self.run.done():
+            if lr and self.lr_slider.disabled and not self.run.ended():
                 exponent = math.log10(lr)
                 self.lr_slider.min, self.lr_slider.max = (math.floor(exponent) - 2,
                                                           math.ceil(exponent) + 1)
@@ -321,7 +321,7 @@ class Dashboard:
                                    style={"description_width": "initial"})
             slider.observe(lambda change, k=int(worker): self._on_slowdown(k, change),
                            names="value")
-            slider.disabled = self.run.done()
+            slider.disabled = self.run.ended()
             self.slowdown_sliders.append(slider)
         self.slowdown_box.children = tuple(self.slowdown_sliders)
         if first and not self._top_k_given and len(nodes) > MANY_WORKERS:

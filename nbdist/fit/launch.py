@@ -73,6 +73,16 @@ class FitLauncher:
                 self.ns.pop(name, None)  # the cell's own names stay; nbdist's go
 
     def _drive(self, run, job):
+        """Show and wait for `run`, driving the callbacks; returns the History, which is also
+        the run's result (`Run.fit_call_returned`, given on every way out of here)."""
+        history = None
+        try:
+            history = self._callbacks_on(run, job)
+            return history
+        finally:
+            run.fit_call_returned(history)  # the monitor completes the run's Future now
+
+    def _callbacks_on(self, run, job):
         from nbdist.fit.driver import FitDriver
 
         self.presenter.started(run)
@@ -89,9 +99,7 @@ class FitLauncher:
         except Exception as exc:  # the run's own error (a worker's NaN loss), or a callback's
             if exc is not run.error or not driver.terminated_on_nan(exc):
                 raise
-        history = driver.end()
-        run.state.keras_history = history
-        return history
+        return driver.end()
 
     def _check_model(self, call) -> None:
         name = self.given.get("model")

@@ -33,7 +33,7 @@ def add_workers(run, engines) -> list[int]:
     """Start workers on `engines` for `run` (see `Run.add_workers`); returns their worker ids."""
     refuse_operation(run.config.mode, "add_workers", f"run.add_workers({list(engines)})")
     backend, control = run.state.backend, run.state.control
-    if run.done() or control is None or backend is None:
+    if run.ended() or control is None or backend is None:
         raise TrainingError(f"The run is {run.status}, so it takes no new workers (Received: "
                             f"run.add_workers({list(engines)})). Start a new run with more "
                             "--workers, or with --elastic to take in engines as they join.")

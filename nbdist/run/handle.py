@@ -3,9 +3,14 @@
 `nbdist.train` returns a Run at once; a monitor thread in the kernel polls the coordinating
 hub, watches the workers, and at the end writes the trained weights into the notebook's own
 model. Control methods (pause, resume, stop, set_lr) go straight to the hub, which passes
-them to every worker on its next reply. A Run is also a `concurrent.futures.Future` in its
-methods: `done()`, `result()`, `exception()`, `add_done_callback()`, `running()`,
-`cancelled()`, `cancel()`.
+them to every worker on its next reply.
+
+A Run is a `concurrent.futures.Future` (a subclass), so `concurrent.futures.wait`,
+`as_completed` and `asyncio.wrap_future` take it. Its monitor thread completes it once, after
+the run's end (finished, stopped or failed), when the weights are in the model and the engines
+are free; with a cell's `model.fit(...)` call, once that call has returned too. Its result is
+the run's `keras.callbacks.History` (`result()`), its exception the run's error. `cancel()`
+stops a running run (`stop()`): the run then ends with a result, never cancelled.
 
 Lifecycle of `status`: starting -> running <-> paused -> finished | stopped | failed.
 
@@ -19,6 +24,8 @@ from __future__ import annotations
 
 import logging
 import time
+from concurrent import futures
+from concurrent.futures import Future
 
 from nbdist.errors import NbdistError, TrainingError
 from nbdist.run import monitor
@@ -37,13 +44,15 @@ def _shown(name: str, doc: str) -> property:
     return property(lambda run: getattr(run.state, name), doc=doc)
 
 
-class Run(RunViews, RunControl):
+class Run(RunViews, RunControl, Future):
     """A training run started by `%%distribute` or `nbdist.train`.
 
     Example:
         >>> run = nbdist.train(cell, cluster=cluster, epochs=2)   # doctest: +SKIP
         >>> run.pause(); run.set_lr(0.01); run.resume()           # doctest: +SKIP
         >>> run.wait().history.tail()                             # doctest: +SKIP
+        >>> run.result().history["loss"]                          # doctest: +SKIP
+        >>> history = await asyncio.wrap_future(run)              # doctest: +SKIP
     """
 
     config = _shown("config", "The run's options (a `TrainConfig`).")
@@ -63,6 +72,7 @@ class Run(RunViews, RunControl):
 
     def __init__(self, config, model, model_name: str, warnings: list[str] | None = None,
                  notes: list[str] | None = None):
+        Future.__init__(self)
         self.state = RunState(config, model, model_name, warnings=list(warnings or []))
         for text in notes or []:
             self.note(text)
@@ -82,10 +92,20 @@ class Run(RunViews, RunControl):
         state.checkpoint_info = dict(checkpoint_info or {})
         state.checkpoint_folder = checkpoint_folder
         state.status = "running"
+        Future.set_running_or_notify_cancel(self)  # never cancelled: `cancel` stops a run
         if backend.cluster is not None:
             backend.cluster.track(self)  # Cluster.stop() ends this run before stopping the engines
         monitor.start(self)
         return self
+
+    def fit_call_returned(self, history) -> None:
+        """The cell's `model.fit(...)` call has returned `history` (None if it raised): the
+        run's result, once it has ended. Called once, on every way out of that call, by the
+        kernel (nbdist.fit.launch); the monitor completes the run's Future only then."""
+        state = self.state
+        state.keras_history = history
+        if state.fit_call_returned is not None:
+            state.fit_call_returned.set()
 
     def current_weights(self):
         """The model's flat (params, non_trainable) as the run holds them now (the hubs',
@@ -97,22 +117,23 @@ class Run(RunViews, RunControl):
 
     # -- waiting (and the Future's methods) -----------------------------------------------------
 
-    def done(self) -> bool:
-        """Whether the run has ended (finished, stopped or failed)."""
+    def ended(self) -> bool:
+        """Whether training has ended (finished, stopped or failed): the weights are in the
+        model and the engines are free. `done()` follows at once, or, with a cell's fit call,
+        once that call has returned its History."""
         return self.state.ended.is_set()
 
     def running(self) -> bool:
         """Whether the run is training now (running or paused)."""
-        return not self.done() and self.state.status in ("running", "paused")
-
-    def cancelled(self) -> bool:
-        """Whether the run ended because it was stopped (`stop()` or `cancel()`)."""
-        return self.done() and self.state.status == "stopped"
+        return not self.ended() and self.state.status in ("running", "paused")
 
     def cancel(self) -> bool:
-        """Stop the run (see `stop`); True if it had not ended, False if it had. Unlike a
-        Future's, a stopped run has a result: the weights reached so far, in `model`."""
-        if self.done():
+        """Stop the run (see `stop`): True if it was training, False if it had ended (or not
+        begun). Unlike a Future's, a cancelled run is not cancelled: it ends stopped, with a
+        result (the History of what it trained; the weights reached are in `model`), and
+        `cancelled()` stays False. asyncio calls it when what awaits `asyncio.wrap_future(run)`
+        is cancelled (`asyncio.wait_for` timing out): the run stops; `asyncio.shield` keeps it."""
+        if self.state.backend is None or self.ended():
             return False
         self._stop_quietly()
         return True
@@ -124,39 +145,52 @@ class Run(RunViews, RunControl):
             raise self.state.error
         return self
 
-    def result(self, timeout: float | None = None) -> Run:
-        """The run once it has ended (as `wait`): raises its error if it failed, TimeoutError
-        if it is still going after `timeout` seconds."""
-        return self.wait(timeout)
+    def result(self, timeout: float | None = None):
+        """The run's `keras.callbacks.History` once it has ended: the one a cell's own
+        `model.fit(...)` call returned, or else one built from the run's epochs (`loss`, the
+        mean of each epoch's pushed losses weighted by their batch sizes, and the `val_*`
+        results; `nbdist.run.result`). Raises the run's error if it failed, TimeoutError if it
+        is still going after `timeout` seconds. Ctrl-C while it waits stops the run."""
+        self._wait_end(timeout)
+        return Future.result(self, 0)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
         """The run's error once it has ended (None if it finished or was stopped); TimeoutError
         if it is still going after `timeout` seconds."""
         self._wait_end(timeout)
-        return self.state.error
+        return Future.exception(self, 0)
 
-    def add_done_callback(self, fn) -> None:
-        """Call `fn(run)` once the run has ended, from the monitor thread after the weights
-        are in the model and the engines are free; at once (here) if it has ended already.
-        An exception in `fn` is logged, not raised."""
-        state = self.state
-        with state.end_lock:
-            if not state.ended.is_set():
-                state.done_callbacks.append(fn)
-                return
-        monitor.call_back(self, fn)
+    def set_running_or_notify_cancel(self) -> bool:
+        raise self._not_yours("set_running_or_notify_cancel")
+
+    def set_result(self, result) -> None:
+        raise self._not_yours("set_result")
+
+    def set_exception(self, exception) -> None:
+        raise self._not_yours("set_exception")
+
+    def _not_yours(self, name: str) -> TrainingError:
+        return TrainingError(
+            f"A Run's Future state is set by its monitor thread, once, at the run's end "
+            f"(Received: run.{name}(...)). Use run.stop() to end it early.")
 
     def _wait_end(self, timeout: float | None) -> None:
         end = None if timeout is None else time.monotonic() + timeout
         try:
             # short slices: an interrupt that arrives as a flag rather than a signal (Jupyter's
             # interrupt on some platforms, _thread.interrupt_main) is seen within WAIT_SLICE_S
-            while not self.state.ended.wait(WAIT_SLICE_S):
+            while not futures.wait([self], WAIT_SLICE_S).done:
                 if end is not None and time.monotonic() >= end:
-                    raise TimeoutError(f"The run is still {self.status} after {timeout}s.")
+                    raise TimeoutError(self._still_going(timeout))
         except KeyboardInterrupt:  # Ctrl-C: stop the workers and hub, free the engines
             self.close(timeout=30)
             raise
+
+    def _still_going(self, timeout: float) -> str:
+        if not self.ended():
+            return f"The run is still {self.status} after {timeout}s."
+        return (f"The run has ended ({self.status}), but after {timeout}s the cell's "
+                "model.fit(...) call has still not returned the History that is its result.")
 
     def __enter__(self) -> Run:
         return self
@@ -175,7 +209,7 @@ class Run(RunViews, RunControl):
     def close(self, timeout: float = 30.0) -> None:
         """Stop the run if it is still going and wait (up to `timeout`) until its workers and
         hub have left the engines. Never raises: for clean-up paths (Ctrl-C, cluster stop)."""
-        if not self.done():
+        if not self.ended():
             self._stop_quietly()
             self.state.ended.wait(timeout)
 

@@ -71,7 +71,7 @@ def wait_live(run: Run, dashboard: Dashboard | None = None, *,
         dashboard = None  # widgets are the main thread's; its loop keeps refreshing them
     next_draw = time.monotonic()
     try:
-        while not run.done() and not (until is not None and until()):
+        while not run.ended() and not (until is not None and until()):
             if on_tick is not None:
                 on_tick()
             if dashboard is not None and time.monotonic() >= next_draw:
@@ -83,7 +83,7 @@ def wait_live(run: Run, dashboard: Dashboard | None = None, *,
                 inbox.serve(pause)
             else:
                 run.state.ended.wait(pause)  # wakes as soon as the run ends
-        if run.done():
+        if run.ended():
             if on_tick is not None:
                 on_tick()
             if dashboard is not None:
@@ -94,7 +94,7 @@ def wait_live(run: Run, dashboard: Dashboard | None = None, *,
     finally:
         if inbox is not None:
             inbox.release()
-    if run.done() and run.error is not None:
+    if run.ended() and run.error is not None:
         raise run.error
     return run
 

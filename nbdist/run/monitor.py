@@ -1,7 +1,8 @@
 """A Run's monitor thread: polls the coordinating hub, watches the workers' engines, reports
 lost workers, takes periodic checkpoints, and at the end writes the trained weights into the
-notebook's model, frees the engines and calls the run's done callbacks. It fills in the run's
-state (`nbdist.run.state`); `absorb` is its one step for each hub snapshot."""
+notebook's model, frees the engines and completes the run's Future (`conclude`: its result,
+its error; the Future then calls the done callbacks, here). It fills in the run's state
+(`nbdist.run.state`); `absorb` is its one step for each hub snapshot."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import logging
 import re
 import threading
 import time
+from concurrent.futures import Future
 
 from nbdist.core.liveness import RunningClock
 from nbdist.engine.flat_layout import write_flat
@@ -16,6 +18,7 @@ from nbdist.errors import NbdistError, TrainingError, WorkersLostError
 from nbdist.modes import mode_spec
 from nbdist.run.control import auto_checkpoint
 from nbdist.run.elastic import admit_joined
+from nbdist.run.result import run_history
 from nbdist.run.state import RunState
 
 log = logging.getLogger("nbdist.run.handle")
@@ -112,12 +115,31 @@ def watch(run) -> None:
         _leave_kept(state)
     finally:
         _cleanup(state, hub_gone)
-        with state.end_lock:
-            state.ended.set()
-            callbacks, state.done_callbacks = state.done_callbacks, []
-        notify(run)
-        for fn in callbacks:
-            call_back(run, fn)
+        conclude(run)
+
+
+def conclude(run) -> None:
+    """The run's end, once, on its monitor thread (training is over, the engines are free):
+    mark it ended, tell the listeners, then complete its Future: with the run's error if it
+    failed, else with its History (`nbdist.run.result`), a cell's fit call's once that call
+    has returned. Completing it calls the done callbacks, here; a failing one is logged."""
+    state = run.state
+    state.ended.set()
+    notify(run)
+    if state.fit_call_returned is not None:  # its History (the kernel writes the last epochs)
+        state.fit_call_returned.wait()
+    if state.error is not None:
+        Future.set_exception(run, state.error)  # (Run refuses these to anyone else)
+        return
+    try:
+        history = run_history(state)
+    except Exception as exc:  # noqa: BLE001 - the Future must complete, whatever happens
+        log.warning("run %s: could not build its History: %s", state.run_id, exc)
+        Future.set_exception(run, TrainingError(
+            f"The run {state.status}, but its keras.callbacks.History could not be built "
+            f"(Received: {exc!r}). The model holds its weights; run.history has its rows."))
+        return
+    Future.set_result(run, history)
 
 
 def keep(state: RunState, label: str) -> None:
@@ -150,8 +172,6 @@ def _leave_kept(state: RunState) -> None:
                 + ("; run.checkpoint(folder) saves them with the optimizer's state."
                    if shards is not None else "."))
         if state.write_model:  # (a cell's fit call writes each epoch's weights itself)
-            from nbdist.engine.flatmodel import write_flat
-
             try:
                 write_flat(state.model, params, non_trainable)
                 state.final_weights = (params, non_trainable)
@@ -198,14 +218,6 @@ def notify(run) -> None:
             listener(run)
         except Exception as exc:  # noqa: BLE001 - a display must never kill training
             log.warning("run listener failed: %s", exc)
-
-
-def call_back(run, fn) -> None:
-    """Call a done callback with the run; its exception is logged, as a Future's is."""
-    try:
-        fn(run)
-    except Exception:  # the run has ended either way: logged, as a Future's callback error is
-        log.exception("done callback %r of run %s raised", fn, run.state.run_id)
 
 
 def _report_lost(state: RunState, worker: int, why: str) -> None:

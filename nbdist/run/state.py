@@ -37,9 +37,9 @@ class RunState:
     control: object | None = None  # set once, by Run.begin
     hubs: list[dict] = field(default_factory=list)  # one per hub shard: shard, host, engine, spin_s
     stop_requested: bool = False
+    # training has ended (the weights are in the model, the engines free); the Run's Future is
+    # completed just after (monitor.conclude), with a fit call once it has returned
     ended: threading.Event = field(default_factory=threading.Event)
-    end_lock: threading.Lock = field(default_factory=threading.Lock)  # ended + done_callbacks
-    done_callbacks: list[Callable] = field(default_factory=list)  # called once, after the end
     listeners: list[Callable] = field(default_factory=list)  # called after each poll (displays)
 
     # -- what the monitor fetched from the hub ----------------------------------------------------
@@ -65,6 +65,9 @@ class RunState:
     kept: tuple | None = None
     kept_epoch: int | None = None  # the last epoch whose end it was kept after
     keras_history: object = None  # the keras.callbacks.History the cell's fit call returned
+    # a run with a fit call: set once that call has returned (Run.fit_call_returned), and
+    # only then is the run's Future completed with its History; None without a fit call
+    fit_call_returned: threading.Event | None = None
 
     # -- checkpoints -----------------------------------------------------------------------------
     # what every checkpoint of the run records (nbdist.job.Job.checkpoint_info)

@@ -44,6 +44,7 @@ def test_the_fit_call_trains_distributed_and_returns_keras_history():
     run, ns, out = train_locally(cell)
     history = ns["history"]
     assert run.status == "finished" and run.keras_history is history
+    assert run.result(timeout=30) is history  # the run's result: the History its call returned
     assert history.epoch == [0, 1, 2]
     assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert all(len(v) == 3 for v in history.history.values())

@@ -1,9 +1,13 @@
-"""Real runs in this process (--mode local and simulate): the Run's Future methods, and the
+"""Real runs in this process (--mode local and simulate): the Run as a `concurrent.futures.Future`
+(`wait`, `as_completed`, `asyncio.wrap_future`, its Keras History, cancel, a failure), and the
 backends' `current_weights` while a run trains. The same on a cluster: test_async_cluster.py
 and test_sync_cluster.py; a Run without a hub: tests/unit/test_run_future.py."""
 
+import asyncio
 import threading
+from concurrent import futures
 
+import keras
 import numpy as np
 import pytest
 
@@ -23,8 +27,10 @@ def test_cancel_stops_the_run_and_a_done_callback_runs_once_from_the_monitor_thr
         lambda r: seen.append((threading.current_thread().name, r.done(), r.status)))
     assert run.running() and not run.done() and not run.cancelled()
     assert run.cancel() is True
-    assert run.result(timeout=60) is run and run.exception() is None
-    assert run.cancelled() and not run.running() and run.cancel() is False
+    history = run.result(timeout=60)  # a stopped run has a result: what it trained
+    assert isinstance(history, keras.callbacks.History) and run.exception() is None
+    assert run.status == "stopped" and not run.cancelled()  # (a Future that ran, not cancelled)
+    assert not run.running() and run.cancel() is False
     wait_for(lambda: seen, 30, what="the done callback")  # it runs just after the end is set
     late = []
     run.add_done_callback(lambda r: late.append(threading.current_thread().name))
@@ -32,13 +38,44 @@ def test_cancel_stops_the_run_and_a_done_callback_runs_once_from_the_monitor_thr
     assert late == [threading.current_thread().name]  # ended already: at once, here
 
 
+def test_wait_and_as_completed_take_a_run_and_its_result_is_a_history_of_its_epochs():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=2)
+    done, pending = futures.wait([run], timeout=120)
+    assert done == {run} and not pending and run.status == "finished"
+    assert list(futures.as_completed([run], timeout=0)) == [run]
+    history = run.result()
+    assert isinstance(history, keras.callbacks.History) and history.epoch == [0, 1]
+    assert len(history.history["loss"]) == 2 and history.model is run.model
+    assert run.keras_history is None  # (no fit call: the History is built from the epochs)
+    assert history.history["loss"][1] < history.history["loss"][0]
+    assert history.history["val_accuracy"] == list(
+        run.history.dropna(subset=["val_accuracy"]).groupby("epoch")["val_accuracy"].last())
+
+
+def test_a_run_awaited_with_asyncio_wrap_future_gives_its_history():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1)
+
+    async def main():
+        return await asyncio.wait_for(asyncio.wrap_future(run), timeout=120)
+
+    history = asyncio.run(main())
+    assert history is run.result() and history.epoch == [0]
+
+
 def test_a_failed_run_gives_its_error_to_result_and_exception():
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=3, lr=1e30)
     error = run.exception(timeout=120)
     assert isinstance(error, TrainingError) and error is run.error
+    assert "The notebook's model holds the weights of" in str(error)  # what it kept
     with pytest.raises(TrainingError, match=r"became (nan|inf) at step"):
         run.result()
     assert run.done() and not run.running() and not run.cancelled()
+
+    async def main():
+        return await asyncio.wrap_future(run)
+
+    with pytest.raises(TrainingError, match=r"became (nan|inf) at step"):
+        asyncio.run(main())
 
 
 def paused_weights(run) -> tuple:

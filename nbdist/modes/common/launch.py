@@ -5,6 +5,7 @@ the job."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -109,6 +110,8 @@ def begin_run(job: Job, backend: Backend, control, run_id: str, *, wait: bool,
     end when `wait`. `folder`: its claim on --checkpoint-dir, given back when it ends."""
     run = Run(job.config, job.model, job.model_name, job.warnings, job.contents.notes)
     run.state.write_model = job.fit is None  # a fit call: the kernel writes each epoch's weights
+    if job.fit is not None:  # ... and its History is the run's result (Run.fit_call_returned)
+        run.state.fit_call_returned = threading.Event()
     run.state.settle_model = job.settle_model if job.precise_bn else None
     run.begin(backend, control, run_id, hubs=hubs, checkpoint_info=job.checkpoint_info(run_id),
               checkpoint_folder=folder)
