@@ -17,6 +17,16 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nbdist.config import TrainConfig
+from nbdist.engine.data import (
+    ArrayAdapter,
+    Loaded,
+    data_adapter,
+    format_size,
+    load,
+    num_rows,
+    streaming_note,
+    take,
+)
 from nbdist.engine.fit_call import RESERVED, shown_name
 from nbdist.errors import (
     AmbiguousModelError,
@@ -129,8 +139,6 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig, *,
     _check_fit(model, train.head, data, whole=(train.x, train.y) if train.x is not None else None)
     warnings: list[str] = []
     if train.streamed:
-        from nbdist.engine.data import streaming_note
-
         warnings.append(streaming_note(shown_name(data[0]), train.num_samples,
                                        config.in_memory_limit))
     validation, validation_arrays = _validation(namespace, config, model, validation)
@@ -166,8 +174,6 @@ def _training_data(namespace: dict, config: TrainConfig, model, data: tuple[str,
                    take_batches: int | None = None):
     """The training data as `nbdist.engine.data.Loaded`: arrays checked, a dataset materialised or
     (beyond --in-memory-limit) counted and left to stream."""
-    from nbdist.engine.data import Loaded, num_rows, take
-
     if len(data) > 1:
         arrays = _arrays(namespace, data, "--data")
         n = num_rows(arrays[0])
@@ -182,18 +188,17 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
              take_batches: int | None = None):
     import keras
 
-    from nbdist.engine.data import STREAMS, kind_of, load
-
     if name not in namespace:
         raise DataError(f"{flag} names {name}, which the notebook does not define. Define it in "
                         f"the cell, or pass the names of your arrays: {flag} X,Y.")
     value = namespace[name]
-    if kind_of(value) not in STREAMS:
+    adapter = data_adapter(value)
+    if not adapter.streams:
         raise DataError(
             f"{flag} {shown_name(name)} is a {type(value).__name__}, expected a tf.data.Dataset, a "
             "torch DataLoader or a generator function yielding (inputs, labels). For arrays pass "
             f"two names: {flag} X,Y.")
-    loaded = load(value, shown_name(name), flag, model, limit, take_batches=take_batches)
+    loaded = load(adapter, shown_name(name), flag, model, limit, take_batches=take_batches)
     for what, part in zip(("inputs", "labels", "sample weights"), loaded.head, strict=False):
         for a in keras.tree.flatten(part):
             if a.dtype.kind not in "biuf":
@@ -206,15 +211,15 @@ def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
 def _check_shippable(namespace: dict, config: TrainConfig, defined: set[str],
                      data: tuple[str, ...], validation: tuple[str, ...] | None) -> None:
     """A tf.data.Dataset cannot travel to the engines: it must be built by the cell there."""
-    from nbdist.engine.data import kind_of
-
     if not mode_spec(config.mode).cell_on_engines:
         return
     for name in (*data, *(config.validation or validation or ())):
-        if (name not in defined and name not in RESERVED
-                and kind_of(namespace.get(name)) == "dataset"):
+        if name in defined or name in RESERVED:
+            continue
+        adapter = data_adapter(namespace.get(name))
+        if not adapter.ships:
             raise DataError(
-                f"{name} is a tf.data.Dataset from another cell; a dataset cannot be sent to the "
+                f"{name} is a {adapter.name} from another cell; a dataset cannot be sent to the "
                 f"engines. Build {name} inside the %%distribute cell (or pass arrays).")
 
 
@@ -341,8 +346,7 @@ def _arrays(namespace: dict, names: tuple[str, ...], flag: str) -> tuple:
         value = namespace[n]
         nested = isinstance(value, (list, tuple, dict))
         leaves = keras.tree.flatten(value) if nested else [value]
-        bad = [type(v).__name__ for v in leaves
-               if not hasattr(v, "__len__") or not hasattr(v, "shape")]
+        bad = [type(v).__name__ for v in leaves if not ArrayAdapter.handles(v)]
         if bad or not leaves:
             holding = f" holding {bad[0]}" if bad and nested else ""
             raise DataError(
@@ -383,8 +387,6 @@ def _validation(namespace: dict, config: TrainConfig, model, names: tuple[str, .
     if len(names) == 1:
         loaded = _dataset(namespace, names[0], "--validation", model, config.in_memory_limit)
         if loaded.streamed:
-            from nbdist.engine.data import format_size
-
             raise DataError(
                 f"--validation {names[0]} holds more than --in-memory-limit "
                 f"{format_size(config.in_memory_limit)} of decoded tensors; validation data is "

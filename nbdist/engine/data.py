@@ -2,7 +2,9 @@
 (on any backend, with PyTorch installed) a `torch.utils.data.DataLoader`, read as a generator.
 
 Responsible for:
-- telling which of those a name holds (without importing TensorFlow for arrays);
+- telling which of those a value is, once: `data_adapter(value)` picks one `DataAdapter` per
+  kind (as Keras's `get_data_adapter` does), and the callers ask it what the kind can do
+  instead of testing types (without importing TensorFlow or PyTorch for that);
 - turning a dataset or a generator into NumPy arrays when its decoded tensors fit within the
   in-memory limit (`--in-memory-limit`, 2 GiB by default, measured while reading), so that
   everything downstream works exactly as with arrays;
@@ -21,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
@@ -28,25 +31,6 @@ from nbdist.core.schedule import epoch_permutation
 from nbdist.errors import DataError
 
 READ_BATCH = 256  # samples per read when a dataset is unbatched or streamed
-
-
-# the kinds `load` reads (into memory, or streamed)
-STREAMS = ("dataset", "generator", "dataloader")
-
-
-def kind_of(value: object) -> str:
-    """'dataset', 'generator', 'dataloader' (PyTorch's), 'array' or 'other'; never imports
-    TensorFlow or PyTorch."""
-    mro = type(value).__mro__
-    if any(c.__name__ == "DatasetV2" and c.__module__.startswith("tensorflow") for c in mro):
-        return "dataset"
-    if any(c.__name__ == "DataLoader" and c.__module__.startswith("torch.utils.data") for c in mro):
-        return "dataloader"
-    if inspect.isgeneratorfunction(value):
-        return "generator"
-    if hasattr(value, "__len__") and hasattr(value, "shape"):
-        return "array"
-    return "other"
 
 
 def is_batched(feature_shape: tuple, model_rank: int | None, default: bool) -> bool:
@@ -72,6 +56,219 @@ def model_rank(model) -> int | None:
     except Exception:  # noqa: BLE001 - subclassed and unbuilt models raise various errors
         return None
     return len(inputs[0].shape) if inputs and len(inputs) == 1 else None
+
+
+# -- the kinds of data, one adapter each -------------------------------------------------------
+
+
+class DataAdapter:
+    """One kind of data a cell can give, wrapping the value: what nbdist may do with that kind.
+    `data_adapter(value)` chooses the adapter once; the callers ask it, not the value's type.
+
+    Each kind says:
+    - `name`: how a message names the kind;
+    - `streams`: `load` reads it, into memory or streamed by shards (one name: `--data NAME`);
+    - `ships`: it can travel to the engines by value (a tf.data.Dataset cannot: the cell builds
+      it there);
+    - `replayed`: given to `model.fit` as x, its batches are read once and replayed each epoch;
+    - `handles(value)`: whether `value` is of this kind.
+    A kind that streams implements `batched`; one that is replayed, `batches`.
+
+    Example:
+        >>> adapter = data_adapter(np.zeros((4, 2)))
+        >>> type(adapter).__name__, adapter.streams, adapter.ships
+        ('ArrayAdapter', False, True)
+    """
+
+    name = "value"
+    streams = False
+    ships = True
+    replayed = False
+
+    def __init__(self, value: object):
+        self.value = value
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        raise NotImplementedError
+
+    def batched(self, name: str, flag: str, model, finite: bool = False):
+        """The data as a batched tf.data.Dataset of (x, y) or (x, y, sample_weight) elements, x
+        and y nested or not, and whether it came batched (then its batches are the model's batch
+        size, as in `fit`). `finite`: the caller takes a finite part itself (a repeating dataset
+        is then allowed)."""
+        raise TypeError(f"{type(self).__name__} does not stream (ask its `streams` first)")
+
+    def batches(self, steps: int | None):
+        """The batches `model.fit` would read in one epoch (`steps`: its steps_per_epoch)."""
+        raise TypeError(f"{type(self).__name__} is not replayed (ask its `replayed` first)")
+
+    def infinite(self) -> bool:
+        """Whether it repeats without end (then only `steps_per_epoch` makes an epoch of it)."""
+        return False
+
+
+def _has_class(value: object, name: str, module: str) -> bool:
+    """Whether `value`'s class or a base is `module`'s (a prefix) `name`, without importing it."""
+    return any(c.__name__ == name and c.__module__.startswith(module) for c in type(value).__mro__)
+
+
+class TFDatasetAdapter(DataAdapter):
+    """A `tf.data.Dataset`: read into memory or streamed; built by the cell on each engine."""
+
+    name = "tf.data.Dataset"
+    streams = True
+    ships = False
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return _has_class(value, "DatasetV2", "tensorflow")
+
+    def batched(self, name: str, flag: str, model, finite: bool = False):
+        import tensorflow as tf
+
+        value = self.value
+        spec = value.element_spec
+        if not (isinstance(spec, tuple) and len(spec) in (2, 3)
+                and all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec))):
+            raise DataError(
+                f"{flag} {name} yields {spec}, expected (features, labels) pairs (or triples "
+                "with sample weights) of tensors or of lists or dicts of tensors. Map it to "
+                f"pairs, e.g. {name} = {name}.map(lambda x, y, *rest: (x, y)), or pass arrays "
+                f"as {flag} X,Y.")
+        if self.infinite() and not finite:
+            raise DataError(
+                f"{flag} {name} is infinite (it repeats without a count), so it has no epochs. "
+                f"Drop .repeat() (nbdist runs --epochs passes itself), make it finite with "
+                f"{name}.take(n), or say how many batches make an epoch with "
+                "model.fit(..., steps_per_epoch=N).")
+        first = tf.nest.flatten(spec[0])[0]
+        shape = tuple(first.shape.as_list()) if first.shape.rank is not None else (None,)
+        return ((value, True) if is_batched(shape, model_rank(model), False)
+                else (value.batch(READ_BATCH), False))
+
+    def infinite(self) -> bool:
+        import tensorflow as tf
+
+        return int(self.value.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
+
+
+class GeneratorFunctionAdapter(DataAdapter):
+    """A generator function (called for each pass) yielding (x, y[, sample_weight]) batches, or
+    single samples when its features have one dimension fewer than the model's input."""
+
+    name = "generator"
+    streams = True
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return inspect.isgeneratorfunction(value)
+
+    def batched(self, name: str, flag: str, model, finite: bool = False):
+        import tensorflow as tf
+
+        first = next(iter(self.value()), None)
+        if not (isinstance(first, tuple) and len(first) in (2, 3)):
+            raise DataError(f"{flag} {name}: the generator function yields {_shown(first)}, "
+                            "expected (features, labels) pairs of arrays (or triples with sample "
+                            "weights). Yield x_batch, y_batch.")
+        first = tf.nest.map_structure(np.asarray, first)
+        batched = is_batched(tf.nest.flatten(first[0])[0].shape, model_rank(model), True)
+        signature = tf.nest.map_structure(
+            lambda a: tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape),
+                                    tf.as_dtype(a.dtype)), first)
+        dataset = tf.data.Dataset.from_generator(self.value, output_signature=signature)
+        return (dataset, True) if batched else (dataset.batch(READ_BATCH), False)
+
+
+class TorchDataLoaderAdapter(DataAdapter):
+    """A `torch.utils.data.DataLoader` (any backend, PyTorch installed): read through tf.data
+    as a generator function of NumPy batches."""
+
+    name = "torch DataLoader"
+    streams = True
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return _has_class(value, "DataLoader", "torch.utils.data")
+
+    def batched(self, name: str, flag: str, model, finite: bool = False):
+        return GeneratorFunctionAdapter(loader_batches(self.value)).batched(name, flag, model,
+                                                                            finite)
+
+
+class PyDatasetAdapter(DataAdapter):
+    """A `keras.utils.PyDataset` given to `model.fit`: its batches by index, read once."""
+
+    name = "PyDataset"
+    replayed = True
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return _has_class(value, "PyDataset", "keras")
+
+    def batches(self, steps: int | None):
+        count = len(self.value) if steps is None else min(len(self.value), steps)
+        return (self.value[i] for i in range(count))
+
+
+class IteratorAdapter(DataAdapter):
+    """A Python iterator (a generator's object, `iter(...)`) given to `model.fit`: its batches
+    read once, `steps` of them when given."""
+
+    name = "iterator"
+    replayed = True
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return hasattr(value, "__next__") and hasattr(value, "__iter__")
+
+    def batches(self, steps: int | None):
+        from itertools import islice
+
+        return islice(self.value, steps) if steps else self.value
+
+
+class ArrayAdapter(DataAdapter):
+    """An array (NumPy's, or anything with a length and a shape): taken as it is."""
+
+    name = "array"
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return hasattr(value, "__len__") and hasattr(value, "shape")
+
+
+class OtherAdapter(DataAdapter):
+    """Anything else (None included): nbdist can do nothing with it; the callers refuse it."""
+
+    name = "other"
+
+    @staticmethod
+    def handles(value: object) -> bool:
+        return True
+
+
+# in the order they are asked: the first that handles a value is its kind
+ADAPTERS: tuple[type[DataAdapter], ...] = (
+    TFDatasetAdapter, TorchDataLoaderAdapter, GeneratorFunctionAdapter, PyDatasetAdapter,
+    IteratorAdapter, ArrayAdapter, OtherAdapter)
+
+
+def data_adapter(value: object) -> DataAdapter:
+    """The adapter of `value`'s kind (an adapter is returned as it is); never imports TensorFlow
+    or PyTorch.
+
+    Example:
+        >>> def gen():
+        ...     yield np.zeros((2, 3)), np.zeros(2)
+        >>> [type(data_adapter(v)).__name__ for v in (gen, gen(), 5)]
+        ['GeneratorFunctionAdapter', 'IteratorAdapter', 'OtherAdapter']
+    """
+    if isinstance(value, DataAdapter):
+        return value
+    return next(kind for kind in ADAPTERS if kind.handles(value))(value)
+
 
 
 @dataclass
@@ -105,12 +302,14 @@ def nbytes(element) -> int:
 
 def load(value: object, name: str, flag: str, model, limit: int | None, count: bool = True,
          take_batches: int | None = None) -> Loaded:
-    """A dataset or a generator function as arrays when it fits within `limit` bytes (None: no
-    limit), else streamed (0: always streamed); `count` the samples of a streamed one.
-    `take_batches`: only that many batches (`fit(steps_per_epoch=...)` on a repeating dataset)."""
+    """A streaming kind of data (a dataset, a generator function, a DataLoader, or its
+    `DataAdapter`) as arrays when it fits within `limit` bytes (None: no limit), else streamed
+    (0: always streamed); `count` the samples of a streamed one. `take_batches`: only that many
+    batches (`fit(steps_per_epoch=...)` on a repeating dataset)."""
     import tensorflow as tf
 
-    batched, came_batched = as_batched(value, name, flag, model, finite=take_batches is not None)
+    batched, came_batched = data_adapter(value).batched(name, flag, model,
+                                                        finite=take_batches is not None)
     hint = None  # came batched: its batches are the model's
     if take_batches is not None:
         batched = batched.take(take_batches)
@@ -138,46 +337,6 @@ def load(value: object, name: str, flag: str, model, limit: int | None, count: b
             raise DataError(f"{flag} {name} yields no samples: there is nothing to train on.")
     head = next(batched.unbatch().batch(2).as_numpy_iterator())
     return Loaded(None, None, total if count else None, dataset=batched.unbatch(), head=tuple(head))
-
-
-def as_batched(value: object, name: str, flag: str, model, finite: bool = False):
-    """`value` (a dataset or a generator function) as a batched tf.data.Dataset of (x, y) or
-    (x, y, sample_weight) elements, x and y nested or not, and whether it came batched (then its
-    batches are the model's batch size, as in `fit`). `finite`: the caller takes a finite part
-    itself (a repeating dataset is then allowed)."""
-    import tensorflow as tf
-
-    rank = model_rank(model)
-    if kind_of(value) == "dataloader":  # read through tf.data as a generator of NumPy batches
-        value = loader_batches(value)
-    if kind_of(value) == "generator":
-        first = next(iter(value()), None)
-        if not (isinstance(first, tuple) and len(first) in (2, 3)):
-            raise DataError(f"{flag} {name}: the generator function yields {_shown(first)}, "
-                            "expected (features, labels) pairs of arrays (or triples with sample "
-                            "weights). Yield x_batch, y_batch.")
-        first = tf.nest.map_structure(np.asarray, first)
-        batched = is_batched(tf.nest.flatten(first[0])[0].shape, rank, True)
-        signature = tf.nest.map_structure(
-            lambda a: tf.TensorSpec(((None, *a.shape[1:]) if batched else a.shape),
-                                    tf.as_dtype(a.dtype)), first)
-        dataset = tf.data.Dataset.from_generator(value, output_signature=signature)
-        return (dataset, True) if batched else (dataset.batch(READ_BATCH), False)
-    spec = value.element_spec
-    if not (isinstance(spec, tuple) and len(spec) in (2, 3)
-            and all(isinstance(s, tf.TensorSpec) for s in tf.nest.flatten(spec))):
-        raise DataError(
-            f"{flag} {name} yields {spec}, expected (features, labels) pairs (or triples with "
-            "sample weights) of tensors or of lists or dicts of tensors. Map it to pairs, e.g. "
-            f"{name} = {name}.map(lambda x, y, *rest: (x, y)), or pass arrays as {flag} X,Y.")
-    if int(value.cardinality()) == int(tf.data.INFINITE_CARDINALITY) and not finite:
-        raise DataError(
-            f"{flag} {name} is infinite (it repeats without a count), so it has no epochs. Drop "
-            f".repeat() (nbdist runs --epochs passes itself), make it finite with {name}.take(n), "
-            "or say how many batches make an epoch with model.fit(..., steps_per_epoch=N).")
-    first = tf.nest.flatten(spec[0])[0]
-    shape = tuple(first.shape.as_list()) if first.shape.rank is not None else (None,)
-    return (value, True) if is_batched(shape, rank, False) else (value.batch(READ_BATCH), False)
 
 
 def loader_batches(loader):
@@ -269,6 +428,19 @@ def num_rows(data) -> int:
     return len(leaves(data)[0])
 
 
+class SampleSource(Protocol):
+    """What the training loops read batches from: `ArraySource` (arrays in memory) or
+    `ShardStream` (this worker's shard of a streamed dataset). `in_memory`: the arrays are
+    there (`x`, `y`, `sample_weight`, `num_samples`, `indices`), so a compiled step may hold
+    them and gather each batch itself."""
+
+    in_memory: bool
+
+    def batch(self, epoch: int, start: int, stop: int) -> tuple: ...
+
+    def head(self, n: int) -> tuple: ...
+
+
 class ArraySource:
     """Batches from arrays (nested for several inputs or outputs, with optional per-sample
     weights): positions `[start, stop)` of an epoch.
@@ -284,6 +456,8 @@ class ArraySource:
         >>> src.indices(0, 0, 3).tolist(), src.indices(1, 0, 3).tolist()
         ([0, 1, 2], [3, 0, 1])
     """
+
+    in_memory = True
 
     def __init__(self, x, y, num_samples: int, seed: int, sample_weight=None, *,
                  shuffle: bool = True, epoch_size: int | None = None):
@@ -330,6 +504,8 @@ class ArraySource:
 class ShardStream:
     """Batches from this worker's shard of a streamed dataset: only a chunk's size matters
     (`stop - start` samples, in the shard's order); at its end the shard starts a new pass."""
+
+    in_memory = False
 
     def __init__(self, dataset, num_workers: int, worker: int, read_batch: int = READ_BATCH):
         self.worker, self.num_workers = worker, num_workers

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbdist.engine.data import STREAMS, kind_of, nbytes, num_rows, take
+from nbdist.engine.data import DataAdapter, data_adapter, nbytes, num_rows, take
 from nbdist.engine.fit_call import MODEL, SW, VAL_SW, VAL_X, VAL_Y, FitCall, X, Y
 from nbdist.errors import CellError
 
@@ -37,14 +37,14 @@ def place(call: FitCall, namespace: dict) -> FitData:
     """Put the call's model and data into `namespace` under the reserved names; see the module
     docstring. Raises a CellError for what the call cannot mean."""
     namespace[MODEL] = call.model
-    kind = kind_of(call.x)
+    adapter = data_adapter(call.x)
     if call.x is None:
         raise CellError("model.fit() was called without training data (Received: x=None). Pass the "
                         "inputs and labels: model.fit(x_train, y_train, ...).")
-    if kind in STREAMS:
-        return _place_dataset(call, namespace, kind)
-    if _is_iterator(call.x) or _is_py_dataset(call.x):
-        return _place_batches(call, namespace)
+    if adapter.streams:
+        return _place_dataset(call, namespace, adapter)
+    if adapter.replayed:
+        return _place_batches(call, namespace, adapter)
     if call.y is None:
         raise CellError("model.fit() got inputs but no labels (Received: y=None). nbdist trains on "
                         "(inputs, labels) pairs: pass y, e.g. model.fit(x_train, y_train).")
@@ -65,12 +65,12 @@ def place(call: FitCall, namespace: dict) -> FitData:
     return FitData(data, validation)
 
 
-def _place_dataset(call: FitCall, namespace: dict, kind: str) -> FitData:
+def _place_dataset(call: FitCall, namespace: dict, adapter: DataAdapter) -> FitData:
     given = [name for name in ("y", "sample_weight", "class_weight")
              if getattr(call, name) is not None]
     if given:
         raise CellError(
-            f"model.fit() got a {STREAM_NAMES[kind]} as x and "
+            f"model.fit() got a {adapter.name} as x and "
             f"also {', '.join(given)}; as in Keras, a dataset yields its own labels (and weights, "
             "as a third element). Drop them, or map them into the dataset.")
     if call.validation_split:
@@ -79,34 +79,24 @@ def _place_dataset(call: FitCall, namespace: dict, kind: str) -> FitData:
             "Pass validation_data=val_ds, or use ds.take/ds.skip to split.")
     namespace[X] = call.x
     take_batches = None
-    if kind == "dataset" and call.steps_per_epoch is not None and _infinite(call.x):
+    if call.steps_per_epoch is not None and adapter.infinite():
         take_batches = call.steps_per_epoch  # an epoch is that many batches of the endless stream
     validation = (_place_validation(call.validation_data, namespace)
                   if call.validation_data is not None else ())
     return FitData((X,), validation, take_batches, is_dataset=True)
 
 
-STREAM_NAMES = {"dataset": "tf.data.Dataset", "generator": "generator",
-                "dataloader": "torch DataLoader"}
 MAX_ITERATOR_BYTES = 2 * 2**30  # what a generator given to fit may yield without steps_per_epoch
 
 
-def _place_batches(call: FitCall, namespace: dict) -> FitData:
+def _place_batches(call: FitCall, namespace: dict, adapter: DataAdapter) -> FitData:
     """A Python generator, iterator or `keras.utils.PyDataset` as x: its batches are read once
     (every engine reads its own, as the cell made it there) and replayed each epoch."""
-    from itertools import islice
-
     if call.y is not None or call.validation_split:
         raise CellError(f"model.fit() got a {type(call.x).__name__} as x, which yields its own "
                         "labels; as in Keras it takes no y and no validation_split. Drop them.")
-    if _is_py_dataset(call.x):
-        count = (len(call.x) if call.steps_per_epoch is None
-                 else min(len(call.x), call.steps_per_epoch))
-        source = (call.x[i] for i in range(count))
-    else:
-        source = islice(call.x, call.steps_per_epoch) if call.steps_per_epoch else call.x
     batches, size = [], 0
-    for batch in source:
+    for batch in adapter.batches(call.steps_per_epoch):
         batches.append(tuple(batch) if isinstance(batch, (tuple, list)) else batch)
         size += nbytes(batch)
         if size > MAX_ITERATOR_BYTES:
@@ -130,7 +120,7 @@ def _place_batches(call: FitCall, namespace: dict) -> FitData:
 
 
 def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
-    if kind_of(value) in STREAMS:
+    if data_adapter(value).streams:
         namespace[VAL_X] = value
         return (VAL_X,)
     if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
@@ -189,17 +179,3 @@ def class_weights(y, class_weight: dict) -> np.ndarray:
         weights[labels == int(cls)] = weight
     return weights
 
-
-def _is_iterator(value: object) -> bool:
-    return hasattr(value, "__next__") and hasattr(value, "__iter__")
-
-
-def _is_py_dataset(value: object) -> bool:
-    return any(c.__name__ == "PyDataset" and c.__module__.startswith("keras")
-               for c in type(value).__mro__)
-
-
-def _infinite(dataset) -> bool:
-    import tensorflow as tf
-
-    return int(dataset.cardinality()) == int(tf.data.INFINITE_CARDINALITY)

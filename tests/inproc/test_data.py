@@ -4,7 +4,14 @@ streamed by shards. Small datasets with known values; no cluster."""
 import numpy as np
 import pytest
 
-from nbdist.engine.data import ArraySource, ShardStream, format_size, is_batched, kind_of, load
+from nbdist.engine.data import (
+    ArraySource,
+    ShardStream,
+    data_adapter,
+    format_size,
+    is_batched,
+    load,
+)
 from nbdist.errors import DataError
 
 
@@ -22,12 +29,18 @@ class _Model:  # what `load` reads of a model: its declared input (rank 2 with t
         self.inputs = [np.zeros((1,) * rank)] if rank else None
 
 
-def test_kind_of_tells_arrays_datasets_and_generator_functions_apart():
+def test_the_adapters_tell_arrays_datasets_loaders_and_generator_functions_apart():
+    import torch
+
     def gen():
         yield np.zeros((2, 3)), np.zeros(2)
 
-    assert [kind_of(v) for v in (np.zeros(3), _dataset(), gen, gen(), 5)] == [
-        "array", "dataset", "generator", "other", "other"]
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.zeros(4, 3)))
+    kinds = [data_adapter(v).name for v in (np.zeros(3), _dataset(), _dataset(batch=2).repeat(),
+                                            loader, gen, gen(), 5)]
+    assert kinds == ["array", "tf.data.Dataset", "tf.data.Dataset", "torch DataLoader",
+                     "generator", "iterator", "other"]
+    assert [data_adapter(d).infinite() for d in (_dataset(), _dataset().repeat())] == [False, True]
 
 
 @pytest.mark.parametrize("shape,rank,default,batched", [

@@ -97,7 +97,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     # the same moment; hello's pull then overwrites whatever this step changed.
     # Two batch sizes, so the traced function already takes any batch size: DBS and an epoch's
     # last chunk change it later, and a retrace then would count as (slow) compute time.
-    if hasattr(data, "indices"):  # arrays: batches are gathered inside the compiled step
+    if data.in_memory:  # arrays: batches are gathered inside the compiled step
         flat.hold(data.x, data.y, data.sample_weight)
     for size in (spec.batch_size, max(1, spec.batch_size // 2)):
         if flat.holds_data:
