@@ -15,7 +15,7 @@ import os
 from nbdist.config import TrainConfig
 from nbdist.errors import CheckpointError, ConfigError
 from nbdist.flags import check_option_names
-from nbdist.modes import check_cluster, mode_spec, start_function
+from nbdist.modes import check_cluster, mode_spec
 from nbdist.run.handle import Run
 
 
@@ -138,7 +138,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     from nbdist.engine.fit_call import fit_intercepted
     from nbdist.engine.keras_backend import when_imported
     from nbdist.env import check_all as check_switches
-    from nbdist.fit.launch import FitLauncher, Presenter
+    from nbdist.fit.launch import FitLauncher, Presenter, start_function
     from nbdist.job import prepare_job
 
     check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine

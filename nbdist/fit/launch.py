@@ -11,12 +11,21 @@ trained model. Nothing of Keras's own training loop runs.
 from __future__ import annotations
 
 import contextlib
+import importlib
 import io
+from collections.abc import Callable
 from dataclasses import replace
 
 from nbdist.engine.fit_call import MODEL, RESERVED
 from nbdist.errors import ConfigError, TrainingError
 from nbdist.modes import mode_spec, refuse_fit_call
+
+
+def start_function(mode: str) -> Callable:
+    """The mode's `start(job, *, cluster, wait) -> Run`, its package imported now, by the name
+    its `ModeSpec` gives. Here, in the entry layer, because importing a mode's package is
+    reaching up from everything below: the `MODES` table only names it."""
+    return importlib.import_module(mode_spec(mode).module).start
 
 
 class Presenter:

@@ -17,14 +17,14 @@ cell's `model.fit(...)` call, checkpoints, `--resume` or `run.add_workers` apply
 between several options' values stay hand-written (nbdist.config).
 
 This module is plain data on the standard library (`nbdist.config` reads it at
-`import nbdist`); a mode's package is imported only when a run uses it (`start_function`).
+`import nbdist`); it names each mode's package (`ModeSpec.module`) and imports none: the entry
+layer imports one when a run uses it (`nbdist.fit.launch.start_function`).
 A new mode is one entry here (and its `--mode` value in `nbdist.config.Mode`) plus its package.
 """
 
 from __future__ import annotations
 
-import importlib
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from nbdist.errors import ConfigError, NoClusterError
@@ -221,8 +221,3 @@ def check_cluster(mode: str, cluster) -> None:
             "No cluster to train on. Start one with %nbdist start 3 (or nbdist.Cluster.start(3)), "
             "connect with %nbdist connect --profile P, or use --mode local to train in this kernel."
         )
-
-
-def start_function(mode: str) -> Callable:
-    """The mode's `start(job, *, cluster, wait) -> Run`, its package imported now."""
-    return importlib.import_module(mode_spec(mode).module).start

@@ -15,7 +15,8 @@ ROOT = pathlib.Path(__file__).resolve().parents[2] / "nbdist"
 
 
 def test_every_mode_has_one_table_entry_with_a_start():
-    from nbdist.modes import MODES, start_function
+    from nbdist.fit.launch import start_function
+    from nbdist.modes import MODES
 
     assert set(MODES) == {m.value for m in Mode}
     for mode in MODES:
