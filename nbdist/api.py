@@ -1,9 +1,10 @@
 """`nbdist.train` and `nbdist.resume`: everything `%%distribute` does, as plain functions.
 
-Both turn the cell into a job in one pass (`nbdist.job.prepare_job`: the cell runs in the
-kernel, so mistakes show before any engine is touched and the notebook's own model exists),
-then look the mode's `start` up in `nbdist.modes.MODES`, which starts the hubs and workers and
-returns a Run at once. `resume` first loads and verifies a checkpoint, so a missing or corrupt
+Both run the cell in the kernel first (`_start`; a cell with its own `model.fit(...)` call runs
+up to that call), so mistakes show before any engine is touched and the notebook's own model
+exists; then `nbdist.job.prepare_job` decides the job from what the cell left, and the mode's
+`start` (looked up through `nbdist.modes.MODES`) starts the hubs and workers and returns a Run
+at once. `resume` first loads and verifies a checkpoint, so a missing or corrupt
 one is refused before anything starts.
 """
 
