@@ -305,7 +305,7 @@ class TrainConfig:
         if self.momentum_correction not in (None, True, False):
             raise ConfigError(f"momentum_correction must be True, False or None (automatic) "
                               f"(Received: {self.momentum_correction!r}).")
-        if self.momentum_correction and not self._momentum_correction_works:
+        if self.momentum_correction and not self.momentum_correction_works:
             from nbdist.algorithms import rules_that
 
             raise ConfigError(
@@ -330,11 +330,13 @@ class TrainConfig:
         `corrects_momentum`, one step per exchange, a mode with a rule); by default the job
         then keeps it for the optimizers it helps (`nbdist.job.Job.momentum_worth_correcting`)."""
         if self.momentum_correction is None:
-            return self._momentum_correction_works
+            return self.momentum_correction_works
         return self.momentum_correction
 
     @property
-    def _momentum_correction_works(self) -> bool:
+    def momentum_correction_works(self) -> bool:
+        """Whether the rule hands each push, as it lands, to the hub's optimizer (a rule that
+        `corrects_momentum`, one step per exchange, a mode with a rule): where staleness acts."""
         from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
 
         return (RULES[self.algorithm.value].corrects_momentum and self.local_steps == 1

@@ -1,0 +1,40 @@
+"""What a run says at its start when it trains unlike the cell: momentum compensation where it
+runs by default (momentum SGD at a large effective step) and not elsewhere, and what four or
+more async workers cost at equal epochs. Simulated runs of a small synthetic cell."""
+
+import pytest
+
+import nbdist
+from tests.helpers import SYNTHETIC_CELL
+
+
+def warnings_of(optimizer: str, **options) -> list[str]:
+    cell = SYNTHETIC_CELL.replace("keras.optimizers.SGD(0.1)", optimizer)
+    run = nbdist.train(cell, namespace={}, mode="simulate", epochs=1, wait=True, **options)
+    assert run.status == "finished", run.error
+    return [w for w in run.warnings]
+
+
+@pytest.mark.parametrize(("optimizer", "corrected"), [
+    ("keras.optimizers.SGD(0.1, momentum=0.9)", True),  # effective step 1.0
+    ("keras.optimizers.SGD(0.01, momentum=0.9)", False),  # 0.1: it would cost accuracy
+    ("keras.optimizers.Adam()", False),
+    ("keras.optimizers.SGD(0.1)", False),
+])
+def test_momentum_compensation_runs_by_default_where_it_was_measured_to_help(optimizer,
+                                                                             corrected):
+    said = warnings_of(optimizer, workers=2)
+    assert any(w.startswith("--momentum-correction: the cell's SGD momentum=0.9 runs as 0.4")
+               for w in said) is corrected
+    asked = warnings_of(optimizer, workers=2, momentum_correction=True)
+    assert any(w.startswith("--momentum-correction") for w in asked) is ("momentum" in optimizer
+                                                                        or "Adam" in optimizer)
+
+
+@pytest.mark.parametrize(("workers", "warned"), [(2, False), (3, False), (4, True)])
+def test_four_async_workers_are_told_what_staleness_costs(workers, warned):
+    said = warnings_of("keras.optimizers.SGD(0.1)", workers=workers)
+    assert any(w.startswith(f"{workers} async workers: each push lands about {workers - 1}")
+               for w in said) is warned
+    synced = warnings_of("keras.optimizers.SGD(0.1)", workers=workers, algorithm="softsync")
+    assert not any("async workers:" in w for w in synced)
