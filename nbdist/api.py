@@ -51,7 +51,9 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
 # Options a resumed run must keep: they decide what the saved state means.
 RESUME_FIXED = ("mode", "algorithm", "servers", "seed", "local_steps", "server_optimizer")
 # Options of the run that took the checkpoint alone: a resumed run gets them only if given again.
-RESUME_DROPPED = ("pause_at",)
+# The folder above all: a checkpoint read from a shared folder, or another run's, names that
+# folder, and a run that adopted it would rotate and delete the files there.
+RESUME_DROPPED = ("pause_at", "checkpoint_dir", "checkpoint_every")
 
 
 def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=None,
@@ -64,7 +66,9 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     `cell` is the code that builds the model (the magic passes its own cell). A checkpoint's
     stored cell is code like any other: it runs only with `trust_cell=True`, for a checkpoint
     you made yourself. `options` override the saved options (e.g. `epochs=5` to train
-    longer, `workers=3`), except those in RESUME_FIXED.
+    longer, `workers=3`), except those in RESUME_FIXED. The checkpoint's own folder is never
+    written to unless it is given again: without `checkpoint_dir=`, the resumed run takes no
+    checkpoints (`run.warnings` says so; `run.checkpoint(folder)` still works).
 
     Example:
         >>> run = nbdist.resume("ckpt", CELL, cluster=cluster, wait=True)   # doctest: +SKIP
@@ -91,6 +95,9 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
 def _resumed_config(ckpt, options: dict) -> TrainConfig:
     known = {f.name for f in dataclasses.fields(TrainConfig)}
     saved = {k: v for k, v in ckpt.meta["config"].items() if k in known and k not in RESUME_DROPPED}
+    if options.get("checkpoint_dir") is not None and "checkpoint_every" not in options:
+        # the same folder given again, or another: the saved interval carries over
+        saved["checkpoint_every"] = ckpt.meta["config"].get("checkpoint_every")
     shard0 = ckpt.meta["shards"][0]
     if (mode_spec(saved.get("mode", "async")).lr_owner == "workers"
             or int(saved.get("local_steps", 1)) > 1):
@@ -126,6 +133,17 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     return config
 
 
+def _resume_notice(job):
+    """A resumed job without a checkpoint folder, told so in run.warnings (it takes none)."""
+    if job.checkpoint is None or job.config.checkpoint_dir is not None:
+        return job
+    return job.told([
+        f"resumed from {job.checkpoint.path} with no --checkpoint-dir: this run takes no "
+        "checkpoints, periodic or final, and writes nothing into the checkpoint's folder. Pass "
+        "checkpoint_dir=FOLDER (--checkpoint-dir FOLDER; the same folder to go on there) to keep "
+        "checkpointing, or call run.checkpoint(FOLDER)."])
+
+
 def _shown(value: object) -> str:
     return str(getattr(value, "value", value))
 
@@ -146,8 +164,9 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     check_cluster(config.mode, cluster)  # before the cell runs
     ns = {} if namespace is None else namespace
     presenter = presenter or Presenter()
+    start = start_function(config.mode)
     launcher = FitLauncher(cell, config, ns, cluster, ckpt, dict(given or {}), presenter,
-                           start_function(config.mode))
+                           lambda job, **kw: start(_resume_notice(job), **kw))
     # --seed also fixes the cell's initial weights (simulate), as soon as the cell imports Keras
     seed = mode_spec(config.mode).seeds_cell
     with fit_intercepted(launcher.on_fit), \

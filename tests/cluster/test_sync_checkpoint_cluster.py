@@ -62,7 +62,9 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
     # (both ranks used to be written off by the hub, once in four CI runs, when they were silent
     # together for 30 s while rank 0 evaluated: a sync rank's silence is no loss any more,
     # see Plan.silence_is_loss and tests/unit/test_modes.py)
-    again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True)
+    # the folder given again: a resume writes only into a folder it is given
+    again = nbdist.resume(tmp_path, MOMENTUM_CELL, cluster=cluster, namespace=resumed, wait=True,
+                          checkpoint_dir=str(tmp_path))
     assert again.status == "finished" and again.config.mode.value == "sync"
     assert again.nodes["samples"].sum() == 4 * 900 - done  # nothing skipped, nothing twice
     results = again.worker_results

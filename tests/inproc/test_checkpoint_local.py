@@ -107,3 +107,30 @@ def test_a_second_run_given_a_folder_in_use_is_refused_and_nothing_there_is_dele
     again = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="local", epochs=1,
                          checkpoint_dir=folder, wait=True)
     assert again.status == "finished" and load(folder).meta["run_id"] == again.run_id
+
+
+def _listing(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+@pytest.mark.slow
+def test_a_resume_writes_into_the_folder_it_is_given_never_into_the_checkpoints_own(tmp_path):
+    """A checkpoint read from someone's folder (shared, or another run's) names that folder in
+    its options: a resume that adopted it would rotate and delete files there (issue 36)."""
+    shared, mine = tmp_path / "shared", tmp_path / "mine"
+    options = dict(mode="local", batch_size=8)
+    first = nbdist.train(SYNTHETIC_CELL, namespace={}, epochs=1, checkpoint_dir=str(shared),
+                         wait=True, **options)
+    assert first.last_checkpoint == str(shared / "meta.json")
+    before = _listing(shared)
+    again = nbdist.resume(shared, SYNTHETIC_CELL, namespace={}, epochs=2, wait=True)
+    assert again.status == "finished" and epoch_ends(again) == [1]
+    assert again.config.checkpoint_dir is None and again.last_checkpoint is None
+    assert _listing(shared) == before  # nothing written, rotated or deleted there
+    assert any("no --checkpoint-dir" in w and "no checkpoints" in w for w in again.warnings), \
+        again.warnings
+    into = nbdist.resume(shared, SYNTHETIC_CELL, namespace={}, epochs=2, checkpoint_dir=str(mine),
+                         wait=True)
+    assert into.last_checkpoint == str(mine / "meta.json")
+    assert json.loads((mine / "meta.json").read_text())["epochs_done"] == 2
+    assert _listing(shared) == before

@@ -205,6 +205,7 @@ def _facts() -> list[tuple[str, str]]:
     from nbdist.modes.common import engine_backend
     from nbdist.modes.common.courier import WayChooser
     from nbdist.modes.pipeline import checks, stage
+    from nbdist.modes.sync import rendezvous
     from nbdist.run import monitor
 
     kib, mib = 1024, 1 << 20
@@ -237,6 +238,12 @@ def _facts() -> list[tuple[str, str]]:
         (sec, f"F = {mlp:,} bytes, L = {young}, at most "
               f"{young * (mlp + gate.CONNECTION_BYTES) / 1e6:.1f} MB"),
         (sec, f"can queue at most {wire.RCVHWM} messages per connection"),
+        (sec, f"`MAX_CONNECTIONS` = {rendezvous.MAX_CONNECTIONS} connections open, each cut "
+              f"`REQUEST_S` = {rendezvous.REQUEST_S:g} s after its accept"),
+        (sec, f"`MAX_HEAD` = {rendezvous.MAX_HEAD // kib} KiB"),
+        (sec, f"older than {rendezvous.FRESH_S:g} s makes room"),
+        (sec, f"for up to {rendezvous.RETRY_S:g} s, never a DELETE"),
+        (sec, f"(up to {rendezvous.MAX_BODY // mib} MiB for a key holder)"),
         (sec, f"`MAX_FRAMES` = {wire.MAX_FRAMES}, ZeroMQ's routing id, the MAC and header, at most "
               f"{wire.MAX_FRAMES - 2} buffers"),
         (arch, f"{server.SETTLE_EVERY} pushes at a time (`server.SETTLE_EVERY`"),

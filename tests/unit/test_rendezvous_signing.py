@@ -39,14 +39,15 @@ def test_the_signature_covers_run_method_path_body_counter_and_sender(change):
               "counter": 6, "sender": "1", "key": rendezvous_key(bytes(32))}
     fields[change] = forged[change]
     if change in ("counter", "sender"):  # the attacker rewrites the header's own fields
-        sender, counter, signature = auth.split(":")
-        auth = ":".join([fields["sender"], str(fields["counter"]), signature])
+        sender, counter, *signature = auth.split(":")
+        auth = ":".join([fields["sender"], str(fields["counter"]), *signature])
     with pytest.raises(ProtocolError, match="^bad signature"):
         check_request(fields["key"], fields["run"], auth, fields["method"], fields["path"],
                       fields["body"], {})
 
 
-@pytest.mark.parametrize("value", ["", "nothing", "0:1:zz", "0:x:" + "0" * 64, "0:1:" + "0" * 63])
+@pytest.mark.parametrize("value", ["", "nothing", "0:1:zz", "0:x:" + "0" * 64, "0:1:" + "0" * 63,
+                                   "0:1:" + "0" * 64, "0:1:" + "0" * 64 + ":" + "0" * 63])
 def test_unsigned_or_malformed_headers_are_refused(value):
     with pytest.raises(ProtocolError, match="^unsigned"):
         check_request(KEY, "run1", value, "GET", "/global/0", b"", {})

@@ -6,11 +6,18 @@ DELETE from anyone who reaches it: a stranger could redirect the ranks' Gloo con
 an address of theirs, or end a scope early. Here every request and every reply is signed:
 
 - **Kernel**: `signed_rendezvous` is Horovod's server with a signing handler. A request must
-  carry `X-Nbdist-Auth: SENDER:COUNTER:MAC`, the keyed BLAKE3 (`nbdist.hub.protocol.mac`, with
-  a key derived from the run's key) over the run id, sender, counter, method, path and body,
-  and a COUNTER above the last one from that sender (a replayed DELETE would otherwise count
+  carry `X-Nbdist-Auth: SENDER:COUNTER:DIGEST:MAC`: DIGEST is the keyed BLAKE3
+  (`nbdist.hub.protocol.mac`, with a key derived from the run's key) of the body, MAC the keyed
+  BLAKE3 over the run id, sender, counter, method, path, the body's length and DIGEST, so the
+  header is checked before a byte of the body is read, and the body against DIGEST once read.
+  COUNTER must be above the last one from that sender (a replayed DELETE would otherwise count
   as a rank finishing twice). Anything else gets a 403 and is counted in `rejected`. Replies
-  are signed the same way over the request's counter, the status and the body.
+  are signed over the request's counter, the status and the body.
+- **Bounded**: the kernel's server is one selector loop, no thread per connection. It holds at
+  most `MAX_CONNECTIONS` connections, each until `REQUEST_S` after its accept (a slow-loris
+  peer is cut then), with a request head of at most `MAX_HEAD` bytes; when full, the oldest
+  connection still sending its head (and older than `FRESH_S`) makes room for a new one.
+  Horovod's handler runs on the complete request, in memory.
 - **Rank**: Horovod's C++ client cannot sign, so each rank points it at a `RendezvousRelay` on
   127.0.0.1 in its own engine. The relay admits connections only from processes of its own
   user (the owner of the peer's socket, from /proc/net/tcp: another user of the rank's host
@@ -26,21 +33,31 @@ import collections
 import hmac
 import http.client
 import http.server
+import io
 import logging
 import os
 import re
+import selectors
 import socket
 import threading
+import time
 
 from nbdist.errors import ProtocolError
 from nbdist.hub.protocol import mac
 
 log = logging.getLogger(__name__)
-__all__ = ["AUTH_HEADER", "RendezvousRelay", "check_reply", "check_request", "rendezvous_key",
-           "sign_reply", "sign_request", "signed_rendezvous", "socket_owner"]
+__all__ = ["AUTH_HEADER", "MAX_CONNECTIONS", "MAX_HEAD", "REQUEST_S", "RendezvousRelay",
+           "check_reply", "check_request", "check_request_body", "check_request_head",
+           "rendezvous_key", "sign_reply", "sign_request", "signed_rendezvous", "socket_owner"]
 
 AUTH_HEADER = "X-Nbdist-Auth"
 MAX_BODY = 1 << 20  # a Gloo address list is a few hundred bytes per rank
+MAX_HEAD = 8 << 10  # request line and headers: a rank's are under 300 bytes
+MAX_CONNECTIONS = 256  # open at once on the kernel's server (a rank's relay opens one per
+# request); 256 file descriptors and at most 256 x MAX_HEAD = 2 MiB of heads
+REQUEST_S = 5.0  # from a connection's accept to its reply sent: a rank's takes milliseconds
+FRESH_S = 1.0  # a connection younger than this is never cut to make room for another
+RETRY_S = 10.0  # a relay sends a GET or PUT again this long while the server is crowded
 # /scope/key, as Horovod's store uses them
 _PATH = re.compile(r"/[A-Za-z0-9_.:\-]+/[A-Za-z0-9_.:\-]+")
 
@@ -50,39 +67,73 @@ def rendezvous_key(key: bytes) -> bytes:
     return mac(key, b"nbdist-rendezvous-key")
 
 
-def _request_bytes(run_id: str, sender: str, counter: int, method: str, path: str) -> bytes:
-    return f"request\n{run_id}\n{sender}\n{counter}\n{method}\n{path}".encode()
+def _request_bytes(run_id: str, sender: str, counter: int, method: str, path: str,
+                   length: int, digest: str) -> bytes:
+    return (f"request\n{run_id}\n{sender}\n{counter}\n{method}\n{path}\n{length}\n"
+            f"{digest}").encode()
+
+
+def _body_digest(key: bytes, body: bytes) -> str:
+    return mac(key, b"rendezvous-body", [body]).hex()
 
 
 def sign_request(key: bytes, run_id: str, sender: str, counter: int, method: str, path: str,
                  body: bytes = b"") -> str:
-    """The `X-Nbdist-Auth` value of one request (`key`: `rendezvous_key`).
+    """The `X-Nbdist-Auth` value of one request (`key`: `rendezvous_key`): SENDER:COUNTER:
+    DIGEST:MAC, where MAC signs the head (with the body's length and DIGEST) on its own.
 
     Example:
-        >>> sign_request(bytes(32), "r", "0", 1, "GET", "/global/0")[:6]
-        '0:1:93'
+        >>> sign_request(bytes(32), "r", "0", 1, "GET", "/global/0")[:4]
+        '0:1:'
     """
-    signature = mac(key, _request_bytes(run_id, sender, counter, method, path), [body])
-    return f"{sender}:{counter}:{signature.hex()}"
+    digest = _body_digest(key, body)
+    signature = mac(key, _request_bytes(run_id, sender, counter, method, path, len(body), digest))
+    return f"{sender}:{counter}:{digest}:{signature.hex()}"
+
+
+def check_request_head(key: bytes, run_id: str, value: str, method: str, path: str, length: int,
+                       last: dict[str, int]) -> tuple[str, int, str]:
+    """(sender, counter, body digest) of a request whose `X-Nbdist-Auth` is `value` and whose
+    body has `length` bytes, after checking the head's MAC and that its counter is above
+    `last[sender]` (not recorded yet: `check_request_body` does); else ProtocolError. Nothing
+    of the body is needed."""
+    parts = (value or "").split(":")
+    if (len(parts) != 4 or not parts[1].isdigit()
+            or not all(re.fullmatch(r"[0-9a-f]{64}", p) for p in parts[2:])):
+        raise ProtocolError("unsigned", f"rendezvous request without a valid {AUTH_HEADER} "
+                            f"(Received: {value[:80]!r})")
+    sender, counter, digest = parts[0], int(parts[1]), parts[2]
+    expected = mac(key, _request_bytes(run_id, sender, counter, method, path, length, digest))
+    if not hmac.compare_digest(expected, bytes.fromhex(parts[3])):
+        raise ProtocolError("bad signature",
+                            f"rendezvous {method} {path[:80]} from {sender[:20]!r}")
+    _check_fresh(sender, counter, last)
+    return sender, counter, digest
+
+
+def check_request_body(key: bytes, sender: str, counter: int, digest: str, body: bytes,
+                       last: dict[str, int]) -> None:
+    """Check a body against the digest its checked head signed, and the counter once more
+    (another request of the sender may have come in between); then record the counter."""
+    if not hmac.compare_digest(_body_digest(key, body), digest):
+        raise ProtocolError("bad signature", f"rendezvous request {counter} from "
+                            f"{sender[:20]!r}: its body is not the one its head signed")
+    _check_fresh(sender, counter, last)
+    last[sender] = counter
+
+
+def _check_fresh(sender: str, counter: int, last: dict[str, int]) -> None:
+    if counter <= last.get(sender, 0):
+        raise ProtocolError("replayed", f"rendezvous request {counter} from {sender[:20]!r}, "
+                            f"which already sent {last[sender]}")
 
 
 def check_request(key: bytes, run_id: str, value: str, method: str, path: str, body: bytes,
                   last: dict[str, int]) -> tuple[str, int]:
-    """(sender, counter) of a request whose `X-Nbdist-Auth` is `value`, after checking its MAC
-    and that its counter is above `last[sender]` (then recorded there); else ProtocolError."""
-    parts = (value or "").split(":")
-    if len(parts) != 3 or not parts[1].isdigit() or not re.fullmatch(r"[0-9a-f]{64}", parts[2]):
-        raise ProtocolError("unsigned", f"rendezvous request without a valid {AUTH_HEADER} "
-                            f"(Received: {value[:80]!r})")
-    sender, counter = parts[0], int(parts[1])
-    expected = mac(key, _request_bytes(run_id, sender, counter, method, path), [body])
-    if not hmac.compare_digest(expected, bytes.fromhex(parts[2])):
-        raise ProtocolError("bad signature",
-                            f"rendezvous {method} {path[:80]} from {sender[:20]!r}")
-    if counter <= last.get(sender, 0):
-        raise ProtocolError("replayed", f"rendezvous request {counter} from {sender[:20]!r}, "
-                            f"which already sent {last[sender]}")
-    last[sender] = counter
+    """(sender, counter) of a whole request: `check_request_head`, then `check_request_body`."""
+    sender, counter, digest = check_request_head(key, run_id, value, method, path, len(body),
+                                                 last)
+    check_request_body(key, sender, counter, digest, body, last)
     return sender, counter
 
 
@@ -108,25 +159,229 @@ def check_reply(key: bytes, run_id: str, sender: str, counter: int, status: int,
 def signed_rendezvous(address: tuple[str, int], key: bytes, run_id: str):
     """Horovod's rendezvous server bound on `address` (port 0: any free one), answering only
     requests of run `run_id` signed with `key`'s rendezvous key. Call `init(plan)` and
-    `serve_forever()` on it as on Horovod's; `rejected` counts what it refused, by reason."""
+    `serve_forever()` on it as on Horovod's; `rejected` counts what it refused, by reason
+    (`too slow`: cut at its deadline; `crowded`: cut to make room, see the module docstring)."""
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
     class SignedHandler(SignedHandlerMixin, RendezvousHandler):
         pass
 
-    server = RendezvousHTTPServer(address, SignedHandler, 0)
-    # a client that hangs mid-request does not hold up the kernel's exit
-    server.daemon_threads = True
+    class Server(BoundedServerMixin, RendezvousHTTPServer):
+        pass
+
+    server = Server(address, SignedHandler, 0)
     server.mac_key, server.run_id = rendezvous_key(key), run_id
     server.last, server.last_lock = {}, threading.Lock()  # sender -> its last counter
     server.rejected = collections.Counter()
     return server
 
 
+class _Connection:
+    """One accepted connection on its way through head, body and reply."""
+
+    def __init__(self, sock: socket.socket, address, now: float):
+        self.sock, self.address, self.born = sock, address, now
+        self.data = bytearray()  # the head, then the head and the body
+        self.head_size = 0  # the head's bytes in `data` once it is complete (0: still reading)
+        self.length = 0  # the body's declared length
+        self.auth: tuple[str, int, str] | None = None  # (sender, counter, digest), head checked
+        self.out = b""  # the reply, while it is sent
+
+    @property
+    def in_head(self) -> bool:
+        return not self.head_size
+
+
+class _Request:
+    """A complete request, handed to the handler in memory with its checked signature."""
+
+    def __init__(self, data: bytes, auth: tuple[str, int]):
+        self.data, self.auth = data, auth
+
+
+def _refusal(status: int) -> bytes:
+    return (f"HTTP/1.0 {status} {http.HTTPStatus(status).phrase}\r\nContent-Length: 0\r\n"
+            "Connection: close\r\n\r\n").encode()
+
+
+class BoundedServerMixin:
+    """A selector loop in place of socketserver's thread per connection (see the module
+    docstring): bounded connections, a deadline each, the head's MAC before the body."""
+
+    request_queue_size = 128  # the listen backlog: a burst of strangers does not delay a rank
+
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        self._stop, self._stopped = False, threading.Event()
+        self._connections: dict[int, _Connection] = {}
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        selector = self._selector = selectors.DefaultSelector()
+        self.socket.setblocking(False)
+        selector.register(self.socket, selectors.EVENT_READ)
+        selector.register(self._wake_r, selectors.EVENT_READ)
+        try:
+            while not self._stop:
+                now = time.monotonic()
+                soonest = min((c.born for c in self._connections.values()), default=now)
+                timeout = max(0.0, min(poll_interval, soonest + REQUEST_S - now))
+                for key, _ in selector.select(timeout):
+                    if key.fileobj is self.socket:
+                        self._accept()
+                    elif key.fileobj is self._wake_r:
+                        self._wake_r.recv(64)
+                    else:
+                        conn = self._connections.get(key.fileobj.fileno())
+                        if conn is not None:
+                            self._turn(conn)
+                now = time.monotonic()
+                for conn in [c for c in self._connections.values() if now - c.born > REQUEST_S]:
+                    self._count("too slow", conn, f"no complete request in {REQUEST_S:g} s")
+                    self._close(conn)
+        finally:
+            for conn in list(self._connections.values()):
+                self._close(conn)
+            selector.close()
+            self._wake_r.close()
+            self._wake_w.close()
+            self._stopped.set()
+
+    def shutdown(self) -> None:
+        """Stop serve_forever and wait for it to return (as socketserver's)."""
+        while not hasattr(self, "_stopped"):  # serve_forever has not begun: wait for it
+            time.sleep(0.01)
+        self._stop = True
+        try:
+            self._wake_w.send(b"x")
+        except OSError:
+            pass  # the loop has ended already
+        self._stopped.wait()
+
+    def _accept(self) -> None:
+        for _ in range(16):  # a few per turn: the connections already open get their turn too
+            try:
+                sock, address = self.socket.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:  # e.g. out of file descriptors: try again next turn
+                log.warning("rendezvous: accept failed: %s", exc)
+                return
+            now = time.monotonic()
+            if len(self._connections) >= MAX_CONNECTIONS:
+                # room for the new one: the oldest still sending its head, if not itself young
+                heads = [c for c in self._connections.values()
+                         if c.in_head and now - c.born >= FRESH_S]
+                if not heads:
+                    self.rejected["crowded"] += 1
+                    sock.close()
+                    continue
+                oldest = min(heads, key=lambda c: c.born)
+                self._count("crowded", oldest, f"{MAX_CONNECTIONS} connections are open")
+                self._close(oldest)
+            sock.setblocking(False)
+            conn = _Connection(sock, address, now)
+            self._connections[sock.fileno()] = conn
+            self._selector.register(sock, selectors.EVENT_READ)
+
+    def _turn(self, conn: _Connection) -> None:
+        try:
+            if conn.out:
+                sent = conn.sock.send(conn.out)
+                conn.out = conn.out[sent:]
+                if not conn.out:
+                    self._close(conn)
+                return
+            if conn.in_head:
+                self._read_head(conn)
+            if not conn.in_head and conn.auth is not None:
+                want = conn.head_size + conn.length - len(conn.data)
+                if want > 0:
+                    chunk = conn.sock.recv(min(want, 1 << 16))
+                    if not chunk:
+                        raise ConnectionError("closed mid-body")
+                    conn.data += chunk
+                if len(conn.data) == conn.head_size + conn.length:
+                    self._answer(conn)
+        except (BlockingIOError, InterruptedError):
+            pass
+        except (OSError, ConnectionError):
+            self._close(conn)
+
+    def _read_head(self, conn: _Connection) -> None:
+        """Read up to the head's end and not a byte further (peeked first), then check it."""
+        room = MAX_HEAD - len(conn.data)
+        peeked = conn.sock.recv(room, socket.MSG_PEEK)
+        if not peeked:
+            raise ConnectionError("closed mid-head")
+        end = (bytes(conn.data[-3:]) + peeked).find(b"\r\n\r\n")
+        take = len(peeked) if end < 0 else end + 4 - min(3, len(conn.data))
+        conn.data += conn.sock.recv(take)
+        if end < 0:
+            if len(conn.data) >= MAX_HEAD:
+                self._refuse(conn, "oversized", f"a request head over {MAX_HEAD} bytes")
+            return
+        conn.head_size = len(conn.data)
+        try:
+            line, _, rest = bytes(conn.data).partition(b"\r\n")
+            method, path, _version = line.decode("latin-1").split(" ")
+            headers = http.client.parse_headers(io.BytesIO(rest))
+            conn.length = int(headers.get("Content-Length") or 0)
+            if not 0 <= conn.length <= MAX_BODY:
+                raise ProtocolError("oversized",
+                                    f"rendezvous body of {conn.length} bytes (at most {MAX_BODY})")
+            with self.last_lock:
+                conn.auth = check_request_head(self.mac_key, self.run_id,
+                                               headers.get(AUTH_HEADER, ""), method, path,
+                                               conn.length, self.last)
+        except (ProtocolError, ValueError, http.client.HTTPException) as exc:
+            self._refuse(conn, exc.reason if isinstance(exc, ProtocolError)
+                         else "malformed request", exc)
+
+    def _answer(self, conn: _Connection) -> None:
+        sender, counter, digest = conn.auth
+        body = bytes(conn.data[conn.head_size:])
+        try:
+            with self.last_lock:
+                check_request_body(self.mac_key, sender, counter, digest, body, self.last)
+        except ProtocolError as exc:
+            self._refuse(conn, exc.reason, exc)
+            return
+        request = _Request(bytes(conn.data), (sender, counter))
+        handler = self.RequestHandlerClass(request, conn.address, self)
+        conn.out = handler.wfile.getvalue()
+        conn.auth = None
+        self._selector.modify(conn.sock, selectors.EVENT_WRITE)
+
+    def _refuse(self, conn: _Connection, reason: str, why) -> None:
+        self._count(reason, conn, why)
+        conn.auth, conn.head_size = None, max(conn.head_size, 1)
+        conn.out = _refusal(403)
+        self._selector.modify(conn.sock, selectors.EVENT_WRITE)
+
+    def _count(self, reason: str, conn: _Connection, why) -> None:
+        self.rejected[reason] += 1
+        log.warning("rendezvous: refused a request from %s: %s", conn.address[0], why)
+
+    def _close(self, conn: _Connection) -> None:
+        self._connections.pop(conn.sock.fileno(), None)
+        try:
+            self._selector.unregister(conn.sock)
+        except (KeyError, ValueError):
+            pass
+        conn.sock.close()
+
+
 class SignedHandlerMixin:
-    """Before Horovod's RendezvousHandler: check each request's signature, sign each reply."""
+    """Before Horovod's RendezvousHandler: answer a complete request whose signature the
+    server has checked (`_Request`, in memory), and sign each reply."""
 
     _auth: tuple[str, int] | None = None
+
+    def setup(self):  # the request is in memory: nothing of it is read from a socket here
+        self._auth = self.request.auth
+        self.rfile, self.wfile = io.BytesIO(self.request.data), io.BytesIO()
+
+    def finish(self):
+        pass  # the server sends wfile's bytes
 
     def do_GET(self):  # noqa: N802 - http.server's names
         if self._verified("GET") is not None:
@@ -146,29 +401,12 @@ class SignedHandlerMixin:
             super().do_DELETE()  # Horovod's scope bookkeeping; it answers through send_status_code
 
     def _verified(self, method: str) -> bytes | None:
-        """The request's body when it is signed, fresh and well formed; else None (answered)."""
-        server = self.server
-        try:
-            length = int(self.headers.get("Content-Length") or 0)
-            if not 0 <= length <= MAX_BODY:
-                raise ProtocolError("oversized",
-                                    f"rendezvous body of {length} bytes (at most {MAX_BODY})")
-            body = self.rfile.read(length) if length else b""
-            with server.last_lock:
-                self._auth = check_request(server.mac_key, server.run_id,
-                                           self.headers.get(AUTH_HEADER, ""), method, self.path,
-                                           body, server.last)
-        except (ProtocolError, ValueError, OSError) as exc:
-            server.rejected[exc.reason if isinstance(exc, ProtocolError)
-                            else "malformed request"] += 1
-            log.warning("rendezvous: refused a request from %s: %s", self.client_address[0], exc)
-            self._auth = None
-            self._reply(403, b"")
-            return None
+        """The request's body when its path is well formed; else None (answered). Its signature
+        (over this method and path) was checked by the server before it got here."""
         if not _PATH.fullmatch(self.path):
             self._reply(400, b"")
             return None
-        return body
+        return self.rfile.read(int(self.headers.get("Content-Length") or 0))
 
     def send_status_code(self, status_code):  # Horovod's handlers answer through this
         self._reply(status_code, b"")
@@ -276,7 +514,22 @@ class RendezvousRelay:
                 "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self._server.server_address[1])}
 
     def forward(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        """Sign one request, send it to the kernel, check the reply; (status, body)."""
+        """Sign one request, send it to the kernel, check the reply; (status, body). A GET or
+        PUT (the same value again changes nothing) whose connection the kernel's server cut
+        before answering (crowded by strangers) is sent again, signed anew, for up to
+        `RETRY_S`; a DELETE never is (Horovod counts each one)."""
+        deadline = time.monotonic() + RETRY_S
+        pause = 0.05
+        while True:
+            try:
+                return self._forward_once(method, path, body)
+            except (ConnectionError, http.client.RemoteDisconnected):
+                if method == "DELETE" or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)
+
+    def _forward_once(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
         with self._lock:  # one at a time: the kernel sees this sender's counters in order
             self._counter += 1
             counter = self._counter
