@@ -60,6 +60,17 @@ def running(pid: int) -> bool:
     return True
 
 
+def alive(proc) -> bool:
+    """Whether the `psutil.Process` `proc` still runs (a zombie, exited but not reaped, does not:
+    its parent may be stopped or gone)."""
+    import psutil
+
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
 def outlives(pid: int, wait_s: float = 5.0) -> bool:
     """Whether `pid` still runs after up to `wait_s` seconds (engines take a moment to exit)."""
     deadline = time.monotonic() + wait_s

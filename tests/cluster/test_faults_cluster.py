@@ -10,7 +10,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import WorkersLostError
-from tests.helpers import SYNTHETIC_CELL, global_step, wait_for, wait_paused
+from tests.helpers import SYNTHETIC_CELL, alive, global_step, wait_for, wait_paused
 
 
 def ipp_processes(exclude=()) -> list[psutil.Process]:
@@ -27,8 +27,8 @@ def ipp_processes(exclude=()) -> list[psutil.Process]:
 
 def assert_all_exit(procs, timeout=30.0):
     """Every one of `procs` exits within `timeout` (engine nannies take a few seconds)."""
-    gone, alive = psutil.wait_procs(procs, timeout=timeout)
-    assert not alive, f"left running: {[(p.pid, p.cmdline()[:3]) for p in alive]}"
+    _, left = psutil.wait_procs(procs, timeout=timeout)
+    assert not left, f"left running: {[(p.pid, p.cmdline()[:3]) for p in left]}"
 
 
 @pytest.fixture(scope="module")
@@ -164,23 +164,17 @@ def test_engines_and_controller_do_not_outlive_a_killed_kernel(tmp_path):
     try:
         info = json.loads(kernel.stdout.readline())
         family = [psutil.Process(pid) for pid in info["family"]]
-        commands = [" ".join(p.cmdline()) for p in family if _running(p)]
+        commands = [" ".join(p.cmdline()) for p in family if alive(p)]
         assert any("nbdist.cluster.watchdog" in c for c in commands)
         assert any("ipyparallel.controller" in c for c in commands)
         assert set(info["engines"]) <= set(info["family"])
     finally:
         kernel.kill()
         kernel.wait(10)
-    wait_for(lambda: not [p for p in family if _running(p)], 30,
+    wait_for(lambda: not [p for p in family if alive(p)], 30,
              what=lambda: f"exit of every process (left running: "
-                          f"{[p.pid for p in family if _running(p)]})")
+                          f"{[p.pid for p in family if alive(p)]})")
 
-
-def _running(proc) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
 
 
 # -- bad input (the cases of the async issue are in test_async_cluster.py) ----------------------

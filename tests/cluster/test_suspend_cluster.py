@@ -14,7 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from tests.helpers import wait_for
+from tests.helpers import alive, wait_for
 
 TIMEOUT_S = 5.0  # --timeout; the stop lasts twice as long, and past every worker's 5 s floor
 ROOT = Path(__file__).resolve().parents[2]
@@ -94,13 +94,7 @@ def test_a_run_suspended_whole_for_twice_its_timeout_goes_on_and_loses_nobody(tm
         except subprocess.TimeoutExpired:
             kernel.kill()  # the cluster's watchdog ends the rest
             kernel.wait(30)
-        wait_for(lambda: not [p for p in family if _running(p)], 60,
+        wait_for(lambda: not [p for p in family if alive(p)], 60,
                  what=lambda: f"exit of every process (left: "
-                              f"{[p.pid for p in family if _running(p)]})")
+                              f"{[p.pid for p in family if alive(p)]})")
 
-
-def _running(proc) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.Error:
-        return False
