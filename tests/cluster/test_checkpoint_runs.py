@@ -82,8 +82,9 @@ def test_magic_resume_trains_the_remaining_epochs(cluster, ip, tmp_path):
     ip.magics_manager.registry["NbdistMagics"].cluster = cluster
     ip.run_cell_magic("distribute", f"--workers 2 --checkpoint-dir {tmp_path} --wait",
                       SYNTHETIC_CELL)
-    ip.run_cell_magic("distribute", f"--resume {tmp_path} --epochs 3 --wait -o more",
-                      SYNTHETIC_CELL)
+    # a resumed run checkpoints only into a folder given again (never the checkpoint's own)
+    ip.run_cell_magic("distribute", f"--resume {tmp_path} --checkpoint-dir {tmp_path} --epochs 3 "
+                      "--wait -o more", SYNTHETIC_CELL)
     more = ip.user_ns["more"]
     assert more.config.workers == 2 and more.config.epochs == 3  # saved options, one overridden
     assert more.nodes["samples"].sum() == 2 * 900 and epoch_ends(more) == [1, 2]
