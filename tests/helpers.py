@@ -467,8 +467,10 @@ SEEDED_SYNTHETIC_CELL = SYNTHETIC_CELL.replace("import keras\n",
 
 def first_step_losses(run, steps: int = 3) -> list[float]:
     """The loss of a finished run's first `steps` steps: the first batches' loss on the same
-    starting weights, so they tell its data order."""
-    history = run.history.dropna(subset=["loss"]).sort_values("step")
+    starting weights, so they tell its data order. The rows of one step (each sync rank's half
+    of the global batch) in order of their loss: which rank takes which half varies from run
+    to run, the global batch does not."""
+    history = run.history.dropna(subset=["loss"]).sort_values(["step", "loss"])
     assert len(history) >= steps, f"run {run.run_id} has {len(history)} steps with a loss"
     return [float(v) for v in history["loss"].iloc[:steps]]
 
