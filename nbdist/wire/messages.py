@@ -264,7 +264,8 @@ class Bye(_FromWorker):
 
 @message("stats")
 class Stats(Wire):
-    """The kernel asks shard 0 for its statistics: history rows from `since` on."""
+    """The kernel asks every shard at once: shard 0 answers with its statistics (history rows
+    from `since` on), the others that they are alive, with their version and error."""
 
     REPLY: ClassVar[type[Wire]] = StatsReply
     since: int = 0
