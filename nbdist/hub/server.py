@@ -29,11 +29,11 @@ import numpy as np
 import zmq
 
 from nbdist.core import compression
-from nbdist.core.liveness import RunningClock
+from nbdist.core.liveness import Lease, RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
-from nbdist.hub import localline, shm, writeoff
+from nbdist.hub import localline, orphan, shm, writeoff
 from nbdist.hub.export import hub_state, shard_state
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.profile import marker
@@ -104,6 +104,12 @@ class HubSpec:
     profile: bool = False  # CPU time per phase of a push (nbdist.hub.profile; benchmarks)
     # > 0: poll this long before sleeping, where the hub has a core of its own (--spin)
     spin_s: float = 0.0
+    # the kernel's lease (nbdist.core.liveness.Lease): a shard whose kernel has been silent this
+    # long ends the run (nbdist.hub.orphan); None: no lease (a hub that lives in the kernel)
+    lease_s: float | None = None
+    # where a run whose kernel died writes its last checkpoint (shard 0): {"dir": the folder,
+    # "info": what every checkpoint of the run records, Job.checkpoint_info}; None: nowhere
+    last_checkpoint: dict | None = None
 
 
 class Hub:
@@ -143,6 +149,9 @@ class Hub:
         self.error: str | None = None
         self.closing = False
         self.sync_snapshot = None  # sync mode: rank 0's latest state (nbdist.checkpoint.sync_state)
+        # the kernel's lease on the run, and when it lapsed (nbdist.hub.orphan)
+        self.lease = None if spec.lease_s is None else Lease(spec.lease_s, self.now())
+        self.orphaned_at: float | None = None
         if spec.restore is not None:
             self.core.restore(spec.restore)
         self._ctx = zmq.Context()
@@ -189,7 +198,7 @@ class Hub:
                     State: self._state, Peers: self._peers, Shutdown: self._shutdown}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = self._running_time()
-        last_check = self.now()
+        last_check = last_lease_check = self.now()
         grouped = self.core.barrier is not None
         mark = self._mark
         try:
@@ -201,6 +210,10 @@ class Hub:
                 if self.core.coordinator and self.now() - last_check > LOST_CHECK_S:
                     last_check = self.now()
                     self._find_lost()
+                if self.lease is not None and self.now() - last_lease_check > LOST_CHECK_S:
+                    last_lease_check = self.now()
+                    if orphan.check(self):  # the kernel is gone and the run has ended
+                        break
                 mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
                     request, msg, ret = receive(self._inbox, timeout_ms, self.codec,
@@ -218,6 +231,8 @@ class Hub:
                     self.dropped[exc.reason] += 1
                     continue
                 last_heard = self._running_time()
+                if self.lease is not None and ret.to.partition("/")[0] == orphan.KERNEL:
+                    self.lease.renew(self.now())
                 try:
                     answer = handlers[type(request)](request, msg, ret)
                     delivered = answer is None or self._send(ret, *answer)
@@ -237,7 +252,7 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": self.dropped_counts(),
+                "dropped": self.dropped_counts(), "orphaned": self.orphaned_at is not None,
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
     def dropped_counts(self) -> dict[str, int]:
