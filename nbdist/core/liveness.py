@@ -31,6 +31,10 @@ GAP_S = 2.0
 LEASE_FIRST_S = 60.0
 # How much sooner than --timeout a lease lapses: room for the workers' last step and their bye.
 LEASE_MARGIN_S = 2.0
+# The lease's running clock counts at most this of an interval between two of the hub loop's
+# readings (every 0.5 s at most): a suspend of kernel and hub together, the kernel continued a
+# moment later, must stay well inside a short term (GAP_S would count 2 s of it).
+LEASE_GAP_S = 1.0
 
 
 def lease_term(timeout: float) -> float:
@@ -124,7 +128,8 @@ class Liveness:
 class Lease:
     """The kernel's lease on a run, as one hub shard keeps it: renewed by each message from the
     kernel, lapsed after `term_s` of silence (`first_s` at least before its first renewal).
-    Times are the shard's running time (`RunningClock`), so a stopped hub blames no one.
+    Times are the shard's running time (a `RunningClock` of max_step_s=LEASE_GAP_S), so a
+    stopped hub blames no one.
 
     Example:
         >>> lease = Lease(term_s=5.0, now=0.0, first_s=10.0)

@@ -35,7 +35,7 @@ KERNEL = "kernel"  # the kernel's sender name (`HubControl`); its messages renew
 def check(hub) -> bool:
     """Called a few times a second by a hub with a lease: True when the hub should leave its
     loop now (its kernel is gone and the run has ended)."""
-    now = hub.now()
+    now = hub.lease_time()
     if hub.orphaned_at is None:
         if not hub.lease.lapsed(now):
             return False

@@ -29,7 +29,7 @@ import numpy as np
 import zmq
 
 from nbdist.core import compression
-from nbdist.core.liveness import Lease, RunningClock
+from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
@@ -150,7 +150,9 @@ class Hub:
         self.closing = False
         self.sync_snapshot = None  # sync mode: rank 0's latest state (nbdist.checkpoint.sync_state)
         # the kernel's lease on the run, and when it lapsed (nbdist.hub.orphan)
-        self.lease = None if spec.lease_s is None else Lease(spec.lease_s, self.now())
+        self.lease_clock = RunningClock(max_step_s=LEASE_GAP_S)
+        self.lease = (None if spec.lease_s is None
+                      else Lease(spec.lease_s, self.lease_clock.read(time.monotonic())))
         self.orphaned_at: float | None = None
         if spec.restore is not None:
             self.core.restore(spec.restore)
@@ -176,6 +178,10 @@ class Hub:
     def _running_time(self) -> float:
         return self.running.read(time.monotonic())
 
+    def lease_time(self) -> float:
+        """The running time the kernel's lease is kept on (`nbdist.core.liveness.LEASE_GAP_S`)."""
+        return self.lease_clock.read(time.monotonic())
+
     @property
     def num_workers(self) -> int:
         return self.core.num_workers
@@ -198,20 +204,21 @@ class Hub:
                     State: self._state, Peers: self._peers, Shutdown: self._shutdown}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = self._running_time()
-        last_check = last_lease_check = self.now()
+        last_check, last_lease_check = self.now(), self.lease_time()
         grouped = self.core.barrier is not None
         mark = self._mark
         try:
             while not self.closing:
                 self._running_time()  # every turn: a longer interval is a gap of the hub itself
+                self.lease_time()
                 if (grouped and self.core.barrier.pending
                         and self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
                     self._release_held()
                 if self.core.coordinator and self.now() - last_check > LOST_CHECK_S:
                     last_check = self.now()
                     self._find_lost()
-                if self.lease is not None and self.now() - last_lease_check > LOST_CHECK_S:
-                    last_lease_check = self.now()
+                if self.lease is not None and self.lease_time() - last_lease_check > LOST_CHECK_S:
+                    last_lease_check = self.lease_time()
                     if orphan.check(self):  # the kernel is gone and the run has ended
                         break
                 mark("loop")
@@ -232,7 +239,7 @@ class Hub:
                     continue
                 last_heard = self._running_time()
                 if self.lease is not None and ret.to.partition("/")[0] == orphan.KERNEL:
-                    self.lease.renew(self.now())
+                    self.lease.renew(self.lease_time())
                 try:
                     answer = handlers[type(request)](request, msg, ret)
                     delivered = answer is None or self._send(ret, *answer)

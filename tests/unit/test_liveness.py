@@ -5,6 +5,7 @@ worker that is really gone is still found at its deadline. Clock readings are fe
 from nbdist.core.coordinator import Coordinator, Plan
 from nbdist.core.liveness import (
     GAP_S,
+    LEASE_GAP_S,
     LOST_FIRST_S,
     LOST_STEPS,
     Lease,
@@ -94,15 +95,15 @@ def test_the_kernels_lease_lapses_after_its_term_of_silence_and_is_renewed_by_ea
 
 def test_a_suspend_of_kernel_and_hub_together_lapses_no_lease_but_a_dead_kernel_does():
     """The hub's loop reads its clock every 0.5 s, the kernel polls every 0.25 s. Both are
-    stopped for 40 s (a laptop's lid): on the hub's running clock the kernel was silent GAP_S.
-    Then the kernel dies: the lease lapses after its term of the hub's running time."""
+    stopped for 40 s (a laptop's lid): on the lease's running clock the kernel was silent
+    LEASE_GAP_S. Then the kernel dies: the lease lapses after its term of the hub's running time."""
     term = lease_term(8.0)
-    clock = RunningClock()
+    clock = RunningClock(max_step_s=LEASE_GAP_S)
     lease = Lease(term, clock.read(100.0))
     for turn in range(1, 21):
         lease.renew(clock.read(100.0 + 0.5 * turn))
     now = clock.read(150.0)  # 40 s later: the hub ran again, the kernel's poll comes at once
-    assert not lease.lapsed(now) and lease.silent(now) == GAP_S
+    assert not lease.lapsed(now) and lease.silent(now) == LEASE_GAP_S
     lease.renew(clock.read(150.1))
     lapsed = next(t for t in (150.1 + 0.5 * k for k in range(1, 40))
                   if lease.lapsed(clock.read(t)))
