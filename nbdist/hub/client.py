@@ -49,6 +49,8 @@ class WorkerTransport:
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; "
                                 "use 'auto'.")
+        # a full /dev/shm: TCP instead, and hello says why (run.warnings shows it)
+        self._segment, self.shm_fallback = self._shared_segment(transport)
         # shared memory: no bytes to save
         self.compression = "none" if self.use_shm else compression
         if not self.use_shm:  # across hosts: a host that does not answer fails here, named
@@ -60,7 +62,6 @@ class WorkerTransport:
         self.line_kind = choose_line(self.use_shm, shards, non_trainable_size)
         self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout, self.line_kind,
                                 spin_s)
-        self._segment = shm.create(8 * self.total) if self.use_shm else None
         if self._segment is not None:
             self.grad = shm.floats(self._segment, 0, self.total)
             self.params = shm.floats(self._segment, self.total, self.total)
@@ -74,6 +75,22 @@ class WorkerTransport:
         self.link = "shm" if self.use_shm else "tcp"  # shm: only headers cross ZeroMQ
         self.gpu = GpuMonitor()
 
+    def _shared_segment(self, transport: str):
+        """This worker's segment `[gradient | parameters]` and None, or, where `/dev/shm` has no
+        room for it, None and why (this worker then goes over TCP; with --transport shm, an
+        error)."""
+        if not self.use_shm:
+            return None, None
+        try:
+            return shm.create(8 * self.total), None
+        except OSError as exc:
+            why = shm.unavailable(exc, 8 * self.total)
+            if transport == "shm":
+                raise TrainingError(f"--transport shm, but worker {self.worker}'s {why}. Or pass "
+                                    "--transport auto to fall back to TCP.") from None
+            self.use_shm = False
+            return None, why
+
     def hello(self) -> Reply:
         """Register with every shard and pull the parameters; returns shard 0's reply."""
         self.send_hello()
@@ -83,7 +100,8 @@ class WorkerTransport:
         """First half of `hello`: send it to every shard."""
         for i, line in enumerate(self.lines):
             hello = Hello(self.worker, engine=self.engine, host=host_id().split(":")[0],
-                          compression=self.compression, link=self.link, **self.gpu.info())
+                          compression=self.compression, link=self.link,
+                          shm_fallback=self.shm_fallback, **self.gpu.info())
             if self._segment is not None:
                 hello.shm, hello.offset, hello.total = (self._segment.name, self.bounds[i][0],
                                                         self.total)

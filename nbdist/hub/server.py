@@ -131,8 +131,9 @@ class Hub:
                                             + 4096 + spec.extra_bytes)
         # shard 0: lines to the other shards, for write-offs (nbdist.hub.writeoff)
         self.peers = None
-        self._segment = shm.create(4 * self.size)  # live parameters, readable by hogwild workers
-        params = shm.floats(self._segment, 0, self.size)
+        # what run.warnings should say of this shard (a full /dev/shm), in its stats replies
+        self.warnings: list[str] = []
+        self._segment, params = self._live_segment()  # live parameters, read by hogwild workers
         params[:] = spec.params
         self.core = ShardCore(spec.plan, params, spec.non_trainable, now=self.now, shard=spec.shard,
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
@@ -167,13 +168,31 @@ class Hub:
             self._folder = socket_folder(spec)
             self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
             self.endpoints = bind(self._sock, spec, self._folder, self._listener,
-                                  params_shm=self._segment.name, size=self.size, spin_s=spec.spin_s,
+                                  params_shm=None if self._segment is None else self._segment.name,
+                                  size=self.size, spin_s=spec.spin_s,
                                   gate=self._auth.id)
         except BaseException:  # e.g. an address it cannot bind: give back what it took
             self.close()
             raise
         self._inbox = Inbox(self._sock, self._listener, self._max_bytes, spin_s=spec.spin_s)
         self.profile, self._mark = marker(spec.profile)
+
+    def _live_segment(self):
+        """The segment of the live parameters and its float view; where `/dev/shm` has no room
+        for it, None and an array of the hub's own (hogwild workers beside it then read a copy
+        in their own segment, `_reply_buffer`), and `run.warnings` says so."""
+        try:
+            segment = shm.create(4 * self.size)
+        except OSError as exc:
+            self.warn(f"hub shard {self.spec.shard}: {shm.unavailable(exc, 4 * self.size)}")
+            return None, np.empty(self.size, dtype=np.float32)
+        return segment, shm.floats(segment, 0, self.size)
+
+    def warn(self, note: str) -> None:
+        """A line for `run.warnings` (each once), sent with this shard's statistics."""
+        log.warning("%s", note)
+        if note not in self.warnings:
+            self.warnings.append(note)
 
     def _running_time(self) -> float:
         return self.running.read(time.monotonic())
@@ -349,6 +368,8 @@ class Hub:
                                              hello.total)
                               if hello.shm else shm.WorkerLink())
         self.links[worker].compression = hello.compression
+        if hello.shm_fallback and self.core.coordinator is not None:  # said once, by shard 0
+            self.warn(f"worker {worker}: {hello.shm_fallback}")
         self.links[worker].sender = ret.to
         self.core.hello(hello)
         return self._reply_or_hold(worker, ret, pull=True)
@@ -380,8 +401,9 @@ class Hub:
     def _reply_buffer(self, link: shm.WorkerLink) -> np.ndarray | None:
         """Where a consistent pull of this worker is written: its shared segment, or a send
         buffer reused across replies (safe: the worker sends again only after receiving)."""
-        if not self.core.updater.rule.consistent_reads:
-            return None
+        if not self.core.updater.rule.consistent_reads and (self._segment is not None
+                                                             or link.params is None):
+            return None  # hogwild: it reads the live segment, or the live array is sent
         if link.params is not None:
             return link.params
         if link.send_buffer is None:
@@ -437,7 +459,7 @@ class Hub:
             snap = {"shard": self.spec.shard, "version": self.core.version}
         else:
             snap = self.core.stats(stats.since, stats.timeline)
-        snap.update(error=self.error, dropped=self.dropped_counts())
+        snap.update(error=self.error, dropped=self.dropped_counts(), warnings=self.warnings)
         return StatsReply(), [json.dumps(snap).encode()]
 
     def _control(self, control: Control, msg: Message, ret: Return) -> tuple[Ok, list]:

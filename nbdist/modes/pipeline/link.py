@@ -41,6 +41,7 @@ client key, and the endpoints the stages and the kernel hand out carry the serve
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import replace
@@ -65,6 +66,7 @@ from nbdist.modes.pipeline.messages import (
 )
 from nbdist.wire.schema import Wire
 
+log = logging.getLogger(__name__)
 POLL_MS = 200
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
 PAGE = 4096
@@ -216,7 +218,13 @@ class StageLink:
                 return None  # a bigger segment only once nothing is in flight in this one
         self._generation += 1
         size = max(need, box.slot_bytes if box else 0)
-        replacement = _Outbox(self.slots, -(-size // PAGE) * PAGE, self._generation)
+        try:
+            replacement = _Outbox(self.slots, -(-size // PAGE) * PAGE, self._generation)
+        except OSError as exc:  # /dev/shm has no room (nbdist.hub.shm.create): TCP from now on
+            log.warning("%s -> %s: %s", self.name, to,
+                        shm.unavailable(exc, self.slots * -(-size // PAGE) * PAGE))
+            self.shm_peers.discard(to)
+            return None
         if box is not None:
             shm.release(box.segment, unlink=True)
         self.outboxes[to] = replacement
