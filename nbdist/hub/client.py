@@ -59,7 +59,10 @@ class WorkerTransport:
                 check_reachable(address, int(port), f"hub shard {i}", s["host"].split(":")[0])
             reuse_large_buffers(4 * max(hi - lo for lo, hi in self.bounds))  # see nbdist.hub.memory
         self._ctx = zmq.Context()
-        self.line_kind = choose_line(self.use_shm, shards, non_trainable_size)
+        # headers only on a local line; a worker beside its shards without shared memory sends
+        # its arrays over ipc (its gate counts ipc as the run's own, nbdist.hub.gate)
+        self.line_kind = ("ipc" if self.shm_fallback is not None
+                          else choose_line(self.use_shm, shards, non_trainable_size))
         self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout, self.line_kind,
                                 spin_s)
         if self._segment is not None:

@@ -30,11 +30,13 @@ from nbdist.wire.messages import (
 
 
 class HubControl:
-    """The kernel's line to every shard: statistics, control, final parameters. Thread-safe."""
+    """The kernel's line to every shard: statistics, control, final parameters. Thread-safe.
+    `transport`: "auto" goes over ipc to a shard on this host (`nbdist.hub.lines.open_lines`)."""
 
-    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel"):
+    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel",
+                 transport: str = "tcp"):
         self._ctx = zmq.Context()
-        self.lines = open_lines(self._ctx, key, shards, name, timeout)
+        self.lines = open_lines(self._ctx, key, shards, name, timeout, transport)
         self._lock = threading.Lock()
         self.closed = False
         if len(shards) > 1 and name == "kernel":  # shard 0 tells the others of write-offs

@@ -110,6 +110,9 @@ class HubSpec:
     # where a run whose kernel died writes its last checkpoint (shard 0): {"dir": the folder,
     # "info": what every checkpoint of the run records, Job.checkpoint_info}; None: nowhere
     last_checkpoint: dict | None = None
+    # the TCP addresses of the hosts of the run's workers and kernel: the gate reserves their
+    # share of its handshake slots (nbdist.hub.gate); None: not known, no share reserved
+    peer_hosts: list[str] | None = None
 
 
 class Hub:
@@ -164,7 +167,8 @@ class Hub:
         try:
             self._sock, self._auth = server_socket(self._ctx, spec.key,
                                                    self._max_bytes + (1 << 20), spec.encrypt,
-                                                   peers=spec.plan.num_workers + spec.num_shards)
+                                                   peers=spec.plan.num_workers + spec.num_shards,
+                                                   planned=spec.peer_hosts)
             self._folder = socket_folder(spec)
             self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
             self.endpoints = bind(self._sock, spec, self._folder, self._listener,

@@ -85,7 +85,7 @@ def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[Hub
     config, run_id = job.config, specs[0].run_id
     endpoints = backend.start_hubs(specs)
     # a lost hub fails the run within --timeout
-    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))
+    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout), transport="auto")
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
         batch_size=config.batch_size, source=job.cell, pushed=portable(job.contents.pushed),
