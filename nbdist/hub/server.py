@@ -4,7 +4,8 @@ A thin loop around the shard's logic (`nbdist.core.shard.ShardCore`: parameters,
 optimizer, barrier and, on shard 0, the run's `Coordinator`): it receives and checks a message,
 calls the core, and sends what the core answers. What is the hub's own: the socket, the
 workers' links (shared memory or a reused send buffer, wire compression), the write-off relay
-to the other shards, and sync mode's latest rank-0 snapshot. A reply the core holds (SSP: a
+to the other shards, sync mode's latest rank-0 snapshot, and the kernel's lease (a hub on an
+engine ends the run of a kernel that died: `nbdist.hub.orphan`). A reply the core holds (SSP: a
 worker too far ahead; group sync: a group still incomplete) is sent as soon as the core
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
