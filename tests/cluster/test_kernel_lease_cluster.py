@@ -4,7 +4,8 @@ hold the kernel to a lease (`nbdist.hub.orphan`): a kernel silent past --timeout
 dead, the workers are told to stop, shard 0 writes a last checkpoint into --checkpoint-dir, and
 the engines are idle again. Here the kernel is a child process that connects to the session's
 cluster and is killed (SIGKILL) mid-run (before: the workers trained on, for all 500 epochs,
-and nothing was saved after the kill)."""
+and nothing was saved after the kill). A pipeline run's stages hold the kernel to the same lease
+(renewed by its `Alive` broadcasts) and leave."""
 
 import json
 import os
@@ -31,12 +32,41 @@ from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 
 args = json.loads(sys.argv[1])
 cluster = Cluster.connect(**args["connect"])
-run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, servers=2, workers=1,
-                   batch_size=8, epochs=500, timeout=args["timeout"], checkpoint_dir=args["dir"])
-wait_for(lambda: global_step(run) >= 60, 120)
+run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, batch_size=8, epochs=500,
+                   timeout=args["timeout"], **args["options"])
+wait_for(lambda: global_step(run) >= args["steps"], 120)
 print("@@" + json.dumps({"run_id": run.run_id, "step": global_step(run)}), flush=True)
 time.sleep(600)  # killed here
 '''
+
+
+def _kill_the_kernel(cluster, tmp_path, steps: int = 60, **options) -> tuple[dict, float]:
+    """Run the kernel (a child connected to `cluster`) until its run has trained `steps`, then
+    SIGKILL it; (what it said, when it was killed)."""
+    script = tmp_path / "kernel.py"
+    script.write_text(KERNEL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
+    args = {"connect": cluster.connect_args, "timeout": TIMEOUT_S, "steps": steps,
+            "options": options}
+    kernel = subprocess.Popen([sys.executable, str(script), json.dumps(args)], cwd=ROOT, env=env,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        line = kernel.stdout.readline()
+        assert line.startswith(RESULT), f"the kernel ended without starting (exit {kernel.poll()})"
+        assert cluster.busy_engines(), "the run should be training when the kernel is killed"
+    finally:
+        kernel.kill()
+        killed = time.monotonic()
+        kernel.wait(30)
+    return json.loads(line[len(RESULT):]), killed
+
+
+def _idle_within_the_timeout(cluster, killed: float) -> float:
+    wait_for(lambda: not cluster.busy_engines(), TIMEOUT_S, poll_s=0.1,
+             what=lambda: f"idle engines within --timeout {TIMEOUT_S:.0f} s of the kernel's death "
+                          f"(busy: {cluster.busy_engines()})")
+    return time.monotonic() - killed
 
 
 def _hubs(cluster) -> list:
@@ -47,26 +77,9 @@ def _hubs(cluster) -> list:
 def test_a_killed_kernel_leaves_idle_engines_and_a_last_checkpoint_that_resumes(cluster,
                                                                                tmp_path):
     folder = tmp_path / "ckpt"
-    script = tmp_path / "kernel.py"
-    script.write_text(KERNEL)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(
-        p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
-    args = {"connect": cluster.connect_args, "timeout": TIMEOUT_S, "dir": str(folder)}
-    kernel = subprocess.Popen([sys.executable, str(script), json.dumps(args)], cwd=ROOT, env=env,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        line = kernel.stdout.readline()
-        assert line.startswith(RESULT), f"the kernel ended without starting (exit {kernel.poll()})"
-        started = json.loads(line[len(RESULT):])
-        assert cluster.busy_engines(), "the run should be training when the kernel is killed"
-    finally:
-        kernel.kill()
-        killed = time.monotonic()
-        kernel.wait(30)
-    wait_for(lambda: not cluster.busy_engines(), TIMEOUT_S, poll_s=0.1,
-             what=lambda: f"idle engines within --timeout {TIMEOUT_S:.0f} s of the kernel's death "
-                          f"(busy: {cluster.busy_engines()})")
-    idle_after = time.monotonic() - killed
+    started, killed = _kill_the_kernel(cluster, tmp_path, servers=2, workers=1,
+                                       checkpoint_dir=str(folder))
+    idle_after = _idle_within_the_timeout(cluster, killed)
     wait_for(lambda: not _hubs(cluster), HUBS_EXIT_S, poll_s=0.2,
              what=lambda: f"every hub shard gone (serving: {_hubs(cluster)})")
     hubs_after = time.monotonic() - killed
@@ -86,3 +99,9 @@ def test_a_killed_kernel_leaves_idle_engines_and_a_last_checkpoint_that_resumes(
         run.wait()
     assert run.status == "stopped", run.error
     assert run.stats["epochs_done"] >= meta["epochs_done"]
+
+
+def test_a_killed_kernel_ends_its_pipeline_run_on_a_connected_cluster(cluster, tmp_path):
+    _, killed = _kill_the_kernel(cluster, tmp_path, steps=5, mode="pipeline", stages=2)
+    idle_after = _idle_within_the_timeout(cluster, killed)
+    print(f"pipeline stages' engines idle {idle_after:.1f} s after the kernel's death")
