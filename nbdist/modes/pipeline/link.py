@@ -160,9 +160,11 @@ class StageLink:
     def connect(self, neighbours: dict, report: dict, control: dict) -> None:
         """PUSH sockets to the neighbours (`{"stage-1": info, ...}`, each `info` as `self.info`
         gives it) and to the kernel's report socket; a SUB socket on the kernel's control socket
-        (`report` and `control` as `kernel_link.KernelLink` gives them)."""
+        (`report` and `control` as `kernel_link.KernelLink` gives them). The kernel's lease
+        starts now: preparing the other stages may have taken long."""
         import zmq
 
+        self.lease = Lease(self.lease.term_s, self.lease_time())
         for name, info in neighbours.items():
             host = info.get("host")
             if self.transport != "tcp" and host == self.host:
