@@ -187,6 +187,29 @@ def hub_address(hub: HostNet, peers: list[HostNet]) -> str:
     return chosen.most_common(1)[0][0]
 
 
+def peer_addresses(hub: HostNet, peers: list[HostNet]) -> list[str]:
+    """Where a hub's peers on other hosts connect from: every non-loopback address of their
+    hosts (a gate reserves their share of its handshake slots, `nbdist.hub.gate`). Peers on the
+    hub's own host come over ipc, which only this user reaches, so none of its addresses is
+    listed (another user there connects from them).
+
+    Example:
+        >>> hub = HostNet("lab3", "lab3:b", "198.18.0.13")
+        >>> lab1 = HostNet("lab1", "lab1:b", "198.18.0.11",
+        ...                addrs={"lo": [("127.0.0.1", 8)], "eth1": [("10.1.0.11", 16)]})
+        >>> peer_addresses(hub, [hub, lab1])
+        ['10.1.0.11', '198.18.0.11']
+    """
+    found = set()
+    for p in peers:
+        if p.same_host(hub):
+            continue
+        for address in [p.address, *(a for pairs in p.addrs.values() for a, _ in pairs)]:
+            if not ipaddress.ip_address(address).is_loopback:
+                found.add(address)
+    return sorted(found)
+
+
 def kernel_address(kernel: HostNet, peers: list[HostNet]) -> str:
     """Where the kernel's own servers (sync rendezvous, sync metrics hub) listen: as a hub."""
     return hub_address(kernel, peers)

@@ -7,6 +7,13 @@ Silence is measured on a `RunningClock`: the time during which the watcher's own
 A stopped or starved watcher (SIGSTOP, a laptop's lid closed, a paused VM, a wall clock that
 jumps) heard nobody because it was not listening, so that gap is no one's silence. The hub's
 clock, the kernel's watch of the hub and every wait for a reply (`nbdist.hub.lines`) run on one.
+
+The kernel holds a `Lease` on a run whose hubs live on engines: every message it sends a
+shard renews it (its monitor polls a few times a second). A shard whose kernel has been
+silent for longer than the lease's term, on the same running clock, takes the kernel for dead
+(SIGKILL, a crash, a lost host) and ends the run (`nbdist.hub.orphan`), so the engines of a
+connected, Slurm or MPI cluster do not train on for nobody. The term is `--timeout` less the
+time the workers need to leave (`lease_term`), so their engines are idle within `--timeout`.
 """
 
 from __future__ import annotations
@@ -19,6 +26,26 @@ LOST_EVAL_S = 60.0  # silence allowed while it evaluates (validation can take lo
 # loops read it at least every second (the hub every 0.5 s, a wait for a reply every 1 s), so a
 # longer interval means the watcher itself was stopped or starved; only this much of it counts.
 GAP_S = 2.0
+# The kernel's first message may come this long after a hub started at the latest (its workers
+# are started in between), however short the lease's term.
+LEASE_FIRST_S = 60.0
+# How much sooner than --timeout a lease lapses: room for the workers' last step and their bye.
+LEASE_MARGIN_S = 2.0
+# The lease's running clock counts at most this of an interval between two of the hub loop's
+# readings (every 0.5 s at most): a suspend of kernel and hub together, the kernel continued a
+# moment later, must stay well inside a short term (GAP_S would count 2 s of it).
+LEASE_GAP_S = 1.0
+
+
+def lease_term(timeout: float) -> float:
+    """The kernel's silence after which its run's hubs end the run: `timeout` less
+    LEASE_MARGIN_S, and at least half of `timeout` (the kernel speaks every quarter second).
+
+    Example:
+        >>> lease_term(120.0), lease_term(6.0), lease_term(2.0)
+        (118.0, 4.0, 1.0)
+    """
+    return max(timeout - LEASE_MARGIN_S, timeout / 2)
 
 
 class RunningClock:
@@ -96,3 +123,39 @@ class Liveness:
         limit = (LOST_FIRST_S if step is None
                  else max(LOST_FLOOR_S, LOST_STEPS * step * max(1.0, slowdown)))
         return max(limit, LOST_EVAL_S) if evaluating else limit
+
+
+class Lease:
+    """The kernel's lease on a run, as one hub shard keeps it: renewed by each message from the
+    kernel, lapsed after `term_s` of silence (`first_s` at least before its first renewal).
+    Times are the shard's running time (a `RunningClock` of max_step_s=LEASE_GAP_S), so a
+    stopped hub blames no one.
+
+    Example:
+        >>> lease = Lease(term_s=5.0, now=0.0, first_s=10.0)
+        >>> lease.lapsed(8.0), lease.lapsed(10.5)   # no renewal yet: first_s holds
+        (False, True)
+        >>> lease.renew(11.0)
+        >>> lease.lapsed(16.0), lease.lapsed(16.5), lease.silent(16.5)
+        (False, True, 5.5)
+    """
+
+    def __init__(self, term_s: float, now: float, first_s: float = LEASE_FIRST_S) -> None:
+        self.term_s, self.first_s = term_s, first_s
+        self.renewed_at = now
+        self.renewals = 0
+
+    def renew(self, now: float) -> None:
+        """The kernel spoke at `now`."""
+        self.renewed_at = max(self.renewed_at, now)
+        self.renewals += 1
+
+    def silent(self, now: float) -> float:
+        """Seconds since the kernel last spoke (or since the lease began)."""
+        return now - self.renewed_at
+
+    def lapsed(self, now: float) -> bool:
+        """Whether the kernel has been silent past the term (before its first renewal: past
+        `first_s` too, since a run's start can keep it busy that long)."""
+        term = self.term_s if self.renewals else max(self.term_s, self.first_s)
+        return self.silent(now) > term

@@ -49,6 +49,8 @@ class WorkerTransport:
         if transport == "shm" and not self.use_shm:
             raise TrainingError("transport 'shm' needs every hub shard on this worker's host; "
                                 "use 'auto'.")
+        # a full /dev/shm: TCP instead, and hello says why (run.warnings shows it)
+        self._segment, self.shm_fallback = self._shared_segment(transport)
         # shared memory: no bytes to save
         self.compression = "none" if self.use_shm else compression
         if not self.use_shm:  # across hosts: a host that does not answer fails here, named
@@ -57,10 +59,12 @@ class WorkerTransport:
                 check_reachable(address, int(port), f"hub shard {i}", s["host"].split(":")[0])
             reuse_large_buffers(4 * max(hi - lo for lo, hi in self.bounds))  # see nbdist.hub.memory
         self._ctx = zmq.Context()
-        self.line_kind = choose_line(self.use_shm, shards, non_trainable_size)
+        # headers only on a local line; a worker beside its shards without shared memory sends
+        # its arrays over ipc (its gate counts ipc as the run's own, nbdist.hub.gate)
+        self.line_kind = ("ipc" if self.shm_fallback is not None
+                          else choose_line(self.use_shm, shards, non_trainable_size))
         self.lines = open_lines(self._ctx, key, shards, f"worker-{worker}", timeout, self.line_kind,
                                 spin_s)
-        self._segment = shm.create(8 * self.total) if self.use_shm else None
         if self._segment is not None:
             self.grad = shm.floats(self._segment, 0, self.total)
             self.params = shm.floats(self._segment, self.total, self.total)
@@ -74,6 +78,22 @@ class WorkerTransport:
         self.link = "shm" if self.use_shm else "tcp"  # shm: only headers cross ZeroMQ
         self.gpu = GpuMonitor()
 
+    def _shared_segment(self, transport: str):
+        """This worker's segment `[gradient | parameters]` and None, or, where `/dev/shm` has no
+        room for it, None and why (this worker then goes over TCP; with --transport shm, an
+        error)."""
+        if not self.use_shm:
+            return None, None
+        try:
+            return shm.create(8 * self.total), None
+        except OSError as exc:
+            why = shm.unavailable(exc, 8 * self.total)
+            if transport == "shm":
+                raise TrainingError(f"--transport shm, but worker {self.worker}'s {why}. Or pass "
+                                    "--transport auto to fall back to TCP.") from None
+            self.use_shm = False
+            return None, why
+
     def hello(self) -> Reply:
         """Register with every shard and pull the parameters; returns shard 0's reply."""
         self.send_hello()
@@ -83,7 +103,8 @@ class WorkerTransport:
         """First half of `hello`: send it to every shard."""
         for i, line in enumerate(self.lines):
             hello = Hello(self.worker, engine=self.engine, host=host_id().split(":")[0],
-                          compression=self.compression, link=self.link, **self.gpu.info())
+                          compression=self.compression, link=self.link,
+                          shm_fallback=self.shm_fallback, **self.gpu.info())
             if self._segment is not None:
                 hello.shm, hello.offset, hello.total = (self._segment.name, self.bounds[i][0],
                                                         self.total)

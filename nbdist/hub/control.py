@@ -30,11 +30,13 @@ from nbdist.wire.messages import (
 
 
 class HubControl:
-    """The kernel's line to every shard: statistics, control, final parameters. Thread-safe."""
+    """The kernel's line to every shard: statistics, control, final parameters. Thread-safe.
+    `transport`: "auto" goes over ipc to a shard on this host (`nbdist.hub.lines.open_lines`)."""
 
-    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel"):
+    def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel",
+                 transport: str = "tcp"):
         self._ctx = zmq.Context()
-        self.lines = open_lines(self._ctx, key, shards, name, timeout)
+        self.lines = open_lines(self._ctx, key, shards, name, timeout, transport)
         self._lock = threading.Lock()
         self.closed = False
         if len(shards) > 1 and name == "kernel":  # shard 0 tells the others of write-offs
@@ -50,10 +52,10 @@ class HubControl:
               clock: Callable[[], float] | None = None) -> dict:
         """Shard 0's statistics with history rows from `since` on (and the whole timeline if
         asked). Every other shard is asked at the same time, so a dead or failed one is found
-        as fast as shard 0: TrainingError names a shard that does not answer, and the first
-        shard's error is the snapshot's `error`. `timeout`: wait at most this long for all of
-        them (the lines' own timeout if longer), on `clock`, calling `during()` about every
-        second meanwhile (`Line.recv`)."""
+        as fast as shard 0: TrainingError names a shard that does not answer, the first
+        shard's error is the snapshot's `error`, and `warnings` holds every shard's. `timeout`:
+        wait at most this long for all of them (the lines' own timeout if longer), on `clock`,
+        calling `during()` about every second meanwhile (`Line.recv`)."""
         if clock is None:
             running = RunningClock()
             clock = lambda: running.read(time.monotonic())  # noqa: E731
@@ -67,9 +69,11 @@ class HubControl:
             for line in self.lines[1:]:
                 left = None if timeout is None else max(0.001, timeout - (clock() - start))
                 _, other = line.recv(StatsReply, left, during, clock)
-                error = json.loads(bytes(other.buffers[0])).get("error")
+                answer = json.loads(bytes(other.buffers[0]))
+                error = answer.get("error")
                 if error and not snap.get("error"):
                     snap["error"] = f"{line.name}: {error}"
+                snap["warnings"] = [*snap.get("warnings", []), *answer.get("warnings", [])]
         return snap
 
     def cap_timeout(self, seconds: float) -> None:

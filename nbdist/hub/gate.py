@@ -16,14 +16,22 @@ large as a frame (`ZMQ_MAXMSGSIZE`). Neither the MAC nor the number of connectio
   command (up to the socket's frame limit) and its buffers (`CONNECTION_BYTES`).
 - **Young connections capped.** libzmq closes a connection that has not finished its
   handshake within `HANDSHAKE_S` (`ZMQ_HANDSHAKE_IVL`), so every older connection holds the
-  key. The gate watches accepts and closes (a socket monitor) and cuts a new connection at
-  once when `limit` connections younger than `HANDSHAKE_S` are already open.
+  key. The gate watches accepts, finished handshakes and closes (a socket monitor) and cuts a
+  new connection at once when `limit` connections still in their handshake (younger than
+  `HANDSHAKE_S`) are already open.
+- **A share reserved for the run's planned peers.** Of the `limit` slots, `reserved` are for
+  connections from the run's own peers: those that come over an ipc endpoint (its folder is
+  0700: only this user reaches it) or from a TCP address in `planned` (the hosts of the run's
+  workers and kernel, `Young`). The others, whoever they are, share `limit - reserved` slots,
+  so another user holding the young-connection quota (a flood from the same server, or from a
+  host outside the run) does not shut the run's own peers out.
 
 So the connections that never authenticate hold at most `limit x (frame limit +
 CONNECTION_BYTES)` at any time (docs/security.md gives the figures). The caller sizes
-`limit` from the peers it expects (its workers or neighbours) plus `YOUNG_MARGIN`. Under a
-flood of new connections a peer connecting for the first time may be cut too (it then waits
-for its own timeout): the cap protects memory, not availability.
+`limit` from the peers it expects (its workers or neighbours) plus `YOUNG_MARGIN`, and
+reserves the peers' share where it knows their addresses. Under a flood from a planned
+address (another user on a worker's host) a peer connecting for the first time may still be
+cut (it then waits for its own timeout): the cap protects memory first.
 """
 
 from __future__ import annotations
@@ -83,30 +91,41 @@ def _token(key: bytes, username: bytes) -> bytes:
 
 
 class Young:
-    """The open connections accepted less than `window_s` ago, at most `limit` of them. Pure
-    bookkeeping by file descriptor; the clock is the caller's.
+    """The open connections still in their handshake (accepted less than `window_s` ago), at
+    most `limit` of them, of which connections not `planned` (not from the run's own peers) may
+    hold `limit - reserved`. Pure bookkeeping by file descriptor; the clock is the caller's.
 
     Example:
         >>> young = Young(limit=1, window_s=3.0)
         >>> young.admit(7, now=0.0), young.admit(8, now=1.0), young.admit(9, now=3.5)
         (True, False, True)
+        >>> young = Young(limit=3, reserved=2)
+        >>> [young.admit(fd, now=0.0) for fd in (1, 2)], young.admit(3, 0.0, planned=True)
+        ([True, False], True)
     """
 
-    def __init__(self, limit: int, window_s: float = HANDSHAKE_S):
+    def __init__(self, limit: int, window_s: float = HANDSHAKE_S, reserved: int = 0):
         self.limit, self.window_s = limit, window_s
-        self.open: dict[int, float] = {}  # descriptor -> when it was accepted
+        self.reserved = max(0, min(reserved, limit))
+        self.open: dict[int, tuple[float, bool]] = {}  # descriptor -> (accepted when, planned)
 
-    def admit(self, fd: int, now: float) -> bool:
-        """Whether a connection accepted now may stay (if so it is counted until `gone`)."""
+    def admit(self, fd: int, now: float, planned: bool = False) -> bool:
+        """Whether a connection accepted now may stay (if so it is counted until it finishes
+        its handshake or is `gone`); `planned`: it comes from one of the run's own peers."""
         if self.count(now) >= self.limit:
             return False
-        self.open[fd] = now
+        if not planned and self.count(now, planned=False) >= self.limit - self.reserved:
+            return False
+        self.open[fd] = (now, planned)
         return True
 
-    def count(self, now: float) -> int:
-        return sum(1 for t in self.open.values() if now - t < self.window_s)
+    def count(self, now: float, planned: bool | None = None) -> int:
+        """Connections in their handshake now (`planned`: only those that are, or are not)."""
+        return sum(1 for t, p in self.open.values()
+                   if now - t < self.window_s and planned in (None, p))
 
     def gone(self, fd: int) -> None:
+        """The connection closed, or finished its handshake (it holds the key)."""
         self.open.pop(fd, None)
 
 
@@ -116,12 +135,14 @@ class Gate:
     handshake and cut; `stop()` before the context is terminated. `id` goes into the
     endpoints that clients are given, for their tokens."""
 
-    def __init__(self, ctx, key: bytes, limit: int, encrypt: bool = False):
+    def __init__(self, ctx, key: bytes, limit: int, encrypt: bool = False, reserved: int = 0,
+                 planned: frozenset[str] = frozenset()):
         import zmq
 
         self.ctx, self.encrypt, self.id = ctx, encrypt, secrets.token_hex(8)
         self._key, self._spent = key, set()
-        self.young = Young(limit)
+        self.young = Young(limit, reserved=reserved)
+        self.planned = frozenset(planned)  # the TCP addresses of the run's own peers' hosts
         self._counts: Counter[str] = Counter()
         self._client_key = b""
         if encrypt:
@@ -141,7 +162,8 @@ class Gate:
 
     def __repr__(self) -> str:
         # never the key
-        return f"Gate(id={self.id!r}, limit={self.young.limit}, encrypt={self.encrypt})"
+        return (f"Gate(id={self.id!r}, limit={self.young.limit}, reserved={self.young.reserved}, "
+                f"encrypt={self.encrypt})")
 
     def guard(self, sock, frame_bytes: int) -> None:
         """Set up `sock` (not yet bound): frames of at most `frame_bytes`, the handshake deadline,
@@ -156,8 +178,8 @@ class Gate:
             sock.setsockopt(zmq.CURVE_SECRETKEY, self._secret)
         else:
             sock.setsockopt(zmq.PLAIN_SERVER, 1)
-        events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL
-                  | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
+        events = (zmq.EVENT_ACCEPTED | zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_SUCCEEDED
+                  | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_AUTH)
         self._new.put(sock.get_monitor_socket(events))  # the gate's thread takes it over
 
     def counts(self) -> dict[str, int]:
@@ -200,14 +222,23 @@ class Gate:
             except zmq.Again:
                 return
             event, value = struct.unpack("=Hi", head)
-            if event == zmq.EVENT_ACCEPTED and not self.young.admit(value, time.monotonic()):
-                _cut(value, endpoint.decode())
-                self._counts[CUT] += 1
-            elif event == zmq.EVENT_DISCONNECTED:
+            if event == zmq.EVENT_ACCEPTED:
+                where = endpoint.decode()
+                if not self.young.admit(value, time.monotonic(), self._planned(value, where)):
+                    _cut(value, where)
+                    self._counts[CUT] += 1
+            elif event in (zmq.EVENT_DISCONNECTED, zmq.EVENT_HANDSHAKE_SUCCEEDED):
                 self.young.gone(value)
             elif event in (zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL, zmq.EVENT_HANDSHAKE_FAILED_AUTH):
                 # a wrong token or mechanism (not a probe that just left)
                 self._counts[REFUSED] += 1
+
+    def _planned(self, fd: int, endpoint: str) -> bool:
+        """Whether the connection accepted as `fd` on `endpoint` comes from the run's own peers:
+        over ipc (only this user reaches its folder), or from an address in `planned`."""
+        if endpoint.startswith("ipc://"):
+            return True
+        return bool(self.planned) and peer_address(fd) in self.planned
 
     def _requests(self) -> None:
         import zmq
@@ -234,6 +265,25 @@ class Gate:
             return False
         self._spent.add(username)
         return True
+
+
+def peer_address(fd: int) -> str | None:
+    """The remote IP address of the TCP connection `fd` (None if it is not one any more)."""
+    try:
+        dup = os.dup(fd)
+    except OSError:
+        return None
+    try:
+        conn = socket.socket(fileno=dup)
+    except OSError:  # reused for something else than a socket
+        os.close(dup)
+        return None
+    with conn:
+        try:
+            inet = conn.family in (socket.AF_INET, socket.AF_INET6)
+            return str(conn.getpeername()[0]) if inet else None
+        except OSError:
+            return None
 
 
 def _cut(fd: int, endpoint: str) -> None:

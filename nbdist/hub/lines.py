@@ -16,6 +16,7 @@ from typing import TypeVar
 
 import zmq
 
+from nbdist.cluster.netaddr import host_id
 from nbdist.core.liveness import RunningClock
 from nbdist.errors import ProtocolError, TrainingError
 from nbdist.hub import localline
@@ -194,16 +195,25 @@ class LocalLine(Line):
 def open_lines(ctx: zmq.Context, key: bytes, shards: list[dict], name: str, timeout: float,
                transport: str = "tcp", spin_s: float = 0.0) -> list[Line]:
     """One line per shard, all signing with one codec named `name` for this run. `transport`
-    names the endpoint: "tcp", "ipc" (ZeroMQ) or "local" (`nbdist.hub.localline`, which polls
-    for `spin_s` before it sleeps)."""
+    names the endpoint: "tcp", "ipc" (ZeroMQ), "local" (`nbdist.hub.localline`, which polls
+    for `spin_s` before it sleeps), or "auto": ipc to a shard on this host (its gate counts an
+    ipc connection as the run's own, `nbdist.hub.gate`), else tcp."""
     codec = Codec(key, name, shards[0].get("run", ""))
     kind = LocalLine if transport == "local" else Line
-    lines = [kind(ctx, s, s[transport], codec, key, timeout, f"hub shard {i}", f"hub-{i}")
+    here = host_id()
+    lines = [kind(ctx, s, s[_endpoint_kind(s, transport, here)], codec, key, timeout,
+                  f"hub shard {i}", f"hub-{i}")
              for i, s in enumerate(shards)]
     for line in lines:
         if isinstance(line, LocalLine):
             line.spin_s = spin_s
     return lines
+
+
+def _endpoint_kind(shard: dict, transport: str, here: str) -> str:
+    if transport != "auto":
+        return transport
+    return "ipc" if shard.get("ipc") and shard.get("host") == here else "tcp"
 
 
 def choose_line(same_host: bool, shards: list[dict], non_trainable_size: int) -> str:

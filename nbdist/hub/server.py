@@ -4,7 +4,8 @@ A thin loop around the shard's logic (`nbdist.core.shard.ShardCore`: parameters,
 optimizer, barrier and, on shard 0, the run's `Coordinator`): it receives and checks a message,
 calls the core, and sends what the core answers. What is the hub's own: the socket, the
 workers' links (shared memory or a reused send buffer, wire compression), the write-off relay
-to the other shards, and sync mode's latest rank-0 snapshot. A reply the core holds (SSP: a
+to the other shards, sync mode's latest rank-0 snapshot, and the kernel's lease (a hub on an
+engine ends the run of a kernel that died: `nbdist.hub.orphan`). A reply the core holds (SSP: a
 worker too far ahead; group sync: a group still incomplete) is sent as soon as the core
 releases it. On a push the reply goes out before the push's bookkeeping, which is done for
 `SETTLE_EVERY` pushes at a time (`ShardCore.settle`).
@@ -29,11 +30,11 @@ import numpy as np
 import zmq
 
 from nbdist.core import compression
-from nbdist.core.liveness import RunningClock
+from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError
-from nbdist.hub import localline, shm, writeoff
+from nbdist.hub import localline, orphan, shm, writeoff
 from nbdist.hub.export import hub_state, shard_state
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.profile import marker
@@ -104,6 +105,15 @@ class HubSpec:
     profile: bool = False  # CPU time per phase of a push (nbdist.hub.profile; benchmarks)
     # > 0: poll this long before sleeping, where the hub has a core of its own (--spin)
     spin_s: float = 0.0
+    # the kernel's lease (nbdist.core.liveness.Lease): a shard whose kernel has been silent this
+    # long ends the run (nbdist.hub.orphan); None: no lease (a hub that lives in the kernel)
+    lease_s: float | None = None
+    # where a run whose kernel died writes its last checkpoint (shard 0): {"dir": the folder,
+    # "info": what every checkpoint of the run records, Job.checkpoint_info}; None: nowhere
+    last_checkpoint: dict | None = None
+    # the TCP addresses of the hosts of the run's workers and kernel: the gate reserves their
+    # share of its handshake slots (nbdist.hub.gate); None: not known, no share reserved
+    peer_hosts: list[str] | None = None
 
 
 class Hub:
@@ -125,8 +135,9 @@ class Hub:
                                             + 4096 + spec.extra_bytes)
         # shard 0: lines to the other shards, for write-offs (nbdist.hub.writeoff)
         self.peers = None
-        self._segment = shm.create(4 * self.size)  # live parameters, readable by hogwild workers
-        params = shm.floats(self._segment, 0, self.size)
+        # what run.warnings should say of this shard (a full /dev/shm), in its stats replies
+        self.warnings: list[str] = []
+        self._segment, params = self._live_segment()  # live parameters, read by hogwild workers
         params[:] = spec.params
         self.core = ShardCore(spec.plan, params, spec.non_trainable, now=self.now, shard=spec.shard,
                               num_shards=spec.num_shards, rule_options=spec.rule_options,
@@ -143,6 +154,11 @@ class Hub:
         self.error: str | None = None
         self.closing = False
         self.sync_snapshot = None  # sync mode: rank 0's latest state (nbdist.checkpoint.sync_state)
+        # the kernel's lease on the run, and when it lapsed (nbdist.hub.orphan)
+        self.lease_clock = RunningClock(max_step_s=LEASE_GAP_S)
+        self.lease = (None if spec.lease_s is None
+                      else Lease(spec.lease_s, self.lease_clock.read(time.monotonic())))
+        self.orphaned_at: float | None = None
         if spec.restore is not None:
             self.core.restore(spec.restore)
         self._ctx = zmq.Context()
@@ -152,11 +168,13 @@ class Hub:
         try:
             self._sock, self._auth = server_socket(self._ctx, spec.key,
                                                    self._max_bytes + (1 << 20), spec.encrypt,
-                                                   peers=spec.plan.num_workers + spec.num_shards)
+                                                   peers=spec.plan.num_workers + spec.num_shards,
+                                                   planned=spec.peer_hosts)
             self._folder = socket_folder(spec)
             self._listener = localline.listen(local_path(self._folder), MAX_LOCAL_LINES)
             self.endpoints = bind(self._sock, spec, self._folder, self._listener,
-                                  params_shm=self._segment.name, size=self.size, spin_s=spec.spin_s,
+                                  params_shm=None if self._segment is None else self._segment.name,
+                                  size=self.size, spin_s=spec.spin_s,
                                   gate=self._auth.id)
         except BaseException:  # e.g. an address it cannot bind: give back what it took
             self.close()
@@ -164,8 +182,29 @@ class Hub:
         self._inbox = Inbox(self._sock, self._listener, self._max_bytes, spin_s=spec.spin_s)
         self.profile, self._mark = marker(spec.profile)
 
+    def _live_segment(self):
+        """The segment of the live parameters and its float view; where `/dev/shm` has no room
+        for it, None and an array of the hub's own (hogwild workers beside it then read a copy
+        in their own segment, `_reply_buffer`), and `run.warnings` says so."""
+        try:
+            segment = shm.create(4 * self.size)
+        except OSError as exc:
+            self.warn(f"hub shard {self.spec.shard}: {shm.unavailable(exc, 4 * self.size)}")
+            return None, np.empty(self.size, dtype=np.float32)
+        return segment, shm.floats(segment, 0, self.size)
+
+    def warn(self, note: str) -> None:
+        """A line for `run.warnings` (each once), sent with this shard's statistics."""
+        log.warning("%s", note)
+        if note not in self.warnings:
+            self.warnings.append(note)
+
     def _running_time(self) -> float:
         return self.running.read(time.monotonic())
+
+    def lease_time(self) -> float:
+        """The running time the kernel's lease is kept on (`nbdist.core.liveness.LEASE_GAP_S`)."""
+        return self.lease_clock.read(time.monotonic())
 
     @property
     def num_workers(self) -> int:
@@ -189,18 +228,23 @@ class Hub:
                     State: self._state, Peers: self._peers, Shutdown: self._shutdown}
         timeout_ms = 100 if self.core.barrier is not None else 500  # wakes the loop for its checks
         last_heard = self._running_time()
-        last_check = self.now()
+        last_check, last_lease_check = self.now(), self.lease_time()
         grouped = self.core.barrier is not None
         mark = self._mark
         try:
             while not self.closing:
                 self._running_time()  # every turn: a longer interval is a gap of the hub itself
+                self.lease_time()
                 if (grouped and self.core.barrier.pending
                         and self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
                     self._release_held()
                 if self.core.coordinator and self.now() - last_check > LOST_CHECK_S:
                     last_check = self.now()
                     self._find_lost()
+                if self.lease is not None and self.lease_time() - last_lease_check > LOST_CHECK_S:
+                    last_lease_check = self.lease_time()
+                    if orphan.check(self):  # the kernel is gone and the run has ended
+                        break
                 mark("loop")
                 try:  # limits, MAC, run, recipient, seq, op, field types, segment
                     request, msg, ret = receive(self._inbox, timeout_ms, self.codec,
@@ -218,6 +262,8 @@ class Hub:
                     self.dropped[exc.reason] += 1
                     continue
                 last_heard = self._running_time()
+                if self.lease is not None and ret.to.partition("/")[0] == orphan.KERNEL:
+                    self.lease.renew(self.lease_time())
                 try:
                     answer = handlers[type(request)](request, msg, ret)
                     delivered = answer is None or self._send(ret, *answer)
@@ -237,7 +283,7 @@ class Hub:
         finally:
             self.close()
         return {"shard": self.spec.shard, "version": self.core.version, "error": self.error,
-                "dropped": self.dropped_counts(),
+                "dropped": self.dropped_counts(), "orphaned": self.orphaned_at is not None,
                 **({"profile": self.profile.summary()} if self.profile is not None else {})}
 
     def dropped_counts(self) -> dict[str, int]:
@@ -327,6 +373,8 @@ class Hub:
                                              hello.total)
                               if hello.shm else shm.WorkerLink())
         self.links[worker].compression = hello.compression
+        if hello.shm_fallback and self.core.coordinator is not None:  # said once, by shard 0
+            self.warn(f"worker {worker}: {hello.shm_fallback}")
         self.links[worker].sender = ret.to
         self.core.hello(hello)
         return self._reply_or_hold(worker, ret, pull=True)
@@ -358,8 +406,9 @@ class Hub:
     def _reply_buffer(self, link: shm.WorkerLink) -> np.ndarray | None:
         """Where a consistent pull of this worker is written: its shared segment, or a send
         buffer reused across replies (safe: the worker sends again only after receiving)."""
-        if not self.core.updater.rule.consistent_reads:
-            return None
+        if not self.core.updater.rule.consistent_reads and (self._segment is not None
+                                                             or link.params is None):
+            return None  # hogwild: it reads the live segment, or the live array is sent
         if link.params is not None:
             return link.params
         if link.send_buffer is None:
@@ -415,7 +464,7 @@ class Hub:
             snap = {"shard": self.spec.shard, "version": self.core.version}
         else:
             snap = self.core.stats(stats.since, stats.timeline)
-        snap.update(error=self.error, dropped=self.dropped_counts())
+        snap.update(error=self.error, dropped=self.dropped_counts(), warnings=self.warnings)
         return StatsReply(), [json.dumps(snap).encode()]
 
     def _control(self, control: Control, msg: Message, ret: Return) -> tuple[Ok, list]:

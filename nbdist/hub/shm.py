@@ -4,11 +4,17 @@ When a worker and a hub shard share a host, the 1-4 MB parameter and gradient ve
 through one shared segment per worker, `[gradient | parameters]`, and only small signed
 headers cross ZeroMQ. The worker creates and unlinks its segment; hubs only attach, and keep
 each worker's view of it in a `WorkerLink`.
+
+A segment's pages are allocated when it is made (`posix_fallocate`), not at its first write: a
+sparse segment on a full `/dev/shm` (another user filled it) gets SIGBUS at the first write into
+a page that has no room, which kills the process. Made up front, a full `/dev/shm` is an
+OSError at `create`, and the caller goes over TCP instead and says so (`unavailable`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 from multiprocessing import resource_tracker, shared_memory
 
@@ -20,11 +26,35 @@ _created_here: set[str] = set()
 
 
 def create(nbytes: int) -> shared_memory.SharedMemory:
-    """A new segment with an unguessable name."""
+    """A new segment with an unguessable name, every page of it allocated now; OSError (ENOSPC:
+    `/dev/shm` is full) if there is no room for it, and then nothing is left behind."""
     segment = shared_memory.SharedMemory(name=f"nbdist-{secrets.token_hex(8)}", create=True,
                                          size=max(nbytes, 1))
+    try:
+        allocate(segment._fd, segment.size)  # noqa: SLF001 - the descriptor it maps
+    except OSError:
+        segment.close()
+        with contextlib.suppress(OSError):
+            segment.unlink()
+        raise
     _created_here.add(segment.name)
     return segment
+
+
+def allocate(fd: int, nbytes: int) -> None:
+    """Allocate the pages of `nbytes` of the file `fd` (a segment) now; OSError if they do not
+    fit. Where the platform has no `posix_fallocate` (macOS), nothing is done."""
+    fallocate = getattr(os, "posix_fallocate", None)
+    if fallocate is not None and fd >= 0:
+        fallocate(fd, 0, nbytes)
+
+
+def unavailable(exc: OSError, nbytes: int) -> str:
+    """What `run.warnings` says when a segment of `nbytes` could not be made (`exc`)."""
+    return (f"shared memory unavailable ({nbytes / 2**20:.1f} MiB segment: "
+            f"{exc.strerror or exc}); its arrays go over TCP instead, which is slower. Free "
+            "room in /dev/shm (df -h /dev/shm; another user's or a killed run's files there) "
+            "to use it again")
 
 
 def attach(name: str) -> shared_memory.SharedMemory:

@@ -180,11 +180,13 @@ def check_link(links: Mapping, request, sender: str, num_workers: int) -> None:
 
 
 def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: int | None = None,
-                  peers: int = 1, gate=None):
+                  peers: int = 1, gate=None, planned: list[str] | None = None):
     """A socket to bind (a shard's ROUTER by default), set up before it binds: the receive
     high-water mark, frames of at most `max_frame_bytes`, and behind this context's gate
     (`nbdist.hub.gate`: one-time tokens, or with `encrypt` CurveZMQ admitting only the run's
-    client key; young connections capped from the `peers` expected). Returns (socket, gate);
+    client key; young connections capped from the `peers` expected, and with `planned` (the
+    TCP addresses of those peers' hosts) their share reserved for them: connections from
+    elsewhere get YOUNG_MARGIN slots). Returns (socket, gate);
     pass `gate` to put a second socket of the same context behind it."""
     import zmq
 
@@ -193,7 +195,9 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: in
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
     if sock.type == zmq.ROUTER:  # a reply it cannot queue raises, never vanishes
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
-    gate = gate or Gate(ctx, key, limit=peers + YOUNG_MARGIN, encrypt=encrypt)
+    gate = gate or Gate(ctx, key, limit=peers + YOUNG_MARGIN, encrypt=encrypt,
+                        reserved=0 if planned is None else peers,
+                        planned=frozenset(planned or ()))
     gate.guard(sock, max_frame_bytes)
     return sock, gate
 

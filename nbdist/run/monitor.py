@@ -206,6 +206,9 @@ def absorb(run, snap: dict) -> None:
             state.warnings.append(f"worker {e['worker']} was lost at step {e['step']} "
                                   f"({e.get('reason')}); the others took over its data")
     state.events_seen = len(events)
+    for note in snap.get("warnings", []):  # the hubs' own (e.g. /dev/shm full: over TCP)
+        if note not in state.warnings:
+            state.warnings.append(note)
     if state.status in ("running", "paused"):
         state.status = "paused" if snap.get("paused") else "running"
     notify(run)

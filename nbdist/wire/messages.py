@@ -203,6 +203,7 @@ class Hello(_FromWorker):
     shm: str | None = None  # same host: its segment [gradient | parameters]
     offset: int = 0  # where this shard's slice starts in each half of it
     total: int = 0  # floats in each half
+    shm_fallback: str | None = None  # same host, yet over TCP: why (/dev/shm had no room)
 
 
 @dataclass

@@ -173,3 +173,40 @@ def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_whil
     assert dropped.get(CUT, 0) > 0 and dropped.get(REFUSED, 0) > 0, dropped
     assert sent["pending"]["connections"] >= 512 and sent["multipart"]["connections"] == 1
     assert peak - base < FLOOD_LIMIT_BYTES, (peak - base) / 2**20
+
+
+def test_a_flood_from_elsewhere_leaves_the_runs_planned_peers_their_handshake_slots(tmp_path):
+    """Another user holds every young-connection slot open to anyone (20 idle connections from
+    127.0.0.1; YOUNG_MARGIN are kept, the rest cut). The run's two planned peers, one over ipc
+    and one from a planned address (127.0.0.2), still get in at once, well inside the
+    HANDSHAKE_S during which the flood holds its slots (before: cut until the flood's slots
+    expired). An unplanned newcomer is cut meanwhile."""
+    key = new_key()
+    ctx, clients = zmq.Context(), zmq.Context()
+    sock, gate = server_socket(ctx, key, 1 << 20, False, kind=zmq.PULL, peers=2,
+                               planned=["127.0.0.2"])
+    port = sock.bind_to_random_port("tcp://127.0.0.1")
+    sock.bind(f"ipc://{tmp_path}/ipc")
+    flood = [socket.create_connection(("127.0.0.1", port)) for _ in range(20)]
+    try:
+        wait_for(lambda: gate.counts().get(CUT, 0) >= 20 - YOUNG_MARGIN, 30, what="the flood cut")
+        start = time.monotonic()
+        newcomer = _push(clients, {"endpoint": f"tcp://127.0.0.1:{port}", "gate": gate.id}, key)
+        newcomer.send(b"unplanned")
+        peers = [_push(clients, {"endpoint": endpoint, "gate": gate.id}, key)
+                 for endpoint in (f"ipc://{tmp_path}/ipc", f"tcp://127.0.0.2:0;127.0.0.1:{port}")]
+        for peer in peers:
+            peer.send(peer.getsockopt(zmq.LAST_ENDPOINT) or b"?")
+        got = []
+        while len(got) < 2 and sock.poll(10_000):
+            got.append(sock.recv())
+        assert time.monotonic() - start < HANDSHAKE_S - 1.0, "a planned peer waited for the flood"
+        assert len(got) == 2 and b"unplanned" not in got, got  # the newcomer is not in yet
+        assert gate.counts()[CUT] > 20 - YOUNG_MARGIN  # it was cut (it retries)
+    finally:
+        for conn in flood:
+            conn.close()
+        clients.destroy(linger=0)
+        sock.close(0)
+        gate.stop()
+        ctx.term()

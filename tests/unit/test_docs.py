@@ -225,7 +225,7 @@ def _facts() -> list[tuple[str, str]]:
         (sec, f"A hub keeps at most {server.MAX_LOCAL_LINES} such lines open"),
         (sec, f"(`CONNECTION_BYTES` = {gate.CONNECTION_BYTES // kib} KiB)"),
         (sec, f"after `HANDSHAKE_S` = {gate.HANDSHAKE_S:g} s"),
-        (sec, f"At most L connections younger than {gate.HANDSHAKE_S:g} s"),
+        (sec, f"in their handshake (younger than {gate.HANDSHAKE_S:g} s"),
         (sec, f"plus `YOUNG_MARGIN` = {gate.YOUNG_MARGIN}"),
         (sec, f"a pipeline stage 2 + {gate.YOUNG_MARGIN} = {2 + gate.YOUNG_MARGIN}"),
         (sec, f"`2 x stages + {gate.YOUNG_MARGIN}`"),

@@ -3,7 +3,16 @@
 worker that is really gone is still found at its deadline. Clock readings are fed by hand."""
 
 from nbdist.core.coordinator import Coordinator, Plan
-from nbdist.core.liveness import GAP_S, LOST_FIRST_S, LOST_STEPS, Liveness, RunningClock
+from nbdist.core.liveness import (
+    GAP_S,
+    LEASE_GAP_S,
+    LOST_FIRST_S,
+    LOST_STEPS,
+    Lease,
+    Liveness,
+    RunningClock,
+    lease_term,
+)
 from nbdist.wire.messages import Hello, Step
 
 
@@ -72,3 +81,34 @@ def test_the_coordinator_on_a_running_clock_loses_only_the_worker_that_went_quie
     assert t == LOST_FIRST_S and c.overdue(t) == []
     t = turn(1000.0 + 0.5 * (ks + 1))
     assert c.overdue(t) == [1]
+
+
+def test_the_kernels_lease_lapses_after_its_term_of_silence_and_is_renewed_by_each_message():
+    lease = Lease(term_s=4.0, now=0.0, first_s=30.0)
+    assert not lease.lapsed(29.0) and lease.lapsed(30.5)  # before the kernel's first message
+    lease.renew(31.0)
+    assert not lease.lapsed(35.0) and lease.lapsed(35.25)  # then the term alone
+    lease.renew(35.1)
+    lease.renew(34.0)  # a reading that went back does not shorten the term
+    assert lease.silent(39.0) == 39.0 - 35.1 and not lease.lapsed(39.0)
+
+
+def test_a_suspend_of_kernel_and_hub_together_lapses_no_lease_but_a_dead_kernel_does():
+    """The hub's loop reads its clock every 0.5 s, the kernel polls every 0.25 s. Both are
+    stopped for 40 s (a laptop's lid): on the lease's running clock the kernel was silent
+    LEASE_GAP_S. Then the kernel dies: the lease lapses after its term of the hub's running time."""
+    term = lease_term(8.0)
+    clock = RunningClock(max_step_s=LEASE_GAP_S)
+    lease = Lease(term, clock.read(100.0))
+    for turn in range(1, 21):
+        lease.renew(clock.read(100.0 + 0.5 * turn))
+    now = clock.read(150.0)  # 40 s later: the hub ran again, the kernel's poll comes at once
+    assert not lease.lapsed(now) and lease.silent(now) == LEASE_GAP_S
+    lease.renew(clock.read(150.1))
+    lapsed = next(t for t in (150.1 + 0.5 * k for k in range(1, 40))
+                  if lease.lapsed(clock.read(t)))
+    assert lapsed == 150.1 + 0.5 * 13 and term == 6.0  # the first check past 6 s of silence
+
+
+def test_the_lease_term_leaves_the_workers_room_to_leave_within_the_timeout():
+    assert [lease_term(t) for t in (120.0, 8.0, 4.0, 1.0)] == [118.0, 6.0, 2.0, 0.5]

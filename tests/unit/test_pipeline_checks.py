@@ -87,6 +87,19 @@ def test_young_connections_are_capped_within_the_handshake_window():
     assert young.count(now=4.1) == 2 and young.count(now=100.0) == 0
 
 
+def test_the_planned_peers_share_of_young_connections_stays_theirs():
+    """limit 6, 4 reserved: connections from elsewhere (another user's flood) hold 2 slots at
+    most, the run's own peers may take all 6."""
+    young = Young(limit=6, window_s=3.0, reserved=4)
+    flood = [young.admit(fd, now=0.0) for fd in range(100, 110)]
+    assert flood == [True, True] + [False] * 8
+    assert [young.admit(fd, now=0.5, planned=True) for fd in range(5)] == [True] * 4 + [False]
+    assert young.count(0.5, planned=True) == 4 and young.count(0.5, planned=False) == 2
+    young.gone(0)  # a peer finished its handshake: its slot is free again, for a peer
+    assert not young.admit(111, now=0.6) and young.admit(5, now=0.6, planned=True)
+    assert young.admit(112, now=3.1)  # the flood's slots are past the window
+
+
 def test_tokens_are_fresh_and_bound_to_the_key_and_the_gate():
     key = bytes(range(32))
     (u1, p1), (u2, p2) = credentials(key, "gate-a"), credentials(key, "gate-a")

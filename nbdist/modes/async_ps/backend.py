@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host
 from nbdist.cluster.engines import Cluster, get_within
-from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address
+from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address, peer_addresses
 from nbdist.errors import ClusterError, ConfigError, UnreachableHostError
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import JOIN_MIN_S, EngineBackend, get_started
@@ -53,6 +53,8 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         # each hub binds its own engine's interface towards the workers and this kernel
         peers = [self.nets[w] for w in self.roles.workers] + [self.kernel_net]
         self.bind_hosts = {s: hub_address(self.nets[s], peers) for s in self.roles.servers}
+        # their addresses, where they connect from over TCP: the gates reserve their share
+        self.peer_hosts = {s: peer_addresses(self.nets[s], peers) for s in self.roles.servers}
         self.seen_engines = set(cluster.client.ids)  # --elastic adds only engines that join later
         self.worker_base: WorkerSpec | None = None  # what every worker shares (start_workers)
         self._adding = threading.Lock()
@@ -67,6 +69,7 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         for e in self.roles.servers:  # the hub's process inherits its engine's cores
             client[e].apply_sync(pin_hub_engine, self._place(e, self.roles.servers))
         pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e],
+                                                            peer_hosts=self.peer_hosts[e],
                                                             encrypt=encrypt,
                                                             spin_s=self.spin_for(e, HUB_SPIN_S)))
                    for e, s in zip(self.roles.servers, specs, strict=True)]

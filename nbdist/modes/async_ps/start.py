@@ -21,4 +21,4 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     steps = dict(overlap=config.overlap, local_steps=config.local_steps,
                  easgd_alpha=job.easgd_alpha, rng_state=rng_state(job.model))
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
-                              shards=config.servers, hub_params=job.params)
+                              shards=config.servers, hub_params=job.params, lease=True)

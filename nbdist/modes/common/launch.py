@@ -5,6 +5,7 @@ the job."""
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.core.liveness import lease_term
 from nbdist.core.sharding import shard_bounds
 from nbdist.engine.run_cell import portable
 from nbdist.hub.control import HubControl
@@ -45,10 +47,12 @@ def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpe
 def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[dict], object], *,
                        wait: bool,
                        shards: int, hub_params: np.ndarray, extra_bytes: int = 0,
-                       preloaded: tuple | None = None) -> Run:
+                       preloaded: tuple | None = None, lease: bool = False) -> Run:
     """Start `shards` hub shards holding `hub_params` (restored from the job's checkpoint when
     resuming), then the workers from `make_worker_spec(fields)`, and return the running Run.
-    `job` has its plan (`Job.for_workers`). A failed start leaves nothing serving."""
+    `job` has its plan (`Job.for_workers`). A failed start leaves nothing serving. `lease`: the
+    hubs live on engines, which may outlive this kernel, so they end the run once it has been
+    silent for --timeout, with a last checkpoint into --checkpoint-dir (`nbdist.hub.orphan`)."""
     config = job.config
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     base = HubSpec(run_id=run_id, key=key, shard=0, num_shards=config.servers, plan=job.plan,
@@ -56,6 +60,10 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
                    rule_options=job.rule_options, local_steps=config.local_steps,
                    optimizer=job.optimizer, constraints=job.constraints,
                    idle_timeout=config.timeout, extra_bytes=extra_bytes)
+    if lease:
+        base = replace(base, lease_s=lease_term(config.timeout), last_checkpoint=(
+            None if config.checkpoint_dir is None else
+            {"dir": os.path.abspath(config.checkpoint_dir), "info": job.checkpoint_info(run_id)}))
     specs = hub_specs(base, hub_params, shards)
     if job.checkpoint is not None:
         specs = [replace(s, restore=r)
@@ -77,7 +85,7 @@ def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[Hub
     config, run_id = job.config, specs[0].run_id
     endpoints = backend.start_hubs(specs)
     # a lost hub fails the run within --timeout
-    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout))
+    control = HubControl(key, endpoints, timeout=min(30.0, config.timeout), transport="auto")
     fields = dict(
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
         batch_size=config.batch_size, source=job.cell, pushed=portable(job.contents.pushed),

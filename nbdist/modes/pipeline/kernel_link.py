@@ -8,6 +8,7 @@ then the MAC, the envelope and the report's fields; whatever fails is dropped an
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 from nbdist.errors import ProtocolError
@@ -15,7 +16,7 @@ from nbdist.hub.gate import curve_keys
 from nbdist.hub.protocol import Codec, send_frames
 from nbdist.hub.wire import recv_bounded, server_socket
 from nbdist.modes.pipeline.checks import REPORT_LIMITS
-from nbdist.modes.pipeline.messages import REPORTS, Abort, Stop, Totals, decode
+from nbdist.modes.pipeline.messages import REPORTS, Abort, Alive, Stop, Totals, decode
 from nbdist.wire.schema import Wire
 
 
@@ -28,6 +29,7 @@ class KernelLink:
         import zmq
 
         self.codec = Codec(key, "kernel", run_id)
+        self._sending = threading.Lock()  # one PUB socket, several threads
         self.stages = stages
         self.dropped: Counter[str] = Counter()  # reports refused, by reason
         self.ctx = zmq.Context()
@@ -65,10 +67,11 @@ class KernelLink:
             return None
         return report
 
-    def broadcast(self, control: Stop | Abort) -> None:
-        """`control` to every stage."""
-        for s in range(self.stages):
-            send_frames(self.pub, self.codec.encode(control.encode(), to=f"stage-{s}"))
+    def broadcast(self, control: Stop | Abort | Alive) -> None:
+        """`control` to every stage (from any thread: the monitor's polls, the notebook's stop)."""
+        with self._sending:
+            for s in range(self.stages):
+                send_frames(self.pub, self.codec.encode(control.encode(), to=f"stage-{s}"))
 
     def close(self) -> None:
         self.pull.close(linger=0)

@@ -1,5 +1,6 @@
 """The sockets of one pipeline stage: activations and gradients to and from its neighbours,
-reports to the kernel, and the kernel's stop and abort (the kernel's end: `kernel_link`).
+reports to the kernel, and the kernel's stop, abort and lease (`Alive`: a stage whose kernel
+is silent past `--timeout` less 2 s leaves; the kernel's end: `kernel_link`).
 
 Every message is signed with the run's key by `nbdist.hub.protocol.Codec` (the hub's framing):
 a JSON header with the arrays' shapes and dtypes, then the arrays. Nothing is unpickled.
@@ -41,6 +42,7 @@ client key, and the endpoints the stages and the kernel hand out carry the serve
 
 from __future__ import annotations
 
+import logging
 import time
 from collections import Counter
 from dataclasses import replace
@@ -48,6 +50,7 @@ from dataclasses import replace
 import numpy as np
 
 from nbdist.cluster.netaddr import host_id
+from nbdist.core.liveness import LEASE_GAP_S, LEASE_MARGIN_S, Lease, RunningClock, lease_term
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
 from nbdist.hub.gate import curve_keys
@@ -58,6 +61,7 @@ from nbdist.modes.pipeline.messages import (
     CONTROLS,
     Abort,
     Ack,
+    Alive,
     End,
     Slot,
     Stop,
@@ -65,6 +69,7 @@ from nbdist.modes.pipeline.messages import (
 )
 from nbdist.wire.schema import Wire
 
+log = logging.getLogger(__name__)
 POLL_MS = 200
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
 PAGE = 4096
@@ -109,6 +114,9 @@ class StageLink:
         import zmq
 
         self.stage, self.timeout = stage, timeout
+        # the kernel's lease on the run (messages.Alive renews it; nbdist.core.liveness)
+        self._lease_clock = RunningClock(max_step_s=LEASE_GAP_S)
+        self.lease = Lease(lease_term(timeout), self.lease_time())
         self.name = f"stage-{stage}"
         self.transport, self.slots = str(transport), max(1, slots)
         self.codec, self._key = Codec(key, self.name, run_id), key
@@ -152,9 +160,11 @@ class StageLink:
     def connect(self, neighbours: dict, report: dict, control: dict) -> None:
         """PUSH sockets to the neighbours (`{"stage-1": info, ...}`, each `info` as `self.info`
         gives it) and to the kernel's report socket; a SUB socket on the kernel's control socket
-        (`report` and `control` as `kernel_link.KernelLink` gives them)."""
+        (`report` and `control` as `kernel_link.KernelLink` gives them). The kernel's lease
+        starts now: preparing the other stages may have taken long."""
         import zmq
 
+        self.lease = Lease(self.lease.term_s, self.lease_time())
         for name, info in neighbours.items():
             host = info.get("host")
             if self.transport != "tcp" and host == self.host:
@@ -216,7 +226,13 @@ class StageLink:
                 return None  # a bigger segment only once nothing is in flight in this one
         self._generation += 1
         size = max(need, box.slot_bytes if box else 0)
-        replacement = _Outbox(self.slots, -(-size // PAGE) * PAGE, self._generation)
+        try:
+            replacement = _Outbox(self.slots, -(-size // PAGE) * PAGE, self._generation)
+        except OSError as exc:  # /dev/shm has no room (nbdist.hub.shm.create): TCP from now on
+            log.warning("%s -> %s: %s", self.name, to,
+                        shm.unavailable(exc, self.slots * -(-size // PAGE) * PAGE))
+            self.shm_peers.discard(to)
+            return None
         if box is not None:
             shm.release(box.segment, unlink=True)
         self.outboxes[to] = replacement
@@ -251,6 +267,8 @@ class StageLink:
             ready = dict(poller.poll(POLL_MS))
             if self.sub in ready:
                 self.check_control()
+            else:
+                self.check_lease()
             if self.pull in ready:
                 self._receive()
 
@@ -274,6 +292,32 @@ class StageLink:
                 raise StageAborted(control.reason)
             if isinstance(control, Stop):
                 self.stop_requested = True
+            if isinstance(control, Alive):
+                self.lease.renew(self.lease_time())
+        self.check_lease()
+
+    def lease_time(self) -> float:
+        """The stage's running time that the kernel's lease is kept on (gaps count LEASE_GAP_S)."""
+        return self._lease_clock.read(time.monotonic())
+
+    def check_lease(self) -> None:
+        """Once the kernel has been silent past its lease (dead: SIGKILL, a crash, its host
+        lost), the run stops as on the kernel's Stop: the first stage ends at its next step and
+        tells the next, and every stage returns what it has (so the engines of a connected,
+        Slurm or MPI cluster are idle again). A stage still here LEASE_MARGIN_S later (the
+        stage before it is gone) leaves at once (StageAborted)."""
+        now = self.lease_time()
+        if not self.lease.lapsed(now):
+            return
+        silent = self.lease.silent(now)
+        if not self.stop_requested:
+            log.warning("%s: the kernel has been silent for %.1fs (its lease: %.1fs, --timeout "
+                        "less %gs); taking it for dead and stopping", self.name, silent,
+                        self.lease.term_s, LEASE_MARGIN_S)
+            self.stop_requested = True
+        if silent > self.lease.term_s + LEASE_MARGIN_S:
+            raise StageAborted(f"the kernel has been silent for {silent:.1f}s (its lease: "
+                               f"{self.lease.term_s:.1f}s); taking it for dead, this stage leaves")
 
     def _receive(self) -> None:
         """Read one message into the buffer (or, an ack, free its slot). What fails the limits,

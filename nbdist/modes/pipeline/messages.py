@@ -151,7 +151,14 @@ class Abort(Wire):
     reason: str = "aborted"
 
 
-CONTROLS: dict[str, type[Wire]] = {m.OP: m for m in (Stop, Abort)}
+@message("alive")
+class Alive(Wire):
+    """The kernel is alive (each of its polls, every half second at most): it renews the
+    stages' lease on the run (`nbdist.core.liveness.Lease`); a stage whose kernel is silent
+    past the lease's term leaves."""
+
+
+CONTROLS: dict[str, type[Wire]] = {m.OP: m for m in (Stop, Abort, Alive)}
 
 
 def decode(kinds: Mapping[str, type[Wire]], header: Mapping) -> Wire:

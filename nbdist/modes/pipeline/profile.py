@@ -13,7 +13,10 @@ import time
 
 import numpy as np
 
+from nbdist.errors import TrainingError
+
 REPEATS = 5
+PROBE_TIMEOUT_S = 30.0  # the bandwidth probe's longest wait for one message
 
 
 def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
@@ -65,16 +68,29 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
     return {"layers": rows, "cut_bytes": cut_bytes, "cut_items": cut_items}
 
 
-def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1") -> dict:
+def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1",
+                 timeout: float = PROBE_TIMEOUT_S) -> dict:
     """Bandwidth (bytes/s) and latency (s) of a ZeroMQ TCP link on `host`: a small and a large
-    message, each the fastest of `repeats` round trips halved."""
+    message, each the fastest of `repeats` round trips halved. The probe's port is behind a
+    gate like every socket nbdist binds (`nbdist.hub.gate`, a key of its own): a peer without
+    it never gets in (before, the first peer to connect took the PAIR socket and the probe
+    waited forever), and no wait is longer than `timeout` (TrainingError)."""
     import zmq
 
+    from nbdist.hub.protocol import new_key
+    from nbdist.hub.wire import client_socket, server_socket
+
+    key = new_key()
     ctx = zmq.Context()
-    a, b = ctx.socket(zmq.PAIR), ctx.socket(zmq.PAIR)
+    a, gate = server_socket(ctx, key, nbytes + 1024, False, kind=zmq.PAIR, peers=1)
+    b = None
     try:
         port = a.bind_to_random_port(f"tcp://{host}")
+        b = client_socket(ctx, {"gate": gate.id}, key, zmq.PAIR)
         b.connect(f"tcp://{host}:{port}")
+        for sock in (a, b):
+            sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
+            sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
 
         def trip(payload: bytes) -> float:
             best = float("inf")
@@ -86,13 +102,22 @@ def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1
                 best = min(best, time.perf_counter() - t0)
             return best / 2
 
-        trip(b"x")
-        latency = trip(b"x")
-        big = trip(bytes(nbytes))
+        try:
+            trip(b"x")
+            latency = trip(b"x")
+            big = trip(bytes(nbytes))
+        except zmq.Again:
+            raise TrainingError(
+                f"The pipeline's bandwidth probe on {host} got no answer within {timeout:.0f} s "
+                f"(gate: {gate.counts() or 'nothing refused'}). Expected its two sockets to reach "
+                "each other over TCP on that address: check that this host allows it (a "
+                "firewall rule on it?), then run the cell again.") from None
         return {"bandwidth": nbytes / max(big - latency, 1e-9), "latency": latency}
     finally:
         a.close(linger=0)
-        b.close(linger=0)
+        if b is not None:
+            b.close(linger=0)
+        gate.stop()
         ctx.term()
 
 

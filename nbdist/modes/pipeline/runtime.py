@@ -17,11 +17,12 @@ from collections import deque
 import numpy as np
 
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
-from nbdist.modes.pipeline.messages import Abort, EvalDone, Ops, StepDone, Stop, Totals
+from nbdist.modes.pipeline.messages import Abort, Alive, EvalDone, Ops, StepDone, Stop, Totals
 from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
+ALIVE_EVERY_S = 0.5  # the kernel's polls renew the stages' lease at most this often
 
 
 class PipelineControl:
@@ -48,6 +49,7 @@ class PipelineControl:
         self.global_step, self.epoch = 0, 0
         self.failed = False
         self._last_report = time.monotonic()
+        self._alive_at = 0.0  # when the stages' lease was last renewed (messages.Alive)
         self.tasks_done = lambda: False  # set by the backend
         self._lock = threading.Lock()
         self._closing = threading.Event()
@@ -105,7 +107,11 @@ class PipelineControl:
     def stats(self, since: int = 0, timeline: bool = False, timeout: float | None = None,
               during=None, clock=None) -> dict:
         """The Run's poll, answered from what the stages reported (`timeout`, `during`:
-        HubControl's; no socket is waited on here)."""
+        HubControl's; no socket is waited on here). Each poll renews the stages' lease on the
+        run (`messages.Alive`, every ALIVE_EVERY_S at most): a dead kernel's stages leave."""
+        if time.monotonic() - self._alive_at >= ALIVE_EVERY_S:
+            self._alive_at = time.monotonic()
+            self.link.broadcast(Alive())
         done = self.tasks_done()
         if done:  # the last reports are sent before a stage returns: let them land
             deadline = time.monotonic() + 5.0
