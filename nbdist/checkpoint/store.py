@@ -257,7 +257,7 @@ class Checkpoint:
         out = []
         for i, shard in enumerate(self.meta["shards"]):
             state = {"version": shard["version"]}
-            for prefix in ("rule", "opt"):
+            for prefix in ("rule", "opt", "tail"):  # `ShardCore.export`'s parts
                 part = {k.split(".", 1)[1]: v for k, v in shard["numbers"].items()
                         if k.startswith(prefix + ".")}
                 part.update({k[len(f"shard{i}.{prefix}."):]: v for k, v in self.arrays.items()

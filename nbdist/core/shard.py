@@ -367,7 +367,8 @@ class ShardCore:
                  "rule": rule.name, "rule_options": rule.options, "optimizer": self.updater.spec,
                  "params": self.params.copy(),
                  "rule_state": {name: _copy(getattr(rule, name)) for name in rule.state_fields},
-                 "opt_state": opt.export_state() if opt is not None else {}}
+                 "opt_state": opt.export_state() if opt is not None else {},
+                 "tail_state": self.tail.state() if self.tail is not None else {}}
         c = self.coordinator
         if c is not None:
             state["non_trainable"] = self.non_trainable.copy()
@@ -382,6 +383,8 @@ class ShardCore:
         _import_fields(rule, rule.state_fields, state.get("rule", {}))
         if opt is not None and state.get("opt"):  # (a sync run's metrics hub saves none)
             opt.restore_state(state["opt"])
+        if self.tail is not None:
+            self.tail.restore(state.get("tail", {}))
         c = self.coordinator
         if c is not None and "schedule" in state:
             c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)

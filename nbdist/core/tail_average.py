@@ -59,6 +59,21 @@ class TailAverage:
             np.add(self._sum, weights, out=self._sum)
         self.count += 1
 
+    def state(self) -> dict:
+        """What a checkpoint keeps (numbers, and the sum once the tail started), so that a
+        resumed run, or a shard taken over, averages the same updates as an unbroken run."""
+        state = {"samples": self.samples, "count": self.count}
+        if self._sum is not None:
+            state["sum"] = self._sum.copy()
+        return state
+
+    def restore(self, state: dict) -> None:
+        """Take back what `state()` gave (a checkpoint from before averaging: nothing)."""
+        total = state.get("sum")
+        self.samples = int(state.get("samples", 0))
+        self._sum = None if total is None else np.array(total, dtype=np.float32, copy=True)
+        self.count = int(state.get("count", 0)) if total is not None else 0
+
     def result(self, weights: np.ndarray) -> np.ndarray:
         """A new array: the mean of the averaged updates, or a copy of `weights` (the shard's
         now) before the tail starts."""

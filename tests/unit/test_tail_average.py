@@ -87,3 +87,26 @@ def test_an_update_counts_its_samples_and_is_averaged_once_they_pass_the_start()
     tail.add(5 * w, 64)
     assert (tail.samples, tail.count) == (165, 2)
     assert tail.result(w).tolist() == [4.0, 4.0, 4.0]
+
+
+def test_a_shard_restored_from_its_export_averages_the_same_updates_as_one_never_stopped():
+    straight, broken = one_worker_core(0.5), one_worker_core(0.5)
+    for grad in ([1.0, 2.0], [1.0, 2.0], [1.0, 2.0]):  # the third update is in the tail
+        push(straight, grad)
+        push(broken, grad)
+    saved = broken.export()
+    resumed = one_worker_core(0.5)
+    resumed.restore({"version": saved["version"], "rule": {}, "opt": saved["opt_state"],
+                     "tail": saved["tail_state"]})
+    resumed.params[:] = saved["params"]
+    push(straight, [1.0, 2.0])
+    push(resumed, [1.0, 2.0])
+    assert resumed.result_weights().tolist() == straight.result_weights().tolist() == [-3.5, -7.0]
+
+
+def test_a_checkpoint_from_before_the_tail_restores_nothing():
+    tail = TailAverage(start=10)
+    tail.restore({})
+    assert (tail.samples, tail.count) == (0, 0)
+    tail.restore({"samples": 12, "count": 3})  # no sum: nothing to average from
+    assert (tail.samples, tail.count) == (12, 0)
