@@ -317,7 +317,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
         predict_weights=config.weights_predicted,
         momentum_correction=config.momentum_corrected,
-        average_tail=config.tail_fraction,
+        average_tail=config.tail_fraction(num_workers),
         metrics=config.metrics.value, lr_owner=config.lr_owner, pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs
