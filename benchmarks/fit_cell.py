@@ -5,7 +5,8 @@ For each mode (async with 2 workers, sync with 2 ranks, local) it prints the wal
 whole cell (the kernel runs the cell, the run trains, the statements after fit run), the wall
 time of plain `model.fit` alone on this machine, the epochs and batch trained, and the test
 accuracy against fit's. The data: Fashion-MNIST from nbdist.datasets (offline), the first
-`--samples` training images, 2,000 test images.
+`--samples` training images, 2,000 test images; the cell is the tests' own
+(tests/tutorial_cells.py `KERAS_IO_CONVNET`).
 
     python benchmarks/fit_cell.py                  # 12,000 images, 3 epochs, async/sync/local
     python benchmarks/fit_cell.py --modes local --samples 6000
@@ -16,42 +17,28 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import sys
 import time
 
-from _common import table  # puts the checkout on the path first
+from _common import REPO, table  # puts the checkout on the path first
 
-CELL = '''
-import numpy as np
-import keras
-from keras import layers
-from nbdist.datasets import load_fashion_mnist
-num_classes = 10
-input_shape = (28, 28, 1)
-(x_train, y_train), (x_test, y_test) = load_fashion_mnist()
-x_train, y_train = x_train[:SAMPLES], y_train[:SAMPLES]
-x_test, y_test = x_test[:2000], y_test[:2000]
-x_train = x_train.astype("float32") / 255
-x_test = x_test.astype("float32") / 255
-x_train = np.expand_dims(x_train, -1)
-x_test = np.expand_dims(x_test, -1)
-y_train = keras.utils.to_categorical(y_train, num_classes)
-y_test = keras.utils.to_categorical(y_test, num_classes)
-model = keras.Sequential([
-    keras.Input(shape=input_shape),
-    layers.Conv2D(32, kernel_size=(3, 3), activation="relu"),
-    layers.MaxPooling2D(pool_size=(2, 2)),
-    layers.Conv2D(64, kernel_size=(3, 3), activation="relu"),
-    layers.MaxPooling2D(pool_size=(2, 2)),
-    layers.Flatten(),
-    layers.Dropout(0.5),
-    layers.Dense(num_classes, activation="softmax"),
-])
-model.compile(loss="categorical_crossentropy", optimizer="adam", metrics=["accuracy"])
-started = time.perf_counter()
-history = model.fit(x_train, y_train, batch_size=128, epochs=EPOCHS, validation_split=0.1)
-fit_s = time.perf_counter() - started
-score = model.evaluate(x_test, y_test, verbose=0)
-'''
+sys.path.insert(0, str(REPO))  # the tests' cells
+from tests.tutorial_cells import KERAS_IO_CONVNET
+
+FIT_LINE = ("model.fit(x_train, y_train, batch_size=batch_size, epochs=epochs, "
+            "validation_split=0.1)")
+
+
+def timed_cell(samples: int, epochs: int) -> str:
+    """The tests' keras.io convnet cell (tests/tutorial_cells.py), with `samples` training
+    images, `epochs`, and its fit call timed into `fit_s`."""
+    cell = (KERAS_IO_CONVNET.replace("x_train[:12000], y_train[:12000]",
+                                     f"x_train[:{samples}], y_train[:{samples}]")
+            .replace("epochs = 3\n", f"epochs = {epochs}\n")
+            .replace(FIT_LINE, "started = time.perf_counter()\n" + FIT_LINE
+                     + "\nfit_s = time.perf_counter() - started"))
+    assert "fit_s =" in cell and f"epochs = {epochs}" in cell  # the cell's lines were found
+    return "import time\n" + cell
 
 
 def main() -> None:
@@ -69,8 +56,7 @@ def main() -> None:
 
     import nbdist
 
-    cell = "import time\n" + (CELL.replace("SAMPLES", str(args.samples))
-                              .replace("EPOCHS", str(args.epochs)))
+    cell = timed_cell(args.samples, args.epochs)
     modes = args.modes.split(",")
     rows = []
     keras.utils.set_random_seed(args.seed)

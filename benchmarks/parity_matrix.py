@@ -25,6 +25,7 @@ import statistics
 import sys
 import time
 
+import numpy as np
 from _common import REPO, table  # puts the checkout on the path first
 
 sys.path.insert(0, str(REPO))  # the tests' cells and helpers
@@ -58,12 +59,33 @@ def parse_option(text: str) -> tuple[str, object]:
             return name, value
 
 
+def run_detail(run, model) -> str:
+    """A run's delays, the order of its last pushes and the BatchNorm statistics it ended
+    with (the first layer's mean moving variance), for telling one run's ending from another's."""
+    history = run.history
+    pushes = history[history["worker"].notna()] if "worker" in history else history
+    last = " ".join(f"{int(w)}:{int(d)}" for w, d in
+                    zip(pushes["worker"].tail(8), pushes["delay"].tail(8), strict=True))
+    delays = pushes["delay"]
+    text = (f"pushes {len(pushes)}, delay mean {delays.mean():.2f} max {int(delays.max())}, "
+            f"last pushes (worker:delay) {last}")
+    for layer in model.layers:
+        if type(layer).__name__ == "BatchNormalization":
+            variance = float(np.asarray(layer.moving_variance).mean())
+            text += f", first BatchNorm's mean moving variance {variance:.4f}"
+            break
+    return text
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rows", nargs="+", default=DEFAULT_ROWS, help="MODEL:OPTIMIZER")
     parser.add_argument("--modes", nargs="+", default=["async2", "async4", "sync2", "local"],
                         choices=sorted(MODES))
     parser.add_argument("--seeds", nargs="+", type=int, default=[0, 1, 2])
+    parser.add_argument("--detail", action="store_true",
+                        help="per nbdist run: its delays, its last pushes (worker:delay) and the "
+                        "BatchNorm statistics it ends with")
     parser.add_argument("--option", action="append", default=[], metavar="NAME=VALUE",
                         help="an extra nbdist.train option for every nbdist run")
     args = parser.parse_args()
@@ -84,12 +106,15 @@ def main() -> None:
             for seed in args.seeds:
                 fit, _ = accuracy(cell, seed)
                 for mode in args.modes:
-                    acc, run = accuracy(cell, seed, cluster, **MODES[mode], **extra)
+                    ns: dict = {}
+                    acc, run = accuracy(cell, seed, cluster, ns, **MODES[mode], **extra)
                     results.setdefault((row, mode), []).append((seed, fit, acc))
                     warned.setdefault((row, mode), set()).update(
                         w.split(":")[0] for w in run.warnings)
                     print(f"  {row:<16} {mode:<7} seed {seed}: fit {fit:.4f}  nbdist {acc:.4f}"
                           f"  gap {acc - fit:+.4f}", flush=True)
+                    if args.detail and run is not None:
+                        print("    " + run_detail(run, ns["model"]), flush=True)
     finally:
         if cluster is not None:
             cluster.stop()

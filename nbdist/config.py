@@ -98,6 +98,12 @@ class TrainConfig:
         "instead of keeping the moving averages the hub gathered while the weights moved "
         "(precise BN); run.warnings says so", negatable=True,
         shown_default="on where the model has BatchNormalization and the data is in memory")
+    average_tail: float | None = option(
+        None, "hand back the mean of the hub's weights over the run's last FRACTION of samples "
+        "(tail averaging, Polyak and Juditsky) instead of where the last asynchronous pushes "
+        "happened to leave them; 0: the last update's weights; run.warnings says so",
+        type=float, metavar="FRACTION",
+        shown_default="0.1 with two or more workers, where the data's length is known")
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", type=int,
@@ -299,6 +305,12 @@ class TrainConfig:
                 f"--local-steps {self.local_steps}). Drop --predict-weights, or pick one of those.")
 
     def _check_momentum_correction(self, algo: str) -> None:
+        tail = self.average_tail
+        if tail is not None and (isinstance(tail, bool) or not isinstance(tail, (int, float))
+                                 or not 0 <= tail < 1):
+            raise ConfigError(f"--average-tail expects the share of the run's samples whose "
+                              f"updates are averaged, from 0 (off) up to but not including 1 "
+                              f"(Received: {tail!r}). Example: --average-tail 0.1.")
         if self.precise_bn not in (None, True, False):
             raise ConfigError(f"precise_bn must be True, False or None (automatic) "
                               f"(Received: {self.precise_bn!r}).")
@@ -315,6 +327,19 @@ class TrainConfig:
                 f"optimizer takes each push as it lands (Received: --mode {self.mode.value}, "
                 f"--algorithm {algo}, --local-steps {self.local_steps}). Drop "
                 "--momentum-correction, or pick one of those.")
+
+    def tail_fraction(self, num_workers: int) -> float:
+        """The share of the run's samples over whose updates the weights handed back are
+        averaged (`nbdist.core.tail_average`): --average-tail, or by default 0.1 where two or
+        more workers push asynchronously in a mode that takes it (one worker is `fit`'s own
+        sequence of updates, and hands back its last, as `fit` does)."""
+        if self.mode.value not in modes_taking("average_tail"):
+            return 0.0
+        if self.average_tail is None:
+            from nbdist.core.tail_average import TAIL_DEFAULT  # NumPy: not at `import nbdist`
+
+            return TAIL_DEFAULT if num_workers > 1 else 0.0
+        return float(self.average_tail)
 
     @property
     def precise_bn_wanted(self) -> bool:

@@ -108,7 +108,7 @@ class Job:
         job = replace(self, num_workers=num_workers, plan=plan, rule_options=options,
                       easgd_alpha=alpha)
         return job.told([*job.momentum_notices(), *job.staleness_notices(),
-                         *job.batchnorm_notices()])
+                         *job.tail_notices(), *job.batchnorm_notices()])
 
     def told(self, said: list[str]) -> Job:
         """This job with `said` in run.warnings and run.events: how the run trains unlike the
@@ -157,6 +157,20 @@ class Job:
                 f"model.fit\"). To track fit, pick --mode sync, fewer workers, or "
                 f"--algorithm ssp --staleness 0 (shorter delays; workers wait for the slowest), "
                 f"or train more epochs."]
+
+    def tail_notices(self) -> list[str]:
+        """That the weights handed back average the run's tail (nothing where they don't)."""
+        from nbdist.core.tail_average import tail_start
+
+        plan = self.plan
+        if tail_start(plan.average_tail, plan.epochs, plan.num_samples) is None:
+            return []
+        return [f"--average-tail {plan.average_tail:g}: the weights handed back are the mean of "
+                f"the hub's weights after each update of the run's last "
+                f"{plan.average_tail:.0%} of samples, not the last update's: asynchronous "
+                f"pushes land on weights that moved meanwhile, so where the last few leave them "
+                f"scattered single runs about 0.04 around model.fit's, and their mean does not. "
+                f"--average-tail 0 hands back the last update's weights."]
 
     @property
     def precise_bn(self) -> bool:
@@ -303,6 +317,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         slowdown=list(config.slowdown or [1.0] * num_workers), staleness_lr=config.staleness_lr,
         predict_weights=config.weights_predicted,
         momentum_correction=config.momentum_corrected,
+        average_tail=config.tail_fraction(num_workers),
         metrics=config.metrics.value, lr_owner=config.lr_owner, pause_at=config.pause_at,
         # sync ranks fall silent together whenever rank 0 evaluates (the others wait in the
         # allreduce): that is no loss, and Horovod itself fails a rank that hangs

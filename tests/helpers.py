@@ -314,7 +314,9 @@ def train_typical(cell: str, **options) -> tuple[float, object]:
     run = nbdist.train(cell, namespace=ns, epochs=TYPICAL_EPOCHS, batch_size=TYPICAL_BATCH,
                        wait=True, **options)
     assert run.status == "finished" and run.error is None
-    assert run.warnings == []  # trained with the cell's own optimizer, nothing else
+    # trained with the cell's own optimizer, nothing else (two or more async workers hand back
+    # the mean of the run's tail, and say so)
+    assert [w for w in run.warnings if not w.startswith("--average-tail ")] == [], run.warnings
     return typical_accuracy(ns), run
 
 

@@ -9,15 +9,16 @@ import io
 BAR = 0.03  # every run lands at least fit − BAR on the same seed (above fit is fine)
 
 
-def accuracy(cell: str, seed: int, cluster=None, **options):
+def accuracy(cell: str, seed: int, cluster=None, namespace: dict | None = None, **options):
     """(the cell's `score[1]` after its fit call, the Run or None): plain Keras without
-    `options`, else `nbdist.train(cell, seed=seed, **options)`. Raises if the run failed."""
+    `options`, else `nbdist.train(cell, seed=seed, **options)`, in `namespace` if given (so
+    the caller can look at the model). Raises if the run failed."""
     import keras
 
     import nbdist
 
     keras.utils.set_random_seed(seed)
-    ns: dict = {}
+    ns: dict = {} if namespace is None else namespace
     with contextlib.redirect_stdout(io.StringIO()):
         if not options:
             exec(cell, ns)  # noqa: S102 - the test's own cell

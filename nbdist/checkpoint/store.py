@@ -257,7 +257,7 @@ class Checkpoint:
         out = []
         for i, shard in enumerate(self.meta["shards"]):
             state = {"version": shard["version"]}
-            for prefix in ("rule", "opt"):
+            for prefix in ("rule", "opt", "tail"):  # `ShardCore.export`'s parts
                 part = {k.split(".", 1)[1]: v for k, v in shard["numbers"].items()
                         if k.startswith(prefix + ".")}
                 part.update({k[len(f"shard{i}.{prefix}."):]: v for k, v in self.arrays.items()
@@ -359,6 +359,10 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
     check_meta(meta_path, meta, arrays, _corrupt)
 
 
+# what `TailAverage.state` saves: numbers, and the sum once the tail started
+TAIL_FIELDS = frozenset({"tail.samples", "tail.count", "tail.sum"})
+
+
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Each shard saved exactly the state its rule (and server optimizer) keeps."""
     for i, shard in enumerate(meta["shards"]):
@@ -370,9 +374,10 @@ def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray])
         saved = set(shard.get("numbers", {})) | {k.split(".", 1)[1] for k in arrays
                                                   if k.startswith(f"shard{i}.")
                                                   and k.count(".") >= 2}
+        tail = {k for k in saved if k.startswith("tail.")}  # --average-tail's, where it ran
         sized = all(arrays[k].shape == arrays[f"shard{i}.params"].shape for k in arrays
-                    if k.startswith((f"shard{i}.rule.", f"shard{i}.opt.")))
-        if saved != wanted or not sized:
+                    if k.startswith((f"shard{i}.rule.", f"shard{i}.opt.", f"shard{i}.tail.")))
+        if saved - tail != wanted or not tail <= TAIL_FIELDS or not sized:
             raise _corrupt(meta_path, f"shard {i}'s saved rule state {sorted(saved)} is not what "
                                       f"{shard['rule']} keeps ({sorted(wanted)}, one float per "
                                       "parameter)")

@@ -33,6 +33,9 @@ class Plan:
     predict_weights: bool = False  # pulls carry w + d x (last update), d the worker's delay
     # the optimizer's momentum lowered by what asynchrony adds (nbdist.algorithms.momentum)
     momentum_correction: bool = False
+    # the share of the run's samples over whose updates the weights handed back are averaged
+    # (nbdist.core.tail_average); 0: the last update's weights
+    average_tail: float = 0.0
     metrics: str = "full"  # "minimal": counters only, no history rows or timeline
     # who applies the learning rate, so only one place holds it: "hub" (the hub optimizer,
     # nbdist.core.updater) or "workers" (sync ranks, --local-steps and easgd workers, which the

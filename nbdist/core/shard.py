@@ -30,6 +30,7 @@ from nbdist.core.barrier import GroupBarrier, GroupStep
 from nbdist.core.coordinator import Coordinator
 from nbdist.core.plan import Plan
 from nbdist.core.schedule import EpochSchedule
+from nbdist.core.tail_average import TailAverage, tail_start
 from nbdist.core.updater import make_updater
 from nbdist.wire.messages import Reply
 
@@ -112,6 +113,8 @@ class ShardCore:
         self._unsettled: list[tuple] = []
         # Group sync forms its groups from the accounting, so it accounts each push at once.
         self._settle_every = 1 if plan.algorithm == "group" else max(1, int(settle_every))
+        start = None if sync else tail_start(plan.average_tail, plan.epochs, plan.num_samples)
+        self.tail = TailAverage(start) if start is not None else None
 
     # -- workers -----------------------------------------------------------------------------
 
@@ -157,6 +160,8 @@ class ShardCore:
             return False
         delay = self.version - read
         copied = self._apply(worker, grad, delay, into=into, norm=step.norm)
+        if self.tail is not None:
+            self.tail.add(self.params, step.batch)
         if self.plan.predict_weights:
             recent = self.delays.setdefault(worker, [])
             recent.append(delay)
@@ -200,6 +205,8 @@ class ShardCore:
         delay = self.version - min(step.read_versions.values())
         scale = 1.0 if self.sync else step.batch / self.plan.batch_size
         self._apply(min(step.members), step.mean, delay, scale=scale)
+        if self.tail is not None:
+            self.tail.add(self.params, step.batch)
         if self.coordinator is not None:
             for member, push in step.headers.items():
                 self.coordinator.push(push, self.version - 1 - step.read_versions[member],
@@ -338,6 +345,17 @@ class ShardCore:
             snap["lr"] = self.updater.learning_rate()  # the schedule's value at this step
         return snap
 
+    def result_weights(self) -> np.ndarray:
+        """A copy of the weights the run hands the notebook: the mean over the run's tail with
+        --average-tail (`nbdist.core.tail_average`; the model's constraints applied to it, since
+        an average can leave a non-convex set such as UnitNorm's), else the shard's now."""
+        if self.tail is None or not self.tail.count:
+            return self.params.copy()
+        weights = self.tail.result(self.params)
+        if self.updater.constraints:
+            self.updater.constraints.apply(weights)
+        return weights
+
     # -- checkpoints -------------------------------------------------------------------------
 
     def export(self) -> dict:
@@ -349,7 +367,8 @@ class ShardCore:
                  "rule": rule.name, "rule_options": rule.options, "optimizer": self.updater.spec,
                  "params": self.params.copy(),
                  "rule_state": {name: _copy(getattr(rule, name)) for name in rule.state_fields},
-                 "opt_state": opt.export_state() if opt is not None else {}}
+                 "opt_state": opt.export_state() if opt is not None else {},
+                 "tail_state": self.tail.state() if self.tail is not None else {}}
         c = self.coordinator
         if c is not None:
             state["non_trainable"] = self.non_trainable.copy()
@@ -364,6 +383,8 @@ class ShardCore:
         _import_fields(rule, rule.state_fields, state.get("rule", {}))
         if opt is not None and state.get("opt"):  # (a sync run's metrics hub saves none)
             opt.restore_state(state["opt"])
+        if self.tail is not None:
+            self.tail.restore(state.get("tail", {}))
         c = self.coordinator
         if c is not None and "schedule" in state:
             c.schedule = EpochSchedule.from_state(state["schedule"], epochs=c.plan.epochs)

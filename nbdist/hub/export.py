@@ -1,7 +1,8 @@
 """What a hub shard sends of itself for a checkpoint, and how it takes it back (on the engine).
 
 `shard_state` is the shard's answer to the kernel's `state` request: what its `ShardCore`
-exports (parameters, version, update-rule state and optimizer slots, and, on shard 0, the data
+exports (parameters, version, update-rule state, optimizer slots and the tail's
+sum (`nbdist.core.tail_average`), and, on shard 0, the data
 position), as a header of numbers and a list of float32 arrays. In a sync run the hub holds no
 weights: `hub_state` answers with rank 0's latest snapshot instead
 (`nbdist.checkpoint.sync_state` says how it gets there). `restore_shard` hands a saved state to
@@ -35,7 +36,8 @@ def shard_state(core) -> tuple[ShardState, list[np.ndarray]]:
     if "non_trainable" in state:
         arrays["non_trainable"] = state["non_trainable"]
     numbers = {}
-    for prefix, part in (("rule", state["rule_state"]), ("opt", state["opt_state"])):
+    for prefix, part in (("rule", state["rule_state"]), ("opt", state["opt_state"]),
+                         ("tail", state["tail_state"])):
         a, n = split_state(part)
         arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
         numbers.update({f"{prefix}.{k}": v for k, v in n.items()})

@@ -474,7 +474,7 @@ class Hub:
         return Ok(), []
 
     def _params(self, params: Params, msg: Message, ret: Return) -> tuple[ParamsReply, list]:
-        return ParamsReply(self.core.version), [self.core.params.copy(),
+        return ParamsReply(self.core.version), [self.core.result_weights(),
                                                 self.core.non_trainable.copy()]
 
     def _state(self, state: State, msg: Message, ret: Return) -> tuple[ShardState, list]:

@@ -38,7 +38,7 @@ EVERY_MODE = frozenset({"mode", "epochs", "batch_size", "lr", "model", "data", "
 OPERATIONS = ("checkpoint", "add_workers")
 
 _RULE = frozenset({"algorithm", "algo_options", "staleness_lr", "predict_weights",
-                   "momentum_correction", "precise_bn", "staleness",
+                   "momentum_correction", "precise_bn", "average_tail", "staleness",
                    "n", "groups", "server_optimizer"})  # the hub applies an update rule
 _COORDINATED = frozenset({"dbs", "batch_min", "batch_max", "slowdown", "metrics", "pause_at"})
 _CHECKPOINTS = frozenset({"checkpoint_dir", "checkpoint_every"})

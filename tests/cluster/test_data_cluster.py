@@ -53,7 +53,8 @@ def test_tf_data_trains_in_async_in_memory_or_streamed_by_shards(cluster, limit)
         assert all(p >= 1 for p in passes) and sum(passes) >= 4
         assert any("goes through its own shard" in w for w in run.warnings)
     else:
-        assert passes == [None, None] and run.warnings == []
+        assert passes == [None, None]
+        assert [w for w in run.warnings if not w.startswith("--average-tail ")] == []
 
 
 @pytest.mark.horovod

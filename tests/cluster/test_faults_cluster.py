@@ -67,7 +67,7 @@ def test_a_killed_worker_engine_is_written_off_and_the_other_finishes_the_run(ow
     assert list(nodes["state"]) == ["done", "lost"]
     lost = run.events[run.events["event"] == "worker_lost"]
     assert list(lost["worker"]) == [1] and lost["step"].iloc[0] < global_step(run)
-    assert run.warnings and run.warnings[0].startswith("worker 1 was lost")
+    assert any(w.startswith("worker 1 was lost") for w in run.warnings), run.warnings
     # every sample of every epoch trained on exactly once: the dead worker's chunk was redone
     assert run.stats["epoch_samples"] == [900] * epochs
     assert nodes["samples"].sum() == 900 * epochs

@@ -1,6 +1,7 @@
 """What a run says at its start when it trains unlike the cell: momentum compensation where it
 runs by default (momentum SGD at a large effective step) and not elsewhere, and what four or
-more async workers cost at equal epochs. Simulated runs of a small synthetic cell."""
+more async workers cost at equal epochs, and that the weights handed back average the run's
+tail. Simulated runs of a small synthetic cell."""
 
 import pytest
 
@@ -38,3 +39,17 @@ def test_four_async_workers_are_told_what_staleness_costs(workers, warned):
                for w in said) is warned
     synced = warnings_of("keras.optimizers.SGD(0.1)", workers=workers, algorithm="softsync")
     assert not any("async workers:" in w for w in synced)
+
+
+def test_the_weights_handed_back_average_the_tail_by_default_and_say_so():
+    said = warnings_of("keras.optimizers.SGD(0.1)", workers=2)
+    assert any(w.startswith("--average-tail 0.1: the weights handed back are the mean of the "
+                            "hub's weights after each update of the run's last 10% of samples")
+               for w in said)
+    assert not any("--average-tail" in w for w in warnings_of("keras.optimizers.SGD(0.1)",
+                                                               workers=2, average_tail=0))
+    # one worker: fit's own sequence of updates, handed back as fit does, unless asked
+    assert not any("--average-tail" in w for w in warnings_of("keras.optimizers.SGD(0.1)",
+                                                               workers=1))
+    assert any(w.startswith("--average-tail 0.2:") for w in warnings_of(
+        "keras.optimizers.SGD(0.1)", workers=1, average_tail=0.2))

@@ -84,7 +84,7 @@ LINES = [  # between them, every training flag of %%distribute
     "--groups 2 --metrics minimal --pin auto --spin off --dbs --batch-min 8 --batch-max 128 "
     "--slowdown 1,2 --elastic --checkpoint-dir ck --checkpoint-every 5",
     "--algorithm ssp --staleness 2 --overlap --pause-at 0 --predict-weights --momentum-correction "
-    "--precise-bn",
+    "--precise-bn --average-tail 0.2",
     "--algorithm softsync --n 2 --local-steps 2 --server-optimizer adam",
     "--mode sync --sync-batchnorm",
     "--mode simulate --workers 2 --sim jitter=0.1,sync=1",

@@ -27,7 +27,7 @@ def test_every_mode_has_one_table_entry_with_a_start():
 # a value away from its default for each option some mode does not take
 GIVEN = dict(algorithm="hogwild", workers=2, servers=2, transport="tcp", compression="fp16",
              timeout=60.0, algo_options="lambda0=1", staleness_lr=True, predict_weights=False,
-             momentum_correction=False, precise_bn=False,
+             momentum_correction=False, precise_bn=False, average_tail=0.2,
              staleness=2, n=2, groups=2, local_steps=2, server_optimizer="adam", overlap=True,
              pin="auto", spin="off", dbs=True, batch_min=8, batch_max=64, slowdown="1,2",
              metrics="minimal", pause_at=3, elastic=True, checkpoint_dir="ckpt",

@@ -106,7 +106,7 @@ class Simulation:
 
     def params_now(self) -> tuple[np.ndarray, np.ndarray]:
         with self._lock:
-            return self.core.params.copy(), self.core.non_trainable.copy()
+            return self.core.result_weights(), self.core.non_trainable.copy()
 
     def shutdown(self) -> None:
         if not self.ended:
