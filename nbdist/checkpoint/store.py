@@ -270,6 +270,36 @@ class Checkpoint:
         return out
 
 
+def shard_restore(state: ShardState, buffers: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray,
+                                                                          dict]:
+    """One shard's `state` reply (`HubControl.state`, as a checkpoint saves it) as what a new
+    hub shard starts from: its parameters, its non-trainable state (empty but on shard 0) and
+    its `HubSpec.restore`, the same fields `Checkpoint.shard_restores` gives. A run's kernel
+    uses it to start a lost shard anew from its latest snapshot (`nbdist.run.takeover`).
+
+    Example:
+        >>> from nbdist.wire.messages import ShardState
+        >>> s = ShardState(shard=1, version=7, names=["params", "opt.m"], numbers={"opt.t": 7})
+        >>> p, nt, r = shard_restore(s, [np.ones(2, np.float32), np.zeros(2, np.float32)])
+        >>> p.tolist(), nt.size, r["version"], sorted(r["opt"]), r["rule"]
+        ([1.0, 1.0], 0, 7, ['m', 't'], {})
+    """
+    arrays = dict(zip(state.names, buffers, strict=True))
+    restore: dict = {"version": int(state.version)}
+    for prefix in ("rule", "opt"):
+        part = {k.split(".", 1)[1]: v for k, v in state.numbers.items()
+                if k.startswith(prefix + ".")}
+        part.update({k.split(".", 1)[1]: np.asarray(v, dtype=np.float32).copy()
+                     for k, v in arrays.items() if k.startswith(prefix + ".")})
+        restore[prefix] = part
+    if state.shard == 0:
+        restore.update(schedule=state.schedule, evals_pending=list(state.evals_pending),
+                       steps=state.steps)
+    params = np.asarray(arrays["params"], dtype=np.float32).copy()
+    non_trainable = np.asarray(arrays.get("non_trainable", np.zeros(0)), dtype=np.float32).copy()
+    return params, non_trainable, restore
+
+
 def load(path: str | os.PathLike) -> Checkpoint:
     """Read and verify a checkpoint (its folder or its meta.json); raise CheckpointError
     (CheckpointNotFoundError) naming what is wrong. Nothing is used before all checks pass."""

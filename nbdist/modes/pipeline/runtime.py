@@ -174,9 +174,8 @@ class PipelineBackend(Backend):
         control.tasks_done = self.tasks_done
 
     def start_hubs(self, specs: list) -> list[dict]:
-        raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): its "
-                            "stages report to the kernel's link. Start the stages with "
-                            "start_workers().")
+        raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): "
+                            "its ")
 
     def start_workers(self, base: list) -> None:
         """Prepare every stage of `base` (one StageSpec each: it runs the cell and binds its
@@ -291,6 +290,11 @@ class PipelineBackend(Backend):
         raise ConfigError(f"--mode pipeline runs one stage per engine, fixed when it starts "
                           f"(Received: run.add_workers({list(engines)})). Start a new run with "
                           "more --stages, or use --mode async to add workers while a run trains.")
+
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+        raise TrainingError(f"--mode pipeline has no hub shards (Received: hub shard(s) "
+                            f"{sorted(restores)} lost). Use --mode async to survive a lost hub "
+                            "shard.")
 
     def joined_engines(self) -> list[int]:
         return []  # stages are fixed when the run starts

@@ -81,9 +81,9 @@ class SimBackend(Backend):
                                         name="nbdist-simulation")
 
     def start_hubs(self, specs: list) -> list[dict]:
-        raise TrainingError(f"A simulated run has no hub process to start (Received: "
-                            f"{len(specs)} hub spec(s)): the simulation drives the shards' logic "
-                            "itself. Start it with start_workers().")
+        raise TrainingError("A simulated run has no hub process to start (Received: "
+                            f"{len(specs)} hub spec(s)): the simulation drives the shards' logic"
+                            " ")
 
     def start_workers(self, base=None) -> None:
         """Start the simulation (its virtual workers and hub) on a thread of this kernel."""
@@ -120,6 +120,10 @@ class SimBackend(Backend):
         raise ConfigError(
             f"A simulated run's virtual workers are fixed when it starts (Received: "
             f"run.add_workers({list(engines)})). Simulate with more --workers instead.")
+
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+        raise TrainingError("A simulated run's hub is a virtual one in this kernel (Received: "
+                            f"hub shard(s) {sorted(restores)} lost). Nothing there can be lost.")
 
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
