@@ -1,0 +1,69 @@
+"""A lost shard started anew from the kernel's snapshot (nbdist/run/takeover.py), its pure
+part: the `state` reply a snapshot keeps, turned into a new shard's start
+(`checkpoint.store.shard_restore`), continues exactly like the shard that was not lost, counts
+its steps on, and does not pause again at a --pause-at step already passed."""
+
+import numpy as np
+
+from nbdist.checkpoint.store import shard_restore
+from nbdist.core.plan import Plan
+from nbdist.core.shard import ShardCore
+from nbdist.hub.export import shard_state
+from nbdist.wire.messages import Hello, Step
+
+
+def core(**kw) -> ShardCore:
+    plan = Plan(**{**dict(num_workers=2, num_samples=64, epochs=1, batch_size=4, lr=0.5,
+                          has_validation=False, algorithm="dc-asgd-a"), **kw})
+    return ShardCore(plan, np.zeros(5, np.float32), np.zeros(0, np.float32), now=lambda: 0.0)
+
+
+def hello(c: ShardCore) -> None:
+    for w in (0, 1):
+        c.hello(Hello(w, host="h", engine=w))
+        c.reply(w, pull=True)
+
+
+def train(c: ShardCore, pushes: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    for i in range(pushes):
+        w = i % 2
+        chunks = [chunk.id for chunk in c.reply(w, pull=False).chunks][:1]
+        c.push(Step(w, chunks=chunks, batch=4), rng.normal(size=5).astype(np.float32))
+        c.reply(w, pull=True)
+    c.settle()
+
+
+def test_a_shard_started_from_its_snapshot_goes_on_exactly_like_the_one_not_lost():
+    straight, lost = core(pause_at=3), core(pause_at=3)
+    for c in (straight, lost):
+        hello(c)
+        train(c, 6, seed=1)  # paused itself after 3 steps; resumed below
+        c.coordinator.paused = False
+    reply, buffers = shard_state(lost)  # what the kernel keeps (signed arrays and numbers)
+    params, non_trainable, restore = shard_restore(reply, buffers)
+    restore["paused_at"] = True  # the kernel saw --pause-at's pause
+    assert restore["version"] == 6 and restore["steps"] == lost.coordinator.steps_counted == 6
+    taken = ShardCore(core(pause_at=3).plan, params, non_trainable, now=lambda: 0.0)
+    taken.restore(restore)
+    assert taken.coordinator.stats.global_step == 6 and taken.coordinator.plan.pause_at is None
+    hello(taken)  # the workers start again and pull
+    hello(straight)
+    train(straight, 4, seed=2)
+    train(taken, 4, seed=2)
+    np.testing.assert_array_equal(taken.params, straight.params)
+    assert taken.version == straight.version == 10
+    assert taken.coordinator.steps_counted == straight.coordinator.steps_counted
+    assert not taken.coordinator.paused
+
+
+def test_without_the_pause_seen_a_taken_over_shard_still_pauses_at_its_step():
+    lost = core(pause_at=5)
+    hello(lost)
+    train(lost, 2, seed=1)
+    params, non_trainable, restore = shard_restore(*shard_state(lost))
+    taken = ShardCore(lost.plan, params, non_trainable, now=lambda: 0.0)
+    taken.restore(restore)
+    hello(taken)
+    train(taken, 3, seed=2)
+    assert taken.coordinator.paused and taken.coordinator.steps_counted == 5
