@@ -136,7 +136,11 @@ def recovery(cluster, batch: int) -> dict:
             time.sleep(0.05)
         served = time.monotonic()
         row = dict(run.state.takeovers[0]) if run.state.takeovers else {}
-        while not run.done() and _steps_after(run) == 0:
+        revision = run.state.revision
+        while not run.done() and run.state.revision == revision:  # a poll of the new shards
+            time.sleep(0.05)
+        restarted_at = run.stats.get("global_step", 0)  # (a new shard 0 counts on from its own)
+        while not run.done() and run.stats.get("global_step", 0) <= restarted_at:
             time.sleep(0.05)
         trained = time.monotonic()
         run.wait(600)
@@ -145,12 +149,6 @@ def recovery(cluster, batch: int) -> dict:
             "served_s": served - killed, "trained_s": trained - killed,
             "updates_lost": row.get("updates_lost"), "snapshot_age_s": row.get("snapshot_age_s"),
             "steps_before": step_before, "engine": row.get("engine")}
-
-
-def _steps_after(run) -> int:
-    """Pushes the workers made since they started again (their node rows count anew)."""
-    nodes = run.state.snapshot.get("nodes", [])
-    return sum(int(n["steps"]) for n in nodes if n.get("hellos", 0) > 1) if nodes else 0
 
 
 def main() -> None:

@@ -67,3 +67,31 @@ def test_without_the_pause_seen_a_taken_over_shard_still_pauses_at_its_step():
     hello(taken)
     train(taken, 3, seed=2)
     assert taken.coordinator.paused and taken.coordinator.steps_counted == 5
+
+
+def test_a_free_engine_that_answers_takes_the_shard_its_own_engine_last():
+    from nbdist.modes.async_ps.backend import spare_engine
+
+    # shards on 0 and 1, workers on 2 and 3; engine 4 does not answer (dead or busy)
+    alive = {0, 1, 2, 3, 5}.__contains__
+    assert spare_engine(1, [0, 1], [2, 3], set(), [0, 1, 2, 3, 4, 5], alive) == (5, None)
+    # only its own engine is free: its hub process died alone, the engine serves it again
+    assert spare_engine(1, [0, 1], [2, 3], set(), [0, 1, 2, 3], alive) == (1, None)
+    # a lost worker's engine that answers is free
+    assert spare_engine(1, [0, 1], [2, 3], {0}, [0, 2, 3], {0, 2, 3}.__contains__) == (2, None)
+
+
+def test_with_no_free_engine_the_last_workers_engine_takes_it_or_the_error_says_what_is_missing():
+    import pytest
+
+    from nbdist.errors import ClusterError
+    from nbdist.modes.async_ps.backend import spare_engine
+
+    assert spare_engine(0, [0], [1, 2], set(), [1, 2], lambda e: True) == (2, 1)
+    # worker 1 is out and its engine (2) does not answer: worker 2, the last left, gives its own
+    assert spare_engine(0, [0], [1, 2, 3], {1}, [1, 2, 3], lambda e: e != 2) == (3, 2)
+    with pytest.raises(ClusterError, match=r"Hub shard 0 was lost and no engine can take it over "
+                                           r"\(Received: the cluster's engines \[1\]; .*1 worker"
+                                           r"\(s\) left on \[1\].*Expected a free engine.*"
+                                           r"%nbdist start N"):
+        spare_engine(0, [0], [1, 2], {1}, [1], lambda e: True)

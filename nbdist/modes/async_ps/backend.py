@@ -143,30 +143,10 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         return (self._run_id, shard) in [tuple(key) for key in serving]
 
     def _spare_engine(self, shard: int) -> tuple[int, int | None]:
-        """An engine for lost shard `shard`, and the worker whose engine it is (None: a free
-        one). Free engines answer a ping (a dead or busy one does not); the lost shard's own
-        engine last (its hub process may have died alone). With none free, the engine of the
-        run's last worker still in it, if one more is left to train."""
+        """An engine for lost shard `shard` (`spare_engine`), asked of the cluster now."""
         client = self.cluster.client
-        busy = {e for s, e in enumerate(self.server_engines) if s != shard}
-        busy |= {e for w, e in enumerate(self.worker_engines) if w not in self.lost}
-        own = self.server_engines[shard]
-        free = [e for e in sorted(client.ids) if e not in busy and e != own]
-        free += [own] if own in client.ids else []
-        for engine in free:
-            if _answers(client, engine):
-                return engine, None
-        left = [w for w in range(len(self.worker_engines)) if w not in self.lost]
-        if len(left) >= 2:
-            worker = left[-1]
-            if _answers(client, self.worker_engines[worker]):
-                return self.worker_engines[worker], worker
-        raise ClusterError(
-            f"Hub shard {shard} was lost and no engine can take it over (Received: engines "
-            f"{sorted(client.ids)}; hub shards on {sorted(busy - set(self.worker_engines))}, "
-            f"{len(left)} worker(s) left on {[self.worker_engines[w] for w in left]}; none free "
-            "that answers). Expected a free engine, or a second worker whose engine can take it. "
-            "Start more engines than the run uses (`%nbdist start N`), then run the cell again.")
+        return spare_engine(shard, self.server_engines, self.worker_engines, set(self.lost),
+                            list(client.ids), lambda engine: _answers(client, engine))
 
     def start_workers(self, base: WorkerSpec) -> None:
         self.worker_base = base
@@ -284,6 +264,42 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 
+
+
+def spare_engine(shard: int, server_engines: list[int], worker_engines: list[int], out: set[int],
+                 engines: list[int], answers) -> tuple[int, int | None]:
+    """Which engine takes lost hub shard `shard` over, and whose worker it was (None: a free
+    one). `server_engines`: each shard's engine; `worker_engines`: each worker's, those in
+    `out` no longer in the run; `engines`: the cluster's; `answers(engine)`: whether it runs a
+    trivial task now (a dead or busy one does not). First a free engine that answers (the lost
+    shard's own engine last: its process may have died alone); with none, the engine of the
+    run's last worker, if another worker is left to train; else ClusterError saying what is
+    missing.
+
+    Example:
+        >>> spare_engine(0, [0], [1, 2], set(), [0, 1, 2, 3], lambda e: e != 0)
+        (3, None)
+        >>> spare_engine(0, [0], [1, 2], set(), [1, 2], lambda e: True)
+        (2, 1)
+    """
+    busy = {e for s, e in enumerate(server_engines) if s != shard}
+    left = [w for w in range(len(worker_engines)) if w not in out]
+    busy |= {worker_engines[w] for w in left}
+    own = server_engines[shard]
+    free = [e for e in sorted(engines) if e not in busy and e != own]
+    free += [own] if own in engines else []
+    for engine in free:
+        if answers(engine):
+            return engine, None
+    if len(left) >= 2 and answers(worker_engines[left[-1]]):
+        return worker_engines[left[-1]], left[-1]
+    hubs = sorted(e for s, e in enumerate(server_engines) if s != shard)
+    raise ClusterError(
+        f"Hub shard {shard} was lost and no engine can take it over (Received: the cluster's "
+        f"engines {sorted(engines)}; the other hub shards on {hubs}, {len(left)} worker(s) left "
+        f"on {[worker_engines[w] for w in left]}, no other engine that answers). Expected a free "
+        "engine, or a second worker whose engine can take the shard. Start more engines than the "
+        "run uses (`%nbdist start N`), then run the cell again.")
 
 
 def _answers(client, engine: int, timeout: float = PING_S) -> bool:

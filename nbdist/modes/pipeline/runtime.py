@@ -174,8 +174,9 @@ class PipelineBackend(Backend):
         control.tasks_done = self.tasks_done
 
     def start_hubs(self, specs: list) -> list[dict]:
-        raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): "
-                            "its ")
+        raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): its "
+                            "stages report to the kernel's link. Start the stages with "
+                            "start_workers().")
 
     def start_workers(self, base: list) -> None:
         """Prepare every stage of `base` (one StageSpec each: it runs the cell and binds its

@@ -81,9 +81,9 @@ class SimBackend(Backend):
                                         name="nbdist-simulation")
 
     def start_hubs(self, specs: list) -> list[dict]:
-        raise TrainingError("A simulated run has no hub process to start (Received: "
-                            f"{len(specs)} hub spec(s)): the simulation drives the shards' logic"
-                            " ")
+        raise TrainingError(f"A simulated run has no hub process to start (Received: "
+                            f"{len(specs)} hub spec(s)): the simulation drives the shards' logic "
+                            "itself. Start it with start_workers().")
 
     def start_workers(self, base=None) -> None:
         """Start the simulation (its virtual workers and hub) on a thread of this kernel."""
