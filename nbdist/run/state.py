@@ -59,7 +59,7 @@ class RunState:
     takeovers: list[dict] = field(default_factory=list)  # one `shard_taken_over` event each
     # the latest snapshot of every hub shard's state (nbdist.run.takeover.Snapshot), or None
     hub_snapshot: object | None = None
-    hub_snapshot_at: float = 0.0  # monotonic time of the last attempt to take one
+    hub_snapshot_next: float = 0.0  # monotonic time the next is due (the first poll takes one)
 
     # -- a cell's own fit call (nbdist.fit) ------------------------------------------------------
     # False: the kernel writes each epoch's weights itself, not the monitor

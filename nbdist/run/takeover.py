@@ -1,13 +1,14 @@
 """A lost hub shard started anew from the kernel's latest snapshot of it (`--mode async`).
 
 Responsible for:
-- the snapshots: every `NBDIST_HUB_SNAPSHOT_S` seconds (2 by default; 0: none) the run's
-  monitor asks every shard for its checkpoint state (`HubControl.state`: what a checkpoint
-  saves, `ShardCore.export`, as signed numbers and float32 frames; nothing is unpickled) and
-  keeps the latest in the kernel (`Snapshot`), off every engine;
+- the snapshots: every `NBDIST_HUB_SNAPSHOT_S` seconds (2 by default; 0: none), or 50 times
+  as long as the last one took (a large model's), the run's monitor asks every shard for its
+  checkpoint state (`HubControl.state`: what a checkpoint saves, `ShardCore.export`, as signed
+  numbers and float32 frames; nothing is unpickled) and keeps the latest in the kernel
+  (`Snapshot`), off every engine;
 - finding what is lost when the run would fail (a worker raised, or a shard went silent): the
-  shards that do not answer within `PROBE_S`. A failure with every shard answering is the
-  run's failure, as before;
+  shards that do not answer within `PROBE_S` and whose engine does not say they still serve.
+  A failure with every shard serving is the run's failure, as before;
 - the takeover: the backend halts the workers, starts each lost shard from its snapshot on a
   free engine (or, with none free, a worker's engine: that worker is written off), and starts
   the workers again towards the new shard; the kernel's line follows it, the new process is
@@ -31,6 +32,7 @@ from nbdist.modes import mode_spec
 
 log = logging.getLogger(__name__)
 PROBE_S = 3.0  # a shard silent this long, asked when the run would fail, is lost
+COST_SHARE = 0.02  # snapshots take at most this share of the time (a large model's: less often)
 
 
 @dataclass
@@ -56,18 +58,22 @@ def enabled(state) -> bool:
 
 
 def maybe_snapshot(state) -> None:
-    """Take a snapshot if the last is `snapshot_every()` old (the monitor calls this each poll);
-    one that fails keeps the previous (a shard that is gone is the takeover's business)."""
-    every = snapshot_every()
+    """Take a snapshot when the next is due (the monitor calls this each poll): every
+    `snapshot_every()` seconds, or, for a model so large that one takes long, 1 / COST_SHARE
+    times as long as the last one took (the shards answer between two pushes, and the kernel
+    checks and copies every byte). One that fails keeps the previous (a shard that is gone is
+    the takeover's business)."""
     now = time.monotonic()
-    if not enabled(state) or now - state.hub_snapshot_at < every:
+    if not enabled(state) or now < state.hub_snapshot_next:
         return
-    state.hub_snapshot_at = now
     try:
         shards = state.control.state()
     except NbdistError as exc:
         log.info("run %s: no snapshot of the hub this time: %s", state.run_id, exc)
+        state.hub_snapshot_next = now + snapshot_every()
         return
+    took = time.monotonic() - now
+    state.hub_snapshot_next = now + max(snapshot_every(), took / COST_SHARE)
     state.hub_snapshot = Snapshot(shards, now, int(state.snapshot.get("global_step", 0)))
 
 

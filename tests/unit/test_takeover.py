@@ -95,3 +95,38 @@ def test_with_no_free_engine_the_last_workers_engine_takes_it_or_the_error_says_
                                            r"\(s\) left on \[1\].*Expected a free engine.*"
                                            r"%nbdist start N"):
         spare_engine(0, [0], [1, 2], {1}, [1], lambda e: True)
+
+
+def test_snapshots_come_every_two_seconds_or_50_times_as_long_as_one_takes(monkeypatch):
+    import time
+    from types import SimpleNamespace
+
+    from nbdist.run.takeover import maybe_snapshot
+
+    class Control:
+        def __init__(self, takes):
+            self.takes, self.calls = takes, 0
+
+        def state(self):
+            self.calls += 1
+            time.sleep(self.takes)
+            return ["shard 0's state"]
+
+    def run_state(takes, mode="async"):
+        return SimpleNamespace(config=SimpleNamespace(mode=mode), control=Control(takes),
+                               hub_snapshot=None, hub_snapshot_next=0.0, run_id="r",
+                               snapshot={"global_step": 7})
+
+    quick = run_state(0.0)
+    maybe_snapshot(quick)
+    maybe_snapshot(quick)  # not due yet
+    snap = quick.hub_snapshot
+    assert quick.control.calls == 1 and snap.shards == ["shard 0's state"] and snap.step == 7
+    assert quick.hub_snapshot_next - snap.taken_at == 2.0
+    slow = run_state(0.1)  # a large model: 0.1 s a snapshot, so one in 5 s at most
+    maybe_snapshot(slow)
+    assert slow.hub_snapshot_next - slow.hub_snapshot.taken_at >= 5.0
+    for off in (run_state(0.0, mode="local"), run_state(0.0)):
+        monkeypatch.setenv("NBDIST_HUB_SNAPSHOT_S", "0" if off.config.mode == "async" else "2")
+        maybe_snapshot(off)  # a mode that cannot take a shard over, or snapshots turned off
+        assert off.control.calls == 0 and off.hub_snapshot is None
