@@ -43,6 +43,9 @@ class HubControl:
         self.closed = False
         # each shard's version at the latest stats poll (what a lost shard had reached)
         self.versions: list[int | None] = [None] * len(shards)
+        # whether the run is paused, as the kernel last knew it: shard 0's latest statistics, or
+        # a pause or resume sent since (what a new shard 0 must be told)
+        self.paused: bool | None = None
         self._peers = len(shards) > 1 and name == "kernel"
         if self._peers:  # shard 0 tells the others of write-offs
             self.lines[0].request(Peers(shards[1:]))
@@ -71,7 +74,7 @@ class HubControl:
             _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during,
                                            clock=clock)
             snap = json.loads(bytes(msg.buffers[0]))
-            self.versions[0] = snap.get("version")
+            self.versions[0], self.paused = snap.get("version"), snap.get("paused")
             for i, line in enumerate(self.lines[1:], 1):
                 left = None if timeout is None else max(0.001, timeout - (clock() - start))
                 _, other = line.recv(StatsReply, left, during, clock)
@@ -82,11 +85,11 @@ class HubControl:
                     snap["error"] = f"{line.name}: {error}"
         return snap
 
-    def coordinator_stats(self) -> dict:
-        """Shard 0's statistics without history rows, asked of shard 0 alone (the others may
-        be gone: a takeover waits on the workers' hellos with it)."""
+    def coordinator_stats(self, timeout: float | None = None) -> dict:
+        """Shard 0's statistics without history rows, asked of shard 0 alone within `timeout`
+        (None: the line's; the others may be gone: a takeover waits on the workers' hellos)."""
         with self._lock:
-            _, msg = self.lines[0].request(Stats(since=NO_ROWS))
+            _, msg = self.lines[0].request(Stats(since=NO_ROWS), timeout=timeout)
         return json.loads(bytes(msg.buffers[0]))
 
     def unanswered(self, timeout: float) -> list[int]:
@@ -117,14 +120,15 @@ class HubControl:
             if self._peers:
                 self.lines[0].request(Peers(self.endpoints[1:]))
 
-    def tell(self, shard: int, **changes: object) -> None:
-        """One `Control` to shard `shard` alone (what it applies of it): a new shard's process
-        learns what the others were told before it started (workers added or lost)."""
+    def tell(self, shard: int, timeout: float | None = None, **changes: object) -> None:
+        """One `Control` to shard `shard` alone (what it applies of it), waiting `timeout` at
+        most for its answer (None: the line's): a new shard's process learns what the others
+        were told before it started (workers added or lost)."""
         control = Control(**changes)
         with self._lock:
             part = control if shard == 0 else control.for_other_shards()
             if part is not None:
-                self.lines[shard].request(part)
+                self.lines[shard].request(part, timeout=timeout)
 
     def cap_timeout(self, seconds: float) -> None:
         """From now on no request waits longer than `seconds` (a run that is ending in failure
@@ -144,6 +148,8 @@ class HubControl:
             for i, line in enumerate(self.lines):
                 if i == 0 or others is not None:
                     line.request(control if i == 0 else others)
+            if control.paused is not None:
+                self.paused = control.paused
 
     def params(self) -> tuple[np.ndarray, np.ndarray]:
         """The full flat parameter vector and the non-trainable state."""

@@ -126,7 +126,7 @@ def recover(run, error: BaseException) -> bool:
             for worker, why in sorted(out.items()):
                 control.tell(shard, lost=worker, reason=why[:200])
         if 0 in endpoints:  # the control state the new coordinator would not know of
-            if state.snapshot.get("paused"):
+            if control.paused:  # (as the kernel last knew it: polled, or sent since)
                 control.tell(0, paused=True)
             if state.stop_requested:
                 control.tell(0, stop=True)
@@ -137,13 +137,23 @@ def recover(run, error: BaseException) -> bool:
                     control.tell(shard, lost=worker, reason=why)
 
     control = state.control
-    # shard 0 lives on: paused, it writes off none of the workers, silent while they start again
-    hold = 0 not in lost and not state.snapshot.get("paused")
-    if hold:
-        control.tell(0, paused=True)
-        hellos = _hellos(control)
+    # shard 0 lives on (it answers): paused, it writes off none of the workers, silent while
+    # they start again (a new shard 0 knows of none of them yet)
+    hold, hellos = False, []
+    try:
+        now0 = control.coordinator_stats(timeout=PROBE_S)
+        restores.pop(0, None)  # it answers: slow a moment ago, not lost
+        if not now0.get("paused"):
+            control.tell(0, timeout=PROBE_S, paused=True)
+            hold, hellos = True, [n.get("hellos", 0) for n in now0.get("nodes", [])]
+    except NbdistError:
+        pass
+    if not restores:
+        if hold:
+            control.tell(0, paused=False)
+        return False
     places = state.backend.take_over_shards(restores, moved)
-    if hold:
+    if hold and 0 not in replaced:
         if places is not None:
             _wait_rejoined(control, hellos, [w for w in range(len(hellos)) if w not in gone])
         control.tell(0, paused=False)
