@@ -85,10 +85,11 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
 
     # -- a lost hub shard (nbdist.run.takeover) -------------------------------------------------
 
-    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict] | None:
         """Start each lost shard anew from `restores` (shard -> params, non-trainable state,
         restore) on a free engine, or the engine of the run's last worker (written off), then
-        every worker still in the run again towards it (see `Backend.take_over_shards`)."""
+        every worker still in the run again towards it (see `Backend.take_over_shards`); None
+        when each of them still serves after all."""
         from nbdist.hub.launch import start_hub
         from nbdist.run.takeover import TAKEN
 
