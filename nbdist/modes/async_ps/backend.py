@@ -136,6 +136,8 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         from nbdist.hub.launch import running_hubs
 
         engine = self.server_engines[shard]
+        if engine not in self.cluster.client.ids:  # its engine is gone (the controller knows)
+            return False
         try:
             serving = get_within(self.cluster.client[engine].apply_async(running_hubs), engine,
                                  "which hubs it serves", timeout=PING_S)
