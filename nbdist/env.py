@@ -95,6 +95,10 @@ SWITCHES: dict[str, Switch] = {s.name: s for s in (
     Switch("NBDIST_HUB_PROCESS", bool, True,
            "each hub shard runs as its own process on its engine; 0: as a thread inside the "
            "engine"),
+    Switch("NBDIST_HUB_SNAPSHOT_S", float, 2.0,
+           "seconds between the kernel's snapshots of every hub shard's state (--mode async), "
+           "from which a free engine takes over a lost shard; 0: none, and a lost shard fails "
+           "the run", minimum=0.0),
     Switch("NBDIST_HUB_THREADS", int, None, "update threads per hub shard (1: one pass, no pool)",
            minimum=1, shown_default=f"half the host's cores, at most {HUB_THREADS_MAX}"),
     Switch("NBDIST_KERNELS", bool, True,

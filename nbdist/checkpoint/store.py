@@ -52,6 +52,11 @@ from nbdist.errors import CheckpointError, CheckpointNotFoundError
 if TYPE_CHECKING:
     from nbdist.wire.messages import ShardState
 
+# the parts of a shard's state beside its parameters, as `ShardCore.export` names them: the
+# rule's, the optimizer's and --average-tail's (`nbdist.hub.export.shard_state` prefixes them)
+STATE_PARTS = ("rule", "opt", "tail")
+# what `TailAverage.state` saves: numbers, and the sum once the tail started
+TAIL_FIELDS = frozenset({"tail.samples", "tail.count", "tail.sum"})
 # 2: the cell's optimizer on the hub
 FORMAT, FORMAT_VERSION, META = "nbdist-checkpoint", 2, "meta.json"
 KEEP = 2  # checkpoints kept in a folder: the newest (meta.json) and the one before (meta.1.json)
@@ -257,7 +262,7 @@ class Checkpoint:
         out = []
         for i, shard in enumerate(self.meta["shards"]):
             state = {"version": shard["version"]}
-            for prefix in ("rule", "opt", "tail"):  # `ShardCore.export`'s parts
+            for prefix in STATE_PARTS:
                 part = {k.split(".", 1)[1]: v for k, v in shard["numbers"].items()
                         if k.startswith(prefix + ".")}
                 part.update({k[len(f"shard{i}.{prefix}."):]: v for k, v in self.arrays.items()
@@ -268,6 +273,36 @@ class Checkpoint:
                              evals_pending=self.meta["evals_pending"])
             out.append(state)
         return out
+
+
+def shard_restore(state: ShardState, buffers: list[np.ndarray]) -> tuple[np.ndarray, np.ndarray,
+                                                                          dict]:
+    """One shard's `state` reply (`HubControl.state`, as a checkpoint saves it) as what a new
+    hub shard starts from: its parameters, its non-trainable state (empty but on shard 0) and
+    its `HubSpec.restore`, the same fields `Checkpoint.shard_restores` gives. A run's kernel
+    uses it to start a lost shard anew from its latest snapshot (`nbdist.run.takeover`).
+
+    Example:
+        >>> from nbdist.wire.messages import ShardState
+        >>> s = ShardState(shard=1, version=7, names=["params", "opt.m"], numbers={"opt.t": 7})
+        >>> p, nt, r = shard_restore(s, [np.ones(2, np.float32), np.zeros(2, np.float32)])
+        >>> p.tolist(), nt.size, r["version"], sorted(r["opt"]), r["rule"]
+        ([1.0, 1.0], 0, 7, ['m', 't'], {})
+    """
+    arrays = dict(zip(state.names, buffers, strict=True))
+    restore: dict = {"version": int(state.version)}
+    for prefix in STATE_PARTS:
+        part = {k.split(".", 1)[1]: v for k, v in state.numbers.items()
+                if k.startswith(prefix + ".")}
+        part.update({k.split(".", 1)[1]: np.asarray(v, dtype=np.float32).copy()
+                     for k, v in arrays.items() if k.startswith(prefix + ".")})
+        restore[prefix] = part
+    if state.shard == 0:
+        restore.update(schedule=state.schedule, evals_pending=list(state.evals_pending),
+                       steps=state.steps)
+    params = np.asarray(arrays["params"], dtype=np.float32).copy()
+    non_trainable = np.asarray(arrays.get("non_trainable", np.zeros(0)), dtype=np.float32).copy()
+    return params, non_trainable, restore
 
 
 def load(path: str | os.PathLike) -> Checkpoint:
@@ -357,10 +392,6 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
     _check_rule_state(meta_path, meta, arrays)
 
     check_meta(meta_path, meta, arrays, _corrupt)
-
-
-# what `TailAverage.state` saves: numbers, and the sum once the tail started
-TAIL_FIELDS = frozenset({"tail.samples", "tail.count", "tail.sum"})
 
 
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:

@@ -374,6 +374,7 @@ class ShardCore:
             state["non_trainable"] = self.non_trainable.copy()
             state["schedule"] = c.schedule.state()
             state["evals_pending"] = sorted({*c.eval_queue, *c.evaluating.values()})
+            state["steps"] = c.steps_counted
         return state
 
     def restore(self, state: dict) -> None:
@@ -392,6 +393,10 @@ class ShardCore:
                 c.open_epoch = c.schedule.first_unfinished_epoch
             if c.plan.has_validation:
                 c.eval_queue.extend(state.get("evals_pending", []))
+        if c is not None and state.get("steps") is not None:  # a takeover: count on from there
+            c.steps_counted = c.stats.global_step = int(state["steps"])
+            if state.get("paused_at"):  # --pause-at paused the run once: not again
+                c.plan = replace(c.plan, pause_at=None)
 
 
 def _copy(value):

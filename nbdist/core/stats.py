@@ -40,6 +40,7 @@ class WorkerStats:
     gpu_mem_total: int | None = None
     gpu_util: int | None = None
     gpu_mem: int | None = None
+    hellos: int = 0  # processes of it that said hello (more than one: restarted, or rejoined)
 
     @property
     def delay_mean(self) -> float:
@@ -48,6 +49,7 @@ class WorkerStats:
     def hello(self, hello: Hello) -> None:
         """What a worker says of itself at hello: where it runs, its link and GPU."""
         self.state, self.host, self.engine = "starting", hello.host, hello.engine
+        self.hellos += 1
         self.link, self.gpu, self.gpu_mem_total = hello.link, hello.gpu, hello.gpu_mem_total
 
     def take(self, step: Step | Report) -> None:

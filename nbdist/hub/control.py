@@ -28,6 +28,8 @@ from nbdist.wire.messages import (
     StatsReply,
 )
 
+NO_ROWS = 1 << 62  # a Stats `since` past every history row: a liveness probe asks for none
+
 
 class HubControl:
     """The kernel's line to every shard: statistics, control, final parameters. Thread-safe.
@@ -36,10 +38,18 @@ class HubControl:
     def __init__(self, key: bytes, shards: list[dict], timeout: float = 30.0, name: str = "kernel",
                  transport: str = "tcp"):
         self._ctx = zmq.Context()
+        self._key, self._timeout = key, timeout
+        self.endpoints = list(shards)
         self.lines = open_lines(self._ctx, key, shards, name, timeout, transport)
         self._lock = threading.Lock()
         self.closed = False
-        if len(shards) > 1 and name == "kernel":  # shard 0 tells the others of write-offs
+        # each shard's version at the latest stats poll (what a lost shard had reached)
+        self.versions: list[int | None] = [None] * len(shards)
+        # whether the run is paused, as the kernel last knew it: shard 0's latest statistics, or
+        # a pause or resume sent since (what a new shard 0 must be told)
+        self.paused: bool | None = None
+        self._peers = len(shards) > 1 and name == "kernel"
+        if self._peers:  # shard 0 tells the others of write-offs
             self.lines[0].request(Peers(shards[1:]))
 
     @property
@@ -66,15 +76,62 @@ class HubControl:
             _, msg = self.lines[0].request(Stats(since, timeline), timeout=timeout, during=during,
                                            clock=clock)
             snap = json.loads(bytes(msg.buffers[0]))
-            for line in self.lines[1:]:
+            self.versions[0], self.paused = snap.get("version"), snap.get("paused")
+            for i, line in enumerate(self.lines[1:], 1):
                 left = None if timeout is None else max(0.001, timeout - (clock() - start))
                 _, other = line.recv(StatsReply, left, during, clock)
                 answer = json.loads(bytes(other.buffers[0]))
+                self.versions[i] = answer.get("version")
                 error = answer.get("error")
                 if error and not snap.get("error"):
                     snap["error"] = f"{line.name}: {error}"
                 snap["warnings"] = [*snap.get("warnings", []), *answer.get("warnings", [])]
         return snap
+
+    def coordinator_stats(self, timeout: float | None = None) -> dict:
+        """Shard 0's statistics without history rows, asked of shard 0 alone within `timeout`
+        (None: the line's; the others may be gone: a takeover waits on the workers' hellos)."""
+        with self._lock:
+            _, msg = self.lines[0].request(Stats(since=NO_ROWS), timeout=timeout)
+        return json.loads(bytes(msg.buffers[0]))
+
+    def unanswered(self, timeout: float) -> list[int]:
+        """The shards that do not answer a `Stats` within `timeout` seconds, all asked at once
+        (lost: their process or engine died, or their host is cut off)."""
+        with self._lock:
+            for line in self.lines:
+                line.send(Stats(since=NO_ROWS))
+            deadline = time.monotonic() + timeout
+            silent = []
+            for i, line in enumerate(self.lines):
+                try:
+                    line.recv(StatsReply, max(0.001, deadline - time.monotonic()))
+                except TrainingError:
+                    silent.append(i)
+        return silent
+
+    def replace_shard(self, shard: int, endpoint: dict) -> None:
+        """Talk to a new process of hub shard `shard` (one that took a lost shard over) at
+        `endpoint` from now on; shard 0 learns where its peers are again."""
+        with self._lock:
+            old = self.lines[shard]
+            line = type(old)(self._ctx, endpoint, endpoint["tcp"], old.codec, self._key,
+                             self._timeout, old.name, old.peer)
+            old.close()
+            self.lines[shard], self.endpoints[shard] = line, dict(endpoint)
+            self.versions[shard] = None
+            if self._peers:
+                self.lines[0].request(Peers(self.endpoints[1:]))
+
+    def tell(self, shard: int, timeout: float | None = None, **changes: object) -> None:
+        """One `Control` to shard `shard` alone (what it applies of it), waiting `timeout` at
+        most for its answer (None: the line's): a new shard's process learns what the others
+        were told before it started (workers added or lost)."""
+        control = Control(**changes)
+        with self._lock:
+            part = control if shard == 0 else control.for_other_shards()
+            if part is not None:
+                self.lines[shard].request(part, timeout=timeout)
 
     def cap_timeout(self, seconds: float) -> None:
         """From now on no request waits longer than `seconds` (a run that is ending in failure
@@ -94,6 +151,8 @@ class HubControl:
             for i, line in enumerate(self.lines):
                 if i == 0 or others is not None:
                     line.request(control if i == 0 else others)
+            if control.paused is not None:
+                self.paused = control.paused
 
     def params(self) -> tuple[np.ndarray, np.ndarray]:
         """The full flat parameter vector and the non-trainable state."""

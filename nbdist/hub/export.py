@@ -42,7 +42,7 @@ def shard_state(core) -> tuple[ShardState, list[np.ndarray]]:
         arrays.update({f"{prefix}.{k}": v for k, v in a.items()})
         numbers.update({f"{prefix}.{k}": v for k, v in n.items()})
     reply = ShardState(numbers=numbers, names=list(arrays), schedule=state.get("schedule"),
-                       evals_pending=state.get("evals_pending", []),
+                       evals_pending=state.get("evals_pending", []), steps=state.get("steps"),
                        **{k: state[k] for k in ("shard", "version", "lr", "rule", "rule_options",
                                                 "optimizer")})
     return reply, list(arrays.values())

@@ -35,7 +35,8 @@ BACKENDS = ("tensorflow", "jax", "torch")  # the Keras backends nbdist trains on
 EVERY_MODE = frozenset({"mode", "epochs", "batch_size", "lr", "model", "data", "validation",
                         "in_memory_limit", "no_validation", "seed"})
 # what the Run may ask of a mode's backend beyond starting, watching and ending the run
-OPERATIONS = ("checkpoint", "add_workers")
+# ("take_over": start a lost hub shard anew from the kernel's snapshot, nbdist.run.takeover)
+OPERATIONS = ("checkpoint", "add_workers", "take_over")
 
 _RULE = frozenset({"algorithm", "algo_options", "staleness_lr", "predict_weights",
                    "momentum_correction", "precise_bn", "average_tail", "staleness",
@@ -91,7 +92,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
             "workers", "servers", "transport", "compression", "timeout", "local_steps", "overlap",
             "pin", "spin", "elastic"},
         needs_cluster=True, lr_owner="hub",
-        operations=frozenset({"checkpoint", "add_workers"}),
+        operations=frozenset({"checkpoint", "add_workers", "take_over"}),
         cell_on_engines=True),
     ModeSpec(
         "local", "nbdist.modes.local.start",

@@ -69,6 +69,17 @@ class Backend(Protocol):
         """Start workers on more engines while the run trains; returns their ids."""
         ...
 
+    def take_over_shards(self, restores: dict[int, tuple],
+                         moved: Callable[[dict[int, dict], dict[int, str], dict[int, int]], None]
+                         ) -> list[dict] | None:
+        """Start each lost hub shard anew (`restores`: shard -> (params, non-trainable state,
+        `HubSpec.restore`), from the kernel's snapshot) on a free engine, or a worker's engine
+        (that worker out of the run), and the workers again towards it; `moved(endpoints by
+        shard, workers out by why, workers added mid-run by engine)` is called once the new
+        shards serve, before the workers start. Returns `hub_places` of every shard, or None
+        when every shard in `restores` turns out to be serving still (silent, not lost)."""
+        ...
+
     def joined_engines(self) -> list[int]:
         """Engines that joined the cluster since the last call (--elastic)."""
         ...

@@ -20,6 +20,7 @@ from nbdist.run.control import auto_checkpoint
 from nbdist.run.elastic import admit_joined
 from nbdist.run.result import run_history
 from nbdist.run.state import RunState
+from nbdist.run.takeover import maybe_snapshot, recover
 
 log = logging.getLogger("nbdist.run.handle")
 
@@ -60,7 +61,10 @@ def watch(run) -> None:
         while True:
             failure = backend.failure()
             if failure is not None:
-                raise failure
+                if not recover(run, failure):  # a lost hub shard is started anew
+                    raise failure
+                last_answer = now()
+                continue
             for worker, why in backend.newly_lost():
                 _report_lost(state, worker, why)
             if state.config.elastic:  # engines that joined the cluster become workers
@@ -69,13 +73,19 @@ def watch(run) -> None:
             try:
                 want_timeline = time.monotonic() - state.timeline_at > TIMELINE_EVERY_S
                 left = state.config.timeout - (now() - last_answer)  # never past it
-                snap = control.stats(since=len(state.rows), timeline=want_timeline,
-                                     timeout=max(0.05, left), clock=now,
+                snap = control.stats(since=len(state.rows) - state.rows_base,
+                                     timeline=want_timeline, timeout=max(0.05, left), clock=now,
                                      during=lambda: _check_workers(backend))  # saw the hub go?
                 last_answer = now()
             except _Failed as failed:
-                raise failed.error from None
+                if not recover(run, failed.error):
+                    raise failed.error from None
+                last_answer = now()
+                continue
             except TrainingError as silent:
+                if recover(run, silent):
+                    last_answer = now()
+                    continue
                 if now() - last_answer >= state.config.timeout:
                     hub_gone = True
                     raise _hub_lost(state.config.timeout, silent) from None
@@ -90,11 +100,13 @@ def watch(run) -> None:
             if snap.get("error"):
                 raise TrainingError(f"The hub failed: {snap['error']}")
             if snap.get("finished"):
-                absorb(run, control.stats(since=len(state.rows), timeline=True))
+                absorb(run, control.stats(since=len(state.rows) - state.rows_base,
+                                          timeline=True))
                 _check_survivors(state)
                 auto_checkpoint(state, final=True)
                 break
             auto_checkpoint(state)
+            maybe_snapshot(state)
             time.sleep(POLL_S)
 
         params, non_trainable = backend.final_params(control)
@@ -193,6 +205,12 @@ def absorb(run, snap: dict) -> None:
     """Take the hub's stats reply `snap` into the run's state, then tell the listeners."""
     state = run.state
     state.rows.extend(snap.pop("history", []))
+    if state.earlier_hub:  # shard 0 was taken over: what its earlier processes sent comes first
+        earlier = state.earlier_hub
+        for key in ("events", "evals"):
+            snap[key] = earlier.get(key, []) + snap.get(key, [])
+        snap["epoch_metrics"] = {**earlier.get("epoch_metrics", {}),
+                                 **snap.get("epoch_metrics", {})}
     if "timeline" in snap:
         state.timeline = snap.pop("timeline")
         state.timeline_at = time.monotonic()

@@ -51,6 +51,15 @@ class RunState:
     revision: int = 0  # +1 per stats poll: displays redraw only what changed
     timeline_revision: int = 0  # +1 per timeline fetch
     events_seen: int = 0  # hub events already turned into warnings
+    # a lost shard 0 taken over (nbdist.run.takeover): its new process counts history rows,
+    # events, validations and epoch metrics from 0, so the kernel keeps what the earlier ones
+    # sent (`earlier_hub`, merged into each snapshot by the monitor's `absorb`)
+    rows_base: int = 0  # rows before the coordinating shard's current process
+    earlier_hub: dict = field(default_factory=dict)
+    takeovers: list[dict] = field(default_factory=list)  # one `shard_taken_over` event each
+    # the latest snapshot of every hub shard's state (nbdist.run.takeover.Snapshot), or None
+    hub_snapshot: object | None = None
+    hub_snapshot_next: float = 0.0  # monotonic time the next is due (the first poll takes one)
 
     # -- a cell's own fit call (nbdist.fit) ------------------------------------------------------
     # False: the kernel writes each epoch's weights itself, not the monitor

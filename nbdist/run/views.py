@@ -62,7 +62,8 @@ class RunViews:
     def events(self) -> pd.DataFrame:
         """What nbdist chose before the start (e.g. which model), then control actions and
         epoch ends, with time and global step."""
-        return pd.DataFrame(self.state.notes + self.state.snapshot.get("events", []))
+        return pd.DataFrame(self.state.notes + self.state.snapshot.get("events", [])
+                            + self.state.takeovers)
 
     @property
     def lr(self) -> float | None:

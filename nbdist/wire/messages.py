@@ -159,6 +159,8 @@ class ShardState(Wire):
     numbers: dict = field(default_factory=dict)  # rule and optimizer state that is not an array
     schedule: dict | None = None  # shard 0: the data position (EpochSchedule.state)
     evals_pending: list[int] = field(default_factory=list)
+    # shard 0: the steps its coordinator counted (a takeover goes on counting from there)
+    steps: int | None = None
     state_seq: int | None = None  # sync mode: rank 0's state number (None: none yet)
     final: bool = False  # sync mode: the state rank 0 sent when training ended
     sync: dict | None = None  # sync mode: optimizer class, slot shapes, iterations, steps

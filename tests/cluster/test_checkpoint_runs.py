@@ -17,8 +17,10 @@ CLUSTER_OPTIONS = dict(workers=2, epochs=6, batch_size=8, seed=5, lr=0.05)
 
 @pytest.mark.slow
 def test_killing_the_hub_engine_then_resuming_reaches_the_accuracy_of_an_uninterrupted_run(
-        cluster, tmp_path):
+        cluster, tmp_path, monkeypatch):
     from nbdist.cluster.engines import Cluster
+
+    monkeypatch.setenv("NBDIST_HUB_SNAPSHOT_S", "0")  # no takeover: the run must fail, to resume
 
     straight = {}
     nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=straight, wait=True, **CLUSTER_OPTIONS)

@@ -89,11 +89,15 @@ def test_a_worker_that_stops_reading_its_replies_is_written_off_not_the_end_of_t
 
 @pytest.mark.parametrize("transport", ["auto", "tcp"])
 def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engines(own_cluster,
-                                                                                   transport):
-    """SIGKILL to the hub's process mid-run (held at step 20): the run fails, through the
-    workers' line that closes at once on one host or, over TCP where nothing tells them, the
-    --timeout silence deadline (docs/architecture.md gives the bound: --timeout plus the fixed
-    clean-up waits; a speed claim, not asserted here), and the next run takes every engine."""
+                                                                                   transport,
+                                                                                   monkeypatch):
+    """SIGKILL to the hub's process mid-run (held at step 20), with no snapshots to take it over
+    from (NBDIST_HUB_SNAPSHOT_S=0; tests/cluster/test_shard_takeover_cluster.py takes one over):
+    the run fails, through the workers' line that closes at once on one host or, over TCP where
+    nothing tells them, the --timeout silence deadline (docs/architecture.md gives the bound:
+    --timeout plus the fixed clean-up waits; a speed claim, not asserted here), and the next run
+    takes every engine."""
+    monkeypatch.setenv("NBDIST_HUB_SNAPSHOT_S", "0")
     run = nbdist.train(SYNTHETIC_CELL, cluster=own_cluster, **TWO_WORKERS, timeout=10.0,
                        transport=transport, pause_at=20)
     with run:
@@ -108,11 +112,14 @@ def test_a_run_whose_hub_process_dies_fails_within_its_bound_and_frees_the_engin
 
 
 def test_a_run_failed_in_epoch_2_leaves_the_model_what_it_learned_and_checkpoints(own_cluster,
-                                                                                 tmp_path):
+                                                                                 tmp_path,
+                                                                                 monkeypatch):
     """The hub process is killed in epoch 2 (held at step 150; 113 steps an epoch), over TCP,
-    so the run fails with its hub gone: the notebook's model holds the weights the kernel kept
-    after epoch 1 ended, run.error says so, and run.checkpoint() saves them (before: the cell's
-    initial weights, accuracy at chance, and checkpoint() refused: 'its hub is gone')."""
+    with no snapshots to take it over from, so the run fails with its hub gone: the notebook's
+    model holds the weights the kernel kept after epoch 1 ended, run.error says so, and
+    run.checkpoint() saves them (before: the cell's initial weights, accuracy at chance, and
+    checkpoint() refused: 'its hub is gone')."""
+    monkeypatch.setenv("NBDIST_HUB_SNAPSHOT_S", "0")
     import numpy as np
 
     from nbdist.checkpoint.store import load

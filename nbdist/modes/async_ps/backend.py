@@ -25,6 +25,7 @@ from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
 
 log = logging.getLogger(__name__)
+PING_S = 5.0  # an engine that does not run a trivial task this fast is dead, or busy
 
 
 def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
@@ -59,6 +60,9 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         self.worker_base: WorkerSpec | None = None  # what every worker shares (start_workers)
         self._adding = threading.Lock()
         self._run_id = ""
+        self.server_engines = list(self.roles.servers)  # shard -> engine (a takeover moves one)
+        self.endpoints: list[dict] = []  # shard -> where it serves now
+        self._hub_specs: list[HubSpec] = []  # shard -> the spec it started with
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
         from nbdist.hub.launch import start_hub
@@ -68,17 +72,86 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         encrypt = getattr(self.cluster, "encrypt", False)
         for e in self.roles.servers:  # the hub's process inherits its engine's cores
             client[e].apply_sync(pin_hub_engine, self._place(e, self.roles.servers))
-        pending = [client[e].apply_async(start_hub, replace(s, bind_host=self.bind_hosts[e],
-                                                            peer_hosts=self.peer_hosts[e],
-                                                            encrypt=encrypt,
-                                                            spin_s=self.spin_for(e, HUB_SPIN_S)))
-                   for e, s in zip(self.roles.servers, specs, strict=True)]
+        self._hub_specs = [replace(s, bind_host=self.bind_hosts[e], peer_hosts=self.peer_hosts[e],
+                                   encrypt=encrypt, spin_s=self.spin_for(e, HUB_SPIN_S))
+                           for e, s in zip(self.roles.servers, specs, strict=True)]
+        pending = [client[e].apply_async(start_hub, s)
+                   for e, s in zip(self.roles.servers, self._hub_specs, strict=True)]
         endpoints = [get_started(ar, e, "starting a hub shard", self.hosts.get(e))
                      for e, ar in zip(self.roles.servers, pending, strict=True)]
         for shard, (e, ep) in enumerate(zip(self.roles.servers, endpoints, strict=True)):
             address, port = ep["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
             check_reachable(address, int(port), f"hub shard {shard} (engine {e})", self.hosts[e])
+        self.endpoints = list(endpoints)
         return endpoints
+
+    # -- a lost hub shard (nbdist.run.takeover) -------------------------------------------------
+
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict] | None:
+        """Start each lost shard anew from `restores` (shard -> params, non-trainable state,
+        restore) on a free engine, or the engine of the run's last worker (written off), then
+        every worker still in the run again towards it (see `Backend.take_over_shards`); None
+        when each of them still serves after all."""
+        from nbdist.hub.launch import start_hub
+        from nbdist.run.takeover import TAKEN
+
+        restores = {s: r for s, r in restores.items() if not self._hub_alive(s)}
+        if not restores:  # silent, but serving: slow, not lost
+            return None
+        self.halt_workers()  # they all talk to the lost shard: each starts again below
+        moved_to: dict[int, dict] = {}
+        for shard, (params, non_trainable, restore) in sorted(restores.items()):
+            engine, worker = self._spare_engine(shard)
+            if worker is not None:
+                self.lost[worker] = f"{TAKEN} {shard}"
+                self._reported.add(worker)  # the kernel tells the hub (moved)
+            net = self.cluster.engine_networks([engine])[engine]
+            self.nets[engine] = net
+            self.hosts[engine] = net.hostname
+            peers = [self.nets[w] for w in self.worker_engines if w in self.nets]
+            self.bind_hosts[engine] = hub_address(net, [*peers, self.kernel_net])
+            spec = replace(self._hub_specs[shard], params=params, non_trainable=non_trainable,
+                           restore=restore, bind_host=self.bind_hosts[engine], spin_s=0.0)
+            client = self.cluster.client
+            client[engine].apply_sync(pin_hub_engine, None)
+            endpoint = get_started(client[engine].apply_async(start_hub, spec), engine,
+                                   f"taking over hub shard {shard}", self.hosts.get(engine))
+            address, port = endpoint["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
+            check_reachable(address, int(port), f"hub shard {shard} (engine {engine})",
+                            self.hosts[engine])
+            log.warning("hub shard %d taken over by engine %d (was engine %d)", shard, engine,
+                        self.server_engines[shard])
+            self.server_engines[shard], self.endpoints[shard] = engine, endpoint
+            moved_to[shard] = endpoint
+        added = {w: e for w, e in enumerate(self.worker_engines) if w >= len(self.roles.workers)}
+        moved(moved_to, dict(self.lost), added)
+        if self.worker_base is not None:  # workers added later find the shards where they are
+            self.worker_base = replace(self.worker_base, shards=list(self.endpoints))
+        for w in range(len(self.worker_engines)):
+            if w not in self.lost:
+                self.relaunch(w, shards=list(self.endpoints))
+        return self.hub_places(self.endpoints)
+
+    def _hub_alive(self, shard: int) -> bool:
+        """Whether hub shard `shard`'s engine answers and says its hub still serves (a shard
+        that did not answer the kernel may only be slow: a loaded host)."""
+        from nbdist.hub.launch import running_hubs
+
+        engine = self.server_engines[shard]
+        if engine not in self.cluster.client.ids:  # its engine is gone (the controller knows)
+            return False
+        try:
+            serving = get_within(self.cluster.client[engine].apply_async(running_hubs), engine,
+                                 "which hubs it serves", timeout=PING_S)
+        except Exception:  # noqa: BLE001 - dead, or too stuck to say: the shard is lost
+            return False
+        return (self._run_id, shard) in [tuple(key) for key in serving]
+
+    def _spare_engine(self, shard: int) -> tuple[int, int | None]:
+        """An engine for lost shard `shard` (`spare_engine`), asked of the cluster now."""
+        client = self.cluster.client
+        return spare_engine(shard, self.server_engines, self.worker_engines, set(self.lost),
+                            list(client.ids), lambda engine: _answers(client, engine))
 
     def start_workers(self, base: WorkerSpec) -> None:
         self.worker_base = base
@@ -138,7 +211,7 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
                 f"run.add_workers() takes engine ids of the run's cluster (Received: {engines}; "
                 f"not in the cluster: {unknown}; it has {sorted(known)}). Pick engines from "
                 "`cluster.engine_ids`, or start more (ipyparallel: `start_engines`).")
-        roles = {e: "a hub shard" for e in self.roles.servers}
+        roles = {e: "a hub shard" for e in self.server_engines}
         roles.update({e: f"worker {w}" for w, e in enumerate(self.worker_engines)})
         busy = [f"engine {e} ({roles[e]})" for e in engines if e in roles]
         if busy or len(set(engines)) != len(engines):
@@ -159,7 +232,7 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         """Refuse new engines (`nets`: engine -> HostNet) that cannot reach the hubs. Each hub
         listens on the one address its first peers reach (loopback when they all shared its
         host): a new engine on another host must reach that very address."""
-        for s in self.roles.servers:
+        for s in self.server_engines:
             hub, bound = self.nets[s], self.bind_hosts[s]
             for e, net in nets.items():
                 if net.same_host(hub) or (bound != LOOPBACK and hub_address(hub, [net]) == bound):
@@ -178,7 +251,7 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         before it sleeps (`spin_s`, --spin)."""
         return [{"shard": i, "host": ep.get("host", "").split(":")[0], "engine": e,
                  "spin_s": ep.get("spin_s", 0.0)}
-                for i, (ep, e) in enumerate(zip(endpoints, self.roles.servers, strict=True))]
+                for i, (ep, e) in enumerate(zip(endpoints, self.server_engines, strict=True))]
 
     def finish(self, timeout: float) -> None:
         """Wait for the worker tasks (interrupting those still running at `timeout`), then join
@@ -188,7 +261,7 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         deadline = time.monotonic() + timeout
         self._wait_workers(timeout)
         client = self.cluster.client
-        for shard, e in enumerate(self.roles.servers):
+        for shard, e in enumerate(self.server_engines):
             wait = max(JOIN_MIN_S, min(30.0, deadline - time.monotonic()))  # join_hub: 15 s at most
             try:
                 get_within(client[e].apply_async(join_hub, self._run_id, shard), e,
@@ -196,3 +269,48 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
             except Exception as exc:  # noqa: BLE001 - clean-up must go on
                 log.warning("could not join hub shard %d on engine %d: %s", shard, e, exc)
 
+
+
+def spare_engine(shard: int, server_engines: list[int], worker_engines: list[int], out: set[int],
+                 engines: list[int], answers) -> tuple[int, int | None]:
+    """Which engine takes lost hub shard `shard` over, and whose worker it was (None: a free
+    one). `server_engines`: each shard's engine; `worker_engines`: each worker's, those in
+    `out` no longer in the run; `engines`: the cluster's; `answers(engine)`: whether it runs a
+    trivial task now (a dead or busy one does not). First a free engine that answers (the lost
+    shard's own engine last: its process may have died alone); with none, the engine of the
+    run's last worker, if another worker is left to train; else ClusterError saying what is
+    missing.
+
+    Example:
+        >>> spare_engine(0, [0], [1, 2], set(), [0, 1, 2, 3], lambda e: e != 0)
+        (3, None)
+        >>> spare_engine(0, [0], [1, 2], set(), [1, 2], lambda e: True)
+        (2, 1)
+    """
+    busy = {e for s, e in enumerate(server_engines) if s != shard}
+    left = [w for w in range(len(worker_engines)) if w not in out]
+    busy |= {worker_engines[w] for w in left}
+    own = server_engines[shard]
+    free = [e for e in sorted(engines) if e not in busy and e != own]
+    free += [own] if own in engines else []
+    for engine in free:
+        if answers(engine):
+            return engine, None
+    if len(left) >= 2 and answers(worker_engines[left[-1]]):
+        return worker_engines[left[-1]], left[-1]
+    hubs = sorted(e for s, e in enumerate(server_engines) if s != shard)
+    raise ClusterError(
+        f"Hub shard {shard} was lost and no engine can take it over (Received: the cluster's "
+        f"engines {sorted(engines)}; the other hub shards on {hubs}, {len(left)} worker(s) left "
+        f"on {[worker_engines[w] for w in left]}, no other engine that answers). Expected a free "
+        "engine, or a second worker whose engine can take the shard. Start more engines than the "
+        "run uses (`%nbdist start N`), then run the cell again.")
+
+
+def _answers(client, engine: int, timeout: float = PING_S) -> bool:
+    """Whether `engine` runs a trivial task within `timeout` (it is alive and idle)."""
+    try:
+        get_within(client[engine].apply_async(int, 1), engine, "a ping", timeout=timeout)
+    except Exception:  # noqa: BLE001 - dead, busy or gone: not an engine to use
+        return False
+    return True

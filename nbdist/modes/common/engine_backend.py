@@ -52,6 +52,7 @@ class EngineBackend:
         self._reported: set[int] = set()
         self._written_off: dict[int, float] = {}  # worker -> when the kernel learnt of it
         self._interrupted: set[int] = set()
+        self._launched: dict[int, tuple] = {}  # worker -> (engine, fn, spec) of its task
 
     @property
     def num_workers(self) -> int:
@@ -97,6 +98,7 @@ class EngineBackend:
     def _launch(self, worker: int, engine: int, fn, spec) -> None:
         """Run `fn(spec)` as worker `worker`'s task on `engine`."""
         self._tasks[worker] = self.cluster.client[engine].apply_async(fn, spec)
+        self._launched[worker] = (engine, fn, spec)
 
     def failure(self) -> Exception | None:
         """The first worker that raised, as an nbdist exception naming its engine; a worker the
@@ -159,6 +161,25 @@ class EngineBackend:
             self.cluster.client.send_signal("SIGINT", targets=engines, block=False)
         except Exception as exc:  # noqa: BLE001 - e.g. engines without a nanny: they stay busy
             log.warning("could not interrupt engine(s) %s: %s", engines, exc)
+
+    def halt_workers(self) -> None:
+        """Interrupt every worker task still running (a hub shard they all talk to is lost) and
+        wait INTERRUPT_WAIT_S at most for them to end; `relaunch` starts them again."""
+        running = [w for w, ar in list(self._tasks.items()) if not ar.ready()]
+        self._interrupt(running)
+        end = time.monotonic() + INTERRUPT_WAIT_S
+        for w in running:
+            self._tasks[w].wait(max(0.0, end - time.monotonic()))
+
+    def relaunch(self, worker: int, **changes) -> None:
+        """Start worker `worker`'s task again on its engine, with `changes` to its spec (new
+        hub endpoints); its earlier task's end no longer counts."""
+        from dataclasses import replace
+
+        engine, fn, spec = self._launched[worker]
+        self._interrupted.discard(worker)
+        self._written_off.pop(worker, None)
+        self._launch(worker, engine, fn, replace(spec, **changes))
 
     def _wait_workers(self, timeout: float) -> None:
         """Wait up to `timeout` for the worker tasks, then interrupt those still running (stuck,

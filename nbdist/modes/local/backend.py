@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from dataclasses import replace
 
-from nbdist.errors import ConfigError
+from nbdist.errors import ConfigError, TrainingError
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.hub_weights import HubShardWeights
 from nbdist.modes.common.kernel_hub import KernelHubs
@@ -62,6 +62,11 @@ class LocalBackend(HubShardWeights, Backend):
         raise ConfigError(f"--mode local trains with one worker thread in this kernel (Received: "
                           f"run.add_workers({list(engines)})). Use --mode async with a cluster to "
                           "add workers while a run trains.")
+
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+        raise TrainingError("--mode local's hub shards are threads of this kernel: a lost one "
+                            f"is not started anew (Received: hub shard(s) {sorted(restores)} "
+                            "lost). Use --mode async to survive a lost hub shard.")
 
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join

@@ -298,6 +298,11 @@ class PipelineBackend(Backend):
                           f"(Received: run.add_workers({list(engines)})). Start a new run with "
                           "more --stages, or use --mode async to add workers while a run trains.")
 
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+        raise TrainingError(f"--mode pipeline has no hub shards (Received: hub shard(s) "
+                            f"{sorted(restores)} lost). Use --mode async to survive a lost hub "
+                            "shard.")
+
     def joined_engines(self) -> list[int]:
         return []  # stages are fixed when the run starts
 

@@ -121,6 +121,10 @@ class SimBackend(Backend):
             f"A simulated run's virtual workers are fixed when it starts (Received: "
             f"run.add_workers({list(engines)})). Simulate with more --workers instead.")
 
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+        raise TrainingError("A simulated run's hub is a virtual one in this kernel (Received: "
+                            f"hub shard(s) {sorted(restores)} lost). Nothing there can be lost.")
+
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
 

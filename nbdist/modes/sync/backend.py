@@ -20,7 +20,13 @@ import numpy as np
 
 from nbdist.cluster.engines import get_within
 from nbdist.cluster.netaddr import kernel_address
-from nbdist.errors import ConfigError, DependencyError, UnreachableHostError, WorkersLostError
+from nbdist.errors import (
+    ConfigError,
+    DependencyError,
+    TrainingError,
+    UnreachableHostError,
+    WorkersLostError,
+)
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import EngineBackend
 from nbdist.modes.common.kernel_hub import KernelHubs
@@ -185,6 +191,11 @@ class SyncBackend(EngineBackend, Backend):
         raise ConfigError(f"A --mode sync run's Horovod ranks are fixed when it starts (Received: "
                           f"run.add_workers({list(engines)})). Start the run with more --workers, "
                           "or use --mode async to add workers while it trains.")
+
+    def take_over_shards(self, restores: dict[int, tuple], moved) -> list[dict]:
+        raise TrainingError("A --mode sync run's hub holds no parameters to take over "
+                            f"(Received: hub shard(s) {sorted(restores)} lost). Its ranks hold "
+                            "the model.")
 
     def joined_engines(self) -> list[int]:
         return []  # the ranks are fixed: engines that join are not taken in
