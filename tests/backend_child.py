@@ -265,8 +265,10 @@ def _fresh(cell: str):
 
 
 def convnet() -> dict:
-    """The keras.io convnet cell, unchanged: async with 2 workers on a real cluster, --mode local,
-    and plain Keras's fit, all on this backend; and the backend each engine's Keras runs."""
+    """The keras.io convnet cell, unchanged: async with 2 workers on a real cluster and plain
+    Keras's fit, on this backend; and the backend each engine's Keras runs. (--mode local on
+    this backend: fifty hub steps against fit, step for step, and the rules and options, in
+    tests/inproc/test_backends.py.)"""
     import keras
 
     import nbdist
@@ -276,13 +278,12 @@ def convnet() -> dict:
     scores = {"fit": fit_baseline("keras-io-convnet")}
     cluster = nbdist.Cluster.start(3)
     try:
-        for mode, options in (("async", {"cluster": cluster, "workers": 2}), ("local", {})):
-            keras.utils.set_random_seed(0)
-            ns: dict = {}
-            with contextlib.redirect_stdout(io.StringIO()):
-                run = nbdist.train(cell, namespace=ns, mode=mode, **options)
-            scores[mode] = float(result(ns))
-            scores[f"{mode}_events"] = [str(t) for t in run.events["text"].dropna()][:3]
+        keras.utils.set_random_seed(0)
+        ns: dict = {}
+        with contextlib.redirect_stdout(io.StringIO()):
+            run = nbdist.train(cell, namespace=ns, cluster=cluster, workers=2)
+        scores["async"] = float(result(ns))
+        scores["async_events"] = [str(t) for t in run.events["text"].dropna()][:3]
         engines = cluster.client[:].apply_sync(_engine_backend)
     finally:
         cluster.stop()
