@@ -104,7 +104,9 @@ class Job:
                                                 num_workers, epoch_size=self.epoch_size,
                                                 kernel_validates=self.fit is not None)
         if plan.momentum_correction and self.config.momentum_correction is None:
-            plan = replace(plan, momentum_correction=self.momentum_worth_correcting())
+            # one worker has no asynchrony to take out (--mode local: fit's own updates)
+            plan = replace(plan, momentum_correction=num_workers > 1
+                           and self.momentum_worth_correcting())
         job = replace(self, num_workers=num_workers, plan=plan, rule_options=options,
                       easgd_alpha=alpha)
         return job.told([*job.momentum_notices(), *job.staleness_notices(),

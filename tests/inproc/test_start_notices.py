@@ -27,6 +27,8 @@ def test_momentum_compensation_runs_by_default_where_it_was_measured_to_help(opt
     said = warnings_of(optimizer, workers=2)
     assert any(w.startswith("--momentum-correction: the cell's SGD momentum=0.9 runs as 0.4")
                for w in said) is corrected
+    assert not any(w.startswith("--momentum-correction") for w in warnings_of(optimizer,
+                                                                               workers=1))
     asked = warnings_of(optimizer, workers=2, momentum_correction=True)
     assert any(w.startswith("--momentum-correction") for w in asked) is ("momentum" in optimizer
                                                                         or "Adam" in optimizer)
