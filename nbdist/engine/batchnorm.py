@@ -19,6 +19,7 @@ Backend-neutral Keras 3 (eager calls); the kernel runs it on the notebook's mode
 from __future__ import annotations
 
 from nbdist.engine.data import num_rows, take
+from nbdist.engine.layer_search import layers_where
 
 PRECISE_SAMPLES = 8192  # about 100 batches at a batch size of 64, as precise BN uses
 
@@ -27,13 +28,7 @@ def batchnorm_layers(model) -> list:
     """Every BatchNormalization layer of `model`, nested models included, in order."""
     import keras
 
-    found, stack = [], [model]
-    while stack:
-        layer = stack.pop()
-        if isinstance(layer, keras.layers.BatchNormalization):
-            found.append(layer)
-        stack.extend(reversed(getattr(layer, "layers", [])))
-    return found
+    return layers_where(model, lambda layer: isinstance(layer, keras.layers.BatchNormalization))
 
 
 def recompute_batchnorm(model, x, batch_size: int, samples: int = PRECISE_SAMPLES) -> int:

@@ -106,7 +106,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
         "averages gradients with Horovod allreduce between the cluster's engines, with no "
         "parameter server",
         _COORDINATED | _CHECKPOINTS | {
-            "workers", "compression", "timeout", "pin", "sync_batchnorm"},
+            "workers", "compression", "timeout", "pin", "sync_batchnorm", "precise_bn"},
         needs_cluster=True, lr_owner="workers",
         operations=frozenset({"checkpoint"}), backends=("tensorflow",),
         backends_why="averages gradients with Horovod's TensorFlow allreduce inside TensorFlow "

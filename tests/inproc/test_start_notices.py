@@ -27,6 +27,8 @@ def test_momentum_compensation_runs_by_default_where_it_was_measured_to_help(opt
     said = warnings_of(optimizer, workers=2)
     assert any(w.startswith("--momentum-correction: the cell's SGD momentum=0.9 runs as 0.4")
                for w in said) is corrected
+    assert not any(w.startswith("--momentum-correction") for w in warnings_of(optimizer,
+                                                                               workers=1))
     asked = warnings_of(optimizer, workers=2, momentum_correction=True)
     assert any(w.startswith("--momentum-correction") for w in asked) is ("momentum" in optimizer
                                                                         or "Adam" in optimizer)
@@ -53,3 +55,32 @@ def test_the_weights_handed_back_average_the_tail_by_default_and_say_so():
                                                                workers=1))
     assert any(w.startswith("--average-tail 0.2:") for w in warnings_of(
         "keras.optimizers.SGD(0.1)", workers=1, average_tail=0.2))
+
+
+RECURRENT_CELL = '''
+import numpy as np
+import keras
+x_train = np.random.default_rng(0).integers(0, 10, size=(256, 6))
+y_train = (x_train == 3).any(axis=1).astype("int32")
+model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(10, 4),
+                          keras.layers.Bidirectional(keras.layers.GRU(4)),
+                          keras.layers.Dense(2, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_crossentropy")
+'''
+
+
+@pytest.mark.parametrize(("optimizer", "options", "warned"), [
+    ("keras.optimizers.SGD(0.5)", {"workers": 2}, True),
+    ("keras.optimizers.SGD(0.5)", {"workers": 1}, False),  # no push lands late
+    ("keras.optimizers.SGD(0.5)", {"workers": 2, "algorithm": "dc-asgd-a"}, False),  # the pick
+    ("keras.optimizers.SGD(0.5, momentum=0.9)", {"workers": 2}, False),  # compensated
+    ("keras.optimizers.Adam()", {"workers": 2}, False),
+])
+def test_a_recurrent_net_under_async_plain_sgd_is_told_the_measured_gap(optimizer, options,
+                                                                        warned):
+    cell = RECURRENT_CELL.replace("keras.optimizers.SGD(0.5)", optimizer)
+    run = nbdist.train(cell, namespace={}, mode="simulate", epochs=1, batch_size=32, wait=True,
+                       **options)
+    assert run.status == "finished", run.error
+    assert any(w.startswith("The model has a recurrent layer (GRU) trained with plain SGD by 2 "
+                            "async workers") for w in run.warnings) is warned
