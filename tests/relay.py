@@ -1,0 +1,158 @@
+"""A TCP relay that can reset its connections: what a flaky switch, a NAT that forgets its
+table or a restarted firewall does to a link.
+
+`Relay(address)` listens on a free port of the target's interface and forwards every connection
+to `address` (`host:port`, or a `tcp://` endpoint); `endpoint(tcp)` rewrites a `tcp://` endpoint
+to go through it. `reset()` ends every connection open now with a TCP RST on both sides
+(SO_LINGER 0, then close), so both peers see `ECONNRESET`; new connections are relayed again.
+`reset_every(period, times)` does that on a thread of its own, `resets` counts the resets that
+ended at least one connection and `accepted` the connections relayed. One thread, one selector;
+a context manager.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import selectors
+import socket
+import struct
+import threading
+import time
+
+CHUNK = 1 << 16
+
+
+class Relay:
+    def __init__(self, address: str):
+        host, port = address.rsplit("/", 1)[-1].rsplit(":", 1)
+        self.target = (host, int(port))
+        self.listener = socket.create_server((host, 0))
+        self.listener.setblocking(False)
+        self.port = self.listener.getsockname()[1]
+        self.accepted = self.resets = 0
+        self._pairs: dict[socket.socket, socket.socket] = {}
+        self._selector = selectors.DefaultSelector()
+        self._selector.register(self.listener, selectors.EVENT_READ)
+        self._lock = threading.Lock()
+        self._reset_now = threading.Event()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="test-relay")
+        self._thread.start()
+
+    def endpoint(self, tcp: str) -> str:
+        """`tcp` (the relayed target's `tcp://host:port`) through this relay."""
+        return f"{tcp.rsplit(':', 1)[0]}:{self.port}"
+
+    def reset(self, timeout: float = 5.0) -> int:
+        """RST every connection open now, both sides; returns how many pairs were cut."""
+        with self._lock:
+            before = len(self._pairs) // 2
+        self._reset_now.set()
+        end = time.monotonic() + timeout
+        while self._reset_now.is_set() and time.monotonic() < end:
+            time.sleep(0.005)
+        return before
+
+    def reset_every(self, period: float, times: int, after: float = 0.0) -> threading.Thread:
+        """Reset every `period` seconds, `times` times, starting `after` seconds from now."""
+
+        def resets():
+            time.sleep(after)
+            for _ in range(times):
+                if self._stop.is_set():
+                    return
+                self.reset()
+                time.sleep(period)
+
+        thread = threading.Thread(target=resets, daemon=True, name="test-relay-resets")
+        thread.start()
+        return thread
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+    def __enter__(self) -> Relay:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- the relay's thread -------------------------------------------------------------------
+
+    def _run(self) -> None:
+        try:
+            while not self._stop.is_set():
+                if self._reset_now.is_set():
+                    self._reset_all()
+                    self._reset_now.clear()
+                for key, _ in self._selector.select(0.01):
+                    if key.fileobj is self.listener:
+                        self._accept()
+                    else:
+                        self._forward(key.fileobj)
+        finally:
+            self._reset_all()
+            self._selector.close()
+            self.listener.close()
+
+    def _accept(self) -> None:
+        try:
+            client, _ = self.listener.accept()
+        except BlockingIOError:
+            return
+        try:
+            server = socket.create_connection(self.target, timeout=5)
+        except OSError:
+            _rst(client)
+            return
+        for sock in (client, server):
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            self._selector.register(sock, selectors.EVENT_READ)
+        with self._lock:
+            self._pairs[client], self._pairs[server] = server, client
+            self.accepted += 1
+
+    def _forward(self, sock: socket.socket) -> None:
+        other = self._pairs.get(sock)
+        if other is None:
+            return
+        try:
+            data = sock.recv(CHUNK)
+            if data:
+                other.setblocking(True)  # a test's traffic: waiting here is fine
+                other.sendall(data)
+                other.setblocking(False)
+                return
+        except OSError:
+            pass
+        self._drop(sock)  # one side ended: end the other too (as a plain close)
+
+    def _drop(self, sock: socket.socket, rst: bool = False) -> None:
+        with self._lock:
+            other = self._pairs.pop(sock, None)
+            if other is not None:
+                self._pairs.pop(other, None)
+        for s in (sock, other):
+            if s is None:
+                continue
+            with contextlib.suppress(KeyError, ValueError):
+                self._selector.unregister(s)
+            _rst(s) if rst else s.close()
+
+    def _reset_all(self) -> None:
+        with self._lock:
+            clients = list(self._pairs)
+        if clients:
+            self.resets += 1
+        for sock in clients:
+            if sock in self._pairs:
+                self._drop(sock, rst=True)
+
+
+def _rst(sock: socket.socket) -> None:
+    """Close `sock` with a TCP RST instead of a FIN."""
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
