@@ -156,3 +156,52 @@ def _rst(sock: socket.socket) -> None:
     with contextlib.suppress(OSError):
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     sock.close()
+
+
+# -- relays on a link of a run ------------------------------------------------------------------
+
+_RELAYED: list = []  # (relays, lines) that `relay_lines_once` made in this process
+_UNDO: list = []  # how to take back a patch not used yet
+
+
+def relay_lines_once(module_name: str, period: float, times: int, after: float = 0.5) -> None:
+    """In this process (an engine, or the kernel's): the next lines to the hub shards that
+    `module_name` opens (`nbdist.hub.client`: a worker's or a sync rank's transport;
+    `nbdist.hub.control`: the kernel's) go through a relay per shard, which resets every
+    connection every `period` seconds, `times` times, from `after` seconds on. Once; `relayed`
+    reports and takes the patch back if it was not used. Private access by necessity: nbdist
+    has no fault hook, and grows none for tests."""
+    import importlib
+
+    module = importlib.import_module(module_name)
+    original = module.open_lines
+
+    def through_relays(ctx, key, shards, name, timeout, transport="tcp", spin_s=0.0):
+        module.open_lines = original
+        relays = [Relay(s["tcp"]) for s in shards]
+        shards = [{**s, "tcp": r.endpoint(s["tcp"])} for s, r in zip(shards, relays, strict=True)]
+        lines = original(ctx, key, shards, name, timeout, transport, spin_s)
+        for relay in relays:
+            relay.reset_every(period, times, after)
+        _RELAYED.append((relays, lines))
+        return lines
+
+    module.open_lines = through_relays
+    _UNDO.append(lambda: setattr(module, "open_lines", original)
+                 if module.open_lines is through_relays else None)
+
+
+def relayed() -> list[dict]:
+    """What the relays of `relay_lines_once` did, one dict per set of lines (resets that cut a
+    connection, connections relayed, the lines' redials); closes them and takes back a patch
+    that was not used."""
+    while _UNDO:
+        _UNDO.pop()()
+    seen = []
+    while _RELAYED:
+        relays, lines = _RELAYED.pop()
+        for relay in relays:
+            relay.close()
+        seen.append({"resets": [r.resets for r in relays], "accepted": [r.accepted for r in relays],
+                     "redials": [getattr(line, "redials", 0) for line in lines]})
+    return seen

@@ -18,6 +18,7 @@ request again (`nbdist.hub.lines`; the hub answers a request it already had from
 from __future__ import annotations
 
 import secrets
+import time
 from collections.abc import Callable
 
 import zmq
@@ -28,6 +29,9 @@ from nbdist.hub.wire import client_socket
 # (reset or closed), or the gate refused its (spent) token
 LOST_EVENTS = (zmq.EVENT_DISCONNECTED | zmq.EVENT_HANDSHAKE_FAILED_AUTH
                | zmq.EVENT_HANDSHAKE_FAILED_PROTOCOL | zmq.EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+# at least this long between two redials (ZeroMQ's own reconnect interval): a peer that accepts
+# and at once ends every connection (a proxy in front of a stopped process) costs no busy loop
+REDIAL_GAP_S = 0.1
 
 
 def routing_id() -> bytes:
@@ -62,10 +66,13 @@ class Dial:
         self._monitor: zmq.Socket | None = None
         self._poller: zmq.Poller | None = None
         self.redials = 0
+        self._opened = -REDIAL_GAP_S  # when the last socket was made (monotonic seconds)
 
     def open(self) -> zmq.Socket:
         """A new socket (fresh credentials), connected and watched; closes the last one."""
         self._close()
+        time.sleep(max(0.0, self._opened + REDIAL_GAP_S - time.monotonic()))
+        self._opened = time.monotonic()
         sock = client_socket(self._ctx, self._endpoint, self._key, self.kind)
         if self.routing_id is not None:
             sock.setsockopt(zmq.ROUTING_ID, self.routing_id)
