@@ -183,7 +183,7 @@ def relay_lines_once(module_name: str, period: float, times: int, after: float =
         lines = original(ctx, key, shards, name, timeout, transport, spin_s)
         for relay in relays:
             relay.reset_every(period, times, after)
-        _RELAYED.append((relays, lines))
+        _RELAYED.append((relays, [lambda line=line: line.redials for line in lines]))
         return lines
 
     module.open_lines = through_relays
@@ -203,5 +203,32 @@ def relayed() -> list[dict]:
         for relay in relays:
             relay.close()
         seen.append({"resets": [r.resets for r in relays], "accepted": [r.accepted for r in relays],
-                     "redials": [getattr(line, "redials", 0) for line in lines]})
+                     "redials": [redials() for redials in lines]})
     return seen
+
+
+def relay_stage_links_once(period: float, times: int, after: float = 0.5) -> None:
+    """On an engine: the next pipeline stage's sockets towards its neighbours and the kernel
+    (`StageLink.connect`) go through relays that reset every connection every `period`
+    seconds, `times` times, from `after` seconds on. Once; `relayed` reports (a stage's
+    redials by peer) and takes the patch back if it was not used."""
+    from nbdist.modes.pipeline import link as module
+
+    original = module.StageLink.connect
+
+    def connect(self, neighbours, report, control):
+        module.StageLink.connect = original
+        peers = {**neighbours, "kernel": report}
+        relays = {name: Relay(info["endpoint"]) for name, info in peers.items()}
+        through = {name: {**info, "endpoint": relays[name].endpoint(info["endpoint"])}
+                   for name, info in peers.items()}
+        kernel = through.pop("kernel")
+        original(self, through, kernel, control)
+        for relay in relays.values():
+            relay.reset_every(period, times, after)
+        _RELAYED.append((list(relays.values()),
+                         [lambda: {k: v for k, v in self.redials.items() if k != "control"}]))
+
+    module.StageLink.connect = connect
+    _UNDO.append(lambda: setattr(module.StageLink, "connect", original)
+                 if module.StageLink.connect is connect else None)

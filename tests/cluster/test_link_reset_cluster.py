@@ -8,8 +8,8 @@ refused it forever, the workers were written off and the kernel's watch failed t
 import pytest
 
 import nbdist
-from tests.helpers import SYNTHETIC_CELL
-from tests.relay import relay_lines_once, relayed
+from tests.helpers import PIPELINE_SKIP_CELL, SYNTHETIC_CELL
+from tests.relay import relay_lines_once, relay_stage_links_once, relayed
 
 RESET_EVERY_S = 0.4
 RESETS = 12
@@ -46,7 +46,7 @@ def assert_came_back(lines: list[dict]) -> None:
 def test_lines_reset_again_and_again_come_back_and_the_run_finishes(cluster,
                                                                     relays_on_every_line):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, batch_size=8,
-                       epochs=6, timeout=10.0, transport="tcp", wait=True)
+                       epochs=3, timeout=10.0, transport="tcp", wait=True)
     workers, kernel = relays_on_every_line()
     assert run.status == "finished" and run.error is None, run.error
     assert (run.events["event"] != "worker_lost").all(), run.events
@@ -62,9 +62,31 @@ def test_a_sync_runs_metrics_lines_reset_again_and_again_come_back(cluster, rela
     for good (the run failed)."""
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
-                       batch_size=8, epochs=6, timeout=10.0, wait=True)
+                       batch_size=8, epochs=3, timeout=10.0, wait=True)
     ranks, kernel = relays_on_every_line()
     assert run.status == "finished" and run.error is None, run.error
     assert len(ranks) == 2
     assert_came_back(ranks)
     assert_came_back(kernel)
+
+
+def test_pipeline_stage_links_reset_again_and_again_come_back_and_the_run_finishes(cluster):
+    """Each stage's sockets to its neighbour and to the kernel (arrays in frames, --transport
+    tcp) through relays reset every 0.4 s: each comes back, sends its latest messages again
+    (the receiver drops those it had as replays), and the run finishes (before: the stage's
+    socket was refused at the gate for good and its neighbour waited until --timeout)."""
+    engines = cluster.client[:]
+    engines.apply_sync(relay_stage_links_once, RESET_EVERY_S, RESETS, 1.0)
+    try:
+        run = nbdist.train("B = 16\n" + PIPELINE_SKIP_CELL, cluster=cluster, namespace={},
+                           mode="pipeline", stages=2, micro_batches=4, batch_size=16, epochs=3,
+                           partition="uniform", transport="tcp", timeout=10.0)
+        run.wait(timeout=240)
+    finally:
+        stages = [seen for each in engines.apply_sync(relayed) for seen in each]
+    assert run.status == "finished" and run.error is None, run.error
+    assert len(stages) == 2
+    for seen in stages:
+        assert min(seen["resets"]) >= 2, seen
+        (redials,) = seen["redials"]
+        assert min(redials.values()) >= 2, seen
