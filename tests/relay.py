@@ -20,6 +20,7 @@ import threading
 import time
 
 CHUNK = 1 << 16
+SEND_WAIT_S = 5.0  # a side that reads nothing for this long is cut
 
 
 class Relay:
@@ -121,8 +122,8 @@ class Relay:
         try:
             data = sock.recv(CHUNK)
             if data:
-                other.setblocking(True)  # a test's traffic: waiting here is fine
-                other.sendall(data)
+                other.settimeout(SEND_WAIT_S)  # a test's traffic: waiting here is fine
+                other.sendall(data)  # a peer that stops reading is cut (a timeout is an OSError)
                 other.setblocking(False)
                 return
         except OSError:
