@@ -76,8 +76,8 @@ class Line:
         self.sent += self._send_frames(frames)
 
     def _send_frames(self, frames: list) -> int:
-        if self._dial.lost():  # since the last request: no need to send that one again
-            self.sock = self._dial.redial()
+        # a connection lost since the last request is seen by the wait for this one's reply,
+        # which sends it again on the new socket (no look at the monitor per message)
         return send_frames(self.sock, frames)
 
     def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
