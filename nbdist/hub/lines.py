@@ -76,9 +76,15 @@ class Line:
         self.sent += self._send_frames(frames)
 
     def _send_frames(self, frames: list) -> int:
-        # a connection lost since the last request is seen by the wait for this one's reply,
-        # which sends it again on the new socket (no look at the monitor per message)
-        return send_frames(self.sock, frames)
+        """Send without waiting: a socket whose connection is lost (and refused again at the
+        gate) has nowhere to queue, and would wait for good; it is made again first."""
+        if self._dial.lost():
+            self.sock = self._dial.redial()
+        try:
+            return send_frames(self.sock, frames, zmq.DONTWAIT)
+        except zmq.Again:  # lost since the look: a new socket queues at once, while it connects
+            self.sock = self._dial.redial()
+            return send_frames(self.sock, frames)
 
     def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
         """One message's frames, or None if none came within `timeout_ms` (`first`: the

@@ -224,7 +224,12 @@ class StageLink:
         if self._dials[to].lost():
             self._redial(to)
         try:
-            sent = send_frames(self.peers[to], frames)
+            try:
+                sent = send_frames(self.peers[to], frames, zmq.DONTWAIT)
+            except zmq.Again:  # its connection lost (nowhere to queue), or its queue full
+                if self._dials[to].lost():
+                    self._redial(to)
+                sent = send_frames(self.peers[to], frames)  # waits up to the timeout
             self.sent_bytes += sent
             self._recent[to].add(frames, sent)
         except zmq.Again:
