@@ -46,11 +46,11 @@ def assert_came_back(lines: list[dict]) -> None:
 def test_lines_reset_again_and_again_come_back_and_the_run_finishes(cluster,
                                                                     relays_on_every_line):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, batch_size=8,
-                       epochs=3, timeout=10.0, transport="tcp", wait=True)
+                       epochs=6, timeout=10.0, transport="tcp", wait=True)
     workers, kernel = relays_on_every_line()
     assert run.status == "finished" and run.error is None, run.error
     assert (run.events["event"] != "worker_lost").all(), run.events
-    assert run.stats["epoch_samples"] == [900] * 3
+    assert run.stats["epoch_samples"] == [900] * 6
     assert len(workers) == 2  # both workers' lines went through relays
     assert_came_back(workers)
     assert_came_back(kernel)
@@ -62,7 +62,7 @@ def test_a_sync_runs_metrics_lines_reset_again_and_again_come_back(cluster, rela
     for good (the run failed)."""
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, mode="sync", workers=2,
-                       batch_size=8, epochs=3, timeout=10.0, wait=True)
+                       batch_size=8, epochs=6, timeout=10.0, wait=True)
     ranks, kernel = relays_on_every_line()
     assert run.status == "finished" and run.error is None, run.error
     assert len(ranks) == 2

@@ -241,9 +241,14 @@ class StageLink:
 
     def _redial(self, to: str) -> None:
         """A new socket to `to` (fresh credentials), and the latest messages sent again."""
+        import zmq
+
         self.peers[to] = self._dials[to].redial()
         for frames in self._recent[to].frames:
-            self.sent_bytes += send_frames(self.peers[to], frames)
+            try:
+                self.sent_bytes += send_frames(self.peers[to], frames, zmq.DONTWAIT)
+            except zmq.Again:  # lost again at once (or its peer has left): the next look at
+                return  # the link makes it again, and sends them all again
 
     def check_links(self) -> None:
         """Make again every socket whose connection ended (without waiting)."""
