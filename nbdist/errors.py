@@ -26,6 +26,8 @@ data set, `RuntimeError` for a failed run), so existing `except` clauses keep wo
     │   ├── WorkersLostError                every worker (or, in sync mode, a rank) was lost
     │   └── NonFiniteLossError              a step's loss or gradient norm became NaN or inf
     ├── ProtocolError (ValueError)          a hub message was unsigned, forged, replayed, malformed
+    │   └── RepeatedMessageError            the latest message of a sender came again (answered
+    │                                       again by a hub, never applied twice)
     ├── CheckpointError (ValueError)        a checkpoint is corrupt or does not fit this run
     │   └── CheckpointNotFoundError (FileNotFoundError)  no checkpoint at that path
     ├── DependencyError (ImportError)       an optional dependency (Horovod, ...) is missing
@@ -58,6 +60,7 @@ __all__ = [
     "NotEnoughEnginesError",
     "ProtocolError",
     "RemoteCellError",
+    "RepeatedMessageError",
     "TrainingError",
     "UnreachableHostError",
     "UnsupportedOptimizerError",
@@ -223,6 +226,26 @@ class ProtocolError(NbdistError, ValueError):
 
     def __str__(self) -> str:
         return f"{self.reason}: {self.detail}" if self.detail else self.reason
+
+
+class RepeatedMessageError(ProtocolError):
+    """The latest message from `sender` came again, whole and signed (`seq` is the last one
+    seen): a line sends its latest request again after its connection came back
+    (`nbdist.hub.lines`). Counted as a replay; a hub answers it again from its cache
+    (`nbdist.hub.server`), never applies it twice.
+
+    Example:
+        >>> exc = RepeatedMessageError("worker-0/ab", 3)
+        >>> exc.reason, exc.sender, exc.seq
+        ('replayed message', 'worker-0/ab', 3)
+    """
+
+    def __init__(self, sender: str, seq: int):
+        super().__init__("replayed message", f"seq {seq} from {sender!r}, the latest, seen again")
+        self.sender, self.seq = sender, seq
+
+    def __reduce__(self):
+        return type(self), (self.sender, self.seq)
 
 
 class CheckpointError(NbdistError, ValueError):

@@ -20,8 +20,9 @@ from nbdist.cluster.netaddr import host_id
 from nbdist.core.liveness import RunningClock
 from nbdist.errors import ProtocolError, TrainingError
 from nbdist.hub import localline
+from nbdist.hub.dial import Dial
 from nbdist.hub.protocol import Codec, Message, send_frames
-from nbdist.hub.wire import MAX_FRAMES, client_socket
+from nbdist.hub.wire import MAX_FRAMES
 from nbdist.wire.messages import Error
 from nbdist.wire.schema import Wire
 
@@ -36,8 +37,14 @@ class Line:
     request (a reply whose `re` is not the last request's seq, from another endpoint, or not
     the message expected, is dropped and counted in `dropped` by reason); `sent` and
     `received` count the bytes of every frame that crossed the socket. After a timeout the
-    socket is replaced, so a reply that comes late can never be taken for the answer to a
-    later request."""
+    socket is replaced (a new routing id), so a reply that comes late can never be taken for
+    the answer to a later request.
+
+    A line comes back (`nbdist.hub.dial`): when its connection ends (a TCP reset) or the gate
+    refuses it, a new socket with new credentials and the same routing id takes its place,
+    and the latest request is sent again, the same frames: a hub that had it answers again
+    from its cache (its sequence number is not new), one that had not takes it as new, so a
+    request is never applied twice. `redials` counts these."""
 
     def __init__(self, ctx: zmq.Context, endpoint: dict, address: str, codec: Codec, key: bytes,
                  timeout: float, name: str, peer: str):
@@ -45,28 +52,56 @@ class Line:
         self.codec, self.timeout_ms, self.name, self.peer = codec, int(timeout * 1000), name, peer
         self.dropped: Counter[str] = Counter()
         self.sent = self.received = 0
+        self._last: list = []  # the latest request's frames, sent again after a redial
         self.sock = self._open()
 
     def _open(self) -> zmq.Socket:
-        sock = client_socket(self._ctx, self.endpoint, self._key, zmq.DEALER)
-        sock.connect(self.address)
-        return sock
+        self._dial = Dial(self._ctx, self.endpoint, self._key, zmq.DEALER, self.address,
+                          keep_id=True)
+        return self._dial.open()
+
+    @property
+    def redials(self) -> int:
+        return self._dial.redials
 
     def reopen(self) -> None:
         """A fresh socket (new routing id): whatever the old one would still receive is lost."""
-        self.sock.close(0)
+        redials = self._dial.redials
+        self._dial.close()
         self.sock = self._open()
+        self._dial.redials = redials
 
     def send(self, message: Wire, buffers: list | tuple = ()) -> None:
-        self.sent += self._send_frames(self.codec.encode(message.encode(), buffers, to=self.peer))
+        frames = self.codec.encode(message.encode(), buffers, to=self.peer)
+        self._last = frames
+        self.sent += self._send_frames(frames)
 
     def _send_frames(self, frames: list) -> int:
-        return send_frames(self.sock, frames)
+        """Send without waiting: a socket whose connection is lost (and refused again at the
+        gate) has nowhere to queue, and would wait for good; it is made again first."""
+        if self._dial.lost():
+            self.sock = self._dial.redial()
+        try:
+            return send_frames(self.sock, frames, zmq.DONTWAIT)
+        except zmq.Again:  # lost since the look: a new socket queues at once, while it connects
+            self.sock = self._dial.redial()
+            return send_frames(self.sock, frames)
 
     def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
         """One message's frames, or None if none came within `timeout_ms` (`first`: the
-        first slice of a wait)."""
-        return self.sock.recv_multipart(copy=False) if self.sock.poll(timeout_ms) else None
+        first slice of a wait). A lost connection is made again, and the latest request
+        sent again, meanwhile."""
+        deadline = time.monotonic() + timeout_ms / 1000
+        while True:
+            state = self._dial.poll(max(0, int((deadline - time.monotonic()) * 1000)))
+            if state == "ready":
+                return self.sock.recv_multipart(copy=False)
+            if state == "lost":
+                self.sock = self._dial.redial()
+                if self._last:
+                    self.sent += send_frames(self.sock, self._last)
+            if time.monotonic() >= deadline:
+                return None
 
     def recv(self, expect: type[W], timeout: float | None = None,
              during: Callable[[], None] | None = None,
@@ -130,7 +165,7 @@ class Line:
         return self.recv(type(message).REPLY, timeout, during, clock)
 
     def close(self) -> None:
-        self.sock.close(0)
+        self._dial.close()
 
 
 class LocalLine(Line):
@@ -139,6 +174,7 @@ class LocalLine(Line):
     polls for a reply that long before it sleeps (`--spin`, where the hub has a core)."""
 
     spin_s = 0.0
+    redials = 0
 
     def _open(self) -> localline.Conn:
         try:
@@ -149,6 +185,9 @@ class LocalLine(Line):
     def reopen(self) -> None:
         self.sock.close()
         self.sock = self._open()
+
+    def send(self, message: Wire, buffers: list | tuple = ()) -> None:
+        self.sent += self._send_frames(self.codec.encode(message.encode(), buffers, to=self.peer))
 
     def _send_frames(self, frames: list) -> int:
         try:

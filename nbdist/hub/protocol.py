@@ -27,7 +27,7 @@ import numpy as np
 from blake3 import blake3 as _blake3
 
 from nbdist.env import switch
-from nbdist.errors import ProtocolError
+from nbdist.errors import ProtocolError, RepeatedMessageError
 from nbdist.wire.schema import ENVELOPE  # set by encode, checked by decode
 
 _json_out = json.JSONEncoder(separators=(",", ":"))
@@ -162,7 +162,10 @@ class Codec:
         if header["to"] not in (self.name, self.sender):
             raise ProtocolError("wrong recipient", f"for {header['to']!r}, this is {self.sender!r}")
         sender, seq = header["from"], header["seq"]
-        if seq <= self._last_seen.get(sender, 0):
+        last = self._last_seen.get(sender, 0)
+        if seq == last:  # the latest message again: a peer whose connection came back
+            raise RepeatedMessageError(sender, seq)
+        if seq < last:
             raise ProtocolError("replayed message", f"seq {seq} from {sender!r} already seen")
         self._last_seen[sender] = seq
         return Message(header, buffers)

@@ -33,12 +33,18 @@ from nbdist.core import compression
 from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
-from nbdist.errors import ProtocolError
+from nbdist.errors import ProtocolError, RepeatedMessageError
 from nbdist.hub import localline, orphan, shm, writeoff
 from nbdist.hub.export import hub_state, shard_state
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.profile import marker
-from nbdist.hub.protocol import MAX_HEADER_BYTES, SIGNATURE_BYTES, Codec, Message, send_frames
+from nbdist.hub.protocol import (
+    MAX_HEADER_BYTES,
+    SIGNATURE_BYTES,
+    Codec,
+    Message,
+    send_frames,
+)
 from nbdist.hub.threads import split_updates
 from nbdist.hub.wire import (
     Inbox,
@@ -151,6 +157,9 @@ class Hub:
         self.incarnation: dict[int, str] = {}
         self.retired: dict[int, set[str]] = {}
         self.dropped: Counter[str] = Counter()
+        # requester (sender) -> its latest answer over ZeroMQ (where to, reply, buffers): sent
+        # again when the request comes again from a line whose connection came back
+        self.answers: dict[str, tuple[Return, Wire, list]] = {}
         self.error: str | None = None
         self.closing = False
         self.sync_snapshot = None  # sync mode: rank 0's latest state (nbdist.checkpoint.sync_state)
@@ -258,6 +267,10 @@ class Hub:
                                                     "went silent")
                         break
                     continue
+                except RepeatedMessageError as exc:  # never applied twice: answered again
+                    self.dropped[exc.reason] += 1
+                    self._answer_again(exc.sender, exc.seq)
+                    continue
                 except ProtocolError as exc:
                     self.dropped[exc.reason] += 1
                     continue
@@ -291,8 +304,11 @@ class Hub:
         return {**self.dropped, **(self._auth.counts() if self._auth is not None else {})}
 
     def _send(self, ret: Return, reply: Wire, buffers: list) -> bool:
-        """Send a reply without ever waiting; False (and counted) if it could not be delivered:
-        its peer is gone, or does not read (its line or ZeroMQ queue is full)."""
+        """Send a reply without ever waiting; False (and counted) if it could not be delivered
+        because its peer does not read (its line or ZeroMQ queue is full) or its line is gone.
+        A reply over ZeroMQ is kept (`answers`) until the requester's next one: a peer whose
+        connection ended (no route to its id now) gets it when it comes back and asks again
+        (`nbdist.hub.lines`); counted, but not a peer that does not read."""
         mark = self._mark
         mark("reply")
         frames = self.codec.encode(reply.encode(), buffers, to=ret.to, re=ret.re, mark=mark)
@@ -300,13 +316,24 @@ class Hub:
             if type(ret.ident) is localline.Conn:
                 ret.ident.send(frames, block=False)
             else:
+                self.answers[ret.to] = (ret, reply, buffers)
                 send_frames(self._sock, [ret.ident, *frames], zmq.DONTWAIT)
-        except (OSError, ProtocolError, zmq.ZMQError):  # gone, not reading, or (a bug) too large
+        except zmq.ZMQError as exc:
+            self.dropped["reply not delivered"] += 1
+            return exc.errno == zmq.EHOSTUNREACH  # no connection now: kept for a repeat
+        except (OSError, ProtocolError):  # gone, not reading, or (a bug) too large
             self.dropped["reply not delivered"] += 1
             return False
         finally:
             mark("send")
         return True
+
+    def _answer_again(self, sender: str, seq: int) -> None:
+        """`sender` sent its latest request again (its connection came back): the answer, if
+        that request was answered; a request still held is answered when it is released."""
+        ret, reply, buffers = self.answers.get(sender, (None, None, None))
+        if ret is not None and ret.re == seq:
+            self._send(ret, reply, buffers)
 
     def _release_held(self) -> None:
         """Send every held reply the core lets go."""
@@ -454,6 +481,7 @@ class Hub:
         """Forget `worker`'s link and release its shared segment (bye, or written off)."""
         link = self.links.pop(worker, None)
         if link:
+            self.answers.pop(getattr(link, "sender", None), None)
             shm.release(link.segment)
 
     # -- kernel ops: the kernel's requests (`HubControl`), a few a second at most -----------

@@ -195,6 +195,9 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: in
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
     if sock.type == zmq.ROUTER:  # a reply it cannot queue raises, never vanishes
         sock.setsockopt(zmq.ROUTER_MANDATORY, 1)
+        # a client that comes back after a reset keeps its routing id (nbdist.hub.dial): its new
+        # connection takes the id over, even before this side has seen the old one end
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
     gate = gate or Gate(ctx, key, limit=peers + YOUNG_MARGIN, encrypt=encrypt,
                         reserved=0 if planned is None else peers,
                         planned=frozenset(planned or ()))

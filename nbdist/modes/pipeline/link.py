@@ -38,13 +38,20 @@ recipient and sequence number (replays) are checked, then its op fields and fram
 by reason in `dropped`, never raised.
 With `--encrypt` (`encrypt`) every TCP socket here is CurveZMQ: the gate admits only the run's
 client key, and the endpoints the stages and the kernel hand out carry the server key.
+
+Links come back (`nbdist.hub.dial`): when the connection of a socket towards a neighbour or the
+kernel ends (a TCP reset) or the gate refuses it, a new socket with fresh credentials replaces it,
+and the latest messages sent on it (at most `RESEND` of them and `RESEND_BYTES`) are sent again,
+in order: the receiver takes those it had not (a reset loses the tail of a stream) and drops the
+rest as replays. Each send queue holds at most `SEND_QUEUE` messages; a send that cannot be
+queued within the timeout fails, naming the neighbour.
 """
 
 from __future__ import annotations
 
 import logging
 import time
-from collections import Counter
+from collections import Counter, deque
 from dataclasses import replace
 
 import numpy as np
@@ -53,9 +60,10 @@ from nbdist.cluster.netaddr import host_id
 from nbdist.core.liveness import LEASE_GAP_S, LEASE_MARGIN_S, Lease, RunningClock, lease_term
 from nbdist.errors import ConfigError, ProtocolError, TrainingError
 from nbdist.hub import shm
+from nbdist.hub.dial import Dial
 from nbdist.hub.gate import curve_keys
 from nbdist.hub.protocol import Codec, send_frames
-from nbdist.hub.wire import client_socket, recv_bounded, server_socket
+from nbdist.hub.wire import recv_bounded, server_socket
 from nbdist.modes.pipeline.checks import arrays_of, slot_table, stage_message
 from nbdist.modes.pipeline.messages import (
     CONTROLS,
@@ -71,8 +79,31 @@ from nbdist.wire.schema import Wire
 
 log = logging.getLogger(__name__)
 POLL_MS = 200
+SEND_QUEUE = 256  # messages queued towards one peer (ZMQ_SNDHWM): a schedule keeps far fewer
+# in flight; a full queue means the peer stopped reading
+# the latest messages per peer sent again after a redial: what its queue and the TCP buffers can
+# have held when the connection ended (a schedule keeps a few micro-batches in flight)
+RESEND, RESEND_BYTES = SEND_QUEUE + 64, 256 << 20
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
 PAGE = 4096
+
+
+class _Recent:
+    """The latest messages sent to one peer, at most `RESEND` of them and `RESEND_BYTES` (the
+    latest one always), oldest first."""
+
+    def __init__(self):
+        self.frames: deque = deque()
+        self._sizes: deque = deque()
+        self._bytes = 0
+
+    def add(self, frames: list, size: int) -> None:
+        self.frames.append(frames)
+        self._sizes.append(size)
+        self._bytes += size
+        while len(self.frames) > 1 and (len(self.frames) > RESEND or self._bytes > RESEND_BYTES):
+            self.frames.popleft()
+            self._bytes -= self._sizes.popleft()
 
 
 class StageAborted(Exception):  # noqa: N818 - a signal to leave, not an error
@@ -125,6 +156,8 @@ class StageLink:
         self.host = host_id()
         self.peers: dict[str, object] = {}
         self.sub = None
+        self._dials: dict[str, Dial] = {}  # peer ("kernel" too, "control": the SUB) -> its dial
+        self._recent: dict[str, _Recent] = {}  # peer -> the latest frames sent to it
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
         self.sent_bytes = 0
@@ -173,15 +206,68 @@ class StageLink:
                 raise ConfigError(f"--transport shm needs every pipeline stage on one host, but "
                                   f"{name} is on {str(host).split(':')[0]} and {self.name} on "
                                   f"{self.host.split(':')[0]}. Use --transport auto.")
-        for name, info in {**neighbours, "kernel": report}.items():
-            sock = client_socket(self.ctx, info, self._key, zmq.PUSH)
+        def bounded(sock):
             sock.setsockopt(zmq.LINGER, 2000)
-            sock.setsockopt(zmq.SNDHWM, 0)
-            sock.connect(info["endpoint"])
-            self.peers[name] = sock
-        self.sub = client_socket(self.ctx, control, self._key, zmq.SUB)
-        self.sub.setsockopt(zmq.SUBSCRIBE, b"")
-        self.sub.connect(control["endpoint"])
+            sock.setsockopt(zmq.SNDHWM, SEND_QUEUE)
+            sock.setsockopt(zmq.SNDTIMEO, int(self.timeout * 1000))
+
+        for name, info in {**neighbours, "kernel": report}.items():
+            self._dials[name] = Dial(self.ctx, info, self._key, zmq.PUSH, info["endpoint"],
+                                     setup=bounded)
+            self.peers[name] = self._dials[name].open()
+            self._recent[name] = _Recent()
+        self._dials["control"] = Dial(self.ctx, control, self._key, zmq.SUB, control["endpoint"],
+                                      setup=lambda sock: sock.setsockopt(zmq.SUBSCRIBE, b""))
+        self.sub = self._dials["control"].open()
+
+    @property
+    def redials(self) -> dict[str, int]:
+        """Sockets made again after their connection ended, by peer ("control": the kernel's
+        stop and abort)."""
+        return {name: dial.redials for name, dial in self._dials.items()}
+
+    def _push(self, to: str, frames: list) -> None:
+        """Send `frames` to the peer `to` (a neighbour or "kernel"), after making its socket
+        again if its connection ended; kept among the latest, to be sent again after a loss."""
+        import zmq
+
+        if self._dials[to].lost():
+            self._redial(to)
+        try:
+            try:
+                sent = send_frames(self.peers[to], frames, zmq.DONTWAIT)
+            except zmq.Again:  # its connection lost (nowhere to queue), or its queue full
+                if self._dials[to].lost():
+                    self._redial(to)
+                sent = send_frames(self.peers[to], frames)  # waits up to the timeout
+            self.sent_bytes += sent
+            self._recent[to].add(frames, sent)
+        except zmq.Again:
+            raise TrainingError(
+                f"Stage {self.stage} could not send to {to} for {self.timeout:.0f}s: its queue "
+                f"of {SEND_QUEUE} messages stayed full (Received: no room), so {to} stopped "
+                "reading. Its engine may have stalled or died; see run.error and %nbdist status, "
+                "then run the cell again (raise --timeout for very slow stages).") from None
+
+    def _redial(self, to: str) -> None:
+        """A new socket to `to` (fresh credentials), and the latest messages sent again."""
+        import zmq
+
+        self.peers[to] = self._dials[to].redial()
+        for frames in self._recent[to].frames:
+            try:
+                self.sent_bytes += send_frames(self.peers[to], frames, zmq.DONTWAIT)
+            except zmq.Again:  # lost again at once (or its peer has left): the next look at
+                return  # the link makes it again, and sends them all again
+
+    def check_links(self) -> None:
+        """Make again every socket whose connection ended (without waiting)."""
+        for name, dial in self._dials.items():
+            if dial.lost():
+                if name == "control":
+                    self.sub = dial.redial()
+                else:
+                    self._redial(name)
 
     def send(self, to: str, message: Wire, arrays=()) -> None:
         """`message` (`messages.Forward`, `Backward`, `Validation` or `End`) to the neighbour
@@ -196,8 +282,7 @@ class StageLink:
             return
         if arrays:
             self.messages["tcp"] += 1
-        self.sent_bytes += send_frames(self.peers[to],
-                                       self.codec.encode(message.encode(), arrays, to=to))
+        self._push(to, self.codec.encode(message.encode(), arrays, to=to))
 
     def _send_shm(self, to: str, message: Wire, arrays: list) -> bool:
         """Copy `arrays` into a free slot of the segment towards `to` and send the header alone;
@@ -211,7 +296,7 @@ class StageLink:
         for a, off in zip(arrays, offsets, strict=True):
             np.ndarray(a.shape, a.dtype, buffer=box.segment.buf, offset=base + off)[...] = a
         message.shm = Slot(box.segment.name, box.generation, slot, [base + off for off in offsets])
-        self.sent_bytes += send_frames(self.peers[to], self.codec.encode(message.encode(), to=to))
+        self._push(to, self.codec.encode(message.encode(), to=to))
         return True
 
     def _slot_box(self, to: str, need: int) -> _Outbox | None:
@@ -240,8 +325,7 @@ class StageLink:
 
     def report(self, message: Wire) -> None:
         """A report (`messages.REPORTS`) to the kernel."""
-        self.sent_bytes += send_frames(self.peers["kernel"],
-                                       self.codec.encode(message.encode(), to="kernel"))
+        self._push("kernel", self.codec.encode(message.encode(), to="kernel"))
 
     def wait(self, *keys: tuple) -> tuple[tuple, Wire, list]:
         """The first of `keys` to arrive (kind, step, micro-batch): (key, message, arrays). Fails
@@ -249,10 +333,13 @@ class StageLink:
         import zmq
 
         deadline = time.monotonic() + self.timeout
-        poller = zmq.Poller()
-        poller.register(self.pull, zmq.POLLIN)
-        poller.register(self.sub, zmq.POLLIN)
+        poller = sub = None
         while True:
+            self.check_links()
+            if sub is not self.sub:  # made again
+                sub, poller = self.sub, zmq.Poller()
+                poller.register(self.pull, zmq.POLLIN)
+                poller.register(sub, zmq.POLLIN)
             for key in keys:
                 if key in self.buffer:
                     return (key, *self.buffer.pop(key))
@@ -363,7 +450,7 @@ class StageLink:
                   for dtype, shape, off in slot_table(message.shapes, message.dtypes,
                                                       where.offsets, segment.size)]
         ack = Ack(self.name, where.seg, where.gen, where.slot)
-        send_frames(self.peers[src], self.codec.encode(ack.encode(), to=src))
+        self._push(src, self.codec.encode(ack.encode(), to=src))
         return arrays
 
     def _segment(self, src: str, name: str, gen: int):
@@ -387,9 +474,10 @@ class StageLink:
         return segment
 
     def close(self) -> None:
-        for sock in [self.pull, self.sub, *self.peers.values()]:
-            if sock is not None:
-                sock.close(linger=500)
+        if self.pull is not None:
+            self.pull.close(linger=500)
+        for dial in self._dials.values():
+            dial.close(linger=500)
         self.gate.stop()
         self.ctx.term()
         for _, _, segment in self.inboxes.values():

@@ -1,0 +1,87 @@
+"""A pipeline stage's links, bounded and coming back (real sockets, no cluster): a neighbour
+that stops reading makes a send fail within the timeout, naming it, instead of queueing
+without bound; a link reset by a relay (tests/relay.py) is made again and its latest messages
+reach the neighbour once each."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+
+from nbdist.errors import TrainingError
+from nbdist.hub.protocol import new_key
+from nbdist.modes.pipeline.kernel_link import KernelLink
+from nbdist.modes.pipeline.link import SEND_QUEUE, StageLink
+from nbdist.modes.pipeline.messages import Forward
+from tests.relay import Relay
+
+LIMITS = (3, 64 * 1024 + 4096)
+
+
+def two_stages(timeout: float, relayed: bool = False):
+    """A kernel's sockets and stages 0 and 1, connected over TCP; with `relayed`, stage 0's
+    socket to stage 1 goes through a relay (the last item)."""
+    key = new_key()
+    kernel = KernelLink(key, "r", "127.0.0.1", 2)
+    a, b = (StageLink(key, "r", s, "127.0.0.1", timeout, LIMITS, transport="tcp") for s in (0, 1))
+    relay = Relay(b.info["endpoint"]) if relayed else None
+    to_b = b.info if relay is None else {**b.info, "endpoint": relay.endpoint(b.info["endpoint"])}
+    a.connect({"stage-1": to_b}, kernel.report_endpoint, kernel.control_endpoint)
+    b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
+    return kernel, a, b, relay
+
+
+def close(*links) -> None:
+    for link in links:
+        link.close()
+
+
+def test_a_neighbour_that_stops_reading_fails_a_send_within_the_timeout_not_a_growing_queue():
+    """Stage 1 reads nothing: stage 0's queue towards it holds SEND_QUEUE messages (beside
+    what the socket buffers hold), then a send fails after the timeout (before: SNDHWM 0, the
+    queue grew with every message until the stage timed out waiting)."""
+    kernel, a, b, _ = two_stages(timeout=1.0)
+    x = np.ones(4096, np.float32)  # 16 KB
+    sent = 0
+    try:
+        with pytest.raises(TrainingError, match="could not send to stage-1 for 1s"):
+            while sent < 20 * SEND_QUEUE:
+                a.send("stage-1", Forward(sent + 1, 0), [x])
+                sent += 1
+        assert SEND_QUEUE <= sent < 10 * SEND_QUEUE, sent
+    finally:
+        close(a, b, kernel)
+
+
+@pytest.mark.timeout(120)
+def test_a_reset_link_between_stages_comes_back_and_delivers_each_message_once():
+    """Stage 0 sends 300 forwards while the relay resets the link every 30 ms: its socket is
+    made again each time and its latest messages sent again; stage 1 takes each once, in
+    order, and drops the copies it had as replays (before: the gate refused the reconnect with
+    its spent token, and every later message was lost)."""
+    kernel, a, b, relay = two_stages(timeout=5.0, relayed=True)
+    x = np.arange(256, dtype=np.float32)
+    try:
+        relay.reset_every(0.03, 30)
+        for step in range(1, 301):
+            a.send("stage-1", Forward(step, 0), [x + step])
+            b.drain()
+            time.sleep(0.002)
+        got = []
+        for step in range(1, 301):
+            end = time.monotonic() + 10
+            while ("F", step, 0) not in b.buffer:  # stage 0 waits meanwhile, as in its schedule
+                assert time.monotonic() < end, f"forward {step} never came ({a.redials})"
+                a.check_links()
+                b.drain()
+                time.sleep(0.01)
+            message, arrays = b.buffer.pop(("F", step, 0))
+            np.testing.assert_array_equal(arrays[0], x + step)
+            got.append(message.step)
+        assert got == list(range(1, 301)) and b.buffer == {}
+        assert relay.resets >= 5 and a.redials["stage-1"] >= 5, (relay.resets, a.redials)
+    finally:
+        relay.close()
+        close(a, b, kernel)
