@@ -103,7 +103,8 @@ class TrainConfig:
         "(tail averaging, Polyak and Juditsky) instead of where the last asynchronous pushes "
         "happened to leave them; 0: the last update's weights; run.warnings says so",
         type=float, metavar="FRACTION",
-        shown_default="0.1 with two or more workers, where the data's length is known")
+        shown_default="0.1 with two or more workers pushing one step at a time (asgd, "
+        "hogwild, ssp, dc-asgd, dc-asgd-a), where the data's length is known")
     staleness: int | None = option(None, "ssp: clocks a worker may run ahead", type=int,
                                    shown_default="the rule's own")
     n: int | None = option(None, "softsync: apply the mean of every M//n pushes", type=int,
@@ -331,14 +332,16 @@ class TrainConfig:
     def tail_fraction(self, num_workers: int) -> float:
         """The share of the run's samples over whose updates the weights handed back are
         averaged (`nbdist.core.tail_average`): --average-tail, or by default 0.1 where two or
-        more workers push asynchronously in a mode that takes it (one worker is `fit`'s own
-        sequence of updates, and hands back its last, as `fit` does)."""
+        more workers' pushes each land on their own, late (`momentum_correction_works`: asgd,
+        hogwild, ssp and the dc rules, one step per exchange). One worker is `fit`'s own
+        sequence of updates, and `group`, `softsync` and local steps average pushes already:
+        they hand back their last update, as `fit` does."""
         if self.mode.value not in modes_taking("average_tail"):
             return 0.0
         if self.average_tail is None:
             from nbdist.core.tail_average import TAIL_DEFAULT  # NumPy: not at `import nbdist`
 
-            return TAIL_DEFAULT if num_workers > 1 else 0.0
+            return TAIL_DEFAULT if num_workers > 1 and self.momentum_correction_works else 0.0
         return float(self.average_tail)
 
     @property

@@ -50,6 +50,9 @@ def test_the_weights_handed_back_average_the_tail_by_default_and_say_so():
                for w in said)
     assert not any("--average-tail" in w for w in warnings_of("keras.optimizers.SGD(0.1)",
                                                                workers=2, average_tail=0))
+    # a rule that averages pushes already hands back its last update
+    assert not any("--average-tail" in w for w in warnings_of("keras.optimizers.SGD(0.1)",
+                                                               workers=2, algorithm="softsync"))
     # one worker: fit's own sequence of updates, handed back as fit does, unless asked
     assert not any("--average-tail" in w for w in warnings_of("keras.optimizers.SGD(0.1)",
                                                                workers=1))
