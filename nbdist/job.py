@@ -190,12 +190,10 @@ class Job:
         plan = self.plan
         if tail_start(plan.average_tail, plan.epochs, plan.num_samples) is None:
             return []
-        return [f"--average-tail {plan.average_tail:g}: the weights handed back are the mean of "
-                f"the hub's weights after each update of the run's last "
-                f"{plan.average_tail:.0%} of samples, not the last update's: asynchronous "
-                f"pushes land on weights that moved meanwhile, so where the last few leave them "
-                f"scattered single runs about 0.04 around model.fit's, and their mean does not. "
-                f"--average-tail 0 hands back the last update's weights."]
+        return [f"--average-tail {plan.average_tail:g}: the weights handed back are the mean over "
+                f"the run's last {plan.average_tail:.0%} of samples, not the last update's, "
+                f"which asynchronous pushes leave scattered (about 0.04 of accuracy around "
+                f"model.fit's); --average-tail 0 keeps the last."]
 
     @property
     def precise_bn(self) -> bool:

@@ -45,9 +45,8 @@ def test_four_async_workers_are_told_what_staleness_costs(workers, warned):
 
 def test_the_weights_handed_back_average_the_tail_by_default_and_say_so():
     said = warnings_of("keras.optimizers.SGD(0.1)", workers=2)
-    assert any(w.startswith("--average-tail 0.1: the weights handed back are the mean of the "
-                            "hub's weights after each update of the run's last 10% of samples")
-               for w in said)
+    assert any(w.startswith("--average-tail 0.1: the weights handed back are the mean over the "
+                            "run's last 10% of samples, not the last update's") for w in said)
     assert not any("--average-tail" in w for w in warnings_of("keras.optimizers.SGD(0.1)",
                                                                workers=2, average_tail=0))
     # a rule that averages pushes already hands back its last update
