@@ -181,7 +181,9 @@ def relay_lines_once(module_name: str, period: float, times: int, after: float =
         module.open_lines = original
         relays = [Relay(s["tcp"]) for s in shards]
         shards = [{**s, "tcp": r.endpoint(s["tcp"])} for s, r in zip(shards, relays, strict=True)]
-        lines = original(ctx, key, shards, name, timeout, transport, spin_s)
+        # over TCP, through the relays: the kernel's "auto" would take ipc to a same-host hub
+        lines = original(ctx, key, shards, name, timeout,
+                         "tcp" if transport == "auto" else transport, spin_s)
         for relay in relays:
             relay.reset_every(period, times, after)
         _RELAYED.append((relays, [lambda line=line: line.redials for line in lines]))

@@ -79,6 +79,7 @@ from nbdist.wire.schema import Wire
 
 log = logging.getLogger(__name__)
 POLL_MS = 200
+SEND_RETRY_S = 0.02  # between tries of a send that found no room, each look at the kernel's lease
 SEND_QUEUE = 256  # messages queued towards one peer (ZMQ_SNDHWM): a schedule keeps far fewer
 # in flight; a full queue means the peer stopped reading
 # the latest messages per peer sent again after a redial: what its queue and the TCP buffers can
@@ -234,12 +235,19 @@ class StageLink:
         if self._dials[to].lost():
             self._redial(to)
         try:
-            try:
-                sent = send_frames(self.peers[to], frames, zmq.DONTWAIT)
-            except zmq.Again:  # its connection lost (nowhere to queue), or its queue full
-                if self._dials[to].lost():
-                    self._redial(to)
-                sent = send_frames(self.peers[to], frames)  # waits up to the timeout
+            deadline = time.monotonic() + self.timeout
+            while True:
+                try:
+                    sent = send_frames(self.peers[to], frames, zmq.DONTWAIT)
+                    break
+                except zmq.Again:  # its connection lost (nowhere to queue), or its queue full
+                    if self.kernel_gone():  # the run is over (a dead kernel): each stage leaves
+                        return  # on its own lease, so no waiting on the kernel or a neighbour
+                    if time.monotonic() > deadline:
+                        raise
+                    if self._dials[to].lost():
+                        self._redial(to)
+                    time.sleep(SEND_RETRY_S)
             self.sent_bytes += sent
             self._recent[to].add(frames, sent)
         except zmq.Again:
@@ -382,6 +390,10 @@ class StageLink:
             if isinstance(control, Alive):
                 self.lease.renew(self.lease_time())
         self.check_lease()
+
+    def kernel_gone(self) -> bool:
+        """Whether the kernel's lease has lapsed (it is taken for dead, `check_lease`)."""
+        return self.lease.lapsed(self.lease_time())
 
     def lease_time(self) -> float:
         """The stage's running time that the kernel's lease is kept on (gaps count LEASE_GAP_S)."""
