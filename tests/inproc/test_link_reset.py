@@ -39,13 +39,7 @@ def test_a_worker_and_the_kernel_train_on_through_links_reset_again_and_again():
             end = time.monotonic() + 60
             while not reply.done:
                 assert time.monotonic() < end, "the run did not finish"
-                if reply.chunks:
-                    cid = reply.chunks[0].id
-                    worker.grad[:] = grad_for(cid)
-                    reply = push(worker, cid)
-                    applied.append(cid)
-                else:
-                    reply = worker.step(Step(worker.worker))
+                reply = next_reply(worker, reply, applied)
                 if len(applied) % 5 == 1:  # mid-run: the worker's line and the kernel's
                     to_worker.reset()
                     to_kernel.reset()
@@ -55,6 +49,17 @@ def test_a_worker_and_the_kernel_train_on_through_links_reset_again_and_again():
             assert_each_chunk_applied_once(control, applied, 50)  # none twice, none lost
         finally:
             stop(control, thread, [worker])
+
+
+def next_reply(worker, reply, applied: list):
+    """The worker's next exchange: a push for the chunk `reply` gave it (counted in
+    `applied`), or a wait for work."""
+    if not reply.chunks:
+        return worker.step(Step(worker.worker))
+    cid = reply.chunks[0].id
+    worker.grad[:] = grad_for(cid)
+    applied.append(cid)
+    return push(worker, cid)
 
 
 def test_a_reset_while_a_request_is_on_its_way_is_answered_once():
@@ -71,13 +76,7 @@ def test_a_reset_while_a_request_is_on_its_way_is_answered_once():
             relay.reset_every(0.02, 100)
             while not reply.done:
                 time.sleep(0.005)  # its compute: the run lasts a second or two
-                if reply.chunks:
-                    cid = reply.chunks[0].id
-                    worker.grad[:] = grad_for(cid)
-                    reply = push(worker, cid)
-                    applied.append(cid)
-                else:
-                    reply = worker.step(Step(worker.worker))
+                reply = next_reply(worker, reply, applied)
             assert relay.resets >= 20 and worker.lines[0].redials >= 20, relay.resets
             assert_each_chunk_applied_once(control, applied, 100)
             assert np.isfinite(control.params()[0]).all()
