@@ -105,6 +105,15 @@ class Dial:
             lost = True  # the monitor reports nothing but LOST_EVENTS
         return lost
 
+    def writable(self, timeout_ms: int) -> bool:
+        """Whether the socket can queue a message now or within `timeout_ms`. False also
+        when its connection ended or was refused meanwhile (then `lost()` says so): a full
+        queue is a slow reader, not a lost connection, and waits."""
+        poller = zmq.Poller()
+        poller.register(self.sock, zmq.POLLOUT)
+        poller.register(self._monitor, zmq.POLLIN)
+        return bool(dict(poller.poll(timeout_ms)).get(self.sock, 0) & zmq.POLLOUT)
+
     def poll(self, timeout_ms: int) -> str | None:
         """"ready" once the socket has a message, "lost" once its connection ended or was
         refused (then `redial`), None after `timeout_ms` of neither."""

@@ -28,6 +28,7 @@ from nbdist.wire.schema import Wire
 
 W = TypeVar("W", bound=Wire)
 
+SEND_LOOK_MS = 100  # a send that finds no room looks this often whether the connection was lost
 DURING_EVERY_S = 1.0  # how often a wait for a reply calls its `during` (any worker failed?)
 # and reads its clock: a wait counts only the time this process ran (nbdist.core.liveness)
 
@@ -77,15 +78,24 @@ class Line:
         self.sent += self._send_frames(frames)
 
     def _send_frames(self, frames: list) -> int:
-        """Send without waiting: a socket whose connection is lost (and refused again at the
-        gate) has nowhere to queue, and would wait for good; it is made again first."""
-        if self._dial.lost():
-            self.sock = self._dial.redial()
-        try:
-            return send_frames(self.sock, frames, zmq.DONTWAIT)
-        except zmq.Again:  # lost since the look: a new socket queues at once, while it connects
-            self.sock = self._dial.redial()
-            return send_frames(self.sock, frames)
+        """Send, waiting up to the line's timeout for room. Only a lost connection (ended, or
+        refused again at the gate: it has nowhere to queue) makes the socket again; a full
+        queue is a peer that reads slowly or not at all, and making the socket again would
+        drop the replies queued for this one, so it waits for room instead."""
+        deadline = time.monotonic() + self.timeout_ms / 1000
+        while True:
+            if self._dial.lost():
+                self.sock = self._dial.redial()
+            try:
+                return send_frames(self.sock, frames, zmq.DONTWAIT)
+            except zmq.Again:
+                left_ms = int((deadline - time.monotonic()) * 1000)
+                if left_ms <= 0:
+                    raise TrainingError(
+                        f"{self.name} took no request for {self.timeout_ms / 1000:.0f}s: its queue "
+                        "stayed full. Its engine may be stopped or overloaded; check `%nbdist "
+                        "status`, then run the cell again.") from None
+                self._dial.writable(min(left_ms, SEND_LOOK_MS))
 
     def _receive_frames(self, timeout_ms: int, first: bool = True) -> list | None:
         """One message's frames, or None if none came within `timeout_ms` (`first`: the

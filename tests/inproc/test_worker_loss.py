@@ -356,11 +356,7 @@ def test_a_late_hello_from_an_earlier_incarnation_is_dropped_and_the_live_worker
         stop(control, thread, (old, new))
 
 
-@pytest.mark.parametrize("transport", ["local", pytest.param("tcp", marks=pytest.mark.xfail(
-    reason="since lines come back after a reset (nbdist/hub/dial.py), a TCP line whose own send "
-    "queue is full makes its socket again, which drops the replies queued for it, so a client "
-    "that floods requests without reading is never written off (open; the cluster test of a "
-    "worker that stops reading passes)", strict=False))])
+@pytest.mark.parametrize("transport", ["local", "tcp"])
 def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_finishes(transport):
     """Worker 1 keeps asking and reads none of the answers, as a stuck process would: once the
     hub cannot queue a reply for it (its line or its ZeroMQ queue is full), shard 0 writes it
