@@ -164,10 +164,11 @@ class Job:
     def recurrent_notices(self) -> list[str]:
         """A measured gap no default closes yet, said at the start: a recurrent net trained
         with plain SGD by workers whose every push lands late."""
+        from nbdist.algorithms import RULES
         from nbdist.algorithms.optimizers import momentum_setting
         from nbdist.engine.layer_search import recurrent_layers  # Keras: once a run starts
 
-        late = self.config.algorithm.value in ("asgd", "hogwild", "ssp")
+        late = not RULES[self.config.algorithm.value].compensates_delay
         if (self.num_workers < 2 or not late or not self.config.momentum_correction_works
                 or self.optimizer is None or self.optimizer["class_name"] != "SGD"
                 or momentum_setting(self.optimizer) is not None):

@@ -30,10 +30,12 @@ from nbdist.errors import ConfigError
 
 # The rules' catalogue, in the order of `nbdist.choices.Algorithm` (tests/unit/test_rules.py):
 # each rule declares its options and defaults (`default_options`) and what it can be combined
-# with (`predicts_weights`, `corrects_momentum`, `takes_local_steps`, `workers_step`)
+# with (`predicts_weights`, `corrects_momentum`, `compensates_delay`, `takes_local_steps`,
+# `workers_step`)
 RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
     ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD)}
-CAPABILITIES = ("predicts_weights", "corrects_momentum", "takes_local_steps", "workers_step")
+CAPABILITIES = ("predicts_weights", "corrects_momentum", "compensates_delay",
+                "takes_local_steps", "workers_step")
 
 
 def rules_that(capability: str) -> tuple[str, ...]:

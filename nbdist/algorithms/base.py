@@ -57,6 +57,9 @@ class Rule:
     # --momentum-correction works: each push, as it lands, is one step of the cell's optimizer
     # (ddc-asgd is its own momentum; softsync and group average pushes first; easgd pushes none)
     corrects_momentum: ClassVar[bool] = False
+    # the rule corrects a late push itself (DC-ASGD's curvature term), so a push one update old
+    # does not lower the largest stable learning rate as it does plain ASGD's
+    compensates_delay: ClassVar[bool] = False
     # --local-steps works: the update is linear in what is pushed, so a K-step delta is treated
     # like a gradient
     takes_local_steps: ClassVar[bool] = False

@@ -58,6 +58,7 @@ class DCASGD(Rule):
     name = "dc-asgd"
     predicts_weights = False  # the compensation assumes the weights the worker read
     corrects_momentum = True  # the compensated gradient is one step of the optimizer
+    compensates_delay = True  # its curvature term corrects the late gradient
     takes_local_steps = False  # the compensation is not linear in what is pushed
     workers_step = False
 
@@ -171,6 +172,7 @@ class DCASGDAdaptive(DCASGD):
     name = "dc-asgd-a"
     predicts_weights = False  # the compensation assumes the weights the worker read
     corrects_momentum = True  # the compensated gradient is one step of the optimizer
+    compensates_delay = True  # its curvature term corrects the late gradient
     takes_local_steps = False  # the compensation is not linear in what is pushed
     workers_step = False
     state_fields = ("_ms",)
@@ -211,6 +213,7 @@ class DDCASGD(DCASGDAdaptive):
     name = "ddc-asgd"
     predicts_weights = False  # the compensation assumes the weights the worker read
     corrects_momentum = False  # its delay-weighted momentum is the optimizer
+    compensates_delay = True  # its curvature term corrects the late gradient
     takes_local_steps = False  # the compensation is not linear in what is pushed
     workers_step = False
     state_fields = ("_ms", "_d")

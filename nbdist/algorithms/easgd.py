@@ -48,6 +48,7 @@ class EASGD(Rule):
     name = "easgd"
     predicts_weights = False  # a push is an elastic difference, not a gradient
     corrects_momentum = False  # the workers step with the cell's optimizer
+    compensates_delay = False
     takes_local_steps = True
     workers_step = True  # each worker steps with the cell's optimizer between exchanges
 

@@ -103,6 +103,7 @@ class Group(ASGD):
     name = "group"
     predicts_weights = False  # a push is a group's mean, applied once the group has pushed
     corrects_momentum = False  # a group's mean is one step
+    compensates_delay = False
     takes_local_steps = False
     workers_step = False
 

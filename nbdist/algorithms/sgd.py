@@ -23,6 +23,7 @@ class ASGD(Rule):
     name = "asgd"
     predicts_weights = True
     corrects_momentum = True  # each push is one step of the optimizer
+    compensates_delay = False
     takes_local_steps = True
     workers_step = False
     consistent_reads = True
@@ -72,6 +73,7 @@ class Hogwild(ASGD):
     name = "hogwild"
     predicts_weights = False  # its reads are live memory, not a buffer the hub writes
     corrects_momentum = True  # each push is one step of the optimizer
+    compensates_delay = False
     takes_local_steps = True
     workers_step = False
     consistent_reads = False

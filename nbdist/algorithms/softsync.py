@@ -28,6 +28,7 @@ class SoftSync(Rule):
     name = "softsync"
     predicts_weights = False  # pushes are buffered, then applied together
     corrects_momentum = False  # pushes are averaged, then applied together
+    compensates_delay = False
     takes_local_steps = True
     workers_step = False
     state_fields = ("_sum", "buffered")  # pushes buffered but not yet applied

@@ -90,6 +90,7 @@ class SSP(ASGD):
     name = "ssp"
     predicts_weights = True
     corrects_momentum = True  # each push is one step of the optimizer
+    compensates_delay = False
     takes_local_steps = True
     workers_step = False
 
