@@ -19,6 +19,7 @@ samples of that epoch done), written as an `EpochSchedule` state with nothing in
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 
 import numpy as np
 
@@ -79,9 +80,11 @@ def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
 # -- in the kernel ----------------------------------------------------------------------------
 
 
-def fresh_state(control, final: bool,
-                timeout: float = STATE_WAIT_S) -> list[tuple[ShardState, list]]:
-    """Rank 0's state, taken after this call (`final`: the one it sent when training ended)."""
+def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S,
+                ended: Callable[[], bool] | None = None) -> list[tuple[ShardState, list]]:
+    """Rank 0's state, taken after this call (`final`: the one it sent when training ended).
+    `ended()` says whether rank 0's task has returned: then no state will come, and waiting
+    the whole timeout for one would only hold up the run's end."""
     (state, buffers), = control.state()
     if final or state.final:  # training ended: no newer state will come
         if state.state_seq is None:
@@ -96,6 +99,10 @@ def fresh_state(control, final: bool,
         (state, buffers), = control.state()
         if (state.state_seq or 0) > seen or state.state_seq is not None and state.final:
             return [(state, buffers)]
+        if ended is not None and ended():
+            raise TrainingError(
+                "Rank 0 had ended its training before it was asked for its state, so it sends "
+                "none. The weights it returned are the run's final ones (run.model).")
     raise TrainingError(
         f"Rank 0 did not send its weights for the checkpoint within {timeout:.0f}s (it is stuck "
         "in a step, or its engine died). Check `run.nodes` and the engines; the previous "

@@ -168,7 +168,10 @@ def keep(state: RunState, label: str) -> None:
         try:
             shards = state.backend.checkpoint_state(state.control, False)
         except Exception as exc:  # noqa: BLE001 - (as above) the weights alone still serve
-            log.warning("run %s: could not keep the state of %s: %s", state.run_id, label, exc)
+            # once every worker has ended (a sync rank 0 that returned sends no more state),
+            # the final weights follow at once: nothing the user must know
+            level = logging.WARNING if state.backend.workers_running() else logging.INFO
+            log.log(level, "run %s: could not keep the state of %s: %s", state.run_id, label, exc)
     state.kept = (params, non_trainable, shards, label)
 
 

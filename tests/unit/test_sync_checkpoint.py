@@ -107,3 +107,15 @@ def test_fresh_state_waits_for_rank_0_s_next_state_not_for_the_wire_s_next_messa
     with pytest.raises(TrainingError,
                        match="did not send its weights for the checkpoint within 0s"):
         fresh_state(_Hub(sent_after=10**6), final=False, timeout=0.2)
+
+
+def test_fresh_state_stops_waiting_once_rank_0_has_returned():
+    """A rank 0 whose task has returned (its last epoch ended) sends no more state: the wait
+    ends at the next look, not at the timeout (it held every sync run's end 30 s)."""
+    from nbdist.checkpoint.sync_state import fresh_state
+    from nbdist.errors import TrainingError
+
+    hub, looks = _Hub(sent_after=10**6), []
+    with pytest.raises(TrainingError, match="Rank 0 had ended its training"):
+        fresh_state(hub, final=False, timeout=3600, ended=lambda: looks.append(1) or len(looks) > 2)
+    assert hub.replies == 4 and len(looks) == 3  # the first reply, then one per look

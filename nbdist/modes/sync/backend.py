@@ -33,6 +33,7 @@ from nbdist.modes.common.kernel_hub import KernelHubs
 from nbdist.modes.sync.rank import SyncSpec, run_sync_worker
 from nbdist.run.backend import Backend
 
+RESULT_WAIT_S = 60  # for a rank's returned weights, once training has ended
 GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
 
 
@@ -165,7 +166,7 @@ class SyncBackend(EngineBackend, Backend):
         nbdist.checkpoint.sync_state)."""
         from nbdist.checkpoint.sync_state import fresh_state
 
-        return fresh_state(control, final)
+        return fresh_state(control, final, ended=self._tasks[0].ready)
 
     def failure(self) -> Exception | None:
         """A rank whose engine died fails the run, with what to do next."""
@@ -205,17 +206,27 @@ class SyncBackend(EngineBackend, Backend):
 
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights (every rank holds the same)."""
-        result = self._tasks[0].get(60)
-        self.results = {i: ar.get(60) for i, ar in self._tasks.items()}
+        result = self._tasks[0].get(RESULT_WAIT_S)
+        self.results = {i: ar.get(RESULT_WAIT_S) for i, ar in self._tasks.items()}
         return result["params"], result["non_trainable"]
 
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights now: it sends its state between two steps when asked, as for a
-        checkpoint (nbdist.checkpoint.sync_state)."""
+        checkpoint (nbdist.checkpoint.sync_state); once its task has returned (the last
+        epoch ended), the weights it returned."""
         from nbdist.checkpoint.sync_state import fresh_state
 
-        (_header, (params, non_trainable, _slots)), = fresh_state(control, final=False)
-        return params, non_trainable
+        rank0 = self._tasks[0]
+        if not rank0.ready():
+            try:
+                (_header, (params, non_trainable, _slots)), = fresh_state(
+                    control, final=False, ended=rank0.ready)
+                return params, non_trainable
+            except TrainingError:
+                if not rank0.ready():
+                    raise
+        result = rank0.get(RESULT_WAIT_S)
+        return result["params"], result["non_trainable"]
 
     def finish(self, timeout: float) -> None:
         self._wait_workers(timeout)
