@@ -116,11 +116,14 @@ class Dial:
 
     def poll(self, timeout_ms: int) -> str | None:
         """"ready" once the socket has a message, "lost" once its connection ended or was
-        refused (then `redial`), None after `timeout_ms` of neither."""
+        refused (then `redial`), None after `timeout_ms` of neither. A message that came
+        before the loss is read first: a peer that replies, then closes (a hub's answer to
+        Shutdown), ends the connection with the reply already queued here, and a redial
+        would drop it."""
         ready = dict(self._poller.poll(timeout_ms))
-        if self._monitor in ready and self.lost():
-            return "lost"
-        return "ready" if self.sock in ready else None
+        if self.sock in ready:
+            return "ready"
+        return "lost" if self._monitor in ready and self.lost() else None
 
     def _close(self) -> None:
         if self.sock is not None:

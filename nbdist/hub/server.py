@@ -82,6 +82,10 @@ __all__ = ["GROUP_WAIT_LIMIT_S", "Hub", "HubSpec"]
 LOST_CHECK_S = 0.5  # how often shard 0 looks for workers silent past their deadline
 SETTLE_EVERY = 16  # pushes accounted together after their replies (ShardCore.settle)
 MAX_LOCAL_LINES = 256  # same-host lines open at once (workers, and a worker's reopened line)
+# a hub told to shut down closes its socket only once the replies it queued are out (the
+# Ok that the kernel waits for, which linger 0 could drop: the kernel then waited 30 s), or
+# after this long if their peer has gone
+CLOSING_LINGER_MS = 2000
 
 
 @dataclass
@@ -364,8 +368,8 @@ class Hub:
         writeoff.close(self)
         if self._update_pool is not None:
             self._update_pool.close()
-        if self._sock is not None:
-            self._sock.close(0)
+        if self._sock is not None:  # after a Shutdown its Ok is queued: it must still go out
+            self._sock.close(CLOSING_LINGER_MS if self.closing else 0)
         if self._listener is not None:
             self._listener.close()
         if self._auth is not None:

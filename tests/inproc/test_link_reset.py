@@ -82,3 +82,23 @@ def test_a_reset_while_a_request_is_on_its_way_is_answered_once():
             assert np.isfinite(control.params()[0]).all()
         finally:
             stop(control, thread, [worker])
+
+
+def test_a_reply_queued_before_the_hub_closes_is_read_not_lost_to_a_redial():
+    """The hub answers Shutdown, then closes its socket: the kernel's line holds the reply and,
+    at once, a lost connection. The reply is read first (before: the line redialled, which
+    dropped the queued reply, asked the closed hub again and waited its whole timeout, at the
+    end of about one run in eight)."""
+    from nbdist.wire.messages import Ok, Shutdown
+
+    hub, key, thread = start_hub(plan(num_workers=1))
+    control = HubControl(key, [hub.endpoints], timeout=TIMEOUT_S)
+    try:
+        (line,) = control.lines
+        line.send(Shutdown())
+        thread.join(10)  # the hub has answered and closed its socket
+        time.sleep(0.5)  # and the connection's end has reached the line's monitor
+        reply, _ = line.recv(Ok, timeout=TIMEOUT_S)
+        assert isinstance(reply, Ok) and line.redials == 0
+    finally:
+        control.close()
