@@ -468,13 +468,17 @@ SEEDED_SYNTHETIC_CELL = SYNTHETIC_CELL.replace("import keras\n",
 
 
 def first_step_losses(run, steps: int = 3) -> list[float]:
-    """The loss of a finished run's first `steps` steps: the first batches' loss on the same
-    starting weights, so they tell its data order. The rows of one step (each sync rank's half
-    of the global batch) in order of their loss: which rank takes which half varies from run
-    to run, the global batch does not."""
-    history = run.history.dropna(subset=["loss"]).sort_values(["step", "loss"])
-    assert len(history) >= steps, f"run {run.run_id} has {len(history)} steps with a loss"
-    return [float(v) for v in history["loss"].iloc[:steps]]
+    """The loss of each worker's first `steps` steps in a finished run: the first batches' loss
+    on the same starting weights, so they tell its data order. Each worker's own rows in the
+    order it trained them, the workers in the order of their losses: which sync rank takes
+    which half of the global batch varies from run to run, the global batch does not (nor do
+    the rows' `step` numbers, which count the reports as the hub takes them in)."""
+    history = run.history.dropna(subset=["loss"])
+    per_worker = sorted(tuple(float(v) for v in rows.sort_values("time")["loss"].iloc[:steps])
+                        for _, rows in history.groupby("worker", dropna=False))
+    assert all(len(rows) == steps for rows in per_worker), (
+        f"run {run.run_id}: a worker has fewer than {steps} steps with a loss: {per_worker}")
+    return [loss for rows in per_worker for loss in rows]
 
 
 def assert_seed_sets_order(train) -> None:
