@@ -205,27 +205,46 @@ ASYNC_RUNS = {  # on engines: 2 workers, 1 hub shard
 }
 
 
-def async_options() -> dict:
-    """The Sequential Adam cell (3 epochs) in --mode async on a real cluster with each of
-    ASYNC_RUNS, and by Keras's fit: the accuracy each reaches on its training data."""
+def async_options(cluster=None) -> dict:
+    """The Sequential Adam cell (3 epochs) in --mode async on a real cluster (`cluster`, else
+    one of its own) with each of ASYNC_RUNS, and by Keras's fit: the accuracy each reaches on
+    its training data."""
     import keras
 
     import nbdist
 
     cell = adam_cell().replace("epochs=1", "epochs=3")
     found = {}
-    cluster = nbdist.Cluster.start(3)
-    try:
+    with _a_cluster(cluster) as on:
         for name, options in ASYNC_RUNS.items():
             ns: dict = {}
             with contextlib.redirect_stdout(io.StringIO()):
-                nbdist.train(cell, namespace=ns, cluster=cluster, workers=2, **options)
+                nbdist.train(cell, namespace=ns, cluster=on, workers=2, **options)
             found[name] = _accuracy(ns)
-    finally:
-        cluster.stop()
     plain: dict = {}
     exec(cell, plain)  # noqa: S102 - the test's own cell, trained by Keras
     return {"backend": keras.backend.backend(), "fit": _accuracy(plain), "runs": found}
+
+
+@contextlib.contextmanager
+def _a_cluster(cluster=None):
+    """`cluster`, or a cluster of 3 engines (one hub shard, two workers) stopped at the end."""
+    import nbdist
+
+    if cluster is not None:
+        yield cluster
+        return
+    own = nbdist.Cluster.start(3)
+    try:
+        yield own
+    finally:
+        own.stop()
+
+
+def on_a_cluster() -> dict:
+    """`convnet` and `async_options` on one cluster: its engines start and import Keras once."""
+    with _a_cluster() as cluster:
+        return {"convnet": convnet(cluster), "async_options": async_options(cluster)}
 
 
 def dataloader() -> dict:
@@ -264,11 +283,11 @@ def _fresh(cell: str):
     return model
 
 
-def convnet() -> dict:
-    """The keras.io convnet cell, unchanged: async with 2 workers on a real cluster and plain
-    Keras's fit, on this backend; and the backend each engine's Keras runs. (--mode local on
-    this backend: fifty hub steps against fit, step for step, and the rules and options, in
-    tests/inproc/test_backends.py.)"""
+def convnet(cluster=None) -> dict:
+    """The keras.io convnet cell, unchanged: async with 2 workers on a real cluster (`cluster`,
+    else one of its own) and plain Keras's fit, on this backend; and the backend each engine's
+    Keras runs. (--mode local on this backend: fifty hub steps against fit, step for step, and
+    the rules and options, in tests/inproc/test_backends.py.)"""
     import keras
 
     import nbdist
@@ -276,17 +295,14 @@ def convnet() -> dict:
 
     cell, result = FIT_CELLS["keras-io-convnet"]
     scores = {"fit": fit_baseline("keras-io-convnet")}
-    cluster = nbdist.Cluster.start(3)
-    try:
+    with _a_cluster(cluster) as on:
         keras.utils.set_random_seed(0)
         ns: dict = {}
         with contextlib.redirect_stdout(io.StringIO()):
-            run = nbdist.train(cell, namespace=ns, cluster=cluster, workers=2)
+            run = nbdist.train(cell, namespace=ns, cluster=on, workers=2)
         scores["async"] = float(result(ns))
         scores["async_events"] = [str(t) for t in run.events["text"].dropna()][:3]
-        engines = cluster.client[:].apply_sync(_engine_backend)
-    finally:
-        cluster.stop()
+        engines = on.client[:].apply_sync(_engine_backend)
     return {"backend": keras.backend.backend(), **scores, "engines": engines}
 
 
@@ -354,7 +370,8 @@ def cell_sets_backend(backend: str) -> dict:
 
 
 CASES = {"gradients": gradients, "adam": adam, "modes": modes, "dataloader": dataloader,
-         "async_options": async_options, "convnet": convnet, "refusals": refusals,
+         "async_options": async_options, "convnet": convnet, "on_a_cluster": on_a_cluster,
+         "refusals": refusals,
          "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
 
 if __name__ == "__main__":

@@ -15,10 +15,21 @@ TOLERANCE = 0.03
 pytestmark = [pytest.mark.cluster, pytest.mark.slow]
 
 
-@pytest.mark.timeout(900)
+_SAID: dict[str, dict] = {}
+
+
+def on_a_cluster(backend: str) -> dict:
+    """The child's runs on one cluster of this backend (`tests.backend_child.on_a_cluster`):
+    started once for both tests below, since engines that import Keras cost a minute."""
+    if backend not in _SAID:
+        _SAID[backend] = child("on_a_cluster", backend=backend, timeout=1300)
+    return _SAID[backend]
+
+
+@pytest.mark.timeout(1400)
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_the_keras_io_convnet_trains_on_the_backend_async_as_fit_does(backend):
-    said = child("convnet", backend=backend, timeout=850)
+    said = on_a_cluster(backend)["convnet"]
     print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend
     assert said["async"] >= said["fit"] - TOLERANCE, (backend, said)
@@ -29,13 +40,13 @@ def test_the_keras_io_convnet_trains_on_the_backend_async_as_fit_does(backend):
     assert sorted(e for e in said["engines"] if e is not None) == [backend, backend]
 
 
-@pytest.mark.timeout(600)
+@pytest.mark.timeout(1400)
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_async_with_a_rule_dbs_local_steps_overlap_and_bsp_trains_on_the_backend_as_fit_does(
         backend):
     from tests.backend_child import ASYNC_RUNS
 
-    said = child("async_options", backend=backend, timeout=580)
+    said = on_a_cluster(backend)["async_options"]
     print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend and set(said["runs"]) == set(ASYNC_RUNS)
     for name, accuracy in said["runs"].items():
