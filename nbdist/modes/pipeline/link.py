@@ -227,9 +227,12 @@ class StageLink:
         stop and abort)."""
         return {name: dial.redials for name, dial in self._dials.items()}
 
-    def _push(self, to: str, frames: list) -> None:
+    def _push(self, to: str, frames: list, wait: bool = True) -> None:
         """Send `frames` to the peer `to` (a neighbour or "kernel"), after making its socket
-        again if its connection ended; kept among the latest, to be sent again after a loss."""
+        again if its connection ended; kept among the latest, to be sent again after a loss.
+        `wait=False` (an ack): sent only if there is room now, else dropped and counted; a
+        neighbour that has finished reads no more, and waiting for it held a stage until its
+        timeout at the end of a run."""
         import zmq
 
         if self._dials[to].lost():
@@ -241,6 +244,9 @@ class StageLink:
                     sent = send_frames(self.peers[to], frames, zmq.DONTWAIT)
                     break
                 except zmq.Again:  # its connection lost (nowhere to queue), or its queue full
+                    if not wait:
+                        self.dropped["not sent: no room"] += 1
+                        return
                     if self.kernel_gone():  # the run is over (a dead kernel): each stage leaves
                         return  # on its own lease, so no waiting on the kernel or a neighbour
                     if time.monotonic() > deadline:
@@ -462,7 +468,8 @@ class StageLink:
                   for dtype, shape, off in slot_table(message.shapes, message.dtypes,
                                                       where.offsets, segment.size)]
         ack = Ack(self.name, where.seg, where.gen, where.slot)
-        self._push(src, self.codec.encode(ack.encode(), to=src))
+        # best effort: a slot never acked only sends the sender's later arrays in frames
+        self._push(src, self.codec.encode(ack.encode(), to=src), wait=False)
         return arrays
 
     def _segment(self, src: str, name: str, gen: int):
