@@ -159,10 +159,10 @@ model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_cro
 
 
 def test_a_stage_does_not_wait_to_ack_a_neighbour_that_has_finished(cluster):
-    """notebooks/05's micro-batch sweep, 8 micro-batches: the last stage sends its last
-    gradient through shared memory and ends; the first stage's ack of that slot finds no one
-    to take it. It is dropped (only the sender could reuse the slot): before, the first stage
-    waited for room until --timeout, in three runs of four here."""
+    """The micro-batch sweep of notebooks/05-model-parallel.ipynb, 8 micro-batches: the last
+    stage sends its last gradient through shared memory and ends; the first stage's ack of that
+    slot finds no one to take it. It is dropped (only the sender could reuse the slot): before,
+    the first stage waited for room past --timeout, in three runs of four here."""
     for _ in range(3):
         run = nbdist.train(MODEL_PARALLEL_CELL, cluster=cluster, namespace={}, mode="pipeline",
                            stages=2, micro_batches=8, epochs=1, batch_size=64,
