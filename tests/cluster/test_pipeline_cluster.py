@@ -138,24 +138,17 @@ def test_a_killed_stage_engine_fails_the_run_and_the_others_take_the_next_run(ow
     assert again.status == "finished" and again.history["step"].max() == 20
 
 
-MODEL_PARALLEL_CELL = """
-import keras
-import numpy as np
-keras.utils.set_random_seed(0)
-rng = np.random.default_rng(0)
-x_train = rng.normal(size=(2000, 24, 24, 3)).astype("float32")
-y_train = rng.integers(0, 10, size=2000)
-model = keras.Sequential([
-    keras.Input((24, 24, 3)),
-    keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv1"),
-    keras.layers.Conv2D(32, 3, padding="same", activation="relu", name="conv2"),
-    keras.layers.MaxPooling2D(4, name="pool"),
-    keras.layers.Flatten(name="flatten"),
-    keras.layers.Dense(256, activation="relu", name="dense1"),
-    keras.layers.Dense(10, activation="softmax", name="head"),
-])
-model.compile(optimizer=keras.optimizers.SGD(0.01), loss="sparse_categorical_crossentropy")
-"""
+def model_parallel_cell() -> str:
+    """The training cell of notebooks/05-model-parallel.ipynb, without its magic line (the
+    notebook's own cell, not a copy; it reads SAMPLES from the namespace)."""
+    import json
+    from pathlib import Path
+
+    notebook = Path(__file__).parents[2] / "notebooks" / "05-model-parallel.ipynb"
+    cells = json.loads(notebook.read_text())["cells"]
+    (source,) = ["".join(c["source"]) for c in cells
+                 if "".join(c["source"]).startswith("%%distribute --mode pipeline")]
+    return source.split("\n", 1)[1]
 
 
 def test_a_stage_does_not_wait_to_ack_a_neighbour_that_has_finished(cluster):
@@ -164,7 +157,7 @@ def test_a_stage_does_not_wait_to_ack_a_neighbour_that_has_finished(cluster):
     slot finds no one to take it. It is dropped (only the sender could reuse the slot): before,
     the first stage waited for room past --timeout, in three runs of four here."""
     for _ in range(3):
-        run = nbdist.train(MODEL_PARALLEL_CELL, cluster=cluster, namespace={}, mode="pipeline",
-                           stages=2, micro_batches=8, epochs=1, batch_size=64,
+        run = nbdist.train(model_parallel_cell(), cluster=cluster, namespace={"SAMPLES": 2000},
+                           mode="pipeline", stages=2, micro_batches=8, epochs=1, batch_size=64,
                            no_validation=True, timeout=60, wait=True)
         assert run.status == "finished", run.error
