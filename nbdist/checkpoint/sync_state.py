@@ -23,6 +23,7 @@ from collections.abc import Callable
 
 import numpy as np
 
+from nbdist.core.schedule import remaining_per_epoch
 from nbdist.errors import CheckpointError, TrainingError
 from nbdist.wire.messages import Report, ShardState, SyncState
 
@@ -111,8 +112,7 @@ def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S,
 
 def start_position(ckpt, epochs: int) -> tuple[int, int]:
     """Where a resumed sync run starts: (epoch, samples of that epoch already done)."""
-    remaining = list(ckpt.meta["schedule"]["remaining"]) + [ckpt.meta["num_samples"]] * (
-        epochs - len(ckpt.meta["schedule"]["remaining"]))
+    remaining = remaining_per_epoch({**ckpt.meta["schedule"], "epochs": epochs})
     for epoch, left in enumerate(remaining):
         if left:
             return epoch, int(ckpt.meta["num_samples"]) - int(left)

@@ -123,8 +123,8 @@ class EpochSchedule:
         pending = sorted([c.epoch, c.start, c.stop]
                          for c in (*self._outstanding.values(), *self._requeued))
         return {"num_samples": self.num_samples, "epochs": self.epochs, "epoch": self._epoch,
-                "cursor": self._cursor, "remaining": list(self._remaining), "done": self._done,
-                "pending": pending}
+                "cursor": self._cursor, "remaining": _trimmed(self._remaining, self.num_samples),
+                "done": self._done, "pending": pending}
 
     @classmethod
     def from_state(cls, state: dict, epochs: int | None = None) -> EpochSchedule:
@@ -144,7 +144,7 @@ class EpochSchedule:
         try:
             n, saved_epochs = int(state["num_samples"]), int(state["epochs"])
             epoch, cursor, done = int(state["epoch"]), int(state["cursor"]), int(state["done"])
-            remaining = [int(r) for r in state["remaining"]]
+            remaining = remaining_per_epoch(state)
             pending = [tuple(int(v) for v in p) for p in state["pending"]]
         except (KeyError, TypeError, ValueError) as exc:
             raise ValueError(f"malformed data position: {exc!r}") from None
@@ -178,11 +178,36 @@ def schedule_state(num_samples: int, epochs: int, epoch: int, offset: int) -> di
 
     Example:
         >>> schedule_state(10, 3, 1, 4)["remaining"]
-        [0, 6, 10]
+        [0, 6]
     """
     if offset >= num_samples:
         epoch, offset = epoch + 1, 0
     remaining = [0 if e < epoch else (num_samples - offset if e == epoch else num_samples)
-                 for e in range(epochs)]
+                 for e in range(min(epoch + 1, epochs))]
     return {"num_samples": num_samples, "epochs": epochs, "epoch": epoch, "cursor": offset,
-            "remaining": remaining, "done": epoch * num_samples + offset, "pending": []}
+            "remaining": _trimmed(remaining, num_samples), "done": epoch * num_samples + offset,
+            "pending": []}
+
+
+def remaining_per_epoch(state: dict) -> list[int]:
+    """Samples not yet trained on in each epoch of a `state()`: its `remaining` lists the
+    epochs up to the last one begun, and every epoch after those has all its samples left
+    (so a run of 10^5 epochs stopped early has a short state, which fits a message header).
+
+    Example:
+        >>> remaining_per_epoch({"num_samples": 10, "epochs": 4, "remaining": [0, 6]})
+        [0, 6, 10, 10]
+    """
+    listed = [int(r) for r in state["remaining"]]
+    epochs = int(state["epochs"])
+    if len(listed) > epochs:
+        raise ValueError(f"{len(listed)} epochs' remaining samples listed, for {epochs} epochs")
+    return listed + [int(state["num_samples"])] * (epochs - len(listed))
+
+
+def _trimmed(remaining: list[int], num_samples: int) -> list[int]:
+    """`remaining` without the untouched epochs at its end (`remaining_per_epoch` adds them)."""
+    end = len(remaining)
+    while end and remaining[end - 1] == num_samples:
+        end -= 1
+    return list(remaining[:end])

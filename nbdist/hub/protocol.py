@@ -118,13 +118,19 @@ class Codec:
         """Frames for `header` and `buffers` (objects exposing the buffer protocol) to the
         endpoint `to`; a reply names the request's sequence number in `re`. `mark`: the
         hub's phase clock (`nbdist.hub.profile`)."""
-        seq = self._seq[to] = self._seq.get(to, 0) + 1
+        seq = self._seq.get(to, 0) + 1
         sizes = [memoryview(b).nbytes for b in buffers]
         full = {**header, "run": self.run_id, "from": self.sender, "to": to, "seq": seq,
                 "nbytes": sizes}
         if re is not None:
             full["re"] = re
         header_bytes = _json_out.encode(full).encode()
+        if len(header_bytes) > MAX_HEADER_BYTES:  # the receiver would drop it unanswered
+            raise ProtocolError("oversized header",
+                                f"the {header.get('op')!r} message's header has "
+                                f"{len(header_bytes)} bytes, at most {MAX_HEADER_BYTES}: "
+                                "arrays travel as buffers, not in the header")
+        self._seq[to] = seq
         mark("encode")
         signature = mac(self._key, header_bytes, buffers)
         mark("mac_out")

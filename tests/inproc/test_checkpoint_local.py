@@ -134,3 +134,21 @@ def test_a_resume_writes_into_the_folder_it_is_given_never_into_the_checkpoints_
     assert into.last_checkpoint == str(mine / "meta.json")
     assert json.loads((mine / "meta.json").read_text())["epochs_done"] == 2
     assert _listing(shared) == before
+
+
+@pytest.mark.slow
+def test_a_run_of_many_epochs_keeps_its_state_and_stops_at_once(tmp_path):
+    """`--epochs 100000` trains until Stop is clicked. The hub's state carries the data
+    position, which once listed every epoch: 500 KB, over a header's 64 KiB, so the hub's
+    reply was dropped and every epoch's end, checkpoint and stop waited 30 s for it."""
+    run = nbdist.train(SYNTHETIC_CELL, mode="local", namespace={}, epochs=100_000, batch_size=8)
+    try:
+        wait_for(lambda: len(epoch_ends(run)) >= 1, what="the first epoch's end")
+        wait_for(lambda: run.state.kept is not None and run.state.kept[2] is not None,
+                 timeout=10, what="the hub's state kept at the first epoch's end")
+        saved = run.checkpoint(str(tmp_path))
+        assert json.loads(open(saved).read())["schedule"]["epochs"] == 100_000
+    finally:
+        run.stop()
+    assert run.state.ended.wait(15), "the run did not end within 15 s of its stop"
+    assert run.status == "stopped"

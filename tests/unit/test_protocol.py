@@ -132,6 +132,14 @@ def test_oversized_buffers_are_refused():
         b.decode(a.encode({"op": "step"}, [np.ones(8, np.float32)], to="h"))
 
 
+def test_a_header_the_receiver_would_drop_is_refused_when_sent_and_numbers_nothing():
+    a, b = pair()
+    with pytest.raises(ProtocolError, match="oversized header: the 'state' message's header has"):
+        a.encode({"op": "state", "remaining": [10] * 40_000}, to="hub-0")
+    assert a.last_sent("hub-0") == 0  # the next message is still the one the hub expects
+    assert b.decode(a.encode({"op": "ping"}, to="hub-0")).header["seq"] == 1
+
+
 def test_key_of_the_wrong_length_is_refused():
     with pytest.raises(ValueError, match="must have 32 bytes"):
         Codec(b"short", "w")

@@ -1,7 +1,7 @@
 import numpy as np
 import pytest
 
-from nbdist.core.schedule import EpochSchedule, epoch_permutation
+from nbdist.core.schedule import EpochSchedule, epoch_permutation, remaining_per_epoch, schedule_state
 
 
 def drain(schedule, size, order=None):
@@ -62,3 +62,27 @@ def test_samples_left_counts_later_epochs_and_requeued_chunks():
     assert s.samples_left() == 20
     drain(s, 4)
     assert s.samples_left() == 0
+
+
+def test_the_state_of_a_long_run_lists_only_the_epochs_begun():
+    """A run of 10^5 epochs ("train until I click Stop") stopped in its third epoch: its state
+    travels in a message header (at most 64 KiB), so the untouched epochs are implied."""
+    s = EpochSchedule(num_samples=10, epochs=100_000)
+    for _ in range(2):  # two whole epochs trained
+        s.complete(s.next_chunk(10).id)
+    first, third = s.next_chunk(4), s.next_chunk(4)  # epoch 2: one in flight, one trained
+    s.complete(third.id)
+    state = s.state()
+    assert state["remaining"] == [0, 0, 6] and state["pending"] == [[2, 0, 4]]
+    assert remaining_per_epoch(state)[:4] == [0, 0, 6, 10] and len(remaining_per_epoch(state)) == 100_000
+    again = EpochSchedule.from_state(state)
+    assert again.samples_per_epoch[:4] == [10, 10, 4, 0]
+    assert again.next_chunk(9).to_list()[1:] == [2, 0, 4]  # the one in flight, first
+    assert schedule_state(10, 100_000, 1, 4)["remaining"] == [0, 6]
+
+
+def test_a_state_listing_more_epochs_than_the_run_has_is_refused():
+    state = EpochSchedule(num_samples=10, epochs=2).state()
+    state["remaining"] = [10, 10, 10]
+    with pytest.raises(ValueError, match="3 epochs' remaining samples listed, for 2 epochs"):
+        EpochSchedule.from_state(state)
