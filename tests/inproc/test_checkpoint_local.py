@@ -147,7 +147,8 @@ def test_a_run_of_many_epochs_keeps_its_state_and_stops_at_once(tmp_path):
         wait_for(lambda: run.state.kept is not None and run.state.kept[2] is not None,
                  timeout=10, what="the hub's state kept at the first epoch's end")
         saved = run.checkpoint(str(tmp_path))
-        assert json.loads(open(saved).read())["schedule"]["epochs"] == 100_000
+        with open(saved) as meta:
+            assert json.load(meta)["schedule"]["epochs"] == 100_000
     finally:
         run.stop()
     assert run.state.ended.wait(15), "the run did not end within 15 s of its stop"

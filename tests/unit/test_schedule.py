@@ -1,7 +1,12 @@
 import numpy as np
 import pytest
 
-from nbdist.core.schedule import EpochSchedule, epoch_permutation, remaining_per_epoch, schedule_state
+from nbdist.core.schedule import (
+    EpochSchedule,
+    epoch_permutation,
+    remaining_per_epoch,
+    schedule_state,
+)
 
 
 def drain(schedule, size, order=None):
@@ -70,11 +75,12 @@ def test_the_state_of_a_long_run_lists_only_the_epochs_begun():
     s = EpochSchedule(num_samples=10, epochs=100_000)
     for _ in range(2):  # two whole epochs trained
         s.complete(s.next_chunk(10).id)
-    first, third = s.next_chunk(4), s.next_chunk(4)  # epoch 2: one in flight, one trained
+    _in_flight, third = s.next_chunk(4), s.next_chunk(4)  # epoch 2: one in flight, one trained
     s.complete(third.id)
     state = s.state()
     assert state["remaining"] == [0, 0, 6] and state["pending"] == [[2, 0, 4]]
-    assert remaining_per_epoch(state)[:4] == [0, 0, 6, 10] and len(remaining_per_epoch(state)) == 100_000
+    every = remaining_per_epoch(state)
+    assert every[:4] == [0, 0, 6, 10] and len(every) == 100_000
     again = EpochSchedule.from_state(state)
     assert again.samples_per_epoch[:4] == [10, 10, 4, 0]
     assert again.next_chunk(9).to_list()[1:] == [2, 0, 4]  # the one in flight, first
