@@ -48,9 +48,10 @@ horovod: system install
 test: system install horovod lint
 	$(BIN)/python -m pytest $(PYTEST_ARGS)
 
-# Every test that needs no cluster: tests/unit (pure) and tests/inproc (Keras, in-process hubs).
+# The edit loop: the tests that need no cluster (tests/unit, pure; tests/inproc, Keras and
+# in-process hubs), less those marked slow (over about 3 s each, measured). make test runs them all.
 test-fast: install
-	$(BIN)/python -m pytest tests/unit tests/inproc
+	$(BIN)/python -m pytest tests/unit tests/inproc -m "not slow"
 
 demo: system install horovod
 	$(BIN)/python scripts/demo.py

@@ -59,6 +59,7 @@ print("@@" + json.dumps(out), flush=True)
 '''
 
 
+@pytest.mark.slow
 def test_a_disk_full_during_a_checkpoint_leaves_the_previous_ones_and_the_newest_resumes(tmp_path):
     if os.geteuid() != 0 or shutil.which("unshare") is None:
         pytest.skip("needs root and unshare(1) to mount a small tmpfs in a mount namespace of "

@@ -76,6 +76,7 @@ PIPELINE_CONSTRAINED_CELL = PIPELINE_SKIP_CELL.replace(
     'name="d3"', 'name="d3", kernel_constraint=lambda w: keras.ops.clip(w, -0.05, 0.05)')
 
 
+@pytest.mark.slow
 def test_pipeline_stages_apply_the_constraints_as_one_machine_does():
     from nbdist.core.schedule import epoch_permutation
     from nbdist.engine.cell import inspect_cell

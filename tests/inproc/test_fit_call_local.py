@@ -85,6 +85,7 @@ def test_initial_epoch_shuffle_and_steps_per_epoch_are_honoured():
     assert run.stats["global_step"] == 20
 
 
+@pytest.mark.slow
 def test_early_stopping_restores_the_best_epochs_weights():
     seen = """
 class Seen(keras.callbacks.Callback):
@@ -119,6 +120,7 @@ def test_early_stopping_stops_the_run_and_keeps_the_epochs_weights():
     assert run.stats["epochs_done"] == pytest.approx(2.0)
 
 
+@pytest.mark.slow
 def test_reduce_lr_on_plateau_and_learning_rate_scheduler_act_on_the_runs_rate():
     cell = fit_cell("history = model.fit(x_train, y_train, epochs=3, validation_split=0.2, "
                     "callbacks=[keras.callbacks.ReduceLROnPlateau(monitor='val_loss', "

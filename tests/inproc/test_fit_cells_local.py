@@ -11,6 +11,7 @@ import nbdist
 from tests.tutorial_cells import FIT_CELLS, fit_baseline
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(FIT_CELLS))
 def test_the_cell_trains_in_this_kernel_as_its_fit_call_says(name):
     import keras

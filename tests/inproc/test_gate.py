@@ -9,6 +9,7 @@ import time
 
 import numpy as np
 import psutil
+import pytest
 import zmq
 
 from nbdist.hub.gate import CUT, HANDSHAKE_S, REFUSED, YOUNG_MARGIN, credentials
@@ -84,6 +85,7 @@ def test_only_a_fresh_token_of_this_gate_and_run_finishes_the_handshake():
         server.close()
 
 
+@pytest.mark.slow
 def test_connections_still_in_the_handshake_are_capped_and_later_ones_get_in():
     key = new_key()
     server = Server(key, peers=0)  # YOUNG_MARGIN young connections at most
@@ -120,6 +122,7 @@ def _hub_process(key: bytes, size: int, monkeypatch) -> tuple[dict, psutil.Proce
     return endpoints, psutil.Process(hub_process("flood", 0).pid)
 
 
+@pytest.mark.slow
 def test_512_keyless_peers_and_an_endless_multipart_keep_a_hub_under_256_mb_while_a_worker_trains(
         monkeypatch):
     from nbdist.hub.client import WorkerTransport

@@ -284,6 +284,7 @@ def _flood(endpoints, key, seconds, frames, frame_bytes, ready):
     ctx.term()
 
 
+@pytest.mark.slow
 def test_a_frame_flood_keeps_memory_bounded_and_a_real_worker_training(hub):
     server, key = hub
     me = psutil.Process()

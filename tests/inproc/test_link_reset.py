@@ -7,6 +7,7 @@ the spent one-time token, the gate refused it forever, and the line timed out)."
 import time
 
 import numpy as np
+import pytest
 
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
@@ -62,6 +63,7 @@ def next_reply(worker, reply, applied: list):
     return push(worker, cid)
 
 
+@pytest.mark.slow
 def test_a_reset_while_a_request_is_on_its_way_is_answered_once():
     """Resets at random moments (a thread, every 20 ms), so some fall between a request and
     its reply: the request is lost, or its reply is; either way it is answered, and applied

@@ -37,6 +37,7 @@ def _reference(cell: str, batch: int, seed: int = 0) -> list:
 
 @pytest.mark.parametrize(("stages", "schedule"),
                          [(2, "gpipe"), (3, "1f1b"), (3, "gpipe"), (2, "1f1b")])
+@pytest.mark.slow
 def test_pipeline_equals_single_machine_training(stages, schedule):
     cell = "B = 16\n" + SKIP_CELL
     want = _reference(cell, 16)
@@ -115,6 +116,7 @@ model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_cros
 '''
 
 
+@pytest.mark.slow
 def test_batchnorm_and_dropout_train_and_the_dashboard_shows_the_timeline():
     ns, run = _start(BN_CELL, stages=2, micro_batches=2, batch_size=32, epochs=3,
                      partition="uniform", schedule="1f1b", timeout=60)
@@ -149,6 +151,7 @@ def test_stop_ends_after_the_current_mini_batch_and_keeps_the_weights():
                for a, w in zip(before, ns["model"].weights, strict=True))
 
 
+@pytest.mark.slow
 def test_same_host_stages_send_through_shared_memory_and_tcp_gives_the_same_weights():
     cell = "B = 16\n" + SKIP_CELL
     weights, messages = {}, {}

@@ -129,6 +129,7 @@ def rss_bytes() -> int:
         return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
 
 
+@pytest.mark.slow
 def test_slow_loris_connections_hold_neither_threads_nor_memory_and_a_rank_is_still_served(
         rendezvous):
     """200 connections that send a byte a second and never finish their request (and come back

@@ -46,6 +46,7 @@ def test_segments_that_cannot_be_allocated_send_the_run_over_tcp_and_it_says_so(
     assert all("No space left on device" in w and "/dev/shm" in w for w in said)
 
 
+@pytest.mark.slow
 def test_a_full_dev_shm_is_no_sigbus_but_tcp_and_a_warning(tmp_path):
     """A real full /dev/shm: a 256 KiB tmpfs mounted over it in a mount namespace of its own
     (root only), filled up, for a child process that trains a --mode local run there."""

@@ -43,6 +43,7 @@ def test_four_async_workers_are_told_what_staleness_costs(workers, warned):
     assert not any("async workers:" in w for w in synced)
 
 
+@pytest.mark.slow
 def test_the_weights_handed_back_average_the_tail_by_default_and_say_so():
     said = warnings_of("keras.optimizers.SGD(0.1)", workers=2)
     assert any(w.startswith("--average-tail 0.1: the weights handed back are the mean over the "

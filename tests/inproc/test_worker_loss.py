@@ -356,6 +356,7 @@ def test_a_late_hello_from_an_earlier_incarnation_is_dropped_and_the_live_worker
         stop(control, thread, (old, new))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("transport", ["local", "tcp"])
 def test_a_worker_that_does_not_read_its_replies_is_written_off_and_the_other_finishes(transport):
     """Worker 1 keeps asking and reads none of the answers, as a stuck process would: once the
