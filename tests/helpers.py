@@ -429,6 +429,25 @@ model.compile(optimizer=keras.optimizers.Adam(0.01), loss="sparse_categorical_cr
               metrics=["accuracy"])
 '''
 
+# A residual CNN written with operators, as functional models often are: `x + y` for the skip
+# and `x * 0.5` for a scale are Keras operations (keras.ops), not layers: they have no weights.
+PIPELINE_OPERATORS_CELL = '''
+import keras
+import numpy as np
+keras.utils.set_random_seed(5)
+rng = np.random.default_rng(1)
+x_train = rng.normal(size=(B * 20, 8, 8, 1)).astype("float32")
+y_train = rng.integers(0, 3, size=B * 20)
+inp = keras.Input((8, 8, 1))
+c1 = keras.layers.Conv2D(4, 3, padding="same", activation="relu", name="c1")(inp)
+c2 = keras.layers.Conv2D(4, 3, padding="same", activation="tanh", name="c2")(c1)
+s = c1 + c2 * 0.5
+h = keras.layers.GlobalAveragePooling2D(name="pool")(s)
+out = keras.layers.Dense(3, activation="softmax", name="out")(h * 2.0 + 1.0)
+model = keras.Model(inp, out)
+model.compile(optimizer=keras.optimizers.SGD(0.05), loss="sparse_categorical_crossentropy")
+'''
+
 # --mode local against one async worker (tests/cluster/test_local_equals_worker.py). Neither
 # cell seeds Keras itself: the test seeds the kernel, and the workers start from its dropout
 # seeds. 2,000 Fashion-MNIST images, one epoch of 63 steps at batch 32.

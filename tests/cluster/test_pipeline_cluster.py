@@ -19,7 +19,7 @@ import pytest
 
 import nbdist
 from nbdist.errors import ConfigError, TrainingError
-from tests.helpers import PIPELINE_SKIP_CELL, wait_for
+from tests.helpers import PIPELINE_OPERATORS_CELL, PIPELINE_SKIP_CELL, wait_for
 
 # A functional model whose skip connection (d1 into the Add) crosses a cut at S = 3.
 CELL = "B = 16\n" + PIPELINE_SKIP_CELL  # 320 samples
@@ -56,6 +56,21 @@ def test_pipeline_weights_equal_single_machine_training_after_20_steps(cluster, 
     assert len(set(engines)) == stages  # one engine per stage
     # every engine is on this host: activations and gradients went through shared memory
     assert all(m["shm"] > 0 and m["tcp"] == 0 for m in run.pipeline["messages"])
+
+
+def test_a_residual_cnn_written_with_operators_trains_on_stages_as_on_one_machine(cluster):
+    """`c1 + c2 * 0.5` and `h * 2.0 + 1.0`: operations without weights, placed in stages like
+    layers. The kernel wrote the stages' weights back into its model by each step's
+    operation, and failed on them: "'Multiply' object has no attribute 'weights'"."""
+    cell = "B = 16\n" + PIPELINE_OPERATORS_CELL
+    want = _single_machine(cell, 16)
+    ns: dict = {}
+    run = nbdist.train(cell, cluster=cluster, namespace=ns, mode="pipeline", stages=2,
+                       micro_batches=2, batch_size=16, partition="uniform")
+    run.wait(timeout=240)
+    assert run.status == "finished", run.error
+    for a, b in zip([w.numpy() for w in ns["model"].weights], want, strict=True):
+        np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def _initial(cell: str) -> list:

@@ -8,6 +8,7 @@ import pytest
 
 from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError
+from tests.helpers import PIPELINE_OPERATORS_CELL
 from tests.helpers import PIPELINE_SKIP_CELL as SKIP_CELL
 
 
@@ -52,6 +53,28 @@ def test_pipeline_equals_single_machine_training(stages, schedule):
     summary = run.pipeline
     assert summary["measured_steps"] == 20 and 0 < summary["bubble"] < 1
     assert "forward" in {t["name"] for t in run.pipeline_figure()["data"]}
+
+
+@pytest.mark.slow
+def test_operators_between_layers_are_steps_of_the_pipeline_and_it_equals_one_machine():
+    """`c1 + c2 * 0.5` and `h * 2.0 + 1.0` are operations without weights: each is a step of
+    the graph, placed in a stage like a layer (it failed: "'Multiply' object has no attribute
+    'weights'")."""
+    from nbdist.modes.pipeline.graph import Graph
+
+    cell = "B = 16\n" + PIPELINE_OPERATORS_CELL
+    ns: dict = {}
+    exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102 - the test's own cell
+    names = Graph(ns["model"]).names
+    assert {"c1", "c2", "pool", "out"} <= set(names) and len(names) == 8, names
+    want = _reference(cell, 16)
+    for stages in (2, 3):
+        ns, run = _start(cell, stages=stages, micro_batches=2, batch_size=16, partition="uniform",
+                         timeout=60)
+        run.wait(timeout=120)
+        assert run.status == "finished", run.error
+        for a, b in zip([w.numpy() for w in ns["model"].weights], want, strict=True):
+            np.testing.assert_allclose(a, b, atol=1e-5)
 
 
 def test_profile_and_live_tensors_of_a_skip_connection():

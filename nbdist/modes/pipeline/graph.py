@@ -86,13 +86,13 @@ class Graph:
         """The values of the variables of steps [start, end), by the step that first calls each
         layer (the same cell builds the same graph on every engine and in the kernel)."""
         first = self._first_steps()
-        return {first[id(op)]: [v.numpy() for v in getattr(op, "weights", [])]
+        return {first[id(op)]: [v.numpy() for v in op_weights(op)]
                 for op in self.stage_ops(start, end)}
 
     def assign(self, values: dict[int, list]) -> None:
         """Write `weights(...)` results (from every stage) into this graph's layers."""
         for k, arrays in values.items():
-            for variable, value in zip(self.steps[int(k)].op.weights, arrays, strict=True):
+            for variable, value in zip(op_weights(self.steps[int(k)].op), arrays, strict=True):
                 variable.assign(value)
 
     def _first_steps(self) -> dict[int, int]:
@@ -100,6 +100,12 @@ class Graph:
         for k, step in enumerate(self.steps):
             first.setdefault(id(step.op), k)
         return first
+
+
+def op_weights(op) -> list:
+    """The variables of a step's operation: a layer's weights, none for an operator between
+    layers (`x + y`, `x * 0.5`: a keras.ops operation, which is no layer and has no weights)."""
+    return list(getattr(op, "weights", ()))
 
 
 def _steps(model) -> tuple[list[Step], list[int], list[int]]:

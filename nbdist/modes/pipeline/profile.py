@@ -24,7 +24,7 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
     each step (the elements bound a gradient message, float32 where a tensor is not a float)."""
     import tensorflow as tf
 
-    from nbdist.modes.pipeline.graph import call_step
+    from nbdist.modes.pipeline.graph import call_step, op_weights
 
     values = {t: tf.convert_to_tensor(v)
               for t, v in zip(graph.inputs, _as_list(x_micro), strict=True)}
@@ -52,7 +52,7 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
         values.update({t: scratch[t] for t in step.outputs})
-        params = (sum(int(np.prod(w.shape)) for w in getattr(step.op, "weights", []))
+        params = (sum(int(np.prod(w.shape)) for w in op_weights(step.op))
                   if id(step.op) not in seen else 0)
         seen.add(id(step.op))
         rows.append({"layer": step.name, "kind": type(step.op).__name__,
