@@ -6,7 +6,8 @@ data. It keeps the model, the training data (x, y, per-sample weights) and the v
 under the reserved names of `nbdist.engine.fit_call.RESERVED`, and returns those names:
 - `validation_split` is Keras's: the last fraction of the samples, before any shuffling;
 - `class_weight` becomes per-sample weights of the training part, as Keras computes them;
-- `validation_data` is (x, y), (x, y, sample_weight) or a dataset;
+- `validation_data` is (x, y), (x, y, sample_weight), a dataset, or a PyDataset or an iterator
+  (read once, then replayed at each validation);
 - a dataset or a generator function is one name, as `--data NAME`.
 """
 
@@ -61,7 +62,7 @@ def place(call: FitCall, namespace: dict) -> FitData:
         sw = class_weights(y, call.class_weight)
     data = _put(namespace, (X, Y, SW), (x, y, sw))
     if call.validation_data is not None:
-        validation = _place_validation(call.validation_data, namespace)
+        validation = _place_validation(call, namespace)
     return FitData(data, validation)
 
 
@@ -81,9 +82,7 @@ def _place_dataset(call: FitCall, namespace: dict, adapter: DataAdapter) -> FitD
     take_batches = None
     if call.steps_per_epoch is not None and adapter.infinite():
         take_batches = call.steps_per_epoch  # an epoch is that many batches of the endless stream
-    validation = (_place_validation(call.validation_data, namespace)
-                  if call.validation_data is not None else ())
-    return FitData((X,), validation, take_batches, is_dataset=True)
+    return FitData((X,), _place_validation(call, namespace), take_batches, is_dataset=True)
 
 
 MAX_ITERATOR_BYTES = 2 * 2**30  # what a generator given to fit may yield without steps_per_epoch
@@ -95,37 +94,63 @@ def _place_batches(call: FitCall, namespace: dict, adapter: DataAdapter) -> FitD
     if call.y is not None or call.validation_split:
         raise CellError(f"model.fit() got a {type(call.x).__name__} as x, which yields its own "
                         "labels; as in Keras it takes no y and no validation_split. Drop them.")
-    batches, size = [], 0
-    for batch in adapter.batches(call.steps_per_epoch):
-        batches.append(tuple(batch) if isinstance(batch, (tuple, list)) else batch)
-        size += nbytes(batch)
-        if size > MAX_ITERATOR_BYTES:
-            raise CellError(f"model.fit() got a {type(call.x).__name__} that yields more than "
-                            "2 GiB without steps_per_epoch. Say how many batches make an epoch: "
-                            "model.fit(gen, steps_per_epoch=N, ...), or pass a tf.data.Dataset.")
+    batches = _read_once(adapter, call.steps_per_epoch, "x", "steps_per_epoch")
     if not batches:
         raise CellError(f"model.fit() got a {type(call.x).__name__} that yields no batch: there is "
                         "nothing to train on.")
-
-    def replay():
-        yield from batches
-
-    namespace[X] = replay
-    validation = (_place_validation(call.validation_data, namespace)
-                  if call.validation_data is not None else ())
+    namespace[X] = _replay(batches)
+    validation = _place_validation(call, namespace)
     return FitData((X,), validation, is_dataset=True, warning=(
         f"model.fit got a {type(call.x).__name__}: nbdist read {len(batches)} batch(es) of it "
         "once and trains every epoch on them (Keras would draw new batches each epoch from an "
         "endless one)."))
 
 
-def _place_validation(value: object, namespace: dict) -> tuple[str, ...]:
-    if data_adapter(value).streams:
+def _read_once(adapter: DataAdapter, steps: int | None, what: str, steps_name: str) -> list:
+    """The batches of a Python iterator or a `keras.utils.PyDataset` (`steps` of them when
+    given), read once: at most MAX_ITERATOR_BYTES, so an endless one without `steps` ends."""
+    batches, size = [], 0
+    for batch in adapter.batches(steps):
+        batches.append(tuple(batch) if isinstance(batch, (tuple, list)) else batch)
+        size += nbytes(batch)
+        if size > MAX_ITERATOR_BYTES:
+            raise CellError(f"model.fit() got a {type(adapter.value).__name__} as {what} that "
+                            f"yields more than 2 GiB without {steps_name}. Say how many batches "
+                            f"it has: model.fit(..., {steps_name}=N), or pass a tf.data.Dataset.")
+    return batches
+
+
+def _replay(batches: list):
+    """A generator function over `batches` (what `--data NAME` takes), for each pass anew."""
+    def replay():
+        yield from batches
+
+    return replay
+
+
+def _place_validation(call: FitCall, namespace: dict) -> tuple[str, ...]:
+    """The call's `validation_data` under VAL_X (a dataset, a DataLoader, a generator function,
+    or a PyDataset or an iterator read once, as a generator function) or VAL_X, VAL_Y and
+    VAL_SW (arrays); () without validation data."""
+    value = call.validation_data
+    if value is None:
+        return ()
+    adapter = data_adapter(value)
+    if adapter.streams:
         namespace[VAL_X] = value
+        return (VAL_X,)
+    if adapter.replayed:  # Keras reads the batches it holds: so does every validation here
+        batches = _read_once(adapter, call.validation_steps, "validation_data",
+                             "validation_steps")
+        if not batches:
+            raise CellError(f"model.fit(validation_data=...) got a {type(value).__name__} that "
+                            "yields no batch: there is nothing to validate on.")
+        namespace[VAL_X] = _replay(batches)
         return (VAL_X,)
     if not isinstance(value, (tuple, list)) or len(value) not in (2, 3):
         raise CellError(f"model.fit(validation_data=...) must be (x_val, y_val), (x_val, y_val, "
-                        "val_sample_weight) or a tf.data.Dataset (Received: a "
+                        "val_sample_weight), a tf.data.Dataset, a keras.utils.PyDataset, a "
+                        "generator or a torch DataLoader, as in Keras (Received: a "
                         f"{type(value).__name__}"
                         f"{f' of {len(value)}' if isinstance(value, (tuple, list)) else ''}).")
     return _put(namespace, (VAL_X, VAL_Y, VAL_SW),

@@ -67,6 +67,32 @@ def test_validation_is_what_model_evaluate_gives_on_the_same_weights():
     assert ns["history"].history["val_accuracy"][-1] == pytest.approx(again["accuracy"], abs=1e-6)
 
 
+VALIDATION_BATCHES = """
+class Held(keras.utils.PyDataset):  # keras.io's way: batches by index
+    def __len__(self):
+        return 3
+    def __getitem__(self, i):
+        return x_test[i * 50:(i + 1) * 50], y_test[i * 50:(i + 1) * 50]
+"""
+
+
+@pytest.mark.parametrize("validation_data", [
+    "Held()",  # a keras.utils.PyDataset
+    "((x_test[i:i + 50], y_test[i:i + 50]) for i in range(0, 150, 50))",  # a generator
+])
+def test_a_py_dataset_or_a_generator_as_validation_data_validates_as_keras_does(validation_data):
+    """Keras takes both as validation_data (nbdist refused them: "must be (x_val, y_val) ...
+    or a tf.data.Dataset"); their batches are read once and each epoch validates on them."""
+    cell = fit_cell(f"history = model.fit(x_train, y_train, epochs=2, "
+                    f"validation_data={validation_data})", before=VALIDATION_BATCHES)
+    run, ns, _ = train_locally(cell)
+    assert run.status == "finished", run.error
+    again = ns["model"].evaluate(ns["x_test"][:150], ns["y_test"][:150], verbose=0,
+                                 return_dict=True)
+    assert len(ns["history"].history["val_loss"]) == 2
+    assert ns["history"].history["val_loss"][-1] == pytest.approx(again["loss"], rel=1e-5)
+
+
 def test_flags_on_the_magic_line_override_the_call_and_the_notes_say_so():
     cell = fit_cell("history = model.fit(x_train, y_train, batch_size=32, epochs=3)")
     run, ns, _ = train_locally(cell, epochs=1, batch_size=16)
