@@ -12,6 +12,7 @@ nbdist is light: it loads no TensorFlow, Keras, Horovod or plotly until a run ne
 
 from __future__ import annotations
 
+import os
 from importlib import import_module
 from typing import TYPE_CHECKING
 
@@ -53,9 +54,7 @@ def __getattr__(name: str):
 def load_ipython_extension(ipython) -> None:
     """`%load_ext nbdist`: registers %nbdist and %%distribute, and quiets TensorFlow's C++
     INFO lines (oneDNN, CPU features), which would otherwise fill the cell's output in red."""
-    import os
-
-    from nbdist.magic import NbdistMagics
+    from nbdist.magic import NbdistMagics  # IPython: not at `import nbdist`
 
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
 

@@ -174,7 +174,7 @@ class TrainConfig:
         set_(self, "metrics", _choice(Metrics, self.metrics, "--metrics"))
         set_(self, "algo_options", parse_options(self.algo_options))
         set_(self, "slowdown", parse_slowdown(self.slowdown))
-        from nbdist.core.simclock import parse_sim  # pure
+        from nbdist.core.simclock import parse_sim  # NumPy: not at `import nbdist`
 
         set_(self, "sim", parse_sim(self.sim))
         set_(self, "data", parse_names(self.data, "--data"))
@@ -217,7 +217,8 @@ class TrainConfig:
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
         if self.mode is Mode.PIPELINE:
-            from nbdist.core.partition import check_pipeline_options  # pure
+            # NumPy: not at `import nbdist`
+            from nbdist.core.partition import check_pipeline_options
 
             check_pipeline_options(
                 stages=self.stages, micro_batches=self.micro_batches, method=self.partition,
@@ -296,7 +297,7 @@ class TrainConfig:
             raise ConfigError(f"predict_weights must be True, False or None (automatic) "
                               f"(Received: {self.predict_weights!r}).")
         if self.predict_weights and not self._prediction_works:
-            from nbdist.algorithms import rules_that
+            from nbdist.algorithms import rules_that  # NumPy: not at `import nbdist`
 
             modes = ", ".join(modes_taking("predict_weights"))
             rules = " or ".join(rules_that("predicts_weights"))
@@ -319,7 +320,7 @@ class TrainConfig:
             raise ConfigError(f"momentum_correction must be True, False or None (automatic) "
                               f"(Received: {self.momentum_correction!r}).")
         if self.momentum_correction and not self.momentum_correction_works:
-            from nbdist.algorithms import rules_that
+            from nbdist.algorithms import rules_that  # NumPy: not at `import nbdist`
 
             raise ConfigError(
                 f"--momentum-correction works with --algorithm "

@@ -7,6 +7,7 @@ gathers each magic's flags): pure standard library, loaded by `import nbdist`.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import enum
 import importlib
@@ -69,8 +70,6 @@ class Flag:
     def parser_arguments(self) -> tuple[tuple[str, ...], dict]:
         """`ArgumentParser.add_argument`'s arguments. A training option not given is left out
         of the parsed namespace (argparse.SUPPRESS), so it can be told from its default."""
-        import argparse  # here, not at `import nbdist`
-
         kwargs: dict = {"help": self.help_line().replace("%", "%%")}
         if self.switch:
             kwargs["action"] = "store_true"
@@ -127,8 +126,6 @@ def late(module: str, name: str) -> Callable[[], object]:
 
 def auto_or_int(text: str) -> str | int:
     """--groups: 'auto' or a whole number."""
-    import argparse
-
     if text.strip().lower() == "auto":
         return "auto"
     try:

@@ -17,10 +17,12 @@ Pure standard library; `nbdist.api` and the magic load it.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import functools
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
+from nbdist.cluster.netaddr import LAUNCHERS
 from nbdist.config import TrainConfig
 from nbdist.declarations import Flag
 from nbdist.errors import ConfigError
@@ -65,8 +67,6 @@ def distribute_flags() -> tuple[Flag, ...]:
 @functools.cache
 def nbdist_flags() -> tuple[Flag, ...]:
     """`%nbdist`'s arguments: the cluster's lifecycle (no training options)."""
-    from nbdist.cluster.netaddr import LAUNCHERS  # standard library only
-
     return (
         Flag("action", "start N engines, connect to a running ipcluster, show status, or stop", (),
              positional=True, choices=CLUSTER_ACTIONS, option=False),
@@ -126,8 +126,6 @@ def check_option_names(names: Iterable[str]) -> None:
     unknown = [name for name in names if name not in known]
     if not unknown:
         return
-    import difflib
-
     name = unknown[0]
     if name == "resume":
         hint = "To continue from a checkpoint, call nbdist.resume(path, cell, ...)."
