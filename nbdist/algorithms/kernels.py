@@ -34,7 +34,7 @@ def _load() -> tuple[ModuleType | None, str]:
     if not switch("NBDIST_KERNELS"):
         return None, "numpy (NBDIST_KERNELS=0)"
     try:
-        import nbdist._kernels as _kernels
+        import nbdist._kernels as _kernels  # optional: a C build; NumPy without it
     except ImportError as exc:
         logging.getLogger(__name__).warning(
             "nbdist's compiled update kernel did not load (%s); the hub uses NumPy, which is "

@@ -20,6 +20,7 @@ import socket
 import time
 from collections.abc import Iterator
 
+from nbdist.checkpoint.store import prepare_dir
 from nbdist.errors import CheckpointError
 
 LOCK_FILE = ".nbdist-lock"
@@ -85,8 +86,6 @@ class FolderLock:
 def claimed(directory: str, owner: str, held: FolderLock | None) -> Iterator[None]:
     """Inside: `directory` (created if need be) is this run's to save into, through the claim
     it `held` since it started, or one taken for this save alone."""
-    from nbdist.checkpoint.store import prepare_dir
-
     directory = prepare_dir(directory)
     if held is not None and held.holds(directory):
         yield

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import secrets
 import socket
 import time
 import weakref
@@ -141,9 +142,7 @@ class Cluster:
         Example:
             >>> cluster = Cluster.start(4, launcher="slurm")   # doctest: +SKIP
         """
-        import secrets
-
-        import ipyparallel as ipp
+        import ipyparallel as ipp  # not at `import nbdist`: only to start or connect
 
         if launcher not in LAUNCHERS:
             raise NoClusterError(f"Unknown launcher (Received: {launcher!r}). Expected one of "
@@ -190,7 +189,7 @@ class Cluster:
         `connection_file` is the controller's `ipcontroller-<id>-client.json`, for a controller
         started outside the profile folders this kernel knows. `encrypt`: the cluster must use
         CurveZMQ (its connection file names a server key), and nbdist's hub sockets use it too."""
-        import ipyparallel as ipp
+        import ipyparallel as ipp  # not at `import nbdist`: only to start or connect
 
         kwargs = {k: v for k, v in (("profile", profile), ("cluster_id", cluster_id)) if v}
         try:

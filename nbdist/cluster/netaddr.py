@@ -19,10 +19,12 @@ Only IPv4: ipyparallel's engines, Horovod's Gloo and the lab networks nbdist tar
 from __future__ import annotations
 
 import errno
+import fcntl
 import ipaddress
 import json
 import shutil
 import socket
+import struct
 import subprocess
 from collections import Counter
 from dataclasses import dataclass, field
@@ -283,9 +285,7 @@ def _addresses() -> dict[str, list[tuple[str, int]]]:
                              timeout=10)
         if out.returncode == 0:
             return parse_ip_addr_json(out.stdout)
-    import fcntl  # no iproute2: each interface's primary address through ioctl
-    import struct
-
+    # no iproute2: each interface's primary address through ioctl
     result: dict[str, list[tuple[str, int]]] = {}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():

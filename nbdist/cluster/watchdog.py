@@ -20,6 +20,8 @@ import subprocess
 import sys
 import time
 
+import psutil
+
 POLL_S = 1.0  # how often the kernel's pid is checked
 GRACE_S = 5.0  # between SIGTERM and SIGKILL
 ENV_TAG = "IPP_CLUSTER_ID"
@@ -37,8 +39,6 @@ def spawn(cluster_id: str, pids: list[int] = ()) -> subprocess.Popen:
 
 def tagged(cluster_id: str) -> list:
     """This user's processes whose environment names `cluster_id` (psutil.Process objects)."""
-    import psutil
-
     me, found = os.getpid(), []
     for proc in psutil.process_iter():
         try:
@@ -51,8 +51,6 @@ def tagged(cluster_id: str) -> list:
 
 def watch(parent: int, cluster_id: str, pids: list[int], poll_s: float = POLL_S) -> None:
     """Block until `parent` exits, then end the cluster's processes."""
-    import psutil
-
     try:
         kernel = psutil.Process(parent)
     except (psutil.Error, ValueError):
@@ -65,8 +63,6 @@ def watch(parent: int, cluster_id: str, pids: list[int], poll_s: float = POLL_S)
 
 def end(cluster_id: str, pids: list[int] = ()) -> None:
     """Terminate the cluster's processes and their children; kill what is left after GRACE_S."""
-    import psutil
-
     procs = tagged(cluster_id)
     for pid in pids:
         try:
@@ -93,8 +89,6 @@ def end(cluster_id: str, pids: list[int] = ()) -> None:
 
 
 def _running(proc) -> bool:
-    import psutil
-
     try:
         return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
