@@ -26,7 +26,7 @@ PRECISE_SAMPLES = 8192  # about 100 batches at a batch size of 64, as precise BN
 
 def batchnorm_layers(model) -> list:
     """Every BatchNormalization layer of `model`, nested models included, in order."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     return layers_where(model, lambda layer: isinstance(layer, keras.layers.BatchNormalization))
 

@@ -28,6 +28,7 @@ from nbdist.engine.data import (
     take,
 )
 from nbdist.engine.fit_call import RESERVED, shown_name
+from nbdist.engine.flat_layout import ensure_built
 from nbdist.errors import (
     AmbiguousModelError,
     CellError,
@@ -158,7 +159,7 @@ def inspect_cell(source: str, namespace: dict, config: TrainConfig, *,
 def _check_train_step(model, name: str) -> None:
     """A model whose class overrides `train_step` trains differently from what nbdist computes
     (the gradient of `compute_loss`): refuse it rather than train it another way."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     own = type(model).train_step
     if (own is not keras.Model.train_step
@@ -186,7 +187,7 @@ def _training_data(namespace: dict, config: TrainConfig, model, data: tuple[str,
 
 def _dataset(namespace: dict, name: str, flag: str, model, limit: int | None,
              take_batches: int | None = None):
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     if name not in namespace:
         raise DataError(f"{flag} names {name}, which the notebook does not define. Define it in "
@@ -228,7 +229,7 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
     here, so wrong shapes or dtypes between the data and the model are reported in the kernel,
     with the shapes of the user's data (`whole`, when it is in memory), instead of as a
     TensorFlow error inside every engine. Builds the compiled metrics' variables too."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     names = tuple(shown_name(n) for n in names)
     if len(names) == 1:
@@ -245,8 +246,6 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
     x, y = head[0], head[1]
     sw = head[2] if len(head) > 2 else None
     try:
-        from nbdist.engine.flat_layout import ensure_built
-
         ensure_built(model, x, y, sw)  # as every worker does before comparing variables
         y_pred = model(x, training=False)
         loss = float(keras.ops.convert_to_numpy(
@@ -268,7 +267,7 @@ def _check_fit(model, head: tuple, names: tuple[str, ...], whole: tuple | None =
 
 def _describe(data) -> str:
     """'shape (60000, 784), dtype float32', or one such per input of a list or dict."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     if isinstance(data, (list, tuple, dict)):
         leaves = keras.tree.flatten(data)
@@ -332,7 +331,7 @@ def _contains(outer, inner) -> bool:
 def _arrays(namespace: dict, names: tuple[str, ...], flag: str) -> tuple:
     """(inputs, labels[, sample weights]) by name: arrays, or lists or dicts of arrays (several
     inputs or outputs), checked for equal lengths and NaN/inf."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     missing = [n for n in names if n not in namespace]
     if missing:

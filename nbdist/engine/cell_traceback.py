@@ -16,7 +16,10 @@ import contextlib
 import functools
 import linecache
 import socket
+import traceback
 from collections.abc import Iterator
+
+from nbdist.errors import engine_tag as tag_for
 
 CELL_FILENAME = "<%%distribute cell>"
 
@@ -32,13 +35,11 @@ def engine_tag() -> str | None:
     """'[engine 3 on node-a]' in an ipyparallel engine; None anywhere else (a notebook's kernel,
     a test process)."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only in a shell
     except ImportError:
         return None
-    from nbdist.errors import engine_tag as tag
-
     engine = getattr(getattr(get_ipython(), "kernel", None), "engine_id", None)
-    return None if engine is None else tag(engine, socket.gethostname())
+    return None if engine is None else tag_for(engine, socket.gethostname())
 
 
 @contextlib.contextmanager
@@ -62,7 +63,7 @@ def render(tag: str, exc: BaseException, tb) -> list[str]:
     """The tag, then `exc` with the frames from `tb` on, as this process's IPython formats a
     traceback (colours included, as ipyparallel's are); plain Python's format without IPython."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only in a shell
 
         shell = get_ipython()
     except ImportError:
@@ -70,7 +71,5 @@ def render(tag: str, exc: BaseException, tb) -> list[str]:
     if shell is not None:
         text = "\n".join(shell.InteractiveTB.structured_traceback(type(exc), exc, tb))
     else:
-        import traceback
-
         text = "".join(traceback.format_exception(type(exc), exc, tb))
     return [tag, *text.splitlines()]

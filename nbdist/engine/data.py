@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
+from itertools import islice
 from typing import Protocol
 
 import numpy as np
@@ -125,7 +126,7 @@ class TFDatasetAdapter(DataAdapter):
         return _has_class(value, "DatasetV2", "tensorflow")
 
     def batched(self, name: str, flag: str, model, finite: bool = False):
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only for tf.data input
 
         value = self.value
         spec = value.element_spec
@@ -148,7 +149,7 @@ class TFDatasetAdapter(DataAdapter):
                 else (value.batch(READ_BATCH), False))
 
     def infinite(self) -> bool:
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only for tf.data input
 
         return int(self.value.cardinality()) == int(tf.data.INFINITE_CARDINALITY)
 
@@ -165,7 +166,7 @@ class GeneratorFunctionAdapter(DataAdapter):
         return inspect.isgeneratorfunction(value)
 
     def batched(self, name: str, flag: str, model, finite: bool = False):
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only for streamed data
 
         first = next(iter(self.value()), None)
         if not (isinstance(first, tuple) and len(first) in (2, 3)):
@@ -224,8 +225,6 @@ class IteratorAdapter(DataAdapter):
         return hasattr(value, "__next__") and hasattr(value, "__iter__")
 
     def batches(self, steps: int | None):
-        from itertools import islice
-
         return islice(self.value, steps) if steps else self.value
 
 
@@ -291,7 +290,7 @@ class Loaded:
 
 def concat(parts: list):
     """Batches (tuples of arrays, or of nested structures of arrays) joined into one."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     return keras.tree.map_structure(lambda *a: np.concatenate(a), *parts)
 
@@ -306,7 +305,7 @@ def load(value: object, name: str, flag: str, model, limit: int | None, count: b
     `DataAdapter`) as arrays when it fits within `limit` bytes (None: no limit), else streamed
     (0: always streamed); `count` the samples of a streamed one. `take_batches`: only that many
     batches (`fit(steps_per_epoch=...)` on a repeating dataset)."""
-    import tensorflow as tf
+    import tensorflow as tf  # TensorFlow: only for streamed data
 
     batched, came_batched = data_adapter(value).batched(name, flag, model,
                                                         finite=take_batches is not None)

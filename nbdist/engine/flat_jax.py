@@ -19,7 +19,7 @@ class JaxFlatModel(StatelessFlatModel):
 
     def __init__(self, model):
         super().__init__(model)
-        import jax
+        import jax  # JAX: only on its backend
 
         parts = self.parts
         value_and_grad = jax.value_and_grad(parts.loss_of_values, has_aux=True)
@@ -46,7 +46,7 @@ class JaxFlatModel(StatelessFlatModel):
                                            sample_weight))
 
     def _hold(self, x, y, sample_weight) -> tuple:
-        import jax
+        import jax  # JAX: only on its backend
 
         return jax.device_put((x, y, sample_weight))
 

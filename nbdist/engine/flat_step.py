@@ -74,7 +74,7 @@ class StepParts:
         """(loss, grad, its norm, float non-trainable state after the step as one flat buffer,
         metric increments, new integer state) from a differentiated `loss`; `grad` is flat, or
         a list of the variables' gradients (JAX's), and is returned as it came."""
-        from keras import ops
+        from keras import ops  # Keras: after the cell picks its backend
 
         y_pred, nt_new, metrics_new = aux
         metrics = increments(self.model, loss, x, y, y_pred, sample_weight, after_loss=metrics_new)
@@ -96,7 +96,7 @@ class StepParts:
 
 def _split(flat, sizes: list[int], variables: list) -> list:
     """A flat tensor cut into the variables' shapes and dtypes (keras.ops: any backend)."""
-    from keras import ops
+    from keras import ops  # Keras: after the cell picks its backend
 
     if not sizes:
         return []
@@ -172,7 +172,7 @@ class StatelessFlatModel:
         loss, grad, _, nt_after = self.assign_and_gradients(params, non_trainable, x, y,
                                                             sample_weight)
         self.assign(params, nt_after)
-        from keras import ops
+        from keras import ops  # Keras: after the cell picks its backend
 
         offsets = np.cumsum([0, *self.parts.sizes])
         grads = [ops.convert_to_tensor(grad[a:b].reshape(v.shape), v.dtype)

@@ -41,7 +41,7 @@ class TensorFlowFlatModel:
     """
 
     def __init__(self, model):
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only on its backend
 
         self.model = model
         self.trainable, self.non_trainable = variables_of(model)
@@ -113,7 +113,7 @@ class TensorFlowFlatModel:
         so a step takes the batch's indices and gathers inside its one compiled call
         (`gradients_at`, `assign_and_gradients_at`): no host gather and no copy of the batch into
         TensorFlow per step."""
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only on its backend
 
         with tf.device("/CPU:0"):  # host memory, as model.fit's input pipeline keeps it
             xs, ys = tf.nest.map_structure(tf.convert_to_tensor, (x, y))
@@ -184,7 +184,7 @@ class TensorFlowFlatModel:
 
     def _make_local_step(self):
         """One compiled step with the cell's own optimizer (--local-steps)."""
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only on its backend
 
         model, trainable, optimizer = self.model, self.trainable, self.model.optimizer
 

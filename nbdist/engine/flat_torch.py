@@ -16,14 +16,14 @@ class TorchFlatModel(StatelessFlatModel):
 
     def __init__(self, model):
         super().__init__(model)
-        import torch
+        import torch  # PyTorch: only on its backend
 
         first = next(iter(model.variables), None)
         self.device = first.value.device if first is not None else torch.device("cpu")
 
     def _tensors(self, data):
-        import keras
-        import torch
+        import keras  # Keras: after the cell picks its backend
+        import torch  # PyTorch: only on its backend
 
         return keras.tree.map_structure(
             lambda a: None if a is None else torch.as_tensor(np.asarray(a), device=self.device),
@@ -36,15 +36,15 @@ class TorchFlatModel(StatelessFlatModel):
         return self._tensors((x, y, sample_weight))
 
     def _step_at(self, params, non_trainable, index) -> tuple:
-        import keras
-        import torch
+        import keras  # Keras: after the cell picks its backend
+        import torch  # PyTorch: only on its backend
 
         at = torch.as_tensor(index, device=self.device)
         x, y, sw = keras.tree.map_structure(lambda t: None if t is None else t[at], self._held)
         return self._compute(params, non_trainable, x, y, sw)
 
     def _compute(self, params, non_trainable, x, y, sw) -> tuple:
-        import torch
+        import torch  # PyTorch: only on its backend
 
         parts = self.parts
         flat = torch.tensor(params, dtype=torch.float32, device=self.device, requires_grad=True)

@@ -24,6 +24,9 @@ backend-neutral: `nbdist.engine.flat_layout`, which the steps and every mode imp
 
 from __future__ import annotations
 
+from nbdist.engine.flat_jax import JaxFlatModel
+from nbdist.engine.flat_tf import TensorFlowFlatModel
+from nbdist.engine.flat_torch import TorchFlatModel
 from nbdist.engine.keras_backend import backend_name
 
 
@@ -32,13 +35,7 @@ def FlatModel(model):  # noqa: N802 - callers construct it like the class it ret
     backend = backend_name()
     # each step imports its backend's framework: only the one this process runs is loaded
     if backend == "jax":
-        from nbdist.engine.flat_jax import JaxFlatModel
-
         return JaxFlatModel(model)
     if backend == "torch":
-        from nbdist.engine.flat_torch import TorchFlatModel
-
         return TorchFlatModel(model)
-    from nbdist.engine.flat_tf import TensorFlowFlatModel
-
     return TensorFlowFlatModel(model)

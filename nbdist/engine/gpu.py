@@ -57,7 +57,7 @@ def _device(nvml=None):
     """(nvml module, handle of this engine's GPU), or (None, None) when there is none."""
     if nvml is None:
         try:
-            import pynvml as nvml
+            import pynvml as nvml  # optional: GPU nodes (the gpu extra)
         except ImportError:  # no nvidia-ml-py: a CPU node
             return None, None
     try:

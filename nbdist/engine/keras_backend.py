@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.abc
+import importlib.util
 import os
 import sys
 from collections.abc import Callable, Iterator
@@ -36,7 +37,7 @@ BSP_THROUGH_HUB = "--mode async --algorithm ssp --staleness 0"
 
 def backend_name() -> str:
     """The Keras backend of this process ("tensorflow", "jax" or "torch"); imports Keras."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     return keras.backend.backend()
 
@@ -114,7 +115,7 @@ def configure_engine(backend: str, threads: int | None, local_rank: int) -> None
     if backend == "tensorflow":
         configure_tensorflow(threads, local_rank)
     elif backend == "torch":
-        import torch
+        import torch  # PyTorch: only on its backend
 
         if threads:
             torch.set_num_threads(threads)
@@ -135,7 +136,7 @@ def configure_tensorflow(threads: int | None, local_rank: int) -> None:
     """Thread budget and device pinning (one GPU per worker on a GPU node, chosen by local
     rank); must run before TensorFlow executes anything."""
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")  # no oneDNN/CPU-feature INFO lines
-    import tensorflow as tf
+    import tensorflow as tf  # TensorFlow: only on its backend
 
     try:
         if threads:
@@ -177,8 +178,6 @@ class _AfterImport(importlib.abc.MetaPathFinder):
     def find_spec(self, name, path, target=None):
         if name != "keras" or self.searching:
             return None
-        import importlib.util
-
         self.searching = True
         try:
             spec = importlib.util.find_spec(name)

@@ -27,6 +27,6 @@ def layers_where(model, wanted: Callable[[object], bool], wrappers: bool = False
 
 def recurrent_layers(model) -> list:
     """Every recurrent layer of `model` (LSTM, GRU, SimpleRNN, any keras.layers.RNN)."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     return layers_where(model, lambda layer: isinstance(layer, keras.layers.RNN), wrappers=True)

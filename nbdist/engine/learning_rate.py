@@ -20,6 +20,7 @@ REPLACED = "The run replaced the cell's"
 
 def schedule_name(optimizer) -> str | None:
     """The class name of the optimizer's learning-rate schedule, or None for a constant rate."""
+    # Keras: after the cell picks its backend
     from keras.optimizers.schedules import LearningRateSchedule
 
     rate = getattr(optimizer, "_learning_rate", None)
@@ -51,7 +52,7 @@ def set_constant_lr(optimizer, lr: float) -> str | None:
     if name is None:
         optimizer.learning_rate.assign(lr)
         return None
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     # not through the `learning_rate` setter, which refuses a number once a schedule is set;
     # untracked, so the optimizer's variables (and a checkpoint's slots) stay as they were

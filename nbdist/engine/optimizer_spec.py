@@ -66,7 +66,7 @@ def describe_optimizer(optimizer: Any, segments: list[int], variables: list | No
         >>> spec["class_name"], spec["config"]["clipnorm"], spec["segments"]
         ('Adam', 1.0, [6, 2])
     """
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     cls = type(optimizer)
     received = f"{cls.__module__}.{cls.__qualname__}"
@@ -186,7 +186,7 @@ def describe_constraints(variables: list) -> list[dict]:
         >>> entry["class_name"], entry["config"], entry["start"], entry["shape"]
         ('MaxNorm', {'max_value': 2.0, 'axis': 0}, 0, [3, 2])
     """
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     entries, start = [], 0
     for v in variables:
@@ -205,7 +205,7 @@ def describe_constraints(variables: list) -> list[dict]:
 
 
 def _custom_constraint(variable: Any, constraint: Any) -> UnsupportedOptimizerError:
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     cls = type(constraint)
     base = next((c for c in cls.__mro__[1:] if c.__name__ in SUPPORTED_CONSTRAINTS
@@ -244,7 +244,7 @@ def describe_schedule(schedule: Any) -> dict:
         >>> describe_schedule(schedule)["class_name"]
         'ExponentialDecay'
     """
-    from keras.optimizers import schedules
+    from keras.optimizers import schedules  # Keras: after the cell picks its backend
 
     cls = type(schedule)
     name = cls.__name__

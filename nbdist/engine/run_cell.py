@@ -16,9 +16,11 @@ preloaded, seed, num_samples, num_workers, worker, engine, threads, local_rank, 
 from __future__ import annotations
 
 import os
+import pickle
 import types
 from dataclasses import dataclass
 
+import cloudpickle
 import numpy as np
 
 from nbdist.engine.cell_traceback import cell_errors_shown, compile_cell, engine_tag
@@ -47,16 +49,12 @@ class ByValue:
 def portable(values: dict) -> dict:
     """Functions and classes defined in the notebook live in its `__main__`, which plain pickle
     only names, so an engine could not load them: pickle those by value (cloudpickle)."""
-    import cloudpickle
-
     return {k: ByValue(cloudpickle.dumps(v)) if isinstance(v, types.FunctionType | type)
             and v.__module__ == "__main__" else v for k, v in values.items()}
 
 
 def unpack(values: dict) -> dict:
     """The inverse of `portable` (on the engine)."""
-    import pickle
-
     return {k: pickle.loads(v.data) if isinstance(v, ByValue) else v  # noqa: S301 - from our own kernel, via ipyparallel
             for k, v in values.items()}
 
@@ -64,7 +62,7 @@ def unpack(values: dict) -> dict:
 def engine_namespace() -> dict:
     """The engine's interactive namespace (what `%px` cells see), or a fresh dict."""
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only in a shell
 
         shell = get_ipython()
     except ImportError:

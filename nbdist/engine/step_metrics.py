@@ -40,8 +40,8 @@ def increments(model, loss, x, y, y_pred, sample_weight=None, after_loss=None):
     code: call it inside the compiled step, after the loss). `after_loss`: the metric variables
     as `stateless_compute_loss` left them from zeros (per-output loss trackers updated); None
     recomputes the compiled loss in a stateless scope when the model has per-output trackers."""
-    import keras
-    from keras import ops
+    import keras  # Keras: after the cell picks its backend
+    from keras import ops  # Keras: after the cell picks its backend
 
     variables = list(model.metrics_variables)
     if not variables:
@@ -64,7 +64,7 @@ def increments(model, loss, x, y, y_pred, sample_weight=None, after_loss=None):
 
 def zero_metrics(model) -> list:
     """Zeros for every metric variable (the start of a step's update)."""
-    from keras import ops
+    from keras import ops  # Keras: after the cell picks its backend
 
     return [ops.zeros(v.shape, v.dtype) for v in model.metrics_variables]
 
