@@ -47,6 +47,9 @@ import threading
 import time
 from collections import Counter
 
+import zmq
+from zmq.utils import z85
+
 from nbdist.hub.protocol import mac
 
 HANDSHAKE_S = 3.0  # ZMQ_HANDSHAKE_IVL: a connection that has not authenticated by then is closed
@@ -75,9 +78,6 @@ def curve_keys(key: bytes) -> dict[str, bytes]:
     """The run's CurveZMQ key pairs, derived from its secret key (so no more secrets travel):
     one for the hubs (server) and one for their clients (workers, kernel). With --encrypt the
     gate admits only the client key."""
-    import zmq
-    from zmq.utils import z85
-
     keys = {}
     for role in ("server", "client"):
         secret = z85.encode(hashlib.blake2b(key, person=f"nbdist-{role}".encode()[:16],
@@ -137,8 +137,6 @@ class Gate:
 
     def __init__(self, ctx, key: bytes, limit: int, encrypt: bool = False, reserved: int = 0,
                  planned: frozenset[str] = frozenset()):
-        import zmq
-
         self.ctx, self.encrypt, self.id = ctx, encrypt, secrets.token_hex(8)
         self._key, self._spent = key, set()
         self.young = Young(limit, reserved=reserved)
@@ -146,8 +144,6 @@ class Gate:
         self._counts: Counter[str] = Counter()
         self._client_key = b""
         if encrypt:
-            from zmq.utils import z85
-
             keys = curve_keys(key)
             self._secret, self._client_key = (keys["server_secret"],
                                               z85.decode(keys["client_public"]))
@@ -168,8 +164,6 @@ class Gate:
     def guard(self, sock, frame_bytes: int) -> None:
         """Set up `sock` (not yet bound): frames of at most `frame_bytes`, the handshake deadline,
         PLAIN tokens or CurveZMQ checked here, and its accepts and closes watched."""
-        import zmq
-
         sock.setsockopt(zmq.MAXMSGSIZE, int(frame_bytes))
         sock.setsockopt(zmq.HANDSHAKE_IVL, int(HANDSHAKE_S * 1000))
         sock.setsockopt(zmq.ZAP_DOMAIN, b"nbdist")
@@ -192,8 +186,6 @@ class Gate:
     # -- the gate's thread ------------------------------------------------------------------
 
     def _run(self) -> None:
-        import zmq
-
         poller, monitors = zmq.Poller(), []
         poller.register(self._zap, zmq.POLLIN)
         try:
@@ -214,8 +206,6 @@ class Gate:
                 sock.close(0)
 
     def _events(self, monitor) -> None:
-        import zmq
-
         while True:
             try:
                 head, endpoint = monitor.recv_multipart(zmq.NOBLOCK)[:2]
@@ -241,8 +231,6 @@ class Gate:
         return bool(self.planned) and peer_address(fd) in self.planned
 
     def _requests(self) -> None:
-        import zmq
-
         while True:
             try:
                 request = self._zap.recv_multipart(zmq.NOBLOCK)

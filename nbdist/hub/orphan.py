@@ -24,6 +24,8 @@ from __future__ import annotations
 
 import logging
 
+from nbdist.checkpoint.folder import claimed
+from nbdist.checkpoint.store import save
 from nbdist.errors import NbdistError, TrainingError
 from nbdist.hub.export import shard_state
 from nbdist.wire.messages import Control, Shutdown, State
@@ -63,9 +65,6 @@ def save_last(hub) -> str | None:
     target = hub.spec.last_checkpoint
     if target is None:
         return None
-    from nbdist.checkpoint.folder import claimed
-    from nbdist.checkpoint.store import save
-
     folder = target["dir"]
     try:
         shards = [shard_state(hub.core)] + _other_states(hub)

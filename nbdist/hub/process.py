@@ -22,12 +22,13 @@ from typing import Any, BinaryIO
 
 import numpy as np
 
+from nbdist.core.coordinator import Plan
+
 PARENT_CHECK_S = 1.0
 
 
 def _classes() -> dict[str, type]:
-    from nbdist.core.coordinator import Plan
-    from nbdist.hub.server import HubSpec
+    from nbdist.hub.server import HubSpec  # as in main(): imported inside its try
 
     return {"HubSpec": HubSpec, "Plan": Plan}  # the only objects a spec is built of
 
@@ -124,7 +125,7 @@ def main() -> None:
     results = os.fdopen(os.dup(1), "w", buffering=1)
     os.dup2(2, 1)  # stray prints go to stderr, not into the result stream
     try:
-        from nbdist.hub.server import Hub
+        from nbdist.hub.server import Hub  # inside the try: a failed import reaches the engine
 
         spec = decode_spec(sys.stdin.buffer)
         hub = Hub(spec)

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable, Mapping
 from typing import NamedTuple
 
+import zmq
+
 from nbdist.cluster.netaddr import host_id
 from nbdist.errors import ProtocolError
 from nbdist.hub.gate import YOUNG_MARGIN, Gate, credentials, curve_keys
@@ -75,8 +77,6 @@ class Inbox:
     which on a busy small machine costs a worker's round trip more than the hub's work)."""
 
     def __init__(self, sock, listener, max_bytes: int, spin_s: float = 0.0):
-        import zmq
-
         self.sock, self.listener, self.max_bytes, self.spin_s = sock, listener, max_bytes, spin_s
         self._poller = zmq.Poller()
         self._poller.register(sock, zmq.POLLIN)
@@ -89,8 +89,6 @@ class Inbox:
         """(frames, reply address): the frames after ZeroMQ's routing id and that id, or a
         line's frames and the line. zmq.Again if nothing came within `timeout_ms`;
         ProtocolError for a message refused before its signature is read."""
-        import zmq
-
         while True:
             if not self._ready and self.spin_s:
                 self._ready = self._spin()
@@ -188,8 +186,6 @@ def server_socket(ctx, key: bytes, max_frame_bytes: int, encrypt: bool, kind: in
     TCP addresses of those peers' hosts) their share reserved for them: connections from
     elsewhere get YOUNG_MARGIN slots). Returns (socket, gate);
     pass `gate` to put a second socket of the same context behind it."""
-    import zmq
-
     sock = ctx.socket(zmq.ROUTER if kind is None else kind)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RCVHWM, RCVHWM)
@@ -251,8 +247,6 @@ def remove_socket_files(endpoints: Mapping, folder: str | None = None) -> None:
 def client_socket(ctx, endpoint: dict | str, key: bytes, kind: int):
     """A client socket for a bound socket's `endpoint` dict: CurveZMQ when it names a server
     key, else a one-time token for its gate (`nbdist.hub.gate.credentials`)."""
-    import zmq
-
     sock = ctx.socket(kind)
     sock.setsockopt(zmq.LINGER, 0)
     if isinstance(endpoint, dict) and endpoint.get("curve"):
