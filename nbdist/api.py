@@ -13,9 +13,17 @@ from __future__ import annotations
 import dataclasses
 import os
 
+from nbdist.algorithms import RULES
+from nbdist.checkpoint.store import load
 from nbdist.config import TrainConfig
+from nbdist.engine.cell_traceback import compile_cell
+from nbdist.engine.fit_call import fit_intercepted
+from nbdist.engine.keras_backend import when_imported
+from nbdist.env import check_all as check_switches
 from nbdist.errors import CheckpointError, ConfigError
+from nbdist.fit.launch import FitLauncher, Presenter, start_function
 from nbdist.flags import check_option_names
+from nbdist.job import prepare_job
 from nbdist.modes import check_cluster, mode_spec
 from nbdist.run.handle import Run
 
@@ -73,8 +81,6 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
     Example:
         >>> run = nbdist.resume("ckpt", CELL, cluster=cluster, wait=True)   # doctest: +SKIP
     """
-    from nbdist.checkpoint.store import load
-
     check_option_names(options)
     if cell is None and not trust_cell:  # before anything is read: a shared folder is not code
         raise CheckpointError(
@@ -105,8 +111,6 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     # (the hub optimizer's live rate, a set_lr included, comes back with its saved state)
     # rule options changed from their defaults (given, or set live) carry over; defaults that
     # depend on the number of workers (softsync's n, easgd's alpha) follow the new run's
-    from nbdist.algorithms import RULES
-
     defaults = RULES[shard0["rule"]].default_options(int(ckpt.meta.get("num_workers") or 1))
     saved["algo_options"] = {k: v for k, v in shard0["rule_options"].items()
                              if defaults.get(k) != v}
@@ -153,13 +157,6 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     """Run the cell in the kernel, then the mode's start (`nbdist.modes.MODES`) on the job it
     describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
     call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
-    from nbdist.engine.cell_traceback import compile_cell
-    from nbdist.engine.fit_call import fit_intercepted
-    from nbdist.engine.keras_backend import when_imported
-    from nbdist.env import check_all as check_switches
-    from nbdist.fit.launch import FitLauncher, Presenter, start_function
-    from nbdist.job import prepare_job
-
     check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
     ns = {} if namespace is None else namespace

@@ -19,10 +19,22 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from nbdist.algorithms import RULES, make_rule
+from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.algorithms.group import MAX_RATIO
+from nbdist.algorithms.momentum import correction_notice, worth_correcting
+from nbdist.algorithms.optimizers import initial_rate, momentum_setting
 from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.core.coordinator import Plan
+from nbdist.core.sharding import shard_bounds
+from nbdist.core.tail_average import tail_start
+from nbdist.engine.batchnorm import PRECISE_SAMPLES, batchnorm_layers, recompute_batchnorm
 from nbdist.engine.cell import CellContents, inspect_cell
+from nbdist.engine.flat_layout import layout, read_flat
+from nbdist.engine.keras_backend import kernel_backend
+from nbdist.engine.layer_search import recurrent_layers
+from nbdist.engine.learning_rate import check_lr, schedule_name
+from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
 from nbdist.errors import ConfigError
 
 if TYPE_CHECKING:
@@ -124,9 +136,6 @@ class Job:
     def momentum_worth_correcting(self) -> bool:
         """--momentum-correction's default for the cell's optimizer (`worth_correcting`: SGD
         with momentum at a large effective step)."""
-        from nbdist.algorithms.momentum import worth_correcting
-        from nbdist.algorithms.optimizers import initial_rate, momentum_setting
-
         setting = momentum_setting(self.optimizer) if self.optimizer is not None else None
         return setting is not None and worth_correcting(
             self.optimizer["class_name"], setting[1], initial_rate(self.optimizer))
@@ -134,9 +143,6 @@ class Job:
     def momentum_notices(self) -> list[str]:
         """How momentum compensation changes the cell's optimizer (nothing where it is off or
         the optimizer has no momentum)."""
-        from nbdist.algorithms.momentum import correction_notice
-        from nbdist.algorithms.optimizers import momentum_setting
-
         if not self.plan.momentum_correction or self.optimizer is None:
             return []
         setting = momentum_setting(self.optimizer)
@@ -164,10 +170,6 @@ class Job:
     def recurrent_notices(self) -> list[str]:
         """A measured gap no default closes yet, said at the start: a recurrent net trained
         with plain SGD by workers whose every push lands late."""
-        from nbdist.algorithms import RULES
-        from nbdist.algorithms.optimizers import momentum_setting
-        from nbdist.engine.layer_search import recurrent_layers  # Keras: once a run starts
-
         late = not RULES[self.config.algorithm.value].compensates_delay
         if (self.num_workers < 2 or not late or not self.config.momentum_correction_works
                 or self.optimizer is None or self.optimizer["class_name"] != "SGD"
@@ -186,8 +188,6 @@ class Job:
 
     def tail_notices(self) -> list[str]:
         """That the weights handed back average the run's tail (nothing where they don't)."""
-        from nbdist.core.tail_average import tail_start
-
         plan = self.plan
         if tail_start(plan.average_tail, plan.epochs, plan.num_samples) is None:
             return []
@@ -201,15 +201,11 @@ class Job:
         """Whether the kernel recomputes the model's BatchNorm statistics at the weights the run
         hands it (`settle_model`): --precise-bn, or by default in the modes that take it, for a
         model with BatchNormalization whose training data is in memory."""
-        from nbdist.engine.batchnorm import batchnorm_layers  # Keras: once a run starts
-
         return (self.config.precise_bn_wanted and self.contents.arrays is not None
                 and bool(batchnorm_layers(self.model)))
 
     def batchnorm_notices(self) -> list[str]:
         """What precise BatchNorm statistics change, or why they could not be had."""
-        from nbdist.engine.batchnorm import PRECISE_SAMPLES, batchnorm_layers
-
         if self.precise_bn:
             count = len(batchnorm_layers(self.model))
             rows = min(PRECISE_SAMPLES, self.contents.num_samples)
@@ -227,8 +223,6 @@ class Job:
 
     def settle_model(self, model) -> None:
         """Precise BatchNorm statistics for `model`, which holds the run's weights now."""
-        from nbdist.engine.batchnorm import recompute_batchnorm
-
         recompute_batchnorm(model, self.contents.arrays[0], self.config.batch_size)
 
     def checkpoint_info(self, run_id: str) -> dict:
@@ -247,8 +241,6 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
     touched (a CellError, ConfigError, CheckpointError, ... that says what to fix). `found`:
     what the fit call named where no flag overrides it (`inspect_cell`'s data, validation,
     model_name, take_batches)."""
-    from nbdist.engine.keras_backend import kernel_backend
-
     keras_backend = kernel_backend(config.mode.value)  # refuses a mode the backend cannot run
     contents = inspect_cell(cell, ns, config, **found)
     notes = [f"Keras backend: {keras_backend} (the kernel's; every worker runs the cell on it)"]
@@ -261,12 +253,6 @@ def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint
         # fit(dataset): the dataset's own batches are the model's batch, as in Keras
         fit = replace(fit, batch=contents.batch_hint)
         config = config.replace(batch_size=contents.batch_hint)
-    from nbdist.algorithms.constraints import constrained_ranges
-    from nbdist.core.sharding import shard_bounds
-    from nbdist.engine.flat_layout import layout, read_flat
-    from nbdist.engine.learning_rate import check_lr
-    from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
-
     model = contents.model
     shape = layout(model)
     # a resume keeps the saved rate
@@ -298,8 +284,6 @@ def cell_rate(optimizer) -> float:
 def workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
     """The rate the coordinator tells workers that own it (None: they keep their optimizer's
     own rate or schedule); unused when the hub owns the rate."""
-    from nbdist.engine.learning_rate import schedule_name
-
     if config.lr is None and schedule_name(cell_optimizer) is not None:
         return None
     return config.lr if config.lr is not None else cell_rate(cell_optimizer)
@@ -316,8 +300,6 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
             f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
             f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
         )
-    from nbdist.algorithms import make_rule
-
     algorithm = config.algorithm.value
     options = config.rule_options()
     rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers

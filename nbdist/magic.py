@@ -13,6 +13,7 @@ from IPython.core.error import UsageError
 from IPython.core.magic import Magics, cell_magic, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
 
+from nbdist.cluster.engines import Cluster
 from nbdist.errors import ConfigError, NoClusterError, UnsupportedOptimizerError
 from nbdist.flags import distribute_flags, given_options, misplaced, nbdist_flags
 
@@ -43,8 +44,6 @@ class NbdistMagics(Magics):
         --cluster-id ID | status | stop"""
         args = parse_argstring(self.nbdist, line)
         _check_applies(args)
-        from nbdist.cluster.engines import Cluster
-
         if args.action == "stop":
             stopped = self.cluster is not None or self.run is not None
             self.close()
@@ -80,7 +79,7 @@ class NbdistMagics(Magics):
     def distribute(self, line: str, cell: str):
         """Train the model this cell builds, distributed: %%distribute --workers 2 --epochs 2"""
         args = parse_argstring(self.distribute, line)
-        from nbdist.api import resume, train
+        from nbdist.api import resume, train  # the run's modules (pandas): not at %load_ext
 
         if self.run is not None and not self.run.ended():
             raise UsageError(f"The previous run is still {self.run.status}. Call "
@@ -147,13 +146,13 @@ class _MagicPresenter:
         self.magics.run = run
         self.magics.shell.user_ns[self.args.output] = run
         if not self.args.no_dashboard:
-            from nbdist.dashboard.widget import show
+            from nbdist.dashboard.widget import show  # pandas: not at %load_ext
 
             self.dashboard = show(run, top_k=self.args.top_k)
 
     def wait(self, run, on_tick) -> None:
         """Block until the run ends, the dashboard and its controls live meanwhile; raises the
         run's error if it failed."""
-        from nbdist.run.live_wait import wait_live
+        from nbdist.run.live_wait import wait_live  # pandas: not at %load_ext
 
         wait_live(run, self.dashboard, on_tick=on_tick)

@@ -47,7 +47,7 @@ class FitDriver:
     """Runs a fit call's callbacks on a running `Run` (see the module docstring)."""
 
     def __init__(self, run, job, *, show_progress: bool, first_epoch: int = 0):
-        import keras
+        import keras  # Keras: after the cell picks its backend
 
         self.run, self.job, self.fit = run, job, job.fit
         self.model = job.model  # the kernel's model: the callbacks' `self.model`
@@ -120,7 +120,7 @@ class FitDriver:
         """A worker stopped the run at a NaN or infinite loss: with `TerminateOnNaN` among the
         callbacks, that is how the fit ends (it prints and stops, as in Keras; the model keeps
         the last epoch's weights). Without it the error is raised from the fit call."""
-        import keras
+        import keras  # Keras: after the cell picks its backend
 
         if not isinstance(error, NonFiniteLossError) or not any(
                 isinstance(cb, keras.callbacks.TerminateOnNaN) for cb in self.callbacks.callbacks):
@@ -264,7 +264,7 @@ def _rate(optimizer) -> float:
 
 
 def _overrides(callback, method: str) -> bool:
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     own = getattr(type(callback), method, None)
     return own is not None and own is not getattr(keras.callbacks.Callback, method)
@@ -273,7 +273,7 @@ def _overrides(callback, method: str) -> bool:
 def epoch_line(epochs: int):
     """A callback printing one line per epoch, as Keras's `verbose=2` does (where there is no
     dashboard): `Epoch 2/15 - 4s - loss: 0.4211 - accuracy: 0.8512 - val_loss: ...`."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     class EpochLine(keras.callbacks.Callback):
         def on_epoch_begin(self, epoch, logs=None):

@@ -16,9 +16,16 @@ import io
 from collections.abc import Callable
 from dataclasses import replace
 
+from nbdist.core.schedule import EpochSchedule
 from nbdist.engine.fit_call import MODEL, RESERVED
+from nbdist.engine.fit_data import place
+from nbdist.engine.run_cell import run_until_fit, unpack
 from nbdist.errors import ConfigError, TrainingError
+from nbdist.fit.driver import FitDriver
+from nbdist.fit.plan import plan_fit
+from nbdist.job import prepare_job
 from nbdist.modes import mode_spec, refuse_fit_call
+from nbdist.run.live_wait import wait_live
 
 
 def start_function(mode: str) -> Callable:
@@ -40,8 +47,6 @@ class Presenter:
     def wait(self, run, on_tick) -> None:
         """Block until the run ends, calling `on_tick()` often from this (the main) thread;
         raises the run's error if it failed."""
-        from nbdist.run.live_wait import wait_live
-
         wait_live(run, None, on_tick=on_tick)  # without a kernel: a plain wait that ticks
 
 
@@ -58,10 +63,6 @@ class FitLauncher:
         self.run = None
 
     def on_fit(self, call):
-        from nbdist.engine.fit_data import place
-        from nbdist.fit.plan import plan_fit
-        from nbdist.job import prepare_job
-
         config = self.config
         self._check_model(call)
         placed = place(call, self.ns)
@@ -92,13 +93,9 @@ class FitLauncher:
             run.fit_call_returned(history)  # the monitor completes the run's Future now
 
     def _callbacks_on(self, run, job):
-        from nbdist.fit.driver import FitDriver
-
         self.presenter.started(run)
         first = 0
         if job.checkpoint is not None:  # resumed: the epochs go on where the checkpoint stood
-            from nbdist.core.schedule import EpochSchedule
-
             first = EpochSchedule.from_state(job.checkpoint.meta["schedule"]).first_unfinished_epoch
         driver = FitDriver(run, job, show_progress=not self.presenter.shows_dashboard,
                            first_epoch=first)
@@ -132,10 +129,8 @@ class FitLauncher:
     def _private_copy(self, job) -> dict:
         """The cell run again, up to its fit call, in a namespace of its own (its output
         hidden): the model the in-kernel workers train (--mode local, simulate)."""
-        from nbdist.engine.run_cell import run_until_fit, unpack
-
         if job.config.mode.value == "simulate":  # the same seed generators as the kernel's model
-            import keras
+            import keras  # Keras: after the cell picks its backend
 
             keras.utils.set_random_seed(job.config.seed)
         ns = unpack(dict(job.contents.pushed))

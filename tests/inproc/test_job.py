@@ -32,10 +32,17 @@ def test_sync_keeps_the_cells_optimizer_on_the_ranks():
 def test_the_kernel_reads_the_models_layout_once(monkeypatch):
     """It used to be read again for each use (three times in api._start, again in simulate)."""
     import nbdist.engine.flat_layout as flat_layout
+    from nbdist import job
 
     calls = []
     real = flat_layout.layout
-    monkeypatch.setattr(flat_layout, "layout", lambda model: calls.append(model) or real(model))
+
+    def counted(model):
+        calls.append(model)
+        return real(model)
+
+    for module in (flat_layout, job):  # each module that imports it
+        monkeypatch.setattr(module, "layout", counted)
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=2, epochs=1,
                        wait=True)
     assert run.status == "finished" and len(calls) == 1
