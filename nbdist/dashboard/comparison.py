@@ -234,7 +234,7 @@ def compare(*runs, metric: str = "accuracy", x: str = "time", labels: list[str] 
     Example:
         >>> nbdist.compare(asgd_run, dc_run, metric="loss", x="samples")   # doctest: +SKIP
     """
-    import plotly.graph_objects as go
+    import plotly.graph_objects as go  # plotly: heavy, only to draw
 
     fig = compare_figure(named_runs(runs, labels), metric, x, window=window)
     fig["layout"]["height"] = height

@@ -103,7 +103,7 @@ export default { render };
 
 def plotly_js_path() -> Path:
     """The plotly.js bundle the installed plotly package ships (what its offline HTML embeds)."""
-    import plotly
+    import plotly  # plotly: heavy, only to draw
 
     return Path(plotly.__file__).parent / "package_data" / "plotly.min.js"
 
@@ -123,7 +123,7 @@ _TEMPLATES: dict[str, dict] = {}
 def template(name: str) -> dict:
     """A plotly template by name, as the JSON plotly.js takes."""
     if name not in _TEMPLATES:
-        import plotly.io as pio
+        import plotly.io as pio  # plotly: heavy, only to draw
 
         _TEMPLATES[name] = pio.templates[name].to_plotly_json()
     return _TEMPLATES[name]

@@ -53,8 +53,8 @@ def report_html(*, history: pd.DataFrame | None, nodes: pd.DataFrame | None,
         ...                    delays=run.delays, events=run.events, title="run 1",
         ...                    summary=run.summary())                # doctest: +SKIP
     """
-    import plotly.io as pio
-    from plotly.offline import get_plotlyjs
+    import plotly.io as pio  # plotly: heavy, only to draw
+    from plotly.offline import get_plotlyjs  # plotly: heavy, only to draw
 
     figures = all_figures(history=history, nodes=nodes, timeline=timeline, delays=delays,
                           events=events, top_k=top_k, hubs=hubs)

@@ -57,12 +57,13 @@ def widgets_available() -> bool:
     if switch("NBDIST_DASHBOARD") == "text":
         return False
     try:
-        from IPython import get_ipython
+        from IPython import get_ipython  # IPython: only in a shell
 
         shell = get_ipython()
         if shell is None or getattr(shell, "kernel", None) is None:
             return False
         asyncio.get_running_loop()
+        # probes: are the widget packages there? (heavy: imported only for a dashboard)
         import anywidget  # noqa: F401
         import ipywidgets  # noqa: F401
         import plotly  # noqa: F401
@@ -85,7 +86,7 @@ def show(run, top_k: int | None = None) -> Dashboard | None:
 def show_status_line(run) -> None:
     """A one-line status under the cell, refreshed at most once a second (from the run's
     monitor thread, so it also moves while a cell blocks in `run.wait()`)."""
-    from IPython.display import Pretty, display
+    from IPython.display import Pretty, display  # IPython: only in a shell
 
     handle = display(Pretty(run.summary()), display_id=True)
     last = [0.0]
@@ -125,9 +126,9 @@ class Dashboard:
     """
 
     def __init__(self, run, *, top_k: int | None = None, refresh_s: float = REFRESH_S):
-        import ipywidgets as w
+        import ipywidgets as w  # ipywidgets: only for a dashboard
 
-        from nbdist.dashboard.plots import PlotPanel
+        from nbdist.dashboard.plots import PlotPanel  # anywidget, ipywidgets: only for a dashboard
 
         self.run = run
         self.refresh_s = refresh_s
@@ -202,7 +203,7 @@ class Dashboard:
     def display(self) -> None:
         """Display under the current cell and start refreshing; when the run ends, the text
         fallback of the display is brought up to date (what nbclient or a terminal keeps)."""
-        from IPython.display import display
+        from IPython.display import display  # IPython: only in a shell
 
         self._handle = display(self, display_id=True)
         self.run.state.listeners.append(self._on_run_event)
@@ -312,7 +313,7 @@ class Dashboard:
 
     def _make_sliders(self, nodes) -> None:
         """A slider for each worker that has none yet (all at first, then those added mid-run)."""
-        import ipywidgets as w
+        import ipywidgets as w  # ipywidgets: only for a dashboard
 
         first = not self.slowdown_sliders
         for worker in nodes["worker"][len(self.slowdown_sliders):]:

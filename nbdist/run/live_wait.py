@@ -41,6 +41,8 @@ import time
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
+import zmq
+
 if TYPE_CHECKING:
     from nbdist.dashboard.widget import Dashboard
     from nbdist.run.handle import Run
@@ -114,8 +116,7 @@ class ShellInbox:
     def attach(cls) -> ShellInbox | None:
         """The inbox of this process's ipykernel (>= 7), or None where there is none."""
         try:
-            import zmq
-            from IPython import get_ipython
+            from IPython import get_ipython  # IPython: only in a shell
         except ImportError:
             return None
         kernel = getattr(get_ipython(), "kernel", None)
@@ -137,8 +138,6 @@ class ShellInbox:
 
     def serve(self, timeout_s: float) -> None:
         """Wait up to `timeout_s` for messages, then take every one waiting."""
-        import zmq
-
         if not self.socket.poll(int(timeout_s * 1000), zmq.POLLIN):
             return
         while True:
@@ -165,8 +164,6 @@ class ShellInbox:
         loop's reader is woken only when a message reaches an empty socket (ZeroMQ's
         descriptor is edge-triggered, and the poll consumed the edge), so a message left
         there would keep the kernel from ever reading the shell again."""
-        import zmq
-
         with _ctrl_c_deferred():
             while True:
                 try:

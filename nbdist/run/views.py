@@ -8,6 +8,10 @@ from __future__ import annotations
 import pandas as pd
 
 from nbdist.core.stats import HISTORY_COLUMNS
+from nbdist.dashboard.comparison import compare as compare_runs
+from nbdist.dashboard.comparison import comparison_figures, named_runs
+from nbdist.dashboard.report import write_report
+from nbdist.dashboard.widget import Dashboard
 from nbdist.run.state import RunState
 
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
@@ -102,9 +106,6 @@ class RunViews:
         Example:
             >>> run.wait().report("out/run.html", compare=[other_run])   # doctest: +SKIP
         """
-        from nbdist.dashboard.comparison import comparison_figures, named_runs
-        from nbdist.dashboard.report import write_report
-
         extra = comparison_figures(named_runs((self, *compare), None)) if compare else None
         return write_report(path, history=self.history, nodes=self.nodes, timeline=self.timeline,
                             delays=self.delays, events=self.events,
@@ -118,9 +119,7 @@ class RunViews:
         Example:
             >>> asgd_run.compare(dc_run, metric="loss", x="samples")   # doctest: +SKIP
         """
-        from nbdist.dashboard.comparison import compare
-
-        return compare(self, *others, metric=metric, x=x, **kwargs)
+        return compare_runs(self, *others, metric=metric, x=x, **kwargs)
 
     def dashboard(self, top_k: int | None = None):
         """The live dashboard (plots and controls) of this run, for display in a notebook;
@@ -130,8 +129,6 @@ class RunViews:
             >>> run = nbdist.train(cell, cluster=cluster, epochs=5)   # doctest: +SKIP
             >>> run.dashboard(top_k=4)                                # doctest: +SKIP
         """
-        from nbdist.dashboard.widget import Dashboard
-
         return Dashboard(self, top_k=top_k)
 
     # -- display ----------------------------------------------------------------------------
