@@ -282,7 +282,7 @@ def load_digits() -> Splits:
         ((1500, 8, 8), (297, 8, 8))
     """
     try:
-        from sklearn.datasets import load_digits as sklearn_load_digits
+        from sklearn.datasets import load_digits as sklearn_load_digits  # scikit-learn: optional
     except ImportError as exc:
         raise DependencyError(
             f"load_digits needs scikit-learn, which could not be imported ({exc}). Install it "

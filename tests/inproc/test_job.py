@@ -33,6 +33,7 @@ def test_the_kernel_reads_the_models_layout_once(monkeypatch):
     """It used to be read again for each use (three times in api._start, again in simulate)."""
     import nbdist.engine.flat_layout as flat_layout
     from nbdist import job
+    from nbdist.modes.common import worker
 
     calls = []
     real = flat_layout.layout
@@ -41,7 +42,7 @@ def test_the_kernel_reads_the_models_layout_once(monkeypatch):
         calls.append(model)
         return real(model)
 
-    for module in (flat_layout, job):  # each module that imports it
+    for module in (flat_layout, job, worker):  # each module that imports it
         monkeypatch.setattr(module, "layout", counted)
     run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=2, epochs=1,
                        wait=True)

@@ -14,15 +14,18 @@ import threading
 import time
 from dataclasses import replace
 
+from nbdist.cluster import affinity
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host
 from nbdist.cluster.engines import Cluster, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address, peer_addresses
 from nbdist.errors import ClusterError, ConfigError, UnreachableHostError
+from nbdist.hub.launch import join_hub, running_hubs, start_hub
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import JOIN_MIN_S, EngineBackend, get_started
 from nbdist.modes.common.hub_weights import HubShardWeights
 from nbdist.modes.common.worker import WorkerSpec, run_worker
 from nbdist.run.backend import Backend
+from nbdist.run.takeover import TAKEN
 
 log = logging.getLogger(__name__)
 PING_S = 5.0  # an engine that does not run a trivial task this fast is dead, or busy
@@ -31,8 +34,6 @@ PING_S = 5.0  # an engine that does not run a trivial task this fast is dead, or
 def pin_hub_engine(place: tuple[int, int, int] | None) -> None:
     """On a hub's engine, before the hub starts: its cores under --pin auto
     (nbdist.cluster.affinity), or back to all of them."""
-    from nbdist.cluster import affinity
-
     if place is None:
         affinity.unpin_process()
     else:
@@ -65,8 +66,6 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         self._hub_specs: list[HubSpec] = []  # shard -> the spec it started with
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
-        from nbdist.hub.launch import start_hub
-
         self._run_id = specs[0].run_id
         client = self.cluster.client
         encrypt = getattr(self.cluster, "encrypt", False)
@@ -92,9 +91,6 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         restore) on a free engine, or the engine of the run's last worker (written off), then
         every worker still in the run again towards it (see `Backend.take_over_shards`); None
         when each of them still serves after all."""
-        from nbdist.hub.launch import start_hub
-        from nbdist.run.takeover import TAKEN
-
         restores = {s: r for s, r in restores.items() if not self._hub_alive(s)}
         if not restores:  # silent, but serving: slow, not lost
             return None
@@ -135,8 +131,6 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
     def _hub_alive(self, shard: int) -> bool:
         """Whether hub shard `shard`'s engine answers and says its hub still serves (a shard
         that did not answer the kernel may only be slow: a loaded host)."""
-        from nbdist.hub.launch import running_hubs
-
         engine = self.server_engines[shard]
         if engine not in self.cluster.client.ids:  # its engine is gone (the controller knows)
             return False
@@ -256,8 +250,6 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
     def finish(self, timeout: float) -> None:
         """Wait for the worker tasks (interrupting those still running at `timeout`), then join
         the hub shards, each within what is left of `timeout` (JOIN_MIN_S at least)."""
-        from nbdist.hub.launch import join_hub
-
         deadline = time.monotonic() + timeout
         self._wait_workers(timeout)
         client = self.cluster.client

@@ -14,8 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import time
+from dataclasses import replace
 
-from nbdist.cluster.affinity import cores_per_host, may_spin
+from nbdist.cluster.affinity import cores_per_host, may_spin, worker_threads
 from nbdist.cluster.engines import ENGINE_TIMEOUT_S, Cluster, assign_roles, get_within
 from nbdist.errors import EngineTimeoutError, RemoteCellError, from_engine
 from nbdist.run.backend import returned
@@ -68,8 +69,6 @@ class EngineBackend:
     def threads_for(self, engine: int, workers_here: int) -> int:
         """TensorFlow threads for a worker on `engine` beside `workers_here` workers (itself
         included): the cores its host's hub shards leave, shared."""
-        from nbdist.cluster.affinity import worker_threads
-
         hubs = sum(self.hosts[s] == self.hosts[engine] for s in self.roles.servers)
         return worker_threads(self.host_cores(engine), hubs, workers_here)
 
@@ -174,8 +173,6 @@ class EngineBackend:
     def relaunch(self, worker: int, **changes) -> None:
         """Start worker `worker`'s task again on its engine, with `changes` to its spec (new
         hub endpoints); its earlier task's end no longer counts."""
-        from dataclasses import replace
-
         engine, fn, spec = self._launched[worker]
         self._interrupted.discard(worker)
         self._written_off.pop(worker, None)

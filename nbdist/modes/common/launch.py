@@ -13,6 +13,9 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.algorithms.constraints import constrained_ranges
+from nbdist.checkpoint.folder import FolderLock
+from nbdist.checkpoint.store import prepare_dir
 from nbdist.core.liveness import lease_term
 from nbdist.core.sharding import shard_bounds
 from nbdist.engine.run_cell import portable
@@ -27,16 +30,12 @@ from nbdist.run.handle import Run
 def prepare_checkpoint_dir(job: Job) -> None:
     """Check (and create) --checkpoint-dir before any engine is used."""
     if job.config.checkpoint_dir is not None:
-        from nbdist.checkpoint.store import prepare_dir
-
         prepare_dir(job.config.checkpoint_dir)
 
 
 def hub_specs(base: HubSpec, params: np.ndarray, num_shards: int) -> list[HubSpec]:
     """One spec per shard, each with its slice (no constrained variable cut); non-trainable
     state lives on shard 0."""
-    from nbdist.algorithms.constraints import constrained_ranges
-
     empty = np.zeros(0, dtype=np.float32)
     bounds = shard_bounds(params.size, num_shards, whole=constrained_ranges(base.constraints))
     return [replace(base, shard=i, num_shards=num_shards, params=params[lo:hi].copy(), offset=lo,
@@ -107,8 +106,6 @@ def hold_checkpoint_dir(job: Job, run_id: str):
     CheckpointError if another run holds it."""
     if job.config.checkpoint_dir is None:
         return None
-    from nbdist.checkpoint.folder import FolderLock
-
     return FolderLock(job.config.checkpoint_dir, run_id)
 
 

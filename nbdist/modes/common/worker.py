@@ -16,9 +16,14 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from nbdist.algorithms.easgd import elastic_exchange
+from nbdist.cluster import affinity
 from nbdist.engine.evaluate import check_finite, evaluate
+from nbdist.engine.flat_layout import layout, write_rng_state
+from nbdist.engine.flatmodel import FlatModel
 from nbdist.engine.run_cell import run_cell
 from nbdist.errors import CellError
+from nbdist.hub.client import WorkerTransport
 from nbdist.modes.common.courier import Courier, WayChooser
 from nbdist.modes.common.courier import wanted as courier_wanted
 from nbdist.wire.messages import Chunk, EvalJob, EvalResult, Reply, Step
@@ -81,10 +86,6 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     """Train on the hub's chunks until done; returns this worker's totals."""
     spec = pin_worker(spec)
     model, data, validation = run_cell(spec, namespace)
-    from nbdist.engine.flat_layout import layout
-    from nbdist.engine.flatmodel import FlatModel
-    from nbdist.hub.client import WorkerTransport
-
     if layout(model) != spec.layout:
         raise CellError(
             f"The model built on engine {spec.engine} differs from the kernel's "
@@ -106,8 +107,6 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         else:
             flat.assign_and_gradients(*flat.read(), *data.head(size))
     if spec.rng_state is not None:  # after the traced steps, which drew masks
-        from nbdist.engine.flat_layout import write_rng_state
-
         write_rng_state(model, spec.rng_state, spec.worker)
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size, spec.transport,
                                 spec.timeout, spec.engine, compression=spec.compression,
@@ -121,8 +120,6 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
 def pin_worker(spec):
     """--pin auto: this engine's threads on the worker's cores, TensorFlow's intra-op threads
     as many as those cores (before TensorFlow starts); otherwise undo an earlier run's pin."""
-    from nbdist.cluster import affinity
-
     if spec.pin is None:
         affinity.unpin_process()
         return spec
@@ -275,8 +272,6 @@ class _AsyncLoop:
         np.subtract(nt_local, self._nt_model, out=t.nt_delta)
         t1 = time.perf_counter()
         if self.spec.easgd_alpha:
-            from nbdist.algorithms.easgd import elastic_exchange
-
             # read the center x~ (not into the model)
             pulled = t.step(Step(self.spec.worker, pull=True))
             if pulled.eval is not None:  # a validation job is for the hub's weights: the center

@@ -109,7 +109,7 @@ def op_weights(op) -> list:
 
 
 def _steps(model) -> tuple[list[Step], list[int], list[int]]:
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     functional = (getattr(model, "_functional", None) if isinstance(model, keras.Sequential)
                   else model)
@@ -136,7 +136,7 @@ def _steps(model) -> tuple[list[Step], list[int], list[int]]:
 
 def call_step(step: Step, values: dict, training: bool):
     """Run one step on computed tensors (`values`: tensor id -> value), recording its outputs."""
-    from keras import tree
+    from keras import tree  # Keras: after the cell picks its backend
 
     if step.node is None:
         args, kwargs = (values[step.inputs[0]],), {}
@@ -160,7 +160,7 @@ class StageModel:
         self.trainable = [v for op in self.ops for v in getattr(op, "trainable_variables", [])]
 
     def forward(self, inputs: list, training: bool = True) -> list:
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only where a stage runs
 
         values = dict(zip(self.in_ids, inputs, strict=True))
         for step in self.graph.steps[self.start:self.end]:

@@ -11,6 +11,8 @@ from __future__ import annotations
 import threading
 from collections import Counter
 
+import zmq
+
 from nbdist.errors import ProtocolError
 from nbdist.hub.gate import curve_keys
 from nbdist.hub.protocol import Codec, send_frames
@@ -26,8 +28,6 @@ class KernelLink:
     are what the stages connect to."""
 
     def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
-        import zmq
-
         self.codec = Codec(key, "kernel", run_id)
         self._sending = threading.Lock()  # one PUB socket, several threads
         self.stages = stages

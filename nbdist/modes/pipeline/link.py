@@ -55,6 +55,7 @@ from collections import Counter, deque
 from dataclasses import replace
 
 import numpy as np
+import zmq
 
 from nbdist.cluster.netaddr import host_id
 from nbdist.core.liveness import LEASE_GAP_S, LEASE_MARGIN_S, Lease, RunningClock, lease_term
@@ -143,8 +144,6 @@ class StageLink:
     def __init__(self, key: bytes, run_id: str, stage: int, bind_host: str, timeout: float,
                  limits: tuple[int, int], transport: str = "auto", slots: int = 8,
                  encrypt: bool = False):
-        import zmq
-
         self.stage, self.timeout = stage, timeout
         # the kernel's lease on the run (messages.Alive renews it; nbdist.core.liveness)
         self._lease_clock = RunningClock(max_step_s=LEASE_GAP_S)
@@ -196,8 +195,6 @@ class StageLink:
         gives it) and to the kernel's report socket; a SUB socket on the kernel's control socket
         (`report` and `control` as `kernel_link.KernelLink` gives them). The kernel's lease
         starts now: preparing the other stages may have taken long."""
-        import zmq
-
         self.lease = Lease(self.lease.term_s, self.lease_time())
         for name, info in neighbours.items():
             host = info.get("host")
@@ -233,8 +230,6 @@ class StageLink:
         `wait=False` (an ack): sent only if there is room now, else dropped and counted; a
         neighbour that has finished reads no more, and waiting for it held a stage until its
         timeout at the end of a run."""
-        import zmq
-
         if self._dials[to].lost():
             self._redial(to)
         try:
@@ -265,8 +260,6 @@ class StageLink:
 
     def _redial(self, to: str) -> None:
         """A new socket to `to` (fresh credentials), and the latest messages sent again."""
-        import zmq
-
         self.peers[to] = self._dials[to].redial()
         for frames in self._recent[to].frames:
             try:
@@ -344,8 +337,6 @@ class StageLink:
     def wait(self, *keys: tuple) -> tuple[tuple, Wire, list]:
         """The first of `keys` to arrive (kind, step, micro-batch): (key, message, arrays). Fails
         with the neighbour named when nothing comes for `timeout` seconds."""
-        import zmq
-
         deadline = time.monotonic() + self.timeout
         poller = sub = None
         while True:
@@ -381,8 +372,6 @@ class StageLink:
 
     def check_control(self) -> None:
         """Read what the kernel sent without waiting: stop (finish the step) or abort (raise)."""
-        import zmq
-
         while self.sub.poll(0):
             try:
                 msg = self.codec.decode(self.sub.recv_multipart(copy=False, flags=zmq.NOBLOCK))

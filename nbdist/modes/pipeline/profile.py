@@ -12,8 +12,15 @@ from __future__ import annotations
 import time
 
 import numpy as np
+import zmq
 
+from nbdist.engine.flat_layout import ensure_built, write_flat
+from nbdist.engine.run_cell import execute_cell
 from nbdist.errors import TrainingError
+from nbdist.hub.protocol import new_key
+from nbdist.hub.wire import client_socket, server_socket
+from nbdist.modes.pipeline.graph import Graph, call_step, op_weights
+from nbdist.modes.pipeline.stage import StageSpec, stage_data
 
 REPEATS = 5
 PROBE_TIMEOUT_S = 30.0  # the bandwidth probe's longest wait for one message
@@ -22,9 +29,7 @@ PROBE_TIMEOUT_S = 30.0  # the bandwidth probe's longest wait for one message
 def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
     """Per step: name, forward_s, backward_s, params; per cut: the live bytes and elements after
     each step (the elements bound a gradient message, float32 where a tensor is not a float)."""
-    import tensorflow as tf
-
-    from nbdist.modes.pipeline.graph import call_step, op_weights
+    import tensorflow as tf  # TensorFlow: only to profile
 
     values = {t: tf.convert_to_tensor(v)
               for t, v in zip(graph.inputs, _as_list(x_micro), strict=True)}
@@ -75,11 +80,6 @@ def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1
     gate like every socket nbdist binds (`nbdist.hub.gate`, a key of its own): a peer without
     it never gets in (before, the first peer to connect took the PAIR socket and the probe
     waited forever), and no wait is longer than `timeout` (TrainingError)."""
-    import zmq
-
-    from nbdist.hub.protocol import new_key
-    from nbdist.hub.wire import client_socket, server_socket
-
     key = new_key()
     ctx = zmq.Context()
     a, gate = server_socket(ctx, key, nbytes + 1024, False, kind=zmq.PAIR, peers=1)
@@ -124,9 +124,6 @@ def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1
 def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1") -> dict:
     """The profile of `model` at the micro-batch `x_micro`, and the link; plain data (it comes
     back from an engine)."""
-    from nbdist.engine.flat_layout import ensure_built
-    from nbdist.modes.pipeline.graph import Graph
-
     ensure_built(model, x_micro[:2] if not isinstance(x_micro, (list, tuple))
                  else [x[:2] for x in x_micro])
     result = profile_graph(Graph(model), x_micro, repeats)
@@ -138,17 +135,11 @@ def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1
 def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: tuple,
                       initial: tuple, micro_batch: int, threads: int | None) -> dict:
     """`profile_model` on an engine: run the cell there, take the first micro-batch of inputs."""
-    from nbdist.engine.flat_layout import write_flat
-    from nbdist.engine.run_cell import execute_cell
-    from nbdist.modes.pipeline.stage import StageSpec, stage_data
-
     ns = execute_cell(source, pushed, threads)
     model = ns[model_name]
     spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name,
                      data, None, initial)
     x, _, _ = stage_data(ns, spec, model)
-    from nbdist.engine.flat_layout import ensure_built
-
     ensure_built(model, x[:2])
     write_flat(model, *initial)
     return profile_model(model, x[:micro_batch])

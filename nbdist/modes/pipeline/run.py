@@ -6,6 +6,9 @@ from __future__ import annotations
 
 import pandas as pd
 
+from nbdist.dashboard.comparison import comparison_figures, named_runs
+from nbdist.dashboard.pipeline import pipeline_figure, pipeline_summary
+from nbdist.dashboard.report import write_report
 from nbdist.run.handle import Run
 
 
@@ -53,16 +56,12 @@ class PipelineRun(Run):
         stage sent (`messages`), and what each stage refused (`dropped`, per stage, by reason:
         messages that failed the limits, the MAC, a replay or the checks, and connections refused
         or cut at its gate) and what the kernel refused (`kernel_dropped`)."""
-        from nbdist.dashboard.pipeline import pipeline_summary
-
         info = self._pipeline_info()
         return pipeline_summary(info, self.config.stages, self.config.micro_batches)
 
     def pipeline_figure(self) -> dict:
         """The timeline of the latest complete step: forward, backward, update and idle per
         stage."""
-        from nbdist.dashboard.pipeline import pipeline_figure
-
         info = self._pipeline_info()
         last = info["steps"][-1]["ops"] if info.get("steps") else {}
         return pipeline_figure(last, self.config.stages, self.config.micro_batches, self.pipeline)
@@ -70,9 +69,6 @@ class PipelineRun(Run):
     def report(self, path: str = "nbdist-report.html", top_k: int | None = None,
                compare: list | None = None):
         """The HTML report (see `Run.report`) with the pipeline timeline and bubble added."""
-        from nbdist.dashboard.comparison import comparison_figures, named_runs
-        from nbdist.dashboard.report import write_report
-
         extra = {"pipeline timeline": self.pipeline_figure()}
         if compare:
             extra.update(comparison_figures(named_runs((self, *compare), None)))

@@ -13,11 +13,15 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
 
 import numpy as np
 
+from nbdist.engine.flat_layout import read_flat
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
 from nbdist.modes.pipeline.messages import Abort, Alive, EvalDone, Ops, StepDone, Stop, Totals
+from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
 from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
@@ -189,8 +193,6 @@ class PipelineBackend(Backend):
         socket), then start each one connected to its neighbours. A failed start discards the
         stages it prepared."""
         specs = base
-        from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
-
         extra = {} if self.cluster is not None else {"namespace": self.namespace}
         link = self.control.link
         try:
@@ -216,8 +218,6 @@ class PipelineBackend(Backend):
         """Run `fn` for `stage`: an ipyparallel AsyncResult, or a thread's future."""
         if self.cluster is not None:
             return self.cluster.client[self.engines[stage]].apply_async(fn, *args, **kwargs)
-        from concurrent.futures import ThreadPoolExecutor
-
         pool = ThreadPoolExecutor(1, thread_name_prefix=f"nbdist-stage-{stage}")
         future = pool.submit(fn, *args, **kwargs)
         pool.shutdown(wait=False)
@@ -268,8 +268,6 @@ class PipelineBackend(Backend):
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
         """The stages' weights now: in this kernel they train the kernel's own layers; on
         engines they cannot be asked while they train, so this refuses, saying so."""
-        from nbdist.engine.flat_layout import read_flat
-
         if self.cluster is None:
             return read_flat(self.model)
         raise ConfigError(
@@ -279,8 +277,6 @@ class PipelineBackend(Backend):
             "them when the run has ended (run.model), or train with --mode async, local or sync.")
 
     def final_params(self, control):
-        from nbdist.engine.flat_layout import read_flat
-
         for task in self.tasks:
             result = task.get(60)
             if self.cluster is not None:  # in process the stages trained the kernel's own layers
@@ -343,6 +339,4 @@ class _Future:
         return self.future.result(timeout)
 
     def wait(self, timeout: float | None = None) -> None:
-        from concurrent.futures import wait
-
-        wait([self.future], timeout)
+        wait_futures([self.future], timeout)

@@ -17,7 +17,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from nbdist.core.partition import schedule
+from nbdist.core.schedule import epoch_permutation
+from nbdist.engine.data import load, validation_arrays
+from nbdist.engine.flat_layout import ensure_built, write_flat
+from nbdist.engine.run_cell import execute_cell
 from nbdist.errors import CellError, DataError
+from nbdist.modes.pipeline.graph import Graph, StageModel
+from nbdist.modes.pipeline.link import StageLink
 from nbdist.modes.pipeline.messages import (
     Backward,
     End,
@@ -68,8 +74,6 @@ class StageSpec:
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
     """Build this stage and bind its socket; returns what its neighbours need to reach it (the
     endpoint, and the host, for shared memory between stages on one host)."""
-    from nbdist.engine.run_cell import execute_cell
-
     ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
@@ -95,8 +99,6 @@ def discard_stage(run_id: str, stage: int) -> None:
 
 def stage_data(ns: dict, spec: StageSpec, model) -> tuple:
     """(x, y, validation) as the cell defines them on this engine."""
-    from nbdist.engine.data import load, validation_arrays
-
     missing = [n for n in (spec.model_name, *spec.data, *(spec.validation or ())) if n not in ns]
     if missing:
         raise CellError(f"On engine {spec.engine} the cell did not define {', '.join(missing)}. "
@@ -116,10 +118,6 @@ class Stage:
     """A stage's model, optimizer, data and link, and its training loop."""
 
     def __init__(self, spec: StageSpec, ns: dict):
-        from nbdist.engine.flat_layout import ensure_built, write_flat
-        from nbdist.modes.pipeline.graph import Graph, StageModel
-        from nbdist.modes.pipeline.link import StageLink
-
         self.spec = spec
         model = ns[spec.model_name]
         x, y, self.validation = stage_data(ns, spec, model)
@@ -148,7 +146,7 @@ class Stage:
                               slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
 
     def _build_functions(self) -> None:
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only where a stage runs
 
         sub, model = self.sub, self.model
 
@@ -171,8 +169,6 @@ class Stage:
     # -- the loop ---------------------------------------------------------------------------
 
     def run(self) -> dict:
-        from nbdist.core.schedule import epoch_permutation
-
         spec = self.spec
         n, b = spec.num_samples, spec.batch_size
         step, started = 0, time.time()
@@ -210,7 +206,7 @@ class Stage:
         return True
 
     def _train_step(self, step: int, epoch: int, micro: list) -> None:
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only where a stage runs
 
         spec, link, s = self.spec, self.link, self.spec.stage
         m, total = len(micro), sum(len(i) for i in micro)
@@ -275,7 +271,7 @@ class Stage:
 
     def _validate(self, step: int, epoch: int, train_metrics: dict) -> None:
         """Validation batches forward through the stages; the last one reports the metrics."""
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only where a stage runs
 
         spec, link, s = self.spec, self.link, self.spec.stage
         if self.validation is None:
@@ -321,7 +317,7 @@ def _prediction(model, outs: list):
     """The model's output structure from the last cut's tensors."""
     if len(outs) == 1:
         return outs[0]
-    from keras import tree
+    from keras import tree  # Keras: after the cell picks its backend
 
     functional = getattr(model, "_functional", None) or model
     return tree.pack_sequence_as(functional._outputs_struct, outs)  # noqa: SLF001

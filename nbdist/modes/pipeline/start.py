@@ -12,10 +12,25 @@ from __future__ import annotations
 import math
 import os
 import uuid
+from collections import Counter
 
 import pandas as pd
 
+from nbdist.cluster.affinity import cores_per_host
+from nbdist.cluster.netaddr import hub_address, kernel_address
+from nbdist.core.partition import METHODS, check_stages, partition
+from nbdist.engine.flat_layout import ensure_built, read_flat, write_flat
+from nbdist.engine.run_cell import portable
 from nbdist.errors import ConfigError, DataError, NoClusterError, TrainingError
+from nbdist.hub.protocol import new_key
+from nbdist.modes.common.engine_backend import get_started
+from nbdist.modes.pipeline.checks import message_limits
+from nbdist.modes.pipeline.graph import Graph
+from nbdist.modes.pipeline.kernel_link import KernelLink
+from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
+from nbdist.modes.pipeline.run import PipelineRun, partition_frame
+from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
+from nbdist.modes.pipeline.stage import VALIDATION_BATCH, StageSpec
 
 
 def start(job, *, cluster=None, wait: bool = False):
@@ -28,17 +43,6 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                  warnings: list[str], in_process: bool = False):
     """Start a pipeline run of the cell's model (already run in the kernel: `contents`);
     `in_process`: the stages as threads of this kernel (tests), no cluster."""
-    from nbdist.core.partition import METHODS, check_stages, partition
-    from nbdist.engine.flat_layout import ensure_built, read_flat, write_flat
-    from nbdist.hub.protocol import new_key
-    from nbdist.modes.pipeline.checks import message_limits
-    from nbdist.modes.pipeline.graph import Graph
-    from nbdist.modes.pipeline.kernel_link import KernelLink
-    from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
-    from nbdist.modes.pipeline.run import PipelineRun, partition_frame
-    from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
-    from nbdist.modes.pipeline.stage import StageSpec
-
     if cluster is None and not in_process:
         raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no "
                              f"cluster. Start one with %nbdist start {config.stages} (or "
@@ -73,8 +77,6 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     local_ranks = _local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
     if cluster is not None:
-        from nbdist.modes.common.engine_backend import get_started
-
         measured = get_started(cluster.client[engines[0]].apply_async(
             profile_on_engine, cell, pushed, contents.model_name, contents.data, initial,
             micro_size, threads[0]),
@@ -148,8 +150,6 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
 def _message_samples(batch_size: int, x, validation_arrays) -> float:
     """Samples in the largest message between stages (a validation batch), counted in training
     samples: scaled up where a validation sample is larger than a training one."""
-    from nbdist.modes.pipeline.stage import VALIDATION_BATCH
-
     samples = max(VALIDATION_BATCH, batch_size)
     xv = validation_arrays[0] if validation_arrays else None
     if getattr(xv, "shape", None) is not None and getattr(x, "shape", None) is not None:
@@ -158,8 +158,6 @@ def _message_samples(batch_size: int, x, validation_arrays) -> float:
 
 
 def _portable(pushed: dict) -> dict:
-    from nbdist.engine.run_cell import portable
-
     return portable(pushed)
 
 
@@ -167,10 +165,6 @@ def _stage_threads(nets: dict | None, engines: list) -> list[int]:
     """TensorFlow threads per stage: the cores of its host (as its engines report them, see
     nbdist.cluster.affinity.cores_per_host) shared by the stages there; stages that are threads
     of this kernel (`nets` None) share its cores."""
-    from collections import Counter
-
-    from nbdist.cluster.affinity import cores_per_host
-
     if nets is None:
         return [max(1, (os.cpu_count() or 1) // len(engines))] * len(engines)
     hosts = [nets[e].hostname for e in engines]
@@ -186,13 +180,9 @@ def _local_ranks(nets: dict | None, engines: list) -> list[int]:
 
 
 def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:
-    from nbdist.cluster.netaddr import hub_address
-
     peers = [*nets.values(), cluster.kernel_network()]
     return [hub_address(nets[e], peers) for e in engines]
 
 
 def _kernel_host(cluster, nets: dict) -> str:
-    from nbdist.cluster.netaddr import kernel_address
-
     return kernel_address(cluster.kernel_network(), list(nets.values()))

@@ -17,13 +17,24 @@ before the next step. The numbers are rounded to two digits, so passing them bac
 
 from __future__ import annotations
 
+import socket
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from nbdist.core.coordinator import Plan
 from nbdist.core.simclock import CostModel, fit_cost, round2
 from nbdist.engine.data import num_rows, take
+from nbdist.engine.flat_layout import ensure_built, read_flat
+from nbdist.engine.flatmodel import FlatModel
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.hub.launch import join_hub, start_hub
+from nbdist.hub.protocol import new_key
+from nbdist.hub.server import HubSpec
+from nbdist.wire.messages import Step
 
 REPEATS = 10  # at least this many timed calls per batch size, and at least MIN_TIMED_S of them;
 MIN_TIMED_S = 0.3  # the fastest is kept: on a busy machine the others include waiting for a
@@ -81,16 +92,6 @@ def step_points(flat, params: np.ndarray, non_trainable: np.ndarray, x, y, batch
 
 def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
     """Fastest seconds of one push+pull of `size` floats through a real hub (TCP loopback)."""
-    import uuid
-
-    from nbdist.core.coordinator import Plan
-    from nbdist.hub.client import WorkerTransport
-    from nbdist.hub.control import HubControl
-    from nbdist.hub.launch import join_hub, start_hub
-    from nbdist.hub.protocol import new_key
-    from nbdist.hub.server import HubSpec
-    from nbdist.wire.messages import Step
-
     key, run_id = new_key(), f"calib-{uuid.uuid4().hex[:8]}"
     plan = Plan(num_workers=1, num_samples=10**12, epochs=1, batch_size=32, lr=0.0,
                 has_validation=False)
@@ -127,18 +128,13 @@ def hub_round_trip(size: int, trips: int = ROUND_TRIPS) -> float:
 
 def measure(flat, params, non_trainable, x, y, batch: int) -> dict:
     """Both measurements, where this runs (the kernel or an engine)."""
-    import socket
-
     return {"points": step_points(flat, params, non_trainable, x, y, batch),
             "round_trip": hub_round_trip(int(params.size)), "host": socket.gethostname()}
 
 
 def measure_on_engine(model_json: str, weights: list, loss, x, y, batch: int) -> dict:
     """Engine side: rebuild the cell's model from its JSON and weights, then `measure`."""
-    import keras
-
-    from nbdist.engine.flat_layout import ensure_built, read_flat
-    from nbdist.engine.flatmodel import FlatModel
+    import keras  # Keras: after the cell picks its backend
 
     model = keras.models.model_from_json(model_json)
     model.compile(optimizer=keras.optimizers.SGD(0.0), loss=loss)

@@ -35,6 +35,7 @@ from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
 from nbdist.modes.common.worker import step_metrics
+from nbdist.modes.simulate.calibrate import calibrate
 from nbdist.wire.messages import Chunk, Control, EvalResult, Hello, Reply, Step
 
 ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
@@ -122,8 +123,6 @@ class Simulation:
 
     def calibrate(self, batch: int, cluster=None) -> CostModel:
         """Measure the model's step and the hub's round trip (`calibrate.py`); use the fit."""
-        from nbdist.modes.simulate.calibrate import calibrate
-
         found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.data.x,
                           self.data.y, batch, self.options.jitter, cluster)
         self.cost = found.cost

@@ -12,9 +12,12 @@ import numpy as np
 
 from nbdist.core.simclock import sim_options
 from nbdist.engine.data import ArraySource, as_float32
+from nbdist.engine.flat_layout import ensure_built
+from nbdist.engine.flatmodel import FlatModel
 from nbdist.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nbdist.job import Job
 from nbdist.modes.common.launch import begin_run
+from nbdist.modes.simulate.calibrate import describe
 from nbdist.modes.simulate.simulation import Simulation
 from nbdist.run.backend import Backend
 from nbdist.run.handle import Run
@@ -27,8 +30,6 @@ _FLAT_CACHE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def flat_model(model, layout: dict):
     """The model's `FlatModel`, reused while the model keeps this `layout`."""
-    from nbdist.engine.flatmodel import FlatModel
-
     cached = _FLAT_CACHE.get(model)
     if cached is None or cached[0] != layout:
         cached = _FLAT_CACHE[model] = (layout, FlatModel(model))
@@ -48,8 +49,6 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     data = ArraySource(as_float32(x), y, contents.num_samples, config.seed, sw,
                        shuffle=fit.shuffle if fit is not None else True, epoch_size=job.epoch_size)
     job = job.for_workers(config.workers or len(config.slowdown))
-    from nbdist.engine.flat_layout import ensure_built
-
     # the compiled metrics' variables, as every worker builds them (a fit call's private copy has
     # none yet)
     ensure_built(job.trainer_model, *data.head(2))
@@ -58,8 +57,6 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                             data, contents.validation_arrays if fit is None else None, job.params,
                             job.non_trainable, options, config.seed, job.optimizer, job.constraints)
     if options.calibrate:
-        from nbdist.modes.simulate.calibrate import describe
-
         simulation.calibrate(config.batch_size, cluster)
         job = replace(job, contents=replace(contents, notes=[*contents.notes,
                                                              describe(simulation.calibration)]))

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.checkpoint.sync_state import fresh_state
 from nbdist.cluster.engines import get_within
 from nbdist.cluster.netaddr import kernel_address
 from nbdist.errors import (
@@ -30,7 +31,9 @@ from nbdist.errors import (
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import EngineBackend
 from nbdist.modes.common.kernel_hub import KernelHubs
+from nbdist.modes.sync.network import preflight
 from nbdist.modes.sync.rank import SyncSpec, run_sync_worker
+from nbdist.modes.sync.rendezvous import signed_rendezvous
 from nbdist.run.backend import Backend
 
 RESULT_WAIT_S = 60  # for a rank's returned weights, once training has ended
@@ -40,7 +43,7 @@ GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of h
 def require_horovod() -> None:
     """Raise a DependencyError that says how to install Horovod if it is missing."""
     try:
-        import horovod.tensorflow  # noqa: F401
+        import horovod.tensorflow  # a probe; Horovod: only for --mode sync  # noqa: F401
     except ImportError as exc:
         raise DependencyError(
             f"--mode sync needs Horovod with TensorFlow support, which is not importable ({exc}). "
@@ -52,8 +55,6 @@ def check_ranks(client, specs: list) -> None:
     """Every rank's network checks (`nbdist.modes.sync.network.preflight`) on its engine, before
     any rank starts: a refusal is raised here, in the kernel, and no engine is left waiting in
     Gloo's rendezvous for a rank that will not come (it would abort them)."""
-    from nbdist.modes.sync.network import preflight
-
     pending = [(s.engine, client[s.engine].apply_async(preflight, s.env)) for s in specs]
     for engine, ar in pending:
         refused = get_within(ar, engine, "the --mode sync check of its network")
@@ -111,9 +112,8 @@ class SyncBackend(EngineBackend, Backend):
         return kernel_address(self.kernel_net, [self.nets[w] for w in self.roles.workers])
 
     def start_workers(self, base: SyncSpec) -> None:
+        # Horovod: only for --mode sync
         from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-
-        from nbdist.modes.sync.rendezvous import signed_rendezvous
 
         engines = list(self.roles.workers)
         hosts: dict[str, list[int]] = {}
@@ -164,8 +164,6 @@ class SyncBackend(EngineBackend, Backend):
     def checkpoint_state(self, control, final: bool) -> list:
         """Rank 0's weights, optimizer slots and data position (see
         nbdist.checkpoint.sync_state)."""
-        from nbdist.checkpoint.sync_state import fresh_state
-
         return fresh_state(control, final, ended=self._tasks[0].ready)
 
     def failure(self) -> Exception | None:
@@ -214,8 +212,6 @@ class SyncBackend(EngineBackend, Backend):
         """Rank 0's weights now: it sends its state between two steps when asked, as for a
         checkpoint (nbdist.checkpoint.sync_state); once its task has returned (the last
         epoch ended), the weights it returned."""
-        from nbdist.checkpoint.sync_state import fresh_state
-
         rank0 = self._tasks[0]
         if not rank0.ready():
             try:

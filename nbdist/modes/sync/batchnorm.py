@@ -36,7 +36,7 @@ from nbdist.errors import DependencyError
 def batchnorm_layers(model) -> list:
     """Every BatchNormalization layer in `model`, nested sub-models included, in a fixed order
     (the same on every rank, since every rank runs the same cell)."""
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     return [layer for layer in model._flatten_layers(include_self=False, recursive=True)  # noqa: SLF001
             if isinstance(layer, keras.layers.BatchNormalization)]
@@ -51,7 +51,7 @@ class SyncBatchNorm:
     """
 
     def __init__(self, model, hvd):
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only where a rank runs
 
         self.layers = batchnorm_layers(model)
         self.share = tf.Variable(1.0, trainable=False, dtype=tf.float32, name="nbdist_batch_share")
@@ -73,14 +73,14 @@ class SyncBatchNorm:
 
 
 def keras_version() -> str:
-    import keras
+    import keras  # Keras: after the cell picks its backend
 
     return keras.__version__
 
 
 def _global_moments(layer, index: int, hvd, share):
     """A replacement for `layer._moments(inputs, mask)`: the global batch's mean and variance."""
-    import tensorflow as tf
+    import tensorflow as tf  # TensorFlow: only where a rank runs
 
     name = f"nbdist_batchnorm_{index}"
 

@@ -11,6 +11,7 @@ interface (`hostname_refusal`), or Gloo aborts the engines of every rank.
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import json
 import os
@@ -54,8 +55,6 @@ def horovod_build(folder: str | None = None) -> str:
     is patch level p1 with Gloo collectives, from the metadata.json scripts/build_horovod.sh
     writes; "" for any other build, or none."""
     if folder is None:
-        import importlib.util
-
         spec = importlib.util.find_spec("horovod")  # the bare package: no TensorFlow imported
         folder = (next(iter(spec.submodule_search_locations or []), None) if spec is not None
                   else None)

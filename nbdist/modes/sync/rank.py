@@ -24,8 +24,15 @@ import numpy as np
 
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.engine.evaluate import check_finite, evaluate
+from nbdist.engine.flat_layout import write_flat
+from nbdist.engine.flatmodel import FlatModel
+from nbdist.engine.learning_rate import schedule_name, set_constant_lr
 from nbdist.engine.run_cell import run_cell
+from nbdist.hub.client import WorkerTransport
 from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
+from nbdist.modes.sync.batchnorm import SyncBatchNorm, batchnorm_layers
+from nbdist.modes.sync.network import rank_network
+from nbdist.modes.sync.rendezvous import RendezvousRelay
 from nbdist.wire.messages import EvalResult, Report, ReportReply
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
@@ -51,14 +58,11 @@ class SyncSpec(WorkerSpec):
 
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     """One Horovod rank: train in lockstep with the others; returns the final weights."""
-    from nbdist.modes.sync.network import rank_network
-    from nbdist.modes.sync.rendezvous import RendezvousRelay
-
     env = rank_network(spec.env or {})
     os.environ.update(env)
     spec = pin_worker(spec)  # --pin auto: each rank on its own cores of the host
     model, data, validation = run_cell(spec, namespace)
-    import horovod.tensorflow as hvd
+    import horovod.tensorflow as hvd  # Horovod: only where a rank runs
 
     with RendezvousRelay(spec.key, spec.run_id, str(spec.worker), env) as relay:
         os.environ.update(relay.horovod_env())  # Horovod's client signs nothing: the relay does
@@ -73,11 +77,7 @@ class _SyncLoop:
     """The per-rank training loop; see the module docstring."""
 
     def __init__(self, spec: SyncSpec, hvd, model, data, validation):
-        import tensorflow as tf
-
-        from nbdist.engine.flat_layout import write_flat
-        from nbdist.engine.flatmodel import FlatModel
-        from nbdist.hub.client import WorkerTransport
+        import tensorflow as tf  # TensorFlow: only where a rank runs
 
         self.spec, self.hvd, self.model, self.data, self.validation = (spec, hvd, model, data,
                                                                        validation)
@@ -106,11 +106,8 @@ class _SyncLoop:
         # (epoch, samples of it done); last request served
         self.position, self.sent = self.start[:2], 0
         self.batchnorm = None
-        if spec.sync_batchnorm and self.size > 1:
-            from nbdist.modes.sync.batchnorm import SyncBatchNorm, batchnorm_layers
-
-            if batchnorm_layers(model):
-                self.batchnorm = SyncBatchNorm(model, hvd)
+        if spec.sync_batchnorm and self.size > 1 and batchnorm_layers(model):
+            self.batchnorm = SyncBatchNorm(model, hvd)
         self._allreduce_apply = self._compile_allreduce_apply()
         self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
                                          spec.engine)
@@ -119,15 +116,13 @@ class _SyncLoop:
         self.control[2] = spec.lr
         self.control[CONTROL_FIELDS:] = spec.batch_size
         self.lr = float(self.control[2])  # as float32, as it comes back from the allreduce
-        from nbdist.engine.learning_rate import schedule_name
-
         if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
             # --lr (or run.set_lr) wins over the cell's rate
             optimizer.learning_rate.assign(spec.lr)
 
     def _compile_allreduce_apply(self):
         """The compiled step that allreduces the weighted gradient and applies it."""
-        import tensorflow as tf
+        import tensorflow as tf  # TensorFlow: only where a rank runs
 
         hvd, optimizer, trainable = self.hvd, self.model.optimizer, self.model.trainable_variables
         sizes = [int(np.prod(v.shape)) for v in trainable]
@@ -245,8 +240,6 @@ class _SyncLoop:
     def _follow_lr(self) -> None:
         """Every rank switches rate at the same step: the new rate came in the allreduce."""
         if float(self.control[2]) != self.lr:
-            from nbdist.engine.learning_rate import set_constant_lr
-
             self.lr = float(self.control[2])
             if set_constant_lr(self.model.optimizer, self.lr) is not None:  # the schedule is gone
                 self._allreduce_apply = self._compile_allreduce_apply()

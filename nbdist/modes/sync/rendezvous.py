@@ -161,6 +161,7 @@ def signed_rendezvous(address: tuple[str, int], key: bytes, run_id: str):
     requests of run `run_id` signed with `key`'s rendezvous key. Call `init(plan)` and
     `serve_forever()` on it as on Horovod's; `rejected` counts what it refused, by reason
     (`too slow`: cut at its deadline; `crowded`: cut to make room, see the module docstring)."""
+    # Horovod: only for --mode sync
     from horovod.runner.http.http_server import RendezvousHandler, RendezvousHTTPServer
 
     class SignedHandler(SignedHandlerMixin, RendezvousHandler):

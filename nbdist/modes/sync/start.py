@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from nbdist.checkpoint.sync_state import check_optimizer, resume_fields
+from nbdist.fit.plan import sync_batches
 from nbdist.job import Job, cell_rate
 from nbdist.modes.common.launch import prepare_checkpoint_dir, start_through_hubs
 from nbdist.modes.sync.backend import SyncBackend, plaintext_note
@@ -14,16 +16,12 @@ from nbdist.run.handle import Run
 
 def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     """Start the ranks of `job` on `cluster`'s worker engines."""
-    from nbdist.checkpoint.sync_state import check_optimizer, resume_fields
-
     config, ckpt = job.config, job.checkpoint
     if ckpt is not None:  # the saved slots must fit the cell's optimizer, before any engine is used
         check_optimizer(ckpt, job.model)
     prepare_checkpoint_dir(job)
     backend = SyncBackend(cluster, config.workers, config.checkpoint_dir, pin=config.pin == "auto")
     if job.fit is not None and job.fit.split_batch:  # the ranks share the cell's fit batch
-        from nbdist.fit.plan import sync_batches
-
         each, warning = sync_batches(job.fit.batch, backend.num_workers)
         config = config.replace(batch_size=each)
         job = replace(job, config=config, warnings=[*job.warnings, *([warning] if warning else [])])
