@@ -156,7 +156,8 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
            ckpt=None, *, given: dict | None = None, presenter=None) -> Run:
     """Run the cell in the kernel, then the mode's start (`nbdist.modes.MODES`) on the job it
     describes. A cell that reaches its own `model.fit(...)` call is trained from inside that
-    call (`nbdist.fit.launch`), and its Run is returned once the whole cell has run."""
+    call (`nbdist.fit.launch`; one run per call), and the last call's Run is returned once the
+    whole cell has run."""
     check_switches()  # a malformed NBDIST_* switch is refused here, not on an engine
     check_cluster(config.mode, cluster)  # before the cell runs
     ns = {} if namespace is None else namespace

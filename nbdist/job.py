@@ -230,7 +230,8 @@ class Job:
         return {"run_id": run_id, "config": self.config.to_dict(), "cell": self.cell,
                 "model_name": self.model_name, "layout": self.layout,
                 "num_samples": self.contents.num_samples, "num_workers": self.num_workers,
-                "resumed_from": self.checkpoint.path if self.checkpoint is not None else None}
+                "resumed_from": self.checkpoint.path if self.checkpoint is not None else None,
+                "fit_call": self.fit.ordinal if self.fit is not None else 0}
 
 
 def prepare_job(cell: str, config: TrainConfig, ns: dict, checkpoint: Checkpoint | None = None, *,

@@ -10,6 +10,9 @@ import socket
 import time
 from collections.abc import Callable
 
+import numpy as np
+import pytest
+
 # -- waiting for events -------------------------------------------------------------------------
 
 
@@ -506,3 +509,46 @@ def assert_seed_sets_order(train) -> None:
     a, again, b = (first_step_losses(train(seed)) for seed in (1, 1, 2))
     assert max(abs(x - y) for x, y in zip(a, again, strict=True)) < 1e-6, (a, again)
     assert max(abs(x - y) for x, y in zip(a, b, strict=True)) > 1e-4, (a, b)
+
+# keras.io's transfer-learning guide, its data and base made small: train the top with the base
+# frozen, then unfreeze the base, compile again with a low rate, and fit again (two fit calls)
+TRANSFER_CELL = '''
+import numpy as np
+import keras
+from nbdist.datasets import make_synthetic
+(x_train, y_train), (x_test, y_test) = make_synthetic(n=1200, shape=(8,), classes=3, seed=1)
+base_model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                               keras.layers.Dense(16, activation="relu")], name="base")
+base_model.trainable = False
+inputs = keras.Input((8,))
+x = base_model(inputs, training=False)
+outputs = keras.layers.Dense(3, activation="softmax")(x)
+model = keras.Model(inputs, outputs)
+model.compile(optimizer=keras.optimizers.Adam(), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+base_before = [w.copy() for w in base_model.get_weights()]
+top = model.fit(x_train, y_train, epochs=4, batch_size=16, validation_split=0.1)
+base_after_top = [w.copy() for w in base_model.get_weights()]
+top_score = model.evaluate(x_test, y_test, verbose=0)
+base_model.trainable = True
+model.compile(optimizer=keras.optimizers.Adam(1e-3), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+tuned = model.fit(x_train, y_train, epochs=2, batch_size=16, validation_split=0.1)
+score = model.evaluate(x_test, y_test, verbose=0)
+'''
+
+
+def check_transfer_cell(ns: dict) -> None:
+    """The two phases of TRANSFER_CELL as Keras would train them: each call's History, the base
+    untouched by the first and trained by the second, the second compile's optimizer kept."""
+    assert ns["top"].epoch == [0, 1, 2, 3] and ns["tuned"].epoch == [0, 1]
+    assert set(ns["top"].history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
+    assert len(ns["tuned"].history["loss"]) == 2
+    for before, after in zip(ns["base_before"], ns["base_after_top"], strict=True):
+        np.testing.assert_array_equal(before, after)  # frozen in the first phase
+    # fit: 0.51 after the first phase (chance 0.33), 0.95 after the second (seed 0)
+    assert ns["top_score"][1] > 0.42  # the code between the calls ran on the trained weights
+    tuned = ns["base_model"].get_weights()
+    assert any(np.abs(a - b).max() > 1e-6 for a, b in zip(ns["base_after_top"], tuned, strict=True))
+    assert float(ns["model"].optimizer.learning_rate) == pytest.approx(1e-3)
+    assert ns["score"][1] > 0.85

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 
 from nbdist.engine.keras_backend import when_imported
@@ -179,11 +179,6 @@ def fit_intercepted(on_fit: Callable[[FitCall], object]) -> Iterator[list[FitCal
 
     def fit(model, *args, **kwargs):
         call = FitCall.bind(model, args, kwargs)
-        if calls:
-            raise CellError(
-                "The cell calls model.fit() a second time. A %%distribute cell trains once: its "
-                "fit call is the run's specification. Put each training phase (e.g. a frozen base, "
-                "then fine-tuning) in its own %%distribute cell.")
         calls.append(call)
         return on_fit(call)
 
@@ -210,14 +205,42 @@ def fit_intercepted(on_fit: Callable[[FitCall], object]) -> Iterator[list[FitCal
                 setattr(saved["class"], name, original)
 
 
-def stop_at_fit(namespace: dict, key: str) -> Callable[[FitCall], object]:
-    """The engines' `on_fit`: keep the call in `namespace[key]` and stop the cell there."""
+def stop_at_fit(namespace: dict, key: str,
+                earlier: Sequence[dict] = ()) -> Callable[[FitCall], object]:
+    """The engines' `on_fit`: keep the call in `namespace[key]` and stop the cell there. A cell
+    with several fit calls trains one run per call: the calls before this run's (`earlier`,
+    `earlier_fit` of what each returned in the kernel) are answered with their History, without
+    training, so the cell's code between them runs as it did in the kernel."""
+    answers = list(earlier)
 
     def on_fit(call: FitCall) -> object:
+        if answers:
+            return answered_fit(call.model, answers.pop(0))
         namespace[key] = call
         raise FitReached
 
     return on_fit
+
+
+def earlier_fit(history) -> dict:
+    """What an engine needs to answer one of the cell's earlier fit calls as the kernel's run
+    did: its History's epochs, logs and params, as plain values (they travel with the run)."""
+    return {"epoch": [int(e) for e in history.epoch],
+            "history": {k: [float(v) for v in values] for k, values in history.history.items()},
+            "params": dict(history.params or {})}
+
+
+def answered_fit(model, earlier: dict):
+    """A Keras `History` holding `earlier` (`earlier_fit`), set on `model` as `fit` sets it."""
+    import keras  # Keras: after the cell picks its backend
+
+    history = keras.callbacks.History()
+    history.set_model(model)
+    history.set_params(dict(earlier["params"]))
+    history.epoch = list(earlier["epoch"])
+    history.history = {k: list(v) for k, v in earlier["history"].items()}
+    model.history = history
+    return history
 
 
 # Names under which a fit call's data and model are kept in a namespace (kernel and engines

@@ -90,11 +90,13 @@ def execute_cell(source: str | None, pushed: dict, threads: int | None, local_ra
 
 def run_until_fit(source: str, ns: dict):
     """Run the cell in `ns` up to its `model.fit(...)` call, if it makes one (nothing trains:
-    `nbdist.engine.fit_call`), and put what the call names into `ns` (`fit_data.place`).
+    `nbdist.engine.fit_call`; with several, up to this run's, the earlier ones answered as
+    `ns[EARLIER_FITS]` says), and put what the call names into `ns` (`fit_data.place`).
     Returns the placed `FitData`, or None for a cell without a fit call. On an engine, an
     error of the cell shows the cell's own lines, tagged with the engine and its host
     (`nbdist.engine.cell_traceback`)."""
-    with fit_intercepted(stop_at_fit(ns, FIT_KEY)), cell_errors_shown(engine_tag()):
+    earlier = ns.pop(EARLIER_FITS, ())  # the cell's fit calls before this run's
+    with fit_intercepted(stop_at_fit(ns, FIT_KEY, earlier)), cell_errors_shown(engine_tag()):
         try:
             exec(compile_cell(source), ns)  # noqa: S102 - the user's own cell
         except FitReached:
@@ -107,6 +109,9 @@ def run_until_fit(source: str, ns: dict):
 
 
 FIT_KEY = "_nbdist_fit_call"  # where an engine keeps the cell's fit call until it is placed
+# what the cell's earlier fit calls returned in the kernel (`earlier_fit`), sent with a run of a
+# later one: the engines answer those calls with it and stop at the run's own
+EARLIER_FITS = "_nbdist_earlier_fits"
 
 
 def run_cell(spec, namespace: dict | None = None) -> tuple:

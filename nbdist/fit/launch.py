@@ -17,9 +17,9 @@ from collections.abc import Callable
 from dataclasses import replace
 
 from nbdist.core.schedule import EpochSchedule
-from nbdist.engine.fit_call import MODEL, RESERVED
+from nbdist.engine.fit_call import MODEL, RESERVED, answered_fit, earlier_fit
 from nbdist.engine.fit_data import place
-from nbdist.engine.run_cell import run_until_fit, unpack
+from nbdist.engine.run_cell import EARLIER_FITS, run_until_fit, unpack
 from nbdist.errors import ConfigError, TrainingError
 from nbdist.fit.driver import FitDriver
 from nbdist.fit.plan import plan_fit
@@ -60,19 +60,39 @@ class FitLauncher:
         # the mode's start(job, cluster=, wait=) -> Run (nbdist.modes, via the api)
         self.start = start
         self.presenter = presenter or Presenter()
-        self.run = None
+        self.run = None  # the latest run: one per fit call the cell makes
+        self.earlier: list[dict] = []  # what each fit call returned so far (`earlier_fit`)
 
     def on_fit(self, call):
+        ordinal = len(self.earlier)  # which of the cell's fit calls this is (0: the first)
+        resumes = self._resumed_call()
+        if ordinal < resumes:  # --resume continues a later call: this one trained before
+            history = answered_fit(call.model, {"epoch": [], "history": {}, "params": {}})
+            print(f"nbdist: the cell's fit call {ordinal + 1} does not train again: --resume "
+                  f"continues its fit call {resumes + 1} from {self.checkpoint.path}.")
+            self.earlier.append(earlier_fit(history))
+            return history
+        history = self._train(call, ordinal, self.checkpoint if ordinal == resumes else None)
+        self.earlier.append(earlier_fit(history))
+        return history
+
+    def _train(self, call, ordinal: int, checkpoint):
+        """One distributed run for the cell's fit call number `ordinal` (from 0); its History."""
         config = self.config
         self._check_model(call)
         placed = place(call, self.ns)
         try:
             spec, options, notes = plan_fit(call, placed, self.given, config.mode.value)
+            spec = replace(spec, ordinal=ordinal)
             config = config.replace(**options)
             refuse_fit_call(config.mode)
-            job = prepare_job(self.cell, config, self.ns, self.checkpoint, fit=spec,
+            job = prepare_job(self.cell, config, self.ns, checkpoint, fit=spec,
                               **self._found(placed))
-            job = replace(job, contents=replace(job.contents, notes=[*job.contents.notes, *notes]),
+            pushed = dict(job.contents.pushed)
+            if self.earlier:  # the engines answer the earlier calls and stop at this one
+                pushed[EARLIER_FITS] = list(self.earlier)
+            job = replace(job, contents=replace(job.contents, pushed=pushed,
+                                                notes=[*job.contents.notes, *notes]),
                           warnings=[*job.warnings, *([placed.warning] if placed.warning else [])])
             if mode_spec(config.mode).in_kernel:  # the workers must not train the kernel's model
                 job = replace(job, trainer_namespace=self._private_copy(job))
@@ -81,6 +101,12 @@ class FitLauncher:
         finally:
             for name in RESERVED:
                 self.ns.pop(name, None)  # the cell's own names stay; nbdist's go
+
+    def _resumed_call(self) -> int:
+        """Which fit call of the cell --resume continues (its checkpoint says; 0 without one)."""
+        if self.checkpoint is None:
+            return 0
+        return int(self.checkpoint.meta.get("fit_call", 0))
 
     def _drive(self, run, job):
         """Show and wait for `run`, driving the callbacks; returns the History, which is also

@@ -32,6 +32,7 @@ class FitSpec:
     batch: int  # the model's batch: samples per step as the call counts them
     split_batch: bool  # --mode sync: the ranks share `batch` (no --batch-size flag)
     epoch_size: int | None  # samples per epoch when fewer than a pass (steps_per_epoch)
+    ordinal: int = 0  # which of the cell's fit calls (0: the first): one run for each
 
     @property
     def passes(self) -> int:

@@ -9,6 +9,7 @@ import io
 import pytest
 
 import nbdist
+from tests.helpers import TRANSFER_CELL, check_transfer_cell
 from tests.tutorial_cells import FIT_CELLS, fit_baseline, trained_by_keras
 
 TOLERANCE = 0.03
@@ -42,3 +43,21 @@ def test_the_cell_trains_distributed_as_its_fit_call_says(cluster, name, mode):
     if mode == "sync" and name != "early-stopping":  # each rank takes half of the call's batch
         assert run.config.batch_size * 2 == {"keras-io-convnet": 128, "two-in-two-out": 32,
                                              "maxnorm": 64, "class-weighted": 64}[name]
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_two_fit_calls_train_as_two_runs_as_the_transfer_learning_guide_writes_them(cluster,
+                                                                                     mode):
+    """keras.io's transfer-learning guide (its data and base made small): the top with the base
+    frozen, then the whole model compiled again at a low rate. One run for each call; the
+    engines answer the first call with its History and stop at the second."""
+    import keras
+
+    keras.utils.set_random_seed(0)
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = nbdist.train(TRANSFER_CELL, namespace=ns, cluster=cluster, mode=mode, workers=2)
+    check_transfer_cell(ns)
+    assert run.status == "finished" and run.keras_history is ns["tuned"]
+    assert True not in cluster.client[:].apply_sync(trained_by_keras)  # no Keras loop anywhere
