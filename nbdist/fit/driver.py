@@ -33,6 +33,7 @@ from nbdist.engine.flat_layout import write_flat
 from nbdist.engine.learning_rate import schedule_name
 from nbdist.engine.step_metrics import epoch_logs
 from nbdist.errors import NonFiniteLossError, TrainingError
+from nbdist.fit.optimizer_state import final_slots, shard_slots, write_into
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +60,10 @@ class FitDriver:
         self.callbacks = keras.callbacks.CallbackList(
             callbacks, add_history=True, add_progbar=False, model=self.model,
             verbose=call.verbose, epochs=self.fit.epochs, steps=self.steps)
+        # a callback that saves the whole model saves its optimizer: it gets the run's state
+        self.saves_optimizer = any(
+            isinstance(cb, keras.callbacks.ModelCheckpoint) and not cb.save_weights_only
+            for cb in callbacks)
         self.batch_hooks = any(_overrides(cb, "on_train_batch_end")
                                or _overrides(cb, "on_train_batch_begin")
                                or _overrides(cb, "on_batch_end") for cb in callbacks)
@@ -149,6 +154,8 @@ class FitDriver:
         epoch = self.keras_epoch
         if weights is not None:
             self._write(weights)
+        if self.saves_optimizer:
+            self._write_optimizer()
         logs = self._train_logs(self.epoch)
         if self.validation is not None and self.fit.call.should_validate(epoch):
             logs.update({f"val_{k}": v for k, v in self._evaluate().items()})
@@ -203,6 +210,30 @@ class FitDriver:
         write_flat(self.model, *weights)
         if self.run.state.settle_model is not None:  # precise BatchNorm statistics
             self.run.state.settle_model(self.model)
+
+    def _write_optimizer(self) -> None:
+        """The run's optimizer state now (its slots, its step count) into the kernel model's
+        optimizer, for a callback that saves the whole model (`nbdist.fit.optimizer_state`).
+        While the run trains it is fetched from the hubs (the workers wait at the epoch gate);
+        after its last epoch, it is the state the run's monitor kept at that epoch's end."""
+        state = self.run.state
+        try:
+            if state.final_weights is None:
+                opt = shard_slots(state.backend.checkpoint_state(state.control, False))
+            elif state.kept is not None and state.kept[2] and state.kept_epoch == self.epoch:
+                opt = shard_slots(state.kept[2])
+            else:
+                opt = final_slots(state.backend)
+        except Exception as exc:  # noqa: BLE001 - the weights are saved still
+            log.warning("run %s: the optimizer's state of epoch %d could not be fetched; a model "
+                        "saved now holds the weights only: %s", state.run_id, self.epoch + 1, exc)
+            return
+        if opt is None:
+            return  # the workers keep the optimizer (no hub state); nothing to add
+        missing = write_into(self.model, opt)
+        if missing:
+            log.warning("run %s: the cell's optimizer has no variables for the hub's slots %s; "
+                        "a model saved now holds their initial values", state.run_id, missing)
 
     def _stop(self) -> None:
         """A callback set `model.stop_training`: end the run; the model keeps the weights the

@@ -6,6 +6,7 @@ run by plain Keras, and Keras's own training loop runs nowhere, neither here nor
 import contextlib
 import io
 
+import numpy as np
 import pytest
 
 import nbdist
@@ -61,3 +62,36 @@ def test_two_fit_calls_train_as_two_runs_as_the_transfer_learning_guide_writes_t
     check_transfer_cell(ns)
     assert run.status == "finished" and run.keras_history is ns["tuned"]
     assert True not in cluster.client[:].apply_sync(trained_by_keras)  # no Keras loop anywhere
+
+
+@pytest.mark.horovod
+@pytest.mark.parametrize("mode", ["async", "sync"])
+def test_model_checkpoint_saves_the_optimizer_state_the_run_holds(cluster, mode, tmp_path):
+    """ModelCheckpoint(save_weights_only=False) with Adam: the saved model holds the moments and
+    the step count of the run (the hub's, or rank 0's Keras optimizer's), so load_model loads
+    its optimizer whole and fit goes on from it."""
+    import warnings
+
+    import keras
+
+    from tests.helpers import SYNTHETIC_CELL
+
+    where = tmp_path / "model.keras"
+    cell = (SYNTHETIC_CELL.replace("keras.optimizers.SGD(0.1)", "keras.optimizers.Adam(0.01)")
+            + "model.fit(x_train, y_train, epochs=2, batch_size=32, "
+              f"callbacks=[keras.callbacks.ModelCheckpoint({str(where)!r})])\n")
+    keras.utils.set_random_seed(0)
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = nbdist.train(cell, namespace=ns, cluster=cluster, mode=mode, workers=2)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        saved = keras.models.load_model(where)
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+    # async: one step per push (2 x 29 batches of 32 of the 900 samples over 2 epochs);
+    # sync: one per allreduced step of the two ranks' 16-sample halves of a batch of 32
+    assert int(saved.optimizer.iterations) == 2 * 29, run.nodes
+    slots = [v for v in saved.optimizer.variables if v.name.endswith(("_momentum", "_velocity"))]
+    assert len(slots) == 8 and all(np.abs(v.numpy()).max() > 0 for v in slots)
+    again = saved.fit(ns["x_train"], ns["y_train"], epochs=1, batch_size=32, verbose=0)
+    assert np.isfinite(again.history["loss"][0])

@@ -353,3 +353,41 @@ def test_resume_continues_the_fit_call_its_checkpoint_was_taken_in(tmp_path):
     assert ns["top"].epoch == [] and ns["tuned"].epoch == [2]  # only the epoch left to train
     assert run.status == "finished" and run.nodes["samples"].sum() == 810  # 900 less the split
     assert ns["score"][1] > 0.85
+
+
+def test_model_checkpoint_saves_the_optimizer_state_as_keras_own_does(tmp_path):
+    """ModelCheckpoint(save_weights_only=False) saves Adam's moments and step count as the hub
+    holds them, so load_model then fit goes on from them, as after Keras's own checkpoint."""
+    import json
+    import warnings
+
+    import keras
+
+    def cell(where):
+        return fit_cell(f"model.fit(x_train, y_train, epochs=2, batch_size=32, callbacks=["
+                        f"keras.callbacks.ModelCheckpoint({str(where)!r})])").replace(
+            "keras.optimizers.SGD(0.1)", "keras.optimizers.Adam(0.01)")
+
+    keras.utils.set_random_seed(0)
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        nbdist.train(cell(tmp_path / "ours.keras"), namespace=ns, mode="local",
+                     checkpoint_dir=str(tmp_path / "ckpt"))  # its last: the hub's final state
+        exec(cell(tmp_path / "fit.keras"), {})  # noqa: S102 - plain Keras, the same cell
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        ours = keras.models.load_model(tmp_path / "ours.keras")
+    assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+    keras_own = keras.models.load_model(tmp_path / "fit.keras")
+    assert int(ours.optimizer.iterations) == int(keras_own.optimizer.iterations) == 2 * 29
+    # exactly what the hub holds: its slots, flat over the trainable variables in their order
+    with open(tmp_path / "ckpt" / "meta.json") as f:
+        arrays = tmp_path / "ckpt" / json.load(f)["arrays_file"]
+    with np.load(arrays) as hub:
+        for slot in ("momentum", "velocity"):
+            saved = [v for v in ours.optimizer.variables if v.name.endswith(f"_{slot}")]
+            assert len(saved) == 4 and np.abs(saved[0].numpy()).max() > 0  # not unbuilt zeros
+            flat = np.concatenate([v.numpy().ravel() for v in saved])
+            np.testing.assert_allclose(flat, hub[f"shard0.opt.{slot}"], rtol=1e-6, atol=1e-9)
+    again = ours.fit(ns["x_train"], ns["y_train"], epochs=1, batch_size=32, verbose=0)
+    assert int(ours.optimizer.iterations) == 3 * 29 and np.isfinite(again.history["loss"][0])

@@ -302,4 +302,5 @@ class _SyncLoop:
         return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,
                 "own_non_trainable": own, "host": socket.gethostname(),
                 "iterations": int(optimizer.iterations.numpy()),
+                "slots": read_slots(optimizer),  # for a model saved after the last epoch
                 "learning_rate": float(optimizer.learning_rate.numpy())}
