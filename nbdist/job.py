@@ -118,7 +118,7 @@ class Job:
         if plan.momentum_correction and self.config.momentum_correction is None:
             # one worker has no asynchrony to take out (--mode local: fit's own updates)
             plan = replace(plan, momentum_correction=num_workers > 1
-                           and self.momentum_worth_correcting())
+                           and self.momentum_worth_correcting(num_workers))
         job = replace(self, num_workers=num_workers, plan=plan, rule_options=options,
                       easgd_alpha=alpha)
         return job.told([*job.momentum_notices(), *job.staleness_notices(),
@@ -133,12 +133,12 @@ class Job:
         return replace(self, warnings=[*self.warnings, *said],
                        contents=replace(self.contents, notes=[*self.contents.notes, *said]))
 
-    def momentum_worth_correcting(self) -> bool:
-        """--momentum-correction's default for the cell's optimizer (`worth_correcting`: SGD
-        with momentum at a large effective step)."""
+    def momentum_worth_correcting(self, num_workers: int) -> bool:
+        """--momentum-correction's default for the cell's optimizer and `num_workers`
+        (`worth_correcting`: SGD with momentum at a large effective step for the delays)."""
         setting = momentum_setting(self.optimizer) if self.optimizer is not None else None
         return setting is not None and worth_correcting(
-            self.optimizer["class_name"], setting[1], initial_rate(self.optimizer))
+            self.optimizer["class_name"], setting[1], initial_rate(self.optimizer), num_workers)
 
     def momentum_notices(self) -> list[str]:
         """How momentum compensation changes the cell's optimizer (nothing where it is off or

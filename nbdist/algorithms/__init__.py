@@ -58,7 +58,7 @@ def prediction_default() -> str:
 
 def momentum_correction_default() -> str:
     """--momentum-correction's default, as the reference shows it."""
-    return (f"on for SGD with momentum at an effective step lr/(1-momentum) >= 0.5, with "
+    return (f"on for SGD with momentum where lr/(1-momentum) x (workers-1)^2 >= 0.5, with "
             f"{', '.join(rules_that('corrects_momentum'))}; off otherwise")
 
 __all__ = [

@@ -21,8 +21,11 @@ It helps where the cell trains at the edge of stability, and costs where it does
 workers, `SGD(0.1, momentum=0.9)` (an effective step lr / (1 − μ) of 1.0) went from 0.60-0.68 to
 parity with it, while the MaxNorm MLP at `SGD(0.01, momentum=0.9)` (0.1), which async trains as
 `fit` does without it (0.805 against 0.810), fell to 0.714 with it: μ' shortens the long-run step
-lr / (1 − μ') as much as it takes out the overshoot. So by default (`worth_correcting`) it runs
-for SGD with momentum (Nesterov or not) whose effective step is at least `EFFECTIVE_STEP_MIN`;
+lr / (1 − μ') as much as it takes out the overshoot. More workers make it worth more: with four,
+`SGD(0.1, momentum=0.5)` (0.2) fell to 0.37-0.50 without it and trained to 0.77-0.78 with it
+(fit 0.81), while `SGD(0.01, momentum=0.5)` (0.02) lost 0.025 with it. So by default
+(`worth_correcting`) it runs for SGD with momentum (Nesterov or not) whose effective step times
+(M − 1)², the delay's weight, is at least `EFFECTIVE_STEP_MIN`;
 `--momentum-correction` asks for it with any optimizer that has a momentum (RMSprop's, the Adam
 family's β1, which predicted weights already serve well: docs/rules.md).
 
@@ -36,8 +39,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-# the smallest effective step lr / (1 − μ) of a momentum SGD that the correction runs for by
-# default: measured helpful at 1.0 and harmful at 0.1 (two workers, docs/rules.md)
+# the smallest effective step lr / (1 − μ), times (M − 1)², of a momentum SGD that the
+# correction runs for by default: with two workers measured helpful at 1.0 and harmful at 0.1;
+# with three helpful at 0.2 (x4), with four helpful at 0.2 (x9), neutral at 0.1 (x9), harmful at
+# 0.02 (x9) (docs/rules.md)
 EFFECTIVE_STEP_MIN = 0.5
 # weight of each new delay in the moving average: about the last 20 pushes count
 SMOOTHING = 0.05
@@ -70,19 +75,25 @@ def compensated_momentum(momentum: float, mean_delay: float) -> float:
     return max(0.0, float(momentum) - implicit_momentum(mean_delay))
 
 
-def worth_correcting(optimizer: str, momentum: float, learning_rate: float) -> bool:
-    """Whether the correction runs by default for the cell's optimizer: SGD with momentum whose
-    effective step `learning_rate / (1 − momentum)` is at least EFFECTIVE_STEP_MIN.
+def worth_correcting(optimizer: str, momentum: float, learning_rate: float,
+                     num_workers: int = 2) -> bool:
+    """Whether the correction runs by default for the cell's optimizer and M = `num_workers`:
+    SGD with momentum whose effective step `learning_rate / (1 − momentum)`, weighed by the
+    square of the delay M − 1 its pushes land with (the delay both adds momentum and shrinks
+    the largest stable step), is at least EFFECTIVE_STEP_MIN.
 
     Example:
         >>> worth_correcting("SGD", 0.9, 0.1), worth_correcting("SGD", 0.9, 0.01)
         (True, False)
+        >>> worth_correcting("SGD", 0.5, 0.1), worth_correcting("SGD", 0.5, 0.1, num_workers=4)
+        (False, True)
         >>> worth_correcting("Adam", 0.9, 0.1), worth_correcting("SGD", 0.0, 1.0)
         (False, False)
     """
-    if optimizer != "SGD" or not 0 < momentum < 1:
+    if optimizer != "SGD" or not 0 < momentum < 1 or num_workers < 2:
         return False
-    return learning_rate / (1.0 - momentum) >= EFFECTIVE_STEP_MIN
+    delay = num_workers - 1
+    return learning_rate / (1.0 - momentum) * delay * delay >= EFFECTIVE_STEP_MIN
 
 
 def saturated(momentum: float, num_workers: int) -> bool:
@@ -135,7 +146,8 @@ def correction_notice(optimizer: str, key: str, momentum: float,
     note = (f"--momentum-correction: the cell's {optimizer} {key}={momentum:g} runs as "
             f"{lowered:.2g} on the hub while {num_workers} workers push in turn: their asynchrony "
             f"adds about {implicit_momentum(tau):.2g} of momentum of its own (a mean delay of "
-            f"{tau} update{'s' if tau != 1 else ''}), so the total stays the cell's. The hub "
+            f"{tau} update{'s' if tau != 1 else ''}), so the total stays "
+            f"{'as near the cell' if saturated(momentum, num_workers) else 'the cell'}'s. The hub "
             f"re-estimates it from the measured delays on every push. --no-momentum-correction "
             f"keeps {key}={momentum:g}.")
     if not saturated(momentum, num_workers):

@@ -34,6 +34,13 @@ def test_momentum_compensation_runs_by_default_where_it_was_measured_to_help(opt
                                                                         or "Adam" in optimizer)
 
 
+def test_momentum_compensation_runs_by_default_at_a_smaller_step_with_more_workers():
+    said = warnings_of("keras.optimizers.SGD(0.1, momentum=0.5)", workers=4)
+    assert any(w.startswith("--momentum-correction: the cell's SGD momentum=0.5") for w in said)
+    assert not any(w.startswith("--momentum-correction") for w in warnings_of(
+        "keras.optimizers.SGD(0.1, momentum=0.5)", workers=2))
+
+
 @pytest.mark.parametrize(("workers", "warned"), [(2, False), (3, False), (4, True)])
 def test_four_async_workers_are_told_what_staleness_costs(workers, warned):
     said = warnings_of("keras.optimizers.SGD(0.1)", workers=workers)

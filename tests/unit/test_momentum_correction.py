@@ -204,6 +204,11 @@ def test_by_default_only_momentum_sgd_at_a_large_effective_step_is_corrected():
     assert worth_correcting("SGD", 0.9, 0.1)  # 1.0: two async workers fell apart without it
     assert not worth_correcting("SGD", 0.9, 0.01)  # 0.1: it cost 0.09 there
     assert worth_correcting("SGD", 0.5, 0.25) and not worth_correcting("SGD", 0.5, 0.2)
+    # more workers, longer delays: SGD(0.1, momentum=0.5) (0.2) fell to 0.37-0.50 with four
+    # simulated workers without it, 0.77-0.78 with it (fit 0.81); it helped with three too
+    assert worth_correcting("SGD", 0.5, 0.1, 3) and worth_correcting("SGD", 0.5, 0.1, 4)
+    assert not worth_correcting("SGD", 0.5, 0.01, 4)  # 0.02: it cost 0.025 there
+    assert not worth_correcting("SGD", 0.9, 1.0, 1)  # one worker: nothing to take out
     assert not worth_correcting("Adam", 0.9, 0.1) and not worth_correcting("RMSprop", 0.9, 1.0)
     decaying = {"class_name": "ExponentialDecay",
                 "config": {"initial_learning_rate": 0.2, "decay_steps": 10, "decay_rate": 0.5}}
