@@ -67,6 +67,7 @@ class RunControl:
         """Let the workers start the epoch after `epoch` (0-based, of this run): a cell's fit
         call holds each epoch until the kernel has run its callbacks (`nbdist.fit.driver`)."""
         self._send(epoch_done=int(epoch))
+        self.state.released_at = time.monotonic()  # the monitor polls fast while it trains
 
     def record_eval(self, epoch: int, metrics: dict) -> None:
         """Add a validation result computed in the kernel (a cell's fit call validates there)

@@ -50,6 +50,9 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 TICK_S = 0.1  # the longest one pass sleeps: how late the end of the run or Ctrl-C is seen
+# with an `on_tick` (a fit call's driver: the workers wait at each epoch's end until it has run
+# the callbacks) a pass every 0.02 s, so an epoch's end costs them little
+TICK_WITH_WORK_S = 0.02
 COMM_TYPES = frozenset({"comm_open", "comm_msg", "comm_close"})
 
 
@@ -79,8 +82,9 @@ def wait_live(run: Run, dashboard: Dashboard | None = None, *,
             if dashboard is not None and time.monotonic() >= next_draw:
                 dashboard.step()
                 next_draw = time.monotonic() + dashboard.refresh_s
-            pause = (TICK_S if dashboard is None
-                     else min(TICK_S, max(0.0, next_draw - time.monotonic())))
+            tick = TICK_S if on_tick is None else TICK_WITH_WORK_S
+            pause = (tick if dashboard is None
+                     else min(tick, max(0.0, next_draw - time.monotonic())))
             if inbox is not None:
                 inbox.serve(pause)
             else:

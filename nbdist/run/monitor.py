@@ -7,6 +7,7 @@ its error; the Future then calls the done callbacks, here). It fills in the run'
 from __future__ import annotations
 
 import logging
+import math
 import re
 import threading
 import time
@@ -25,6 +26,10 @@ from nbdist.run.takeover import maybe_snapshot, recover
 log = logging.getLogger("nbdist.run.handle")
 
 POLL_S = 0.25  # how often the kernel asks the hub for statistics
+# with a fit call the workers wait at each epoch's end until this kernel has seen it and run the
+# callbacks: a poll due sooner than POLL_S is made when the epoch is due to end (`poll_pause`)
+MIN_POLL_S = 0.01
+FAST_WINDOW_S = 1.0  # how long after an epoch's start the monitor polls every MIN_POLL_S
 TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) timeline
 # A run whose hub is gone fails within --timeout plus the bounded waits of its ending
 # (docs/architecture.md, "Faults"): it asks the hub to stop once (ENDING_REQUEST_S) unless its
@@ -57,6 +62,8 @@ def watch(run) -> None:
     now = lambda: running.read(time.monotonic())  # noqa: E731
     last_answer = now()
     hub_gone = False  # nothing more to ask it: the ending does not wait for its answers
+    gated = state.fit_call_returned is not None  # a fit call: the epochs wait for this kernel
+    pace = EpochPace()
     try:
         while True:
             failure = backend.failure()
@@ -107,7 +114,8 @@ def watch(run) -> None:
                 break
             auto_checkpoint(state)
             maybe_snapshot(state)
-            time.sleep(POLL_S)
+            pace.seen(time.monotonic(), float(snap.get("epochs_done", 0.0)))
+            time.sleep(pace.pause(time.monotonic(), state.released_at) if gated else POLL_S)
 
         params, non_trainable = backend.final_params(control)
         state.final_weights = (params, non_trainable)
@@ -128,6 +136,43 @@ def watch(run) -> None:
     finally:
         _cleanup(state, hub_gone)
         conclude(run)
+
+
+class EpochPace:
+    """When to poll next in a run whose epochs wait for this kernel (a fit call), so that the
+    workers wait less at each epoch's end: right after the kernel let an epoch start, every
+    MIN_POLL_S for a short epoch's length (FAST_WINDOW_S); later, when the progress the polls
+    saw (epochs done, a float) says the epoch is due to end, if that is sooner than POLL_S.
+
+    Example:
+        >>> pace = EpochPace(); pace.seen(0.0, 0.5); pace.seen(1.0, 0.9)
+        >>> round(pace.pause(now=1.0, released_at=-5.0), 3)  # 0.4 epoch/s, 0.1 left: 0.25 s
+        0.25
+        >>> pace.seen(1.1, 0.94); round(pace.pause(now=1.1, released_at=-5.0), 3)  # 0.06 left
+        0.15
+        >>> pace.pause(now=1.1, released_at=0.9)  # an epoch just started: a short one may end
+        0.01
+    """
+
+    def __init__(self):
+        self._last: tuple[float, float] | None = None
+        self._rate = 0.0  # epochs per second, between the last two polls that saw progress
+
+    def seen(self, now: float, epochs_done: float) -> None:
+        if self._last is not None and epochs_done > self._last[1] and now > self._last[0]:
+            self._rate = (epochs_done - self._last[1]) / (now - self._last[0])
+        if self._last is None or epochs_done != self._last[1]:
+            self._last = (now, epochs_done)
+
+    def pause(self, now: float, released_at: float) -> float:
+        """Seconds until the next poll."""
+        if now - released_at < FAST_WINDOW_S:
+            return MIN_POLL_S
+        if self._last is None or self._rate <= 0:
+            return POLL_S
+        done = self._last[1]
+        left = math.floor(done) + 1 - done  # of the epoch under way (1: one just ended)
+        return min(POLL_S, max(MIN_POLL_S, left / self._rate - (now - self._last[0])))
 
 
 def conclude(run) -> None:

@@ -77,6 +77,7 @@ class RunState:
     # a run with a fit call: set once that call has returned (Run.fit_call_returned), and
     # only then is the run's Future completed with its History; None without a fit call
     fit_call_returned: threading.Event | None = None
+    released_at: float = 0.0  # monotonic time the kernel last let the workers start an epoch
 
     # -- checkpoints -----------------------------------------------------------------------------
     # what every checkpoint of the run records (nbdist.job.Job.checkpoint_info)
