@@ -194,7 +194,7 @@ class FitDriver:
         try:
             self.run.record_eval(self.epoch, metrics)
         except Exception as exc:  # noqa: BLE001 - the run may just have ended: the views miss one row
-            log.debug("could not record the kernel's validation: %s", exc)
+            log.warning("could not record the kernel's validation in the run's views: %s", exc)
 
     def _current_weights(self):
         """The run's weights now (at the epoch gate: the epoch's). A run that fails meanwhile

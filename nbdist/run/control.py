@@ -18,6 +18,7 @@ from nbdist.flag_values import parse_slowdown
 from nbdist.modes import refuse_operation
 from nbdist.run.elastic import add_workers
 from nbdist.run.state import RunState
+from nbdist.wire.messages import EvalResult
 
 log = logging.getLogger("nbdist.run.handle")
 
@@ -72,7 +73,21 @@ class RunControl:
     def record_eval(self, epoch: int, metrics: dict) -> None:
         """Add a validation result computed in the kernel (a cell's fit call validates there)
         to the run's views: `history`'s `val_*` rows and the dashboard."""
-        self._send(eval={"epoch": int(epoch), "metrics": {k: float(v) for k, v in metrics.items()}})
+        metrics = {k: float(v) for k, v in metrics.items()}
+        state = self.state
+        if state.control is not None and not state.ended.is_set():
+            try:
+                self._send(eval=EvalResult(epoch=int(epoch), metrics=metrics))
+                return
+            except TrainingError:
+                if not state.ended.is_set():
+                    raise
+        # the last epoch is validated once the run has ended: its row goes into the views here
+        snap = state.snapshot
+        row = {"time": float(snap.get("elapsed", 0.0)), "step": int(snap.get("global_step", 0)),
+               "epoch": int(epoch), "version": -1,  # as the hub records the kernel's
+               **{f"val_{k}": v for k, v in metrics.items()}}
+        state.snapshot = {**snap, "evals": [*snap.get("evals", []), row]}
 
     def set_slowdown(self, worker: int, factor: float) -> None:
         """Make `worker` behave `factor` times slower (1 = full speed), from its next step."""

@@ -41,6 +41,8 @@ def test_the_cell_trains_distributed_as_its_fit_call_says(cluster, name, mode):
     assert True not in cluster.client[:].apply_sync(trained_by_keras)  # ... nor on any engine
     history = run.keras_history
     assert history is not None and history.epoch[0] == 0 and "val_loss" in history.history
+    validated = run.history.dropna(subset=["val_loss"])  # the kernel's validation, every epoch
+    assert validated["val_loss"].tolist() == pytest.approx(history.history["val_loss"])
     if mode == "sync" and name != "early-stopping":  # each rank takes half of the call's batch
         assert run.config.batch_size * 2 == {"keras-io-convnet": 128, "two-in-two-out": 32,
                                              "maxnorm": 64, "class-weighted": 64}[name]

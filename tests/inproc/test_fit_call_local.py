@@ -49,6 +49,9 @@ def test_the_fit_call_trains_distributed_and_returns_keras_history():
     assert set(history.history) == {"loss", "accuracy", "val_loss", "val_accuracy"}
     assert all(len(v) == 3 for v in history.history.values())
     assert history.history["loss"][2] < history.history["loss"][0]
+    validated = run.history.dropna(subset=["val_accuracy"])  # the last epoch's too (after the end)
+    assert validated["epoch"].tolist() == [0, 1, 2]
+    assert validated["val_accuracy"].tolist() == pytest.approx(history.history["val_accuracy"])
     assert ns["model"].train_function is None  # Keras's own training loop never ran
     assert ns["score"][1] > 0.8  # the statements after the call ran on the trained model
     assert "Epoch 3/3" in out and "━" not in out  # a line per epoch, no Keras progress bar
