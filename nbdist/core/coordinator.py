@@ -401,7 +401,7 @@ class Coordinator:
                      group=self.groups.index(i) if self.plan.algorithm == "group" else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
         snap.update(finished=self.finished, lost=sorted(self.lost), open_epoch=self.open_epoch,
-                    epoch_samples=self.schedule.samples_per_epoch, paused=self.paused,
+                    epoch_samples=self.schedule.samples_per_begun_epoch, paused=self.paused,
                     stopping=self.stopping, lr=self.lr, epochs_done=self.epochs_done,
                     batch_policy=self.sizer.policy, epoch_metrics=self.epoch_metrics.to_wire(),
                     delays={str(w): self.pushes.delays.histogram(w)

@@ -101,6 +101,13 @@ class EpochSchedule:
         return [self.num_samples - left for left in self._remaining]
 
     @property
+    def samples_per_begun_epoch(self) -> list[int]:
+        """`samples_per_epoch` up to the last epoch begun: what the kernel polls, a few times a
+        second, stays small in a run of 10^5 epochs ("train until I click Stop")."""
+        begun = min(self.epochs, self._epoch + 1)  # handed out from (requeued: earlier ones)
+        return [self.num_samples - left for left in self._remaining[:begun]]
+
+    @property
     def epochs_done(self) -> float:
         """Progress in epochs, counting only completed samples (e.g. 1.5)."""
         return self._done / self.num_samples

@@ -30,6 +30,7 @@ POLL_S = 0.25  # how often the kernel asks the hub for statistics
 # callbacks: a poll due sooner than POLL_S is made when the epoch is due to end (`poll_pause`)
 MIN_POLL_S = 0.01
 FAST_WINDOW_S = 1.0  # how long after an epoch's start the monitor polls every MIN_POLL_S
+POLL_COST_RATIO = 10  # a poll waits at least this many times as long as the last one took
 TIMELINE_EVERY_S = 2.0  # how often it also fetches the (bounded, down-sampled) timeline
 # A run whose hub is gone fails within --timeout plus the bounded waits of its ending
 # (docs/architecture.md, "Faults"): it asks the hub to stop once (ENDING_REQUEST_S) unless its
@@ -80,6 +81,7 @@ def watch(run) -> None:
             try:
                 want_timeline = time.monotonic() - state.timeline_at > TIMELINE_EVERY_S
                 left = state.config.timeout - (now() - last_answer)  # never past it
+                asked = time.monotonic()
                 snap = control.stats(since=len(state.rows) - state.rows_base,
                                      timeline=want_timeline, timeout=max(0.05, left), clock=now,
                                      during=lambda: _check_workers(backend))  # saw the hub go?
@@ -98,6 +100,7 @@ def watch(run) -> None:
                     raise _hub_lost(state.config.timeout, silent) from None
                 continue
             absorb(run, snap)
+            took = time.monotonic() - asked  # the poll's own cost: it grows with a long run
             ended = _last_epoch_ended(snap)
             if ended is not None and ended != state.kept_epoch:
                 state.kept_epoch = ended  # what a failure later leaves in the model:
@@ -114,8 +117,9 @@ def watch(run) -> None:
                 break
             auto_checkpoint(state)
             maybe_snapshot(state)
-            pace.seen(time.monotonic(), float(snap.get("epochs_done", 0.0)))
-            time.sleep(pace.pause(time.monotonic(), state.released_at) if gated else POLL_S)
+            now_s = time.monotonic()
+            pace.seen(now_s, float(snap.get("epochs_done", 0.0)))
+            time.sleep(pace.pause(now_s, state.released_at, took) if gated else POLL_S)
 
         params, non_trainable = backend.final_params(control)
         state.final_weights = (params, non_trainable)
@@ -164,15 +168,19 @@ class EpochPace:
         if self._last is None or epochs_done != self._last[1]:
             self._last = (now, epochs_done)
 
-    def pause(self, now: float, released_at: float) -> float:
-        """Seconds until the next poll."""
+    def pause(self, now: float, released_at: float, poll_s: float = 0.0) -> float:
+        """Seconds until the next poll; `poll_s`, what the last poll took, keeps the kernel's
+        polling under a tenth of its time (a long run's statistics grow)."""
+        return min(POLL_S, max(POLL_COST_RATIO * poll_s, self._due(now, released_at)))
+
+    def _due(self, now: float, released_at: float) -> float:
         if now - released_at < FAST_WINDOW_S:
             return MIN_POLL_S
         if self._last is None or self._rate <= 0:
             return POLL_S
         done = self._last[1]
         left = math.floor(done) + 1 - done  # of the epoch under way (1: one just ended)
-        return min(POLL_S, max(MIN_POLL_S, left / self._rate - (now - self._last[0])))
+        return max(MIN_POLL_S, left / self._rate - (now - self._last[0]))
 
 
 def conclude(run) -> None:

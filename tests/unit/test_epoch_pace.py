@@ -4,7 +4,7 @@ POLL_S."""
 
 import pytest
 
-from nbdist.run.monitor import FAST_WINDOW_S, MIN_POLL_S, POLL_S, EpochPace
+from nbdist.run.monitor import FAST_WINDOW_S, MIN_POLL_S, POLL_COST_RATIO, POLL_S, EpochPace
 
 LONG_AGO = -100.0  # no epoch was let start lately
 
@@ -39,3 +39,10 @@ def test_a_just_ended_epoch_counts_a_whole_epoch_left():
     pace.seen(0.0, 1.0)
     pace.seen(0.5, 2.0)  # 2 epochs/s; at the gate of epoch 2: a whole epoch (0.5 s) ahead
     assert pace.pause(now=0.5, released_at=LONG_AGO) == POLL_S
+
+
+def test_a_costly_poll_spaces_the_next_so_polling_stays_a_tenth_of_the_kernels_time():
+    pace = EpochPace()
+    assert pace.pause(now=10.0, released_at=9.9, poll_s=0.005) == pytest.approx(
+        POLL_COST_RATIO * 0.005)  # right after a release, but each poll costs 5 ms
+    assert pace.pause(now=10.0, released_at=9.9, poll_s=1.0) == POLL_S  # never slower than before

@@ -92,3 +92,13 @@ def test_a_state_listing_more_epochs_than_the_run_has_is_refused():
     state["remaining"] = [10, 10, 10]
     with pytest.raises(ValueError, match="3 epochs' remaining samples listed, for 2 epochs"):
         EpochSchedule.from_state(state)
+
+
+def test_the_kernel_reads_the_samples_of_the_epochs_begun_only():
+    s = EpochSchedule(num_samples=4, epochs=100_000)  # "train until I click Stop"
+    assert s.samples_per_begun_epoch == [0]
+    a, b = s.next_chunk(4), s.next_chunk(2)
+    s.complete(a.id)
+    assert s.samples_per_begun_epoch == [4, 0]  # the second epoch is handed out, none trained
+    s.complete(b.id)
+    assert s.samples_per_begun_epoch == [4, 2]
