@@ -170,6 +170,7 @@ def _start(cell: str, config: TrainConfig, cluster, namespace: dict | None, wait
     with fit_intercepted(launcher.on_fit), \
             when_imported(lambda keras: seed and keras.utils.set_random_seed(config.seed)):
         exec(compile_cell(cell), ns)  # noqa: S102 - the user's own cell
+    launcher.check_resumed()
     if launcher.run is not None:  # trained inside the cell's fit call, and the cell has finished
         return launcher.run
     job = prepare_job(cell, config, ns, ckpt)

@@ -20,7 +20,7 @@ from nbdist.core.schedule import EpochSchedule
 from nbdist.engine.fit_call import MODEL, RESERVED, answered_fit, earlier_fit
 from nbdist.engine.fit_data import place
 from nbdist.engine.run_cell import EARLIER_FITS, run_until_fit, unpack
-from nbdist.errors import ConfigError, TrainingError
+from nbdist.errors import CheckpointError, ConfigError, TrainingError
 from nbdist.fit.driver import FitDriver
 from nbdist.fit.plan import plan_fit
 from nbdist.job import prepare_job
@@ -101,6 +101,17 @@ class FitLauncher:
         finally:
             for name in RESERVED:
                 self.ns.pop(name, None)  # the cell's own names stay; nbdist's go
+
+    def check_resumed(self) -> None:
+        """After the cell ran: --resume named a fit call the cell never reached (it was edited
+        since the checkpoint), so nothing of the checkpoint trained; say so instead."""
+        resumes = self._resumed_call()
+        if self.checkpoint is not None and self.earlier and len(self.earlier) <= resumes:
+            raise CheckpointError(
+                f"{self.checkpoint.path} was taken by the cell's fit call {resumes + 1}, but the "
+                f"cell makes {len(self.earlier)} fit call(s) (Received: a cell edited since the "
+                "checkpoint?), so nothing was resumed. Resume with the cell that took it, or "
+                "start afresh without --resume.")
 
     def _resumed_call(self) -> int:
         """Which fit call of the cell --resume continues (its checkpoint says; 0 without one)."""

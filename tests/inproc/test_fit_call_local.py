@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from nbdist.errors import CellError, ConfigError, NonFiniteLossError
+from nbdist.errors import CellError, CheckpointError, ConfigError, NonFiniteLossError
 from tests.helpers import SYNTHETIC_CELL, TRANSFER_CELL, check_transfer_cell
 
 
@@ -356,6 +356,10 @@ def test_resume_continues_the_fit_call_its_checkpoint_was_taken_in(tmp_path):
     assert ns["top"].epoch == [] and ns["tuned"].epoch == [2]  # only the epoch left to train
     assert run.status == "finished" and run.nodes["samples"].sum() == 810  # 900 less the split
     assert ns["score"][1] > 0.85
+    one_call = TRANSFER_CELL.split("base_model.trainable = True")[0]  # the cell, edited since
+    edited = "taken by the cell's fit call 2, but the cell makes 1 fit call"
+    with pytest.raises(CheckpointError, match=edited), contextlib.redirect_stdout(io.StringIO()):
+        nbdist.resume(tmp_path, one_call, namespace={}, mode="local")
 
 
 def test_model_checkpoint_saves_the_optimizer_state_as_keras_own_does(tmp_path):
