@@ -183,8 +183,8 @@ class Job:
                 f"update late, which halves the largest learning rate that stays stable. An "
                 f"Embedding + LSTM cell at SGD(0.5) that model.fit trains to 1.000 stayed on its "
                 f"loss plateau this way (0.68-0.99 over 5 seeds; docs/performance.md, \"Parity "
-                f"with model.fit\"). To track fit, pick --mode sync, --algorithm dc-asgd-a "
-                f"(1.000 on 4 seeds of 6, simulated), or a lower learning rate."]
+                f"with model.fit\"). To track fit, pick --algorithm dc-asgd-a (1.000 on 5 seeds "
+                f"of 5 with 2 workers on a real cluster), --mode sync, or a lower learning rate."]
 
     def tail_notices(self) -> list[str]:
         """That the weights handed back average the run's tail (nothing where they don't)."""
