@@ -97,3 +97,29 @@ def test_model_checkpoint_saves_the_optimizer_state_the_run_holds(cluster, mode,
     assert len(slots) == 8 and all(np.abs(v.numpy()).max() > 0 for v in slots)
     again = saved.fit(ns["x_train"], ns["y_train"], epochs=1, batch_size=32, verbose=0)
     assert np.isfinite(again.history["loss"][0])
+
+
+def test_a_py_dataset_as_validation_data_validates_as_keras_does(cluster):
+    """keras.io's `keras.utils.PyDataset` as validation_data (nbdist refused it): read once in
+    the kernel, each epoch validated on it there, with the epoch's weights."""
+    import keras
+
+    from tests.helpers import SYNTHETIC_CELL
+
+    cell = SYNTHETIC_CELL + '''
+class Held(keras.utils.PyDataset):  # batches by index, as keras.io writes one
+    def __len__(self):
+        return 3
+    def __getitem__(self, i):
+        return x_test[i * 50:(i + 1) * 50], y_test[i * 50:(i + 1) * 50]
+history = model.fit(x_train, y_train, epochs=2, validation_data=Held())
+'''
+    keras.utils.set_random_seed(0)
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = nbdist.train(cell, namespace=ns, cluster=cluster, workers=2)
+    assert run.status == "finished", run.error
+    again = ns["model"].evaluate(ns["x_test"][:150], ns["y_test"][:150], verbose=0,
+                                 return_dict=True)
+    assert len(ns["history"].history["val_loss"]) == 2
+    assert ns["history"].history["val_loss"][-1] == pytest.approx(again["loss"], rel=1e-5)
