@@ -1,7 +1,7 @@
-"""The optimizer's state as the run holds it, written into the kernel model's Keras optimizer, so
-that a callback that saves the whole model (`ModelCheckpoint(save_weights_only=False)`,
-`model.save` in a callback) saves the moments and the step count with the weights, and
-`keras.models.load_model(...)` then `fit` continues as after Keras's own checkpoint.
+"""The optimizer's state as the run holds it, written into the kernel model's Keras optimizer at
+each epoch's end when a `ModelCheckpoint` saves the whole model (`save_weights_only=False`), so
+that it saves the moments and the step count with the weights, and `keras.models.load_model`
+then `fit` continues as after Keras's own checkpoint (`nbdist.fit.driver` decides when).
 
 Async and local runs hold the state on their hub shards, as flat slices named as Keras names
 its slots ("momentum", "velocity", ...: `nbdist.algorithms.optimizer_rules`); a sync run's rank
@@ -33,8 +33,9 @@ class OptimizerState:
 
 def shard_slots(shards: list) -> OptimizerState | None:
     """The hub shards' `state` replies ((ShardState, arrays) each) as one state: each slot's
-    slices joined in shard order (shards are contiguous slices of the flat parameters); None
-    where the hubs keep no optimizer (the workers step it) or the replies are a sync run's."""
+    slices joined in shard order (shards are contiguous slices of the flat parameters); a sync
+    run's reply (rank 0's state) as `sync_slots` reads it; None where the hubs keep no optimizer
+    (the workers step it)."""
     ordered = sorted(shards, key=lambda s: s[0].shard)
     first = ordered[0][0]
     if first.sync:
