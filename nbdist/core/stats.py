@@ -134,9 +134,8 @@ class RunStats:
 
     def record_eval(self, metrics: dict, *, epoch: int, version: int, now: float) -> None:
         """Append one validation result (metrics as `val_*` names)."""
-        self.evals.append({"time": now, "step": self.global_step, "epoch": epoch,
-                           "version": version,
-                           **{f"val_{k}": float(v) for k, v in metrics.items()}})
+        self.evals.append(eval_row(metrics, epoch=epoch, version=version, step=self.global_step,
+                                   now=now))
 
     def record_event(self, kind: str, now: float, **fields: object) -> None:
         """A control action or lifecycle event (pause, set_lr, worker lost, ...)."""
@@ -152,3 +151,14 @@ class RunStats:
             "evals": self.evals,
             "events": self.events,
         }
+
+
+def eval_row(metrics: dict, *, epoch: int, version: int, step: int, now: float) -> dict:
+    """One validation result as the views show it (`run.history`'s `val_*` rows).
+
+    Example:
+        >>> eval_row({"loss": 0.5}, epoch=1, version=-1, step=20, now=3.0)
+        {'time': 3.0, 'step': 20, 'epoch': 1, 'version': -1, 'val_loss': 0.5}
+    """
+    return {"time": now, "step": step, "epoch": epoch, "version": version,
+            **{f"val_{k}": float(v) for k, v in metrics.items()}}

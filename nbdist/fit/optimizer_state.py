@@ -39,7 +39,8 @@ def shard_slots(shards: list) -> OptimizerState | None:
     ordered = sorted(shards, key=lambda s: s[0].shard)
     first = ordered[0][0]
     if first.sync:
-        return sync_slots(first.sync, dict(zip(first.names, ordered[0][1], strict=True)))
+        arrays = dict(zip(first.names, ordered[0][1], strict=True))
+        return sync_slots(first.sync["iterations"], arrays["optimizer_slots"])
     if first.optimizer is None:
         return None
     names = [n[len(_SLOT_PREFIX):] for n in first.names if n.startswith(_SLOT_PREFIX)]
@@ -51,10 +52,10 @@ def shard_slots(shards: list) -> OptimizerState | None:
                           named=joined)
 
 
-def sync_slots(sync: dict, arrays: dict) -> OptimizerState:
-    """A sync run's state (rank 0's snapshot, `nbdist.modes.sync`) as an OptimizerState."""
-    return OptimizerState(iterations=int(sync["iterations"]),
-                          ordered=np.asarray(arrays["optimizer_slots"], dtype=np.float32))
+def sync_slots(iterations: int, slots) -> OptimizerState:
+    """Rank 0's Keras slots in build order and step count (a sync run's snapshot, or what it
+    returned at the end) as an OptimizerState."""
+    return OptimizerState(iterations=int(iterations), ordered=np.asarray(slots, np.float32))
 
 
 def final_slots(backend) -> OptimizerState | None:
@@ -63,8 +64,7 @@ def final_slots(backend) -> OptimizerState | None:
     result = getattr(backend, "results", {}).get(0)
     if not result or "slots" not in result:
         return None
-    return OptimizerState(iterations=int(result["iterations"]),
-                          ordered=np.asarray(result["slots"], dtype=np.float32))
+    return sync_slots(result["iterations"], result["slots"])
 
 
 def write_into(model, state: OptimizerState) -> list[str]:
