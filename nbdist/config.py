@@ -37,7 +37,7 @@ class TrainConfig:
     """One run's options. Build with `TrainConfig(...)`; invalid values raise ConfigError.
 
     Example:
-        >>> TrainConfig(mode="async", workers=2, epochs=1, batch_size=64).algorithm
+        >>> TrainConfig(mode="async", workers=2, epochs=1, batch_size=64).rule
         <Algorithm.ASGD: 'asgd'>
     """
 
@@ -46,8 +46,10 @@ class TrainConfig:
         "Horovod allreduce between the cluster's engines; local, in this kernel; simulate, "
         "virtual workers on a virtual clock, in this kernel; pipeline, the model cut into stages, "
         "one engine each", choices=Mode)
-    algorithm: Algorithm = option(Algorithm.ASGD, "update rule the hub applies to each push",
-                                  choices=Algorithm)
+    algorithm: Algorithm | None = option(
+        None, "update rule the hub applies to each push", choices=Algorithm,
+        shown_default="asgd; for a recurrent net at plain SGD with 2 or more async workers, "
+        "softsync --n 1 with the workers sharing the fit call's batch (dc-asgd-a without one)")
     workers: int | None = option(
         None, "number of workers", type=int,
         shown_default="every free engine; local: 1; simulate: one per --slowdown")
@@ -163,7 +165,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         set_ = object.__setattr__
         set_(self, "mode", _choice(Mode, self.mode, "--mode"))
-        set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
+        if self.algorithm is not None:  # None: nbdist picks (nbdist.job.Job.default_rule)
+            set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
         set_(self, "compression", _choice(Compression, self.compression, "--compression"))
         set_(self, "pin", _choice(Pin, self.pin, "--pin"))
@@ -247,12 +250,12 @@ class TrainConfig:
         if self.workers is None and self.slowdown is None:
             raise ConfigError("--mode simulate needs the number of virtual workers: pass "
                               "--workers N (or --slowdown with one factor per worker).")
-        if self.algorithm is Algorithm.EASGD:
+        if self.rule is Algorithm.EASGD:
             raise ConfigError(
                 "--mode simulate runs one parameter vector with one gradient step per push, so "
                 "--algorithm easgd (an elastic pull between the workers' own copies) does not "
                 "apply. Pick another --algorithm, or use --mode async with a cluster.")
-        if self.sim.get("sync") and self.algorithm is not Algorithm.ASGD:
+        if self.sim.get("sync") and self.algorithm not in (None, Algorithm.ASGD):
             raise ConfigError(f"--sim sync=1 simulates --mode sync (one mean gradient per step), "
                               f"which has no --algorithm (Received: {self.algorithm.value}). "
                               "Drop --algorithm.")
@@ -275,7 +278,7 @@ class TrainConfig:
         # the rules' catalogue (NumPy: imported once a config is built, not at `import nbdist`)
         from nbdist.algorithms import RULES, make_rule, rules_that
 
-        algo = self.algorithm.value
+        algo = self.rule.value
         if self.local_steps > 1 and not RULES[algo].takes_local_steps:
             raise ConfigError(
                 f"--local-steps works with {', '.join(rules_that('takes_local_steps'))}, whose "
@@ -353,6 +356,17 @@ class TrainConfig:
         return self.precise_bn is not False and self.mode.value in modes_taking("precise_bn")
 
     @property
+    def has_rule(self) -> bool:
+        """Whether the mode's hub applies an update rule (--algorithm): not sync's, pipeline's."""
+        return self.mode.value in modes_taking("algorithm")
+
+    @property
+    def rule(self) -> Algorithm:
+        """The update rule the hub applies: --algorithm, or asgd where it was left to nbdist
+        (until the job picks one for the cell: `nbdist.job.Job.default_rule`)."""
+        return self.algorithm or Algorithm.ASGD
+
+    @property
     def momentum_corrected(self) -> bool:
         """Whether the hub may lower the optimizer's momentum by the asynchrony's own:
         --momentum-correction, or by default wherever it works (a rule that
@@ -368,7 +382,7 @@ class TrainConfig:
         `corrects_momentum`, one step per exchange, a mode with a rule): where staleness acts."""
         from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
 
-        return (RULES[self.algorithm.value].corrects_momentum and self.local_steps == 1
+        return (RULES[self.rule.value].corrects_momentum and self.local_steps == 1
                 and self.mode.value in modes_taking("momentum_correction"))
 
     @property
@@ -381,7 +395,7 @@ class TrainConfig:
     def _prediction_works(self) -> bool:
         from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
 
-        return (RULES[self.algorithm.value].predicts_weights and self.local_steps == 1
+        return (RULES[self.rule.value].predicts_weights and self.local_steps == 1
                 and self.mode.value in modes_taking("predict_weights"))
 
     def _check_checkpoints(self) -> None:
@@ -411,7 +425,7 @@ class TrainConfig:
         from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
 
         workers = (mode_spec(self.mode).lr_owner == "workers" or self.local_steps > 1
-                   or RULES[self.algorithm.value].workers_step)
+                   or RULES[self.rule.value].workers_step)
         return "workers" if workers else "hub"
 
     @property
@@ -430,11 +444,11 @@ class TrainConfig:
     def rule_options(self) -> dict:
         """The hub rule's hyper-parameters: --algo-opt plus the dedicated flags."""
         options = dict(self.algo_options)
-        if self.algorithm is Algorithm.SSP and self.staleness is not None:
+        if self.rule is Algorithm.SSP and self.staleness is not None:
             options["staleness"] = self.staleness
-        if self.algorithm is Algorithm.SOFTSYNC and self.n is not None:
+        if self.rule is Algorithm.SOFTSYNC and self.n is not None:
             options["n"] = self.n
-        if self.algorithm is Algorithm.GROUP and self.groups != "auto":
+        if self.rule is Algorithm.GROUP and self.groups != "auto":
             options["num_groups"] = int(self.groups)
         return options
 

@@ -36,6 +36,7 @@ from nbdist.engine.layer_search import recurrent_layers
 from nbdist.engine.learning_rate import check_lr, schedule_name
 from nbdist.engine.optimizer_spec import choose_constraints, choose_optimizer
 from nbdist.errors import ConfigError
+from nbdist.fit.plan import sync_batches
 
 if TYPE_CHECKING:
     from nbdist.checkpoint.store import Checkpoint
@@ -111,18 +112,21 @@ class Job:
             keras_backend=self.keras_backend)
 
     def for_workers(self, num_workers: int) -> Job:
-        """This job for `num_workers` workers: the coordinator's plan and the rule's options."""
-        plan, options, alpha = coordinator_plan(self.config, self.contents, self.workers_rate,
+        """This job for `num_workers` workers: the rule (where --algorithm was left to nbdist),
+        the coordinator's plan and the rule's options."""
+        picked = self.default_rule(num_workers) if self.config.algorithm is None else {}
+        config = self.config.replace(**picked) if picked else self.config
+        plan, options, alpha = coordinator_plan(config, self.contents, self.workers_rate,
                                                 num_workers, epoch_size=self.epoch_size,
                                                 kernel_validates=self.fit is not None)
-        if plan.momentum_correction and self.config.momentum_correction is None:
+        if plan.momentum_correction and config.momentum_correction is None:
             # one worker has no asynchrony to take out (--mode local: fit's own updates)
             plan = replace(plan, momentum_correction=num_workers > 1
                            and self.momentum_worth_correcting(num_workers))
-        job = replace(self, num_workers=num_workers, plan=plan, rule_options=options,
-                      easgd_alpha=alpha)
+        job = replace(self, config=config, num_workers=num_workers, plan=plan,
+                      rule_options=options, easgd_alpha=alpha)
         return job.told([*job.momentum_notices(), *job.staleness_notices(),
-                         *job.recurrent_notices(), *job.tail_notices(),
+                         *job.recurrent_notices(picked), *job.tail_notices(),
                          *job.batchnorm_notices()])
 
     def told(self, said: list[str]) -> Job:
@@ -132,6 +136,41 @@ class Job:
             return self
         return replace(self, warnings=[*self.warnings, *said],
                        contents=replace(self.contents, notes=[*self.contents.notes, *said]))
+
+    def default_rule(self, num_workers: int) -> dict:
+        """The options that pick the rule where --algorithm was not given (none in a mode
+        without one: sync, pipeline). asgd, except for a recurrent net at plain SGD with 2 or
+        more async workers, where a push one update late keeps asgd on the loss plateau that
+        fit leaves (an Embedding + LSTM at SGD(0.5): 0.47-0.88 over 5 seeds, fit 1.000):
+        - with the cell's fit call and its batch: softsync --n 1, the workers sharing the
+          call's batch, so that each update is the mean gradient over the call's batch, as
+          --mode sync makes it (1.000 on 5 seeds of 5 with 2 workers, twice; 5 runs of 6
+          with 4 on 2 cores);
+        - else dc-asgd-a, whose curvature term corrects the late gradient (1.000 on 4 seeds of
+          5, 0.73 on the fifth). docs/performance.md, "Parity with model.fit"."""
+        config = self.config
+        if not config.has_rule:
+            return {}
+        if (num_workers < 2 or not self._plain_sgd or not recurrent_layers(self.model)
+                or config.algo_options or config.predict_weights or config.local_steps > 1):
+            return {"algorithm": Algorithm.ASGD}  # --algo-opt, --predict-weights: asgd's
+        if self.fit is not None and self.fit.batch_from_call:
+            each, _ = sync_batches(self.fit.batch, num_workers)
+            picked = {"algorithm": Algorithm.SOFTSYNC, "n": 1, "batch_size": each}
+        else:
+            picked = {"algorithm": Algorithm.DC_ASGD_A}
+        try:
+            config.replace(**picked)
+        except ConfigError:  # an option the picked rule does not take (--batch-min, ...)
+            return {"algorithm": Algorithm.ASGD}
+        return picked
+
+    @property
+    def _plain_sgd(self) -> bool:
+        """Whether the hub applies SGD without momentum (the cell's, or --server-optimizer's)."""
+        optimizer = self.optimizer
+        return (optimizer is not None and optimizer["class_name"] == "SGD"
+                and momentum_setting(optimizer) is None)
 
     def momentum_worth_correcting(self, num_workers: int) -> bool:
         """--momentum-correction's default for the cell's optimizer and `num_workers`
@@ -167,24 +206,42 @@ class Job:
                 f"--algorithm ssp --staleness 0 (shorter delays; workers wait for the slowest), "
                 f"or train more epochs."]
 
-    def recurrent_notices(self) -> list[str]:
-        """A measured gap no default closes yet, said at the start: a recurrent net trained
-        with plain SGD by workers whose every push lands late."""
-        late = not RULES[self.config.algorithm.value].compensates_delay
-        if (self.num_workers < 2 or not late or not self.config.momentum_correction_works
-                or self.optimizer is None or self.optimizer["class_name"] != "SGD"
-                or momentum_setting(self.optimizer) is not None):
+    def recurrent_notices(self, picked: dict) -> list[str]:
+        """A recurrent net trained with plain SGD by workers whose every push lands late, said
+        at the start: the rule nbdist `picked` for it (`default_rule`), or, where --algorithm
+        named a rule without delay compensation, the gap measured with it."""
+        config = self.config
+        if self.num_workers < 2 or not self._plain_sgd or not config.has_rule:
             return []
         recurrent = recurrent_layers(self.model)
         if not recurrent:
             return []
-        return [f"The model has a recurrent layer ({type(recurrent[0]).__name__}) trained with "
-                f"plain SGD by {self.num_workers} async workers: each push lands at least one "
-                f"update late, which halves the largest learning rate that stays stable. An "
-                f"Embedding + LSTM cell at SGD(0.5) that model.fit trains to 1.000 stayed on its "
-                f"loss plateau this way (0.68-0.99 over 5 seeds; docs/performance.md, \"Parity "
-                f"with model.fit\"). To track fit, pick --algorithm dc-asgd-a (1.000 on 5 seeds "
-                f"of 5 with 2 workers on a real cluster), --mode sync, or a lower learning rate."]
+        said = (f"The model has a recurrent layer ({type(recurrent[0]).__name__}) trained with "
+                f"plain SGD by {self.num_workers} async workers: each push would land at least "
+                f"one update late, which halves the largest learning rate that stays stable. "
+                f"An Embedding + LSTM cell at SGD(0.5) that model.fit trains to 1.000 stayed on "
+                f"its loss plateau this way with asgd (0.47-0.88 over 5 seeds; "
+                f"docs/performance.md, \"Parity with model.fit\").")
+        rule = picked.get("algorithm")
+        if rule is Algorithm.SOFTSYNC:
+            _, uneven = sync_batches(self.fit.batch, self.num_workers)
+            shared = (f"{said} So the hub averages the {self.num_workers} workers' pushes "
+                      f"into one update (--algorithm softsync --n 1), each worker computing "
+                      f"{config.batch_size} samples of model.fit(batch_size={self.fit.batch}): "
+                      f"each update is the mean gradient over the call's batch, as in --mode "
+                      f"sync (1.000 on 5 seeds of 5 with 2 workers). --algorithm asgd keeps "
+                      f"asynchronous SGD with the call's batch per worker.")
+            return [*([uneven] if uneven else []), shared]
+        if rule is Algorithm.DC_ASGD_A:
+            return [f"{said} So the hub applies --algorithm dc-asgd-a, whose curvature term "
+                    f"corrects each late gradient (1.000 on 4 seeds of 5 with 2 workers, 0.73 "
+                    f"on the fifth); with a fit call and its own batch, nbdist averages the "
+                    f"workers' pushes instead, as --mode sync does. --algorithm asgd keeps "
+                    f"asgd."]
+        if RULES[config.rule.value].compensates_delay or not config.momentum_correction_works:
+            return []  # a rule that corrects or averages late pushes
+        return [f"{said} To track fit, leave --algorithm out (nbdist then picks a rule for "
+                f"late pushes), or pick --mode sync, or a lower learning rate."]
 
     def tail_notices(self) -> list[str]:
         """That the weights handed back average the run's tail (nothing where they don't)."""
@@ -301,11 +358,11 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
             f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
             f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
         )
-    algorithm = config.algorithm.value
+    algorithm = config.rule.value
     options = config.rule_options()
     rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
     declared = rule.options  # the given options over the rule's own defaults
-    easgd_alpha = float(declared["alpha"]) if config.algorithm is Algorithm.EASGD else 0.0
+    easgd_alpha = float(declared["alpha"]) if config.rule is Algorithm.EASGD else 0.0
     plan = Plan(
         num_workers=num_workers, num_samples=epoch_size or contents.num_samples,
         epochs=config.epochs, batch_size=config.batch_size, lr=lr,

@@ -396,10 +396,12 @@ def _check_contents(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -
 
 def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray]) -> None:
     """Each shard saved exactly the state its rule (and server optimizer) keeps."""
+    # sync's hub (what its checkpoints save) takes no --algorithm and keeps asgd's empty state
+    ran = meta["config"].get("algorithm") or "asgd"
     for i, shard in enumerate(meta["shards"]):
-        if shard.get("rule") != meta["config"].get("algorithm") or shard["rule"] not in RULES:
+        if shard.get("rule") != ran or shard["rule"] not in RULES:
             raise _corrupt(meta_path, f"shard {i} ran rule {shard.get('rule')!r}, its config "
-                                      f"{meta['config'].get('algorithm')!r}")
+                                      f"{ran!r}")
         wanted = {f"rule.{f}" for f in RULES[shard["rule"]].state_fields}
         wanted |= {f"opt.{f}" for f in _optimizer_fields(meta_path, i, shard)}
         saved = set(shard.get("numbers", {})) | {k.split(".", 1)[1] for k in arrays

@@ -61,7 +61,7 @@ def run_label(run) -> str:
     """What a reader needs to tell the run apart: its rule (or sync), workers, DBS, mode."""
     config = run.config
     mode = _option(config.mode)
-    parts = ["sync allreduce" if mode == "sync" else _option(config.algorithm)]
+    parts = ["sync allreduce" if mode == "sync" else _option(config.rule)]
     if getattr(config, "staleness_lr", False):
         parts[0] += " + staleness-lr"
     workers = _workers(run)

@@ -33,6 +33,7 @@ class FitSpec:
     split_batch: bool  # --mode sync: the ranks share `batch` (no --batch-size flag)
     epoch_size: int | None  # samples per epoch when fewer than a pass (steps_per_epoch)
     ordinal: int = 0  # which of the cell's fit calls (0: the first): one run for each
+    batch_from_call: bool = True  # `batch` is the call's (no --batch-size flag)
 
     @property
     def passes(self) -> int:
@@ -74,13 +75,13 @@ def plan_fit(call: FitCall, placed: FitData, given: dict,
         epoch_size = call.steps_per_epoch * batch  # an epoch is part of a pass (or all of it)
     spec = FitSpec(call=call, placed=placed, epochs=epochs, initial_epoch=call.initial_epoch,
                    batch=batch, split_batch=mode == "sync" and "batch_size" not in given,
-                   epoch_size=epoch_size)
+                   epoch_size=epoch_size, batch_from_call="batch_size" not in given)
     return spec, {"epochs": spec.passes, "batch_size": batch}, notes
 
 
 def sync_batches(batch: int, ranks: int) -> tuple[int, str | None]:
-    """Each rank's batch when `ranks` share the call's `batch`, and a warning when they cannot
-    share it exactly.
+    """Each rank's batch when `ranks` share the call's `batch` (sync ranks, or async workers
+    whose pushes the hub averages), and a warning when they cannot share it exactly.
 
     Example:
         >>> sync_batches(128, 2), sync_batches(128, 3)[0]

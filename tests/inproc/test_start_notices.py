@@ -79,18 +79,54 @@ model.compile(optimizer=keras.optimizers.SGD(0.5), loss="sparse_categorical_cros
 '''
 
 
-@pytest.mark.parametrize(("optimizer", "options", "warned"), [
-    ("keras.optimizers.SGD(0.5)", {"workers": 2}, True),
-    ("keras.optimizers.SGD(0.5)", {"workers": 1}, False),  # no push lands late
-    ("keras.optimizers.SGD(0.5)", {"workers": 2, "algorithm": "dc-asgd-a"}, False),  # the pick
-    ("keras.optimizers.SGD(0.5, momentum=0.9)", {"workers": 2}, False),  # compensated
-    ("keras.optimizers.Adam()", {"workers": 2}, False),
+@pytest.mark.parametrize(("optimizer", "options", "rule", "said"), [
+    # the default without a fit call: dc-asgd-a, said at the start
+    ("keras.optimizers.SGD(0.5)", {"workers": 2}, "dc-asgd-a",
+     "So the hub applies --algorithm dc-asgd-a"),
+    ("keras.optimizers.SGD(0.5)", {"workers": 1}, "asgd", None),  # no push lands late
+    # the rule the user named is kept, and the gap measured with it said
+    ("keras.optimizers.SGD(0.5)", {"workers": 2, "algorithm": "asgd"}, "asgd", "To track fit"),
+    ("keras.optimizers.SGD(0.5)", {"workers": 2, "algorithm": "dc-asgd"}, "dc-asgd", None),
+    # options asked of asgd keep asgd
+    ("keras.optimizers.SGD(0.5)", {"workers": 2, "predict_weights": True}, "asgd",
+     "To track fit"),
+    ("keras.optimizers.SGD(0.5, momentum=0.9)", {"workers": 2}, "asgd", None),  # compensated
+    ("keras.optimizers.Adam()", {"workers": 2}, "asgd", None),
 ])
-def test_a_recurrent_net_under_async_plain_sgd_is_told_the_measured_gap(optimizer, options,
-                                                                        warned):
+def test_a_recurrent_net_under_async_plain_sgd_gets_delay_compensation_by_default(
+        optimizer, options, rule, said):
     cell = RECURRENT_CELL.replace("keras.optimizers.SGD(0.5)", optimizer)
     run = nbdist.train(cell, namespace={}, mode="simulate", epochs=1, batch_size=32, wait=True,
                        **options)
     assert run.status == "finished", run.error
-    assert any(w.startswith("The model has a recurrent layer (GRU) trained with plain SGD by 2 "
-                            "async workers") for w in run.warnings) is warned
+    assert run.config.algorithm == rule
+    told = [w for w in run.warnings if w.startswith(
+        "The model has a recurrent layer (GRU) trained with plain SGD by 2 async workers")]
+    assert len(told) == (said is not None)
+    assert said is None or said in told[0]
+    notes = run.events.query("event == 'note'")
+    assert said is None or notes["text"].str.contains(said, regex=False).any()
+
+
+def test_a_net_without_recurrent_layers_keeps_asgd_by_default():
+    run = nbdist.train(SYNTHETIC_CELL, namespace={}, mode="simulate", workers=2, epochs=1,
+                       wait=True)
+    assert run.status == "finished", run.error
+    assert run.config.algorithm == "asgd"
+
+
+def test_a_recurrent_cell_with_its_fit_call_has_its_workers_share_the_call_s_batch():
+    """With the cell's fit call, the pick is the mean over the call's batch per update, as
+    --mode sync makes it: the workers share the batch and the hub averages their pushes."""
+    cell = RECURRENT_CELL + "model.fit(x_train, y_train, batch_size=32, epochs=1)\n"
+    run = nbdist.train(cell, namespace={}, mode="simulate", workers=2, wait=True)
+    assert run.status == "finished", run.error
+    assert (run.config.algorithm, run.config.n, run.config.batch_size) == ("softsync", 1, 16)
+    assert any("So the hub averages the 2 workers' pushes into one update (--algorithm "
+               "softsync --n 1), each worker computing 16 samples of model.fit(batch_size=32)"
+               in w for w in run.warnings)
+    # --batch-size on the magic line: the workers' own batch, so the curvature correction
+    given = nbdist.train(cell, namespace={}, mode="simulate", workers=2, batch_size=16,
+                         wait=True)
+    assert given.status == "finished", given.error
+    assert given.config.algorithm == "dc-asgd-a"
