@@ -34,6 +34,14 @@ class Algorithm(enum.StrEnum):
     EASGD = "easgd"
 
 
+class Collective(enum.StrEnum):
+    """What averages the gradients between `--mode sync` ranks (`--collective`)."""
+
+    AUTO = "auto"  # Horovod on TensorFlow where it is installed, else torch.distributed
+    HOROVOD = "horovod"  # Horovod's allreduce inside TensorFlow graphs (TensorFlow only)
+    TORCH = "torch"  # torch.distributed over Gloo, on a flat NumPy buffer (every Keras backend)
+
+
 class ServerOptimizer(enum.StrEnum):
     """An optimizer of nbdist's own for the hub, instead of the cell's (`--server-optimizer`).
 

@@ -14,6 +14,7 @@ import os
 
 from nbdist.choices import (  # also re-exported: nbdist.config is where callers find them
     Algorithm,
+    Collective,
     Compression,
     Metrics,
     Mode,
@@ -151,6 +152,11 @@ class TrainConfig:
                        shown_default=late("nbdist.core.simclock", "sim_defaults"))
     # off: with it, no gain beyond the seeds' spread in accuracy on a BatchNorm CNN, and 30-40%
     # more time per step (an allreduce per BatchNorm layer each way; benchmarks/sync_batchnorm.py)
+    collective: Collective = option(
+        Collective.AUTO, "sync: what averages the gradients: horovod (Horovod's allreduce inside "
+        "TensorFlow graphs; TensorFlow only), torch (torch.distributed over Gloo, on every Keras "
+        "backend), auto (horovod on TensorFlow where it is installed, else torch)",
+        choices=Collective)
     sync_batchnorm: bool = option(False, "BatchNorm statistics over the global batch, allreduced "
                                   "in the forward pass", negatable=True)
     stages: int = option(2, "stages, one engine each", type=int)
@@ -169,6 +175,7 @@ class TrainConfig:
             set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
         set_(self, "compression", _choice(Compression, self.compression, "--compression"))
+        set_(self, "collective", _choice(Collective, self.collective, "--collective"))
         set_(self, "pin", _choice(Pin, self.pin, "--pin"))
         set_(self, "spin", _choice(Spin, self.spin, "--spin"))
         if self.server_optimizer is not None:

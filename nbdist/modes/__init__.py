@@ -103,16 +103,13 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
         operations=frozenset({"checkpoint"}), in_kernel=True),
     ModeSpec(
         "sync", "nbdist.modes.sync.start",
-        "averages gradients with Horovod allreduce between the cluster's engines, with no "
-        "parameter server",
+        "averages gradients with an allreduce between the cluster's engines (Horovod, or "
+        "torch.distributed), with no parameter server",
         _COORDINATED | _CHECKPOINTS | {
-            "workers", "compression", "timeout", "pin", "sync_batchnorm", "precise_bn"},
+            "workers", "compression", "timeout", "pin", "sync_batchnorm", "precise_bn",
+            "collective"},
         needs_cluster=True, lr_owner="workers",
-        operations=frozenset({"checkpoint"}), backends=("tensorflow",),
-        backends_why="averages gradients with Horovod's TensorFlow allreduce inside TensorFlow "
-        "graphs (Horovod has no JAX binding, and its last release, 0.28.1, predates the "
-        "PyTorch nbdist installs)",
-        cell_on_engines=True),
+        operations=frozenset({"checkpoint"}), cell_on_engines=True),
     ModeSpec(
         "simulate", "nbdist.modes.simulate.start",
         "runs virtual workers on a virtual clock in this kernel, and replays a run from its "

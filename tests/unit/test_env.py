@@ -12,7 +12,7 @@ from nbdist.errors import ConfigError
 
 NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
 # Not a switch: the sync backend hands the rendezvous' host name to its ranks in their spec.
-SPEC_FIELDS = {"NBDIST_RENDEZVOUS_HOST"}
+SPEC_FIELDS = {"NBDIST_RENDEZVOUS_HOST", "NBDIST_COLLECTIVE"}  # a sync rank's variables
 
 
 @pytest.mark.parametrize(("text", "value"), [

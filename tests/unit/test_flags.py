@@ -51,7 +51,8 @@ def test_declared_modes_and_choices_are_real():
     modes = {m.value for m in Mode}
     for flag in distribute_flags():
         assert flag.modes is None or set(flag.modes) <= modes, flag.name
-        extra = {"mode": "pipeline"} if flag.name in ("partition", "schedule") else {}
+        extra = ({"mode": "pipeline"} if flag.name in ("partition", "schedule")
+                 else {"mode": "sync"} if flag.name == "collective" else {})
         for choice in flag.choice_values or ():
             if flag.option:  # every choice offered is one TrainConfig takes
                 more = {"workers": 1} if choice == "simulate" else {}
@@ -86,7 +87,7 @@ LINES = [  # between them, every training flag of %%distribute
     "--algorithm ssp --staleness 2 --overlap --pause-at 0 --predict-weights --momentum-correction "
     "--precise-bn --average-tail 0.2",
     "--algorithm softsync --n 2 --local-steps 2 --server-optimizer adam",
-    "--mode sync --sync-batchnorm",
+    "--mode sync --sync-batchnorm --collective torch",
     "--mode simulate --workers 2 --sim jitter=0.1,sync=1",
     "--mode pipeline --stages 3 --micro-batches 2 --partition greedy --schedule 1f1b",
 ]

@@ -31,8 +31,8 @@ GIVEN = dict(algorithm="hogwild", workers=2, servers=2, transport="tcp", compres
              staleness=2, n=2, groups=2, local_steps=2, server_optimizer="adam", overlap=True,
              pin="auto", spin="off", dbs=True, batch_min=8, batch_max=64, slowdown="1,2",
              metrics="minimal", pause_at=3, elastic=True, checkpoint_dir="ckpt",
-             checkpoint_every=30.0, sim="per_step=0.01", sync_batchnorm=True, stages=3,
-             micro_batches=2, partition="greedy", schedule="1f1b")
+             checkpoint_every=30.0, sim="per_step=0.01", sync_batchnorm=True, collective="torch",
+             stages=3, micro_batches=2, partition="greedy", schedule="1f1b")
 
 
 def test_every_option_is_taken_by_every_mode_or_named_in_the_specs_that_take_it():
@@ -83,7 +83,7 @@ def test_staleness_lr_is_refused_in_sync_mode_which_has_no_delays_to_divide_by()
     from nbdist.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"^--staleness-lr does not apply to --mode sync, which "
-                       r"averages gradients with Horovod allreduce.*works with --mode async, "
+                       r"averages gradients with an allreduce.*works with --mode async, "
                        r"local, simulate\."):
         TrainConfig(mode="sync", staleness_lr=True)
     assert TrainConfig(mode="async", staleness_lr=True).staleness_lr
@@ -113,8 +113,7 @@ def test_a_mode_that_trains_only_on_tensorflow_is_refused_on_another_backend_fro
             with pytest.raises(BackendError, match=rf"^--mode {mode} .*trains only on Keras's "
                                rf"TensorFlow backend \(Received: .* is {backend}\)"):
                 check_mode(mode, backend)
-    assert [m for m, spec in MODES.items() if spec.backends == ("tensorflow",)] == [
-        "sync", "pipeline"]
+    assert [m for m, spec in MODES.items() if spec.backends == ("tensorflow",)] == ["pipeline"]
 
 
 def test_who_owns_the_learning_rate_comes_from_the_mode_then_the_rule_and_local_steps():

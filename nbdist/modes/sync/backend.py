@@ -1,20 +1,22 @@
-"""The kernel side of `--mode sync` (synchronous training through Horovod allreduce).
+"""The kernel side of `--mode sync` (synchronous training through an allreduce).
 
-`SyncBackend` runs Horovod's own rendezvous HTTP server, answering only requests signed with
-the run's key (`nbdist.modes.sync.rendezvous`; bound to loopback for a local cluster), assigns
-ranks with Horovod's `get_host_assignments`, gives every worker engine its `HOROVOD_*`
-variables, checks every rank's network before any starts (`nbdist.modes.sync.network`), and
-starts one rank per engine (`nbdist.modes.sync.rank`), placed and watched as every engine
-backend's workers are (nbdist/modes/common/engine_backend.py). A hub in its
-metrics-and-control role (no parameters) runs as a thread in this kernel
-(nbdist/modes/common/kernel_hub.py), CurveZMQ with the cluster's --encrypt. Only this module
-and the rank's import Horovod.
+`SyncBackend` runs the ranks' rendezvous in this kernel, answering only requests signed with
+the run's key (`nbdist.modes.sync.rendezvous`; bound to loopback for a local cluster): Horovod's
+own server for `--collective horovod` (ranks from Horovod's `get_host_assignments`), a signed
+key-value store for torch.distributed's Gloo group (`--collective torch`, ranks `host_slots`).
+It gives every worker engine its rank's variables, checks every rank's network before any
+starts (`nbdist.modes.sync.network`), and starts one rank per engine
+(`nbdist.modes.sync.rank`), placed and watched as every engine backend's workers are
+(nbdist/modes/common/engine_backend.py). A hub in its metrics-and-control role (no parameters)
+runs as a thread in this kernel (nbdist/modes/common/kernel_hub.py), CurveZMQ with the cluster's
+--encrypt. Only this module and the rank's import Horovod, and only for --collective horovod.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import threading
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -33,7 +35,7 @@ from nbdist.modes.common.engine_backend import EngineBackend
 from nbdist.modes.common.kernel_hub import KernelHubs
 from nbdist.modes.sync.network import preflight
 from nbdist.modes.sync.rank import SyncSpec, run_sync_worker
-from nbdist.modes.sync.rendezvous import signed_rendezvous
+from nbdist.modes.sync.rendezvous import signed_rendezvous, signed_store
 from nbdist.run.backend import Backend
 
 RESULT_WAIT_S = 60  # for a rank's returned weights, once training has ended
@@ -49,6 +51,36 @@ def require_horovod() -> None:
             f"--mode sync needs Horovod with TensorFlow support, which is not importable ({exc}). "
             "Build it with `make horovod` (Horovod 0.28.1, Gloo, from source), or use --mode async."
         ) from None
+
+
+def choose_collective(given: str, keras_backend: str) -> str:
+    """"horovod" or "torch" for `--collective given` on the kernel's Keras backend: auto is
+    Horovod on TensorFlow where it is installed (its allreduce runs inside the compiled step),
+    else torch.distributed. Raises what to install, or what to pick, where neither can run."""
+    if given == "horovod":
+        if keras_backend != "tensorflow":
+            raise ConfigError(
+                f"--collective horovod averages gradients inside TensorFlow graphs, and Horovod "
+                f"has no {keras_backend} binding (Received: the kernel's Keras runs "
+                f"{keras_backend}). Use --collective torch (torch.distributed over Gloo), the "
+                f"default on {keras_backend}.")
+        require_horovod()
+        return "horovod"
+    if given == "auto" and keras_backend == "tensorflow":
+        try:
+            require_horovod()
+            return "horovod"
+        except DependencyError:
+            pass  # a machine without Horovod trains sync through torch.distributed
+    if importlib.util.find_spec("torch") is None:
+        raise DependencyError(
+            f"--mode sync on Keras's {keras_backend} backend averages gradients with "
+            f"torch.distributed (--collective {given}), but PyTorch is not installed here. "
+            "Install it with `pip install 'nbdist[torch]'` (the CPU build; it brings Gloo) on "
+            "the kernel's machine and the engines'"
+            + (", or build Horovod with `make horovod`." if keras_backend == "tensorflow"
+               else "."))
+    return "torch"
 
 
 def check_ranks(client, specs: list) -> None:
@@ -75,11 +107,41 @@ def plaintext_note(encrypt: bool, rank_hosts: list[str]) -> str | None:
     if not encrypt or len(hosts) < 2:
         return None
     return (f"--encrypt: the ranks on {len(hosts)} hosts ({', '.join(hosts)}) exchange gradients "
-            "and weights through Horovod's Gloo, which has no encryption: those tensors cross the "
+            "and weights through Gloo (Horovod's or torch.distributed's), which has no "
+            "encryption: those tensors cross the "
             "network in plaintext. The metrics hub uses CurveZMQ and the rendezvous is signed with "
             "the run's key. For encrypted training across hosts use --mode async (or --mode "
             "pipeline); otherwise keep sync runs on a trusted network (or one encrypted below "
             "nbdist, e.g. WireGuard).")
+
+
+@dataclass(frozen=True)
+class Slot:
+    """One rank's place, as Horovod's `get_host_assignments` gives it (for --collective torch,
+    which has no such helper)."""
+
+    hostname: str
+    rank: int
+    size: int
+    local_rank: int
+    local_size: int
+    cross_rank: int
+    cross_size: int
+
+
+def host_slots(hosts: dict[str, int]) -> list[Slot]:
+    """Ranks host by host, in the order given, as Horovod numbers them.
+
+    Example:
+        >>> [(s.hostname, s.rank, s.local_rank, s.cross_rank) for s in host_slots({"a": 2, "b": 1})]
+        [('a', 0, 0, 0), ('a', 1, 1, 0), ('b', 2, 0, 1)]
+    """
+    size, slots = sum(hosts.values()), []
+    for cross_rank, (host, count) in enumerate(hosts.items()):
+        first = len(slots)
+        slots += [Slot(host, first + local, size, local, count, cross_rank, len(hosts))
+                  for local in range(count)]
+    return slots
 
 
 class SyncBackend(EngineBackend, Backend):
@@ -89,8 +151,10 @@ class SyncBackend(EngineBackend, Backend):
     survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
 
     def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None,
-                 pin: bool = False):
-        require_horovod()
+                 pin: bool = False, collective: str = "horovod"):
+        if collective == "horovod":
+            require_horovod()
+        self.collective = collective
         super().__init__(cluster, num_servers=0, num_workers=num_workers, pin=pin)
         # engines started as MPI ranks (mpiexec, ipyparallel's MPI launcher) train like any
         # others: ranks and sizes come from the rendezvous below, and Gloo carries the tensors
@@ -112,21 +176,26 @@ class SyncBackend(EngineBackend, Backend):
         return kernel_address(self.kernel_net, [self.nets[w] for w in self.roles.workers])
 
     def start_workers(self, base: SyncSpec) -> None:
-        # Horovod: only for --mode sync
-        from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
-
         engines = list(self.roles.workers)
         hosts: dict[str, list[int]] = {}
         for e in engines:
             hosts.setdefault(self.hosts[e], []).append(e)
-        plan = get_host_assignments(
-            parse_hosts(",".join(f"{h}:{len(es)}" for h, es in hosts.items())), len(engines))
         address = self._kernel_bind_host()
-        # Horovod's own server, bound to one address instead of all interfaces, signed requests only
-        self.rendezvous = signed_rendezvous((address, 0), base.key, base.run_id)
-        self.rendezvous.init(plan)
+        if self.collective == "torch":  # a key-value store for Gloo, signed; no Horovod
+            plan = host_slots({h: len(es) for h, es in hosts.items()})
+            self.rendezvous = signed_store((address, 0), base.key, base.run_id)
+        else:
+            # Horovod: only for --collective horovod
+            from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+
+            plan = get_host_assignments(
+                parse_hosts(",".join(f"{h}:{len(es)}" for h, es in hosts.items())), len(engines))
+            # Horovod's own server, bound to one address instead of all interfaces, signed
+            # requests only
+            self.rendezvous = signed_rendezvous((address, 0), base.key, base.run_id)
+            self.rendezvous.init(plan)
         threading.Thread(target=self.rendezvous.serve_forever, daemon=True,
-                         name="nbdist-horovod-rendezvous").start()
+                         name="nbdist-sync-rendezvous").start()
         port = self.rendezvous.server_address[1]
         next_on_host = {h: iter(es) for h, es in hosts.items()}
         self.worker_engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
@@ -142,8 +211,9 @@ class SyncBackend(EngineBackend, Backend):
                    "HOROVOD_GLOO_TIMEOUT_SECONDS": str(GLOO_TIMEOUT_S),
                    "HOROVOD_GLOO_IFACE": f"route:{address}",  # resolved on the rank (rank_network)
                    "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
+                   "NBDIST_COLLECTIVE": self.collective,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
-            specs.append(replace(base, worker=slot.rank, engine=engine,
+            specs.append(replace(base, worker=slot.rank, collective=self.collective, engine=engine,
                                  local_rank=slot.local_rank, env=env,
                                  threads=max(1, self.host_cores(engine) // slot.local_size),
                                  pin=(slot.local_rank, 0, slot.local_size) if self.pin else None))

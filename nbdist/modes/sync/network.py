@@ -34,7 +34,9 @@ def rank_network(env: dict) -> dict:
                         "the Horovod rendezvous (in the notebook kernel)",
                         env.get("NBDIST_RENDEZVOUS_HOST", "?"))
         env["HOROVOD_GLOO_IFACE"] = interface_for(address)
-        if int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1 and not iface_honoured(horovod_build()):
+        # torch.distributed's Gloo binds the interface it is given; Horovod's, by its build
+        if (int(env.get("HOROVOD_CROSS_SIZE", "1")) > 1 and env.get("NBDIST_COLLECTIVE") != "torch"
+                and not iface_honoured(horovod_build())):
             check_hostname_address(env["HOROVOD_GLOO_IFACE"])
     return env
 

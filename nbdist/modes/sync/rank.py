@@ -1,16 +1,16 @@
-"""One Horovod rank of a `--mode sync` run: the engine side (`run_sync_worker`).
+"""One rank of a `--mode sync` run: the engine side (`run_sync_worker`).
 
-`hvd.init()`, broadcast rank 0's weights (one flat buffer, `hvd.broadcast`; every collective
-has a fixed name, because Horovod matches them by name and Keras variable names differ between
-processes), then per step one compiled function computes this rank's gradient as one flat
-buffer and a second allreduces it (weighted by this rank's share of the global batch, so the
-result is the exact mean over the global batch even when `--dbs` gives ranks different
-batches) and applies it with the cell's own optimizer. Rank 0's control (stop, pause, lr,
-batch sizes) rides in the same allreduce, so every rank acts on it at the same step.
-`hvd.shutdown()` always runs at the end, so a failing rank ends the collective for all, and the
-next run can `hvd.init()` again. With `--sync-batchnorm`, BatchNorm statistics are allreduced
-inside the forward pass (nbdist.modes.sync.batchnorm); a learning-rate schedule runs on each
-rank's optimizer (nbdist.engine.learning_rate). The kernel side is `nbdist.modes.sync.backend`.
+Its collective (`nbdist.modes.sync.collective`: Horovod inside TensorFlow, or a Gloo group of
+torch.distributed on any Keras backend) starts from the kernel's signed rendezvous, broadcasts
+rank 0's weights (one flat buffer), then per step this rank's gradient is computed as one flat
+buffer, allreduced (weighted by this rank's share of the global batch, so the result is the
+exact mean over the global batch even when `--dbs` gives ranks different batches) and applied
+with the cell's own optimizer. Rank 0's control (stop, pause, lr, batch sizes) rides in the
+same allreduce, so every rank acts on it at the same step. The collective is always closed at
+the end (`hvd.shutdown()`), so a failing rank ends it for all, and the next run starts a new
+one. With `--sync-batchnorm` (Horovod), BatchNorm statistics are allreduced inside the forward
+pass (nbdist.modes.sync.batchnorm); a learning-rate schedule runs on each rank's optimizer
+(nbdist.engine.learning_rate). The kernel side is `nbdist.modes.sync.backend`.
 """
 
 from __future__ import annotations
@@ -31,8 +31,9 @@ from nbdist.engine.run_cell import run_cell
 from nbdist.hub.client import WorkerTransport
 from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
 from nbdist.modes.sync.batchnorm import SyncBatchNorm, batchnorm_layers
+from nbdist.modes.sync.collective import HorovodCollective, TorchCollective
 from nbdist.modes.sync.network import rank_network
-from nbdist.modes.sync.rendezvous import RendezvousRelay
+from nbdist.modes.sync.rendezvous import RendezvousRelay, SignedClient
 from nbdist.wire.messages import EvalResult, Report, ReportReply
 
 CONTROL_FIELDS = 3  # stop, paused, lr; then one batch size per rank
@@ -53,35 +54,42 @@ class SyncSpec(WorkerSpec):
     initial_slots: np.ndarray | None = None  # the Keras optimizer's slots, from a checkpoint
     # BatchNorm statistics over the global batch (nbdist.modes.sync.batchnorm)
     sync_batchnorm: bool = False
+    collective: str = "horovod"  # what averages the gradients (nbdist.modes.sync.collective)
 
 
 
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
-    """One Horovod rank: train in lockstep with the others; returns the final weights."""
+    """One rank: train in lockstep with the others; returns the final weights."""
     env = rank_network(spec.env or {})
     os.environ.update(env)
     spec = pin_worker(spec)  # --pin auto: each rank on its own cores of the host
     model, data, validation = run_cell(spec, namespace)
-    import horovod.tensorflow as hvd  # Horovod: only where a rank runs
+    if spec.collective == "torch":
+        client = SignedClient(spec.key, spec.run_id, str(spec.worker), env)
+        collective = TorchCollective(client, env, float(env["HOROVOD_GLOO_TIMEOUT_SECONDS"]))
+        try:
+            return _SyncLoop(spec, collective, model, data, validation).run()
+        finally:
+            collective.close()
+    import horovod.tensorflow as hvd  # Horovod: only where a Horovod rank runs
 
     with RendezvousRelay(spec.key, spec.run_id, str(spec.worker), env) as relay:
         os.environ.update(relay.horovod_env())  # Horovod's client signs nothing: the relay does
         hvd.init()
+        collective = HorovodCollective(hvd)
         try:
-            return _SyncLoop(spec, hvd, model, data, validation).run()
+            return _SyncLoop(spec, collective, model, data, validation).run()
         finally:
-            hvd.shutdown()
+            collective.close()
 
 
 class _SyncLoop:
     """The per-rank training loop; see the module docstring."""
 
-    def __init__(self, spec: SyncSpec, hvd, model, data, validation):
-        import tensorflow as tf  # TensorFlow: only where a rank runs
-
-        self.spec, self.hvd, self.model, self.data, self.validation = (spec, hvd, model, data,
-                                                                       validation)
-        self.rank, self.size = hvd.rank(), hvd.size()
+    def __init__(self, spec: SyncSpec, collective, model, data, validation):
+        self.spec, self.collective, self.model, self.data, self.validation = (
+            spec, collective, model, data, validation)
+        self.rank, self.size = collective.rank, collective.size
         write_flat(model, spec.initial_params, spec.initial_non_trainable)
         optimizer = model.optimizer
         trainable = model.trainable_variables
@@ -91,13 +99,11 @@ class _SyncLoop:
         if spec.initial_slots is not None:  # every rank checks; rank 0's values are broadcast
             check_slots(optimizer, resume["slots"], spec.engine)
             optimizer.iterations.assign(int(resume["iterations"]))
-        # Horovod matches collectives across ranks by name, and Keras names variables with
-        # per-process counters (an engine that ran the cell before has `dense_2/kernel`):
-        # so every collective here has a fixed name, and the weights travel as one buffer.
+        # the weights travel as one buffer (Horovod matches collectives by name, and Keras names
+        # variables with per-process counters: `dense_2/kernel` on an engine that ran the cell)
         params, non_trainable = self.flat.read()
         slots = read_slots(optimizer) if spec.initial_slots is None else spec.initial_slots
-        start = hvd.broadcast(tf.constant(np.concatenate([params, non_trainable, slots])),
-                              root_rank=0, name="nbdist_initial_weights").numpy()
+        start = collective.broadcast(np.concatenate([params, non_trainable, slots]))
         n = params.size + non_trainable.size
         self.flat.assign(start[: params.size], start[params.size: n])
         write_slots(optimizer, start[n:])
@@ -107,7 +113,7 @@ class _SyncLoop:
         self.position, self.sent = self.start[:2], 0
         self.batchnorm = None
         if spec.sync_batchnorm and self.size > 1 and batchnorm_layers(model):
-            self.batchnorm = SyncBatchNorm(model, hvd)
+            self.batchnorm = SyncBatchNorm(model, collective.hvd)  # Horovod only (the config)
         self._allreduce_apply = self._compile_allreduce_apply()
         self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
                                          spec.engine)
@@ -121,32 +127,9 @@ class _SyncLoop:
             optimizer.learning_rate.assign(spec.lr)
 
     def _compile_allreduce_apply(self):
-        """The compiled step that allreduces the weighted gradient and applies it."""
-        import tensorflow as tf  # TensorFlow: only where a rank runs
-
-        hvd, optimizer, trainable = self.hvd, self.model.optimizer, self.model.trainable_variables
-        sizes = [int(np.prod(v.shape)) for v in trainable]
-
-        fp16 = self.spec.compression == "fp16"
-
-        @tf.function(reduce_retracing=True)
-        def allreduce_apply(grad, weight, control):
-            weighted_grad = grad * weight  # this rank's share of the global batch
-            if fp16:  # the gradient travels as float16 (Horovod's own compression); control exact
-                reduced = tf.concat([hvd.allreduce(weighted_grad, op=hvd.Sum,
-                                                   name="nbdist_gradient",
-                                                   compression=hvd.Compression.fp16),
-                                     hvd.allreduce(control, op=hvd.Sum, name="nbdist_control")], 0)
-            else:
-                reduced = hvd.allreduce(tf.concat([weighted_grad, control], 0), op=hvd.Sum,
-                                        name="nbdist_gradient")
-            grads = tf.split(reduced[: self.flat.size], sizes)
-            optimizer.apply_gradients(zip([tf.reshape(g, v.shape)
-                                           for g, v in zip(grads, trainable, strict=True)],
-                                          trainable, strict=True))
-            return reduced[self.flat.size:]
-
-        return allreduce_apply
+        """The step that allreduces the weighted gradient (with the control) and applies it."""
+        return self.collective.compile_apply(self.model, self.flat.size,
+                                             self.spec.compression == "fp16")
 
     def run(self) -> dict:
         spec = self.spec
@@ -177,7 +160,7 @@ class _SyncLoop:
                 t0 = time.perf_counter()
                 if self.batchnorm is not None:
                     self.batchnorm.set_share(weight)
-                loss, grad, grad_norm = self.flat.gradients_tensor(*batch)  # grad stays a tensor
+                loss, grad, grad_norm = self.collective.gradients(self.flat, batch)
                 t1 = time.perf_counter()
                 # the last step's report: its round trip hid behind compute
                 reply = self._take_report(reply)
@@ -189,7 +172,7 @@ class _SyncLoop:
                              where=f"rank {self.rank} (engine {spec.engine})", epoch=epoch)
                 outgoing = self._control_out(reply)
                 self.control[:] = self._allreduce_apply(grad, np.asarray(weight, np.float32),
-                                                        outgoing).numpy()
+                                                        outgoing)
                 self._follow_lr()
                 t2 = time.perf_counter()
                 self.position = (epoch, min(epoch_size, offset + (step + 1) * global_batch))
@@ -258,8 +241,7 @@ class _SyncLoop:
         return out
 
     def _exchange_control(self, reply: ReportReply | None) -> None:
-        self.control[:] = self.hvd.allreduce(self._control_out(reply), op=self.hvd.Sum,
-                                             name="nbdist_control").numpy()
+        self.control[:] = self.collective.allreduce_sum(self._control_out(reply))
 
     def _report(self, report: Report) -> ReportReply:
         self._take_report(None)
@@ -290,8 +272,8 @@ class _SyncLoop:
         params, non_trainable = self.flat.read()
         own = non_trainable  # with --sync-batchnorm already the same on every rank
         if non_trainable.size:
-            non_trainable = self.hvd.allreduce(non_trainable, op=self.hvd.Average,
-                                               name="nbdist_final_state").numpy()
+            non_trainable = self.collective.allreduce_sum(
+                non_trainable, name="nbdist_final_state") / np.float32(self.size)
             self.flat.assign(params, non_trainable)
         if self.spec.checkpoint:  # the final checkpoint's weights
             self._send_state(None, steps, final=True)

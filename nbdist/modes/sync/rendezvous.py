@@ -1,4 +1,5 @@
-"""The Horovod rendezvous of a `--mode sync` run, authenticated with the run's key.
+"""The rendezvous of a `--mode sync` run (Horovod's, or torch.distributed's store),
+authenticated with the run's key.
 
 Horovod's ranks find each other through an HTTP key-value store (Horovod's own
 `RendezvousHTTPServer`) that nbdist runs in the kernel. As shipped it obeys any GET, PUT or
@@ -23,6 +24,10 @@ an address of theirs, or end a scope early. Here every request and every reply i
   user (the owner of the peer's socket, from /proc/net/tcp: another user of the rank's host
   cannot use it), signs each request, forwards it to the kernel one at a time (so the counter
   arrives in order), checks the signed reply and hands it back.
+- **torch.distributed** (`--collective torch`): the kernel runs `signed_store`, the same
+  bounded, signed server over a plain key-value handler (no Horovod), and each rank's Gloo
+  process group reads and writes it through a `torch.distributed.Store` that signs each
+  request itself (`SignedClient`; nbdist.modes.sync.collective.rank_store): no relay.
 
 The rendezvous is authenticated, not encrypted: it carries the ranks' Gloo addresses, no data.
 """
@@ -47,8 +52,9 @@ from nbdist.hub.protocol import mac
 
 log = logging.getLogger(__name__)
 __all__ = ["AUTH_HEADER", "MAX_CONNECTIONS", "MAX_HEAD", "REQUEST_S", "RendezvousRelay",
-           "check_reply", "check_request", "check_request_body", "check_request_head",
-           "rendezvous_key", "sign_reply", "sign_request", "signed_rendezvous", "socket_owner"]
+           "SignedClient", "check_reply", "check_request", "check_request_body",
+           "check_request_head", "rendezvous_key", "sign_reply", "sign_request",
+           "signed_rendezvous", "signed_store", "socket_owner"]
 
 AUTH_HEADER = "X-Nbdist-Auth"
 MAX_BODY = 1 << 20  # a Gloo address list is a few hundred bytes per rank
@@ -174,6 +180,24 @@ def signed_rendezvous(address: tuple[str, int], key: bytes, run_id: str):
     server.mac_key, server.run_id = rendezvous_key(key), run_id
     server.last, server.last_lock = {}, threading.Lock()  # sender -> its last counter
     server.rejected = collections.Counter()
+    return server
+
+
+def signed_store(address: tuple[str, int], key: bytes, run_id: str):
+    """A key-value store for torch.distributed's Gloo rendezvous (`--collective torch`), bound on
+    `address` and signed as `signed_rendezvous` is: GET /torch/KEY answers the value or 404,
+    PUT sets it, DELETE removes it (each rank's store polls GET for what Gloo waits on:
+    nbdist.modes.sync.collective.rank_store). No Horovod: a machine without it trains sync
+    this way."""
+
+    class Server(BoundedServerMixin, http.server.HTTPServer):
+        pass
+
+    server = Server(address, KeyValueHandler)
+    server.mac_key, server.run_id = rendezvous_key(key), run_id
+    server.last, server.last_lock = {}, threading.Lock()
+    server.rejected = collections.Counter()
+    server.values, server.values_lock = {}, threading.Lock()
     return server
 
 
@@ -426,6 +450,25 @@ class SignedHandlerMixin:
         pass
 
 
+class KeyValueHandler(SignedHandlerMixin, http.server.BaseHTTPRequestHandler):
+    """`signed_store`'s answers, from the server's `values` (scope, key) -> bytes."""
+
+    def _get_value(self, scope: str, key: str) -> bytes | None:
+        with self.server.values_lock:
+            return self.server.values.get((scope, key))
+
+    def _put_value(self, scope: str, key: str, value: bytes) -> None:
+        with self.server.values_lock:
+            self.server.values[(scope, key)] = value
+
+    def do_DELETE(self):
+        if self._verified("DELETE") is not None:
+            _, scope, key = self.path.split("/")
+            with self.server.values_lock:
+                found = self.server.values.pop((scope, key), None) is not None
+            self._reply(200 if found else 404, b"")
+
+
 # -- the rank's relay -----------------------------------------------------------------------------
 
 
@@ -463,9 +506,10 @@ def _own_user(client: tuple[str, int], server: tuple[str, int]) -> bool:
     return owner is not None and owner == os.getuid()
 
 
-class RendezvousRelay:
-    """A rank's signing relay to the kernel's rendezvous (a context manager). `env` holds the
-    kernel's HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT; `horovod_env()` points Horovod at the relay."""
+class SignedClient:
+    """A rank's signed requests to the kernel's rendezvous or store: `env` holds the kernel's
+    HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT. One request at a time, so the kernel sees this sender's
+    counters in order."""
 
     def __init__(self, key: bytes, run_id: str, sender: str, env: dict, timeout: float = 30.0):
         self.mac_key, self.run_id, self.sender, self.timeout = (rendezvous_key(key), run_id,
@@ -474,6 +518,50 @@ class RendezvousRelay:
                          int(env["HOROVOD_GLOO_RENDEZVOUS_PORT"]))
         self._counter = 0
         self._lock = threading.Lock()
+
+    def forward(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        """Sign one request, send it to the kernel, check the reply; (status, body). A GET or
+        PUT (the same value again changes nothing) whose connection the kernel's server cut
+        before answering (crowded by strangers) is sent again, signed anew, for up to
+        `RETRY_S`; a DELETE never is (Horovod counts each one)."""
+        deadline = time.monotonic() + RETRY_S
+        pause = 0.05
+        while True:
+            try:
+                return self._forward_once(method, path, body)
+            except (ConnectionError, http.client.RemoteDisconnected):
+                if method == "DELETE" or time.monotonic() + pause > deadline:
+                    raise
+            time.sleep(pause)
+            pause = min(2 * pause, 0.5)
+
+    def _forward_once(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
+        with self._lock:  # one at a time: the kernel sees this sender's counters in order
+            self._counter += 1
+            counter = self._counter
+            auth = sign_request(self.mac_key, self.run_id, self.sender, counter, method, path, body)
+            conn = http.client.HTTPConnection(*self.upstream, timeout=self.timeout)
+            try:
+                conn.request(method, path, body=body or None,
+                             headers={AUTH_HEADER: auth, "Content-Length": str(len(body))})
+                response = conn.getresponse()
+                data = response.read(MAX_BODY + 1)
+            finally:
+                conn.close()
+        if len(data) > MAX_BODY:
+            raise ProtocolError("oversized",
+                                f"the rendezvous's reply has more than {MAX_BODY} bytes")
+        check_reply(self.mac_key, self.run_id, self.sender, counter, response.status, data,
+                    response.getheader(AUTH_HEADER))
+        return response.status, data
+
+
+class RendezvousRelay(SignedClient):
+    """A rank's signing relay to the kernel's rendezvous for Horovod's C++ client, which cannot
+    sign (a context manager): `horovod_env()` points Horovod at the relay."""
+
+    def __init__(self, key: bytes, run_id: str, sender: str, env: dict, timeout: float = 30.0):
+        super().__init__(key, run_id, sender, env, timeout)
         relay = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
@@ -513,42 +601,6 @@ class RendezvousRelay:
         """HOROVOD_GLOO_RENDEZVOUS_ADDR/PORT of the relay, for Horovod's C++ client."""
         return {"HOROVOD_GLOO_RENDEZVOUS_ADDR": "127.0.0.1",
                 "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self._server.server_address[1])}
-
-    def forward(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        """Sign one request, send it to the kernel, check the reply; (status, body). A GET or
-        PUT (the same value again changes nothing) whose connection the kernel's server cut
-        before answering (crowded by strangers) is sent again, signed anew, for up to
-        `RETRY_S`; a DELETE never is (Horovod counts each one)."""
-        deadline = time.monotonic() + RETRY_S
-        pause = 0.05
-        while True:
-            try:
-                return self._forward_once(method, path, body)
-            except (ConnectionError, http.client.RemoteDisconnected):
-                if method == "DELETE" or time.monotonic() + pause > deadline:
-                    raise
-            time.sleep(pause)
-            pause = min(2 * pause, 0.5)
-
-    def _forward_once(self, method: str, path: str, body: bytes) -> tuple[int, bytes]:
-        with self._lock:  # one at a time: the kernel sees this sender's counters in order
-            self._counter += 1
-            counter = self._counter
-            auth = sign_request(self.mac_key, self.run_id, self.sender, counter, method, path, body)
-            conn = http.client.HTTPConnection(*self.upstream, timeout=self.timeout)
-            try:
-                conn.request(method, path, body=body or None,
-                             headers={AUTH_HEADER: auth, "Content-Length": str(len(body))})
-                response = conn.getresponse()
-                data = response.read(MAX_BODY + 1)
-            finally:
-                conn.close()
-        if len(data) > MAX_BODY:
-            raise ProtocolError("oversized",
-                                f"the rendezvous's reply has more than {MAX_BODY} bytes")
-        check_reply(self.mac_key, self.run_id, self.sender, counter, response.status, data,
-                    response.getheader(AUTH_HEADER))
-        return response.status, data
 
     def close(self) -> None:
         self._server.shutdown()

@@ -1,0 +1,81 @@
+"""The cell's own Keras optimizer applied to one flat float32 gradient buffer, compiled on the
+model's backend: what a `--collective torch` sync rank does after its allreduce.
+
+Keras's `optimizer.apply_gradients`, called eagerly, costs far more than the allreduce it
+follows on a small model (`benchmarks/sync_exchange.py`: 9-21 ms against 1 ms for the
+quickstart MLP), so each backend compiles the split of the buffer into the variables' shapes
+and the update, as `fit`'s own train step does:
+- TensorFlow: one `tf.function`;
+- JAX: `jax.jit` of `optimizer.stateless_apply`, the new values written back into the
+  variables;
+- PyTorch: eager (Keras's own torch optimizers update in place with fused ops).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from nbdist.engine.keras_backend import backend_name
+
+
+def flat_apply(model) -> Callable[[np.ndarray], None]:
+    """`apply(flat_grad)`: one step of `model.optimizer` (built) on `model`'s trainable
+    variables, from their gradients concatenated in the variables' order."""
+    optimizer, trainable = model.optimizer, model.trainable_variables
+    sizes = [int(np.prod(v.shape)) for v in trainable]
+    backend = backend_name()
+    if backend == "tensorflow":
+        return _tensorflow(optimizer, trainable, sizes)
+    if backend == "jax":
+        return _jax(optimizer, trainable, sizes)
+    from keras import ops  # Keras: after the cell picks its backend
+
+    offsets = np.cumsum([0, *sizes]).tolist()
+
+    def apply(flat: np.ndarray) -> None:
+        optimizer.apply_gradients(zip(
+            [ops.convert_to_tensor(flat[a:b].reshape(v.shape), v.dtype)
+             for a, b, v in zip(offsets[:-1], offsets[1:], trainable, strict=True)],
+            trainable, strict=True))
+
+    return apply
+
+
+def _tensorflow(optimizer, trainable, sizes):
+    import tensorflow as tf  # TensorFlow: only on that backend
+
+    @tf.function(reduce_retracing=True)
+    def step(flat):
+        parts = tf.split(flat, sizes)
+        optimizer.apply_gradients(zip([tf.reshape(g, v.shape) for g, v in zip(parts, trainable,
+                                                                              strict=True)],
+                                      trainable, strict=True))
+
+    return lambda flat: step(tf.convert_to_tensor(flat))
+
+
+def _jax(optimizer, trainable, sizes):
+    import jax  # JAX: only on that backend
+    import jax.numpy as jnp
+
+    bounds = np.cumsum(sizes)[:-1].tolist()
+    shapes = [tuple(v.shape) for v in trainable]
+    variables = optimizer.variables
+
+    @jax.jit
+    def step(optimizer_values, trainable_values, flat):
+        parts = jnp.split(flat, bounds) if bounds else [flat]
+        grads = [p.reshape(s) for p, s in zip(parts, shapes, strict=True)]
+        return optimizer.stateless_apply(optimizer_values, grads, trainable_values)
+
+    def apply(flat: np.ndarray) -> None:
+        new_trainable, new_optimizer = step([v.value for v in variables],
+                                            [v.value for v in trainable], flat)
+        for v, value in zip(trainable, new_trainable, strict=True):
+            v.assign(value)
+        for v, value in zip(variables, new_optimizer, strict=True):
+            v.assign(value)
+
+    return apply
