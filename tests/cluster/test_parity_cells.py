@@ -1,9 +1,9 @@
 """Two async workers train the classic cells as `model.fit` does, on a real cluster: an MLP with
 `SGD(0.1, momentum=0.9)`, the same with MaxNorm constraints, and a CNN with BatchNorm and
 Dropout (`SGD(0.05)`), each with its own fit call (tests/tutorial_cells.py `parity_cell`):
-the run lands at least fit − 0.03 on the same seed (above fit is fine). One seed per cell: the
-statistics over seeds (every run of five, and 20 runs of the BatchNorm CNN) are the benchmark's,
-`benchmarks/parity_matrix.py`, whose figures the constants below record.
+the run lands at least fit − 0.03 on the same seed (above fit is fine), on seeds 0-2. The
+statistics over more seeds (every run of five, and 20 runs of the BatchNorm CNN) are the
+benchmark's, `benchmarks/parity_matrix.py`, whose figures the constants below record.
 
 Before this work the MLP landed 0.60-0.68 against fit's 0.78-0.80 and the MaxNorm cell 0.36
 against 0.77 (momentum and staleness compound: --momentum-correction); single BatchNorm runs
@@ -22,9 +22,9 @@ import pytest
 from tests.parity import BAR, gap_against_fit
 from tests.tutorial_cells import parity_cell
 
-SEED = 0
-# (model, optimizer): (nbdist's sd over seeds 0-4, the smallest margin over seeds 0-2, so seed 0's
-# margin is at least this)
+SEEDS = (0, 1, 2)
+# (model, optimizer): (nbdist's sd over seeds 0-4, the smallest margin over seeds 0-2, so each
+# seed's margin is at least this)
 MEASURED = {
     ("mlp", "momentum"): (0.010, 0.039),  # nbdist 0.799-0.822, mean 0.812; fit 0.78-0.80
     ("maxnorm", "momentum"): (0.008, 0.062),  # nbdist 0.794-0.815, mean 0.807; fit 0.74-0.77
@@ -32,11 +32,12 @@ MEASURED = {
 }
 
 
+@pytest.mark.parametrize("seed", SEEDS)
 @pytest.mark.parametrize(("model", "optimizer"), sorted(MEASURED))
-def test_two_async_workers_train_a_classic_cell_as_fit_does(cluster, model, optimizer):
+def test_two_async_workers_train_a_classic_cell_as_fit_does(cluster, model, optimizer, seed):
     sd, margin = MEASURED[model, optimizer]
     assert sd <= margin / 2  # what makes this test one that does not flake
-    gap, run = gap_against_fit(parity_cell(model, optimizer), SEED, cluster=cluster,
+    gap, run = gap_against_fit(parity_cell(model, optimizer), seed, cluster=cluster,
                                mode="async", workers=2)
     assert gap >= -BAR, (model, optimizer, round(gap, 4))
     said = " ".join(run.warnings)
