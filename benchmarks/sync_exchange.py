@@ -1,7 +1,8 @@
 """The exchange part of a `--mode sync --collective torch` step against a raw allreduce.
 
 What it measures
-    Two rank processes per Keras backend (TensorFlow, JAX, PyTorch), each with the quickstart's
+    Two rank processes per Keras backend (TensorFlow, JAX, PyTorch), each with its share of the
+    host's cores as a sync rank's engine has it (`configure_engine`) and the quickstart's
     784-256-256-10 MLP (269,322 parameters) compiled with `SGD(0.05, momentum=0.9)`, joined in
     one torch.distributed Gloo group made from nbdist's signed store on 127.0.0.1, as a sync
     run makes it (`nbdist.modes.sync.collective.TorchCollective`). Back to back, after a
@@ -38,6 +39,10 @@ RANKS = 2
 
 def _rank(rank: int, backend: str, key: bytes, env: dict, steps: int, out) -> None:
     os.environ["KERAS_BACKEND"] = backend  # before Keras loads in this process
+    from nbdist.engine.keras_backend import configure_engine
+
+    # each rank's share of the host's cores, as a sync rank is configured on its engine
+    configure_engine(backend, max(1, (os.cpu_count() or 1) // RANKS), rank)
     import keras
     import torch
     from keras import ops

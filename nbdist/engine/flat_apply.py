@@ -1,14 +1,15 @@
 """The cell's own Keras optimizer applied to one flat float32 gradient buffer, compiled on the
 model's backend: what a `--collective torch` sync rank does after its allreduce.
 
-Keras's `optimizer.apply_gradients`, called eagerly, costs far more than the allreduce it
-follows on a small model (`benchmarks/sync_exchange.py`: 9-21 ms against 1 ms for the
-quickstart MLP), so each backend compiles the split of the buffer into the variables' shapes
-and the update, as `fit`'s own train step does:
+Keras's `optimizer.apply_gradients`, called eagerly on TensorFlow or JAX, costs far more than
+the allreduce it follows on a small model (`benchmarks/sync_exchange.py`: 8-16 ms against 1-2 ms
+for the quickstart MLP), so those backends compile the split of the buffer into the variables'
+shapes and the update, as `fit`'s own train step does:
 - TensorFlow: one `tf.function`;
 - JAX: `jax.jit` of `optimizer.stateless_apply`, the new values written back into the
   variables;
-- PyTorch: eager (Keras's own torch optimizers update in place with fused ops).
+- PyTorch: eager (Keras's torch optimizers update in place with `torch._foreach_*` ops), each
+  gradient a view of the buffer (`torch.from_numpy`, no copy).
 """
 
 from __future__ import annotations
@@ -30,13 +31,14 @@ def flat_apply(model) -> Callable[[np.ndarray], None]:
         return _tensorflow(optimizer, trainable, sizes)
     if backend == "jax":
         return _jax(optimizer, trainable, sizes)
-    from keras import ops  # Keras: after the cell picks its backend
+    import torch  # PyTorch: the one backend left
 
     offsets = np.cumsum([0, *sizes]).tolist()
 
     def apply(flat: np.ndarray) -> None:
+        shared = torch.from_numpy(flat)  # the buffer itself: each gradient a view of it
         optimizer.apply_gradients(zip(
-            [ops.convert_to_tensor(flat[a:b].reshape(v.shape), v.dtype)
+            [shared[a:b].view(tuple(v.shape))
              for a, b, v in zip(offsets[:-1], offsets[1:], trainable, strict=True)],
             trainable, strict=True))
 
