@@ -37,8 +37,8 @@ def flat_apply(model) -> Callable[[np.ndarray], None]:
 
     def apply(flat: np.ndarray) -> None:
         shared = torch.from_numpy(flat)  # the buffer itself: each gradient a view of it
-        optimizer.apply_gradients(zip(
-            [shared[a:b].view(tuple(v.shape))
+        optimizer.apply_gradients(zip(  # (copied only onto a GPU's variables)
+            [shared[a:b].view(tuple(v.shape)).to(v.value.device)
              for a, b, v in zip(offsets[:-1], offsets[1:], trainable, strict=True)],
             trainable, strict=True))
 
