@@ -92,7 +92,7 @@ class TorchCollective:
         import torch.distributed as dist  # PyTorch: only where a torch rank runs
 
         self.rank, self.size = int(env["HOROVOD_RANK"]), int(env["HOROVOD_SIZE"])
-        # Gloo's options have no public setters in torch 2.13: its tests set these two too
+        # Gloo's options have no public setters in torch 2.13 (its device and timeout: tried here)
         options = dist.ProcessGroupGloo._Options()  # noqa: SLF001
         options._timeout = timedelta(seconds=timeout_s)  # noqa: SLF001
         options._devices = [dist.ProcessGroupGloo.create_device(  # noqa: SLF001
