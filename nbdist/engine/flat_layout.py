@@ -59,12 +59,21 @@ def read_flat(model) -> tuple[np.ndarray, np.ndarray]:
 def write_flat(model, params: np.ndarray, non_trainable: np.ndarray) -> None:
     """Set the model's variables from flat arrays (kernel side; not on the hot path)."""
     trainable, nt_vars = variables_of(model)
-    for variables, flat in ((trainable, params), (nt_vars, non_trainable)):
-        offset = 0
-        for v in variables:
-            n = int(np.prod(v.shape))
-            v.assign(np.asarray(flat[offset:offset + n]).reshape(v.shape))
-            offset += n
+    _assign_from(trainable, params)
+    _assign_from(nt_vars, non_trainable)
+
+
+def write_non_trainable(model, non_trainable: np.ndarray) -> None:
+    """Set only the model's float non-trainable variables (BatchNorm's moving statistics)."""
+    _assign_from(variables_of(model)[1], non_trainable)
+
+
+def _assign_from(variables: list, flat: np.ndarray) -> None:
+    offset = 0
+    for v in variables:
+        n = int(np.prod(v.shape))
+        v.assign(np.asarray(flat[offset:offset + n]).reshape(v.shape))
+        offset += n
 
 
 def concat_values(variables: list) -> np.ndarray:

@@ -26,6 +26,7 @@ from datetime import timedelta
 import numpy as np
 
 from nbdist.engine.flat_apply import flat_apply
+from nbdist.engine.flat_layout import write_non_trainable
 from nbdist.engine.flat_step import StatelessFlatModel
 from nbdist.modes.sync.rendezvous import SignedClient
 
@@ -121,12 +122,9 @@ class TorchCollective:
     def gradients(self, flat, batch: tuple) -> tuple[float, np.ndarray, float]:
         """This rank's gradient as a NumPy buffer; a stateless step's new non-trainable state
         (BatchNorm's moving statistics) written into the model, as TensorFlow's step does."""
+        loss, grad, norm, nt_after = flat.gradients(*batch)
         if isinstance(flat, StatelessFlatModel) and flat.nt_size:
-            params, non_trainable = flat.read()
-            loss, grad, norm, nt_after = flat.assign_and_gradients(params, non_trainable, *batch)
-            flat.assign(params, nt_after)
-        else:
-            loss, grad, norm, _ = flat.gradients(*batch)
+            write_non_trainable(flat.model, nt_after)
         return loss, grad, norm
 
     def compile_apply(self, model, flat_size: int, fp16: bool):
