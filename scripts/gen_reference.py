@@ -71,13 +71,13 @@ def _modes() -> list[str]:
     lines = ["What each `--mode` is and takes, from its spec (`nbdist.modes.MODES`). A flag a "
              "mode does not take is refused, naming the modes it works with; the options every "
              f"mode takes: {', '.join(f'`{_flag(o)}`' for o in sorted(EVERY_MODE))}.", "",
-             "| mode | what it does | needs a cluster | a cell's `model.fit` | checkpoints, "
-             "`--resume` | `run.add_workers` | learning rate applied by | mode-specific flags |",
-             "|---|---|---|---|---|---|---|---|"]
+             "| mode | what it does | needs a cluster | checkpoints, `--resume` | "
+             "`run.add_workers` | learning rate applied by | mode-specific flags |",
+             "|---|---|---|---|---|---|---|"]
     for name, spec in MODES.items():
         flags = ", ".join(f"`{_flag(o)}`" for o in sorted(spec.takes))
         lines.append(f"| `{name}` | {_cell(spec.summary)} | {yes(spec.needs_cluster)} | "
-                     f"{yes(spec.fit_call)} | {yes(spec.checkpoints)} | "
+                     f"{yes(spec.checkpoints)} | "
                      f"{yes(spec.supports('add_workers'))} | {spec.lr_owner} | {flags} |")
     return lines
 

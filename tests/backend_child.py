@@ -284,10 +284,11 @@ def _fresh(cell: str):
 
 
 def convnet(cluster=None) -> dict:
-    """The keras.io convnet cell, unchanged: async with 2 workers and sync with 2 ranks on a real
-    cluster (`cluster`, else one of its own) and plain Keras's fit, on this backend; and the
-    backend each engine's Keras runs. (--mode local on this backend: fifty hub steps against
-    fit, step for step, and the rules and options, in tests/inproc/test_backends.py.)"""
+    """The keras.io convnet cell, unchanged: async with 2 workers, sync with 2 ranks and pipeline
+    with 2 stages on a real cluster (`cluster`, else one of its own) and plain Keras's fit, on
+    this backend; and the backend each engine's Keras runs. (--mode local on this backend:
+    fifty hub steps against fit, step for step, and the rules and options, in
+    tests/inproc/test_backends.py.)"""
     import keras
 
     import nbdist
@@ -308,6 +309,12 @@ def convnet(cluster=None) -> dict:
             run = nbdist.train(cell, namespace=ns, cluster=on, mode="sync", workers=2)
         scores["sync"] = float(result(ns))
         scores["sync_events"] = [str(t) for t in run.events["text"].dropna()]
+        keras.utils.set_random_seed(0)
+        ns = {}
+        with contextlib.redirect_stdout(io.StringIO()):
+            run = nbdist.train(cell, namespace=ns, cluster=on, mode="pipeline", stages=2)
+        scores["pipeline"] = float(result(ns))
+        scores["pipeline_epochs"] = list(run.keras_history.epoch)
         engines = on.client[:].apply_sync(_engine_backend)
     return {"backend": keras.backend.backend(), **scores, "engines": engines}
 
@@ -318,21 +325,6 @@ def _engine_backend() -> str | None:
 
     keras = sys.modules.get("keras")
     return None if keras is None else keras.backend.backend()
-
-
-def refusals() -> dict:
-    """What this backend cannot run says why, before any engine is touched."""
-    import nbdist
-    from nbdist.errors import BackendError
-
-    said = {}
-    for mode in ("pipeline",):
-        try:  # no fit call: pipeline refuses one for its own reasons first
-            nbdist.train(adam_cell().replace("model.fit(", "(lambda *a, **k: None)("),
-                         namespace={}, mode=mode, cluster=object())  # refused before it is used
-        except BackendError as exc:
-            said[mode] = str(exc)
-    return said
 
 
 def mismatch() -> dict:
@@ -375,9 +367,75 @@ def cell_sets_backend(backend: str) -> dict:
             "events": [str(t) for t in run.events["text"].dropna()]}
 
 
+# --mode pipeline's stages on this backend, in this process (threads, real sockets): a BatchNorm
+# CNN (one micro-batch: BatchNorm's statistics are the mini-batch's, as in fit) and integer
+# token inputs into an Embedding (the first stage's inputs are not floats)
+PIPELINE_BN_CELL = """
+import keras
+import numpy as np
+keras.utils.set_random_seed(6)
+rng = np.random.default_rng(2)
+x_train = rng.normal(size=(B * 20, 8, 8, 1)).astype("float32")
+y_train = rng.integers(0, 3, size=B * 20)
+model = keras.Sequential([keras.Input((8, 8, 1)), keras.layers.Conv2D(4, 3, use_bias=False),
+                          keras.layers.BatchNormalization(), keras.layers.Activation("relu"),
+                          keras.layers.Flatten(), keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.05, momentum=0.9),
+              loss="sparse_categorical_crossentropy", metrics=["accuracy"])
+"""
+PIPELINE_TOKENS_CELL = """
+import keras
+import numpy as np
+keras.utils.set_random_seed(7)
+rng = np.random.default_rng(3)
+x_train = rng.integers(0, 50, size=(B * 20, 6))
+y_train = rng.integers(0, 2, size=B * 20)
+model = keras.Sequential([keras.Input((6,), dtype="int32"), keras.layers.Embedding(50, 8),
+                          keras.layers.GlobalAveragePooling1D(), keras.layers.Dense(8, "relu"),
+                          keras.layers.Dense(2, activation="softmax")])
+model.compile(optimizer="adam", loss="sparse_categorical_crossentropy")
+"""
+
+
+def pipeline() -> dict:
+    """Each cell's weights after 20 pipeline steps against the same cell trained on one machine
+    with `train_on_batch` on the same mini-batches, on this backend (the largest difference)."""
+    from tests.helpers import PIPELINE_OPERATORS_CELL, PIPELINE_SKIP_CELL
+    from tests.inproc.test_pipeline_inproc import _reference, _start
+
+    cases = {"skip": (PIPELINE_SKIP_CELL, dict(stages=3, micro_batches=4, schedule="gpipe")),
+             "operators": (PIPELINE_OPERATORS_CELL, dict(stages=2, micro_batches=2,
+                                                         schedule="1f1b")),
+             "batchnorm": (PIPELINE_BN_CELL, dict(stages=2, micro_batches=1)),
+             "tokens": (PIPELINE_TOKENS_CELL, dict(stages=2, micro_batches=2))}
+    said = {}
+    for name, (cell, options) in cases.items():
+        cell = "B = 16\n" + cell
+        want, initial = _reference(cell, 16), _initial_weights(cell)
+        ns, run = _start(cell, batch_size=16, partition="uniform", timeout=60, **options)
+        run.wait(timeout=180)
+        got = [np.asarray(w.numpy()) for w in ns["model"].weights]
+        said[name] = {"status": run.status, "steps": int(run.history["step"].max()),
+                      "moved": _largest_difference(got, initial),
+                      "difference": _largest_difference(got, want)}
+    import keras
+
+    return {"backend": keras.backend.backend(), **said}
+
+
+def _largest_difference(a: list, b: list) -> float:
+    return max(float(np.abs(x - y).max()) for x, y in zip(a, b, strict=True))
+
+
+def _initial_weights(cell: str) -> list:
+    ns: dict = {}
+    exec(compile(cell, "<cell>", "exec"), ns)  # noqa: S102 - the test's own cell
+    return [np.asarray(w.numpy()) for w in ns["model"].weights]
+
+
 CASES = {"gradients": gradients, "adam": adam, "modes": modes, "dataloader": dataloader,
          "async_options": async_options, "convnet": convnet, "on_a_cluster": on_a_cluster,
-         "refusals": refusals,
+         "pipeline": pipeline,
          "mismatch": mismatch, "cell_sets_backend": cell_sets_backend}
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ from nbdist.errors import CheckpointError, ConfigError, TrainingError
 from nbdist.fit.driver import FitDriver
 from nbdist.fit.plan import plan_fit
 from nbdist.job import prepare_job
-from nbdist.modes import mode_spec, refuse_fit_call
+from nbdist.modes import mode_spec
 from nbdist.run.live_wait import wait_live
 
 
@@ -85,7 +85,6 @@ class FitLauncher:
             spec, options, notes = plan_fit(call, placed, self.given, config.mode.value)
             spec = replace(spec, ordinal=ordinal)
             config = config.replace(**options)
-            refuse_fit_call(config.mode)
             job = prepare_job(self.cell, config, self.ns, checkpoint, fit=spec,
                               **self._found(placed))
             pushed = dict(job.contents.pushed)

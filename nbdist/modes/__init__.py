@@ -12,8 +12,9 @@ another (tests/unit/test_layering.py).
 
 `MODES` is the table of specs. Everything that differs by mode reads it: the refusal of a flag
 a mode does not take (`refuse_flags`), each flag's modes in help and docs/reference.md
-(`modes_taking`), the Keras backends a mode trains on, who owns the learning rate, whether a
-cell's `model.fit(...)` call, checkpoints, `--resume` or `run.add_workers` apply. Only rules
+(`modes_taking`), the Keras backends a mode trains on, who owns the learning rate, whether
+checkpoints, `--resume` or `run.add_workers` apply. (Every mode takes a cell's own
+`model.fit(...)` call.) Only rules
 between several options' values stay hand-written (nbdist.config).
 
 This module is plain data on the standard library (`nbdist.config` reads it at
@@ -63,8 +64,6 @@ class ModeSpec:
     operations: frozenset[str]  # the OPERATIONS its backend supports
     backends: tuple[str, ...] = BACKENDS  # the Keras backends it trains on
     backends_why: str = ""  # why not the others: "--mode NAME {backends_why}, so ..."
-    fit_call: bool = True  # a cell's own model.fit(...) call (its callbacks included)
-    fit_call_why: str = ""  # why not, after "--mode NAME does not take ... call yet: "
     # the workers are threads of this kernel: with a fit call they train a private copy of the
     # model, so the notebook's holds each epoch's weights
     in_kernel: bool = False
@@ -122,11 +121,6 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
         "cuts the model into stages, one engine each, with micro-batches in flight",
         _PIPELINE | {"transport", "timeout"},
         needs_cluster=False, lr_owner="workers", operations=frozenset(),
-        backends=("tensorflow",),
-        backends_why="cuts the model into TensorFlow stages that pass tensors between engines",
-        fit_call=False,
-        fit_call_why="its stages keep the model in parts, so the kernel cannot hand callbacks "
-        "the whole model at each epoch",
         cell_on_engines=True),
 )}
 
@@ -198,18 +192,6 @@ def refuse_backend(mode: object, backend: str) -> str | None:
     takes = " or ".join(names[b] for b in spec.backends)
     return (f"--mode {spec.name} {spec.backends_why}, so it trains only on Keras's {takes} "
             f"backend (Received: this kernel's Keras backend is {backend}).")
-
-
-def refuse_fit_call(mode: object) -> None:
-    """Refuse a cell's own `model.fit(...)` call in a mode that cannot take one."""
-    spec = mode_spec(mode)
-    if spec.fit_call:
-        return
-    takers = ", ".join(name for name, s in MODES.items() if s.fit_call)
-    raise ConfigError(
-        f"--mode {spec.name} does not take a cell's model.fit(...) call yet: {spec.fit_call_why}. "
-        f"Use --mode {takers} for this cell, or remove the fit call and pass --epochs and "
-        "--batch-size on the magic line.")
 
 
 def check_cluster(mode: str, cluster) -> None:

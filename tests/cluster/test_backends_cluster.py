@@ -1,10 +1,10 @@
 """The keras.io convnet cell, unchanged, on Keras's JAX and PyTorch backends on a real cluster:
-async with 2 workers and sync with 2 ranks (torch.distributed) finish within 0.03 of Keras's
-own fit on the same backend, and the engines' Keras runs that backend (--mode local on each
-backend: tests/inproc/test_backends.py, in the kernel, as local runs). An engine whose Keras
-already runs another backend is refused, naming it. Each backend runs in a child process with
-its own cluster (tests/backend_child.py): Keras picks its backend once per process, engines
-included."""
+async with 2 workers, sync with 2 ranks (torch.distributed) and pipeline with 2 stages finish
+within 0.03 of Keras's own fit on the same backend, and the engines' Keras runs that backend
+(--mode local on each backend: tests/inproc/test_backends.py, in the kernel, as local runs).
+An engine whose Keras already runs another backend is refused, naming it. Each backend runs
+in a child process with its own cluster (tests/backend_child.py): Keras picks its backend once
+per process, engines included."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ def on_a_cluster(backend: str) -> dict:
 
 @pytest.mark.timeout(1400)
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_the_keras_io_convnet_trains_on_the_backend_async_and_sync_as_fit_does(backend):
+def test_the_keras_io_convnet_trains_on_the_backend_async_sync_and_pipeline_as_fit_does(backend):
     said = on_a_cluster(backend)["convnet"]
     print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend
@@ -41,6 +41,10 @@ def test_the_keras_io_convnet_trains_on_the_backend_async_and_sync_as_fit_does(b
     assert said["sync"] >= said["fit"] - TOLERANCE, (backend, said)
     assert any(t.startswith("--collective auto: torch.distributed's allreduce")
                for t in said["sync_events"]), said["sync_events"]
+    # pipeline with 2 stages, one micro-batch: the stages' passes on this backend (jax.vjp,
+    # autograd), the call's 3 epochs with the kernel validating at each epoch's end
+    assert said["pipeline"] >= said["fit"] - TOLERANCE, (backend, said)
+    assert said["pipeline_epochs"] == [0, 1, 2]
     # the async run's workers and the sync ranks ran the cell (engine 0 held the async hub
     # shard, with no Keras, unless a sync rank ran there after it)
     ran = [e for e in said["engines"] if e is not None]

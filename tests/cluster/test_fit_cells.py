@@ -1,6 +1,7 @@
 """The cells tutorials write, with their own model.fit(...) call, distributed unchanged on a
-real cluster: two async workers and two Horovod ranks each finish within 0.03 of the same cell
-run by plain Keras, and Keras's own training loop runs nowhere, neither here nor on an engine.
+real cluster: two async workers, two Horovod ranks and two pipeline stages each finish within
+0.03 of the same cell run by plain Keras, and Keras's own training loop runs nowhere, neither
+here nor on an engine.
 (--mode local: tests/inproc/test_fit_cells_local.py.)"""
 
 import contextlib
@@ -46,6 +47,42 @@ def test_the_cell_trains_distributed_as_its_fit_call_says(cluster, name, mode):
     if mode == "sync" and name != "early-stopping":  # each rank takes half of the call's batch
         assert run.config.batch_size * 2 == {"keras-io-convnet": 128, "two-in-two-out": 32,
                                              "maxnorm": 64, "class-weighted": 64}[name]
+
+
+@pytest.mark.parametrize("name", ["early-stopping", "maxnorm"])
+def test_the_cell_trains_in_pipeline_stages_as_its_fit_call_says(cluster, name):
+    """Two stages, one micro-batch: the call's epochs, batch, validation_split and callbacks
+    (EarlyStopping with restore_best_weights, ReduceLROnPlateau), its History; the kernel
+    runs the callbacks on the stages' weights at each epoch's end, as in the other modes."""
+    cell, result = FIT_CELLS[name]
+    run, ns, out = train_cell(name, cluster, mode="pipeline", stages=2)
+    assert run.status in ("finished", "stopped") and run.error is None
+    assert result(ns) >= fit_baseline(name) - TOLERANCE, (result(ns), fit_baseline(name))
+    assert ns["model"].train_function is None and "━" not in out
+    assert True not in cluster.client[:].apply_sync(trained_by_keras)
+    history = run.keras_history
+    assert history is not None and history.epoch[0] == 0
+    assert {"loss", "val_loss"} <= set(history.history)
+    validated = run.history.dropna(subset=["val_loss"])  # the kernel's validation, every epoch
+    assert validated["val_loss"].tolist() == pytest.approx(history.history["val_loss"])
+    assert run.config.batch_size == {"early-stopping": 128, "maxnorm": 64}[name]
+    # the epoch logs' training loss is the mean of the epoch's steps, as fit's
+    steps = run.history.dropna(subset=["loss"])
+    first = steps[steps["epoch"] < 1]
+    assert history.history["loss"][0] == pytest.approx(
+        np.average(first["loss"], weights=first["batch_size"]), rel=1e-4)
+
+
+def test_pipeline_refuses_what_its_stages_cannot_do_as_the_fit_call_asks(cluster):
+    from nbdist.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"--mode pipeline trains each epoch on every sample "
+                       r"of \(x, y\), with no per-sample weights, but the cell's model.fit\(...\) "
+                       r"asks for sample_weight= or class_weight="):
+        train_cell("class-weighted", cluster, mode="pipeline", stages=2)
+    with pytest.raises(ConfigError, match=r"--mode pipeline trains models with one input and one "
+                       r"output \(Received: 2 inputs, 2 outputs\)"):
+        train_cell("two-in-two-out", cluster, mode="pipeline", stages=2)
 
 
 @pytest.mark.horovod

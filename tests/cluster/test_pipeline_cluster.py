@@ -172,7 +172,8 @@ def test_a_stage_does_not_wait_to_ack_a_neighbour_that_has_finished(cluster):
     slot finds no one to take it. It is dropped (only the sender could reuse the slot): before,
     the first stage waited for room past --timeout, in three runs of four here."""
     for _ in range(3):
-        run = nbdist.train(model_parallel_cell(), cluster=cluster, namespace={"SAMPLES": 2000},
-                           mode="pipeline", stages=2, micro_batches=8, epochs=1, batch_size=64,
-                           no_validation=True, timeout=60, wait=True)
+        run = nbdist.train(model_parallel_cell(), cluster=cluster,
+                           namespace={"SAMPLES": 2000, "EPOCHS": 1}, mode="pipeline", stages=2,
+                           micro_batches=8, epochs=1, batch_size=64, no_validation=True,
+                           timeout=60, wait=True)
         assert run.status == "finished", run.error

@@ -105,14 +105,18 @@ def test_a_torch_dataloader_trains_as_keras_fit_trains_on_it():
     assert said["fit"] > 0.8 and abs(said["local"] - said["fit"]) <= 0.03, said
 
 
-@pytest.mark.parametrize("backend", OTHERS)
-def test_pipeline_refuses_the_backend_pointing_to_bsp_through_the_hub(backend):
-    said = child("refusals", backend=backend)
-    assert set(said) == {"pipeline"}  # sync trains there (--collective torch)
-    for mode, message in said.items():
-        assert (f"--mode {mode}" in message
-                and f"Received: this kernel's Keras backend is {backend}" in message)
-        assert "--mode async --algorithm ssp --staleness 0" in message
+@pytest.mark.parametrize("backend", ("tensorflow", *OTHERS))
+def test_pipeline_stages_train_on_the_backend_as_one_machine_does(backend):
+    """Stages as threads of a child process on the backend, real sockets: a skip connection
+    across 3 stages (GPipe, 4 micro-batches), operators between layers (1F1B), a BatchNorm CNN
+    at one micro-batch, integer tokens into an Embedding; 20 steps equal `train_on_batch` on
+    the same mini-batches. (On a real cluster: tests/cluster/test_backends_cluster.py.)"""
+    said = child("pipeline", backend=backend, timeout=400)
+    assert said["backend"] == backend
+    for name in ("skip", "operators", "batchnorm", "tokens"):
+        case = said[name]
+        assert case["status"] == "finished" and case["steps"] == 20, (name, case)
+        assert case["moved"] > 5e-3 and case["difference"] < 1e-5, (name, case)
 
 
 def test_a_cells_own_keras_backend_line_chooses_the_runs_backend():

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from nbdist.errors import CellError, CheckpointError, ConfigError, NonFiniteLossError
+from nbdist.errors import CellError, CheckpointError, NonFiniteLossError
 from tests.helpers import SYNTHETIC_CELL, TRANSFER_CELL, check_transfer_cell
 
 
@@ -283,12 +283,6 @@ def test_simulate_mode_takes_the_fit_call_too():
 def test_what_cannot_be_distributed_is_refused_before_anything_trains(fit_line, error, message):
     with pytest.raises(error, match=message):
         train_locally(fit_cell(fit_line))
-
-
-def test_a_fit_call_in_pipeline_mode_is_refused_with_what_to_do():
-    with pytest.raises(ConfigError, match="--mode pipeline does not take a cell's model.fit"):
-        nbdist.train(fit_cell("model.fit(x_train, y_train, epochs=1)"), namespace={},
-                     mode="pipeline", cluster=object())
 
 
 def test_the_magic_binds_the_run_and_the_cell_goes_on_after_its_fit_call(ip, capsys):

@@ -276,7 +276,7 @@ def test_with_encrypt_stage_links_admit_only_the_runs_clients():
         np.testing.assert_array_equal(b.wait(("F", 1, 0))[2][0], x)
         report = StepDone(1, 0, 0.5, 2, time.time())
         b.report(report)
-        assert kernel.receive(5000) == report
+        assert kernel.receive(5000) == (report, [])
         time.sleep(0.5)  # a SUB socket joins its PUB a moment after connecting
         kernel.broadcast(Stop())
         wait_for(lambda: (b.check_control(), b.stop_requested)[1], timeout=10)

@@ -85,3 +85,56 @@ def test_a_reset_link_between_stages_comes_back_and_delivers_each_message_once()
     finally:
         relay.close()
         close(a, b, kernel)
+
+
+def test_a_fit_calls_epoch_gate_weights_to_the_kernel_release_and_rate_to_the_stages():
+    """A cell's fit call: each stage sends its weights to the kernel at an epoch's end (arrays
+    in frames, within the kernel's `weights_limits`) and waits until the kernel releases the
+    epoch; a new rate reaches every stage. A report with frames it should not have, or a
+    Weights whose counts do not match its arrays, is dropped and counted."""
+    import threading
+
+    from nbdist.modes.pipeline.checks import weights_limits
+    from nbdist.modes.pipeline.messages import NewRate, Release, StepDone, Weights
+
+    key = new_key()
+    kernel = KernelLink(key, "r", "127.0.0.1", 2, limits=weights_limits([64, 16, 4096]))
+    a, b = (StageLink(key, "r", s, "127.0.0.1", 5.0, LIMITS, transport="tcp") for s in (0, 1))
+    a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
+    b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
+    try:
+        w = [np.arange(16, dtype=np.float32), np.ones(4, np.float32)]
+        a.report(Weights(0, 3, [0, 2], [1, 1]), w)
+        step = a.codec.encode(StepDone(1, 0, 0.5, 8, 0.0).encode(), [np.ones(2, np.float32)],
+                              to="kernel")  # signed, but a step report has no frames
+        a._push("kernel", step)  # noqa: SLF001 - what link.report never sends
+        b.report(Weights(1, 3, [5], [2]), [np.ones(2, np.float32)])  # 2 counted, 1 sent
+        got = []
+        end = time.monotonic() + 5
+        while len(got) < 1 and time.monotonic() < end:
+            received = kernel.receive(100)
+            if received is not None:
+                got.append(received)
+        (report, arrays), = got
+        assert isinstance(report, Weights) and (report.stage, report.epoch) == (0, 3)
+        assert [x.tolist() for x in arrays] == [x.tolist() for x in w]
+        end = time.monotonic() + 5
+        while kernel.drops().get("malformed header", 0) < 2 and time.monotonic() < end:
+            assert kernel.receive(100) is None  # each one dropped (None), never handed on
+        assert kernel.drops() == {"malformed header": 2}, kernel.drops()
+
+        released = []
+        waiting = [threading.Thread(target=lambda link=link: released.append(
+            link.wait_release(3) or link.stage)) for link in (a, b)]
+        for t in waiting:
+            t.start()
+        time.sleep(0.3)
+        assert not released  # the epoch gate holds both stages
+        kernel.broadcast(NewRate(0.25))
+        kernel.broadcast(Release(3))
+        for t in waiting:
+            t.join(5)
+        assert sorted(released) == [0, 1]
+        assert a.new_rate == b.new_rate == 0.25
+    finally:
+        close(a, b, kernel)

@@ -324,7 +324,7 @@ def test_every_backend_implements_the_whole_protocol_itself_with_its_signatures(
         assert got == want, f"{backend.__name__}.{name}{got} differs from the protocol's {want}"
 
 
-def test_a_pipeline_on_engines_refuses_current_weights_saying_why_and_in_process_reads_them():
+def test_a_pipeline_on_engines_without_a_fit_call_refuses_current_weights_saying_why():
     from types import SimpleNamespace
 
     from nbdist.errors import ConfigError
@@ -332,8 +332,8 @@ def test_a_pipeline_on_engines_refuses_current_weights_saying_why_and_in_process
 
     control = SimpleNamespace(tasks_done=None)
     on_engines = PipelineBackend(object(), [1, 2], None, None, {}, control)
-    refusal = (r"cannot hand out its weights while it trains \(Received: .*engines \[1, 2\]\)"
-               r".*run\.model.*--mode async")
+    refusal = (r"hands out its weights at the epoch ends of a cell's fit call only \(Received: .*"
+               r"engines \[1, 2\], from a cell without one\).*run\.model.*model\.fit")
     with pytest.raises(ConfigError, match=refusal):
         on_engines.current_weights(control)
     assert control.tasks_done == on_engines.tasks_done  # the control asks the backend's tasks

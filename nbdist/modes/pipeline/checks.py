@@ -4,6 +4,7 @@ pure functions, no sockets.
 - `message_limits`: the most frames and bytes a message to each stage can have, from the
   profile's live tensors at its cuts (the hub's frame limit, `ZMQ_MAXMSGSIZE` and
   `recv_bounded`, are set from these, so an oversized message is refused before its MAC);
+  `weights_limits`: the same for the kernel's reports when the stages send it their weights;
 - `stage_message`: the typed message of a signed header, from a neighbour (a signed but
   malformed header is dropped and counted, never raised);
 - `arrays_of`: the arrays of a message, after checking its frame table (shapes, dtypes and
@@ -47,6 +48,18 @@ def message_limits(cut_bytes: list[int], cut_items: list[int], cut_tensors: list
         frames = 1 + max((cut_tensors[k] for k in cuts), default=0)
         limits.append((frames, HEADER_BYTES + math.ceil(MARGIN * per_sample * samples)))
     return limits
+
+
+def weights_limits(sizes: list[int]) -> tuple[int, int]:
+    """(frames, bytes) at most of a message to the kernel when a cell's fit call has every
+    stage send its weights at each epoch's end (`messages.Weights`): a signed header and, at
+    most, every variable of the model; `sizes`: each variable's bytes.
+
+    Example:
+        >>> weights_limits([4096, 64, 4096])
+        (4, 73824)
+    """
+    return 1 + len(sizes), HEADER_BYTES + sum(sizes)
 
 
 def stage_message(h: Mapping, neighbours) -> Wire:

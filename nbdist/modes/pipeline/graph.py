@@ -160,13 +160,13 @@ class StageModel:
         self.trainable = [v for op in self.ops for v in getattr(op, "trainable_variables", [])]
 
     def forward(self, inputs: list, training: bool = True) -> list:
-        import tensorflow as tf  # TensorFlow: only where a stage runs
+        from keras import ops  # Keras: after the cell picks its backend
 
         values = dict(zip(self.in_ids, inputs, strict=True))
         for step in self.graph.steps[self.start:self.end]:
             call_step(step, values, training)
         # a tensor only passing through is still an output of this stage's own (for its gradient)
-        return [tf.identity(values[t]) if t in self.in_ids else values[t] for t in self.out_ids]
+        return [ops.copy(values[t]) if t in self.in_ids else values[t] for t in self.out_ids]
 
     def regularization(self):
         """The weight (and activity) penalties of this stage's layers, summed (0 without)."""

@@ -2,8 +2,10 @@
 go out. Kept apart from `link` (a stage's side), which the kernel never opens: the two ends
 share only the signed framing (`nbdist.hub.protocol.Codec`), the gate and the typed messages.
 
-Received as strictly as a stage receives (`link`): behind the gate, within `REPORT_LIMITS`,
-then the MAC, the envelope and the report's fields; whatever fails is dropped and counted.
+Received as strictly as a stage receives (`link`): behind the gate, within `limits` (a
+signed header, or with a cell's fit call the largest stage's weights: `checks.weights_limits`),
+then the MAC, the envelope and the report's fields (and a `Weights` report's frame table);
+whatever fails is dropped and counted.
 """
 
 from __future__ import annotations
@@ -17,8 +19,8 @@ from nbdist.errors import ProtocolError
 from nbdist.hub.gate import curve_keys
 from nbdist.hub.protocol import Codec, send_frames
 from nbdist.hub.wire import recv_bounded, server_socket
-from nbdist.modes.pipeline.checks import REPORT_LIMITS
-from nbdist.modes.pipeline.messages import REPORTS, Abort, Alive, Stop, Totals, decode
+from nbdist.modes.pipeline.checks import REPORT_LIMITS, arrays_of
+from nbdist.modes.pipeline.messages import REPORTS, Totals, Weights, decode
 from nbdist.wire.schema import Wire
 
 
@@ -27,13 +29,15 @@ class KernelLink:
     abort, both bound on `bind_host` behind one gate; `report_endpoint` and `control_endpoint`
     are what the stages connect to."""
 
-    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False):
-        self.codec = Codec(key, "kernel", run_id)
+    def __init__(self, key: bytes, run_id: str, bind_host: str, stages: int, encrypt: bool = False,
+                 limits: tuple[int, int] = REPORT_LIMITS):
+        self.limits = limits
+        self.codec = Codec(key, "kernel", run_id, max_buffer_bytes=limits[1])
         self._sending = threading.Lock()  # one PUB socket, several threads
         self.stages = stages
         self.dropped: Counter[str] = Counter()  # reports refused, by reason
         self.ctx = zmq.Context()
-        self.pull, self.gate = server_socket(self.ctx, key, REPORT_LIMITS[1], encrypt,
+        self.pull, self.gate = server_socket(self.ctx, key, limits[1], encrypt,
                                              kind=zmq.PULL, peers=2 * stages)
         # reads subscriptions only
         self.pub, _ = server_socket(self.ctx, key, 1024, encrypt, kind=zmq.PUB, gate=self.gate)
@@ -50,25 +54,36 @@ class KernelLink:
         """Reports refused, and connections refused or cut at the gate, by reason."""
         return {**self.dropped, **self.gate.counts()}
 
-    def receive(self, timeout_ms: int) -> Wire | None:
-        """The next verified report (`messages.REPORTS`), or None (nothing within
-        `timeout_ms`, or a message that fails the limits, the MAC or its fields, or names no
-        stage of the run: dropped and counted in `dropped`)."""
+    def receive(self, timeout_ms: int) -> tuple[Wire, list] | None:
+        """The next verified report (`messages.REPORTS`) and its arrays (a `Weights` report's;
+        [] for the others), or None (nothing within `timeout_ms`, or a message that fails the
+        limits, the MAC or its fields, or names no stage of the run: dropped and counted in
+        `dropped`)."""
         if not self.pull.poll(timeout_ms):
             return None
         try:
-            report = decode(REPORTS,
-                            self.codec.decode(recv_bounded(self.pull, *REPORT_LIMITS)).header)
-            if isinstance(report, Totals) and not 0 <= report.stage < self.stages:
+            message = self.codec.decode(recv_bounded(self.pull, *self.limits))
+            report = decode(REPORTS, message.header)
+            if isinstance(report, (Totals, Weights)) and not 0 <= report.stage < self.stages:
                 raise ProtocolError("malformed header",
                                     f"stage {report.stage}, expected 0 to {self.stages - 1}")
+            arrays = []
+            if isinstance(report, Weights):
+                arrays = arrays_of(report.shapes, report.dtypes, message.buffers)
+                if sum(report.counts) != len(arrays) or len(report.counts) != len(report.steps):
+                    raise ProtocolError("malformed header", f"{len(arrays)} arrays for counts "
+                                        f"{report.counts[:8]} of steps {report.steps[:8]}")
+            elif message.buffers:
+                raise ProtocolError("malformed header", f"{len(message.buffers)} frames on a "
+                                    f"{report.OP} report, which has none")
         except ProtocolError as exc:
             self.dropped[exc.reason] += 1
             return None
-        return report
+        return report, arrays
 
-    def broadcast(self, control: Stop | Abort | Alive) -> None:
-        """`control` to every stage (from any thread: the monitor's polls, the notebook's stop)."""
+    def broadcast(self, control: Wire) -> None:
+        """`control` (`messages.CONTROLS`) to every stage (from any thread: the monitor's polls,
+    the notebook's stop, a fit call's epoch gate)."""
         with self._sending:
             for s in range(self.stages):
                 send_frames(self.pub, self.codec.encode(control.encode(), to=f"stage-{s}"))

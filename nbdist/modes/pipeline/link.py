@@ -72,6 +72,8 @@ from nbdist.modes.pipeline.messages import (
     Ack,
     Alive,
     End,
+    NewRate,
+    Release,
     Slot,
     Stop,
     decode,
@@ -160,6 +162,8 @@ class StageLink:
         self._recent: dict[str, _Recent] = {}  # peer -> the latest frames sent to it
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
+        self.released = -1  # the latest epoch the kernel let pass (a fit call's epoch gate)
+        self.new_rate: float | None = None  # run.set_lr's, until the stage takes it
         self.sent_bytes = 0
         # messages with arrays sent to neighbours, by transport
         self.messages = {"shm": 0, "tcp": 0}
@@ -330,9 +334,24 @@ class StageLink:
         self.outboxes[to] = replacement
         return replacement
 
-    def report(self, message: Wire) -> None:
-        """A report (`messages.REPORTS`) to the kernel."""
-        self._push("kernel", self.codec.encode(message.encode(), to="kernel"))
+    def report(self, message: Wire, arrays=()) -> None:
+        """A report (`messages.REPORTS`) to the kernel, with `arrays` in frames (`Weights`)."""
+        arrays = [np.ascontiguousarray(a) for a in arrays]
+        if arrays:
+            message = replace(message, shapes=[list(a.shape) for a in arrays],
+                              dtypes=[a.dtype.str for a in arrays])
+        self._push("kernel", self.codec.encode(message.encode(), arrays, to="kernel"))
+
+    def wait_release(self, epoch: int) -> None:
+        """Wait at a fit call's epoch gate until the kernel lets `epoch`'s end pass (its
+        callbacks have run), or asks to stop; as long as the kernel is alive (its lease), with
+        no other deadline: callbacks may take long."""
+        while self.released < epoch and not self.stop_requested:
+            self.check_links()
+            if self.sub.poll(POLL_MS):
+                self.check_control()
+            else:
+                self.check_lease()
 
     def wait(self, *keys: tuple) -> tuple[tuple, Wire, list]:
         """The first of `keys` to arrive (kind, step, micro-batch): (key, message, arrays). Fails
@@ -371,7 +390,8 @@ class StageLink:
             self._receive()
 
     def check_control(self) -> None:
-        """Read what the kernel sent without waiting: stop (finish the step) or abort (raise)."""
+        """Read what the kernel sent without waiting: stop (finish the step), abort (raise),
+        the lease, a fit call's epoch gate, a new learning rate."""
         while self.sub.poll(0):
             try:
                 msg = self.codec.decode(self.sub.recv_multipart(copy=False, flags=zmq.NOBLOCK))
@@ -384,6 +404,10 @@ class StageLink:
                 self.stop_requested = True
             if isinstance(control, Alive):
                 self.lease.renew(self.lease_time())
+            if isinstance(control, Release):
+                self.released = max(self.released, control.epoch)
+            if isinstance(control, NewRate):
+                self.new_rate = control.lr
         self.check_lease()
 
     def kernel_gone(self) -> bool:

@@ -5,8 +5,10 @@ signed but malformed header is dropped as "malformed header" before anything rea
     stage -> neighbour   Forward, Backward, Validation (arrays: in frames, or a shared-memory
                          `Slot`), End (stop before that step), Ack (a slot is free again)
     stage -> kernel      Ops (a step's op times and the stage's counters), StepDone (the last
-                         stage: loss), EvalDone (validation metrics), Totals (at the end)
-    kernel -> stages     Stop (finish the step), Abort (leave at once)
+                         stage: loss), EvalDone (validation metrics), Totals (at the end),
+                         Weights (a cell's fit call: the stage's variables at an epoch's end)
+    kernel -> stages     Stop (finish the step), Abort (leave at once), Alive (the lease),
+                         Release (a fit call's epoch gate), NewRate (run.set_lr)
 
 Example:
     >>> Forward(3, mb=1, src="stage-0", shapes=[[2]], dtypes=["<f4"]).encode()
@@ -132,9 +134,26 @@ class EvalDone(Wire):
     time: float
     metrics: dict[str, float] = field(default_factory=dict)
     train: dict[str, float] = field(default_factory=dict)
+    # the model's metric variables over the epoch's steps, flat (`model.metrics_variables`'s
+    # order, as `nbdist.engine.step_metrics.epoch_logs` reads them): a fit call's epoch logs
+    state: list[float] = field(default_factory=list)
 
 
-REPORTS: dict[str, type[Wire]] = {m.OP: m for m in (Totals, Ops, StepDone, EvalDone)}
+@message("weights")
+class Weights(Wire):
+    """A stage's variables at the end of `epoch` (a cell's fit call: the kernel hands the whole
+    model to its callbacks), in frames: `counts[i]` arrays for the layer first called at step
+    `steps[i]` (`graph.Graph.weights`)."""
+
+    stage: int
+    epoch: int
+    steps: list[int] = field(default_factory=list)
+    counts: list[int] = field(default_factory=list)
+    shapes: list[list[int]] = field(default_factory=list)
+    dtypes: list[str] = field(default_factory=list)
+
+
+REPORTS: dict[str, type[Wire]] = {m.OP: m for m in (Totals, Ops, StepDone, EvalDone, Weights)}
 
 # -- kernel -> stages -------------------------------------------------------------------------
 
@@ -158,7 +177,23 @@ class Alive(Wire):
     past the lease's term leaves."""
 
 
-CONTROLS: dict[str, type[Wire]] = {m.OP: m for m in (Stop, Abort, Alive)}
+@message("release")
+class Release(Wire):
+    """A cell's fit call: the kernel has run its callbacks at the end of `epoch`; the stages
+    may train the next one (the epoch gate, as the hub's for the workers)."""
+
+    epoch: int
+
+
+@message("rate")
+class NewRate(Wire):
+    """`run.set_lr` (or a callback's new rate): each stage's optimizer takes it from the next
+    step the stage begins."""
+
+    lr: float
+
+
+CONTROLS: dict[str, type[Wire]] = {m.OP: m for m in (Stop, Abort, Alive, Release, NewRate)}
 
 
 def decode(kinds: Mapping[str, type[Wire]], header: Mapping) -> Wire:

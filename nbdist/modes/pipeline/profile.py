@@ -1,10 +1,12 @@
 """Measuring a model for partitioning: each layer's forward and backward time and the bytes
 live across each cut, at the micro-batch size, and the link's bandwidth (`run.profile`).
 
-Each step runs eagerly on its own, several times after a warm-up, and its fastest time is
-kept (the first calls of a layer include building and tracing; on a shared machine the
-other processes only ever add time, so the minimum is the steadiest estimate). The backward time
-is that of `tape.gradient` of the step's outputs with respect to its float inputs and its variables.
+Each step runs on its own, several times after a warm-up, and its fastest time is kept (the
+first calls of a layer include building and tracing; on a shared machine the other processes
+only ever add time, so the minimum is the steadiest estimate). On TensorFlow a step runs
+eagerly and its backward time is that of `tape.gradient` of its outputs with respect to its
+float inputs and its variables; on JAX and PyTorch it runs as a one-step stage runs
+(`stage_pass`: compiled on JAX), its backward pass with gradients of ones.
 """
 
 from __future__ import annotations
@@ -15,12 +17,14 @@ import numpy as np
 import zmq
 
 from nbdist.engine.flat_layout import ensure_built, write_flat
+from nbdist.engine.keras_backend import backend_name
 from nbdist.engine.run_cell import execute_cell
 from nbdist.errors import TrainingError
 from nbdist.hub.protocol import new_key
 from nbdist.hub.wire import client_socket, server_socket
-from nbdist.modes.pipeline.graph import Graph, call_step, op_weights
+from nbdist.modes.pipeline.graph import Graph, StageModel, call_step, op_weights
 from nbdist.modes.pipeline.stage import StageSpec, stage_data
+from nbdist.modes.pipeline.stage_pass import stage_pass
 
 REPEATS = 5
 PROBE_TIMEOUT_S = 30.0  # the bandwidth probe's longest wait for one message
@@ -29,6 +33,8 @@ PROBE_TIMEOUT_S = 30.0  # the bandwidth probe's longest wait for one message
 def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
     """Per step: name, forward_s, backward_s, params; per cut: the live bytes and elements after
     each step (the elements bound a gradient message, float32 where a tensor is not a float)."""
+    if backend_name() != "tensorflow":
+        return _cut_sizes(graph, *_profile_passes(graph, x_micro, repeats))
     import tensorflow as tf  # TensorFlow: only to profile
 
     values = {t: tf.convert_to_tensor(v)
@@ -63,6 +69,41 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
         rows.append({"layer": step.name, "kind": type(step.op).__name__,
                      "forward_s": float(min(fwd)), "backward_s": float(min(bwd)),
                      "params": params})
+    return _cut_sizes(graph, rows, values)
+
+
+def _profile_passes(graph, x_micro, repeats: int) -> tuple[list[dict], dict]:
+    """The rows of `profile_graph` and the values at every cut, each step timed as a stage of
+    one step (JAX, PyTorch)."""
+    values = dict(zip(graph.inputs, _as_list(x_micro), strict=True))
+    rows, seen = [], set()
+    for k, step in enumerate(graph.steps):
+        sub = StageModel(graph, k, k + 1)
+        passes = stage_pass(sub, graph.model, last=False, input_grads=True)
+        inputs = [np.asarray(values[t]) for t in sub.in_ids]
+        fwd, bwd = [], []
+        for r in range(repeats + 1):
+            t0 = time.perf_counter()
+            outs = passes.forward(inputs, r)
+            t1 = time.perf_counter()
+            passes.backward(r, [np.ones_like(o, np.float32) if o.dtype.kind == "f"
+                                else np.zeros(o.shape, np.float32) for o in outs])
+            t2 = time.perf_counter()
+            if r:  # the first call builds and compiles
+                fwd.append(t1 - t0)
+                bwd.append(t2 - t1)
+        values.update(zip(sub.out_ids, outs, strict=True))
+        params = (sum(int(np.prod(w.shape)) for w in op_weights(step.op))
+                  if id(step.op) not in seen else 0)
+        seen.add(id(step.op))
+        rows.append({"layer": step.name, "kind": type(step.op).__name__,
+                     "forward_s": float(min(fwd)), "backward_s": float(min(bwd)),
+                     "params": params})
+    return rows, values
+
+
+def _cut_sizes(graph, rows: list[dict], values: dict) -> dict:
+    """`profile_graph`'s result from its rows and the values at every cut."""
     cut_bytes = [int(sum(_nbytes(values[t]) for t in graph.live(k)))
                  for k in range(len(graph.steps) - 1)]
     cut_items = [int(sum(np.prod(values[t].shape) for t in graph.live(k)))
@@ -133,9 +174,11 @@ def profile_model(model, x_micro, repeats: int = REPEATS, host: str = "127.0.0.1
 
 
 def profile_on_engine(source: str | None, pushed: dict, model_name: str, data: tuple,
-                      initial: tuple, micro_batch: int, threads: int | None) -> dict:
-    """`profile_model` on an engine: run the cell there, take the first micro-batch of inputs."""
-    ns = execute_cell(source, pushed, threads)
+                      initial: tuple, micro_batch: int, threads: int | None,
+                      keras_backend: str = "tensorflow") -> dict:
+    """`profile_model` on an engine: run the cell there (on the kernel's Keras backend), take
+    the first micro-batch of inputs."""
+    ns = execute_cell(source, pushed, threads, backend=keras_backend)
     model = ns[model_name]
     spec = StageSpec("", bytes(32), 0, 1, (0, 0), 1, "gpipe", micro_batch, 1, 0, 0, model_name,
                      data, None, initial)
@@ -150,4 +193,6 @@ def _as_list(x) -> list:
 
 
 def _nbytes(value) -> int:
-    return int(np.prod(value.shape)) * value.dtype.size
+    dtype = value.dtype  # NumPy's, or TensorFlow's (its `size`)
+    itemsize = dtype.itemsize if isinstance(dtype, np.dtype) else dtype.size
+    return int(np.prod(value.shape)) * itemsize

@@ -18,9 +18,21 @@ from concurrent.futures import wait as wait_futures
 
 import numpy as np
 
+from nbdist.core.stats import eval_row
 from nbdist.engine.flat_layout import read_flat
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
-from nbdist.modes.pipeline.messages import Abort, Alive, EvalDone, Ops, StepDone, Stop, Totals
+from nbdist.modes.pipeline.messages import (
+    Abort,
+    Alive,
+    EvalDone,
+    NewRate,
+    Ops,
+    Release,
+    StepDone,
+    Stop,
+    Totals,
+    Weights,
+)
 from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
 from nbdist.run.backend import Backend, returned
 
@@ -51,6 +63,11 @@ class PipelineControl:
         self.messages = [{"shm": 0, "tcp": 0} for _ in range(stages)]
         self.dropped: list[dict] = [{} for _ in range(stages)]  # what each stage refused, by reason
         self.global_step, self.epoch = 0, 0
+        # a cell's fit call: each stage's variables at the latest epoch ends (epoch -> stage ->
+        # the arrays by step, `messages.Weights`) and the epochs' metric state (the last stage's)
+        self.weights: dict[int, dict[int, dict[int, list]]] = {}
+        self.epoch_metrics: dict[str, list[float]] = {}
+        self.weights_arrived = threading.Condition()
         self.failed = False
         self._last_report = time.monotonic()
         self._alive_at = 0.0  # when the stages' lease was last renewed (messages.Alive)
@@ -63,11 +80,50 @@ class PipelineControl:
 
     def _receive_loop(self) -> None:
         while not self._closing.is_set():
-            report = self.link.receive(100)  # typed and checked (malformed ones are dropped there)
-            if report is not None:
-                with self._lock:
-                    self._absorb(report)
-                    self._last_report = time.monotonic()
+            got = self.link.receive(100)  # typed and checked (malformed ones are dropped there)
+            if got is None:
+                continue
+            report, arrays = got
+            if isinstance(report, Weights):
+                self._absorb_weights(report, arrays)
+                continue
+            with self._lock:
+                self._absorb(report)
+                self._last_report = time.monotonic()
+
+    def _absorb_weights(self, report: Weights, arrays: list) -> None:
+        """A stage's variables at an epoch's end; the epochs before the previous one go."""
+        it = iter(arrays)
+        by_step = {step: [np.array(next(it)) for _ in range(n)]  # copied out of the frames
+                   for step, n in zip(report.steps, report.counts, strict=True)}
+        with self.weights_arrived:
+            self.weights.setdefault(report.epoch, {})[report.stage] = by_step
+            for old in [e for e in self.weights if e < report.epoch - 1]:
+                del self.weights[old]
+            self.weights_arrived.notify_all()
+        self._last_report = time.monotonic()
+
+    def epoch_weights(self, timeout: float) -> dict[int, list]:
+        """Every stage's variables at the latest epoch end that all of them reported (a cell's
+        fit call asks at its epoch gate, where they are on their way), by step; TrainingError
+        if they do not all come within `timeout` seconds."""
+        deadline = time.monotonic() + timeout
+        with self.weights_arrived:
+            while True:
+                whole = [e for e, by in self.weights.items() if len(by) == self.stages]
+                if whole:
+                    merged: dict[int, list] = {}
+                    for by_step in self.weights[max(whole)].values():
+                        merged.update(by_step)
+                    return merged
+                left = deadline - time.monotonic()
+                if left <= 0 or self.failed:
+                    raise TrainingError(
+                        f"The pipeline's stages did not all send their weights at the epoch's end "
+                        f"within {timeout:.0f}s (Received: stages "
+                        f"{sorted(s for by in self.weights.values() for s in by)}). A stage's "
+                        "engine may have died or stalled; see run.error and %nbdist status.")
+                self.weights_arrived.wait(min(left, 0.5))
 
     def _absorb(self, report: StepDone | EvalDone | Totals) -> None:
         if isinstance(report, StepDone):
@@ -82,9 +138,12 @@ class PipelineControl:
             row = {"time": now, "step": report.step, "epoch": self.epoch}
             row.update({f"val_{k}": float(v) for k, v in report.metrics.items()})
             row.update({k: float(v) for k, v in report.train.items()})
-            self.evals.append(row)
+            if report.metrics:  # (with a fit call the kernel validates: `control(eval=...)`)
+                self.evals.append(row)
+            if report.state:
+                self.epoch_metrics[str(report.epoch)] = list(report.state)
             self.events.append({"time": now, "step": report.step, "event": "epoch_end",
-                                "epoch": self.epoch})
+                                "epoch": report.epoch})  # 0-based, as the hub's
         else:  # Totals, or Ops (a step's, with the totals so far)
             stage = report.stage
             self.sent[stage] = report.sent
@@ -130,7 +189,7 @@ class PipelineControl:
                     "epochs_done": self.global_step / max(1, self.steps_per_epoch),
                     "nodes": nodes, "history": [list(r) for r in self.history[since:]],
                     "evals": list(self.evals), "events": list(self.events), "finished": done,
-                    "error": None, "paused": False}
+                    "epoch_metrics": dict(self.epoch_metrics), "error": None, "paused": False}
 
     def pipeline(self) -> dict:
         """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
@@ -141,13 +200,32 @@ class PipelineControl:
                     "dropped": [dict(d) for d in self.dropped], "kernel_dropped": self.link.drops()}
 
     def control(self, **h: object) -> None:
+        """The Run's controls: stop, a new learning rate (`run.set_lr`, a callback's), and a
+        cell's fit call's epoch gate (`epoch_done`) and the kernel's validation (`eval`)."""
         if h.get("stop"):
             self.link.broadcast(Abort("run ended by the kernel") if self.failed else Stop())
             return
-        raise ConfigError(
-            f"--mode pipeline runs can be stopped (run.stop()) but not {', '.join(h)} while they "
-            "train: each stage steps the cell's own optimizer. Stop the run and start it again "
-            "with other options (e.g. the optimizer's learning rate in the cell).")
+        known = {"lr", "by", "epoch_done", "eval"}
+        if set(h) - known:
+            raise ConfigError(
+                f"--mode pipeline runs take a stop, a new learning rate and a fit call's epoch "
+                f"gate, but not {', '.join(sorted(set(h) - known))} while they train: each stage "
+                "steps the cell's own optimizer. Stop the run and start it again with other "
+                "options.")
+        now = time.time() - self.started
+        if h.get("lr") is not None:
+            self.link.broadcast(NewRate(float(h["lr"])))
+            with self._lock:
+                self.events.append({"time": now, "step": self.global_step, "event": "set_lr",
+                                    "lr": float(h["lr"]), **({"by": h["by"]} if h.get("by")
+                                                             else {})})
+        if h.get("eval") is not None:
+            result = h["eval"]
+            with self._lock:
+                self.evals.append(eval_row(result.metrics, epoch=result.epoch, version=-1,
+                                           step=self.global_step, now=now))
+        if h.get("epoch_done") is not None:
+            self.link.broadcast(Release(int(h["epoch_done"])))
 
     def shutdown(self) -> None:
         if not self.tasks_done():
@@ -180,6 +258,7 @@ class PipelineBackend(Backend):
         self.namespace, self.control = namespace, control
         self.tasks: list = []
         self.endpoints: list[dict] = []  # where each stage is reached (link.StageLink.info)
+        self.gated, self.timeout = False, 120.0  # a cell's fit call (set by `start_workers`)
         self.num_workers = len(engines)
         control.tasks_done = self.tasks_done
 
@@ -193,6 +272,7 @@ class PipelineBackend(Backend):
         socket), then start each one connected to its neighbours. A failed start discards the
         stages it prepared."""
         specs = base
+        self.gated, self.timeout = specs[0].gated, max(60.0, specs[0].timeout)
         extra = {} if self.cluster is not None else {"namespace": self.namespace}
         link = self.control.link
         try:
@@ -266,15 +346,21 @@ class PipelineBackend(Backend):
         return returned(self.tasks)
 
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
-        """The stages' weights now: in this kernel they train the kernel's own layers; on
-        engines they cannot be asked while they train, so this refuses, saying so."""
+        """The stages' weights at the latest epoch end: a cell's fit call has every stage send
+        its variables there (`messages.Weights`) and wait at the epoch gate. In this kernel the
+        stages train the kernel's own layers. Without a fit call the stages on engines send
+        nothing while they train, so this refuses, saying so."""
         if self.cluster is None:
             return read_flat(self.model)
-        raise ConfigError(
-            f"--mode pipeline cannot hand out its weights while it trains (Received: a request for "
-            f"the current weights of stages on engines {self.engines}): each stage holds its own "
-            "part of the model on its engine, which runs nothing else until the stage ends. Read "
-            "them when the run has ended (run.model), or train with --mode async, local or sync.")
+        if not self.gated:
+            raise ConfigError(
+                f"--mode pipeline hands out its weights at the epoch ends of a cell's fit call "
+                f"only (Received: a request for the current weights of stages on engines "
+                f"{self.engines}, from a cell without one): each stage holds its own part of the "
+                "model on its engine. Read them when the run has ended (run.model), or end the "
+                "cell with its model.fit(...) call.")
+        self.graph.assign(control.epoch_weights(self.timeout))
+        return read_flat(self.model)
 
     def final_params(self, control):
         for task in self.tasks:

@@ -4,9 +4,10 @@
 sub-model and binds its socket; `run_stage` connects to the neighbours and trains: for each
 mini-batch, the schedule's forwards and backwards of the M micro-batches (GPipe or 1F1B,
 `nbdist.core.partition.schedule`), gradients summed with each micro-batch's share of the
-mini-batch as weight, then one step of the cell's optimizer on this stage's own variables.
-The first stage reads the inputs, the last one the labels, both in the order of
-`nbdist.core.schedule.epoch_permutation`, so every stage agrees on each micro-batch.
+mini-batch as weight, then one step of the cell's optimizer on this stage's own variables
+(the passes on the kernel's Keras backend: `stage_pass`). The first stage reads the inputs,
+the last one the labels, both in the order of `nbdist.core.schedule.epoch_permutation`, so
+every stage agrees on each micro-batch.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from nbdist.core.partition import schedule
 from nbdist.core.schedule import epoch_permutation
 from nbdist.engine.data import load, validation_arrays
 from nbdist.engine.flat_layout import ensure_built, write_flat
+from nbdist.engine.learning_rate import set_constant_lr
 from nbdist.engine.run_cell import execute_cell
 from nbdist.errors import CellError, DataError
 from nbdist.modes.pipeline.graph import Graph, StageModel
@@ -33,7 +35,9 @@ from nbdist.modes.pipeline.messages import (
     StepDone,
     Totals,
     Validation,
+    Weights,
 )
+from nbdist.modes.pipeline.stage_pass import prediction, stage_pass
 
 _STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, by (run, stage)
 VALIDATION_BATCH = 256  # samples per validation message, at least (or the batch size)
@@ -69,12 +73,18 @@ class StageSpec:
     limits: tuple[int, int] | None = None
     encrypt: bool = False  # --encrypt (the cluster's): CurveZMQ on the stage's sockets
     local_rank: int = 0  # this stage's index among the run's stages on its host: its own GPU
+    keras_backend: str = "tensorflow"  # the kernel's Keras backend: the cell runs on it here too
+    # a cell's fit call: at each epoch's end the stage sends its weights to the kernel and waits
+    # until the kernel has run the call's callbacks (the epoch gate); the kernel validates
+    gated: bool = False
+    shuffle: bool = True  # model.fit(shuffle=False): every epoch in the data's own order
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
     """Build this stage and bind its socket; returns what its neighbours need to reach it (the
     endpoint, and the host, for shared memory between stages on one host)."""
-    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace)
+    ns = execute_cell(spec.source, spec.pushed, spec.threads, spec.local_rank, namespace,
+                      backend=spec.keras_backend, engine=spec.engine)
     stage = Stage(spec, ns)
     _STAGES[(spec.run_id, spec.stage)] = stage
     return stage.link.info
@@ -125,7 +135,7 @@ class Stage:
             raise DataError(f"Stage {spec.stage} (engine {spec.engine}) found {len(x)} samples "
                             f"where the kernel had {spec.num_samples}; the cell must define the "
                             "same data every time it runs.")
-        ensure_built(model, x[:2])
+        ensure_built(model, x[:2], y[:2])  # the compiled loss's variables too, as fit makes them
         if spec.source is not None:  # a model of this engine's own: the kernel's starting weights
             write_flat(model, *spec.initial)
         self.model, self.x, self.y = model, x, y
@@ -138,33 +148,12 @@ class Stage:
         if spec.lr is not None:
             optimizer.learning_rate = spec.lr
         self.optimizer = optimizer
-        self._build_functions()
+        self.passes = stage_pass(self.sub, model, last=self.last, input_grads=not self.first)
         # slots: at most M messages are sent towards a neighbour before the sender next waits
         # (and reads the acks); twice that spares the TCP fallback (see link.py)
         self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout,
                               spec.limits, transport=spec.transport,
                               slots=2 * spec.micro_batches + 2, encrypt=spec.encrypt)
-
-    def _build_functions(self) -> None:
-        import tensorflow as tf  # TensorFlow: only where a stage runs
-
-        sub, model = self.sub, self.model
-
-        def forward(inputs):
-            return sub.forward(inputs, training=True)
-
-        def forward_loss(inputs, y, weight):
-            outs = sub.forward(inputs, training=True)
-            pred = _prediction(model, outs)
-            loss = model._compile_loss(y, pred)  # noqa: SLF001 - the compiled loss, without model.losses
-            return weight * (loss + sub.regularization()), pred
-
-        def evaluate(inputs):
-            return sub.forward(inputs, training=False)
-
-        self.forward = tf.function(forward, reduce_retracing=True)
-        self.forward_loss = tf.function(forward_loss, reduce_retracing=True)
-        self.evaluate = tf.function(evaluate, reduce_retracing=True)
 
     # -- the loop ---------------------------------------------------------------------------
 
@@ -173,7 +162,7 @@ class Stage:
         n, b = spec.num_samples, spec.batch_size
         step, started = 0, time.time()
         for epoch in range(spec.epochs):
-            perm = epoch_permutation(n, spec.seed, epoch)
+            perm = epoch_permutation(n, spec.seed, epoch) if spec.shuffle else np.arange(n)
             if self.last:
                 self.model.reset_metrics()
             for start in range(0, n, b):
@@ -185,11 +174,25 @@ class Stage:
                                  np.array_split(index, min(spec.micro_batches, len(index))))
             train_metrics = self._metrics() if self.last else {}
             self._validate(step, epoch, train_metrics)
+            if spec.gated and epoch + 1 < spec.epochs:
+                self._epoch_gate(epoch)
         return self._result(step, started)
+
+    def _epoch_gate(self, epoch: int) -> None:
+        """A fit call's epoch end: this stage's weights to the kernel, then wait until its
+        callbacks have run on the whole model (or it asks to stop)."""
+        weights = self.graph.weights(*self.spec.bounds)
+        steps = sorted(weights)
+        self.link.report(Weights(self.spec.stage, epoch, steps, [len(weights[k]) for k in steps]),
+                         [np.asarray(a) for k in steps for a in weights[k]])
+        self.link.wait_release(epoch)
 
     def _begin_step(self, step: int) -> bool:
         """False when the run stops before `step`: stage 0 decides and tells the next stage."""
         link, s = self.link, self.spec.stage
+        if link.new_rate is not None:  # run.set_lr, or a callback's new rate
+            set_constant_lr(self.optimizer, link.new_rate)
+            link.new_rate = None
         if self.first:
             link.check_control()
             if link.stop_requested:
@@ -206,63 +209,41 @@ class Stage:
         return True
 
     def _train_step(self, step: int, epoch: int, micro: list) -> None:
-        import tensorflow as tf  # TensorFlow: only where a stage runs
-
-        spec, link, s = self.spec, self.link, self.spec.stage
+        spec, link, s, passes = self.spec, self.link, self.spec.stage, self.passes
         m, total = len(micro), sum(len(i) for i in micro)
-        held, grads, loss_sum, ops = {}, None, 0.0, []
+        loss_sum, ops = 0.0, []
         for kind, i in schedule(spec.schedule, spec.stages, m, s):
             # each op's time starts once its input is here: waiting for a neighbour is idle
             if kind == "F":
                 if self.first:
-                    t0 = time.time()
-                    inputs = [tf.convert_to_tensor(self.x[micro[i]])]
+                    t0, inputs = time.time(), [self.x[micro[i]]]
                 else:
-                    _, h, inputs = link.wait(("F", step, i))
+                    _, _, inputs = link.wait(("F", step, i))
                     t0 = time.time()
-                    inputs = [tf.convert_to_tensor(a) for a in inputs]
-                watched = [t for t in inputs if t.dtype.is_floating]
-                with tf.GradientTape() as tape:
-                    tape.watch(watched)
-                    if self.last:
-                        weight = tf.constant(len(micro[i]) / total, tf.float32)
-                        out, pred = self.forward_loss(inputs,
-                                                      tf.convert_to_tensor(self.y[micro[i]]),
-                                                      weight)
-                    else:
-                        out = self.forward(inputs)
                 if self.last:
-                    loss_sum += float(out)
+                    loss, pred = passes.forward_loss(inputs, self.y[micro[i]],
+                                                     len(micro[i]) / total, i)
+                    loss_sum += loss
                     self.model.compute_metrics(None, self.y[micro[i]], pred, None)
                 else:
-                    link.send(f"stage-{s + 1}", Forward(step, i), [o.numpy() for o in out])
-                held[i] = (tape, inputs, watched, out)
+                    link.send(f"stage-{s + 1}", Forward(step, i), passes.forward(inputs, i))
             else:
-                tape, inputs, watched, out = held.pop(i)
                 if self.last:
                     t0, upstream = time.time(), None
                 else:
                     _, _, upstream = link.wait(("B", step, i))
                     t0 = time.time()
-                    upstream = [tf.convert_to_tensor(a) for a in upstream]
-                result = tape.gradient(out, [*watched, *self.sub.trainable],
-                                       output_gradients=upstream,
-                                       unconnected_gradients=tf.UnconnectedGradients.ZERO)
-                var_grads = result[len(watched):]
-                grads = (var_grads if grads is None
-                         else [a + g for a, g in zip(grads, var_grads, strict=True)])
+                back = passes.backward(i, upstream)
                 if not self.first:
-                    it = iter(result[:len(watched)])
-                    back = [next(it).numpy() if t.dtype.is_floating
-                            else np.zeros(t.shape, np.float32) for t in inputs]
                     link.send(f"stage-{s - 1}", Backward(step, i), back)
             ops.append([kind, i, t0, time.time()])
         t0 = time.time()
-        if self.sub.trainable:
-            self.optimizer.apply(grads, self.sub.trainable)
+        passes.apply(self.optimizer)
         ops.append(["U", -1, t0, time.time()])
         link.report(Ops(s, link.sent_bytes, dict(link.messages), link.drops(), step, epoch, ops))
         if self.last:
+            # the step's mean loss into the loss tracker, as Keras's train_step: the epoch's logs
+            self.model._loss_tracker.update_state(loss_sum, sample_weight=total)  # noqa: SLF001
             link.report(StepDone(step, epoch, loss_sum, total, time.time()))
 
     def _metrics(self) -> dict:
@@ -271,12 +252,11 @@ class Stage:
 
     def _validate(self, step: int, epoch: int, train_metrics: dict) -> None:
         """Validation batches forward through the stages; the last one reports the metrics."""
-        import tensorflow as tf  # TensorFlow: only where a stage runs
-
         spec, link, s = self.spec, self.link, self.spec.stage
         if self.validation is None:
             if self.last:
-                link.report(EvalDone(step, epoch, time.time(), train=train_metrics))
+                link.report(EvalDone(step, epoch, time.time(), train=train_metrics,
+                                     state=self._metric_state()))
             return
         xv, yv = self.validation
         size = max(VALIDATION_BATCH, spec.batch_size)
@@ -286,23 +266,26 @@ class Stage:
         for j, start in enumerate(range(0, len(yv), size)):
             if self.first:
                 batch = np.asarray(xv[start:start + size])
-                inputs = [tf.convert_to_tensor(batch.astype(np.float32)
-                                               if batch.dtype == np.float64 else batch)]
+                inputs = [batch.astype(np.float32) if batch.dtype == np.float64 else batch]
             else:
-                _, _, arrays = link.wait(("E", step, j))
-                inputs = [tf.convert_to_tensor(a) for a in arrays]
-            out = self.evaluate(inputs)
+                _, _, inputs = link.wait(("E", step, j))
+            out = self.passes.evaluate(inputs)
             if self.last:
                 model, y = self.model, yv[start:start + size]
-                pred = _prediction(model, out)
+                pred = prediction(model, out)
                 loss += float(model._compile_loss(y, pred)) * len(y)  # noqa: SLF001
                 seen += len(y)
                 model.compute_metrics(None, y, pred, None)
             else:
-                link.send(f"stage-{s + 1}", Validation(step, j), [o.numpy() for o in out])
+                link.send(f"stage-{s + 1}", Validation(step, j), [np.asarray(o) for o in out])
         if self.last:
             metrics = {"loss": loss / max(1, seen), **self._metrics()}
             link.report(EvalDone(step, epoch, time.time(), metrics, train_metrics))
+
+    def _metric_state(self) -> list[float]:
+        """The model's metric variables now (the epoch's), flat: a fit call's epoch logs."""
+        return [float(v) for var in self.model.metrics_variables
+                for v in np.asarray(var.numpy(), np.float64).ravel()]
 
     def _result(self, steps: int, started: float) -> dict:
         """The stage's totals, also reported to the kernel (what it refused after its last step)."""
@@ -311,13 +294,3 @@ class Stage:
         return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
                 "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": link.sent_bytes,
                 "messages": dict(link.messages), "dropped": link.drops()}
-
-
-def _prediction(model, outs: list):
-    """The model's output structure from the last cut's tensors."""
-    if len(outs) == 1:
-        return outs[0]
-    from keras import tree  # Keras: after the cell picks its backend
-
-    functional = getattr(model, "_functional", None) or model
-    return tree.pack_sequence_as(functional._outputs_struct, outs)  # noqa: SLF001

@@ -11,20 +11,23 @@ from __future__ import annotations
 
 import math
 import os
+import threading
 import uuid
 from collections import Counter
 
+import numpy as np
 import pandas as pd
 
 from nbdist.cluster.affinity import cores_per_host
 from nbdist.cluster.netaddr import hub_address, kernel_address
 from nbdist.core.partition import METHODS, check_stages, partition
-from nbdist.engine.flat_layout import ensure_built, read_flat, write_flat
+from nbdist.engine.flat_layout import ensure_built, head, read_flat, write_flat
+from nbdist.engine.keras_backend import backend_name
 from nbdist.engine.run_cell import portable
 from nbdist.errors import ConfigError, DataError, NoClusterError, TrainingError
 from nbdist.hub.protocol import new_key
 from nbdist.modes.common.engine_backend import get_started
-from nbdist.modes.pipeline.checks import message_limits
+from nbdist.modes.pipeline.checks import REPORT_LIMITS, message_limits, weights_limits
 from nbdist.modes.pipeline.graph import Graph
 from nbdist.modes.pipeline.kernel_link import KernelLink
 from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
@@ -36,13 +39,21 @@ from nbdist.modes.pipeline.stage import VALIDATION_BATCH, StageSpec
 def start(job, *, cluster=None, wait: bool = False):
     """The mode's entry (`nbdist.modes.MODES`): a pipeline run of the job's model."""
     return start_stages(job.cell, job.config, cluster, job.namespace, wait, job.contents,
-                        job.warnings)
+                        job.warnings, keras_backend=job.keras_backend, fit=job.fit)
 
 
 def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, contents,
-                 warnings: list[str], in_process: bool = False):
+                 warnings: list[str], in_process: bool = False,
+                 keras_backend: str | None = None, fit=None):
     """Start a pipeline run of the cell's model (already run in the kernel: `contents`);
-    `in_process`: the stages as threads of this kernel (tests), no cluster."""
+    `in_process`: the stages as threads of this kernel (tests), no cluster; `keras_backend`:
+    the kernel's (by default, this process's); `fit`: the cell's fit call
+    (`nbdist.fit.plan.FitSpec`), whose callbacks the kernel runs at each epoch's end on the
+    stages' weights (`nbdist.fit.driver`)."""
+    keras_backend = keras_backend or backend_name()
+    if fit is not None:
+        refuse_fit_options(fit, contents)
+        warnings = [*warnings, *_checkpoint_warning(fit)]
     if cluster is None and not in_process:
         raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no "
                              f"cluster. Start one with %nbdist start {config.stages} (or "
@@ -54,7 +65,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                         "part.")
     model, (x, _y) = contents.model, contents.arrays
     x = x.astype("float32") if getattr(x, "dtype", None) == "float64" else x
-    ensure_built(model, x[:2])
+    ensure_built(model, head(x, 2))  # (several inputs are refused next, by name)
     graph = Graph(model)
     if len(graph.inputs) != 1 or len(graph.outputs) != 1:
         raise ConfigError(
@@ -79,7 +90,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     if cluster is not None:
         measured = get_started(cluster.client[engines[0]].apply_async(
             profile_on_engine, cell, pushed, contents.model_name, contents.data, initial,
-            micro_size, threads[0]),
+            micro_size, threads[0], keras_backend),
             engines[0], "profiling the model", timeout=max(120.0, config.timeout))
     else:
         measured = profile_model(model, x[:micro_size])
@@ -109,7 +120,9 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
     encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
     kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets),
-                        stages, encrypt=encrypt)
+                        stages, encrypt=encrypt,
+                        limits=REPORT_LIMITS if fit is None else weights_limits(
+                            [_nbytes(w) for w in model.weights]))
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
     backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
@@ -118,13 +131,16 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            micro_batches=micro, schedule=config.schedule,
                            batch_size=config.batch_size, epochs=config.epochs, seed=config.seed,
                            num_samples=contents.num_samples, model_name=contents.model_name,
-                           data=contents.data, validation=contents.validation,
+                           data=contents.data,
+                           # with a fit call the kernel validates, on the stages' weights
+                           validation=contents.validation if fit is None else None,
                            initial=initial, source=cell if cluster is not None else None,
                            pushed=pushed if cluster is not None else {}, bind_host=bind[s],
                            timeout=config.timeout, engine=engines[s], threads=threads[s],
                            lr=config.lr, own_optimizer=cluster is not None,
                            transport=str(config.transport), limits=limits[s], encrypt=encrypt,
-                           local_rank=local_ranks[s])
+                           local_rank=local_ranks[s], keras_backend=keras_backend,
+                           gated=fit is not None, shuffle=fit.shuffle if fit is not None else True)
                  for s in range(stages)]
         backend.start_workers(specs)
     except BaseException:
@@ -135,6 +151,9 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                       contents.notes)
     run.profile = pd.DataFrame(layers)
     run.source = cell
+    run.state.write_model = fit is None  # a fit call: the kernel writes each epoch's weights
+    if fit is not None:  # ... and its History is the run's result (Run.fit_call_returned)
+        run.state.fit_call_returned = threading.Event()
     run.partition = partition_frame(graph, chosen, layers)
     run.partitions = alternatives
     run.note(f"pipeline: {stages} stages on engines {engines}, --partition {config.partition} "
@@ -145,6 +164,37 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     if wait:
         run.wait()
     return run
+
+
+def refuse_fit_options(fit, contents) -> None:
+    """Refuse what a fit call asks that the pipeline cannot do as `fit` does, naming it."""
+    asked = []
+    if len(contents.data) == 3:
+        asked.append("sample_weight= or class_weight= (per-sample weights)")
+    if fit.epoch_size is not None or fit.placed.take_batches is not None:
+        asked.append(f"steps_per_epoch={fit.call.steps_per_epoch} (epochs of part of the data)")
+    if asked:
+        raise ConfigError(
+            f"--mode pipeline trains each epoch on every sample of (x, y), with no per-sample "
+            f"weights, but the cell's model.fit(...) asks for {' and '.join(asked)}. Remove "
+            "that argument, or train with --mode async, sync or local, which take it.")
+
+
+def _checkpoint_warning(fit) -> list[str]:
+    """What a whole-model ModelCheckpoint saves here, unlike in the other modes."""
+    import keras  # Keras: after the cell picks its backend
+
+    if not any(isinstance(cb, keras.callbacks.ModelCheckpoint) and not cb.save_weights_only
+               for cb in fit.call.callbacks or []):
+        return []
+    return ["ModelCheckpoint(save_weights_only=False) saves the trained weights with the "
+            "optimizer's initial state in --mode pipeline: each stage keeps its part of the "
+            "optimizer on its engine. Compile the loaded model again before training it further, "
+            "or use --mode async, sync or local, whose saved models hold the optimizer's state."]
+
+
+def _nbytes(variable) -> int:
+    return math.prod(variable.shape) * np.dtype(variable.dtype).itemsize
 
 
 def _message_samples(batch_size: int, x, validation_arrays) -> float:
