@@ -162,8 +162,10 @@ class TrainConfig:
     stages: int = option(2, "stages, one engine each", type=int)
     micro_batches: int = option(4, "micro-batches per mini-batch; must divide --batch-size",
                                 type=int)
-    partition: str = option("optimal", "how layers are cut into stages, from their measured "
-                            "costs", choices=late("nbdist.core.partition", "METHODS"))
+    partition: str = option("measured", "how layers are cut into stages: measured (the cost "
+                            "model's best cuts, timed as whole stages before training) or one "
+                            "from the profile alone", choices=late("nbdist.core.partition",
+                                                                   "PARTITIONS"))
     schedule: str = option("gpipe", "gpipe: all forwards, then all backwards; 1f1b: one forward "
                            "and one backward in turn",
                            choices=late("nbdist.core.partition", "SCHEDULES"))

@@ -11,6 +11,10 @@ cut, gradients sent backward on its left one). A pipeline goes as fast as its sl
 so every method below is judged by `max(stage_times(...))`.
 
 Methods (see docs/guide.md, "Model parallelism"):
+- `measured` (the default): the cost model's few best cuts (`candidates`), then each timed as
+  whole stages on an engine before training (`nbdist.modes.pipeline.profile`), the fastest
+  kept (`fastest_measured`): the profile times each layer as a call of its own, which a stage
+  compiled as one function does not pay per layer;
 - `optimal`: exact minimum of the slowest stage by dynamic programming over prefix sums,
   O(L^2 S) (as torchgpipe's `balance_by_time` does with its block partition);
 - `greedy`: the TensorFlow thesis's greedy walk (`greedy_bounds` says exactly what it does);
@@ -21,6 +25,7 @@ Methods (see docs/guide.md, "Model parallelism"):
 
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass
 
@@ -28,7 +33,11 @@ import numpy as np
 
 from nbdist.errors import ConfigError
 
-METHODS = ("optimal", "greedy", "uniform", "random")
+METHODS = ("optimal", "greedy", "uniform", "random")  # cuts from the profile alone (pure)
+MEASURED = "measured"  # the default: candidates from the profile, timed as whole stages
+PARTITIONS = (MEASURED, *METHODS)  # what --partition takes
+CANDIDATES = 4  # cuts the cost model ranks best, timed as whole stages (with greedy's, uniform's)
+ENUMERATE_AT_MOST = 20_000  # cut choices enumerated exhaustively up to this many
 SCHEDULES = ("gpipe", "1f1b")
 
 
@@ -51,16 +60,19 @@ def link_time(nbytes: float, bandwidth: float, latency: float) -> float:
 
 
 def stage_times(costs, cut_bytes, bounds, bandwidth: float = math.inf,
-                latency: float = 0.0) -> tuple[float, ...]:
-    """Each stage's compute plus the link times of its boundary cuts.
+                latency: float = 0.0, overhead: float = 0.0) -> tuple[float, ...]:
+    """Each stage's compute plus the link times of its boundary cuts, plus `overhead`, the fixed
+    cost of a stage's call (its forward and backward pass as one compiled function each).
 
     Example:
         >>> stage_times([1, 2, 3], [10, 20], [(0, 1), (1, 3)], bandwidth=10)
         (2.0, 6.0)
+        >>> stage_times([1, 2, 3], [10, 20], [(0, 1), (1, 3)], bandwidth=10, overhead=0.5)
+        (2.5, 6.5)
     """
     out = []
     for start, end in bounds:
-        t = float(sum(costs[start:end]))
+        t = overhead + float(sum(costs[start:end]))
         if start > 0:
             t += link_time(cut_bytes[start - 1], bandwidth, latency)
         if end < len(costs):
@@ -81,8 +93,9 @@ def check_stages(num_layers: int, stages: int, names=None) -> None:
 
 def partition(costs, cut_bytes, stages: int, method: str = "optimal", *,
               bandwidth: float = math.inf, latency: float = 0.0, seed: int = 0,
-              names=None) -> Partition:
-    """Cut the layers into `stages` contiguous stages by `method` (one of METHODS).
+              names=None, overhead: float = 0.0) -> Partition:
+    """Cut the layers into `stages` contiguous stages by `method` (one of METHODS); each
+    stage's predicted time counts `overhead` once (`stage_times`).
 
     Example:
         >>> partition([4, 1, 1, 1, 1], [0, 0, 0, 0], 2).bounds
@@ -104,7 +117,80 @@ def partition(costs, cut_bytes, stages: int, method: str = "optimal", *,
     else:
         raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: "
                           f"{method!r}).")
-    return Partition(method, bounds, stage_times(costs, cut_bytes, bounds, bandwidth, latency))
+    return Partition(method, bounds, stage_times(costs, cut_bytes, bounds, bandwidth, latency,
+                                                 overhead))
+
+
+def layer_compute(costs, call_overhead: float) -> list[float]:
+    """Each layer's compute alone: its measured time less the fixed cost that timing it as a
+    call of its own added (`call_overhead`, the time of such a call that computes nothing),
+    never below zero. A stage compiled as one function pays a call's cost once, not per layer
+    (`stage_times`'s `overhead`).
+
+    Example:
+        >>> layer_compute([0.003, 0.0005, 0.0012], 0.001)
+        [0.002, 0.0, 0.0002]
+    """
+    return [round(max(0.0, float(c) - call_overhead), 12) for c in costs]
+
+
+def candidates(costs, cut_bytes, stages: int, *, bandwidth: float = math.inf,
+               latency: float = 0.0, overhead: float = 0.0,
+               count: int = CANDIDATES) -> list[tuple[tuple[int, int], ...]]:
+    """The cuts worth timing as whole stages: the `count` the cost model (`stage_times` with
+    `overhead`) predicts fastest, then greedy's and uniform's if not among them, without
+    repeats. Every choice of cuts is ranked where there are at most ENUMERATE_AT_MOST of them;
+    beyond that, the optimal cut and those one cut point away from it.
+
+    Example:
+        >>> candidates([4, 1, 1, 1, 1], [0, 0, 0, 0], 2, count=2)
+        [((0, 1), (1, 5)), ((0, 2), (2, 5)), ((0, 3), (3, 5))]
+    """
+    n = len(costs)
+    check_stages(n, stages)
+    if math.comb(n - 1, stages - 1) <= ENUMERATE_AT_MOST:
+        choices = [_from_cuts(list(c), n)
+                   for c in itertools.combinations(range(1, n), stages - 1)]
+    else:
+        best = [b for _, b in optimal_bounds(costs, cut_bytes, stages, bandwidth, latency)]
+        choices = [optimal_bounds(costs, cut_bytes, stages, bandwidth, latency)]
+        for i in range(stages - 1):
+            for step in (-1, 1):
+                cuts = [*best[:-1]]
+                cuts[i] += step
+                if cuts == sorted(set(cuts)) and cuts[0] > 0 and cuts[-1] < n:
+                    choices.append(_from_cuts(cuts, n))
+
+    def slowest(bounds) -> float:
+        return max(stage_times(costs, cut_bytes, bounds, bandwidth, latency, overhead))
+
+    ranked = sorted(dict.fromkeys(choices), key=lambda b: (slowest(b), b))[:count]
+    for extra in (greedy_bounds(costs, stages), uniform_bounds(n, stages)):
+        if extra not in ranked:
+            ranked.append(extra)
+    return ranked
+
+
+def fastest_measured(measured: list[tuple[tuple, list[float]]], cut_bytes, num_layers: int,
+                     bandwidth: float = math.inf, latency: float = 0.0) -> Partition:
+    """The `measured` partition: of the candidates timed as whole stages ((bounds, each
+    stage's measured compute) pairs), the one whose slowest stage, its links counted, is
+    fastest (ties: the first).
+
+    Example:
+        >>> fastest_measured([(((0, 1), (1, 3)), [2.0, 1.0]), (((0, 2), (2, 3)), [1.5, 1.2])],
+        ...                  [0, 0], 3).bounds
+        ((0, 2), (2, 3))
+    """
+    best = None
+    for bounds, compute in measured:
+        times = stage_times([0.0] * num_layers, cut_bytes, bounds, bandwidth, latency)
+        total = tuple(float(c) + t for c, t in zip(compute, times, strict=True))
+        if best is None or max(total) < max(best.stage_times):
+            best = Partition(MEASURED, tuple(tuple(b) for b in bounds), total)
+    if best is None:
+        raise ValueError("no measured candidate to choose from")
+    return best
 
 
 def min_max_cuts(n: int, parts: int, cost) -> list[int]:
@@ -248,8 +334,8 @@ def check_pipeline_options(*, stages: object, micro_batches: object, method: obj
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ConfigError(f"{flag} must be a whole number >= 1 (Received: {value!r}). "
                               f"Example: {flag} 2.")
-    if method not in METHODS:
-        raise ConfigError(f"--partition must be one of {', '.join(METHODS)} (Received: "
+    if method not in PARTITIONS:
+        raise ConfigError(f"--partition must be one of {', '.join(PARTITIONS)} (Received: "
                           f"{method!r}).")
     if kind not in SCHEDULES:
         raise ConfigError(f"--schedule must be one of {', '.join(SCHEDULES)} (Received: {kind!r}).")

@@ -105,12 +105,13 @@ def test_a_torch_dataloader_trains_as_keras_fit_trains_on_it():
     assert said["fit"] > 0.8 and abs(said["local"] - said["fit"]) <= 0.03, said
 
 
-@pytest.mark.parametrize("backend", ("tensorflow", *OTHERS))
+@pytest.mark.parametrize("backend", OTHERS)
 def test_pipeline_stages_train_on_the_backend_as_one_machine_does(backend):
     """Stages as threads of a child process on the backend, real sockets: a skip connection
     across 3 stages (GPipe, 4 micro-batches), operators between layers (1F1B), a BatchNorm CNN
     at one micro-batch, integer tokens into an Embedding; 20 steps equal `train_on_batch` on
-    the same mini-batches. (On a real cluster: tests/cluster/test_backends_cluster.py.)"""
+    the same mini-batches. (On TensorFlow, in this process: tests/inproc/test_pipeline_inproc.py;
+    on a real cluster: tests/cluster/test_backends_cluster.py.)"""
     said = child("pipeline", backend=backend, timeout=400)
     assert said["backend"] == backend
     for name in ("skip", "operators", "batchnorm", "tokens"):

@@ -9,8 +9,11 @@ import numpy as np
 import pytest
 
 from nbdist.core.partition import (
+    candidates,
+    fastest_measured,
     greedy_bounds,
     ideal_bubble,
+    layer_compute,
     optimal_bounds,
     partition,
     random_bounds,
@@ -123,3 +126,53 @@ def test_1f1b_holds_at_most_s_minus_stage_micro_batches_gpipe_all_m():
     for s in range(4):
         assert most_in_flight(schedule("1f1b", 4, 8, s)) == 4 - s
         assert most_in_flight(schedule("gpipe", 4, 8, s)) == 8
+
+
+# -- --partition measured: the cost model's best cuts, timed as whole stages --------------------
+
+def test_layer_compute_takes_the_per_call_cost_out_and_stage_times_add_it_once_per_stage():
+    """Three layers timed as calls of their own at 3, 0.5 and 1.2 ms, a call of nothing at
+    1 ms: compute 2, 0 and 0.2 ms; one stage of all three, compiled as one function with a
+    0.4 ms call, predicts 2.6 ms (the per-layer sum said 4.7)."""
+    compute = layer_compute([0.003, 0.0005, 0.0012], 0.001)
+    assert compute == pytest.approx([0.002, 0.0, 0.0002], abs=1e-15)
+    assert stage_times(compute, [0, 0], [(0, 3)], overhead=0.0004) == pytest.approx((0.0026,))
+    # two stages: each pays the call once, and its links
+    assert stage_times([1, 2, 3], [10, 20], [(0, 1), (1, 3)], bandwidth=10, latency=0.5,
+                       overhead=0.25) == (1 + 1.5 + 0.25, 5 + 1.5 + 0.25)
+
+
+def test_candidates_are_the_models_best_cuts_then_greedy_and_uniform():
+    """Five layers [4, 1, 1, 1, 1] into 2 stages, no links: the four cuts predict slowest
+    stages 4, 5, 6 and 7 (cut after layer 1, 2, 3, 4); the best two, then greedy's (after 1:
+    already in) and uniform's (after 3)."""
+    got = candidates([4, 1, 1, 1, 1], [0, 0, 0, 0], 2, count=2)
+    assert got == [((0, 1), (1, 5)), ((0, 2), (2, 5)), ((0, 3), (3, 5))]
+    # a link's bytes count: a cut whose tensors are large ranks later
+    linked = candidates([1, 1, 1, 1], [0, 100, 0], 2, bandwidth=10, count=1)
+    assert linked[0] == ((0, 1), (1, 4))  # 1 | 3, not the even 2 | 2 across 10 s of link
+    # S = 3: every choice of 2 cuts of 5 layers (6) ranked, each with no empty stage
+    three = candidates([1, 1, 1, 1, 1], [0] * 4, 3, count=6)
+    assert len(three) == 6 and all(b - a >= 1 for bounds in three for a, b in bounds)
+    assert three[0] in (((0, 1), (1, 3), (3, 5)), ((0, 2), (2, 3), (3, 5)),
+                        ((0, 2), (2, 4), (4, 5)))  # the 2-2-1 splits tie at 2 first
+
+
+def test_candidates_beyond_enumeration_are_the_optimal_cut_and_its_neighbours(monkeypatch):
+    import nbdist.core.partition as partition_module
+
+    monkeypatch.setattr(partition_module, "ENUMERATE_AT_MOST", 1)
+    got = candidates([1, 1, 1, 1, 1, 1], [0] * 5, 2, count=3)
+    assert got[0] == ((0, 3), (3, 6))  # optimal
+    assert set(got[1:3]) == {((0, 2), (2, 6)), ((0, 4), (4, 6))}  # one cut point away
+
+
+def test_the_measured_partition_is_the_fastest_timed_one_with_its_links():
+    """Two candidates timed: 2.0 | 1.0 ms and 1.5 | 1.2 ms of compute; with a 1 ms link on
+    each side of the cut (10 bytes at 10 bytes/ms), 3.0 | 2.0 against 2.5 | 2.2: the second."""
+    timed = [(((0, 1), (1, 3)), [2.0, 1.0]), (((0, 2), (2, 3)), [1.5, 1.2])]
+    chosen = fastest_measured(timed, [10, 10], 3, bandwidth=10)
+    assert chosen.method == "measured" and chosen.bounds == ((0, 2), (2, 3))
+    assert chosen.stage_times == pytest.approx((2.5, 2.2))
+    with pytest.raises(ValueError, match="no measured candidate"):
+        fastest_measured([], [10, 10], 3)

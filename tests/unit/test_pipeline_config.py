@@ -14,7 +14,7 @@ def test_defaults_and_flags():
     assert c.mode is Mode.PIPELINE and (c.stages, c.micro_batches, c.partition, c.schedule) == (
         3, 8, "greedy", "1f1b")
     d = TrainConfig(mode="pipeline")
-    assert (d.stages, d.micro_batches, d.partition, d.schedule) == (2, 4, "optimal", "gpipe")
+    assert (d.stages, d.micro_batches, d.partition, d.schedule) == (2, 4, "measured", "gpipe")
     assert d.to_dict()["stages"] == 2
 
 
@@ -22,7 +22,7 @@ def test_defaults_and_flags():
     (dict(stages=0), r"--stages must be a whole number >= 1 \(Received: 0\)"),
     (dict(micro_batches=True), r"--micro-batches must be a whole number"),
     (dict(partition="best"),
-     r"--partition must be one of optimal, greedy, uniform, random \(Received: 'best'\)"),
+     r"--partition must be one of measured, optimal, greedy, uniform, random \(Received: 'best'\)"),
     (dict(schedule="pipedream"),
      r"--schedule must be one of gpipe, 1f1b \(Received: 'pipedream'\)"),
     (dict(batch_size=30, micro_batches=4),

@@ -60,6 +60,15 @@ class Graph:
         return sorted((t for t, k in self.made_at.items() if k <= cut < self.last_use.get(t, -1)),
                       key=lambda t: (self.made_at[t], t))
 
+    def places(self, bounds) -> bool:
+        """Whether `bounds` keeps each layer's calls in one stage (`check_bounds` refuses it
+        otherwise)."""
+        try:
+            self.check_bounds(bounds)
+        except ConfigError:
+            return False
+        return True
+
     def check_bounds(self, bounds) -> None:
         """Refuse a cut that splits one layer's calls (a shared layer) across stages."""
         stage_of: dict[int, int] = {}

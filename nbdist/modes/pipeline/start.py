@@ -20,7 +20,14 @@ import pandas as pd
 
 from nbdist.cluster.affinity import cores_per_host
 from nbdist.cluster.netaddr import hub_address, kernel_address
-from nbdist.core.partition import METHODS, check_stages, partition
+from nbdist.core.partition import (
+    MEASURED,
+    METHODS,
+    check_stages,
+    fastest_measured,
+    layer_compute,
+    partition,
+)
 from nbdist.engine.flat_layout import ensure_built, head, read_flat, write_flat
 from nbdist.engine.keras_backend import backend_name
 from nbdist.engine.run_cell import portable
@@ -30,7 +37,7 @@ from nbdist.modes.common.engine_backend import get_started
 from nbdist.modes.pipeline.checks import REPORT_LIMITS, message_limits, weights_limits
 from nbdist.modes.pipeline.graph import Graph
 from nbdist.modes.pipeline.kernel_link import KernelLink
-from nbdist.modes.pipeline.profile import profile_model, profile_on_engine
+from nbdist.modes.pipeline.profile import profile_model, profile_on_engine, serve_echo
 from nbdist.modes.pipeline.run import PipelineRun, partition_frame
 from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
 from nbdist.modes.pipeline.stage import VALIDATION_BATCH, StageSpec
@@ -87,13 +94,16 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     threads = _stage_threads(nets, engines)
     local_ranks = _local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
+    timed = stages if config.partition == MEASURED else None  # time the best cuts as stages
+    bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
     if cluster is not None:
         measured = get_started(cluster.client[engines[0]].apply_async(
             profile_on_engine, cell, pushed, contents.model_name, contents.data, initial,
-            micro_size, threads[0], keras_backend),
+            micro_size, threads[0], keras_backend, timed,
+            _link_to(cluster, nets, engines, bind, config.timeout)),
             engines[0], "profiling the model", timeout=max(120.0, config.timeout))
     else:
-        measured = profile_model(model, x[:micro_size])
+        measured = profile_model(model, x[:micro_size], stages=timed)
         write_flat(model, *initial)  # profiling trained nothing, but BatchNorm moved its statistics
     layers = measured["layers"]
     if len(layers) != len(graph.steps):
@@ -103,21 +113,25 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                             "the cell (no random choices).")
     for row, name in zip(layers, graph.names, strict=True):
         row["layer"] = name  # the engine's Keras numbers its layers itself (dense_12 for dense_171)
-    costs = [r["forward_s"] + r["backward_s"] for r in layers]
+    overhead = measured["overhead"]
+    costs = layer_compute([r["forward_s"] + r["backward_s"] for r in layers], overhead["layer"])
     link = measured["link"]
     options = dict(bandwidth=link["bandwidth"], latency=link["latency"], seed=config.seed,
-                   names=graph.names)
-    chosen = partition(costs, measured["cut_bytes"], stages, config.partition, **options)
-    graph.check_bounds(chosen.bounds)
+                   names=graph.names, overhead=overhead["stage"])
     alternatives = {m: partition(costs, measured["cut_bytes"], stages, m, **options)
                     for m in METHODS}
+    if config.partition == MEASURED:
+        alternatives[MEASURED] = fastest_measured(
+            [(c["bounds"], c["compute"]) for c in measured["measured"]], measured["cut_bytes"],
+            len(layers), link["bandwidth"], link["latency"])
+    chosen = alternatives[config.partition]
+    graph.check_bounds(chosen.bounds)
 
     limits = message_limits(measured["cut_bytes"], measured["cut_items"],
                             [r["cut_tensors"] for r in layers], chosen.bounds,
                             measured["micro_batch"],
                             _message_samples(config.batch_size, x, contents.validation_arrays))
     key, run_id = new_key(), uuid.uuid4().hex[:12]
-    bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
     encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
     kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets),
                         stages, encrypt=encrypt,
@@ -156,10 +170,14 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
         run.state.fit_call_returned = threading.Event()
     run.partition = partition_frame(graph, chosen, layers)
     run.partitions = alternatives
+    how = (f"the fastest of {len(measured['measured'])} cuts timed as whole stages: slowest "
+           f"stage {chosen.slowest * 1e3:.2f} ms per micro-batch, where the profile alone "
+           f"predicted {alternatives['optimal'].slowest * 1e3:.2f} ms for its best cut"
+           if config.partition == MEASURED else
+           f"predicted slowest stage {chosen.slowest * 1e3:.2f} ms per micro-batch; optimal "
+           f"{alternatives['optimal'].slowest * 1e3:.2f} ms")
     run.note(f"pipeline: {stages} stages on engines {engines}, --partition {config.partition} "
-             f"(predicted slowest stage {chosen.slowest * 1e3:.2f} ms per micro-batch; optimal "
-             f"{alternatives['optimal'].slowest * 1e3:.2f} ms), --schedule {config.schedule}, "
-             f"{micro} micro-batches of {micro_size}")
+             f"({how}), --schedule {config.schedule}, {micro} micro-batches of {micro_size}")
     run.begin(backend, control, run_id)
     if wait:
         run.wait()
@@ -227,6 +245,18 @@ def _local_ranks(nets: dict | None, engines: list) -> list[int]:
     that are threads of this kernel are all on one host."""
     hosts = [nets[e].hostname for e in engines] if nets is not None else ["kernel"] * len(engines)
     return [hosts[:s].count(h) for s, h in enumerate(hosts)]
+
+
+def _link_to(cluster, nets: dict, engines: list, bind: list[str], timeout: float):
+    """Where the stages span hosts: the far end of a link probe on the second stage's engine
+    (`profile.serve_echo`) and its key, so the profile measures the link activations will
+    cross (between the first two stages' hosts); None on one host (loopback is measured)."""
+    if len(engines) < 2 or nets[engines[0]].hostname == nets[engines[1]].hostname:
+        return None
+    key = new_key()
+    peer = get_started(cluster.client[engines[1]].apply_async(serve_echo, key, bind[1]),
+                       engines[1], "starting the link probe", timeout=max(60.0, timeout))
+    return peer, key
 
 
 def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:
