@@ -68,12 +68,7 @@ def profile_graph(graph, x_micro, repeats: int = REPEATS) -> dict:
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
         values.update({t: scratch[t] for t in step.outputs})
-        params = (sum(int(np.prod(w.shape)) for w in op_weights(step.op))
-                  if id(step.op) not in seen else 0)
-        seen.add(id(step.op))
-        rows.append({"layer": step.name, "kind": type(step.op).__name__,
-                     "forward_s": float(min(fwd)), "backward_s": float(min(bwd)),
-                     "params": params})
+        rows.append(_row(step, seen, fwd, bwd))
     return _cut_sizes(graph, rows, values)
 
 
@@ -91,20 +86,30 @@ def _profile_passes(graph, x_micro, repeats: int) -> tuple[list[dict], dict]:
             t0 = time.perf_counter()
             outs = passes.forward(inputs, r)
             t1 = time.perf_counter()
-            passes.backward(r, [np.ones_like(o, np.float32) if o.dtype.kind == "f"
-                                else np.zeros(o.shape, np.float32) for o in outs])
+            passes.backward(r, _ones_for(outs))
             t2 = time.perf_counter()
             if r:  # the first call builds and compiles
                 fwd.append(t1 - t0)
                 bwd.append(t2 - t1)
         values.update(zip(sub.out_ids, outs, strict=True))
-        params = (sum(int(np.prod(w.shape)) for w in op_weights(step.op))
-                  if id(step.op) not in seen else 0)
-        seen.add(id(step.op))
-        rows.append({"layer": step.name, "kind": type(step.op).__name__,
-                     "forward_s": float(min(fwd)), "backward_s": float(min(bwd)),
-                     "params": params})
+        rows.append(_row(step, seen, fwd, bwd))
     return rows, values
+
+
+def _row(step, seen: set, fwd: list[float], backward: list[float]) -> dict:
+    """A step's profile row: its fastest forward and backward times, and its parameters (those
+    of a layer called before count once, at its first call)."""
+    params = (sum(int(np.prod(w.shape)) for w in op_weights(step.op))
+              if id(step.op) not in seen else 0)
+    seen.add(id(step.op))
+    return {"layer": step.name, "kind": type(step.op).__name__, "forward_s": float(min(fwd)),
+            "backward_s": float(min(backward)), "params": params}
+
+
+def _ones_for(outs: list) -> list[np.ndarray]:
+    """Upstream gradients for timing a backward pass: ones (float32 zeros for a non-float)."""
+    return [np.ones_like(o, np.float32) if o.dtype.kind == "f" else np.zeros(o.shape, np.float32)
+            for o in outs]
 
 
 def _cut_sizes(graph, rows: list[dict], values: dict) -> dict:
@@ -138,33 +143,43 @@ def measure_link(nbytes: int = 4 << 20, repeats: int = 3, host: str = "127.0.0.1
             sock.setsockopt(zmq.RCVTIMEO, int(timeout * 1000))
             sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
 
-        def trip(payload: bytes) -> float:
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                a.send(payload, copy=False)
-                b.send(b.recv(copy=False), copy=False)
-                a.recv(copy=False)
-                best = min(best, time.perf_counter() - t0)
-            return best / 2
+        def round_trip(payload: bytes) -> None:
+            a.send(payload, copy=False)
+            b.send(b.recv(copy=False), copy=False)
+            a.recv(copy=False)
 
         try:
-            trip(b"x")
-            latency = trip(b"x")
-            big = trip(bytes(nbytes))
+            return _link_figures(round_trip, nbytes, repeats)
         except zmq.Again:
             raise TrainingError(
                 f"The pipeline's bandwidth probe on {host} got no answer within {timeout:.0f} s "
                 f"(gate: {gate.counts() or 'nothing refused'}). Expected its two sockets to reach "
                 "each other over TCP on that address: check that this host allows it (a "
                 "firewall rule on it?), then run the cell again.") from None
-        return {"bandwidth": nbytes / max(big - latency, 1e-9), "latency": latency}
     finally:
         a.close(linger=0)
         if b is not None:
             b.close(linger=0)
         gate.stop()
         ctx.term()
+
+
+def _link_figures(round_trip, nbytes: int, repeats: int) -> dict:
+    """Bandwidth (bytes/s) and latency (s) from `round_trip(payload)` (one message there and
+    back): a small and a large message, each the fastest of `repeats` trips halved, after one
+    untimed trip."""
+    def trip(payload: bytes) -> float:
+        best = float("inf")
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            round_trip(payload)
+            best = min(best, time.perf_counter() - t0)
+        return best / 2
+
+    trip(b"x")
+    latency = trip(b"x")
+    big = trip(bytes(nbytes))
+    return {"bandwidth": nbytes / max(big - latency, 1e-9), "latency": latency}
 
 
 _ECHOES: list[threading.Thread] = []  # this engine's far ends of a link probe, while they run
@@ -216,19 +231,12 @@ def measure_link_to(peer: dict, key: bytes, nbytes: int = 4 << 20, repeats: int 
         sock.setsockopt(zmq.SNDTIMEO, int(timeout * 1000))
         sock.connect(peer["endpoint"])
 
-        def trip(payload: bytes) -> float:
-            best = float("inf")
-            for _ in range(repeats):
-                t0 = time.perf_counter()
-                sock.send(payload, copy=False)
-                sock.recv(copy=False)
-                best = min(best, time.perf_counter() - t0)
-            return best / 2
+        def round_trip(payload: bytes) -> None:
+            sock.send(payload, copy=False)
+            sock.recv(copy=False)
 
         try:
-            trip(b"x")
-            latency = trip(b"x")
-            big = trip(bytes(nbytes))
+            figures = _link_figures(round_trip, nbytes, repeats)
             sock.send(b"")  # the far end stops
         except zmq.Again:
             raise TrainingError(
@@ -236,8 +244,7 @@ def measure_link_to(peer: dict, key: bytes, nbytes: int = 4 << 20, repeats: int 
                 f"engine) got no answer within {timeout:.0f} s. Expected the stages' hosts to "
                 "reach each other over TCP on that address: check the firewall between them, "
                 "then run the cell again.") from None
-        return {"bandwidth": nbytes / max(big - latency, 1e-9), "latency": latency,
-                "to": peer["endpoint"]}
+        return {**figures, "to": peer["endpoint"]}
     finally:
         sock.close(linger=0)
         ctx.term()
@@ -252,8 +259,7 @@ def time_stage(sub, model, inputs: list, repeats: int, first: bool) -> tuple[lis
     for r in range(repeats + 1):
         t0 = time.perf_counter()
         outs = passes.forward(inputs, r)
-        passes.backward(r, [np.ones_like(o, np.float32) if o.dtype.kind == "f"
-                            else np.zeros(o.shape, np.float32) for o in outs])
+        passes.backward(r, _ones_for(outs))
         if r:
             best = min(best, time.perf_counter() - t0)
     return outs, best  # (no optimizer step: the variables stay as they were)
