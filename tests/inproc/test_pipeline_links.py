@@ -138,3 +138,48 @@ def test_a_fit_calls_epoch_gate_weights_to_the_kernel_release_and_rate_to_the_st
         assert a.new_rate == b.new_rate == 0.25
     finally:
         close(a, b, kernel)
+
+
+def test_the_kernel_hands_the_callbacks_the_weights_of_the_epoch_that_ended_not_the_one_before():
+    """At a fit call's epoch gate the last stage's EvalDone (the epoch ended) can come before
+    another stage's weights of that epoch: the kernel waits for them, and never hands out the
+    previous epoch's, which it still holds."""
+    import threading
+
+    from nbdist.errors import TrainingError
+    from nbdist.modes.pipeline.messages import EvalDone, Weights
+    from nbdist.modes.pipeline.runtime import PipelineControl
+
+    class QuietLink:
+        def receive(self, timeout_ms):
+            time.sleep(timeout_ms / 1000)
+
+        def broadcast(self, control):
+            pass
+
+        def drops(self):
+            return {}
+
+        def close(self):
+            pass
+
+    control = PipelineControl(QuietLink(), 2, [0, 1], 3, 10, 2)
+    try:
+        for stage in (0, 1):
+            control._absorb_weights(Weights(stage, 0, [stage], [1]),  # noqa: SLF001
+                                    [np.full(2, 10.0 + stage, np.float32)])
+        control._absorb(EvalDone(10, 0, 0.0))  # noqa: SLF001 - epoch 0 ended
+        assert control.epoch_weights(1.0)[1][0].tolist() == [11.0, 11.0]
+        control._absorb(EvalDone(20, 1, 0.0))  # noqa: SLF001 - epoch 1 ended ...
+        control._absorb_weights(Weights(1, 1, [1], [1]),  # noqa: SLF001 - ... stage 1's in
+                                [np.full(2, 21.0, np.float32)])
+        with pytest.raises(TrainingError, match=r"end of epoch 2 within 0s \(Received: stages "
+                           r"\[1\]\)"):
+            control.epoch_weights(0.3)  # not epoch 0's weights
+        late = threading.Timer(0.2, lambda: control._absorb_weights(  # noqa: SLF001
+            Weights(0, 1, [0], [1]), [np.full(2, 20.0, np.float32)]))
+        late.start()
+        got = control.epoch_weights(5.0)
+        assert got[0][0].tolist() == [20.0, 20.0] and got[1][0].tolist() == [21.0, 21.0]
+    finally:
+        control.close()

@@ -79,7 +79,7 @@ def _profile_passes(graph, x_micro, repeats: int) -> tuple[list[dict], dict]:
     rows, seen = [], set()
     for k, step in enumerate(graph.steps):
         sub = StageModel(graph, k, k + 1)
-        passes = stage_pass(sub, graph.model, last=False, input_grads=True)
+        passes = stage_pass(sub, graph.model, input_grads=True)
         inputs = [np.asarray(values[t]) for t in sub.in_ids]
         fwd, bwd = [], []
         for r in range(repeats + 1):
@@ -254,7 +254,7 @@ def time_stage(sub, model, inputs: list, repeats: int, first: bool) -> tuple[lis
     """A stage model's outputs for `inputs` and its fastest forward plus backward pass (its
     outputs' gradients ones), as a stage runs them (`stage_pass`), after one untimed call (it
     compiles)."""
-    passes = stage_pass(sub, model, last=False, input_grads=not first)
+    passes = stage_pass(sub, model, input_grads=not first)
     best = float("inf")
     for r in range(repeats + 1):
         t0 = time.perf_counter()

@@ -104,25 +104,26 @@ class PipelineControl:
         self._last_report = time.monotonic()
 
     def epoch_weights(self, timeout: float) -> dict[int, list]:
-        """Every stage's variables at the latest epoch end that all of them reported (a cell's
-        fit call asks at its epoch gate, where they are on their way), by step; TrainingError
-        if they do not all come within `timeout` seconds."""
+        """Every stage's variables at the end of the latest epoch the last stage reported ended
+        (a cell's fit call asks at its epoch gate, where they are on their way), by step;
+        TrainingError if they do not all come within `timeout` seconds."""
         deadline = time.monotonic() + timeout
         with self.weights_arrived:
             while True:
-                whole = [e for e, by in self.weights.items() if len(by) == self.stages]
-                if whole:
+                epoch = self.epoch - 1  # (EvalDone of epoch e sets self.epoch to e + 1)
+                by_stage = self.weights.get(epoch, {})
+                if epoch >= 0 and len(by_stage) == self.stages:
                     merged: dict[int, list] = {}
-                    for by_step in self.weights[max(whole)].values():
+                    for by_step in by_stage.values():
                         merged.update(by_step)
                     return merged
                 left = deadline - time.monotonic()
                 if left <= 0 or self.failed:
                     raise TrainingError(
-                        f"The pipeline's stages did not all send their weights at the epoch's end "
-                        f"within {timeout:.0f}s (Received: stages "
-                        f"{sorted(s for by in self.weights.values() for s in by)}). A stage's "
-                        "engine may have died or stalled; see run.error and %nbdist status.")
+                        f"The pipeline's stages did not all send their weights at the end of "
+                        f"epoch {epoch + 1} within {timeout:.0f}s (Received: stages "
+                        f"{sorted(by_stage)}). A stage's engine may have died or stalled; see "
+                        "run.error and %nbdist status.")
                 self.weights_arrived.wait(min(left, 0.5))
 
     def _absorb(self, report: StepDone | EvalDone | Totals) -> None:

@@ -148,7 +148,7 @@ class Stage:
         if spec.lr is not None:
             optimizer.learning_rate = spec.lr
         self.optimizer = optimizer
-        self.passes = stage_pass(self.sub, model, last=self.last, input_grads=not self.first)
+        self.passes = stage_pass(self.sub, model, input_grads=not self.first)
         # slots: at most M messages are sent towards a neighbour before the sender next waits
         # (and reads the acks); twice that spares the TCP fallback (see link.py)
         self.link = StageLink(spec.key, spec.run_id, spec.stage, spec.bind_host, spec.timeout,

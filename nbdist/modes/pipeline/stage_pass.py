@@ -10,11 +10,11 @@ step of the cell's optimizer (`apply`). Each backend differentiates its own way:
 - PyTorch: autograd, eager, as Keras's own PyTorch trainer runs: the forward pass records the
   graph, the backward pass is `torch.autograd.grad` with the upstream gradients;
 - JAX: Keras's stateless calls (the variables' values passed in, as the workers' step does,
-  `nbdist.engine.flat_step`), compiled with `jax.jit`. A compiled function cannot hand back the
-  forward pass's residuals for later, so the backward pass runs the forward pass again inside
-  `jax.vjp` (GPipe's re-materialisation: a third more compute on the stage, no activations
-  held between the passes), on the same values and random state as the first one, so it
-  computes the same function.
+  `nbdist.engine.flat_step`), compiled with `jax.jit`. The pullback `jax.vjp` gives is a new
+  function at every call, which `jax.jit` would compile again each time, so the compiled
+  backward pass runs the forward pass again inside `jax.vjp` (GPipe's re-materialisation: about
+  a third more compute on the stage, no activations held between the passes), on the same
+  values and random state as the first one, so it computes the same function.
 
 The last stage's forward pass ends in the cell's compiled loss (and its layers' penalties),
 weighted by the micro-batch's share of the mini-batch.
@@ -27,12 +27,12 @@ import numpy as np
 from nbdist.engine.keras_backend import backend_name
 
 
-def stage_pass(sub, model, *, last: bool, input_grads: bool):
+def stage_pass(sub, model, *, input_grads: bool):
     """The passes of stage model `sub` (`graph.StageModel`) of `model` on this process's Keras
-    backend; `last`: it ends in the loss; `input_grads`: the backward pass returns its inputs'
-    gradients (every stage but the first sends them back)."""
+    backend (the last stage calls `forward_loss`, the others `forward`); `input_grads`: the
+    backward pass returns its inputs' gradients (every stage but the first sends them back)."""
     kind = {"tensorflow": TensorFlowPass, "jax": JaxPass, "torch": TorchPass}[backend_name()]
-    return kind(sub, model, last=last, input_grads=input_grads)
+    return kind(sub, model, input_grads=input_grads)
 
 
 def prediction(model, outs: list):
@@ -55,8 +55,8 @@ def _is_float(array) -> bool:
 class StagePass:
     """What every backend's passes share: the held forward passes by key, the gradient sum."""
 
-    def __init__(self, sub, model, *, last: bool, input_grads: bool):
-        self.sub, self.model, self.last, self.input_grads = sub, model, last, input_grads
+    def __init__(self, sub, model, *, input_grads: bool):
+        self.sub, self.model, self.input_grads = sub, model, input_grads
         self.trainable = sub.trainable
         self.held: dict = {}  # key -> what the backward pass of that forward pass needs
         self._grads: list | None = None
