@@ -73,6 +73,38 @@ def test_the_cell_trains_in_pipeline_stages_as_its_fit_call_says(cluster, name):
         np.average(first["loss"], weights=first["batch_size"]), rel=1e-4)
 
 
+def test_a_callbacks_rate_reaches_every_stage_and_each_epoch_end_hands_it_that_epochs_weights(
+        cluster):
+    """LearningRateScheduler sets the rate to 0 from the second epoch on: the kernel sends it to
+    every stage at the first epoch's gate, so the weights the callbacks see at the ends of
+    epochs 1, 2 and 3 are the same, and different from the untrained ones; `run.lr` and the
+    events follow."""
+    from tests.helpers import SYNTHETIC_CELL
+
+    cell = SYNTHETIC_CELL + """
+seen = []
+class Keep(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        seen.append([w.numpy().copy() for w in self.model.weights])
+start = [w.numpy().copy() for w in model.weights]
+history = model.fit(x_train, y_train, epochs=3, batch_size=60, callbacks=[
+    keras.callbacks.LearningRateScheduler(lambda epoch, lr: lr if epoch == 0 else 0.0), Keep()])
+"""
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = nbdist.train(cell, namespace=ns, cluster=cluster, mode="pipeline", stages=2,
+                           micro_batches=2, partition="uniform")
+    assert run.status == "finished", run.error
+    first, *later = ns["seen"]
+    assert len(later) == 2
+    assert max(float(np.abs(a - b).max()) for a, b in zip(first, ns["start"], strict=True)) > 1e-3
+    for weights in later:
+        for a, b in zip(weights, first, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert run.lr == 0.0
+    assert any(e == "set_lr" for e in run.events["event"])
+
+
 def test_pipeline_refuses_what_its_stages_cannot_do_as_the_fit_call_asks(cluster):
     from nbdist.errors import ConfigError
 

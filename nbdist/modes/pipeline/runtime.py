@@ -45,8 +45,9 @@ class PipelineControl:
     """Collects the stages' reports; answers `stats` like a hub; sends stop and abort."""
 
     def __init__(self, link, stages: int, engines: list, epochs: int, steps_per_epoch: int,
-                 micro_batches: int):
+                 micro_batches: int, lr: float | None = None):
         self.link, self.stages, self.engines = link, stages, engines
+        self.lr = lr  # the stages' constant rate (None: a schedule), or run.set_lr's
         self.epochs, self.steps_per_epoch, self.micro_batches = (epochs, steps_per_epoch,
                                                                  micro_batches)
         self.started = time.time()
@@ -190,7 +191,8 @@ class PipelineControl:
                     "epochs_done": self.global_step / max(1, self.steps_per_epoch),
                     "nodes": nodes, "history": [list(r) for r in self.history[since:]],
                     "evals": list(self.evals), "events": list(self.events), "finished": done,
-                    "epoch_metrics": dict(self.epoch_metrics), "error": None, "paused": False}
+                    "epoch_metrics": dict(self.epoch_metrics), "lr": self.lr, "error": None,
+                    "paused": False}
 
     def pipeline(self) -> dict:
         """The kept steps' timings and the totals: for `run.pipeline` and the timeline figure."""
@@ -217,6 +219,7 @@ class PipelineControl:
         if h.get("lr") is not None:
             self.link.broadcast(NewRate(float(h["lr"])))
             with self._lock:
+                self.lr = float(h["lr"])
                 self.events.append({"time": now, "step": self.global_step, "event": "set_lr",
                                     "lr": float(h["lr"]), **({"by": h["by"]} if h.get("by")
                                                              else {})})

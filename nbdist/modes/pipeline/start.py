@@ -30,6 +30,7 @@ from nbdist.core.partition import (
 )
 from nbdist.engine.flat_layout import ensure_built, head, read_flat, write_flat
 from nbdist.engine.keras_backend import backend_name
+from nbdist.engine.learning_rate import schedule_name
 from nbdist.engine.run_cell import portable
 from nbdist.errors import ConfigError, DataError, NoClusterError, TrainingError
 from nbdist.hub.protocol import new_key
@@ -138,7 +139,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                         limits=REPORT_LIMITS if fit is None else weights_limits(
                             [_nbytes(w) for w in model.weights]))
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
-    control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro)
+    control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro,
+                              lr=_constant_rate(model.optimizer, config.lr))
     backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
     try:
         specs = [StageSpec(run_id=run_id, key=key, stage=s, stages=stages, bounds=chosen.bounds[s],
@@ -196,6 +198,16 @@ def refuse_fit_options(fit, contents) -> None:
             f"--mode pipeline trains each epoch on every sample of (x, y), with no per-sample "
             f"weights, but the cell's model.fit(...) asks for {' and '.join(asked)}. Remove "
             "that argument, or train with --mode async, sync or local, which take it.")
+
+
+def _constant_rate(optimizer, lr: float | None) -> float | None:
+    """The rate the stages step with: --lr's, else the cell optimizer's constant one (None for
+    a schedule: it changes every step, on each stage)."""
+    if lr is not None:
+        return float(lr)
+    if schedule_name(optimizer) is not None:
+        return None
+    return float(np.asarray(optimizer.learning_rate))
 
 
 def _checkpoint_warning(fit) -> list[str]:
