@@ -242,9 +242,35 @@ def _a_cluster(cluster=None):
 
 
 def on_a_cluster() -> dict:
-    """`convnet` and `async_options` on one cluster: its engines start and import Keras once."""
+    """`convnet`, `async_options` and (PyTorch) `sync_batchnorm` on one cluster: its engines
+    start and import Keras once."""
+    import keras
+
     with _a_cluster() as cluster:
-        return {"convnet": convnet(cluster), "async_options": async_options(cluster)}
+        said = {"convnet": convnet(cluster), "async_options": async_options(cluster)}
+        if keras.backend.backend() == "torch":
+            said["sync_batchnorm"] = sync_batchnorm(cluster)
+        return said
+
+
+def sync_batchnorm(cluster) -> dict:
+    """The BatchNorm CNN in sync with 2 ranks and --sync-batchnorm (the torch collective's
+    statistics over the global batch): the accuracy, and each rank's moving statistics."""
+    import keras
+
+    import nbdist
+    from tests.helpers import BATCHNORM_CNN_CELL
+
+    keras.utils.set_random_seed(0)
+    ns: dict = {}
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = nbdist.train(BATCHNORM_CNN_CELL, namespace=ns, cluster=cluster, mode="sync",
+                           workers=2, epochs=1, batch_size=32, sync_batchnorm=True,
+                           precise_bn=False, wait=True)
+    ranks = [r["own_non_trainable"] for r in run.worker_results.values()]
+    accuracy = ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0, return_dict=True)
+    return {"status": run.status, "accuracy": float(accuracy["accuracy"]),
+            "ranks_differ": float(np.abs(np.asarray(ranks[0]) - np.asarray(ranks[1])).max())}
 
 
 def dataloader() -> dict:

@@ -49,6 +49,10 @@ def test_the_keras_io_convnet_trains_on_the_backend_async_sync_and_pipeline_as_f
     # shard, with no Keras, unless a sync rank ran there after it)
     ran = [e for e in said["engines"] if e is not None]
     assert len(ran) >= 2 and set(ran) == {backend}
+    if backend == "torch":  # --sync-batchnorm through the torch collective's Gloo group
+        bn = on_a_cluster(backend)["sync_batchnorm"]
+        assert bn["status"] == "finished" and bn["accuracy"] > 0.4, bn  # (chance: 0.1)
+        assert bn["ranks_differ"] < 1e-5, bn  # each rank's own statistics: the global batch's
 
 
 @pytest.mark.timeout(1400)

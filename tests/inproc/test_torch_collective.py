@@ -132,3 +132,76 @@ def test_ranks_are_numbered_host_by_host_as_horovod_numbers_them():
     slots = host_slots({"a": 2, "b": 1})
     assert [(s.hostname, s.rank, s.size, s.local_rank, s.local_size, s.cross_size)
             for s in slots] == [("a", 0, 3, 0, 2, 2), ("a", 1, 3, 1, 2, 2), ("b", 2, 3, 0, 1, 2)]
+
+
+def _batchnorm_rank(rank: int, key: bytes, env: dict, out) -> None:
+    """One rank on Keras's PyTorch backend with --sync-batchnorm: its share of a global batch of
+    8 (rank 0 six samples, rank 1 two), one gradient through the group's BatchNorm sums; rank
+    0 also computes the whole batch's gradient on one process (an unpatched copy)."""
+    import os
+
+    os.environ["KERAS_BACKEND"] = "torch"
+    import keras
+
+    from nbdist.engine.flatmodel import FlatModel
+    from nbdist.modes.sync.collective import TorchCollective
+
+    env = {**env, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2", "HOROVOD_GLOO_IFACE": "lo"}
+    collective = TorchCollective(SignedClient(key, "run1", str(rank), env), env, 20.0)
+
+    def build():
+        keras.utils.set_random_seed(3)
+        model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(5),
+                                  keras.layers.BatchNormalization(), keras.layers.Dense(2)])
+        model.compile(optimizer="sgd", loss="mse")
+        return model
+
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
+    model = build()
+    flat = FlatModel(model)
+    mine = slice(0, 6) if rank == 0 else slice(6, 8)
+    batchnorm = collective.sync_batchnorm(model)
+    batchnorm.set_share(0.75 if rank == 0 else 0.25)
+    _, grad, _, nt_after = flat.gradients(x[mine], y[mine])
+    weighted = collective.allreduce_sum(grad * (0.75 if rank == 0 else 0.25))
+    whole = None
+    if rank == 0:
+        alone = FlatModel(build())
+        _, whole_grad, _, whole_nt = alone.gradients(x, y)
+        whole = (whole_grad.tolist(), whole_nt.tolist())
+    out.put((rank, weighted.tolist(), nt_after.tolist(), whole))
+    collective.close()
+
+
+def test_sync_batchnorm_on_pytorch_takes_the_global_batchs_statistics_and_gradient(store):
+    """Two ranks holding 6 and 2 of 8 samples, each normalising with the group's BatchNorm sums:
+    their batch-share-weighted gradients sum to the gradient of the whole batch on one process,
+    and both ranks' moving statistics are the whole batch's (without it: each rank's own)."""
+    server, key, env = store
+    context = multiprocessing.get_context("spawn")
+    out = context.Queue()
+    ranks = [context.Process(target=_batchnorm_rank, args=(r, key, env, out)) for r in (0, 1)]
+    for process in ranks:
+        process.start()
+    said = sorted(out.get(timeout=180) for _ in ranks)
+    for process in ranks:
+        process.join(30)
+    (_, weighted, nt0, whole), (_, weighted1, nt1, _) = said
+    whole_grad, whole_nt = whole
+    np.testing.assert_allclose(weighted, whole_grad, rtol=1e-4, atol=1e-6)
+    np.testing.assert_allclose(weighted1, weighted, rtol=1e-6)
+    np.testing.assert_allclose(nt0, whole_nt, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(nt1, whole_nt, rtol=1e-5, atol=1e-7)
+    assert not server.rejected
+
+
+def test_sync_batchnorm_through_torch_on_tensorflow_is_refused_before_any_engine_is_used():
+    import nbdist
+    from tests.helpers import SYNTHETIC_CELL
+
+    with pytest.raises(ConfigError, match=r"--sync-batchnorm allreduces BatchNorm statistics .*"
+                       r"\(Received: --sync-batchnorm with --collective torch, which runs "
+                       r"torch.distributed on Keras's tensorflow backend\).*KERAS_BACKEND=torch"):
+        nbdist.train(SYNTHETIC_CELL, namespace={}, mode="sync", collective="torch",
+                     sync_batchnorm=True, cluster=object())  # refused before it is used

@@ -24,6 +24,13 @@ the backward pass (the loss is each rank's own mean). The statistics' gradient m
 be the sum over ranks of w_r' * dL_r'/dS, so the backward allreduce sums w_r * g_r and divides
 by this rank's w_r (which sync.py multiplies back). A rank left without samples at the end of
 an epoch (w_r = 0, one placeholder sample) contributes nothing, forward or backward.
+
+`TorchSyncBatchNorm(model, group)` does the same on Keras's PyTorch backend with
+`--collective torch`: the sums go through the rank's Gloo group in a `torch.autograd.Function`
+(forward: their allreduce; backward: the allreduce of the batch-share-weighted gradient), in
+the layers' fixed order, the same on every rank. On JAX the forward pass is one compiled
+function with no collective inside, and TensorFlow has Horovod's, so those refuse it (the
+sync mode's start).
 """
 
 from __future__ import annotations
@@ -116,5 +123,71 @@ def _global_moments(layer, index: int, hvd, share):
         variance = tf.maximum(tf.math.divide_no_nan(squares, count) - tf.square(mean_d), 0.0)
         mean = mean_d + tf.reshape(shift, [-1])
         return tf.cast(mean, inputs.dtype), tf.cast(variance, inputs.dtype)
+
+    return moments
+
+
+class TorchSyncBatchNorm:
+    """`SyncBatchNorm` on Keras's PyTorch backend, over a torch.distributed process group (a
+    rank's `TorchCollective.group`)."""
+
+    def __init__(self, model, group):
+        self.layers = batchnorm_layers(model)
+        self.share = [1.0]  # this rank's share of the global batch, read in each forward pass
+        for layer in self.layers:
+            if not callable(getattr(layer, "_moments", None)):
+                raise DependencyError(
+                    f"--sync-batchnorm replaces BatchNormalization._moments, which this Keras "
+                    f"({keras_version()}) does not have (layer {layer.name!r}). Use Keras 3.x as "
+                    "pinned by nbdist, or train with --no-sync-batchnorm.")
+            object.__setattr__(layer, "_moments", _torch_global_moments(layer, group, self.share))
+
+    def set_share(self, share: float) -> None:
+        """This rank's share of the global batch for the next step (0: no samples)."""
+        self.share[0] = float(share)
+
+
+def _torch_global_moments(layer, group, share: list):
+    """`_global_moments` in torch: the global batch's mean and variance, gradients through."""
+    import torch  # PyTorch: only where a torch rank runs
+    from keras import ops  # Keras: after the cell picks its backend
+
+    class GlobalSum(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, local, weight):
+            total = local.detach().cpu().contiguous().clone()
+            group.allreduce([total]).wait()
+            ctx.save_for_backward(weight)
+            return total.to(local.device)
+
+        @staticmethod
+        def backward(ctx, upstream):
+            (weight,) = ctx.saved_tensors
+            summed = (upstream * weight).detach().cpu().contiguous().clone()
+            group.allreduce([summed]).wait()
+            summed = summed.to(upstream.device)
+            back = summed / weight if float(weight) > 0 else torch.zeros_like(summed)
+            return back, None
+
+    def moments(inputs, mask=None):
+        x = inputs.float()
+        ndim = x.dim()
+        axis = layer.axis % ndim
+        axes = [a for a in range(ndim) if a != axis]
+        broadcast = [-1 if a == axis else 1 for a in range(ndim)]
+        shift = ops.convert_to_tensor(layer.moving_mean).detach().float().reshape(broadcast)
+        weight = torch.tensor(share[0], dtype=torch.float32, device=x.device)
+        active = 1.0 if share[0] > 0 else 0.0  # a rank with no samples adds nothing
+        counts = (torch.ones_like(x) if mask is None
+                  else mask.float().unsqueeze(-1).expand_as(x))
+        d = (x - shift) * counts
+        local = torch.stack([counts.sum(axes), d.sum(axes), (d * (x - shift)).sum(axes)]) * active
+        count, total, squares = GlobalSum.apply(local, weight).unbind(0)
+        safe = torch.where(count > 0, count, torch.ones_like(count))
+        mean_d = torch.where(count > 0, total / safe, torch.zeros_like(total))
+        variance = torch.clamp(torch.where(count > 0, squares / safe, torch.zeros_like(squares))
+                               - mean_d * mean_d, min=0.0)
+        mean = mean_d + shift.reshape(-1)
+        return mean.to(inputs.dtype), variance.to(inputs.dtype)
 
     return moments

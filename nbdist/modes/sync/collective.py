@@ -28,6 +28,7 @@ import numpy as np
 from nbdist.engine.flat_apply import flat_apply
 from nbdist.engine.flat_layout import write_non_trainable
 from nbdist.engine.flat_step import StatelessFlatModel
+from nbdist.modes.sync.batchnorm import SyncBatchNorm, TorchSyncBatchNorm
 from nbdist.modes.sync.rendezvous import SignedClient
 
 STORE_POLL_S = 0.01  # how often a rank asks the kernel's store for a key Gloo waits on
@@ -40,6 +41,11 @@ class HorovodCollective:
     def __init__(self, hvd):
         self.hvd = hvd
         self.rank, self.size = hvd.rank(), hvd.size()
+
+    def sync_batchnorm(self, model):
+        """--sync-batchnorm on this rank: BatchNorm statistics over the global batch, allreduced
+        by Horovod inside the forward pass."""
+        return SyncBatchNorm(model, self.hvd)
 
     def broadcast(self, flat: np.ndarray) -> np.ndarray:
         import tensorflow as tf  # TensorFlow: only where a rank runs
@@ -118,6 +124,11 @@ class TorchCollective:
 
     def allreduce_sum(self, array: np.ndarray, name: str = "") -> np.ndarray:
         return self._sum(np.array(array, dtype=np.float32))
+
+    def sync_batchnorm(self, model):
+        """--sync-batchnorm on this rank: BatchNorm statistics over the global batch, through
+        this group (Keras's PyTorch backend only: the start refuses the others)."""
+        return TorchSyncBatchNorm(model, self.group)
 
     def gradients(self, flat, batch: tuple) -> tuple[float, np.ndarray, float]:
         """This rank's gradient as a NumPy buffer; a stateless step's new non-trainable state

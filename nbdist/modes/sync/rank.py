@@ -30,7 +30,7 @@ from nbdist.engine.learning_rate import schedule_name, set_constant_lr
 from nbdist.engine.run_cell import run_cell
 from nbdist.hub.client import WorkerTransport
 from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
-from nbdist.modes.sync.batchnorm import SyncBatchNorm, batchnorm_layers
+from nbdist.modes.sync.batchnorm import batchnorm_layers
 from nbdist.modes.sync.collective import HorovodCollective, TorchCollective
 from nbdist.modes.sync.network import rank_network
 from nbdist.modes.sync.rendezvous import RendezvousRelay, SignedClient
@@ -113,7 +113,7 @@ class _SyncLoop:
         self.position, self.sent = self.start[:2], 0
         self.batchnorm = None
         if spec.sync_batchnorm and self.size > 1 and batchnorm_layers(model):
-            self.batchnorm = SyncBatchNorm(model, collective.hvd)  # Horovod only (the config)
+            self.batchnorm = collective.sync_batchnorm(model)
         self._allreduce_apply = self._compile_allreduce_apply()
         self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
                                          spec.engine)
