@@ -181,5 +181,12 @@ def test_the_kernel_hands_the_callbacks_the_weights_of_the_epoch_that_ended_not_
         late.start()
         got = control.epoch_weights(5.0)
         assert got[0][0].tolist() == [20.0, 20.0] and got[1][0].tolist() == [21.0, 21.0]
+        # after the last epoch there is no gate: asked then (the run's monitor keeps each
+        # epoch's weights), it says so at once instead of waiting out its timeout
+        control._absorb(EvalDone(30, 2, 0.0))  # noqa: SLF001
+        started = time.monotonic()
+        with pytest.raises(TrainingError, match="epoch 3 is the run's last"):
+            control.epoch_weights(60.0)
+        assert time.monotonic() - started < 1
     finally:
         control.close()

@@ -112,6 +112,11 @@ class PipelineControl:
         with self.weights_arrived:
             while True:
                 epoch = self.epoch - 1  # (EvalDone of epoch e sets self.epoch to e + 1)
+                if epoch >= self.epochs - 1:  # no gate after the last epoch: nothing comes
+                    raise TrainingError(
+                        f"The pipeline's stages send their weights at the epoch gates of a fit "
+                        f"call, and epoch {epoch + 1} is the run's last (Received: a request "
+                        "for its weights): they come with the run's end (run.model).")
                 by_stage = self.weights.get(epoch, {})
                 if epoch >= 0 and len(by_stage) == self.stages:
                     merged: dict[int, list] = {}
