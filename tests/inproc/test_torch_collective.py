@@ -89,16 +89,22 @@ def _rank(rank: int, key: bytes, env: dict, out) -> None:
     collective.close()
 
 
-def test_two_ranks_form_a_gloo_group_from_the_signed_store_and_step_together(store):
-    server, key, env = store
+def _two_ranks(target, key: bytes, env: dict, timeout: float) -> list:
+    """`target(rank, key, env, out)` in two processes of their own; what each put, by rank."""
     context = multiprocessing.get_context("spawn")
     out = context.Queue()
-    ranks = [context.Process(target=_rank, args=(r, key, env, out)) for r in (0, 1)]
+    ranks = [context.Process(target=target, args=(r, key, env, out)) for r in (0, 1)]
     for process in ranks:
         process.start()
-    said = sorted(out.get(timeout=120) for _ in ranks)
+    said = sorted(out.get(timeout=timeout) for _ in ranks)
     for process in ranks:
         process.join(30)
+    return said
+
+
+def test_two_ranks_form_a_gloo_group_from_the_signed_store_and_step_together(store):
+    server, key, env = store
+    said = _two_ranks(_rank, key, env, timeout=120)
     mean = 0.75 * np.array([1.0, 2.0]) + 0.25 * np.array([5.0, 6.0])  # [2, 3]
     for _, start, total, controls, kernels in said:
         assert start == [1.0, 1.0, 1.0]  # rank 0's
@@ -179,14 +185,7 @@ def test_sync_batchnorm_on_pytorch_takes_the_global_batchs_statistics_and_gradie
     their batch-share-weighted gradients sum to the gradient of the whole batch on one process,
     and both ranks' moving statistics are the whole batch's (without it: each rank's own)."""
     server, key, env = store
-    context = multiprocessing.get_context("spawn")
-    out = context.Queue()
-    ranks = [context.Process(target=_batchnorm_rank, args=(r, key, env, out)) for r in (0, 1)]
-    for process in ranks:
-        process.start()
-    said = sorted(out.get(timeout=180) for _ in ranks)
-    for process in ranks:
-        process.join(30)
+    said = _two_ranks(_batchnorm_rank, key, env, timeout=180)
     (_, weighted, nt0, whole), (_, weighted1, nt1, _) = said
     whole_grad, whole_nt = whole
     np.testing.assert_allclose(weighted, whole_grad, rtol=1e-4, atol=1e-6)
