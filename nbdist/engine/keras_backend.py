@@ -123,13 +123,30 @@ def configure_engine(backend: str, threads: int | None, local_rank: int) -> None
             count = torch.cuda.device_count()
             use_device(local_rank, count)
             torch.cuda.set_device(gpu_index(local_rank, count))
-    elif backend == "jax" and "jax" not in sys.modules and threads == 1:
-        # XLA reads its flags once, at start. One core: no Eigen thread pool (several cores:
-        # --pin auto's cores bound it)
+    elif backend == "jax":
+        configure_jax(threads, local_rank)
+
+
+def configure_jax(threads: int | None, local_rank: int) -> None:
+    """XLA's flags (read once, when JAX starts), then the GPU of this local rank as JAX's
+    default device, where Keras's JAX backend puts the model's variables and its steps."""
+    if "jax" not in sys.modules:
+        # engines share a GPU with others (workers beyond the GPU count, the notebook's own
+        # Keras): no 75% of the device's memory taken by each at start
+        os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
         flags = os.environ.get("XLA_FLAGS", "")
-        if "xla_cpu_multi_thread_eigen" not in flags:
+        if threads == 1 and "xla_cpu_multi_thread_eigen" not in flags:
+            # one core: no Eigen thread pool (several cores: --pin auto's cores bound it)
             os.environ["XLA_FLAGS"] = (flags + " --xla_cpu_multi_thread_eigen=false "
                                        "intra_op_parallelism_threads=1").strip()
+    import jax  # JAX: only on its backend
+
+    try:
+        gpus = jax.devices("gpu")
+    except RuntimeError:  # a CPU build of jaxlib, or no driver: the CPU
+        return
+    use_device(local_rank, len(gpus))
+    jax.config.update("jax_default_device", gpus[gpu_index(local_rank, len(gpus))])
 
 
 def configure_tensorflow(threads: int | None, local_rank: int) -> None:

@@ -16,7 +16,8 @@ SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "gpu_check.py"
 @pytest.mark.skipif(importlib.util.find_spec("horovod") is None,
                     reason="Horovod is built by `make horovod`")
 def test_gpu_check_trains_sync_and_names_each_engines_devices():
-    out = subprocess.run([sys.executable, str(SCRIPT), "--modes", "sync", "--epochs", "1"],
+    out = subprocess.run([sys.executable, str(SCRIPT), "--backends", "tensorflow", "--modes", "sync",
+                          "--epochs", "1"],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     lines = out.stdout.splitlines()
