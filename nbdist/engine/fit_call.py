@@ -146,6 +146,16 @@ class FitCall:
             raise CellError(f"model.fit(validation_freq=...) must be a whole number >= 1 or a list "
                             f"of epochs (Received: {freq!r}), as in Keras.")
 
+    @property
+    def saves_whole_model(self) -> bool:
+        """A `ModelCheckpoint` among the callbacks saves the whole model, its optimizer's state
+        with it (`save_weights_only=False`): the run then gives the kernel's optimizer that
+        state at each epoch's end (`nbdist.fit.optimizer_state`)."""
+        import keras  # Keras: after the cell picks its backend
+
+        return any(isinstance(cb, keras.callbacks.ModelCheckpoint) and not cb.save_weights_only
+                   for cb in self.callbacks or [])
+
     def should_validate(self, epoch: int) -> bool:
         """Whether epoch `epoch` (0-based) is validated, as Keras's `validation_freq` says."""
         freq = self.validation_freq

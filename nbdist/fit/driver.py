@@ -33,7 +33,7 @@ from nbdist.engine.flat_layout import write_flat
 from nbdist.engine.learning_rate import schedule_name
 from nbdist.engine.step_metrics import epoch_logs
 from nbdist.errors import NonFiniteLossError, TrainingError
-from nbdist.fit.optimizer_state import final_slots, shard_slots, write_into
+from nbdist.fit.optimizer_state import shard_slots, write_into
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +61,7 @@ class FitDriver:
             callbacks, add_history=True, add_progbar=False, model=self.model,
             verbose=call.verbose, epochs=self.fit.epochs, steps=self.steps)
         # a callback that saves the whole model saves its optimizer: it gets the run's state
-        self.saves_optimizer = any(
-            isinstance(cb, keras.callbacks.ModelCheckpoint) and not cb.save_weights_only
-            for cb in callbacks)
+        self.saves_optimizer = call.saves_whole_model
         self.batch_hooks = any(_overrides(cb, "on_train_batch_end")
                                or _overrides(cb, "on_train_batch_begin")
                                or _overrides(cb, "on_batch_end") for cb in callbacks)
@@ -219,11 +217,11 @@ class FitDriver:
         state = self.run.state
         try:
             if state.final_weights is None:
-                opt = shard_slots(state.backend.checkpoint_state(state.control, False))
+                opt = state.backend.optimizer_state(state.control, False)
             elif state.kept is not None and state.kept[2] and state.kept_epoch == self.epoch:
                 opt = shard_slots(state.kept[2])
             else:
-                opt = final_slots(state.backend)
+                opt = state.backend.optimizer_state(state.control, True)
         except Exception as exc:  # noqa: BLE001 - the weights are saved still
             log.warning("run %s: the optimizer's state of epoch %d could not be fetched; a model "
                         "saved now holds the weights only: %s", state.run_id, self.epoch + 1, exc)

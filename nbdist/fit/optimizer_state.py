@@ -7,7 +7,9 @@ Async and local runs hold the state on their hub shards, as flat slices named as
 its slots ("momentum", "velocity", ...: `nbdist.algorithms.optimizer_rules`); a sync run's rank
 0 keeps the cell's own Keras optimizer and sends its slots in build order
 (`nbdist.checkpoint.sync_state`). `shard_slots` and `sync_slots` read either into one
-`OptimizerState`; `write_into` assigns it to the Keras optimizer's variables.
+`OptimizerState`; `write_into` assigns it to the Keras optimizer's variables. A pipeline's
+stages each step their own optimizer: `nbdist.modes.pipeline.optimizer_slots` names their slots
+as the kernel's optimizer does.
 """
 
 from __future__ import annotations
@@ -23,12 +25,15 @@ _SLOT_PREFIX = "opt."  # how a shard's state names its optimizer arrays (nbdist.
 
 @dataclass
 class OptimizerState:
-    """Either named flat slots over every trainable parameter (`named`: the hub's) or the
-    Keras optimizer's slot variables concatenated in build order (`ordered`: a sync rank's)."""
+    """Either named flat slots over every trainable parameter (`named`: the hub's), the Keras
+    optimizer's slot variables concatenated in build order (`ordered`: a sync rank's), or each
+    slot variable's value by its name in the kernel's optimizer (`by_name`: the pipeline
+    stages')."""
 
     iterations: int
     named: dict[str, np.ndarray] | None = None
     ordered: np.ndarray | None = None
+    by_name: dict[str, np.ndarray] | None = None
 
 
 def shard_slots(shards: list) -> OptimizerState | None:
@@ -80,6 +85,11 @@ def write_into(model, state: OptimizerState) -> list[str]:
         write_slots(optimizer, state.ordered)
         return []
     by_name = {v.name: v for v in optimizer.variables}
+    if state.by_name is not None:
+        for name, value in state.by_name.items():
+            if name in by_name:
+                by_name[name].assign(value)
+        return sorted(set(state.by_name) - set(by_name))
     missing = []
     for slot, flat in (state.named or {}).items():
         offset = 0

@@ -65,6 +65,13 @@ class Backend(Protocol):
         """Every shard's state for a checkpoint (nbdist.checkpoint.store.save)."""
         ...
 
+    def optimizer_state(self, control, final: bool):
+        """The run's optimizer state now (`final`: at its end), as an
+        `nbdist.fit.optimizer_state.OptimizerState`, for a callback that saves the whole
+        model; None where there is none to give (the workers keep it, or the run's monitor kept
+        it at the last epoch's end)."""
+        ...
+
     def add_workers(self, engines: list[int], announce: Callable[[int, int], None]) -> list[int]:
         """Start workers on more engines while the run trains; returns their ids."""
         ...

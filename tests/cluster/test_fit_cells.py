@@ -192,3 +192,45 @@ history = model.fit(x_train, y_train, epochs=2, validation_data=Held())
                                  return_dict=True)
     assert len(ns["history"].history["val_loss"]) == 2
     assert ns["history"].history["val_loss"][-1] == pytest.approx(again["loss"], rel=1e-5)
+
+
+def test_a_pipelines_model_checkpoint_holds_its_stages_optimizer_as_keras_own_checkpoint(
+        cluster, tmp_path):
+    """--mode pipeline, 2 stages, one micro-batch, shuffle=False: the stages take fit's steps,
+    so the models ModelCheckpoint saves at each epoch's end (the first at the epoch gate, from
+    the slots each stage sent with its weights; the last from what the stages returned) hold
+    the moments and step count of Keras's own checkpoint of the same cell, and load whole."""
+    import warnings
+
+    import keras
+
+    from tests.helpers import SYNTHETIC_CELL
+
+    def cell(folder):
+        folder.mkdir()
+        return (SYNTHETIC_CELL.replace("keras.optimizers.SGD(0.1)", "keras.optimizers.Adam(0.01)")
+                + "model.fit(x_train, y_train, epochs=2, batch_size=32, shuffle=False, "
+                  f"callbacks=[keras.callbacks.ModelCheckpoint({str(folder)!r} + "
+                  "'/e{epoch}.keras')])\n")
+
+    keras.utils.set_random_seed(0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        run = nbdist.train(cell(tmp_path / "ours"), namespace={}, cluster=cluster,
+                           mode="pipeline", stages=2, micro_batches=1, partition="uniform")
+        keras.utils.set_random_seed(0)
+        exec(cell(tmp_path / "keras"), {})  # noqa: S102 - plain Keras, the same cell
+    assert run.status == "finished", run.error
+    assert not [w for w in run.warnings if "optimizer" in w], run.warnings
+    for epoch in (1, 2):
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            ours = keras.models.load_model(tmp_path / "ours" / f"e{epoch}.keras")
+        assert not [w for w in caught if "Skipping variable loading" in str(w.message)]
+        own = keras.models.load_model(tmp_path / "keras" / f"e{epoch}.keras")
+        assert int(ours.optimizer.iterations) == int(own.optimizer.iterations) == 29 * epoch
+        slots = [[v.numpy() for v in m.optimizer.variables
+                  if v.name.endswith(("_momentum", "_velocity"))] for m in (ours, own)]
+        assert len(slots[0]) == len(slots[1]) == 8
+        for a, b in zip(*slots, strict=True):
+            assert np.abs(b).max() > 0
+            np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-8)

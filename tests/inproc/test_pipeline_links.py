@@ -103,12 +103,16 @@ def test_a_fit_calls_epoch_gate_weights_to_the_kernel_release_and_rate_to_the_st
     a.connect({"stage-1": b.info}, kernel.report_endpoint, kernel.control_endpoint)
     b.connect({"stage-0": a.info}, kernel.report_endpoint, kernel.control_endpoint)
     try:
-        w = [np.arange(16, dtype=np.float32), np.ones(4, np.float32)]
-        a.report(Weights(0, 3, [0, 2], [1, 1]), w)
+        w = [np.arange(16, dtype=np.float32), np.ones(4, np.float32),
+             np.full(16, 0.5, np.float32)]  # the first variable's optimizer slot
+        a.report(Weights(0, 3, [0, 2], [1, 1], slot_of=[0], slot_names=["momentum"],
+                         iterations=4), w)
         step = a.codec.encode(StepDone(1, 0, 0.5, 8, 0.0).encode(), [np.ones(2, np.float32)],
                               to="kernel")  # signed, but a step report has no frames
         a._push("kernel", step)  # noqa: SLF001 - what link.report never sends
         b.report(Weights(1, 3, [5], [2]), [np.ones(2, np.float32)])  # 2 counted, 1 sent
+        b.report(Weights(1, 3, [5], [1], slot_of=[1], slot_names=["momentum"]),
+                 [np.ones(2, np.float32)] * 2)  # a slot of a variable it did not send
         got = []
         end = time.monotonic() + 5
         while len(got) < 1 and time.monotonic() < end:
@@ -117,11 +121,12 @@ def test_a_fit_calls_epoch_gate_weights_to_the_kernel_release_and_rate_to_the_st
                 got.append(received)
         (report, arrays), = got
         assert isinstance(report, Weights) and (report.stage, report.epoch) == (0, 3)
+        assert (report.slot_of, report.slot_names, report.iterations) == ([0], ["momentum"], 4)
         assert [x.tolist() for x in arrays] == [x.tolist() for x in w]
         end = time.monotonic() + 5
-        while kernel.drops().get("malformed header", 0) < 2 and time.monotonic() < end:
+        while kernel.drops().get("malformed header", 0) < 3 and time.monotonic() < end:
             assert kernel.receive(100) is None  # each one dropped (None), never handed on
-        assert kernel.drops() == {"malformed header": 2}, kernel.drops()
+        assert kernel.drops() == {"malformed header": 3}, kernel.drops()
 
         released = []
         waiting = [threading.Thread(target=lambda link=link: released.append(

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from nbdist.fit.optimizer_state import OptimizerState, shard_slots
+
 
 class HubShardWeights:
     """Backend mixin: the run's weights and checkpoint state come from its hub shards."""
@@ -21,3 +23,8 @@ class HubShardWeights:
     def checkpoint_state(self, control, final: bool) -> list:
         """Every hub shard's state, for a checkpoint (nbdist.checkpoint.store)."""
         return control.state()
+
+    def optimizer_state(self, control, final: bool) -> OptimizerState | None:
+        """The hub shards' slots now; at the run's end, none (the run's monitor kept the
+        shards' state at the last epoch's end)."""
+        return None if final else shard_slots(self.checkpoint_state(control, False))

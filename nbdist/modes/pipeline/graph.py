@@ -91,12 +91,21 @@ class Graph:
                 ops.append(step.op)
         return ops
 
-    def weights(self, start: int, end: int) -> dict[int, list]:
-        """The values of the variables of steps [start, end), by the step that first calls each
-        layer (the same cell builds the same graph on every engine and in the kernel)."""
+    def variables(self, start: int, end: int) -> dict[int, list]:
+        """The variables of steps [start, end), by the step that first calls each layer (the
+        same cell builds the same graph on every engine and in the kernel)."""
         first = self._first_steps()
-        return {first[id(op)]: [v.numpy() for v in op_weights(op)]
-                for op in self.stage_ops(start, end)}
+        return {first[id(op)]: op_weights(op) for op in self.stage_ops(start, end)}
+
+    def weights(self, start: int, end: int) -> dict[int, list]:
+        """The values of `variables(start, end)`."""
+        return {k: [v.numpy() for v in variables]
+                for k, variables in self.variables(start, end).items()}
+
+    def step_variables(self, steps: list[int]) -> list:
+        """The variables of the layers first called at `steps`, in that order: where a stage's
+        `weights` are (its `messages.Weights`), in this graph."""
+        return [v for k in steps for v in op_weights(self.steps[int(k)].op)]
 
     def assign(self, values: dict[int, list]) -> None:
         """Write `weights(...)` results (from every stage) into this graph's layers."""

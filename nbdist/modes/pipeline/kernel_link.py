@@ -70,9 +70,16 @@ class KernelLink:
             arrays = []
             if isinstance(report, Weights):
                 arrays = arrays_of(report.shapes, report.dtypes, message.buffers)
-                if sum(report.counts) != len(arrays) or len(report.counts) != len(report.steps):
+                weights = sum(report.counts)
+                if (weights + len(report.slot_names) != len(arrays)
+                        or len(report.counts) != len(report.steps)):
                     raise ProtocolError("malformed header", f"{len(arrays)} arrays for counts "
-                                        f"{report.counts[:8]} of steps {report.steps[:8]}")
+                                        f"{report.counts[:8]} of steps {report.steps[:8]} and "
+                                        f"{len(report.slot_names)} optimizer slots")
+                if (len(report.slot_of) != len(report.slot_names)
+                        or not all(0 <= i < weights for i in report.slot_of)):
+                    raise ProtocolError("malformed header", f"slots of variables "
+                                        f"{report.slot_of[:8]}, expected one each, below {weights}")
             elif message.buffers:
                 raise ProtocolError("malformed header", f"{len(message.buffers)} frames on a "
                                     f"{report.OP} report, which has none")

@@ -143,7 +143,10 @@ class EvalDone(Wire):
 class Weights(Wire):
     """A stage's variables at the end of `epoch` (a cell's fit call: the kernel hands the whole
     model to its callbacks), in frames: `counts[i]` arrays for the layer first called at step
-    `steps[i]` (`graph.Graph.weights`)."""
+    `steps[i]` (`graph.Graph.weights`); then, when a callback saves the whole model, its
+    optimizer's slots, one frame each: slot j is named `slot_names[j]` and belongs to the
+    variable at `slot_of[j]` among the frames before (`optimizer_slots.stage_slots`), after
+    `iterations` steps."""
 
     stage: int
     epoch: int
@@ -151,6 +154,9 @@ class Weights(Wire):
     counts: list[int] = field(default_factory=list)
     shapes: list[list[int]] = field(default_factory=list)
     dtypes: list[str] = field(default_factory=list)
+    slot_of: list[int] = field(default_factory=list)
+    slot_names: list[str] = field(default_factory=list)
+    iterations: int = 0
 
 
 REPORTS: dict[str, type[Wire]] = {m.OP: m for m in (Totals, Ops, StepDone, EvalDone, Weights)}

@@ -21,6 +21,7 @@ import numpy as np
 from nbdist.core.stats import eval_row
 from nbdist.engine.flat_layout import read_flat
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
+from nbdist.fit.optimizer_state import OptimizerState
 from nbdist.modes.pipeline.messages import (
     Abort,
     Alive,
@@ -33,6 +34,7 @@ from nbdist.modes.pipeline.messages import (
     Totals,
     Weights,
 )
+from nbdist.modes.pipeline.optimizer_slots import StageSlots, kernel_state
 from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
 from nbdist.run.backend import Backend, returned
 
@@ -67,6 +69,9 @@ class PipelineControl:
         # a cell's fit call: each stage's variables at the latest epoch ends (epoch -> stage ->
         # the arrays by step, `messages.Weights`) and the epochs' metric state (the last stage's)
         self.weights: dict[int, dict[int, dict[int, list]]] = {}
+        # ... and, when a callback saves the whole model, their optimizers' slots (epoch ->
+        # stage -> `StageSlots`)
+        self.slots: dict[int, dict[int, StageSlots]] = {}
         self.epoch_metrics: dict[str, list[float]] = {}
         self.weights_arrived = threading.Condition()
         self.failed = False
@@ -93,16 +98,26 @@ class PipelineControl:
                 self._last_report = time.monotonic()
 
     def _absorb_weights(self, report: Weights, arrays: list) -> None:
-        """A stage's variables at an epoch's end; the epochs before the previous one go."""
+        """A stage's variables (and slots) at an epoch's end; the epochs before the previous
+        one go."""
         it = iter(arrays)
         by_step = {step: [np.array(next(it)) for _ in range(n)]  # copied out of the frames
                    for step, n in zip(report.steps, report.counts, strict=True)}
+        slots = StageSlots(report.steps, report.slot_of, report.slot_names,
+                           [np.array(a) for a in it], report.iterations)
         with self.weights_arrived:
             self.weights.setdefault(report.epoch, {})[report.stage] = by_step
+            self.slots.setdefault(report.epoch, {})[report.stage] = slots
             for old in [e for e in self.weights if e < report.epoch - 1]:
                 del self.weights[old]
+                self.slots.pop(old, None)
             self.weights_arrived.notify_all()
         self._last_report = time.monotonic()
+
+    def epoch_slots(self) -> list[StageSlots]:
+        """Every stage's optimizer slots sent with the weights `epoch_weights` returned last."""
+        with self.weights_arrived:
+            return list(self.slots.get(self.epoch - 1, {}).values())
 
     def epoch_weights(self, timeout: float) -> dict[int, list]:
         """Every stage's variables at the end of the latest epoch the last stage reported ended
@@ -378,6 +393,15 @@ class PipelineBackend(Backend):
                 self.graph.assign(result["weights"])
         self.results = [t.get(0) for t in self.tasks]
         return read_flat(self.model)
+
+    def optimizer_state(self, control, final: bool) -> OptimizerState | None:
+        """The stages' optimizer slots, sent with their weights at the latest epoch gate (or
+        returned at the end), named as the kernel's optimizer names them."""
+        if final:
+            stages = [StageSlots(sorted(r["weights"]), **r["slots"]) for r in self.results]
+        else:
+            stages = control.epoch_slots()
+        return kernel_state(stages, self.graph.step_variables)
 
     def checkpoint_state(self, control, final: bool) -> list:
         raise ConfigError("--mode pipeline keeps no checkpoints yet: each stage holds its own "

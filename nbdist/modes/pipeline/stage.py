@@ -37,6 +37,7 @@ from nbdist.modes.pipeline.messages import (
     Validation,
     Weights,
 )
+from nbdist.modes.pipeline.optimizer_slots import stage_slots
 from nbdist.modes.pipeline.stage_pass import prediction, stage_pass
 
 _STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, by (run, stage)
@@ -78,6 +79,8 @@ class StageSpec:
     # until the kernel has run the call's callbacks (the epoch gate); the kernel validates
     gated: bool = False
     shuffle: bool = True  # model.fit(shuffle=False): every epoch in the data's own order
+    # a callback saves the whole model: the stage's optimizer slots travel with its weights
+    send_optimizer: bool = False
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
@@ -181,11 +184,20 @@ class Stage:
     def _epoch_gate(self, epoch: int) -> None:
         """A fit call's epoch end: this stage's weights to the kernel, then wait until its
         callbacks have run on the whole model (or it asks to stop)."""
-        weights = self.graph.weights(*self.spec.bounds)
-        steps = sorted(weights)
-        self.link.report(Weights(self.spec.stage, epoch, steps, [len(weights[k]) for k in steps]),
-                         [np.asarray(a) for k in steps for a in weights[k]])
+        variables = self.graph.variables(*self.spec.bounds)
+        steps = sorted(variables)
+        ordered = [v for k in steps for v in variables[k]]
+        slot_of, slot_names, slots, iterations = self._slots(ordered)
+        self.link.report(Weights(self.spec.stage, epoch, steps, [len(variables[k]) for k in steps],
+                                 slot_of=slot_of, slot_names=slot_names, iterations=iterations),
+                         [np.asarray(v.numpy()) for v in ordered] + slots)
         self.link.wait_release(epoch)
+
+    def _slots(self, variables: list) -> tuple[list[int], list[str], list[np.ndarray], int]:
+        """The optimizer's slots over `variables`, when the kernel saves the whole model."""
+        if not self.spec.send_optimizer:
+            return [], [], [], 0
+        return stage_slots(self.optimizer, variables)
 
     def _begin_step(self, step: int) -> bool:
         """False when the run stops before `step`: stage 0 decides and tells the next stage."""
@@ -291,6 +303,12 @@ class Stage:
         """The stage's totals, also reported to the kernel (what it refused after its last step)."""
         link = self.link
         link.report(Totals(self.spec.stage, link.sent_bytes, dict(link.messages), link.drops()))
+        variables = self.graph.variables(*self.spec.bounds)
+        slot_of, slot_names, slots, iterations = self._slots(
+            [v for k in sorted(variables) for v in variables[k]])
         return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
-                "weights": self.graph.weights(*self.spec.bounds), "sent_bytes": link.sent_bytes,
-                "messages": dict(link.messages), "dropped": link.drops()}
+                "weights": {k: [v.numpy() for v in vs] for k, vs in variables.items()},
+                "slots": {"slot_of": slot_of, "slot_names": slot_names, "values": slots,
+                          "iterations": iterations},
+                "sent_bytes": link.sent_bytes, "messages": dict(link.messages),
+                "dropped": link.drops()}

@@ -61,7 +61,6 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     keras_backend = keras_backend or backend_name()
     if fit is not None:
         refuse_fit_options(fit, contents)
-        warnings = [*warnings, *_checkpoint_warning(fit)]
     if cluster is None and not in_process:
         raise NoClusterError("--mode pipeline puts each stage on its own engine, and there is no "
                              f"cluster. Start one with %nbdist start {config.stages} (or "
@@ -137,7 +136,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets),
                         stages, encrypt=encrypt,
                         limits=REPORT_LIMITS if fit is None else weights_limits(
-                            [_nbytes(w) for w in model.weights]))
+                            [_nbytes(w) for w in model.weights] + _slot_bytes(fit, model)))
     steps_per_epoch = math.ceil(contents.num_samples / config.batch_size)
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro,
                               lr=_constant_rate(model.optimizer, config.lr))
@@ -156,7 +155,8 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            lr=config.lr, own_optimizer=cluster is not None,
                            transport=str(config.transport), limits=limits[s], encrypt=encrypt,
                            local_rank=local_ranks[s], keras_backend=keras_backend,
-                           gated=fit is not None, shuffle=fit.shuffle if fit is not None else True)
+                           gated=fit is not None, shuffle=fit.shuffle if fit is not None else True,
+                           send_optimizer=fit is not None and fit.call.saves_whole_model)
                  for s in range(stages)]
         backend.start_workers(specs)
     except BaseException:
@@ -210,17 +210,14 @@ def _constant_rate(optimizer, lr: float | None) -> float | None:
     return float(np.asarray(optimizer.learning_rate))
 
 
-def _checkpoint_warning(fit) -> list[str]:
-    """What a whole-model ModelCheckpoint saves here, unlike in the other modes."""
-    import keras  # Keras: after the cell picks its backend
-
-    if not any(isinstance(cb, keras.callbacks.ModelCheckpoint) and not cb.save_weights_only
-               for cb in fit.call.callbacks or []):
+def _slot_bytes(fit, model) -> list[int]:
+    """The bytes of each variable of the cell's optimizer (a copy, built here and dropped)
+    where the stages send their slots with their weights (a callback saves the whole model)."""
+    if fit is None or not fit.call.saves_whole_model:
         return []
-    return ["ModelCheckpoint(save_weights_only=False) saves the trained weights with the "
-            "optimizer's initial state in --mode pipeline: each stage keeps its part of the "
-            "optimizer on its engine. Compile the loaded model again before training it further, "
-            "or use --mode async, sync or local, whose saved models hold the optimizer's state."]
+    optimizer = type(model.optimizer).from_config(model.optimizer.get_config())
+    optimizer.build(model.trainable_variables)
+    return [_nbytes(v) for v in optimizer.variables]
 
 
 def _nbytes(variable) -> int:

@@ -101,6 +101,9 @@ class SimBackend(Backend):
                               "exactly from its seed instead. Drop --checkpoint-dir, or use --mode "
                               "async or local to checkpoint a run.")
 
+    def optimizer_state(self, control, final: bool):
+        return self.checkpoint_state(control, final)  # refuses, saying why
+
     def failure(self) -> BaseException | None:
         return self.simulation.error
 

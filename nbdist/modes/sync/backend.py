@@ -30,6 +30,7 @@ from nbdist.errors import (
     UnreachableHostError,
     WorkersLostError,
 )
+from nbdist.fit.optimizer_state import OptimizerState, final_slots, shard_slots
 from nbdist.hub.server import HubSpec
 from nbdist.modes.common.engine_backend import EngineBackend
 from nbdist.modes.common.kernel_hub import KernelHubs
@@ -235,6 +236,10 @@ class SyncBackend(EngineBackend, Backend):
         """Rank 0's weights, optimizer slots and data position (see
         nbdist.checkpoint.sync_state)."""
         return fresh_state(control, final, ended=self._tasks[0].ready)
+
+    def optimizer_state(self, control, final: bool) -> OptimizerState | None:
+        """Rank 0's optimizer slots now, or what it returned at the end."""
+        return final_slots(self) if final else shard_slots(self.checkpoint_state(control, False))
 
     def failure(self) -> Exception | None:
         """A rank whose engine died fails the run, with what to do next."""
