@@ -141,12 +141,14 @@ def test_ranks_are_numbered_host_by_host_as_horovod_numbers_them():
 
 
 def _batchnorm_rank(rank: int, key: bytes, env: dict, out) -> None:
-    """One rank on Keras's PyTorch backend with --sync-batchnorm: its share of a global batch of
-    8 (rank 0 six samples, rank 1 two), one gradient through the group's BatchNorm sums; rank
-    0 also computes the whole batch's gradient on one process (an unpatched copy)."""
+    """One rank on Keras's PyTorch or JAX backend (env["KERAS_BACKEND"]) with --sync-batchnorm:
+    its share of a global batch of 8 (rank 0 six samples, rank 1 two), one gradient through
+    the group's BatchNorm sums (twice on JAX: its compiled step called again, with the shares
+    swapped, must read them anew); rank 0 also computes the whole batch's gradient on one
+    process (an unpatched copy)."""
     import os
 
-    os.environ["KERAS_BACKEND"] = "torch"
+    os.environ["KERAS_BACKEND"] = env["KERAS_BACKEND"]
     import keras
 
     from nbdist.engine.flatmodel import FlatModel
@@ -166,32 +168,44 @@ def _batchnorm_rank(rank: int, key: bytes, env: dict, out) -> None:
     x, y = rng.normal(size=(8, 4)).astype("float32"), rng.normal(size=(8, 2)).astype("float32")
     model = build()
     flat = FlatModel(model)
-    mine = slice(0, 6) if rank == 0 else slice(6, 8)
     batchnorm = collective.sync_batchnorm(model)
-    batchnorm.set_share(0.75 if rank == 0 else 0.25)
-    _, grad, _, nt_after = flat.gradients(x[mine], y[mine])
-    weighted = collective.allreduce_sum(grad * (0.75 if rank == 0 else 0.25))
+    initial = [w.numpy() for w in model.non_trainable_weights]
+    said = []
+    for first in (0, 1):  # which rank holds the 6 samples
+        share = 0.75 if rank == first else 0.25
+        mine = slice(0, 6) if rank == first else slice(6, 8)
+        batchnorm.set_share(share)
+        for w, value in zip(model.non_trainable_weights, initial, strict=True):
+            w.assign(value)  # each step from the same moving statistics
+        _, grad, _, nt_after = flat.gradients(x[mine], y[mine])
+        weighted = collective.allreduce_sum(grad * share)
+        said.append((weighted.tolist(), np.asarray(nt_after).tolist()))
     whole = None
     if rank == 0:
         alone = FlatModel(build())
         _, whole_grad, _, whole_nt = alone.gradients(x, y)
-        whole = (whole_grad.tolist(), whole_nt.tolist())
-    out.put((rank, weighted.tolist(), nt_after.tolist(), whole))
+        whole = (whole_grad.tolist(), np.asarray(whole_nt).tolist())
+    out.put((rank, said, whole))
     collective.close()
 
 
-def test_sync_batchnorm_on_pytorch_takes_the_global_batchs_statistics_and_gradient(store):
-    """Two ranks holding 6 and 2 of 8 samples, each normalising with the group's BatchNorm sums:
-    their batch-share-weighted gradients sum to the gradient of the whole batch on one process,
-    and both ranks' moving statistics are the whole batch's (without it: each rank's own)."""
+@pytest.mark.parametrize("backend", ["torch", "jax"])
+def test_sync_batchnorm_takes_the_global_batchs_statistics_and_gradient(store, backend):
+    """Two ranks holding 6 and 2 of 8 samples, each normalising with the group's BatchNorm sums
+    (PyTorch: an autograd function; JAX: host callbacks inside its compiled step): their
+    batch-share-weighted gradients sum to the gradient of the whole batch on one process, and
+    both ranks' moving statistics are the whole batch's (without it: each rank's own)."""
+    if importlib.util.find_spec(backend) is None:
+        pytest.skip(f"{backend} is not installed: pip install 'nbdist[{backend}]'")
     server, key, env = store
-    said = _two_ranks(_batchnorm_rank, key, env, timeout=180)
-    (_, weighted, nt0, whole), (_, weighted1, nt1, _) = said
+    said = _two_ranks(_batchnorm_rank, key, {**env, "KERAS_BACKEND": backend}, timeout=180)
+    (_, steps0, whole), (_, steps1, _) = said
     whole_grad, whole_nt = whole
-    np.testing.assert_allclose(weighted, whole_grad, rtol=1e-4, atol=1e-6)
-    np.testing.assert_allclose(weighted1, weighted, rtol=1e-6)
-    np.testing.assert_allclose(nt0, whole_nt, rtol=1e-5, atol=1e-7)
-    np.testing.assert_allclose(nt1, whole_nt, rtol=1e-5, atol=1e-7)
+    for (weighted, nt0), (weighted1, nt1) in zip(steps0, steps1, strict=True):
+        np.testing.assert_allclose(weighted, whole_grad, rtol=1e-4, atol=1e-6)
+        np.testing.assert_allclose(weighted1, weighted, rtol=1e-6)
+        np.testing.assert_allclose(nt0, whole_nt, rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(nt1, whole_nt, rtol=1e-5, atol=1e-7)
     assert not server.rejected
 
 

@@ -28,9 +28,13 @@ an epoch (w_r = 0, one placeholder sample) contributes nothing, forward or backw
 `TorchSyncBatchNorm(model, group)` does the same on Keras's PyTorch backend with
 `--collective torch`: the sums go through the rank's Gloo group in a `torch.autograd.Function`
 (forward: their allreduce; backward: the allreduce of the batch-share-weighted gradient), in
-the layers' fixed order, the same on every rank. On JAX the forward pass is one compiled
-function with no collective inside, and TensorFlow has Horovod's, so those refuse it (the
-sync mode's start).
+the layers' fixed order, the same on every rank. On Keras's JAX backend the forward pass is one
+compiled function: there the sums leave it through `jax.pure_callback` for the same Gloo
+allreduce on the host, inside a `jax.custom_vjp` whose backward pass is the allreduce of the
+weighted gradient (the rank's share is read on the host at each call, so a compiled step
+follows --dbs). The calls come in the layers' order, each one's input depending on the one
+before, the same on every rank. TensorFlow has Horovod's, so TensorFlow through torch refuses
+it (the sync mode's start).
 """
 
 from __future__ import annotations
@@ -128,19 +132,23 @@ def _global_moments(layer, index: int, hvd, share):
 
 
 class TorchSyncBatchNorm:
-    """`SyncBatchNorm` on Keras's PyTorch backend, over a torch.distributed process group (a
-    rank's `TorchCollective.group`)."""
+    """`SyncBatchNorm` on Keras's PyTorch or JAX backend, over a torch.distributed process
+    group (a rank's `TorchCollective.group`)."""
 
     def __init__(self, model, group):
+        import keras  # Keras: after the cell picks its backend
+
         self.layers = batchnorm_layers(model)
         self.share = [1.0]  # this rank's share of the global batch, read in each forward pass
+        global_moments = (_jax_global_moments if keras.backend.backend() == "jax"
+                          else _torch_global_moments)
         for layer in self.layers:
             if not callable(getattr(layer, "_moments", None)):
                 raise DependencyError(
                     f"--sync-batchnorm replaces BatchNormalization._moments, which this Keras "
                     f"({keras_version()}) does not have (layer {layer.name!r}). Use Keras 3.x as "
                     "pinned by nbdist, or train with --no-sync-batchnorm.")
-            object.__setattr__(layer, "_moments", _torch_global_moments(layer, group, self.share))
+            object.__setattr__(layer, "_moments", global_moments(layer, group, self.share))
 
     def set_share(self, share: float) -> None:
         """This rank's share of the global batch for the next step (0: no samples)."""
@@ -189,5 +197,64 @@ def _torch_global_moments(layer, group, share: list):
                                - mean_d * mean_d, min=0.0)
         mean = mean_d + shift.reshape(-1)
         return mean.to(inputs.dtype), variance.to(inputs.dtype)
+
+    return moments
+
+
+def _jax_global_moments(layer, group, share: list):
+    """`_torch_global_moments` inside JAX's compiled step: the sums' allreduce on the host
+    (`jax.pure_callback`), its gradient the allreduce of the weighted upstream gradient."""
+    import jax  # JAX: only where a JAX rank runs
+    import jax.numpy as jnp
+    import torch  # PyTorch: the Gloo group's tensors
+    from keras import ops  # Keras: after the cell picks its backend
+
+    def allreduce(values: np.ndarray, scale: float) -> np.ndarray:
+        summed = np.array(values, np.float32) * np.float32(scale)
+        group.allreduce([torch.from_numpy(summed)]).wait()
+        return summed
+
+    def forward_sum(local):  # a rank with no samples adds nothing
+        return allreduce(local, 1.0 if share[0] > 0 else 0.0)
+
+    def backward_sum(upstream):
+        weight = share[0]
+        summed = allreduce(upstream, weight)
+        return summed / np.float32(weight) if weight > 0 else np.zeros_like(summed)
+
+    def on_host(function, values):
+        return jax.pure_callback(function, jax.ShapeDtypeStruct(values.shape, jnp.float32),
+                                 values)
+
+    @jax.custom_vjp
+    def global_sum(local):
+        return on_host(forward_sum, local)
+
+    def global_sum_forward(local):
+        return global_sum(local), None
+
+    def global_sum_backward(_, upstream):
+        return (on_host(backward_sum, upstream),)
+
+    global_sum.defvjp(global_sum_forward, global_sum_backward)
+
+    def moments(inputs, mask=None):
+        x = inputs.astype(jnp.float32)
+        ndim = x.ndim
+        axis = layer.axis % ndim
+        axes = tuple(a for a in range(ndim) if a != axis)
+        broadcast = [-1 if a == axis else 1 for a in range(ndim)]
+        shift = jax.lax.stop_gradient(
+            ops.convert_to_tensor(layer.moving_mean).astype(jnp.float32).reshape(broadcast))
+        counts = (jnp.ones_like(x) if mask is None
+                  else jnp.broadcast_to(mask.astype(jnp.float32)[..., None], x.shape))
+        d = (x - shift) * counts
+        local = jnp.stack([counts.sum(axes), d.sum(axes), (d * (x - shift)).sum(axes)])
+        count, total, squares = global_sum(local)
+        safe = jnp.where(count > 0, count, 1.0)
+        mean_d = jnp.where(count > 0, total / safe, 0.0)
+        variance = jnp.maximum(jnp.where(count > 0, squares / safe, 0.0) - mean_d * mean_d, 0.0)
+        mean = mean_d + shift.reshape(-1)
+        return mean.astype(inputs.dtype), variance.astype(inputs.dtype)
 
     return moments

@@ -127,7 +127,7 @@ class TorchCollective:
 
     def sync_batchnorm(self, model):
         """--sync-batchnorm on this rank: BatchNorm statistics over the global batch, through
-        this group (Keras's PyTorch backend only: the start refuses the others)."""
+        this group (Keras's PyTorch and JAX backends: the start refuses TensorFlow)."""
         return TorchSyncBatchNorm(model, self.group)
 
     def gradients(self, flat, batch: tuple) -> tuple[float, np.ndarray, float]:

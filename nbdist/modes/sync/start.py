@@ -26,16 +26,16 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     if ckpt is not None:  # the saved slots must fit the cell's optimizer, before any engine is used
         check_optimizer(ckpt, job.model)
     collective = choose_collective(config.collective.value, job.keras_backend)
-    if collective == "torch" and config.sync_batchnorm and job.keras_backend != "torch":
+    if collective == "torch" and config.sync_batchnorm and job.keras_backend == "tensorflow":
         raise ConfigError(
             "--sync-batchnorm allreduces BatchNorm statistics inside the forward pass: with "
-            "--collective torch on Keras's PyTorch backend (an autograd function over the Gloo "
-            "group), with Horovod's ops on TensorFlow, but not inside JAX's compiled step or "
-            f"TensorFlow's graph through torch (Received: --sync-batchnorm with --collective "
+            "--collective torch on Keras's PyTorch and JAX backends (over the Gloo group), with "
+            "Horovod's ops on TensorFlow, but not inside TensorFlow's graph through torch "
+            f"(Received: --sync-batchnorm with --collective "
             f"{config.collective.value}, which runs torch.distributed on Keras's "
             f"{job.keras_backend} backend). Drop --sync-batchnorm (each rank keeps its own "
             "statistics, averaged at the end), use --collective horovod on TensorFlow, or "
-            "KERAS_BACKEND=torch.")
+            "KERAS_BACKEND=torch or jax.")
     prepare_checkpoint_dir(job)
     backend = SyncBackend(cluster, config.workers, config.checkpoint_dir, pin=config.pin == "auto",
                           collective=collective)
