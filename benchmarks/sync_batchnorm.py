@@ -22,6 +22,9 @@ What it measures
     python benchmarks/sync_batchnorm.py                    # 4 seeds, 12,000 images, 1 epoch
                                                            # (~3 min)
     python benchmarks/sync_batchnorm.py --seeds 2 --train 4000   # quicker, noisier
+    KERAS_BACKEND=torch python benchmarks/sync_batchnorm.py --collective torch
+                        # PyTorch's backend, the torch collective (an autograd function);
+                        # KERAS_BACKEND=jax: JAX's (host callbacks inside the compiled step)
 """
 
 from __future__ import annotations
@@ -70,13 +73,14 @@ def fit_run(cell: str, epochs: int) -> dict:
             "step_ms": 1000 * (time.perf_counter() - t0) / steps, "compute_ms": float("nan")}
 
 
-def sync_run(cluster, cell: str, epochs: int, seed: int, sync_batchnorm: bool) -> dict:
+def sync_run(cluster, cell: str, epochs: int, seed: int, sync_batchnorm: bool,
+             collective: str) -> dict:
     import nbdist
 
     ns: dict = {}
     run = nbdist.train(cell, cluster=cluster, namespace=ns, mode="sync", workers=WORKERS,
                        epochs=epochs, batch_size=BATCH, seed=seed, no_validation=True,
-                       sync_batchnorm=sync_batchnorm, timeout=120)
+                       sync_batchnorm=sync_batchnorm, timeout=120, collective=collective)
     with run:  # an error or Ctrl-C stops the run on the way out
         run.wait(900)
     nodes = run.nodes
@@ -90,7 +94,10 @@ def main() -> None:
     parser.add_argument("--seeds", type=int, default=4)
     parser.add_argument("--train", type=int, default=12000, help="training images")
     parser.add_argument("--epochs", type=int, default=1)
+    parser.add_argument("--collective", default="auto", help="auto, horovod or torch")
     args = parser.parse_args()
+
+    import keras
 
     import nbdist
 
@@ -102,7 +109,8 @@ def main() -> None:
             cell = CELL.format(seed=seed, train=args.train)
             results["fit"].append(fit_run(cell, args.epochs))
             for name, sync_bn in SIDES if seed % 2 == 0 else SIDES[::-1]:  # alternate the order
-                results[name].append(sync_run(cluster, cell, args.epochs, seed, sync_bn))
+                results[name].append(sync_run(cluster, cell, args.epochs, seed, sync_bn,
+                                              args.collective))
             line = ", ".join(f"{k} {v[-1]['acc']:.4f}" for k, v in results.items())
             print(f"seed {seed}: {line} ({time.monotonic() - started:.0f} s)", flush=True)
     finally:
@@ -117,8 +125,9 @@ def main() -> None:
                      statistics.mean(gaps), min(gaps), max(gaps),
                      median([r["step_ms"] for r in results[name]]),
                      median([r["compute_ms"] for r in results[name]])])
-    print(f"\n{args.seeds} seeds, {args.train:,} training images, {args.epochs} epoch(s), "
-          f"2,000 test images; gap = accuracy - fit's, per seed")
+    print(f"\nKeras on {keras.backend.backend()}, --collective {args.collective}; {args.seeds} "
+          f"seeds, {args.train:,} training images, {args.epochs} epoch(s), 2,000 test images; "
+          "gap = accuracy - fit's, per seed")
     print(table(["side", "test acc (mean)", "gap mean", "gap min", "gap max", "ms/step",
                  "compute ms/step"], rows))
     for name, _ in SIDES:

@@ -310,11 +310,11 @@ def _fresh(cell: str):
 
 
 def convnet(cluster=None) -> dict:
-    """The keras.io convnet cell, unchanged: async with 2 workers, sync with 2 ranks and pipeline
-    with 2 stages on a real cluster (`cluster`, else one of its own) and plain Keras's fit, on
-    this backend; and the backend each engine's Keras runs. (--mode local on this backend:
-    fifty hub steps against fit, step for step, and the rules and options, in
-    tests/inproc/test_backends.py.)"""
+    """The keras.io convnet cell, unchanged: sync with 2 ranks and pipeline with 2 stages on a
+    real cluster (`cluster`, else one of its own) and plain Keras's fit, on this backend; and
+    the backend each engine's Keras runs. (Async on this backend: `async_options`, on the same
+    cluster; --mode local: fifty hub steps against fit, step for step, and the rules and
+    options, in tests/inproc/test_backends.py.)"""
     import keras
 
     import nbdist
@@ -325,12 +325,6 @@ def convnet(cluster=None) -> dict:
     with _a_cluster(cluster) as on:
         keras.utils.set_random_seed(0)
         ns: dict = {}
-        with contextlib.redirect_stdout(io.StringIO()):
-            run = nbdist.train(cell, namespace=ns, cluster=on, workers=2)
-        scores["async"] = float(result(ns))
-        scores["async_events"] = [str(t) for t in run.events["text"].dropna()][:3]
-        keras.utils.set_random_seed(0)
-        ns = {}
         with contextlib.redirect_stdout(io.StringIO()):
             run = nbdist.train(cell, namespace=ns, cluster=on, mode="sync", workers=2)
         scores["sync"] = float(result(ns))
