@@ -244,13 +244,21 @@ def _a_cluster(cluster=None):
 def on_a_cluster() -> dict:
     """`convnet`, `async_options` and (PyTorch) `sync_batchnorm` on one cluster: its engines
     start and import Keras once."""
+    import time
+
     import keras
 
+    seconds = {}
     with _a_cluster() as cluster:
-        said = {"convnet": convnet(cluster), "async_options": async_options(cluster)}
-        if keras.backend.backend() == "torch":
-            said["sync_batchnorm"] = sync_batchnorm(cluster)
-        return said
+        said = {}
+        for name, part in (("convnet", convnet), ("async_options", async_options),
+                           ("sync_batchnorm", sync_batchnorm)):
+            if name == "sync_batchnorm" and keras.backend.backend() != "torch":
+                continue
+            started = time.monotonic()
+            said[name] = part(cluster)
+            seconds[name] = round(time.monotonic() - started, 1)
+        return {**said, "seconds": seconds}  # where a slow CI run's time went
 
 
 def sync_batchnorm(cluster) -> dict:
@@ -315,19 +323,24 @@ def convnet(cluster=None) -> dict:
     the backend each engine's Keras runs. (Async on this backend: `async_options`, on the same
     cluster; --mode local: fifty hub steps against fit, step for step, and the rules and
     options, in tests/inproc/test_backends.py.)"""
+    import time
+
     import keras
 
     import nbdist
     from tests.tutorial_cells import FIT_CELLS, fit_baseline
 
     cell, result = FIT_CELLS["keras-io-convnet"]
+    started = time.monotonic()
     scores = {"fit": fit_baseline("keras-io-convnet")}
+    seconds = {"fit": round(time.monotonic() - started, 1)}
     with _a_cluster(cluster) as on:
         keras.utils.set_random_seed(0)
         ns: dict = {}
         with contextlib.redirect_stdout(io.StringIO()):
             run = nbdist.train(cell, namespace=ns, cluster=on, mode="sync", workers=2)
         scores["sync"] = float(result(ns))
+        seconds["sync"] = round(time.monotonic() - started - sum(seconds.values()), 1)
         scores["sync_events"] = [str(t) for t in run.events["text"].dropna()]
         keras.utils.set_random_seed(0)
         ns = {}
@@ -337,9 +350,11 @@ def convnet(cluster=None) -> dict:
             run = nbdist.train(cell, namespace=ns, cluster=on, mode="pipeline", stages=2,
                                partition="uniform")
         scores["pipeline"] = float(result(ns))
+        seconds["pipeline"] = round(time.monotonic() - started - sum(seconds.values()), 1)
         scores["pipeline_epochs"] = list(run.keras_history.epoch)
         engines = on.client[:].apply_sync(_engine_backend)
-    return {"backend": keras.backend.backend(), **scores, "engines": engines}
+    return {"backend": keras.backend.backend(), **scores, "engines": engines,
+            "seconds": seconds}
 
 
 def _engine_backend() -> str | None:

@@ -32,7 +32,7 @@ def on_a_cluster(backend: str) -> dict:
 @pytest.mark.parametrize("backend", ["jax", "torch"])
 def test_the_keras_io_convnet_trains_on_the_backend_in_sync_and_pipeline_as_fit_does(backend):
     said = on_a_cluster(backend)["convnet"]
-    print(backend, said)  # the accuracies, for `pytest -rP`
+    print(backend, said, on_a_cluster(backend)["seconds"])  # the figures, for `pytest -rP`
     assert said["backend"] == backend
     assert (f"Keras backend: {backend} (the kernel's; every worker runs the cell on it)"
             in said["sync_events"])
