@@ -37,7 +37,7 @@ from nbdist.modes.pipeline.messages import (
     Validation,
     Weights,
 )
-from nbdist.modes.pipeline.optimizer_slots import stage_slots
+from nbdist.modes.pipeline.optimizer_slots import StageSlots, stage_slots
 from nbdist.modes.pipeline.stage_pass import prediction, stage_pass
 
 _STAGES: dict[tuple[str, int], object] = {}  # prepared stages of this process, by (run, stage)
@@ -184,20 +184,22 @@ class Stage:
     def _epoch_gate(self, epoch: int) -> None:
         """A fit call's epoch end: this stage's weights to the kernel, then wait until its
         callbacks have run on the whole model (or it asks to stop)."""
+        weights, slots = self._state()
+        self.link.report(Weights(self.spec.stage, epoch, slots.steps,
+                                 [len(weights[k]) for k in slots.steps], slot_of=slots.slot_of,
+                                 slot_names=slots.slot_names, iterations=slots.iterations),
+                         [np.asarray(a) for k in slots.steps for a in weights[k]] + slots.values)
+        self.link.wait_release(epoch)
+
+    def _state(self) -> tuple[dict[int, list], StageSlots]:
+        """This stage's variables' values by step, and its optimizer's slots over them (none
+        unless the kernel saves the whole model)."""
         variables = self.graph.variables(*self.spec.bounds)
         steps = sorted(variables)
         ordered = [v for k in steps for v in variables[k]]
-        slot_of, slot_names, slots, iterations = self._slots(ordered)
-        self.link.report(Weights(self.spec.stage, epoch, steps, [len(variables[k]) for k in steps],
-                                 slot_of=slot_of, slot_names=slot_names, iterations=iterations),
-                         [np.asarray(v.numpy()) for v in ordered] + slots)
-        self.link.wait_release(epoch)
-
-    def _slots(self, variables: list) -> tuple[list[int], list[str], list[np.ndarray], int]:
-        """The optimizer's slots over `variables`, when the kernel saves the whole model."""
-        if not self.spec.send_optimizer:
-            return [], [], [], 0
-        return stage_slots(self.optimizer, variables)
+        slots = (stage_slots(self.optimizer, ordered) if self.spec.send_optimizer
+                 else ([], [], [], 0))
+        return {k: [v.numpy() for v in variables[k]] for k in steps}, StageSlots(steps, *slots)
 
     def _begin_step(self, step: int) -> bool:
         """False when the run stops before `step`: stage 0 decides and tells the next stage."""
@@ -303,12 +305,10 @@ class Stage:
         """The stage's totals, also reported to the kernel (what it refused after its last step)."""
         link = self.link
         link.report(Totals(self.spec.stage, link.sent_bytes, dict(link.messages), link.drops()))
-        variables = self.graph.variables(*self.spec.bounds)
-        slot_of, slot_names, slots, iterations = self._slots(
-            [v for k in sorted(variables) for v in variables[k]])
+        weights, slots = self._state()
         return {"stage": self.spec.stage, "steps": steps, "seconds": time.time() - started,
-                "weights": {k: [v.numpy() for v in vs] for k, vs in variables.items()},
-                "slots": {"slot_of": slot_of, "slot_names": slot_names, "values": slots,
-                          "iterations": iterations},
+                "weights": weights,
+                "slots": {"slot_of": slots.slot_of, "slot_names": slots.slot_names,
+                          "values": slots.values, "iterations": slots.iterations},
                 "sent_bytes": link.sent_bytes, "messages": dict(link.messages),
                 "dropped": link.drops()}
