@@ -1,4 +1,4 @@
-"""Training across emulated hosts: async against sync, float32 against float16 on the wire.
+"""Training across emulated hosts: async against sync, float32 against compressed frames.
 
 What it measures
     A lab network on this machine (tests/lab_network.py; needs root): the hub on host lab1,
@@ -7,8 +7,9 @@ What it measures
     the head, one `ipengine` per host. The 784-256-256-10 MLP (SGD 0.05, batch `--batch` per
     worker) on Fashion-MNIST, each configuration trained for `--seconds` after a warm-up:
 
-      async / async fp16   the parameter hub (asgd), --compression none / fp16
+      async / async CODEC  the parameter hub (asgd), --compression none, then each of --codecs
       sync  / sync fp16    Horovod allreduce across the worker hosts, --compression none / fp16
+                           (an allreduce sums float16, not the other codecs' frames)
 
     samples/s      all workers together, from the hub's per-worker sample counts (kernel polls)
     hub MB/s       bytes through the hub host's interface (rx + tx, /sys counters, whole window)
@@ -18,6 +19,7 @@ What it measures
 
     sudo python benchmarks/network.py                    # ~10 min on 2 cores
     sudo python benchmarks/network.py --quick            # 1gbit, 2 workers, 8 s per run
+    sudo python benchmarks/network.py --quick --codecs int8,topk:0.01 --modes async
 """
 
 from __future__ import annotations
@@ -79,6 +81,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=12.0)
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--codecs", default="fp16",
+                        help="--compression values to run besides none (async: any; sync: fp16)")
+    parser.add_argument("--modes", default="async,sync")
     args = parser.parse_args()
     if args.quick:
         args.rates, args.workers, args.seconds = "1gbit", "2", 8.0
@@ -99,14 +104,17 @@ def main() -> None:
                 connection_file=str(hand.security / "ipcontroller-lab-client.json"))
             try:
                 for n in worker_counts:
-                    for mode in ("async", "sync"):
+                    for mode in args.modes.split(","):
                         engines = (list(range(0, n + 1)) if mode == "async"
                                    else list(range(1, n + 1)))
                         used = [hosts[e] for e in engines]
-                        for compression in ("none", "fp16"):
+                        codecs = [c for c in args.codecs.split(",")
+                                  if mode == "async" or c == "fp16"]
+                        for compression in ("none", *codecs):
                             sps, bps, busiest = measure(cluster, lab, engines, used, mode,
                                                         compression, args.seconds, args.batch)
-                            rows.append([rate, n, mode + (" fp16" if compression == "fp16" else ""),
+                            rows.append([rate, n, mode + ("" if compression == "none"
+                                                          else f" {compression}"),
                                          round(sps), round(bps / 1e6, 1),
                                          f"{busiest / capacity:.2f}"])
                             print(*rows[-1], flush=True)

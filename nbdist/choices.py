@@ -83,14 +83,6 @@ class Spin(enum.StrEnum):
     OFF = "off"  # always sleep until a message comes
 
 
-class Compression(enum.StrEnum):
-    """What crosses the network for parameters and gradients (see nbdist.core.compression)."""
-
-    NONE = "none"  # float32
-    # half the bytes: async pushes/pulls across hosts, Horovod's fp16 allreduce in sync
-    FP16 = "fp16"
-
-
 def choice(enum_type: type[enum.Enum], value: object, flag: str) -> enum.Enum:
     try:
         return enum_type(value.value if isinstance(value, enum.Enum) else str(value).lower())

@@ -15,7 +15,6 @@ import os
 from nbdist.choices import (  # also re-exported: nbdist.config is where callers find them
     Algorithm,
     Collective,
-    Compression,
     Metrics,
     Mode,
     Pin,
@@ -75,9 +74,11 @@ class TrainConfig:
         Transport.AUTO, "how parameters and gradients travel: auto, shared memory on the same "
         "host and TCP across hosts; tcp; shm, same host only",
         choices=Transport)
-    compression: Compression = option(
-        Compression.NONE, "fp16: parameters and gradients cross the network as float16, half "
-        "the bytes (the hub keeps float32)", choices=Compression)
+    compression: str = option(
+        "none", "what crosses the network for parameters and gradients (the hub keeps "
+        "float32): fp16, half the bytes; int8, a quarter; topk:RATIO or randomk:RATIO, that "
+        "share of the entries, with error feedback; qsgd:LEVELS, stochastic levels in a byte. "
+        "Sync takes fp16 only", metavar="CODEC")
     timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run "
                             "fails", type=float)
     algo_options: dict = option({}, "the rule's hyper-parameters, e.g. lambda0=2,momentum=0.9",
@@ -176,7 +177,7 @@ class TrainConfig:
         if self.algorithm is not None:  # None: nbdist picks (nbdist.job.Job.default_rule)
             set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
-        set_(self, "compression", _choice(Compression, self.compression, "--compression"))
+        set_(self, "compression", _codec(self.compression))
         set_(self, "collective", _choice(Collective, self.collective, "--collective"))
         set_(self, "pin", _choice(Pin, self.pin, "--pin"))
         set_(self, "spin", _choice(Spin, self.spin, "--spin"))
@@ -226,6 +227,12 @@ class TrainConfig:
                 f"{self.workers}). Use --mode async with a cluster (%nbdist start N) for more."
             )
 
+        if self.mode is Mode.SYNC and self.compression not in ("none", "fp16"):
+            raise ConfigError(
+                f"--mode sync sends its gradient through an allreduce, which sums float16 "
+                f"(--compression fp16) but not --compression {self.compression}'s frames. Use "
+                f"--compression fp16 in sync, or --mode async to train with "
+                f"{self.compression}.")
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
         if self.mode is Mode.PIPELINE:
@@ -478,6 +485,16 @@ def _plain(value: object) -> object:
     if isinstance(value, dict):
         return dict(value)
     return value
+
+
+def _codec(value: object) -> str:
+    """The `--compression` value in its canonical spelling (nbdist.core.compression)."""
+    from nbdist.core.compression import parse  # NumPy: not at `import nbdist`
+
+    try:
+        return str(parse(getattr(value, "value", value)))
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
 
 
 def _check_int(flag: str, value: object, low: int) -> None:

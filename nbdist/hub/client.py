@@ -16,7 +16,7 @@ import numpy as np
 import zmq
 
 from nbdist.cluster.netaddr import check_reachable, host_id
-from nbdist.core import compression
+from nbdist.core.compression import Codec, PushEncoder, apply_pull, decode_into, parse
 from nbdist.engine.gpu import GpuMonitor
 from nbdist.errors import TrainingError
 from nbdist.hub import shm
@@ -36,7 +36,7 @@ class WorkerTransport:
 
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
                  transport: str = "auto", timeout: float = 120.0, engine: int | None = None,
-                 compression: str = "none", spin_s: float = 0.0):
+                 compression: str = "none", spin_s: float = 0.0, seed: int = 0):
         self.worker, self.engine = worker, engine
         self.bounds = []
         start = 0
@@ -51,8 +51,9 @@ class WorkerTransport:
                                 "use 'auto'.")
         # a full /dev/shm: TCP instead, and hello says why (run.warnings shows it)
         self._segment, self.shm_fallback = self._shared_segment(transport)
-        # shared memory: no bytes to save
-        self.compression = "none" if self.use_shm else compression
+        # what the run asked for; shared memory has no bytes to save, so its frames go as is
+        self.compression = str(parse(compression))
+        self.codec = Codec("none") if self.use_shm else parse(compression)
         if not self.use_shm:  # across hosts: a host that does not answer fails here, named
             for i, s in enumerate(shards):
                 address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
@@ -73,6 +74,11 @@ class WorkerTransport:
             self.params = np.zeros(self.total, dtype=np.float32)
         self._live = [None] * len(shards)  # hogwild: attached hub segments, read without lock
         self._live_names = [s["params_shm"] for s in shards]
+        # each push's frame to each shard (with its error feedback; a random codec's own stream)
+        self._pushes = [PushEncoder(self.codec, hi - lo, np.random.default_rng([seed, worker, i]))
+                        for i, (lo, hi) in enumerate(self.bounds)]
+        # a lossy codec's pulls are changes to the copy this worker holds (PullEncoder's twin)
+        self._held = np.zeros(self.total, dtype=np.float32) if self.codec.lossy else None
         self.non_trainable = np.zeros(non_trainable_size, dtype=np.float32)
         self.nt_delta = np.zeros(non_trainable_size, dtype=np.float32)
         self.link = "shm" if self.use_shm else "tcp"  # shm: only headers cross ZeroMQ
@@ -132,7 +138,7 @@ class WorkerTransport:
             buffers = []
             if step.push and self._segment is None:
                 lo, hi = self.bounds[i]
-                buffers.append(compression.encode(self.grad[lo:hi], self.compression))
+                buffers.append(self._pushes[i].encode(self.grad[lo:hi]))
             if step.push and i == 0 and self.nt_delta.size:
                 buffers.append(self.nt_delta)
             line.send(step if i == 0 else other, buffers)
@@ -166,12 +172,30 @@ class WorkerTransport:
                                             f"{self._segment.name!r}; it has a stale registration. "
                                             "Run the cell again.")
                 else:
-                    compression.decode_into(msg.buffers[0], self.compression, self.params[lo:hi])
+                    self._take_pull(i, reply, msg.buffers[0])
                 if i == 0 and self.non_trainable.size:
                     np.copyto(self.non_trainable, msg.floats(len(msg.buffers) - 1))
             if i == 0:
                 first = reply
         return first
+
+    def _take_pull(self, i: int, reply: Reply, frame) -> None:
+        """Shard `i`'s weights from its frame: the weights themselves, or (a lossy codec, after
+        the first) the change to add to this worker's copy."""
+        lo, hi = self.bounds[i]
+        full = reply.params == "full" or self._held is None
+        try:
+            if full:
+                decode_into(frame, "none" if reply.params == "full" else self.codec,
+                            self.params[lo:hi])
+                if self._held is not None:
+                    np.copyto(self._held[lo:hi], self.params[lo:hi])
+            else:
+                apply_pull(frame, self.codec, self._held[lo:hi], self.params[lo:hi])
+        except ValueError as exc:
+            raise TrainingError(f"hub shard {i} sent weights this worker cannot read ({exc}); "
+                                "the shard and the worker disagree on --compression. Run the "
+                                "cell again.") from None
 
     def _live_view(self, i: int) -> np.ndarray:
         if self._live[i] is None:

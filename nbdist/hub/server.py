@@ -30,6 +30,7 @@ import numpy as np
 import zmq
 
 from nbdist.core import compression
+from nbdist.core.compression import PullEncoder
 from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
@@ -403,7 +404,15 @@ class Hub:
         self.links[worker] = (shm.WorkerLink(shm.attach(hello.shm), hello.offset, self.size,
                                              hello.total)
                               if hello.shm else shm.WorkerLink())
-        self.links[worker].compression = hello.compression
+        # shared memory carries no frames: the codec acts over TCP (and ipc) only
+        link = self.links[worker]
+        link.codec = compression.parse(hello.compression if hello.link == "tcp" else "none")
+        if hello.link == "shm" and hello.compression != "none" and self.core.coordinator:
+            self.warn(f"--compression {hello.compression} applies only to workers that reach "
+                      "their hub shards over TCP; the workers on the hub's host share memory "
+                      "with it, so no bytes cross a network and nothing is compressed. Pass "
+                      "--transport tcp to send compressed frames over loopback (to study a "
+                      "codec on one machine).")
         if hello.shm_fallback and self.core.coordinator is not None:  # said once, by shard 0
             self.warn(f"worker {worker}: {hello.shm_fallback}")
         self.links[worker].sender = ret.to
@@ -420,8 +429,7 @@ class Hub:
         link = self.links[worker]
         copied = False  # whether the pull buffer already holds the new weights
         if step.push:
-            grad = (link.grad if link.grad is not None
-                    else compression.decode(msg.buffers[0], link.compression))
+            grad = link.grad if link.grad is not None else self._pushed(link, msg.buffers[0])
             delta = (msg.floats(len(msg.buffers) - 1)
                      if self.core.coordinator and self.core.non_trainable.size else None)
             self._mark("parse")
@@ -465,11 +473,37 @@ class Hub:
                 reply.params = "shm" if target is not None else "live"  # live: no lock
                 reply.seg = link.segment.name
             else:
-                buffers.append(compression.encode(target if target is not None else params,
-                                                  link.compression))
+                buffers.append(self._pull_frame(worker, link, params if target is None else target,
+                                                reply))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
         return reply, buffers
+
+    def _pushed(self, link: shm.WorkerLink, frame) -> np.ndarray:
+        """The gradient a TCP push's frame holds (a lossy codec's into a buffer the link
+        reuses: its worker pushes again only after this push's reply)."""
+        if not link.codec.lossy:
+            return compression.decode(frame, link.codec)
+        if link.decoded is None:
+            link.decoded = np.empty(self.size, dtype=np.float32)
+        compression.decode_into(frame, link.codec, link.decoded)
+        return link.decoded
+
+    def _pull_frame(self, worker: int, link: shm.WorkerLink, weights: np.ndarray,
+                    reply: Reply) -> np.ndarray:
+        """The frame of a TCP pull. A lossy codec sends the change from the copy the worker
+        holds, after a first pull of the weights themselves (as an evaluation's pull is, so
+        that it scores this shard's weights): `reply.params` is then "full"."""
+        if not link.codec.lossy:
+            return compression.encode(weights, link.codec)
+        if link.pull is None or reply.eval is not None:
+            if link.pull is None:
+                link.pull = PullEncoder(link.codec, self.size,
+                                        np.random.default_rng([self.spec.shard, worker]))
+            np.copyto(link.pull.held, weights)
+            reply.params = "full"
+            return link.pull.held.copy()
+        return link.pull.encode(weights)
 
     def _report(self, report: Report, msg: Message, ret: Return) -> tuple[ReportReply, list]:
         if report.worker == 0 and report.state is not None:

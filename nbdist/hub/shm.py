@@ -102,5 +102,7 @@ class WorkerLink:
         self.grad = floats(segment, offset, size) if segment else None
         self.params = floats(segment, total + offset, size) if segment else None
         self.send_buffer: np.ndarray | None = None  # TCP: reused buffer for pull replies
-        self.compression = "none"  # "fp16": this worker's pushes and pulls travel as float16
+        self.codec = None  # its frames' --compression (nbdist.core.compression.Codec), at hello
+        self.decoded: np.ndarray | None = None  # a lossy codec: the last push, decoded
+        self.pull = None  # a lossy codec: its PullEncoder, after the first pull
         self.sender: str | None = None  # who said hello: the process that counts (wire.check_link)

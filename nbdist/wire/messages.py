@@ -115,7 +115,9 @@ class Reply(Wire):
     eval: EvalJob | None = None
     eval_pending: bool = False  # pull first, then evaluate
     lost: bool = False  # written off: leave
-    params: str | None = None  # "shm" or "live": the weights are in shared memory, not a buffer
+    # "shm" or "live": the weights are in shared memory, not a buffer; "full": the frame holds
+    # them as float32 where the worker's codec sends changes (nbdist.core.compression)
+    params: str | None = None
     seg: str | None = None  # the segment they were written into ("shm")
 
     @classmethod
@@ -199,7 +201,7 @@ class Hello(_FromWorker):
     engine: int | None = None
     host: str = ""
     link: str = ""  # "shm" or "tcp"
-    compression: str = "none"  # of its arrays across hosts (nbdist.core.compression)
+    compression: str = "none"  # the run's --compression; its frames over TCP take it
     gpu: str | None = None
     gpu_mem_total: int | None = None
     shm: str | None = None  # same host: its segment [gradient | parameters]

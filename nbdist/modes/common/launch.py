@@ -89,7 +89,7 @@ def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[Hub
         run_id=run_id, key=key, worker=0, shards=endpoints, layout=job.layout,
         batch_size=config.batch_size, source=job.cell, pushed=portable(job.contents.pushed),
         transport=config.transport.value, timeout=config.timeout,
-        compression=config.compression.value,
+        compression=config.compression,
         num_workers=backend.num_workers, preloaded=preloaded, **job.worker_fields(),
     )
     try:

@@ -56,7 +56,7 @@ class WorkerSpec:
     source: str | None = None  # the cell; None: the namespace already holds its results
     pushed: dict = field(default_factory=dict)  # arrays the cell uses but does not define
     transport: str = "auto"
-    # "fp16": pushes and pulls across hosts as float16 (nbdist.core.compression)
+    # --compression: the codec of pushes and pulls across hosts (nbdist.core.compression)
     compression: str = "none"
     timeout: float = 120.0
     threads: int | None = None  # TensorFlow intra-op threads; None: TensorFlow's default
@@ -110,7 +110,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         write_rng_state(model, spec.rng_state, spec.worker)
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size, spec.transport,
                                 spec.timeout, spec.engine, compression=spec.compression,
-                                spin_s=spec.spin_s)
+                                spin_s=spec.spin_s, seed=spec.seed)
     try:
         return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:

@@ -1,0 +1,70 @@
+"""--compression over a real hub's TCP line: the hub applies exactly what the worker's frames
+say (its error feedback included), the worker's copy of the weights is exactly the hub's pulls
+added up, and the frames are as small as their format says (the formats themselves:
+tests/unit/test_compression_format.py)."""
+
+import numpy as np
+import pytest
+
+from nbdist.core.compression import PullEncoder, PushEncoder, decode_add, parse
+from nbdist.hub.client import WorkerTransport
+from nbdist.hub.control import HubControl
+from nbdist.wire.messages import Step
+from tests.inproc.test_worker_loss import plan, start_hub, stop
+
+LR = np.float32(0.1)
+
+
+@pytest.mark.parametrize("codec", ["int8", "topk:0.05", "randomk:0.05", "qsgd:8", "fp16"])
+def test_the_hub_applies_the_frames_the_worker_sends_and_the_worker_holds_the_pulls_sum(codec):
+    hub, key, thread = start_hub(plan(num_workers=1, num_samples=200))
+    control = HubControl(key, [hub.endpoints], timeout=10)
+    worker = WorkerTransport(key, 0, [hub.endpoints], 0, "tcp", timeout=10, compression=codec,
+                             seed=3)
+    size = worker.total
+    # the oracle: the same encoders, on the same gradients, from the same streams
+    pushes = PushEncoder(codec, size, np.random.default_rng([3, 0, 0]))
+    pulls = (PullEncoder(codec, size, np.random.default_rng([0, 0])) if parse(codec).lossy
+             else None)
+    applied = np.zeros(size, np.float32)  # what the hub's weights should be
+    gradients = np.random.default_rng(11)
+    try:
+        reply = worker.hello()
+        pushed = 0
+        while not reply.done:
+            if not reply.chunks:
+                reply = worker.step(Step(0))
+                continue
+            worker.grad[:] = gradients.normal(size=size).astype(np.float32)
+            sent_before = worker.lines[0].sent
+            reply = worker.step(Step(0, push=True, pull=True, chunks=[reply.chunks[0].id],
+                                     loss=0.0))
+            pushed += 1
+            frame_bytes = worker.lines[0].sent - sent_before
+            assert frame_bytes - parse(codec).wire_bytes(size) < 1024  # the rest is the header
+            decoded = np.zeros(size, np.float32)
+            decode_add(pushes.encode(worker.grad), codec, decoded)
+            applied -= LR * decoded
+            if pulls is not None:  # the worker's weights: the pulls' copy, not the hub's own
+                pulls.encode(applied)
+                np.testing.assert_array_equal(worker.params, pulls.held)
+        assert pushed == 50
+        np.testing.assert_allclose(control.params()[0], applied, rtol=1e-5, atol=1e-6)
+        if pulls is None:  # fp16 pulls: the weights themselves, rounded
+            np.testing.assert_allclose(worker.params, applied, rtol=2 ** -10, atol=1e-6)
+    finally:
+        stop(control, thread, [worker])
+
+
+def test_a_codec_on_a_worker_that_shares_memory_with_its_hub_is_said_to_do_nothing():
+    hub, key, thread = start_hub(plan(num_workers=1, num_samples=40))
+    control = HubControl(key, [hub.endpoints], timeout=10)
+    worker = WorkerTransport(key, 0, [hub.endpoints], 0, "auto", timeout=10, compression="int8")
+    try:
+        worker.hello()
+        assert worker.link == "shm"
+        (said,) = control.stats()["warnings"]
+        assert said.startswith("--compression int8 applies only to workers that reach their "
+                               "hub shards over TCP") and "--transport tcp" in said
+    finally:
+        stop(control, thread, [worker])
