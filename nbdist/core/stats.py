@@ -35,7 +35,10 @@ class WorkerStats:
     host: str = ""
     engine: int | None = None
     link: str = ""  # "tcp" or "shm" (shared memory: only headers cross ZeroMQ)
-    traffic: list = field(default_factory=lambda: [0, 0, 0, 0])  # sent, received: TCP, then shm
+    # bytes sent, received: over TCP, over shm's sockets, the weight and gradient frames, and
+    # the float32 arrays those frames stand for (WorkerTransport.traffic)
+    traffic: list = field(default_factory=lambda: [0] * 8)
+    compression: str = "none"  # the codec of its frames (nbdist.core.compression): TCP only
     gpu: str | None = None  # name, memory total at hello; utilisation %, memory used every few s
     gpu_mem_total: int | None = None
     gpu_util: int | None = None
@@ -51,6 +54,7 @@ class WorkerStats:
         self.state, self.host, self.engine = "starting", hello.host, hello.engine
         self.hellos += 1
         self.link, self.gpu, self.gpu_mem_total = hello.link, hello.gpu, hello.gpu_mem_total
+        self.compression = hello.compression if hello.link == "tcp" else "none"
 
     def take(self, step: Step | Report) -> None:
         """A push's running byte totals (every push) and GPU reading (every few s)."""
@@ -61,11 +65,29 @@ class WorkerStats:
 
     def to_row(self) -> dict:
         row = asdict(self)
-        tcp_sent, tcp_received, shm_sent, shm_received = row.pop("traffic")
-        row.update(delay_mean=self.delay_mean, bytes_sent=tcp_sent + shm_sent,
-                   bytes_received=tcp_received + shm_received, tcp_bytes=tcp_sent + tcp_received,
-                   shm_bytes=shm_sent + shm_received)
+        row.pop("traffic")
+        row.update(delay_mean=self.delay_mean, **traffic_row(self.traffic))
         return row
+
+
+def traffic_row(traffic: list) -> dict:
+    """A worker's byte totals by name. `compression_ratio` is its weight and gradient frames'
+    bytes over those of the float32 arrays they carry (NaN before its first TCP frame).
+
+    Example:
+        >>> row = traffic_row([300, 500, 0, 0, 250, 450, 1000, 1000])
+        >>> row["bytes_sent"], row["tcp_bytes"], row["compression_ratio"]
+        (300, 800, 0.35)
+    """
+    counts = list(traffic) + [0] * (8 - len(traffic))  # a sync rank's Report: 4
+    tcp_sent, tcp_received, shm_sent, shm_received = counts[:4]
+    frames_sent, frames_received, float32_sent, float32_received = counts[4:]
+    float32 = float32_sent + float32_received
+    return dict(bytes_sent=tcp_sent + shm_sent, bytes_received=tcp_received + shm_received,
+                tcp_bytes=tcp_sent + tcp_received, shm_bytes=shm_sent + shm_received,
+                frame_bytes=frames_sent + frames_received, float32_bytes=float32,
+                compression_ratio=(frames_sent + frames_received) / float32 if float32
+                else math.nan)
 
 
 class Completed(NamedTuple):

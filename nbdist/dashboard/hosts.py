@@ -42,6 +42,14 @@ def _host_labels(hosts: list[str], hubs: list[dict]) -> dict[str, str]:
             for host in hosts}
 
 
+def _wire_note(row: dict) -> str:
+    """"<br>int8: frames 25% of float32's" for a worker whose frames are compressed."""
+    codec, ratio = row.get("compression"), row.get("compression_ratio")
+    if missing(codec) or codec == "none" or missing(ratio):
+        return ""
+    return f"<br>{codec}: frames {100 * float(ratio):.0f}% of float32's"
+
+
 def hosts_figure(nodes: pd.DataFrame | list[dict] | None,
                  hubs: pd.DataFrame | list[dict] | None = None) -> dict:
     """Workers grouped by host, each bar the worker's traffic in MB/s over its link; hub
@@ -70,7 +78,8 @@ def hosts_figure(nodes: pd.DataFrame | list[dict] | None,
             rate = _number(r.get("bytes_per_s")) / MB
             hover = (f"worker {w} on {host} ({link or 'no nbdist link'})<br>{rate:.2f} MB/s<br>"
                      f"sent {_number(r.get('bytes_sent')) / MB:.1f} MB, "
-                     f"received {_number(r.get('bytes_received')) / MB:.1f} MB")
+                     f"received {_number(r.get('bytes_received')) / MB:.1f} MB"
+                     + _wire_note(r))
             traces.append({"type": "bar", "x": [[label[host]], [f"w{w} {link}".strip()]],
                            "y": [rate], "name": f"worker {w}", "legendgroup": f"worker {w}",
                            "showlegend": False, "marker": {"color": worker_color(w)},

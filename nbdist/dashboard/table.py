@@ -3,7 +3,9 @@
 Responsible for turning `run.nodes` into display strings (rounded rates and delays, groups
 as "0,2", blanks for what is not known yet) and drawing each worker id in its colour, the one
 it has in every figure; the GPU columns (name, utilisation, memory used of total) appear only
-when some worker's engine has a GPU. Pure (pandas, NumPy, standard library; no plotly).
+when some worker's engine has a GPU, and the `wire` column (the codec, and its frames' bytes as
+a share of float32's) only when some worker compresses them. Pure (pandas, NumPy, standard
+library; no plotly).
 """
 
 from __future__ import annotations
@@ -15,20 +17,35 @@ import pandas as pd
 
 from nbdist.dashboard.style import WAITING, empty_figure, missing, worker_color
 
-__all__ = ["GPU_COLUMNS", "TABLE_COLUMNS", "node_table", "node_table_figure", "node_table_html",
-           "table_columns"]
+__all__ = ["GPU_COLUMNS", "TABLE_COLUMNS", "WIRE_COLUMNS", "node_table", "node_table_figure",
+           "node_table_html", "table_columns"]
 
 TABLE_COLUMNS = ("worker", "state", "slowdown", "group", "batch_size", "samples_per_s",
                  "delay_mean", "delay_p95")
 GPU_COLUMNS = ("gpu", "gpu_util", "gpu_mem")  # shown only when some worker has a GPU
+WIRE_COLUMNS = ("wire",)  # shown only when some worker's frames are compressed
 GB = 2**30
 
 
 def table_columns(nodes: pd.DataFrame | None) -> tuple[str, ...]:
-    """The columns to show: the GPU's too when some worker reported one."""
+    """The columns to show: the wire's when some worker compresses its frames, the GPU's when
+    some worker reported one."""
+    columns = TABLE_COLUMNS
+    if nodes is not None and "compression" in nodes.columns and any(
+            not missing(v) and v != "none" for v in nodes["compression"]):
+        columns += WIRE_COLUMNS
     if nodes is not None and "gpu" in nodes.columns and not all(missing(v) for v in nodes["gpu"]):
-        return TABLE_COLUMNS + GPU_COLUMNS
-    return TABLE_COLUMNS
+        columns += GPU_COLUMNS
+    return columns
+
+
+def _wire(row: dict) -> str:
+    """The codec and its frames' share of float32's bytes: "int8 25%" (the codec alone
+    before its first frame)."""
+    codec, ratio = row.get("compression"), row.get("compression_ratio")
+    if missing(codec):
+        return ""
+    return codec if missing(ratio) else f"{codec} {100 * float(ratio):.0f}%"
 
 
 def _gpu_mem(row: dict) -> str:
@@ -42,6 +59,8 @@ def _gpu_mem(row: dict) -> str:
 def _cell(column: str, row: dict) -> str:
     if column == "gpu_mem":
         return _gpu_mem(row)
+    if column == "wire":
+        return _wire(row)
     v = row.get(column)
     if isinstance(v, list | tuple | np.ndarray):
         return ",".join(str(int(i)) for i in v)

@@ -79,6 +79,10 @@ class WorkerTransport:
                         for i, (lo, hi) in enumerate(self.bounds)]
         # a lossy codec's pulls are changes to the copy this worker holds (PullEncoder's twin)
         self._held = np.zeros(self.total, dtype=np.float32) if self.codec.lossy else None
+        # over TCP: the bytes of the weight and gradient frames sent and received, and of the
+        # float32 arrays they stand for (their ratio is the codec's, as run.traffic shows it)
+        self.frames = [0, 0]
+        self.arrays = [0, 0]
         self.non_trainable = np.zeros(non_trainable_size, dtype=np.float32)
         self.nt_delta = np.zeros(non_trainable_size, dtype=np.float32)
         self.link = "shm" if self.use_shm else "tcp"  # shm: only headers cross ZeroMQ
@@ -138,18 +142,24 @@ class WorkerTransport:
             buffers = []
             if step.push and self._segment is None:
                 lo, hi = self.bounds[i]
-                buffers.append(self._pushes[i].encode(self.grad[lo:hi]))
+                frame = self._pushes[i].encode(self.grad[lo:hi])
+                buffers.append(frame)
+                self.frames[0] += frame.nbytes
+                self.arrays[0] += 4 * (hi - lo)
             if step.push and i == 0 and self.nt_delta.size:
                 buffers.append(self.nt_delta)
             line.send(step if i == 0 else other, buffers)
 
     def traffic(self) -> list[int]:
         """[bytes sent, bytes received] so far over TCP, then over the shared-memory link's
-        sockets (headers only: the arrays go through the segment). A push carries the totals
-        before itself, so the hub's figures lag by one message."""
+        sockets (headers only: the arrays go through the segment), then the weight and gradient
+        frames' bytes [sent, received] and those of the float32 arrays they stand for (see
+        `nbdist.core.stats.traffic_row`). A push carries the totals before itself, so the hub's
+        figures lag by one message."""
         sent, received = (sum(line.sent for line in self.lines),
                           sum(line.received for line in self.lines))
-        return [sent, received, 0, 0] if self.link == "tcp" else [0, 0, sent, received]
+        sockets = [sent, received, 0, 0] if self.link == "tcp" else [0, 0, sent, received]
+        return sockets + self.frames + self.arrays
 
     def receive_step(self, step: Step) -> Reply:
         """Second half of `step`: the replies; returns shard 0's."""
@@ -183,6 +193,8 @@ class WorkerTransport:
         """Shard `i`'s weights from its frame: the weights themselves, or (a lossy codec, after
         the first) the change to add to this worker's copy."""
         lo, hi = self.bounds[i]
+        self.frames[1] += memoryview(frame).nbytes
+        self.arrays[1] += 4 * (hi - lo)
         full = reply.params == "full" or self._held is None
         try:
             if full:

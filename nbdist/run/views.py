@@ -17,7 +17,10 @@ from nbdist.run.state import RunState
 NODE_COLUMNS = ["worker", "engine", "host", "state", "samples", "samples_per_s", "steps",
                 "delay_mean", "delay_p95", "delay_max", "batch_size", "slowdown", "group", "loss",
                 "compute_s", "comm_s", "link", "bytes_sent", "bytes_received", "tcp_bytes",
-                "shm_bytes", "bytes_per_s", "gpu", "gpu_util", "gpu_mem", "gpu_mem_total"]
+                "shm_bytes", "bytes_per_s", "compression", "frame_bytes", "float32_bytes",
+                "compression_ratio", "gpu", "gpu_util", "gpu_mem", "gpu_mem_total"]
+TRAFFIC_COLUMNS = ["worker", "host", "link", "compression", "bytes_sent", "bytes_received",
+                   "bytes_per_s", "frame_bytes", "float32_bytes", "compression_ratio"]
 
 
 class RunViews:
@@ -47,6 +50,13 @@ class RunViews:
         traffic in bytes/s, and its GPU (name, utilisation %, memory used and total, in bytes;
         empty without one)."""
         return pd.DataFrame(self.state.snapshot.get("nodes", []), columns=NODE_COLUMNS)
+
+    @property
+    def traffic(self) -> pd.DataFrame:
+        """One row per worker: the bytes on its sockets (sent, received, and per second now),
+        its `--compression` codec (over TCP; "none" on shared memory), the bytes of its weight
+        and gradient frames and of the float32 arrays they stand for, and their ratio."""
+        return self.nodes[TRAFFIC_COLUMNS]
 
     @property
     def timeline(self) -> pd.DataFrame:

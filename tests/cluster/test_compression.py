@@ -34,22 +34,25 @@ ACCURACY_LOSS_AT_MOST = {"fp16": 0.03, "int8": 0.03, "topk:0.05": 0.05}
 
 
 def test_each_codec_trains_as_float32_does_with_its_share_of_the_bytes(cluster):
-    accuracy, per_step = {}, {}
+    accuracy, per_step, ratio = {}, {}, {}
     for codec in ("none", *BYTES_AT_MOST):
         ns = {}
         run = nbdist.train(WIDE_CELL, cluster=cluster, namespace=ns, workers=2, epochs=3,
                            batch_size=16, transport="tcp", compression=codec, seed=2, wait=True)
         assert run.status == "finished", run.error
         accuracy[codec] = ns["model"].evaluate(ns["x_test"], ns["y_test"], verbose=0)[1]
-        nodes = run.nodes
+        nodes, traffic = run.nodes, run.traffic
         per_step[codec] = (nodes.bytes_sent.sum() / nodes.steps.sum(),
                            nodes.bytes_received.sum() / nodes.steps.sum())
-    print(accuracy, per_step)
-    assert accuracy["none"] > 0.8
+        assert (traffic.compression == codec).all()
+        ratio[codec] = traffic.frame_bytes.sum() / traffic.float32_bytes.sum()
+    print(accuracy, per_step, ratio)
+    assert accuracy["none"] > 0.8 and ratio["none"] == 1.0
     for codec, share in BYTES_AT_MOST.items():
         assert accuracy[codec] >= accuracy["none"] - ACCURACY_LOSS_AT_MOST[codec], accuracy
         sent, received = np.divide(per_step[codec], per_step["none"])
         assert sent <= share and received <= share, (codec, sent, received)
+        assert ratio[codec] <= share, ratio  # run.traffic's frames alone, without the headers
 
 
 @pytest.mark.horovod

@@ -49,6 +49,12 @@ def test_the_hub_applies_the_frames_the_worker_sends_and_the_worker_holds_the_pu
                 pulls.encode(applied)
                 np.testing.assert_array_equal(worker.params, pulls.held)
         assert pushed == 50
+        frames_sent, frames_received, float32_sent, float32_received = worker.traffic()[4:]
+        assert float32_sent == 50 * 4 * size and float32_received == 51 * 4 * size  # hello's too
+        assert frames_sent == 50 * parse(codec).wire_bytes(size)
+        full = 4 * size if parse(codec).lossy else parse(codec).wire_bytes(size)  # hello's pull
+        pull = parse(codec.replace("qsgd:8", "int8"))  # qsgd pulls as int8
+        assert frames_received == full + 50 * pull.wire_bytes(size)
         np.testing.assert_allclose(control.params()[0], applied, rtol=1e-5, atol=1e-6)
         if pulls is None:  # fp16 pulls: the weights themselves, rounded
             np.testing.assert_allclose(worker.params, applied, rtol=2 ** -10, atol=1e-6)

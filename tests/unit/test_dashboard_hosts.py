@@ -8,7 +8,13 @@ import pandas as pd
 from nbdist.dashboard import all_figures
 from nbdist.dashboard.hosts import HOSTS_TITLE, hosts_figure
 from nbdist.dashboard.style import worker_color
-from nbdist.dashboard.table import GPU_COLUMNS, TABLE_COLUMNS, node_table, node_table_html
+from nbdist.dashboard.table import (
+    GPU_COLUMNS,
+    TABLE_COLUMNS,
+    WIRE_COLUMNS,
+    node_table,
+    node_table_html,
+)
 
 NODES = pd.DataFrame([
     {"worker": 0, "host": "node-b", "link": "tcp", "bytes_per_s": 12_500_000.0,
@@ -86,3 +92,25 @@ def test_gpu_columns_are_left_out_when_no_worker_has_a_gpu():
     assert node_table(cpu_only)["header"]["values"] == list(TABLE_COLUMNS)
     assert "gpu" not in node_table_html(cpu_only)
     assert "<th" in node_table_html(GPU_NODES) and "87%" in node_table_html(GPU_NODES)
+
+
+WIRE_NODES = pd.DataFrame([
+    {"worker": 0, "host": "a", "link": "tcp", "state": "running", "compression": "int8",
+     "compression_ratio": 0.2539, "bytes_per_s": 1e6},
+    {"worker": 1, "host": "a", "link": "tcp", "state": "running", "compression": "int8",
+     "compression_ratio": float("nan"), "bytes_per_s": 0.0},  # no frame yet
+    {"worker": 2, "host": "h", "link": "shm", "state": "running", "compression": "none",
+     "compression_ratio": float("nan"), "bytes_per_s": 0.0},  # beside the hub: nothing to save
+])
+
+
+def test_the_wire_column_shows_each_workers_codec_and_its_frames_share_of_float32():
+    trace = node_table(WIRE_NODES)
+    assert trace["header"]["values"] == list(TABLE_COLUMNS + WIRE_COLUMNS)
+    cells = dict(zip(trace["header"]["values"], trace["cells"]["values"], strict=True))
+    assert cells["wire"] == ["int8 25%", "int8", "none"]
+    hover = [t["hovertext"][0] for t in hosts_figure(WIRE_NODES)["data"]]
+    assert hover[0].endswith("<br>int8: frames 25% of float32's")
+    assert "frames" not in hover[1] and "frames" not in hover[2]
+    uncompressed = WIRE_NODES.assign(compression="none")
+    assert node_table(uncompressed)["header"]["values"] == list(TABLE_COLUMNS)
