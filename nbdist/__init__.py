@@ -31,18 +31,21 @@ __all__ = [
     "compare",
     "load_ipython_extension",
     "resume",
+    "sweep",
     "train",
     "unload_ipython_extension",
 ]
 
 _LAZY = {"Cluster": "nbdist.cluster.engines", "Run": "nbdist.run.handle",
-         "compare": "nbdist.dashboard.comparison", "resume": "nbdist.api", "train": "nbdist.api"}
+         "compare": "nbdist.dashboard.comparison", "resume": "nbdist.api", "train": "nbdist.api",
+         "sweep": "nbdist.sweeps"}
 
 if TYPE_CHECKING:
     from nbdist.api import resume, train
     from nbdist.cluster.engines import Cluster
     from nbdist.dashboard.comparison import compare
     from nbdist.run.handle import Run
+    from nbdist.sweeps import sweep
 
 
 def __getattr__(name: str):

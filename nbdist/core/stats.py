@@ -156,8 +156,9 @@ class RunStats:
 
     def record_eval(self, metrics: dict, *, epoch: int, version: int, now: float) -> None:
         """Append one validation result (metrics as `val_*` names)."""
+        moved = wire_bytes(w.to_row() for w in self.workers)
         self.evals.append(eval_row(metrics, epoch=epoch, version=version, step=self.global_step,
-                                   now=now))
+                                   now=now, wire_bytes=moved))
 
     def record_event(self, kind: str, now: float, **fields: object) -> None:
         """A control action or lifecycle event (pause, set_lr, worker lost, ...)."""
@@ -175,12 +176,31 @@ class RunStats:
         }
 
 
-def eval_row(metrics: dict, *, epoch: int, version: int, step: int, now: float) -> dict:
-    """One validation result as the views show it (`run.history`'s `val_*` rows).
+def eval_row(metrics: dict, *, epoch: int, version: int, step: int, now: float,
+             wire_bytes: int | None = None) -> dict:
+    """One validation result as the views show it (`run.history`'s `val_*` rows), with the
+    bytes the workers' sockets had moved by then (`wire_bytes`) where nbdist's links carry
+    the training (not a sync run's allreduce).
 
     Example:
         >>> eval_row({"loss": 0.5}, epoch=1, version=-1, step=20, now=3.0)
         {'time': 3.0, 'step': 20, 'epoch': 1, 'version': -1, 'val_loss': 0.5}
     """
-    return {"time": now, "step": step, "epoch": epoch, "version": version,
-            **{f"val_{k}": float(v) for k, v in metrics.items()}}
+    row = {"time": now, "step": step, "epoch": epoch, "version": version}
+    if wire_bytes is not None:
+        row["bytes"] = int(wire_bytes)
+    return {**row, **{f"val_{k}": float(v) for k, v in metrics.items()}}
+
+
+def wire_bytes(nodes) -> int | None:
+    """The bytes the workers' sockets to the hub moved so far (sent and received, each byte
+    counted once: at the worker), from node rows; None where no worker counted any (a sync
+    run's ranks report none: their allreduce bypasses nbdist's sockets).
+
+    Example:
+        >>> wire_bytes([{"link": "tcp", "bytes_sent": 5, "bytes_received": 7},
+        ...             {"link": "shm", "bytes_sent": 1, "bytes_received": 1}])
+        14
+    """
+    total = sum(int(r.get("bytes_sent") or 0) + int(r.get("bytes_received") or 0) for r in nodes)
+    return total or None

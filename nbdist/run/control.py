@@ -12,7 +12,7 @@ from nbdist.algorithms import make_rule
 from nbdist.checkpoint.folder import claimed
 from nbdist.checkpoint.store import save
 from nbdist.core.dbs import POLICIES
-from nbdist.core.stats import eval_row
+from nbdist.core.stats import eval_row, wire_bytes
 from nbdist.engine.learning_rate import schedule_replaced
 from nbdist.errors import ConfigError, NbdistError, TrainingError
 from nbdist.flag_values import parse_slowdown
@@ -86,7 +86,8 @@ class RunControl:
         # the last epoch is validated once the run has ended: its row goes into the views here
         snap = state.snapshot
         row = eval_row(metrics, epoch=int(epoch), version=-1,  # as the hub records the kernel's
-                       step=int(snap.get("global_step", 0)), now=float(snap.get("elapsed", 0.0)))
+                       step=int(snap.get("global_step", 0)), now=float(snap.get("elapsed", 0.0)),
+                       wire_bytes=wire_bytes(snap.get("nodes", [])))
         state.snapshot = {**snap, "evals": [*snap.get("evals", []), row]}
 
     def set_slowdown(self, worker: int, factor: float) -> None:

@@ -172,7 +172,8 @@ def test_no_module_imports_itself_back_round_a_cycle():
 
 def test_the_layers_are_read_from_the_architecture_page_top_first():
     layers = documented_layers()
-    assert layers[0] == ("nbdist", "nbdist.api", "nbdist.magic", "nbdist.fit.launch")
+    assert layers[0] == ("nbdist", "nbdist.api", "nbdist.magic", "nbdist.fit.launch",
+                         "nbdist.sweeps")
     assert layers[-1] == ("nbdist.errors", "nbdist.env")
     assert ("nbdist.wire",) in layers and layers.index(("nbdist.wire",)) == len(layers) - 2
     assert layer_of("nbdist.modes.common.worker", layers) == 2  # below modes/<mode>/
