@@ -32,6 +32,7 @@ class Algorithm(enum.StrEnum):
     SSP = "ssp"
     GROUP = "group"
     EASGD = "easgd"
+    DILOCO = "diloco"
 
 
 class Collective(enum.StrEnum):
@@ -51,6 +52,7 @@ class ServerOptimizer(enum.StrEnum):
     SGD = "sgd"
     MOMENTUM = "momentum"
     ADAM = "adam"
+    NESTEROV = "nesterov"
 
 
 class Metrics(enum.StrEnum):

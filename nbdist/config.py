@@ -32,6 +32,8 @@ MAX_WORKERS = 1_000_000  # for checking rule options before the number of worker
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 
 
+DILOCO_INNER_STEPS = 500  # H, DiLoCo's inner steps per round (Douillard et al. 2023)
+
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """One run's options. Build with `TrainConfig(...)`; invalid values raise ConfigError.
@@ -218,6 +220,8 @@ class TrainConfig:
         for flag, value in (("sync_batchnorm", self.sync_batchnorm), ("elastic", self.elastic)):
             if not isinstance(value, bool):
                 raise ConfigError(f"{flag} must be True or False (Received: {flag}={value!r}).")
+        if self.algorithm is Algorithm.DILOCO:
+            self._diloco_recipe()
         refuse_flags(self.mode, self._given())  # an option the mode does not take (nbdist.modes)
         self._check_algorithm_options()
         self._check_checkpoints()
@@ -310,6 +314,19 @@ class TrainConfig:
         # group's num_groups) are checked again once it is known, before any engine is used
         # (nbdist.job.coordinator_plan)
         make_rule(algo, 0, self.workers or MAX_WORKERS, self.rule_options())
+
+    def _diloco_recipe(self) -> None:
+        """DiLoCo's own settings where the run leaves them: H = 500 inner steps per round
+        (`--local-steps 1`, the flag's default, asks for them too) and the outer Nesterov
+        optimizer (`--server-optimizer nesterov`: momentum 0.9, rate 0.7)."""
+        if self.mode.value not in modes_taking("local_steps"):
+            raise ConfigError(
+                f"--algorithm diloco trains rounds of local steps, which --mode "
+                f"{self.mode.value} does not run. Use --mode async (or local, one worker).")
+        if self.local_steps == 1:
+            object.__setattr__(self, "local_steps", DILOCO_INNER_STEPS)
+        if self.server_optimizer is None:
+            object.__setattr__(self, "server_optimizer", ServerOptimizer.NESTEROV)
 
     def _check_prediction(self, algo: str) -> None:
         if self.predict_weights not in (None, True, False):

@@ -127,6 +127,7 @@ class Job:
                       rule_options=options, easgd_alpha=alpha)
         return job.told([*job.momentum_notices(), *job.staleness_notices(),
                          *job.recurrent_notices(picked), *job.tail_notices(),
+                         *job.round_notices(),
                          *job.batchnorm_notices()])
 
     def told(self, said: list[str]) -> Job:
@@ -242,6 +243,23 @@ class Job:
             return []  # a rule that corrects or averages late pushes
         return [f"{said} To track fit, leave --algorithm out (nbdist then picks a rule for "
                 f"late pushes), or pick --mode sync, or a lower learning rate."]
+
+    def round_notices(self) -> list[str]:
+        """How a synchronous round of local steps (diloco) trains this cell: how many inner
+        steps a round takes, and with which outer optimizer, where an epoch holds fewer than
+        --local-steps (the round then ends with the epoch's data)."""
+        plan, config = self.plan, self.config
+        if not (plan.syncs_groups and plan.local_steps > 1):
+            return []
+        share = -(-plan.num_samples // (plan.batch_size * plan.num_workers))
+        rounds = (f"each round takes {plan.local_steps} inner steps per worker"
+                  if plan.local_steps <= share else
+                  f"an epoch gives each worker {share} steps, fewer than --local-steps "
+                  f"{plan.local_steps}: each round is one epoch")
+        outer = getattr(config.server_optimizer, "value", config.server_optimizer)
+        return [f"--algorithm {plan.algorithm}: {rounds}, with the cell's optimizer on the "
+                f"workers; the hub averages the {plan.num_workers} workers' deltas and steps "
+                f"--server-optimizer {outer} on their mean."]
 
     def tail_notices(self) -> list[str]:
         """That the weights handed back average the run's tail (nothing where they don't)."""
@@ -372,6 +390,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         groups=int(declared.get("num_groups", 0)),
         max_group_ratio=float(declared.get("max_ratio", MAX_RATIO)),
         chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
+        local_steps=config.local_steps,
         overlap=config.overlap,
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone
         # is as long as a fast node's whole step, equal step times would mean 1-sample batches,

@@ -21,7 +21,7 @@ from collections.abc import Mapping
 from nbdist.algorithms.base import Option, Rule
 from nbdist.algorithms.dc import DCASGD, DDCASGD, DCASGDAdaptive, dc_compensate, ddc_beta
 from nbdist.algorithms.easgd import EASGD, easgd_alpha, elastic_exchange
-from nbdist.algorithms.group import Group, form_groups, group_lr, mean_into
+from nbdist.algorithms.group import DiLoCo, Group, form_groups, group_lr, mean_into
 from nbdist.algorithms.sgd import ASGD, Hogwild, sgd_step
 from nbdist.algorithms.snapshots import SnapshotStore
 from nbdist.algorithms.softsync import SoftSync
@@ -33,7 +33,7 @@ from nbdist.errors import ConfigError
 # with (`predicts_weights`, `corrects_momentum`, `compensates_delay`, `takes_local_steps`,
 # `workers_step`)
 RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
-    ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD)}
+    ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD, DiLoCo)}
 CAPABILITIES = ("predicts_weights", "corrects_momentum", "compensates_delay",
                 "takes_local_steps", "workers_step")
 
@@ -70,6 +70,7 @@ __all__ = [
     "RULES",
     "SSP",
     "DCASGDAdaptive",
+    "DiLoCo",
     "Group",
     "Hogwild",
     "Rule",

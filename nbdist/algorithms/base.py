@@ -65,6 +65,9 @@ class Rule:
     takes_local_steps: ClassVar[bool] = False
     # the workers step with the cell's own optimizer, so they own the learning rate
     workers_step: ClassVar[bool] = False
+    # the hub holds a group's pushes at a barrier and applies their mean as one update (the
+    # coordinator's speed groups say who steps with whom: nbdist.core.speed_groups)
+    syncs_groups: ClassVar[bool] = False
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         if size < 0 or num_workers < 1:

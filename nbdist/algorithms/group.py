@@ -106,6 +106,7 @@ class Group(ASGD):
     compensates_delay = False
     takes_local_steps = False
     workers_step = False
+    syncs_groups = True
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
@@ -114,3 +115,27 @@ class Group(ASGD):
     def _bounds(self, name: str) -> tuple[float, float]:
         return (1.0, math.inf) if name == "max_ratio" else (0, self.num_workers)
 
+
+
+class DiLoCo(Group):
+    """`diloco` (Douillard et al. 2023, "DiLoCo: Distributed Low-Communication Training of
+    Language Models"): each worker takes H inner steps with the cell's optimizer from the
+    weights it pulled and pushes its delta; the hub waits for every worker's delta (one group
+    of everyone), and its outer optimizer (Nesterov momentum 0.9 at rate 0.7:
+    `--server-optimizer nesterov`) steps on their mean. nbdist.config sets H (500) and the
+    outer optimizer where the run leaves them."""
+
+    name = "diloco"
+    predicts_weights = False  # a push is H steps' delta
+    corrects_momentum = False  # the outer momentum is the recipe's own
+    compensates_delay = False
+    takes_local_steps = True
+    workers_step = False
+    syncs_groups = True
+
+    @classmethod
+    def default_options(cls, num_workers: int) -> dict[str, Option]:
+        return {"num_groups": 1}  # every worker in one synchronous round
+
+    def _bounds(self, name: str) -> tuple[float, float]:
+        return 1, 1

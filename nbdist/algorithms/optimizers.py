@@ -53,6 +53,8 @@ SERVER_OPTIMIZERS: dict[str, tuple[str, dict, float]] = {
     ServerOptimizer.MOMENTUM: ("SGD", {"momentum": 0.9}, 1.0),
     # Adam moves each weight by about lr per push whatever the delta's size: 1.0 is far too large
     ServerOptimizer.ADAM: ("Adam", {}, 1e-2),
+    # DiLoCo's outer optimizer (Douillard et al. 2023): Nesterov momentum 0.9 at rate 0.7
+    ServerOptimizer.NESTEROV: ("SGD", {"momentum": 0.9, "nesterov": True}, 0.7),
 }
 
 

@@ -187,7 +187,7 @@ class Coordinator:
                           self.slowdown[step.worker])
         if done.rebalanced is not None:
             self.stats.record_event("rebalance", now, batches=done.rebalanced)
-        if not self.groups.formed and self.plan.algorithm == "group" and all(
+        if not self.groups.formed and self.plan.syncs_groups and all(
                 self.stats.workers[w].steps >= GROUP_WARMUP_PUSHES
                 for w in self.arrived - self.gone):
             self.regroup(now)
@@ -236,7 +236,7 @@ class Coordinator:
         plan, assigned = self.plan, self.assigned[worker]
         if not self._all_here:  # the configured workers start together; added ones need not wait
             self._all_here = self.arrived.issuperset(range(plan.num_workers))
-        while (self._all_here and len(assigned) < plan.chunks_ahead
+        while (self._all_here and len(assigned) < self._chunks_ahead(worker)
                and not (self.paused or self.stopping)):
             chunk = self.schedule.next_chunk(self.sizer.batch_for(worker), self.open_epoch)
             if chunk is None:
@@ -249,6 +249,26 @@ class Coordinator:
         state = "paused" if self.paused else ("running" if assigned else "waiting")
         self.stats.workers[worker].state = state if self._all_here else "starting"
         return True
+
+    def _chunks_ahead(self, worker: int) -> int:
+        """The chunks `worker` may hold. A synchronous group's round of local steps takes at
+        most the worker's share of an epoch (its members' batches over the epoch's samples),
+        so that the first member to ask does not take the epoch and leave the others idle at
+        the barrier.
+
+        Example:
+            >>> c = Coordinator(Plan(num_workers=2, num_samples=100, epochs=1, batch_size=10,
+            ...                      lr=0.1, has_validation=False, algorithm="diloco",
+            ...                      groups=1, chunks_ahead=500, local_steps=500))
+            >>> c._chunks_ahead(0)
+            5
+        """
+        ahead = self.plan.chunks_ahead
+        if self.plan.syncs_groups and self.plan.local_steps > 1:
+            members = [m for m in self.groups.of[worker] if m not in self.gone] or [worker]
+            round_batch = sum(self.sizer.batch_for(m) for m in members)
+            ahead = min(ahead, max(1, -(-self.plan.num_samples // round_batch)))
+        return ahead
 
     def reply_for(self, worker: int, pulled: bool, version: int) -> Reply:
         """Control, chunks, eval job and done-flag for `worker` at the shard's `version`, read
@@ -398,7 +418,7 @@ class Coordinator:
             i = w["worker"]
             w.update(self.pushes.delays.stats(i) if self.plan.metrics == "full" else {})
             w.update(slowdown=self.slowdown[i],
-                     group=self.groups.index(i) if self.plan.algorithm == "group" else None,
+                     group=self.groups.index(i) if self.plan.syncs_groups else None,
                      batch_size=self.sizer.batch_for(i) if i not in self.gone else w["batch_size"])
         snap.update(finished=self.finished, lost=sorted(self.lost), open_epoch=self.open_epoch,
                     epoch_samples=self.schedule.samples_per_begun_epoch, paused=self.paused,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from nbdist.algorithms import RULES
 from nbdist.algorithms.group import MAX_RATIO
 
 
@@ -24,6 +25,7 @@ class Plan:
     groups: int = 0  # group: 0 = automatic from speeds, else that many groups
     max_group_ratio: float = MAX_RATIO
     chunks_ahead: int = 1  # chunks a worker may hold: local steps or overlap need more
+    local_steps: int = 1  # steps a worker takes between exchanges (> 1: it pushes deltas)
     overlap: bool = False  # workers push step t while computing t+1: a push may be one read behind
     dbs: bool = False
     batch_min: int = 1
@@ -45,3 +47,9 @@ class Plan:
     silence_is_loss: bool = True  # write off the silent (not in sync: Horovod fails a hung rank)
     # a cell's fit call: each epoch starts once the kernel ran its callbacks
     epoch_gate: bool = False
+
+    @property
+    def syncs_groups(self) -> bool:
+        """Whether the rule holds a group's pushes at a barrier and applies their mean (group,
+        diloco)."""
+        return RULES[self.algorithm].syncs_groups

@@ -101,7 +101,7 @@ class ShardCore:
         self.non_trainable = np.array(non_trainable, dtype=np.float32, copy=True)
         self.updater = make_updater(replace(plan, algorithm="asgd") if sync else plan,
                                     rule_options or {}, optimizer, self.size, offset, constraints)
-        self.barrier = GroupBarrier(self.size) if plan.algorithm == "group" else None
+        self.barrier = GroupBarrier(self.size) if plan.syncs_groups else None
         self.coordinator = Coordinator(plan, start_time) if shard == 0 else None
         self.version = 0
         self.num_workers = plan.num_workers  # worker ids accepted: grows as workers join mid-run
@@ -112,7 +112,7 @@ class ShardCore:
         # pushes' bookkeeping, done after their replies (`settle`)
         self._unsettled: list[tuple] = []
         # Group sync forms its groups from the accounting, so it accounts each push at once.
-        self._settle_every = 1 if plan.algorithm == "group" else max(1, int(settle_every))
+        self._settle_every = 1 if plan.syncs_groups else max(1, int(settle_every))
         start = None if sync else tail_start(plan.average_tail, plan.epochs, plan.num_samples)
         self.tail = TailAverage(start) if start is not None else None
 
@@ -201,9 +201,11 @@ class ShardCore:
 
     def apply_group(self, step: GroupStep) -> None:
         """A completed group step: its batch-weighted mean at the group's rate `lr · B_g / B_ref`
-        (the simulator's sync: at the plain rate)."""
+        (the simulator's sync, and deltas of local steps: at the plain rate)."""
         delay = self.version - min(step.read_versions.values())
-        scale = 1.0 if self.sync else step.batch / self.plan.batch_size
+        # local steps: the mean of the members' deltas, each already a whole round of steps
+        scale = (1.0 if self.sync or self.plan.local_steps > 1
+                 else step.batch / self.plan.batch_size)
         self._apply(min(step.members), step.mean, delay, scale=scale)
         if self.tail is not None:
             self.tail.add(self.params, step.batch)

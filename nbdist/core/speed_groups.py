@@ -18,7 +18,7 @@ class SpeedGroups:
         self.max_ratio, self.wanted = plan.max_group_ratio, plan.groups
         self.of: list[list[int]] = [[w] for w in range(n)]
         self.formed = False
-        if plan.algorithm == "group" and plan.groups in (1, n):
+        if plan.syncs_groups and plan.groups in (1, n):
             self.of = [list(range(n)) if plan.groups == 1 else [w] for w in range(n)]
             self.formed = True
 

@@ -18,6 +18,8 @@ from tests.helpers import SYNTHETIC_CELL, wait_for, wait_paused
     {"algorithm": "ssp", "staleness": 0},
     {"algorithm": "group"},
     {"algorithm": "easgd", "local_steps": 4},
+    {"algorithm": "diloco"},  # H = 500: a round is a worker's share of an epoch
+    {"algorithm": "diloco", "local_steps": 10},
     {"algorithm": "asgd", "staleness_lr": True, "servers": 2, "workers": 1},
     {"algorithm": "asgd", "local_steps": 4, "server_optimizer": "momentum"},
     {"algorithm": "dc-asgd-a", "overlap": True},

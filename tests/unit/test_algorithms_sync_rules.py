@@ -218,7 +218,7 @@ def test_easgd_default_alpha_is_0_9_over_workers_and_hub_adds_the_push():
 
 def test_rule_classes_are_registered_by_name():
     assert RULES["asgd"] is ASGD
-    assert sorted(RULES) == ["asgd", "dc-asgd", "dc-asgd-a", "ddc-asgd", "easgd", "group",
+    assert sorted(RULES) == ["asgd", "dc-asgd", "dc-asgd-a", "ddc-asgd", "diloco", "easgd", "group",
                              "hogwild", "softsync", "ssp"]
 
 

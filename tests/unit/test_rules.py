@@ -33,13 +33,15 @@ def test_every_rule_states_each_capability_itself_not_by_inheritance(name):
 
 
 def test_the_config_refuses_by_the_catalogue():
-    assert rules_that("takes_local_steps") == ("asgd", "hogwild", "softsync", "ssp", "easgd")
+    assert rules_that("takes_local_steps") == ("asgd", "hogwild", "softsync", "ssp", "easgd",
+                                               "diloco")
     for name, rule in RULES.items():
         if rule.takes_local_steps:
             assert TrainConfig(algorithm=name, local_steps=2).local_steps == 2
         else:
             with pytest.raises(ConfigError, match=f"--local-steps works with asgd, hogwild, "
-                                                  f"softsync, ssp, easgd.*--algorithm {name}"):
+                                                  f"softsync, ssp, easgd, diloco.*--algorithm "
+                                                  f"{name}"):
                 TrainConfig(algorithm=name, local_steps=2)
         assert TrainConfig(algorithm=name).weights_predicted is rule.predicts_weights
     assert rules_that("predicts_weights") == ("asgd", "ssp")
