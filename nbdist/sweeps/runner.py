@@ -24,7 +24,14 @@ import pandas as pd
 from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError, NbdistError
 from nbdist.flags import check_option_names
-from nbdist.sweeps.table import grid_points, point_label, reached, ring_bytes, summarize
+from nbdist.sweeps.table import (
+    grid_names,
+    grid_points,
+    point_label,
+    reached,
+    ring_bytes,
+    summarize,
+)
 
 __all__ = ["SweepResult", "sweep"]
 
@@ -59,10 +66,12 @@ class SweepResult:
         return note + self.table.to_html(index=False, float_format=lambda v: f"{v:.4g}")
 
 
-def sweep(cell: str, grid: Mapping[str, Sequence], *, target: float, metric: str = "accuracy",
+def sweep(cell: str, grid: Mapping[str, Sequence] | Sequence[Mapping], *, target: float,
+          metric: str = "accuracy",
           seeds: Sequence[int] = (0,), cluster=None, results: str | os.PathLike | None = None,
           baseline: bool = True, progress: bool = True, **options) -> SweepResult:
-    """Train `cell` once per combination of `grid`'s values and per seed, with `options`
+    """Train `cell` once per combination of `grid`'s values (or per point, for a list of dicts:
+    ways of training that differ in more than one option) and per seed, with `options`
     (TrainConfig's fields, as `nbdist.train` takes them) for every run, and tabulate when each
     reached `target` on the validation `metric`.
 
@@ -77,11 +86,13 @@ def sweep(cell: str, grid: Mapping[str, Sequence], *, target: float, metric: str
         ...                       seeds=[0, 1], cluster=cluster, workers=2)  # doctest: +SKIP
         >>> result.table                                                      # doctest: +SKIP
     """
-    if not isinstance(grid, Mapping) or not grid:
+    if not grid:
         raise ConfigError(f"nbdist.sweep needs a grid: a dict of options to the values to try "
                           f"(Received: {grid!r}). Example: grid={{'compression': ['none', "
                           f"'int8'], 'workers': [1, 2]}}.")
-    check_option_names([*grid, *options])
+    points = grid_points(grid)
+    names = grid_names(grid)
+    check_option_names([*names, *options])
     if "seed" in options:
         raise ConfigError("nbdist.sweep: pass the seeds as seeds=[...], not seed=: the table "
                           "takes its mean and spread over them.")
@@ -89,8 +100,8 @@ def sweep(cell: str, grid: Mapping[str, Sequence], *, target: float, metric: str
             target):
         raise ConfigError(f"nbdist.sweep: target must be a number, the validation {metric} to "
                           f"reach (Received: {target!r}). Example: target=0.85.")
-    points = [(p, False) for p in grid_points(grid)]
-    if baseline and 1 not in grid.get("workers", ()):
+    points = [(p, False) for p in points]
+    if baseline and not any(p.get("workers") == 1 for p, _ in points):
         points.append(({"workers": 1}, True))
     plan = [(point, seed, base) for point, base in points for seed in seeds]
     configs = {}
@@ -119,7 +130,6 @@ def sweep(cell: str, grid: Mapping[str, Sequence], *, target: float, metric: str
         interrupted = True
         bar.show(len(rows), "interrupted: call again with the same results= to continue"
                  if results else "interrupted")
-    names = list(grid)
     runs = pd.DataFrame(rows, columns=[*names, *(c for c in RUN_COLUMNS if c not in names)])
     table = summarize(runs, names) if len(runs) else pd.DataFrame()
     return SweepResult(runs, table, float(target), metric, interrupted)
@@ -151,7 +161,8 @@ def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, 
 
 
 def _fingerprint(cell: str, grid: Mapping, options: dict, target: float, metric: str) -> str:
-    described = json.dumps({"cell": cell, "grid": {k: list(map(str, v)) for k, v in grid.items()},
+    described = json.dumps({"cell": cell, "grid": [{k: str(v) for k, v in p.items()}
+                                                   for p in grid_points(grid)],
                             "options": {k: str(v) for k, v in sorted(options.items())},
                             "target": target, "metric": metric}, sort_keys=True)
     return hashlib.sha256(described.encode()).hexdigest()[:16]
@@ -194,12 +205,21 @@ def _plain(value):
     return value.item() if hasattr(value, "item") else str(value)
 
 
+def _in_a_kernel() -> bool:
+    """Whether this runs in a Jupyter kernel, where a widget shows under the cell."""
+    if "IPython" not in sys.modules:
+        return False
+    from IPython import get_ipython
+
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
 class _Progress:
     """A progress bar under the cell in a notebook (ipywidgets), else one line per run."""
 
     def __init__(self, total: int, enabled: bool):
         self.total, self.enabled, self._bar = total, enabled, None
-        if enabled and "ipykernel" in sys.modules:
+        if enabled and _in_a_kernel():
             try:
                 import ipywidgets
                 from IPython.display import display

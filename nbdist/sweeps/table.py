@@ -14,8 +14,8 @@ import pandas as pd
 
 from nbdist.errors import ConfigError
 
-__all__ = ["BASELINE", "TABLE_COLUMNS", "grid_points", "point_label", "reached", "ring_bytes",
-           "summarize"]
+__all__ = ["BASELINE", "TABLE_COLUMNS", "grid_names", "grid_points", "point_label", "reached",
+           "ring_bytes", "summarize"]
 
 BASELINE = "one worker (baseline)"  # the run the speed-ups count from, where the grid has none
 # one row per grid point, over its seeds
@@ -23,14 +23,28 @@ TABLE_COLUMNS = ["point", "runs", "reached", "time_to_target", "bytes_to_target"
                  "final", "final_std", "speedup", "efficiency"]
 
 
-def grid_points(grid: Mapping[str, Sequence]) -> list[dict]:
-    """Every combination of the grid's values, the first option varying slowest.
+def grid_points(grid: Mapping[str, Sequence] | Sequence[Mapping]) -> list[dict]:
+    """Every combination of the grid's values, the first option varying slowest; or, for a
+    list of dicts (ways of training that differ in more than one option), those points.
 
     Example:
         >>> grid_points({"workers": [1, 2], "compression": ["none", "int8"]})[:3]
         [{'workers': 1, 'compression': 'none'}, {'workers': 1, 'compression': 'int8'}, \
 {'workers': 2, 'compression': 'none'}]
+        >>> grid_points([{"mode": "sync"}, {"algorithm": "diloco", "local_steps": 50}])
+        [{'mode': 'sync'}, {'algorithm': 'diloco', 'local_steps': 50}]
     """
+    if not isinstance(grid, Mapping):
+        points = list(grid) if isinstance(grid, Sequence) and not isinstance(grid, str) else []
+        if not points or not all(isinstance(p, Mapping) for p in points):
+            raise ConfigError(f"nbdist.sweep: a grid is a dict of options to the values to try, "
+                              f"or a list of dicts, one per way of training (Received: "
+                              f"{grid!r}). Example: [{{'mode': 'sync'}}, {{'algorithm': "
+                              f"'diloco'}}].")
+        if any("seed" in p for p in points):
+            raise ConfigError("nbdist.sweep: pass the seeds as seeds=[0, 1, 2], not in the grid: "
+                              "the table takes its mean and spread over them.")
+        return [dict(p) for p in points]
     for name, values in grid.items():
         if isinstance(values, str | bytes) or not isinstance(values, Sequence) or not values:
             raise ConfigError(f"nbdist.sweep: grid[{name!r}] must be a non-empty list of the "
@@ -44,9 +58,26 @@ def grid_points(grid: Mapping[str, Sequence]) -> list[dict]:
             for combo in itertools.product(*(grid[n] for n in names))]
 
 
+def grid_names(grid: Mapping[str, Sequence] | Sequence[Mapping]) -> list[str]:
+    """The options a grid sets, in the order they first appear."""
+    if isinstance(grid, Mapping):
+        return list(grid)
+    return list(dict.fromkeys(name for point in grid for name in point))
+
+
 def point_label(point: Mapping) -> str:
-    """"workers=2, compression=int8" (the cell as it is: "defaults")."""
-    return ", ".join(f"{k}={v}" for k, v in point.items()) or "defaults"
+    """"workers=2, compression=int8", leaving out the options a point does not set (the cell
+    as it is: "defaults")."""
+    return ", ".join(f"{k}={_shown(v)}" for k, v in point.items() if not _unset(v)) or "defaults"
+
+
+def _shown(value) -> str:
+    """A whole number as one (a table's column with gaps holds its integers as floats)."""
+    return f"{value:g}" if isinstance(value, float) else str(value)
+
+
+def _unset(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
 
 
 def reached(history: pd.DataFrame, target: float, metric: str) -> dict:

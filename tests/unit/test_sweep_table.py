@@ -91,3 +91,19 @@ def test_a_grid_with_one_worker_counts_each_point_from_its_own_one_worker_row():
     assert table.loc["workers=2, lr=0.1"].speedup == 3.0
     assert table.loc["workers=2, lr=0.2"].speedup == 1.0
     assert table.loc["workers=2, lr=0.2"].efficiency == 0.5
+
+
+def test_a_list_of_ways_of_training_is_its_own_points_labelled_by_what_each_sets():
+    from nbdist.sweeps.table import grid_names
+
+    grid = [{"mode": "sync"}, {"algorithm": "diloco", "local_steps": 50}]
+    assert grid_points(grid) == grid and grid_names(grid) == ["mode", "algorithm", "local_steps"]
+    rows = pd.DataFrame([{"mode": "sync", "workers": 4, "seed": 0, "status": "finished",
+                          "time_to_target": 2.0, "bytes_to_target": 8.0, "final": 0.9},
+                         {"algorithm": "diloco", "local_steps": 50, "workers": 4, "seed": 0,
+                          "status": "finished", "time_to_target": 1.0, "bytes_to_target": 1.0,
+                          "final": 0.9}])
+    table = summarize(rows, grid_names(grid))
+    assert list(table["point"]) == ["mode=sync", "algorithm=diloco, local_steps=50"]
+    with pytest.raises(ConfigError, match="or a list of dicts, one per way of training"):
+        grid_points(["sync", "async"])
