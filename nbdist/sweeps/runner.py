@@ -23,6 +23,7 @@ import pandas as pd
 
 from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError, NbdistError
+from nbdist.flag_values import parse_slowdown
 from nbdist.flags import check_option_names
 from nbdist.sweeps.table import (
     grid_names,
@@ -102,7 +103,7 @@ def sweep(cell: str, grid: Mapping[str, Sequence] | Sequence[Mapping], *, target
                           f"reach (Received: {target!r}). Example: target=0.85.")
     points = [(p, False) for p in points]
     if baseline and not any(p.get("workers") == 1 for p, _ in points):
-        points.append(({"workers": 1}, True))
+        points.append((_one_worker(options), True))
     plan = [(point, seed, base) for point, base in points for seed in seeds]
     configs = {}
     for point, _, _ in plan:  # a bad point is refused before anything trains
@@ -133,6 +134,14 @@ def sweep(cell: str, grid: Mapping[str, Sequence] | Sequence[Mapping], *, target
     runs = pd.DataFrame(rows, columns=[*names, *(c for c in RUN_COLUMNS if c not in names)])
     table = summarize(runs, names) if len(runs) else pd.DataFrame()
     return SweepResult(runs, table, float(target), metric, interrupted)
+
+
+def _one_worker(options: dict) -> dict:
+    """The baseline's options: one worker (in simulate, the first --slowdown factor's)."""
+    slowdown = options.get("slowdown")
+    if not slowdown:
+        return {"workers": 1}
+    return {"workers": 1, "slowdown": parse_slowdown(slowdown)[:1]}
 
 
 def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, target: float,

@@ -71,3 +71,14 @@ def test_ctrl_c_keeps_the_runs_done_and_the_results_file_continues_the_sweep(mon
     with pytest.raises(ConfigError, match="holds the results of another sweep"):
         nbdist.sweep(SYNTHETIC_CELL, {"lr": [0.05, 0.2]}, target=0.8, baseline=False,
                      results=results, **OPTIONS)
+
+
+def test_a_simulated_sweep_counts_virtual_seconds_and_its_baseline_is_one_virtual_worker():
+    result = nbdist.sweep(SYNTHETIC_CELL, {"algorithm": ["asgd", "dc-asgd"]}, target=0.8,
+                          mode="simulate", slowdown=[1, 2], epochs=2, progress=False)
+    assert (result.runs["status"] == "finished").all(), result.runs["error"].tolist()
+    table = result.table.set_index("point")
+    assert list(table.index) == ["algorithm=asgd", "algorithm=dc-asgd", "one worker (baseline)"]
+    assert (table["reached"] == 1).all() and table["bytes_to_target"].isna().all()  # no wire
+    assert table.loc["algorithm=asgd", "efficiency"] == table.loc["algorithm=asgd",
+                                                                  "speedup"] / 2
