@@ -214,6 +214,9 @@ def run_all_cells(page, jupyter, name: str = "quickstart.ipynb") -> None:
 
 
 @pytest.mark.cluster  # the quickstart notebook starts its own engines
+# in JupyterLab: the quickstart's whole run costs a minute, and Notebook 7 draws the same
+# widgets through the same renderer (its pause and stop act in the test below)
+@pytest.mark.parametrize("jupyter", ["jupyterlab"], indirect=True)
 def test_quickstart_dashboard_is_readable_keeps_zoom_and_pause_acts_on_the_run(jupyter):
     from playwright.sync_api import expect, sync_playwright
 

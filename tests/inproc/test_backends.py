@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,15 +26,33 @@ pytestmark = pytest.mark.slow
 
 def child(case: str, *args: str, backend: str | None = None, timeout: float = 240) -> dict:
     """Run `tests.backend_child CASE ARGS` with KERAS_BACKEND=backend (None: unset)."""
+    return start_child(case, *args, backend=backend, timeout=timeout)()
+
+
+def start_child(case: str, *args: str, backend: str | None = None,
+                timeout: float = 240) -> Callable[[], dict]:
+    """Start `tests.backend_child CASE ARGS` with KERAS_BACKEND=backend (None: unset); returns
+    what waits for its result (so that two children can run at once)."""
     env = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"}
     if backend is not None:
         env["KERAS_BACKEND"] = backend
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
-    done = subprocess.run([sys.executable, "-m", "tests.backend_child", case, *args], cwd=ROOT,
-                          env=env, capture_output=True, text=True, timeout=timeout)
-    lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
-    assert done.returncode == 0 and lines, done.stderr[-3000:]
-    return json.loads(lines[-1][len(RESULT):])
+    process = subprocess.Popen([sys.executable, "-m", "tests.backend_child", case, *args],
+                               cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                               text=True)
+
+    def result() -> dict:
+        try:
+            stdout, stderr = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.communicate()
+            raise
+        lines = [line for line in stdout.splitlines() if line.startswith(RESULT)]
+        assert process.returncode == 0 and lines, stderr[-3000:]
+        return json.loads(lines[-1][len(RESULT):])
+
+    return result
 
 
 @pytest.fixture(scope="module")
