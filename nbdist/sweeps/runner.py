@@ -25,6 +25,7 @@ from nbdist.config import TrainConfig
 from nbdist.errors import ConfigError, NbdistError
 from nbdist.flag_values import parse_slowdown
 from nbdist.flags import check_option_names
+from nbdist.modes import check_cluster
 from nbdist.sweeps.table import (
     grid_names,
     grid_points,
@@ -113,6 +114,7 @@ def sweep(cell: str, grid: Mapping[str, Sequence] | Sequence[Mapping], *, target
         except ConfigError as exc:
             raise ConfigError(f"nbdist.sweep: the grid point {label} is refused, before any run "
                               f"started: {exc}") from None
+        check_cluster(configs[label].mode, cluster)
     store = _Results(results, _fingerprint(cell, grid, options, target, metric))
     rows, interrupted = [], False
     bar = _Progress(len(plan), enabled=progress)

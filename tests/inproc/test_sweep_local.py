@@ -9,7 +9,7 @@ import pytest
 
 import nbdist
 import nbdist.api
-from nbdist.errors import ConfigError
+from nbdist.errors import ConfigError, NoClusterError
 from tests.helpers import SYNTHETIC_CELL
 
 OPTIONS = dict(mode="local", epochs=2, batch_size=32, progress=False)
@@ -38,6 +38,10 @@ def test_a_grid_point_that_would_be_refused_stops_the_sweep_before_any_run(monke
     with pytest.raises(ConfigError, match="the grid point workers=2 is refused, before any run "
                                           "started: --mode local trains with one worker"):
         nbdist.sweep(SYNTHETIC_CELL, {"workers": [1, 2]}, target=0.8, **OPTIONS)
+    assert calls == []
+    with pytest.raises(NoClusterError, match="No cluster to train on"):
+        nbdist.sweep(SYNTHETIC_CELL, [{"mode": "local"}, {"mode": "async"}], target=0.8,
+                     progress=False)
     assert calls == []
 
 
