@@ -3,12 +3,16 @@ say (its error feedback included), the worker's copy of the weights is exactly t
 added up, and the frames are as small as their format says (the formats themselves:
 tests/unit/test_compression_format.py)."""
 
+import threading
+
 import numpy as np
 import pytest
 
 from nbdist.core.compression import PullEncoder, PushEncoder, decode_add, parse
 from nbdist.hub.client import WorkerTransport
 from nbdist.hub.control import HubControl
+from nbdist.hub.protocol import new_key
+from nbdist.hub.server import Hub, HubSpec
 from nbdist.wire.messages import Step
 from tests.inproc.test_worker_loss import plan, start_hub, stop
 
@@ -74,3 +78,45 @@ def test_a_codec_on_a_worker_that_shares_memory_with_its_hub_is_said_to_do_nothi
                                "hub shards over TCP") and "--transport tcp" in said
     finally:
         stop(control, thread, [worker])
+
+
+def test_two_shards_each_keep_their_slices_error_feedback_and_copies():
+    """topk keeps k of each shard's slice: each shard's weights are its slice's oracle, and the
+    worker's copy of each slice is that shard's pulls."""
+    key, size, codec = new_key(), 64, "topk:0.1"
+    p = plan(num_workers=1, num_samples=80, batch_size=4)
+    hubs = [Hub(HubSpec("two", key, i, 2, p, np.zeros(size // 2, np.float32),
+                        np.zeros(0, np.float32), offset=i * size // 2)) for i in range(2)]
+    threads = [threading.Thread(target=h.serve, daemon=True) for h in hubs]
+    for t in threads:
+        t.start()
+    shards = [h.endpoints for h in hubs]
+    control = HubControl(key, shards, timeout=10)
+    worker = WorkerTransport(key, 0, shards, 0, "tcp", timeout=10, compression=codec, seed=5)
+    halves = [slice(0, size // 2), slice(size // 2, size)]
+    pushes = [PushEncoder(codec, size // 2, np.random.default_rng([5, 0, i])) for i in (0, 1)]
+    pulls = [PullEncoder(codec, size // 2, np.random.default_rng([i, 0])) for i in (0, 1)]
+    applied = np.zeros(size, np.float32)
+    gradients = np.random.default_rng(2)
+    try:
+        reply = worker.hello()
+        while not reply.done:
+            if not reply.chunks:
+                reply = worker.step(Step(0))
+                continue
+            worker.grad[:] = gradients.normal(size=size).astype(np.float32)
+            reply = worker.step(Step(0, push=True, pull=True, chunks=[reply.chunks[0].id],
+                                     loss=0.0))
+            for i, half in enumerate(halves):
+                decoded = np.zeros(size // 2, np.float32)
+                decode_add(pushes[i].encode(worker.grad[half]), codec, decoded)
+                applied[half] -= LR * decoded
+                pulls[i].encode(applied[half])
+                np.testing.assert_array_equal(worker.params[half], pulls[i].held)
+        np.testing.assert_allclose(control.params()[0], applied, rtol=1e-5, atol=1e-6)
+    finally:
+        control.shutdown()
+        for t in threads:
+            t.join(10)
+        worker.close()
+        control.close()
