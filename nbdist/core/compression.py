@@ -169,6 +169,8 @@ def _encode_sparse(values: np.ndarray, codec: Codec, rng) -> np.ndarray:
     n = values.size
     k = codec.kept(n)
     frame = np.empty(8 * k, dtype=np.uint8)
+    if k == 0:  # an empty slice: an empty frame
+        return frame
     index = frame[:4 * k].view("<u4")
     if codec.name == "topk":
         index[:] = np.argpartition(np.abs(values), n - k)[n - k:]

@@ -188,3 +188,10 @@ def test_sync_takes_fp16_and_refuses_a_codec_an_allreduce_cannot_sum():
     assert TrainConfig(mode="sync", compression="fp16").compression == "fp16"
     with pytest.raises(ConfigError, match="--compression fp16 in sync, or --mode async"):
         TrainConfig(mode="sync", compression="topk:0.01")
+
+
+@pytest.mark.parametrize("codec", ["int8", "topk:0.5", "randomk:0.5", "qsgd:4"])
+def test_an_empty_slice_is_an_empty_frame(codec):
+    frame = encode(np.zeros(0, np.float32), codec, np.random.default_rng(0))
+    assert frame.nbytes == wire_bytes(0, codec) == 0
+    decode_add(frame, codec, np.zeros(0, np.float32))
