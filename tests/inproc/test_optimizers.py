@@ -272,8 +272,12 @@ def test_server_optimizer_specs():
     assert server_optimizer_spec("sgd", None, [2])["learning_rate"] == 1.0
     assert server_optimizer_spec("adam", None, [2])["learning_rate"] == 1e-2
     assert server_optimizer_spec("momentum", 0.1, [2])["config"] == {"momentum": 0.9}
-    with pytest.raises(ConfigError, match="'nesterov'. Expected one of: sgd, momentum, adam"):
-        server_optimizer_spec("nesterov", None, [2])
+    nesterov = server_optimizer_spec("nesterov", None, [2])  # DiLoCo's outer optimizer
+    assert nesterov["config"] == {"momentum": 0.9, "nesterov": True}
+    assert nesterov["learning_rate"] == 0.7
+    with pytest.raises(ConfigError,
+                       match="'adamw'. Expected one of: sgd, momentum, adam, nesterov"):
+        server_optimizer_spec("adamw", None, [2])
 
 
 def test_state_nbytes_counts_slots_and_scratch():
