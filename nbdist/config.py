@@ -30,9 +30,8 @@ from nbdist.modes import mode_spec, modes_taking, refuse_flags
 
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
-
-
 DILOCO_INNER_STEPS = 500  # H, DiLoCo's inner steps per round (Douillard et al. 2023)
+
 
 @dataclasses.dataclass(frozen=True)
 class TrainConfig:

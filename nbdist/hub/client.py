@@ -52,8 +52,9 @@ class WorkerTransport:
         # a full /dev/shm: TCP instead, and hello says why (run.warnings shows it)
         self._segment, self.shm_fallback = self._shared_segment(transport)
         # what the run asked for; shared memory has no bytes to save, so its frames go as is
-        self.compression = str(parse(compression))
-        self.codec = Codec("none") if self.use_shm else parse(compression)
+        requested = parse(compression)
+        self.compression = str(requested)
+        self.codec = Codec("none") if self.use_shm else requested
         if not self.use_shm:  # across hosts: a host that does not answer fails here, named
             for i, s in enumerate(shards):
                 address, port = s["tcp"].rsplit("/", 1)[-1].rsplit(":", 1)
