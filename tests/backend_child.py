@@ -83,7 +83,7 @@ def gradients(out: str) -> dict:
                       f"{name}/held_grad": held[1],
                       f"{name}/flat": np.array([type(flat).__name__])})
     np.savez(out, **found)
-    return {"backend": keras.backend.backend(), "models": sorted(_models())}
+    return {"backend": keras.backend.backend(), "models": sorted(_models()), "out": out}
 
 
 ADAM_MODELS = {  # the three kinds of model, without dropout (its masks are drawn per backend)

@@ -52,7 +52,31 @@ def start_child(case: str, *args: str, backend: str | None = None,
         assert process.returncode == 0 and lines, stderr[-3000:]
         return json.loads(lines[-1][len(RESULT):])
 
+    result.process = process
     return result
+
+
+@pytest.fixture(scope="module")
+def on_both(tmp_path_factory):
+    """`on_both(case, backend, *args)`: the case's result on that backend. The first test of a
+    case starts its JAX and its PyTorch child together, and the other backend's test collects
+    its result: a child keeps about one core busy (imports, tracing, small steps), and the two
+    together take about 60% of one after the other. An argument "{backend}" names the backend."""
+    waiting: dict[tuple[str, str], Callable[[], dict]] = {}
+    folder = tmp_path_factory.mktemp("children")
+
+    def result(case: str, backend: str, *args: str, timeout: float = 240) -> dict:
+        if (case, backend) not in waiting:
+            for each in OTHERS:
+                waiting[case, each] = start_child(
+                    case, *(str(folder / a.format(backend=each)) if "{backend}" in a else a
+                            for a in args), backend=each, timeout=timeout)
+        return waiting.pop((case, backend))()
+
+    yield result
+    for wait in waiting.values():  # a backend's test deselected (-k): end its child
+        wait.process.kill()
+        wait.process.communicate()
 
 
 @pytest.fixture(scope="module")
@@ -68,9 +92,9 @@ def reference(tmp_path_factory) -> dict:
 
 @pytest.mark.parametrize("backend", OTHERS)
 def test_the_flat_gradient_equals_tensorflows_for_sequential_functional_and_subclassed_models(
-        backend, reference, tmp_path):
-    out = tmp_path / f"{backend}.npz"
-    said = child("gradients", str(out), backend=backend)
+        backend, reference, on_both):
+    said = on_both("gradients", backend, "{backend}.npz")
+    out = said["out"]
     assert (said["backend"] == backend
             and said["models"] == ["functional", "sequential", "subclassed"])
     theirs = dict(np.load(out))
@@ -89,8 +113,8 @@ def test_the_flat_gradient_equals_tensorflows_for_sequential_functional_and_subc
 
 
 @pytest.mark.parametrize("backend", OTHERS)
-def test_fifty_hub_steps_with_adam_equal_keras_fit_on_the_same_backend(backend):
-    said = child("adam", backend=backend, timeout=400)
+def test_fifty_hub_steps_with_adam_equal_keras_fit_on_the_same_backend(backend, on_both):
+    said = on_both("adam", backend, timeout=400)
     assert said["backend"] == backend
     assert sorted(said["models"]) == ["functional", "sequential", "subclassed"]
     for kind, found in said["models"].items():
@@ -103,12 +127,13 @@ def test_fifty_hub_steps_with_adam_equal_keras_fit_on_the_same_backend(backend):
 
 
 @pytest.mark.parametrize("backend", OTHERS)
-def test_every_rule_dbs_local_steps_and_overlap_train_on_the_backend_in_local_and_simulate(backend):
+def test_every_rule_dbs_local_steps_and_overlap_train_on_the_backend_in_local_and_simulate(
+        backend, on_both):
     """async's options on the hub and worker loop that async runs on engines (here in the
     kernel: --mode local, and simulate's 4 virtual workers); on engines: the cluster test."""
     from tests.backend_child import MODE_RUNS
 
-    said = child("modes", backend=backend, timeout=600)
+    said = on_both("modes", backend, timeout=600)
     print(backend, said)  # the accuracies, for `pytest -rP`
     assert said["backend"] == backend and set(said["runs"]) == set(MODE_RUNS)
     assert said["fit"] > said["majority"] + 0.2  # the cell learns under Keras's fit
@@ -125,13 +150,13 @@ def test_a_torch_dataloader_trains_as_keras_fit_trains_on_it():
 
 
 @pytest.mark.parametrize("backend", OTHERS)
-def test_pipeline_stages_train_on_the_backend_as_one_machine_does(backend):
+def test_pipeline_stages_train_on_the_backend_as_one_machine_does(backend, on_both):
     """Stages as threads of a child process on the backend, real sockets: a skip connection
     across 3 stages (GPipe, 4 micro-batches), operators between layers (1F1B), a BatchNorm CNN
     at one micro-batch, integer tokens into an Embedding; 20 steps equal `train_on_batch` on
     the same mini-batches. (On TensorFlow, in this process: tests/inproc/test_pipeline_inproc.py;
     on a real cluster: tests/cluster/test_backends_cluster.py.)"""
-    said = child("pipeline", backend=backend, timeout=400)
+    said = on_both("pipeline", backend, timeout=400)
     assert said["backend"] == backend
     for name in ("skip", "operators", "batchnorm", "tokens"):
         case = said[name]
