@@ -150,7 +150,7 @@ class TrainConfig:
     checkpoint_every: float | None = option(
         None, "seconds between checkpoints", type=float,
         shown_default=f"{CHECKPOINT_EVERY_S:g} with --checkpoint-dir")
-    sim: dict = option({}, "the virtual clock: name=number pairs", metavar="NAME=X",
+    sim: dict = option({}, "the virtual clock and its links: name=number pairs", metavar="NAME=X",
                        shown_default=late("nbdist.core.simclock", "sim_defaults"))
     # off: with it, no gain beyond the seeds' spread in accuracy on a BatchNorm CNN, and 30-40%
     # more time per step (an allreduce per BatchNorm layer each way; benchmarks/sync_batchnorm.py)
@@ -230,12 +230,14 @@ class TrainConfig:
                 f"{self.workers}). Use --mode async with a cluster (%nbdist start N) for more."
             )
 
-        if self.mode is Mode.SYNC and self.compression not in ("none", "fp16"):
+        simulated_sync = self.mode is Mode.SIMULATE and self.sim.get("sync")
+        if (self.mode is Mode.SYNC or simulated_sync) and self.compression not in ("none", "fp16"):
+            what, instead = (("--sim sync=1 simulates", "drop --sim sync=1") if simulated_sync
+                             else ("--mode sync sends", "--mode async"))
             raise ConfigError(
-                f"--mode sync sends its gradient through an allreduce, which sums float16 "
+                f"{what} its gradient through an allreduce, which sums float16 "
                 f"(--compression fp16) but not --compression {self.compression}'s frames. Use "
-                f"--compression fp16 in sync, or --mode async to train with "
-                f"{self.compression}.")
+                f"--compression fp16 in sync, or {instead} to train with {self.compression}.")
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
         if self.mode is Mode.PIPELINE:

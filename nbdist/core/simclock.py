@@ -6,7 +6,9 @@ Responsible for:
   `exp(jitter · N(0, 1))` drawn from a stream seeded by (seed, worker), so noise is the same
   on every machine.
 - `SimOptions` / `parse_sim`: the `--sim` option (`per_step=1e-3,per_sample=2e-5,jitter=0.1,
-  calibrate=1,eval_every=0.5,sync=1`), validated once.
+  calibrate=1,eval_every=0.5,sync=1,bandwidth=1000,latency=0.2`), validated once. `bandwidth`
+  (Mbit/s) and `latency` (ms) give every host's link (`nbdist.core.links`); `bandwidth.hub`,
+  `latency.2` and the like give one host's: the hub's, or virtual worker 2's.
 - `fit_cost`: a cost model from measured step times, rounded to two significant digits so a
   calibrated run can be repeated exactly by passing the printed numbers back.
 - `EventQueue`: pending step completions, popped by (virtual time, worker id): ties go to
@@ -26,13 +28,16 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from nbdist.core.links import HUB, Link, Network
 from nbdist.errors import ConfigError
 
 DEFAULT_PER_STEP_S = 1e-3  # fixed cost of one step (call, assignment), about the MLP's on a laptop
 DEFAULT_PER_SAMPLE_S = 2e-5  # cost of one sample in the batch
 _BOOLEAN = ("calibrate", "sync")
 _BOUNDS = {"per_step": (0.0, 3600.0), "per_sample": (0.0, 3600.0), "jitter": (0.0, 2.0),
-           "eval_every": (0.0, math.inf), "calibrate": (0, 1), "sync": (0, 1)}
+           "eval_every": (0.0, math.inf), "calibrate": (0, 1), "sync": (0, 1),
+           "bandwidth": (0.0, 1e7), "latency": (0.0, 1e4)}  # Mbit/s (0: no limit), ms
+_PER_HOST = ("bandwidth", "latency")  # also `bandwidth.hub`, `latency.3`: one host's link
 
 
 @dataclass(frozen=True)
@@ -80,10 +85,41 @@ class SimOptions:
     calibrate: bool = False  # time the model once instead of the default constants
     eval_every: float = 0.0  # > 0: also evaluate the hub's weights every this many virtual seconds
     sync: bool = False  # simulate --mode sync (mean of all workers' gradients per step)
+    bandwidth_mbit: float = 0.0  # each host's link (0: no limit)
+    latency_ms: float = 0.0  # each link's one-way delay
+    host_links: tuple[tuple[str, float], ...] = ()  # ("bandwidth.hub", 10000.0): one host's
 
     @property
     def cost(self) -> CostModel:
         return CostModel(self.per_step_s, self.per_sample_s, self.jitter)
+
+    @property
+    def has_links(self) -> bool:
+        """Whether pushes and pulls take virtual time (a rate or a delay was given)."""
+        return bool(self.bandwidth_mbit or self.latency_ms
+                    or any(value for _, value in self.host_links))
+
+    def links(self, num_workers: int) -> dict[str, Link]:
+        """Each host's link: the hub's (`HUB`) and each virtual worker's (`"0"`, `"1"`, ...).
+
+        Example:
+            >>> SimOptions(bandwidth_mbit=1000, host_links=(("latency.1", 5.0),)).links(2)["1"]
+            Link(rate_bps=1000000000.0, delay_s=0.005)
+        """
+        given = dict(self.host_links)
+        hosts = [HUB, *map(str, range(num_workers))]
+        unknown = sorted({name.partition(".")[2] for name in given} - set(hosts))
+        if unknown:
+            raise ConfigError(
+                f"--sim names the link of host(s) {', '.join(unknown)}, but the run has virtual "
+                f"workers 0..{num_workers - 1} and the hub. Name a worker's host by its number "
+                "(latency.0) or the hub's as hub (bandwidth.hub).")
+        return {host: Link.of(given.get(f"bandwidth.{host}", self.bandwidth_mbit),
+                              given.get(f"latency.{host}", self.latency_ms)) for host in hosts}
+
+    def network(self, num_workers: int) -> Network | None:
+        """The run's simulated network, or None where pushes and pulls take no time."""
+        return Network(self.links(num_workers)) if self.has_links else None
 
 
 def parse_sim(value: str | Mapping[str, float] | None) -> dict:
@@ -101,15 +137,19 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
     out: dict = {}
     for name, raw in items:
         name = str(name).strip()
-        if name not in _BOUNDS:
-            raise ConfigError(f"Unknown --sim option {name!r}. Valid: {', '.join(_BOUNDS)}. "
-                              "Example: --sim per_step=1e-3,per_sample=2e-5,jitter=0.1")
+        base, dot, host = name.partition(".")
+        if not (name in _BOUNDS or (base in _PER_HOST and dot and (host == HUB or host.isdigit()))):
+            raise ConfigError(f"Unknown --sim option {name!r}. Valid: {', '.join(_BOUNDS)}, and "
+                              f"{' and '.join(f'{n}.HOST' for n in _PER_HOST)} for one host's "
+                              "link (HOST: hub, or a virtual worker's number). Example: --sim "
+                              "per_step=1e-3,per_sample=2e-5,bandwidth=1000,latency.hub=0.5")
+        name = base if not dot else f"{base}.{host}"
         try:
             number = float(raw)
         except (TypeError, ValueError):
             raise ConfigError(f"--sim expects name=number pairs (Received: {name}={raw!r}). "
                               "Example: --sim jitter=0.1,sync=1") from None
-        low, high = _BOUNDS[name]
+        low, high = _BOUNDS[base]
         if (not (math.isfinite(number) and low <= number <= high)
                 or (name in _BOOLEAN and number not in (0, 1))):
             raise ConfigError(f"--sim {name} must be "
@@ -120,13 +160,16 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
 
 
 SIM_FIELDS = {"per_step": "per_step_s", "per_sample": "per_sample_s", "jitter": "jitter",  # --sim
-              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync"}  # name: field
+              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync",  # name: field
+              "bandwidth": "bandwidth_mbit", "latency": "latency_ms"}
 
 
 def sim_options(parsed: Mapping[str, float]) -> SimOptions:
     """The `SimOptions` of a `parse_sim` result (what it leaves out keeps SimOptions' default)."""
-    return SimOptions(**{SIM_FIELDS[name]: bool(value) if name in _BOOLEAN else float(value)
-                         for name, value in parsed.items()})
+    hosts = tuple(sorted((name, float(value)) for name, value in parsed.items() if "." in name))
+    return SimOptions(host_links=hosts,
+                      **{SIM_FIELDS[name]: bool(value) if name in _BOOLEAN else float(value)
+                         for name, value in parsed.items() if "." not in name})
 
 
 def sim_defaults() -> str:

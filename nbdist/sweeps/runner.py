@@ -162,7 +162,9 @@ def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, 
            "wall_s": time.monotonic() - started,
            **reached(run.history, target, metric)}
     row["bytes_source"] = "counted" if not math.isnan(row["bytes_to_target"]) else None
-    if config.mode.value == "sync" and not math.isnan(row["step_to_target"]):
+    synchronous = config.mode.value == "sync" or (config.mode.value == "simulate"
+                                                   and config.sim.get("sync"))
+    if synchronous and not math.isnan(row["step_to_target"]):
         workers = max(1, len(run.nodes))  # the hub counts each rank's step: M per allreduce
         floats = sum(math.prod(v.shape) for v in run.model.trainable_weights)
         frame = floats * (2 if config.compression == "fp16" else 4)

@@ -83,6 +83,8 @@ def test_a_simulated_sweep_counts_virtual_seconds_and_its_baseline_is_one_virtua
     assert (result.runs["status"] == "finished").all(), result.runs["error"].tolist()
     table = result.table.set_index("point")
     assert list(table.index) == ["algorithm=asgd", "algorithm=dc-asgd", "one worker (baseline)"]
-    assert (table["reached"] == 1).all() and table["bytes_to_target"].isna().all()  # no wire
+    assert (table["reached"] == 1).all()
+    # the virtual workers' pushes and pulls are counted as a TCP worker counts its own
+    assert (table["bytes_to_target"] > 0).all() and (result.runs["bytes_source"] == "counted").all()
     assert table.loc["algorithm=asgd", "efficiency"] == table.loc["algorithm=asgd",
                                                                   "speedup"] / 2

@@ -10,9 +10,14 @@ the parameter copy it last pulled, so delays are those a cluster with these spee
 Sync (`--sim sync=1`) is the group barrier with every worker in one group at the plain rate: the
 batch-weighted mean of all gradients per step, at the pace of the slowest.
 
+What crosses the network (`nbdist.modes.simulate.network`): each push and pull goes through
+the run's `--compression` encoders, as a TCP worker's do, and its bytes are counted
+(`run.traffic`). It takes no virtual time unless `--sim bandwidth=...` or `latency=...` gives
+the links: a push then reaches the hub, and a pull its worker, when the links let it
+(`nbdist.core.links`), and the hub applies the push at its arrival. Evaluation takes none.
+
 Nothing depends on the host's speed or scheduling, so a run is the same, bit for bit, for a
 seed (on the same TensorFlow build and CPU kind; float reductions may differ across them).
-Evaluation and communication take no virtual time.
 
 `Simulation` answers the Run like a hub does (`stats`, `control`, `params`, `shutdown`), and
 `SimBackend` (nbdist.modes.simulate.start) stands where `LocalBackend` stands, so `run.history`
@@ -36,6 +41,7 @@ from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
 from nbdist.modes.common.worker import step_metrics
 from nbdist.modes.simulate.calibrate import calibrate
+from nbdist.modes.simulate.network import VirtualNetwork
 from nbdist.wire.messages import Chunk, Control, EvalResult, Hello, Reply, Step
 
 ONE_BATCH_EVAL = 4096  # validation sets up to this size are evaluated as one batch
@@ -51,6 +57,8 @@ class _Worker:
     group: tuple[int, ...] = ()
     compute_s: float = 0.0
     last_push: float = 0.0  # virtual time of its last push (or 0): what came after is waiting
+    comm_s: float = 0.0  # virtual time its last push and pull spent on the links
+    arriving: tuple | None = None  # a push on its way to the hub: (step, gradient, nt delta)
     started: set = field(default_factory=set)
 
 
@@ -59,7 +67,8 @@ class Simulation:
 
     def __init__(self, plan: Plan, rule_options: dict, flat, data, validation, params: np.ndarray,
                  non_trainable: np.ndarray, options: SimOptions, seed: int,
-                 optimizer: dict | None = None, constraints: list[dict] | tuple = ()):
+                 optimizer: dict | None = None, constraints: list[dict] | tuple = (),
+                 compression: str = "none"):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
@@ -81,6 +90,12 @@ class Simulation:
         self.queue = EventQueue()
         self.workers = [_Worker(self.core.params.copy(), self.core.non_trainable.copy())
                         for _ in range(n)]
+        self.compression = compression
+        self.network = VirtualNetwork(compression, n, self.core.params.size,
+                                      self.core.non_trainable.size,
+                                      options.links(n) if options.has_links else None, seed,
+                                      sync=self.sync)
+        self._weights = np.empty_like(self.core.params)  # the hub's answer, before the wire
         self.idle: set[int] = set()
         self.next_eval = options.eval_every or math.inf
         self.error: BaseException | None = None
@@ -137,7 +152,8 @@ class Simulation:
                 self.coordinator.stats.record_event("sim_cost", 0.0, per_step_s=c.per_step_s,
                                                     per_sample_s=c.per_sample_s, jitter=c.jitter)
                 for w in range(self.plan.num_workers):
-                    self.core.hello(Hello(w, host="virtual"))
+                    self.core.hello(Hello(w, host="virtual", link="tcp",
+                                          compression=self.compression))
                 for w in range(self.plan.num_workers):
                     self._answer(w, pull=True)
             while True:
@@ -157,7 +173,10 @@ class Simulation:
             t, w = self.queue.pop()
             self._evaluate_until(t)
             self.now = t
-            self._complete_step(w)
+            if self.workers[w].arriving is None:
+                self._complete_step(w)
+            else:
+                self._deliver(w)
         elif ((self.coordinator.paused and not self.coordinator.stopping)
               or self.coordinator.at_gate):
             # nothing runs while paused or at an epoch gate; wait for the kernel
@@ -194,8 +213,12 @@ class Simulation:
         step."""
         self.idle.discard(w)
         v = self.workers[w]
+        start = self.now
         if pull:
-            self.core.read_into(w, v.params, plain=work.eval is not None)
+            self.core.read_into(w, self._weights, plain=work.eval is not None)
+            start = self.network.pull(w, self.now, self._weights, v.params,
+                                      full=work.eval is not None)
+            v.comm_s += start - self.now
             np.copyto(v.nt, self.core.non_trainable)
         if work.eval:
             metrics = self._evaluate_on(v.params, v.nt)
@@ -216,10 +239,11 @@ class Simulation:
         if self.sync:  # every worker still here, also at the end of the data (a partial step)
             v.group = tuple(sorted(set(range(self.plan.num_workers)) - self.coordinator.gone))
         v.compute_s = self.cost.step_time(chunk.size, float(work.slowdown), self.jitter.factor(w))
-        self.queue.schedule(self.now + v.compute_s, w)
+        self.queue.schedule(start + v.compute_s, w)
 
     def _complete_step(self, w: int) -> None:
-        """Worker `w` finished computing: its real gradient on its own copy, pushed now."""
+        """Worker `w` finished computing: its real gradient on its own copy, pushed now (and
+        applied when it reaches the hub)."""
         v = self.workers[w]
         chunk, v.chunk = v.chunk, None
         loss, grad, norm, nt_after = self.flat.assign_and_gradients(
@@ -227,11 +251,26 @@ class Simulation:
         check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
                      where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
         step = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
-                    wait_s=max(0.0, self.now - v.compute_s - v.last_push), batch=chunk.size,
-                    group=list(v.group),
+                    wait_s=max(0.0, self.now - v.compute_s - v.last_push - v.comm_s),
+                    comm_s=v.comm_s, batch=chunk.size, group=list(v.group),
                     metrics=step_metrics({str(chunk.epoch): self.flat.last_metrics.tolist()}))
         v.last_push = self.now
+        grad, arrives = self.network.push(w, self.now, grad)
+        step.traffic = list(self.network.traffic[w])
+        v.comm_s = arrives - self.now
+        if arrives > self.now:  # on the links until then: the hub applies it at its arrival
+            v.arriving = (step, grad.copy(), nt_after - v.nt)
+            self.queue.schedule(arrives, w)
+            return
         self.core.push(step, grad, non_trainable_delta=nt_after - v.nt)
+        self.core.settle()
+        self._answer(w, pull=True)
+
+    def _deliver(self, w: int) -> None:
+        """Worker `w`'s push reaches the hub: applied now, and answered."""
+        v = self.workers[w]
+        (step, grad, nt_delta), v.arriving = v.arriving, None
+        self.core.push(step, grad, non_trainable_delta=nt_delta)
         self.core.settle()
         self._answer(w, pull=True)
 

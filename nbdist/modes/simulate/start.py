@@ -55,7 +55,8 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     options = sim_options(config.sim)
     simulation = Simulation(job.plan, job.rule_options, flat_model(job.trainer_model, job.layout),
                             data, contents.validation_arrays if fit is None else None, job.params,
-                            job.non_trainable, options, config.seed, job.optimizer, job.constraints)
+                            job.non_trainable, options, config.seed, job.optimizer, job.constraints,
+                            compression=config.compression)
     if options.calibrate:
         simulation.calibrate(config.batch_size, cluster)
         job = replace(job, contents=replace(contents, notes=[*contents.notes,

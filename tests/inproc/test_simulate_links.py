@@ -1,0 +1,75 @@
+"""--mode simulate with links (`--sim bandwidth=...,latency=...`) and `--compression`: each
+push and pull takes the virtual time its bytes take, the hub applies a push when it arrives,
+and a codec trains as a TCP worker's does. (The link arithmetic: tests/unit/test_links.py.)"""
+
+import numpy as np
+import pytest
+
+import nbdist
+from nbdist.core.links import Link, ring_allreduce_s
+from tests.helpers import SYNTHETIC_CELL
+
+STEP = 0.001 + 32 * 2e-5  # the default cost of a batch of 32, in virtual seconds
+FLOATS = 8 * 16 + 16 + 16 * 3 + 3  # the synthetic cell's MLP
+FRAME = 4 * FLOATS  # 780 bytes of float32
+MBIT = 8 * FRAME / 0.008 / 1e6  # the rate at which a frame takes 8 ms: 0.78 Mbit/s
+
+
+def simulate(**options):
+    ns = {}
+    options = {"workers": 4, "epochs": 1, "batch_size": 32, "no_validation": True, **options}
+    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="simulate", wait=True, **options)
+    assert run.status == "finished", run.error
+    weights = np.concatenate([v.numpy().ravel() for v in ns["model"].trainable_variables])
+    return run, weights
+
+
+def test_one_workers_steps_each_wait_for_a_pull_and_a_push_over_its_links():
+    run, weights = simulate(workers=1, sim=f"bandwidth={MBIT},latency=1")
+    # a pull (8 ms, then 1 ms on each of two links), a step, a push (as long): per push
+    cycle = 0.010 + STEP + 0.010
+    np.testing.assert_allclose(run.history["time"].iloc[:5], cycle * np.arange(1, 6), rtol=1e-9)
+    node = run.nodes.iloc[0]
+    assert node["bytes_sent"] == node["steps"] * FRAME  # float32 pushes, counted as TCP's
+    assert node["compression_ratio"] == 1.0
+    # the links move time, not the order: one worker trains as it does without them
+    _, without = simulate(workers=1)
+    np.testing.assert_array_equal(weights, without)
+
+
+def test_four_workers_pushes_queue_at_a_slow_hub_link():
+    run, _ = simulate(sim=f"bandwidth.hub={MBIT}")  # the workers' links: no limit
+    arrivals = run.history["time"].to_numpy()
+    # each push holds the hub's downlink 8 ms: one arrives at most every 8 ms
+    assert np.diff(arrivals).min() >= 0.008 * (1 - 1e-9)
+    assert arrivals[-1] >= 0.008 * len(arrivals)
+    fast, _ = simulate()
+    assert arrivals[-1] > 3 * fast.history["time"].iloc[-1]  # the link sets the pace
+
+
+def test_simulated_sync_waits_for_a_ring_allreduce_per_step():
+    run, _ = simulate(sim="sync=1,bandwidth=1,latency=0.5")
+    ring = ring_allreduce_s(FRAME, [Link(1e6, 5e-4)] * 4)  # 6 rounds of 195 bytes and 1 ms
+    assert ring == pytest.approx(6 * (8 * 195 / 1e6 + 1e-3))
+    times = run.history["time"].to_numpy()
+    np.testing.assert_allclose(times[:8], [ring + STEP] * 4 + [2 * (ring + STEP)] * 4, rtol=1e-9)
+    assert run.nodes["bytes_sent"].sum() == 0  # the allreduce bypasses the hub: the sweep models it
+
+
+def test_a_codec_trains_in_the_simulator_as_its_frames_say():
+    run, weights = simulate(workers=2, epochs=2, compression="topk:0.25", no_validation=False,
+                            seed=1)
+    kept = int(np.ceil(0.25 * FLOATS))
+    traffic = run.traffic.set_index("worker")
+    assert set(traffic["compression"]) == {"topk:0.25"}
+    nodes = run.nodes.set_index("worker")
+    # every push a topk frame of 49 indices and values; the first pull the float32 weights
+    assert (traffic["bytes_sent"] == nodes["steps"] * 8 * kept).all()
+    assert traffic["compression_ratio"].between(0.5, 0.52).all()
+    _, plain = simulate(workers=2, epochs=2, no_validation=False, seed=1)
+    assert not np.array_equal(weights, plain)  # the codec acted ...
+    final = run.history["val_accuracy"].dropna().iloc[-1]
+    assert final > 0.8, final  # ... and the error feedback kept what it left out
+    again, same = simulate(workers=2, epochs=2, compression="topk:0.25", no_validation=False,
+                           seed=1)
+    np.testing.assert_array_equal(weights, same)  # its random streams are the seed's
