@@ -323,7 +323,8 @@ class TrainConfig:
         if self.mode.value not in modes_taking("local_steps"):
             raise ConfigError(
                 f"--algorithm diloco trains rounds of local steps, which --mode "
-                f"{self.mode.value} does not run. Use --mode async (or local, one worker).")
+                f"{self.mode.value} does not run. Use --mode async (or local, one worker; or "
+                f"simulate).")
         if self.local_steps == 1:
             object.__setattr__(self, "local_steps", DILOCO_INNER_STEPS)
         if self.server_optimizer is None:

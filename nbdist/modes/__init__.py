@@ -113,7 +113,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
         "simulate", "nbdist.modes.simulate.start",
         "runs virtual workers on a virtual clock in this kernel, and replays a run from its "
         "seed instead of checkpointing it",
-        _RULE | _COORDINATED | {"workers", "sim", "compression"},
+        _RULE | _COORDINATED | {"workers", "sim", "compression", "local_steps"},
         needs_cluster=False, lr_owner="hub", operations=frozenset(),
         in_kernel=True, seeds_cell=True),
     ModeSpec(

@@ -24,8 +24,9 @@ def test_diloco_takes_the_papers_h_and_outer_nesterov_unless_the_run_sets_them()
 
 def test_diloco_is_refused_where_no_local_steps_run():
     with pytest.raises(ConfigError, match="--algorithm diloco trains rounds of local steps, "
-                                          "which --mode simulate does not run"):
-        TrainConfig(algorithm="diloco", mode="simulate", workers=2, slowdown=[1, 1])
+                                          "which --mode sync does not run"):
+        TrainConfig(algorithm="diloco", mode="sync", workers=2)
+    assert TrainConfig(algorithm="diloco", mode="simulate", workers=2).local_steps == 500
     with pytest.raises(ConfigError, match="'num_groups' of diloco must be in \\[1, 1\\]"):
         TrainConfig(algorithm="diloco", algo_options={"num_groups": 2})
 

@@ -8,7 +8,10 @@ worker's step takes `slowdown_w · cost(batch)` virtual seconds (`nbdist.core.si
 step completions are applied in (virtual time, worker id) order; each virtual worker computes on
 the parameter copy it last pulled, so delays are those a cluster with these speeds would see.
 Sync (`--sim sync=1`) is the group barrier with every worker in one group at the plain rate: the
-batch-weighted mean of all gradients per step, at the pace of the slowest.
+batch-weighted mean of all gradients per step, at the pace of the slowest. With `--local-steps K`
+(and DiLoCo) a virtual worker takes K steps with its own NumPy copy of the cell's optimizer
+(`HubOptimizer`, as the hub reproduces it) and pushes the change, as a real worker does with
+the cell's Keras optimizer.
 
 What crosses the network (`nbdist.modes.simulate.network`): each push and pull goes through
 the run's `--compression` encoders, as a TCP worker's do, and its bytes are counted
@@ -34,6 +37,7 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from nbdist.algorithms.optimizers import HubOptimizer
 from nbdist.core.plan import Plan
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
@@ -53,7 +57,8 @@ class _Worker:
 
     params: np.ndarray
     nt: np.ndarray
-    chunk: Chunk | None = None
+    chunks: list[Chunk] = field(default_factory=list)  # the step (or round of local steps)
+    optimizer: HubOptimizer | None = None  # --local-steps: its copy of the cell's optimizer
     group: tuple[int, ...] = ()
     compute_s: float = 0.0
     last_push: float = 0.0  # virtual time of its last push (or 0): what came after is waiting
@@ -68,12 +73,14 @@ class Simulation:
     def __init__(self, plan: Plan, rule_options: dict, flat, data, validation, params: np.ndarray,
                  non_trainable: np.ndarray, options: SimOptions, seed: int,
                  optimizer: dict | None = None, constraints: list[dict] | tuple = (),
-                 compression: str = "none"):
+                 compression: str = "none", inner_optimizer: dict | None = None):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
-        # virtual workers only compute gradients: the shard applies every rate
-        plan = replace(plan, lr_owner="hub")
+        if plan.local_steps == 1:  # virtual workers only compute gradients: the shard applies
+            plan = replace(plan, lr_owner="hub")  # every rate (else the workers' optimizers do)
+        elif inner_optimizer is None:
+            raise ValueError("--local-steps needs the cell's optimizer for the virtual workers")
         self.plan, self.options, self.seed = plan, options, seed
         # data: an engine.data.ArraySource
         self.flat, self.data, self.validation = flat, data, validation
@@ -88,7 +95,9 @@ class Simulation:
         self.cost = options.cost
         self.jitter = Jitter(options.jitter, seed, n)
         self.queue = EventQueue()
-        self.workers = [_Worker(self.core.params.copy(), self.core.non_trainable.copy())
+        self.workers = [_Worker(self.core.params.copy(), self.core.non_trainable.copy(),
+                                optimizer=None if plan.local_steps == 1
+                                else HubOptimizer(inner_optimizer, params.size))
                         for _ in range(n)]
         self.compression = compression
         self.network = VirtualNetwork(compression, n, self.core.params.size,
@@ -233,38 +242,71 @@ class Simulation:
         if not todo:
             self.idle.add(w)
             return
-        chunk = todo[0]
-        v.started.add(chunk.id)
-        v.chunk, v.group = chunk, tuple(work.group or (w,))
+        v.chunks = todo[:self.plan.local_steps]
+        v.started.update(c.id for c in v.chunks)
+        v.group = tuple(work.group or (w,))
         if self.sync:  # every worker still here, also at the end of the data (a partial step)
             v.group = tuple(sorted(set(range(self.plan.num_workers)) - self.coordinator.gone))
-        v.compute_s = self.cost.step_time(chunk.size, float(work.slowdown), self.jitter.factor(w))
+        if v.optimizer is not None and work.lr is not None:
+            v.optimizer.set_learning_rate(work.lr)  # the rate the coordinator tells its workers
+        v.compute_s = sum(self.cost.step_time(c.size, float(work.slowdown), self.jitter.factor(w))
+                          for c in v.chunks)
         self.queue.schedule(start + v.compute_s, w)
 
     def _complete_step(self, w: int) -> None:
         """Worker `w` finished computing: its real gradient on its own copy, pushed now (and
         applied when it reaches the hub)."""
         v = self.workers[w]
-        chunk, v.chunk = v.chunk, None
-        loss, grad, norm, nt_after = self.flat.assign_and_gradients(
-            v.params, v.nt, *self.data.batch(chunk.epoch, chunk.start, chunk.stop))
-        check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
-                     where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
-        step = Step(w, push=True, pull=True, chunks=[chunk.id], loss=loss, compute_s=v.compute_s,
+        chunks, v.chunks = v.chunks, []
+        if v.optimizer is None:
+            loss, grad, metrics, nt_after = self._gradient(w, chunks[0])
+            nt_delta = nt_after - v.nt
+        else:
+            loss, grad, metrics, nt_delta = self._local_round(w, chunks)
+        step = Step(w, push=True, pull=True, chunks=[c.id for c in chunks], loss=loss,
+                    compute_s=v.compute_s,
                     wait_s=max(0.0, self.now - v.compute_s - v.last_push - v.comm_s),
-                    comm_s=v.comm_s, batch=chunk.size, group=list(v.group),
-                    metrics=step_metrics({str(chunk.epoch): self.flat.last_metrics.tolist()}))
+                    comm_s=v.comm_s, batch=sum(c.size for c in chunks), group=list(v.group),
+                    metrics=step_metrics(metrics))
         v.last_push = self.now
         grad, arrives = self.network.push(w, self.now, grad)
         step.traffic = list(self.network.traffic[w])
         v.comm_s = arrives - self.now
         if arrives > self.now:  # on the links until then: the hub applies it at its arrival
-            v.arriving = (step, grad.copy(), nt_after - v.nt)
+            v.arriving = (step, grad.copy(), nt_delta)
             self.queue.schedule(arrives, w)
             return
-        self.core.push(step, grad, non_trainable_delta=nt_after - v.nt)
+        self.core.push(step, grad, non_trainable_delta=nt_delta)
         self.core.settle()
         self._answer(w, pull=True)
+
+    def _gradient(self, w: int, chunk: Chunk) -> tuple[float, np.ndarray, dict, np.ndarray]:
+        """Worker `w`'s gradient on its copy for `chunk`: loss, gradient, metric increments,
+        non-trainable state after."""
+        v = self.workers[w]
+        loss, grad, norm, nt_after = self.flat.assign_and_gradients(
+            v.params, v.nt, *self.data.batch(chunk.epoch, chunk.start, chunk.stop))
+        check_finite(loss, norm, step=self.coordinator.stats.workers[w].steps,
+                     where=f"virtual worker {w} at virtual time {self.now:.3f}s", epoch=chunk.epoch)
+        return loss, grad, {str(chunk.epoch): self.flat.last_metrics.tolist()}, nt_after
+
+    def _local_round(self, w: int, chunks: list[Chunk]) -> tuple[float, np.ndarray, dict,
+                                                                  np.ndarray]:
+        """`--local-steps`: a step of worker `w`'s optimizer per chunk on its own copy; the
+        change of its weights is what it pushes (as `Worker._local_round` does), with that of
+        its non-trainable state."""
+        v = self.workers[w]
+        read, nt_read = v.params.copy(), v.nt.copy()
+        totals: dict[str, np.ndarray] = {}
+        loss = float("nan")
+        for chunk in chunks:
+            loss, grad, metrics, nt = self._gradient(w, chunk)
+            v.optimizer.apply(v.params, grad)
+            np.copyto(v.nt, nt)
+            for key, values in metrics.items():
+                totals[key] = totals.get(key, 0.0) + np.asarray(values)
+        np.subtract(read, v.params, out=read)  # the change, as a gradient: w_read - w_local
+        return loss, read, {k: t.tolist() for k, t in totals.items()}, v.nt - nt_read
 
     def _deliver(self, w: int) -> None:
         """Worker `w`'s push reaches the hub: applied now, and answered."""

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 import uuid
 import weakref
@@ -14,6 +15,7 @@ from nbdist.core.simclock import sim_options
 from nbdist.engine.data import ArraySource, as_float32
 from nbdist.engine.flat_layout import ensure_built
 from nbdist.engine.flatmodel import FlatModel
+from nbdist.engine.optimizer_spec import describe_optimizer
 from nbdist.errors import CheckpointError, ConfigError, DataError, TrainingError
 from nbdist.job import Job
 from nbdist.modes.common.launch import begin_run
@@ -56,7 +58,9 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     simulation = Simulation(job.plan, job.rule_options, flat_model(job.trainer_model, job.layout),
                             data, contents.validation_arrays if fit is None else None, job.params,
                             job.non_trainable, options, config.seed, job.optimizer, job.constraints,
-                            compression=config.compression)
+                            compression=config.compression,
+                            inner_optimizer=_workers_optimizer(job) if config.local_steps > 1
+                            else None)
     if options.calibrate:
         simulation.calibrate(config.batch_size, cluster)
         job = replace(job, contents=replace(contents, notes=[*contents.notes,
@@ -64,6 +68,14 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     backend = SimBackend(simulation)
     backend.start_workers(None)
     return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
+
+
+def _workers_optimizer(job: Job) -> dict:
+    """The spec of the cell's optimizer, which `--local-steps` workers step with (the hub's is
+    `--server-optimizer`'s)."""
+    model = job.trainer_model
+    variables = list(model.trainable_variables)
+    return describe_optimizer(model.optimizer, [math.prod(v.shape) for v in variables], variables)
 
 
 class SimBackend(Backend):
