@@ -15,11 +15,21 @@ What it measures
 
     sudo python benchmarks/communication_lab.py                 # ~6 min on 2 cores
     sudo python benchmarks/communication_lab.py --epochs 2 --target 0.75
+    sudo python benchmarks/communication_lab.py --predict       # and the simulator's table
+
+The simulator's prediction (`--predict`, a few minutes more)
+    The same sweep again in `--mode simulate`, with the lab's links (`--sim bandwidth=1000,
+    latency=0.2`: each host's rate and delay, as netem shapes them) and, for each way of
+    training, the compute per sample its measured run's workers reported (`--sim per_step=0,
+    per_sample=...`: on 2 cores shared by 5 processes, a step takes several times what it takes
+    alone). It prints the time and bytes to the target both ways and their ratio: what the
+    simulator's clock (compute, bytes over links, queues at the hub) leaves out is the rest.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import tempfile
 from pathlib import Path
@@ -29,7 +39,7 @@ from _common import REPO
 from _training import CELL
 
 sys.path.insert(0, str(REPO / "tests"))
-from lab_network import LabCluster, LabNetwork, unavailable
+from lab_network import LabCluster, LabNetwork, rate_bits, unavailable
 
 WORKERS = 4
 # the ways of training: each a point of the sweep
@@ -47,6 +57,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--target", type=float, default=0.80)
     parser.add_argument("--seeds", default="0")
+    parser.add_argument("--predict", action="store_true",
+                        help="also run the sweep in the simulator, with the lab's links")
     args = parser.parse_args()
     reason = unavailable()
     if reason:
@@ -67,7 +79,7 @@ def main() -> None:
                                   batch_size=64, timeout=120)
         finally:
             cluster.stop()
-        shaping = lab.shaping
+        shaping, delay_ms = lab.shaping, lab.delay_ms if lab.shaping.startswith("netem") else 0.0
     table = result.table
     table = table.assign(MB_to_target=(table["bytes_to_target"] / 1e6).round(1))
     print()
@@ -76,6 +88,56 @@ def main() -> None:
     shown = table[["point", "reached", "time_to_target", "MB_to_target", "bytes_source", "final",
                    "speedup", "efficiency"]]
     print(shown.to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    if args.predict:
+        links = f"bandwidth={rate_bits(args.rate) / 1e6:g},latency={delay_ms:g}"
+        predict(result, args, links)
+
+
+def predict(measured, args, links: str) -> None:
+    """The sweep again in the simulator: each method with its measured compute per sample."""
+    import nbdist
+
+    runs = measured.runs
+    options = sorted({k for m in METHODS for k in m})
+    points = []
+    for method in METHODS:
+        cost = f"{links},per_step=0,per_sample={_compute(runs, method, options):.3g}"
+        if method.get("mode") == "sync":
+            points.append({"sim": f"sync=1,{cost}"})
+        else:
+            points.append({**{k: v for k, v in method.items() if k != "transport"}, "sim": cost})
+    baseline = f"{links},per_step=0,per_sample={_compute(runs, None, options):.3g}"
+    simulated = nbdist.sweep(CELL, points, target=args.target,
+                             seeds=[int(s) for s in args.seeds.split(",")], mode="simulate",
+                             workers=WORKERS, epochs=args.epochs, batch_size=64, sim=baseline)
+    rows = []
+    for point, real, sim in zip([*points, None], measured.table.itertuples(),
+                                simulated.table.itertuples(), strict=True):  # grid order, baseline
+        rows.append({"method": real.point, "measured_s": real.time_to_target,
+                     "predicted_s": sim.time_to_target,
+                     "ratio": sim.time_to_target / real.time_to_target,
+                     "measured_MB": real.bytes_to_target / 1e6,
+                     "predicted_MB": sim.bytes_to_target / 1e6,
+                     "sim": (point or {"sim": baseline})["sim"]})
+    import pandas as pd
+
+    print()
+    print(f"The simulator's prediction ({links}; per_sample: each method's measured compute):")
+    print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+
+
+def _compute(runs, method: dict | None, options: list[str]) -> float:
+    """The mean compute per sample of `method`'s measured runs (None: the baseline's)."""
+    rows = runs[runs["baseline"].fillna(False).astype(bool) == (method is None)]
+    for name in options:
+        if name not in rows:
+            continue
+        wanted = (method or {}).get(name)
+        rows = rows[rows[name].isna()] if wanted is None else rows[rows[name] == wanted]
+    value = float(rows["compute_per_sample_s"].mean())
+    if math.isnan(value):
+        sys.exit(f"benchmarks/communication_lab.py: no measured run of {method or 'the baseline'}")
+    return value
 
 
 if __name__ == "__main__":

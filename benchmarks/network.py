@@ -36,7 +36,7 @@ from _training import CELL, FOREVER_EPOCHS, Sampler
 
 WARM = 2.0  # seconds after the first push before the window opens
 sys.path.insert(0, str(REPO / "tests"))
-from lab_network import LabCluster, LabNetwork, _rate_bits, unavailable  # noqa: E402
+from lab_network import LabCluster, LabNetwork, rate_bits, unavailable  # noqa: E402
 
 
 def link_bytes(lab: LabNetwork, host: str) -> tuple[int, int]:
@@ -94,7 +94,7 @@ def main() -> None:
     hosts = ["lab1"] + [f"lab{i}" for i in range(2, 2 + max(worker_counts))]
     rows = []
     for rate in args.rates.split(","):
-        capacity = _rate_bits(rate) / 8
+        capacity = rate_bits(rate) / 8
         with LabNetwork(hosts=len(hosts), rate=rate) as lab, tempfile.TemporaryDirectory() as tmp:
             from nbdist.cluster.engines import Cluster
 

@@ -182,7 +182,7 @@ class LabNetwork:
         if netem:
             qdisc = ["netem", "rate", self.rate, "delay", f"{self.delay_ms}ms", "limit", "100000"]
         else:
-            bits = _rate_bits(self.rate)
+            bits = rate_bits(self.rate)
             # 2 ms of traffic, at least one TSO packet
             burst = max(64 * 1024, int(bits / 8 * 0.002))
             qdisc = ["tbf", "rate", self.rate, "burst", str(burst), "latency", "50ms"]
@@ -266,7 +266,7 @@ class LabNetwork:
                    if f" {self.head_link}@" in links or f" {self.head_link}:" in links else []))
 
 
-def _rate_bits(rate: str) -> float:
+def rate_bits(rate: str) -> float:
     units = {"kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
     for unit, factor in units.items():
         if rate.lower().endswith(unit):

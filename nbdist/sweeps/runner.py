@@ -38,7 +38,8 @@ from nbdist.sweeps.table import (
 __all__ = ["SweepResult", "sweep"]
 
 RUN_COLUMNS = ["workers", "seed", "baseline", "status", "error", "time_to_target",
-               "step_to_target", "bytes_to_target", "bytes_source", "final", "wall_s"]
+               "step_to_target", "bytes_to_target", "bytes_source", "final", "wall_s",
+               "compute_per_sample_s"]
 
 
 @dataclass
@@ -160,6 +161,10 @@ def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, 
     row = {"status": run.status, "error": None if run.error is None else str(run.error),
            "workers": len(run.nodes),
            "wall_s": time.monotonic() - started,
+           # the workers' compute per sample, as the run measured it (in simulate, the cost
+           # model's): what --sim per_sample takes to predict the run (benchmarks/
+           # communication_lab.py --predict)
+           "compute_per_sample_s": _compute_per_sample(run.nodes),
            **reached(run.history, target, metric)}
     row["bytes_source"] = "counted" if not math.isnan(row["bytes_to_target"]) else None
     synchronous = config.mode.value == "sync" or (config.mode.value == "simulate"
@@ -171,6 +176,11 @@ def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, 
         row["bytes_to_target"] = ring_bytes(row["step_to_target"] / workers, workers, frame)
         row["bytes_source"] = "ring allreduce (modelled)"
     return row
+
+
+def _compute_per_sample(nodes) -> float:
+    samples = nodes["samples"].sum() if "samples" in nodes else 0
+    return float(nodes["compute_s"].sum() / samples) if samples else math.nan
 
 
 def _fingerprint(cell: str, grid: Mapping, options: dict, target: float, metric: str) -> str:
