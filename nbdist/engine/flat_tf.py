@@ -31,6 +31,23 @@ from nbdist.env import switch
 log = logging.getLogger(__name__)
 
 
+class _OwnRetracingFilter(logging.Filter):
+    """Drops TensorFlow's "triggered tf.function retracing" warning about these functions.
+
+    Each model gets its own functions, traced once; a sweep or a study builds a model per run.
+    TensorFlow counts the traces by the Python code, not by the function, so from the sixth
+    model on it warns of "excessive" retracing that is none. Its warning about any other
+    function (the cell's own) still shows."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        message = record.getMessage()
+        return not ("triggered tf.function retracing" in message
+                    and "TensorFlowFlatModel.__init__" in message)
+
+
+_RETRACING_FILTER = _OwnRetracingFilter()
+
+
 class TensorFlowFlatModel:
     """Compiled flat-buffer gradient and assignment functions for one Keras model (TensorFlow).
 
@@ -43,6 +60,7 @@ class TensorFlowFlatModel:
     def __init__(self, model):
         import tensorflow as tf  # TensorFlow: only on its backend
 
+        tf.get_logger().addFilter(_RETRACING_FILTER)  # once: a logger holds a filter once
         self.model = model
         self.trainable, self.non_trainable = variables_of(model)
         sizes = [int(np.prod(v.shape)) for v in self.trainable]
