@@ -81,6 +81,12 @@ def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
 # -- in the kernel ----------------------------------------------------------------------------
 
 
+class RankEndedError(TrainingError):
+    """Rank 0 had returned when its state was asked for: nothing is lost, since the weights it
+    returned are the run's final ones (the kernel's periodic copy says so at INFO, not as a
+    warning)."""
+
+
 def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S,
                 ended: Callable[[], bool] | None = None) -> list[tuple[ShardState, list]]:
     """Rank 0's state, taken after this call (`final`: the one it sent when training ended).
@@ -101,7 +107,7 @@ def fresh_state(control, final: bool, timeout: float = STATE_WAIT_S,
         if (state.state_seq or 0) > seen or state.state_seq is not None and state.final:
             return [(state, buffers)]
         if ended is not None and ended():
-            raise TrainingError(
+            raise RankEndedError(
                 "Rank 0 had ended its training before it was asked for its state, so it sends "
                 "none. The weights it returned are the run's final ones (run.model).")
     raise TrainingError(

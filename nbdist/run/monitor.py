@@ -13,6 +13,7 @@ import threading
 import time
 from concurrent.futures import Future
 
+from nbdist.checkpoint.sync_state import RankEndedError
 from nbdist.core.liveness import RunningClock
 from nbdist.engine.flat_layout import write_flat
 from nbdist.errors import NbdistError, TrainingError, WorkersLostError
@@ -221,9 +222,11 @@ def keep(state: RunState, label: str) -> None:
         try:
             shards = state.backend.checkpoint_state(state.control, False)
         except Exception as exc:  # noqa: BLE001 - (as above) the weights alone still serve
-            # once every worker has ended (a sync rank 0 that returned sends no more state),
-            # the final weights follow at once: nothing the user must know
-            level = logging.WARNING if state.backend.workers_running() else logging.INFO
+            # once every worker has ended, or a sync rank 0 has (it sends no more state, and
+            # its other ranks may still be returning), the final weights follow at once:
+            # nothing the user must know
+            ended = isinstance(exc, RankEndedError) or not state.backend.workers_running()
+            level = logging.INFO if ended else logging.WARNING
             log.log(level, "run %s: could not keep the state of %s: %s", state.run_id, label, exc)
     state.kept = (params, non_trainable, shards, label)
 
