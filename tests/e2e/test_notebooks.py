@@ -64,6 +64,9 @@ def execute(path: Path):
 
 @pytest.mark.cluster  # the notebooks start their own engines
 @pytest.mark.slow
+# the first test waits while the pool runs the longer notebooks first (about 210 s here): the
+# suite's 300 s per test would cut it on a slower machine
+@pytest.mark.timeout(1200)
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=[p.stem for p in NOTEBOOKS])
 def test_notebook_runs_top_to_bottom(path, executions):
     nb = executions[path].result()
