@@ -179,6 +179,8 @@ def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, 
 
 
 def _compute_per_sample(nodes) -> float:
+    """Seconds of compute per sample over the run's workers (NaN before any sample): a run's
+    speed without its waiting and communication, which is what a simulation is given."""
     samples = nodes["samples"].sum() if "samples" in nodes else 0
     return float(nodes["compute_s"].sum() / samples) if samples else math.nan
 
