@@ -95,6 +95,8 @@ def main() -> None:
 
 def predict(measured, args, links: str) -> None:
     """The sweep again in the simulator: each method with its measured compute per sample."""
+    import pandas as pd
+
     import nbdist
 
     runs = measured.runs
@@ -119,8 +121,6 @@ def predict(measured, args, links: str) -> None:
                      "measured_MB": real.bytes_to_target / 1e6,
                      "predicted_MB": sim.bytes_to_target / 1e6,
                      "sim": (point or {"sim": baseline})["sim"]})
-    import pandas as pd
-
     print()
     print(f"The simulator's prediction ({links}; per_sample: each method's measured compute):")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
