@@ -102,6 +102,8 @@ def test_a_killed_kernel_leaves_idle_engines_and_a_last_checkpoint_that_resumes(
 
 
 def test_a_killed_kernel_ends_its_pipeline_run_on_a_connected_cluster(cluster, tmp_path):
-    _, killed = _kill_the_kernel(cluster, tmp_path, steps=5, mode="pipeline", stages=2)
+    # killed at its first step: often before any `Alive` reached the stages (before, their lease
+    # then waited out the hubs' 60 s first term, and the engines were idle 13 to 15 s later)
+    _, killed = _kill_the_kernel(cluster, tmp_path, steps=1, mode="pipeline", stages=2)
     idle_after = _idle_within_the_timeout(cluster, killed)
     print(f"pipeline stages' engines idle {idle_after:.1f} s after the kernel's death")

@@ -5,7 +5,9 @@ reach the neighbour once each."""
 
 from __future__ import annotations
 
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 import pytest
@@ -14,7 +16,7 @@ from nbdist.errors import TrainingError
 from nbdist.hub.protocol import new_key
 from nbdist.modes.pipeline.kernel_link import KernelLink
 from nbdist.modes.pipeline.link import SEND_QUEUE, StageLink
-from nbdist.modes.pipeline.messages import Forward
+from nbdist.modes.pipeline.messages import Alive, Forward
 from tests.relay import Relay
 
 LIMITS = (3, 64 * 1024 + 4096)
@@ -33,6 +35,26 @@ def two_stages(timeout: float, relayed: bool = False):
     return kernel, a, b, relay
 
 
+@contextmanager
+def alive(kernel: KernelLink):
+    """The kernel's `Alive` broadcast every 0.1 s, as its monitor's polls send it: a stage
+    that hears none for its lease (here half of a 1 s timeout) takes the kernel for dead and
+    stops waiting for room."""
+    stop = threading.Event()
+
+    def speak():
+        while not stop.wait(0.1):
+            kernel.broadcast(Alive())
+
+    thread = threading.Thread(target=speak)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def close(*links) -> None:
     for link in links:
         link.close()
@@ -41,12 +63,15 @@ def close(*links) -> None:
 def test_a_neighbour_that_stops_reading_fails_a_send_within_the_timeout_not_a_growing_queue():
     """Stage 1 reads nothing: stage 0's queue towards it holds SEND_QUEUE messages (beside
     what the socket buffers hold), then a send fails after the timeout (before: SNDHWM 0, the
-    queue grew with every message until the stage timed out waiting)."""
+    queue grew with every message until the stage timed out waiting). The kernel is alive:
+    the waiting send reads its `Alive`s (before, a wait longer than the lease took the kernel
+    for dead and dropped the message silently)."""
     kernel, a, b, _ = two_stages(timeout=1.0)
     x = np.ones(4096, np.float32)  # 16 KB
     sent = 0
     try:
-        with pytest.raises(TrainingError, match="could not send to stage-1 for 1s"):
+        with alive(kernel), pytest.raises(TrainingError,
+                                          match="could not send to stage-1 for 1s"):
             while sent < 20 * SEND_QUEUE:
                 a.send("stage-1", Forward(sent + 1, 0), [x])
                 sent += 1

@@ -50,6 +50,7 @@ queued within the timeout fails, naming the neighbour.
 from __future__ import annotations
 
 import logging
+import threading
 import time
 from collections import Counter, deque
 from dataclasses import replace
@@ -89,6 +90,7 @@ SEND_QUEUE = 256  # messages queued towards one peer (ZMQ_SNDHWM): a schedule ke
 # have held when the connection ended (a schedule keeps a few micro-batches in flight)
 RESEND, RESEND_BYTES = SEND_QUEUE + 64, 256 << 20
 ALIGN = 64  # bytes: each array in a slot starts on a cache line
+TICK_S = 0.25  # the lease clock's thread reads it this often (well inside LEASE_GAP_S)
 PAGE = 4096
 
 
@@ -108,6 +110,35 @@ class _Recent:
         while len(self.frames) > 1 and (len(self.frames) > RESEND or self._bytes > RESEND_BYTES):
             self.frames.popleft()
             self._bytes -= self._sizes.popleft()
+
+
+class _TickingClock:
+    """The stage's running time for the kernel's lease (`RunningClock`), read every `TICK_S`
+    by a thread of its own. The stage's loop reads it only between its computations, and a
+    first step's tracing can keep it away for seconds: counted as gaps, those seconds were
+    left out, and a dead kernel's lease lapsed that much later (3.3 s measured). The thread
+    stops with the process (SIGSTOP, a closed lid), so a suspend still counts as no time."""
+
+    def __init__(self) -> None:
+        self._clock = RunningClock(max_step_s=LEASE_GAP_S)
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self.read()
+        self._thread = threading.Thread(target=self._tick, name="nbdist-lease-clock",
+                                        daemon=True)
+        self._thread.start()
+
+    def read(self) -> float:
+        with self._lock:
+            return self._clock.read(time.monotonic())
+
+    def _tick(self) -> None:
+        while not self._stopping.wait(TICK_S):
+            self.read()
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._thread.join(1.0)
 
 
 class StageAborted(Exception):  # noqa: N818 - a signal to leave, not an error
@@ -148,7 +179,7 @@ class StageLink:
                  encrypt: bool = False):
         self.stage, self.timeout = stage, timeout
         # the kernel's lease on the run (messages.Alive renews it; nbdist.core.liveness)
-        self._lease_clock = RunningClock(max_step_s=LEASE_GAP_S)
+        self._lease_clock = _TickingClock()
         self.lease = Lease(lease_term(timeout), self.lease_time())
         self.name = f"stage-{stage}"
         self.transport, self.slots = str(transport), max(1, slots)
@@ -198,8 +229,11 @@ class StageLink:
         """PUSH sockets to the neighbours (`{"stage-1": info, ...}`, each `info` as `self.info`
         gives it) and to the kernel's report socket; a SUB socket on the kernel's control socket
         (`report` and `control` as `kernel_link.KernelLink` gives them). The kernel's lease
-        starts now: preparing the other stages may have taken long."""
-        self.lease = Lease(self.lease.term_s, self.lease_time())
+        starts now, with no longer first term: the kernel has just started this stage and is
+        polling, and one killed before its first `Alive` got here (a slow joiner's first
+        broadcasts are lost) must end the run as fast (it took 13 s at --timeout 8)."""
+        term = self.lease.term_s
+        self.lease = Lease(term, self.lease_time(), first_s=term)
         for name, info in neighbours.items():
             host = info.get("host")
             if self.transport != "tcp" and host == self.host:
@@ -246,6 +280,7 @@ class StageLink:
                     if not wait:
                         self.dropped["not sent: no room"] += 1
                         return
+                    self.check_control()  # the kernel's Alive, read while this waits
                     if self.kernel_gone():  # the run is over (a dead kernel): each stage leaves
                         return  # on its own lease, so no waiting on the kernel or a neighbour
                     if time.monotonic() > deadline:
@@ -416,7 +451,7 @@ class StageLink:
 
     def lease_time(self) -> float:
         """The stage's running time that the kernel's lease is kept on (gaps count LEASE_GAP_S)."""
-        return self._lease_clock.read(time.monotonic())
+        return self._lease_clock.read()
 
     def check_lease(self) -> None:
         """Once the kernel has been silent past its lease (dead: SIGKILL, a crash, its host
@@ -506,6 +541,7 @@ class StageLink:
         return segment
 
     def close(self) -> None:
+        self._lease_clock.stop()
         if self.pull is not None:
             self.pull.close(linger=500)
         for dial in self._dials.values():

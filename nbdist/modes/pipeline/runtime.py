@@ -40,7 +40,8 @@ from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
-ALIVE_EVERY_S = 0.5  # the kernel's polls renew the stages' lease at most this often
+ALIVE_EVERY_S = 0.2  # the kernel's polls (four a second) renew the stages' lease at most this
+# often: well inside the shortest lease (`lease_term`: half of --timeout)
 
 
 class PipelineControl:
