@@ -333,8 +333,57 @@ class Cluster:
                 self._ipp_cluster.stop_cluster_sync()
                 self._ipp_cluster = None
 
+    def launcher_output(self, lines: int = 12) -> str:
+        """How the engine processes this kernel started ended, for an error that says an engine
+        died: each local engine process that has exited, and the MPI or Slurm launcher (one
+        `mpiexec` or one job for every rank; Open MPI writes there which rank ended and on
+        which signal), each with the last `lines` lines of its output (ipyparallel's file in the
+        profile's log folder) and the file's path. "" for a cluster this kernel only connected
+        to: its engines' output is where they were started."""
+        if self._ipp_cluster is None:
+            return ""
+        parts = []
+        for engine_set in list(self._ipp_cluster.engines.values()):
+            launchers = getattr(engine_set, "launchers", None)  # one per local engine
+            for launcher in (launchers.values() if launchers else [engine_set]):
+                running = _running(launcher)
+                if not (running and launchers):
+                    parts.append(_launcher_tail(launcher, running, lines))
+        return "\n".join(parts)
+
     def describe(self) -> str:
         ids = self.engine_ids
         kind = "local" if self._ipp_cluster is not None else "connected"
         secured = ", encrypted (CurveZMQ)" if self.encrypt else ""
         return f"{kind} ipyparallel cluster with {len(ids)} engine(s){secured}: {ids}"
+
+
+def _running(launcher) -> bool:
+    """Whether a launcher's process is still running (a batch job's launcher has none: taken
+    as running)."""
+    import psutil  # ipyparallel's own dependency, needed only here
+
+    process = getattr(launcher, "process", None)
+    if process is None:
+        return True
+    try:
+        return process.is_running() and process.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def _launcher_tail(launcher, running: bool, lines: int) -> str:
+    """One launcher's state and its output's last `lines` lines. ipyparallel cannot give the
+    exit code here: its own thread reaps the process and hands the code to an event loop that
+    runs only inside its calls."""
+    path = getattr(launcher, "output_file", "") or ""
+    try:
+        with open(path, errors="replace") as f:
+            output = f.read()
+    except OSError:  # ipyparallel removes it once it has logged a failed launcher's output
+        output = launcher.get_output(remove=False) or ""
+    tail = "".join(f"    {line}" for line in output.splitlines(True)[-lines:]).rstrip()
+    return (f"{type(launcher).__name__} {getattr(launcher, 'identifier', '')} (pid "
+            f"{getattr(launcher, 'pid', '?')}) {'is running' if running else 'has exited'}"
+            f"{f', its output in {path}' if path else ''}"
+            f"{'; it ends with:' + chr(10) + tail if tail else ''}")

@@ -115,8 +115,10 @@ def test_killing_a_sync_worker_fails_the_run_and_resume_completes(cluster, tmp_p
         victim = pids[run.state.backend.worker_engines[1]]  # rank 1's engine
         os.kill(victim, signal.SIGKILL)
         with pytest.raises(WorkersLostError,
-                           match=r"Rank 1's engine \(\d\) died during a --mode sync "
-                                 r"run.*nbdist.resume\("):
+                           match=r"(?s)Rank 1's engine \(\d\) died during a --mode sync "
+                                 r"run.*nbdist.resume\(.*The engine processes this kernel "
+                                 r"started: LocalEngineLauncher \d \(pid \d+\) has exited, its "
+                                 r"output in .*ipengine"):
             run.wait(timeout=120)
         assert not outlives(victim)
     finally:

@@ -252,10 +252,12 @@ class SyncBackend(EngineBackend, Backend):
                  if self.checkpoint_dir
                  else "start the run again (with --checkpoint-dir to be able to resume)")
         engine = self.worker_engines[dead[0]]
+        ended = self.cluster.launcher_output()
         return WorkersLostError(
             f"Rank {dead[0]}'s engine ({engine}) died during a --mode sync run. "
             "An allreduce needs every rank, so the run failed. Restart the engines "
-            f"(%nbdist stop, %nbdist start N), then {where}.")
+            f"(%nbdist stop, %nbdist start N), then {where}."
+            + (f"\nThe engine processes this kernel started: {ended}" if ended else ""))
 
     def hub_places(self, endpoints: list[dict]) -> list[dict]:
         """None: the kernel's metrics hub holds no parameters."""
