@@ -22,7 +22,9 @@ class VirtualNetwork:
 
     Sync (`--sim sync=1`) exchanges gradients by a ring allreduce that bypasses the hub: a
     push then takes no time and counts no bytes (as a sync rank's report counts none), and
-    each pull waits for the ring (`ring_allreduce_s` of the gradient's frame).
+    each step's pull waits for the ring (`ring_allreduce_s` of the gradient's frame; the
+    first pull stands for the start's broadcast of the weights). An evaluation's pull waits
+    for nothing: a rank evaluates the weights it holds.
     """
 
     def __init__(self, codec: str, num_workers: int, count: int, non_trainable: int,
@@ -66,7 +68,7 @@ class VirtualNetwork:
         an evaluation); returns when it arrives."""
         if self.sync:
             np.copyto(out, weights)
-            return now + self._ring_s
+            return now if full else now + self._ring_s
         codec, pull = self.codec, self._pull[w]
         if codec.lossy and (full or pull is None):  # the weights themselves, as float32
             if pull is None:
