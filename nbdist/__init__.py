@@ -26,6 +26,7 @@ __all__ = [
     "Cluster",
     "Mode",
     "NbdistError",
+    "Rule",
     "Run",
     "TrainConfig",
     "compare",
@@ -36,7 +37,8 @@ __all__ = [
     "unload_ipython_extension",
 ]
 
-_LAZY = {"Cluster": "nbdist.cluster.engines", "Run": "nbdist.run.handle",
+_LAZY = {"Cluster": "nbdist.cluster.engines", "Rule": "nbdist.algorithms.base",
+         "Run": "nbdist.run.handle",
          "compare": "nbdist.dashboard.comparison", "resume": "nbdist.api", "train": "nbdist.api",
          "sweep": "nbdist.sweeps"}
 

@@ -13,7 +13,8 @@ from __future__ import annotations
 import dataclasses
 import os
 
-from nbdist.algorithms import RULES
+from nbdist.algorithms import RULES, rule_class
+from nbdist.algorithms.custom import register_named
 from nbdist.checkpoint.store import load
 from nbdist.config import TrainConfig
 from nbdist.engine.cell_traceback import compile_cell
@@ -52,6 +53,7 @@ def train(cell: str, *, cluster=None, namespace: dict | None = None, wait: bool 
     """
     check_option_names(options)
     given = dict(options)
+    register_named(namespace, options.get("algorithm"), set(RULES))  # a rule of the user's
     config = config.replace(**options) if config is not None else TrainConfig(**options)
     return _start(cell, config, cluster, namespace, wait, given=given, presenter=presenter)
 
@@ -89,6 +91,7 @@ def resume(checkpoint: str | os.PathLike, cell: str | None = None, *, cluster=No
             "Pass the cell that builds the model, nbdist.resume(path, cell, ...), or, for a "
             "checkpoint you made yourself, nbdist.resume(path, trust_cell=True, ...).")
     ckpt = load(checkpoint)  # verified whole before anything starts
+    register_named(namespace, ckpt.meta["config"].get("algorithm"), set(RULES))
     config = _resumed_config(ckpt, options)
     source = ckpt.meta.get("cell") if cell is None else cell
     if not isinstance(source, str):
@@ -111,7 +114,7 @@ def _resumed_config(ckpt, options: dict) -> TrainConfig:
     # (the hub optimizer's live rate, a set_lr included, comes back with its saved state)
     # rule options changed from their defaults (given, or set live) carry over; defaults that
     # depend on the number of workers (softsync's n, easgd's alpha) follow the new run's
-    defaults = RULES[shard0["rule"]].default_options(int(ckpt.meta.get("num_workers") or 1))
+    defaults = rule_class(shard0["rule"]).default_options(int(ckpt.meta.get("num_workers") or 1))
     saved["algo_options"] = {k: v for k, v in shard0["rule_options"].items()
                              if defaults.get(k) != v}
     for flag, option in (("staleness", "staleness"), ("n", "n"), ("groups", "num_groups")):

@@ -47,8 +47,10 @@ class TrainConfig:
         "Horovod allreduce between the cluster's engines; local, in this kernel; simulate, "
         "virtual workers on a virtual clock, in this kernel; pipeline, the model cut into stages, "
         "one engine each", choices=Mode)
-    algorithm: Algorithm | None = option(
-        None, "update rule the hub applies to each push", choices=Algorithm,
+    algorithm: Algorithm | str | None = option(
+        None, "update rule the hub applies to each push: a built-in one, or a subclass of "
+        "nbdist.Rule defined in the notebook (the class, or its name)", choices=Algorithm,
+        open_choices=True,
         shown_default="asgd; for a recurrent net at plain SGD with 2 or more async workers, "
         "softsync --n 1 with the workers sharing the fit call's batch (dc-asgd-a without one)")
     workers: int | None = option(
@@ -176,7 +178,7 @@ class TrainConfig:
         set_ = object.__setattr__
         set_(self, "mode", _choice(Mode, self.mode, "--mode"))
         if self.algorithm is not None:  # None: nbdist picks (nbdist.job.Job.default_rule)
-            set_(self, "algorithm", _choice(Algorithm, self.algorithm, "--algorithm"))
+            set_(self, "algorithm", _algorithm(self.algorithm))
         set_(self, "transport", _choice(Transport, self.transport, "--transport"))
         set_(self, "compression", _codec(self.compression))
         set_(self, "collective", _choice(Collective, self.collective, "--collective"))
@@ -278,7 +280,7 @@ class TrainConfig:
                 "apply. Pick another --algorithm, or use --mode async with a cluster.")
         if self.sim.get("sync") and self.algorithm not in (None, Algorithm.ASGD):
             raise ConfigError(f"--sim sync=1 simulates --mode sync (one mean gradient per step), "
-                              f"which has no --algorithm (Received: {self.algorithm.value}). "
+                              f"which has no --algorithm (Received: {self.rule_name}). "
                               "Drop --algorithm.")
 
     def _check_algorithm_options(self) -> None:
@@ -297,10 +299,10 @@ class TrainConfig:
                 f"{high}. Widen the bounds or change --batch-size."
             )
         # the rules' catalogue (NumPy: imported once a config is built, not at `import nbdist`)
-        from nbdist.algorithms import RULES, make_rule, rules_that
+        from nbdist.algorithms import CUSTOM, make_rule, rule_class, rules_that
 
-        algo = self.rule.value
-        if self.local_steps > 1 and not RULES[algo].takes_local_steps:
+        algo = self.rule_name
+        if self.local_steps > 1 and not rule_class(algo).takes_local_steps:
             raise ConfigError(
                 f"--local-steps works with {', '.join(rules_that('takes_local_steps'))}, whose "
                 f"update is linear in what is pushed (Received: --algorithm {algo}). Use one of "
@@ -315,6 +317,10 @@ class TrainConfig:
         # group's num_groups) are checked again once it is known, before any engine is used
         # (nbdist.job.coordinator_plan)
         make_rule(algo, 0, self.workers or MAX_WORKERS, self.rule_options())
+        if algo in CUSTOM:  # a rule of the user's: the properties every built-in one has
+            from nbdist.algorithms.custom import check_rule
+
+            check_rule(CUSTOM[algo], self.rule_options())
 
     def _diloco_recipe(self) -> None:
         """DiLoCo's own settings where the run leaves them: H = 500 inner steps per round
@@ -396,10 +402,16 @@ class TrainConfig:
         return self.mode.value in modes_taking("algorithm")
 
     @property
-    def rule(self) -> Algorithm:
-        """The update rule the hub applies: --algorithm, or asgd where it was left to nbdist
-        (until the job picks one for the cell: `nbdist.job.Job.default_rule`)."""
+    def rule(self) -> Algorithm | str:
+        """The update rule the hub applies: --algorithm (a rule of the user's: its name), or
+        asgd where it was left to nbdist (until the job picks one for the cell:
+        `nbdist.job.Job.default_rule`)."""
         return self.algorithm or Algorithm.ASGD
+
+    @property
+    def rule_name(self) -> str:
+        """The rule's name, as `nbdist.algorithms.rule_class` finds it."""
+        return str(self.rule)
 
     @property
     def momentum_corrected(self) -> bool:
@@ -415,9 +427,9 @@ class TrainConfig:
     def momentum_correction_works(self) -> bool:
         """Whether the rule hands each push, as it lands, to the hub's optimizer (a rule that
         `corrects_momentum`, one step per exchange, a mode with a rule): where staleness acts."""
-        from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
+        from nbdist.algorithms import rule_class  # NumPy: not at `import nbdist`
 
-        return (RULES[self.rule.value].corrects_momentum and self.local_steps == 1
+        return (rule_class(self.rule_name).corrects_momentum and self.local_steps == 1
                 and self.mode.value in modes_taking("momentum_correction"))
 
     @property
@@ -428,9 +440,9 @@ class TrainConfig:
 
     @property
     def _prediction_works(self) -> bool:
-        from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
+        from nbdist.algorithms import rule_class  # NumPy: not at `import nbdist`
 
-        return (RULES[self.rule.value].predicts_weights and self.local_steps == 1
+        return (rule_class(self.rule_name).predicts_weights and self.local_steps == 1
                 and self.mode.value in modes_taking("predict_weights"))
 
     def _check_checkpoints(self) -> None:
@@ -457,10 +469,10 @@ class TrainConfig:
         optimizer (the mode's spec says so for sync ranks and pipeline stages; in the hub modes,
         --local-steps workers and a rule's whose workers step, easgd's), else "hub", the hub's
         optimizer."""
-        from nbdist.algorithms import RULES  # NumPy: not at `import nbdist`
+        from nbdist.algorithms import rule_class  # NumPy: not at `import nbdist`
 
         workers = (mode_spec(self.mode).lr_owner == "workers" or self.local_steps > 1
-                   or RULES[self.rule.value].workers_step)
+                   or rule_class(self.rule_name).workers_step)
         return "workers" if workers else "hub"
 
     @property
@@ -494,6 +506,29 @@ class TrainConfig:
     def to_dict(self) -> dict:
         """Plain JSON-able dict (enums as strings), for engines and logs."""
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+
+def _algorithm(value: object) -> Algorithm | str:
+    """--algorithm as the config keeps it: a built-in rule (`Algorithm`), or the name of a
+    rule of the user's (a subclass of `nbdist.Rule`, given as the class, which is registered
+    in this kernel, or by the name of one registered before)."""
+    if isinstance(value, type):
+        from nbdist.algorithms import RULES
+        from nbdist.algorithms.custom import register, validate_class
+
+        register(validate_class(value, set(RULES)))
+        return value.name
+    try:
+        return _choice(Algorithm, value, "--algorithm")
+    except ConfigError as exc:
+        from nbdist.algorithms import CUSTOM
+
+        if isinstance(value, str) and value in CUSTOM:
+            return value
+        raise ConfigError(
+            f"{exc} Or name a rule of yours: a subclass of nbdist.Rule with that `name`, "
+            "defined in the notebook before the run (pass the class to nbdist.train, or its "
+            "name to %%distribute --algorithm).") from None
 
 
 def _plain(value: object) -> object:

@@ -28,6 +28,8 @@ class Flag:
     short: str | None = None  # a one-letter alias ("-o")
     type: Callable | None = None  # converts the text on the line (None: kept as text)
     choices: tuple[str, ...] | Callable[[], tuple[str, ...]] | None = None  # callable: late
+    # other values are taken too, and TrainConfig checks them (--algorithm: a rule of yours)
+    open_choices: bool = False
     switch: bool = False  # takes no value: given means True
     negatable: bool = False  # --name and --no-name
     positional: bool = False
@@ -76,7 +78,10 @@ class Flag:
         elif self.negatable:
             kwargs["action"] = argparse.BooleanOptionalAction
         else:
-            kwargs.update(type=self.type, choices=self.choice_values, metavar=self.metavar)
+            kwargs.update(type=self.type, metavar=self.metavar,
+                          choices=None if self.open_choices else self.choice_values)
+            if self.open_choices and self.metavar is None:
+                kwargs["metavar"] = "{" + ",".join(self.choice_values or ()) + ",...}"
             if self.optional_value:
                 kwargs["nargs"] = "?"
         if not self.positional:

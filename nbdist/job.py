@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbdist.algorithms import RULES, make_rule
+from nbdist.algorithms import make_rule, rule_class
 from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.algorithms.group import MAX_RATIO
 from nbdist.algorithms.momentum import correction_notice, worth_correcting
@@ -239,7 +239,7 @@ class Job:
                     f"on the fifth); with a fit call and its own batch, nbdist averages the "
                     f"workers' pushes instead, as --mode sync does. --algorithm asgd keeps "
                     f"asgd."]
-        if RULES[config.rule.value].compensates_delay or not config.momentum_correction_works:
+        if rule_class(config.rule_name).compensates_delay or not config.momentum_correction_works:
             return []  # a rule that corrects or averages late pushes
         return [f"{said} To track fit, leave --algorithm out (nbdist then picks a rule for "
                 f"late pushes), or pick --mode sync, or a lower learning rate."]
@@ -376,7 +376,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
             f"--slowdown gives {len(config.slowdown)} factor(s) for {num_workers} worker(s). "
             f"Give one per worker, e.g. --slowdown {','.join(['1'] * num_workers)}."
         )
-    algorithm = config.rule.value
+    algorithm = config.rule_name
     options = config.rule_options()
     rule = make_rule(algorithm, 0, num_workers, options)  # bounds that depend on the workers
     declared = rule.options  # the given options over the rule's own defaults

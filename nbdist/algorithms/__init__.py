@@ -19,6 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from nbdist.algorithms.base import Option, Rule
+from nbdist.algorithms.custom import CUSTOM
 from nbdist.algorithms.dc import DCASGD, DDCASGD, DCASGDAdaptive, dc_compensate, ddc_beta
 from nbdist.algorithms.easgd import EASGD, easgd_alpha, elastic_exchange
 from nbdist.algorithms.group import DiLoCo, Group, form_groups, group_lr, mean_into
@@ -84,6 +85,7 @@ __all__ = [
     "form_groups",
     "group_lr",
     "make_rule",
+    "rule_class",
     "mean_into",
     "momentum_correction_default",
     "prediction_default",
@@ -102,9 +104,15 @@ def make_rule(name: str, size: int, num_workers: int,
         >>> make_rule("dc-asgd", size=4, num_workers=2, options={"lambda0": 0.1}).options
         {'lambda0': 0.1}
     """
-    try:
-        rule = RULES[name]
-    except KeyError:
+    return rule_class(name)(size, num_workers, **dict(options or {}))
+
+
+def rule_class(name: str) -> type[Rule]:
+    """The rule called `name`: a built-in one, or one from a notebook registered in this
+    process (`nbdist.algorithms.custom`)."""
+    rule = RULES.get(name) or CUSTOM.get(name)
+    if rule is None:
+        custom = f" (or a rule of yours: {', '.join(sorted(CUSTOM))})" if CUSTOM else ""
         raise ConfigError(f"Unknown algorithm {name!r}. Expected one of: "
-                          f"{', '.join(sorted(RULES))}.") from None
-    return rule(size, num_workers, **dict(options or {}))
+                          f"{', '.join(sorted(RULES))}{custom}.")
+    return rule

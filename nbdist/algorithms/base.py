@@ -30,7 +30,9 @@ def unknown_option(name: str, owner: str, valid: dict[str, Option]) -> ConfigErr
 
 
 class Rule:
-    """Base of the update rules. Subclasses set `name` and override `on_push`.
+    """Base of the update rules. Subclasses set `name` and override `on_push`. Public as
+    `nbdist.Rule`: a rule written in the notebook is one too (`nbdist.algorithms.custom`,
+    docs/rules.md "A rule of your own").
 
     Example:
         >>> from nbdist.algorithms import make_rule

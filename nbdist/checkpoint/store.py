@@ -43,11 +43,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from nbdist.algorithms import RULES
+from nbdist.algorithms import rule_class
 from nbdist.algorithms.optimizers import HubOptimizer
 from nbdist.checkpoint.sync_state import check_meta
 from nbdist.core.schedule import EpochSchedule
-from nbdist.errors import CheckpointError, CheckpointNotFoundError
+from nbdist.errors import CheckpointError, CheckpointNotFoundError, ConfigError
 
 if TYPE_CHECKING:
     from nbdist.wire.messages import ShardState
@@ -399,10 +399,14 @@ def _check_rule_state(meta_path: str, meta: dict, arrays: dict[str, np.ndarray])
     # sync's hub (what its checkpoints save) takes no --algorithm and keeps asgd's empty state
     ran = meta["config"].get("algorithm") or "asgd"
     for i, shard in enumerate(meta["shards"]):
-        if shard.get("rule") != ran or shard["rule"] not in RULES:
+        if shard.get("rule") != ran:
             raise _corrupt(meta_path, f"shard {i} ran rule {shard.get('rule')!r}, its config "
                                       f"{ran!r}")
-        wanted = {f"rule.{f}" for f in RULES[shard["rule"]].state_fields}
+        try:
+            kept = rule_class(shard["rule"]).state_fields
+        except ConfigError:  # a rule of the user's, not defined in this kernel (yet): the run
+            continue  # that resumes it needs it defined, and its start says so
+        wanted = {f"rule.{f}" for f in kept}
         wanted |= {f"opt.{f}" for f in _optimizer_fields(meta_path, i, shard)}
         saved = set(shard.get("numbers", {})) | {k.split(".", 1)[1] for k in arrays
                                                   if k.startswith(f"shard{i}.")

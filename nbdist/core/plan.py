@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from nbdist.algorithms import RULES
+from nbdist.algorithms import rule_class
 from nbdist.algorithms.group import MAX_RATIO
 
 
@@ -52,4 +52,4 @@ class Plan:
     def syncs_groups(self) -> bool:
         """Whether the rule holds a group's pushes at a barrier and applies their mean (group,
         diloco)."""
-        return RULES[self.algorithm].syncs_groups
+        return rule_class(self.algorithm).syncs_groups

@@ -33,20 +33,16 @@ so both apply a push the same way. Pure NumPy; `nbdist.engine.optimizer_spec.cho
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import numpy as np
 
-from nbdist.algorithms import make_rule
+from nbdist.algorithms import CUSTOM, make_rule, rule_class
+from nbdist.algorithms.base import Rule
 from nbdist.algorithms.blocks import Runner, block_ranges, run_serial
 from nbdist.algorithms.constraints import ShardConstraints
 from nbdist.algorithms.kernels import STREAM_MIN, copy_out
 from nbdist.algorithms.momentum import DelayAverage, compensated_momentum
 from nbdist.algorithms.optimizers import HubOptimizer, server_optimizer_spec
 from nbdist.errors import ConfigError
-
-if TYPE_CHECKING:
-    from nbdist.algorithms.base import Rule
 
 CLIPPING = ("clipnorm", "clipvalue", "global_clipnorm")
 
@@ -69,6 +65,15 @@ def describe_spec(spec: dict) -> str:
 
 def check_composition(algorithm: str, spec: dict | None) -> None:
     """Refuse a rule that cannot hand its gradient to this optimizer."""
+    rule = rule_class(algorithm)
+    if algorithm in CUSTOM and rule.gradient is Rule.gradient and not plain_sgd(spec):
+        raise ConfigError(
+            f"Your rule {algorithm} defines on_push, a step of plain SGD, but the cell compiles "
+            f"{describe_spec(spec)}, which the hub applies to what a rule's gradient() decides "
+            "(on_push runs with plain SGD only). Define gradient(self, worker, w, g, delay, "
+            "scale) returning (the gradient to apply, scale), or None to hold the push back, "
+            "so the cell's optimizer steps on it; or pass --server-optimizer sgd --lr 0.05 to "
+            "run your on_push with plain SGD.")
     if algorithm == "ddc-asgd" and not plain_sgd(spec):
         raise ConfigError(
             f"--algorithm ddc-asgd is its own delay-weighted momentum on plain SGD, so it cannot "
@@ -84,7 +89,8 @@ class Updater:
     variables of this shard, which holds floats [offset, offset + rule.size) of the flat vector.
 
     Example:
-        >>> from nbdist.algorithms import make_rule
+        >>> from nbdist.algorithms import CUSTOM, make_rule, rule_class
+from nbdist.algorithms.base import Rule
         >>> up = Updater(make_rule("easgd", 2, 1), None)
         >>> w = np.array([1, 2], np.float32)
         >>> up.push(0, w, np.array([1, 1], np.float32), delay=0)
@@ -178,7 +184,8 @@ class Updater:
         --predict-weights, or for `steps` = 0, `out = w`.
 
         Example:
-            >>> from nbdist.algorithms import make_rule
+            >>> from nbdist.algorithms import CUSTOM, make_rule, rule_class
+from nbdist.algorithms.base import Rule
             >>> from nbdist.algorithms.optimizers import server_optimizer_spec
             >>> sgd = server_optimizer_spec("sgd", 0.5, [2])
             >>> up = Updater(make_rule("asgd", 2, 2), sgd, predict=True)

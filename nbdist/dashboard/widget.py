@@ -181,7 +181,7 @@ class Dashboard:
         self.top_k.observe(lambda _: self.refresh(), names="value")
 
         controls = [self.pause_button, self.stop_button, self.lr_slider, self.policy]
-        if run.config.rule.value == "group":
+        if run.config.rule_name == "group":
             controls.append(self.regroup_button)
         self.grid = w.GridBox(list(self.plots.values()),
                               layout={"grid_template_columns": "repeat(2, minmax(0, 1fr))",

@@ -280,7 +280,7 @@ def choose_optimizer(config: TrainConfig, optimizer, segments: list[int],
     """
     if mode_spec(config.mode).lr_owner == "workers":  # no hub holds the weights
         return None, []
-    algorithm = config.rule.value
+    algorithm = config.rule_name
     chosen = config.server_optimizer.value if config.server_optimizer is not None else None
     if algorithm == "easgd":
         if chosen is not None:

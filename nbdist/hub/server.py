@@ -36,6 +36,7 @@ from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
 from nbdist.errors import ProtocolError, RepeatedMessageError
 from nbdist.hub import localline, orphan, shm, writeoff
+from nbdist.hub.custom_rule import register_packed
 from nbdist.hub.export import hub_state, shard_state
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.profile import marker
@@ -125,6 +126,8 @@ class HubSpec:
     # the TCP addresses of the hosts of the run's workers and kernel: the gate reserves their
     # share of its handshake slots (nbdist.hub.gate); None: not known, no share reserved
     peer_hosts: list[str] | None = None
+    # a rule written in the notebook, by value (`nbdist.hub.custom_rule.pack`); None: built-in
+    rule: str | None = None
 
 
 class Hub:
@@ -136,6 +139,7 @@ class Hub:
 
     def __init__(self, spec: HubSpec, clock: Callable[[], float] | None = None):
         self.spec = spec
+        register_packed(spec.rule)  # before the shard makes its rule, which finds it by name
         self.start_time = time.time()  # a timestamp for the views, never a duration
         self.running = RunningClock()
         self.running.read(time.monotonic())

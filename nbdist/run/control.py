@@ -108,7 +108,7 @@ class RunControl:
         snapshot = self.state.snapshot
         options = {**snapshot.get("rule_options", {}), name: value}
         workers = max(1, len(snapshot.get("nodes", [])))
-        make_rule(self.state.config.rule.value, 0, workers, options)
+        make_rule(self.state.config.rule_name, 0, workers, options)
         self._send(option=[name, float(value)])
 
     def add_workers(self, engines) -> list[int]:
@@ -124,7 +124,7 @@ class RunControl:
 
     def regroup(self) -> None:
         """Re-form the speed groups of `--algorithm group` from the current throughput."""
-        algorithm = self.state.config.rule.value
+        algorithm = self.state.config.rule_name
         if algorithm != "group":
             raise ConfigError(f"regroup() needs --algorithm group (this run uses {algorithm}).")
         self._send(regroup=True)

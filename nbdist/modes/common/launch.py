@@ -20,6 +20,7 @@ from nbdist.core.liveness import lease_term
 from nbdist.core.sharding import shard_bounds
 from nbdist.engine.run_cell import portable
 from nbdist.hub.control import HubControl
+from nbdist.hub.custom_rule import custom_rule
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import HubSpec
 from nbdist.job import Job
@@ -58,7 +59,8 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
                    params=job.params, non_trainable=job.non_trainable,
                    rule_options=job.rule_options, local_steps=config.local_steps,
                    optimizer=job.optimizer, constraints=job.constraints,
-                   idle_timeout=config.timeout, extra_bytes=extra_bytes)
+                   idle_timeout=config.timeout, extra_bytes=extra_bytes,
+                   rule=custom_rule(job.plan.algorithm))
     if lease:
         base = replace(base, lease_s=lease_term(config.timeout), last_checkpoint=(
             None if config.checkpoint_dir is None else

@@ -1,0 +1,156 @@
+"""Update rules written in a notebook: a subclass of `nbdist.Rule`, named by `--algorithm`.
+
+A user's rule must pass, before it runs, what every built-in rule passes (`check_rule`):
+- **in place**: a push that says it changed the weights (`on_push` returned True) changed the
+  array it was given, not a new one;
+- **no allocation proportional to the model per push**: its scratch is allocated once, in
+  `__init__` or on the first push, as the built-ins' is (measured with `tracemalloc`);
+- **deterministic**: two instances given the same pulls and pushes end with the same weights,
+  to the bit.
+A rule that fails one is refused with the property named and what to change.
+
+The class travels to the hub by value, inside the hub's spec (`nbdist.hub.custom_rule`), and
+the hub process registers it here (`register`), so that `make_rule` finds it by name, as it
+finds the built-ins (`RULES`).
+"""
+
+from __future__ import annotations
+
+import re
+import tracemalloc
+
+import numpy as np
+
+from nbdist.algorithms.base import Rule
+from nbdist.errors import ConfigError
+
+NAME = re.compile(r"^[a-z][a-z0-9-]{0,39}$")
+# The property checks' model: large enough that a copy of the weights (400 KB) stands out
+# from a rule's per-push bookkeeping, small enough to check in a few milliseconds.
+CHECK_SIZE = 100_000
+ALLOCATION_LIMIT = 64_000  # bytes a push may allocate: a few small temporaries, no copy
+CHECK_WORKERS = 3
+CHECK_PUSHES = 12
+
+# this process's rules from notebooks, by name (the kernel's, or a hub's that received one)
+CUSTOM: dict[str, type[Rule]] = {}
+
+
+def validate_class(rule: object, builtin: set[str]) -> type[Rule]:
+    """`rule` as a usable custom rule class: a subclass of `nbdist.Rule` with its own
+    `on_push` and a `name` that no built-in rule has; ConfigError saying what to fix."""
+    if not (isinstance(rule, type) and issubclass(rule, Rule)):
+        raise ConfigError(f"--algorithm takes a rule's name or a subclass of nbdist.Rule "
+                          f"(Received: {rule!r}). Define `class MyRule(nbdist.Rule)` with a "
+                          "`name` and an `on_push`, and pass the class or its name.")
+    name = getattr(rule, "name", "")
+    if not isinstance(name, str) or not NAME.match(name):
+        raise ConfigError(f"The rule {rule.__name__} needs a `name`: lower-case letters, digits "
+                          f"and dashes, starting with a letter (Received: name={name!r}). Set "
+                          f"e.g. `name = \"my-rule\"` in the class.")
+    if name in builtin:
+        raise ConfigError(f"The rule {rule.__name__} is named {name!r}, as nbdist's built-in "
+                          f"rule is. Give it another name, e.g. \"my-{name}\".")
+    if rule.on_push is Rule.on_push:
+        raise ConfigError(f"The rule {name} has no on_push. Define "
+                          "`on_push(self, worker, w, g, lr, delay) -> bool`: apply the "
+                          "gradient g to w in place, return True if w changed.")
+    return rule
+
+
+def register_named(namespace: dict | None, name: object, builtin: set[str]) -> None:
+    """Register the rule called `name` that the notebook's `namespace` defines (a subclass of
+    `nbdist.Rule` with that `name`), so that `--algorithm NAME` finds it; nothing when `name`
+    is no string or no such class is there (the config then says what it expected). The
+    namespace's class wins over one registered before: a cell edited and run again redefines
+    it. `builtin`: the built-in rules' names."""
+    if not isinstance(name, str) or not namespace or name in builtin:
+        return
+    for value in list(namespace.values()):
+        if (isinstance(value, type) and issubclass(value, Rule) and value is not Rule
+                and getattr(value, "name", None) == name):
+            register(validate_class(value, builtin))
+            return
+
+
+def register(rule: type[Rule]) -> None:
+    """Make `rule` findable by its name in this process (`make_rule`)."""
+    CUSTOM[rule.name] = rule
+
+
+def check_rule(rule: type[Rule], options: dict | None = None) -> None:
+    """Run `rule` on a model of CHECK_SIZE floats, CHECK_WORKERS workers and CHECK_PUSHES
+    pushes as the hub does (each worker pulls after its push), and refuse it (ConfigError,
+    naming the property) unless it is in place, allocates no copy of the model per push and
+    is deterministic."""
+    first = _apply(rule, options, check_allocation=True)
+    second = _apply(rule, options, check_allocation=False)
+    if not np.array_equal(first, second, equal_nan=True):
+        differ = int(np.count_nonzero(first != second))
+        raise ConfigError(
+            f"The rule {rule.name} is not deterministic: two instances given the same pulls "
+            f"and pushes ended with {differ} of {first.size} weights different. The hub's "
+            "rules must give the same weights for the same pushes (a checkpoint resumes them, "
+            "tests compare them): seed any randomness from the worker and the push count, not "
+            "from the clock or a global generator.")
+
+
+def _apply(rule: type[Rule], options: dict | None, check_allocation: bool) -> np.ndarray:
+    name = rule.name
+    rng = np.random.default_rng(0)
+    w = rng.standard_normal(CHECK_SIZE).astype(np.float32)
+    pushes = [(int(rng.integers(CHECK_WORKERS)),
+               rng.standard_normal(CHECK_SIZE).astype(np.float32)) for _ in range(CHECK_PUSHES)]
+    try:
+        instance = rule(CHECK_SIZE, CHECK_WORKERS, **dict(options or {}))
+    except ConfigError:
+        raise
+    except Exception as exc:  # the user's code: named, with its error
+        raise ConfigError(f"The rule {name} failed when made for {CHECK_SIZE} floats and "
+                          f"{CHECK_WORKERS} workers: {type(exc).__name__}: {exc}. Its "
+                          "__init__(self, size, num_workers, **options) must call "
+                          "super().__init__(size, num_workers, **options).") from exc
+    version, read, changed_any = 0, {}, False
+    try:
+        for worker in range(CHECK_WORKERS):
+            instance.on_pull(worker, w, version)
+            read[worker] = version
+        for i, (worker, g) in enumerate(pushes):
+            before = w.copy()
+            if check_allocation and i:  # the first push may allocate the rule's scratch
+                tracemalloc.start()
+            try:
+                changed = instance.on_push(worker, w, g, 0.01, version - read[worker])
+                peak = tracemalloc.get_traced_memory()[1] if check_allocation and i else 0
+            finally:
+                if check_allocation and i:
+                    tracemalloc.stop()
+            if peak > ALLOCATION_LIMIT:
+                raise ConfigError(
+                    f"The rule {name} allocates {peak / 1e3:.0f} KB in a push to a model of "
+                    f"{CHECK_SIZE * 4 / 1e3:.0f} KB: a new array per push (e.g. `w - lr * g`, "
+                    "`g * g`). The hub applies every push on preallocated buffers: allocate "
+                    "scratch once in __init__ (np.empty(size, np.float32)) and write into it "
+                    "with out= (np.multiply(g, g, out=self.scratch)).")
+            if changed and np.array_equal(before, w):
+                raise ConfigError(
+                    f"The rule {name} is not in place: on_push returned True but left the "
+                    "weights it was given unchanged (it made a new array, e.g. `w = w - lr * "
+                    "g`). Write into w: `w -= lr * g`, or np.subtract(w, step, out=w).")
+            if changed:
+                changed_any = True
+                version += 1
+            instance.on_pull(worker, w, version)
+            read[worker] = version
+    except ConfigError:
+        raise
+    except Exception as exc:  # the user's code: named, with its error
+        raise ConfigError(f"The rule {name} raised {type(exc).__name__} on a push: {exc}. "
+                          "on_push(self, worker, w, g, lr, delay) gets float32 arrays of the "
+                          "shard's size; on_pull(self, worker, w, version) is called after "
+                          "each of the worker's pushes.") from exc
+    if not changed_any:
+        raise ConfigError(f"The rule {name} changed no weights in {CHECK_PUSHES} pushes "
+                          "(on_push returned False every time). Return True from on_push once "
+                          "it has applied an update to w.")
+    return w
