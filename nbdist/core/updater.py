@@ -89,8 +89,7 @@ class Updater:
     variables of this shard, which holds floats [offset, offset + rule.size) of the flat vector.
 
     Example:
-        >>> from nbdist.algorithms import CUSTOM, make_rule, rule_class
-from nbdist.algorithms.base import Rule
+        >>> from nbdist.algorithms import make_rule
         >>> up = Updater(make_rule("easgd", 2, 1), None)
         >>> w = np.array([1, 2], np.float32)
         >>> up.push(0, w, np.array([1, 1], np.float32), delay=0)
@@ -184,8 +183,7 @@ from nbdist.algorithms.base import Rule
         --predict-weights, or for `steps` = 0, `out = w`.
 
         Example:
-            >>> from nbdist.algorithms import CUSTOM, make_rule, rule_class
-from nbdist.algorithms.base import Rule
+            >>> from nbdist.algorithms import make_rule
             >>> from nbdist.algorithms.optimizers import server_optimizer_spec
             >>> sgd = server_optimizer_spec("sgd", 0.5, [2])
             >>> up = Updater(make_rule("asgd", 2, 2), sgd, predict=True)
