@@ -382,8 +382,9 @@ def _launcher_tail(launcher, running: bool, lines: int) -> str:
             output = f.read()
     except OSError:  # ipyparallel removes it once it has logged a failed launcher's output
         output = launcher.get_output(remove=False) or ""
+    said = (f"{type(launcher).__name__} {getattr(launcher, 'identifier', '')} (pid "
+            f"{getattr(launcher, 'pid', '?')}) {'is running' if running else 'has exited'}")
+    if path:
+        said += f", its output in {path}"
     tail = "".join(f"    {line}" for line in output.splitlines(True)[-lines:]).rstrip()
-    return (f"{type(launcher).__name__} {getattr(launcher, 'identifier', '')} (pid "
-            f"{getattr(launcher, 'pid', '?')}) {'is running' if running else 'has exited'}"
-            f"{f', its output in {path}' if path else ''}"
-            f"{'; it ends with:' + chr(10) + tail if tail else ''}")
+    return said + ("; it ends with:\n" + tail if tail else "")
