@@ -9,7 +9,7 @@ A user's rule must pass, before it runs, what every built-in rule passes (`check
   to the bit.
 A rule that fails one is refused with the property named and what to change.
 
-The class travels to the hub by value, inside the hub's spec (`nbdist.hub.custom_rule`), and
+The class travels to the hub by value, inside the hub's spec (`nbdist.engine.rule_by_value`), and
 the hub process registers it here (`register`), so that `make_rule` finds it by name, as it
 finds the built-ins (`RULES`).
 """

@@ -34,9 +34,9 @@ from nbdist.core.compression import PullEncoder
 from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
 from nbdist.core.plan import Plan
 from nbdist.core.shard import GROUP_WAIT_LIMIT_S, ShardCore
+from nbdist.engine.rule_by_value import register_packed
 from nbdist.errors import ProtocolError, RepeatedMessageError
 from nbdist.hub import localline, orphan, shm, writeoff
-from nbdist.hub.custom_rule import register_packed
 from nbdist.hub.export import hub_state, shard_state
 from nbdist.hub.memory import reuse_large_buffers
 from nbdist.hub.profile import marker
@@ -126,7 +126,7 @@ class HubSpec:
     # the TCP addresses of the hosts of the run's workers and kernel: the gate reserves their
     # share of its handshake slots (nbdist.hub.gate); None: not known, no share reserved
     peer_hosts: list[str] | None = None
-    # a rule written in the notebook, by value (`nbdist.hub.custom_rule.pack`); None: built-in
+    # a rule written in the notebook, by value (`nbdist.engine.rule_by_value.pack`); None: built-in
     rule: str | None = None
 
 

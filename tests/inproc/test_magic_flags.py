@@ -51,7 +51,7 @@ def _shown(ip, cell: str, capsys) -> tuple[object, str]:
 
 @pytest.mark.parametrize(("cell", "message"), [
     ("%%distribute --turbo\npass", "unrecognized arguments: --turbo"),
-    ("%%distribute --algorithm nope\npass", "argument --algorithm: invalid choice: 'nope'"),
+    ("%%distribute --algorithm nope\npass", "Unknown --algorithm 'nope'. Expected one of: 'asgd'"),
     ("%%distribute --workers two\npass", "argument --workers: invalid int value: 'two'"),
     ("%%distribute --groups many\npass", "argument --groups: expects 'auto' or a whole number"),
     ("%%distribute --mode local --workers 2\npass", "--mode local trains with one worker"),

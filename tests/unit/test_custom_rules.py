@@ -15,8 +15,8 @@ import pytest
 import nbdist
 from nbdist.algorithms import RULES, make_rule, rule_class
 from nbdist.algorithms.custom import CUSTOM, check_rule, register, validate_class
+from nbdist.engine.rule_by_value import pack, unpack
 from nbdist.errors import ConfigError
-from nbdist.hub.custom_rule import pack, unpack
 from tests.rule_cases import random_pushes, run
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -156,7 +156,7 @@ def test_a_rule_travels_by_value_and_is_found_by_name_where_registered():
             return True
 
     # another process (as a hub's) makes it from the text alone
-    script = ("import sys, numpy as np; from nbdist.hub.custom_rule import unpack; "
+    script = ("import sys, numpy as np; from nbdist.engine.rule_by_value import unpack; "
               "rule = unpack(sys.stdin.read()); w = np.ones(2, np.float32); "
               "rule(2, 1).on_push(0, w, w.copy(), 0.1, 0); print(rule.name, w.tolist())")
     said = subprocess.run([sys.executable, "-c", script], input=pack(Local), text=True,

@@ -18,9 +18,9 @@ from nbdist.checkpoint.folder import FolderLock
 from nbdist.checkpoint.store import prepare_dir
 from nbdist.core.liveness import lease_term
 from nbdist.core.sharding import shard_bounds
+from nbdist.engine.rule_by_value import custom_rule
 from nbdist.engine.run_cell import portable
 from nbdist.hub.control import HubControl
-from nbdist.hub.custom_rule import custom_rule
 from nbdist.hub.protocol import new_key
 from nbdist.hub.server import HubSpec
 from nbdist.job import Job

@@ -4,7 +4,8 @@ A class defined in a notebook cannot be imported by name on an engine, so it tra
 cloudpickle's bytes (as the cell's own functions travel to the engines:
 `nbdist.engine.run_cell`), in base64 text inside the hub's spec: through ipyparallel to the
 engine, then on the hub process's standard input, never over nbdist's own sockets, which
-unpickle nothing. The hub registers it before it makes its rule.
+unpickle nothing (`nbdist/hub/` and `nbdist/core/` import no pickle: tests/inproc/
+test_hub_security.py). The hub registers it before it makes its rule.
 """
 
 from __future__ import annotations
