@@ -2,7 +2,7 @@
 
 A class defined in a notebook cannot be imported by name on an engine, so it travels as
 cloudpickle's bytes (as the cell's own functions travel to the engines:
-`nbdist.engine.run_cell`), in base64 text inside the hub's spec: through ipyparallel to the
+`nbdist.engine.run_cell`), inside the hub's spec (its bytes field): through ipyparallel to the
 engine, then on the hub process's standard input, never over nbdist's own sockets, which
 unpickle nothing (`nbdist/hub/` and `nbdist/core/` import no pickle: tests/inproc/
 test_hub_security.py). The hub registers it before it makes its rule.
@@ -10,7 +10,6 @@ test_hub_security.py). The hub registers it before it makes its rule.
 
 from __future__ import annotations
 
-import base64
 import pickle
 
 import cloudpickle
@@ -19,25 +18,25 @@ from nbdist.algorithms.base import Rule
 from nbdist.algorithms.custom import CUSTOM, register
 
 
-def pack(rule: type[Rule]) -> str:
-    """`rule` by value, as text for the hub's spec."""
-    return base64.b64encode(cloudpickle.dumps(rule)).decode("ascii")
+def pack(rule: type[Rule]) -> bytes:
+    """`rule` by value, for the hub's spec."""
+    return cloudpickle.dumps(rule)
 
 
-def unpack(packed: str) -> type[Rule]:
+def unpack(packed: bytes) -> type[Rule]:
     """The class `pack` made. Only the hub's spec carries one, which the user's own kernel
     sent through ipyparallel, as it sends the cell."""
-    return pickle.loads(base64.b64decode(packed))  # noqa: S301 - the user's own code
+    return pickle.loads(packed)  # noqa: S301 - the user's own code
 
 
-def custom_rule(name: str) -> str | None:
+def custom_rule(name: str) -> bytes | None:
     """The hub's spec's `rule` for the run's rule called `name`: a rule of the user's (one
     registered in this kernel) packed, None for a built-in one."""
     rule = CUSTOM.get(name)
     return None if rule is None else pack(rule)
 
 
-def register_packed(packed: str | None) -> None:
+def register_packed(packed: bytes | None) -> None:
     """Make the spec's rule (if any) findable by its name in this hub's process."""
     if packed:
         register(unpack(packed))

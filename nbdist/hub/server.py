@@ -127,7 +127,7 @@ class HubSpec:
     # share of its handshake slots (nbdist.hub.gate); None: not known, no share reserved
     peer_hosts: list[str] | None = None
     # a rule written in the notebook, by value (`nbdist.engine.rule_by_value.pack`); None: built-in
-    rule: str | None = None
+    rule: bytes | None = None
 
 
 class Hub:

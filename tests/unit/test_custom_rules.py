@@ -157,10 +157,10 @@ def test_a_rule_travels_by_value_and_is_found_by_name_where_registered():
 
     # another process (as a hub's) makes it from the text alone
     script = ("import sys, numpy as np; from nbdist.engine.rule_by_value import unpack; "
-              "rule = unpack(sys.stdin.read()); w = np.ones(2, np.float32); "
+              "rule = unpack(sys.stdin.buffer.read()); w = np.ones(2, np.float32); "
               "rule(2, 1).on_push(0, w, w.copy(), 0.1, 0); print(rule.name, w.tolist())")
-    said = subprocess.run([sys.executable, "-c", script], input=pack(Local), text=True,
-                          capture_output=True, timeout=60, cwd=ROOT, check=True).stdout
+    said = subprocess.run([sys.executable, "-c", script], input=pack(Local),
+                          capture_output=True, timeout=60, cwd=ROOT, check=True).stdout.decode()
     assert said.split() == ["local-sgd", "[0.0,", "0.0]"]
     again = unpack(pack(Local))
     with pytest.raises(ConfigError, match="Unknown algorithm 'local-sgd'"):
