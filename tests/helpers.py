@@ -41,6 +41,23 @@ def wait_paused(run, timeout: float = 120.0):
     return run
 
 
+def wait_ended(run, timeout: float):
+    """`run.wait(timeout)`, failing the test with what the hub last said (its step, pause, who
+    trains and who evaluates, the last events) if the run is still going then: a hang in a
+    cluster test says where it stands, not only that it timed out."""
+    try:
+        return run.wait(timeout=timeout)
+    except TimeoutError:
+        snap = run.state.snapshot
+        nodes = [{k: n.get(k) for k in ("worker", "state", "steps", "hellos")}
+                 for n in snap.get("nodes", [])]
+        said = {k: snap.get(k) for k in ("global_step", "epochs_done", "paused", "finished",
+                                         "lost", "open_epoch")}
+        raise AssertionError(f"run {run.run_id} still {run.status} after {timeout:g}s: hub said "
+                             f"{said}, nodes {nodes}, last events {snap.get('events', [])[-8:]}, "
+                             f"warnings {run.warnings}") from None
+
+
 HOLDING = {"paused", "done", "lost"}  # node states of a paused run's workers
 
 

@@ -118,6 +118,12 @@ class Coordinator:
     def hello(self, hello: Hello) -> None:
         worker = hello.worker
         self.stats.workers[worker].hello(hello)
+        # a hello is a new process (started again after a takeover, or a rejoin): the evaluation
+        # its earlier process held is gone with it, so someone evaluates it again
+        self._eval_job.pop(worker, None)
+        epoch = self.evaluating.pop(worker, None)
+        if epoch is not None and not self.stopping:
+            self.eval_queue.appendleft(epoch)
         self.gone.discard(worker)
         self.arrived.add(worker)
         if worker in self.joining:  # added mid-run and here now: SSP counts it from the slowest

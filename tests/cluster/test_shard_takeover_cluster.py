@@ -12,7 +12,7 @@ import time
 import pytest
 
 import nbdist
-from tests.helpers import SYNTHETIC_CELL, hub_process_pids, wait_paused
+from tests.helpers import SYNTHETIC_CELL, hub_process_pids, wait_ended, wait_paused
 
 EPOCHS = 8
 RUN = dict(workers=2, epochs=EPOCHS, batch_size=8, seed=3)
@@ -58,7 +58,7 @@ def test_a_killed_hub_shard_is_taken_over_and_the_run_finishes_as_undisturbed(
         wait_paused(run)
         lost_engine = run.hubs[shard]["engine"]
         kill_shard(own_cluster, run, shard)
-        run.wait(timeout=300)
+        wait_ended(run, 240)
     assert run.status == "finished" and run.error is None, run.error
     events = run.events
     taken = events[events["event"] == "shard_taken_over"]

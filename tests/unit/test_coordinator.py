@@ -75,6 +75,23 @@ def test_epoch_end_queues_an_eval_that_goes_back_if_its_worker_leaves():
     assert c.work_for(1, pulled=True, version=2).done
 
 
+def test_an_eval_held_by_a_worker_that_starts_again_goes_back_to_the_queue():
+    """A worker started again (its hub shard was taken over) says hello as a new process, which
+    knows nothing of the evaluation its earlier process held: the job goes back to the queue
+    and is handed out again, else the run would wait for its result forever."""
+    c = Coordinator(plan())
+    c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
+    for w in (0, 1):
+        (cid, *_), = chunk_lists(c.work_for(w, True, 0))
+        c.push(Step(w, chunks=[cid], compute_s=0.01), delay=0, now=1.0)
+    assert c.work_for(0, pulled=True, version=2).eval == EvalJob(epoch=0, version=2)
+    c.hello(Hello(0, host="h", engine=0))  # its new process
+    assert not c.work_for(0, pulled=False, version=2).done
+    assert c.work_for(0, pulled=True, version=2).eval == EvalJob(epoch=0, version=2)
+    c.eval_result(0, EvalResult(epoch=0, metrics={"accuracy": 1.0}, version=2), now=3.0)
+    assert c.work_for(0, pulled=True, version=2).done and c.work_for(1, True, 2).done
+
+
 def test_ssp_holds_a_worker_too_far_ahead_until_the_slowest_catches_up():
     c = Coordinator(plan(num_samples=100, staleness=1, has_validation=False))
     c.hello(Hello(0, host="h", engine=0)), c.hello(Hello(1, host="h", engine=1))
