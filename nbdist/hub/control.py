@@ -9,7 +9,7 @@ import json
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import zmq
@@ -109,6 +109,30 @@ class HubControl:
                 except TrainingError:
                     silent.append(i)
         return silent
+
+    @contextlib.contextmanager
+    def renewing(self, every_s: float) -> Iterator[None]:
+        """While the body runs, ask every shard for nothing (a `Stats` with no rows) at once and
+        then every `every_s` seconds, from a thread. Each request renews the hubs' lease on this
+        kernel (`nbdist.hub.orphan`): the kernel says nothing else while it starts the workers,
+        which can take seconds, and a kernel that dies meanwhile must be found within
+        --timeout, not after the lease's first term."""
+        done = threading.Event()
+
+        def renew() -> None:
+            while True:
+                with contextlib.suppress(TrainingError, zmq.ZMQError):
+                    self.unanswered(timeout=every_s)
+                if done.wait(every_s):
+                    return
+
+        thread = threading.Thread(target=renew, name="nbdist-lease-renewal", daemon=True)
+        thread.start()
+        try:
+            yield
+        finally:
+            done.set()
+            thread.join()
 
     def replace_shard(self, shard: int, endpoint: dict) -> None:
         """Talk to a new process of hub shard `shard` (one that took a lost shard over) at

@@ -32,6 +32,15 @@ from tests.helpers import SYNTHETIC_CELL, global_step, wait_for
 
 args = json.loads(sys.argv[1])
 cluster = Cluster.connect(**args["connect"])
+if args["die_starting"]:  # killed while nbdist.train still starts the run: its workers train
+    from nbdist.modes.async_ps.backend import ClusterBackend
+    start_workers = ClusterBackend.start_workers
+    def start_and_be_killed(self, base):
+        start_workers(self, base)
+        time.sleep(2.0)  # (a start that takes long: many engines, a slow host)
+        print("@@" + json.dumps({}), flush=True)
+        time.sleep(600)  # killed here
+    ClusterBackend.start_workers = start_and_be_killed
 run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, batch_size=8, epochs=500,
                    timeout=args["timeout"], **args["options"])
 wait_for(lambda: global_step(run) >= args["steps"], 120)
@@ -40,15 +49,17 @@ time.sleep(600)  # killed here
 '''
 
 
-def _kill_the_kernel(cluster, tmp_path, steps: int = 60, **options) -> tuple[dict, float]:
-    """Run the kernel (a child connected to `cluster`) until its run has trained `steps`, then
-    SIGKILL it; (what it said, when it was killed)."""
+def _kill_the_kernel(cluster, tmp_path, steps: int = 60, die_starting: bool = False,
+                     **options) -> tuple[dict, float]:
+    """Run the kernel (a child connected to `cluster`) until its run has trained `steps` (or,
+    `die_starting`, until it has started the workers, inside `nbdist.train`), then SIGKILL it;
+    (what it said, when it was killed)."""
     script = tmp_path / "kernel.py"
     script.write_text(KERNEL)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         p for p in (str(ROOT), os.environ.get("PYTHONPATH")) if p)}
     args = {"connect": cluster.connect_args, "timeout": TIMEOUT_S, "steps": steps,
-            "options": options}
+            "options": options, "die_starting": die_starting}
     kernel = subprocess.Popen([sys.executable, str(script), json.dumps(args)], cwd=ROOT, env=env,
                               stdout=subprocess.PIPE, text=True)
     try:
@@ -107,3 +118,14 @@ def test_a_killed_kernel_ends_its_pipeline_run_on_a_connected_cluster(cluster, t
     _, killed = _kill_the_kernel(cluster, tmp_path, steps=1, mode="pipeline", stages=2)
     idle_after = _idle_within_the_timeout(cluster, killed)
     print(f"pipeline stages' engines idle {idle_after:.1f} s after the kernel's death")
+
+
+def test_a_kernel_killed_while_it_starts_the_workers_leaves_idle_engines(cluster, tmp_path):
+    # the kernel sends the hubs nothing while it starts the workers (seconds, on many engines):
+    # before, a hub whose lease had not been renewed yet waited out its 60 s first term, and
+    # the workers trained on that long after the kernel's death
+    _, killed = _kill_the_kernel(cluster, tmp_path, die_starting=True)  # one hub shard
+    idle_after = _idle_within_the_timeout(cluster, killed)
+    wait_for(lambda: not _hubs(cluster), HUBS_EXIT_S, poll_s=0.2,
+             what=lambda: f"every hub shard gone (serving: {_hubs(cluster)})")
+    print(f"engines idle {idle_after:.1f} s after the death of a kernel that was starting them")

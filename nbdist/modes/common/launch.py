@@ -5,6 +5,7 @@ the job."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import uuid
@@ -26,6 +27,9 @@ from nbdist.hub.server import HubSpec
 from nbdist.job import Job
 from nbdist.run.backend import Backend
 from nbdist.run.handle import Run
+
+# how often the kernel renews its lease while it starts the workers (a short lease: 4 per term)
+RENEW_EVERY_S = 1.0
 
 
 def prepare_checkpoint_dir(job: Job) -> None:
@@ -94,8 +98,14 @@ def _start_hubs_and_workers(job: Job, backend, make_worker_spec, specs: list[Hub
         compression=config.compression,
         num_workers=backend.num_workers, preloaded=preloaded, **job.worker_fields(),
     )
+    # hubs on engines hold this kernel to a lease, renewed by what it says: its silence while
+    # the workers start must not keep them training long after a kernel that died meanwhile
+    lease_s = specs[0].lease_s
+    renewing = (control.renewing(min(RENEW_EVERY_S, lease_s / 4)) if lease_s is not None
+                else contextlib.nullcontext())
     try:
-        backend.start_workers(make_worker_spec(fields))
+        with renewing:
+            backend.start_workers(make_worker_spec(fields))
     except BaseException:
         control.shutdown()  # nothing may be left serving
         control.close()
