@@ -83,33 +83,128 @@ def check_rule(rule: type[Rule], options: dict | None = None) -> None:
     pushes as the hub does (each worker pulls after its push), and refuse it (ConfigError,
     naming the property) unless it is in place, allocates no copy of the model per push and
     is deterministic."""
-    first = _apply(rule, options, check_allocation=True)
-    second = _apply(rule, options, check_allocation=False)
-    if not np.array_equal(first, second, equal_nan=True):
-        differ = int(np.count_nonzero(first != second))
-        raise ConfigError(
-            f"The rule {rule.name} is not deterministic: two instances given the same pulls "
-            f"and pushes ended with {differ} of {first.size} weights different. The hub's "
-            "rules must give the same weights for the same pushes (a checkpoint resumes them, "
-            "tests compare them): seed any randomness from the worker and the push count, not "
-            "from the clock or a global generator.")
+    paths = [(_apply, "on_push")]
+    if rule.gradient is not Rule.gradient:  # what the hub asks with any other optimizer
+        paths.append((_apply_gradients, "gradient"))
+    for apply, path in paths:
+        first = apply(rule, options, check_allocation=True)
+        second = apply(rule, options, check_allocation=False)
+        if not np.array_equal(first, second, equal_nan=True):
+            differ = int(np.count_nonzero(first != second))
+            raise ConfigError(
+                f"The rule {rule.name} is not deterministic: two instances given the same pulls "
+                f"and pushes ended with {differ} of {first.size} weights different (its "
+                f"{path}). The hub's rules must give the same weights for the same pushes (a "
+                "checkpoint resumes them, tests compare them): seed any randomness from the "
+                "worker and the push count, not from the clock or a global generator.")
 
 
-def _apply(rule: type[Rule], options: dict | None, check_allocation: bool) -> np.ndarray:
-    name = rule.name
-    rng = np.random.default_rng(0)
+def _pushes(rng: np.random.Generator) -> tuple[np.ndarray, list[tuple[int, np.ndarray]]]:
+    """The checks' starting weights and pushes (worker, gradient), the same for every run."""
     w = rng.standard_normal(CHECK_SIZE).astype(np.float32)
-    pushes = [(int(rng.integers(CHECK_WORKERS)),
-               rng.standard_normal(CHECK_SIZE).astype(np.float32)) for _ in range(CHECK_PUSHES)]
+    return w, [(int(rng.integers(CHECK_WORKERS)),
+                rng.standard_normal(CHECK_SIZE).astype(np.float32)) for _ in range(CHECK_PUSHES)]
+
+
+def _made(rule: type[Rule], options: dict | None) -> Rule:
     try:
-        instance = rule(CHECK_SIZE, CHECK_WORKERS, **dict(options or {}))
+        return rule(CHECK_SIZE, CHECK_WORKERS, **dict(options or {}))
     except ConfigError:
         raise
     except Exception as exc:  # the user's code: named, with its error
-        raise ConfigError(f"The rule {name} failed when made for {CHECK_SIZE} floats and "
+        raise ConfigError(f"The rule {rule.name} failed when made for {CHECK_SIZE} floats and "
                           f"{CHECK_WORKERS} workers: {type(exc).__name__}: {exc}. Its "
                           "__init__(self, size, num_workers, **options) must call "
                           "super().__init__(size, num_workers, **options).") from exc
+
+
+def _traced(method, args: tuple, check_allocation: bool):
+    """`method(*args)`, and the peak bytes it allocated (0 when not checked)."""
+    if not check_allocation:
+        return method(*args), 0
+    tracemalloc.start()
+    try:
+        result = method(*args)
+        return result, tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+
+
+def _allocates(name: str, path: str, peak: int) -> ConfigError:
+    return ConfigError(
+        f"The rule {name} allocates {peak / 1e3:.0f} KB in a push to a model of "
+        f"{CHECK_SIZE * 4 / 1e3:.0f} KB (its {path}): a new array per push (e.g. `w - lr * "
+        "g`, `g * g`). The hub applies every push on preallocated buffers: allocate scratch "
+        "once in __init__ (np.empty(size, np.float32)) and write into it with out= "
+        "(np.multiply(g, g, out=self.scratch)).")
+
+
+def _apply_gradients(rule: type[Rule], options: dict | None,
+                     check_allocation: bool) -> np.ndarray:
+    """The gradient path, as the hub runs it with the cell's optimizer: `gradient()` decides
+    what to apply (or holds the push), the optimizer (plain SGD here) applies it to w. It
+    must leave w as it is, return (an array of the shard's size, a scale) or None, and hand
+    the optimizer something in twelve pushes."""
+    name = rule.name
+    w, pushes = _pushes(np.random.default_rng(0))
+    instance = _made(rule, options)
+    step = np.empty_like(w)
+    version, read, applied = 0, {}, False
+    try:
+        for worker in range(CHECK_WORKERS):
+            instance.on_pull(worker, w, version)
+            read[worker] = version
+        for i, (worker, g) in enumerate(pushes):
+            before = w.copy()
+            decided, peak = _traced(instance.gradient, (worker, w, g, version - read[worker], 1.0),
+                                    check_allocation and i > 0)  # the first may make scratch
+            if peak > ALLOCATION_LIMIT:
+                raise _allocates(name, "gradient", peak)
+            if not np.array_equal(before, w, equal_nan=True):
+                raise ConfigError(
+                    f"The rule {name}'s gradient() changed the weights it was given: the cell's "
+                    "optimizer applies what gradient() returns, so w would move twice. Leave w "
+                    "as it is there and return (the gradient to apply, scale).")
+            if decided is not None:
+                gradient, scale = _decision(name, decided)
+                np.multiply(gradient, np.float32(0.01 * scale), out=step)
+                w -= step
+                applied, version = True, version + 1
+            instance.on_pull(worker, w, version)
+            read[worker] = version
+    except ConfigError:
+        raise
+    except Exception as exc:  # the user's code: named, with its error
+        raise ConfigError(f"The rule {name} raised {type(exc).__name__} in gradient(): {exc}. "
+                          "gradient(self, worker, w, g, delay, scale) gets float32 arrays of "
+                          "the shard's size and returns (gradient, scale) or None.") from exc
+    if not applied:
+        raise ConfigError(f"The rule {name}'s gradient() held back all {CHECK_PUSHES} pushes "
+                          "(it returned None every time). Return (gradient, scale) once a push "
+                          "is to be applied.")
+    return w
+
+
+def _decision(name: str, decided: object) -> tuple[np.ndarray, float]:
+    """`gradient()`'s answer as (gradient, scale); ConfigError unless it is one."""
+    ok = (isinstance(decided, tuple) and len(decided) == 2
+          and isinstance(decided[0], np.ndarray) and decided[0].shape == (CHECK_SIZE,)
+          and isinstance(decided[1], (int, float, np.floating))
+          and not isinstance(decided[1], bool))
+    if not ok:
+        raise ConfigError(
+            f"The rule {name}'s gradient() returned {type(decided).__name__}"
+            + (f" of {len(decided)}" if isinstance(decided, tuple) else "")
+            + f"; expected (a float32 array of the shard's {CHECK_SIZE} floats, a scale), e.g. "
+            "`return g, scale`, or None to hold the push back.")
+    return decided[0], float(decided[1])
+
+
+def _apply(rule: type[Rule], options: dict | None, check_allocation: bool) -> np.ndarray:
+    """The on_push path, as the hub runs it with plain SGD: each push applied in place."""
+    name = rule.name
+    w, pushes = _pushes(np.random.default_rng(0))
+    instance = _made(rule, options)
     version, read, changed_any = 0, {}, False
     try:
         for worker in range(CHECK_WORKERS):
@@ -117,21 +212,10 @@ def _apply(rule: type[Rule], options: dict | None, check_allocation: bool) -> np
             read[worker] = version
         for i, (worker, g) in enumerate(pushes):
             before = w.copy()
-            if check_allocation and i:  # the first push may allocate the rule's scratch
-                tracemalloc.start()
-            try:
-                changed = instance.on_push(worker, w, g, 0.01, version - read[worker])
-                peak = tracemalloc.get_traced_memory()[1] if check_allocation and i else 0
-            finally:
-                if check_allocation and i:
-                    tracemalloc.stop()
+            changed, peak = _traced(instance.on_push, (worker, w, g, 0.01, version - read[worker]),
+                                    check_allocation and i > 0)  # the first may make scratch
             if peak > ALLOCATION_LIMIT:
-                raise ConfigError(
-                    f"The rule {name} allocates {peak / 1e3:.0f} KB in a push to a model of "
-                    f"{CHECK_SIZE * 4 / 1e3:.0f} KB: a new array per push (e.g. `w - lr * g`, "
-                    "`g * g`). The hub applies every push on preallocated buffers: allocate "
-                    "scratch once in __init__ (np.empty(size, np.float32)) and write into it "
-                    "with out= (np.multiply(g, g, out=self.scratch)).")
+                raise _allocates(name, "on_push", peak)
             if changed and np.array_equal(before, w):
                 raise ConfigError(
                     f"The rule {name} is not in place: on_push returned True but left the "

@@ -65,7 +65,10 @@ def test_a_students_dc_asgd_passes_the_checks_and_equals_the_built_in_one():
 
 @pytest.mark.parametrize("name", sorted(RULES))
 def test_every_built_in_rule_passes_the_checks_a_rule_of_yours_must(name):
-    check_rule(RULES[name])
+    rule = RULES[name]
+    if name in ("easgd", "ddc-asgd"):  # they refuse the gradient path: the hub runs them only
+        rule = type(rule.__name__, (rule,), {"gradient": nbdist.Rule.gradient})  # on_push
+    check_rule(rule)
 
 
 class Allocating(nbdist.Rule):
@@ -110,8 +113,75 @@ class Holding(nbdist.Rule):
         return False
 
 
+class Plain(nbdist.Rule):
+    """A well-behaved on_push: its gradient path below is what each case gets wrong."""
+
+    def on_push(self, worker, w, g, lr, delay):
+        np.subtract(w, g, out=w)  # in place, no allocation (the rate left out: not checked)
+        return True
+
+
+class HalvingGradient(Plain):
+    name = "halving"
+
+    def gradient(self, worker, w, g, delay, scale):
+        return g, scale / 2  # the pushed gradient at half the rate: nothing allocated
+
+
+def test_a_rule_with_a_gradient_path_is_checked_there_too_and_passes():
+    check_rule(HalvingGradient)
+
+
+class DoublingGradient(Plain):
+    name = "doubling"
+
+    def gradient(self, worker, w, g, delay, scale):
+        return g * 2.0, scale  # a new array of the model's size at each push
+
+
+class MovingGradient(Plain):
+    name = "moving"
+
+    def gradient(self, worker, w, g, delay, scale):
+        np.subtract(w, g, out=w)  # the optimizer applies what it returns: w moves twice
+        return g, scale
+
+
+class BareGradient(Plain):
+    name = "bare"
+
+    def gradient(self, worker, w, g, delay, scale):
+        return g  # not (gradient, scale)
+
+
+class HoardingGradient(Plain):
+    name = "hoarding"
+
+    def gradient(self, worker, w, g, delay, scale):
+        return None
+
+
+class NoisyGradient(Plain):
+    name = "noisy-gradient"
+
+    def __init__(self, size, num_workers, **options):
+        super().__init__(size, num_workers, **options)
+        self.rng = np.random.default_rng()  # unseeded
+        self.out = np.empty(size, np.float32)
+
+    def gradient(self, worker, w, g, delay, scale):
+        np.multiply(g, np.float32(self.rng.uniform(0.5, 1.5)), out=self.out)
+        return self.out, scale
+
+
 @pytest.mark.parametrize(("rule", "said"), [
-    (Allocating, r"The rule allocating allocates \d+ KB in a push to a model of 400 KB"),
+    (Allocating, r"The rule allocating allocates \d+ KB in a push to a model of 400 KB \(its "
+                 r"on_push\)"),
+    (DoublingGradient, r"The rule doubling allocates \d+ KB in a push .* \(its gradient\)"),
+    (MovingGradient, "The rule moving's gradient\\(\\) changed the weights it was given"),
+    (BareGradient, r"The rule bare's gradient\(\) returned ndarray; expected \(a float32 array"),
+    (HoardingGradient, r"The rule hoarding's gradient\(\) held back all 12 pushes"),
+    (NoisyGradient, r"The rule noisy-gradient is not deterministic: .* \(its gradient\)"),
     (Elsewhere, "The rule elsewhere is not in place: on_push returned True but left the weights"),
     (Noisy, r"The rule noisy is not deterministic: two instances .* ended with \d+ of 100000"),
     (Holding, "The rule holding changed no weights in 12 pushes"),
