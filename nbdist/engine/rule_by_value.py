@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import pickle
 
-import cloudpickle
-
 from nbdist.algorithms.base import Rule
 from nbdist.algorithms.custom import CUSTOM, register
 
 
 def pack(rule: type[Rule]) -> bytes:
     """`rule` by value, for the hub's spec."""
+    import cloudpickle  # only a run with a rule of the user's: a hub process starts without it
+
     return cloudpickle.dumps(rule)
 
 
