@@ -33,6 +33,7 @@ class Algorithm(enum.StrEnum):
     GROUP = "group"
     EASGD = "easgd"
     DILOCO = "diloco"
+    ASYNC_LOCAL_SGD = "async-local-sgd"
 
 
 class Collective(enum.StrEnum):

@@ -221,8 +221,8 @@ class TrainConfig:
         for flag, value in (("sync_batchnorm", self.sync_batchnorm), ("elastic", self.elastic)):
             if not isinstance(value, bool):
                 raise ConfigError(f"{flag} must be True or False (Received: {flag}={value!r}).")
-        if self.algorithm is Algorithm.DILOCO:
-            self._diloco_recipe()
+        if self.algorithm in (Algorithm.DILOCO, Algorithm.ASYNC_LOCAL_SGD):
+            self._local_sgd_recipe()
         refuse_flags(self.mode, self._given())  # an option the mode does not take (nbdist.modes)
         self._check_algorithm_options()
         self._check_checkpoints()
@@ -322,19 +322,30 @@ class TrainConfig:
 
             check_rule(CUSTOM[algo], self.rule_options())
 
-    def _diloco_recipe(self) -> None:
-        """DiLoCo's own settings where the run leaves them: H = 500 inner steps per round
-        (`--local-steps 1`, the flag's default, asks for them too) and the outer Nesterov
-        optimizer (`--server-optimizer nesterov`: momentum 0.9, rate 0.7)."""
+    def _local_sgd_recipe(self) -> None:
+        """The local-SGD recipes' own settings where the run leaves them: H = 500 inner steps
+        per push (DiLoCo's; `--local-steps 1`, the flag's default, asks for them too) and
+        their outer optimizer: DiLoCo's Nesterov (`--server-optimizer nesterov`: momentum
+        0.9, rate 0.7); async-local-sgd's delayed Nesterov is the rule itself, on plain SGD."""
+        name = self.algorithm.value
         if self.mode.value not in modes_taking("local_steps"):
             raise ConfigError(
-                f"--algorithm diloco trains rounds of local steps, which --mode "
+                f"--algorithm {name} trains rounds of local steps, which --mode "
                 f"{self.mode.value} does not run. Use --mode async (or local, one worker; or "
                 f"simulate).")
         if self.local_steps == 1:
             object.__setattr__(self, "local_steps", DILOCO_INNER_STEPS)
-        if self.server_optimizer is None:
+        if self.algorithm is Algorithm.DILOCO and self.server_optimizer is None:
             object.__setattr__(self, "server_optimizer", ServerOptimizer.NESTEROV)
+        outer = self.server_optimizer
+        if self.algorithm is Algorithm.ASYNC_LOCAL_SGD and outer not in (None,
+                                                                         ServerOptimizer.SGD):
+            raise ConfigError(
+                f"--algorithm async-local-sgd is its own outer optimizer, a delayed Nesterov "
+                f"momentum on the workers' deltas, so it cannot step through --server-optimizer "
+                f"{outer.value}. Drop --server-optimizer (its rate and momentum are the rule's "
+                "options: --algo-opt outer_lr=0.7 --algo-opt momentum=0.9), or use --algorithm "
+                f"diloco with --server-optimizer {outer.value}.")
 
     def _check_prediction(self, algo: str) -> None:
         if self.predict_weights not in (None, True, False):

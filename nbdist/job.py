@@ -245,17 +245,24 @@ class Job:
                 f"late pushes), or pick --mode sync, or a lower learning rate."]
 
     def round_notices(self) -> list[str]:
-        """How a synchronous round of local steps (diloco) trains this cell: how many inner
-        steps a round takes, and with which outer optimizer, where an epoch holds fewer than
-        --local-steps (the round then ends with the epoch's data)."""
+        """How a round of local steps (diloco's, async-local-sgd's) trains this cell: how many
+        inner steps a round takes, and with which outer optimizer, where an epoch holds fewer
+        than --local-steps (the round then ends with the worker's share of the epoch)."""
         plan, config = self.plan, self.config
-        if not (plan.syncs_groups and plan.local_steps > 1):
+        if not (plan.shares_rounds and plan.local_steps > 1):
             return []
         share = -(-plan.num_samples // (plan.batch_size * plan.num_workers))
         rounds = (f"each round takes {plan.local_steps} inner steps per worker"
                   if plan.local_steps <= share else
                   f"an epoch gives each worker {share} steps, fewer than --local-steps "
-                  f"{plan.local_steps}: each round is one epoch")
+                  f"{plan.local_steps}: each round is its share of an epoch")
+        if not plan.syncs_groups:
+            given = self.rule_options
+            every, rate = given.get("buffer", plan.num_workers), given.get("outer_lr", 0.7)
+            return [f"--algorithm {plan.algorithm}: {rounds}, with the cell's optimizer on the "
+                    f"workers; the hub applies each worker's delta as it lands, and every "
+                    f"{every} deltas their mean's Nesterov momentum (delayed Nesterov, outer "
+                    f"rate {rate:g}, momentum {given.get('momentum', 0.9):g})."]
         outer = getattr(config.server_optimizer, "value", config.server_optimizer)
         return [f"--algorithm {plan.algorithm}: {rounds}, with the cell's optimizer on the "
                 f"workers; the hub averages the {plan.num_workers} workers' deltas and steps "

@@ -9,6 +9,7 @@ buffers: no allocation proportional to the model.
 
 Modules: `sgd` (asgd, hogwild), `dc` (dc-asgd, dc-asgd-a, ddc-asgd), `snapshots` (shared
 backups), `softsync`, `ssp` (with `StalenessClock`), `group` (speed groups), `easgd`,
+`local_sgd` (async-local-sgd's delayed Nesterov),
 `optimizers` and `schedules` (Keras's optimizers and learning-rate schedules in NumPy, which
 the hub applies to what the rule decides: see `nbdist.core.updater`), `constraints` (Keras's
 weight constraints, applied after each update).
@@ -23,6 +24,7 @@ from nbdist.algorithms.custom import CUSTOM
 from nbdist.algorithms.dc import DCASGD, DDCASGD, DCASGDAdaptive, dc_compensate, ddc_beta
 from nbdist.algorithms.easgd import EASGD, easgd_alpha, elastic_exchange
 from nbdist.algorithms.group import DiLoCo, Group, form_groups, group_lr, mean_into
+from nbdist.algorithms.local_sgd import AsyncLocalSGD
 from nbdist.algorithms.sgd import ASGD, Hogwild, sgd_step
 from nbdist.algorithms.snapshots import SnapshotStore
 from nbdist.algorithms.softsync import SoftSync
@@ -34,7 +36,8 @@ from nbdist.errors import ConfigError
 # with (`predicts_weights`, `corrects_momentum`, `compensates_delay`, `takes_local_steps`,
 # `workers_step`)
 RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
-    ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD, DiLoCo)}
+    ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD, DiLoCo,
+    AsyncLocalSGD)}
 CAPABILITIES = ("predicts_weights", "corrects_momentum", "compensates_delay",
                 "takes_local_steps", "workers_step")
 
@@ -71,6 +74,7 @@ __all__ = [
     "RULES",
     "SSP",
     "DCASGDAdaptive",
+    "AsyncLocalSGD",
     "DiLoCo",
     "Group",
     "Hogwild",

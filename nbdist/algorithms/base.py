@@ -70,6 +70,9 @@ class Rule:
     # the hub holds a group's pushes at a barrier and applies their mean as one update (the
     # coordinator's speed groups say who steps with whom: nbdist.core.speed_groups)
     syncs_groups: ClassVar[bool] = False
+    # with --local-steps, a worker's round takes at most its share of an epoch's samples (the
+    # others' batches beside its own), as in a synchronous group: no worker takes the epoch alone
+    shares_rounds: ClassVar[bool] = False
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         if size < 0 or num_workers < 1:

@@ -257,10 +257,10 @@ class Coordinator:
         return True
 
     def _chunks_ahead(self, worker: int) -> int:
-        """The chunks `worker` may hold. A synchronous group's round of local steps takes at
-        most the worker's share of an epoch (its members' batches over the epoch's samples),
-        so that the first member to ask does not take the epoch and leave the others idle at
-        the barrier.
+        """The chunks `worker` may hold. A round of local steps takes at most the worker's
+        share of an epoch (the batches of those who train beside it over the epoch's samples:
+        its synchronous group's, or, asynchronous, every worker's), so that the first to ask
+        does not take the epoch and leave the others idle (at the barrier, or without data).
 
         Example:
             >>> c = Coordinator(Plan(num_workers=2, num_samples=100, epochs=1, batch_size=10,
@@ -270,9 +270,12 @@ class Coordinator:
             5
         """
         ahead = self.plan.chunks_ahead
-        if self.plan.syncs_groups and self.plan.local_steps > 1:
-            members = [m for m in self.groups.of[worker] if m not in self.gone] or [worker]
-            round_batch = sum(self.sizer.batch_for(m) for m in members)
+        if self.plan.local_steps > 1 and self.plan.shares_rounds:
+            if self.plan.syncs_groups:
+                members = [m for m in self.groups.of[worker] if m not in self.gone]
+            else:
+                members = sorted(set(range(len(self.assigned))) - self.gone)
+            round_batch = sum(self.sizer.batch_for(m) for m in members or [worker])
             ahead = min(ahead, max(1, -(-self.plan.num_samples // round_batch)))
         return ahead
 

@@ -53,3 +53,10 @@ class Plan:
         """Whether the rule holds a group's pushes at a barrier and applies their mean (group,
         diloco)."""
         return rule_class(self.algorithm).syncs_groups
+
+    @property
+    def shares_rounds(self) -> bool:
+        """Whether a worker's round of local steps takes at most its share of an epoch: in a
+        synchronous group (group, diloco), or where the rule says so (async-local-sgd)."""
+        rule = rule_class(self.algorithm)
+        return rule.syncs_groups or rule.shares_rounds

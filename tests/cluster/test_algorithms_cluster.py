@@ -20,6 +20,7 @@ from tests.helpers import SYNTHETIC_CELL, wait_for, wait_paused
     {"algorithm": "easgd", "local_steps": 4},
     {"algorithm": "diloco"},  # H = 500: a round is a worker's share of an epoch
     {"algorithm": "diloco", "local_steps": 10},
+    {"algorithm": "async-local-sgd", "local_steps": 10},  # delayed Nesterov, no barrier
     {"algorithm": "asgd", "staleness_lr": True, "servers": 2, "workers": 1},
     {"algorithm": "asgd", "local_steps": 4, "server_optimizer": "momentum"},
     {"algorithm": "dc-asgd-a", "overlap": True},

@@ -96,7 +96,7 @@ def _save(tmp_path, hubs, **info):
     return checkpoint.save(str(tmp_path), [shard_state(h) for h in hubs], info)
 
 
-@pytest.mark.parametrize("algorithm", ["ddc-asgd", "dc-asgd-a", "softsync"])
+@pytest.mark.parametrize("algorithm", ["ddc-asgd", "dc-asgd-a", "softsync", "async-local-sgd"])
 def test_a_restored_rule_continues_exactly_like_the_uninterrupted_one(tmp_path, algorithm):
     straight, interrupted = _hub(algorithm), _hub(algorithm)
     _train(straight, 7, seed=1)

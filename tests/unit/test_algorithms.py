@@ -22,7 +22,9 @@ from nbdist.algorithms import (
 from nbdist.errors import ConfigError
 from tests.rule_cases import f32, random_pushes, run, stale_push
 
-GRADIENT_RULES = sorted(set(RULES) - {"easgd"})  # easgd pushes an elastic difference, not g
+# easgd pushes an elastic difference, not g; async-local-sgd is an outer optimizer of its own on
+# deltas, a push not one SGD step (tests/unit/test_local_sgd.py)
+GRADIENT_RULES = sorted(set(RULES) - {"easgd", "async-local-sgd"})
 
 
 # -- every rule ----------------------------------------------------------------------------
@@ -61,7 +63,8 @@ def test_only_hogwild_reads_live_memory():
 
 def test_unknown_algorithm_lists_the_valid_ones():
     with pytest.raises(ValueError,
-                       match="Unknown algorithm 'dcasgd'. Expected one of: asgd, dc-asgd,"):
+                       match="Unknown algorithm 'dcasgd'. Expected one of: asgd, "
+                             "async-local-sgd, dc-asgd,"):
         make_rule("dcasgd", 2, 2)
 
 
