@@ -7,6 +7,8 @@ A user's rule must pass, before it runs, what every built-in rule passes (`check
   `__init__` or on the first push, as the built-ins' is (measured with `tracemalloc`);
 - **deterministic**: two instances given the same pulls and pushes end with the same weights,
   to the bit.
+A rule with its own `gradient()` (what the hub asks with the cell's Adam or momentum) passes the
+same on that path, leaves `w` to the optimizer, and answers `(gradient, scale)` or None.
 A rule that fails one is refused with the property named and what to change.
 
 The class travels to the hub by value, inside the hub's spec (`nbdist.engine.rule_by_value`), and
@@ -82,7 +84,8 @@ def check_rule(rule: type[Rule], options: dict | None = None) -> None:
     """Run `rule` on a model of CHECK_SIZE floats, CHECK_WORKERS workers and CHECK_PUSHES
     pushes as the hub does (each worker pulls after its push), and refuse it (ConfigError,
     naming the property) unless it is in place, allocates no copy of the model per push and
-    is deterministic."""
+    is deterministic; a rule with its own `gradient()` is run on that path too (what the hub
+    asks with the cell's Adam or momentum)."""
     paths = [(_apply, "on_push")]
     if rule.gradient is not Rule.gradient:  # what the hub asks with any other optimizer
         paths.append((_apply_gradients, "gradient"))
