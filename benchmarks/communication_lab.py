@@ -112,29 +112,50 @@ def predict(measured, args, links: str) -> None:
     simulated = nbdist.sweep(CELL, points, target=args.target,
                              seeds=[int(s) for s in args.seeds.split(",")], mode="simulate",
                              workers=WORKERS, epochs=args.epochs, batch_size=64, sim=baseline)
+    sim_options = sorted({k for p in points for k in p})
     rows = []
-    for point, real, sim in zip([*points, None], measured.table.itertuples(),
-                                simulated.table.itertuples(), strict=True):  # grid order, baseline
+    for method, point, real, sim in zip([*METHODS, None], [*points, None],
+                                        measured.table.itertuples(), simulated.table.itertuples(),
+                                        strict=True):  # grid order, then the baseline
         rows.append({"method": real.point, "measured_s": real.time_to_target,
                      "predicted_s": sim.time_to_target,
                      "ratio": sim.time_to_target / real.time_to_target,
+                     "measured_steps": _mean(runs, method, options, "step_to_target"),
+                     "predicted_steps": _mean(simulated.runs, point, sim_options,
+                                              "step_to_target"),
+                     "measured_ms_per_step": 1e3 * _per_step(runs, method, options),
+                     "predicted_ms_per_step": 1e3 * _per_step(simulated.runs, point, sim_options),
                      "measured_MB": real.bytes_to_target / 1e6,
                      "predicted_MB": sim.bytes_to_target / 1e6,
                      "sim": (point or {"sim": baseline})["sim"]})
     print()
     print(f"The simulator's prediction ({links}; per_sample: each method's measured compute):")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
+    print("Validation runs at epoch ends only, so the time to the target jumps by whole epochs "
+          "where one side reached it an epoch later (the steps columns); the clock's own error "
+          "is the ms per step.")
 
 
-def _compute(runs, method: dict | None, options: list[str]) -> float:
-    """The mean compute per sample of `method`'s measured runs (None: the baseline's)."""
+def _mean(runs, method: dict | None, options: list[str], column: str) -> float:
+    """The mean of `column` over `method`'s runs in `runs` (None: the baseline's)."""
     rows = runs[runs["baseline"].fillna(False).astype(bool) == (method is None)]
     for name in options:
         if name not in rows:
             continue
         wanted = (method or {}).get(name)
         rows = rows[rows[name].isna()] if wanted is None else rows[rows[name] == wanted]
-    value = float(rows["compute_per_sample_s"].mean())
+    return float(rows[column].mean())
+
+
+def _per_step(runs, method: dict | None, options: list[str]) -> float:
+    """Seconds per step up to the target: its time over its step."""
+    return (_mean(runs, method, options, "time_to_target")
+            / _mean(runs, method, options, "step_to_target"))
+
+
+def _compute(runs, method: dict | None, options: list[str]) -> float:
+    """The mean compute per sample of `method`'s measured runs (None: the baseline's)."""
+    value = _mean(runs, method, options, "compute_per_sample_s")
     if math.isnan(value):
         sys.exit(f"benchmarks/communication_lab.py: no measured run of {method or 'the baseline'}")
     return value
