@@ -149,38 +149,30 @@ def _apply_gradients(rule: type[Rule], options: dict | None,
     must leave w as it is, return (an array of the shard's size, a scale) or None, and hand
     the optimizer something in twelve pushes."""
     name = rule.name
-    w, pushes = _pushes(np.random.default_rng(0))
-    instance = _made(rule, options)
-    step = np.empty_like(w)
-    version, read, applied = 0, {}, False
-    try:
-        for worker in range(CHECK_WORKERS):
-            instance.on_pull(worker, w, version)
-            read[worker] = version
-        for i, (worker, g) in enumerate(pushes):
-            before = w.copy()
-            decided, peak = _traced(instance.gradient, (worker, w, g, version - read[worker], 1.0),
-                                    check_allocation and i > 0)  # the first may make scratch
-            if peak > ALLOCATION_LIMIT:
-                raise _allocates(name, "gradient", peak)
-            if not np.array_equal(before, w, equal_nan=True):
-                raise ConfigError(
-                    f"The rule {name}'s gradient() changed the weights it was given: the cell's "
-                    "optimizer applies what gradient() returns, so w would move twice. Leave w "
-                    "as it is there and return (the gradient to apply, scale).")
-            if decided is not None:
-                gradient, scale = _decision(name, decided)
-                np.multiply(gradient, np.float32(0.01 * scale), out=step)
-                w -= step
-                applied, version = True, version + 1
-            instance.on_pull(worker, w, version)
-            read[worker] = version
-    except ConfigError:
-        raise
-    except Exception as exc:  # the user's code: named, with its error
-        raise ConfigError(f"The rule {name} raised {type(exc).__name__} in gradient(): {exc}. "
-                          "gradient(self, worker, w, g, delay, scale) gets float32 arrays of "
-                          "the shard's size and returns (gradient, scale) or None.") from exc
+    step = np.empty(CHECK_SIZE, np.float32)
+
+    def push(instance: Rule, i: int, worker: int, w: np.ndarray, g: np.ndarray,
+             delay: int) -> bool:
+        before = w.copy()
+        decided, peak = _traced(instance.gradient, (worker, w, g, delay, 1.0),
+                                check_allocation and i > 0)  # the first may make scratch
+        if peak > ALLOCATION_LIMIT:
+            raise _allocates(name, "gradient", peak)
+        if not np.array_equal(before, w, equal_nan=True):
+            raise ConfigError(
+                f"The rule {name}'s gradient() changed the weights it was given: the cell's "
+                "optimizer applies what gradient() returns, so w would move twice. Leave w "
+                "as it is there and return (the gradient to apply, scale).")
+        if decided is None:
+            return False
+        gradient, scale = _decision(name, decided)
+        np.multiply(gradient, np.float32(0.01 * scale), out=step)
+        w -= step
+        return True
+
+    w, applied = _replay(rule, options, push, "in gradient()",
+                         "gradient(self, worker, w, g, delay, scale) gets float32 arrays of the "
+                         "shard's size and returns (gradient, scale) or None.")
     if not applied:
         raise ConfigError(f"The rule {name}'s gradient() held back all {CHECK_PUSHES} pushes "
                           "(it returned None every time). Return (gradient, scale) once a push "
@@ -206,38 +198,53 @@ def _decision(name: str, decided: object) -> tuple[np.ndarray, float]:
 def _apply(rule: type[Rule], options: dict | None, check_allocation: bool) -> np.ndarray:
     """The on_push path, as the hub runs it with plain SGD: each push applied in place."""
     name = rule.name
+
+    def push(instance: Rule, i: int, worker: int, w: np.ndarray, g: np.ndarray,
+             delay: int) -> bool:
+        before = w.copy()
+        changed, peak = _traced(instance.on_push, (worker, w, g, 0.01, delay),
+                                check_allocation and i > 0)  # the first may make scratch
+        if peak > ALLOCATION_LIMIT:
+            raise _allocates(name, "on_push", peak)
+        if changed and np.array_equal(before, w):
+            raise ConfigError(
+                f"The rule {name} is not in place: on_push returned True but left the "
+                "weights it was given unchanged (it made a new array, e.g. `w = w - lr * "
+                "g`). Write into w: `w -= lr * g`, or np.subtract(w, step, out=w).")
+        return bool(changed)
+
+    w, changes = _replay(rule, options, push, "on a push",
+                         "on_push(self, worker, w, g, lr, delay) gets float32 arrays of the "
+                         "shard's size; on_pull(self, worker, w, version) is called after each "
+                         "of the worker's pushes.")
+    if not changes:
+        raise ConfigError(f"The rule {name} changed no weights in {CHECK_PUSHES} pushes "
+                          "(on_push returned False every time). Return True from on_push once "
+                          "it has applied an update to w.")
+    return w
+
+
+def _replay(rule: type[Rule], options: dict | None, push, where: str,
+            usage: str) -> tuple[np.ndarray, int]:
+    """The checks' pushes as the hub makes them: every worker pulls, then each push goes
+    through `push(instance, i, worker, w, g, delay)` (True: w changed, a new version) and its
+    worker pulls again. Returns the final weights and the number of versions; an error of the
+    user's code becomes a ConfigError saying `where` it was raised, and `usage`."""
     w, pushes = _pushes(np.random.default_rng(0))
     instance = _made(rule, options)
-    version, read, changed_any = 0, {}, False
+    version, read = 0, {}
     try:
         for worker in range(CHECK_WORKERS):
             instance.on_pull(worker, w, version)
             read[worker] = version
         for i, (worker, g) in enumerate(pushes):
-            before = w.copy()
-            changed, peak = _traced(instance.on_push, (worker, w, g, 0.01, version - read[worker]),
-                                    check_allocation and i > 0)  # the first may make scratch
-            if peak > ALLOCATION_LIMIT:
-                raise _allocates(name, "on_push", peak)
-            if changed and np.array_equal(before, w):
-                raise ConfigError(
-                    f"The rule {name} is not in place: on_push returned True but left the "
-                    "weights it was given unchanged (it made a new array, e.g. `w = w - lr * "
-                    "g`). Write into w: `w -= lr * g`, or np.subtract(w, step, out=w).")
-            if changed:
-                changed_any = True
+            if push(instance, i, worker, w, g, version - read[worker]):
                 version += 1
             instance.on_pull(worker, w, version)
             read[worker] = version
     except ConfigError:
         raise
     except Exception as exc:  # the user's code: named, with its error
-        raise ConfigError(f"The rule {name} raised {type(exc).__name__} on a push: {exc}. "
-                          "on_push(self, worker, w, g, lr, delay) gets float32 arrays of the "
-                          "shard's size; on_pull(self, worker, w, version) is called after "
-                          "each of the worker's pushes.") from exc
-    if not changed_any:
-        raise ConfigError(f"The rule {name} changed no weights in {CHECK_PUSHES} pushes "
-                          "(on_push returned False every time). Return True from on_push once "
-                          "it has applied an update to w.")
-    return w
+        raise ConfigError(f"The rule {rule.name} raised {type(exc).__name__} {where}: {exc}. "
+                          f"{usage}") from exc
+    return w, version
