@@ -34,6 +34,7 @@ from nbdist.errors import (
 
 log = logging.getLogger(__name__)
 ENGINE_TIMEOUT_S = 60.0  # longest nbdist waits for an engine to answer a short request
+QUEUE_ASK_S = 5.0  # a timeout's message asks the controller this long about the engine
 SHUTDOWN_S = 15.0  # engines asked to exit get this long before their processes are stopped
 
 
@@ -48,9 +49,48 @@ def get_within(ar, engine: int, what: str, timeout: float = ENGINE_TIMEOUT_S):
         return ar.get(timeout)
     except TimeoutError:
         raise EngineTimeoutError(
-            f"Engine {engine} did not answer {what} within {timeout:.0f}s (Received: no reply). It "
-            "may be stuck or overloaded. Check it with %nbdist status; restart the cluster with "
-            "%nbdist stop and %nbdist start N.", engine_id=engine) from None
+            f"Engine {engine} did not answer {what} within {timeout:.0f}s (Received: no reply; "
+            f"{_queue_of(ar, engine)}). It may be stuck or overloaded. Check it with %nbdist "
+            "status; restart the cluster with %nbdist stop and %nbdist start N.",
+            engine_id=engine) from None
+
+
+def wait_answering(client, engines, deadline: float) -> None:
+    """Wait until every engine in `engines` has answered one request, or TimeoutError at
+    `deadline` (`time.monotonic()`). A registered engine may still be busy starting on a loaded
+    machine: a cluster is ready only once its engines answer, so that a run's first short
+    request (ENGINE_TIMEOUT_S) never pays for an engine's start."""
+    pending = [client[e].apply_async(os.getpid) for e in engines]
+    for ar in pending:
+        ar.get(max(0.0, deadline - time.monotonic()))
+
+
+def _queue_of(ar, engine: int) -> str:
+    """What the controller says of `engine`'s queue, for a timeout's message: a request still
+    queued means a busy or stuck engine; an engine no longer registered, a dead one."""
+    import threading
+
+    answer: dict = {}
+
+    def ask():
+        try:
+            client = ar._client  # noqa: SLF001 - the AsyncResult's own client
+            answer["listed"] = engine in client.ids
+            answer.update(client.queue_status(targets=engine, verbose=False))
+        except Exception as exc:  # noqa: BLE001 - only a message's detail
+            answer["error"] = exc
+
+    asking = threading.Thread(target=ask, daemon=True)  # a stuck controller never answers
+    asking.start()
+    asking.join(QUEUE_ASK_S)
+    if answer.get("listed") is False:
+        return "the controller no longer lists it: it has stopped"
+    if "error" in answer:
+        return f"its controller could not be asked about it: {answer['error']!r}"
+    if "queue" not in answer:
+        return f"the controller did not say within {QUEUE_ASK_S:.0f}s what it holds for it"
+    return (f"the controller lists it, with {answer['queue']} request(s) queued for it and "
+            f"{answer.get('tasks', 0)} running")
 
 
 @dataclass(frozen=True)
@@ -163,14 +203,16 @@ class Cluster:
         try:
             ipp_cluster.start_cluster_sync()
             client = ipp_cluster.connect_client_sync()
+            ready_by = time.monotonic() + timeout
             client.wait_for_engines(n, timeout=timeout, interactive=False)
+            wait_answering(client, client.ids, deadline=ready_by)
         except BaseException as exc:
             with contextlib.suppress(Exception):
                 ipp_cluster.stop_cluster_sync()
             watchdog.terminate()
             if isinstance(exc, TimeoutError):
                 raise NoClusterError(
-                    f"{n} engine(s) did not start within {timeout:.0f}s through the {launcher} "
+                    f"{n} engine(s) did not start and answer within {timeout:.0f}s through the {launcher} "
                     f"launcher. {LAUNCHERS[launcher]}") from None
             if isinstance(exc, Exception):
                 raise NoClusterError(f"ipyparallel's {launcher} launcher could not start {n} "
@@ -296,8 +338,11 @@ class Cluster:
                                  "was started (ipcluster engines --cluster-id ...).")
         before = set(self.client.ids)
         self._ipp_cluster.start_engines_sync(n)
+        ready_by = time.monotonic() + timeout
         self.client.wait_for_engines(len(before) + n, timeout=timeout, interactive=False)
-        return sorted(set(self.client.ids) - before)
+        added = sorted(set(self.client.ids) - before)
+        wait_answering(self.client, added, deadline=ready_by)
+        return added
 
     def stop(self) -> None:
         """Stop engines and controller if we started them; otherwise just disconnect.

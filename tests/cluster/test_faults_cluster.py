@@ -234,3 +234,22 @@ def test_bad_flags_are_refused_before_training(cluster, ip, line, match):
     with pytest.raises(UsageError, match=match):  # the magic's misuse: one line, no traceback
         ip.run_cell_magic("distribute", line + " --wait", SYNTHETIC_CELL)
     assert cluster.client[:].apply_sync(running_hubs) == [[]] * 3
+
+
+def test_an_engine_that_does_not_answer_in_time_is_named_with_what_its_controller_holds(cluster):
+    """A request that times out says whether the engine is still listed and busy (its queue)
+    or gone, so that a user (and a CI log) tells an overloaded engine from a dead one."""
+    import time
+
+    from nbdist.cluster.engines import get_within
+    from nbdist.errors import EngineTimeoutError
+
+    engine = cluster.engine_ids[0]
+    busy = cluster.client[engine].apply_async(time.sleep, 3)
+    late = cluster.client[engine].apply_async(os.getpid)
+    with pytest.raises(EngineTimeoutError, match=rf"Engine {engine} did not answer a ping within "
+                       r"1s \(Received: no reply; the controller lists it, with [12] request\(s\) "
+                       r"queued for it"):
+        get_within(late, engine, "a ping", timeout=1)
+    busy.get(30)
+    late.get(30)
