@@ -80,7 +80,8 @@ class TrainConfig:
     compression: str = option(
         "none", "what crosses the network for parameters and gradients (the hub keeps "
         "float32): fp16, half the bytes; int8, a quarter; topk:RATIO or randomk:RATIO, that "
-        "share of the entries, with error feedback; qsgd:LEVELS, stochastic levels in a byte. "
+        "share of the entries, with error feedback; qsgd:LEVELS, stochastic levels in a byte; "
+        "powersgd:RANK, each weight matrix as rank-RANK factors, with error feedback. "
         "Sync takes fp16 only", metavar="CODEC")
     timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run "
                             "fails", type=float)
@@ -236,10 +237,13 @@ class TrainConfig:
         if (self.mode is Mode.SYNC or simulated_sync) and self.compression not in ("none", "fp16"):
             what, instead = (("--sim sync=1 simulates", "drop --sim sync=1") if simulated_sync
                              else ("--mode sync sends", "--mode async"))
+            why = ("nbdist's allreduce does not yet sum powersgd's factors (PowerSGD's two "
+                   "allreduces, of P and of Q)" if self.compression.startswith("powersgd")
+                   else f"an allreduce sums float16 (--compression fp16) but not "
+                        f"--compression {self.compression}'s frames")
             raise ConfigError(
-                f"{what} its gradient through an allreduce, which sums float16 "
-                f"(--compression fp16) but not --compression {self.compression}'s frames. Use "
-                f"--compression fp16 in sync, or {instead} to train with {self.compression}.")
+                f"{what} its gradient through an allreduce, and {why}. Use --compression fp16 "
+                f"in sync, or {instead} to train with {self.compression}.")
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
         if self.mode is Mode.PIPELINE:

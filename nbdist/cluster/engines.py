@@ -212,8 +212,8 @@ class Cluster:
             watchdog.terminate()
             if isinstance(exc, TimeoutError):
                 raise NoClusterError(
-                    f"{n} engine(s) did not start and answer within {timeout:.0f}s through the {launcher} "
-                    f"launcher. {LAUNCHERS[launcher]}") from None
+                    f"{n} engine(s) did not start and answer within {timeout:.0f}s through the "
+                    f"{launcher} launcher. {LAUNCHERS[launcher]}") from None
             if isinstance(exc, Exception):
                 raise NoClusterError(f"ipyparallel's {launcher} launcher could not start {n} "
                                      f"engine(s): {exc}. {LAUNCHERS[launcher]}") from None

@@ -12,6 +12,7 @@ Shared memory on one host carries no bytes over a network, so it is never compre
 | `qsgd:S` | float32 norm per chunk of 512, then int8[n] levels in -S..S | n + 4 ceil(n/512) |
 | `topk:R` | uint32[k] indices (ascending), then float32[k] values; k = ceil(R n) | 8k |
 | `randomk:R` | as `topk:R`, with k indices drawn at random | 8k |
+| `powersgd:R` | float32 factors P, Q of each matrix, then the others (`low_rank`) | see there |
 
 - `int8`: q = rint(x / s), s = max|x| / 127 over the chunk; decoded q s.
 - `qsgd:S` (Alistarh et al. 2017): l = floor(|x| / norm * S + u), u uniform in [0, 1), so that
@@ -19,12 +20,17 @@ Shared memory on one host carries no bytes over a network, so it is never compre
 - `topk:R` / `randomk:R` keep k entries of the frame. Their pushes carry **error feedback**
   (Stich et al. 2018, Deep Gradient Compression): what a worker's frame left out is added to
   its next gradient (`PushEncoder`), so nothing is lost, only late.
+- `powersgd:R` (Vogels et al. 2019) sends each of the slice's weight matrices as P Q^T, P and Q
+  of R columns, with error feedback too; it needs the slice's variable shapes
+  (`Codec.bind`), and an unbound one sends everything dense.
 - **Pulls of a lossy codec** (int8, qsgd, topk, randomk) carry the change since the copy the
   worker holds, never the weights themselves: the hub (`PullEncoder`) and the worker
   (`PullDecoder`) add the same decoded numbers to their copies, which so stay equal, and what
   one pull leaves out is in the next change. The first pull after a hello, and a pull for an
   evaluation, send the float32 weights in full. qsgd's pulls go as int8: its random error can
   exceed the change it encodes (by up to sqrt(512) / S), so that changes of changes would grow.
+  powersgd's pulls go as int8 too: its factors are a gradient compressor's, which would need a
+  warm-started Q per worker on the hub, for a change that int8 already sends in a quarter.
 
 Pure NumPy; randomised codecs draw from the `numpy.random.Generator` they are given, so a
 frame is exact against a reference given the same stream (tests/unit/test_compression_format.py).
@@ -32,22 +38,34 @@ frame is exact against a reference given the same stream (tests/unit/test_compre
 
 from __future__ import annotations
 
+import functools
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
+from nbdist.core.low_rank import (
+    LowRankReceiver,
+    LowRankSender,
+    Matrix,
+    frame_floats,
+    matrices_in,
+)
+
 FP16_MAX = float(np.finfo(np.float16).max)  # 65504
 CHUNK = 512  # floats per scale (int8) or norm (qsgd): 1% of the frame's bytes
-NAMES = ("none", "fp16", "int8", "topk", "randomk", "qsgd")
-SYNTAX = "none, fp16, int8, topk:RATIO, randomk:RATIO or qsgd:LEVELS"
+NAMES = ("none", "fp16", "int8", "topk", "randomk", "qsgd", "powersgd")
+SYNTAX = "none, fp16, int8, topk:RATIO, randomk:RATIO, qsgd:LEVELS or powersgd:RANK"
+MAX_RANK = 1024  # powersgd: factors wider than this save nothing on any model nbdist trains
 _EXAMPLES = "e.g. --compression topk:0.01 (1% of the entries) or --compression qsgd:16"
 
 
 @dataclass(frozen=True)
 class Codec:
     """A parsed `--compression` value: the codec's name and its amount (a ratio for topk and
-    randomk, a number of levels for qsgd, None otherwise).
+    randomk, a number of levels for qsgd, a rank for powersgd, None otherwise). A powersgd
+    codec bound to a slice (`bind`) also holds the slice's matrices.
 
     Example:
         >>> c = parse("topk:0.01")
@@ -57,11 +75,25 @@ class Codec:
 
     name: str
     amount: float | None = None
+    matrices: tuple[Matrix, ...] = field(default=(), repr=False)  # powersgd, once bound
 
     def __str__(self) -> str:
         if self.amount is None:
             return self.name
-        return f"{self.name}:{int(self.amount) if self.name == 'qsgd' else self.amount:g}"
+        whole = self.name in ("qsgd", "powersgd")
+        return f"{self.name}:{int(self.amount) if whole else self.amount:g}"
+
+    def bind(self, shapes: Sequence[Sequence[int]], lo: int, hi: int) -> Codec:
+        """This codec for the slice `[lo, hi)` of a flat vector of variables of `shapes`: for
+        powersgd, with the slice's matrices (`low_rank.matrices_in`); the others are unchanged.
+
+        Example:
+            >>> parse("powersgd:4").bind([(784, 256), (256,)], 0, 200960).matrices
+            ((0, 784, 256),)
+        """
+        if self.name != "powersgd":
+            return self
+        return replace(self, matrices=matrices_in(shapes, lo, hi, int(self.amount)))
 
     @property
     def lossy(self) -> bool:
@@ -75,11 +107,11 @@ class Codec:
     @property
     def error_feedback(self) -> bool:
         """Whether a worker adds what its last push left out to its next one."""
-        return self.sparse
+        return self.sparse or self.name == "powersgd"
 
     @property
     def random(self) -> bool:
-        return self.name in ("randomk", "qsgd")
+        return self.name in ("randomk", "qsgd", "powersgd")  # powersgd: its first Q
 
     def kept(self, count: int) -> int:
         """Entries a sparse frame of `count` floats keeps (at least one)."""
@@ -93,6 +125,8 @@ class Codec:
             return 2 * count
         if self.sparse:
             return 8 * self.kept(count) if count else 0
+        if self.name == "powersgd":
+            return 4 * frame_floats(count, self.matrices, int(self.amount))
         return count + 4 * _chunks(count)
 
 
@@ -116,13 +150,19 @@ def parse(spec) -> Codec:
                              f"--compression {name}.")
         return Codec(name)
     if not amount:
-        what = "LEVELS" if name == "qsgd" else "RATIO"
+        what = {"qsgd": "LEVELS", "powersgd": "RANK"}.get(name, "RATIO")
         raise ValueError(f"--compression {name} needs its amount: {name}:{what}; {_EXAMPLES}.")
     if name == "qsgd":
         if not amount.isdigit() or not 1 <= int(amount) <= 127:
             raise ValueError(f"--compression {spec!r}: the number of levels must be a whole "
                              "number from 1 to 127 (each level is sent as one signed byte); "
                              "e.g. qsgd:16.")
+        return Codec(name, int(amount))
+    if name == "powersgd":
+        if not amount.isdigit() or not 1 <= int(amount) <= MAX_RANK:
+            raise ValueError(f"--compression {spec!r}: the rank is the number of columns of each "
+                             f"matrix's factors, a whole number from 1 to {MAX_RANK}; e.g. "
+                             "powersgd:4 (the PowerSGD paper's ranks are 1 to 4).")
         return Codec(name, int(amount))
     try:
         ratio = float(amount)
@@ -162,6 +202,8 @@ def encode(values: np.ndarray, codec, rng: np.random.Generator | None = None) ->
         raise ValueError(f"--compression {codec} draws at random: pass its generator")
     if codec.sparse:
         return _encode_sparse(values, codec, rng)
+    if codec.name == "powersgd":  # a first Q drawn for this frame alone (PushEncoder keeps it)
+        return LowRankSender(codec.matrices, int(codec.amount), values.size, rng).encode(values)
     return _encode_chunked(values, codec, rng)
 
 
@@ -224,6 +266,10 @@ def decode_add(buffer, codec, out: np.ndarray) -> None:
             raise ValueError(f"a --compression {codec} frame names entry {int(index[-1])} of "
                              f"{count}")
         out[index] += frame[4 * k:].view("<f4")
+    elif codec.name == "powersgd":
+        decoded = np.empty(count, dtype=np.float32)
+        _low_rank(codec, count).decode_into(frame, decoded)
+        out += decoded
     elif codec.lossy:
         out += _chunked_values(frame, codec, count)
     else:
@@ -243,6 +289,9 @@ def _chunked_values(frame: np.ndarray, codec: Codec, count: int) -> np.ndarray:
 def decode_into(buffer, codec, out: np.ndarray) -> None:
     """Write a received frame's values into float32 `out` (one pass for none and fp16)."""
     codec = parse(codec)
+    if codec.name == "powersgd":  # every value written: no zeroing first
+        _low_rank(codec, out.size).decode_into(_frame(buffer, codec, out.size), out)
+        return
     if codec.lossy:
         out[:] = 0
         decode_add(buffer, codec, out)
@@ -250,6 +299,13 @@ def decode_into(buffer, codec, out: np.ndarray) -> None:
     np.copyto(out, np.frombuffer(_frame(buffer, codec, out.size),
                                  dtype="<f4" if codec.name == "none" else "<f2"),
               casting="unsafe")
+
+
+@functools.lru_cache(maxsize=64)
+def _low_rank(codec: Codec, count: int) -> LowRankReceiver:
+    """One receiver per bound codec and slice (a hub's shard decodes every worker's pushes with
+    it): its index of the dense floats is built once, not per push."""
+    return LowRankReceiver(codec.matrices, int(codec.amount), count)
 
 
 def decode(buffer, codec, count: int | None = None) -> np.ndarray:
@@ -271,9 +327,9 @@ def wire_bytes(count: int, codec) -> int:
 
 
 class PushEncoder:
-    """One worker's pushes to one shard, with error feedback for topk and randomk: the frame
-    is taken of the gradient plus what earlier frames left out, and what this one leaves out
-    is kept (`residual`) for the next.
+    """One worker's pushes to one shard, with error feedback for topk, randomk and powersgd:
+    the frame is taken of the gradient plus what earlier frames left out, and what this one
+    leaves out is kept (`residual`) for the next. powersgd's Qs carry on from frame to frame.
 
     Example:
         >>> push = PushEncoder("topk:0.5", 4)
@@ -288,11 +344,23 @@ class PushEncoder:
         self.rng = rng
         self.residual = (np.zeros(count, dtype=np.float32) if self.codec.error_feedback
                          else None)
+        self._low_rank = None
+        if self.codec.name == "powersgd":
+            if rng is None:
+                raise ValueError(f"--compression {self.codec} draws its first Q at random: pass "
+                                 "its generator")
+            self._low_rank = LowRankSender(self.codec.matrices, int(self.codec.amount), count, rng)
+            self._sent = np.empty(count, dtype=np.float32)
 
     def encode(self, gradient: np.ndarray) -> np.ndarray:
         if self.residual is None:
             return encode(gradient, self.codec, self.rng)
         self.residual += gradient
+        if self._low_rank is not None:
+            frame = self._low_rank.encode(self.residual)
+            decode_into(frame, self.codec, self._sent)
+            self.residual -= self._sent  # the other floats went exactly: 0 of them is left
+            return frame
         frame = encode(self.residual, self.codec, self.rng)
         k = self.codec.kept(self.residual.size)
         self.residual[frame[:4 * k].view("<u4")] = 0  # sent exactly: nothing of them is left
@@ -325,9 +393,9 @@ class PullEncoder:
 
 
 def pull_codec(codec) -> Codec:
-    """The codec of a pull under `codec`: itself, but int8 for qsgd."""
+    """The codec of a pull under `codec`: itself, but int8 for qsgd and powersgd."""
     codec = parse(codec)
-    return Codec("int8") if codec.name == "qsgd" else codec
+    return Codec("int8") if codec.name in ("qsgd", "powersgd") else codec
 
 
 def apply_pull(buffer, codec, held: np.ndarray, out: np.ndarray) -> None:

@@ -36,7 +36,8 @@ class WorkerTransport:
 
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
                  transport: str = "auto", timeout: float = 120.0, engine: int | None = None,
-                 compression: str = "none", spin_s: float = 0.0, seed: int = 0):
+                 compression: str = "none", spin_s: float = 0.0, seed: int = 0,
+                 shapes: list | tuple = ()):
         self.worker, self.engine = worker, engine
         self.bounds = []
         start = 0
@@ -76,7 +77,9 @@ class WorkerTransport:
         self._live = [None] * len(shards)  # hogwild: attached hub segments, read without lock
         self._live_names = [s["params_shm"] for s in shards]
         # each push's frame to each shard (with its error feedback; a random codec's own stream)
-        self._pushes = [PushEncoder(self.codec, hi - lo, np.random.default_rng([seed, worker, i]))
+        # (powersgd: the matrices of each shard's slice, among the trainable variables' `shapes`)
+        self._pushes = [PushEncoder(self.codec.bind(shapes, lo, hi), hi - lo,
+                                    np.random.default_rng([seed, worker, i]))
                         for i, (lo, hi) in enumerate(self.bounds)]
         # a lossy codec's pulls are changes to the copy this worker holds (PullEncoder's twin)
         self._held = np.zeros(self.total, dtype=np.float32) if self.codec.lossy else None

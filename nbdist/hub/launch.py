@@ -26,6 +26,7 @@ from nbdist.hub.wire import remove_socket_files
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 START_TIMEOUT_S = 60.0
+BLAS_THREADS = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 _hubs: dict[tuple[str, int], object] = {}
 
 
@@ -62,6 +63,11 @@ class _ProcessHub:
         root = PACKAGE_PARENT
         child_env["PYTHONPATH"] = os.pathsep.join(
             p for p in (root, child_env.get("PYTHONPATH")) if p)
+        # the shard splits its updates over its own pool (NBDIST_HUB_THREADS); NumPy's BLAS
+        # (powersgd's P Q^T per push) gets one thread, not one per core spinning beside the
+        # workers after every product (nbdist.engine.blas_threads)
+        for name in BLAS_THREADS:
+            child_env[name] = "1"
         self.proc = subprocess.Popen([sys.executable, "-m", "nbdist.hub.process"],
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=child_env)
         self.proc.stdin.write(encode_spec(spec))

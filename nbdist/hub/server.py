@@ -128,6 +128,9 @@ class HubSpec:
     peer_hosts: list[str] | None = None
     # a rule written in the notebook, by value (`nbdist.engine.rule_by_value.pack`); None: built-in
     rule: bytes | None = None
+    # the trainable variables' shapes, in flat order: where --compression powersgd finds the
+    # matrices of this shard's slice (`nbdist.core.low_rank`), as its workers do
+    shapes: list = field(default_factory=list)
 
 
 class Hub:
@@ -410,7 +413,8 @@ class Hub:
                               if hello.shm else shm.WorkerLink())
         # shared memory carries no frames: the codec acts over TCP (and ipc) only
         link = self.links[worker]
-        link.codec = compression.parse(hello.compression if hello.link == "tcp" else "none")
+        link.codec = compression.parse(hello.compression if hello.link == "tcp" else "none").bind(
+            self.spec.shapes, self.spec.offset, self.spec.offset + self.size)
         if hello.link == "shm" and hello.compression != "none" and self.core.coordinator:
             self.warn(f"--compression {hello.compression} applies only to workers that reach "
                       "their hub shards over TCP; the workers on the hub's host share memory "

@@ -80,21 +80,32 @@ def test_a_codec_on_a_worker_that_shares_memory_with_its_hub_is_said_to_do_nothi
         stop(control, thread, [worker])
 
 
-def test_two_shards_each_keep_their_slices_error_feedback_and_copies():
-    """topk keeps k of each shard's slice: each shard's weights are its slice's oracle, and the
-    worker's copy of each slice is that shard's pulls."""
-    key, size, codec = new_key(), 64, "topk:0.1"
+SHAPES = [(4, 8), (8,), (2, 12)]  # 64 floats: a kernel on each shard (powersgd), a bias
+
+
+@pytest.mark.parametrize("codec", ["topk:0.1", "powersgd:1"])
+def test_two_shards_each_keep_their_slices_error_feedback_and_copies(codec):
+    """topk keeps k of each shard's slice, powersgd factors the matrices of each shard's slice:
+    each shard's weights are its slice's oracle, and the worker's copy of each slice is that
+    shard's pulls."""
+    key, size = new_key(), 64
     p = plan(num_workers=1, num_samples=80, batch_size=4)
     hubs = [Hub(HubSpec("two", key, i, 2, p, np.zeros(size // 2, np.float32),
-                        np.zeros(0, np.float32), offset=i * size // 2)) for i in range(2)]
+                        np.zeros(0, np.float32), offset=i * size // 2, shapes=SHAPES))
+            for i in range(2)]
     threads = [threading.Thread(target=h.serve, daemon=True) for h in hubs]
     for t in threads:
         t.start()
     shards = [h.endpoints for h in hubs]
     control = HubControl(key, shards, timeout=10)
-    worker = WorkerTransport(key, 0, shards, 0, "tcp", timeout=10, compression=codec, seed=5)
+    worker = WorkerTransport(key, 0, shards, 0, "tcp", timeout=10, compression=codec, seed=5,
+                             shapes=SHAPES)
     halves = [slice(0, size // 2), slice(size // 2, size)]
-    pushes = [PushEncoder(codec, size // 2, np.random.default_rng([5, 0, i])) for i in (0, 1)]
+    codecs = [parse(codec).bind(SHAPES, h.start, h.stop) for h in halves]
+    if codec.startswith("powersgd"):  # each shard factors its own kernel
+        assert [c.matrices for c in codecs] == [((0, 4, 8),), ((8, 2, 12),)]
+    pushes = [PushEncoder(c, size // 2, np.random.default_rng([5, 0, i]))
+              for i, c in enumerate(codecs)]
     pulls = [PullEncoder(codec, size // 2, np.random.default_rng([i, 0])) for i in (0, 1)]
     applied = np.zeros(size, np.float32)
     gradients = np.random.default_rng(2)
@@ -105,11 +116,14 @@ def test_two_shards_each_keep_their_slices_error_feedback_and_copies():
                 reply = worker.step(Step(0))
                 continue
             worker.grad[:] = gradients.normal(size=size).astype(np.float32)
+            sent_before = worker.traffic()[4]
             reply = worker.step(Step(0, push=True, pull=True, chunks=[reply.chunks[0].id],
                                      loss=0.0))
+            assert worker.traffic()[4] - sent_before == sum(c.wire_bytes(size // 2)
+                                                            for c in codecs)
             for i, half in enumerate(halves):
                 decoded = np.zeros(size // 2, np.float32)
-                decode_add(pushes[i].encode(worker.grad[half]), codec, decoded)
+                decode_add(pushes[i].encode(worker.grad[half]), codecs[i], decoded)
                 applied[half] -= LR * decoded
                 pulls[i].encode(applied[half])
                 np.testing.assert_array_equal(worker.params[half], pulls[i].held)

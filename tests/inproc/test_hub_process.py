@@ -30,6 +30,8 @@ def test_a_process_hub_answers_the_kernel_and_reports_its_summary_when_shut_down
     endpoints = launch.start_hub(spec)
     proc = launch.hub_process(spec.run_id, 0)
     assert proc is not None and proc.pid != os.getpid()  # a process of its own
+    with open(f"/proc/{proc.pid}/environ", "rb") as env:  # NumPy's BLAS on one thread
+        assert b"OPENBLAS_NUM_THREADS=1" in env.read().split(b"\0")
     assert launch.running_hubs() == [(spec.run_id, 0)]
     control = HubControl(key, [endpoints], timeout=20)
     try:
@@ -99,14 +101,15 @@ def test_a_spec_crosses_to_the_hub_process_without_pickle_and_unchanged():
 
     restore = {"version": 7, "opt": {"momentum": np.arange(5, dtype=np.float32), "iterations": 3},
                "rule": {"clock": (1, 2)}, 1: np.float32(0.5)}
-    spec = _spec(b"\x00\xffkey", restore=restore, optimizer={"class_name": "SGD", "segments": [5]})
+    spec = _spec(b"\x00\xffkey", restore=restore, optimizer={"class_name": "SGD", "segments": [5]},
+                 shapes=[(4, 8), (8,)])
     back = decode_spec(io.BytesIO(encode_spec(spec)))
     assert back.key == spec.key and back.plan == spec.plan and back.run_id == spec.run_id
     np.testing.assert_array_equal(back.params, spec.params)
     assert back.params.dtype == np.float32 and back.non_trainable.shape == (0,)
     np.testing.assert_array_equal(back.restore["opt"]["momentum"], restore["opt"]["momentum"])
     assert back.restore["rule"] == {"clock": (1, 2)} and back.restore[1] == 0.5
-    assert back.optimizer == spec.optimizer
+    assert back.optimizer == spec.optimizer and back.shapes == [(4, 8), (8,)]
     with pytest.raises(TypeError, match="cannot carry a object"):
         encode_spec({"x": object()})
 

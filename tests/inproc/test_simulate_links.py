@@ -73,3 +73,16 @@ def test_a_codec_trains_in_the_simulator_as_its_frames_say():
     again, same = simulate(workers=2, epochs=2, compression="topk:0.25", no_validation=False,
                            seed=1)
     np.testing.assert_array_equal(weights, same)  # its random streams are the seed's
+
+
+def test_powersgd_factors_each_kernel_in_the_simulator_as_a_tcp_worker_does():
+    run, weights = simulate(workers=2, epochs=2, compression="powersgd:1", no_validation=False,
+                            seed=1)
+    traffic = run.traffic.set_index("worker")
+    nodes = run.nodes.set_index("worker")
+    # every push: each kernel as rank-1 factors, (8 + 16) and (16 + 3) floats, and the biases
+    assert (traffic["bytes_sent"] == nodes["steps"] * 4 * (24 + 16 + 19 + 3)).all()
+    final = run.history["val_accuracy"].dropna().iloc[-1]
+    assert final > 0.8, final  # the error feedback sends the rest of each kernel later
+    _, same = simulate(workers=2, epochs=2, compression="powersgd:1", no_validation=False, seed=1)
+    np.testing.assert_array_equal(weights, same)  # its first Qs are the seed's

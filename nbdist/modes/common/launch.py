@@ -64,7 +64,7 @@ def start_through_hubs(job: Job, backend: Backend, make_worker_spec: Callable[[d
                    rule_options=job.rule_options, local_steps=config.local_steps,
                    optimizer=job.optimizer, constraints=job.constraints,
                    idle_timeout=config.timeout, extra_bytes=extra_bytes,
-                   rule=custom_rule(job.plan.algorithm))
+                   rule=custom_rule(job.plan.algorithm), shapes=job.layout["trainable"])
     if lease:
         base = replace(base, lease_s=lease_term(config.timeout), last_checkpoint=(
             None if config.checkpoint_dir is None else

@@ -9,6 +9,7 @@ until the hub says it is done. Control (pause, stop, learning rate) arrives on e
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import time
@@ -18,6 +19,8 @@ import numpy as np
 
 from nbdist.algorithms.easgd import elastic_exchange
 from nbdist.cluster import affinity
+from nbdist.core.compression import parse
+from nbdist.engine.blas_threads import one_blas_thread
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.flat_layout import layout, write_rng_state
 from nbdist.engine.flatmodel import FlatModel
@@ -110,9 +113,15 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
         write_rng_state(model, spec.rng_state, spec.worker)
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size, spec.transport,
                                 spec.timeout, spec.engine, compression=spec.compression,
+                                shapes=spec.layout["trainable"],
                                 spin_s=spec.spin_s, seed=spec.seed)
+    # powersgd's factors are matrix products: on one BLAS thread, whose spinning siblings
+    # would otherwise take the worker's cores (nbdist.engine.blas_threads)
+    products = (one_blas_thread() if parse(spec.compression).name == "powersgd"
+                else contextlib.nullcontext())
     try:
-        return _AsyncLoop(spec, flat, transport, data, validation).run()
+        with products:
+            return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:
         transport.close()
 

@@ -11,7 +11,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from nbdist.core.compression import PullEncoder, PushEncoder, decode_into, encode, parse
+from nbdist.core.compression import (
+    Codec,
+    PullEncoder,
+    PushEncoder,
+    decode_into,
+    encode,
+    parse,
+)
 from nbdist.core.links import HUB, Link, Network, ring_allreduce_s
 
 FLOAT32 = 4  # bytes
@@ -27,7 +34,7 @@ class VirtualNetwork:
     for nothing: a rank evaluates the weights it holds.
     """
 
-    def __init__(self, codec: str, num_workers: int, count: int, non_trainable: int,
+    def __init__(self, codec: str | Codec, num_workers: int, count: int, non_trainable: int,
                  links: dict[str, Link] | None, seed: int, sync: bool = False):
         self.codec, self.count, self.sync, self._seed = parse(codec), count, sync, seed
         self.network = Network(links) if links is not None else None

@@ -33,11 +33,13 @@ from __future__ import annotations
 import json
 import math
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from nbdist.algorithms.optimizers import HubOptimizer
+from nbdist.core.compression import parse
 from nbdist.core.plan import Plan
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
@@ -73,7 +75,8 @@ class Simulation:
     def __init__(self, plan: Plan, rule_options: dict, flat, data, validation, params: np.ndarray,
                  non_trainable: np.ndarray, options: SimOptions, seed: int,
                  optimizer: dict | None = None, constraints: list[dict] | tuple = (),
-                 compression: str = "none", inner_optimizer: dict | None = None):
+                 compression: str = "none", inner_optimizer: dict | None = None,
+                 shapes: Sequence[Sequence[int]] = ()):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
@@ -100,7 +103,9 @@ class Simulation:
                                 else HubOptimizer(inner_optimizer, params.size))
                         for _ in range(n)]
         self.compression = compression
-        self.network = VirtualNetwork(compression, n, self.core.params.size,
+        # `shapes`: the trainable variables', where powersgd finds its matrices
+        codec = parse(compression).bind(shapes, 0, self.core.params.size)
+        self.network = VirtualNetwork(codec, n, self.core.params.size,
                                       self.core.non_trainable.size,
                                       options.links(n) if options.has_links else None, seed,
                                       sync=self.sync)

@@ -58,7 +58,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     simulation = Simulation(job.plan, job.rule_options, flat_model(job.trainer_model, job.layout),
                             data, contents.validation_arrays if fit is None else None, job.params,
                             job.non_trainable, options, config.seed, job.optimizer, job.constraints,
-                            compression=config.compression,
+                            compression=config.compression, shapes=job.layout["trainable"],
                             inner_optimizer=_workers_optimizer(job) if config.local_steps > 1
                             else None)
     if options.calibrate:

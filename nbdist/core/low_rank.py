@@ -1,0 +1,129 @@
+"""PowerSGD (Vogels et al. 2019, `--compression powersgd:RANK`): the matrices of a slice travel
+as rank-r factors, the rest of the slice dense.
+
+For each matrix M (rows x cols) of the slice, one power iteration warm-started from the
+sender's last Q (cols x r):
+
+    P = M Q;   P <- orthonormal columns of P (QR);   Q <- M^T P;   M is received as P Q^T.
+
+A frame of a slice is float32 `[P_1, Q_1, ..., P_j, Q_j, the other floats in order]`, so
+4 (sum_i (rows_i + cols_i) r + others) bytes. A Keras weight of shape (..., out) is the matrix
+(prod(...), out), as a Dense kernel (in, out) is; a weight whose factors would take as many
+bytes as itself, a 1-D one (biases, BatchNorm), or one that a hub shard's boundary cuts goes
+dense. What a frame leaves out of M is the sender's error feedback
+(`nbdist.core.compression.PushEncoder`), so it is sent later, never lost.
+
+Pure NumPy: the first Q (and a column that became zero, which would stay zero) is drawn from
+the `numpy.random.Generator` the sender is given, so a frame is exact against a reference given
+the same stream (tests/unit/test_low_rank.py).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+Matrix = tuple[int, int, int]  # (where it starts in the slice, rows, cols)
+
+
+def matrices_in(shapes: Sequence[Sequence[int]], lo: int, hi: int, rank: int) -> tuple[Matrix, ...]:
+    """The matrices that `rank`-r factors send in fewer bytes, among the variables `shapes` (in
+    the flat vector's order) that lie wholly in the slice `[lo, hi)`; starts are relative to `lo`.
+
+    Example:
+        >>> matrices_in([(784, 256), (256,), (256, 10), (10,)], 0, 203530, 4)
+        ((0, 784, 256), (200960, 256, 10))
+        >>> matrices_in([(784, 256), (256,)], 100, 200960, 4)  # the kernel is cut: dense
+        ()
+    """
+    found, start = [], 0
+    for shape in shapes:
+        size = math.prod(shape)
+        if len(shape) >= 2 and lo <= start and start + size <= hi:
+            cols = int(shape[-1])
+            rows = size // cols
+            if (rows + cols) * rank < size:
+                found.append((start - lo, rows, cols))
+        start += size
+    return tuple(found)
+
+
+def frame_floats(count: int, matrices: Sequence[Matrix], rank: int) -> int:
+    """The float32 values a frame of a `count`-float slice holds.
+
+    Example:
+        >>> frame_floats(203530, ((0, 784, 256), (200960, 256, 10)), 4)  # of 203,530
+        5490
+    """
+    return count - sum((rows * cols) - (rows + cols) * rank for _, rows, cols in matrices)
+
+
+def _others(count: int, matrices: Sequence[Matrix]) -> np.ndarray:
+    """The indices of the slice's floats that go dense (in order)."""
+    dense = np.ones(count, dtype=bool)
+    for start, rows, cols in matrices:
+        dense[start:start + rows * cols] = False
+    return np.flatnonzero(dense)
+
+
+class LowRankSender:
+    """One sender's frames of one slice, each matrix's Q warm-started from its last frame.
+
+    Example:
+        >>> sender = LowRankSender(((0, 2, 3),), 1, 7, np.random.default_rng(0))
+        >>> m = np.array([1, 2, 3, 2, 4, 6, 9], dtype=np.float32)  # a rank-1 matrix, then 9
+        >>> out = np.empty(7, dtype=np.float32)
+        >>> LowRankReceiver(((0, 2, 3),), 1, 7).decode_into(sender.encode(m), out)
+        >>> np.allclose(out, m)
+        True
+    """
+
+    def __init__(self, matrices: Sequence[Matrix], rank: int, count: int,
+                 rng: np.random.Generator):
+        self.matrices, self.rank, self.count, self.rng = tuple(matrices), rank, count, rng
+        self.others = _others(count, self.matrices)
+        self.q = [rng.standard_normal((cols, rank), dtype=np.float32)
+                  for _, _, cols in self.matrices]
+        self.size = frame_floats(count, self.matrices, rank)
+
+    def encode(self, values: np.ndarray) -> np.ndarray:
+        """The frame (bytes) of float32 `values`; the Qs move on to this frame's."""
+        frame = np.empty(self.size, dtype=np.float32)
+        at, r = 0, self.rank
+        for (start, rows, cols), q in zip(self.matrices, self.q, strict=True):
+            m = values[start:start + rows * cols].reshape(rows, cols)
+            p = frame[at:at + rows * r].reshape(rows, r)
+            p[:] = np.linalg.qr(m @ q)[0]
+            at += rows * r
+            q_next = frame[at:at + cols * r].reshape(cols, r)
+            np.matmul(m.T, p, out=q_next)
+            at += cols * r
+            q[:] = q_next
+            dead = ~np.any(q, axis=0)  # M^T p = 0: a zero Q column would stay zero for ever
+            if dead.any():
+                q[:, dead] = self.rng.standard_normal((cols, int(dead.sum())), dtype=np.float32)
+        np.take(values, self.others, out=frame[at:])
+        return frame.view(np.uint8)
+
+
+class LowRankReceiver:
+    """A receiver's decoding of one slice's frames (no state of its own: P and Q both travel)."""
+
+    def __init__(self, matrices: Sequence[Matrix], rank: int, count: int):
+        self.matrices, self.rank, self.count = tuple(matrices), rank, count
+        self.others = _others(count, self.matrices)
+
+    def decode_into(self, frame: np.ndarray, out: np.ndarray) -> None:
+        """Write the values frame `frame` (bytes, its length checked by the caller) stands for
+        into float32 `out`."""
+        values = frame.view("<f4")
+        at, r = 0, self.rank
+        for start, rows, cols in self.matrices:
+            p = values[at:at + rows * r].reshape(rows, r)
+            at += rows * r
+            q = values[at:at + cols * r].reshape(cols, r)
+            at += cols * r
+            np.matmul(p, q.T, out=out[start:start + rows * cols].reshape(rows, cols))
+        out[self.others] = values[at:]
