@@ -21,7 +21,7 @@ the same stream (tests/unit/test_low_rank.py).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import numpy as np
 
@@ -127,3 +127,96 @@ class LowRankReceiver:
             at += cols * r
             np.matmul(p, q.T, out=out[start:start + rows * cols].reshape(rows, cols))
         out[self.others] = values[at:]
+
+
+class LowRankReducer:
+    """One rank's PowerSGD over an allreduce (Vogels et al. 2019, Algorithm 1), for sync mode:
+    every rank runs the same steps, and two sums over the ranks make everyone's frame one.
+
+    With M_i this rank's weighted gradient plus its error feedback e_i, for each matrix:
+    `first`: P_i = M_i Q (Q the same on every rank), then the ranks sum P (with the slice's
+    other floats and the caller's `extra` in the same buffer); `second`: P <- orthonormal
+    columns of the sum, Q_i = M_i^T P, e_i = M_i - P Q_i^T, then the ranks sum Q; `finish`:
+    the step's gradient is P Q^T (Q the sum), the other floats their sum, and Q warm-starts the
+    next step, equal on every rank. `reduce` runs the three around a caller's in-place sum.
+
+    Example:
+        >>> r = LowRankReducer(((0, 2, 3),), 1, 6, seed=0)
+        >>> g = np.array([1, 2, 3, 2, 4, 6], dtype=np.float32)  # rank 1: arrives whole
+        >>> out, _ = r.reduce(g, np.zeros(0, np.float32), lambda buffer: None)  # one rank
+        >>> np.allclose(out, g)
+        True
+    """
+
+    def __init__(self, matrices: Sequence[Matrix], rank: int, count: int, seed: int):
+        self.matrices, self.rank, self.count = tuple(matrices), rank, count
+        self.rng = np.random.default_rng(seed)  # the same stream on every rank
+        self.others = _others(count, self.matrices)
+        self.q = [self.rng.standard_normal((cols, rank), dtype=np.float32)
+                  for _, _, cols in self.matrices]
+        self.residual = np.zeros(count, dtype=np.float32)  # e_i
+        self._p_floats = sum(rows * rank for _, rows, _ in self.matrices)
+        self._q_sum = np.empty(sum(cols * rank for _, _, cols in self.matrices), np.float32)
+        largest = max((rows * cols for _, rows, cols in self.matrices), default=0)
+        self._product = np.empty(largest, dtype=np.float32)  # P Q^T of one matrix
+        self.out = np.empty(count, dtype=np.float32)
+        self._first = np.empty(0, dtype=np.float32)
+
+    def first(self, gradient: np.ndarray, extra: np.ndarray) -> np.ndarray:
+        """The buffer the ranks sum first: every P_i, then the other floats, then `extra`."""
+        size = self._p_floats + self.others.size + extra.size
+        if self._first.size != size:
+            self._first = np.empty(size, dtype=np.float32)
+        buffer = self._first
+        self.residual += gradient  # M_i
+        at, r = 0, self.rank
+        for (start, rows, cols), q in zip(self.matrices, self.q, strict=True):
+            m = self.residual[start:start + rows * cols].reshape(rows, cols)
+            np.matmul(m, q, out=buffer[at:at + rows * r].reshape(rows, r))
+            at += rows * r
+        np.take(self.residual, self.others, out=buffer[at:at + self.others.size])
+        buffer[at + self.others.size:] = extra
+        return buffer
+
+    def second(self, summed_first: np.ndarray) -> np.ndarray:
+        """The buffer the ranks sum next: every Q_i = M_i^T P; this rank's e_i is left."""
+        at, at_q, r = 0, 0, self.rank
+        for start, rows, cols in self.matrices:
+            p = summed_first[at:at + rows * r].reshape(rows, r)
+            p[:] = np.linalg.qr(p)[0]
+            at += rows * r
+            m = self.residual[start:start + rows * cols].reshape(rows, cols)
+            q_local = self._q_sum[at_q:at_q + cols * r].reshape(cols, r)
+            np.matmul(m.T, p, out=q_local)
+            at_q += cols * r
+            product = self._product[:rows * cols].reshape(rows, cols)
+            np.matmul(p, q_local.T, out=product)
+            m -= product  # e_i = M_i - P Q_i^T
+        self.residual[self.others] = 0  # the other floats are sent whole
+        return self._q_sum
+
+    def finish(self, summed_first: np.ndarray, summed_second: np.ndarray) -> tuple[np.ndarray,
+                                                                                   np.ndarray]:
+        """The step's gradient (every rank the same) and the summed `extra`."""
+        at, at_q, r = 0, 0, self.rank
+        for (start, rows, cols), q in zip(self.matrices, self.q, strict=True):
+            p = summed_first[at:at + rows * r].reshape(rows, r)
+            at += rows * r
+            q[:] = summed_second[at_q:at_q + cols * r].reshape(cols, r)
+            at_q += cols * r
+            np.matmul(p, q.T, out=self.out[start:start + rows * cols].reshape(rows, cols))
+            dead = ~np.any(q, axis=0)  # as LowRankSender; the same columns on every rank
+            if dead.any():
+                q[:, dead] = self.rng.standard_normal((cols, int(dead.sum())), dtype=np.float32)
+        self.out[self.others] = summed_first[at:at + self.others.size]
+        return self.out, summed_first[at + self.others.size:]
+
+    def reduce(self, gradient: np.ndarray, extra: np.ndarray,
+               summed: Callable[[np.ndarray], object]) -> tuple[np.ndarray, np.ndarray]:
+        """`first`, `second` and `finish`, with `summed(buffer)` summing a buffer over the ranks
+        in place (an allreduce)."""
+        first = self.first(gradient, extra)
+        summed(first)
+        second = self.second(first)
+        summed(second)
+        return self.finish(first, second)

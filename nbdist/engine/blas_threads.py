@@ -14,6 +14,8 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 
+from nbdist.core.compression import parse
+
 
 @contextlib.contextmanager
 def one_blas_thread() -> Iterator[None]:
@@ -27,3 +29,15 @@ def one_blas_thread() -> Iterator[None]:
 
     with threadpool_limits(limits=1, user_api="blas"):
         yield
+
+
+def for_compression(compression: str) -> contextlib.AbstractContextManager:
+    """`one_blas_thread()` for a run whose codec multiplies matrices (powersgd), else nothing.
+
+    Example:
+        >>> with for_compression("int8"):  # nothing to hold
+        ...     pass
+    """
+    if parse(compression).name == "powersgd":
+        return one_blas_thread()
+    return contextlib.nullcontext()

@@ -58,11 +58,15 @@ def test_each_codec_trains_as_float32_does_with_its_share_of_the_bytes(cluster):
 
 
 @pytest.mark.horovod
-def test_sync_fp16_allreduce_keeps_ranks_identical_and_accuracy(cluster):
+@pytest.mark.parametrize("codec", ["fp16", "powersgd:1"])
+def test_sync_compressed_allreduce_keeps_ranks_identical_and_accuracy(cluster, codec):
+    """fp16: Horovod's own float16 allreduce; powersgd: its allreduces of P and of Q (both of
+    the cell's kernels as rank-1 factors, the biases whole)."""
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,
-                       epochs=2, batch_size=32, compression="fp16", wait=True)
+                       epochs=2, batch_size=32, compression=codec, wait=True)
+    assert run.status == "finished", run.error
     results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
     assert run.history["val_accuracy"].dropna().iloc[-1] > 0.9

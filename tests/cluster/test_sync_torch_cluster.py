@@ -1,6 +1,7 @@
 """`--mode sync --collective torch` on Keras's TensorFlow backend, on a real local cluster:
 torch.distributed's Gloo group in place of Horovod (what a machine where Horovod cannot be
-built trains with), with --compression fp16, --dbs, and a checkpoint that resumes exactly.
+built trains with), with --compression fp16 and powersgd, --dbs, and a checkpoint that resumes
+exactly.
 (JAX and PyTorch, where torch is the only collective: tests/cluster/test_backends_cluster.py.)"""
 
 import importlib.util
@@ -37,6 +38,17 @@ def test_torch_ranks_with_fp16_and_dbs_end_identical_and_equal_to_the_kernel_mod
     assert run.history["val_accuracy"].dropna().iloc[-1] > 0.9
     assert any(str(t).startswith("--collective torch: torch.distributed's allreduce")
                for t in run.events["text"].dropna())
+
+
+def test_torch_ranks_with_powersgd_sum_p_and_q_and_end_identical(cluster):
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, epochs=2, batch_size=32,
+                       compression="powersgd:1", wait=True, **OPTIONS)
+    assert run.status == "finished", run.error
+    results = run.worker_results
+    np.testing.assert_array_equal(results[0]["params"], results[1]["params"])
+    np.testing.assert_array_equal(weights(ns), results[0]["params"])
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.9
 
 
 def test_a_torch_sync_checkpoint_resumes_to_the_weights_of_an_uninterrupted_run(cluster,

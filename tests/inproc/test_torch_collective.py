@@ -67,6 +67,7 @@ def _rank(rank: int, key: bytes, env: dict, out) -> None:
     os.environ["KERAS_BACKEND"] = "jax" if rank else "torch"  # the group does not care
     import keras
 
+    from nbdist.core.compression import parse
     from nbdist.modes.sync.collective import TorchCollective
 
     env = {**env, "HOROVOD_RANK": str(rank), "HOROVOD_SIZE": "2", "HOROVOD_GLOO_IFACE": "lo"}
@@ -82,7 +83,7 @@ def _rank(rank: int, key: bytes, env: dict, out) -> None:
     weight = 0.75 if rank == 0 else 0.25
     kernels, controls = [], []
     for fp16 in (False, True):  # --compression fp16: the gradient as float16, the control exact
-        apply = collective.compile_apply(model, 2, fp16=fp16)
+        apply = collective.compile_apply(model, 2, parse("fp16" if fp16 else "none"))
         controls.append(apply(grad, weight, np.array([rank, 1.0 / 3], np.float32)).tolist())
         kernels.append(np.asarray(model.layers[0].kernel.numpy()).ravel().tolist())
     out.put((rank, start.tolist(), total.tolist(), controls, kernels))

@@ -184,9 +184,12 @@ def test_a_wrong_codec_is_refused_with_what_to_pass(spec, says):
         TrainConfig(compression=spec)
 
 
-def test_sync_takes_fp16_and_refuses_a_codec_an_allreduce_cannot_sum():
+def test_sync_takes_fp16_and_powersgd_and_refuses_a_codec_an_allreduce_cannot_sum():
     assert TrainConfig(mode="sync", compression="fp16").compression == "fp16"
-    with pytest.raises(ConfigError, match="--compression fp16 in sync, or --mode async"):
+    assert TrainConfig(mode="sync", compression="powersgd:2").compression == "powersgd:2"
+    with pytest.raises(ConfigError, match="sums float16 .* and powersgd's factors, but not "
+                       "--compression topk:0.01's frames. Use --compression fp16 or "
+                       "powersgd:RANK in sync, or --mode async"):
         TrainConfig(mode="sync", compression="topk:0.01")
 
 

@@ -111,8 +111,9 @@ def test_the_flag_takes_a_whole_rank_and_refuses_anything_else():
                        ("powersgd:0", "a whole number from 1 to 1024")):
         with pytest.raises(ConfigError, match=says):
             TrainConfig(compression=spec)
-    with pytest.raises(ConfigError, match="does not yet sum powersgd's factors"):
-        TrainConfig(mode="sync", compression="powersgd:2")
+    with pytest.raises(ConfigError, match="the simulator does not model powersgd's two "
+                       "allreduces"):
+        TrainConfig(mode="simulate", sim="sync=1", compression="powersgd:2")
 
 
 def test_an_unbound_powersgd_codec_sends_everything_dense_and_pulls_go_as_int8():
@@ -126,3 +127,67 @@ def test_a_frame_of_the_wrong_length_is_refused():
     codec = parse("powersgd:3").bind(SHAPES, 0, COUNT)
     with pytest.raises(ValueError, match="of 131 floats takes 380 bytes, this one 8"):
         decode(np.zeros(8, np.uint8), codec, COUNT)
+
+
+def ranks_step(reducers, gradients, extras):
+    """One sync step of every rank, the sums done by hand as the allreduce does them."""
+    firsts = [r.first(g, e) for r, g, e in zip(reducers, gradients, extras, strict=True)]
+    total = np.sum(firsts, axis=0)
+    firsts = [total.copy() for _ in reducers]
+    seconds = [r.second(f) for r, f in zip(reducers, firsts, strict=True)]
+    q_total = np.sum(seconds, axis=0)
+    return [r.finish(f, q_total.copy()) for r, f in zip(reducers, firsts, strict=True)]
+
+
+def test_sync_powersgd_sums_p_then_q_over_the_ranks_as_the_papers_algorithm_does():
+    """Vogels et al. 2019, Algorithm 1, by hand in float64 for 3 ranks and 2 steps: every rank
+    gets the same P Q^T of the summed matrices and the summed biases; each keeps its own error."""
+    from nbdist.core.low_rank import LowRankReducer
+
+    matrices = matrices_in(SHAPES, 0, COUNT, 2)  # both kernels
+    reducers = [LowRankReducer(matrices, 2, COUNT, seed=9) for _ in range(3)]
+    rng = np.random.default_rng(9)  # the stream every rank draws its first Qs from
+    q = [rng.standard_normal((cols, 2), dtype=np.float32).astype(np.float64)
+         for _, _, cols in matrices]
+    errors = [np.zeros(COUNT) for _ in range(3)]
+    data = np.random.default_rng(1)
+    for _ in range(2):
+        gradients = [data.normal(size=COUNT).astype(np.float32) for _ in range(3)]
+        extras = [np.array([float(i)], np.float32) for i in range(3)]
+        results = ranks_step(reducers, gradients, extras)
+        expected = np.zeros(COUNT)
+        ms = [errors[i] + gradients[i] for i in range(3)]
+        for j, (start, rows, cols) in enumerate(matrices):
+            blocks = [m[start:start + rows * cols].reshape(rows, cols) for m in ms]
+            p, _ = reference_round(sum(blocks), q[j])  # P = sum_i M_i Q, orthonormalised
+            q_locals = [b.T @ p for b in blocks]
+            q[j] = sum(q_locals)
+            expected[start:start + rows * cols] = (p @ q[j].T).ravel()
+            for i in range(3):
+                errors[i][start:start + rows * cols] = (blocks[i] - p @ q_locals[i].T).ravel()
+        others = np.setdiff1d(np.arange(COUNT), [i for s, r, c in matrices
+                                                 for i in range(s, s + r * c)])
+        expected[others] = sum(m[others] for m in ms)
+        for i, (out, extra) in enumerate(results):
+            np.testing.assert_allclose(out, expected, atol=1e-4)
+            assert extra.tolist() == [3.0]  # 0 + 1 + 2: the control rides with P
+            np.testing.assert_allclose(reducers[i].residual, errors[i], atol=1e-4)
+        for j in range(len(matrices)):  # QR's column signs, carried on as the ranks do
+            q[j] = reducers[0].q[j].astype(np.float64)
+    np.testing.assert_array_equal(results[0][0], results[2][0])  # every rank the same
+
+
+def test_sync_powersgd_error_feedback_conserves_the_sum_of_every_ranks_gradients():
+    from nbdist.core.low_rank import LowRankReducer
+
+    matrices = matrices_in(SHAPES, 0, COUNT, 1)
+    reducers = [LowRankReducer(matrices, 1, COUNT, seed=3) for _ in range(2)]
+    data = np.random.default_rng(0)
+    applied, pushed = np.zeros(COUNT), np.zeros(COUNT)
+    for _ in range(15):
+        gradients = [data.normal(size=COUNT).astype(np.float32) for _ in range(2)]
+        pushed += gradients[0].astype(np.float64) + gradients[1]
+        (out, _), _ = ranks_step(reducers, gradients, [np.zeros(0, np.float32)] * 2)
+        applied += out
+    np.testing.assert_allclose(applied + reducers[0].residual + reducers[1].residual, pushed,
+                               atol=1e-3)

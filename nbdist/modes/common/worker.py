@@ -9,7 +9,6 @@ until the hub says it is done. Control (pause, stop, learning rate) arrives on e
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import time
@@ -19,8 +18,7 @@ import numpy as np
 
 from nbdist.algorithms.easgd import elastic_exchange
 from nbdist.cluster import affinity
-from nbdist.core.compression import parse
-from nbdist.engine.blas_threads import one_blas_thread
+from nbdist.engine.blas_threads import for_compression
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.flat_layout import layout, write_rng_state
 from nbdist.engine.flatmodel import FlatModel
@@ -115,12 +113,8 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
                                 spec.timeout, spec.engine, compression=spec.compression,
                                 shapes=spec.layout["trainable"],
                                 spin_s=spec.spin_s, seed=spec.seed)
-    # powersgd's factors are matrix products: on one BLAS thread, whose spinning siblings
-    # would otherwise take the worker's cores (nbdist.engine.blas_threads)
-    products = (one_blas_thread() if parse(spec.compression).name == "powersgd"
-                else contextlib.nullcontext())
-    try:
-        with products:
+    try:  # powersgd's factors on one BLAS thread (nbdist.engine.blas_threads)
+        with for_compression(spec.compression):
             return _AsyncLoop(spec, flat, transport, data, validation).run()
     finally:
         transport.close()

@@ -8,6 +8,9 @@ rank's gradient, with the control riding in the same allreduce (`allreduce_apply
 
 - `HorovodCollective` (TensorFlow only): Horovod's allreduce inside one compiled TensorFlow
   function, the gradient kept a tensor from the step to the update (no host copy).
+- `--compression powersgd:R` (either collective): PowerSGD's two allreduces, of P and of Q, on
+  NumPy buffers (`low_rank_apply`, `nbdist.core.low_rank.LowRankReducer`), then the cell's
+  optimizer as the torch collective applies it.
 - `TorchCollective` (every Keras backend): a Gloo process group of `torch.distributed`, made
   without its global state (`ProcessGroupGloo`, so an engine that runs many runs keeps nothing
   between them), from the kernel's signed store (`rank_store`). The gradient is the flat NumPy
@@ -25,6 +28,8 @@ from datetime import timedelta
 
 import numpy as np
 
+from nbdist.core.compression import Codec
+from nbdist.core.low_rank import LowRankReducer
 from nbdist.engine.flat_apply import flat_apply
 from nbdist.engine.flat_layout import write_non_trainable
 from nbdist.engine.flat_step import StatelessFlatModel
@@ -32,6 +37,27 @@ from nbdist.modes.sync.batchnorm import SyncBatchNorm, TorchSyncBatchNorm
 from nbdist.modes.sync.rendezvous import SignedClient
 
 STORE_POLL_S = 0.01  # how often a rank asks the kernel's store for a key Gloo waits on
+
+
+def low_rank_apply(model, flat_size: int, reducer: LowRankReducer, sum_p, sum_q):
+    """`(grad, weight, control) -> summed control` for --compression powersgd: this rank's
+    weighted gradient through PowerSGD's two sums over the ranks (`sum_p(buffer)` and
+    `sum_q(buffer)`, each in place; the control rides with P), then the cell's optimizer.
+    `reducer` is the rank's for the whole run: its Qs and error feedback outlive a recompile."""
+    apply = flat_apply(model)
+    weighted = np.empty(flat_size, dtype=np.float32)
+
+    def allreduce_apply(grad, weight, control: np.ndarray) -> np.ndarray:
+        np.multiply(np.asarray(grad, dtype=np.float32), np.float32(weight), out=weighted)
+        first = reducer.first(weighted, control)
+        sum_p(first)
+        second = reducer.second(first)
+        sum_q(second)
+        gradient, summed_control = reducer.finish(first, second)
+        apply(gradient)
+        return summed_control.copy()
+
+    return allreduce_apply
 
 
 class HorovodCollective:
@@ -59,12 +85,19 @@ class HorovodCollective:
     def gradients(self, flat, batch: tuple) -> tuple[float, object, float]:
         return flat.gradients_tensor(*batch)  # the gradient stays a tensor
 
-    def compile_apply(self, model, flat_size: int, fp16: bool):
+    def compile_apply(self, model, flat_size: int, codec: Codec,
+                      reducer: LowRankReducer | None = None):
         """The compiled step that allreduces the weighted gradient with the control and applies
-        it with the cell's optimizer: `(grad, weight, control) -> summed control`."""
+        it with the cell's optimizer: `(grad, weight, control) -> summed control`. `reducer`:
+        powersgd's (`low_rank_apply`)."""
         import tensorflow as tf  # TensorFlow: only where a rank runs
 
         hvd, optimizer, trainable = self.hvd, model.optimizer, model.trainable_variables
+        if reducer is not None:  # on NumPy buffers, each of its two sums named
+            return low_rank_apply(model, flat_size, reducer,
+                                  lambda b: np.copyto(b, self.allreduce_sum(b, "nbdist_p")),
+                                  lambda b: np.copyto(b, self.allreduce_sum(b, "nbdist_q")))
+        fp16 = codec.name == "fp16"
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
         @tf.function(reduce_retracing=True)
@@ -138,11 +171,15 @@ class TorchCollective:
             write_non_trainable(flat.model, nt_after)
         return loss, grad, norm
 
-    def compile_apply(self, model, flat_size: int, fp16: bool):
+    def compile_apply(self, model, flat_size: int, codec: Codec,
+                      reducer: LowRankReducer | None = None):
         """`(grad, weight, control) -> summed control`: one allreduce of the weighted gradient
-        and the control in one buffer (fp16: the gradient as float16, the control exact), then
-        the cell's optimizer, compiled on the model's backend (`nbdist.engine.flat_apply`)."""
-        apply = flat_apply(model)
+        and the control in one buffer (fp16: the gradient as float16, the control exact;
+        powersgd: `low_rank_apply`), then the cell's optimizer, compiled on the model's backend
+        (`nbdist.engine.flat_apply`)."""
+        if reducer is not None:
+            return low_rank_apply(model, flat_size, reducer, self._sum, self._sum)
+        apply, fp16 = flat_apply(model), codec.name == "fp16"
 
         def allreduce_apply(grad: np.ndarray, weight, control: np.ndarray) -> np.ndarray:
             size = flat_size + control.size

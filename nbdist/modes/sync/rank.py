@@ -23,6 +23,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
+from nbdist.core.compression import parse
+from nbdist.core.low_rank import LowRankReducer
+from nbdist.engine.blas_threads import for_compression
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.engine.flat_layout import write_flat
 from nbdist.engine.flatmodel import FlatModel
@@ -63,6 +66,11 @@ def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
     env = rank_network(spec.env or {})
     os.environ.update(env)
     spec = pin_worker(spec)  # --pin auto: each rank on its own cores of the host
+    with for_compression(spec.compression):  # powersgd's products on one BLAS thread
+        return _run_rank(spec, env, namespace)
+
+
+def _run_rank(spec: SyncSpec, env: dict, namespace: dict | None) -> dict:
     model, data, validation = run_cell(spec, namespace)
     if spec.collective == "torch":
         client = SignedClient(spec.key, spec.run_id, str(spec.worker), env)
@@ -114,6 +122,12 @@ class _SyncLoop:
         self.batchnorm = None
         if spec.sync_batchnorm and self.size > 1 and batchnorm_layers(model):
             self.batchnorm = collective.sync_batchnorm(model)
+        self.codec = parse(spec.compression).bind(spec.layout["trainable"], 0, self.flat.size)
+        # powersgd: its Qs (the run's seed: the same on every rank) and this rank's error
+        # feedback, for the whole run
+        self.reducer = (LowRankReducer(self.codec.matrices, int(self.codec.amount),
+                                       self.flat.size, spec.seed)
+                        if self.codec.name == "powersgd" else None)
         self._allreduce_apply = self._compile_allreduce_apply()
         self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
                                          spec.engine)
@@ -128,8 +142,7 @@ class _SyncLoop:
 
     def _compile_allreduce_apply(self):
         """The step that allreduces the weighted gradient (with the control) and applies it."""
-        return self.collective.compile_apply(self.model, self.flat.size,
-                                             self.spec.compression == "fp16")
+        return self.collective.compile_apply(self.model, self.flat.size, self.codec, self.reducer)
 
     def run(self) -> dict:
         spec = self.spec
