@@ -8,8 +8,9 @@ What it measures
     worker) on Fashion-MNIST, each configuration trained for `--seconds` after a warm-up:
 
       async / async CODEC  the parameter hub (asgd), --compression none, then each of --codecs
-      sync  / sync fp16    Horovod allreduce across the worker hosts, --compression none / fp16
-                           (an allreduce sums float16, not the other codecs' frames)
+      sync  / sync CODEC   Horovod across the worker hosts, --compression none, then each of
+                           --codecs (fp16 and powersgd through allreduces, the others through
+                           an allgather of every rank's frame)
 
     samples/s      all workers together, from the hub's per-worker sample counts (kernel polls)
     hub MB/s       bytes through the hub host's interface (rx + tx, /sys counters, whole window)
@@ -82,7 +83,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--codecs", default="fp16",
-                        help="--compression values to run besides none (async: any; sync: fp16)")
+                        help="--compression values to run besides none, in every mode")
     parser.add_argument("--modes", default="async,sync")
     args = parser.parse_args()
     if args.quick:
@@ -108,8 +109,7 @@ def main() -> None:
                         engines = (list(range(0, n + 1)) if mode == "async"
                                    else list(range(1, n + 1)))
                         used = [hosts[e] for e in engines]
-                        codecs = [c for c in args.codecs.split(",")
-                                  if mode == "async" or c == "fp16"]
+                        codecs = [c for c in args.codecs.split(",") if c]
                         for compression in ("none", *codecs):
                             sps, bps, busiest = measure(cluster, lab, engines, used, mode,
                                                         compression, args.seconds, args.batch)

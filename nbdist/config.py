@@ -82,7 +82,8 @@ class TrainConfig:
         "float32): fp16, half the bytes; int8, a quarter; topk:RATIO or randomk:RATIO, that "
         "share of the entries, with error feedback; qsgd:LEVELS, stochastic levels in a byte; "
         "powersgd:RANK, each weight matrix as rank-RANK factors, with error feedback. "
-        "Sync takes fp16 and powersgd", metavar="CODEC")
+        "Sync sums fp16 and powersgd in its allreduce, and gathers the others' frames",
+        metavar="CODEC")
     timeout: float = option(120.0, "seconds a hub or worker may stay silent before the run "
                             "fails", type=float)
     algo_options: dict = option({}, "the rule's hyper-parameters, e.g. lambda0=2,momentum=0.9",
@@ -234,21 +235,13 @@ class TrainConfig:
             )
 
         simulated_sync = self.mode is Mode.SIMULATE and self.sim.get("sync")
-        powersgd = self.compression.startswith("powersgd")
-        summed = ("none", "fp16") if simulated_sync else ("none", "fp16", "powersgd")
-        if (self.mode is Mode.SYNC or simulated_sync) \
-                and self.compression.partition(":")[0] not in summed:
-            what, instead = (("--sim sync=1 simulates", "drop --sim sync=1") if simulated_sync
-                             else ("--mode sync sends", "--mode async"))
-            why = ("the simulator does not model powersgd's two allreduces (of P, then of Q) "
-                   "yet" if powersgd
-                   else f"an allreduce sums float16 (--compression fp16) and powersgd's factors, "
-                        f"but not --compression {self.compression}'s frames")
-            instead_codec = ("--compression fp16" if simulated_sync
-                             else "--compression fp16 or powersgd:RANK")
+        if simulated_sync and self.compression not in ("none", "fp16"):
             raise ConfigError(
-                f"{what} its gradient through an allreduce, and {why}. Use {instead_codec} "
-                f"in sync, or {instead} to train with {self.compression}.")
+                f"--sim sync=1 simulates a ring allreduce of the gradient, float32 or float16 "
+                f"(--compression fp16), but not --compression {self.compression}'s exchange "
+                f"(powersgd's two allreduces, or an allgather of the other codecs' frames). Use "
+                f"--compression fp16 with --sim sync=1, or drop --sim sync=1 to simulate "
+                f"{self.compression} in async, or train it in --mode sync.")
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
         if self.mode is Mode.PIPELINE:

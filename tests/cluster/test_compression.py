@@ -58,10 +58,11 @@ def test_each_codec_trains_as_float32_does_with_its_share_of_the_bytes(cluster):
 
 
 @pytest.mark.horovod
-@pytest.mark.parametrize("codec", ["fp16", "powersgd:1"])
+@pytest.mark.parametrize("codec", ["fp16", "powersgd:1", "int8", "topk:0.1"])
 def test_sync_compressed_allreduce_keeps_ranks_identical_and_accuracy(cluster, codec):
     """fp16: Horovod's own float16 allreduce; powersgd: its allreduces of P and of Q (both of
-    the cell's kernels as rank-1 factors, the biases whole)."""
+    the cell's kernels as rank-1 factors, the biases whole); int8 and topk: Horovod's allgather
+    of every rank's frame, summed in rank order on every rank."""
     pytest.importorskip("horovod.tensorflow", reason="Horovod is built by `make horovod`")
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, mode="sync", workers=2,

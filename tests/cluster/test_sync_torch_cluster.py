@@ -1,7 +1,7 @@
 """`--mode sync --collective torch` on Keras's TensorFlow backend, on a real local cluster:
 torch.distributed's Gloo group in place of Horovod (what a machine where Horovod cannot be
-built trains with), with --compression fp16 and powersgd, --dbs, and a checkpoint that resumes
-exactly.
+built trains with), with --compression fp16, powersgd and randomk, --dbs, and a checkpoint that
+resumes exactly.
 (JAX and PyTorch, where torch is the only collective: tests/cluster/test_backends_cluster.py.)"""
 
 import importlib.util
@@ -40,10 +40,13 @@ def test_torch_ranks_with_fp16_and_dbs_end_identical_and_equal_to_the_kernel_mod
                for t in run.events["text"].dropna())
 
 
-def test_torch_ranks_with_powersgd_sum_p_and_q_and_end_identical(cluster):
+@pytest.mark.parametrize("codec", ["powersgd:1", "randomk:0.2"])
+def test_torch_ranks_with_a_codecs_own_exchange_end_identical(cluster, codec):
+    """powersgd: Gloo's allreduces of P and of Q; randomk: Gloo's allgather of each rank's frame
+    (its own random stream, its error feedback)."""
     ns = {}
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace=ns, epochs=2, batch_size=32,
-                       compression="powersgd:1", wait=True, **OPTIONS)
+                       compression=codec, wait=True, **OPTIONS)
     assert run.status == "finished", run.error
     results = run.worker_results
     np.testing.assert_array_equal(results[0]["params"], results[1]["params"])

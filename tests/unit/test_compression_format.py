@@ -184,13 +184,14 @@ def test_a_wrong_codec_is_refused_with_what_to_pass(spec, says):
         TrainConfig(compression=spec)
 
 
-def test_sync_takes_fp16_and_powersgd_and_refuses_a_codec_an_allreduce_cannot_sum():
-    assert TrainConfig(mode="sync", compression="fp16").compression == "fp16"
-    assert TrainConfig(mode="sync", compression="powersgd:2").compression == "powersgd:2"
-    with pytest.raises(ConfigError, match="sums float16 .* and powersgd's factors, but not "
-                       "--compression topk:0.01's frames. Use --compression fp16 or "
-                       "powersgd:RANK in sync, or --mode async"):
-        TrainConfig(mode="sync", compression="topk:0.01")
+@pytest.mark.parametrize("codec", ["fp16", "powersgd:2", "int8", "qsgd:4", "topk:0.01",
+                                   "randomk:0.1"])
+def test_sync_takes_every_codec_and_the_simulated_sync_fp16_only(codec):
+    assert TrainConfig(mode="sync", compression=codec).compression == codec
+    if codec != "fp16":
+        with pytest.raises(ConfigError, match=f"but not --compression {codec}'s exchange.*"
+                                              "train it in --mode sync"):
+            TrainConfig(mode="simulate", sim="sync=1", compression=codec)
 
 
 @pytest.mark.parametrize("codec", ["int8", "topk:0.5", "randomk:0.5", "qsgd:4"])

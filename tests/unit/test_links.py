@@ -67,7 +67,7 @@ def test_sim_links_parse_for_every_host_and_for_one():
 
 def test_simulated_sync_takes_fp16_but_refuses_a_codec_an_allreduce_cannot_sum():
     TrainConfig(mode="simulate", workers=2, sim="sync=1", compression="fp16")
-    with pytest.raises(ConfigError, match="--sim sync=1 simulates its gradient through an "
-                                          "allreduce"):
+    with pytest.raises(ConfigError, match="--sim sync=1 simulates a ring allreduce of the "
+                                          "gradient"):
         TrainConfig(mode="simulate", workers=2, sim="sync=1", compression="topk:0.1")
     TrainConfig(mode="simulate", workers=2, compression="topk:0.1")  # async: any codec

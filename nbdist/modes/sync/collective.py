@@ -11,6 +11,9 @@ rank's gradient, with the control riding in the same allreduce (`allreduce_apply
 - `--compression powersgd:R` (either collective): PowerSGD's two allreduces, of P and of Q, on
   NumPy buffers (`low_rank_apply`, `nbdist.core.low_rank.LowRankReducer`), then the cell's
   optimizer as the torch collective applies it.
+- `--compression int8`, `qsgd:S`, `topk:R`, `randomk:R` (either collective): an allgather of
+  every rank's frame, each summed in rank order (`gathered_apply`,
+  `nbdist.core.gathered.GatheredFrames`), then the cell's optimizer.
 - `TorchCollective` (every Keras backend): a Gloo process group of `torch.distributed`, made
   without its global state (`ProcessGroupGloo`, so an engine that runs many runs keeps nothing
   between them), from the kernel's signed store (`rank_store`). The gradient is the flat NumPy
@@ -29,6 +32,7 @@ from datetime import timedelta
 import numpy as np
 
 from nbdist.core.compression import Codec
+from nbdist.core.gathered import GatheredFrames
 from nbdist.core.low_rank import LowRankReducer
 from nbdist.engine.flat_apply import flat_apply
 from nbdist.engine.flat_layout import write_non_trainable
@@ -60,6 +64,31 @@ def low_rank_apply(model, flat_size: int, reducer: LowRankReducer, sum_p, sum_q)
     return allreduce_apply
 
 
+def gathered_apply(model, flat_size: int, frames: GatheredFrames, gather):
+    """`(grad, weight, control) -> summed control` for a codec an allreduce cannot sum: this
+    rank's frame of its weighted gradient, with the control, through `gather(message)` (every
+    rank's message, one row each, in rank order), summed, then the cell's optimizer. `frames`
+    is the rank's for the whole run (its error feedback)."""
+    apply = flat_apply(model)
+    weighted = np.empty(flat_size, dtype=np.float32)
+
+    def allreduce_apply(grad, weight, control: np.ndarray) -> np.ndarray:
+        np.multiply(np.asarray(grad, dtype=np.float32), np.float32(weight), out=weighted)
+        gradient, summed_control = frames.sum(gather(frames.message(weighted, control)))
+        apply(gradient)
+        return summed_control
+
+    return allreduce_apply
+
+
+def _exchange_apply(model, flat_size: int, coder, sum_p, sum_q, gather):
+    """The NumPy step of a codec's own exchange (`coder`: the rank's `LowRankReducer` or
+    `GatheredFrames`)."""
+    if isinstance(coder, LowRankReducer):
+        return low_rank_apply(model, flat_size, coder, sum_p, sum_q)
+    return gathered_apply(model, flat_size, coder, gather)
+
+
 class HorovodCollective:
     """Horovod's TensorFlow ops; every collective has a fixed name, because Horovod matches them
     by name and Keras variable names differ between processes."""
@@ -86,17 +115,19 @@ class HorovodCollective:
         return flat.gradients_tensor(*batch)  # the gradient stays a tensor
 
     def compile_apply(self, model, flat_size: int, codec: Codec,
-                      reducer: LowRankReducer | None = None):
+                      coder: LowRankReducer | GatheredFrames | None = None):
         """The compiled step that allreduces the weighted gradient with the control and applies
-        it with the cell's optimizer: `(grad, weight, control) -> summed control`. `reducer`:
-        powersgd's (`low_rank_apply`)."""
+        it with the cell's optimizer: `(grad, weight, control) -> summed control`. `coder`: a
+        codec's own exchange, on NumPy buffers (`_exchange_apply`)."""
         import tensorflow as tf  # TensorFlow: only where a rank runs
 
         hvd, optimizer, trainable = self.hvd, model.optimizer, model.trainable_variables
-        if reducer is not None:  # on NumPy buffers, each of its two sums named
-            return low_rank_apply(model, flat_size, reducer,
-                                  lambda b: np.copyto(b, self.allreduce_sum(b, "nbdist_p")),
-                                  lambda b: np.copyto(b, self.allreduce_sum(b, "nbdist_q")))
+        if coder is not None:  # each collective named, as Horovod matches them by name
+            return _exchange_apply(
+                model, flat_size, coder,
+                lambda b: np.copyto(b, self.allreduce_sum(b, "nbdist_p")),
+                lambda b: np.copyto(b, self.allreduce_sum(b, "nbdist_q")),
+                lambda m: hvd.allgather(tf.constant(m[None]), name="nbdist_frames").numpy())
         fp16 = codec.name == "fp16"
         sizes = [int(np.prod(v.shape)) for v in trainable]
 
@@ -148,6 +179,15 @@ class TorchCollective:
         self.group.allreduce([torch.from_numpy(array)]).wait()
         return array
 
+    def _gather(self, message: np.ndarray) -> np.ndarray:
+        """Every rank's `message` (the same length on each), one row per rank in rank order."""
+        import torch  # PyTorch: only where a torch rank runs
+
+        rows = np.empty((self.size, message.size), dtype=message.dtype)
+        self.group.allgather([[torch.from_numpy(row) for row in rows]],
+                             [torch.from_numpy(message)]).wait()
+        return rows
+
     def broadcast(self, flat: np.ndarray) -> np.ndarray:
         import torch  # PyTorch: only where a torch rank runs
 
@@ -172,13 +212,13 @@ class TorchCollective:
         return loss, grad, norm
 
     def compile_apply(self, model, flat_size: int, codec: Codec,
-                      reducer: LowRankReducer | None = None):
+                      coder: LowRankReducer | GatheredFrames | None = None):
         """`(grad, weight, control) -> summed control`: one allreduce of the weighted gradient
         and the control in one buffer (fp16: the gradient as float16, the control exact;
-        powersgd: `low_rank_apply`), then the cell's optimizer, compiled on the model's backend
-        (`nbdist.engine.flat_apply`)."""
-        if reducer is not None:
-            return low_rank_apply(model, flat_size, reducer, self._sum, self._sum)
+        a `coder`: `_exchange_apply`), then the cell's optimizer, compiled on the model's
+        backend (`nbdist.engine.flat_apply`)."""
+        if coder is not None:
+            return _exchange_apply(model, flat_size, coder, self._sum, self._sum, self._gather)
         apply, fp16 = flat_apply(model), codec.name == "fp16"
 
         def allreduce_apply(grad: np.ndarray, weight, control: np.ndarray) -> np.ndarray:

@@ -24,6 +24,7 @@ import numpy as np
 
 from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
 from nbdist.core.compression import parse
+from nbdist.core.gathered import GatheredFrames
 from nbdist.core.low_rank import LowRankReducer
 from nbdist.engine.blas_threads import for_compression
 from nbdist.engine.evaluate import check_finite, evaluate
@@ -91,6 +92,18 @@ def _run_rank(spec: SyncSpec, env: dict, namespace: dict | None) -> dict:
             collective.close()
 
 
+def exchange_coder(codec, size: int, seed: int, rank: int):
+    """A codec's own exchange for this rank, kept for the whole run (its error feedback and,
+    for powersgd, its Qs, which outlive a recompile for a new rate): None for none and fp16
+    (the allreduce sums them), `LowRankReducer` for powersgd (its Qs from the run's seed, the
+    same on every rank), `GatheredFrames` for the others (a random codec's stream per rank)."""
+    if codec.name in ("none", "fp16"):
+        return None
+    if codec.name == "powersgd":
+        return LowRankReducer(codec.matrices, int(codec.amount), size, seed)
+    return GatheredFrames(codec, size, np.random.default_rng([seed, rank, 3]))
+
+
 class _SyncLoop:
     """The per-rank training loop; see the module docstring."""
 
@@ -123,11 +136,7 @@ class _SyncLoop:
         if spec.sync_batchnorm and self.size > 1 and batchnorm_layers(model):
             self.batchnorm = collective.sync_batchnorm(model)
         self.codec = parse(spec.compression).bind(spec.layout["trainable"], 0, self.flat.size)
-        # powersgd: its Qs (the run's seed: the same on every rank) and this rank's error
-        # feedback, for the whole run
-        self.reducer = (LowRankReducer(self.codec.matrices, int(self.codec.amount),
-                                       self.flat.size, spec.seed)
-                        if self.codec.name == "powersgd" else None)
+        self.coder = exchange_coder(self.codec, self.flat.size, spec.seed, self.rank)
         self._allreduce_apply = self._compile_allreduce_apply()
         self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
                                          spec.engine)
@@ -142,7 +151,7 @@ class _SyncLoop:
 
     def _compile_allreduce_apply(self):
         """The step that allreduces the weighted gradient (with the control) and applies it."""
-        return self.collective.compile_apply(self.model, self.flat.size, self.codec, self.reducer)
+        return self.collective.compile_apply(self.model, self.flat.size, self.codec, self.coder)
 
     def run(self) -> dict:
         spec = self.spec
