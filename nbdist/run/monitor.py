@@ -15,6 +15,7 @@ from concurrent.futures import Future
 
 from nbdist.checkpoint.sync_state import RankEndedError
 from nbdist.core.liveness import RunningClock
+from nbdist.core.traffic import TrafficRates
 from nbdist.engine.flat_layout import write_flat
 from nbdist.errors import NbdistError, TrainingError, WorkersLostError
 from nbdist.modes import mode_spec
@@ -274,7 +275,10 @@ def absorb(run, snap: dict) -> None:
         state.timeline = snap.pop("timeline")
         state.timeline_at = time.monotonic()
         state.timeline_revision += 1
-    state.traffic.update(snap.get("nodes", []), time.monotonic())
+    if snap.get("virtual"):  # a simulation: its links take virtual time, not the kernel's
+        TrafficRates.over_run(snap.get("nodes", []), float(snap.get("elapsed") or 0.0))
+    else:
+        state.traffic.update(snap.get("nodes", []), time.monotonic())
     state.snapshot = snap
     state.revision += 1
     events = snap.get("events", [])

@@ -32,6 +32,8 @@ def test_one_workers_steps_each_wait_for_a_pull_and_a_push_over_its_links():
     node = run.nodes.iloc[0]
     assert node["bytes_sent"] == node["steps"] * FRAME  # float32 pushes, counted as TCP's
     assert node["compression_ratio"] == 1.0
+    # a push and a pull of a frame per cycle, over virtual seconds (not the kernel's clock)
+    assert node["bytes_per_s"] == pytest.approx(2 * FRAME / cycle, rel=0.1)
     # the links move time, not the order: one worker trains as it does without them
     _, without = simulate(workers=1)
     np.testing.assert_array_equal(weights, without)
