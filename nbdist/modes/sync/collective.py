@@ -8,12 +8,6 @@ rank's gradient, with the control riding in the same allreduce (`allreduce_apply
 
 - `HorovodCollective` (TensorFlow only): Horovod's allreduce inside one compiled TensorFlow
   function, the gradient kept a tensor from the step to the update (no host copy).
-- `--compression powersgd:R` (either collective): PowerSGD's two allreduces, of P and of Q, on
-  NumPy buffers (`low_rank_apply`, `nbdist.core.low_rank.LowRankReducer`), then the cell's
-  optimizer as the torch collective applies it.
-- `--compression int8`, `qsgd:S`, `topk:R`, `randomk:R` (either collective): an allgather of
-  every rank's frame, each summed in rank order (`gathered_apply`,
-  `nbdist.core.gathered.GatheredFrames`), then the cell's optimizer.
 - `TorchCollective` (every Keras backend): a Gloo process group of `torch.distributed`, made
   without its global state (`ProcessGroupGloo`, so an engine that runs many runs keeps nothing
   between them), from the kernel's signed store (`rank_store`). The gradient is the flat NumPy
@@ -22,6 +16,12 @@ rank's gradient, with the control riding in the same allreduce (`allreduce_apply
   it on the model's backend. Gloo binds the interface towards the kernel (`GLOO_SOCKET_IFNAME`'s
   job, given here as the device's interface), and its traffic is neither signed nor encrypted,
   as Horovod's Gloo is not (docs/security.md).
+- `--compression powersgd:R` (either collective): PowerSGD's two allreduces, of P and of Q, on
+  NumPy buffers (`low_rank_apply`, `nbdist.core.low_rank.LowRankReducer`), then the cell's
+  optimizer as the torch collective applies it.
+- `--compression int8`, `qsgd:S`, `topk:R`, `randomk:R` (either collective): an allgather of
+  every rank's frame, each summed in rank order (`gathered_apply`,
+  `nbdist.core.gathered.GatheredFrames`), then the cell's optimizer.
 """
 
 from __future__ import annotations
