@@ -68,6 +68,14 @@ def _others(count: int, matrices: Sequence[Matrix]) -> np.ndarray:
     return np.flatnonzero(dense)
 
 
+def _revive(q: np.ndarray, rng: np.random.Generator) -> None:
+    """Draw again, in place, each column of Q that is zero (M^T P = 0): warm-started from it,
+    the next P would be zero too, and the column would stay zero for ever."""
+    dead = ~np.any(q, axis=0)
+    if dead.any():
+        q[:, dead] = rng.standard_normal((q.shape[0], int(dead.sum())), dtype=np.float32)
+
+
 class LowRankSender:
     """One sender's frames of one slice, each matrix's Q warm-started from its last frame.
 
@@ -101,9 +109,7 @@ class LowRankSender:
             np.matmul(m.T, p, out=q_next)
             at += cols * r
             q[:] = q_next
-            dead = ~np.any(q, axis=0)  # M^T p = 0: a zero Q column would stay zero for ever
-            if dead.any():
-                q[:, dead] = self.rng.standard_normal((cols, int(dead.sum())), dtype=np.float32)
+            _revive(q, self.rng)
         np.take(values, self.others, out=frame[at:])
         return frame.view(np.uint8)
 
@@ -143,7 +149,8 @@ class LowRankReducer:
     Example:
         >>> r = LowRankReducer(((0, 2, 3),), 1, 6, seed=0)
         >>> g = np.array([1, 2, 3, 2, 4, 6], dtype=np.float32)  # rank 1: arrives whole
-        >>> out, _ = r.reduce(g, np.zeros(0, np.float32), lambda buffer: None)  # one rank
+        >>> alone = lambda buffer: None  # one rank: its sums are its own buffers
+        >>> out, _ = r.reduce(g, np.zeros(0, np.float32), alone, alone)
         >>> np.allclose(out, g)
         True
     """
@@ -205,18 +212,17 @@ class LowRankReducer:
             q[:] = summed_second[at_q:at_q + cols * r].reshape(cols, r)
             at_q += cols * r
             np.matmul(p, q.T, out=self.out[start:start + rows * cols].reshape(rows, cols))
-            dead = ~np.any(q, axis=0)  # as LowRankSender; the same columns on every rank
-            if dead.any():
-                q[:, dead] = self.rng.standard_normal((cols, int(dead.sum())), dtype=np.float32)
+            _revive(q, self.rng)  # the same columns on every rank: Q is the same sum
         self.out[self.others] = summed_first[at:at + self.others.size]
         return self.out, summed_first[at + self.others.size:]
 
     def reduce(self, gradient: np.ndarray, extra: np.ndarray,
-               summed: Callable[[np.ndarray], object]) -> tuple[np.ndarray, np.ndarray]:
-        """`first`, `second` and `finish`, with `summed(buffer)` summing a buffer over the ranks
-        in place (an allreduce)."""
+               sum_p: Callable[[np.ndarray], object],
+               sum_q: Callable[[np.ndarray], object]) -> tuple[np.ndarray, np.ndarray]:
+        """`first`, `second` and `finish`, with `sum_p(buffer)` and `sum_q(buffer)` each summing
+        a buffer over the ranks in place (two allreduces, which Horovod tells apart by name)."""
         first = self.first(gradient, extra)
-        summed(first)
+        sum_p(first)
         second = self.second(first)
-        summed(second)
+        sum_q(second)
         return self.finish(first, second)

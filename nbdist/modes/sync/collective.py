@@ -17,11 +17,11 @@ rank's gradient, with the control riding in the same allreduce (`allreduce_apply
   job, given here as the device's interface), and its traffic is neither signed nor encrypted,
   as Horovod's Gloo is not (docs/security.md).
 - `--compression powersgd:R` (either collective): PowerSGD's two allreduces, of P and of Q, on
-  NumPy buffers (`low_rank_apply`, `nbdist.core.low_rank.LowRankReducer`), then the cell's
-  optimizer as the torch collective applies it.
+  NumPy buffers (`nbdist.core.low_rank.LowRankReducer`), then the cell's optimizer as the torch
+  collective applies it (`_exchange_apply`).
 - `--compression int8`, `qsgd:S`, `topk:R`, `randomk:R` (either collective): an allgather of
-  every rank's frame, each summed in rank order (`gathered_apply`,
-  `nbdist.core.gathered.GatheredFrames`), then the cell's optimizer.
+  every rank's frame, each summed in rank order (`nbdist.core.gathered.GatheredFrames`), then
+  the cell's optimizer (`_exchange_apply`).
 """
 
 from __future__ import annotations
@@ -43,50 +43,29 @@ from nbdist.modes.sync.rendezvous import SignedClient
 STORE_POLL_S = 0.01  # how often a rank asks the kernel's store for a key Gloo waits on
 
 
-def low_rank_apply(model, flat_size: int, reducer: LowRankReducer, sum_p, sum_q):
-    """`(grad, weight, control) -> summed control` for --compression powersgd: this rank's
-    weighted gradient through PowerSGD's two sums over the ranks (`sum_p(buffer)` and
-    `sum_q(buffer)`, each in place; the control rides with P), then the cell's optimizer.
-    `reducer` is the rank's for the whole run: its Qs and error feedback outlive a recompile."""
+def _exchange_apply(model, flat_size: int, coder, sum_p, sum_q, gather):
+    """`(grad, weight, control) -> summed control` for a codec's own exchange, on NumPy
+    buffers: this rank's weighted gradient, with the control, through `coder` (the rank's for
+    the whole run: its error feedback, powersgd's Qs, outlive a recompile for a new rate), then
+    the cell's optimizer. A `LowRankReducer` (powersgd) sums P and Q over the ranks in place
+    (`sum_p`, `sum_q`); `GatheredFrames` (the other codecs) takes every rank's message from
+    `gather(message)`, one row each, in rank order."""
     apply = flat_apply(model)
     weighted = np.empty(flat_size, dtype=np.float32)
+    if isinstance(coder, LowRankReducer):
+        def exchange(control):
+            return coder.reduce(weighted, control, sum_p, sum_q)
+    else:
+        def exchange(control):
+            return coder.sum(gather(coder.message(weighted, control)))
 
     def allreduce_apply(grad, weight, control: np.ndarray) -> np.ndarray:
         np.multiply(np.asarray(grad, dtype=np.float32), np.float32(weight), out=weighted)
-        first = reducer.first(weighted, control)
-        sum_p(first)
-        second = reducer.second(first)
-        sum_q(second)
-        gradient, summed_control = reducer.finish(first, second)
+        gradient, summed_control = exchange(control)
         apply(gradient)
         return summed_control.copy()
 
     return allreduce_apply
-
-
-def gathered_apply(model, flat_size: int, frames: GatheredFrames, gather):
-    """`(grad, weight, control) -> summed control` for a codec an allreduce cannot sum: this
-    rank's frame of its weighted gradient, with the control, through `gather(message)` (every
-    rank's message, one row each, in rank order), summed, then the cell's optimizer. `frames`
-    is the rank's for the whole run (its error feedback)."""
-    apply = flat_apply(model)
-    weighted = np.empty(flat_size, dtype=np.float32)
-
-    def allreduce_apply(grad, weight, control: np.ndarray) -> np.ndarray:
-        np.multiply(np.asarray(grad, dtype=np.float32), np.float32(weight), out=weighted)
-        gradient, summed_control = frames.sum(gather(frames.message(weighted, control)))
-        apply(gradient)
-        return summed_control
-
-    return allreduce_apply
-
-
-def _exchange_apply(model, flat_size: int, coder, sum_p, sum_q, gather):
-    """The NumPy step of a codec's own exchange (`coder`: the rank's `LowRankReducer` or
-    `GatheredFrames`)."""
-    if isinstance(coder, LowRankReducer):
-        return low_rank_apply(model, flat_size, coder, sum_p, sum_q)
-    return gathered_apply(model, flat_size, coder, gather)
 
 
 class HorovodCollective:
