@@ -65,9 +65,10 @@ def check_slots(optimizer, shapes: list, engine: int) -> None:
             "afresh.")
 
 
-def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
+def snapshot(loop, worker: int, seq: int, epoch: int, offset: int, steps: int,
              final: bool = False) -> tuple[Report, list[np.ndarray]]:
-    """Rank 0's `report` carrying its state: weights, optimizer slots, data position."""
+    """Rank 0's `report` carrying its state: weights, optimizer slots, data position (`worker`:
+    the hub's id for rank 0, another after a restart on the ranks left)."""
     optimizer = loop.model.optimizer
     params, non_trainable = loop.flat.read()
     state = SyncState(seq=int(seq), epoch=int(epoch), offset=int(offset), steps=int(steps),
@@ -75,7 +76,7 @@ def snapshot(loop, seq: int, epoch: int, offset: int, steps: int,
                       iterations=int(optimizer.iterations.numpy()),
                       optimizer=type(optimizer).__name__,
                       slots=[[int(n) for n in v.shape] for v in optimizer_slots(optimizer)])
-    return Report(0, state=state), [params, non_trainable, read_slots(optimizer)]
+    return Report(worker, state=state), [params, non_trainable, read_slots(optimizer)]
 
 
 # -- in the kernel ----------------------------------------------------------------------------

@@ -204,15 +204,17 @@ class Coordinator:
         self.heard(worker, now)  # a rank that reports is alive (without this, lost after 30 s)
         if report.metrics is not None:
             self.epoch_metrics.add(report.metrics)
-        if report.epoch_end is not None and self.epoch_metrics.rank_ended(report.epoch_end, worker,
-                                                                          self.plan.num_workers):
+        if report.epoch_end is not None and self.epoch_metrics.rank_ended(
+                report.epoch_end, worker, set(range(self.num_workers)) - self.lost):
             self.stats.record_event("epoch_end", now, epoch=report.epoch_end)
         if report.batch:
             self.reported_epochs = max(self.reported_epochs, float(report.epoch))
             self.sizer.observe(worker, report.samples, float(report.compute_s))
             self.pushes.count(report, report.samples, self.sizer.batch_for(worker), 0, now,
                               self.epochs_done, self.slowdown[worker])
-            if worker == 0 and self.sizer.maybe_rebalance():
+            first = min(w for w in range(self.num_workers) if w not in self.lost)
+            if worker == first and self.sizer.maybe_rebalance():  # rank 0's report (or the
+                # first rank left's, after a restart) paces the rebalancing
                 self.stats.record_event("rebalance", now, batches=list(self.sizer.batches))
             self._count_step(now)
         self.eval_result(worker, report.eval, now)
@@ -395,6 +397,10 @@ class Coordinator:
             self.stats.record_event("set_option", now, name=name, value=value)
         if c.regroup:
             self.regroup(now)
+        if c.ranks is not None:  # sync: the ranks left after a restart share the global batch
+            self.sizer.reshare(c.ranks, int(c.rank_batch or self.sizer.base_batch))
+            for w in c.ranks:  # (the kernel reports the restart: nbdist.run.restart)
+                self.stats.workers[w].batch_size = self.sizer.batch_for(w)
         if c.send_state:
             self.state_wanted += 1
         if c.epoch_done is not None and self.open_epoch is not None:

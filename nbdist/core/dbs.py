@@ -252,6 +252,27 @@ class BatchSizer:
         old = self._speeds[worker]
         self._speeds[worker] = rate if old == 0 else (1 - self.ema) * old + self.ema * rate
 
+    def reshare(self, workers: list[int], base_batch: int) -> None:
+        """Only `workers` go on, each with `base_batch` under the fixed policy (B = len(workers)
+        · base_batch; DBS splits that by speed): a sync run restarted on the ranks left, which
+        keeps its global batch by giving each rank more.
+
+        Example:
+            >>> s = BatchSizer(num_workers=3, base_batch=16, policy="fixed")
+            >>> s.reshare([0, 2], 24); s.batches, s.total
+            ([24, 0, 24], 48)
+        """
+        for w in workers:
+            self._check(w)
+        if not workers or base_batch < self.b_min or (self.b_max is not None
+                                                      and base_batch > self.b_max):
+            raise ConfigError(f"A reshare needs workers and a batch in [b_min, b_max]. Received: "
+                              f"workers={list(workers)}, base_batch={base_batch}, "
+                              f"b_min={self.b_min}, b_max={self.b_max}.")
+        self.base_batch = base_batch
+        self._active = sorted(set(workers))
+        self._batches = self._split()
+
     def batch_for(self, worker: int) -> int:
         self._check(worker)
         if worker not in self._active:

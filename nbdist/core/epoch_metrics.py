@@ -4,6 +4,8 @@ one, and counts, for synchronous ranks, which ranks have finished each epoch."""
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import numpy as np
 
 
@@ -35,11 +37,21 @@ class EpochSums:
                 raise ValueError(f"metric increments of {values.size} floats for epoch {epoch}, "
                                  f"which has {total.size}")
 
-    def rank_ended(self, epoch: int, rank: int, num_ranks: int) -> bool:
-        """Note that `rank` finished `epoch`; True once every rank has (the epoch's end)."""
+    def rank_ended(self, epoch: int, rank: int, ranks: Collection[int]) -> bool:
+        """Note that `rank` finished `epoch`; True once every one of `ranks` (the run's ranks
+        now: after a restart on the ranks left, a lost rank's report no longer counts, and is
+        no longer awaited) has (the epoch's end).
+
+        Example:
+            >>> sums = EpochSums()
+            >>> sums.rank_ended(0, 1, {0, 1, 2}), sums.rank_ended(0, 0, {0, 2})  # 1 was lost
+            (False, False)
+            >>> sums.rank_ended(0, 2, {0, 2})
+            True
+        """
         ended = self._ended.setdefault(int(epoch), set())
         ended.add(int(rank))
-        if len(ended) == num_ranks:
+        if ended >= set(ranks):
             del self._ended[int(epoch)]
             return True
         return False

@@ -66,7 +66,8 @@ def sync_slots(iterations: int, slots) -> OptimizerState:
 def final_slots(backend) -> OptimizerState | None:
     """A finished sync run's state: what rank 0 returned (its slots, its step count); None for
     other runs (their hubs' state is kept at each epoch's end by the run's monitor)."""
-    result = getattr(backend, "results", {}).get(0)
+    results = getattr(backend, "results", {}).values()
+    result = next((r for r in results if isinstance(r, dict) and r.get("rank") == 0), None)
     if not result or "slots" not in result:
         return None
     return sync_slots(result["iterations"], result["slots"])

@@ -514,7 +514,7 @@ class Hub:
         return link.pull.encode(weights)
 
     def _report(self, report: Report, msg: Message, ret: Return) -> tuple[ReportReply, list]:
-        if report.worker == 0 and report.state is not None:
+        if report.state is not None:  # rank 0's (worker 0's, unless the ranks were restarted)
             self.sync_snapshot = (report.state, [msg.floats(i).copy() for i in range(3)])
         return self.core.coordinator.report(report, self.now()), []
 

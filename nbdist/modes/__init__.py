@@ -36,8 +36,10 @@ BACKENDS = ("tensorflow", "jax", "torch")  # the Keras backends nbdist trains on
 EVERY_MODE = frozenset({"mode", "epochs", "batch_size", "lr", "model", "data", "validation",
                         "in_memory_limit", "no_validation", "seed"})
 # what the Run may ask of a mode's backend beyond starting, watching and ending the run
-# ("take_over": start a lost hub shard anew from the kernel's snapshot, nbdist.run.takeover)
-OPERATIONS = ("checkpoint", "add_workers", "take_over")
+# ("take_over": start a lost hub shard anew from the kernel's snapshot, nbdist.run.takeover;
+# "restart": start the workers again on the engines left when one's engine dies,
+# nbdist.run.restart)
+OPERATIONS = ("checkpoint", "add_workers", "take_over", "restart")
 
 _RULE = frozenset({"algorithm", "algo_options", "staleness_lr", "predict_weights",
                    "momentum_correction", "precise_bn", "average_tail", "staleness",
@@ -108,7 +110,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
             "workers", "compression", "timeout", "pin", "sync_batchnorm", "precise_bn",
             "collective"},
         needs_cluster=True, lr_owner="workers",
-        operations=frozenset({"checkpoint"}), cell_on_engines=True),
+        operations=frozenset({"checkpoint", "restart"}), cell_on_engines=True),
     ModeSpec(
         "simulate", "nbdist.modes.simulate.start",
         "runs virtual workers on a virtual clock in this kernel, and replays a run from its "

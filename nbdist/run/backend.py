@@ -87,6 +87,12 @@ class Backend(Protocol):
         when every shard in `restores` turns out to be serving still (silent, not lost)."""
         ...
 
+    def restart(self, control) -> dict | None:
+        """A worker's engine died: start the workers again on the engines left, from the latest
+        state (a mode with the "restart" operation; nbdist.run.restart). Returns the event's
+        fields, or None when the failure is not one it starts again after."""
+        ...
+
     def joined_engines(self) -> list[int]:
         """Engines that joined the cluster since the last call (--elastic)."""
         ...

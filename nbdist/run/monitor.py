@@ -21,6 +21,7 @@ from nbdist.errors import NbdistError, TrainingError, WorkersLostError
 from nbdist.modes import mode_spec
 from nbdist.run.control import auto_checkpoint
 from nbdist.run.elastic import admit_joined
+from nbdist.run.restart import restart
 from nbdist.run.result import run_history
 from nbdist.run.state import RunState
 from nbdist.run.takeover import maybe_snapshot, recover
@@ -71,7 +72,7 @@ def watch(run) -> None:
         while True:
             failure = backend.failure()
             if failure is not None:
-                if not recover(run, failure):  # a lost hub shard is started anew
+                if not survive(run, failure):
                     raise failure
                 last_answer = now()
                 continue
@@ -89,12 +90,12 @@ def watch(run) -> None:
                                      during=lambda: _check_workers(backend))  # saw the hub go?
                 last_answer = now()
             except _Failed as failed:
-                if not recover(run, failed.error):
+                if not survive(run, failed.error):
                     raise failed.error from None
                 last_answer = now()
                 continue
             except TrainingError as silent:
-                if recover(run, silent):
+                if survive(run, silent):
                     last_answer = now()
                     continue
                 if now() - last_answer >= state.config.timeout:
@@ -142,6 +143,13 @@ def watch(run) -> None:
     finally:
         _cleanup(state, hub_gone)
         conclude(run)
+
+
+def survive(run, failure: BaseException) -> bool:
+    """Whether the run goes on after `failure`: a lost hub shard started anew
+    (nbdist.run.takeover), or the workers started again on the engines left
+    (nbdist.run.restart)."""
+    return recover(run, failure) or restart(run, failure)
 
 
 class EpochPace:

@@ -56,7 +56,9 @@ class RunState:
     # sent (`earlier_hub`, merged into each snapshot by the monitor's `absorb`)
     rows_base: int = 0  # rows before the coordinating shard's current process
     earlier_hub: dict = field(default_factory=dict)
-    takeovers: list[dict] = field(default_factory=list)  # one `shard_taken_over` event each
+    # one event per fault the run survived: `shard_taken_over` (nbdist.run.takeover),
+    # `ranks_restarted` (nbdist.run.restart)
+    recoveries: list[dict] = field(default_factory=list)
     # the latest snapshot of every hub shard's state (nbdist.run.takeover.Snapshot), or None
     hub_snapshot: object | None = None
     hub_snapshot_next: float = 0.0  # monotonic time the next is due (the first poll takes one)

@@ -168,7 +168,7 @@ def recover(run, error: BaseException) -> bool:
                "engine": places[i]["engine"], "snapshot_age_s": round(seen - snap.taken_at, 2),
                "updates_lost": behind, "recovery_s": round(recovery_s, 2),
                "reason": _first_line(error)[:200]}
-        state.takeovers.append(row)
+        state.recoveries.append(row)
         state.warnings.append(
             f"hub shard {i} was lost ({_first_line(error)[:120]}); engine {row['engine']} took it "
             f"over from the snapshot of {row['snapshot_age_s']:g} s before the loss showed, so "

@@ -77,7 +77,7 @@ class RunViews:
         """What nbdist chose before the start (e.g. which model), then control actions and
         epoch ends, with time and global step."""
         return pd.DataFrame(self.state.notes + self.state.snapshot.get("events", [])
-                            + self.state.takeovers)
+                            + self.state.recoveries)
 
     @property
     def lr(self) -> float | None:

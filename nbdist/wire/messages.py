@@ -297,6 +297,10 @@ class Control(Wire):
     lost: int | None = None  # a worker died (its engine), or shard 0 wrote it off
     reason: str | None = None
     send_state: bool = False  # sync mode: rank 0, send your state (a checkpoint)
+    # sync mode: the workers that train on as ranks after a restart (the others are lost), and
+    # each one's batch (the global batch kept)
+    ranks: list[int] | None = None
+    rank_batch: int | None = None
     epoch_done: int | None = None  # a cell's fit call ran that epoch's callbacks: open the next
     eval: EvalResult | None = None  # a validation the kernel ran itself
 

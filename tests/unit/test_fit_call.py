@@ -102,5 +102,7 @@ def test_epoch_sums_add_each_pushs_increments_to_its_epoch():
 
 def test_an_epoch_ends_for_sync_once_every_rank_has_finished_it():
     sums = EpochSums()
-    assert not sums.rank_ended(0, 1, 2) and not sums.rank_ended(0, 1, 2)  # the same rank twice
-    assert sums.rank_ended(0, 0, 2)
+    ranks = {0, 1}
+    # the same rank twice
+    assert not sums.rank_ended(0, 1, ranks) and not sums.rank_ended(0, 1, ranks)
+    assert sums.rank_ended(0, 0, {0, 1})

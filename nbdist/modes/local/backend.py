@@ -68,6 +68,9 @@ class LocalBackend(HubShardWeights, Backend):
                             f"is not started anew (Received: hub shard(s) {sorted(restores)} "
                             "lost). Use --mode async to survive a lost hub shard.")
 
+    def restart(self, control) -> dict | None:
+        return None  # the worker is a thread of this kernel
+
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
 

@@ -419,6 +419,9 @@ class PipelineBackend(Backend):
                             f"{sorted(restores)} lost). Use --mode async to survive a lost hub "
                             "shard.")
 
+    def restart(self, control) -> dict | None:
+        return None  # a stage whose engine died fails the run (its checkpoint resumes it)
+
     def joined_engines(self) -> list[int]:
         return []  # stages are fixed when the run starts
 

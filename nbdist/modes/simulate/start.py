@@ -138,6 +138,9 @@ class SimBackend(Backend):
         raise TrainingError("A simulated run's hub is a virtual one in this kernel (Received: "
                             f"hub shard(s) {sorted(restores)} lost). Nothing there can be lost.")
 
+    def restart(self, control) -> dict | None:
+        return None  # virtual workers have no engine to lose
+
     def joined_engines(self) -> list[int]:
         return []  # no cluster to join
 

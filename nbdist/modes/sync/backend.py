@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import importlib.util
 import threading
+import time
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -37,10 +38,15 @@ from nbdist.modes.common.kernel_hub import KernelHubs
 from nbdist.modes.sync.network import preflight
 from nbdist.modes.sync.rank import SyncSpec, run_sync_worker
 from nbdist.modes.sync.rendezvous import signed_rendezvous, signed_store
-from nbdist.run.backend import Backend
+from nbdist.modes.sync.restart import latest_state, rank_batch, start_at
+from nbdist.run.backend import Backend, returned
 
 RESULT_WAIT_S = 60  # for a rank's returned weights, once training has ended
 GLOO_TIMEOUT_S = 30  # a rank silent this long fails the collective instead of hanging it
+# how long a restart waits for the ranks left to leave their failed collective (a dead peer's
+# closed connection fails it at once; Gloo's timeout bounds the rest)
+RESTART_WAIT_S = GLOO_TIMEOUT_S + 15
+STRANDED_GRACE_S = 10.0  # ranks stranded with no engine dead: the run fails this much later
 
 
 def require_horovod() -> None:
@@ -147,9 +153,13 @@ def host_slots(hosts: dict[str, int]) -> list[Slot]:
 
 class SyncBackend(EngineBackend, Backend):
     """Horovod ranks on worker engines (no engine holds a hub); rendezvous and the metrics hub
-    in this kernel. Rank r is worker r, on `worker_engines[r]`."""
+    in this kernel. Rank r is worker r, on `worker_engines[r]`, until a rank's engine dies:
+    then the ranks left start again from their state (`restart`), each keeping its worker
+    id (`rank_workers`: the worker id of each rank)."""
 
-    survives_worker_loss = False  # an allreduce cannot go on without a rank: the run fails
+    # an allreduce cannot go on without a rank: the run fails, or starts again on the ranks
+    # left (`restart`)
+    survives_worker_loss = False
 
     def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None,
                  pin: bool = False, collective: str = "horovod"):
@@ -164,6 +174,10 @@ class SyncBackend(EngineBackend, Backend):
         self._hubs = KernelHubs()
         self.checkpoint_dir = checkpoint_dir
         self.results: dict[int, dict] = {}
+        self.rank_workers: list[int] = []  # the worker id of each rank, in rank order
+        self.batch_each = 0  # each rank's batch (the run's global batch is this x ranks)
+        self._base: SyncSpec | None = None
+        self._stranded_at: float | None = None  # when a rank was first seen stranded
 
     def start_hubs(self, specs: list[HubSpec]) -> list[dict]:
         """The metrics hub (one shard, no parameters) on a thread of this kernel; CurveZMQ with
@@ -177,7 +191,16 @@ class SyncBackend(EngineBackend, Backend):
         return kernel_address(self.kernel_net, [self.nets[w] for w in self.roles.workers])
 
     def start_workers(self, base: SyncSpec) -> None:
-        engines = list(self.roles.workers)
+        self._base = base
+        self.batch_each = base.batch_size
+        self._start_ranks(list(self.roles.workers), None, base)
+
+    def _start_ranks(self, engines: list[int], worker_of: dict[int, int] | None,
+                     base: SyncSpec) -> None:
+        """One rank on each of `engines`, numbered host by host, through a new rendezvous:
+        rank r is worker r (`worker_of` None: a run's start), or keeps the hub's worker id its
+        engine had (`worker_of`: engine -> worker, a restart on the ranks left).
+        `rank_workers` is then each rank's worker id."""
         hosts: dict[str, list[int]] = {}
         for e in engines:
             hosts.setdefault(self.hosts[e], []).append(e)
@@ -199,9 +222,13 @@ class SyncBackend(EngineBackend, Backend):
                          name="nbdist-sync-rendezvous").start()
         port = self.rendezvous.server_address[1]
         next_on_host = {h: iter(es) for h, es in hosts.items()}
-        self.worker_engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
+        engines = [next(next_on_host[slot.hostname]) for slot in plan]  # rank order
+        workers = worker_of or {e: rank for rank, e in enumerate(engines)}
+        self.rank_workers = [workers[e] for e in engines]
+        for engine, worker in zip(engines, self.rank_workers, strict=True):
+            self.worker_engines[worker] = engine
         specs = []
-        for slot, engine in zip(plan, self.worker_engines, strict=True):
+        for slot, engine in zip(plan, engines, strict=True):
             env = {"HOROVOD_HOSTNAME": slot.hostname, "HOROVOD_RANK": str(slot.rank),
                    "HOROVOD_SIZE": str(slot.size), "HOROVOD_LOCAL_RANK": str(slot.local_rank),
                    "HOROVOD_LOCAL_SIZE": str(slot.local_size),
@@ -214,8 +241,9 @@ class SyncBackend(EngineBackend, Backend):
                    "NBDIST_RENDEZVOUS_HOST": self.kernel_net.hostname,
                    "NBDIST_COLLECTIVE": self.collective,
                    "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "60"}
-            specs.append(replace(base, worker=slot.rank, collective=self.collective, engine=engine,
-                                 local_rank=slot.local_rank, env=env,
+            specs.append(replace(base, worker=workers[engine], collective=self.collective,
+                                 engine=engine, local_rank=slot.local_rank, env=env,
+                                 rank_workers=list(self.rank_workers),
                                  threads=max(1, self.host_cores(engine) // slot.local_size),
                                  pin=(slot.local_rank, 0, slot.local_size) if self.pin else None))
         try:
@@ -232,20 +260,30 @@ class SyncBackend(EngineBackend, Backend):
             self.rendezvous.server_close()
             self.rendezvous = None
 
+    @property
+    def _rank0(self):
+        """Rank 0's task (the source of the run's state)."""
+        return self._tasks[self.rank_workers[0]]
+
     def checkpoint_state(self, control, final: bool) -> list:
         """Rank 0's weights, optimizer slots and data position (see
         nbdist.checkpoint.sync_state)."""
-        return fresh_state(control, final, ended=self._tasks[0].ready)
+        return fresh_state(control, final, ended=self._rank0.ready)
 
     def optimizer_state(self, control, final: bool) -> OptimizerState | None:
         """Rank 0's optimizer slots now, or what it returned at the end."""
         return final_slots(self) if final else shard_slots(self.checkpoint_state(control, False))
 
     def failure(self) -> Exception | None:
-        """A rank whose engine died fails the run, with what to do next."""
+        """A rank whose engine died fails the run, with what to do next, unless the kernel
+        starts the ranks left again (`restart`, which the run's monitor tries first). Ranks
+        stranded in a failed collective with no rank's engine dead and none failed (another
+        rank hangs outside it) fail the run after STRANDED_GRACE_S."""
         error = super().failure()
-        dead = self.engines_died()
-        if error is None or not dead:
+        dead = [w for w in self.engines_died() if w not in self.lost]
+        if error is None:
+            return self._stranded_failure()
+        if not dead:
             return error
         where = (f"nbdist.resume({self.checkpoint_dir!r}, cluster=...) (or %%distribute --resume "
                  f"{self.checkpoint_dir}) continues from the last checkpoint"
@@ -253,11 +291,84 @@ class SyncBackend(EngineBackend, Backend):
                  else "start the run again (with --checkpoint-dir to be able to resume)")
         engine = self.worker_engines[dead[0]]
         ended = self.cluster.launcher_output()
+        left = [w for w in self.rank_workers if w not in dead]
+        why = ("no rank is left" if not left else
+               "the ranks left could not start again from their state")
         return WorkersLostError(
-            f"Rank {dead[0]}'s engine ({engine}) died during a --mode sync run. "
-            "An allreduce needs every rank, so the run failed. Restart the engines "
+            f"Rank {self.rank_workers.index(dead[0])}'s engine ({engine}) died during a --mode "
+            f"sync run, and {why}, so the run failed. Restart the engines "
             f"(%nbdist stop, %nbdist start N), then {where}."
             + (f"\nThe engine processes this kernel started: {ended}" if ended else ""))
+
+    def _stranded(self) -> dict[int, dict]:
+        """The ranks that returned their state from a failed collective, by worker id."""
+        return {w: r for w, r in returned(self._tasks).items()
+                if w not in self.lost and isinstance(r, dict) and r.get("peer_lost")}
+
+    def _stranded_failure(self) -> TrainingError | None:
+        stranded = self._stranded()
+        if not stranded:
+            self._stranded_at = None
+            return None
+        now = time.monotonic()
+        self._stranded_at = self._stranded_at or now
+        if now - self._stranded_at < STRANDED_GRACE_S:
+            return None  # the rank whose engine died shows in a moment
+        result = next(iter(stranded.values()))
+        return TrainingError(
+            f"Rank {result['rank']}'s collective failed ({result['peer_lost'][:300]}), with no "
+            "rank's engine dead and no rank failed: another rank stopped taking part (it hangs, "
+            "or its network failed). Check the engines with %nbdist status, then run the cell "
+            "again.")
+
+    def restart(self, control) -> dict | None:
+        """Ranks whose engine died: start the ranks left again from the state they hold, as
+        the run's monitor asks (`nbdist.run.restart`), and return what to report. None when no
+        rank's engine died, none is left, or no rank left returned its state (the run then
+        fails with `failure()`'s error). The hub learns who is out and each rank's batch
+        (the global batch kept) before the ranks start."""
+        dead = [w for w in self.engines_died() if w not in self.lost]
+        left = [w for w in self.rank_workers if w not in dead]
+        if not dead or not left or self._base is None:
+            return None
+        seen = time.monotonic()
+        deadline = seen + RESTART_WAIT_S  # the ranks left leave their failed collective
+        for w in left:
+            self._tasks[w].wait(max(0.0, deadline - time.monotonic()))
+        self._interrupt([w for w in left if not self._tasks[w].ready()])
+        stranded = {w: r for w, r in self._stranded().items() if w in left}
+        if set(stranded) != set(left):
+            return None  # a rank left raised, or hangs: no common state to start from
+        source, state = latest_state(stranded)
+        for w in dead:
+            self.lost[w] = "engine died"
+            self._reported.add(w)  # the hub is told here
+            control.control(lost=w, reason="engine died")
+        global_batch = self.batch_each * len(self.rank_workers)
+        each, warning = rank_batch(global_batch, len(left))
+        control.control(ranks=left, rank_batch=each)
+        base = self._base
+        epoch, offset = start_at(state["position"], base.epoch_size or base.num_samples)
+        resume = {"epoch": epoch, "offset": offset, "steps": int(state["steps"]),
+                  "iterations": int(state["iterations"]), "slots": state["slot_shapes"]}
+        self._base = replace(base, initial_params=state["params"],
+                             initial_non_trainable=state["non_trainable"],
+                             initial_slots=state["slots"], resume=resume, batch_size=each,
+                             lr=float(state["lr"]))
+        self.batch_each = each
+        lost_ranks = [self.rank_workers.index(w) for w in dead]
+        lost_engines = [self.worker_engines[w] for w in dead]
+        self._close_rendezvous()
+        self._interrupted.difference_update(left)  # their new tasks may be written off again
+        self._start_ranks([self.worker_engines[w] for w in left],
+                          {self.worker_engines[w]: w for w in left}, self._base)
+        notes = [warning] if warning else []
+        if base.compression.split(":")[0] not in ("none", "fp16"):
+            notes.append(f"--compression {base.compression}'s error feedback starts afresh")
+        return {"event": "ranks_restarted", "lost_ranks": lost_ranks, "engines": lost_engines,
+                "ranks": len(left), "batch_size": each, "epoch": epoch, "offset": offset,
+                "steps_lost": 0, "from_worker": source, "reason": "engine died",
+                "note": "; ".join(notes) or None}
 
     def hub_places(self, endpoints: list[dict]) -> list[dict]:
         """None: the kernel's metrics hub holds no parameters."""
@@ -277,19 +388,20 @@ class SyncBackend(EngineBackend, Backend):
         return []  # the ranks are fixed: engines that join are not taken in
 
     def newly_lost(self) -> list[tuple[int, str]]:
-        return []  # a lost rank fails the run (`failure`), it is never written off
+        return []  # a lost rank fails the run (`failure`) or restarts it (`restart`)
 
     def final_params(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights (every rank holds the same)."""
-        result = self._tasks[0].get(RESULT_WAIT_S)
-        self.results = {i: ar.get(RESULT_WAIT_S) for i, ar in self._tasks.items()}
+        result = self._rank0.get(RESULT_WAIT_S)
+        self.results = {i: ar.get(RESULT_WAIT_S) for i, ar in self._tasks.items()
+                        if i not in self.lost}
         return result["params"], result["non_trainable"]
 
     def current_weights(self, control) -> tuple[np.ndarray, np.ndarray]:
         """Rank 0's weights now: it sends its state between two steps when asked, as for a
         checkpoint (nbdist.checkpoint.sync_state); once its task has returned (the last
         epoch ended), the weights it returned."""
-        rank0 = self._tasks[0]
+        rank0 = self._rank0
         if not rank0.ready():
             try:
                 (_header, (params, non_trainable, _slots)), = fresh_state(

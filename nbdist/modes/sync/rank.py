@@ -8,13 +8,17 @@ exact mean over the global batch even when `--dbs` gives ranks different batches
 with the cell's own optimizer. Rank 0's control (stop, pause, lr, batch sizes) rides in the
 same allreduce, so every rank acts on it at the same step. The collective is always closed at
 the end (`hvd.shutdown()`), so a failing rank ends it for all, and the next run starts a new
-one. With `--sync-batchnorm` (Horovod), BatchNorm statistics are allreduced inside the forward
+one. A rank whose collective fails (another rank's engine died) returns its state instead of
+raising: the weights and optimizer slots of the last step every rank applied, and its data
+position, from which the kernel starts the ranks left (nbdist.modes.sync.restart). With
+`--sync-batchnorm` (Horovod), BatchNorm statistics are allreduced inside the forward
 pass (nbdist.modes.sync.batchnorm); a learning-rate schedule runs on each rank's optimizer
 (nbdist.engine.learning_rate). The kernel side is `nbdist.modes.sync.backend`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import time
@@ -22,7 +26,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from nbdist.checkpoint.sync_state import check_slots, read_slots, snapshot, write_slots
+from nbdist.checkpoint.sync_state import (
+    check_slots,
+    optimizer_slots,
+    read_slots,
+    snapshot,
+    write_slots,
+)
 from nbdist.core.compression import parse
 from nbdist.core.gathered import GatheredFrames
 from nbdist.core.low_rank import LowRankReducer
@@ -32,6 +42,7 @@ from nbdist.engine.flat_layout import write_flat
 from nbdist.engine.flatmodel import FlatModel
 from nbdist.engine.learning_rate import schedule_name, set_constant_lr
 from nbdist.engine.run_cell import run_cell
+from nbdist.errors import NbdistError
 from nbdist.hub.client import WorkerTransport
 from nbdist.modes.common.worker import WorkerSpec, pin_worker, step_metrics
 from nbdist.modes.sync.batchnorm import batchnorm_layers
@@ -59,7 +70,15 @@ class SyncSpec(WorkerSpec):
     # BatchNorm statistics over the global batch (nbdist.modes.sync.batchnorm)
     sync_batchnorm: bool = False
     collective: str = "horovod"  # what averages the gradients (nbdist.modes.sync.collective)
+    # the hub's worker id of each rank, in rank order (a restart on the ranks left keeps each
+    # worker's id); None: worker i is rank i
+    rank_workers: list[int] | None = None
 
+
+class PeerLostError(Exception):
+    """A collective failed on this rank: another rank stopped answering (its engine died, or it
+    raised). The last step this rank applied is whole: an update is applied only once its
+    allreduce has returned."""
 
 
 def run_sync_worker(spec: SyncSpec, namespace: dict | None = None) -> dict:
@@ -111,6 +130,7 @@ class _SyncLoop:
         self.spec, self.collective, self.model, self.data, self.validation = (
             spec, collective, model, data, validation)
         self.rank, self.size = collective.rank, collective.size
+        self.worker = spec.worker  # the hub's id for this rank
         write_flat(model, spec.initial_params, spec.initial_non_trainable)
         optimizer = model.optimizer
         trainable = model.trainable_variables
@@ -138,7 +158,7 @@ class _SyncLoop:
         self.codec = parse(spec.compression).bind(spec.layout["trainable"], 0, self.flat.size)
         self.coder = exchange_coder(self.codec, self.flat.size, spec.seed, self.rank)
         self._allreduce_apply = self._compile_allreduce_apply()
-        self.transport = WorkerTransport(spec.key, self.rank, spec.shards, 0, "tcp", spec.timeout,
+        self.transport = WorkerTransport(spec.key, self.worker, spec.shards, 0, "tcp", spec.timeout,
                                          spec.engine)
         self._report_pending = False  # a report sent, its reply not yet taken
         self.control = np.zeros(CONTROL_FIELDS + self.size, dtype=np.float32)
@@ -154,6 +174,22 @@ class _SyncLoop:
         return self.collective.compile_apply(self.model, self.flat.size, self.codec, self.coder)
 
     def run(self) -> dict:
+        """Train to the end and return the final weights, or, when a collective fails, this
+        rank's state (`_stranded`) for the kernel to start the ranks left from."""
+        steps = [0]  # steps applied by this task, kept through a failed collective
+        try:
+            return self._train(steps)
+        except PeerLostError as lost:
+            return self._stranded(lost, steps[0])
+
+    def _collective(self, call, *args, **kwargs):
+        """`call` on the collective, its failure raised as PeerLostError."""
+        try:
+            return call(*args, **kwargs)
+        except Exception as exc:  # Horovod raises TensorFlow's errors, Gloo a RuntimeError
+            raise PeerLostError(f"{type(exc).__name__}: {str(exc).strip()[:400]}") from exc
+
+    def _train(self, counted: list[int]) -> dict:
         spec = self.spec
         self.transport.hello()
         global_batch = spec.batch_size * self.size
@@ -170,7 +206,7 @@ class _SyncLoop:
                     break
                 if self.control[1]:  # paused: keep the ranks in lockstep on control only
                     time.sleep(0.05)
-                    reply = self._send_state(self._report(Report(self.rank)), steps)
+                    reply = self._send_state(self._report(Report(self.worker)), steps)
                     self._exchange_control(reply)
                     continue
                 batches = self.control[CONTROL_FIELDS:].astype(np.int64)
@@ -193,15 +229,16 @@ class _SyncLoop:
                 check_finite(loss, grad_norm, step=steps,
                              where=f"rank {self.rank} (engine {spec.engine})", epoch=epoch)
                 outgoing = self._control_out(reply)
-                self.control[:] = self._allreduce_apply(grad, np.asarray(weight, np.float32),
-                                                        outgoing)
+                self.control[:] = self._collective(
+                    self._allreduce_apply, grad, np.asarray(weight, np.float32), outgoing)
                 self._follow_lr()
                 t2 = time.perf_counter()
                 self.position = (epoch, min(epoch_size, offset + (step + 1) * global_batch))
                 step += 1
                 steps += 1
+                counted[0] = steps
                 reply = self._send_state(reply, steps)
-                self._send_report(Report(self.rank, samples=stop - start, loss=loss,
+                self._send_report(Report(self.worker, samples=stop - start, loss=loss,
                                          compute_s=t1 - t0, comm_s=t2 - t1,
                                          batch=int(batches[self.rank]),
                                          epoch=epoch + self.position[1] / epoch_size,
@@ -212,7 +249,7 @@ class _SyncLoop:
                 break
             # the epoch's metrics are all in once every rank says so; with a fit call, wait there
             # for the kernel's callbacks (the epoch gate)
-            reply = self._report(Report(self.rank, epoch_end=epoch))
+            reply = self._report(Report(self.worker, epoch_end=epoch))
             if epoch + 1 < spec.epochs and not self._epoch_gate(reply, epoch, steps):
                 self.control[0] = 1.0  # stopped at the gate (every rank sees the same)
                 break
@@ -228,7 +265,7 @@ class _SyncLoop:
             if reply.stop:
                 return False
             time.sleep(0.05)
-            reply = self._send_state(self._report(Report(self.rank)), steps)
+            reply = self._send_state(self._report(Report(self.worker)), steps)
         return True
 
     def _send_state(self, reply: ReportReply | None, steps: int,
@@ -239,7 +276,8 @@ class _SyncLoop:
             return reply
         self._take_report(None)
         self.sent = max(self.sent, wanted)
-        report, buffers = snapshot(self, self.sent, *self.position, self.start[2] + steps, final)
+        report, buffers = snapshot(self, self.worker, self.sent, *self.position,
+                                   self.start[2] + steps, final)
         return self.transport.lines[0].request(report, buffers)[0]
 
     def _follow_lr(self) -> None:
@@ -258,12 +296,14 @@ class _SyncLoop:
                 out[0], out[1] = float(reply.stop), float(reply.paused)
                 if reply.lr is not None:  # None: the ranks keep their optimizer's schedule
                     out[2] = reply.lr
-                if reply.batches:
-                    out[CONTROL_FIELDS:] = reply.batches
+                if reply.batches:  # by worker id (0 for one out of the run): in rank order
+                    workers = self.spec.rank_workers or range(self.size)
+                    out[CONTROL_FIELDS:] = [reply.batches[w] for w in workers]
         return out
 
     def _exchange_control(self, reply: ReportReply | None) -> None:
-        self.control[:] = self.collective.allreduce_sum(self._control_out(reply))
+        self.control[:] = self._collective(self.collective.allreduce_sum,
+                                           self._control_out(reply))
 
     def _report(self, report: Report) -> ReportReply:
         self._take_report(None)
@@ -287,15 +327,16 @@ class _SyncLoop:
         if self.rank != 0 or self.validation is None:
             return
         metrics = evaluate(self.model, self.validation, self.spec.batch_size)
-        self._report(Report(self.rank, eval=EvalResult(epoch, metrics, version=0)))
+        self._report(Report(self.worker, eval=EvalResult(epoch, metrics, version=0)))
 
     def _finish(self, steps: int) -> dict:
         """Average non-trainable state (BatchNorm statistics) so every rank ends identical."""
         params, non_trainable = self.flat.read()
         own = non_trainable  # with --sync-batchnorm already the same on every rank
         if non_trainable.size:
-            non_trainable = self.collective.allreduce_sum(
-                non_trainable, name="nbdist_final_state") / np.float32(self.size)
+            non_trainable = self._collective(
+                self.collective.allreduce_sum, non_trainable,
+                name="nbdist_final_state") / np.float32(self.size)
             self.flat.assign(params, non_trainable)
         if self.spec.checkpoint:  # the final checkpoint's weights
             self._send_state(None, steps, final=True)
@@ -303,8 +344,24 @@ class _SyncLoop:
         self.transport.bye()
         self.transport.close()
         optimizer = self.model.optimizer
-        return {"rank": self.rank, "steps": steps, "params": params, "non_trainable": non_trainable,
+        return {"rank": self.rank, "worker": self.worker, "steps": steps, "params": params,
+                "non_trainable": non_trainable,
                 "own_non_trainable": own, "host": socket.gethostname(),
                 "iterations": int(optimizer.iterations.numpy()),
                 "slots": read_slots(optimizer),  # for a model saved after the last epoch
                 "learning_rate": float(optimizer.learning_rate.numpy())}
+
+    def _stranded(self, lost: PeerLostError, steps: int) -> dict:
+        """What this rank holds when its collective failed: the weights, optimizer slots and
+        data position of the last step it applied. It leaves without a bye (the kernel tells
+        the hub who is out), so the hub waits for the ranks the kernel starts again."""
+        with contextlib.suppress(NbdistError):  # the hub's answer is not needed any more
+            self._take_report(None)
+        self.transport.close()
+        params, non_trainable = self.flat.read()
+        optimizer = self.model.optimizer
+        return {"rank": self.rank, "worker": self.worker, "peer_lost": str(lost),
+                "position": list(self.position), "steps": self.start[2] + steps,
+                "params": params, "non_trainable": non_trainable, "slots": read_slots(optimizer),
+                "slot_shapes": [[int(n) for n in v.shape] for v in optimizer_slots(optimizer)],
+                "iterations": int(optimizer.iterations.numpy()), "lr": self.lr}
