@@ -132,10 +132,10 @@ def recovery(cluster, batch: int) -> dict:
         killed = time.monotonic()
         for pid in reversed(pids):  # the hub process, then its engine
             os.kill(pid, signal.SIGKILL)
-        while not run.state.takeovers and not run.done():
+        while not run.state.recoveries and not run.done():
             time.sleep(0.05)
         served = time.monotonic()
-        row = dict(run.state.takeovers[0]) if run.state.takeovers else {}
+        row = dict(run.state.recoveries[0]) if run.state.recoveries else {}
         revision = run.state.revision
         while not run.done() and run.state.revision == revision:  # a poll of the new shards
             time.sleep(0.05)

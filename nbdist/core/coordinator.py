@@ -221,7 +221,8 @@ class Coordinator:
         self.stats.workers[worker].state = "paused" if self.paused else "running"
         return ReportReply(lr=self.lr, paused=self.paused, stop=self.stopping,
                            send_state=self.state_wanted, batches=list(self.sizer.batches),
-                           slowdown=self.slowdown[worker], open_epoch=self.open_epoch)
+                           slowdown=self.slowdown[worker], open_epoch=self.open_epoch,
+                           lost=sorted(self.lost))
 
     def eval_result(self, worker: int, result: EvalResult | None, now: float) -> None:
         if result is not None:
@@ -331,6 +332,9 @@ class Coordinator:
         self.stats.workers[worker].state = "lost"
         self.stats.record_event("worker_lost", now, worker=worker, reason=reason,
                                 silent_s=round(silent, 2))
+        # sync: an epoch every rank left has ended is over, though the lost rank never said so
+        for epoch in self.epoch_metrics.ended_by(set(range(self.num_workers)) - self.lost):
+            self.stats.record_event("epoch_end", now, epoch=epoch)
 
     # -- groups -----------------------------------------------------------------------------
 

@@ -56,5 +56,20 @@ class EpochSums:
             return True
         return False
 
+    def ended_by(self, ranks: Collection[int]) -> list[int]:
+        """The epochs every one of `ranks` has ended, not yet counted as ended (a rank that had
+        not said so was lost), now counted.
+
+        Example:
+            >>> sums = EpochSums(); sums.rank_ended(3, 0, {0, 1})
+            False
+            >>> sums.ended_by({0}), sums.ended_by({0})
+            ([3], [])
+        """
+        done = sorted(e for e, ended in self._ended.items() if ended >= set(ranks))
+        for epoch in done:
+            del self._ended[epoch]
+        return done
+
     def to_wire(self) -> dict[str, list[float]]:
         return {str(e): v.tolist() for e, v in sorted(self.sums.items())}

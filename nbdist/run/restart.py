@@ -1,6 +1,8 @@
 """A run whose workers' engine died started again by its backend on the engines left (the
-"restart" operation of a mode, `nbdist.modes.ModeSpec`; `--mode sync`: the ranks left go on
-from the state they hold, nbdist.modes.sync.backend).
+"restart" operation of a mode, `nbdist.modes.ModeSpec`: `--mode sync`'s ranks left go on
+from the state they hold, nbdist.modes.sync.backend; `--mode pipeline`'s stages start again
+from the latest epoch end's weights, the lost one on a free engine,
+nbdist.modes.pipeline.runtime).
 
 The run's monitor calls `restart` when the run would fail; the backend says whether the
 failure is one it starts again after, and does it (it tells the hub who is out). Here the
@@ -21,7 +23,8 @@ log = logging.getLogger(__name__)
 
 def restart(run, failure: BaseException) -> bool:
     """The run would fail with `failure`: True if its backend started its workers again on the
-    engines left (the run goes on), False if the failure is the run's."""
+    engines left (the run goes on), False if the failure is the run's. The backend's event
+    carries a `summary`, the sentence `run.warnings` gets."""
     state = run.state
     if (not mode_spec(state.config.mode).supports("restart") or state.stop_requested
             or state.control is None or state.control.closed):
@@ -35,17 +38,10 @@ def restart(run, failure: BaseException) -> bool:
     if row is None:
         return False
     took = time.monotonic() - seen
-    note = row.pop("note", None)
+    summary = row.pop("summary")
     row = {"time": state.snapshot.get("elapsed", 0.0),
            "step": state.snapshot.get("global_step", 0), **row, "recovery_s": round(took, 2)}
     state.recoveries.append(row)
-    lost = ", ".join(str(r) for r in row["lost_ranks"])
-    engines = ", ".join(str(e) for e in row["engines"])
-    state.warnings.append(
-        f"rank(s) {lost} were lost (engine(s) {engines} died); the {row['ranks']} rank(s) left "
-        f"started again in {took:.1f} s from the last step every rank had applied (epoch "
-        f"{row['epoch'] + 1}, {row['offset']} samples into it), so no update was lost, each "
-        f"with a batch of {row['batch_size']}" + (f" ({note})" if note else "")
-        + ".")
+    state.warnings.append(f"{summary}; training went on after {took:.1f} s.")
     log.warning("run %s: %s", state.run_id, state.warnings[-1])
     return True

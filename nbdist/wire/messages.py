@@ -137,6 +137,7 @@ class ReportReply(Wire):
     batches: list[int] = field(default_factory=list)  # every rank's batch size (DBS)
     send_state: int = 0  # checkpoints asked for so far: rank 0 sends its state when it grows
     open_epoch: int | None = None  # a cell's fit call: the epochs before this may start (the gate)
+    lost: list[int] = field(default_factory=list)  # workers out of the run (a rank's engine died)
 
 
 @message("params")

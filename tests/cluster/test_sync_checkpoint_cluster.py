@@ -79,6 +79,47 @@ def test_sync_stop_then_resume_ends_with_exactly_the_weights_of_an_uninterrupted
           f"resumed {acc_resumed:.4f}")
 
 
+# the cell's fit call; its callback kills rank 1's engine (VICTIM) at the end of the second
+# epoch, while both ranks wait at the epoch's gate (on the hub, in no collective)
+GATE_KILL_CELL = SYNTHETIC_CELL + """
+class Kill(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1:
+            import os, signal
+            os.kill(VICTIM, signal.SIGKILL)
+history = model.fit(x_train, y_train, epochs=5, batch_size=16, callbacks=[Kill()],
+                    validation_data=(x_test, y_test))
+"""
+
+
+@pytest.mark.slow
+def test_a_rank_lost_at_a_fit_calls_epoch_gate_leaves_the_rank_left_to_finish_the_fit(cluster):
+    """Rank 1's engine killed while both ranks wait at the second epoch's gate: the hub counts
+    it out and tells rank 0, which leaves the gate with its state; it starts again alone at the
+    third epoch, and the fit call ends its five epochs with every epoch's logs."""
+    import contextlib
+    import io
+
+    from nbdist.cluster.engines import Cluster
+
+    own = Cluster.start(3)  # killed into: never the shared session cluster
+    try:
+        rank1 = list(own.engine_ids)[1]  # the ranks take the first engines, in order
+        ns = {"VICTIM": own.client[rank1].apply_sync(os.getpid)}
+        with contextlib.redirect_stdout(io.StringIO()):
+            run = nbdist.train(GATE_KILL_CELL, cluster=own, namespace=ns, mode="sync",
+                               workers=2, seed=4, timeout=20)
+        assert run.status == "finished", run.error
+        row = run.events[run.events["event"] == "ranks_restarted"].iloc[0]
+        assert (row["lost_ranks"], row["ranks"], row["batch_size"], row["epoch"],
+                row["offset"]) == ([1], 1, 16, 2, 0)
+        logs = ns["history"].history
+        assert len(logs["loss"]) == len(logs["val_accuracy"]) == 5
+        assert logs["val_accuracy"][-1] > 0.9, logs
+    finally:
+        own.stop()
+
+
 def test_a_sync_checkpoint_is_refused_as_async_and_with_another_optimizer(cluster, tmp_path):
     nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, epochs=1,
                  checkpoint_dir=str(tmp_path), wait=True, **OPTIONS)

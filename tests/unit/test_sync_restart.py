@@ -58,3 +58,18 @@ def test_a_state_report_counts_from_whichever_worker_is_rank_0_now():
     c.apply(Control(ranks=[1], rank_batch=32), now=1.0)
     reply = c.report(Report(1, batch=32, samples=32, epoch=0.1), now=2.0)
     assert reply.batches == [0, 32] and c.stats.workers[1].samples == 32
+
+
+def test_an_epoch_the_ranks_left_had_ended_ends_when_the_rank_that_had_not_is_lost():
+    """Ranks 0 and 2 ended epoch 0 and wait at its gate; rank 1 died before saying so: the
+    epoch ends when the kernel says rank 1 is lost, and the hub's replies name it, so the
+    ranks waiting on the hub leave for the restart."""
+    c = sync_hub()
+    for w in (0, 2):
+        c.report(Report(w, epoch_end=0), now=1.0)
+    assert not any(e["event"] == "epoch_end" for e in c.stats.events)
+    c.lose(1, now=2.0, reason="engine died")
+    assert [(e["event"], e.get("epoch")) for e in c.stats.events
+            if e["event"] in ("epoch_end", "worker_lost")] == [("worker_lost", None),
+                                                               ("epoch_end", 0)]
+    assert c.report(Report(0), now=3.0).lost == [1]

@@ -162,7 +162,8 @@ class SyncBackend(EngineBackend, Backend):
     survives_worker_loss = False
 
     def __init__(self, cluster, num_workers: int | None, checkpoint_dir: str | None = None,
-                 pin: bool = False, collective: str = "horovod"):
+                 pin: bool = False, collective: str = "horovod",
+                 batch_bounds: tuple[int, int | None] = (1, None)):
         if collective == "horovod":
             require_horovod()
         self.collective = collective
@@ -176,6 +177,7 @@ class SyncBackend(EngineBackend, Backend):
         self.results: dict[int, dict] = {}
         self.rank_workers: list[int] = []  # the worker id of each rank, in rank order
         self.batch_each = 0  # each rank's batch (the run's global batch is this x ranks)
+        self.batch_bounds = batch_bounds  # --batch-min, --batch-max (None: none)
         self._base: SyncSpec | None = None
         self._stranded_at: float | None = None  # when a rank was first seen stranded
 
@@ -265,10 +267,20 @@ class SyncBackend(EngineBackend, Backend):
         """Rank 0's task (the source of the run's state)."""
         return self._tasks[self.rank_workers[0]]
 
+    def _rank0_ended(self) -> bool:
+        """Whether rank 0's task returned the run's final weights (not a state to start the
+        ranks left from: a restart is under way, and the next rank 0 will answer)."""
+        task = self._rank0
+        if not task.ready():
+            return False
+        if not task.successful():
+            return True
+        return not task.get(0).get("peer_lost")
+
     def checkpoint_state(self, control, final: bool) -> list:
         """Rank 0's weights, optimizer slots and data position (see
         nbdist.checkpoint.sync_state)."""
-        return fresh_state(control, final, ended=self._rank0.ready)
+        return fresh_state(control, final, ended=self._rank0_ended)
 
     def optimizer_state(self, control, final: bool) -> OptimizerState | None:
         """Rank 0's optimizer slots now, or what it returned at the end."""
@@ -312,9 +324,13 @@ class SyncBackend(EngineBackend, Backend):
             return None
         now = time.monotonic()
         self._stranded_at = self._stranded_at or now
+        result = stranded[min(stranded, key=lambda w: stranded[w]["rank"])]
+        if set(stranded) >= set(self.rank_workers) - set(self.lost):
+            return TrainingError(  # the same step failed on every rank: no peer was lost
+                f"Every rank's step failed, with no rank's engine dead: {result['peer_lost']}. "
+                "Fix the cause (the error names it) and run the cell again.")
         if now - self._stranded_at < STRANDED_GRACE_S:
             return None  # the rank whose engine died shows in a moment
-        result = next(iter(stranded.values()))
         return TrainingError(
             f"Rank {result['rank']}'s collective failed ({result['peer_lost'][:300]}), with no "
             "rank's engine dead and no rank failed: another rank stopped taking part (it hangs, "
@@ -324,33 +340,39 @@ class SyncBackend(EngineBackend, Backend):
     def restart(self, control) -> dict | None:
         """Ranks whose engine died: start the ranks left again from the state they hold, as
         the run's monitor asks (`nbdist.run.restart`), and return what to report. None when no
-        rank's engine died, none is left, or no rank left returned its state (the run then
-        fails with `failure()`'s error). The hub learns who is out and each rank's batch
-        (the global batch kept) before the ranks start."""
+        rank's engine died, none is left, or a rank left returned no state (it raised, or
+        hangs: the run then fails with `failure()`'s error). The hub learns at once who is out
+        (ranks waiting on it, at an epoch's gate, then leave too), and each rank's batch (the
+        global batch kept) before the ranks start again."""
         dead = [w for w in self.engines_died() if w not in self.lost]
-        left = [w for w in self.rank_workers if w not in dead]
-        if not dead or not left or self._base is None:
+        if not dead or self._base is None or not set(self.rank_workers) - set(dead):
             return None
-        seen = time.monotonic()
-        deadline = seen + RESTART_WAIT_S  # the ranks left leave their failed collective
-        for w in left:
-            self._tasks[w].wait(max(0.0, deadline - time.monotonic()))
+        for w in dead:  # the hub stops waiting for them, and tells the ranks left
+            self._lose(w, control)
+        deadline = time.monotonic() + RESTART_WAIT_S  # the ranks left leave their collective
+        for w in self.rank_workers:
+            if w not in self.lost:
+                self._tasks[w].wait(max(0.0, deadline - time.monotonic()))
+        for w in [w for w in self.engines_died() if w not in self.lost]:  # died meanwhile
+            dead.append(w)
+            self._lose(w, control)
+        left = [w for w in self.rank_workers if w not in self.lost]
         self._interrupt([w for w in left if not self._tasks[w].ready()])
+        done = returned(self._tasks)
+        if left and all(w in done and not done[w].get("peer_lost") for w in left):
+            return self._ended_without(dead)  # lost after the last step: nothing to train again
         stranded = {w: r for w, r in self._stranded().items() if w in left}
-        if set(stranded) != set(left):
+        if not left or set(stranded) != set(left):
             return None  # a rank left raised, or hangs: no common state to start from
         source, state = latest_state(stranded)
-        for w in dead:
-            self.lost[w] = "engine died"
-            self._reported.add(w)  # the hub is told here
-            control.control(lost=w, reason="engine died")
         global_batch = self.batch_each * len(self.rank_workers)
-        each, warning = rank_batch(global_batch, len(left))
+        each, warning = rank_batch(global_batch, len(left), *self.batch_bounds)
         control.control(ranks=left, rank_batch=each)
         base = self._base
         epoch, offset = start_at(state["position"], base.epoch_size or base.num_samples)
         resume = {"epoch": epoch, "offset": offset, "steps": int(state["steps"]),
-                  "iterations": int(state["iterations"]), "slots": state["slot_shapes"]}
+                  "iterations": int(state["iterations"]), "slots": state["slot_shapes"],
+                  "constant_lr": bool(state["constant_lr"]), "restarted": True}
         self._base = replace(base, initial_params=state["params"],
                              initial_non_trainable=state["non_trainable"],
                              initial_slots=state["slots"], resume=resume, batch_size=each,
@@ -365,10 +387,33 @@ class SyncBackend(EngineBackend, Backend):
         notes = [warning] if warning else []
         if base.compression.split(":")[0] not in ("none", "fp16"):
             notes.append(f"--compression {base.compression}'s error feedback starts afresh")
+        summary = (f"rank(s) {', '.join(map(str, lost_ranks))} were lost (engine(s) "
+                   f"{', '.join(map(str, lost_engines))} died); the {len(left)} rank(s) left "
+                   f"started again from the last step every rank had applied (epoch {epoch + 1}, "
+                   f"{offset} samples into it), so no update was lost, each with a batch of "
+                   f"{each}" + "".join(f"; {n}" for n in notes))
         return {"event": "ranks_restarted", "lost_ranks": lost_ranks, "engines": lost_engines,
                 "ranks": len(left), "batch_size": each, "epoch": epoch, "offset": offset,
                 "steps_lost": 0, "from_worker": source, "reason": "engine died",
-                "note": "; ".join(notes) or None}
+                "summary": summary}
+
+    def _lose(self, worker: int, control) -> None:
+        """`worker`'s engine died: out of the run, on the hub too."""
+        self.lost[worker] = "engine died"
+        self._reported.add(worker)  # the hub is told here
+        control.control(lost=worker, reason="engine died")
+
+    def _ended_without(self, dead: list[int]) -> dict:
+        """Ranks lost after the last step (every rank left returned its final weights): the run
+        ends with theirs, rank 0 the first of them."""
+        lost_ranks = [self.rank_workers.index(w) for w in dead]
+        engines = [self.worker_engines[w] for w in dead]
+        self.rank_workers = [w for w in self.rank_workers if w not in self.lost]
+        return {"event": "ranks_restarted", "lost_ranks": lost_ranks, "engines": engines,
+                "ranks": len(self.rank_workers), "steps_lost": 0, "reason": "engine died",
+                "summary": f"rank(s) {', '.join(map(str, lost_ranks))} were lost (engine(s) "
+                           f"{', '.join(map(str, engines))} died) after the last step; the run "
+                           "ends with the weights of the ranks left, identical to theirs"}
 
     def hub_places(self, endpoints: list[dict]) -> list[dict]:
         """None: the kernel's metrics hub holds no parameters."""
@@ -401,15 +446,15 @@ class SyncBackend(EngineBackend, Backend):
         """Rank 0's weights now: it sends its state between two steps when asked, as for a
         checkpoint (nbdist.checkpoint.sync_state); once its task has returned (the last
         epoch ended), the weights it returned."""
-        rank0 = self._rank0
-        if not rank0.ready():
+        if not self._rank0_ended():
             try:
                 (_header, (params, non_trainable, _slots)), = fresh_state(
-                    control, final=False, ended=rank0.ready)
+                    control, final=False, ended=self._rank0_ended)
                 return params, non_trainable
             except TrainingError:
-                if not rank0.ready():
+                if not self._rank0_ended():
                     raise
+        rank0 = self._rank0
         result = rank0.get(RESULT_WAIT_S)
         return result["params"], result["non_trainable"]
 

@@ -168,6 +168,8 @@ class _SyncLoop:
         if schedule_name(optimizer) is None:  # a schedule runs on the optimizer's own iterations
             # --lr (or run.set_lr) wins over the cell's rate
             optimizer.learning_rate.assign(spec.lr)
+        elif resume.get("constant_lr"):  # run.set_lr had replaced the schedule before a restart
+            set_constant_lr(optimizer, spec.lr)
 
     def _compile_allreduce_apply(self):
         """The step that allreduces the weighted gradient (with the control) and applies it."""
@@ -197,6 +199,10 @@ class _SyncLoop:
         epoch_size = spec.epoch_size or spec.num_samples
         reply: ReportReply | None = None  # shard 0's control, once a report was answered
         steps = 0
+        if (spec.resume or {}).get("restarted"):  # a pause or stop holds from the first step on
+            reply = self._report(Report(self.worker))
+            self._exchange_control(reply)
+            self._follow_lr()
         for epoch in range(self.start[0], spec.epochs):
             offset = self.start[1] if epoch == self.start[0] else 0  # resumed mid-epoch
             steps_per_epoch = -(-(epoch_size - offset) // global_batch)
@@ -218,7 +224,11 @@ class _SyncLoop:
                 t0 = time.perf_counter()
                 if self.batchnorm is not None:
                     self.batchnorm.set_share(weight)
-                loss, grad, grad_norm = self.collective.gradients(self.flat, batch)
+                if self.batchnorm is None:
+                    loss, grad, grad_norm = self.collective.gradients(self.flat, batch)
+                else:  # BatchNorm's statistics are allreduced in the forward pass
+                    loss, grad, grad_norm = self._collective(self.collective.gradients,
+                                                             self.flat, batch)
                 t1 = time.perf_counter()
                 # the last step's report: its round trip hid behind compute
                 reply = self._take_report(reply)
@@ -264,9 +274,17 @@ class _SyncLoop:
         while reply.open_epoch is not None and reply.open_epoch <= epoch:
             if reply.stop:
                 return False
+            self._check_peers(reply)
             time.sleep(0.05)
             reply = self._send_state(self._report(Report(self.worker)), steps)
         return True
+
+    def _check_peers(self, reply: ReportReply) -> None:
+        """Raise PeerLostError when the hub says a rank of this collective is out of the run
+        (its engine died while this rank waits on the hub, not in a collective)."""
+        gone = set(reply.lost) & set(self.spec.rank_workers or range(self.size))
+        if gone:
+            raise PeerLostError(f"the hub says worker(s) {sorted(gone)} left the run")
 
     def _send_state(self, reply: ReportReply | None, steps: int,
                     final: bool = False) -> ReportReply | None:
@@ -364,4 +382,5 @@ class _SyncLoop:
                 "position": list(self.position), "steps": self.start[2] + steps,
                 "params": params, "non_trainable": non_trainable, "slots": read_slots(optimizer),
                 "slot_shapes": [[int(n) for n in v.shape] for v in optimizer_slots(optimizer)],
-                "iterations": int(optimizer.iterations.numpy()), "lr": self.lr}
+                "iterations": int(optimizer.iterations.numpy()), "lr": self.lr,
+                "constant_lr": schedule_name(optimizer) is None}

@@ -36,18 +36,20 @@ def start_at(position: tuple[int, int], epoch_size: int) -> tuple[int, int]:
     return (epoch + 1, 0) if offset >= epoch_size else (epoch, offset)
 
 
-def rank_batch(global_batch: int, ranks: int) -> tuple[int, str | None]:
+def rank_batch(global_batch: int, ranks: int, low: int = 1,
+               high: int | None = None) -> tuple[int, str | None]:
     """Each restarted rank's batch, so that the ranks left train on the run's global batch (the
-    gradient and the learning rate mean what they meant), and a warning when they cannot share
-    it exactly.
+    gradient and the learning rate mean what they meant), within `--batch-min`/`--batch-max`
+    (`low`, `high`), and a warning when they cannot share it exactly.
 
     Example:
-        >>> rank_batch(48, 2), rank_batch(32, 3)[0]
-        ((24, None), 10)
+        >>> rank_batch(48, 2), rank_batch(32, 3)[0], rank_batch(48, 2, high=16)[0]
+        ((24, None), 10, 16)
     """
-    each = max(1, global_batch // ranks)
+    each = max(1, low, global_batch // ranks)
+    each = min(each, high) if high is not None else each
     if each * ranks == global_batch:
         return each, None
     return each, (f"the {ranks} ranks left share the run's global batch of {global_batch} as "
                   f"{each} samples each, so each step trains on {each * ranks} samples, not "
-                  f"{global_batch}")
+                  f"{global_batch}" + (f" (--batch-max {high})" if each == high else ""))

@@ -38,7 +38,8 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
             "KERAS_BACKEND=torch or jax.")
     prepare_checkpoint_dir(job)
     backend = SyncBackend(cluster, config.workers, config.checkpoint_dir, pin=config.pin == "auto",
-                          collective=collective)
+                          collective=collective,
+                          batch_bounds=(config.batch_min or 1, config.batch_max))
     if job.fit is not None and job.fit.split_batch:  # the ranks share the cell's fit batch
         each, warning = sync_batches(job.fit.batch, backend.num_workers)
         config = config.replace(batch_size=each)
