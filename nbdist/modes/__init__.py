@@ -122,7 +122,7 @@ MODES: dict[str, ModeSpec] = {spec.name: spec for spec in (
         "pipeline", "nbdist.modes.pipeline.start",
         "cuts the model into stages, one engine each, with micro-batches in flight",
         _PIPELINE | {"transport", "timeout"},
-        needs_cluster=False, lr_owner="workers", operations=frozenset(),
+        needs_cluster=False, lr_owner="workers", operations=frozenset({"restart"}),
         cell_on_engines=True),
 )}
 

@@ -5,8 +5,10 @@ gradients over signed ZeroMQ between engines.
   same mini-batch to 1e-5 after 20 steps, for GPipe and 1F1B, S = 2 and 3;
 - the user surface: %%distribute --mode pipeline with its flags, validation per epoch,
   run.profile, run.partition, run.pipeline and the report;
-- a stage's engine killed mid-run fails the run within 60 s naming the stage and engine, and
-  the other engines take the next run.
+- a stage's engine killed mid-run, with a free engine in the cluster: the stages start again
+  from the latest epoch end's weights and the run finishes as undisturbed; with none free, the
+  run fails within 60 s naming the stage, the engine and what was missing, and the other
+  engines take the next run.
 """
 
 from __future__ import annotations
@@ -141,7 +143,9 @@ def test_a_killed_stage_engine_fails_the_run_and_the_others_take_the_next_run(ow
     wait_for(lambda: run.state.snapshot.get("global_step", 0) > 10)
     victim = run.state.backend.engines[1]
     os.kill(own_cluster.pids[victim], signal.SIGKILL)
-    with pytest.raises(TrainingError, match=rf"Pipeline stage 1 \(on engine {victim}\)"):
+    with pytest.raises(TrainingError, match=rf"Pipeline stage 1 \(on engine {victim}\) died.* "
+                                            r"It could not start again: stage\(s\) \[1\] need a "
+                                            r"free engine each and the cluster has 0"):
         run.wait(timeout=120)
     assert run.status == "failed"
     survivors = [e for e in own_cluster.engine_ids if e != victim]
@@ -151,6 +155,74 @@ def test_a_killed_stage_engine_fails_the_run_and_the_others_take_the_next_run(ow
                          mode="pipeline", stages=2, micro_batches=2, batch_size=16)
     again.wait(timeout=240)
     assert again.status == "finished" and again.history["step"].max() == 20
+
+
+# SYNTHETIC_CELL on 6,000 samples (an epoch of 1-2 s on stages), with its fit call; the
+# kernel's callback kills stage 1's engine (VICTIM) 0.3 s into the third epoch
+RESTART_CELL = """
+import keras
+from nbdist.datasets import make_synthetic
+keras.utils.set_random_seed(3)
+(x_train, y_train), (x_test, y_test) = make_synthetic(n=6000, shape=(8,), classes=3, seed=1)
+model = keras.Sequential([keras.Input((8,)), keras.layers.Dense(16, activation="relu"),
+                          keras.layers.Dense(3, activation="softmax")])
+model.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy",
+              metrics=["accuracy"])
+class Kill(keras.callbacks.Callback):
+    def on_epoch_end(self, epoch, logs=None):
+        if epoch == 1 and KILL:
+            import os, signal, threading
+            threading.Timer(0.3, os.kill, (VICTIM, signal.SIGKILL)).start()
+history = model.fit(x_train, y_train, epochs=5, batch_size=32, callbacks=[Kill()])
+"""
+
+
+def test_a_killed_stage_engine_is_replaced_by_a_free_one_and_the_run_finishes_as_undisturbed(
+        cluster):
+    """Stage 1's engine killed during the third epoch of a fit call, a free engine in the
+    cluster: every stage starts again from the weights of the second epoch's end, stage 1 on
+    the free engine, and the fit call finishes its five epochs; with plain SGD (no optimizer
+    slots to lose) and the same data order, as the undisturbed run does."""
+    import contextlib
+    import io
+
+    from nbdist.cluster.engines import Cluster
+
+    options = dict(mode="pipeline", stages=2, micro_batches=2, partition="uniform")
+    undisturbed = {"KILL": False, "VICTIM": 0}
+    with contextlib.redirect_stdout(io.StringIO()):
+        nbdist.train(RESTART_CELL, namespace=undisturbed, cluster=cluster, **options)
+    own = Cluster.start(3)  # killed into: never the shared session cluster
+    try:
+        stage1 = list(own.engine_ids)[1]  # the stages take the first engines, in order
+        victim = own.client[stage1].apply_sync(os.getpid)
+        ns = {"KILL": True, "VICTIM": victim}
+        with contextlib.redirect_stdout(io.StringIO()):
+            run = nbdist.train(RESTART_CELL, namespace=ns, cluster=own, **options)
+        assert run.status == "finished", run.error
+        assert not os.path.exists(f"/proc/{victim}/status") or not _running(victim)
+        row = run.events[run.events["event"] == "stages_restarted"].iloc[0]
+        spare = [e for e in own.engine_ids if e not in (list(own.engine_ids)[0], stage1)]
+        assert (row["lost_stages"], row["engines"], row["new_engines"], row["epoch"]) == (
+            [1], [stage1], spare, 2)
+        assert any("every stage started again from the weights at the end of epoch 2" in w
+                   for w in run.warnings), run.warnings
+        assert len(ns["history"].history["loss"]) == 5
+        x, y = ns["x_test"], ns["y_test"]
+        acc = ns["model"].evaluate(x, y, verbose=0)[1]
+        acc_straight = undisturbed["model"].evaluate(x, y, verbose=0)[1]
+        gap = max(float(np.abs(a.numpy() - b.numpy()).max())
+                  for a, b in zip(ns["model"].weights, undisturbed["model"].weights, strict=True))
+        assert abs(acc - acc_straight) <= 0.01 and gap < 1e-3, (acc, acc_straight, gap)
+        print(f"stage 1 restarted on engine {spare[0]} after {row['recovery_s']:.1f} s; accuracy "
+              f"{acc:.4f} (undisturbed {acc_straight:.4f}), largest weight gap {gap:.2e}")
+    finally:
+        own.stop()
+
+
+def _running(pid: int) -> bool:
+    with open(f"/proc/{pid}/status") as status:
+        return "zombie" not in status.read()
 
 
 def model_parallel_cell() -> str:

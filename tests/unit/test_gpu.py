@@ -107,9 +107,9 @@ def test_the_monitor_and_tensorflow_agree_on_the_device_by_local_rank():
 def test_pipeline_stages_count_their_local_rank_per_host():
     from types import SimpleNamespace
 
-    from nbdist.modes.pipeline.start import _local_ranks
+    from nbdist.modes.pipeline.placement import local_ranks
 
     nets = {e: SimpleNamespace(hostname=h) for e, h in enumerate(["gpu1", "gpu2", "gpu1", "gpu1"])}
-    assert _local_ranks(nets, [0, 1, 2, 3]) == [0, 0, 1, 2]
-    assert _local_ranks(nets, [2, 0]) == [0, 1]  # the run's stages only, in stage order
-    assert _local_ranks(None, [0, 1, 2]) == [0, 1, 2]  # threads of this kernel: one host
+    assert local_ranks(nets, [0, 1, 2, 3]) == [0, 0, 1, 2]
+    assert local_ranks(nets, [2, 0]) == [0, 1]  # the run's stages only, in stage order
+    assert local_ranks(None, [0, 1, 2]) == [0, 1, 2]  # threads of this kernel: one host

@@ -48,11 +48,11 @@ def test_other_modes_ignore_the_pipeline_fields():
 
 def test_stages_share_the_cores_their_host_s_engines_report():
     from nbdist.cluster.netaddr import HostNet
-    from nbdist.modes.pipeline.start import _stage_threads
+    from nbdist.modes.pipeline.placement import stage_threads
 
     nets = {0: HostNet("a", "a:b", "10.0.0.1", cores=(0, 1, 2, 3)),
             1: HostNet("a", "a:b", "10.0.0.1", cores=(0, 1, 2, 3)),
             2: HostNet("b", "b:b", "10.0.0.2", cores=(0, 1, 2, 3, 4, 5, 6, 7)),
             3: HostNet("c", "c:b", "10.0.0.3", cores=(0,))}
-    assert _stage_threads(nets, [0, 1, 2, 3]) == [2, 2, 8, 1]
-    assert _stage_threads(nets, [2]) == [8]
+    assert stage_threads(nets, [0, 1, 2, 3]) == [2, 2, 8, 1]
+    assert stage_threads(nets, [2]) == [8]

@@ -439,6 +439,7 @@ class StageLink:
                 self.stop_requested = True
             if isinstance(control, Alive):
                 self.lease.renew(self.lease_time())
+                self.released = max(self.released, control.released)
             if isinstance(control, Release):
                 self.released = max(self.released, control.epoch)
             if isinstance(control, NewRate):

@@ -180,7 +180,10 @@ class Abort(Wire):
 class Alive(Wire):
     """The kernel is alive (each of its polls, every half second at most): it renews the
     stages' lease on the run (`nbdist.core.liveness.Lease`); a stage whose kernel is silent
-    past the lease's term leaves."""
+    past the lease's term leaves. It repeats the latest epoch the kernel released (a fit
+    call's gate; -1: none), which a stage started again after a lost one waits for."""
+
+    released: int = -1
 
 
 @message("release")

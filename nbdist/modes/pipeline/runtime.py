@@ -15,6 +15,7 @@ import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
+from dataclasses import replace
 
 import numpy as np
 
@@ -22,6 +23,7 @@ from nbdist.core.stats import eval_row
 from nbdist.engine.flat_layout import read_flat
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
 from nbdist.fit.optimizer_state import OptimizerState
+from nbdist.modes.common.engine_backend import engine_died
 from nbdist.modes.pipeline.messages import (
     Abort,
     Alive,
@@ -35,10 +37,12 @@ from nbdist.modes.pipeline.messages import (
     Weights,
 )
 from nbdist.modes.pipeline.optimizer_slots import StageSlots, kernel_state
+from nbdist.modes.pipeline.placement import bind_hosts, local_ranks, stage_threads
 from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
 from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
+ABORT_WAIT_S = 30.0  # a restart's wait for the stages it aborted to leave
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
 ALIVE_EVERY_S = 0.2  # the kernel's polls (four a second) renew the stages' lease at most this
 # often: well inside the shortest lease (`lease_term`: half of --timeout)
@@ -76,6 +80,8 @@ class PipelineControl:
         self.epoch_metrics: dict[str, list[float]] = {}
         self.weights_arrived = threading.Condition()
         self.failed = False
+        self.restarting = False  # the stages are being started again (PipelineBackend.restart)
+        self.released = -1  # the latest epoch a fit call's gate let pass
         self._last_report = time.monotonic()
         self._alive_at = 0.0  # when the stages' lease was last renewed (messages.Alive)
         self.tasks_done = lambda: False  # set by the backend
@@ -140,13 +146,37 @@ class PipelineControl:
                         merged.update(by_step)
                     return merged
                 left = deadline - time.monotonic()
-                if left <= 0 or self.failed:
+                if left <= 0 or self.failed and not self.restarting:
                     raise TrainingError(
                         f"The pipeline's stages did not all send their weights at the end of "
                         f"epoch {epoch + 1} within {timeout:.0f}s (Received: stages "
                         f"{sorted(by_stage)}). A stage's engine may have died or stalled; see "
                         "run.error and %nbdist status.")
                 self.weights_arrived.wait(min(left, 0.5))
+
+    def latest_weights(self) -> tuple[int, dict[int, list]] | None:
+        """(epoch, every stage's variables by step) at the latest epoch end all stages sent
+        their weights for (a cell's fit call's epoch gates); None before the first."""
+        with self.weights_arrived:
+            whole = [e for e, by_stage in self.weights.items() if len(by_stage) == self.stages]
+            if not whole:
+                return None
+            epoch = max(whole)
+            merged: dict[int, list] = {}
+            for by_step in self.weights[epoch].values():
+                merged.update(by_step)
+            return epoch, merged
+
+    def restarted(self, first_epoch: int) -> None:
+        """The stages start again at `first_epoch` (on `engines`, changed in place): forget the
+        timings of the steps under way and the weights of the epochs they train again."""
+        with self._lock:
+            self.ops.clear()
+        with self.weights_arrived:
+            for epoch in [e for e in self.weights if e >= first_epoch]:
+                del self.weights[epoch]
+                self.slots.pop(epoch, None)
+        self.failed = self.restarting = False
 
     def _absorb(self, report: StepDone | EvalDone | Totals) -> None:
         if isinstance(report, StepDone):
@@ -197,7 +227,7 @@ class PipelineControl:
         run (`messages.Alive`, every ALIVE_EVERY_S at most): a dead kernel's stages leave."""
         if time.monotonic() - self._alive_at >= ALIVE_EVERY_S:
             self._alive_at = time.monotonic()
-            self.link.broadcast(Alive())
+            self.link.broadcast(Alive(released=self.released))
         done = self.tasks_done()
         if done:  # the last reports are sent before a stage returns: let them land
             deadline = time.monotonic() + 5.0
@@ -250,6 +280,7 @@ class PipelineControl:
                 self.evals.append(eval_row(result.metrics, epoch=result.epoch, version=-1,
                                            step=self.global_step, now=now))
         if h.get("epoch_done") is not None:
+            self.released = max(self.released, int(h["epoch_done"]))
             self.link.broadcast(Release(int(h["epoch_done"])))
 
     def shutdown(self) -> None:
@@ -286,6 +317,8 @@ class PipelineBackend(Backend):
         self.gated, self.timeout = False, 120.0  # a cell's fit call (set by `start_workers`)
         self.num_workers = len(engines)
         control.tasks_done = self.tasks_done
+        self.specs: list = []  # the stages' specs, for a start again (`restart`)
+        self.refused: str | None = None  # why a stage whose engine died could not start again
 
     def start_hubs(self, specs: list) -> list[dict]:
         raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): its "
@@ -296,7 +329,7 @@ class PipelineBackend(Backend):
         """Prepare every stage of `base` (one StageSpec each: it runs the cell and binds its
         socket), then start each one connected to its neighbours. A failed start discards the
         stages it prepared."""
-        specs = base
+        specs = self.specs = base
         self.gated, self.timeout = specs[0].gated, max(60.0, specs[0].timeout)
         extra = {} if self.cluster is not None else {"namespace": self.namespace}
         link = self.control.link
@@ -350,11 +383,13 @@ class PipelineBackend(Backend):
                              else "this kernel")
                     died = ("died" if "EngineError" in type(exc).__name__ or "died" in str(exc)
                             else "failed")
+                    why = f" It could not start again: {self.refused}" if self.refused else ""
                     return TrainingError(
                         f"Pipeline stage {s} (on {where}) {died}: {type(exc).__name__}: "
-                        f"{str(exc).splitlines()[0] if str(exc) else ''}. The other stages were "
-                        "stopped. Fix the cause (check the engine with %nbdist status, restart a "
-                        "dead one with %nbdist stop / %nbdist start N), then run the cell again.")
+                        f"{str(exc).splitlines()[0] if str(exc) else ''}.{why} The other stages "
+                        "were stopped. Fix the cause (check the engine with %nbdist status, "
+                        "restart a dead one with %nbdist stop / %nbdist start N), then run the "
+                        "cell again.")
         return None
 
     def newly_lost(self) -> list:
@@ -420,7 +455,57 @@ class PipelineBackend(Backend):
                             "shard.")
 
     def restart(self, control) -> dict | None:
-        return None  # a stage whose engine died fails the run (its checkpoint resumes it)
+        """A stage's engine died: every stage starts again, the dead one on a free engine of the
+        cluster, from the weights of the latest epoch end all stages sent (a cell's fit call
+        gates every epoch; without one, from the run's start), at the next epoch; the others
+        are aborted first. Returns the event's fields; None when no stage's engine died (the
+        failure is the run's). Raises the run's error, saying what was missing (`refused`), when
+        no free engine is there to take the lost one's place."""
+        dead = [s for s, t in enumerate(self.tasks) if t.ready() and engine_died(t)]
+        if self.cluster is None or not self.specs or not dead:
+            return None
+        free = [e for e in self.cluster.client.ids if e not in self.engines]
+        if len(free) < len(dead):
+            self.refused = (f"stage(s) {dead} need a free engine each and the cluster has "
+                            f"{len(free)} (engines {sorted(self.cluster.client.ids)}, stages on "
+                            f"{self.engines}); start more engines to survive a lost stage")
+            raise self.failure()  # the run's error, saying what was missing
+        latest = self.control.latest_weights()
+        first_epoch, weights = (latest[0] + 1, latest[1]) if latest else (0, None)
+        self.control.restarting = True
+        self.control.link.broadcast(Abort("a stage's engine died: the stages start again"))
+        deadline = time.monotonic() + ABORT_WAIT_S
+        for task in self.tasks:
+            task.wait(max(0.0, deadline - time.monotonic()))
+        if not all(t.ready() for t in self.tasks):
+            self.refused = f"a stage did not leave within {ABORT_WAIT_S:.0f}s of the abort"
+            raise self.failure()
+        engines = list(self.engines)
+        lost = {s: engines[s] for s in dead}
+        for s in dead:
+            engines[s] = free.pop(0)
+        nets = self.cluster.engine_networks(engines)
+        threads, ranks = stage_threads(nets, engines), local_ranks(nets, engines)
+        bind = bind_hosts(self.cluster, nets, engines)
+        lr = self.control.lr if self.control.lr is not None else self.specs[0].lr  # set_lr's
+        specs = [replace(spec, engine=engines[s], threads=threads[s], local_rank=ranks[s],
+                         bind_host=bind[s], first_epoch=first_epoch, resume_weights=weights,
+                         lr=lr)
+                 for s, spec in enumerate(self.specs)]
+        self.engines[:] = engines  # (the control's list too)
+        self.tasks, self.refused = [], None
+        self.control.restarted(first_epoch)
+        self.start_workers(specs)
+        since = "the run's start" if latest is None else f"the end of epoch {first_epoch}"
+        summary = (f"pipeline stage(s) {', '.join(map(str, dead))} were lost (engine(s) "
+                   f"{', '.join(map(str, lost.values()))} died); every stage started again from "
+                   f"the weights at {since}, the lost one(s) on engine(s) "
+                   f"{', '.join(str(engines[s]) for s in dead)}, so the steps trained since then "
+                   "were lost" + ("" if latest is None else " and the optimizer's slots "
+                                  "(momentum, moments) start afresh"))
+        return {"event": "stages_restarted", "lost_stages": dead, "engines": list(lost.values()),
+                "new_engines": [engines[s] for s in dead], "epoch": first_epoch,
+                "summary": summary}
 
     def joined_engines(self) -> list[int]:
         return []  # stages are fixed when the run starts

@@ -81,6 +81,10 @@ class StageSpec:
     shuffle: bool = True  # model.fit(shuffle=False): every epoch in the data's own order
     # a callback saves the whole model: the stage's optimizer slots travel with its weights
     send_optimizer: bool = False
+    # started again after a stage's engine died (nbdist.modes.pipeline.runtime): the epoch to
+    # begin with, and every stage's weights at the end of the one before, by step
+    first_epoch: int = 0
+    resume_weights: dict | None = field(default=None, repr=False)
 
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
@@ -143,6 +147,8 @@ class Stage:
             write_flat(model, *spec.initial)
         self.model, self.x, self.y = model, x, y
         self.graph = Graph(model)
+        if spec.resume_weights is not None:  # started again: the last epoch end's weights
+            self.graph.assign(spec.resume_weights)
         self.sub = StageModel(self.graph, *spec.bounds)
         self.first, self.last = spec.stage == 0, spec.stage == spec.stages - 1
         optimizer = model.optimizer
@@ -150,6 +156,8 @@ class Stage:
             optimizer = type(optimizer).from_config(optimizer.get_config())
         if spec.lr is not None:
             optimizer.learning_rate = spec.lr
+        if spec.first_epoch:  # started again: a schedule goes on from the steps already taken
+            optimizer.iterations.assign(spec.first_epoch * -(-spec.num_samples // spec.batch_size))
         self.optimizer = optimizer
         self.passes = stage_pass(self.sub, model, input_grads=not self.first)
         # slots: at most M messages are sent towards a neighbour before the sender next waits
@@ -163,8 +171,10 @@ class Stage:
     def run(self) -> dict:
         spec = self.spec
         n, b = spec.num_samples, spec.batch_size
-        step, started = 0, time.time()
-        for epoch in range(spec.epochs):
+        step, started = spec.first_epoch * -(-n // b), time.time()  # steps of the epochs before
+        if spec.gated and spec.first_epoch:  # started again: the kernel's callbacks of the epoch
+            self.link.wait_release(spec.first_epoch - 1)  # before may still run (`Alive` says)
+        for epoch in range(spec.first_epoch, spec.epochs):
             perm = epoch_permutation(n, spec.seed, epoch) if spec.shuffle else np.arange(n)
             if self.last:
                 self.model.reset_metrics()

@@ -10,16 +10,12 @@ show what was measured, chosen and seen.
 from __future__ import annotations
 
 import math
-import os
 import threading
 import uuid
-from collections import Counter
 
 import numpy as np
 import pandas as pd
 
-from nbdist.cluster.affinity import cores_per_host
-from nbdist.cluster.netaddr import hub_address, kernel_address
 from nbdist.core.partition import (
     MEASURED,
     METHODS,
@@ -38,6 +34,7 @@ from nbdist.modes.common.engine_backend import get_started
 from nbdist.modes.pipeline.checks import REPORT_LIMITS, message_limits, weights_limits
 from nbdist.modes.pipeline.graph import Graph
 from nbdist.modes.pipeline.kernel_link import KernelLink
+from nbdist.modes.pipeline.placement import bind_hosts, kernel_host, local_ranks, stage_threads
 from nbdist.modes.pipeline.profile import profile_model, profile_on_engine, serve_echo
 from nbdist.modes.pipeline.run import PipelineRun, partition_frame
 from nbdist.modes.pipeline.runtime import PipelineBackend, PipelineControl
@@ -91,11 +88,11 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     initial = read_flat(model)
     micro_size = config.batch_size // micro
     nets = cluster.engine_networks(engines) if cluster is not None else None
-    threads = _stage_threads(nets, engines)
-    local_ranks = _local_ranks(nets, engines)
+    threads = stage_threads(nets, engines)
+    ranks_on_host = local_ranks(nets, engines)
     pushed = _portable(contents.pushed)
     timed = stages if config.partition == MEASURED else None  # time the best cuts as stages
-    bind = _bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
+    bind = bind_hosts(cluster, nets, engines) if cluster is not None else ["127.0.0.1"] * stages
     if cluster is not None:
         measured = get_started(cluster.client[engines[0]].apply_async(
             profile_on_engine, cell, pushed, contents.model_name, contents.data, initial,
@@ -133,7 +130,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                             _message_samples(config.batch_size, x, contents.validation_arrays))
     key, run_id = new_key(), uuid.uuid4().hex[:12]
     encrypt = bool(getattr(cluster, "encrypt", False))  # %nbdist start/connect --encrypt
-    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else _kernel_host(cluster, nets),
+    kernel = KernelLink(key, run_id, bind[-1] if cluster is None else kernel_host(cluster, nets),
                         stages, encrypt=encrypt,
                         limits=REPORT_LIMITS if fit is None else weights_limits(
                             [_nbytes(w) for w in model.weights] + _slot_bytes(fit, model)))
@@ -154,7 +151,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
                            timeout=config.timeout, engine=engines[s], threads=threads[s],
                            lr=config.lr, own_optimizer=cluster is not None,
                            transport=str(config.transport), limits=limits[s], encrypt=encrypt,
-                           local_rank=local_ranks[s], keras_backend=keras_backend,
+                           local_rank=ranks_on_host[s], keras_backend=keras_backend,
                            gated=fit is not None, shuffle=fit.shuffle if fit is not None else True,
                            send_optimizer=fit is not None and fit.call.saves_whole_model)
                  for s in range(stages)]
@@ -238,24 +235,6 @@ def _portable(pushed: dict) -> dict:
     return portable(pushed)
 
 
-def _stage_threads(nets: dict | None, engines: list) -> list[int]:
-    """TensorFlow threads per stage: the cores of its host (as its engines report them, see
-    nbdist.cluster.affinity.cores_per_host) shared by the stages there; stages that are threads
-    of this kernel (`nets` None) share its cores."""
-    if nets is None:
-        return [max(1, (os.cpu_count() or 1) // len(engines))] * len(engines)
-    hosts = [nets[e].hostname for e in engines]
-    cores, here = cores_per_host((nets[e].hostname, nets[e].cores) for e in engines), Counter(hosts)
-    return [max(1, (cores.get(h) or os.cpu_count() or 1) // here[h]) for h in hosts]
-
-
-def _local_ranks(nets: dict | None, engines: list) -> list[int]:
-    """Each stage's index among the stages on its host (so each uses its own GPU there); stages
-    that are threads of this kernel are all on one host."""
-    hosts = [nets[e].hostname for e in engines] if nets is not None else ["kernel"] * len(engines)
-    return [hosts[:s].count(h) for s, h in enumerate(hosts)]
-
-
 def _link_to(cluster, nets: dict, engines: list, bind: list[str], timeout: float):
     """Where the stages span hosts: the far end of a link probe on the second stage's engine
     (`profile.serve_echo`) and its key, so the profile measures the link activations will
@@ -266,12 +245,3 @@ def _link_to(cluster, nets: dict, engines: list, bind: list[str], timeout: float
     peer = get_started(cluster.client[engines[1]].apply_async(serve_echo, key, bind[1]),
                        engines[1], "starting the link probe", timeout=max(60.0, timeout))
     return peer, key
-
-
-def _bind_hosts(cluster, nets: dict, engines: list) -> list[str]:
-    peers = [*nets.values(), cluster.kernel_network()]
-    return [hub_address(nets[e], peers) for e in engines]
-
-
-def _kernel_host(cluster, nets: dict) -> str:
-    return kernel_address(cluster.kernel_network(), list(nets.values()))
