@@ -55,6 +55,15 @@ def get_within(ar, engine: int, what: str, timeout: float = ENGINE_TIMEOUT_S):
             engine_id=engine) from None
 
 
+def answers(client, engine: int, timeout: float) -> bool:
+    """Whether `engine` runs a trivial task within `timeout` (it is alive and idle)."""
+    try:
+        get_within(client[engine].apply_async(int, 1), engine, "a ping", timeout=timeout)
+    except Exception:  # noqa: BLE001 - dead, busy or gone: not an engine to use
+        return False
+    return True
+
+
 def wait_answering(client, engines, deadline: float) -> None:
     """Wait until every engine in `engines` has answered one request, or TimeoutError at
     `deadline` (`time.monotonic()`). A registered engine may still be busy starting on a loaded

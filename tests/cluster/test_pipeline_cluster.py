@@ -144,8 +144,9 @@ def test_a_killed_stage_engine_fails_the_run_and_the_others_take_the_next_run(ow
     victim = run.state.backend.engines[1]
     os.kill(own_cluster.pids[victim], signal.SIGKILL)
     with pytest.raises(TrainingError, match=rf"Pipeline stage 1 \(on engine {victim}\) died.* "
-                                            r"It could not start again: stage\(s\) \[1\] need a "
-                                            r"free engine each and the cluster has 0"):
+                                            r"It could not start again: 1 lost stage\(s\) need a "
+                                            r"free engine each and the cluster has 0 that "
+                                            r"answer"):
         run.wait(timeout=120)
     assert run.status == "failed"
     survivors = [e for e in own_cluster.engine_ids if e != victim]

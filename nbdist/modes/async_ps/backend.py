@@ -16,7 +16,7 @@ from dataclasses import replace
 
 from nbdist.cluster import affinity
 from nbdist.cluster.affinity import HUB_SPIN_S, WORKER_SPIN_S, cores_per_host
-from nbdist.cluster.engines import Cluster, get_within
+from nbdist.cluster.engines import Cluster, answers, get_within
 from nbdist.cluster.netaddr import LOOPBACK, check_reachable, hub_address, peer_addresses
 from nbdist.errors import ClusterError, ConfigError, UnreachableHostError
 from nbdist.hub.launch import join_hub, running_hubs, start_hub
@@ -303,9 +303,5 @@ def spare_engine(shard: int, server_engines: list[int], worker_engines: list[int
 
 
 def _answers(client, engine: int, timeout: float = PING_S) -> bool:
-    """Whether `engine` runs a trivial task within `timeout` (it is alive and idle)."""
-    try:
-        get_within(client[engine].apply_async(int, 1), engine, "a ping", timeout=timeout)
-    except Exception:  # noqa: BLE001 - dead, busy or gone: not an engine to use
-        return False
-    return True
+    """Whether `engine` runs a trivial task within PING_S (nbdist.cluster.engines.answers)."""
+    return answers(client, engine, timeout)

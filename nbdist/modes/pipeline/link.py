@@ -194,6 +194,7 @@ class StageLink:
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
         self.released = -1  # the latest epoch the kernel let pass (a fit call's epoch gate)
+        self.rate: float | None = None  # the latest rate the kernel set (NewRate, Alive)
         self.new_rate: float | None = None  # run.set_lr's, until the stage takes it
         self.sent_bytes = 0
         # messages with arrays sent to neighbours, by transport
@@ -440,10 +441,13 @@ class StageLink:
             if isinstance(control, Alive):
                 self.lease.renew(self.lease_time())
                 self.released = max(self.released, control.released)
+                self.stop_requested = self.stop_requested or control.stop
+                if control.lr is not None and control.lr != self.rate:
+                    self.new_rate = self.rate = control.lr
             if isinstance(control, Release):
                 self.released = max(self.released, control.epoch)
             if isinstance(control, NewRate):
-                self.new_rate = control.lr
+                self.new_rate = self.rate = control.lr
         self.check_lease()
 
     def kernel_gone(self) -> bool:

@@ -180,10 +180,13 @@ class Abort(Wire):
 class Alive(Wire):
     """The kernel is alive (each of its polls, every half second at most): it renews the
     stages' lease on the run (`nbdist.core.liveness.Lease`); a stage whose kernel is silent
-    past the lease's term leaves. It repeats the latest epoch the kernel released (a fit
-    call's gate; -1: none), which a stage started again after a lost one waits for."""
+    past the lease's term leaves. It repeats what a stage started again after a lost one may
+    have missed: the latest epoch the kernel released (a fit call's gate; -1: none), a stop,
+    and the learning rate set while the run trains (None: the cell's own)."""
 
     released: int = -1
+    stop: bool = False
+    lr: float | None = None
 
 
 @message("release")

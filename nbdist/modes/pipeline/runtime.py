@@ -19,6 +19,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from nbdist.cluster.engines import answers
 from nbdist.core.stats import eval_row
 from nbdist.engine.flat_layout import read_flat
 from nbdist.errors import ConfigError, NbdistError, TrainingError, from_engine, raised_by_cell
@@ -37,12 +38,13 @@ from nbdist.modes.pipeline.messages import (
     Weights,
 )
 from nbdist.modes.pipeline.optimizer_slots import StageSlots, kernel_state
-from nbdist.modes.pipeline.placement import bind_hosts, local_ranks, stage_threads
+from nbdist.modes.pipeline.placement import bind_hosts, kernel_host, local_ranks, stage_threads
 from nbdist.modes.pipeline.stage import discard_stage, prepare_stage, run_stage
 from nbdist.run.backend import Backend, returned
 
 KEEP_STEPS = 64  # per-step micro-batch timings kept for the timeline
 ABORT_WAIT_S = 30.0  # a restart's wait for the stages it aborted to leave
+PING_S = 5.0  # a free engine that does not run a trivial task this fast is dead, or busy
 QUIET_S = 0.5  # at the end: no report for this long means the last one has arrived
 ALIVE_EVERY_S = 0.2  # the kernel's polls (four a second) renew the stages' lease at most this
 # often: well inside the shortest lease (`lease_term`: half of --timeout)
@@ -82,6 +84,11 @@ class PipelineControl:
         self.failed = False
         self.restarting = False  # the stages are being started again (PipelineBackend.restart)
         self.released = -1  # the latest epoch a fit call's gate let pass
+        # what `Alive` repeats for stages started again: a stop asked, a rate set while training
+        self.stopping, self.rate_set = False, None
+        self.restarts = 0  # how many times the stages started again
+        self.stage_died = lambda: False  # whether a stage's engine died (set by the backend)
+        self.given_up = False  # a stage died and the stages will not start again
         self._last_report = time.monotonic()
         self._alive_at = 0.0  # when the stages' lease was last renewed (messages.Alive)
         self.tasks_done = lambda: False  # set by the backend
@@ -126,13 +133,22 @@ class PipelineControl:
         with self.weights_arrived:
             return list(self.slots.get(self.epoch - 1, {}).values())
 
-    def epoch_weights(self, timeout: float) -> dict[int, list]:
+    def epoch_weights(self, timeout: float, through_restart: bool = True) -> dict[int, list]:
         """Every stage's variables at the end of the latest epoch the last stage reported ended
         (a cell's fit call asks at its epoch gate, where they are on their way), by step;
-        TrainingError if they do not all come within `timeout` seconds."""
-        deadline = time.monotonic() + timeout
+        TrainingError if they do not all come within `timeout` seconds. A stage whose engine
+        died holds the wait until the stages started again send them (`timeout` counts from
+        each start again), or, not `through_restart` (the run's monitor, which starts them
+        again), ends it at once."""
+        deadline, seen = time.monotonic() + timeout, self.restarts
         with self.weights_arrived:
             while True:
+                if self.restarts != seen:  # started again: the epoch is trained again
+                    deadline, seen = time.monotonic() + timeout, self.restarts
+                pending = not self.given_up and (self.restarting or self.stage_died())
+                if pending and not through_restart:
+                    raise TrainingError("A pipeline stage's engine died: the stages' weights "
+                                        "come once they start again.")
                 epoch = self.epoch - 1  # (EvalDone of epoch e sets self.epoch to e + 1)
                 if epoch >= self.epochs - 1:  # no gate after the last epoch: nothing comes
                     raise TrainingError(
@@ -146,7 +162,7 @@ class PipelineControl:
                         merged.update(by_step)
                     return merged
                 left = deadline - time.monotonic()
-                if left <= 0 or self.failed and not self.restarting:
+                if left <= 0 or self.failed and not pending:
                     raise TrainingError(
                         f"The pipeline's stages did not all send their weights at the end of "
                         f"epoch {epoch + 1} within {timeout:.0f}s (Received: stages "
@@ -176,6 +192,10 @@ class PipelineControl:
             for epoch in [e for e in self.weights if e >= first_epoch]:
                 del self.weights[epoch]
                 self.slots.pop(epoch, None)
+            self.restarts += 1
+            self.weights_arrived.notify_all()
+        with self._lock:
+            self.global_step = first_epoch * self.steps_per_epoch
         self.failed = self.restarting = False
 
     def _absorb(self, report: StepDone | EvalDone | Totals) -> None:
@@ -227,7 +247,8 @@ class PipelineControl:
         run (`messages.Alive`, every ALIVE_EVERY_S at most): a dead kernel's stages leave."""
         if time.monotonic() - self._alive_at >= ALIVE_EVERY_S:
             self._alive_at = time.monotonic()
-            self.link.broadcast(Alive(released=self.released))
+            self.link.broadcast(Alive(released=self.released, stop=self.stopping,
+                                      lr=self.rate_set))
         done = self.tasks_done()
         if done:  # the last reports are sent before a stage returns: let them land
             deadline = time.monotonic() + 5.0
@@ -257,6 +278,7 @@ class PipelineControl:
         """The Run's controls: stop, a new learning rate (`run.set_lr`, a callback's), and a
         cell's fit call's epoch gate (`epoch_done`) and the kernel's validation (`eval`)."""
         if h.get("stop"):
+            self.stopping = self.stopping or not self.failed
             self.link.broadcast(Abort("run ended by the kernel") if self.failed else Stop())
             return
         known = {"lr", "by", "epoch_done", "eval"}
@@ -270,7 +292,7 @@ class PipelineControl:
         if h.get("lr") is not None:
             self.link.broadcast(NewRate(float(h["lr"])))
             with self._lock:
-                self.lr = float(h["lr"])
+                self.lr = self.rate_set = float(h["lr"])
                 self.events.append({"time": now, "step": self.global_step, "event": "set_lr",
                                     "lr": float(h["lr"]), **({"by": h["by"]} if h.get("by")
                                                              else {})})
@@ -317,8 +339,14 @@ class PipelineBackend(Backend):
         self.gated, self.timeout = False, 120.0  # a cell's fit call (set by `start_workers`)
         self.num_workers = len(engines)
         control.tasks_done = self.tasks_done
+        control.stage_died = self._stage_died
         self.specs: list = []  # the stages' specs, for a start again (`restart`)
         self.refused: str | None = None  # why a stage whose engine died could not start again
+        self.kernel_host: str | None = None  # where the kernel's link is bound (set at start)
+
+    def _stage_died(self) -> bool:
+        """Whether a stage's engine died (its task's end says so)."""
+        return any(t.ready() and engine_died(t) for t in list(self.tasks))
 
     def start_hubs(self, specs: list) -> list[dict]:
         raise TrainingError(f"A pipeline run has no hub (Received: {len(specs)} hub spec(s)): its "
@@ -419,7 +447,10 @@ class PipelineBackend(Backend):
                 f"{self.engines}, from a cell without one): each stage holds its own part of the "
                 "model on its engine. Read them when the run has ended (run.model), or end the "
                 "cell with its model.fit(...) call.")
-        self.graph.assign(control.epoch_weights(self.timeout))
+        # the run's monitor (its thread) keeps a copy, and starts the stages again when one is
+        # lost: it must not wait for them
+        monitor = threading.current_thread().name.startswith("nbdist-run-")
+        self.graph.assign(control.epoch_weights(self.timeout, through_restart=not monitor))
         return read_flat(self.model)
 
     def final_params(self, control):
@@ -460,41 +491,50 @@ class PipelineBackend(Backend):
         gates every epoch; without one, from the run's start), at the next epoch; the others
         are aborted first. Returns the event's fields; None when no stage's engine died (the
         failure is the run's). Raises the run's error, saying what was missing (`refused`), when
-        no free engine is there to take the lost one's place."""
-        dead = [s for s, t in enumerate(self.tasks) if t.ready() and engine_died(t)]
-        if self.cluster is None or not self.specs or not dead:
+        no free engine can take the lost one's place."""
+        if self.cluster is None or not self.specs or not self._stage_died():
             return None
-        free = [e for e in self.cluster.client.ids if e not in self.engines]
-        if len(free) < len(dead):
-            self.refused = (f"stage(s) {dead} need a free engine each and the cluster has "
-                            f"{len(free)} (engines {sorted(self.cluster.client.ids)}, stages on "
-                            f"{self.engines}); start more engines to survive a lost stage")
-            raise self.failure()  # the run's error, saying what was missing
-        latest = self.control.latest_weights()
+        try:
+            return self._restart()
+        except BaseException:
+            self.control.given_up, self.control.restarting = True, False
+            self.control.failed = True
+            raise
+
+    def _restart(self) -> dict:
+        cluster, control = self.cluster, self.control
+        dead = [s for s, t in enumerate(self.tasks) if t.ready() and engine_died(t)]
+        free = self._free_engines(len(dead))
+        latest = control.latest_weights()
         first_epoch, weights = (latest[0] + 1, latest[1]) if latest else (0, None)
-        self.control.restarting = True
-        self.control.link.broadcast(Abort("a stage's engine died: the stages start again"))
+        control.restarting = True
+        control.link.broadcast(Abort("a stage's engine died: the stages start again"))
         deadline = time.monotonic() + ABORT_WAIT_S
         for task in self.tasks:
             task.wait(max(0.0, deadline - time.monotonic()))
         if not all(t.ready() for t in self.tasks):
-            self.refused = f"a stage did not leave within {ABORT_WAIT_S:.0f}s of the abort"
-            raise self.failure()
+            self._refuse(f"a stage did not leave within {ABORT_WAIT_S:.0f}s of the abort.")
+        dead = [s for s, t in enumerate(self.tasks) if engine_died(t)]  # (more, meanwhile?)
+        free = free if len(free) >= len(dead) else self._free_engines(len(dead))
         engines = list(self.engines)
         lost = {s: engines[s] for s in dead}
         for s in dead:
             engines[s] = free.pop(0)
-        nets = self.cluster.engine_networks(engines)
+        nets = cluster.engine_networks(engines)
+        if kernel_host(cluster, nets) != self.kernel_host:
+            self._refuse(f"the free engine(s) reach this kernel by another address than the "
+                         f"{self.kernel_host} its link is bound to (another host); start the "
+                         "run with one more engine on the stages' hosts.")
         threads, ranks = stage_threads(nets, engines), local_ranks(nets, engines)
-        bind = bind_hosts(self.cluster, nets, engines)
-        lr = self.control.lr if self.control.lr is not None else self.specs[0].lr  # set_lr's
+        bind = bind_hosts(cluster, nets, engines)
+        lr = control.lr if control.lr is not None else self.specs[0].lr  # set_lr's, if any
         specs = [replace(spec, engine=engines[s], threads=threads[s], local_rank=ranks[s],
                          bind_host=bind[s], first_epoch=first_epoch, resume_weights=weights,
                          lr=lr)
                  for s, spec in enumerate(self.specs)]
         self.engines[:] = engines  # (the control's list too)
         self.tasks, self.refused = [], None
-        self.control.restarted(first_epoch)
+        control.restarted(first_epoch)
         self.start_workers(specs)
         since = "the run's start" if latest is None else f"the end of epoch {first_epoch}"
         summary = (f"pipeline stage(s) {', '.join(map(str, dead))} were lost (engine(s) "
@@ -506,6 +546,24 @@ class PipelineBackend(Backend):
         return {"event": "stages_restarted", "lost_stages": dead, "engines": list(lost.values()),
                 "new_engines": [engines[s] for s in dead], "epoch": first_epoch,
                 "summary": summary}
+
+    def _free_engines(self, wanted: int) -> list[int]:
+        """`wanted` engines of the run's cluster that run no stage and answer a ping (alive and
+        idle), checked before any stage is aborted; raises the run's error, saying what is
+        missing, when there are fewer."""
+        candidates = [e for e in self.cluster.engine_ids if e not in self.engines]
+        free = [e for e in candidates if answers(self.cluster.client, e, PING_S)]
+        if len(free) < wanted:
+            self._refuse(f"{wanted} lost stage(s) need a free engine each and the cluster has "
+                         f"{len(free)} that answer (engines {sorted(self.cluster.engine_ids)}, "
+                         f"stages on {self.engines}); start more engines to survive a lost "
+                         "stage.")
+        return free
+
+    def _refuse(self, why: str) -> None:
+        """Raise the run's error (`failure()`), saying why the stages cannot start again."""
+        self.refused = why
+        raise self.failure() or TrainingError(f"A pipeline stage was lost. {why}")
 
     def joined_engines(self) -> list[int]:
         return []  # stages are fixed when the run starts

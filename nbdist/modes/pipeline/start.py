@@ -138,6 +138,7 @@ def start_stages(cell: str, config, cluster, namespace: dict, wait: bool, conten
     control = PipelineControl(kernel, stages, engines, config.epochs, steps_per_epoch, micro,
                               lr=_constant_rate(model.optimizer, config.lr))
     backend = PipelineBackend(cluster, engines, graph, model, namespace, control)
+    backend.kernel_host = kernel_host(cluster, nets) if cluster is not None else None
     try:
         specs = [StageSpec(run_id=run_id, key=key, stage=s, stages=stages, bounds=chosen.bounds[s],
                            micro_batches=micro, schedule=config.schedule,
