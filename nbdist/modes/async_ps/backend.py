@@ -145,7 +145,7 @@ class ClusterBackend(HubShardWeights, EngineBackend, Backend):
         """An engine for lost shard `shard` (`spare_engine`), asked of the cluster now."""
         client = self.cluster.client
         return spare_engine(shard, self.server_engines, self.worker_engines, set(self.lost),
-                            list(client.ids), lambda engine: _answers(client, engine))
+                            list(client.ids), lambda engine: answers(client, engine, PING_S))
 
     def start_workers(self, base: WorkerSpec) -> None:
         self.worker_base = base
@@ -300,8 +300,3 @@ def spare_engine(shard: int, server_engines: list[int], worker_engines: list[int
         f"on {[worker_engines[w] for w in left]}, no other engine that answers). Expected a free "
         "engine, or a second worker whose engine can take the shard. Start more engines than the "
         "run uses (`%nbdist start N`), then run the cell again.")
-
-
-def _answers(client, engine: int, timeout: float = PING_S) -> bool:
-    """Whether `engine` runs a trivial task within PING_S (nbdist.cluster.engines.answers)."""
-    return answers(client, engine, timeout)

@@ -86,6 +86,11 @@ class StageSpec:
     first_epoch: int = 0
     resume_weights: dict | None = field(default=None, repr=False)
 
+    @property
+    def steps_before(self) -> int:
+        """The optimizer steps of the epochs before `first_epoch` (one per mini-batch)."""
+        return self.first_epoch * -(-self.num_samples // self.batch_size)
+
 
 def prepare_stage(spec: StageSpec, namespace: dict | None = None) -> dict:
     """Build this stage and bind its socket; returns what its neighbours need to reach it (the
@@ -157,7 +162,7 @@ class Stage:
         if spec.lr is not None:
             optimizer.learning_rate = spec.lr
         if spec.first_epoch:  # started again: a schedule goes on from the steps already taken
-            optimizer.iterations.assign(spec.first_epoch * -(-spec.num_samples // spec.batch_size))
+            optimizer.iterations.assign(spec.steps_before)
         self.optimizer = optimizer
         self.passes = stage_pass(self.sub, model, input_grads=not self.first)
         # slots: at most M messages are sent towards a neighbour before the sender next waits
@@ -171,7 +176,7 @@ class Stage:
     def run(self) -> dict:
         spec = self.spec
         n, b = spec.num_samples, spec.batch_size
-        step, started = spec.first_epoch * -(-n // b), time.time()  # steps of the epochs before
+        step, started = spec.steps_before, time.time()
         if spec.gated and spec.first_epoch:  # started again: the kernel's callbacks of the epoch
             self.link.wait_release(spec.first_epoch - 1)  # before may still run (`Alive` says)
         for epoch in range(spec.first_epoch, spec.epochs):

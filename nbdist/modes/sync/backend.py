@@ -292,7 +292,7 @@ class SyncBackend(EngineBackend, Backend):
         stranded in a failed collective with no rank's engine dead and none failed (another
         rank hangs outside it) fail the run after STRANDED_GRACE_S."""
         error = super().failure()
-        dead = [w for w in self.engines_died() if w not in self.lost]
+        dead = self._newly_dead()
         if error is None:
             return self._stranded_failure()
         if not dead:
@@ -311,6 +311,10 @@ class SyncBackend(EngineBackend, Backend):
             f"sync run, and {why}, so the run failed. Restart the engines "
             f"(%nbdist stop, %nbdist start N), then {where}."
             + (f"\nThe engine processes this kernel started: {ended}" if ended else ""))
+
+    def _newly_dead(self) -> list[int]:
+        """Workers whose engine died and that are not yet out of the run."""
+        return [w for w in self.engines_died() if w not in self.lost]
 
     def _stranded(self) -> dict[int, dict]:
         """The ranks that returned their state from a failed collective, by worker id."""
@@ -344,7 +348,7 @@ class SyncBackend(EngineBackend, Backend):
         hangs: the run then fails with `failure()`'s error). The hub learns at once who is out
         (ranks waiting on it, at an epoch's gate, then leave too), and each rank's batch (the
         global batch kept) before the ranks start again."""
-        dead = [w for w in self.engines_died() if w not in self.lost]
+        dead = self._newly_dead()
         if not dead or self._base is None or not set(self.rank_workers) - set(dead):
             return None
         for w in dead:  # the hub stops waiting for them, and tells the ranks left
@@ -353,7 +357,7 @@ class SyncBackend(EngineBackend, Backend):
         for w in self.rank_workers:
             if w not in self.lost:
                 self._tasks[w].wait(max(0.0, deadline - time.monotonic()))
-        for w in [w for w in self.engines_died() if w not in self.lost]:  # died meanwhile
+        for w in self._newly_dead():  # died meanwhile
             dead.append(w)
             self._lose(w, control)
         left = [w for w in self.rank_workers if w not in self.lost]
