@@ -34,6 +34,7 @@ class Algorithm(enum.StrEnum):
     EASGD = "easgd"
     DILOCO = "diloco"
     ASYNC_LOCAL_SGD = "async-local-sgd"
+    STREAMING_DILOCO = "streaming-diloco"
 
 
 class Collective(enum.StrEnum):

@@ -31,6 +31,11 @@ from nbdist.modes import mode_spec, modes_taking, refuse_flags
 MAX_WORKERS = 1_000_000  # for checking rule options before the number of workers is known
 CHECKPOINT_EVERY_S = 60.0  # between periodic checkpoints when --checkpoint-every is not given
 DILOCO_INNER_STEPS = 500  # H, DiLoCo's inner steps per round (Douillard et al. 2023)
+# H of streaming-diloco: the inner steps between two syncs of one fragment (Douillard et al. 2025)
+STREAMING_INNER_STEPS = 100
+# what a fragment's push may travel as: a codec whose frame is a pure function of the fragment
+# (error feedback and powersgd keep state per whole slice)
+STREAMING_CODECS = ("none", "fp16", "int8")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -223,7 +228,8 @@ class TrainConfig:
         for flag, value in (("sync_batchnorm", self.sync_batchnorm), ("elastic", self.elastic)):
             if not isinstance(value, bool):
                 raise ConfigError(f"{flag} must be True or False (Received: {flag}={value!r}).")
-        if self.algorithm in (Algorithm.DILOCO, Algorithm.ASYNC_LOCAL_SGD):
+        if self.algorithm in (Algorithm.DILOCO, Algorithm.ASYNC_LOCAL_SGD,
+                              Algorithm.STREAMING_DILOCO):
             self._local_sgd_recipe()
         refuse_flags(self.mode, self._given())  # an option the mode does not take (nbdist.modes)
         self._check_algorithm_options()
@@ -326,28 +332,45 @@ class TrainConfig:
 
     def _local_sgd_recipe(self) -> None:
         """The local-SGD recipes' own settings where the run leaves them: H = 500 inner steps
-        per push (DiLoCo's; `--local-steps 1`, the flag's default, asks for them too) and
-        their outer optimizer: DiLoCo's Nesterov (`--server-optimizer nesterov`: momentum
-        0.9, rate 0.7); async-local-sgd's delayed Nesterov is the rule itself, on plain SGD."""
+        per push (DiLoCo's; `--local-steps 1`, the flag's default, asks for them too; 100
+        between two syncs of a fragment for streaming-diloco) and their outer optimizer:
+        DiLoCo's Nesterov (`--server-optimizer nesterov`: momentum 0.9, rate 0.7);
+        async-local-sgd's delayed Nesterov and streaming-diloco's per-fragment Nesterov are
+        the rules themselves, on plain SGD. streaming-diloco's pushes hold one fragment, which
+        only a codec without per-slice state encodes, and the simulator does not model them."""
         name = self.algorithm.value
         if self.mode.value not in modes_taking("local_steps"):
             raise ConfigError(
                 f"--algorithm {name} trains rounds of local steps, which --mode "
                 f"{self.mode.value} does not run. Use --mode async (or local, one worker; or "
                 f"simulate).")
+        streaming = self.algorithm is Algorithm.STREAMING_DILOCO
         if self.local_steps == 1:
-            object.__setattr__(self, "local_steps", DILOCO_INNER_STEPS)
+            object.__setattr__(self, "local_steps",
+                               STREAMING_INNER_STEPS if streaming else DILOCO_INNER_STEPS)
         if self.algorithm is Algorithm.DILOCO and self.server_optimizer is None:
             object.__setattr__(self, "server_optimizer", ServerOptimizer.NESTEROV)
         outer = self.server_optimizer
-        if self.algorithm is Algorithm.ASYNC_LOCAL_SGD and outer not in (None,
-                                                                         ServerOptimizer.SGD):
+        if self.algorithm is not Algorithm.DILOCO and outer not in (None, ServerOptimizer.SGD):
+            what = ("a Nesterov momentum on one fragment at a time" if streaming
+                    else "a delayed Nesterov momentum on the workers' deltas")
             raise ConfigError(
-                f"--algorithm async-local-sgd is its own outer optimizer, a delayed Nesterov "
-                f"momentum on the workers' deltas, so it cannot step through --server-optimizer "
-                f"{outer.value}. Drop --server-optimizer (its rate and momentum are the rule's "
-                "options: --algo-opt outer_lr=0.7 --algo-opt momentum=0.9), or use --algorithm "
-                f"diloco with --server-optimizer {outer.value}.")
+                f"--algorithm {name} is its own outer optimizer, {what}, so it cannot step "
+                f"through --server-optimizer {outer.value}. Drop --server-optimizer (its rate "
+                "and momentum are the rule's options: --algo-opt outer_lr=0.7 --algo-opt "
+                f"momentum=0.9), or use --algorithm diloco with --server-optimizer "
+                f"{outer.value}.")
+        if streaming and self.mode is Mode.SIMULATE:
+            raise ConfigError(
+                "--algorithm streaming-diloco is not simulated: the simulator's virtual workers "
+                "exchange whole weights, not fragments. Use --algorithm diloco in --mode "
+                "simulate, or train streaming-diloco in --mode async (or local).")
+        if streaming and self.compression not in STREAMING_CODECS:
+            raise ConfigError(
+                f"--algorithm streaming-diloco sends one fragment per push, which --compression "
+                f"{self.compression} cannot encode alone (its error feedback or factors span "
+                f"the whole slice). Use --compression {' or '.join(STREAMING_CODECS[1:])} for "
+                "low-bit fragments, or leave --compression out.")
 
     def _check_prediction(self, algo: str) -> None:
         if self.predict_weights not in (None, True, False):

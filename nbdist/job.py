@@ -24,6 +24,7 @@ from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.algorithms.group import MAX_RATIO
 from nbdist.algorithms.momentum import correction_notice, worth_correcting
 from nbdist.algorithms.optimizers import initial_rate, momentum_setting
+from nbdist.algorithms.streaming import StreamingDiLoCo, round_steps
 from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.core.coordinator import Plan
 from nbdist.core.sharding import shard_bounds
@@ -110,6 +111,18 @@ class Job:
             epoch_size=self.epoch_size if self.epoch_size != contents.num_samples else None,
             take_batches=fit.placed.take_batches if fit is not None else None,
             keras_backend=self.keras_backend)
+
+    def streaming_fields(self) -> dict:
+        """streaming-diloco's worker fields (`WorkerSpec.fragments`, `overlap_steps`, `mix`),
+        from the rule's options; none for the other rules. The overlap takes at most a round's
+        steps but one: the next round's chunks are what it trains on."""
+        if self.plan is None or self.plan.algorithm != "streaming-diloco":
+            return {}
+        options = {**StreamingDiLoCo.default_options(self.num_workers), **self.rule_options}
+        parts = int(options["fragments"])
+        steps = round_steps(self.config.local_steps, parts)
+        return dict(fragments=parts, mix=float(options["mix"]),
+                    overlap_steps=min(int(options["overlap"]), steps - 1))
 
     def for_workers(self, num_workers: int) -> Job:
         """This job for `num_workers` workers: the rule (where --algorithm was left to nbdist),
@@ -263,6 +276,19 @@ class Job:
                     f"workers; the hub applies each worker's delta as it lands, and every "
                     f"{every} deltas their mean's Nesterov momentum (delayed Nesterov, outer "
                     f"rate {rate:g}, momentum {given.get('momentum', 0.9):g})."]
+        if plan.algorithm == "streaming-diloco":
+            fields = self.streaming_fields()
+            given = {**StreamingDiLoCo.default_options(plan.num_workers), **self.rule_options}
+            parts, steps = fields["fragments"], round_steps(plan.local_steps, fields["fragments"])
+            every = (f"one every {steps} inner steps, so each fragment every {plan.local_steps}"
+                     if steps <= share else f"one per round, each round its share of an epoch "
+                     f"({share} steps, fewer than {steps})")
+            return [f"--algorithm streaming-diloco: the weights sync in {parts} fragments, "
+                    f"{every}, with the cell's optimizer on the workers; the hub averages the "
+                    f"{plan.num_workers} workers' deltas of a fragment and steps Nesterov on it "
+                    f"(outer rate {given['outer_lr']:g}, momentum {given['momentum']:g}); each "
+                    f"worker trains {fields['overlap_steps']} more step(s) while a fragment is "
+                    f"in flight, then mixes it in (alpha {fields['mix']:g})."]
         outer = getattr(config.server_optimizer, "value", config.server_optimizer)
         return [f"--algorithm {plan.algorithm}: {rounds}, with the cell's optimizer on the "
                 f"workers; the hub averages the {plan.num_workers} workers' deltas and steps "

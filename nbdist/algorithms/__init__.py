@@ -9,7 +9,7 @@ buffers: no allocation proportional to the model.
 
 Modules: `sgd` (asgd, hogwild), `dc` (dc-asgd, dc-asgd-a, ddc-asgd), `snapshots` (shared
 backups), `softsync`, `ssp` (with `StalenessClock`), `group` (speed groups), `easgd`,
-`local_sgd` (async-local-sgd's delayed Nesterov),
+`local_sgd` (async-local-sgd's delayed Nesterov), `streaming` (streaming-diloco's fragments),
 `optimizers` and `schedules` (Keras's optimizers and learning-rate schedules in NumPy, which
 the hub applies to what the rule decides: see `nbdist.core.updater`), `constraints` (Keras's
 weight constraints, applied after each update).
@@ -29,6 +29,7 @@ from nbdist.algorithms.sgd import ASGD, Hogwild, sgd_step
 from nbdist.algorithms.snapshots import SnapshotStore
 from nbdist.algorithms.softsync import SoftSync
 from nbdist.algorithms.ssp import SSP, StalenessClock
+from nbdist.algorithms.streaming import StreamingDiLoCo
 from nbdist.errors import ConfigError
 
 # The rules' catalogue, in the order of `nbdist.choices.Algorithm` (tests/unit/test_rules.py):
@@ -37,7 +38,7 @@ from nbdist.errors import ConfigError
 # `workers_step`)
 RULES: dict[str, type[Rule]] = {rule.name: rule for rule in (
     ASGD, Hogwild, DCASGD, DCASGDAdaptive, DDCASGD, SoftSync, SSP, Group, EASGD, DiLoCo,
-    AsyncLocalSGD)}
+    AsyncLocalSGD, StreamingDiLoCo)}
 CAPABILITIES = ("predicts_weights", "corrects_momentum", "compensates_delay",
                 "takes_local_steps", "workers_step")
 
@@ -82,6 +83,7 @@ __all__ = [
     "SnapshotStore",
     "SoftSync",
     "StalenessClock",
+    "StreamingDiLoCo",
     "dc_compensate",
     "ddc_beta",
     "easgd_alpha",

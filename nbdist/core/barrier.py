@@ -4,7 +4,8 @@ Members of a group (from the coordinator, named in every push header) each push 
 gradient per step; when all have pushed, the shard applies `Σ b_i g_i / Σ b_i` as one update
 and releases them together. If a member shows up with a different member list (the groups
 were re-formed) or leaves, any pending barrier it belonged to is flushed with what it has,
-so nobody waits for a push that will never come. Pure NumPy; no sockets.
+so nobody waits for a push that will never come. A step may carry a `tag` (streaming-diloco's
+fragment): pushes of different tags never share a step. Pure NumPy; no sockets.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class GroupStep:
     batch: int  # the group's total batch B_g
     headers: dict[int, dict]
     read_versions: dict[int, int]
+    tag: int | None = None  # what its pushes were tagged with (streaming-diloco's fragment)
 
 
 class GroupBarrier:
@@ -48,37 +50,40 @@ class GroupBarrier:
 
     def __init__(self, size: int):
         self.size = size
-        self._pending: dict[tuple[int, ...], _Pending] = {}
+        # (members, tag) -> the step they are filling
+        self._pending: dict[tuple[tuple[int, ...], int | None], _Pending] = {}
 
     def waiting(self, worker: int) -> bool:
         """True while `worker`'s push sits in an incomplete group step."""
         return any(worker in p.headers for p in self._pending.values())
 
     def add(self, members: tuple[int, ...], worker: int, g: np.ndarray, batch: int,
-            read_version: int, header: dict, now: float = 0.0) -> list[GroupStep]:
+            read_version: int, header: dict, now: float = 0.0,
+            tag: int | None = None) -> list[GroupStep]:
         """Add one member's gradient at time `now`; returns the steps now ready (possibly none)."""
+        key = (members, tag)
         ready = [self._take(k) for k in list(self._pending)
-                 if k != members and worker in k and self._pending[k].headers]
-        pending = self._pending.get(members)
+                 if k != key and worker in k[0] and self._pending[k].headers]
+        pending = self._pending.get(key)
         if pending is None:
-            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32),
-                                                        since=now)
+            pending = self._pending[key] = _Pending(np.zeros(self.size, dtype=np.float32),
+                                                    since=now)
         if worker in pending.headers:  # a second push before the step completed: flush first
-            ready.append(self._take(members))
-            pending = self._pending[members] = _Pending(np.zeros(self.size, dtype=np.float32),
-                                                        since=now)
+            ready.append(self._take(key))
+            pending = self._pending[key] = _Pending(np.zeros(self.size, dtype=np.float32),
+                                                    since=now)
         pending.total += np.float32(batch) * g
         pending.batch += batch
         pending.headers[worker] = header
         pending.read_versions[worker] = read_version
         if len(pending.headers) == len(members):
-            ready.append(self._take(members))
+            ready.append(self._take(key))
         return ready
 
     def drop(self, worker: int) -> list[GroupStep]:
         """`worker` left: flush every pending step that waits for it."""
         return [self._take(k) for k in list(self._pending)
-                if worker in k and self._pending[k].headers]
+                if worker in k[0] and self._pending[k].headers]
 
     def expired(self, limit_s: float, now: float) -> list[GroupStep]:
         """Steps that have waited `limit_s` or longer at time `now` for a member: applied with
@@ -94,7 +99,7 @@ class GroupBarrier:
         """Everything pending, e.g. when the run stops."""
         return [self._take(k) for k in list(self._pending) if self._pending[k].headers]
 
-    def _take(self, members: tuple[int, ...]) -> GroupStep:
-        p = self._pending.pop(members)
+    def _take(self, key: tuple[tuple[int, ...], int | None]) -> GroupStep:
+        p = self._pending.pop(key)
         p.total /= np.float32(max(p.batch, 1))
-        return GroupStep(members, p.total, p.batch, p.headers, p.read_versions)
+        return GroupStep(key[0], p.total, p.batch, p.headers, p.read_versions, key[1])

@@ -155,7 +155,7 @@ class ShardCore:
         self.updater.rule.computed_at(worker, lag)
         if self.barrier is not None:  # a singleton completes at once and flushes old groups
             for done in self.barrier.add(tuple(step.group or (worker,)), worker, grad, step.batch,
-                                         read, step, now=self.now()):
+                                         read, step, now=self.now(), tag=step.fragment):
                 self.apply_group(done)
             return False
         delay = self.version - read
@@ -203,6 +203,8 @@ class ShardCore:
         """A completed group step: its batch-weighted mean at the group's rate `lr · B_g / B_ref`
         (the simulator's sync, and deltas of local steps: at the plain rate)."""
         delay = self.version - min(step.read_versions.values())
+        if step.tag is not None:  # streaming-diloco: the fragment its members pushed
+            self.updater.rule.select(step.tag)
         # local steps: the mean of the members' deltas, each already a whole round of steps
         scale = (1.0 if self.sync or self.plan.local_steps > 1
                  else step.batch / self.plan.batch_size)
@@ -244,6 +246,7 @@ class ShardCore:
         self.held.pop(worker, None)
         reply = (self.coordinator.reply_for(worker, pull, self.version) if self.coordinator
                  else Reply(self.version))
+        reply.fragment = getattr(self.updater.rule, "next_fragment", None)
         if pull:
             reads = self.reads.setdefault(worker, [])
             reads.append(self.version)

@@ -15,8 +15,9 @@ import contextlib
 import numpy as np
 import zmq
 
+from nbdist.algorithms.streaming import fragment_span
 from nbdist.cluster.netaddr import check_reachable, host_id
-from nbdist.core.compression import Codec, PushEncoder, apply_pull, decode_into, parse
+from nbdist.core.compression import Codec, PushEncoder, apply_pull, decode_into, encode, parse
 from nbdist.engine.gpu import GpuMonitor
 from nbdist.errors import TrainingError
 from nbdist.hub import shm
@@ -37,8 +38,9 @@ class WorkerTransport:
     def __init__(self, key: bytes, worker: int, shards: list[dict], non_trainable_size: int,
                  transport: str = "auto", timeout: float = 120.0, engine: int | None = None,
                  compression: str = "none", spin_s: float = 0.0, seed: int = 0,
-                 shapes: list | tuple = ()):
+                 shapes: list | tuple = (), fragments: int = 0):
         self.worker, self.engine = worker, engine
+        self.fragments = fragments  # streaming-diloco's P: a step may carry one fragment
         self.bounds = []
         start = 0
         for s in shards:
@@ -145,8 +147,9 @@ class WorkerTransport:
         for i, line in enumerate(self.lines):
             buffers = []
             if step.push and self._segment is None:
-                lo, hi = self.bounds[i]
-                frame = self._pushes[i].encode(self.grad[lo:hi])
+                lo, hi = self.span(i, step.fragment)
+                frame = (self._pushes[i].encode(self.grad[lo:hi]) if step.fragment is None
+                         else encode(self.grad[lo:hi], self.codec))  # a stateless codec
                 buffers.append(frame)
                 self.frames[0] += frame.nbytes
                 self.arrays[0] += 4 * (hi - lo)
@@ -169,15 +172,27 @@ class WorkerTransport:
         """Second half of `step`: the replies; returns shard 0's."""
         if not step.push and not step.pull:
             return self.lines[0].recv(Reply)[0]
-        return self._collect(pull=step.pull)
+        return self._collect(pull=step.pull, fragment=step.fragment)
 
-    def _collect(self, pull: bool) -> Reply:
+    def span(self, i: int, fragment: int | None) -> tuple[int, int]:
+        """[lo, hi) of shard `i`'s slice in the flat buffer, or of `fragment` of it."""
+        lo, hi = self.bounds[i]
+        if fragment is None:
+            return lo, hi
+        start, stop = fragment_span(hi - lo, self.fragments, fragment)
+        return lo + start, lo + stop
+
+    def _collect(self, pull: bool, fragment: int | None = None) -> Reply:
+        """Every shard's reply, with its weights on a pull (of one `fragment`, where the push
+        held one and the reply is no evaluation's: the hub sends that fragment alone);
+        returns shard 0's."""
         first = None
         for i, line in enumerate(self.lines):
             reply, msg = line.recv(Reply)
             if pull and not reply.lost:  # a worker written off gets no parameters
-                lo, hi = self.bounds[i]
+                spanned = fragment is not None and reply.eval is None
                 if reply.params == "live":
+                    lo, hi = self.bounds[i]
                     np.copyto(self.params[lo:hi], self._live_view(i))
                 elif reply.params == "shm":
                     if reply.seg != self._segment.name:
@@ -185,6 +200,8 @@ class WorkerTransport:
                                             f"{reply.seg!r}, not this worker's "
                                             f"{self._segment.name!r}; it has a stale registration. "
                                             "Run the cell again.")
+                elif spanned:  # a fragment: its float32 weights alone
+                    self._take_fragment(*self.span(i, fragment), msg.buffers[0])
                 else:
                     self._take_pull(i, reply, msg.buffers[0])
                 if i == 0 and self.non_trainable.size:
@@ -192,6 +209,15 @@ class WorkerTransport:
             if i == 0:
                 first = reply
         return first
+
+    def _take_fragment(self, lo: int, hi: int, frame) -> None:
+        """One fragment's weights (streaming-diloco), into `params` and the copy a lossy
+        codec's pulls of changes build on (the hub's twin takes them too)."""
+        self.frames[1] += memoryview(frame).nbytes
+        self.arrays[1] += 4 * (hi - lo)
+        decode_into(frame, "none", self.params[lo:hi])
+        if self._held is not None:
+            np.copyto(self._held[lo:hi], self.params[lo:hi])
 
     def _take_pull(self, i: int, reply: Reply, frame) -> None:
         """Shard `i`'s weights from its frame: the weights themselves, or (a lossy codec, after

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
+from nbdist.algorithms.streaming import fragment_span
 from nbdist.core import compression
 from nbdist.core.compression import PullEncoder
 from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
@@ -436,8 +437,10 @@ class Hub:
         self.core.heard(worker)
         link = self.links[worker]
         copied = False  # whether the pull buffer already holds the new weights
+        link.fragment = step.fragment if step.pull else None
         if step.push:
-            grad = link.grad if link.grad is not None else self._pushed(link, msg.buffers[0])
+            grad = (link.grad if link.grad is not None
+                    else self._pushed(link, msg.buffers[0], step.fragment))
             delta = (msg.floats(len(msg.buffers) - 1)
                      if self.core.coordinator and self.core.non_trainable.size else None)
             self._mark("parse")
@@ -481,21 +484,43 @@ class Hub:
                 reply.params = "shm" if target is not None else "live"  # live: no lock
                 reply.seg = link.segment.name
             else:
-                buffers.append(self._pull_frame(worker, link, params if target is None else target,
-                                                reply))
+                weights = params if target is None else target
+                buffers.append(self._pull_frame(worker, link, weights, reply)
+                               if link.fragment is None or reply.eval is not None
+                               else self._fragment_frame(link, weights))
             if self.core.coordinator and self.core.non_trainable.size:
                 buffers.append(self.core.non_trainable.copy())
         return reply, buffers
 
-    def _pushed(self, link: shm.WorkerLink, frame) -> np.ndarray:
+    def _pushed(self, link: shm.WorkerLink, frame, fragment: int | None = None) -> np.ndarray:
         """The gradient a TCP push's frame holds (a lossy codec's into a buffer the link
-        reuses: its worker pushes again only after this push's reply)."""
+        reuses: its worker pushes again only after this push's reply). A push of one
+        `fragment` (streaming-diloco) fills that fragment's span: the rule reads nothing else."""
+        if fragment is not None:
+            if link.decoded is None:
+                link.decoded = np.zeros(self.size, dtype=np.float32)
+            lo, hi = self._span(fragment)
+            compression.decode_into(frame, link.codec, link.decoded[lo:hi])
+            return link.decoded
         if not link.codec.lossy:
             return compression.decode(frame, link.codec)
         if link.decoded is None:
             link.decoded = np.empty(self.size, dtype=np.float32)
         compression.decode_into(frame, link.codec, link.decoded)
         return link.decoded
+
+    def _span(self, fragment: int) -> tuple[int, int]:
+        """[lo, hi) of `fragment` in this shard's slice (streaming-diloco's fragments)."""
+        return fragment_span(self.size, int(self.core.updater.rule.options["fragments"]),
+                             fragment)
+
+    def _fragment_frame(self, link: shm.WorkerLink, weights: np.ndarray) -> np.ndarray:
+        """The pull of one fragment over TCP: its float32 weights alone. A lossy codec's copy
+        of what the worker holds takes them too, so its later pulls of changes stay exact."""
+        lo, hi = self._span(link.fragment)
+        if link.pull is not None:
+            np.copyto(link.pull.held[lo:hi], weights[lo:hi])
+        return weights[lo:hi]
 
     def _pull_frame(self, worker: int, link: shm.WorkerLink, weights: np.ndarray,
                     reply: Reply) -> np.ndarray:

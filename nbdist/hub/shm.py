@@ -105,4 +105,5 @@ class WorkerLink:
         self.codec = None  # its frames' --compression (nbdist.core.compression.Codec), at hello
         self.decoded: np.ndarray | None = None  # a lossy codec: the last push, decoded
         self.pull = None  # a lossy codec: its PullEncoder, after the first pull
+        self.fragment: int | None = None  # streaming-diloco: the fragment its pull asks for
         self.sender: str | None = None  # who said hello: the process that counts (wire.check_link)

@@ -119,6 +119,7 @@ class Reply(Wire):
     # them as float32 where the worker's codec sends changes (nbdist.core.compression)
     params: str | None = None
     seg: str | None = None  # the segment they were written into ("shm")
+    fragment: int | None = None  # streaming-diloco: the fragment the worker's next push holds
 
     @classmethod
     def written_off(cls, version: int) -> Reply:
@@ -233,7 +234,8 @@ class Step(_Measured):
     work (shard 0 only). Shard 0 gets all of it, the other shards `for_other_shard()`."""
 
     REPLY: ClassVar[type[Wire]] = Reply
-    SHARED: ClassVar[tuple[str, ...]] = ("push", "pull", "batch", "group", "norm", "seg", "lag")
+    SHARED: ClassVar[tuple[str, ...]] = ("push", "pull", "batch", "group", "norm", "seg", "lag",
+                                         "fragment")
     push: bool = False
     pull: bool = False
     chunks: list[int] = field(default_factory=list)  # ids of the chunks this push completes
@@ -242,6 +244,9 @@ class Step(_Measured):
     norm: float | None = None  # the whole gradient's norm (global clipping across shards)
     seg: str | None = None  # the shared-memory segment it names (its generation)
     lag: int = 0  # computed on the pull before the last (1: an overlapped step)
+    # streaming-diloco: the push holds this fragment of each shard's slice and its pull asks
+    # for the same fragment only (nbdist.algorithms.streaming)
+    fragment: int | None = None
 
     def for_other_shard(self) -> Step:
         """What a shard other than 0 applies the push with (no statistics: shard 0 counts)."""

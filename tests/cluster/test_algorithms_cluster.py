@@ -33,6 +33,22 @@ def test_every_rule_learns_with_two_workers(cluster, options):
     assert run.nodes["samples"].sum() == 3 * 900
 
 
+def test_streaming_diloco_sends_one_fragment_each_way_per_round_and_learns(cluster):
+    """Over TCP with int8 pushes: the floats a round moves (push and pull, the evaluations'
+    full pulls included) are about 2/P of the model's, not the 2 whole copies DiLoCo sends."""
+    run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=3,
+                       batch_size=16, algorithm="streaming-diloco", local_steps=20,
+                       transport="tcp", compression="int8", wait=True)
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.8
+    assert run.nodes["samples"].sum() == 3 * 900
+    whole = 4 * (8 * 16 + 16 + 16 * 3 + 3)  # the model's float32 bytes
+    per_round = run.traffic["float32_bytes"].sum() / run.nodes["steps"].sum()
+    # 4 fragments: 0.25 of 2 copies, and the hellos' and evaluations' full pulls (0.28 to 0.32
+    # measured); whole pushes and pulls would be 1
+    assert per_round < 0.5 * 2 * whole
+    assert run.traffic["compression_ratio"].max() < 0.8  # int8 pushes, float32 fragment pulls
+
+
 def test_ssp_zero_keeps_workers_in_lockstep(cluster):
     run = nbdist.train(SYNTHETIC_CELL, cluster=cluster, namespace={}, workers=2, epochs=2,
                        batch_size=16, algorithm="ssp", staleness=0, slowdown="1,3", wait=True)

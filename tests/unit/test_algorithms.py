@@ -22,9 +22,10 @@ from nbdist.algorithms import (
 from nbdist.errors import ConfigError
 from tests.rule_cases import f32, random_pushes, run, stale_push
 
-# easgd pushes an elastic difference, not g; async-local-sgd is an outer optimizer of its own on
-# deltas, a push not one SGD step (tests/unit/test_local_sgd.py)
-GRADIENT_RULES = sorted(set(RULES) - {"easgd", "async-local-sgd"})
+# easgd pushes an elastic difference, not g; async-local-sgd and streaming-diloco are outer
+# optimizers of their own on deltas, a push not one SGD step (tests/unit/test_local_sgd.py,
+# test_streaming_diloco.py)
+GRADIENT_RULES = sorted(set(RULES) - {"easgd", "async-local-sgd", "streaming-diloco"})
 
 
 # -- every rule ----------------------------------------------------------------------------

@@ -219,7 +219,8 @@ def test_easgd_default_alpha_is_0_9_over_workers_and_hub_adds_the_push():
 def test_rule_classes_are_registered_by_name():
     assert RULES["asgd"] is ASGD
     assert sorted(RULES) == ["asgd", "async-local-sgd", "dc-asgd", "dc-asgd-a", "ddc-asgd",
-                             "diloco", "easgd", "group", "hogwild", "softsync", "ssp"]
+                             "diloco", "easgd", "group", "hogwild", "softsync", "ssp",
+                             "streaming-diloco"]
 
 
 def test_fused_push_and_read_equals_push_then_copy_across_blocks():

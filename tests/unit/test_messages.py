@@ -28,7 +28,8 @@ NBDIST = Path(__file__).resolve().parents[2] / "nbdist"
 EXAMPLES = [
     Hello(2, engine=5, host="node1", link="shm", shm="nbdist-seg", offset=16, total=64, gpu="T4"),
     Step(1, push=True, pull=True, chunks=[7], loss=0.25, compute_s=0.01, comm_s=0.002, wait_s=0.5,
-         batch=8, group=[0, 1], norm=3.5, seg="nbdist-seg", lag=1, metrics={"0": [1.0, 2.0]},
+         batch=8, group=[0, 1], norm=3.5, seg="nbdist-seg", lag=1, fragment=2,
+         metrics={"0": [1.0, 2.0]},
          eval=EvalResult(0, {"accuracy": 0.5}, version=9), traffic=[1, 2, 3, 4], gpu_util=50,
          gpu_mem=7),
     Report(1, samples=32, loss=0.5, batch=32, epoch=0.5, epoch_end=0, metrics={"0": [1.0]},

@@ -34,7 +34,7 @@ def test_every_rule_states_each_capability_itself_not_by_inheritance(name):
 
 def test_the_config_refuses_by_the_catalogue():
     assert rules_that("takes_local_steps") == ("asgd", "hogwild", "softsync", "ssp", "easgd",
-                                               "diloco", "async-local-sgd")
+                                               "diloco", "async-local-sgd", "streaming-diloco")
     for name, rule in RULES.items():
         if rule.takes_local_steps:
             assert TrainConfig(algorithm=name, local_steps=2).local_steps == 2

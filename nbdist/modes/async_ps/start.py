@@ -19,6 +19,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                              spin=config.spin == "auto" and config.transport != "tcp")
     job = job.for_workers(backend.num_workers)
     steps = dict(overlap=config.overlap, local_steps=config.local_steps,
-                 easgd_alpha=job.easgd_alpha, rng_state=rng_state(job.model))
+                 easgd_alpha=job.easgd_alpha, rng_state=rng_state(job.model),
+                 **job.streaming_fields())
     return start_through_hubs(job, backend, lambda fields: WorkerSpec(**fields, **steps), wait=wait,
                               shards=config.servers, hub_params=job.params, lease=True)

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from nbdist.algorithms.easgd import elastic_exchange
+from nbdist.algorithms.streaming import merge_fragment, round_steps
 from nbdist.cluster import affinity
 from nbdist.engine.blas_threads import for_compression
 from nbdist.engine.evaluate import check_finite, evaluate
@@ -68,6 +69,11 @@ class WorkerSpec:
     pin: tuple[int, int, int] | None = None
     spin_s: float = 0.0  # > 0: poll this long for a same-host hub's reply before sleeping (--spin)
     local_steps: int = 1  # steps with the cell's optimizer between exchanges
+    # streaming-diloco (nbdist.algorithms.streaming): P fragments (0: whole pushes), τ inner
+    # steps while a fragment's exchange is in flight, α the mixing factor of its merge
+    fragments: int = 0
+    overlap_steps: int = 0
+    mix: float = 0.0
     easgd_alpha: float = 0.0  # > 0: EASGD elastic exchange every `local_steps` steps
     stream: bool = False  # the dataset is read as this worker's shard instead of held in memory
     num_workers: int = 1  # how many shards a streamed dataset is cut into
@@ -112,7 +118,7 @@ def run_worker(spec: WorkerSpec, namespace: dict | None = None) -> dict:
     transport = WorkerTransport(spec.key, spec.worker, spec.shards, flat.nt_size, spec.transport,
                                 spec.timeout, spec.engine, compression=spec.compression,
                                 shapes=spec.layout["trainable"],
-                                spin_s=spec.spin_s, seed=spec.seed)
+                                spin_s=spec.spin_s, seed=spec.seed, fragments=spec.fragments)
     try:  # powersgd's factors on one BLAS thread (nbdist.engine.blas_threads)
         with for_compression(spec.compression):
             return _AsyncLoop(spec, flat, transport, data, validation).run()
@@ -138,7 +144,10 @@ class _AsyncLoop:
     - `overlap`: push step t and receive its reply while computing step t+1 (one more step
       of delay, communication hidden behind compute);
     - `local_steps` > 1 (or EASGD): K steps with the cell's optimizer, then push the delta
-      `w_read - w_local` (or, for EASGD, the elastic difference).
+      `w_read - w_local` (or, for EASGD, the elastic difference);
+    - `fragments` > 0 (streaming-diloco): rounds of ceil(H / P) steps, each pushing one
+      fragment's delta and merging its new global weights into the worker's own
+      (`_streaming_round`); the model always holds the worker's own weights.
     """
 
     def __init__(self, spec: WorkerSpec, flat, transport, data, validation):
@@ -160,6 +169,12 @@ class _AsyncLoop:
                          else None)
         self._ways = WayChooser()  # by courier or not: whichever makes the steps faster here
         self._by_courier = False  # the exchange in flight went by courier
+        # streaming-diloco: the global weights each fragment was last merged with, and the
+        # chunks trained while the last fragment was in flight (pushed with the next one)
+        self._anchor: np.ndarray | None = None
+        self._carried: list[Chunk] = []
+        self._carried_metrics: dict[str, np.ndarray] = {}
+        self._loss = math.nan  # the latest inner step's
 
     def run(self) -> dict:
         try:
@@ -175,7 +190,9 @@ class _AsyncLoop:
         fresh = True  # the model holds the parameters of the last pull
         in_flight = False
         while True:
-            if reply.eval is not None:
+            if reply.eval is not None and self.spec.fragments:
+                self.eval_result = self._evaluate_global(reply.eval)
+            elif reply.eval is not None:
                 self._sync_model()
                 self.eval_result = self._evaluate(reply.eval)
                 if not in_flight:
@@ -187,24 +204,30 @@ class _AsyncLoop:
                     t.step(self._new_step(push=False, pull=False))
                 break
             self._follow_lr(reply)
-            todo = [c for c in reply.chunks if c.id not in self.started]
+            todo = self._carried + [c for c in reply.chunks if c.id not in self.started]
             if in_flight and (not todo or not self.spec.overlap):
                 reply, in_flight, fresh = self._receive(), False, True
                 continue
             if not todo or not fresh:
-                pull = not fresh or reply.eval_pending
+                # streaming: the model is the worker's own; a pull only fetches an evaluation
+                pull = reply.eval_pending if self.spec.fragments else (not fresh
+                                                                      or reply.eval_pending)
                 t0 = time.perf_counter()
                 if not pull:
                     time.sleep(IDLE_POLL_S)
                 reply = t.step(self._new_step(push=False, pull=pull))
                 self.wait_s += time.perf_counter() - t0
+                if self.spec.fragments:  # streaming: the worker's own weights stay fresh
+                    continue
                 if pull:
                     self._assign()
                     fresh = True
                 elif reply.chunks:
                     fresh = False  # work after waiting: pull the current weights first
                 continue
-            if self.spec.local_steps > 1 or self.spec.easgd_alpha:
+            if self.spec.fragments:
+                reply = self._streaming_round(todo, reply)
+            elif self.spec.local_steps > 1 or self.spec.easgd_alpha:
                 reply = self._local_round(todo[: self.spec.local_steps], reply)
             elif self.spec.overlap:
                 reply, in_flight = self._overlapped_step(todo[0], reply, in_flight)
@@ -292,6 +315,73 @@ class _AsyncLoop:
         self.comm_s = time.perf_counter() - t1
         self.steps += 1
         return reply
+
+    def _streaming_round(self, todo: list[Chunk], reply: Reply) -> Reply:
+        """streaming-diloco's round: ceil(H / P) inner steps, the delta of the fragment the hub
+        named (`reply.fragment`) sent, `overlap_steps` more steps on the chunks in hand while
+        it is in flight, then the new global fragment merged in (`merge_fragment`)."""
+        t, flat, spec = self.transport, self.flat, self.spec
+        self._sync_model()
+        if self._anchor is None:  # the weights of the hello's pull: every fragment's start
+            self._anchor = t.params.copy()
+        fragment = reply.fragment or 0
+        chunks = todo[:round_steps(spec.local_steps, spec.fragments)]
+        t0 = time.perf_counter()
+        metrics = self._inner_steps(chunks[len(self._carried):], self._carried_metrics)
+        compute_s = self._slow_down(time.perf_counter() - t0, reply)
+        self._check(self._loss, 0.0, chunks[-1])
+        w_local, nt_local = flat.read()
+        spans = [t.span(i, fragment) for i in range(len(t.bounds))]
+        for lo, hi in spans:
+            np.subtract(self._anchor[lo:hi], w_local[lo:hi], out=t.grad[lo:hi])
+        np.subtract(nt_local, self._nt_model, out=t.nt_delta)
+        step = self._share(self._new_step(
+            push=True, pull=True, fragment=fragment, chunks=[c.id for c in chunks], loss=self._loss,
+            compute_s=compute_s, comm_s=self.comm_s, wait_s=self._take_wait(),
+            metrics=step_metrics({k: v.tolist() for k, v in metrics.items()})), reply, *chunks)
+        t1 = time.perf_counter()
+        t.send_step(step)
+        self.steps += 1
+        # τ steps on the next round's chunks while the fragment is in flight
+        self._carried = todo[len(chunks):len(chunks) + spec.overlap_steps]
+        self._carried_metrics = {}
+        overlap_s = time.perf_counter()
+        if self._carried:
+            self._inner_steps(self._carried, self._carried_metrics)
+        overlap_s = time.perf_counter() - overlap_s
+        reply = t.receive_step(step)
+        w_now, nt_now = flat.read()
+        for lo, hi in spans:
+            merge_fragment(w_now[lo:hi], t.params[lo:hi], spec.mix)
+            np.copyto(self._anchor[lo:hi], t.params[lo:hi])
+        # the hub's non-trainable state, and what the overlapped steps changed in it since
+        flat.assign(w_now, t.non_trainable + (nt_now - nt_local))
+        self._nt_model = t.non_trainable.copy()
+        self.comm_s = time.perf_counter() - t1 - overlap_s
+        return reply
+
+    def _inner_steps(self, chunks: list[Chunk],
+                     metrics: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Steps with the cell's optimizer on `chunks`; their metric increments are added to
+        `metrics` by epoch, the last loss kept in `_loss`. Returns `metrics`."""
+        for chunk in chunks:
+            self.started.add(chunk.id)
+            self._loss = self.flat.local_step(*self._batch(chunk))
+            key = str(chunk.epoch)
+            last = self.flat.last_metrics
+            metrics[key] = last + metrics[key] if key in metrics else last
+        return metrics
+
+    def _evaluate_global(self, job: EvalJob) -> EvalResult:
+        """streaming-diloco's evaluation: of the hub's weights (a pull of all of them), not of
+        the worker's own, which it keeps training from."""
+        flat, t = self.flat, self.transport
+        w_local, nt_local = flat.read()
+        t.step(Step(self.spec.worker, pull=True))
+        flat.assign(t.params, t.non_trainable)
+        result = self._evaluate(job)
+        flat.assign(w_local, nt_local)
+        return result
 
     # -- pieces -----------------------------------------------------------------------------
 
