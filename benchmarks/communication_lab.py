@@ -49,7 +49,7 @@ METHODS = [
     {"mode": "sync"},
     {"algorithm": "asgd", "transport": "tcp"},
     {"algorithm": "diloco", "local_steps": 50, "transport": "tcp"},
-    # a fragment of 4 every 13 steps, each synced every 50, one step trained while in flight
+    # one fragment of 4 every 13 steps (each synced every 52), one step trained while in flight
     {"algorithm": "streaming-diloco", "local_steps": 50, "transport": "tcp"},
     {"algorithm": "asgd", "compression": "topk:0.01", "transport": "tcp"},
 ]

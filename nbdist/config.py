@@ -368,9 +368,14 @@ class TrainConfig:
         if streaming and self.compression not in STREAMING_CODECS:
             raise ConfigError(
                 f"--algorithm streaming-diloco sends one fragment per push, which --compression "
-                f"{self.compression} cannot encode alone (its error feedback or factors span "
-                f"the whole slice). Use --compression {' or '.join(STREAMING_CODECS[1:])} for "
+                f"{self.compression} cannot encode alone (it keeps state or a random stream "
+                f"per whole slice). Use --compression {' or '.join(STREAMING_CODECS[1:])} for "
                 "low-bit fragments, or leave --compression out.")
+        if streaming and self.servers > 1:
+            raise ConfigError(
+                f"--algorithm streaming-diloco runs on one hub shard (Received: --servers "
+                f"{self.servers}): a worker evaluates the whole model from one pull, which "
+                "one shard sends. Drop --servers.")
 
     def _check_prediction(self, algo: str) -> None:
         if self.predict_weights not in (None, True, False):

@@ -280,7 +280,7 @@ class Job:
             fields = self.streaming_fields()
             given = {**StreamingDiLoCo.default_options(plan.num_workers), **self.rule_options}
             parts, steps = fields["fragments"], round_steps(plan.local_steps, fields["fragments"])
-            every = (f"one every {steps} inner steps, so each fragment every {plan.local_steps}"
+            every = (f"one every {steps} inner steps, so each fragment every {steps * parts}"
                      if steps <= share else f"one per round, each round its share of an epoch "
                      f"({share} steps, fewer than {steps})")
             return [f"--algorithm streaming-diloco: the weights sync in {parts} fragments, "
@@ -398,6 +398,17 @@ def workers_rate(config: TrainConfig, cell_optimizer) -> float | None:
     return config.lr if config.lr is not None else cell_rate(cell_optimizer)
 
 
+def _chunks_ahead(config: TrainConfig, declared: dict) -> int:
+    """The chunks a worker may hold: a round of local steps (streaming-diloco's: a fragment's
+    K steps and the overlap's), two with --overlap, else one."""
+    if "fragments" in declared and config.rule is Algorithm.STREAMING_DILOCO:
+        steps = round_steps(config.local_steps, int(declared["fragments"]))
+        return steps + min(int(declared["overlap"]), steps - 1)
+    if config.local_steps > 1:
+        return config.local_steps
+    return 2 if config.overlap else 1
+
+
 def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | None,
                      num_workers: int, *, epoch_size: int | None = None,
                      kernel_validates: bool = False) -> tuple[Plan, dict, float]:
@@ -422,7 +433,7 @@ def coordinator_plan(config: TrainConfig, contents: CellContents, lr: float | No
         staleness=declared.get("staleness"),  # ssp's S
         groups=int(declared.get("num_groups", 0)),
         max_group_ratio=float(declared.get("max_ratio", MAX_RATIO)),
-        chunks_ahead=config.local_steps if config.local_steps > 1 else (2 if config.overlap else 1),
+        chunks_ahead=_chunks_ahead(config, declared),
         local_steps=config.local_steps,
         overlap=config.overlap,
         # default floor: a quarter of the batch. When a slow node's fixed cost per step alone

@@ -73,6 +73,9 @@ class Rule:
     # with --local-steps, a worker's round takes at most its share of an epoch's samples (the
     # others' batches beside its own), as in a synchronous group: no worker takes the epoch alone
     shares_rounds: ClassVar[bool] = False
+    # options the workers (not only the hub) act on from the run's start: `run.set_option`
+    # refuses to change them live
+    fixed_options: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         if size < 0 or num_workers < 1:

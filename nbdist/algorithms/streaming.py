@@ -16,8 +16,8 @@ is synced once every H inner steps, as in DiLoCo, but never all at once:
 While the exchange is in flight the worker takes τ more inner steps (`overlap`); then it
 merges the new global fragment into its own: `θ_m,p ← α θ_m,p + (1 − α) θ_p`, and θ̃_m,p ← θ_p.
 With τ = 0 and α = 0 a round is DiLoCo's on one fragment. Defaults: P = 4 (`fragments`),
-τ = 1 (`overlap`), α = 0.5 (`mix`), β = 0.9 (`momentum`), η = 0.7 (`outer_lr`, times the
-hub's rate, 1 unless `run.set_lr` changes it), H = 100 inner steps (`--local-steps`).
+τ = 1 (`overlap`), α = 0.5 (`mix`), β = 0.9 (`momentum`), η = 0.7 (`outer_lr`), H = 100 inner
+steps (`--local-steps`; a fragment is synced every P K steps, H where P divides H).
 Pushes may travel low-bit (`--compression fp16` or `int8`); the hub sums in float32.
 """
 
@@ -47,7 +47,7 @@ def fragment_span(size: int, parts: int, index: int) -> tuple[int, int]:
 
 def round_steps(inner_steps: int, parts: int) -> int:
     """K: the inner steps between two fragment exchanges, so that each fragment is synced
-    every `inner_steps` (H) steps.
+    every P K steps: `inner_steps` (H) where `parts` (P) divides it, a few more otherwise.
 
     Example:
         >>> round_steps(100, 4), round_steps(10, 4), round_steps(2, 4)
@@ -73,7 +73,8 @@ def merge_fragment(local: np.ndarray, merged: np.ndarray, alpha: float) -> None:
 
 class StreamingDiLoCo(Rule):
     """One fragment's outer Nesterov step per group step (see the module docstring). The hub
-    tells the rule which fragment the group pushed (`select`), from the pushes' headers."""
+    tells the rule which fragment the group pushed (`select`), from the pushes' headers, and
+    every worker which one to push next (`next_fragment`)."""
 
     name = "streaming-diloco"
     predicts_weights = False  # a push is a fragment's outer gradient
@@ -83,14 +84,17 @@ class StreamingDiLoCo(Rule):
     workers_step = False
     syncs_groups = True  # every worker's fragment in one synchronous round, as DiLoCo's
     shares_rounds = True
-    state_fields = ("_momentum", "rounds")
+    state_fields = ("_momentum", "next_fragment")
+    # the workers cut their pushes by these from the run's start: not changeable live
+    fixed_options = ("fragments", "overlap", "mix")
 
     def __init__(self, size: int, num_workers: int, **options: Option):
         super().__init__(size, num_workers, **options)
         self._momentum = np.zeros(size, np.float32)
         self._scratch = np.empty(size, np.float32)
-        self.fragment = 0  # the fragment of the next group step (`select`)
-        self.rounds = 0  # group steps applied
+        self.fragment = 0  # the fragment of the group step being applied (`select`)
+        # the fragment every worker's next push holds; the hub says it in each reply
+        self.next_fragment = 0
 
     @classmethod
     def default_options(cls, num_workers: int) -> dict[str, Option]:
@@ -113,12 +117,6 @@ class StreamingDiLoCo(Rule):
             raise ValueError(f"a push of fragment {fragment}, but the run has {parts} fragments")
         self.fragment = fragment
 
-    @property
-    def next_fragment(self) -> int:
-        """The fragment every worker's next push holds: the group steps so far, mod P (the
-        hub says it in each reply, so that a worker who joins late pushes in step)."""
-        return self.rounds % int(self._options["fragments"])
-
     def on_push(self, worker: int, w: np.ndarray, g: np.ndarray, lr: float, delay: int) -> bool:
         lo, hi = fragment_span(self.size, int(self._options["fragments"]), self.fragment)
         beta = np.float32(self._options["momentum"])
@@ -130,7 +128,11 @@ class StreamingDiLoCo(Rule):
         np.add(scratch, grad, out=scratch)
         np.multiply(scratch, eta, out=scratch)
         np.subtract(w[lo:hi], scratch, out=w[lo:hi])
-        self.rounds += 1
+        # the cursor moves on once the fragment it names is applied; a late push of an earlier
+        # one (its group step timed out without it) is applied alone and leaves the cursor, so
+        # the workers push the same fragment again from the next reply on
+        if self.fragment == self.next_fragment:
+            self.next_fragment = (self.fragment + 1) % int(self._options["fragments"])
         return True
 
     def gradient(self, worker: int, w: np.ndarray, g: np.ndarray, delay: int,

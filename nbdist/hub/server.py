@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import zmq
 
-from nbdist.algorithms.streaming import fragment_span
+from nbdist.algorithms.streaming import StreamingDiLoCo, fragment_span
 from nbdist.core import compression
 from nbdist.core.compression import PullEncoder
 from nbdist.core.liveness import LEASE_GAP_S, Lease, RunningClock
@@ -509,6 +509,11 @@ class Hub:
         compression.decode_into(frame, link.codec, link.decoded)
         return link.decoded
 
+    @property
+    def _streaming(self) -> bool:
+        """streaming-diloco: pushes of one fragment, and evaluations of whole float32 pulls."""
+        return isinstance(self.core.updater.rule, StreamingDiLoCo)
+
     def _span(self, fragment: int) -> tuple[int, int]:
         """[lo, hi) of `fragment` in this shard's slice (streaming-diloco's fragments)."""
         return fragment_span(self.size, int(self.core.updater.rule.options["fragments"]),
@@ -527,6 +532,9 @@ class Hub:
         """The frame of a TCP pull. A lossy codec sends the change from the copy the worker
         holds, after a first pull of the weights themselves (as an evaluation's pull is, so
         that it scores this shard's weights): `reply.params` is then "full"."""
+        if reply.eval is not None and self._streaming and not link.codec.lossy:
+            reply.params = "full"  # streaming-diloco evaluates these: float32, as the hub's
+            return weights
         if not link.codec.lossy:
             return compression.encode(weights, link.codec)
         if link.pull is None or reply.eval is not None:

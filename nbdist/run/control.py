@@ -108,7 +108,12 @@ class RunControl:
         snapshot = self.state.snapshot
         options = {**snapshot.get("rule_options", {}), name: value}
         workers = max(1, len(snapshot.get("nodes", [])))
-        make_rule(self.state.config.rule_name, 0, workers, options)
+        algorithm = self.state.config.rule_name
+        rule = make_rule(algorithm, 0, workers, options)
+        if name in rule.fixed_options:
+            raise ConfigError(
+                f"Option {name!r} of {algorithm} is fixed for the run: the workers act on it from "
+                f"the start. Start a new run with --algo-opt {name}={value:g}.")
         self._send(option=[name, float(value)])
 
     def add_workers(self, engines) -> list[int]:

@@ -47,6 +47,8 @@ def test_streaming_diloco_sends_one_fragment_each_way_per_round_and_learns(clust
     # measured); whole pushes and pulls would be 1
     assert per_round < 0.5 * 2 * whole
     assert run.traffic["compression_ratio"].max() < 0.8  # int8 pushes, float32 fragment pulls
+    with pytest.raises(ConfigError, match="'fragments' of streaming-diloco is fixed for the run"):
+        run.set_option("fragments", 2)  # the workers cut their pushes by it
 
 
 def test_ssp_zero_keeps_workers_in_lockstep(cluster):

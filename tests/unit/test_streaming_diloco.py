@@ -51,9 +51,22 @@ def test_the_rule_steps_nesterov_on_one_fragment_by_hand():
         rule.select(fragment)
         assert rule.on_push(0, w, (a + b) / np.float32(2), lr=1.0, delay=0)
     assert w.tolist() == BY_HAND
-    assert rule.rounds == 3
+    assert rule.next_fragment == 1
     with pytest.raises(ValueError, match="2 fragments"):
         rule.select(2)
+
+
+def test_a_late_push_of_an_earlier_fragment_leaves_the_cursor():
+    """A group step timed out without a worker: its push of that fragment comes alone, after
+    the cursor moved on; it is applied to its own fragment, and everyone's next push is the
+    cursor's, so the workers push the same fragment again."""
+    rule = make_rule("streaming-diloco", 4, 2, {"fragments": 4})
+    w = np.zeros(4, np.float32)
+    for fragment in (0, 1, 0, 2):  # the second 0 is late
+        rule.select(fragment)
+        rule.on_push(0, w, f32(1, 1, 1, 1), lr=1.0, delay=0)
+    assert rule.next_fragment == 3
+    assert (w != 0).tolist() == [True, True, True, False]
 
 
 def streaming_oracle(w, rounds, parts, lr=0.7, beta=0.9):
@@ -97,6 +110,7 @@ def test_the_hub_applies_each_groups_mean_to_the_fragment_its_pushes_name():
                            fragment=fragment), delta)
         assert core.reply(0, pull=True).fragment == (fragment + 1) % 2
     assert core.params.tolist() == BY_HAND
+    assert core.export()["rule_state"]["next_fragment"] == 1  # what a checkpoint keeps
 
 
 def test_pushes_of_different_fragments_never_share_a_step():
@@ -129,3 +143,5 @@ def test_the_recipes_defaults_and_refusals():
         TrainConfig(algorithm="streaming-diloco", server_optimizer="adam")
     with pytest.raises(ConfigError, match="Option 'mix' of streaming-diloco must be in"):
         TrainConfig(algorithm="streaming-diloco", algo_options={"mix": 1.5})
+    with pytest.raises(ConfigError, match="runs on one hub shard"):
+        TrainConfig(algorithm="streaming-diloco", servers=2)

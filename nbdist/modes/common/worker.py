@@ -169,12 +169,14 @@ class _AsyncLoop:
                          else None)
         self._ways = WayChooser()  # by courier or not: whichever makes the steps faster here
         self._by_courier = False  # the exchange in flight went by courier
-        # streaming-diloco: the global weights each fragment was last merged with, and the
-        # chunks trained while the last fragment was in flight (pushed with the next one)
+        # streaming-diloco: the global weights each fragment was last merged with (from the
+        # hello's on), and the chunks trained while the last fragment was in flight (pushed
+        # with the next one)
         self._anchor: np.ndarray | None = None
         self._carried: list[Chunk] = []
         self._carried_metrics: dict[str, np.ndarray] = {}
         self._loss = math.nan  # the latest inner step's
+        self._carried_s = 0.0  # the carried chunks' compute time
 
     def run(self) -> dict:
         try:
@@ -187,6 +189,9 @@ class _AsyncLoop:
         t = self.transport
         reply = t.hello()
         self._assign()
+        if self.spec.fragments:  # streaming: the model trains from the hello's weights on
+            self._sync_model()
+            self._anchor = t.params.copy()
         fresh = True  # the model holds the parameters of the last pull
         in_flight = False
         while True:
@@ -321,14 +326,12 @@ class _AsyncLoop:
         named (`reply.fragment`) sent, `overlap_steps` more steps on the chunks in hand while
         it is in flight, then the new global fragment merged in (`merge_fragment`)."""
         t, flat, spec = self.transport, self.flat, self.spec
-        self._sync_model()
-        if self._anchor is None:  # the weights of the hello's pull: every fragment's start
-            self._anchor = t.params.copy()
         fragment = reply.fragment or 0
         chunks = todo[:round_steps(spec.local_steps, spec.fragments)]
         t0 = time.perf_counter()
         metrics = self._inner_steps(chunks[len(self._carried):], self._carried_metrics)
-        compute_s = self._slow_down(time.perf_counter() - t0, reply)
+        # with the overlapped steps' own time, as slowed down, from the round before
+        compute_s = self._slow_down(time.perf_counter() - t0, reply) + self._carried_s
         self._check(self._loss, 0.0, chunks[-1])
         w_local, nt_local = flat.read()
         spans = [t.span(i, fragment) for i in range(len(t.bounds))]
@@ -345,10 +348,10 @@ class _AsyncLoop:
         # τ steps on the next round's chunks while the fragment is in flight
         self._carried = todo[len(chunks):len(chunks) + spec.overlap_steps]
         self._carried_metrics = {}
-        overlap_s = time.perf_counter()
-        if self._carried:
-            self._inner_steps(self._carried, self._carried_metrics)
-        overlap_s = time.perf_counter() - overlap_s
+        t2 = time.perf_counter()
+        self._inner_steps(self._carried, self._carried_metrics)
+        self._carried_s = self._slow_down(time.perf_counter() - t2, reply) if self._carried else 0.0
+        overlap_s = time.perf_counter() - t2
         reply = t.receive_step(step)
         w_now, nt_now = flat.read()
         for lo, hi in spans:
@@ -373,11 +376,11 @@ class _AsyncLoop:
         return metrics
 
     def _evaluate_global(self, job: EvalJob) -> EvalResult:
-        """streaming-diloco's evaluation: of the hub's weights (a pull of all of them), not of
-        the worker's own, which it keeps training from."""
+        """streaming-diloco's evaluation: of the hub's weights, which the reply that brought
+        the job carried whole, in float32 (`Hub._pull_frame`), not of the worker's own, which
+        it keeps training from."""
         flat, t = self.flat, self.transport
         w_local, nt_local = flat.read()
-        t.step(Step(self.spec.worker, pull=True))
         flat.assign(t.params, t.non_trainable)
         result = self._evaluate(job)
         flat.assign(w_local, nt_local)
