@@ -241,13 +241,12 @@ class TrainConfig:
             )
 
         simulated_sync = self.mode is Mode.SIMULATE and self.sim.get("sync")
-        if simulated_sync and self.compression not in ("none", "fp16"):
+        if simulated_sync and self.compression.startswith("powersgd"):
             raise ConfigError(
-                f"--sim sync=1 simulates a ring allreduce of the gradient, float32 or float16 "
-                f"(--compression fp16), but not --compression {self.compression}'s exchange "
-                f"(powersgd's two allreduces, or an allgather of the other codecs' frames). Use "
-                f"--compression fp16 with --sim sync=1, or drop --sim sync=1 to simulate "
-                f"{self.compression} in async, or train it in --mode sync.")
+                f"--sim sync=1 simulates a ring allreduce of the gradient (float32, fp16) or an "
+                f"allgather of the workers' frames (int8, qsgd, topk, randomk), but not "
+                f"--compression {self.compression}'s two allreduces of its factors. Drop --sim "
+                f"sync=1 to simulate {self.compression} in async, or train it in --mode sync.")
         if self.mode is Mode.SIMULATE:
             self._check_simulate()
         if self.mode is Mode.PIPELINE:

@@ -101,6 +101,12 @@ class Codec:
         return self.name not in ("none", "fp16")
 
     @property
+    def gathered(self) -> bool:
+        """Whether sync exchanges its frames by an allgather: an allreduce cannot sum them
+        (int8, qsgd, topk, randomk; powersgd allreduces its factors, fp16 its floats)."""
+        return self.name not in ("none", "fp16", "powersgd")
+
+    @property
     def sparse(self) -> bool:
         return self.name in ("topk", "randomk")
 

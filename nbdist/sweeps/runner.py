@@ -22,11 +22,13 @@ from pathlib import Path
 import pandas as pd
 
 from nbdist.config import TrainConfig
+from nbdist.core.compression import parse
 from nbdist.errors import ConfigError, NbdistError
 from nbdist.flag_values import parse_slowdown
 from nbdist.flags import check_option_names
 from nbdist.modes import check_cluster
 from nbdist.sweeps.table import (
+    allgather_bytes,
     grid_names,
     grid_points,
     point_label,
@@ -171,10 +173,16 @@ def _one_run(cell: str, cluster, options: dict, config: TrainConfig, seed: int, 
                                                    and config.sim.get("sync"))
     if synchronous and not math.isnan(row["step_to_target"]):
         workers = max(1, len(run.nodes))  # the hub counts each rank's step: M per allreduce
-        floats = sum(math.prod(v.shape) for v in run.model.trainable_weights)
-        frame = floats * (2 if config.compression == "fp16" else 4)
-        row["bytes_to_target"] = ring_bytes(row["step_to_target"] / workers, workers, frame)
-        row["bytes_source"] = "ring allreduce (modelled)"
+        shapes = [tuple(v.shape) for v in run.model.trainable_weights]
+        floats = sum(math.prod(shape) for shape in shapes)
+        codec = parse(config.compression).bind(shapes, 0, floats)  # powersgd: its factors
+        frame, steps = codec.wire_bytes(floats), row["step_to_target"] / workers
+        if codec.gathered:  # frames an allreduce cannot sum (nbdist.core.gathered)
+            row["bytes_to_target"] = allgather_bytes(steps, workers, frame)
+            row["bytes_source"] = "ring allgather (modelled)"
+        else:
+            row["bytes_to_target"] = ring_bytes(steps, workers, frame)
+            row["bytes_source"] = "ring allreduce (modelled)"
     return row
 
 

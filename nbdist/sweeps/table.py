@@ -15,7 +15,7 @@ import pandas as pd
 from nbdist.errors import ConfigError
 
 __all__ = ["BASELINE", "TABLE_COLUMNS", "grid_names", "grid_points", "point_label", "reached",
-           "ring_bytes", "summarize"]
+           "ring_bytes", "allgather_bytes", "summarize"]
 
 BASELINE = "one worker (baseline)"  # the run the speed-ups count from, where the grid has none
 # one row per grid point, over its seeds
@@ -125,6 +125,17 @@ def ring_bytes(steps: float, workers: int, frame_bytes: int) -> float:
         60000.0
     """
     return float(steps) * 2 * (workers - 1) * frame_bytes
+
+
+def allgather_bytes(steps: float, workers: int, frame_bytes: int) -> float:
+    """The bytes a ring allgather of one frame per rank moves over the network in `steps`
+    steps of `workers` ranks, each byte counted once: every rank sends M - 1 frames per step.
+
+    Example:
+        >>> allgather_bytes(10, 4, 250)
+        30000.0
+    """
+    return float(steps) * workers * (workers - 1) * frame_bytes
 
 
 def summarize(rows: pd.DataFrame, names: Sequence[str]) -> pd.DataFrame:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 import nbdist
-from nbdist.core.links import Link, ring_allreduce_s
+from nbdist.core.links import Link, ring_allgather_s, ring_allreduce_s
 from tests.helpers import SYNTHETIC_CELL
 
 STEP = 0.001 + 32 * 2e-5  # the default cost of a batch of 32, in virtual seconds
@@ -56,6 +56,20 @@ def test_simulated_sync_waits_for_a_ring_allreduce_per_step():
     times = run.history["time"].to_numpy()
     np.testing.assert_allclose(times[:8], [ring + STEP] * 4 + [2 * (ring + STEP)] * 4, rtol=1e-9)
     assert run.nodes["bytes_sent"].sum() == 0  # the allreduce bypasses the hub: the sweep models it
+
+
+def test_simulated_sync_gathers_a_codecs_frames_and_learns():
+    """--sim sync=1 with topk: each step waits for a ring allgather of the 4 workers' frames
+    (49 indices and values each), and the error feedback keeps the run learning."""
+    run, weights = simulate(sim="sync=1,bandwidth=1,latency=0.5", compression="topk:0.25",
+                            epochs=2, no_validation=False, seed=1)
+    ring = ring_allgather_s(8 * 49, [Link(1e6, 5e-4)] * 4)  # 3 rounds of 392 bytes and 1 ms
+    assert ring == pytest.approx(3 * (8 * 392 / 1e6 + 1e-3))
+    times = run.history["time"].dropna().to_numpy()
+    np.testing.assert_allclose(times[:4], [ring + STEP] * 4, rtol=1e-9)
+    assert run.history["val_accuracy"].dropna().iloc[-1] > 0.8
+    _, plain = simulate(sim="sync=1", epochs=2, no_validation=False, seed=1)
+    assert not np.array_equal(weights, plain)  # the frames, not the gradients, were averaged
 
 
 def test_a_codec_trains_in_the_simulator_as_its_frames_say():

@@ -88,3 +88,20 @@ def test_a_simulated_sweep_counts_virtual_seconds_and_its_baseline_is_one_virtua
     assert (table["bytes_to_target"] > 0).all() and (result.runs["bytes_source"] == "counted").all()
     assert table.loc["algorithm=asgd", "efficiency"] == table.loc["algorithm=asgd",
                                                                   "speedup"] / 2
+
+
+def test_a_simulated_sync_sweep_models_the_bytes_of_its_allreduce_or_allgather():
+    """--sim sync=1 moves nothing over nbdist's sockets: float32 is modelled as a ring
+    allreduce, int8 (frames an allreduce cannot sum) as a ring allgather of its frames."""
+    result = nbdist.sweep(SYNTHETIC_CELL, {"compression": ["none", "int8"]}, target=0.8,
+                          mode="simulate", workers=2, sim="sync=1", epochs=2, progress=False,
+                          baseline=False)
+    runs = result.runs.set_index("compression")
+    assert (runs["status"] == "finished").all(), runs["error"].tolist()
+    floats = 8 * 16 + 16 + 16 * 3 + 3
+    steps = runs["step_to_target"] / 2  # the hub counts each rank's step
+    assert runs.loc["none", "bytes_source"] == "ring allreduce (modelled)"
+    assert runs.loc["none", "bytes_to_target"] == steps["none"] * 2 * 1 * 4 * floats
+    assert runs.loc["int8", "bytes_source"] == "ring allgather (modelled)"
+    int8_frame = floats + 4  # a byte a float and one float32 scale per 512
+    assert runs.loc["int8", "bytes_to_target"] == steps["int8"] * 2 * 1 * int8_frame

@@ -111,7 +111,7 @@ def test_the_flag_takes_a_whole_rank_and_refuses_anything_else():
                        ("powersgd:0", "a whole number from 1 to 1024")):
         with pytest.raises(ConfigError, match=says):
             TrainConfig(compression=spec)
-    with pytest.raises(ConfigError, match="powersgd's two allreduces"):
+    with pytest.raises(ConfigError, match="powersgd:2's two allreduces of its factors"):
         TrainConfig(mode="simulate", sim="sync=1", compression="powersgd:2")
 
 

@@ -7,7 +7,14 @@ import pandas as pd
 import pytest
 
 from nbdist.errors import ConfigError
-from nbdist.sweeps.table import BASELINE, grid_points, reached, ring_bytes, summarize
+from nbdist.sweeps.table import (
+    BASELINE,
+    allgather_bytes,
+    grid_points,
+    reached,
+    ring_bytes,
+    summarize,
+)
 
 HISTORY = pd.DataFrame({
     "time": [0.5, 1.0, 1.5, 2.0, 3.0],
@@ -48,6 +55,9 @@ def test_the_target_is_the_first_validation_that_reaches_it_with_its_bytes():
 def test_the_ring_allreduce_moves_twice_m_minus_one_buffers_a_step():
     assert ring_bytes(steps=3, workers=2, frame_bytes=400) == 3 * 2 * 1 * 400
     assert ring_bytes(steps=1, workers=1, frame_bytes=400) == 0
+    # an allgather: each of 3 ranks sends its 100-byte frame to the 2 others, per step
+    assert allgather_bytes(steps=2, workers=3, frame_bytes=100) == 2 * 3 * 2 * 100
+    assert allgather_bytes(steps=5, workers=1, frame_bytes=100) == 0
 
 
 def test_the_table_averages_over_seeds_and_counts_speedups_from_one_worker():

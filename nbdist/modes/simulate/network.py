@@ -19,7 +19,7 @@ from nbdist.core.compression import (
     encode,
     parse,
 )
-from nbdist.core.links import HUB, Link, Network, ring_allreduce_s
+from nbdist.core.links import HUB, Link, Network, ring_allgather_s, ring_allreduce_s
 
 FLOAT32 = 4  # bytes
 
@@ -27,19 +27,22 @@ FLOAT32 = 4  # bytes
 class VirtualNetwork:
     """The virtual workers' links to the hub: `push` and `pull` give what arrives and when.
 
-    Sync (`--sim sync=1`) exchanges gradients by a ring allreduce that bypasses the hub: a
+    Sync (`--sim sync=1`) exchanges gradients by a ring that bypasses the hub, as `--mode sync`
+    does: an allreduce of the float32 or float16 gradient (`ring_allreduce_s`), or for a codec
+    whose frames do not sum (int8, qsgd, topk, randomk) an allgather of every worker's frame,
+    each encoded with that worker's error feedback and random stream (`ring_allgather_s`). A
     push then takes no time and counts no bytes (as a sync rank's report counts none), and
-    each step's pull waits for the ring (`ring_allreduce_s` of the gradient's frame; the
-    first pull stands for the start's broadcast of the weights). An evaluation's pull waits
-    for nothing: a rank evaluates the weights it holds.
+    each step's pull waits for the ring (the first pull stands for the start's broadcast of the
+    weights). An evaluation's pull waits for nothing: a rank evaluates the weights it holds.
     """
 
     def __init__(self, codec: str | Codec, num_workers: int, count: int, non_trainable: int,
                  links: dict[str, Link] | None, seed: int, sync: bool = False):
         self.codec, self.count, self.sync, self._seed = parse(codec), count, sync, seed
         self.network = Network(links) if links is not None else None
-        self._ring_s = (ring_allreduce_s(self.codec.wire_bytes(count),
-                                         [links[str(w)] for w in range(num_workers)])
+        ring = ring_allgather_s if self.codec.gathered else ring_allreduce_s
+        self._ring_s = (ring(self.codec.wire_bytes(count),
+                             [links[str(w)] for w in range(num_workers)])
                         if links is not None and sync else 0.0)
         self._nt_bytes = FLOAT32 * non_trainable  # BatchNorm's state travels as float32
         self._push = [PushEncoder(self.codec, count, np.random.default_rng([seed, w, 1]))
@@ -52,10 +55,12 @@ class VirtualNetwork:
 
     def push(self, w: int, now: float, gradient: np.ndarray) -> tuple[np.ndarray, float]:
         """The gradient as the hub decodes it from worker `w`'s frame, and when it arrives."""
-        if self.sync:  # the allreduce's float16, if any: its bytes bypass the hub
+        if self.sync:  # the allreduce's float16, or the allgather's frame: it bypasses the hub
             if self.codec.name == "none":
                 return gradient, now
-            decode_into(encode(gradient, self.codec), self.codec, self._decoded)
+            frame = (self._push[w].encode(gradient) if self.codec.gathered
+                     else encode(gradient, self.codec))
+            decode_into(frame, self.codec, self._decoded)
             return self._decoded, now
         received = gradient
         if self.codec.name == "none":
