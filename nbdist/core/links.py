@@ -81,12 +81,7 @@ def ring_allreduce_s(nbytes: int, links: list[Link]) -> float:
         0.0144
     """
     m = len(links)
-    if m < 2:
-        return 0.0
-    pairs = [(links[i], links[(i + 1) % m]) for i in range(m)]
-    round_s = max(8.0 * (nbytes / m) / min(a.rate_bps, b.rate_bps) + a.delay_s + b.delay_s
-                  for a, b in pairs)
-    return 2 * (m - 1) * round_s
+    return _ring_rounds_s(2 * (m - 1), nbytes / max(m, 1), links)
 
 
 def ring_allgather_s(nbytes: int, links: list[Link]) -> float:
@@ -97,10 +92,15 @@ def ring_allgather_s(nbytes: int, links: list[Link]) -> float:
         >>> round(ring_allgather_s(100_000, [Link.of(1000, 0.2)] * 4), 6)
         0.0036
     """
+    return _ring_rounds_s(len(links) - 1, nbytes, links)
+
+
+def _ring_rounds_s(rounds: int, round_bytes: float, links: list[Link]) -> float:
+    """`rounds` rounds in which every host sends `round_bytes` to the next in the ring: each
+    round as long as its slowest pair's transfer and delays (no ring on one host)."""
     m = len(links)
     if m < 2:
         return 0.0
     pairs = [(links[i], links[(i + 1) % m]) for i in range(m)]
-    round_s = max(8.0 * nbytes / min(a.rate_bps, b.rate_bps) + a.delay_s + b.delay_s
-                  for a, b in pairs)
-    return (m - 1) * round_s
+    return rounds * max(8.0 * round_bytes / min(a.rate_bps, b.rate_bps) + a.delay_s + b.delay_s
+                        for a, b in pairs)
