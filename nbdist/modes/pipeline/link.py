@@ -42,9 +42,9 @@ client key, and the endpoints the stages and the kernel hand out carry the serve
 Links come back (`nbdist.hub.dial`): when the connection of a socket towards a neighbour or the
 kernel ends (a TCP reset) or the gate refuses it, a new socket with fresh credentials replaces it,
 and the latest messages sent on it (at most `RESEND` of them and `RESEND_BYTES`) are sent again,
-in order: the receiver takes those it had not (a reset loses the tail of a stream) and drops the
-rest as replays. Each send queue holds at most `SEND_QUEUE` messages; a send that cannot be
-queued within the timeout fails, naming the neighbour.
+in order, before anything newer: the receiver takes those it had not (a reset loses the tail of
+a stream) and drops the rest as replays. Each send queue holds at most `SEND_QUEUE` messages; a
+send that cannot be queued within the timeout fails, naming the neighbour.
 """
 
 from __future__ import annotations
@@ -191,6 +191,8 @@ class StageLink:
         self.sub = None
         self._dials: dict[str, Dial] = {}  # peer ("kernel" too, "control": the SUB) -> its dial
         self._recent: dict[str, _Recent] = {}  # peer -> the latest frames sent to it
+        # peers made again whose latest messages are not all sent again yet (`_send_again`)
+        self._unsent: set[str] = set()
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
         self.released = -1  # the latest epoch the kernel let pass (a fit call's epoch gate)
@@ -275,6 +277,8 @@ class StageLink:
             deadline = time.monotonic() + self.timeout
             while True:
                 try:
+                    if not self._send_again(to):  # nothing new may overtake them
+                        raise zmq.Again
                     sent = send_frames(self.peers[to], frames, zmq.DONTWAIT)
                     break
                 except zmq.Again:  # its connection lost (nowhere to queue), or its queue full
@@ -301,11 +305,24 @@ class StageLink:
     def _redial(self, to: str) -> None:
         """A new socket to `to` (fresh credentials), and the latest messages sent again."""
         self.peers[to] = self._dials[to].redial()
-        for frames in self._recent[to].frames:
+        self._unsent.add(to)
+        self._send_again(to)
+
+    def _send_again(self, to: str) -> bool:
+        """After a redial, the latest messages to `to` sent again, in order; False while the
+        new socket takes none (not connected yet, lost again, or its peer has left). They are
+        tried again at each look at the link and before anything new goes to `to`: the
+        receiver drops a message older than one it has as a replay, so a newer message sent
+        first would make them lost for good (a stage then waited for one until --timeout)."""
+        if to not in self._unsent:
+            return True
+        for frames in self._recent[to].frames:  # those the receiver had are dropped as replays
             try:
                 self.sent_bytes += send_frames(self.peers[to], frames, zmq.DONTWAIT)
-            except zmq.Again:  # lost again at once (or its peer has left): the next look at
-                return  # the link makes it again, and sends them all again
+            except zmq.Again:
+                return False
+        self._unsent.discard(to)
+        return True
 
     def check_links(self) -> None:
         """Make again every socket whose connection ended (without waiting)."""
@@ -315,6 +332,8 @@ class StageLink:
                     self.sub = dial.redial()
                 else:
                     self._redial(name)
+            elif name in self._unsent:
+                self._send_again(name)
 
     def send(self, to: str, message: Wire, arrays=()) -> None:
         """`message` (`messages.Forward`, `Backward`, `Validation` or `End`) to the neighbour
