@@ -191,8 +191,8 @@ class StageLink:
         self.sub = None
         self._dials: dict[str, Dial] = {}  # peer ("kernel" too, "control": the SUB) -> its dial
         self._recent: dict[str, _Recent] = {}  # peer -> the latest frames sent to it
-        # peers made again whose latest messages are not all sent again yet (`_send_again`)
-        self._unsent: set[str] = set()
+        # peer made again -> the first of its latest messages not sent again yet (`_send_again`)
+        self._unsent: dict[str, int] = {}
         self.buffer: dict[tuple, tuple[Wire, list]] = {}  # key -> (message, arrays)
         self.stop_requested = False
         self.released = -1  # the latest epoch the kernel let pass (a fit call's epoch gate)
@@ -305,7 +305,7 @@ class StageLink:
     def _redial(self, to: str) -> None:
         """A new socket to `to` (fresh credentials), and the latest messages sent again."""
         self.peers[to] = self._dials[to].redial()
-        self._unsent.add(to)
+        self._unsent[to] = 0  # a new socket: all of them, whatever the last one had taken
         self._send_again(to)
 
     def _send_again(self, to: str) -> bool:
@@ -313,15 +313,20 @@ class StageLink:
         new socket takes none (not connected yet, lost again, or its peer has left). They are
         tried again at each look at the link and before anything new goes to `to`: the
         receiver drops a message older than one it has as a replay, so a newer message sent
-        first would make them lost for good (a stage then waited for one until --timeout)."""
-        if to not in self._unsent:
+        first would make them lost for good (a stage then waited for one until --timeout).
+        Each try goes on from the first not yet sent (the latest are kept unchanged meanwhile:
+        nothing new is sent), so a queue smaller than the latest fills and drains in turn."""
+        start = self._unsent.get(to)
+        if start is None:
             return True
-        for frames in self._recent[to].frames:  # those the receiver had are dropped as replays
+        recent = self._recent[to].frames  # those the receiver had are dropped as replays
+        for i in range(start, len(recent)):
             try:
-                self.sent_bytes += send_frames(self.peers[to], frames, zmq.DONTWAIT)
+                self.sent_bytes += send_frames(self.peers[to], recent[i], zmq.DONTWAIT)
             except zmq.Again:
+                self._unsent[to] = i
                 return False
-        self._unsent.discard(to)
+        del self._unsent[to]
         return True
 
     def check_links(self) -> None:
