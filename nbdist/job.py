@@ -24,7 +24,7 @@ from nbdist.algorithms.constraints import constrained_ranges
 from nbdist.algorithms.group import MAX_RATIO
 from nbdist.algorithms.momentum import correction_notice, worth_correcting
 from nbdist.algorithms.optimizers import initial_rate, momentum_setting
-from nbdist.algorithms.streaming import StreamingDiLoCo, round_steps
+from nbdist.algorithms.streaming import StreamingDiLoCo, overlap_steps, round_steps
 from nbdist.config import Algorithm, Mode, TrainConfig
 from nbdist.core.coordinator import Plan
 from nbdist.core.sharding import shard_bounds
@@ -118,11 +118,15 @@ class Job:
         steps but one: the next round's chunks are what it trains on."""
         if self.plan is None or self.plan.algorithm != "streaming-diloco":
             return {}
-        options = {**StreamingDiLoCo.default_options(self.num_workers), **self.rule_options}
+        options = self._streaming_options()
         parts = int(options["fragments"])
-        steps = round_steps(self.config.local_steps, parts)
         return dict(fragments=parts, mix=float(options["mix"]),
-                    overlap_steps=min(int(options["overlap"]), steps - 1))
+                    overlap_steps=overlap_steps(self.config.local_steps, parts,
+                                                options["overlap"]))
+
+    def _streaming_options(self) -> dict:
+        """streaming-diloco's options: those given over the rule's defaults."""
+        return {**StreamingDiLoCo.default_options(self.num_workers), **self.rule_options}
 
     def for_workers(self, num_workers: int) -> Job:
         """This job for `num_workers` workers: the rule (where --algorithm was left to nbdist),
@@ -278,7 +282,7 @@ class Job:
                     f"rate {rate:g}, momentum {given.get('momentum', 0.9):g})."]
         if plan.algorithm == "streaming-diloco":
             fields = self.streaming_fields()
-            given = {**StreamingDiLoCo.default_options(plan.num_workers), **self.rule_options}
+            given = self._streaming_options()
             parts, steps = fields["fragments"], round_steps(plan.local_steps, fields["fragments"])
             every = (f"one every {steps} inner steps, so each fragment every {steps * parts}"
                      if steps <= share else f"one per round, each round its share of an epoch "
@@ -403,7 +407,8 @@ def _chunks_ahead(config: TrainConfig, declared: dict) -> int:
     K steps and the overlap's), two with --overlap, else one."""
     if "fragments" in declared and config.rule is Algorithm.STREAMING_DILOCO:
         steps = round_steps(config.local_steps, int(declared["fragments"]))
-        return steps + min(int(declared["overlap"]), steps - 1)
+        return steps + overlap_steps(config.local_steps, int(declared["fragments"]),
+                                     declared["overlap"])
     if config.local_steps > 1:
         return config.local_steps
     return 2 if config.overlap else 1

@@ -56,6 +56,17 @@ def round_steps(inner_steps: int, parts: int) -> int:
     return max(1, -(-int(inner_steps) // int(parts)))
 
 
+def overlap_steps(inner_steps: int, parts: int, overlap: int) -> int:
+    """τ as a run uses it: at most a round's steps but one, since the overlapped steps train on
+    the next round's chunks.
+
+    Example:
+        >>> overlap_steps(100, 4, 1), overlap_steps(8, 4, 5), overlap_steps(4, 4, 1)
+        (1, 1, 0)
+    """
+    return min(int(overlap), round_steps(inner_steps, parts) - 1)
+
+
 def merge_fragment(local: np.ndarray, merged: np.ndarray, alpha: float) -> None:
     """`local ← α local + (1 − α) merged`, in place (α = 0: take the global fragment).
 
