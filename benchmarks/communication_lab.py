@@ -21,10 +21,16 @@ What it measures
 The simulator's prediction (`--predict`, a few minutes more)
     The same sweep again in `--mode simulate`, with the lab's links (`--sim bandwidth=1000,
     latency=0.2`: each host's rate and delay, as netem shapes them) and, for each way of
-    training, the compute per sample its measured run's workers reported (`--sim per_step=0,
-    per_sample=...`: on 2 cores shared by 5 processes, a step takes several times what it takes
-    alone). It prints the time and bytes to the target both ways and their ratio: what the
-    simulator's clock (compute, bytes over links, queues at the hub) leaves out is the rest.
+    training, what its parts cost on this machine:
+    - `per_sample`: the compute per sample its measured run's workers reported (on 2 cores
+      shared by 5 processes a step takes longer than it does alone), `per_step=0`;
+    - `per_push` (the hub's work on each push, one at a time): the hub's CPU per push for
+      the method's codec and this model's size, timed here through a real hub over loopback
+      (`nbdist.modes.simulate.calibrate.hub_costs`), times the run's contention (its compute
+      per sample against the one-worker run's): the hub shares the cores as the workers do.
+    It prints the time and bytes to the target both ways and their ratio: what the
+    simulator's clock (compute, evaluations, bytes over links, the hub's queue) leaves out is
+    the rest.
     streaming-diloco has no row there: the simulator does not model fragments.
 """
 
@@ -44,6 +50,7 @@ sys.path.insert(0, str(REPO / "tests"))
 from lab_network import LabCluster, LabNetwork, rate_bits, unavailable
 
 WORKERS = 4
+MODEL_SIZE = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # the cell's weights: 269,322
 # the ways of training: each a point of the sweep
 METHODS = [
     {"mode": "sync"},
@@ -98,10 +105,12 @@ def main() -> None:
 
 
 def predict(measured, args, links: str) -> None:
-    """The sweep again in the simulator: each method with its measured compute per sample."""
+    """The sweep again in the simulator: each method with its measured compute per sample and
+    the hub's work per push for its codec (see the module docstring)."""
     import pandas as pd
 
     import nbdist
+    from nbdist.modes.simulate.calibrate import hub_costs
 
     runs = measured.runs
     options = sorted({k for m in METHODS for k in m})
@@ -110,14 +119,20 @@ def predict(measured, args, links: str) -> None:
                                                 strict=True)
                      if m is None or m.get("algorithm") != "streaming-diloco"]
     methods = [m for m, _ in measured_rows[:-1]]
+    alone = _compute(runs, None, options)
+    hub_s = {codec: hub_costs(MODEL_SIZE, codec)[1]
+             for codec in {m.get("compression", "none") for m in [*methods, {}]}}
     points = []
     for method in methods:
-        cost = f"{links},per_step=0,per_sample={_compute(runs, method, options):.3g}"
+        compute = _compute(runs, method, options)
+        cost = f"{links},per_step=0,per_sample={compute:.3g}"
         if method.get("mode") == "sync":
             points.append({"sim": f"sync=1,{cost}"})
         else:
-            points.append({**{k: v for k, v in method.items() if k != "transport"}, "sim": cost})
-    baseline = f"{links},per_step=0,per_sample={_compute(runs, None, options):.3g}"
+            per_push = hub_s[method.get("compression", "none")] * compute / alone
+            points.append({**{k: v for k, v in method.items() if k != "transport"},
+                           "sim": f"{cost},per_push={per_push:.3g}"})
+    baseline = f"{links},per_step=0,per_sample={alone:.3g},per_push={hub_s['none']:.3g}"
     simulated = nbdist.sweep(CELL, points, target=args.target,
                              seeds=[int(s) for s in args.seeds.split(",")], mode="simulate",
                              workers=WORKERS, epochs=args.epochs, batch_size=64, sim=baseline)
@@ -137,7 +152,8 @@ def predict(measured, args, links: str) -> None:
                      "predicted_MB": sim.bytes_to_target / 1e6,
                      "sim": (point or {"sim": baseline})["sim"]})
     print()
-    print(f"The simulator's prediction ({links}; per_sample: each method's measured compute):")
+    print(f"The simulator's prediction ({links}; per_sample: each method's measured compute; "
+          f"per_push: the hub's work per push for its codec, scaled by the run's contention):")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print("Validation runs at epoch ends only, so the time to the target jumps by whole epochs "
           "where one side reached it an epoch later (the steps columns); the clock's own error "

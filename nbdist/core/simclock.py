@@ -4,11 +4,13 @@ Responsible for:
 - `CostModel`: a step of `b` samples on a worker slowed down `k` times takes
   `k · (per_step_s + per_sample_s · b)` virtual seconds, times an optional jitter factor
   `exp(jitter · N(0, 1))` drawn from a stream seeded by (seed, worker), so noise is the same
-  on every machine.
-- `SimOptions` / `parse_sim`: the `--sim` option (`per_step=1e-3,per_sample=2e-5,jitter=0.1,
-  calibrate=1,eval_every=0.5,sync=1,bandwidth=1000,latency=0.2`), validated once. `bandwidth`
-  (Mbit/s) and `latency` (ms) give every host's link (`nbdist.core.links`); `bandwidth.hub`,
-  `latency.2` and the like give one host's: the hub's, or virtual worker 2's.
+  on every machine. An evaluation of `n` samples takes `k · per_sample_s · n / 3` (a forward
+  pass is about a third of a training step's work: the backward pass costs about twice it).
+  The hub spends `per_push_s` on each push it applies (decode, apply, answer), one at a time.
+- `SimOptions` / `parse_sim`: the `--sim` option (`per_step=1e-3,per_sample=2e-5,per_push=5e-4,
+  jitter=0.1,calibrate=1,eval_every=0.5,sync=1,bandwidth=1000,latency=0.2`), validated once.
+  `bandwidth` (Mbit/s) and `latency` (ms) give every host's link (`nbdist.core.links`);
+  `bandwidth.hub`, `latency.2` and the like give one host's: the hub's, or virtual worker 2's.
 - `fit_cost`: a cost model from measured step times, rounded to two significant digits so a
   calibrated run can be repeated exactly by passing the printed numbers back.
 - `EventQueue`: pending step completions, popped by (virtual time, worker id): ties go to
@@ -33,8 +35,10 @@ from nbdist.errors import ConfigError
 
 DEFAULT_PER_STEP_S = 1e-3  # fixed cost of one step (call, assignment), about the MLP's on a laptop
 DEFAULT_PER_SAMPLE_S = 2e-5  # cost of one sample in the batch
+FORWARD_SHARE = 1 / 3  # an evaluated sample's cost against a trained one's (forward, no backward)
 _BOOLEAN = ("calibrate", "sync")
-_BOUNDS = {"per_step": (0.0, 3600.0), "per_sample": (0.0, 3600.0), "jitter": (0.0, 2.0),
+_BOUNDS = {"per_step": (0.0, 3600.0), "per_sample": (0.0, 3600.0), "per_push": (0.0, 3600.0),
+           "jitter": (0.0, 2.0),
            "eval_every": (0.0, math.inf), "calibrate": (0, 1), "sync": (0, 1),
            "bandwidth": (0.0, 1e7), "latency": (0.0, 1e4)}  # Mbit/s (0: no limit), ms
 _PER_HOST = ("bandwidth", "latency")  # also `bandwidth.hub`, `latency.3`: one host's link
@@ -42,11 +46,14 @@ _PER_HOST = ("bandwidth", "latency")  # also `bandwidth.hub`, `latency.3`: one h
 
 @dataclass(frozen=True)
 class CostModel:
-    """Virtual seconds per step: `slowdown · (per_step_s + per_sample_s · batch)`.
+    """Virtual seconds per step: `slowdown · (per_step_s + per_sample_s · batch)`; per
+    evaluation of `samples`: `slowdown · per_sample_s · samples / 3` (`FORWARD_SHARE`).
 
     Example:
         >>> CostModel(per_step_s=0.001, per_sample_s=0.0001).step_time(10, slowdown=2)
         0.004
+        >>> round(CostModel(per_step_s=0.001, per_sample_s=0.0003).eval_time(1000), 9)
+        0.1
     """
 
     per_step_s: float = DEFAULT_PER_STEP_S
@@ -55,6 +62,9 @@ class CostModel:
 
     def step_time(self, batch: int, slowdown: float = 1.0, noise: float = 1.0) -> float:
         return slowdown * (self.per_step_s + self.per_sample_s * batch) * noise
+
+    def eval_time(self, samples: int, slowdown: float = 1.0) -> float:
+        return slowdown * self.per_sample_s * samples * FORWARD_SHARE
 
 
 class Jitter:
@@ -81,6 +91,7 @@ class SimOptions:
 
     per_step_s: float = DEFAULT_PER_STEP_S
     per_sample_s: float = DEFAULT_PER_SAMPLE_S
+    per_push_s: float = 0.0  # the hub's work on each push, one push at a time (0: none)
     jitter: float = 0.0
     calibrate: bool = False  # time the model once instead of the default constants
     eval_every: float = 0.0  # > 0: also evaluate the hub's weights every this many virtual seconds
@@ -159,8 +170,9 @@ def parse_sim(value: str | Mapping[str, float] | None) -> dict:
     return out
 
 
-SIM_FIELDS = {"per_step": "per_step_s", "per_sample": "per_sample_s", "jitter": "jitter",  # --sim
-              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync",  # name: field
+SIM_FIELDS = {"per_step": "per_step_s", "per_sample": "per_sample_s",  # --sim name: field
+              "per_push": "per_push_s", "jitter": "jitter",
+              "calibrate": "calibrate", "eval_every": "eval_every", "sync": "sync",
               "bandwidth": "bandwidth_mbit", "latency": "latency_ms"}
 
 

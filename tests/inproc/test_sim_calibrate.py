@@ -27,16 +27,22 @@ def test_calibrated_run_uses_and_shows_the_measured_cost_model():
     used = events[events.event == "sim_cost"].iloc[0]
     assert found["where"] == "kernel"
     assert [p[0] for p in found["points"]] == [8, 32, 128]
-    assert found["hub_round_trip_s"] > 0 and found["per_step_s"] >= found["hub_round_trip_s"]
+    # the round trip is split: the hub's work per push, and the worker's side in per_step
+    assert 0 < found["per_push_s"] <= found["hub_round_trip_s"]
+    assert found["per_step_s"] + found["per_push_s"] >= 0.9 * found["hub_round_trip_s"]
     assert (used["per_step_s"] == found["per_step_s"]
-            and used["per_sample_s"] == found["per_sample_s"])
+            and used["per_sample_s"] == found["per_sample_s"]
+            and used["per_push_s"] == found["per_push_s"])
     notes = [t for t in events.get("text", []) if isinstance(t, str) and "--sim calibrate" in t]
-    assert notes and f"per_step={float(found['per_step_s'])!r}" in notes[0]
-    # the virtual clock follows the fitted model: 256 samples / 2 workers at batch 32, no jitter
+    assert notes and (f"per_step={float(found['per_step_s'])!r}" in notes[0]
+                      and f"per_push={float(found['per_push_s'])!r}" in notes[0])
+    # the virtual clock follows the fitted model: 256 samples / 2 workers at batch 32, no jitter;
+    # the two workers' pushes queue at the hub (per_push each, one at a time) only at the first
+    # step, when both push at once: after it they are per_push apart
     steps_per_worker = 256 / 32 / 2
+    step = found["per_step_s"] + 32 * found["per_sample_s"] + found["per_push_s"]
     end = run.history["time"].max()
-    assert np.isclose(end, steps_per_worker * (found["per_step_s"] + 32 * found["per_sample_s"]),
-                      rtol=1e-6)
+    assert np.isclose(end, steps_per_worker * step + found["per_push_s"], rtol=1e-6)
 
 
 def test_hub_round_trip_grows_with_the_parameter_count():
@@ -48,6 +54,7 @@ def test_describe_gives_the_numbers_to_repeat_the_run_exactly():
     from nbdist.core.simclock import CostModel
     from nbdist.modes.simulate.calibrate import Calibration
 
-    text = describe(Calibration(CostModel(0.0012, 3.4e-05), 0.0009, 3.4e-05, 0.0003, [],
-                                "engine 0 (h)"))
-    assert "engine 0 (h)" in text and "--sim per_step=0.0012,per_sample=3.4e-05" in text
+    text = describe(Calibration(CostModel(0.0012, 3.4e-05), 0.0009, 3.4e-05, 0.0004, 0.0001,
+                                [], "engine 0 (h)"))
+    assert "engine 0 (h)" in text
+    assert "--sim per_step=0.0012,per_sample=3.4e-05,per_push=0.0001" in text

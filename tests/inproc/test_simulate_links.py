@@ -1,5 +1,6 @@
 """--mode simulate with links (`--sim bandwidth=...,latency=...`) and `--compression`: each
-push and pull takes the virtual time its bytes take, the hub applies a push when it arrives,
+push and pull takes the virtual time its bytes take, the hub applies a push when it arrives
+(after its work on the pushes before, with `per_push`), an evaluation takes its forward pass,
 and a codec trains as a TCP worker's does. (The link arithmetic: tests/unit/test_links.py.)"""
 
 import numpy as np
@@ -47,6 +48,36 @@ def test_four_workers_pushes_queue_at_a_slow_hub_link():
     assert arrivals[-1] >= 0.008 * len(arrivals)
     fast, _ = simulate()
     assert arrivals[-1] > 3 * fast.history["time"].iloc[-1]  # the link sets the pace
+
+
+def test_pushes_queue_at_the_hub_for_its_work_on_each():
+    """--sim per_push: the hub works on one push at a time, so a hub slower than the workers
+    sets the pace: after the first step, one push is applied every per_push seconds."""
+    hub = 0.004  # longer than a step (STEP: 1.64 ms)
+    run, weights = simulate(sim=f"per_push={hub}")
+    times = run.history["time"].to_numpy()
+    np.testing.assert_allclose(times, STEP + hub * np.arange(1, len(times) + 1), rtol=1e-9)
+    # the workers wait for the hub: their link time is none, so it is all the hub's queue
+    assert (run.nodes["comm_s"] > 0).all()
+    # the workers start together and take turns either way: the queue moves time, not the order
+    _, without = simulate()
+    np.testing.assert_array_equal(weights, without)
+
+
+def test_an_evaluation_takes_a_forward_pass_and_reaches_the_history_after_it():
+    """A worker evaluates before its next step, for a third of a trained sample's cost per
+    validation sample, and its result is recorded then (as a real worker's next message
+    brings it)."""
+    ns = {}
+    run = nbdist.train(SYNTHETIC_CELL, namespace=ns, mode="simulate", wait=True, workers=1,
+                       epochs=2, batch_size=32, sim="per_step=0.001,per_sample=0.0003")
+    assert run.status == "finished", run.error
+    evaluation = 0.0003 * len(ns["x_test"]) / 3
+    history = run.history.sort_values("time", kind="stable")
+    first_eval = history["val_accuracy"].notna().to_numpy().argmax()
+    before, at, after = history["time"].iloc[first_eval - 1:first_eval + 2]
+    assert at == pytest.approx(before + evaluation, rel=1e-9)  # the epoch's last push, then it
+    assert after == pytest.approx(at + 0.001 + 32 * 0.0003, rel=1e-9)  # then the next step
 
 
 def test_simulated_sync_waits_for_a_ring_allreduce_per_step():

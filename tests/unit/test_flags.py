@@ -132,7 +132,8 @@ def test_defaults_live_once():
     assert not hasattr(affinity, "PIN_CHOICES")
     assert sim_options({}) == SimOptions()
     sim = next(f for f in config_flags() if f.name == "sim")
-    assert sim.shown == ("per_step=0.001,per_sample=2e-05,jitter=0,calibrate=0,eval_every=0,sync=0,"
+    assert sim.shown == ("per_step=0.001,per_sample=2e-05,per_push=0,jitter=0,calibrate=0,"
+                         "eval_every=0,sync=0,"
                          "bandwidth=0,latency=0")
 
 

@@ -17,7 +17,11 @@ What crosses the network (`nbdist.modes.simulate.network`): each push and pull g
 the run's `--compression` encoders, as a TCP worker's do, and its bytes are counted
 (`run.traffic`). It takes no virtual time unless `--sim bandwidth=...` or `latency=...` gives
 the links: a push then reaches the hub, and a pull its worker, when the links let it
-(`nbdist.core.links`), and the hub applies the push at its arrival. Evaluation takes none.
+(`nbdist.core.links`). With `--sim per_push=...` the hub then works on each push for that
+long, one push at a time (a push that arrives while it is busy waits), and applies it and
+answers when done; without, it applies the push at its arrival. A worker given an evaluation
+job evaluates before anything else, for the cost model's `eval_time`, and its result reaches
+the history then, as a real worker's reaches the hub with its next message.
 
 Nothing depends on the host's speed or scheduling, so a run is the same, bit for bit, for a
 seed (on the same TensorFlow build and CPU kind; float reductions may differ across them).
@@ -30,6 +34,7 @@ unchanged.
 
 from __future__ import annotations
 
+import heapq
 import json
 import math
 import threading
@@ -43,6 +48,7 @@ from nbdist.core.compression import parse
 from nbdist.core.plan import Plan
 from nbdist.core.shard import ShardCore
 from nbdist.core.simclock import CostModel, EventQueue, Jitter, SimOptions
+from nbdist.engine.data import num_rows
 from nbdist.engine.evaluate import check_finite, evaluate
 from nbdist.errors import TrainingError
 from nbdist.modes.common.worker import step_metrics
@@ -66,6 +72,7 @@ class _Worker:
     last_push: float = 0.0  # virtual time of its last push (or 0): what came after is waiting
     comm_s: float = 0.0  # virtual time its last push and pull spent on the links
     arriving: tuple | None = None  # a push on its way to the hub: (step, gradient, nt delta)
+    at_hub: bool = False  # the push arrived and waits for, or is in, the hub's work on it
     started: set = field(default_factory=set)
 
 
@@ -111,7 +118,12 @@ class Simulation:
                                       sync=self.sync)
         self._weights = np.empty_like(self.core.params)  # the hub's answer, before the wire
         self.idle: set[int] = set()
+        self.hub_free = 0.0  # when the hub is done with the pushes that reached it (per_push)
         self.next_eval = options.eval_every or math.inf
+        # evaluations done, on their way to the history: (virtual time, worker, result, and
+        # whether the worker then leaves)
+        self._evals_due: list[tuple[float, int, EvalResult, bool]] = []
+        self._eval_rows = 0 if validation is None else num_rows(validation[0])
         self.error: BaseException | None = None
         self.ended = False
         self._stalled = 0
@@ -151,10 +163,12 @@ class Simulation:
     # -- the play ----------------------------------------------------------------------------
 
     def calibrate(self, batch: int, cluster=None) -> CostModel:
-        """Measure the model's step and the hub's round trip (`calibrate.py`); use the fit."""
+        """Measure the model's step, the hub's round trip and its work per push (`calibrate.py`);
+        use them."""
         found = calibrate(self.flat, self.core.params, self.core.non_trainable, self.data.x,
-                          self.data.y, batch, self.options.jitter, cluster)
+                          self.data.y, batch, self.options.jitter, cluster, self.compression)
         self.cost = found.cost
+        self.options = replace(self.options, per_push_s=found.hub_per_push_s)
         self.coordinator.stats.record_event("sim_calibration", 0.0, **found.as_event())
         self.calibration = found
         return self.cost
@@ -164,7 +178,9 @@ class Simulation:
             with self._lock:
                 c = self.cost
                 self.coordinator.stats.record_event("sim_cost", 0.0, per_step_s=c.per_step_s,
-                                                    per_sample_s=c.per_sample_s, jitter=c.jitter)
+                                                    per_sample_s=c.per_sample_s,
+                                                    per_push_s=self.options.per_push_s,
+                                                    jitter=c.jitter)
                 for w in range(self.plan.num_workers):
                     self.core.hello(Hello(w, host="virtual", link="tcp",
                                           compression=self.compression))
@@ -181,9 +197,16 @@ class Simulation:
 
     def _advance(self) -> bool:
         """Play the next event (or unblock the run); False when every worker has left."""
-        if self.coordinator.finished:
+        due = self._evals_due[0][0] if self._evals_due else None
+        if due is not None and (not len(self.queue) or due <= self.queue.peek_time()):
+            self._evaluate_until(due)
+            self.now, w, result, leave = heapq.heappop(self._evals_due)
+            self.core.eval_result(w, result)
+            if leave:  # the run's end came with the job: it reported first, then left
+                self._leave(w)
+        elif self.coordinator.finished:
             return False
-        if len(self.queue):
+        elif len(self.queue):
             t, w = self.queue.pop()
             self._evaluate_until(t)
             self.now = t
@@ -214,7 +237,8 @@ class Simulation:
 
     def _progress(self) -> tuple:
         c = self.coordinator
-        return (len(self.queue), len(c.gone), c.stats.global_step, len(c.stats.evals), c.paused)
+        return (len(self.queue), len(c.gone), c.stats.global_step, len(c.stats.evals), c.paused,
+                len(self._evals_due))
 
     def _answer(self, w: int, pull: bool) -> None:
         """The shard's reply to `w` (unless it holds it), and what the worker does with it."""
@@ -234,11 +258,14 @@ class Simulation:
                                       full=work.eval is not None)
             v.comm_s += start - self.now
             np.copyto(v.nt, self.core.non_trainable)
-        if work.eval:
+        if work.eval:  # first, as a real worker does; the result goes with its next message
             metrics = self._evaluate_on(v.params, v.nt)
-            self.core.eval_result(w, EvalResult(work.eval.epoch, metrics, work.eval.version))
+            start += self.cost.eval_time(self._eval_rows, float(work.slowdown))
+            heapq.heappush(self._evals_due, (start, w, EvalResult(
+                work.eval.epoch, metrics, work.eval.version), bool(work.done)))
         if work.done:
-            self._leave(w)
+            if not work.eval:
+                self._leave(w)
             return
         todo = [c for c in work.chunks if c.id not in v.started]
         if not pull and (todo or work.eval_pending):
@@ -277,7 +304,8 @@ class Simulation:
         grad, arrives = self.network.push(w, self.now, grad)
         step.traffic = list(self.network.traffic[w])
         v.comm_s = arrives - self.now
-        if arrives > self.now:  # on the links until then: the hub applies it at its arrival
+        if arrives > self.now or (self.options.per_push_s and not self.sync):
+            # on the links until then, and at the hub (`_deliver`)
             v.arriving = (step, grad.copy(), nt_delta)
             self.queue.schedule(arrives, w)
             return
@@ -314,8 +342,16 @@ class Simulation:
         return loss, read, {k: t.tolist() for k, t in totals.items()}, v.nt - nt_read
 
     def _deliver(self, w: int) -> None:
-        """Worker `w`'s push reaches the hub: applied now, and answered."""
+        """Worker `w`'s push reaches the hub: applied now, and answered; with `per_push`, once
+        the hub has done the pushes before it and this one's work."""
         v = self.workers[w]
+        if self.options.per_push_s and not self.sync and not v.at_hub:
+            self.hub_free = max(self.now, self.hub_free) + self.options.per_push_s
+            v.at_hub = True
+            v.comm_s += self.hub_free - self.now
+            self.queue.schedule(self.hub_free, w)
+            return
+        v.at_hub = False
         (step, grad, nt_delta), v.arriving = v.arriving, None
         self.core.push(step, grad, non_trainable_delta=nt_delta)
         self.core.settle()
