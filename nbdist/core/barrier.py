@@ -91,6 +91,20 @@ class GroupBarrier:
         return [self._take(k) for k in list(self._pending)
                 if self._pending[k].headers and now - self._pending[k].since >= limit_s]
 
+    def waiting_only_for(self, idle: set[int]) -> list[GroupStep]:
+        """Steps whose members yet to push are all in `idle` (they have nothing to push, as at
+        an epoch gate): applied with what came.
+
+        Example:
+            >>> b = GroupBarrier(size=1)
+            >>> _ = b.add((0, 1, 2), 0, np.ones(1, np.float32), batch=2, read_version=0, header={})
+            >>> b.waiting_only_for({2}), len(b.waiting_only_for({1, 2}))
+            ([], 1)
+        """
+        return [self._take(k) for k in list(self._pending)
+                if self._pending[k].headers
+                and set(k[0]) - set(self._pending[k].headers) <= idle]
+
     @property
     def pending(self) -> bool:
         return bool(self._pending)

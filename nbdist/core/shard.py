@@ -228,6 +228,21 @@ class ShardCore:
                                                     pushed=sorted(step.headers))
         return bool(steps)
 
+    def apply_gate_groups(self) -> bool:
+        """At an epoch gate (or the end of the data), a group step that waits for members with
+        no batch left cannot complete: they get none until the kernel opens the next epoch
+        (or ever), and the kernel waits for this epoch's steps. Applied now with the pushes
+        that came (True if any was)."""
+        c = self.coordinator
+        if (self.barrier is None or c is None or not self.barrier.pending
+                or not (c.at_gate or c.schedule.finished)):
+            return False
+        idle = {w for w, chunks in c.assigned.items() if not chunks} | c.gone
+        steps = self.barrier.waiting_only_for(idle)
+        for step in steps:
+            self.apply_group(step)
+        return bool(steps)
+
     def eval_result(self, worker: int, result: EvalResult | None) -> None:
         if self.coordinator is not None and result is not None:
             self.settle()  # the evaluation is recorded at the step count so far

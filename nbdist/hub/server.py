@@ -257,8 +257,9 @@ class Hub:
             while not self.closing:
                 self._running_time()  # every turn: a longer interval is a gap of the hub itself
                 self.lease_time()
-                if (grouped and self.core.barrier.pending
-                        and self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
+                if grouped and self.core.barrier.pending and (
+                        self.core.apply_gate_groups()
+                        or self.core.expire_groups(GROUP_WAIT_LIMIT_S)):
                     self._release_held()
                 if self.core.coordinator and self.now() - last_check > LOST_CHECK_S:
                     last_check = self.now()

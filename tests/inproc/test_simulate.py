@@ -64,6 +64,21 @@ def test_simulated_sync_takes_the_slowest_step_and_has_no_delay():
     assert run.nodes["samples"].sum() == 2 * 900
 
 
+@pytest.mark.timeout(120)
+def test_simulated_sync_goes_past_an_epoch_gate_whose_batches_the_workers_do_not_divide():
+    """A fit call's epochs of 7 batches over 4 workers: each epoch's last group step has a
+    member with no batch left before the gate; it is applied with the pushes that came (it
+    once waited for ever for the member, and the kernel for the epoch's end)."""
+    cell = SYNTHETIC_CELL + ("model.fit(x_train, y_train, batch_size=32, epochs=3, "
+                             "steps_per_epoch=7, validation_data=(x_test, y_test), verbose=0)\n")
+    run = nbdist.train(cell, namespace={}, mode="simulate", workers=4, sim="sync=1", wait=True)
+    assert run.status == "finished", run.error
+    steps = run.history.dropna(subset=["loss"])
+    assert len(steps) == 3 * 7  # every batch once, in steps of 4, 3 (the partial one), 4, ...
+    assert steps["time"].nunique() == 3 * 2  # two group steps an epoch
+    assert len(run.history.dropna(subset=["val_accuracy"])) == 3
+
+
 def test_ssp_keeps_the_fast_worker_within_s_clocks_of_the_slow_one():
     run, _ = simulate(algorithm="ssp", staleness=1, workers=2, slowdown="1,4", no_validation=True)
     counts = run.history["worker"].map({0: 1, 1: -1}).cumsum()

@@ -214,6 +214,8 @@ class Simulation:
                 self._complete_step(w)
             else:
                 self._deliver(w)
+        elif self.core.apply_gate_groups():
+            pass  # an epoch's last group step, with members left without a batch before the gate
         elif ((self.coordinator.paused and not self.coordinator.stopping)
               or self.coordinator.at_gate):
             # nothing runs while paused or at an epoch gate; wait for the kernel
