@@ -82,7 +82,8 @@ class FitLauncher:
         self._check_model(call)
         placed = place(call, self.ns)
         try:
-            spec, options, notes = plan_fit(call, placed, self.given, config.mode.value)
+            spec, options, notes = plan_fit(call, placed, self.given, config.mode.value,
+                                            sim_sync=bool(config.sim.get("sync")))
             spec = replace(spec, ordinal=ordinal)
             config = config.replace(**options)
             job = prepare_job(self.cell, config, self.ns, checkpoint, fit=spec,

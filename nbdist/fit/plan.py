@@ -30,7 +30,7 @@ class FitSpec:
     epochs: int  # Keras's `epochs`: the index of the last epoch plus one
     initial_epoch: int
     batch: int  # the model's batch: samples per step as the call counts them
-    split_batch: bool  # --mode sync: the ranks share `batch` (no --batch-size flag)
+    split_batch: bool  # --mode sync (or simulated): the ranks share `batch` (no --batch-size)
     epoch_size: int | None  # samples per epoch when fewer than a pass (steps_per_epoch)
     ordinal: int = 0  # which of the cell's fit calls (0: the first): one run for each
     batch_from_call: bool = True  # `batch` is the call's (no --batch-size flag)
@@ -45,10 +45,11 @@ class FitSpec:
         return bool(self.call.shuffle)
 
 
-def plan_fit(call: FitCall, placed: FitData, given: dict,
-             mode: str) -> tuple[FitSpec, dict, list[str]]:
+def plan_fit(call: FitCall, placed: FitData, given: dict, mode: str,
+             sim_sync: bool = False) -> tuple[FitSpec, dict, list[str]]:
     """(what the run keeps of the call, the options for `TrainConfig`, notes for the run):
-    `given` holds the options the magic line or `nbdist.train` set explicitly.
+    `given` holds the options the magic line or `nbdist.train` set explicitly; `sim_sync`:
+    `--mode simulate --sim sync=1`, whose virtual ranks share the batch as sync's do.
 
     Example:
         >>> from nbdist.engine.fit_data import FitData
@@ -74,7 +75,8 @@ def plan_fit(call: FitCall, placed: FitData, given: dict,
     if call.steps_per_epoch is not None and placed.take_batches is None:
         epoch_size = call.steps_per_epoch * batch  # an epoch is part of a pass (or all of it)
     spec = FitSpec(call=call, placed=placed, epochs=epochs, initial_epoch=call.initial_epoch,
-                   batch=batch, split_batch=mode == "sync" and "batch_size" not in given,
+                   batch=batch, split_batch=(mode == "sync" or (mode == "simulate" and sim_sync))
+                   and "batch_size" not in given,
                    epoch_size=epoch_size, batch_from_call="batch_size" not in given)
     return spec, {"epochs": spec.passes, "batch_size": batch}, notes
 

@@ -64,14 +64,27 @@ def test_simulated_sync_takes_the_slowest_step_and_has_no_delay():
     assert run.nodes["samples"].sum() == 2 * 900
 
 
+def test_simulated_sync_ranks_share_the_fit_calls_batch_as_sync_ranks_do():
+    """--sim sync=1 stands for --mode sync, whose ranks each take batch_size // ranks of the
+    cell's fit call: a step is the call's batch, not ranks times it."""
+    cell = SYNTHETIC_CELL + ("model.fit(x_train, y_train, batch_size=32, epochs=1, "
+                             "validation_data=(x_test, y_test), verbose=0)\n")
+    run = nbdist.train(cell, namespace={}, mode="simulate", workers=4, sim="sync=1", wait=True)
+    steps = run.history.dropna(subset=["loss"])
+    assert set(steps["batch_size"]) == {8}
+    assert steps.groupby("time")["batch_size"].sum().max() == 32
+
+
 @pytest.mark.timeout(120)
 def test_simulated_sync_goes_past_an_epoch_gate_whose_batches_the_workers_do_not_divide():
-    """A fit call's epochs of 7 batches over 4 workers: each epoch's last group step has a
-    member with no batch left before the gate; it is applied with the pushes that came (it
-    once waited for ever for the member, and the kernel for the epoch's end)."""
+    """A fit call's epochs of 7 batches over 4 workers (--batch-size 32 each: not shared): each
+    epoch's last group step has a member with no batch left before the gate; it is applied
+    with the pushes that came (it once waited for ever for the member, and the kernel for the
+    epoch's end)."""
     cell = SYNTHETIC_CELL + ("model.fit(x_train, y_train, batch_size=32, epochs=3, "
                              "steps_per_epoch=7, validation_data=(x_test, y_test), verbose=0)\n")
-    run = nbdist.train(cell, namespace={}, mode="simulate", workers=4, sim="sync=1", wait=True)
+    run = nbdist.train(cell, namespace={}, mode="simulate", workers=4, sim="sync=1", wait=True,
+                       batch_size=32)
     assert run.status == "finished", run.error
     steps = run.history.dropna(subset=["loss"])
     assert len(steps) == 3 * 7  # every batch once, in steps of 4, 3 (the partial one), 4, ...

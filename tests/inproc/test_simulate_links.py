@@ -80,6 +80,23 @@ def test_an_evaluation_takes_a_forward_pass_and_reaches_the_history_after_it():
     assert after == pytest.approx(at + 0.001 + 32 * 0.0003, rel=1e-9)  # then the next step
 
 
+def test_a_fit_calls_validation_in_the_kernel_holds_the_workers_at_the_gate_for_its_pass():
+    """The cell's own fit call validates in the kernel at each epoch's end while the workers
+    wait at the gate: the clock moves on by that evaluation before the next epoch's steps."""
+    ns = {}
+    cell = SYNTHETIC_CELL + ("model.fit(x_train, y_train, batch_size=32, epochs=2, "
+                             "validation_data=(x_test, y_test), verbose=0)\n")
+    run = nbdist.train(cell, namespace=ns, mode="simulate", wait=True, workers=1,
+                       sim="per_step=0.001,per_sample=0.0003")
+    assert run.status == "finished", run.error
+    evaluation = 0.0003 * len(ns["x_test"]) / 3
+    history = run.history.sort_values("time", kind="stable")
+    first_eval = history["val_accuracy"].notna().to_numpy().argmax()
+    before, at, after = history["time"].iloc[first_eval - 1:first_eval + 2]
+    assert at == pytest.approx(before + evaluation, rel=1e-9)
+    assert after == pytest.approx(at + 0.001 + 32 * 0.0003, rel=1e-9)
+
+
 def test_simulated_sync_waits_for_a_ring_allreduce_per_step():
     run, _ = simulate(sim="sync=1,bandwidth=1,latency=0.5")
     ring = ring_allreduce_s(FRAME, [Link(1e6, 5e-4)] * 4)  # 6 rounds of 195 bytes and 1 ms

@@ -57,6 +57,9 @@ def test_flags_override_the_call_and_the_notes_say_which_value_won():
     assert notes == ["--batch-size 64 on the magic line overrides model.fit(batch_size=128)."]
     spec, options, notes = plan_fit(call, FitData(("x", "y"), ()), {}, "sync")
     assert options == {"epochs": 15, "batch_size": 128} and spec.split_batch and notes == []
+    # --sim sync=1 simulates sync: its virtual ranks share the batch too; plain simulate does not
+    assert plan_fit(call, FitData(("x", "y"), ()), {}, "simulate", sim_sync=True)[0].split_batch
+    assert not plan_fit(call, FitData(("x", "y"), ()), {}, "simulate")[0].split_batch
 
 
 def test_initial_epoch_counts_from_the_calls_epoch_and_steps_per_epoch_sets_the_epoch_size():

@@ -21,7 +21,9 @@ the links: a push then reaches the hub, and a pull its worker, when the links le
 long, one push at a time (a push that arrives while it is busy waits), and applies it and
 answers when done; without, it applies the push at its arrival. A worker given an evaluation
 job evaluates before anything else, for the cost model's `eval_time`, and its result reaches
-the history then, as a real worker's reaches the hub with its next message.
+the history then, as a real worker's reaches the hub with its next message. A cell's own fit
+call validates in the kernel at each epoch's gate, while the workers wait: its evaluation
+moves the clock on by its `eval_time` too (`kernel_eval_rows`).
 
 Nothing depends on the host's speed or scheduling, so a run is the same, bit for bit, for a
 seed (on the same TensorFlow build and CPU kind; float reductions may differ across them).
@@ -83,7 +85,7 @@ class Simulation:
                  non_trainable: np.ndarray, options: SimOptions, seed: int,
                  optimizer: dict | None = None, constraints: list[dict] | tuple = (),
                  compression: str = "none", inner_optimizer: dict | None = None,
-                 shapes: Sequence[Sequence[int]] = ()):
+                 shapes: Sequence[Sequence[int]] = (), kernel_eval_rows: int = 0):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
@@ -124,6 +126,7 @@ class Simulation:
         # whether the worker then leaves)
         self._evals_due: list[tuple[float, int, EvalResult, bool]] = []
         self._eval_rows = 0 if validation is None else num_rows(validation[0])
+        self._kernel_eval_rows = kernel_eval_rows  # what a fit call's kernel validates
         self.error: BaseException | None = None
         self.ended = False
         self._stalled = 0
@@ -143,6 +146,9 @@ class Simulation:
 
     def control(self, **changes: object) -> None:
         with self._lock:
+            if changes.get("eval") is not None and self._kernel_eval_rows and not len(self.queue):
+                # the kernel validated the epoch at its gate, nothing else running: that long
+                self.now += self.cost.eval_time(self._kernel_eval_rows)
             self.core.control(Control(**changes))
             self._lock.notify_all()
 

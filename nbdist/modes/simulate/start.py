@@ -12,11 +12,12 @@ from dataclasses import replace
 import numpy as np
 
 from nbdist.core.simclock import sim_options
-from nbdist.engine.data import ArraySource, as_float32
+from nbdist.engine.data import ArraySource, as_float32, num_rows
 from nbdist.engine.flat_layout import ensure_built
 from nbdist.engine.flatmodel import FlatModel
 from nbdist.engine.optimizer_spec import describe_optimizer
 from nbdist.errors import CheckpointError, ConfigError, DataError, TrainingError
+from nbdist.fit.plan import sync_batches
 from nbdist.job import Job
 from nbdist.modes.common.launch import begin_run
 from nbdist.modes.simulate.calibrate import describe
@@ -48,6 +49,10 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                         f"of it ({contents.data[0]}.take(n)), or raise --in-memory-limit.")
     x, y, sw = (*contents.arrays, None)[:3]
     fit = job.fit
+    if fit is not None and fit.split_batch:  # --sim sync=1: the ranks share the fit call's batch
+        each, warning = sync_batches(fit.batch, config.workers or len(config.slowdown))
+        config = config.replace(batch_size=each)
+        job = replace(job, config=config, warnings=[*job.warnings, *([warning] if warning else [])])
     data = ArraySource(as_float32(x), y, contents.num_samples, config.seed, sw,
                        shuffle=fit.shuffle if fit is not None else True, epoch_size=job.epoch_size)
     job = job.for_workers(config.workers or len(config.slowdown))
@@ -60,7 +65,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                             job.non_trainable, options, config.seed, job.optimizer, job.constraints,
                             compression=config.compression, shapes=job.layout["trainable"],
                             inner_optimizer=_workers_optimizer(job) if config.local_steps > 1
-                            else None)
+                            else None, kernel_eval_rows=_kernel_eval_rows(job))
     if options.calibrate:
         simulation.calibrate(config.batch_size, cluster)
         job = replace(job, contents=replace(contents, notes=[*contents.notes,
@@ -68,6 +73,19 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     backend = SimBackend(simulation)
     backend.start_workers(None)
     return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
+
+
+def _kernel_eval_rows(job: Job) -> int:
+    """The validation samples a cell's fit call evaluates in the kernel at an epoch's end (0:
+    no fit call, or no validation)."""
+    validation = job.contents.validation_arrays
+    if job.fit is None or validation is None:
+        return 0
+    rows = num_rows(validation[0])
+    call = job.fit.call
+    if call.validation_steps is not None:
+        rows = min(rows, call.validation_steps * (call.validation_batch_size or job.fit.batch))
+    return rows
 
 
 def _workers_optimizer(job: Job) -> dict:
