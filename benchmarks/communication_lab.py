@@ -24,8 +24,10 @@ The simulator's prediction (`--predict`, a few minutes more)
     The same sweep again in `--mode simulate`, with the lab's links (`--sim bandwidth=1000,
     latency=0.2`: each host's rate and delay, as netem shapes them) and, for each way of
     training, what its parts cost on this machine:
-    - `per_sample`: the compute per sample its measured run's workers reported (on 2 cores
-      shared by 5 processes a step takes longer than it does alone), `per_step=0`;
+    - `per_step`: the fixed cost of a call of the cell's step, timed here alone (the fastest,
+      `nbdist.modes.simulate.calibrate.step_points`); evaluations pay it per batch;
+    - `per_sample`: the rest of the compute per step its measured run's workers reported, per
+      sample (on 2 cores shared by 5 processes a step takes longer than it does alone);
     - `per_push` (the hub's work on each push, one at a time): the hub's CPU per push for
       the method's codec and this model's size, timed here through a real hub over loopback
       (`nbdist.modes.simulate.calibrate.hub_costs`), times the run's contention (its compute
@@ -135,17 +137,25 @@ def predict(measured, args, links: str, cell: str) -> None:
     alone = _compute(runs, None, options)
     hub_s = {codec: hub_costs(MODEL_SIZE, codec)[1]
              for codec in {m.get("compression", "none") for m in [*methods, {}]}}
+    call_s = _call_cost()
+
+    def cost(method: dict | None) -> str:
+        """The method's `--sim` cost: a call's fixed cost, the rest of its measured compute per
+        sample (sync's ranks share the batch of 64), the hub's work per push."""
+        compute = _compute(runs, method, options)
+        batch = BATCH // WORKERS if (method or {}).get("mode") == "sync" else BATCH
+        per_sample = max(0.0, compute - call_s / batch)
+        per_push = hub_s[(method or {}).get("compression", "none")] * compute / alone
+        return f"{links},per_step={call_s:.3g},per_sample={per_sample:.3g},per_push={per_push:.3g}"
+
     points = []
     for method in methods:
-        compute = _compute(runs, method, options)
-        cost = f"{links},per_step=0,per_sample={compute:.3g}"
         if method.get("mode") == "sync":
-            points.append({"sim": f"sync=1,{cost}"})
+            points.append({"sim": f"sync=1,{cost(method)}"})
         else:
-            per_push = hub_s[method.get("compression", "none")] * compute / alone
             points.append({**{k: v for k, v in method.items() if k != "transport"},
-                           "sim": f"{cost},per_push={per_push:.3g}"})
-    baseline = f"{links},per_step=0,per_sample={alone:.3g},per_push={hub_s['none']:.3g}"
+                           "sim": cost(method)})
+    baseline = cost(None)
     simulated = nbdist.sweep(cell, points, target=args.target,
                              seeds=[int(s) for s in args.seeds.split(",")], mode="simulate",
                              workers=WORKERS, sim=baseline)
@@ -165,12 +175,30 @@ def predict(measured, args, links: str, cell: str) -> None:
                      "predicted_MB": sim.bytes_to_target / 1e6,
                      "sim": (point or {"sim": baseline})["sim"]})
     print()
-    print(f"The simulator's prediction ({links}; per_sample: each method's measured compute; "
-          f"per_push: the hub's work per push for its codec, scaled by the run's contention):")
+    print(f"The simulator's prediction ({links}; per_step: a call's cost alone; per_sample: the "
+          f"rest of each method's measured compute; per_push: the hub's work per push for its "
+          f"codec, scaled by the run's contention):")
     print(pd.DataFrame(rows).to_string(index=False, float_format=lambda v: f"{v:.3g}"))
     print(f"Validation runs {args.evals_per_pass} times a pass, so the time to the target moves "
           "by that part of a pass where one side reached it a validation later (the steps "
           "columns); the clock's own error is the ms per step.")
+
+
+def _call_cost() -> float:
+    """The fixed cost of one call of the cell's gradient step, timed in this process alone (the
+    fastest of many, fitted over three batch sizes: `--sim calibrate=1`'s measurement)."""
+    from nbdist.core.simclock import fit_cost
+    from nbdist.engine.flat_layout import ensure_built, read_flat
+    from nbdist.engine.flatmodel import FlatModel
+    from nbdist.modes.simulate.calibrate import step_points
+
+    namespace: dict = {}
+    exec(CELL, namespace)  # noqa: S102 - the benchmark's own cell: its model and data
+    model, x, y = namespace["model"], namespace["x_train"], namespace["y_train"]
+    ensure_built(model, x[:2])
+    params, non_trainable = read_flat(model)
+    return fit_cost(step_points(FlatModel(model), params, non_trainable, x[:1024], y[:1024],
+                                BATCH)).per_step_s
 
 
 def _mean(runs, method: dict | None, options: list[str], column: str) -> float:

@@ -4,8 +4,10 @@ Responsible for:
 - `CostModel`: a step of `b` samples on a worker slowed down `k` times takes
   `k · (per_step_s + per_sample_s · b)` virtual seconds, times an optional jitter factor
   `exp(jitter · N(0, 1))` drawn from a stream seeded by (seed, worker), so noise is the same
-  on every machine. An evaluation of `n` samples takes `k · per_sample_s · n / 3` (a forward
-  pass is about a third of a training step's work: the backward pass costs about twice it).
+  on every machine. An evaluation of `n` samples in batches of `B` takes
+  `k · (ceil(n / B) · per_step_s + per_sample_s · n / 3)`: each batch pays the fixed cost of a
+  call, and a forward pass is about a third of a training step's work per sample (the
+  backward pass costs about twice it).
   The hub spends `per_push_s` on each push it applies (decode, apply, answer), one at a time.
 - `SimOptions` / `parse_sim`: the `--sim` option (`per_step=1e-3,per_sample=2e-5,per_push=5e-4,
   jitter=0.1,calibrate=1,eval_every=0.5,sync=1,bandwidth=1000,latency=0.2`), validated once.
@@ -47,13 +49,14 @@ _PER_HOST = ("bandwidth", "latency")  # also `bandwidth.hub`, `latency.3`: one h
 @dataclass(frozen=True)
 class CostModel:
     """Virtual seconds per step: `slowdown · (per_step_s + per_sample_s · batch)`; per
-    evaluation of `samples`: `slowdown · per_sample_s · samples / 3` (`FORWARD_SHARE`).
+    evaluation of `samples` in batches of `batch`: `slowdown · (ceil(samples / batch) ·
+    per_step_s + per_sample_s · samples / 3)` (`FORWARD_SHARE`).
 
     Example:
         >>> CostModel(per_step_s=0.001, per_sample_s=0.0001).step_time(10, slowdown=2)
         0.004
-        >>> round(CostModel(per_step_s=0.001, per_sample_s=0.0003).eval_time(1000), 9)
-        0.1
+        >>> round(CostModel(per_step_s=0.001, per_sample_s=0.0003).eval_time(1000, 250), 9)
+        0.104
     """
 
     per_step_s: float = DEFAULT_PER_STEP_S
@@ -63,8 +66,9 @@ class CostModel:
     def step_time(self, batch: int, slowdown: float = 1.0, noise: float = 1.0) -> float:
         return slowdown * (self.per_step_s + self.per_sample_s * batch) * noise
 
-    def eval_time(self, samples: int, slowdown: float = 1.0) -> float:
-        return slowdown * self.per_sample_s * samples * FORWARD_SHARE
+    def eval_time(self, samples: int, batch: int, slowdown: float = 1.0) -> float:
+        batches = -(-samples // max(1, batch))
+        return slowdown * (batches * self.per_step_s + self.per_sample_s * samples * FORWARD_SHARE)
 
 
 class Jitter:

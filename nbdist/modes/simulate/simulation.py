@@ -23,7 +23,7 @@ answers when done; without, it applies the push at its arrival. A worker given a
 job evaluates before anything else, for the cost model's `eval_time`, and its result reaches
 the history then, as a real worker's reaches the hub with its next message. A cell's own fit
 call validates in the kernel at each epoch's gate, while the workers wait: its evaluation
-moves the clock on by its `eval_time` too (`kernel_eval_rows`).
+moves the clock on by its `eval_time` too (`kernel_eval`: its samples and batch).
 
 Nothing depends on the host's speed or scheduling, so a run is the same, bit for bit, for a
 seed (on the same TensorFlow build and CPU kind; float reductions may differ across them).
@@ -85,7 +85,7 @@ class Simulation:
                  non_trainable: np.ndarray, options: SimOptions, seed: int,
                  optimizer: dict | None = None, constraints: list[dict] | tuple = (),
                  compression: str = "none", inner_optimizer: dict | None = None,
-                 shapes: Sequence[Sequence[int]] = (), kernel_eval_rows: int = 0):
+                 shapes: Sequence[Sequence[int]] = (), kernel_eval: tuple[int, int] = (0, 1)):
         self.sync = options.sync
         if self.sync:  # one group of everyone, applied at the plain rate
             plan = replace(plan, algorithm="group", groups=1)
@@ -125,8 +125,10 @@ class Simulation:
         # evaluations done, on their way to the history: (virtual time, worker, result, and
         # whether the worker then leaves)
         self._evals_due: list[tuple[float, int, EvalResult, bool]] = []
-        self._eval_rows = 0 if validation is None else num_rows(validation[0])
-        self._kernel_eval_rows = kernel_eval_rows  # what a fit call's kernel validates
+        # a worker's evaluation job: its samples, and the batch `evaluate` takes them in
+        rows = 0 if validation is None else num_rows(validation[0])
+        self._eval = (rows, rows if rows <= ONE_BATCH_EVAL else max(256, plan.batch_size))
+        self._kernel_eval = kernel_eval  # what a fit call's kernel validates, and its batch
         self.error: BaseException | None = None
         self.ended = False
         self._stalled = 0
@@ -146,9 +148,9 @@ class Simulation:
 
     def control(self, **changes: object) -> None:
         with self._lock:
-            if changes.get("eval") is not None and self._kernel_eval_rows and not len(self.queue):
+            if changes.get("eval") is not None and self._kernel_eval[0] and not len(self.queue):
                 # the kernel validated the epoch at its gate, nothing else running: that long
-                self.now += self.cost.eval_time(self._kernel_eval_rows)
+                self.now += self.cost.eval_time(*self._kernel_eval)
             self.core.control(Control(**changes))
             self._lock.notify_all()
 
@@ -268,7 +270,7 @@ class Simulation:
             np.copyto(v.nt, self.core.non_trainable)
         if work.eval:  # first, as a real worker does; the result goes with its next message
             metrics = self._evaluate_on(v.params, v.nt)
-            start += self.cost.eval_time(self._eval_rows, float(work.slowdown))
+            start += self.cost.eval_time(*self._eval, float(work.slowdown))
             heapq.heappush(self._evals_due, (start, w, EvalResult(
                 work.eval.epoch, metrics, work.eval.version), bool(work.done)))
         if work.done:

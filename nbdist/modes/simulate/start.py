@@ -65,7 +65,7 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
                             job.non_trainable, options, config.seed, job.optimizer, job.constraints,
                             compression=config.compression, shapes=job.layout["trainable"],
                             inner_optimizer=_workers_optimizer(job) if config.local_steps > 1
-                            else None, kernel_eval_rows=_kernel_eval_rows(job))
+                            else None, kernel_eval=_kernel_eval(job))
     if options.calibrate:
         simulation.calibrate(config.batch_size, cluster)
         job = replace(job, contents=replace(contents, notes=[*contents.notes,
@@ -75,17 +75,18 @@ def start(job: Job, *, cluster=None, wait: bool = False) -> Run:
     return begin_run(job, backend, simulation, f"sim-{uuid.uuid4().hex[:8]}", wait=wait)
 
 
-def _kernel_eval_rows(job: Job) -> int:
-    """The validation samples a cell's fit call evaluates in the kernel at an epoch's end (0:
-    no fit call, or no validation)."""
+def _kernel_eval(job: Job) -> tuple[int, int]:
+    """The validation samples a cell's fit call evaluates in the kernel at an epoch's end, and
+    the batch it takes them in (0 samples: no fit call, or no validation)."""
     validation = job.contents.validation_arrays
     if job.fit is None or validation is None:
-        return 0
-    rows = num_rows(validation[0])
+        return 0, 1
     call = job.fit.call
+    batch = call.validation_batch_size or job.fit.batch
+    rows = num_rows(validation[0])
     if call.validation_steps is not None:
-        rows = min(rows, call.validation_steps * (call.validation_batch_size or job.fit.batch))
-    return rows
+        rows = min(rows, call.validation_steps * batch)
+    return rows, batch
 
 
 def _workers_optimizer(job: Job) -> dict:
