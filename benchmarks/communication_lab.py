@@ -7,7 +7,8 @@ What it measures
     lab1..lab5, each host's link shaped to `--rate` (netem where the kernel has it, else tbf).
     A controller started by hand on the head, one `ipengine` per host: async puts its hub on
     lab1 and its 4 workers on lab2..lab5; sync's 4 ranks take 4 of the hosts. The 784-256-256-10
-    MLP (SGD 0.05) on Fashion-MNIST, batch 64 per worker, `--passes` passes over the data,
+    MLP (SGD 0.05) on Fashion-MNIST, batch 64 per worker (sync's ranks share it, 16 each, as
+    `--mode sync` does with a fit call's batch), `--passes` passes over the data,
     validated on the test split `--evals-per-pass` times a pass (the cell's own `fit` call, its
     `steps_per_epoch` making an epoch that part of a pass, so that the time to the target is
     not rounded up to a whole pass); each way of training once per seed, and one worker alone
@@ -108,7 +109,8 @@ def main() -> None:
     table = result.table
     table = table.assign(MB_to_target=(table["bytes_to_target"] / 1e6).round(1))
     print()
-    print(f"Links: {shaping}; {WORKERS} workers, batch {BATCH} each, {args.passes} passes, "
+    print(f"Links: {shaping}; {WORKERS} workers, batch {BATCH} each (sync's ranks share it), "
+          f"{args.passes} passes, "
           f"validated {args.evals_per_pass} times a pass; target val_accuracy >= "
           f"{args.target:g}.")
     shown = table[["point", "reached", "time_to_target", "MB_to_target", "bytes_source", "final",
@@ -145,8 +147,11 @@ def predict(measured, args, links: str, cell: str) -> None:
         compute = _compute(runs, method, options)
         batch = BATCH // WORKERS if (method or {}).get("mode") == "sync" else BATCH
         per_sample = max(0.0, compute - call_s / batch)
+        cost = f"{links},per_step={call_s:.3g},per_sample={per_sample:.3g}"
+        if (method or {}).get("mode") == "sync":  # no hub: the ring
+            return cost
         per_push = hub_s[(method or {}).get("compression", "none")] * compute / alone
-        return f"{links},per_step={call_s:.3g},per_sample={per_sample:.3g},per_push={per_push:.3g}"
+        return f"{cost},per_push={per_push:.3g}"
 
     points = []
     for method in methods:

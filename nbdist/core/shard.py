@@ -232,10 +232,12 @@ class ShardCore:
         """At an epoch gate (or the end of the data), a group step that waits for members with
         no batch left cannot complete: they get none until the kernel opens the next epoch
         (or ever), and the kernel waits for this epoch's steps. Applied now with the pushes
-        that came (True if any was)."""
+        that came (True if any was). Shard 0's alone: the others have no coordinator to ask,
+        and wait `GROUP_WAIT_LIMIT_S`."""
         c = self.coordinator
+        # every chunk handed out: up to the gate, or of the whole run (its steps still pending)
         if (self.barrier is None or c is None or not self.barrier.pending
-                or not (c.at_gate or c.schedule.finished)):
+                or not (c.at_gate or c.schedule.samples_left() == 0)):
             return False
         idle = {w for w, chunks in c.assigned.items() if not chunks} | c.gone
         steps = self.barrier.waiting_only_for(idle)

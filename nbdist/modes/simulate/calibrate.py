@@ -7,7 +7,7 @@ Responsible for:
 - timing one worker's push+pull round trip through a real hub for the model's size (a hub
   thread and a `WorkerTransport` over TCP loopback, signed frames as in a run, with the run's
   `--compression`), and the hub's own CPU time per push in it (`nbdist.hub.profile`: every
-  phase but the receive, which also waits);
+  phase but the receive, which also waits, and the loop's idle turns);
 - doing both on engine 0 of the cluster the run was given (the model travels as its Keras JSON
   and weights), or in this kernel when there is none. `Calibration.where` says which.
 
@@ -108,7 +108,7 @@ def hub_costs(size: int, compression: str = "none", trips: int = ROUND_TRIPS,
     """`(round trip, hub)`: the fastest seconds of one push+pull of a `size`-float gradient (random
     normal, so a codec's frames have their usual size) through a real hub over TCP loopback
     with `compression`, and the hub's mean CPU seconds per push (its profile's phases but the
-    receive)."""
+    receive and the idle loop)."""
     key, run_id = new_key(), f"calib-{uuid.uuid4().hex[:8]}"
     plan = Plan(num_workers=1, num_samples=10**12, epochs=1, batch_size=32, lr=0.0,
                 has_validation=False)
@@ -145,7 +145,8 @@ def hub_costs(size: int, compression: str = "none", trips: int = ROUND_TRIPS,
             control.close()
         summary = join_hub(run_id, 0, timeout=10.0)
     phases = summary.get("profile") or {}
-    hub_s = sum(phases.get(p, 0.0) for p in PHASES if p != "recv") / 1e6  # us per push -> s
+    # per push: the receive also waits, and the loop's idle turns are no push's work
+    hub_s = sum(phases.get(p, 0.0) for p in PHASES if p not in ("recv", "loop")) / 1e6
     return float(min(times)), min(hub_s, float(min(times)))
 
 

@@ -76,6 +76,7 @@ class _Worker:
     arriving: tuple | None = None  # a push on its way to the hub: (step, gradient, nt delta)
     at_hub: bool = False  # the push arrived and waits for, or is in, the hub's work on it
     started: set = field(default_factory=set)
+    busy_until: float = 0.0  # the end of its evaluation: it starts nothing before then
 
 
 class Simulation:
@@ -148,7 +149,8 @@ class Simulation:
 
     def control(self, **changes: object) -> None:
         with self._lock:
-            if changes.get("eval") is not None and self._kernel_eval[0] and not len(self.queue):
+            if (changes.get("eval") is not None and self._kernel_eval[0] and not len(self.queue)
+                    and not self._evals_due):
                 # the kernel validated the epoch at its gate, nothing else running: that long
                 self.now += self.cost.eval_time(*self._kernel_eval)
             self.core.control(Control(**changes))
@@ -212,9 +214,11 @@ class Simulation:
             self.core.eval_result(w, result)
             if leave:  # the run's end came with the job: it reported first, then left
                 self._leave(w)
-        elif self.coordinator.finished:
+            self._stalled = 0  # progress: the loop goes on (and wakes the workers) next turn
+            return True
+        if self.coordinator.finished:
             return False
-        elif len(self.queue):
+        if len(self.queue):
             t, w = self.queue.pop()
             self._evaluate_until(t)
             self.now = t
@@ -268,9 +272,11 @@ class Simulation:
                                       full=work.eval is not None)
             v.comm_s += start - self.now
             np.copyto(v.nt, self.core.non_trainable)
+        start = max(start, v.busy_until)
         if work.eval:  # first, as a real worker does; the result goes with its next message
             metrics = self._evaluate_on(v.params, v.nt)
             start += self.cost.eval_time(*self._eval, float(work.slowdown))
+            v.busy_until = start
             heapq.heappush(self._evals_due, (start, w, EvalResult(
                 work.eval.epoch, metrics, work.eval.version), bool(work.done)))
         if work.done:
