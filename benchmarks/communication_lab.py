@@ -61,7 +61,6 @@ NUM_SAMPLES = 60000  # Fashion-MNIST's training split
 # validated on the test split (in the kernel, as a fit call does)
 FIT = ("model.fit(x_train, y_train, batch_size=64, epochs={epochs}, steps_per_epoch={steps}, "
        "validation_data=(x_test, y_test), verbose=0)\n")
-MODEL_SIZE = 784 * 256 + 256 + 256 * 256 + 256 + 256 * 10 + 10  # the cell's weights: 269,322
 # the ways of training: each a point of the sweep
 METHODS = [
     {"mode": "sync"},
@@ -137,20 +136,21 @@ def predict(measured, args, links: str, cell: str) -> None:
                      if m is None or m.get("algorithm") != "streaming-diloco"]
     methods = [m for m, _ in measured_rows[:-1]]
     alone = _compute(runs, None, options)
-    hub_s = {codec: hub_costs(MODEL_SIZE, codec)[1]
+    call_s, size = _call_cost()
+    hub_s = {codec: hub_costs(size, codec)[1]
              for codec in {m.get("compression", "none") for m in [*methods, {}]}}
-    call_s = _call_cost()
 
     def cost(method: dict | None) -> str:
         """The method's `--sim` cost: a call's fixed cost, the rest of its measured compute per
         sample (sync's ranks share the batch of 64), the hub's work per push."""
-        compute = _compute(runs, method, options)
-        batch = BATCH // WORKERS if (method or {}).get("mode") == "sync" else BATCH
-        per_sample = max(0.0, compute - call_s / batch)
+        method = method or {}
+        compute = _compute(runs, method or None, options)
+        sync = method.get("mode") == "sync"
+        per_sample = max(0.0, compute - call_s / (BATCH // WORKERS if sync else BATCH))
         cost = f"{links},per_step={call_s:.3g},per_sample={per_sample:.3g}"
-        if (method or {}).get("mode") == "sync":  # no hub: the ring
+        if sync:  # no hub: the ring
             return cost
-        per_push = hub_s[(method or {}).get("compression", "none")] * compute / alone
+        per_push = hub_s[method.get("compression", "none")] * compute / alone
         return f"{cost},per_push={per_push:.3g}"
 
     points = []
@@ -189,9 +189,10 @@ def predict(measured, args, links: str, cell: str) -> None:
           "columns); the clock's own error is the ms per step.")
 
 
-def _call_cost() -> float:
+def _call_cost() -> tuple[float, int]:
     """The fixed cost of one call of the cell's gradient step, timed in this process alone (the
-    fastest of many, fitted over three batch sizes: `--sim calibrate=1`'s measurement)."""
+    fastest of many, fitted over three batch sizes: `--sim calibrate=1`'s measurement), and
+    the model's weight count."""
     from nbdist.core.simclock import fit_cost
     from nbdist.engine.flat_layout import ensure_built, read_flat
     from nbdist.engine.flatmodel import FlatModel
@@ -202,8 +203,9 @@ def _call_cost() -> float:
     model, x, y = namespace["model"], namespace["x_train"], namespace["y_train"]
     ensure_built(model, x[:2])
     params, non_trainable = read_flat(model)
-    return fit_cost(step_points(FlatModel(model), params, non_trainable, x[:1024], y[:1024],
-                                BATCH)).per_step_s
+    fitted = fit_cost(step_points(FlatModel(model), params, non_trainable, x[:1024], y[:1024],
+                                  BATCH))
+    return fitted.per_step_s, int(params.size)
 
 
 def _mean(runs, method: dict | None, options: list[str], column: str) -> float:
